@@ -1,0 +1,40 @@
+# Two entry points: `make demo` runs the whole product on an embedded default, `make test` runs every check.
+# Each builds its own virtual environment from scratch when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint typecheck unit crds protos bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,demo]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/nodefabric demo
+
+test: $(BIN)/.installed lint typecheck unit
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy devicemanager/nodefabric_devicemanager deviceplugin/nodefabric_deviceplugin operator/nodefabric_operator
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest
+
+crds: $(BIN)/.installed
+	$(BIN)/python hack/gen_crds.py
+
+protos: $(BIN)/.installed
+	$(BIN)/python hack/gen_protos.py
+
+bench: $(BIN)/.installed
+	$(BIN)/python hack/bench_inventory.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

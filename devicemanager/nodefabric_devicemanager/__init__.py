@@ -1,0 +1,1 @@
+"""Host reading and the Devices record."""

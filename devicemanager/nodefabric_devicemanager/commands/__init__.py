@@ -1,0 +1,1 @@
+"""Subcommands that read this host."""

@@ -1,0 +1,56 @@
+"""Structured logging: one line per event, `key=value` pairs or JSON, fields passed as `extra=`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+# Attributes every LogRecord has; anything else on a record came from `extra=` and is a field.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+
+
+def fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        parts = [_timestamp(record), record.levelname.lower(), record.name, json.dumps(record.getMessage())]
+        parts += [f"{k}={_kv(v)}" for k, v in fields(record).items()]
+        if record.exc_info:
+            parts.append("error=" + json.dumps(self.formatException(record.exc_info)))
+        return " ".join(parts)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update(fields(record))
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _kv(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return json.dumps(text) if (not text or any(c in text for c in ' ="')) else text
+
+
+def configure(*, json_output: bool = False, level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_output else KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

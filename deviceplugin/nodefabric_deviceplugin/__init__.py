@@ -1,0 +1,1 @@
+"""kubelet device-plugin servers for the three RDMA resource families."""

@@ -1,0 +1,1 @@
+"""The kopf operator (node labels) and the kube-scheduler extender (group locality)."""
