@@ -16,8 +16,14 @@ from nodefabric_devicemanager import logs
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "inventory": ("nodefabric_devicemanager.commands.inventory", "read this host and print its Devices record"),
-    "preflight": ("nodefabric_devicemanager.commands.preflight", "one verdict per RDMA endpoint of this host"),
+    "inventory": (
+        "nodefabric_devicemanager.commands.inventory",
+        "read this host and print its Devices record",
+    ),
+    "preflight": (
+        "nodefabric_devicemanager.commands.preflight",
+        "one verdict per RDMA endpoint of this host",
+    ),
     "pick": ("nodefabric_devicemanager.commands.pick", "choose the best-connected set of free GPUs"),
     "agent": ("nodefabric_devicemanager.agent.cli", "publish this node's Devices record (DaemonSet)"),
     "deviceplugin": ("nodefabric_deviceplugin.cli", "serve the RDMA device-plugin resources to kubelet"),
@@ -35,7 +41,9 @@ class Command(Protocol):
 
 
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
-    parser = argparse.ArgumentParser(prog="nodefabric", description="Kubernetes device manager for GPU clusters")
+    parser = argparse.ArgumentParser(
+        prog="nodefabric", description="Kubernetes device manager for GPU clusters"
+    )
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -61,7 +61,7 @@ class HostRoot:
         return "/" if rel == "." else "/" + rel
 
     def contains(self, resolved: str) -> bool:
-        return self.root == "/" or resolved == self.root or resolved.startswith(self.root + os.sep)
+        return self.root in ("/", resolved) or resolved.startswith(self.root + os.sep)
 
     def resolve(self, path: str) -> str:
         """Resolve a path already joined onto the root; refuse one that lands outside it."""

@@ -17,7 +17,9 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
 
 
 class KeyValueFormatter(logging.Formatter):

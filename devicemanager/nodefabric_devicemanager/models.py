@@ -207,3 +207,22 @@ class Devices(_Model):
             out.append((iface, iface))
             out.extend((vf, iface) for vf in iface.virtual_functions)
         return out
+
+
+def set_condition(conditions: list[Condition], new: Condition, now: datetime) -> list[Condition]:
+    """Conditions with `new` merged in by type. lastTransitionTime moves only when the status changes,
+    so re-asserting the same state is not a change (and costs no API write)."""
+    out: list[Condition] = []
+    replaced = False
+    for cond in conditions:
+        if cond.type != new.type:
+            out.append(cond)
+            continue
+        replaced = True
+        keep_time = cond.status == new.status and cond.last_transition_time is not None
+        out.append(
+            new.model_copy(update={"last_transition_time": cond.last_transition_time if keep_time else now})
+        )
+    if not replaced:
+        out.append(new.model_copy(update={"last_transition_time": now}))
+    return sorted(out, key=lambda c: c.type)

@@ -1,0 +1,142 @@
+"""The Devices CustomResourceDefinition, generated from the pydantic models so the two cannot drift.
+
+`hack/gen_crds.py` writes it to `crds/` and the chart; a test fails when the committed YAML is stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from nodefabric_devicemanager import models
+
+CRD_FILE = f"{models.GROUP}_{models.PLURAL}.yaml"
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "RDMA",
+        "type": "integer",
+        "jsonPath": ".status.rdmaEndpoints",
+        "description": "Usable RDMA endpoints (virtual functions included)",
+    },
+    {
+        "name": "Distance",
+        "type": "string",
+        "jsonPath": ".status.bestDistance",
+        "description": "Closest accelerator-to-usable-RDMA-endpoint distance (SELF..SYS, UNK)",
+    },
+    {
+        "name": "Fabric",
+        "type": "string",
+        "jsonPath": ".status.fabricDomain",
+        "description": "Scale-up fabric domain shared by every accelerator, if any",
+    },
+    {
+        "name": "Interfaces",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".spec.interfaces[*].name",
+        "description": "Kernel network interfaces",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    """pydantic's JSON schema -> a Kubernetes structural schema: refs inlined, Optional as nullable,
+    no titles or defaults (the API server would apply defaults the agent never sent and so make every
+    comparison with the live object differ)."""
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    any_of = node.get("anyOf")
+    if any_of is not None:
+        non_null = [s for s in any_of if s.get("type") != "null"]
+        if len(non_null) == 1 and len(any_of) == 2:
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            optional: dict[str, Any] = _structural({**non_null[0], **rest}, defs)
+            optional["nullable"] = True
+            return optional
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "default", "$defs"):
+            continue
+        if key == "const":
+            out["enum"] = [value]
+            continue
+        if key == "properties":
+            out[key] = {k: _structural(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs)
+        else:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def _schema(model: type[models._Model]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="serialization")
+    result: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
+    result.pop("required", None)  # every field of spec and status has a meaning when absent
+    return result
+
+
+def devices_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "scope": "Cluster",
+            "names": {
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "kind": models.KIND,
+                "listKind": f"{models.KIND}List",
+                "categories": ["nodefabric"],
+            },
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "How one node is wired: network interfaces, RDMA endpoints and "
+                            "their link state, accelerators and their scale-up fabric. Named after the node.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": _schema(models.DevicesSpec),
+                                "status": _schema(models.DevicesStatus),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+class _NoAliases(yaml.SafeDumper):
+    """Shared sub-schemas are written out in full: anchors are legal YAML but unreadable in a CRD."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render() -> str:
+    header = "# Generated from nodefabric_devicemanager.models by hack/gen_crds.py. Do not edit.\n"
+    return header + yaml.dump(devices_crd(), Dumper=_NoAliases, sort_keys=False, width=110)

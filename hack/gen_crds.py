@@ -1,0 +1,17 @@
+"""Regenerate the Devices CRD from the pydantic models, into crds/ and the chart's crds/."""
+
+from __future__ import annotations
+
+import pathlib
+
+from nodefabric_devicemanager import crd
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TARGETS = [ROOT / "crds" / crd.CRD_FILE, ROOT / "charts" / "nodefabric" / "crds" / crd.CRD_FILE]
+
+if __name__ == "__main__":
+    text = crd.render()
+    for target in TARGETS:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {target.relative_to(ROOT)}")
