@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import jsonschema
 import pytest
 import yaml
+
 from nodefabric_devicemanager import crd, models
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

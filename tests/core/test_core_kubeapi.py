@@ -6,6 +6,7 @@ import asyncio
 
 import kubernetes
 import pytest
+
 from nodefabric_devicemanager import crd
 from nodefabric_devicemanager.testing.kubeapi import parse_label_selector, running_api, selector_matches
 
