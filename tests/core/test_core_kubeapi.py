@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import kubernetes
 import pytest
 
 from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.testing.kubeapi import parse_label_selector, running_api, selector_matches
+from nodefabric_devicemanager.testing.kubeapi import (
+    as_table,
+    parse_label_selector,
+    running_api,
+    selector_matches,
+)
 
 G, V, P = "worker.gpustack.ai", "v1alpha1", "devices"
 
@@ -93,3 +99,38 @@ async def test_injected_faults_answer_writes_then_clear():
 )
 def test_label_selectors(selector, labels, expected):
     assert selector_matches(parse_label_selector(selector), labels) is expected
+
+
+def test_printer_columns_render_as_a_table():
+    columns = crd.devices_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    item = {
+        "metadata": {"name": "gpu-1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"interfaces": [{"name": "eth0"}, {"name": "ib0"}]},
+        "status": {"rdmaEndpoints": 8, "bestDistance": "PIX"},
+    }
+    table = as_table([item], columns, {})
+    names = [c["name"] for c in table["columnDefinitions"]]
+    assert names == ["Name", "RDMA", "Distance", "Fabric", "Interfaces", "Age"]
+    cells = table["rows"][0]["cells"]
+    assert cells[:5] == ["gpu-1", 8, "PIX", None, "eth0,ib0"]
+    assert cells[5].endswith("d")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed on this machine")
+async def test_kubectl_get_devices_shows_the_printer_columns():
+    async with running_api([crd.devices_crd()]) as k:
+        k.api.put_object(
+            "worker.gpustack.ai/v1alpha1/devices",
+            {
+                "metadata": {"name": "gpu-1"},
+                "spec": {},
+                "status": {"rdmaEndpoints": 8, "bestDistance": "PIX"},
+            },
+        )
+        proc = await asyncio.create_subprocess_exec(
+            "kubectl", "--kubeconfig", k.kubeconfig, "get", "devices", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+    header, row = out.decode().splitlines()
+    assert header.split() == ["NAME", "RDMA", "DISTANCE", "FABRIC", "AGE"]
+    assert row.split()[:3] == ["gpu-1", "8", "PIX"]

@@ -8,7 +8,8 @@ real API server also does the following, and our components depend on it, so thi
 - optimistic concurrency: a patch that names a stale resourceVersion is refused with 409;
 - the status subresource: a patch to the object ignores `status`, one to `/status` touches only it;
 - list responses with `kind`/`apiVersion`/`resourceVersion`, and label selectors on lists and watches;
-- CustomResourceDefinitions: creating one serves its resource;
+- CustomResourceDefinitions: creating one serves its resource, and `kubectl get` gets the server-side
+  Table of its printer columns;
 - garbage collection: deleting an owner deletes the objects whose ownerReferences name its uid;
 - fault injection: `fail_next(n, status)` answers the next n writes with that status (outages, conflicts).
 
@@ -109,6 +110,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     _counter: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _status_resources: set[Any] = attrs.field(factory=set, init=False)
     _faults: list[int] = attrs.field(factory=list, init=False)
+    _printer_columns: dict[Any, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -130,8 +132,10 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         for version in spec["versions"]:
             if not version.get("served", True):
                 continue
+            key = f"{spec['group']}/{version['name']}/{spec['names']['plural']}"
+            self._printer_columns[kmock.resource(key)] = version.get("additionalPrinterColumns", [])
             self.declare(
-                f"{spec['group']}/{version['name']}/{spec['names']['plural']}",
+                key,
                 kind=spec["names"]["kind"],
                 namespaced=spec.get("scope") == "Namespaced",
                 subresources=version.get("subresources", {}).keys(),
@@ -249,6 +253,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         result["apiVersion"] = group_version
         result["kind"] = f"{self._kind(request)}List"
         result["metadata"] = {"resourceVersion": str(next(self._counter))}
+        if "as=Table" in request.headers.get("Accept", "") and request.resource in self._printer_columns:
+            return as_table(result["items"], self._printer_columns[request.resource], result["metadata"])
         return result
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
@@ -279,6 +285,82 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         meta["resourceVersion"] = self.next_resource_version()
         self.objects[key, meta.get("namespace"), meta["name"]] = obj
         return obj
+
+
+def jsonpath(obj: Any, path: str) -> list[Any]:
+    """The simple JSONPath subset printer columns use: `.a.b`, `.a[*].b`, `.a[0]`."""
+    values = [obj]
+    for part in path.strip().lstrip(".").split("."):
+        name, _, index = part.partition("[")
+        nxt: list[Any] = []
+        for value in values:
+            if isinstance(value, dict) and name in value:
+                nxt.append(value[name])
+        if index:
+            index = index.rstrip("]")
+            flat: list[Any] = []
+            for value in nxt:
+                if isinstance(value, list):
+                    flat.extend(value if index == "*" else value[int(index) : int(index) + 1])
+            nxt = flat
+        values = nxt
+    return values
+
+
+def _age(timestamp: str) -> str:
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    seconds = int((datetime.datetime.now(datetime.UTC) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def as_table(
+    items: list[dict[str, Any]], columns: list[dict[str, Any]], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table as the API server renders a custom resource's printer columns for kubectl."""
+    definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+    definitions += [
+        {
+            "name": c["name"],
+            "type": c["type"],
+            "format": "",
+            "description": c.get("description", ""),
+            "priority": c.get("priority", 0),
+        }
+        for c in columns
+    ]
+    rows = []
+    for item in items:
+        cells: list[Any] = [item["metadata"]["name"]]
+        for c in columns:
+            found = jsonpath(item, c["jsonPath"])
+            if not found:
+                cells.append(None)
+            elif c["type"] == "date":
+                cells.append(_age(found[0]))
+            elif len(found) == 1:
+                cells.append(found[0])
+            else:
+                cells.append(",".join(str(v) for v in found))
+        rows.append(
+            {
+                "cells": cells,
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": item["metadata"],
+                },
+            }
+        )
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": definitions,
+        "rows": rows,
+    }
 
 
 @dataclass
