@@ -1,0 +1,146 @@
+"""A parser of `nvidia-smi topo -m` text into the same link matrix the record carries.
+
+The matrix is tab-separated; the header may be wrapped in ANSI underline codes; cells are X, NV<n>,
+PIX, PXB, PHB, NODE, SYS (older drivers print SOC for SYS); GPU rows end with CPU Affinity, NUMA
+Affinity and GPU NUMA ID columns (drivers print an extra empty cell before the last one); NIC rows end
+after their link cells; a `NIC Legend:` block maps NICn to its RDMA device (mlx5_N).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from nodefabric_devicemanager.pick import known_link
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_DEVICE = re.compile(r"^(GPU|NIC)(\d+)$")
+_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_ALIASES = {"SOC": "SYS", "CPU": "PHB"}  # names older drivers printed
+_AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+class TopoParseError(ValueError):
+    """The text is not `nvidia-smi topo -m` output, or a cell is outside the link vocabulary."""
+
+
+@dataclass
+class TopoMatrix:
+    gpus: list[int] = field(default_factory=list)
+    # GPU index -> peer GPU index -> link ("NV18", "PIX", ...); self is left out.
+    links: dict[int, dict[int, str]] = field(default_factory=dict)
+    # GPU index -> NIC name (legend name such as mlx5_0, else NICn) -> link
+    nic_links: dict[int, dict[str, str]] = field(default_factory=dict)
+    nics: dict[str, str] = field(default_factory=dict)  # NICn -> mlx5_N from the legend
+    cpu_affinity: dict[int, str] = field(default_factory=dict)
+    numa_affinity: dict[int, str] = field(default_factory=dict)  # "" when N/A
+    gpu_numa_id: dict[int, str] = field(default_factory=dict)  # "" when N/A
+
+    def wire_links(self, gpu: int) -> dict[str, str]:
+        """One GPU's links in the record's shape (peer index as a string)."""
+        return {str(peer): link for peer, link in sorted(self.links.get(gpu, {}).items())}
+
+
+def _clean(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def _blank(value: str) -> str:
+    value = value.strip()
+    return "" if value.upper() in ("N/A", "NA", "-1") else value
+
+
+def _cell(raw: str, where: str) -> str:
+    value = raw.strip().upper()
+    value = _ALIASES.get(value, value)
+    if value == "X" or known_link(value):
+        return value
+    raise TopoParseError(
+        f"{where}: {raw.strip()!r} is not a link (expected X, NV<n>, PIX, PXB, PHB, NODE, SYS)"
+    )
+
+
+def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
+    """(line index, device columns, affinity columns) of the matrix header."""
+    header_at = next(
+        (i for i, line in enumerate(lines) if "GPU0" in [c.strip() for c in line.split("\t")]),
+        None,
+    )
+    if header_at is None:
+        raise TopoParseError("no matrix header (a tab-separated line naming GPU0) in the input")
+    header = [c.strip() for c in lines[header_at].split("\t")]
+    if header and header[0] == "":
+        header = header[1:]
+    columns: list[str] = []
+    for name in header:
+        if not _DEVICE.match(name):
+            break
+        columns.append(name)
+    affinity = [c for c in header[len(columns) :] if c]
+    unknown = [c for c in affinity if c not in _AFFINITY_COLUMNS]
+    if unknown:
+        raise TopoParseError(f"line {header_at + 1}: unexpected header column(s) {unknown}")
+    return header_at, columns, affinity
+
+
+def _gpu_row(out: TopoMatrix, name: str, links: list[str], columns: list[str]) -> None:
+    gpu = int(name[3:])
+    if name in columns and links[columns.index(name)] != "X":
+        raise TopoParseError(f"{name}: its own cell is {links[columns.index(name)]!r}, expected X")
+    peers: dict[int, str] = {}
+    nics: dict[str, str] = {}
+    for col, link in zip(columns, links, strict=True):
+        if col == name:
+            continue
+        if link == "X":
+            raise TopoParseError(f"{name}/{col}: X marks a device's own cell only")
+        if col.startswith("GPU"):
+            peers[int(col[3:])] = link
+        else:
+            nics[out.nics.get(col, col)] = link
+    out.gpus.append(gpu)
+    out.links[gpu] = peers
+    out.nic_links[gpu] = nics
+
+
+def parse(text: str) -> TopoMatrix:
+    """The matrix, affinities and NIC legend of `nvidia-smi topo -m` output. Raises TopoParseError."""
+    lines = [_clean(line).rstrip("\r\n") for line in text.splitlines()]
+    header_at, columns, affinity = _header(lines)
+    out = TopoMatrix()
+    rows: dict[str, list[str]] = {}
+    end = len(lines)
+    for line_no, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
+        cells = line.split("\t")
+        name = cells[0].strip()
+        if not _DEVICE.match(name):
+            end = line_no - 1  # the matrix ends at the first line that is not a device row
+            break
+        if len(cells) - 1 < len(columns):
+            raise TopoParseError(
+                f"line {line_no}: {name} has {len(cells) - 1} cells, the header names {len(columns)}"
+            )
+        rows[name] = [
+            _cell(c, f"line {line_no}, {name}/{columns[k]}")
+            for k, c in enumerate(cells[1 : 1 + len(columns)])
+        ]
+        if name.startswith("GPU"):
+            gpu = int(name[3:])
+            # Drivers print an empty cell before GPU NUMA ID: the values are the non-empty cells, in order.
+            values = dict(
+                zip(affinity, [c.strip() for c in cells[1 + len(columns) :] if c.strip()], strict=False)
+            )
+            out.cpu_affinity[gpu] = _blank(values.get("CPU Affinity", ""))
+            out.numa_affinity[gpu] = _blank(values.get("NUMA Affinity", ""))
+            out.gpu_numa_id[gpu] = _blank(values.get("GPU NUMA ID", ""))
+    for line in lines[end:]:
+        m = _LEGEND.match(line)
+        if m:
+            out.nics[m[1]] = m[2]
+    for name, links in rows.items():
+        if name.startswith("GPU"):
+            _gpu_row(out, name, links, columns)
+    if not out.gpus:
+        raise TopoParseError("the matrix has no GPU rows")
+    out.gpus.sort()
+    return out

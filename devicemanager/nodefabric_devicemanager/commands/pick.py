@@ -1,0 +1,191 @@
+"""`nodefabric pick`: choose the best-connected set of free GPUs from a link matrix, and say why.
+
+FILE is `nvidia-smi topo -m` output, or JSON: a Devices object (`kubectl get devices NODE -o json`), one
+of its groups, `{"0": {"1": "NV18", ...}, ...}`, or a list of rows with "X" on the diagonal.
+The first line printed is the chosen indices, comma-joined (CUDA_VISIBLE_DEVICES form).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from nodefabric_devicemanager import pick as picking
+from nodefabric_devicemanager.accelerators import topo
+from nodefabric_devicemanager.accelerators.links import group_matrix
+from nodefabric_devicemanager.models import AcceleratorGroup
+
+Matrix = dict[int, dict[int, str]]
+
+
+class InputError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--links",
+        required=True,
+        metavar="FILE",
+        help="link matrix: JSON or `nvidia-smi topo -m` text; - for stdin",
+    )
+    parser.add_argument(
+        "--free", metavar="LIST", help="free device indices, e.g. 1,2,3 or 0-3,6 (default: every device)"
+    )
+    parser.add_argument("--count", type=int, required=True, metavar="N", help="how many devices to choose")
+    parser.add_argument(
+        "--group",
+        metavar="ID",
+        help="which group of a Devices object (e.g. nvidia); needed when it has several",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the choice and the reasons as one JSON object"
+    )
+
+
+def parse_indices(text: str) -> list[int]:
+    """ "1,2,3" or "0-3,6" -> [0, 1, 2, 3, 6]."""
+    out: set[int] = set()
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                first, last = int(lo), int(hi)
+                if last < first:
+                    raise InputError(f"--free: range {part!r} runs backwards")
+                out.update(range(first, last + 1))
+            else:
+                out.add(int(part))
+        except ValueError as exc:
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(f"--free: {part!r} is not an index or a range (use 1,2,3 or 0-3)") from exc
+    if any(i < 0 for i in out):
+        raise InputError("--free: device indices are never negative")
+    return sorted(out)
+
+
+def _from_json(doc: Any, group_id: str | None) -> Matrix:
+    if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
+        groups = [AcceleratorGroup.model_validate(g) for g in doc["spec"].get("groups") or []]
+        if group_id is not None:
+            chosen = [g for g in groups if g.id == group_id]
+            if not chosen:
+                raise InputError(
+                    f"no group {group_id!r} in the Devices object (groups: {[g.id for g in groups]})"
+                )
+        else:
+            chosen = [g for g in groups if g.accelerators]
+            if len(chosen) > 1:
+                raise InputError(
+                    f"the Devices object has several groups {[g.id for g in chosen]}: pass --group"
+                )
+            if not chosen:
+                raise InputError("the Devices object lists no accelerators")
+        return group_matrix(chosen[0])
+    if isinstance(doc, dict) and "accelerators" in doc:
+        return group_matrix(AcceleratorGroup.model_validate(doc))
+    if isinstance(doc, dict):
+        try:
+            return {
+                int(k): {int(p): str(v) for p, v in (row or {}).items() if int(p) != int(k)}
+                for k, row in doc.items()
+            }
+        except (ValueError, AttributeError) as exc:
+            raise InputError("a JSON link matrix maps device index -> peer index -> link name") from exc
+    if isinstance(doc, list):
+        matrix: Matrix = {}
+        for i, row in enumerate(doc):
+            if not isinstance(row, list) or len(row) != len(doc):
+                raise InputError(f"row {i} of the JSON matrix is not a list of {len(doc)} cells")
+            matrix[i] = {j: str(cell) for j, cell in enumerate(row) if j != i}
+        return matrix
+    raise InputError("the JSON is neither a Devices object, a group, a matrix nor a list of rows")
+
+
+def load_matrix(text: str, group_id: str | None = None) -> Matrix:
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON: {exc}") from exc
+        matrix = _from_json(doc, group_id)
+    else:
+        try:
+            matrix = topo.parse(text).links
+        except topo.TopoParseError as exc:
+            raise InputError(f"not nvidia-smi topo -m output: {exc}") from exc
+    for i, row in matrix.items():
+        for j, link in row.items():
+            if not picking.known_link(link):
+                raise InputError(f"link {i}-{j} is {link!r}, not one of NV<n> LINK PIX PXB PHB NODE SYS UNK")
+    return matrix
+
+
+def _slowest_name(matrix: Matrix, chosen: list[int]) -> str:
+    rank = picking.matrix_rank(matrix)
+    pairs = [(rank(a, b), a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+    if not pairs:
+        return ""
+    _, a, b = min(pairs)
+    return matrix.get(a, {}).get(b) or matrix.get(b, {}).get(a) or "UNK"
+
+
+def explain(matrix: Matrix, free: list[int], count: int) -> dict[str, Any]:
+    chosen = picking.pick(matrix, free, count)
+    base = picking.lowest(free, count)
+    rank = picking.matrix_rank(matrix)
+    mine, theirs = picking.score(chosen, rank), picking.score(base, rank)
+    return {
+        "chosen": chosen,
+        "slowestLink": _slowest_name(matrix, chosen),
+        "totalRank": mine.total,
+        "lowestFree": base,
+        "lowestFreeSlowestLink": _slowest_name(matrix, base),
+        "lowestFreeTotalRank": theirs.total,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.links == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.links, encoding="utf-8") as fh:
+                text = fh.read()
+        matrix = load_matrix(text, args.group)
+        known = sorted(set(matrix) | {p for row in matrix.values() for p in row})
+        free = parse_indices(args.free) if args.free is not None else known
+        missing = [i for i in free if i not in matrix] if matrix else []
+        if missing:
+            raise InputError(
+                f"--free names device(s) {missing} the link matrix does not have (it has {known})"
+            )
+        if args.count < 1:
+            raise InputError("--count must be at least 1")
+        if args.count > len(free):
+            raise InputError(f"--count {args.count} is more than the {len(free)} free device(s)")
+        result = explain(matrix, free, args.count)
+    except (OSError, InputError) as exc:
+        print(f"nodefabric pick: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(",".join(str(i) for i in result["chosen"]))
+    if args.count > 1:
+        print(f"slowest link {result['slowestLink']}, total link rank {result['totalRank']}")
+        if result["lowestFree"] != result["chosen"]:
+            print(
+                f"lowest free {','.join(map(str, result['lowestFree']))} would have slowest link "
+                f"{result['lowestFreeSlowestLink']}, total link rank {result['lowestFreeTotalRank']}"
+            )
+        else:
+            print("the lowest free indices are already the best-connected set")
+    return 0

@@ -1,0 +1,131 @@
+"""pick: the free set whose slowest link is fastest, then most total speed, then lowest indices."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from nodefabric_devicemanager.accelerators import topo
+from nodefabric_devicemanager.pick import best_set, link_rank, lowest, matrix_rank, pick, score
+
+LINKS = ["NV1", "NV2", "NV4", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"]
+
+
+def brute_force(links, free, count):
+    rank = matrix_rank(links)
+    best = None
+    for combo in itertools.combinations(sorted(free), count):
+        s = score(combo, rank)
+        key = (s.slowest, s.total)
+        # combinations() yields in lexicographic order, so only a strictly better key replaces the best.
+        if best is None or key > best[0]:
+            best = (key, list(combo))
+    return best[1]
+
+
+def random_matrix(rng, n, vocabulary):
+    m = {i: {} for i in range(n)}
+    for i in range(n):
+        for j in range(i + 1, n):
+            m[i][j] = m[j][i] = rng.choice(vocabulary)
+    return m
+
+
+def test_link_order_is_nvlink_widest_first_then_pcie_levels():
+    order = ["NV18", "NV12", "NV2", "NV1", "LINK", "PIX", "PXB", "PHB", "NODE", "SYS", "UNK"]
+    ranks = [link_rank(x) for x in order]
+    assert ranks == sorted(ranks, reverse=True)
+    assert len(set(ranks)) == len(ranks)
+    assert link_rank("garbage") == link_rank("UNK")
+
+
+def test_cube_mesh_with_gpu0_busy_takes_the_other_nvlink_island(topo_text):
+    m = topo.parse(topo_text("topo_dgx1_cube.txt"))
+    assert pick(m.links, [1, 2, 3, 4, 5, 6, 7], 4) == [4, 5, 6, 7]
+    assert lowest([1, 2, 3, 4, 5, 6, 7], 4) == [1, 2, 3, 4]
+
+
+def test_cube_mesh_prefers_nv2_pairs(topo_text):
+    m = topo.parse(topo_text("topo_dgx1_cube.txt"))
+    # 0-1 is NV1, 0-3 is NV2: the wider bond wins even though 1 is the lower index.
+    assert pick(m.links, range(8), 2) == [0, 3]
+
+
+def test_phb_pairs_joined_by_sys_with_gpu0_busy_takes_the_other_pair(topo_text):
+    m = topo.parse(topo_text("topo_4gpu_phb_sys.txt"))
+    assert pick(m.links, [1, 2, 3], 2) == [2, 3]
+    assert lowest([1, 2, 3], 2) == [1, 2]
+
+
+def test_nvswitch_all_equal_keeps_lowest_indices(topo_text):
+    m = topo.parse(topo_text("topo_dgx_h100.txt"))
+    assert pick(m.links, [1, 3, 4, 5, 6, 7], 4) == [1, 3, 4, 5]
+
+
+def test_pcie_server_keeps_pairs_and_sockets_together(topo_text):
+    m = topo.parse(topo_text("topo_pcie_2socket.txt"))
+    assert pick(m.links, [0, 2, 3, 4, 5], 2) == [2, 3]  # the free PIX pair, not 0+2 (NODE)
+    assert pick(m.links, [0, 1, 2, 4, 5, 6], 3) == [0, 1, 2]  # one socket: slowest NODE beats SYS
+    assert pick(m.links, [1, 2, 4, 5, 6, 7], 4) == [4, 5, 6, 7]
+
+
+def test_slowest_link_first_then_total():
+    # {0,1,2}: links NV4, NV4, PIX -> slowest PIX. {3,4,5}: NV1 everywhere -> slowest NV1 wins.
+    links = {
+        0: {1: "NV4", 2: "NV4", 3: "SYS", 4: "SYS", 5: "SYS"},
+        1: {2: "PIX", 3: "SYS", 4: "SYS", 5: "SYS"},
+        2: {3: "SYS", 4: "SYS", 5: "SYS"},
+        3: {4: "NV1", 5: "NV1"},
+        4: {5: "NV1"},
+    }
+    assert pick(links, range(6), 3) == [3, 4, 5]
+
+
+def test_total_breaks_a_tie_on_the_slowest_link():
+    links = {0: {1: "PIX", 2: "PIX", 3: "PIX"}, 1: {2: "PIX", 3: "PIX"}, 2: {3: "NV2"}}
+    assert pick(links, range(4), 2) == [2, 3]
+    assert pick(links, range(4), 3) == [0, 2, 3]
+
+
+def test_one_device_or_no_links_keeps_lowest_free():
+    links = {0: {1: "SYS"}, 1: {0: "SYS"}, 2: {3: "NV8"}, 3: {2: "NV8"}}
+    assert pick(links, [3, 1, 2], 1) == [1]
+    assert pick({}, [5, 2, 7], 2) == [2, 5]
+    assert pick(links, [2, 3], 0) == []
+
+
+def test_missing_pair_is_unknown_not_an_error():
+    links = {0: {1: "NV2"}, 1: {0: "NV2"}, 2: {}}
+    assert pick(links, [0, 1, 2], 2) == [0, 1]
+    assert pick(links, [0, 1, 2], 3) == [0, 1, 2]
+
+
+def test_bad_requests_are_refused_clearly():
+    with pytest.raises(ValueError, match="asked for 3 devices but only 2 are free"):
+        pick({0: {1: "NV1"}}, [0, 1], 3)
+    with pytest.raises(ValueError, match="only 1 are free"):
+        pick({}, [0], 2)
+    with pytest.raises(ValueError, match="never negative"):
+        pick({}, [-1, 0], 1)
+    with pytest.raises(ValueError, match="count must be positive"):
+        best_set([0, 1], -1, lambda a, b: 0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_exact_against_brute_force(seed):
+    rng = random.Random(seed)
+    n = rng.randint(2, 10)
+    vocabulary = rng.sample(LINKS, rng.randint(1, 4))
+    links = random_matrix(rng, n, vocabulary)
+    free = sorted(rng.sample(range(n), rng.randint(2, n)))
+    count = rng.randint(2, len(free))
+    assert pick(links, free, count) == brute_force(links, free, count)
+
+
+def test_sixteen_devices_exact():
+    rng = random.Random(16)
+    links = random_matrix(rng, 16, ["NV2", "NV4", "PIX", "NODE", "SYS"])
+    free = list(range(16))
+    assert pick(links, free, 6) == brute_force(links, free, 6)

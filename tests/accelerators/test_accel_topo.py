@@ -1,0 +1,74 @@
+"""The `nvidia-smi topo -m` parser, on recorded outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodefabric_devicemanager.accelerators.topo import TopoParseError, parse
+
+
+def test_dgx_h100_nvswitch_node_with_ansi_header_and_nic_legend(topo_text):
+    m = parse(topo_text("topo_dgx_h100.txt"))
+    assert m.gpus == list(range(8))
+    assert all(link == "NV18" for g in m.gpus for link in m.links[g].values())
+    assert set(m.links[3]) == {0, 1, 2, 4, 5, 6, 7}  # self is left out
+    assert m.nics == {f"NIC{n}": f"mlx5_{n}" for n in range(10)}
+    assert m.nic_links[0]["mlx5_0"] == "PXB"
+    assert m.nic_links[0]["mlx5_9"] == "SYS"
+    assert m.nic_links[7]["mlx5_8"] == "PXB"
+    assert m.cpu_affinity[0] == "0-55,112-167"
+    assert m.numa_affinity == {g: ("0" if g < 4 else "1") for g in range(8)}
+    assert m.gpu_numa_id == {g: "" for g in range(8)}  # N/A is unknown, never a number
+    assert m.wire_links(0) == {str(p): "NV18" for p in range(1, 8)}
+
+
+def test_two_socket_pcie_server_with_nics(topo_text):
+    m = parse(topo_text("topo_pcie_2socket.txt"))
+    assert m.links[0] == {1: "PIX", 2: "NODE", 3: "NODE", 4: "SYS", 5: "SYS", 6: "SYS", 7: "SYS"}
+    assert m.links[6][7] == "PIX"
+    assert m.nic_links[6] == {"mlx5_0": "SYS", "mlx5_1": "PXB"}
+    assert m.cpu_affinity[5] == "32-63,96-127"
+    assert m.numa_affinity[5] == "1"
+
+
+def test_four_gpu_phb_sys_box_without_gpu_numa_column(topo_text):
+    m = parse(topo_text("topo_4gpu_phb_sys.txt"))
+    assert m.links[0] == {1: "PHB", 2: "SYS", 3: "SYS"}
+    assert m.links[3] == {0: "SYS", 1: "SYS", 2: "PHB"}
+    assert m.nics == {}
+    assert m.nic_links[0] == {}
+    assert m.numa_affinity[2] == "1"
+    assert m.gpu_numa_id[2] == ""
+
+
+def test_text_around_the_matrix_is_ignored():
+    text = "+----+\n| nvidia-smi table |\n\n\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    text += "GPU0\t X \tNV4\t0-23\t0\t\tN/A\nGPU1\tNV4\t X \t0-23\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n"
+    m = parse(text)
+    assert m.links == {0: {1: "NV4"}, 1: {0: "NV4"}}
+
+
+def test_single_gpu_and_older_names():
+    m = parse("\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-31\t0\t\tN/A\n")
+    assert m.gpus == [0]
+    assert m.links == {0: {}}
+    old = parse("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSOC\t0-7\nGPU1\tSOC\t X \t0-7\n")
+    assert old.links[0][1] == "SYS"
+    assert old.numa_affinity[0] == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("no matrix here\n", "no matrix header"),
+        ("\tGPU0\tGPU1\nGPU0\t X \tNVX\nGPU1\tNV1\t X \n", "'NVX' is not a link"),
+        ("\tGPU0\tGPU1\nGPU0\t X \n", "GPU0 has 1 cells, the header names 2"),
+        ("\tGPU0\tGPU1\nGPU0\tNV1\tNV1\nGPU1\tNV1\t X \n", "its own cell is 'NV1'"),
+        ("\tGPU0\tGPU1\nGPU0\t X \t X \nGPU1\tNV1\t X \n", "X marks a device's own cell only"),
+        ("\tGPU0\tGPU1\tPower\nGPU0\t X \tNV1\t1\n", "unexpected header column"),
+        ("\tGPU0\tNIC0\nNIC0\tPIX\t X \n", "no GPU rows"),
+    ],
+)
+def test_bad_input_is_refused_with_the_place(text, message):
+    with pytest.raises(TopoParseError, match=message):
+        parse(text)
