@@ -1,0 +1,76 @@
+"""The agent's Prometheus metrics, on a registry of their own (one agent, one registry; tests run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from nodefabric_devicemanager.models import DevicesSpec, LinkState
+
+# Every verdict is always exported (0 when none), so a dashboard never reads a missing series as "fine".
+VERDICTS = ("ok", "unverified", "failed", "none")
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.passes = Counter(
+            "nodefabric_agent_passes", "Inventory passes, by result (ok, failed).", ["result"], registry=r
+        )
+        self.pass_duration = Histogram(
+            "nodefabric_agent_pass_duration_seconds",
+            "Time one pass took: host read, API read, and any writes.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.api_writes = Counter(
+            "nodefabric_agent_api_writes",
+            "Writes to the Devices object (create, spec, status).",
+            ["kind"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "nodefabric_agent_errors",
+            "Errors by kind: interfaces, accelerators (enumeration), conflict, unavailable, rejected, "
+            "node_missing (API), internal.",
+            ["kind"],
+            registry=r,
+        )
+        self.endpoints = Gauge(
+            "nodefabric_agent_endpoints",
+            "RDMA endpoints (interfaces and virtual functions) in the published record, by link verdict.",
+            ["verdict"],
+            registry=r,
+        )
+        self.accelerators = Gauge(
+            "nodefabric_agent_accelerators",
+            "Accelerators in the published record, by manufacturer.",
+            ["manufacturer"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "nodefabric_agent_last_success_timestamp_seconds",
+            "When a pass last finished with the record in step with the host.",
+            registry=r,
+        )
+        for verdict in VERDICTS:
+            self.endpoints.labels(verdict=verdict)
+        for result in ("ok", "failed"):
+            self.passes.labels(result=result)
+
+    def observe_record(self, spec: DevicesSpec) -> None:
+        counts = dict.fromkeys(VERDICTS, 0)
+        for iface in spec.interfaces:
+            for ep in (iface, *iface.virtual_functions):
+                if ep.link is not None:
+                    counts[LinkState(ep.link.state).value] += 1
+                elif ep.rdma:
+                    counts["none"] += 1
+        for verdict, n in counts.items():
+            self.endpoints.labels(verdict=verdict).set(n)
+        per_vendor: dict[str, int] = {}
+        for group in spec.groups:
+            per_vendor[group.manufacturer] = per_vendor.get(group.manufacturer, 0) + len(group.accelerators)
+        self.accelerators.clear()  # a manufacturer that left the record must not linger at its last count
+        for manufacturer, n in per_vendor.items():
+            self.accelerators.labels(manufacturer=manufacturer).set(n)

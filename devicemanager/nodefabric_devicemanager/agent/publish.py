@@ -1,0 +1,257 @@
+"""What to write, decided without I/O: the desired Devices spec and conditions, and create / patch / nothing.
+
+The decision compares a freshly read host with the live object. Steady state must cost zero API writes,
+so the comparison is order-insensitive (sysfs directory order is not stable) and ignores volatile
+fields, and the one time-valued field (a failed link's firstSeenTime) is merged from the stored object
+before comparing: taking the clock each pass would never compare equal and rewrite the object forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from nodefabric_devicemanager.models import (
+    ACCELERATORS_ENUMERATED,
+    INTERFACES_ENUMERATED,
+    AcceleratorGroup,
+    Condition,
+    DevicesSpec,
+    Endpoint,
+    Interface,
+    LinkState,
+    set_condition,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ReadingLike(Protocol):
+    """What one inventory pass yields (`nodefabric_devicemanager.inventory.Reading`)."""
+
+    @property
+    def interfaces(self) -> list[Interface] | None: ...  # None: enumeration FAILED, not an empty host
+
+    @property
+    def groups(self) -> list[AcceleratorGroup]: ...
+
+    @property
+    def failed_manufacturers(self) -> set[str]: ...
+
+    @property
+    def conditions(self) -> list[Condition]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One pass's decision. `spec` / `conditions` are None when that part already matches."""
+
+    create: bool
+    spec: DevicesSpec | None
+    conditions: list[dict[str, Any]] | None
+
+    @property
+    def writes(self) -> bool:
+        return self.create or self.spec is not None or self.conditions is not None
+
+
+# --- firstSeenTime ---------------------------------------------------------------------------------
+
+
+def _vf_key(ep: Endpoint) -> str:
+    # A VF may have no netdev of its own, so its PCI address is its identity.
+    return ep.pci_bus_id or ep.name
+
+
+def _carry(fresh: Endpoint, stored: Endpoint | None, now: datetime) -> dict[str, Any]:
+    """The `link` update for one endpoint: a failure keeps the time it was first seen, as long as it lasts."""
+    link = fresh.link
+    if link is None or link.state is not LinkState.FAILED:
+        return (
+            {}
+            if link is None or link.first_seen_time is None
+            else {"link": link.model_copy(update={"first_seen_time": None})}
+        )
+    before = stored.link if stored is not None else None
+    if before is not None and before.state is LinkState.FAILED and before.first_seen_time is not None:
+        seen = before.first_seen_time
+    else:
+        seen = link.first_seen_time or now
+    return {"link": link.model_copy(update={"first_seen_time": seen})}
+
+
+def carry_first_seen(
+    fresh: Sequence[Interface], stored: Sequence[Interface], now: datetime
+) -> list[Interface]:
+    """`fresh`, each failed link's firstSeenTime taken from `stored` where that failure was already there."""
+    by_name = {i.name: i for i in stored}
+    out: list[Interface] = []
+    for iface in fresh:
+        before = by_name.get(iface.name)
+        before_vfs = {_vf_key(vf): vf for vf in before.virtual_functions} if before is not None else {}
+        vfs = [
+            vf.model_copy(update=_carry(vf, before_vfs.get(_vf_key(vf)), now))
+            for vf in iface.virtual_functions
+        ]
+        out.append(iface.model_copy(update={**_carry(iface, before, now), "virtual_functions": vfs}))
+    return out
+
+
+# --- the desired spec ------------------------------------------------------------------------------
+
+
+def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime) -> DevicesSpec:
+    """The spec to publish. A failed read keeps what is recorded: the interface list when enumeration
+    failed, and a failed manufacturer's groups; a pass that enumerated and found nothing yields []."""
+    stored = stored or DevicesSpec()
+    if reading.interfaces is None:
+        interfaces = list(stored.interfaces)
+    else:
+        interfaces = carry_first_seen(reading.interfaces, stored.interfaces, now)
+    failed = reading.failed_manufacturers
+    groups = [g for g in reading.groups if g.manufacturer not in failed]
+    groups += [g for g in stored.groups if g.manufacturer in failed]
+    return DevicesSpec(
+        interfaces=sorted(interfaces, key=lambda i: i.name),
+        groups=sorted(groups, key=lambda g: (g.manufacturer, g.id)),
+    )
+
+
+def _bus_order(bus_id: str) -> tuple[tuple[int, ...], str]:
+    """PCI addresses compare numerically ("0000:19:00.2" before "0000:19:00.10", unlike as strings)."""
+    try:
+        domain, bus, rest = bus_id.split(":")
+        dev, fn = rest.split(".")
+        return (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)), bus_id
+    except ValueError:
+        return (), bus_id
+
+
+def _canonical_endpoint(ep: dict[str, Any]) -> dict[str, Any]:
+    out = dict(ep)
+    link = out.get("link")
+    if isinstance(link, dict):
+        out["link"] = {k: v for k, v in link.items() if k != "firstSeenTime"}
+    vfs = out.get("virtualFunctions")
+    if isinstance(vfs, list):
+        canon = [_canonical_endpoint(vf) for vf in vfs]
+        out["virtualFunctions"] = sorted(
+            canon, key=lambda v: (_bus_order(v.get("pciBusId", "")), v.get("name", ""))
+        )
+    return out
+
+
+def canonical(spec: DevicesSpec) -> dict[str, Any]:
+    """The spec as compared: every list in a fixed order, volatile fields (firstSeenTime) left out.
+    pciSwitches keeps its order because it means something (innermost first)."""
+    wire = spec.wire()
+    interfaces = sorted(
+        (_canonical_endpoint(i) for i in wire.get("interfaces", [])), key=lambda i: i.get("name", "")
+    )
+    groups = []
+    for group in wire.get("groups", []):
+        accelerators = sorted(
+            group.get("accelerators", []), key=lambda a: (a.get("index", 0), a.get("id", ""))
+        )
+        groups.append({**group, "accelerators": accelerators})
+    groups.sort(key=lambda g: (g.get("manufacturer", ""), g.get("id", "")))
+    return {"interfaces": interfaces, "groups": groups}
+
+
+def same_spec(a: DevicesSpec, b: DevicesSpec) -> bool:
+    return canonical(a) == canonical(b)
+
+
+# --- conditions ------------------------------------------------------------------------------------
+
+
+def reported_conditions(reading: ReadingLike) -> list[Condition]:
+    """The reading's own conditions, plus the two enumeration conditions where the reading left them out,
+    so a reader of the object can always tell a failed read from an empty host."""
+    out = list(reading.conditions)
+    types = {c.type for c in out}
+    if INTERFACES_ENUMERATED not in types:
+        if reading.interfaces is None:
+            out.append(
+                Condition(
+                    type=INTERFACES_ENUMERATED,
+                    status="False",
+                    reason="EnumerationFailed",
+                    message="network interfaces could not be enumerated; the recorded list is kept",
+                )
+            )
+        else:
+            out.append(Condition(type=INTERFACES_ENUMERATED, status="True", reason="Enumerated"))
+    if ACCELERATORS_ENUMERATED not in types:
+        if reading.failed_manufacturers:
+            names = ", ".join(sorted(reading.failed_manufacturers))
+            out.append(
+                Condition(
+                    type=ACCELERATORS_ENUMERATED,
+                    status="False",
+                    reason="EnumerationFailed",
+                    message=f"accelerators of {names} could not be read; their recorded groups are kept",
+                )
+            )
+        else:
+            out.append(Condition(type=ACCELERATORS_ENUMERATED, status="True", reason="Enumerated"))
+    return out
+
+
+def merge_conditions(
+    current: Iterable[Mapping[str, Any]], reported: Sequence[Condition], now: datetime
+) -> list[dict[str, Any]] | None:
+    """The status.conditions to write, or None when ours already read as reported.
+
+    Conditions are owned per type: another writer's entries are carried verbatim (every field, even ones
+    our model does not know), and ours move lastTransitionTime only when their status changes."""
+    current = list(current)
+    ours_types = {c.type for c in reported}
+    others = [dict(c) for c in current if c.get("type") not in ours_types]
+    ours_now: list[Condition] = []
+    for raw in current:
+        if raw.get("type") not in ours_types:
+            continue
+        try:
+            ours_now.append(Condition.model_validate(raw))
+        except ValidationError:
+            log.warning("rewriting a malformed condition", extra={"condition": raw})
+    merged = sorted(ours_now, key=lambda c: c.type)
+    for cond in reported:
+        merged = set_condition(merged, cond, now)
+    before = [c.wire() for c in sorted(ours_now, key=lambda c: c.type)]
+    after = [c.wire() for c in merged]
+    if before == after and len(ours_now) == len({c.type for c in ours_now}):
+        return None
+    return sorted(others + after, key=lambda c: str(c.get("type", "")))
+
+
+# --- the decision ----------------------------------------------------------------------------------
+
+
+def stored_spec(obj: Mapping[str, Any]) -> DevicesSpec | None:
+    """The live object's spec, or None when it does not parse (then it is rewritten whole)."""
+    try:
+        return DevicesSpec.model_validate(obj.get("spec") or {})
+    except ValidationError as exc:
+        log.warning("the stored spec does not parse; it will be rewritten", extra={"error": str(exc)})
+        return None
+
+
+def plan(stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime) -> Plan:
+    """Create when there is no object; otherwise patch only the parts that changed."""
+    reported = reported_conditions(reading)
+    if stored is None:
+        return Plan(
+            create=True, spec=desired_spec(reading, None, now), conditions=merge_conditions([], reported, now)
+        )
+    old = stored_spec(stored)
+    desired = desired_spec(reading, old, now)
+    spec = None if old is not None and same_spec(desired, old) else desired
+    conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], reported, now)
+    return Plan(create=False, spec=spec, conditions=conditions)

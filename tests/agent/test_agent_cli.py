@@ -1,0 +1,176 @@
+"""`nodefabric agent` as an operator runs it: `--once`, and the long-running process with its HTTP
+endpoints, kernel-uevent trigger, in-process device plugin and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from agent_fixtures import (
+    NODE,
+    api_with_node,
+    conditions,
+    delete_node,
+    free_port,
+    interface,
+    nodefabric_bin,
+    set_port,
+    stored,
+    two_nic_host,
+    uevents_writable,
+    writes,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodefabric_devicemanager.cli import build_parser
+from nodefabric_devicemanager.testing.sysfs import Port
+
+
+async def run_once(kubeconfig: str, root: str, *extra: str) -> int:
+    """The CLI path in-process (parser + run), minus the process-wide logging setup."""
+    argv = ["agent", "--node-name", NODE, "--root", root, "--kubeconfig", kubeconfig, "--once", *extra]
+    parser, command = build_parser(argv)
+    args = parser.parse_args(argv)
+    assert command is not None
+    return await asyncio.to_thread(command.run, args)
+
+
+async def test_once_exits_zero_when_it_wrote_or_had_nothing_to_write(tmp_path):
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 0
+        assert stored(k) is not None
+        n = len(writes(k))
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 0
+        assert len(writes(k)) == n
+
+
+async def test_once_exits_nonzero_when_the_pass_failed(tmp_path):
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        await delete_node(k)
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 1
+        assert stored(k) is None
+
+
+async def test_bad_invocations_are_refused_with_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    async with api_with_node() as k:
+        parser, command = build_parser(["agent"])
+        assert command is not None
+        assert command.run(parser.parse_args(["agent", "--kubeconfig", k.kubeconfig])) == 2
+        assert await run_once(k.kubeconfig, str(tmp_path / "absent")) == 2
+        with pytest.raises(SystemExit):
+            parser.parse_args(["agent", "--node-name", NODE, "--interval", "0"])
+    assert await run_once(str(tmp_path / "no-kubeconfig"), str(tmp_path)) == 2
+
+
+async def _until(predicate, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    try:
+        async with session.get(url) as resp:
+            return resp.status, await resp.text()
+    except aiohttp.ClientError:
+        return 0, ""
+
+
+async def test_the_daemon_serves_probes_metrics_the_plugin_and_stops_on_sigterm(tmp_path):
+    b = two_nic_host(tmp_path / "host")
+    # A unix socket path must stay under 108 bytes; pytest's tmp_path can be longer.
+    plugin_dir = Path(tempfile.mkdtemp(prefix="nf-dp-", dir="/tmp"))
+    metrics_port, health_port = free_port(), free_port()
+    async with api_with_node() as k, aiohttp.ClientSession() as http:
+        proc = await asyncio.create_subprocess_exec(
+            nodefabric_bin(), "--log-format", "json", "agent", "--node-name", NODE,
+            "--root", str(tmp_path / "host"), "--kubeconfig", k.kubeconfig, "--interval", "3600",
+            "--debounce", "0.1", "--bind-address", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--health-port", str(health_port), "--plugin-dir", str(plugin_dir),
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            ready: list[int] = []
+
+            async def poll_ready() -> None:
+                while True:
+                    status, _ = await _get(http, f"http://127.0.0.1:{health_port}/readyz")
+                    if status == 200:
+                        ready.append(status)
+                        return
+                    if proc.returncode is not None:
+                        raise AssertionError("the agent exited: " + (await proc.stderr.read()).decode())
+                    await asyncio.sleep(0.1)
+
+            await asyncio.wait_for(poll_ready(), 30)
+            assert stored(k) is not None
+            status, _ = await _get(http, f"http://127.0.0.1:{health_port}/healthz")
+            assert status == 200
+
+            # The device plugin runs in-process, serving from the agent's record.
+            await _until(lambda: len(list(plugin_dir.glob("nodefabric-*.sock"))) == 3, what="plugin sockets")
+
+            status, text = await _get(http, f"http://127.0.0.1:{metrics_port}/metrics")
+            assert status == 200
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            for name in (
+                "nodefabric_agent_passes",
+                "nodefabric_agent_pass_duration_seconds",
+                "nodefabric_agent_api_writes",
+                "nodefabric_agent_errors",
+                "nodefabric_agent_endpoints",
+                "nodefabric_agent_accelerators",
+            ):
+                assert name in families, name
+            endpoints = {s.labels["verdict"]: s.value for s in families["nodefabric_agent_endpoints"].samples}
+            assert endpoints["ok"] == 2
+            assert "nodefabric_deviceplugin_devices" in families, "the plugin's metrics are served too"
+
+            if uevents_writable():
+                # With a one-hour interval, only a kernel uevent can bring the next pass.
+                set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
+                with open("/sys/class/net/lo/uevent", "w") as f:
+                    f.write("change")
+                await _until(
+                    lambda: interface(stored(k), "ens1f1")["link"]["state"] == "failed", what="uevent pass"
+                )
+
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert not list(plugin_dir.glob("nodefabric-*.sock")), "sockets are removed on the way out"
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            shutil.rmtree(plugin_dir, ignore_errors=True)
+        lines = [
+            json.loads(line) for line in (await proc.stderr.read()).decode().splitlines() if line.strip()
+        ]
+        assert any(line["msg"] == "published the devices record" and line["node"] == NODE for line in lines)
+        assert lines[-1]["msg"] == "stopped"
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "True"
+
+
+async def test_the_console_script_once_against_the_emulator(tmp_path):
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        proc = await asyncio.create_subprocess_exec(
+            nodefabric_bin(), "agent", "--node-name", NODE, "--root", str(tmp_path), "--once",
+            env={**os.environ, "KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": k.kubeconfig},
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        assert [i["name"] for i in stored(k)["spec"]["interfaces"]] == ["ens1f0", "ens1f1"]
