@@ -1,0 +1,63 @@
+"""Helpers shared by the chart tests: paths, helm invocation and small queries over rendered manifests."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "nodefabric"
+NAMESPACE = "nodefabric"
+RELEASE = "nf"
+# A recent version that kubernetes-validate bundles schemas for, and the chart's kubeVersion admits.
+KUBE_VERSION = "1.33.0"
+
+Doc = dict[str, Any]
+
+
+class RenderError(Exception):
+    """helm refused the chart or the values; the message is helm's stderr."""
+
+
+def run_helm(
+    helm: Path, *args: str, values: dict[str, Any] | None, tmp: Path
+) -> subprocess.CompletedProcess[str]:
+    cmd = [str(helm), *args]
+    if values is not None:
+        vf = tmp / "values.yaml"
+        vf.write_text(yaml.safe_dump(values))
+        cmd += ["-f", str(vf)]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+
+
+def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def workloads(docs: list[Doc]) -> Iterator[Doc]:
+    yield from (d for d in docs if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job"))
+
+
+def pod_spec(workload: Doc) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def container(workload: Doc, name: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [c for c in pod_spec(workload)["containers"] if c["name"] == name]
+    assert len(found) == 1, f"no container {name} in {workload['metadata']['name']}"
+    return found[0]
+
+
+def configmap_yaml(docs: list[Doc], name: str, key: str) -> Any:
+    return yaml.safe_load(one(docs, "ConfigMap", name)["data"][key])

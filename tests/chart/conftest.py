@@ -1,0 +1,77 @@
+"""Fixtures for the Helm chart tests: a real helm binary (from PyPI, via hack/fetch_helm.py) and renders."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_support import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, Doc, RenderError, run_helm
+
+Render = Callable[..., list[Doc]]
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "fetch_helm.py")], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/fetch_helm.py could not provide helm:\n{done.stdout}\n{done.stderr}")
+    path = Path(done.stdout.strip().splitlines()[-1])
+    assert path.is_file(), path
+    return path
+
+
+@pytest.fixture(scope="session")
+def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
+    """`helm template` of the chart with the given values; the manifests, CRDs included. Renders are
+    memoised for the session (each caller gets its own copy), so repeated variants cost one helm run."""
+    seen: dict[str, list[Doc] | RenderError] = {}
+
+    def _render(
+        values: dict[str, Any] | None = None,
+        *,
+        kube_version: str = KUBE_VERSION,
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
+    ) -> list[Doc]:
+        key = json.dumps([values, kube_version, release, namespace], sort_keys=True)
+        if key not in seen:
+            try:
+                seen[key] = _helm_template(
+                    values, kube_version=kube_version, release=release, namespace=namespace
+                )
+            except RenderError as err:
+                seen[key] = err
+        got = seen[key]
+        if isinstance(got, RenderError):
+            raise RenderError(str(got))
+        return copy.deepcopy(got)
+
+    def _helm_template(
+        values: dict[str, Any] | None = None,
+        *,
+        kube_version: str = KUBE_VERSION,
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
+    ) -> list[Doc]:
+        tmp = tmp_path_factory.mktemp("render")
+        args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", kube_version]
+        done = run_helm(helm, *args, "--include-crds", values=values, tmp=tmp)
+        if done.returncode != 0:
+            raise RenderError(done.stderr)
+        return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def default_docs(render: Render) -> list[Doc]:
+    return render()

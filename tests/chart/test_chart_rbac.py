@@ -1,0 +1,248 @@
+"""Least privilege: one ServiceAccount per component, exactly the verbs each uses, and the agent's
+admission policy that confines it to its own node's Devices object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chart_support import NAMESPACE, Doc, of_kind, one, pod_spec, workloads
+
+CLUSTER = "<cluster>"
+# (scope, apiGroup, resource, resourceName or "") -> verbs; scope is a namespace or CLUSTER.
+Grants = dict[tuple[str, str, str, str], set[str]]
+
+AGENT: Grants = {
+    (CLUSTER, "worker.gpustack.ai", "devices", ""): {"get", "create", "patch"},
+    (CLUSTER, "worker.gpustack.ai", "devices/status", ""): {"patch"},
+    (CLUSTER, "", "nodes", ""): {"get"},
+}
+OPERATOR_COMMON: Grants = {
+    (CLUSTER, "worker.gpustack.ai", "devices", ""): {"get", "list", "watch"},
+    (CLUSTER, "worker.gpustack.ai", "devices/status", ""): {"patch"},
+    (CLUSTER, "", "events", ""): {"create"},
+}
+OPERATOR_NODEFEATURE: Grants = {
+    **OPERATOR_COMMON,
+    (CLUSTER, "nfd.k8s-sigs.io", "nodefeatures", ""): {"list", "watch"},
+    (NAMESPACE, "nfd.k8s-sigs.io", "nodefeatures", ""): {"get", "create", "patch"},
+}
+OPERATOR_NODE: Grants = {**OPERATOR_COMMON, (CLUSTER, "", "nodes", ""): {"get", "list", "watch", "patch"}}
+EXTENDER: Grants = {
+    (CLUSTER, "", "nodes", ""): {"list", "watch"},
+    (CLUSTER, "", "pods", ""): {"list", "watch"},
+    (CLUSTER, "scheduling.x-k8s.io", "podgroups", ""): {"list", "watch"},
+    (CLUSTER, "scheduling.volcano.sh", "podgroups", ""): {"list", "watch"},
+    (CLUSTER, "", "events", ""): {"create"},
+}
+SCHEDULER: Grants = {
+    (NAMESPACE, "coordination.k8s.io", "leases", ""): {"create"},
+    (NAMESPACE, "coordination.k8s.io", "leases", "nf-nodefabric-scheduler"): {"get", "update"},
+}
+# Roles the cluster already has, bound by name (scope, kind, name).
+SCHEDULER_BUILTIN = {
+    (CLUSTER, "ClusterRole", "system:kube-scheduler"),
+    (CLUSTER, "ClusterRole", "system:volume-scheduler"),
+    ("kube-system", "Role", "extension-apiserver-authentication-reader"),
+}
+
+
+def grants_of(docs: list[Doc], sa: str) -> tuple[Grants, set[tuple[str, str, str]]]:
+    """What the ServiceAccount may do through the rendered bindings, and the built-in roles it is bound to."""
+    roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d for d in docs}
+    grants: Grants = {}
+    builtin: set[tuple[str, str, str]] = set()
+    for b in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding"):
+        subjects = b.get("subjects", [])
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == sa and s["namespace"] == NAMESPACE
+            for s in subjects
+        ):
+            continue
+        scope = CLUSTER if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+        ref = b["roleRef"]
+        role = roles.get(
+            (ref["kind"], b["metadata"].get("namespace", "") if ref["kind"] == "Role" else "", ref["name"])
+        )
+        if role is None:
+            builtin.add((scope, ref["kind"], ref["name"]))
+            continue
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for name in rule.get("resourceNames", [""]):
+                        grants.setdefault((scope, group, resource, name), set()).update(rule["verbs"])
+    return grants, builtin
+
+
+def sa_of(docs: list[Doc], kind: str, name: str) -> str:
+    sa: str = pod_spec(one(docs, kind, name))["serviceAccountName"]
+    return sa
+
+
+def test_no_wildcards_in_any_rule(render) -> None:
+    for docs in (render(), render({"labelSink": "node"})):
+        for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"):
+            assert role["rules"], role["metadata"]["name"]
+            for rule in role["rules"]:
+                for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
+                    assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+                    assert not any("*" in v for v in rule.get(field, [])), (role["metadata"]["name"], rule)
+                assert "nonResourceURLs" not in rule
+
+
+def test_no_binding_to_broad_builtin_roles_or_non_serviceaccount_subjects(default_docs: list[Doc]) -> None:
+    for b in of_kind(default_docs, "ClusterRoleBinding") + of_kind(default_docs, "RoleBinding"):
+        assert b["roleRef"]["name"] not in {"cluster-admin", "admin", "edit", "view", "system:node"}
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == NAMESPACE, b["metadata"]["name"]
+
+
+def test_one_serviceaccount_per_component(default_docs: list[Doc]) -> None:
+    accounts = {sa["metadata"]["name"] for sa in of_kind(default_docs, "ServiceAccount")}
+    used = [pod_spec(w)["serviceAccountName"] for w in workloads(default_docs)]
+    assert sorted(used) == sorted(accounts), "every workload has its own account and every account a workload"
+    assert len(set(used)) == len(used)
+    for w in workloads(default_docs):
+        assert pod_spec(w).get("automountServiceAccountToken", True)
+
+
+def test_agent_may_do_exactly_what_it_needs(default_docs: list[Doc]) -> None:
+    grants, builtin = grants_of(default_docs, sa_of(default_docs, "DaemonSet", "nf-nodefabric-agent"))
+    assert grants == AGENT
+    assert builtin == set()
+
+
+@pytest.mark.parametrize(
+    ("sink", "expected"), [("nodefeature", OPERATOR_NODEFEATURE), ("node", OPERATOR_NODE)]
+)
+def test_operator_may_do_exactly_what_its_sink_needs(render, sink: str, expected: Grants) -> None:
+    docs = render({"labelSink": sink})
+    grants, builtin = grants_of(docs, sa_of(docs, "Deployment", "nf-nodefabric-operator"))
+    assert grants == expected
+    assert builtin == set()
+    args = pod_spec(one(docs, "Deployment", "nf-nodefabric-operator"))["containers"][0]["args"]
+    assert args[args.index("--sink") + 1] == sink
+    assert args[args.index("--namespace") + 1] == NAMESPACE
+    # One replica without kopf peering objects (which would need a peering CRD and rights on it).
+    assert "--standalone" in args
+
+
+def test_extender_may_do_exactly_what_it_needs(default_docs: list[Doc]) -> None:
+    grants, builtin = grants_of(default_docs, sa_of(default_docs, "Deployment", "nf-nodefabric-extender"))
+    assert grants == EXTENDER
+    assert builtin == set()
+
+
+def test_scheduler_holds_the_stock_scheduler_roles_and_its_own_lease(default_docs: list[Doc]) -> None:
+    grants, builtin = grants_of(default_docs, sa_of(default_docs, "Deployment", "nf-nodefabric-scheduler"))
+    assert grants == SCHEDULER
+    assert builtin == SCHEDULER_BUILTIN
+    # Nobody else holds the scheduler's roles.
+    for name in ("nf-nodefabric-agent", "nf-nodefabric-operator", "nf-nodefabric-extender"):
+        assert not grants_of(default_docs, name)[1]
+
+
+# The agent's own-node admission policy.
+
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def policy_parts(docs: list[Doc]) -> tuple[Doc, Doc]:
+    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    return policy, binding
+
+
+def test_policy_binds_denying_and_fails_closed(default_docs: list[Doc]) -> None:
+    policy, binding = policy_parts(default_docs)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "paramRef" not in binding["spec"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+
+
+def test_policy_covers_every_agent_write_to_devices(default_docs: list[Doc]) -> None:
+    policy, _ = policy_parts(default_docs)
+    crd = one(default_docs, "CustomResourceDefinition", "devices.worker.gpustack.ai")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [crd["spec"]["group"]]
+    assert rule["apiVersions"] == [v["name"] for v in crd["spec"]["versions"]]
+    assert set(rule["resources"]) == {"devices", "devices/status"}
+    # Every write verb the agent's role grants reaches the policy (patch arrives as UPDATE).
+    assert {"CREATE", "UPDATE"} <= set(rule["operations"])
+    sa = sa_of(default_docs, "DaemonSet", "nf-nodefabric-agent")
+    (cond,) = policy["spec"]["matchConditions"]
+    assert cond["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{sa}"'
+
+
+def test_policy_absent_when_disabled(render) -> None:
+    docs = render({"agent": {"admissionPolicy": {"enabled": False}}})
+    assert not of_kind(docs, "ValidatingAdmissionPolicy")
+    assert not of_kind(docs, "ValidatingAdmissionPolicyBinding")
+
+
+class AdmissionPolicy:
+    """Evaluates the rendered policy's CEL the way the API server does for one request."""
+
+    def __init__(self, policy: Doc) -> None:
+        celpy = pytest.importorskip(
+            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
+        )
+        self._celpy = celpy
+        self._env = celpy.Environment()
+        self.spec = policy["spec"]
+
+    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
+        return self._env.program(self._env.compile(expr)).evaluate(activation)
+
+    def admit(self, username: str, name: str, node_claim: list[str] | None) -> tuple[bool, str]:
+        from celpy import json_to_cel
+
+        user: dict[str, Any] = {"username": username}
+        if node_claim is not None:
+            user["extra"] = {NODE_CLAIM: node_claim}
+        activation: dict[str, Any] = {"request": json_to_cel({"name": name, "userInfo": user})}
+        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
+            return True, "not matched"
+        variables = {v["name"]: self._eval(v["expression"], activation) for v in self.spec["variables"]}
+        activation["variables"] = json_to_cel({k: list(v) for k, v in variables.items()})
+        for v in self.spec["validations"]:
+            if not bool(self._eval(v["expression"], activation)):
+                return False, str(self._eval(v["messageExpression"], activation))
+        return True, "allowed"
+
+
+@pytest.fixture(scope="module")
+def admission(render) -> AdmissionPolicy:
+    return AdmissionPolicy(policy_parts(render())[0])
+
+
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-agent"
+
+
+def test_agent_may_write_its_own_nodes_record(admission: AdmissionPolicy) -> None:
+    assert admission.admit(AGENT_USER, "gpu-node-7", ["gpu-node-7"]) == (True, "allowed")
+
+
+def test_agent_may_not_write_another_nodes_record(admission: AdmissionPolicy) -> None:
+    allowed, message = admission.admit(AGENT_USER, "gpu-node-8", ["gpu-node-7"])
+    assert not allowed
+    assert (
+        message == "the nodefabric agent on node gpu-node-7 may write only Devices gpu-node-7, not gpu-node-8"
+    )
+
+
+@pytest.mark.parametrize("claim", [None, [], ["gpu-node-7", "gpu-node-8"]])
+def test_agent_token_without_one_node_claim_is_refused(
+    admission: AdmissionPolicy, claim: list[str] | None
+) -> None:
+    allowed, message = admission.admit(AGENT_USER, "gpu-node-7", claim)
+    assert not allowed
+    assert "carries no single node-name claim" in message
+
+
+def test_other_users_are_not_confined_by_the_policy(admission: AdmissionPolicy) -> None:
+    operator = f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-operator"
+    assert admission.admit(operator, "gpu-node-8", None) == (True, "not matched")
+    assert admission.admit("kubernetes-admin", "gpu-node-8", None) == (True, "not matched")

@@ -1,0 +1,421 @@
+"""What each component runs: command lines, host access, security contexts and the scheduler configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chart_support import NAMESPACE, Doc, configmap_yaml, container, of_kind, one, pod_spec, workloads
+
+AGENT = "nf-nodefabric-agent"
+SCHEDULER = "nf-nodefabric-scheduler"
+EXTENDER = "nf-nodefabric-extender"
+
+
+def agent(docs: list[Doc]) -> Doc:
+    return one(docs, "DaemonSet", AGENT)
+
+
+def mounts_by_volume(workload: Doc, container_name: str) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in container(workload, container_name)["volumeMounts"]}
+
+
+def host_paths(workload: Doc) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v["hostPath"] for v in pod_spec(workload).get("volumes", []) if "hostPath" in v}
+
+
+# The agent's command line, exactly as the agent parses it.
+
+
+def test_agent_command_line_by_default(default_docs: list[Doc]) -> None:
+    c = container(agent(default_docs), "agent")
+    assert c["args"] == [
+        "agent", "--node-name", "$(NODE_NAME)", "--root", "/host", "--interval", "60",
+        "--metrics-port", "9100", "--health-port", "8081", "--domain", "gpustack.ai", "--shared-count", "64",
+    ]  # fmt: skip
+    (env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert c["ports"] == [
+        {"name": "metrics", "containerPort": 9100, "protocol": "TCP"},
+        {"name": "health", "containerPort": 8081, "protocol": "TCP"},
+    ]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+
+
+def test_agent_command_line_follows_values(render) -> None:
+    docs = render(
+        {
+            "domain": "example.com",
+            "agent": {"interval": 15, "metricsPort": 9400, "sharedCount": 1000,
+                      "families": {"shared": False, "partitioned": False}},
+        }
+    )  # fmt: skip
+    args = container(agent(docs), "agent")["args"]
+    assert args[args.index("--interval") + 1] == "15"
+    assert args[args.index("--metrics-port") + 1] == "9400"
+    assert args[args.index("--shared-count") + 1] == "1000"
+    assert args[args.index("--domain") + 1] == "example.com"
+    assert "--no-shared" in args and "--no-partitioned" in args
+    only_shared_off = container(agent(render({"agent": {"families": {"shared": False}}})), "agent")["args"]
+    assert "--no-shared" in only_shared_off and "--no-partitioned" not in only_shared_off
+
+
+# Host access: only the agent touches the host, read-only except the kubelet socket directory.
+
+
+def test_only_the_agent_touches_the_host(default_docs: list[Doc]) -> None:
+    for w in workloads(default_docs):
+        spec = pod_spec(w)
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        if w["metadata"]["name"] != AGENT:
+            assert host_paths(w) == {}, w["metadata"]["name"]
+
+
+def test_agent_host_mounts_are_read_only_except_the_device_plugin_directory(default_docs: list[Doc]) -> None:
+    a = agent(default_docs)
+    hosts = host_paths(a)
+    mounts = mounts_by_volume(a, "agent")
+    assert {v: h["path"] for v, h in hosts.items()} == {
+        "host-sys": "/sys",
+        "host-dev": "/dev",
+        "device-plugins": "/var/lib/kubelet/device-plugins",
+    }
+    for volume, host in hosts.items():
+        # Nothing is created on the host: a missing path fails the pod instead of leaving an empty dir behind.
+        assert host["type"] == "Directory", volume
+        mount = mounts[volume]
+        if volume == "device-plugins":
+            assert mount["mountPath"] == "/var/lib/kubelet/device-plugins"
+            assert not mount.get("readOnly")
+        else:
+            assert mount["readOnly"] is True, volume
+            assert mount["recursiveReadOnly"] == "IfPossible", volume
+            assert "mountPropagation" not in mount
+    # --root /host sees the host's /sys and /dev (for /dev/infiniband) at their usual places under it.
+    assert mounts["host-sys"]["mountPath"] == "/host/sys"
+    assert mounts["host-dev"]["mountPath"] == "/host/dev"
+
+
+def test_kubelet_directory_follows_values(render) -> None:
+    docs = render({"agent": {"kubeletDevicePluginsPath": "/data/kubelet/device-plugins"}})
+    assert host_paths(agent(docs))["device-plugins"]["path"] == "/data/kubelet/device-plugins"
+    # The plugin's own default path inside the container stays put: it is where the agent looks.
+    assert (
+        mounts_by_volume(agent(docs), "agent")["device-plugins"]["mountPath"]
+        == "/var/lib/kubelet/device-plugins"
+    )
+
+
+def test_no_container_is_privileged_or_can_gain_privileges(default_docs: list[Doc]) -> None:
+    for w in workloads(default_docs):
+        for c in pod_spec(w)["containers"]:
+            sc = c["securityContext"]
+            where = f"{w['metadata']['name']}/{c['name']}"
+            assert not sc.get("privileged"), where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+
+
+def test_only_the_agent_runs_as_root(default_docs: list[Doc]) -> None:
+    for w in workloads(default_docs):
+        for c in pod_spec(w)["containers"]:
+            sc = c["securityContext"]
+            if w["metadata"]["name"] == AGENT:
+                assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+            else:
+                assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, w["metadata"]["name"]
+                assert pod_spec(w)["securityContext"]["runAsNonRoot"] is True
+
+
+def test_agent_scheduling_follows_values(render, default_docs: list[Doc]) -> None:
+    spec = pod_spec(agent(default_docs))
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", "amd.com/gpu"}
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert "runtimeClassName" not in spec
+    custom = pod_spec(
+        agent(
+            render(
+                {
+                    "agent": {
+                        "nodeSelector": {"node-role/gpu": "true"},
+                        "tolerations": [{"operator": "Exists"}],
+                        "priorityClassName": "",
+                        "runtimeClassName": "nvidia",
+                    }
+                }
+            )
+        )
+    )
+    assert custom["nodeSelector"] == {"node-role/gpu": "true", "kubernetes.io/os": "linux"}
+    assert custom["tolerations"] == [{"operator": "Exists"}]
+    assert "priorityClassName" not in custom
+    assert custom["runtimeClassName"] == "nvidia"
+
+
+def test_image_follows_values(render, default_docs: list[Doc]) -> None:
+    for name in (AGENT, "nf-nodefabric-operator", EXTENDER):
+        w = next(w for w in workloads(default_docs) if w["metadata"]["name"] == name)
+        assert pod_spec(w)["containers"][0]["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
+    docs = render({"image": {"repository": "registry.local/nf", "tag": "dev", "pullPolicy": "Never"}})
+    c = container(agent(docs), "agent")
+    assert (c["image"], c["imagePullPolicy"]) == ("registry.local/nf:dev", "Never")
+
+
+def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
+    for name in ("nf-nodefabric-operator", EXTENDER):
+        d = one(default_docs, "Deployment", name)
+        assert d["spec"]["replicas"] == 1
+        assert d["spec"]["strategy"] == {"type": "Recreate"}
+
+
+# The second scheduler and its extender.
+
+
+def scheduler_config(docs: list[Doc]) -> dict[str, Any]:
+    cfg: dict[str, Any] = configmap_yaml(docs, SCHEDULER, "scheduler-config.yaml")
+    return cfg
+
+
+def test_scheduler_configuration(default_docs: list[Doc]) -> None:
+    cfg = scheduler_config(default_docs)
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    (profile,) = cfg["profiles"]
+    assert profile == {"schedulerName": "nodefabric-scheduler", "percentageOfNodesToScore": 100}
+    (ext,) = cfg["extenders"]
+    assert ext == {
+        "urlPrefix": f"http://{EXTENDER}.{NAMESPACE}.svc:8888",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 5,
+        "httpTimeout": "5s",
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "ignorable": False,
+    }
+
+
+def test_scheduler_reaches_the_extender_service(default_docs: list[Doc]) -> None:
+    (ext,) = scheduler_config(default_docs)["extenders"]
+    svc = one(default_docs, "Service", EXTENDER)
+    assert (
+        ext["urlPrefix"]
+        == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
+    )
+    extender = one(default_docs, "Deployment", EXTENDER)
+    assert svc["spec"]["selector"].items() <= extender["spec"]["template"]["metadata"]["labels"].items()
+    port = container(extender, "extender")["ports"][0]
+    assert svc["spec"]["ports"][0]["targetPort"] == port["name"]
+    args = container(extender, "extender")["args"]
+    assert args[args.index("--port") + 1] == str(port["containerPort"])
+
+
+def test_scheduler_leader_election_uses_the_lease_it_may_update(default_docs: list[Doc]) -> None:
+    election = scheduler_config(default_docs)["leaderElection"]
+    assert election["leaderElect"] is True
+    assert election["resourceLock"] == "leases"
+    assert election["resourceNamespace"] == NAMESPACE
+    role = one(default_docs, "Role", f"{SCHEDULER}-leases")
+    (named,) = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named["resourceNames"] == [election["resourceName"]]
+    assert set(named["verbs"]) == {"get", "update"}
+
+
+def test_scheduler_runs_the_mounted_configuration(default_docs: list[Doc]) -> None:
+    d = one(default_docs, "Deployment", SCHEDULER)
+    c = container(d, "kube-scheduler")
+    assert c["command"][0] == "/usr/local/bin/kube-scheduler"
+    (flag,) = [a for a in c["command"] if a.startswith("--config=")]
+    path = flag.removeprefix("--config=")
+    mount = mounts_by_volume(d, "kube-scheduler")["config"]
+    assert path == f"{mount['mountPath']}/scheduler-config.yaml"
+    (vol,) = [v for v in pod_spec(d)["volumes"] if v["name"] == "config"]
+    assert vol["configMap"]["name"] == SCHEDULER
+
+
+def test_scheduler_follows_values(render) -> None:
+    docs = render(
+        {
+            "scheduler": {"name": "gang-scheduler"},
+            "extender": {"weight": 20, "httpTimeout": "2s", "port": 9999},
+        }
+    )
+    cfg = scheduler_config(docs)
+    assert cfg["profiles"][0]["schedulerName"] == "gang-scheduler"
+    (ext,) = cfg["extenders"]
+    assert (ext["weight"], ext["httpTimeout"], ext["urlPrefix"]) == (
+        20,
+        "2s",
+        f"http://{EXTENDER}.{NAMESPACE}.svc:9999",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "tag", "image"),
+    [
+        ("1.33.0", "", "registry.k8s.io/kube-scheduler:v1.33.0"),
+        ("1.31.4", "", "registry.k8s.io/kube-scheduler:v1.31.4"),
+        ("v1.32.9-eks-113cf36", "", "registry.k8s.io/kube-scheduler:v1.32.9"),
+        ("1.33.0", "v1.33.5", "registry.k8s.io/kube-scheduler:v1.33.5"),
+    ],
+)
+def test_scheduler_image_matches_the_cluster_unless_pinned(
+    render, kube_version: str, tag: str, image: str
+) -> None:
+    docs = render({"scheduler": {"image": {"tag": tag}}}, kube_version=kube_version)
+    assert container(one(docs, "Deployment", SCHEDULER), "kube-scheduler")["image"] == image
+
+
+def test_chart_refuses_clusters_without_admission_policies(render) -> None:
+    from chart_support import RenderError
+
+    with pytest.raises(RenderError, match="kubeVersion"):
+        render(kube_version="1.29.9")
+
+
+def extender_config(docs: list[Doc]) -> dict[str, Any]:
+    cfg: dict[str, Any] = configmap_yaml(docs, EXTENDER, "extender.yaml")
+    return cfg
+
+
+def test_extender_configuration_defaults_follow_the_domain(render, default_docs: list[Doc]) -> None:
+    cfg = extender_config(default_docs)
+    assert cfg["domain"] == "gpustack.ai"
+    assert [lvl["name"] for lvl in cfg["levels"]] == ["fabric", "network-group", "zone", "region"]
+    keys = {lvl["name"]: lvl["keys"] for lvl in cfg["levels"]}
+    assert keys["fabric"] == ["feature.gpustack.ai/fabric.domain", "nvidia.com/gpu.clique"]
+    assert keys["network-group"][0] == "topology.gpustack.ai/network-group"
+    assert keys["zone"] == ["topology.kubernetes.io/zone"]
+    assert keys["region"] == ["topology.kubernetes.io/region"]
+    assert (cfg["defaultLocality"], cfg["defaultRank"], cfg["homogeneousKeys"]) == (
+        "prefer",
+        "spread",
+        ["nvidia.com/gpu.product"],
+    )
+    other = extender_config(render({"domain": "example.com"}))
+    assert other["levels"][0]["keys"][0] == "feature.example.com/fabric.domain"
+    assert other["levels"][1]["keys"][0] == "topology.example.com/network-group"
+
+
+def test_extender_configuration_follows_values(render) -> None:
+    docs = render(
+        {
+            "extender": {
+                "levels": {"networkGroup": ["example.com/rack"]},
+                "defaults": {"locality": "zone", "rank": "most-free-memory", "homogeneous": []},
+                "extraConfig": {"claimTTLSeconds": 120, "defaultRank": "first-fit"},
+            }
+        }
+    )
+    cfg = extender_config(docs)
+    assert cfg["levels"][1] == {
+        "name": "network-group",
+        "title": "network group",
+        "keys": ["example.com/rack"],
+    }
+    assert (cfg["defaultLocality"], cfg["homogeneousKeys"]) == ("zone", [])
+    assert cfg["claimTTLSeconds"] == 120
+    # extraConfig adds settings; it does not override the ones the chart has values for.
+    assert cfg["defaultRank"] == "most-free-memory"
+
+
+@pytest.mark.parametrize("variant", ["default", "custom"])
+def test_the_extender_accepts_the_rendered_configuration(render, tmp_path, variant: str) -> None:
+    """The extender's own loader reads the file the chart writes: same keys, same defaults."""
+    from nodefabric_operator.extender.config import default_levels, load_config
+
+    values = {} if variant == "default" else {
+        "domain": "example.com",
+        "extender": {"levels": {"zone": ["example.com/zone"]}, "defaults": {"locality": "region"}},
+    }  # fmt: skip
+    path = tmp_path / "extender.yaml"
+    path.write_text(one(render(values), "ConfigMap", EXTENDER)["data"]["extender.yaml"])
+    loaded = load_config(path)
+    if variant == "default":
+        assert loaded.levels == default_levels("gpustack.ai")
+        assert (loaded.default_locality, loaded.default_rank) == ("prefer", "spread")
+    else:
+        assert loaded.domain == "example.com"
+        assert loaded.levels[2].keys == ("example.com/zone",)
+        assert loaded.levels[0].keys[0] == "feature.example.com/fabric.domain"
+        assert loaded.default_locality == "region"
+
+
+def test_extender_reads_the_mounted_configuration_and_restarts_on_change(
+    render, default_docs: list[Doc]
+) -> None:
+    d = one(default_docs, "Deployment", EXTENDER)
+    args = container(d, "extender")["args"]
+    assert args[0] == "extender"
+    mount = mounts_by_volume(d, "extender")["config"]
+    assert args[args.index("--config") + 1] == f"{mount['mountPath']}/extender.yaml"
+    assert mount["readOnly"] is True
+    before = d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    changed = one(render({"extender": {"defaults": {"rank": "first-fit"}}}), "Deployment", EXTENDER)
+    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != before
+
+
+def test_every_workload_has_probes_and_resources(default_docs: list[Doc]) -> None:
+    for w in workloads(default_docs):
+        for c in pod_spec(w)["containers"]:
+            where = f"{w['metadata']['name']}/{c['name']}"
+            assert c["livenessProbe"] and c["readinessProbe"], where
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], where
+
+
+def test_metrics_services_select_their_pods(default_docs: list[Doc]) -> None:
+    pods = {
+        w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"] for w in workloads(default_docs)
+    }
+    for svc in of_kind(default_docs, "Service"):
+        matched = [n for n, labels in pods.items() if svc["spec"]["selector"].items() <= labels.items()]
+        assert len(matched) == 1, svc["metadata"]["name"]
+
+
+# The command lines, parsed by the real `nodefabric` CLI: a flag the program does not know fails here.
+
+
+def parse(args: list[str]) -> Any:
+    from nodefabric_devicemanager.cli import build_parser
+
+    parser, command = build_parser(args)
+    assert command is not None, args
+    return parser.parse_args(args)
+
+
+def test_the_agent_parses_its_rendered_command_line(render) -> None:
+    docs = render({"agent": {"families": {"shared": False}, "sharedCount": 500, "interval": 30}})
+    args = [a.replace("$(NODE_NAME)", "gpu-node-7") for a in container(agent(docs), "agent")["args"]]
+    ns = parse(args)
+    assert (ns.node_name, ns.root, ns.interval) == ("gpu-node-7", "/host", 30.0)
+    assert (ns.metrics_port, ns.health_port) == (9100, 8081)
+    assert (ns.no_shared, ns.no_partitioned, ns.shared_count, ns.domain) == (True, False, 500, "gpustack.ai")
+    # The plugin's socket directory default is where the chart mounts kubelet's.
+    assert ns.plugin_dir == mounts_by_volume(agent(docs), "agent")["device-plugins"]["mountPath"]
+
+
+@pytest.mark.parametrize("sink", ["nodefeature", "node"])
+def test_the_operator_parses_its_rendered_command_line(render, sink: str) -> None:
+    docs = render({"labelSink": sink, "domain": "example.com"})
+    ns = parse(container(one(docs, "Deployment", "nf-nodefabric-operator"), "operator")["args"])
+    assert (ns.sink, ns.namespace, ns.domain, ns.standalone) == (sink, NAMESPACE, "example.com", True)
+    assert (ns.metrics_port, ns.health_port) == (9101, 8080)
+
+
+def test_the_extender_parses_its_rendered_command_line(default_docs: list[Doc]) -> None:
+    ns = parse(container(one(default_docs, "Deployment", EXTENDER), "extender")["args"])
+    assert (str(ns.config), ns.port) == ("/etc/nodefabric/extender.yaml", 8888)
+
+
+def test_critical_agent_pods_are_admitted_by_a_quota_for_their_class(render, default_docs: list[Doc]) -> None:
+    (quota,) = of_kind(default_docs, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == NAMESPACE
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert expr == {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}
+    assert int(quota["spec"]["hard"]["pods"]) >= 5000
+    assert not of_kind(render({"agent": {"priorityClassName": "gpu-infra"}}), "ResourceQuota")
+    assert not of_kind(render({"agent": {"criticalPodsQuota": 0}}), "ResourceQuota")
