@@ -38,6 +38,29 @@ class AttributeTooLarge(HostReadError):
     pass
 
 
+_FD_LINKS = "/proc/self/fd"
+_HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
+
+
+def _realpath(path: str) -> str:
+    """os.path.realpath, but let the kernel walk the chain when it can: one open(O_PATH) and one readlink
+    instead of an lstat per component in Python, several times faster over sysfs' deep link chains."""
+    if _HAVE_FD_LINKS:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            # Absent, dangling or looping: realpath gives the same answer it always did (and the same
+            # refusal when the dangling target lies outside the root).
+            return os.path.realpath(path)
+        try:
+            return os.readlink(f"{_FD_LINKS}/{fd}")
+        except OSError:
+            return os.path.realpath(path)
+        finally:
+            os.close(fd)
+    return os.path.realpath(path)
+
+
 @dataclass(frozen=True, slots=True)
 class HostRoot:
     """The host as seen from `root` ("/" on a node; a fixture tree in tests; "/host" in a container)."""
@@ -65,7 +88,7 @@ class HostRoot:
 
     def resolve(self, path: str) -> str:
         """Resolve a path already joined onto the root; refuse one that lands outside it."""
-        resolved = os.path.realpath(path)
+        resolved = _realpath(path)
         if not self.contains(resolved):
             log.warning(
                 "refused a path that resolves outside the host root",

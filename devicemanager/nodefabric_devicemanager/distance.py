@@ -1,0 +1,85 @@
+"""Distance between two devices from their bus coordinates, in the vocabulary SELF LINK PIX PXB PHB NODE
+SYS UNK (smaller is closer), with `nvidia-smi topo -m`'s meaning of each level.
+
+The rules, each with the reason a reader should not "simplify" it:
+1. A missing bus id is UNK: a distance from a coordinate nobody read would be invented.
+2. Never SELF or LINK: LINK (NVLink, XGMI) is not visible on the bus, and SELF would claim a NIC is the
+   accelerator it is compared with.
+3. Same full bridge path: PIX. The two hang from one downstream port, at most one bridge between them.
+4. Lowest common bridge is a switch port (not the root port) and each device is at most one bridge below
+   it: PIX. That is two sibling downstream ports of one PCIe switch, which nvidia-smi reports as PIX.
+5. Any other shared bridge: PXB. Traffic crosses several bridges but never the host bridge.
+6. No shared bridge, same recorded host bridge (`pciDDDD:BB`): PHB. Traffic turns at that host bridge.
+7. Otherwise NUMA decides: same node NODE, different nodes SYS. When the host bridges were not recorded,
+   PHB and NODE cannot be told apart and NODE (the further) is reported: overclaiming closeness is the
+   error nothing downstream can catch.
+8. NUMA needed but blank on either side: UNK, never a guess at node 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from nodefabric_devicemanager.models import Distance
+from nodefabric_devicemanager.pci import PciFunction
+
+
+class Coordinates(Protocol):
+    """What distance reads. AcceleratorTopology and Endpoint satisfy it as they are."""
+
+    @property
+    def pci_bus_id(self) -> str: ...
+
+    @property
+    def pci_switches(self) -> Sequence[str]: ...
+
+    @property
+    def pci_host_bridge(self) -> str: ...
+
+    @property
+    def numa_affinity(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BusCoordinates:
+    pci_bus_id: str
+    pci_switches: tuple[str, ...]
+    pci_host_bridge: str
+    numa_affinity: str
+
+
+def of(fn: PciFunction) -> BusCoordinates:
+    """The coordinates of a walked PCI function."""
+    return BusCoordinates(fn.bus_id, fn.switches, fn.host_bridge, fn.numa)
+
+
+def distance(a: Coordinates, b: Coordinates) -> Distance:
+    if not a.pci_bus_id or not b.pci_bus_id:
+        return Distance.UNK
+    # Outermost first: index 0 is the root port, the last entry the device's own downstream port.
+    up_a, up_b = list(reversed(a.pci_switches)), list(reversed(b.pci_switches))
+    shared = 0
+    for x, y in zip(up_a, up_b, strict=False):
+        if x != y:
+            break
+        shared += 1
+    if shared:
+        below_a, below_b = len(up_a) - shared, len(up_b) - shared
+        if below_a == 0 and below_b == 0:
+            return Distance.PIX
+        if shared >= 2 and below_a <= 1 and below_b <= 1:
+            return Distance.PIX
+        return Distance.PXB
+    if a.pci_host_bridge and a.pci_host_bridge == b.pci_host_bridge:
+        return Distance.PHB
+    if not a.numa_affinity or not b.numa_affinity:
+        return Distance.UNK
+    return Distance.NODE if a.numa_affinity == b.numa_affinity else Distance.SYS
+
+
+def closest(left: Iterable[Coordinates], right: Iterable[Coordinates]) -> Distance:
+    """The best distance between any member of `left` and any of `right`; UNK when no pair is known."""
+    rights = list(right)
+    return min((distance(a, b) for a in left for b in rights), default=Distance.UNK)

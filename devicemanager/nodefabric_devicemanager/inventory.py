@@ -1,0 +1,104 @@
+"""One pass over the host: the PCI walk, the interface inventory with RDMA verdicts, and accelerators.
+
+A part that could not be read is None/False-conditioned, never empty: the agent keeps the stored value
+for it and `inventory`/`preflight` say what failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from nodefabric_devicemanager import interfaces as interfacesmod
+from nodefabric_devicemanager import pci as pcimod
+from nodefabric_devicemanager.accelerators import Libraries, detect, failed_reading
+from nodefabric_devicemanager.distance import closest
+from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
+from nodefabric_devicemanager.models import (
+    INTERFACES_ENUMERATED,
+    AcceleratorGroup,
+    Condition,
+    DevicesSpec,
+    DevicesStatus,
+    Distance,
+    Interface,
+    LinkState,
+)
+from nodefabric_devicemanager.pci import PciFunction
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reading:
+    interfaces: list[Interface] | None  # None = enumeration failed (NOT empty)
+    groups: list[AcceleratorGroup] = field(default_factory=list)
+    failed_manufacturers: set[str] = field(default_factory=set)  # their stored groups are kept
+    conditions: list[Condition] = field(default_factory=list)
+    pci: dict[str, PciFunction] = field(default_factory=dict)  # the one walk, reused by accelerators
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status == "True" for c in self.conditions)
+
+    def spec(self) -> DevicesSpec:
+        """The spec this pass would publish; a failed part is empty HERE, so publishers must merge."""
+        return DevicesSpec(interfaces=self.interfaces or [], groups=self.groups)
+
+    def status(self) -> DevicesStatus:
+        eps = interfacesmod.endpoints(self.interfaces or [])
+        usable = [e for e in eps if e.rdma or e.link is not None]
+        return DevicesStatus(
+            conditions=sorted(self.conditions, key=lambda c: c.type),
+            rdma_endpoints=sum(1 for e in usable if e.link is None or e.link.state is not LinkState.FAILED),
+            best_distance=_best_distance(self),
+        )
+
+
+def _best_distance(r: Reading) -> str:
+    nics = [e for e in interfacesmod.endpoints(r.interfaces or []) if e.rdma]
+    accs = [a.topology for g in r.groups for a in g.accelerators]
+    if not nics or not accs:
+        return ""
+    best = closest(accs, nics)
+    return best.name if best is not Distance.UNK else ""
+
+
+def _condition(ok: bool, reason: str, message: str) -> Condition:
+    return Condition(
+        type=INTERFACES_ENUMERATED, status="True" if ok else "False", reason=reason, message=message
+    )
+
+
+def read(host: HostRoot, *, libraries: Libraries | None = None) -> Reading:
+    """One full pass. Never raises for host trouble: failures become False conditions and None parts.
+
+    `libraries` are the vendor-library boundaries the accelerator part asks (tests pass recorded ones).
+    """
+    try:
+        pci = pcimod.walk(host)
+    except (HostReadError, FileNotFoundError) as exc:
+        log.error("could not walk the pci bus", extra={"root": host.root, "error": str(exc)})
+        message = f"pci walk failed: {exc}"
+        acc = failed_reading(message)
+        return Reading(
+            interfaces=None,
+            conditions=[_condition(False, "PciWalkFailed", message), *acc.conditions],
+        )
+
+    reading = Reading(interfaces=None, pci=pci)
+    try:
+        reading.interfaces = interfacesmod.read(host, pci)
+        reading.conditions.append(
+            _condition(True, "Enumerated", f"{len(reading.interfaces)} interfaces read from /sys/class/net")
+        )
+    except (HostReadError, FileNotFoundError) as exc:
+        log.error("could not enumerate network interfaces", extra={"root": host.root, "error": str(exc)})
+        reading.conditions.append(_condition(False, "EnumerationFailed", str(exc)))
+
+    # The single call site for accelerator detection; the accelerators part owns the function.
+    acc = detect(host, pci, libraries)
+    reading.groups = list(acc.groups)
+    reading.failed_manufacturers = set(acc.failed)
+    reading.conditions.extend(acc.conditions)
+    return reading
