@@ -1,0 +1,120 @@
+"""Helpers of the device-plugin tests: Devices records built from the models, and a running plugin."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict, VirtualFunction
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.resources import PluginConfig
+from nodefabric_deviceplugin.server import DevicePluginManager
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+
+
+def nic(
+    name: str,
+    bus_id: str,
+    rdma: str = "",
+    *,
+    numa: str = "",
+    link: LinkState | None = LinkState.OK,
+    switches: tuple[str, ...] = (),
+    host_bridge: str = "",
+    vfs: list[VirtualFunction] | None = None,
+    num_vfs: int | None = None,
+) -> Interface:
+    """A top-level interface as the inventory records it."""
+    return Interface(
+        name=name,
+        bus="pci" if bus_id else "",
+        pci_bus_id=bus_id,
+        pci_root_id=switches[-1] if switches else "",
+        pci_switches=list(switches),
+        pci_host_bridge=host_bridge or (f"pci{bus_id[:7]}" if bus_id else ""),
+        numa_affinity=numa,
+        rdma=bool(rdma),
+        rdma_device=rdma,
+        sriov=vfs is not None,
+        sriov_num_vfs=(len(vfs) if vfs is not None else 0) if num_vfs is None else num_vfs,
+        link=LinkVerdict(state=link, reason="test") if link is not None else None,
+        virtual_functions=vfs or [],
+    )
+
+
+def vf(
+    bus_id: str, rdma: str = "", *, name: str = "", numa: str = "", link: LinkState | None = None
+) -> VirtualFunction:
+    return VirtualFunction(
+        name=name,
+        bus="pci",
+        pci_bus_id=bus_id,
+        numa_affinity=numa,
+        rdma=bool(rdma),
+        rdma_device=rdma,
+        link=LinkVerdict(state=link, reason="test") if link is not None else None,
+    )
+
+
+def two_nics_and_vfs() -> DevicesSpec:
+    """mlx5_0, mlx5_1 whole on NUMA 0 and 1; a PF with two VFs (mlx5_4 has no netdev); eth0 without RDMA."""
+    return DevicesSpec(
+        interfaces=[
+            nic("eth0", "0000:03:00.0"),
+            nic("ens1f0", "0000:19:00.0", "mlx5_0", numa="0"),
+            nic("ens2f0", "0000:5e:00.0", "mlx5_1", numa="1"),
+            nic(
+                "ens3f0",
+                "0000:86:00.0",
+                "mlx5_2",
+                numa="1",
+                vfs=[vf("0000:86:00.1", "mlx5_3", name="ens3f0v0", numa="1"), vf("0000:86:00.2", "mlx5_4")],
+            ),
+        ]
+    )
+
+
+@dataclass
+class FixtureHost:
+    builder: SysfsBuilder
+    host: HostRoot
+
+
+@dataclass
+class Running:
+    kubelet: KubeletEmulator
+    manager: DevicePluginManager
+    source: RecordSource
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    config: PluginConfig
+
+    def resource(self, family: str) -> str:
+        return f"device.{self.config.domain}/{family}"
+
+
+async def start_plugin(
+    plugin_dir: str,
+    host: HostRoot,
+    spec: DevicesSpec | None,
+    config: PluginConfig | None = None,
+    *,
+    kubelet: KubeletEmulator | None = None,
+) -> Running:
+    if kubelet is None:
+        kubelet = KubeletEmulator(plugin_dir)
+        await kubelet.start()
+    source = RecordSource(spec)
+    config = config or PluginConfig(shared_count=4)
+    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, poll_interval=0.02)
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    return Running(kubelet, manager, source, stop, task, config)
+
+
+async def shutdown(running: Running) -> None:
+    running.stop.set()
+    await asyncio.wait_for(running.task, timeout=10)
+    await running.kubelet.stop()
