@@ -172,6 +172,9 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         meta = request.data.setdefault("metadata", {})
         if request.namespace and not meta.get("namespace"):
             meta["namespace"] = request.namespace
+        if not meta.get("name") and meta.get("generateName"):
+            # An API server appends a random suffix (kopf names its Events this way).
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
         meta["resourceVersion"] = self.next_resource_version()

@@ -1,0 +1,254 @@
+"""The node labels one Devices record yields: a pure function of the whole record.
+
+The whole node is reduced at once (every manufacturer's group, every endpoint and virtual function), so
+two detectors writing one record can never delete each other's keys. Every value is published exactly
+as computed or withheld with a reason; nothing here repairs a value, because a repaired value ("0,1"
+sanitised to "01") reads as a different fact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nodefabric_devicemanager import distance, models
+from nodefabric_devicemanager.models import Devices, Endpoint, LinkState
+
+DEFAULT_DOMAIN = "gpustack.ai"
+
+RDMA_CAPABLE = "rdma.capable"
+RDMA_DISTANCE = "rdma.distance"
+RDMA_NUMA = "rdma.numa"
+FABRIC_DOMAIN = "fabric.domain"
+FABRIC_MEMBERS = "fabric.members"
+
+# The families whose keys the operator owns; removal is scoped to them and skipped per family.
+RDMA = "rdma"
+FABRIC = "fabric"
+FAMILIES = (RDMA, FABRIC)
+
+_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
+MAX_VALUE = 63
+
+
+class InvalidDomain(ValueError):
+    pass
+
+
+def check_domain(domain: str) -> str:
+    """The label domain, refused unless `feature.<domain>` is a valid label-key prefix (a DNS subdomain)."""
+    prefix = f"feature.{domain}"
+    if not domain or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        raise InvalidDomain(f"label domain {domain!r} does not make a valid label prefix {prefix!r}")
+    return domain
+
+
+def prefix(domain: str) -> str:
+    return f"feature.{domain}/"
+
+
+def key(domain: str, name: str) -> str:
+    return prefix(domain) + name
+
+
+def family(label_key: str, domain: str) -> str | None:
+    """The owned family ("rdma" or "fabric") of a label key of our domain, or None for any other key."""
+    head = prefix(domain)
+    if not label_key.startswith(head):
+        return None
+    name = label_key[len(head) :]
+    return next((f for f in FAMILIES if name.startswith(f + ".")), None)
+
+
+def value_problem(value: str) -> str | None:
+    """Why `value` is not a valid label value as written, or None when it is."""
+    if len(value) > MAX_VALUE:
+        return f"longer than {MAX_VALUE} characters"
+    if not _VALUE.match(value):
+        return "must be alphanumeric at both ends with only '-', '_' or '.' inside"
+    return None
+
+
+@dataclass(frozen=True)
+class Withheld:
+    key: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """The labels one record yields, what was withheld and why, and the status summaries."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    withheld: list[Withheld] = field(default_factory=list)
+    rdma_endpoints: int = 0
+    best_distance: str = ""
+    fabric_domain: str = ""
+
+
+def usable(ep: Endpoint) -> bool:
+    """An explicit verdict wins over the rdma flag in both directions; without one, a bound device counts.
+
+    An unreadable tree records rdma=false with an Unverified verdict and still counts: an inability to
+    ask must not read as an answer of no, because withholding the label removes the node from scheduling.
+    """
+    if ep.link is not None:
+        return ep.link.state != LinkState.FAILED
+    return ep.rdma
+
+
+def usable_endpoints(devices: Devices) -> list[Endpoint]:
+    return [ep for ep, _parent in devices.endpoints() if usable(ep)]
+
+
+def _numa_members(endpoints: list[Endpoint]) -> tuple[list[str], list[str]]:
+    """(valid NUMA node ids sorted numerically, values that are not a node id). Blank is skipped: a
+    member nobody read is never published, and normalising it to 0 would assert a node the kernel
+    declined to give."""
+    good: set[int] = set()
+    bad: list[str] = []
+    for ep in endpoints:
+        text = ep.numa_affinity.strip()
+        if not text:
+            continue
+        if text.isdigit():
+            good.add(int(text))
+        else:
+            bad.append(text)
+    return [str(n) for n in sorted(good)], bad
+
+
+def _fabric_domain(fabric: models.Fabric | None) -> str | None:
+    if fabric is None or not fabric.id:
+        return None
+    parts = [str(fabric.kind), fabric.id]
+    if fabric.clique_id is not None:
+        # Two accelerators sharing a cluster but not its clique cannot address each other.
+        parts.append(str(fabric.clique_id))
+    return "-".join(parts)
+
+
+def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
+    """The label set for one node's whole record (every group, every endpoint)."""
+    labels: dict[str, str] = {}
+    withheld: list[Withheld] = []
+
+    def offer(name: str, value: str) -> None:
+        full = key(domain, name)
+        problem = value_problem(value)
+        if problem is None:
+            labels[full] = value
+            return
+        withheld.append(Withheld(full, value, f"not a valid label value: {problem}"))
+
+    endpoints = usable_endpoints(devices)
+    if endpoints:
+        offer(RDMA_CAPABLE, "true")
+
+    accelerators = [a for g in devices.spec.groups for a in g.accelerators]
+    best = ""
+    if accelerators and endpoints:
+        # A distance is a statement about a pair: absent (not UNK) without an accelerator or an endpoint.
+        best = distance.closest([a.topology for a in accelerators], endpoints).name
+        offer(RDMA_DISTANCE, best)
+
+    members, bad = _numa_members(endpoints)
+    if bad:
+        withheld.append(
+            Withheld(key(domain, RDMA_NUMA), ",".join(bad), "an endpoint's NUMA affinity is not a node id")
+        )
+    elif members:
+        offer(RDMA_NUMA, "_".join(members))  # never ",": not a label character, and sanitisers drop it
+
+    fabric_domain = ""
+    domains = {_fabric_domain(a.topology.fabric) for a in accelerators}
+    if accelerators and len(domains) == 1 and None not in domains:
+        (fabric_domain,) = (d for d in domains if d is not None)
+        offer(FABRIC_DOMAIN, fabric_domain)
+        counts = {a.topology.fabric.member_count if a.topology.fabric else 0 for a in accelerators}
+        # The size of a domain we did not publish would describe nothing.
+        if key(domain, FABRIC_DOMAIN) in labels and len(counts) == 1 and 0 not in counts:
+            offer(FABRIC_MEMBERS, str(counts.pop()))
+    if key(domain, FABRIC_DOMAIN) not in labels:
+        fabric_domain = ""
+
+    return LabelSet(
+        labels=labels,
+        withheld=withheld,
+        rdma_endpoints=len(endpoints),
+        best_distance=best,
+        fabric_domain=fabric_domain,
+    )
+
+
+def frozen_families(status: models.DevicesStatus) -> frozenset[str]:
+    """Families whose removal is skipped: deleting on a failed read claims what the read cannot support."""
+    out: set[str] = set()
+    if status.failed(models.INTERFACES_ENUMERATED):
+        out.add(RDMA)
+    if status.fabric_read_failed():
+        out.add(FABRIC)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    old: str | None  # None: added
+    new: str | None  # None: removed
+
+    @property
+    def kind(self) -> str:
+        return "added" if self.old is None else "removed" if self.new is None else "changed"
+
+    def describe(self) -> str:
+        if self.old is None:
+            return f"added {self.key}={self.new}"
+        if self.new is None:
+            return f"removed {self.key} (was {self.old})"
+        return f"changed {self.key} from {self.old} to {self.new}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What our keys in a sink become. `managed` is every key of ours after the write (desired plus kept)."""
+
+    managed: dict[str, str]
+    changes: list[Change]
+    kept: list[str]  # keys a failed enumeration kept from removal
+
+
+def plan(
+    current: Mapping[str, str],
+    desired: Mapping[str, str],
+    *,
+    domain: str,
+    frozen: frozenset[str] = frozenset(),
+    owned: frozenset[str] | None = None,
+) -> Plan:
+    """Our keys in a sink after publishing `desired` over `current`.
+
+    A removal candidate is a key of our `rdma.`/`fabric.` families present in `current` and, when `owned`
+    is given (the Node sink's record of what we wrote), listed there, so a hand-set label survives.
+    Removal is skipped for a frozen family. Any other key is never touched.
+    """
+    managed = dict(desired)
+    changes: list[Change] = []
+    kept: list[str] = []
+    for k, v in sorted(desired.items()):
+        if current.get(k) != v:
+            changes.append(Change(k, current.get(k), v))
+    for k in sorted(current):
+        fam = family(k, domain)
+        if k in desired or fam is None or (owned is not None and k not in owned):
+            continue
+        if fam in frozen:
+            managed[k] = current[k]
+            kept.append(k)
+        else:
+            changes.append(Change(k, current[k], None))
+    return Plan(managed=dict(sorted(managed.items())), changes=changes, kept=kept)

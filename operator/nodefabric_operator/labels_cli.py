@@ -1,0 +1,63 @@
+"""`nodefabric labels -f devices.json|yaml [--domain D]`: print the node labels a Devices record yields.
+
+The same pure function the operator runs, so an operator can ask "what would this node be labelled?"
+from `kubectl get devices <node> -o yaml` without a cluster write. Withheld values go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import pydantic
+import yaml
+
+from nodefabric_devicemanager.models import Devices
+from nodefabric_operator import labels
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-f", "--filename", required=True, help="a Devices object as JSON or YAML; - for stdin"
+    )
+    parser.add_argument("--domain", default=labels.DEFAULT_DOMAIN, help="label domain (default: %(default)s)")
+    parser.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="key=value lines or JSON"
+    )
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def load(text: str) -> Devices:
+    """A Devices object from JSON or YAML text (YAML is a superset of JSON)."""
+    doc: Any = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise ValueError("expected one Devices object (a mapping), got " + type(doc).__name__)
+    if doc.get("kind") not in (None, "Devices"):
+        raise ValueError(f"expected kind Devices, got {doc.get('kind')!r}")
+    return Devices.from_wire(doc)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        domain = labels.check_domain(args.domain)
+        devices = load(_read(args.filename))
+    except (OSError, ValueError, yaml.YAMLError, pydantic.ValidationError) as err:
+        print(f"nodefabric labels: cannot read {args.filename}: {err}", file=sys.stderr)
+        return 2
+    result = labels.compute(devices, domain)
+    if args.output == "json":
+        print(json.dumps(result.labels, indent=2, sort_keys=True))
+    else:
+        for k, v in sorted(result.labels.items()):
+            print(f"{k}={v}")
+    for w in result.withheld:
+        print(f"withheld {w.key}={w.value}: {w.reason}", file=sys.stderr)
+    return 0

@@ -1,0 +1,160 @@
+"""Runs the real operator (kopf) against the API emulator over HTTP, and the client calls tests make."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import kubernetes
+
+from nodefabric_devicemanager import models
+from nodefabric_devicemanager.models import Devices
+from nodefabric_devicemanager.testing.kubeapi import RunningAPI
+from nodefabric_operator import cli
+from nodefabric_operator.metrics import Metrics
+
+G, V, P = models.GROUP, models.VERSION, models.PLURAL
+NS = "nodefabric"
+NF = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
+DEVICES = f"{G}/{V}/{P}"
+
+
+class Client:
+    def __init__(self, kubeconfig: str) -> None:
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        api = kubernetes.client.ApiClient(cfg)
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+
+    async def node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        body = {"metadata": {"name": name, "labels": labels or {}}}
+        node = await asyncio.to_thread(self.core.create_node, body)
+        return {"uid": node.metadata.uid}
+
+    async def put_devices(self, record: Devices) -> dict[str, Any]:
+        """Write the record as the agent does: its conditions (on /status), then the spec. Conditions go
+        first so a failed read is never seen without its condition."""
+        name = record.metadata.name
+        try:
+            live = await asyncio.to_thread(self.custom.get_cluster_custom_object, G, V, P, name)
+        except kubernetes.client.ApiException as err:
+            if err.status != 404:
+                raise
+            body = {
+                "apiVersion": models.API_VERSION,
+                "kind": models.KIND,
+                "metadata": {"name": name},
+                "spec": {},
+            }
+            live = await asyncio.to_thread(self.custom.create_cluster_custom_object, G, V, P, body)
+        # The agent owns its conditions; keep whatever the operator already wrote beside them.
+        status = models.DevicesStatus.model_validate(live.get("status") or {})
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        for cond in record.status.conditions:
+            status.conditions = models.set_condition(status.conditions, cond, now)
+        await asyncio.to_thread(
+            self.custom.patch_cluster_custom_object_status,
+            G,
+            V,
+            P,
+            name,
+            {"status": {"conditions": [c.wire() for c in status.conditions]}},
+        )
+        return await asyncio.to_thread(
+            self.custom.patch_cluster_custom_object, G, V, P, name, {"spec": record.wire()["spec"]}
+        )
+
+    async def devices(self, name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.custom.get_cluster_custom_object, G, V, P, name)
+
+    async def delete_devices(self, name: str) -> None:
+        await asyncio.to_thread(self.custom.delete_cluster_custom_object, G, V, P, name)
+
+    async def nodefeature(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await asyncio.to_thread(
+                self.custom.get_namespaced_custom_object,
+                "nfd.k8s-sigs.io",
+                "v1alpha1",
+                NS,
+                "nodefeatures",
+                name,
+            )
+        except kubernetes.client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def node_labels(self, name: str) -> dict[str, str]:
+        node = await asyncio.to_thread(self.core.read_node, name)
+        return dict(node.metadata.labels or {})
+
+    async def node_annotations(self, name: str) -> dict[str, str]:
+        node = await asyncio.to_thread(self.core.read_node, name)
+        return dict(node.metadata.annotations or {})
+
+    async def label_node(self, name: str, labels: dict[str, str | None]) -> None:
+        await asyncio.to_thread(self.core.patch_node, name, {"metadata": {"labels": labels}})
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Await until `check()` (sync or async) returns a truthy value; fail with the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout}s; last value: {last!r}")
+
+
+async def settle(k: RunningAPI, seconds: float = 0.6) -> None:
+    """Wait until the API saw no request for `seconds`: the operator has nothing left to do."""
+    while True:
+        before = len(list(k.api))
+        await asyncio.sleep(seconds)
+        if len(list(k.api)) == before:
+            return
+
+
+def writes(k: RunningAPI, resource: str) -> int:
+    return sum(len(k.requests(m, resource)) for m in ("POST", "PATCH", "PUT", "DELETE"))
+
+
+@contextlib.asynccontextmanager
+async def running_operator(k: RunningAPI, **options: Any) -> AsyncIterator[Metrics]:
+    """The operator in a thread with its own event loop, as it would be in its own process: kopf treats
+    every task of its loop as its own at shutdown, so it must not share the emulator's loop."""
+    settings: dict[str, Any] = {"standalone": True, "namespace": NS, "backoffs": (0.05, 0.1), **options}
+    opts = cli.Options(kubeconfig=k.kubeconfig, **settings)
+    metrics = Metrics()
+    stop, ready = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(cli.serve(opts, metrics=metrics, stop_flag=stop, ready_flag=ready))
+        except BaseException as err:
+            failure.append(err)
+            ready.set()
+
+    thread = threading.Thread(target=main, name="operator", daemon=True)
+    thread.start()
+    assert await asyncio.to_thread(ready.wait, 15), "operator did not start"
+    assert not failure, failure
+    try:
+        yield metrics
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive(), "operator did not stop"
+        assert not failure, failure

@@ -1,0 +1,398 @@
+"""The real operator (kopf) against the API emulator over real HTTP: publishing, removal rules,
+idempotence, restarts, both sinks, garbage collection, drift repair, faults, metrics and health."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+
+import kmock
+import pytest
+from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle, writes
+from operator_records import devices, gpu, group, nic, nvlink, ub
+
+from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager.models import LinkState
+from nodefabric_devicemanager.testing.kubeapi import running_api
+from nodefabric_operator import sinks
+
+P = "feature.gpustack.ai/"
+CAPABLE, DISTANCE, NUMA = P + "rdma.capable", P + "rdma.distance", P + "rdma.numa"
+DOMAIN, MEMBERS = P + "fabric.domain", P + "fabric.members"
+FULL = {
+    CAPABLE: "true",
+    DISTANCE: "PIX",
+    NUMA: "0",
+    DOMAIN: "nvlink-5b0e112233445566778899aabbccddef-1",
+    MEMBERS: "18",
+}
+
+
+def gpu_node(name: str = "n1", **kw):
+    kw.setdefault("interfaces", [nic()])
+    kw.setdefault("groups", [group("nvidia", gpu(0, fabric=nvlink()), gpu(1, fabric=nvlink()))])
+    return devices(name, **kw)
+
+
+async def nf_labels(c: Client, name: str = "n1") -> dict[str, str] | None:
+    nf = await c.nodefeature(name)
+    return None if nf is None else nf["spec"].get("labels", {})
+
+
+def all_writes(k) -> int:
+    return writes(k, NF) + writes(k, "v1/nodes") + writes(k, DEVICES) + writes(k, "v1/events")
+
+
+def events(k, name: str = "n1") -> list[tuple[str, str]]:
+    """(reason, message) of every Event posted about the Devices object `name`."""
+    out = []
+    for key, obj in k.api.objects.items():
+        is_event = key[0] == kmock.resource("v1/events") and not obj.deleted
+        if is_event and obj.get("involvedObject", {}).get("name") == name:
+            out.append((obj.get("reason"), obj.get("message")))
+    return sorted(out)
+
+
+async def test_publishes_a_nodefeature_owned_by_devices_with_status_and_events():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k):
+            assert await eventually(lambda: nf_labels(c)) == FULL
+            await settle(k)
+        nf = await c.nodefeature("n1")
+        record = await c.devices("n1")
+        assert nf["metadata"]["namespace"] == NS
+        assert nf["metadata"]["labels"] == {sinks.NFD_NODE_NAME: "n1"}
+        (owner,) = nf["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Devices", "n1", record["metadata"]["uid"])
+
+        status = record["status"]
+        assert status["labels"] == FULL and status["labelsPublishedTime"]
+        assert (status["rdmaEndpoints"], status["bestDistance"], status["fabricDomain"]) == (
+            1,
+            "PIX",
+            FULL[DOMAIN],
+        )
+        (cond,) = [c for c in status["conditions"] if c["type"] == models.LABELS_PUBLISHED]
+        assert (cond["status"], cond["reason"]) == ("True", "Published")
+
+        assert [r for r, _ in events(k)] == ["LabelAdded"] * 5
+        assert ("LabelAdded", f"added {CAPABLE}=true") in events(k)
+
+
+async def test_reconciling_twice_writes_once_and_a_restart_changes_nothing():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k) as metrics:
+            await eventually(lambda: nf_labels(c))
+            await settle(k)
+            after_first = all_writes(k)
+            assert writes(k, NF) == 1  # one create, nothing after
+
+            # An event that changes nothing the labels depend on: a full reconcile, zero writes.
+            await asyncio.to_thread(
+                c.custom.patch_cluster_custom_object,
+                *DEVICES.split("/"),
+                "n1",
+                {"metadata": {"annotations": {"x": "1"}}},
+            )
+            await eventually(lambda: metrics.reconciles.labels(outcome="unchanged")._value.get() >= 2)
+            await settle(k)
+            assert all_writes(k) == after_first + 1  # the annotation patch above, and nothing of ours
+
+        before_restart = all_writes(k)
+        async with running_operator(k) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="unchanged")._value.get() >= 1)
+            await settle(k)
+        assert all_writes(k) == before_restart
+        assert await nf_labels(c) == FULL
+
+
+async def test_mixed_vendor_node_never_publishes_a_fabric_domain():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node(groups=[group("nvidia", gpu(0, fabric=nvlink()))]))
+        async with running_operator(k):
+            assert (await eventually(lambda: nf_labels(c)))[DOMAIN] == FULL[DOMAIN]
+            # The Ascend detector adds its group: the node now has two domains, so it has none.
+            mixed = [group("nvidia", gpu(0, fabric=nvlink())), group("ascend", gpu(1, fabric=ub("7")))]
+            await c.put_devices(gpu_node(groups=mixed))
+
+            async def domain_gone():
+                got = await nf_labels(c)
+                return DOMAIN not in got and MEMBERS not in got and got
+
+            got = await eventually(domain_gone)
+            await settle(k)
+        assert got[CAPABLE] == "true"
+        assert (await c.devices("n1"))["status"]["fabricDomain"] == ""
+        assert ("LabelRemoved", f"removed {DOMAIN} (was {FULL[DOMAIN]})") in events(k)
+
+
+async def test_a_link_going_down_withdraws_capable_only_when_every_endpoint_is_unusable():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        two = [nic("ens1f0", numa="0"), nic("ens1f1", bus_id="0000:19:00.1", numa="0")]
+        await c.put_devices(devices("n1", interfaces=two))
+        async with running_operator(k):
+            assert await eventually(lambda: nf_labels(c)) == {CAPABLE: "true", NUMA: "0"}
+            await settle(k)
+            nf_writes = writes(k, NF)
+
+            one_down = [nic("ens1f0", link=LinkState.FAILED), nic("ens1f1", bus_id="0000:19:00.1")]
+            await c.put_devices(devices("n1", interfaces=one_down))
+            await eventually(lambda: _status_endpoints(c, 1))
+            await settle(k)
+            assert await nf_labels(c) == {CAPABLE: "true", NUMA: "0"}
+            assert writes(k, NF) == nf_writes  # the surviving NIC keeps the node schedulable
+
+            all_down = [
+                nic("ens1f0", link=LinkState.FAILED),
+                nic("ens1f1", bus_id="0000:19:00.1", link=LinkState.FAILED),
+            ]
+            await c.put_devices(devices("n1", interfaces=all_down))
+            assert await eventually(lambda: _labels_equal(c, {}))
+            await settle(k)
+        assert await nf_labels(c) == {}
+        assert ("LabelRemoved", f"removed {CAPABLE} (was true)") in events(k)
+
+
+async def _status_endpoints(c: Client, n: int) -> bool:
+    return (await c.devices("n1")).get("status", {}).get("rdmaEndpoints") == n
+
+
+async def _labels_equal(c: Client, want: dict[str, str]) -> bool:
+    return await nf_labels(c) == want
+
+
+async def test_a_failed_enumeration_keeps_labels_until_a_good_read_says_otherwise():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k):
+            assert await eventually(lambda: nf_labels(c)) == FULL
+            # Both reads fail and (worst case) the record arrives empty: nothing may be removed.
+            failed = {models.INTERFACES_ENUMERATED: False, models.ACCELERATORS_ENUMERATED: False}
+            await c.put_devices(devices("n1", conditions=failed))
+
+            async def kept():
+                cond = {x["type"]: x for x in (await c.devices("n1"))["status"]["conditions"]}
+                return cond[models.LABELS_PUBLISHED]["reason"] == "RemovalSkipped" and cond
+
+            cond = await eventually(kept)
+            await settle(k)
+            assert await nf_labels(c) == FULL
+            assert "fabric., rdma." in cond[models.LABELS_PUBLISHED]["message"]
+            assert cond[models.INTERFACES_ENUMERATED]["status"] == "False"  # the agent's condition survives
+
+            # Only the fabric read recovers: fabric keys go, rdma keys stay.
+            await c.put_devices(
+                devices(
+                    "n1",
+                    conditions={models.INTERFACES_ENUMERATED: False, models.ACCELERATORS_ENUMERATED: True},
+                )
+            )
+            assert await eventually(lambda: _labels_equal(c, {CAPABLE: "true", DISTANCE: "PIX", NUMA: "0"}))
+            await settle(k)
+
+
+async def test_node_sink_without_nfd_keeps_foreign_and_hand_set_labels():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        hand = {"example.com/rack": "r1", DOMAIN: "set-by-hand"}
+        await c.node("n1", hand)
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        ann = sinks.managed_annotation("gpustack.ai")
+        async with running_operator(k, sink="node"):
+            want = {**hand, CAPABLE: "true", NUMA: "0"}
+            assert await eventually(lambda: _node_labels_equal(c, want))
+            assert (await c.node_annotations("n1"))[ann] == f"{CAPABLE},{NUMA}"
+
+            # Someone removes our label by hand: the operator puts it back (level-based).
+            await c.label_node("n1", {CAPABLE: None})
+            assert await eventually(lambda: _node_labels_equal(c, want))
+
+            # The link fails: our keys go, the hand-set one under our prefix stays.
+            await c.put_devices(devices("n1", interfaces=[nic(link=LinkState.FAILED)]))
+            assert await eventually(lambda: _node_labels_equal(c, hand))
+            assert ann not in await c.node_annotations("n1")
+
+            # Back up, then the record is deleted: what we wrote is withdrawn, nothing else.
+            await c.put_devices(devices("n1", interfaces=[nic()]))
+            assert await eventually(lambda: _node_labels_equal(c, want))
+            await c.delete_devices("n1")
+            assert await eventually(lambda: _node_labels_equal(c, hand))
+            await settle(k)
+        assert writes(k, NF) == 0
+
+
+async def _node_labels_equal(c: Client, want: dict[str, str]) -> bool:
+    return await c.node_labels("n1") == want
+
+
+async def test_nodefeature_is_garbage_collected_with_devices_and_recreated_when_deleted():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k):
+            await eventually(lambda: nf_labels(c))
+            # Someone deletes our NodeFeature: it comes back.
+            await asyncio.to_thread(
+                c.custom.delete_namespaced_custom_object,
+                "nfd.k8s-sigs.io",
+                "v1alpha1",
+                NS,
+                "nodefeatures",
+                "n1",
+            )
+            assert await eventually(lambda: _labels_equal(c, FULL))
+            # The record goes: garbage collection takes the NodeFeature with it, and it stays gone.
+            await c.delete_devices("n1")
+            await settle(k)
+            assert await c.nodefeature("n1") is None
+
+
+async def test_a_transient_outage_is_retried_and_a_persistent_one_is_reported():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        k.api.fail_next(1, 503)
+        async with running_operator(k) as metrics:
+            assert await eventually(lambda: nf_labels(c)) == FULL
+            assert metrics.reconciles.labels(outcome="error")._value.get() == 0
+
+        await c.put_devices(gpu_node(interfaces=[nic(link=LinkState.FAILED)]))
+        k.api.fail_next(3, 503)  # the first try and both retries of the NodeFeature write
+        async with running_operator(k) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
+            # The failure is recorded in status; that write's own event brings the retry that succeeds.
+            assert await eventually(lambda: _labels_equal(c, {DOMAIN: FULL[DOMAIN], MEMBERS: "18"}))
+            await settle(k)
+        cond = {x["type"]: x for x in (await c.devices("n1"))["status"]["conditions"]}
+        assert cond[models.LABELS_PUBLISHED]["status"] == "True"
+        assert ("PublishFailed", "nodefeature write failed: HTTP 503 Service Unavailable") in events(k)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_metrics_and_health_are_served_over_http():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        mport, hport = _free_port(), _free_port()
+        async with running_operator(k, metrics_port=mport, health_port=hport):
+            await eventually(lambda: nf_labels(c))
+            await settle(k)
+            body = await asyncio.to_thread(_get, f"http://127.0.0.1:{mport}/metrics")
+            health = await eventually(lambda: _try_get(f"http://127.0.0.1:{hport}/healthz"))
+        assert 'nodefabric_operator_reconciles_total{outcome="published"} 1.0' in body
+        assert 'nodefabric_operator_label_changes_total{change="added"} 5.0' in body
+        assert "reconciler" in health
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+async def _try_get(url: str) -> str | None:
+    try:
+        return await asyncio.to_thread(_get, url)
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("sink", ["nodefeature", "node"])
+async def test_an_invalid_record_publishes_and_removes_nothing(sink):
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k, sink=sink) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await settle(k)
+            before = all_writes(k)
+            # A record whose accelerator lacks its required index: unreadable, so no label may move.
+            await asyncio.to_thread(
+                c.custom.patch_cluster_custom_object,
+                *DEVICES.split("/"),
+                "n1",
+                {"spec": {"groups": [{"id": "x", "manufacturer": "x", "accelerators": [{"id": "a"}]}]}},
+            )
+            await eventually(lambda: metrics.reconciles.labels(outcome="invalid")._value.get() >= 1)
+            await settle(k)
+            assert all_writes(k) == before + 1  # the bad patch itself
+
+
+async def test_without_nfd_the_failure_says_what_to_do():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        k.api.fail_next(1, 404)  # what an API server without NFD's CRDs answers the NodeFeature create
+        async with running_operator(k) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() == 1)
+            await settle(k)
+        (failure,) = [m for r, m in events(k) if r == "PublishFailed"]
+        assert (
+            "the NodeFeature API or namespace nodefabric is missing (install NFD, or run with --sink node)"
+            in failure
+        )
+
+
+async def test_peering_mode_runs_one_active_replica():
+    async with running_api([crd.devices_crd()]) as k:
+        k.api.declare("kopf.dev/v1/clusterkopfpeerings", kind="ClusterKopfPeering", namespaced=False)
+        k.api.put_object("kopf.dev/v1/clusterkopfpeerings", {"metadata": {"name": "nodefabric"}})
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k, standalone=False):
+            assert await eventually(lambda: nf_labels(c)) == FULL
+
+            async def peers():
+                obj = await asyncio.to_thread(
+                    c.custom.get_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", "nodefabric"
+                )
+                return obj.get("status")
+
+            peering = await eventually(peers)
+        assert len(peering) == 1  # this replica announced itself and holds the peering
+
+
+async def test_a_foreign_key_in_our_nodefeature_survives_our_writes():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k):
+            await eventually(lambda: nf_labels(c))
+            await asyncio.to_thread(
+                c.custom.patch_namespaced_custom_object,
+                "nfd.k8s-sigs.io",
+                "v1alpha1",
+                NS,
+                "nodefeatures",
+                "n1",
+                {"spec": {"labels": {"example.com/owner": "team-a"}}},
+            )
+            await c.put_devices(gpu_node(interfaces=[nic(link=LinkState.FAILED)]))
+            want = {"example.com/owner": "team-a", DOMAIN: FULL[DOMAIN], MEMBERS: "18"}
+            assert await eventually(lambda: _labels_equal(c, want))
+            await settle(k)
+        assert (await c.devices("n1"))["status"]["labels"] == {DOMAIN: FULL[DOMAIN], MEMBERS: "18"}

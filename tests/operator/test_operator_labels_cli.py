@@ -1,0 +1,69 @@
+"""`nodefabric labels -f FILE`: the label set of a record, through the real console-script entry point."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import yaml
+from operator_records import devices, gpu, group, nic, nvlink
+
+from nodefabric_devicemanager.cli import main
+
+
+def record() -> dict:
+    return devices("n1", interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))]).wire()
+
+
+def test_prints_the_label_set_from_json(tmp_path, capsys):
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps(record()))
+    assert main(["labels", "-f", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "feature.gpustack.ai/fabric.domain=nvlink-5b0e112233445566778899aabbccddef-1",
+        "feature.gpustack.ai/fabric.members=18",
+        "feature.gpustack.ai/rdma.capable=true",
+        "feature.gpustack.ai/rdma.distance=PIX",
+        "feature.gpustack.ai/rdma.numa=0",
+    ]
+
+
+def test_reads_yaml_from_stdin_with_another_domain(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump(record())))
+    assert main(["labels", "-f", "-", "--domain", "example.com", "-o", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["feature.example.com/rdma.capable"] == "true" and len(got) == 5
+
+
+def test_withheld_values_are_reported_on_stderr(tmp_path, capsys):
+    bad = devices("n1", interfaces=[nic(numa="0-1")]).wire()
+    path = tmp_path / "devices.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    assert main(["labels", "-f", str(path)]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["feature.gpustack.ai/rdma.capable=true"]
+    assert "withheld feature.gpustack.ai/rdma.numa=0-1" in out.err
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    cases = {
+        "missing.json": None,
+        "list.yaml": "- a\n- b\n",
+        "pod.yaml": "kind: Pod\nmetadata: {name: x}\n",
+        "broken.json": "{not json",
+        "invalid.yaml": "kind: Devices\nmetadata: {}\n",  # no name
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        assert main(["labels", "-f", str(path)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"nodefabric labels: cannot read {path}:"), err
+
+
+def test_bad_domain_is_refused(tmp_path, capsys):
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps(record()))
+    assert main(["labels", "-f", str(path), "--domain", "Not_A_Domain"]) == 2
+    assert "label domain 'Not_A_Domain'" in capsys.readouterr().err
