@@ -1,0 +1,136 @@
+"""Which distributed group a pod belongs to, how big the group is, and what placement it asks for.
+
+Read from the labels and annotations the common job controllers put on their pods, or from the
+explicit `placement.<domain>/group` and `placement.<domain>/group-size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nodefabric_operator.extender.config import RANKS, ExtenderConfig
+
+# (family, label carrying the group name, annotation or label carrying the size or "")
+# Order matters: a pod carrying several (a Kueue pod group made of a JobSet) belongs to the most
+# explicit one, which is listed first.
+FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("scheduler-plugins", "scheduling.x-k8s.io/pod-group", ""),
+    ("kueue", "kueue.x-k8s.io/pod-group-name", "kueue.x-k8s.io/pod-group-total-count"),
+    ("leaderworkerset", "leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/size"),
+    ("volcano", "volcano.sh/job-name", ""),
+    ("kubeflow", "training.kubeflow.org/job-name", ""),
+    ("jobset", "jobset.sigs.k8s.io/jobset-name", ""),
+    ("job", "batch.kubernetes.io/job-name", ""),
+)
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+
+
+class InvalidPlacement(ValueError):
+    """A pod asks for something the extender cannot honour (a bad annotation value)."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    key: str  # "<namespace>/<family>/<name>": unique per cluster
+    family: str
+    name: str
+    size: int | None  # None: not declared on the pod; the caller counts the group's pods
+    locality: str
+    rank: str
+    homogeneous_keys: tuple[str, ...]
+
+
+def _meta(pod: Mapping[str, Any], field: str) -> Mapping[str, str]:
+    meta = pod.get("metadata")
+    value = meta.get(field) if isinstance(meta, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def pod_namespace(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return ns if isinstance(ns, str) and ns else "default"
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) and uid else f"{pod_namespace(pod)}/{pod_name(pod)}"
+
+
+def _size(text: str, where: str) -> int:
+    try:
+        size = int(text)
+    except ValueError:
+        raise InvalidPlacement(f"{where} must be a whole number, got {text!r}") from None
+    if size < 1:
+        raise InvalidPlacement(f"{where} must be at least 1, got {size}")
+    return size
+
+
+def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None:
+    """The pod's group, or None for a pod that is not part of a distributed group.
+
+    Raises InvalidPlacement for a group annotation the extender cannot honour.
+    """
+    labels = _meta(pod, "labels")
+    annotations = _meta(pod, "annotations")
+    prefix = config.annotation_prefix
+
+    def lookup(key: str) -> str | None:
+        value = annotations.get(key, labels.get(key))
+        return value if isinstance(value, str) and value else None
+
+    family = name = ""
+    size_text: str | None = None
+    size_key = ""
+    explicit = lookup(prefix + "group")
+    if explicit:
+        family, name = "explicit", explicit
+    else:
+        for fam, label, size_at in FAMILIES:
+            value = labels.get(label)
+            if isinstance(value, str) and value:
+                family, name = fam, value
+                if fam == "leaderworkerset":
+                    # Each replica of a LeaderWorkerSet is its own group of `size` pods.
+                    name = f"{value}-{labels.get(LWS_GROUP_INDEX, '0')}"
+                if size_at:
+                    size_text, size_key = lookup(size_at), size_at
+                break
+    if not family:
+        return None
+    explicit_size = lookup(prefix + "group-size")
+    if explicit_size is not None:
+        size_text, size_key = explicit_size, prefix + "group-size"
+    size = _size(size_text, size_key) if size_text is not None else None
+
+    locality = lookup(prefix + "locality") or config.default_locality
+    if locality not in config.localities:
+        raise InvalidPlacement(f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}")
+    rank = lookup(prefix + "rank") or config.default_rank
+    if rank not in RANKS:
+        raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}")
+    homog_text = annotations.get(prefix + "homogeneous")
+    homogeneous = (
+        tuple(k.strip() for k in homog_text.split(",") if k.strip())
+        if isinstance(homog_text, str)
+        else config.homogeneous_keys
+    )
+    return GroupSpec(
+        key=f"{pod_namespace(pod)}/{family}/{name}",
+        family=family,
+        name=name,
+        size=size,
+        locality=locality,
+        rank=rank,
+        homogeneous_keys=homogeneous,
+    )

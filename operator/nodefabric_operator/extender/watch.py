@@ -1,0 +1,184 @@
+"""Keep the cache current from the API server: list, then watch, in a worker thread per resource.
+
+The kubernetes client is synchronous, so each watch runs in its own thread and hands every event to
+the event loop, where the cache is only ever touched by one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch import watch as _watch
+
+from nodefabric_operator.extender.book import Book
+from nodefabric_operator.extender.cache import POD_GROUP_APIS, Cache
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0
+iter_resp_lines: Any = _watch.iter_resp_lines  # untyped in the client
+WATCH_TIMEOUT_S = 300
+
+
+@dataclass
+class Feed:
+    """One watched resource: how to list it and what to do with what comes back."""
+
+    name: str
+    list_call: Callable[..., Any]
+    replace: Callable[[list[dict[str, Any]]], None]  # the full list after a (re)list
+    apply: Callable[[str, dict[str, Any]], None]  # one watch event
+    optional: bool = False  # a CRD that may not be installed (PodGroup)
+
+
+def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+
+    def replace_nodes(items: list[dict[str, Any]]) -> None:
+        keep = {str((i.get("metadata") or {}).get("name")) for i in items}
+        for name in set(cache.nodes) - keep:
+            cache.delete_node(name)
+        for item in items:
+            cache.upsert_node(item)
+
+    def apply_node(kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            cache.delete_node(str(obj["metadata"]["name"]))
+        elif kind in ("ADDED", "MODIFIED"):
+            cache.upsert_node(obj)
+
+    def replace_pods(items: list[dict[str, Any]]) -> None:
+        keep = {str(i["metadata"].get("uid")) for i in items}
+        for uid in set(cache.pods) - keep:
+            _delete_pod(uid)
+        for item in items:
+            cache.upsert_pod(item)
+
+    def _delete_pod(uid: str) -> None:
+        gone = cache.delete_pod(uid)
+        if gone is not None:
+            book.forget(gone)  # the group has no pod left: release its bucket and claims
+
+    def apply_pod(kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            _delete_pod(str(obj["metadata"].get("uid")))
+        elif kind in ("ADDED", "MODIFIED"):
+            cache.upsert_pod(obj)
+
+    feeds = [
+        Feed("nodes", core.list_node, replace_nodes, apply_node),
+        Feed("pods", core.list_pod_for_all_namespaces, replace_pods, apply_pod),
+    ]
+    versions = {"scheduling.x-k8s.io": "v1alpha1", "scheduling.volcano.sh": "v1beta1"}
+    for group in POD_GROUP_APIS:
+
+        def replace_groups(items: list[dict[str, Any]], g: str = group) -> None:
+            for key in [k for k in cache.pod_group_sizes if k[0] == g]:
+                cache.delete_pod_group(*key)
+            for item in items:
+                cache.upsert_pod_group(g, item)
+
+        def apply_group(kind: str, obj: dict[str, Any], g: str = group) -> None:
+            meta = obj.get("metadata") or {}
+            if kind == "DELETED":
+                cache.delete_pod_group(g, str(meta.get("namespace")), str(meta.get("name")))
+            elif kind in ("ADDED", "MODIFIED"):
+                cache.upsert_pod_group(g, obj)
+
+        def list_groups(g: str = group, **kw: Any) -> Any:
+            return custom.list_cluster_custom_object(g, versions[g], "podgroups", **kw)
+
+        feeds.append(Feed(f"{group} podgroups", list_groups, replace_groups, apply_group, optional=True))
+    return feeds
+
+
+class Watcher:
+    def __init__(self, cache: Cache, book: Book, api: client.ApiClient) -> None:
+        self.cache = cache
+        self.feeds = _feeds(cache, book, api)
+        self.stop_event = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._listed: set[str] = set()
+        self._open: dict[str, Any] = {}  # feed name -> the watch response being read
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        for feed in self.feeds:
+            t = threading.Thread(target=self._run, args=(feed, loop), name=f"watch-{feed.name}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self) -> None:
+        """Stop every watch; closing the open responses unblocks the threads reading them."""
+        self.stop_event.set()
+        for resp in list(self._open.values()):
+            with contextlib.suppress(Exception):
+                resp.shutdown()
+        for t in self.threads:
+            t.join(timeout=2)
+
+    def _listed_once(self, feed: Feed) -> None:
+        self._listed.add(feed.name)
+        if all(f.name in self._listed for f in self.feeds):
+            self.cache.synced = True
+
+    def _run(self, feed: Feed, loop: asyncio.AbstractEventLoop) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self._list_and_watch(feed, loop)
+            except ApiException as exc:
+                if exc.status == 404 and feed.optional:
+                    log.info("resource not served, not watching it", extra={"resource": feed.name})
+                    loop.call_soon_threadsafe(self._listed_once, feed)
+                    return
+                if exc.status != 410:
+                    log.warning(
+                        "watch failed, listing again", extra={"resource": feed.name, "error": str(exc)}
+                    )
+                    self.stop_event.wait(RETRY_S)
+            except Exception as exc:
+                log.warning("watch failed, listing again", extra={"resource": feed.name, "error": str(exc)})
+                self.stop_event.wait(RETRY_S)
+
+    def _list_and_watch(self, feed: Feed, loop: asyncio.AbstractEventLoop) -> None:
+        resp = feed.list_call(_preload_content=False)
+        data = json.loads(resp.data)
+        items = data.get("items") or []
+        version = (data.get("metadata") or {}).get("resourceVersion")
+        loop.call_soon_threadsafe(feed.replace, items)
+        loop.call_soon_threadsafe(self._listed_once, feed)
+        while not self.stop_event.is_set():
+            kwargs: dict[str, Any] = {
+                "watch": True,
+                "timeout_seconds": WATCH_TIMEOUT_S,
+                "allow_watch_bookmarks": True,
+                "_preload_content": False,
+            }
+            if version:
+                kwargs["resource_version"] = version
+            # The raw response, not kubernetes.watch.Watch: stop() must be able to close it.
+            stream = feed.list_call(**kwargs)
+            self._open[feed.name] = stream
+            try:
+                for line in iter_resp_lines(stream):
+                    if self.stop_event.is_set():
+                        return
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object")
+                    if kind == "ERROR" or not isinstance(obj, dict):
+                        return  # expired or broken: list again
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if kind != "BOOKMARK":
+                        loop.call_soon_threadsafe(feed.apply, str(kind), obj)
+            finally:
+                self._open.pop(feed.name, None)
+                stream.release_conn()

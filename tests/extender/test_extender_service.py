@@ -1,0 +1,185 @@
+"""The HTTP service: wire format, malformed input, rank policies, claims, metrics, health."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from extender_fixtures import args, explicit, extender, filter_, fleet, node, pod, prioritize
+
+from nodefabric_operator.extender.cache import Cache
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.service import Extender
+from nodefabric_operator.extender.wire import parse_args
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "request body is not JSON"),
+        (b"[]", "request body must be a JSON object (ExtenderArgs), got list"),
+        (b'{"NodeNames": ["a"]}', "Pod must be a Pod object with metadata"),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": "a"}', "NodeNames must be a list of node names"),
+        (
+            b'{"Pod": {"metadata": {}}, "NodeNames": null, "Nodes": null}',
+            "one of NodeNames or Nodes is required",
+        ),
+        (b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}', "Nodes must be a NodeList"),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}}, "spec": []},'
+            b' "NodeNames": []}',
+            "Pod spec must be an object",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": ["g"]}}, "NodeNames": []}',
+            "Pod metadata.labels must map names to strings",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"containers": 5}}, "NodeNames": []}',
+            "malformed Pod in ExtenderArgs",
+        ),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_malformed_requests_get_400_with_a_message_and_the_service_keeps_serving(body, message, verb):
+    async with extender(fleet(per_zone=1)) as client:
+        resp = await client.post(f"/{verb}", data=body, headers={"Content-Type": "application/json"})
+        assert resp.status == 400
+        assert message in (await resp.json())["Error"]
+        assert (await client.get("/healthz")).status == 200
+        ok = await client.post(f"/{verb}", json=args(pod("web"), ["eu-a-0"]))
+        assert ok.status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert f'nodefabric_extender_bad_requests_total{{verb="{verb}"}} 1.0' in metrics
+
+
+def test_keys_are_accepted_in_any_case():
+    parsed = parse_args({"pod": {"metadata": {"name": "p"}}, "nodenames": ["a", "b"], "NODES": None})
+    assert parsed.node_names == ("a", "b") and parsed.nodes is None
+
+
+async def test_without_node_cache_the_answer_carries_the_node_objects():
+    nodes = fleet(per_zone=2)
+    async with extender([]) as client:
+        body = {
+            "Pod": pod("g-0", gpus=8, **explicit("g", 2, locality="zone")),
+            "Nodes": {"apiVersion": "v1", "kind": "NodeList", "items": nodes},
+            "NodeNames": None,
+        }
+        result = await (await client.post("/filter", json=body)).json()
+        assert result["NodeNames"] is None
+        kept = [n["metadata"]["name"] for n in result["Nodes"]["items"]]
+        assert kept == ["eu-a-0", "eu-a-1"]
+        assert len(result["FailedNodes"]) == 8
+
+
+async def test_rank_policies_order_the_scores():
+    mem = "nvidia.com/gpu.memory"
+    nodes = [
+        node("c", zone="z", gpus=8, labels={mem: "81559"}),
+        node("a", zone="z", gpus=8, labels={mem: "40960"}),
+        node("b", zone="z", gpus=8, labels={mem: "81559"}),
+    ]
+    busy = [
+        pod("x", namespace="other", gpus=6, node_name="b", phase="Running"),
+        pod("y", namespace="other", gpus=1, node_name="c", phase="Running"),
+    ]
+    async with extender(nodes + busy) as client:
+        names = ["a", "b", "c"]
+
+        async def scores(rank: str) -> dict[str, int]:
+            p = pod(f"{rank}-0", gpus=1, **explicit(rank, 1, rank=rank))
+            assert sorted((await filter_(client, p, names))["NodeNames"]) == names
+            return await prioritize(client, p, names)
+
+        # spread: least accelerator share in use first (a 0/8, c 1/8, b 6/8)
+        assert await scores("spread") == {"a": 10, "c": 5, "b": 0}
+        # first-fit: node name order
+        assert await scores("first-fit") == {"a": 10, "b": 5, "c": 0}
+        # most-free-memory: free GPUs x per-GPU memory (c 7x81559, a 8x40960, b 2x81559)
+        assert await scores("most-free-memory") == {"c": 10, "a": 5, "b": 0}
+
+
+async def test_placed_group_pods_prioritize_only_inside_the_bucket():
+    nodes = fleet(per_zone=2)
+    names = [n["metadata"]["name"] for n in nodes]
+    async with extender(nodes) as client:
+        p = pod("g-0", gpus=8, **explicit("g", 2))
+        allowed = (await filter_(client, p, names))["NodeNames"]
+        scores = await prioritize(client, p, names)
+        assert {n for n, s in scores.items() if s > 0} <= set(allowed)
+        assert all(scores[n] == 0 for n in names if n not in allowed)
+
+
+def _pods(n: int) -> list[dict[str, Any]]:
+    return [pod(f"g-{i}", gpus=8, **explicit("g", n)) for i in range(n)]
+
+
+def test_claims_count_until_they_expire_or_the_pod_is_seen_bound():
+    now = [1000.0]
+    cfg = ExtenderConfig(claimTTLSeconds=60)
+    cache = Cache(cfg)
+    nodes = fleet(per_zone=3)
+    cache.load_objects(nodes)
+    ext = Extender(cfg, cache, clock=lambda: now[0])
+    pods = _pods(3)
+    names = tuple(n["metadata"]["name"] for n in nodes)
+    ext.filter(parse_args(args(pods[0], names)))
+    ext.filter(parse_args(args(pods[1], names)))
+    rec = ext.book.groups["ml/explicit/g"]
+    assert len(rec.claims) == 2
+    # The first pod is bound: it counts as a member, its claim no longer double-counts.
+    cache.upsert_pod({**pods[0], "spec": {**pods[0]["spec"], "nodeName": "eu-a-0"}})
+    assert rec.live_claims(now[0], "", {p.uid for p in cache.bound_members("ml/explicit/g", "")}) == 1
+    now[0] += 61
+    assert rec.live_claims(now[0], "", set()) == 0
+    # The group's last pod goes: the record is released at the next sweep.
+    cache.delete_pod(pods[0]["metadata"]["uid"])
+    now[0] += 61
+    ext.filter(parse_args(args(pod("web"), names)))
+    assert "ml/explicit/g" not in ext.book.groups
+
+
+async def test_metrics_count_decisions_by_outcome_and_level_and_time_requests():
+    nodes = fleet(per_zone=2)
+    names = [n["metadata"]["name"] for n in nodes]
+    async with extender(nodes) as client:
+        await filter_(client, pod("g-0", gpus=8, **explicit("g", 2)), names)
+        await filter_(client, pod("w-0", gpus=8, **explicit("w", 3, locality="zone")), names)
+        await filter_(client, pod("web"), names)
+        text = await (await client.get("/metrics")).text()
+        assert 'nodefabric_extender_decisions_total{level="zone",outcome="placed"} 1.0' in text
+        assert 'nodefabric_extender_decisions_total{level="zone",outcome="never-fits"} 1.0' in text
+        assert 'nodefabric_extender_decisions_total{level="none",outcome="pass-through"} 1.0' in text
+        assert 'nodefabric_extender_request_seconds_count{verb="filter"} 3.0' in text
+        assert (await client.get("/readyz")).status == 200
+
+
+async def test_answers_use_pascal_case_exactly_as_kube_scheduler_decodes_them():
+    nodes = fleet(per_zone=1)
+    async with extender(nodes) as client:
+        resp = await client.post("/prioritize", data=json.dumps(args(pod("web"), ["eu-a-0"])))
+        assert await resp.json() == [{"Host": "eu-a-0", "Score": 0}]
+        resp = await client.post("/filter", data=json.dumps(args(pod("web"), ["eu-a-0"])))
+        assert set(await resp.json()) == {
+            "Nodes",
+            "NodeNames",
+            "FailedNodes",
+            "FailedAndUnresolvableNodes",
+            "Error",
+        }
+
+
+async def test_in_process_api_builds_the_app_and_returns_a_group_summary():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from nodefabric_operator.extender import build_app, group_summary
+
+    app = build_app(ExtenderConfig(), fleet(per_zone=2))
+    assert group_summary(app, "ml/explicit/g") is None
+    async with TestClient(TestServer(app)) as client:
+        await filter_(client, pod("g-0", gpus=8, **explicit("g", 2)), ["us-a-0", "us-a-1", "eu-b-0"])
+    summary = group_summary(app, "ml/explicit/g")
+    assert summary is not None and summary.startswith("2 of 2 pods of group ml/explicit/g go to zone us-a")
