@@ -246,7 +246,7 @@ class Agent:
             kind = "interfaces" if cond.type == INTERFACES_ENUMERATED else "accelerators"
             self.metrics.errors.labels(kind=kind).inc()
             log.error(
-                "enumeration failed; keeping the recorded data",
+                "could not read part of the host; keeping the recorded data",
                 extra={
                     "node": self.config.node,
                     "pass": self.passes,

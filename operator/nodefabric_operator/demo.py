@@ -1,0 +1,301 @@
+"""`nodefabric demo`: the whole product end to end on an embedded default, no cluster needed.
+
+Every part runs as it does in a cluster and talks over its real interface: the agent and the operator
+reach an in-process Kubernetes API over HTTP through a kubeconfig, the device plugin registers with a
+test kubelet over unix sockets, and kube-scheduler's requests reach the extender over HTTP. Only the
+outside world is simulated: the nodes' /sys trees, the NVIDIA driver's answers and the API server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import logging
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import kmock
+
+from nodefabric_devicemanager import crd, inventory, models
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.accelerators.ascend import NoAscend
+from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
+from nodefabric_devicemanager.agent.core import Agent, AgentConfig
+from nodefabric_devicemanager.agent.kube import DevicesClient, load_client
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.testing import scenarios
+from nodefabric_devicemanager.testing.accelerators import FakeNvml, RecordedGpu, nvml_bus_id, nvswitch_node
+from nodefabric_devicemanager.testing.kubeapi import RunningAPI, as_table, running_api
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.resources import PluginConfig
+from nodefabric_deviceplugin.server import DevicePluginManager
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+from nodefabric_operator import cli as operator_cli
+from nodefabric_operator.demo_fleet import place_group
+
+DEVICES = f"{models.GROUP}/{models.VERSION}/{models.PLURAL}"
+NODEFEATURES = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
+NAMESPACE = "nodefabric"
+DOMAIN = "gpustack.ai"
+CLIQUE_UUID = bytes.fromhex("5b0e112233445566778899aabbccddef")
+
+
+@dataclass
+class FixtureNode:
+    name: str
+    what: str
+    zone: str
+    libraries: Libraries
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep", metavar="DIR", help="lay the fixture hosts out here and keep them afterwards"
+    )
+    parser.add_argument("--verbose", action="store_true", help="show every component's logs on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.verbose:
+        # The components log as they would in their pods; here the printed story is the output.
+        logging.getLogger().setLevel(logging.ERROR)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        workdir = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="nodefabric-demo-"))
+        asyncio.run(demo(Path(workdir), sys.stdout))
+    print(f"\ndemo finished in {time.monotonic() - started:.1f} s; everything it started is stopped.")
+    return 0
+
+
+# --- the fixture hosts ------------------------------------------------------------------------------------
+
+
+def _hgx(root: Path, *, fabric: bool) -> Libraries:
+    """An 8-GPU NVSwitch board with one ConnectX-7 beside each GPU; NIC 7 is split into 4 SR-IOV VFs."""
+    b = SysfsBuilder(root)
+    state = 3 if fabric else 0  # NVML_GPU_FABRIC_STATE_COMPLETED / NOT_SUPPORTED
+    nvml = nvswitch_node(b, cluster_uuid=CLIQUE_UUID if fabric else bytes(16), clique_id=1, state=state)
+    b.sriov("0000:e0:00.0", vfs=4, numa=1, rdma_prefix="mlx5_", first_rdma=8, first_verbs=8)
+    b.virtual("lo", mtu=65536, operstate="unknown", flags="0x9")
+    b.rdma_cm()
+    return Libraries(nvidia=Nvml(nvml), ascend=NoAscend())
+
+
+def _pcie_with_broken_nic(root: Path) -> Libraries:
+    """Two sockets, 8 PCIe GPUs (no NVLink: NVML says "not supported"), 5 NICs; mlx5_1 is down."""
+    b = scenarios.gpu8(root)
+    b.write("/sys/class/infiniband/mlx5_1/ports/1/state", "1: DOWN\n")
+    b.write("/sys/class/infiniband/mlx5_1/ports/1/phys_state", "3: Disabled\n")
+    nvml = FakeNvml([RecordedGpu(nvml_bus_id(gpu)) for gpu in scenarios.gpu8_gpus()])
+    return Libraries(nvidia=Nvml(nvml), ascend=NoAscend())
+
+
+def _cpu_only(root: Path) -> Libraries:
+    b = SysfsBuilder(root)
+    b.bridge("0000:00:02.0", host_bridge="pci0000:00")
+    b.virtio("eth0", "0000:00:03.0", index=0)
+    b.virtual("lo", mtu=65536, operstate="unknown", flags="0x9")
+    return Libraries(nvidia=NoNvidia(), ascend=NoAscend())
+
+
+def lay_out_hosts(workdir: Path) -> list[FixtureNode]:
+    layouts: list[tuple[str, str, str, Callable[[Path], Libraries]]] = [
+        (
+            "hgx-0",
+            "8x H100 NVSwitch board, 8 ConnectX-7 (one as 4 VFs)",
+            "us-east-1a",
+            functools.partial(_hgx, fabric=False),
+        ),
+        ("nvl-7", "8x GPU in a multi-node NVLink clique", "us-east-1a", functools.partial(_hgx, fabric=True)),
+        (
+            "pcie-2s",
+            "two-socket PCIe server, 8 GPUs, NIC mlx5_1 link down",
+            "us-east-1b",
+            _pcie_with_broken_nic,
+        ),
+        ("cpu-0", "CPU-only node, one virtio NIC", "us-east-1b", _cpu_only),
+    ]
+    nodes = []
+    for name, what, zone, build in layouts:
+        nodes.append(FixtureNode(name, what, zone, build(workdir / name)))
+    return nodes
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+def _section(out: TextIO, title: str) -> None:
+    out.write(f"\n=== {title} {'=' * max(0, 96 - len(title))}\n")
+
+
+@contextlib.contextmanager
+def operator_running(kubeconfig: str) -> Iterator[None]:
+    """The real kopf operator in its own thread and event loop, as it runs in its own pod."""
+    stop, ready = threading.Event(), threading.Event()
+    opts = operator_cli.Options(
+        sink="nodefeature", namespace=NAMESPACE, domain=DOMAIN, kubeconfig=kubeconfig, standalone=True
+    )
+    thread = threading.Thread(
+        target=asyncio.run, args=(operator_cli.serve(opts, stop_flag=stop, ready_flag=ready),), daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+
+
+async def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def _kubectl_get_devices(k: RunningAPI) -> str:
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        proc = await asyncio.create_subprocess_exec(
+            kubectl,
+            "--kubeconfig",
+            k.kubeconfig,
+            "get",
+            "devices",
+            "-o",
+            "wide",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        return "$ kubectl get devices -o wide\n" + out.decode()
+    # Without kubectl, the same server-side table, printed the way kubectl prints it.
+    columns = crd.devices_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    items = [
+        obj.raw for key, obj in k.api.objects.items() if key[0] == kmock.resource(DEVICES) and not obj.deleted
+    ]
+    table = as_table(items, columns, {})
+    rows = [[c["name"].upper() for c in table["columnDefinitions"]]]
+    rows += [["<none>" if v is None else str(v) for v in r["cells"]] for r in table["rows"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return (
+        "(kubectl not installed: the same table)\n"
+        + "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+        + "\n"
+    )
+
+
+def _describe_allocation(family: str, ids: list[str], response: Any) -> str:
+    container = response.container_responses[0]
+    lines = [f"{family}: granted {', '.join(ids)}"]
+    lines += [f"    device {d.host_path} -> {d.container_path} ({d.permissions})" for d in container.devices]
+    lines += [f"    env    {key}={value}" for key, value in sorted(container.envs.items())]
+    return "\n".join(lines)
+
+
+@contextlib.asynccontextmanager
+async def device_plugin(agent: Agent, root: Path, plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    kubelet = KubeletEmulator(plugin_dir)
+    await kubelet.start()
+    source = RecordSource()
+    agent.subscribe(source.update)
+    manager = DevicePluginManager(
+        source, HostRoot.at(root), config=PluginConfig(domain=DOMAIN), plugin_dir=str(plugin_dir)
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    try:
+        yield kubelet
+    finally:
+        await kubelet.stop()  # kubelet first, so its streams close cleanly rather than on a GOAWAY
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def demo(workdir: Path, out: TextIO) -> None:
+    _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
+    nodes = lay_out_hosts(workdir)
+    for node in nodes:
+        out.write(f"  {node.name:8} {node.zone:11} {node.what}\n")
+
+    async with running_api([crd.devices_crd()], directory=str(workdir)) as k:
+        k.api.put_object("v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        for node in nodes:
+            labels = {"topology.kubernetes.io/region": "us-east-1", "topology.kubernetes.io/zone": node.zone}
+            k.api.put_object("v1/nodes", {"metadata": {"name": node.name, "labels": labels}})
+
+        _section(out, "2. The node agent reads each host and publishes its Devices record")
+        api = load_client(k.kubeconfig)
+        agents: dict[str, Agent] = {}
+        for node in nodes:
+            reader = functools.partial(inventory.read, libraries=node.libraries)
+            agent = Agent(
+                AgentConfig(node=node.name, root=str(workdir / node.name)), DevicesClient(api), reader=reader
+            )
+            outcome = await agent.run_pass()
+            again = await agent.run_pass()
+            agents[node.name] = agent
+            out.write(
+                f"  {node.name:8} first pass: {outcome.result}; second pass: {again.result} (no write)\n"
+            )
+
+        with operator_running(k.kubeconfig):
+            _section(out, "3. The operator derives each node's labels and publishes them through NFD")
+
+            def published() -> bool:
+                for node in nodes:
+                    obj = k.api.stored(DEVICES, node.name)
+                    if not obj or "labelsPublishedTime" not in obj.get("status", {}):
+                        return False
+                return True
+
+            await _wait(published, 30, "the operator to publish every node's labels")
+            for node in nodes:
+                feature = k.api.stored(NODEFEATURES, node.name, NAMESPACE)
+                labels = (feature or {}).get("spec", {}).get("labels", {})
+                shown = (
+                    "\n".join(f"      {key}={value}" for key, value in sorted(labels.items()))
+                    or "      (none)"
+                )
+                out.write(f"  {node.name}:\n{shown}\n")
+            out.write("\n" + await _kubectl_get_devices(k))
+
+        _section(out, "4. The device plugin on hgx-0 registers three resources with kubelet")
+        plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # unix socket paths are short
+        try:
+            async with device_plugin(agents["hgx-0"], workdir / "hgx-0", plugin_dir) as kubelet:
+                await agents["hgx-0"].run_pass()
+                families = [
+                    f"device.{DOMAIN}/rdma",
+                    f"device.{DOMAIN}/rdma.shared",
+                    f"device.{DOMAIN}/rdma.partitioned",
+                ]
+                for family in families:
+                    await kubelet.wait_registered(family)
+                    devices = await kubelet.wait_devices(family, lambda ds: len(ds) > 0)
+                    state = kubelet.resources[family]
+                    out.write(
+                        f"  {family:38} capacity {state.capacity:4}  allocatable {state.allocatable:4}\n"
+                    )
+                out.write("\n  One container's allocation from each family:\n")
+                for family in families:
+                    devices = await kubelet.wait_devices(family, lambda ds: len(ds) > 0)
+                    ids = sorted(d.ID for d in devices)[:2]
+                    response = await kubelet.plugin(family).allocate(ids)
+                    out.write("  " + _describe_allocation(family, ids, response).replace("\n", "\n  ") + "\n")
+        finally:
+            shutil.rmtree(plugin_dir, ignore_errors=True)
+
+        _section(out, "5. The scheduler extender places an 8-pod training group")
+        out.write(await place_group(k))

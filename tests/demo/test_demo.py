@@ -1,0 +1,90 @@
+"""The README's first command: the whole product on the embedded default, run once, output checked."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], str]:
+    tmp = str(tmp_path_factory.mktemp("demo-tmp"))
+    sockets_before = set(glob.glob("/tmp/dp-*"))
+    result = subprocess.run(
+        [sys.executable, "-m", "nodefabric_devicemanager.cli", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": tmp},
+        check=False,
+    )
+    assert os.listdir(tmp) == [], "the demo left files behind"
+    assert set(glob.glob("/tmp/dp-*")) <= sockets_before, "the demo left its plugin directory behind"
+    return result, result.stdout
+
+
+def test_demo_succeeds_quietly(demo):
+    result, out = demo
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == "", "the default demo prints its story on stdout and no component logs"
+    assert "everything it started is stopped" in out
+
+
+def _section(out: str, number: int) -> str:
+    start = out.index(f"=== {number}.")
+    end = out.find(f"=== {number + 1}.", start)
+    return out[start : end if end > 0 else None]
+
+
+def test_agent_writes_once_then_nothing(demo):
+    agents = _section(demo[1], 2)
+    assert agents.count("first pass: created; second pass: unchanged") == 4
+
+
+def test_labels_follow_the_record(demo):
+    labels = _section(demo[1], 3)
+    nvl = labels[labels.index("nvl-7:") : labels.index("pcie-2s:")]
+    assert "feature.gpustack.ai/fabric.domain=nvlink-5b0e112233445566778899aabbccddef-1" in nvl
+    hgx = labels[labels.index("hgx-0:") : labels.index("nvl-7:")]
+    assert "rdma.capable=true" in hgx and "rdma.distance=PIX" in hgx and "fabric.domain" not in hgx
+    pcie = labels[labels.index("pcie-2s:") : labels.index("cpu-0:")]
+    assert "rdma.capable=true" in pcie, "a broken NIC beside working ones keeps the node capable"
+    assert labels[labels.index("cpu-0:") :].split("\n")[1].strip() == "(none)"
+
+
+def test_kubectl_view_shows_the_printer_columns(demo):
+    view = _section(demo[1], 3)
+    header = next(line for line in view.splitlines() if line.startswith("NAME"))
+    assert header.split()[:4] == ["NAME", "RDMA", "DISTANCE", "FABRIC"]
+    rows = {
+        line.split()[0]: line.split()
+        for line in view.splitlines()[view.splitlines().index(header) + 1 :]
+        if line
+    }
+    assert rows["hgx-0"][1:3] == ["12", "PIX"]  # 8 NICs and 4 VFs; every link up
+    assert rows["pcie-2s"][1] == "4"  # 5 NICs, one down
+    assert rows["cpu-0"][1] == "0"
+
+
+def test_each_family_allocates_its_own_endpoints(demo):
+    plugin = _section(demo[1], 4)
+    assert "device.gpustack.ai/rdma                capacity    7" in plugin  # NIC 7 serves only its VFs
+    assert "device.gpustack.ai/rdma.shared         capacity  448" in plugin  # 7 x 64
+    assert "device.gpustack.ai/rdma.partitioned    capacity    4" in plugin
+    assert "env    NCCL_IB_HCA==mlx5_0,mlx5_1" in plugin
+    assert "env    NCCL_IB_HCA==mlx5_8,mlx5_9" in plugin  # the VFs' own RDMA devices
+    responses = plugin.split("granted")[1:]
+    assert len(responses) == 3
+    assert all(sum("rdma_cm" in line for line in r.splitlines()) == 1 for r in responses), "rdma_cm once each"
+
+
+def test_training_group_lands_in_one_zone_with_its_reasons(demo):
+    placement = _section(demo[1], 5)
+    assert placement.count("-> us-east-1b-") == 8
+    assert "the group landed in 1 zone(s): us-east-1b" in placement
+    assert "outcome placed at level zone (us-east-1b)" in placement
+    assert "fabric level skipped: largest fabric domain holds 4" in placement
