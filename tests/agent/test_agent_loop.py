@@ -45,7 +45,8 @@ async def test_a_failed_pass_is_retried_before_the_interval(tmp_path):
         k.api.fail_next(2, 503)
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        await _until(lambda: stored(k) is not None, what="the record after the outage")
+        # The pass ends with the status write, a moment after the create makes the record visible.
+        await _until(lambda: bool((stored(k) or {}).get("status")), what="the record after the outage")
         assert agent.passes == 3 and len(writes(k)) == 4  # two refused creates, then create + status
         stop.set()
         await asyncio.wait_for(task, 5)
