@@ -35,6 +35,9 @@ protos: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_inventory.py
+	$(BIN)/python hack/bench_pick.py
+	$(BIN)/python hack/bench_deviceplugin.py
+	$(BIN)/python hack/bench_extender.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
