@@ -24,7 +24,7 @@ from typing import Any
 from nodefabric_devicemanager import pci as pcimod
 from nodefabric_devicemanager import rdma
 from nodefabric_devicemanager.hostroot import HostRoot, SysDir
-from nodefabric_devicemanager.models import Endpoint, Interface, VirtualFunction
+from nodefabric_devicemanager.models import Interface, VirtualFunction
 from nodefabric_devicemanager.pci import PciFunction
 
 log = logging.getLogger(__name__)
@@ -151,13 +151,4 @@ def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
         if fn is None or not fn.physfn or fn.physfn not in listed_pfs
     ]
     out.sort(key=lambda i: i.name)
-    return out
-
-
-def endpoints(interfaces: list[Interface]) -> list[Endpoint]:
-    """Every endpoint: each interface followed by its VFs."""
-    out: list[Endpoint] = []
-    for i in interfaces:
-        out.append(i)
-        out.extend(i.virtual_functions)
     return out

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from nodefabric_devicemanager import interfaces as interfacesmod
 from nodefabric_devicemanager import pci as pcimod
+from nodefabric_devicemanager import summary
 from nodefabric_devicemanager.accelerators import Libraries, detect, failed_reading
-from nodefabric_devicemanager.distance import closest
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
 from nodefabric_devicemanager.models import (
     INTERFACES_ENUMERATED,
@@ -20,9 +20,7 @@ from nodefabric_devicemanager.models import (
     Condition,
     DevicesSpec,
     DevicesStatus,
-    Distance,
     Interface,
-    LinkState,
 )
 from nodefabric_devicemanager.pci import PciFunction
 
@@ -46,22 +44,15 @@ class Reading:
         return DevicesSpec(interfaces=self.interfaces or [], groups=self.groups)
 
     def status(self) -> DevicesStatus:
-        eps = interfacesmod.endpoints(self.interfaces or [])
-        usable = [e for e in eps if e.rdma or e.link is not None]
+        """The conditions, and the summaries `kubectl get devices` shows, as the operator computes them."""
+        spec = self.spec()
+        endpoints = summary.usable_endpoints(spec)
+        best = summary.best_distance(spec, endpoints)
         return DevicesStatus(
             conditions=sorted(self.conditions, key=lambda c: c.type),
-            rdma_endpoints=sum(1 for e in usable if e.link is None or e.link.state is not LinkState.FAILED),
-            best_distance=_best_distance(self),
+            rdma_endpoints=len(endpoints),
+            best_distance=best.name if best is not None else "",
         )
-
-
-def _best_distance(r: Reading) -> str:
-    nics = [e for e in interfacesmod.endpoints(r.interfaces or []) if e.rdma]
-    accs = [a.topology for g in r.groups for a in g.accelerators]
-    if not nics or not accs:
-        return ""
-    best = closest(accs, nics)
-    return best.name if best is not Distance.UNK else ""
 
 
 def _condition(ok: bool, reason: str, message: str) -> Condition:

@@ -138,6 +138,14 @@ class DevicesSpec(_Model):
     interfaces: list[Interface] = Field(default_factory=list)
     groups: list[AcceleratorGroup] = Field(default_factory=list)
 
+    def endpoints(self) -> list[Endpoint]:
+        """Every endpoint: each interface followed by its virtual functions."""
+        out: list[Endpoint] = []
+        for iface in self.interfaces:
+            out.append(iface)
+            out.extend(iface.virtual_functions)
+        return out
+
 
 # Condition types. A False condition means the matching part of the spec is the last good reading,
 # kept because a failed read is not an empty host.
@@ -199,14 +207,6 @@ class Devices(_Model):
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Devices:
         return cls.model_validate(obj)
-
-    def endpoints(self) -> list[tuple[Endpoint, Interface]]:
-        """Every endpoint with its top-level interface: PFs and plain interfaces, then their VFs."""
-        out: list[tuple[Endpoint, Interface]] = []
-        for iface in self.spec.interfaces:
-            out.append((iface, iface))
-            out.extend((vf, iface) for vf in iface.virtual_functions)
-        return out
 
 
 def set_condition(conditions: list[Condition], new: Condition, now: datetime) -> list[Condition]:

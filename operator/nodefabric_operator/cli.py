@@ -19,6 +19,7 @@ from typing import Any, cast
 import kopf
 import kubernetes
 
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import handlers, labels, sinks
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
@@ -81,20 +82,6 @@ def options(args: argparse.Namespace) -> Options:
     )
 
 
-def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
-    cfg = kubernetes.client.Configuration()
-    if kubeconfig is None:
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return kubernetes.client.ApiClient(cfg)
-        except kubernetes.config.ConfigException:
-            pass
-    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, client_configuration=cfg
-    )
-    return kubernetes.client.ApiClient(cfg)
-
-
 def make_sink(opts: Options, api: kubernetes.client.ApiClient) -> sinks.Sink:
     if opts.sink == "node":
         return sinks.NodeSink(api, opts.domain)
@@ -122,7 +109,7 @@ async def serve(
     """Run the operator until `stop_flag` is set (or forever)."""
     if opts.kubeconfig:
         os.environ["KUBECONFIG"] = opts.kubeconfig  # kopf's kubeconfig login reads it at login time
-    api = api_client(opts.kubeconfig)
+    api = load_client(opts.kubeconfig)
     sink = make_sink(opts, api)
     metrics = metrics or Metrics()
     reconciler = Reconciler(

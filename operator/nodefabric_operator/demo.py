@@ -30,8 +30,9 @@ from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
-from nodefabric_devicemanager.agent.kube import DevicesClient, load_client
+from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.testing import scenarios
 from nodefabric_devicemanager.testing.accelerators import FakeNvml, RecordedGpu, nvml_bus_id, nvswitch_node
 from nodefabric_devicemanager.testing.kubeapi import RunningAPI, as_table, running_api

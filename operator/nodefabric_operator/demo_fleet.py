@@ -16,7 +16,7 @@ import aiohttp
 import kmock
 from aiohttp import web
 
-from nodefabric_devicemanager.agent.kube import load_client
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.testing.kubeapi import RunningAPI
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.cli import serving_app

@@ -12,8 +12,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nodefabric_devicemanager import distance, models
-from nodefabric_devicemanager.models import Devices, Endpoint, LinkState
+from nodefabric_devicemanager import models
+from nodefabric_devicemanager.models import Devices, Endpoint
+from nodefabric_devicemanager.summary import best_distance, usable, usable_endpoints
+from nodefabric_devicemanager.summary import fabric_domain as summary_fabric_domain
+
+__all__ = ["usable", "usable_endpoints"]  # re-exported: the label rules are read here
 
 DEFAULT_DOMAIN = "gpustack.ai"
 
@@ -90,21 +94,6 @@ class LabelSet:
     fabric_domain: str = ""
 
 
-def usable(ep: Endpoint) -> bool:
-    """An explicit verdict wins over the rdma flag in both directions; without one, a bound device counts.
-
-    An unreadable tree records rdma=false with an Unverified verdict and still counts: an inability to
-    ask must not read as an answer of no, because withholding the label removes the node from scheduling.
-    """
-    if ep.link is not None:
-        return ep.link.state != LinkState.FAILED
-    return ep.rdma
-
-
-def usable_endpoints(devices: Devices) -> list[Endpoint]:
-    return [ep for ep, _parent in devices.endpoints() if usable(ep)]
-
-
 def _numa_members(endpoints: list[Endpoint]) -> tuple[list[str], list[str]]:
     """(valid NUMA node ids sorted numerically, values that are not a node id). Blank is skipped: a
     member nobody read is never published, and normalising it to 0 would assert a node the kernel
@@ -122,16 +111,6 @@ def _numa_members(endpoints: list[Endpoint]) -> tuple[list[str], list[str]]:
     return [str(n) for n in sorted(good)], bad
 
 
-def _fabric_domain(fabric: models.Fabric | None) -> str | None:
-    if fabric is None or not fabric.id:
-        return None
-    parts = [str(fabric.kind), fabric.id]
-    if fabric.clique_id is not None:
-        # Two accelerators sharing a cluster but not its clique cannot address each other.
-        parts.append(str(fabric.clique_id))
-    return "-".join(parts)
-
-
 def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
     """The label set for one node's whole record (every group, every endpoint)."""
     labels: dict[str, str] = {}
@@ -145,15 +124,14 @@ def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
             return
         withheld.append(Withheld(full, value, f"not a valid label value: {problem}"))
 
-    endpoints = usable_endpoints(devices)
+    endpoints = usable_endpoints(devices.spec)
     if endpoints:
         offer(RDMA_CAPABLE, "true")
 
     accelerators = [a for g in devices.spec.groups for a in g.accelerators]
-    best = ""
-    if accelerators and endpoints:
-        # A distance is a statement about a pair: absent (not UNK) without an accelerator or an endpoint.
-        best = distance.closest([a.topology for a in accelerators], endpoints).name
+    closest = best_distance(devices.spec, endpoints)
+    best = closest.name if closest is not None else ""
+    if best:
         offer(RDMA_DISTANCE, best)
 
     members, bad = _numa_members(endpoints)
@@ -165,7 +143,7 @@ def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
         offer(RDMA_NUMA, "_".join(members))  # never ",": not a label character, and sanitisers drop it
 
     fabric_domain = ""
-    domains = {_fabric_domain(a.topology.fabric) for a in accelerators}
+    domains = {summary_fabric_domain(a.topology.fabric) for a in accelerators}
     if accelerators and len(domains) == 1 and None not in domains:
         (fabric_domain,) = (d for d in domains if d is not None)
         offer(FABRIC_DOMAIN, fabric_domain)

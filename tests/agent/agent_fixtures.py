@@ -15,7 +15,8 @@ import kubernetes
 
 from nodefabric_devicemanager import crd
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
-from nodefabric_devicemanager.agent.kube import Backoff, DevicesClient, load_client
+from nodefabric_devicemanager.agent.kube import Backoff, DevicesClient
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.testing.kubeapi import RunningAPI, running_api
 from nodefabric_devicemanager.testing.sysfs import (
     PHYS_STATE_CODES,

@@ -6,7 +6,7 @@ import pytest
 
 from nodefabric_devicemanager import interfaces, pci
 from nodefabric_devicemanager.hostroot import AttributeTooLarge, HostRoot, PathEscapesRoot
-from nodefabric_devicemanager.models import LinkState
+from nodefabric_devicemanager.models import DevicesSpec, LinkState
 
 
 def read(host: HostRoot):
@@ -160,5 +160,5 @@ def test_is_up(operstate, flags, up):
 
 
 def test_endpoints_lists_each_interface_then_its_vfs(scenario):
-    eps = interfaces.endpoints(read(scenario("sriov")))
+    eps = DevicesSpec(interfaces=read(scenario("sriov"))).endpoints()
     assert [e.name for e in eps][:3] == ["ens2f0np0", "ens2f0v0", "ens2f0v1"] and len(eps) == 17

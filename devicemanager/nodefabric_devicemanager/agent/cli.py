@@ -15,10 +15,11 @@ import prometheus_client
 from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
-from nodefabric_devicemanager.agent.kube import DevicesClient, load_client
+from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Servers
 from nodefabric_devicemanager.agent.uevents import UeventWatch
+from nodefabric_devicemanager.kubeclient import load_client
 
 log = logging.getLogger(__name__)
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import http
 import logging
-import os
 import random
 from dataclasses import dataclass
 from typing import Any, cast
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager.models import GROUP, KIND, PLURAL, VERSION
 
@@ -70,24 +68,6 @@ class Backoff:
     def delay(self, attempt: int) -> float:
         ceiling = min(self.cap, self.base * (2 ** min(attempt, 32)))
         return float(ceiling / 2 + random.uniform(0, ceiling / 2))
-
-
-def load_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """Reach the API as kubectl would: an explicit kubeconfig, else in-cluster, else KUBECONFIG / ~/.kube."""
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        try:
-            config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError) as exc:
-            raise ConfigException(
-                f"no API to reach: not in a cluster and no usable kubeconfig ({exc}); pass --kubeconfig"
-            ) from exc
-    cfg.retries = 0  # our own backoff with jitter decides when to try again
-    return client.ApiClient(cfg)
 
 
 def owner_reference(node: str, uid: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from nodefabric_devicemanager import interfaces, inventory
+from nodefabric_devicemanager import inventory
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import Endpoint, LinkState
 
@@ -32,7 +32,7 @@ def rows(reading: inventory.Reading) -> list[Row]:
     """One row per RDMA endpoint: bound to a device, or carrying a verdict (an unreadable tree)."""
     out: list[Row] = []
     for iface in reading.interfaces or []:
-        for e in interfaces.endpoints([iface]):
+        for e in (iface, *iface.virtual_functions):
             if e.rdma or e.link is not None:
                 out.append(_row(e, iface.name))
     return out

@@ -7,12 +7,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import web
 from kubernetes import client
 from kubernetes import config as _kube_config
 
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.extender.cache import Cache, SnapshotError
 from nodefabric_operator.extender.config import ConfigError, ExtenderConfig, load_config
 from nodefabric_operator.extender.events import KubeEvents
@@ -38,16 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")
-
-
-def _api(kubeconfig: Path | None) -> client.ApiClient:
-    if kubeconfig is not None:
-        return cast(client.ApiClient, kube_config.new_client_from_config(config_file=str(kubeconfig)))
-    try:
-        kube_config.load_incluster_config()
-    except kube_config.ConfigException:
-        kube_config.load_kube_config()
-    return client.ApiClient()
 
 
 def serving_app(
@@ -78,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         cache = Cache(cfg)
         if args.nodes_file is not None:
             cache.load_file(args.nodes_file)
-        api = _api(args.kubeconfig) if args.nodes_file is None or args.kubeconfig is not None else None
+        api = load_client(args.kubeconfig) if args.nodes_file is None or args.kubeconfig is not None else None
         ssl_ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (ConfigError, SnapshotError, kube_config.ConfigException, OSError) as exc:
         log.error("extender cannot start", extra={"error": str(exc)})

@@ -1,0 +1,47 @@
+"""What a whole record says about its node: the usable RDMA endpoints, the closest accelerator-to-NIC
+distance, the accelerators' shared fabric domain.
+
+One definition serves the operator (labels and the `kubectl get devices` columns) and `inventory`
+(which prints the same columns), so the two can never tell an operator different things.
+"""
+
+from __future__ import annotations
+
+from nodefabric_devicemanager import distance
+from nodefabric_devicemanager.models import DevicesSpec, Distance, Endpoint, Fabric, LinkState
+
+
+def usable(ep: Endpoint) -> bool:
+    """An explicit verdict wins over the rdma flag in both directions; without one, a bound device counts.
+
+    An unreadable tree records rdma=false with an Unverified verdict and still counts: an inability to
+    ask must not read as an answer of no, because withholding the label removes the node from scheduling.
+    """
+    if ep.link is not None:
+        return ep.link.state != LinkState.FAILED
+    return ep.rdma
+
+
+def usable_endpoints(spec: DevicesSpec) -> list[Endpoint]:
+    return [ep for ep in spec.endpoints() if usable(ep)]
+
+
+def best_distance(spec: DevicesSpec, endpoints: list[Endpoint] | None = None) -> Distance | None:
+    """The closest accelerator-to-usable-endpoint distance. None without an accelerator or an endpoint:
+    a distance is a statement about a pair, so it is absent there rather than UNK."""
+    endpoints = usable_endpoints(spec) if endpoints is None else endpoints
+    accelerators = [a.topology for g in spec.groups for a in g.accelerators]
+    if not accelerators or not endpoints:
+        return None
+    return distance.closest(accelerators, endpoints)
+
+
+def fabric_domain(fabric: Fabric | None) -> str | None:
+    """`<kind>-<id>[-<clique>]`, or None for an accelerator in no identified domain."""
+    if fabric is None or not fabric.id:
+        return None
+    parts = [str(fabric.kind), fabric.id]
+    if fabric.clique_id is not None:
+        # Two accelerators sharing a cluster but not its clique cannot address each other.
+        parts.append(str(fabric.clique_id))
+    return "-".join(parts)
