@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import kmock
+from kubernetes.client import ApiextensionsV1Api
 
 from nodefabric_devicemanager import crd, inventory, models
 from nodefabric_devicemanager.accelerators import Libraries
@@ -230,14 +231,17 @@ async def demo(workdir: Path, out: TextIO) -> None:
     for node in nodes:
         out.write(f"  {node.name:8} {node.zone:11} {node.what}\n")
 
-    async with running_api([crd.devices_crd()], directory=str(workdir)) as k:
+    async with running_api(directory=str(workdir)) as k:
+        api = load_client(k.kubeconfig)
+        # What `helm install` does first: the CRD, through the API like any other object.
+        body: Any = crd.devices_crd()  # the client takes a plain dict as readily as its model class
+        await asyncio.to_thread(ApiextensionsV1Api(api).create_custom_resource_definition, body)
         k.api.put_object("v1/namespaces", {"metadata": {"name": NAMESPACE}})
         for node in nodes:
             labels = {"topology.kubernetes.io/region": "us-east-1", "topology.kubernetes.io/zone": node.zone}
             k.api.put_object("v1/nodes", {"metadata": {"name": node.name, "labels": labels}})
 
         _section(out, "2. The node agent reads each host and publishes its Devices record")
-        api = load_client(k.kubeconfig)
         agents: dict[str, Agent] = {}
         for node in nodes:
             reader = functools.partial(inventory.read, libraries=node.libraries)
