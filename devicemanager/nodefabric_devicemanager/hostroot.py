@@ -124,10 +124,6 @@ class SysDir:
     def shown(self) -> str:
         return self.host.display(self.path)
 
-    def parent(self) -> SysDir | None:
-        up = os.path.dirname(self.path)
-        return SysDir(self.host, up) if up != self.path and self.host.contains(up) else None
-
     def _child_path(self, name: str) -> str:
         if "/" in name or name in ("", ".", ".."):
             raise ValueError(f"not a single path component: {name!r}")

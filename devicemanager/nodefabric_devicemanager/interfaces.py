@@ -101,7 +101,12 @@ def _virtual_functions(pf: PciFunction, pci: Mapping[str, PciFunction]) -> list[
         if link.startswith("virtfn") and link[6:].isdigit():
             # The walk already resolved and checked every VF; only one it missed is resolved here.
             known = pci.get(pf.dir.link_name(link) or "")
-            out.append(_virtual_function(known or pcimod.read_function(pf.dir.child(link))))
+            if known is None:
+                vf_dir = pf.dir.child_opt(link)
+                if vf_dir is None:
+                    continue  # torn down between listing and reading (sriov_numvfs lowered): gone
+                known = pcimod.read_function(vf_dir)
+            out.append(_virtual_function(known))
     out.sort(key=lambda v: pcimod.bus_key(v.pci_bus_id))
     return out
 

@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 class Reading:
     interfaces: list[Interface] | None  # None = enumeration failed (NOT empty)
     groups: list[AcceleratorGroup] = field(default_factory=list)
-    failed_manufacturers: set[str] = field(default_factory=set)  # their stored groups are kept
+    # Manufacturer keys (group ids) whose accelerators or fabric could not be read: their stored groups
+    # are kept. Every manufacturer when the PCI walk itself failed.
+    failed_manufacturers: set[str] = field(default_factory=set)
     conditions: list[Condition] = field(default_factory=list)
     pci: dict[str, PciFunction] = field(default_factory=dict)  # the one walk, reused by accelerators
 
@@ -52,6 +54,7 @@ class Reading:
             conditions=sorted(self.conditions, key=lambda c: c.type),
             rdma_endpoints=len(endpoints),
             best_distance=best.name if best is not None else "",
+            fabric_domain=summary.node_fabric_domain(spec) or "",
         )
 
 
@@ -74,6 +77,7 @@ def read(host: HostRoot, *, libraries: Libraries | None = None) -> Reading:
         acc = failed_reading(message)
         return Reading(
             interfaces=None,
+            failed_manufacturers=set(acc.failed),
             conditions=[_condition(False, "PciWalkFailed", message), *acc.conditions],
         )
 

@@ -122,6 +122,12 @@ def walk(host: HostRoot) -> dict[str, PciFunction]:
         return {}
     out: dict[str, PciFunction] = {}
     for name in sorted(bus.list(), key=bus_key):
-        fn = read_function(bus.child(name))
+        try:
+            d = bus.child(name)
+        except FileNotFoundError:
+            # Removed between listing and reading (hot-unplug, VFs torn down): gone, not unreadable.
+            log.debug("pci function vanished during the walk", extra={"pci_bus_id": name})
+            continue
+        fn = read_function(d)
         out[fn.bus_id] = fn
     return out

@@ -45,3 +45,10 @@ def fabric_domain(fabric: Fabric | None) -> str | None:
         # Two accelerators sharing a cluster but not its clique cannot address each other.
         parts.append(str(fabric.clique_id))
     return "-".join(parts)
+
+
+def node_fabric_domain(spec: DevicesSpec) -> str | None:
+    """The domain every accelerator of the node reports; None when they differ or one is in none, since
+    naming one of several domains would advertise co-location the hardware does not offer."""
+    domains = {fabric_domain(a.topology.fabric) for g in spec.groups for a in g.accelerators}
+    return domains.pop() if len(domains) == 1 else None

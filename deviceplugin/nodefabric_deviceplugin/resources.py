@@ -22,6 +22,9 @@ DEFAULT_SHARED_COUNT = 64
 MAX_ID_LENGTH = 63  # kubelet's limit on a device ID
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+# Amazon's PCI vendor: the only RDMA device bound to one of its functions is EFA, which AWS's own plugin
+# allocates under vpc.amazonaws.com/efa; advertising it here too would hand one adapter out twice.
+AMAZON_VENDOR = "1d0f"
 
 
 class Family(StrEnum):
@@ -139,7 +142,8 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
     """Group by RDMA device (two netdevs can share one, e.g. a bond over a LAG), one endpoint each."""
     groups: dict[str, list[tuple[Endpoint, Endpoint | None]]] = {}
     for ep, parent in members:
-        if ep.rdma_device:  # without a device name there is nothing an allocation could hand over
+        # Without a device name there is nothing an allocation could hand over.
+        if ep.rdma_device and ep.pci_vendor != AMAZON_VENDOR:
             groups.setdefault(ep.rdma_device, []).append((ep, parent))
     out: list[RdmaEndpoint] = []
     for device, eps in groups.items():

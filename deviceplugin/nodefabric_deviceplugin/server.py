@@ -75,10 +75,17 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
                 healthy = sum(1 for t in current.tokens if t.endpoint.healthy)
                 metrics.DEVICES.labels(self.family.value, "healthy").set(healthy)
                 metrics.DEVICES.labels(self.family.value, "unhealthy").set(len(current.tokens) - healthy)
-                log.info(
-                    "sending the device list",
-                    extra={"resource": self.resource, "devices": len(current.tokens), "healthy": healthy},
-                )
+                fields: dict[str, object] = {
+                    "resource": self.resource,
+                    "devices": len(current.tokens),
+                    "healthy": healthy,
+                }
+                # Which endpoint is down and what its ports read, so "why is allocatable short" needs no
+                # second tool.
+                down = [f"{e.rdma_device} ({e.reason})" for e in current.endpoints if not e.healthy]
+                if down:
+                    fields["unhealthy"] = down
+                log.info("sending the device list", extra=fields)
                 yield message
                 last = message
             await self.source.changed(version)

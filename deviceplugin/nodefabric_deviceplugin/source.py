@@ -111,12 +111,14 @@ async def poll_host(
             interfaces = await asyncio.to_thread(reader, host)
         except Exception:
             log.exception("reading the host failed; serving the last record", extra={"root": host.root})
-            interfaces = None
-        if interfaces is None:
-            log.error("could not enumerate interfaces; serving the last record", extra={"root": host.root})
-        elif source.update(DevicesSpec(interfaces=interfaces)):
-            log.info(
-                "device record changed", extra={"interfaces": len(interfaces), "version": source.version}
-            )
+        else:
+            if interfaces is None:
+                log.error(
+                    "could not enumerate interfaces; serving the last record", extra={"root": host.root}
+                )
+            elif source.update(DevicesSpec(interfaces=interfaces)):
+                log.info(
+                    "device record changed", extra={"interfaces": len(interfaces), "version": source.version}
+                )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=interval)

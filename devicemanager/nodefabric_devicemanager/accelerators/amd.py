@@ -47,7 +47,8 @@ def location_bus_id(domain: int, location_id: int) -> str:
 def read_kfd(host: HostRoot) -> list[KfdGpu] | None:
     """The GPU nodes of the KFD topology; None when the topology is absent (amdgpu not loaded).
 
-    Raises HostReadError when it exists but cannot be read.
+    Raises HostReadError when it exists but cannot be read, FileNotFoundError when a GPU node lacks its
+    properties (or vanished while being read).
     """
     if not host.exists(KFD_NODES):
         return None

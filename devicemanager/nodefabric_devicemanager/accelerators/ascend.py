@@ -93,6 +93,14 @@ class Dcmi:
 
     def read(self) -> list[AscendAnswer]:
         lib = self._load()
+        try:
+            return self._read(lib)
+        except AttributeError as exc:
+            # ctypes raises AttributeError for a symbol an older driver's libdcmi does not export: that
+            # driver cannot be asked, which must not escape as an exception that sinks the whole pass.
+            raise LibraryUnavailable(f"{self._path} lacks an entry point this reader needs: {exc}") from exc
+
+    def _read(self, lib: Any) -> list[AscendAnswer]:
         if (ret := lib.dcmi_init()) != 0:
             raise LibraryError(f"dcmi_init returned {ret}")
         count = ctypes.c_int(0)

@@ -58,11 +58,16 @@ class AcceleratorReading:
 
 
 def failed_reading(message: str) -> AcceleratorReading:
-    """The reading of a pass whose PCI walk failed: nothing listed, and a condition saying so."""
+    """The reading of a pass whose PCI walk failed: nothing listed, and a condition saying so.
+
+    Every manufacturer is failed, not none: nothing was read for any of them, so each one's recorded
+    groups must be kept rather than replaced by the empty list this reading holds.
+    """
     return AcceleratorReading(
+        failed=[m.key for m in vendors.MANUFACTURERS],
         conditions=[
             Condition(type=ACCELERATORS_ENUMERATED, status="False", reason=READ_FAILED, message=message)
-        ]
+        ],
     )
 
 
@@ -216,7 +221,9 @@ def _amd(maker: Manufacturer, functions: list[PciFunction], host: HostRoot) -> _
     try:
         kfd = amd.read_kfd(host)
         pci_hives = {fn.bus_id: amd.xgmi_hive_from_pci(fn.dir) for fn in functions}
-    except HostReadError as exc:
+    except (HostReadError, FileNotFoundError) as exc:
+        # A KFD node without its properties (or one that vanished mid-read) is a failed read of the
+        # fabric, never an exception out of the pass that would also cost the interface inventory.
         return _unreadable(maker, functions, READ_FAILED, str(exc))
     if kfd is None and all(h is None for h in pci_hives.values()):
         return _unreadable(

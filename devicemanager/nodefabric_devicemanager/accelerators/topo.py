@@ -3,7 +3,9 @@
 The matrix is tab-separated; the header may be wrapped in ANSI underline codes; cells are X, NV<n>,
 PIX, PXB, PHB, NODE, SYS (older drivers print SOC for SYS); GPU rows end with CPU Affinity, NUMA
 Affinity and GPU NUMA ID columns (drivers print an extra empty cell before the last one); NIC rows end
-after their link cells; a `NIC Legend:` block maps NICn to its RDMA device (mlx5_N).
+after their link cells; a `NIC Legend:` block maps NICn to its RDMA device (mlx5_N). Drivers before the
+legend name NIC columns and rows by the RDMA device itself (`mlx5_0`), so a device column is any header
+name that also labels a row, not only GPUn/NICn.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 from nodefabric_devicemanager.pick import known_link
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_DEVICE = re.compile(r"^(GPU|NIC)(\d+)$")
+_GPU = re.compile(r"^GPU(\d+)$")
+_DEVICE = re.compile(r"^(GPU|NIC)\d+$")
 _LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _ALIASES = {"SOC": "SYS", "CPU": "PHB"}  # names older drivers printed
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
@@ -61,7 +64,8 @@ def _cell(raw: str, where: str) -> str:
 
 
 def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
-    """(line index, device columns, affinity columns) of the matrix header."""
+    """(line index, device columns, affinity columns) of the matrix header. Device columns are the
+    leading GPUn/NICn names, and an older driver's mlx5_N, recognised by labelling a row below."""
     header_at = next(
         (i for i, line in enumerate(lines) if "GPU0" in [c.strip() for c in line.split("\t")]),
         None,
@@ -71,9 +75,10 @@ def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
     header = [c.strip() for c in lines[header_at].split("\t")]
     if header and header[0] == "":
         header = header[1:]
+    labels = {line.split("\t", 1)[0].strip() for line in lines[header_at + 1 :]}
     columns: list[str] = []
     for name in header:
-        if not _DEVICE.match(name):
+        if not _DEVICE.match(name) and (name not in labels or name in _AFFINITY_COLUMNS):
             break
         columns.append(name)
     affinity = [c for c in header[len(columns) :] if c]
@@ -94,8 +99,8 @@ def _gpu_row(out: TopoMatrix, name: str, links: list[str], columns: list[str]) -
             continue
         if link == "X":
             raise TopoParseError(f"{name}/{col}: X marks a device's own cell only")
-        if col.startswith("GPU"):
-            peers[int(col[3:])] = link
+        if m := _GPU.match(col):
+            peers[int(m[1])] = link
         else:
             nics[out.nics.get(col, col)] = link
     out.gpus.append(gpu)
@@ -113,7 +118,7 @@ def parse(text: str) -> TopoMatrix:
     for line_no, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
         cells = line.split("\t")
         name = cells[0].strip()
-        if not _DEVICE.match(name):
+        if not _DEVICE.match(name) and name not in columns:
             end = line_no - 1  # the matrix ends at the first line that is not a device row
             break
         if len(cells) - 1 < len(columns):
@@ -124,8 +129,8 @@ def parse(text: str) -> TopoMatrix:
             _cell(c, f"line {line_no}, {name}/{columns[k]}")
             for k, c in enumerate(cells[1 : 1 + len(columns)])
         ]
-        if name.startswith("GPU"):
-            gpu = int(name[3:])
+        if m := _GPU.match(name):
+            gpu = int(m[1])
             # Drivers print an empty cell before GPU NUMA ID: the values are the non-empty cells, in order.
             values = dict(
                 zip(affinity, [c.strip() for c in cells[1 + len(columns) :] if c.strip()], strict=False)
@@ -138,7 +143,7 @@ def parse(text: str) -> TopoMatrix:
         if m:
             out.nics[m[1]] = m[2]
     for name, links in rows.items():
-        if name.startswith("GPU"):
+        if _GPU.match(name):
             _gpu_row(out, name, links, columns)
     if not out.gpus:
         raise TopoParseError("the matrix has no GPU rows")

@@ -88,7 +88,7 @@ class _FailedReading:
 
 def _failed_reading(error: str, stored: dict[str, Any] | None) -> _FailedReading:
     spec = publish.stored_spec(stored) if stored is not None else None
-    manufacturers = {g.manufacturer for g in spec.groups} if spec is not None else set()
+    manufacturers = {g.id for g in spec.groups} if spec is not None else set()
     message = f"the host could not be read ({error}); the recorded data is kept"
     return _FailedReading(
         failed_manufacturers=manufacturers,
@@ -207,7 +207,8 @@ class Agent:
                 current = reading if reading is not None else _failed_reading(read_error, stored)
                 plan = publish.plan(stored, current, _now())
                 wrote, final = await self._apply(stored, plan)
-                self._deliver(final)
+                if final is not None:
+                    self._deliver(final)
                 if not wrote:
                     return Outcome(Result.UNCHANGED, degraded=degraded)
                 return Outcome(
@@ -259,9 +260,12 @@ class Agent:
 
     async def _apply(
         self, stored: dict[str, Any] | None, plan: publish.Plan
-    ) -> tuple[list[str], DevicesSpec]:
+    ) -> tuple[list[str], DevicesSpec | None]:
+        """Write what the plan says; returns what was written and the spec the object now holds (None when
+        the stored one does not parse and was left as it is)."""
         node = self.config.node
         wrote: list[str] = []
+        final: DevicesSpec | None
         if stored is None:
             assert plan.spec is not None
             uid = await asyncio.to_thread(self.client.node_uid, node)
@@ -279,7 +283,7 @@ class Agent:
                 obj = await asyncio.to_thread(self.client.patch_spec, node, _rv(obj), spec_wire, owners)
                 self.metrics.api_writes.labels(kind="spec").inc()
                 wrote.append("spec")
-            final = plan.spec if plan.spec is not None else (publish.stored_spec(stored) or DevicesSpec())
+            final = plan.spec if plan.spec is not None else publish.stored_spec(stored)
         if plan.conditions is not None:
             # Status is written after spec, preconditioned on the version that write returned.
             await asyncio.to_thread(self.client.patch_status, node, _rv(obj), plan.conditions)

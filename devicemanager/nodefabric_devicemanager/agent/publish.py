@@ -27,6 +27,7 @@ from nodefabric_devicemanager.models import (
     LinkState,
     set_condition,
 )
+from nodefabric_devicemanager.pci import bus_key
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class ReadingLike(Protocol):
     def groups(self) -> list[AcceleratorGroup]: ...
 
     @property
-    def failed_manufacturers(self) -> set[str]: ...
+    def failed_manufacturers(self) -> set[str]: ...  # group ids ("nvidia"): their recorded groups are kept
 
     @property
     def conditions(self) -> list[Condition]: ...
@@ -113,23 +114,17 @@ def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime
         interfaces = list(stored.interfaces)
     else:
         interfaces = carry_first_seen(reading.interfaces, stored.interfaces, now)
+    # Manufacturers are named by group id (their key, "nvidia"), as the accelerator reading names them.
     failed = reading.failed_manufacturers
-    groups = [g for g in reading.groups if g.manufacturer not in failed]
-    groups += [g for g in stored.groups if g.manufacturer in failed]
+    kept = {g.id: g for g in stored.groups if g.id in failed}
+    # A failed manufacturer the host still lists keeps its recorded group; with none recorded yet, the
+    # group as read (accelerators without what could not be read) is better than no group at all.
+    groups = [kept.pop(g.id, g) for g in reading.groups]
+    groups += kept.values()
     return DevicesSpec(
         interfaces=sorted(interfaces, key=lambda i: i.name),
         groups=sorted(groups, key=lambda g: (g.manufacturer, g.id)),
     )
-
-
-def _bus_order(bus_id: str) -> tuple[tuple[int, ...], str]:
-    """PCI addresses compare numerically ("0000:19:00.2" before "0000:19:00.10", unlike as strings)."""
-    try:
-        domain, bus, rest = bus_id.split(":")
-        dev, fn = rest.split(".")
-        return (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)), bus_id
-    except ValueError:
-        return (), bus_id
 
 
 def _canonical_endpoint(ep: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +136,8 @@ def _canonical_endpoint(ep: dict[str, Any]) -> dict[str, Any]:
     if isinstance(vfs, list):
         canon = [_canonical_endpoint(vf) for vf in vfs]
         out["virtualFunctions"] = sorted(
-            canon, key=lambda v: (_bus_order(v.get("pciBusId", "")), v.get("name", ""))
+            canon,
+            key=lambda v: (bus_key(v.get("pciBusId", "")), v.get("pciBusId", ""), v.get("name", "")),
         )
     return out
 
@@ -239,7 +235,10 @@ def stored_spec(obj: Mapping[str, Any]) -> DevicesSpec | None:
     try:
         return DevicesSpec.model_validate(obj.get("spec") or {})
     except ValidationError as exc:
-        log.warning("the stored spec does not parse; it will be rewritten", extra={"error": str(exc)})
+        log.warning(
+            "the stored spec does not parse; the next pass that reads the whole host rewrites it",
+            extra={"error": str(exc)},
+        )
         return None
 
 
@@ -251,7 +250,11 @@ def plan(stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime) 
             create=True, spec=desired_spec(reading, None, now), conditions=merge_conditions([], reported, now)
         )
     old = stored_spec(stored)
+    conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], reported, now)
+    if old is None and (reading.interfaces is None or reading.failed_manufacturers):
+        # Rewriting an unparseable record from a partial read would replace what it holds with an empty
+        # list, a failed read published as an empty host: it stays until a pass reads every part.
+        return Plan(create=False, spec=None, conditions=conditions)
     desired = desired_spec(reading, old, now)
     spec = None if old is not None and same_spec(desired, old) else desired
-    conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], reported, now)
     return Plan(create=False, spec=spec, conditions=conditions)
