@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import kopf
 import kubernetes
+from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import handlers, labels, sinks
@@ -144,6 +145,7 @@ async def serve(
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
+        api.close()  # type: ignore[no-untyped-call]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,5 +154,9 @@ def run(args: argparse.Namespace) -> int:
     except labels.InvalidDomain as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
-    asyncio.run(serve(opts))
+    try:
+        asyncio.run(serve(opts))
+    except ConfigException as err:
+        log.error("operator cannot start", extra={"error": str(err)})
+        return 2
     return 0

@@ -50,6 +50,14 @@ async def on_sink_object(event: kopf.RawEvent, body: kopf.Body, name: str, memo:
             log.info("nodefeature deleted while its devices record exists, recreating", extra={"node": name})
             await rec.refresh(name)
         return
+    if name not in rec.latest:
+        # Labels we wrote for a record we have not seen: it was deleted while the operator was down,
+        # or withdrawing them failed. A NodeFeature goes with its owner; Node labels only go this way.
+        _, owned = rec.sink.current(body)
+        if owned:
+            log.info("labels we wrote have no devices record in view, checking it", extra={"node": name})
+            await rec.refresh(name)
+        return
     if rec.drifted(name, body):
         log.info("labels drifted from the devices record, repairing", extra={"node": name})
         await rec.refresh(name)

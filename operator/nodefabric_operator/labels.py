@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Devices, Endpoint
-from nodefabric_devicemanager.summary import best_distance, usable, usable_endpoints
+from nodefabric_devicemanager.summary import best_distance, usable_endpoints
 from nodefabric_devicemanager.summary import fabric_domain as summary_fabric_domain
-
-__all__ = ["usable", "usable_endpoints"]  # re-exported: the label rules are read here
 
 DEFAULT_DOMAIN = "gpustack.ai"
 
@@ -104,7 +102,8 @@ def _numa_members(endpoints: list[Endpoint]) -> tuple[list[str], list[str]]:
         text = ep.numa_affinity.strip()
         if not text:
             continue
-        if text.isdigit():
+        # ASCII only: str.isdigit() also accepts "²", which int() refuses, and "٣", which it reads as 3.
+        if text.isascii() and text.isdigit():
             good.add(int(text))
         else:
             bad.append(text)

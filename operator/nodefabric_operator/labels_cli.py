@@ -48,6 +48,10 @@ def load(text: str) -> Devices:
 def run(args: argparse.Namespace) -> int:
     try:
         domain = labels.check_domain(args.domain)
+    except labels.InvalidDomain as err:
+        print(f"nodefabric labels: {err}", file=sys.stderr)
+        return 2
+    try:
         devices = load(_read(args.filename))
     except (OSError, ValueError, yaml.YAMLError, pydantic.ValidationError) as err:
         print(f"nodefabric labels: cannot read {args.filename}: {err}", file=sys.stderr)

@@ -184,6 +184,10 @@ class Reconciler:
             started = time.perf_counter()
             try:
                 outcome = await asyncio.to_thread(self._reconcile_sync, body)
+            except sinks.RecordGone as err:
+                # A late event for a deleted record: its own DELETED event follows and forgets the node.
+                log.info("devices record is gone, nothing published", extra={"node": name, "why": str(err)})
+                return Outcome("unchanged")
             except Exception as err:
                 delay = next(delays, None) if transient(err) else None
                 if delay is None:

@@ -42,6 +42,10 @@ class Conflict(SinkError):
     """The object kept changing under us; the next event retries."""
 
 
+class RecordGone(SinkError):
+    """The Devices record this publish was computed from no longer exists (a late event): nothing to do."""
+
+
 @dataclass(frozen=True)
 class Published:
     target: str  # "NodeFeature nodefabric/n1", "Node n1": for messages
@@ -117,6 +121,9 @@ class NodeFeatureSink:
             owner = self._owner(devices)
             try:
                 if live is None:
+                    # A watch event can arrive after its record was deleted and its NodeFeature collected:
+                    # creating one then would publish a gone node's labels until GC removes it again.
+                    self._check_owner(devices)
                     body = {
                         "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
                         "kind": "NodeFeature",
@@ -168,6 +175,20 @@ class NodeFeatureSink:
                     raise
                 log.info("nodefeature changed while writing, retrying", extra={"node": node})
         raise Conflict(f"{target} kept changing while being written")
+
+    def _check_owner(self, devices: Devices) -> None:
+        name = devices.metadata.name
+        try:
+            live = cast(
+                dict[str, Any],
+                self.custom.get_cluster_custom_object(models.GROUP, models.VERSION, models.PLURAL, name),
+            )
+        except kubernetes.client.ApiException as err:
+            if _status(err) != 404:
+                raise
+            raise RecordGone(f"devices {name} is gone") from err
+        if devices.metadata.uid and (live.get("metadata") or {}).get("uid") != devices.metadata.uid:
+            raise RecordGone(f"devices {name} was replaced")
 
     def withdraw(self, node: str) -> Published | None:
         return None  # the NodeFeature is owned by the Devices object: garbage collection removes it

@@ -30,6 +30,10 @@ LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 class InvalidPlacement(ValueError):
     """A pod asks for something the extender cannot honour (a bad annotation value)."""
 
+    def __init__(self, message: str, group: str | None = None) -> None:
+        super().__init__(message)
+        self.group = group  # the group key, once known: the error is recorded and told once per pod
+
 
 @dataclass(frozen=True)
 class GroupSpec:
@@ -108,17 +112,23 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
                 break
     if not family:
         return None
+    key = f"{pod_namespace(pod)}/{family}/{name}"
     explicit_size = lookup(prefix + "group-size")
     if explicit_size is not None:
         size_text, size_key = explicit_size, prefix + "group-size"
-    size = _size(size_text, size_key) if size_text is not None else None
+    try:
+        size = _size(size_text, size_key) if size_text is not None else None
+    except InvalidPlacement as exc:
+        raise InvalidPlacement(str(exc), key) from None
 
     locality = lookup(prefix + "locality") or config.default_locality
     if locality not in config.localities:
-        raise InvalidPlacement(f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}")
+        raise InvalidPlacement(
+            f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}", key
+        )
     rank = lookup(prefix + "rank") or config.default_rank
     if rank not in RANKS:
-        raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}")
+        raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}", key)
     homog_text = annotations.get(prefix + "homogeneous")
     homogeneous = (
         tuple(k.strip() for k in homog_text.split(",") if k.strip())
@@ -126,7 +136,7 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
         else config.homogeneous_keys
     )
     return GroupSpec(
-        key=f"{pod_namespace(pod)}/{family}/{name}",
+        key=key,
         family=family,
         name=name,
         size=size,

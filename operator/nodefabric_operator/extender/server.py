@@ -35,7 +35,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 async def _args(request: web.Request) -> ExtenderArgs:
     try:
         body = json.loads(await request.read())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the decoder goes
         raise WireError(f"request body is not JSON: {exc}") from exc
     return parse_args(body)
 

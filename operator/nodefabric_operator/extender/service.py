@@ -181,12 +181,19 @@ class Extender:
         except InvalidPlacement as exc:
             reason = str(exc)
             self.metrics.decisions.labels("invalid", "none").inc()
-            self._tell(None, args.pod, "Warning", "InvalidPlacement", reason)
+            invalid = None
+            if exc.group is not None:
+                # Recorded like a decision: /debug/groups shows it, and a retried pod is told once.
+                invalid = self.book.get(exc.group)
+                invalid.outcome, invalid.level, invalid.summary = "invalid", "none", reason
+                invalid.updated = now
+            self._tell(invalid, args.pod, "Warning", "InvalidPlacement", reason)
             return filter_result(args, [], {}, {reason: args.node_names})
         if spec is None:
             self.metrics.decisions.labels("pass-through", "none").inc()
             return filter_result(args, args.node_names, {}, {})
         rec = self.book.get(spec.key)
+        repeated = (rec.outcome, rec.summary) == (decision.outcome, decision.summary)
         rec.outcome, rec.level, rec.summary, rec.updated = (
             decision.outcome,
             decision.level,
@@ -203,7 +210,8 @@ class Extender:
         elif decision.outcome == "wait":
             self._tell(rec, args.pod, "Normal", "GroupWaiting", decision.summary)
         else:
-            log.warning("group never fits", extra={"group": spec.key, "summary": decision.summary})
+            if not repeated:  # kube-scheduler retries every pod of the group: one line per verdict
+                log.warning("group never fits", extra={"group": spec.key, "summary": decision.summary})
             self._tell(rec, args.pod, "Warning", "GroupNeverFits", decision.summary)
         self.metrics.decisions.labels(decision.outcome, decision.level).inc()
         missing_by = {NOT_CACHED: missing} if missing else {}
