@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Devices, Endpoint
-from nodefabric_devicemanager.summary import best_distance, usable_endpoints
-from nodefabric_devicemanager.summary import fabric_domain as summary_fabric_domain
+from nodefabric_devicemanager.summary import best_distance, node_fabric_domain, usable_endpoints
 
 DEFAULT_DOMAIN = "gpustack.ai"
 
@@ -141,10 +140,8 @@ def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
     elif members:
         offer(RDMA_NUMA, "_".join(members))  # never ",": not a label character, and sanitisers drop it
 
-    fabric_domain = ""
-    domains = {summary_fabric_domain(a.topology.fabric) for a in accelerators}
-    if accelerators and len(domains) == 1 and None not in domains:
-        (fabric_domain,) = (d for d in domains if d is not None)
+    fabric_domain = node_fabric_domain(devices.spec) or ""
+    if fabric_domain:
         offer(FABRIC_DOMAIN, fabric_domain)
         counts = {a.topology.fabric.member_count if a.topology.fabric else 0 for a in accelerators}
         # The size of a domain we did not publish would describe nothing.
