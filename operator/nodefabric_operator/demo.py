@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -71,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         # The components log as they would in their pods; here the printed story is the output.
         logging.getLogger().setLevel(logging.ERROR)
+        # gRPC's C core logs on its own, e.g. an INFO line when a plugin server stops while kubelet's
+        # connection is still closing (a loaded machine makes that race likely): the same threshold.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         workdir = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="nodefabric-demo-"))

@@ -38,6 +38,6 @@ def plugin_dir() -> Iterator[str]:
 @pytest.fixture
 async def running(plugin_dir: str, fixture_host: FixtureHost) -> AsyncIterator[Running]:
     r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs())
-    await asyncio.wait_for(r.manager.serving.wait(), timeout=5)
+    await asyncio.wait_for(r.manager.serving.wait(), timeout=30)
     yield r
     await shutdown(r)

@@ -116,5 +116,5 @@ async def start_plugin(
 
 async def shutdown(running: Running) -> None:
     running.stop.set()
-    await asyncio.wait_for(running.task, timeout=10)
+    await asyncio.wait_for(running.task, timeout=30)
     await running.kubelet.stop()

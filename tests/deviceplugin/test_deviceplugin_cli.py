@@ -38,8 +38,8 @@ async def test_standalone_serves_the_host_and_stops_cleanly(tmp_path: Path, plug
     )  # fmt: skip
     try:
         await kubelet.wait_registered("device.gpustack.ai/rdma", timeout=30)
-        await kubelet.wait_registered("device.gpustack.ai/rdma.shared", timeout=5)
-        devices = await kubelet.wait_devices("device.gpustack.ai/rdma", lambda ds: len(ds) == 2)
+        await kubelet.wait_registered("device.gpustack.ai/rdma.shared", timeout=30)
+        devices = await kubelet.wait_devices("device.gpustack.ai/rdma", lambda ds: len(ds) == 2, timeout=30)
         health = {d.ID: d.health for d in devices}
         assert health == {"0000:19:00.0": "Healthy", "0000:5e:00.0": "Unhealthy"}
         assert "device.gpustack.ai/rdma.partitioned" not in kubelet.resources
@@ -86,7 +86,7 @@ async def test_standalone_on_this_machine_registers_every_key(tmp_path: Path, pl
     try:
         for family in ("rdma", "rdma.shared", "rdma.partitioned"):
             await kubelet.wait_registered(f"device.gpustack.ai/{family}", timeout=30)
-        assert len(await kubelet.wait_devices("device.gpustack.ai/rdma")) == expected
+        assert len(await kubelet.wait_devices("device.gpustack.ai/rdma", timeout=30)) == expected
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), timeout=15) == 0
     finally:

@@ -110,10 +110,10 @@ def test_cli_serves_https_from_a_nodes_file(tmp_path: Path):
                 time.sleep(0.2)
         body = json.dumps(args(pod("g-0", gpus=8, **explicit("g", 2)), ["eu-a-0", "eu-a-1", "us-b-0"]))
         req = urllib.request.Request(f"{base}/filter", data=body.encode(), method="POST")
-        with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
             result = json.loads(resp.read())
         assert sorted(result["NodeNames"]) == ["eu-a-0", "eu-a-1"]
-        with urllib.request.urlopen(f"{base}/debug/groups", context=ctx, timeout=5) as resp:
+        with urllib.request.urlopen(f"{base}/debug/groups", context=ctx, timeout=30) as resp:
             [group] = json.loads(resp.read())
         assert group["group"] == "ml/explicit/g" and group["location"] == "eu-a"
     finally:

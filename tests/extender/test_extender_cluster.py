@@ -22,13 +22,26 @@ from nodefabric_operator.extender.service import Extender
 from nodefabric_operator.extender.watch import Watcher
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+async def eventually(check: Callable[[], Any], timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value or time.monotonic() > deadline:
             return value
         await asyncio.sleep(0.02)
+
+
+async def written(sink: KubeEvents) -> None:
+    """Wait for every Event write the extender started (each runs in a worker thread)."""
+    while sink.pending:
+        await asyncio.gather(*sink.pending)
+
+
+async def watching(k: Any, resource: str) -> None:
+    """Wait until a watch on `resource` is subscribed to the emulator's event bus: an event put on the
+    bus before that is never delivered (the watch's initial listing is taken from the stored objects)."""
+    bus = k.api._buses[kmock.resource(resource)]
+    assert await eventually(lambda: bus.consumer_count > 0), f"no watch on {resource}"
 
 
 def pod_events(k: Any) -> list[tuple[str, str, str, str]]:
@@ -58,7 +71,8 @@ async def test_watches_feed_the_cache_and_decisions_become_pod_events():
         api = config.new_client_from_config(config_file=k.kubeconfig)
         cfg = ExtenderConfig()
         cache = Cache(cfg)
-        ext = Extender(cfg, cache, events=KubeEvents(client.CoreV1Api(api)), registry=CollectorRegistry())
+        sink = KubeEvents(client.CoreV1Api(api))
+        ext = Extender(cfg, cache, events=sink, registry=CollectorRegistry())
         watcher = Watcher(cache, ext.book, api)
         watcher.start(asyncio.get_running_loop())
         try:
@@ -72,7 +86,8 @@ async def test_watches_feed_the_cache_and_decisions_become_pod_events():
                 names = sorted(cache.nodes)
                 result = await filter_(http, first, [n for n in names if n != "eu-a-0"])
                 assert sorted(result["NodeNames"]) == ["eu-b-0", "eu-b-1"]
-                events = await eventually(lambda: pod_events(k))
+                await written(sink)
+                events = pod_events(k)
                 assert [e[:3] for e in events] == [("pg-0", "Normal", "GroupPlaced")]
                 assert (
                     "2 of 2 pods of group ml/scheduler-plugins/pg go to zone eu-b of region eu"
@@ -80,6 +95,7 @@ async def test_watches_feed_the_cache_and_decisions_become_pod_events():
                 )
 
                 # The pod is bound by kube-scheduler: the watch turns it into a member on eu-b-1.
+                await watching(k, "v1/pods")
                 bound = {**first, "spec": {**first["spec"], "nodeName": "eu-b-1"}}
                 k.api.put_object("v1/pods", bound)
                 await k.api._buses[kmock.resource("v1/pods")].put({"type": "ADDED", "object": bound})
@@ -105,15 +121,16 @@ async def test_never_fits_is_a_warning_event_on_the_pod():
         cfg = ExtenderConfig()
         cache = Cache(cfg)
         cache.load_objects(fleet(per_zone=2))
-        ext = Extender(cfg, cache, events=KubeEvents(client.CoreV1Api(api)), registry=CollectorRegistry())
+        sink = KubeEvents(client.CoreV1Api(api))
+        ext = Extender(cfg, cache, events=sink, registry=CollectorRegistry())
         async with TestClient(TestServer(make_app(ext))) as http:
             p = pod("big-0", gpus=8, **explicit("big", 3, locality="zone"))
             for _ in range(2):
                 result = await filter_(http, p, sorted(cache.nodes))
                 assert len(result["FailedAndUnresolvableNodes"]) == 10
-            events = await eventually(lambda: pod_events(k))
-            await asyncio.sleep(0.1)
-            assert [e[:3] for e in pod_events(k)] == [("big-0", "Warning", "GroupNeverFits")]
+            await written(sink)  # every write started, so a second Event would be there now
+            events = pod_events(k)
+            assert [e[:3] for e in events] == [("big-0", "Warning", "GroupNeverFits")]
             assert events[0][3].startswith(
                 "never fits: no zone of one nvidia.com/gpu.product can hold the 3 pods"
             )

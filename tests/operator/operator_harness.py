@@ -103,8 +103,9 @@ class Client:
         await asyncio.to_thread(self.core.patch_node, name, {"metadata": {"labels": labels}})
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Await until `check()` (sync or async) returns a truthy value; fail with the last value."""
+async def eventually(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Await until `check()` (sync or async) returns a truthy value; fail with the last value. The
+    deadline only matters on failure: it is generous for a loaded 2-core CI machine."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -149,12 +150,12 @@ async def running_operator(k: RunningAPI, **options: Any) -> AsyncIterator[Metri
 
     thread = threading.Thread(target=main, name="operator", daemon=True)
     thread.start()
-    assert await asyncio.to_thread(ready.wait, 15), "operator did not start"
+    assert await asyncio.to_thread(ready.wait, 60), "operator did not start"
     assert not failure, failure
     try:
         yield metrics
     finally:
         stop.set()
-        await asyncio.to_thread(thread.join, 30)
+        await asyncio.to_thread(thread.join, 60)
         assert not thread.is_alive(), "operator did not stop"
         assert not failure, failure

@@ -13,9 +13,11 @@ from operator_harness import DEVICES, NF, NS, Client, eventually, running_operat
 from operator_records import devices, gpu, group, nic, nvlink, ub
 
 from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import LinkState
 from nodefabric_devicemanager.testing.kubeapi import running_api
-from nodefabric_operator import sinks
+from nodefabric_operator import labels, sinks
+from nodefabric_operator.reconcile import Reconciler
 
 P = "feature.gpustack.ai/"
 CAPABLE, DISTANCE, NUMA = P + "rdma.capable", P + "rdma.distance", P + "rdma.numa"
@@ -61,6 +63,8 @@ async def test_publishes_a_nodefeature_owned_by_devices_with_status_and_events()
         await c.put_devices(gpu_node())
         async with running_operator(k):
             assert await eventually(lambda: nf_labels(c)) == FULL
+            # kopf posts Events in the background, after the status write: wait for them, then for quiet.
+            await eventually(lambda: len(events(k)) >= 5)
             await settle(k)
         nf = await c.nodefeature("n1")
         record = await c.devices("n1")
@@ -90,6 +94,7 @@ async def test_reconciling_twice_writes_once_and_a_restart_changes_nothing():
         await c.put_devices(gpu_node())
         async with running_operator(k) as metrics:
             await eventually(lambda: nf_labels(c))
+            await eventually(lambda: len(events(k)) >= 5)  # the first pass's writes end with its Events
             await settle(k)
             after_first = all_writes(k)
             assert writes(k, NF) == 1  # one create, nothing after
@@ -129,10 +134,12 @@ async def test_mixed_vendor_node_never_publishes_a_fabric_domain():
                 return DOMAIN not in got and MEMBERS not in got and got
 
             got = await eventually(domain_gone)
+            removed = ("LabelRemoved", f"removed {DOMAIN} (was {FULL[DOMAIN]})")
+            await eventually(lambda: removed in events(k))  # kopf posts Events in the background
             await settle(k)
         assert got[CAPABLE] == "true"
         assert (await c.devices("n1"))["status"]["fabricDomain"] == ""
-        assert ("LabelRemoved", f"removed {DOMAIN} (was {FULL[DOMAIN]})") in events(k)
+        assert removed in events(k)
 
 
 async def test_a_link_going_down_withdraws_capable_only_when_every_endpoint_is_unusable():
@@ -159,6 +166,7 @@ async def test_a_link_going_down_withdraws_capable_only_when_every_endpoint_is_u
             ]
             await c.put_devices(devices("n1", interfaces=all_down))
             assert await eventually(lambda: _labels_equal(c, {}))
+            await eventually(lambda: ("LabelRemoved", f"removed {CAPABLE} (was true)") in events(k))
             await settle(k)
         assert await nf_labels(c) == {}
         assert ("LabelRemoved", f"removed {CAPABLE} (was true)") in events(k)
@@ -261,6 +269,22 @@ async def test_nodefeature_is_garbage_collected_with_devices_and_recreated_when_
             assert await c.nodefeature("n1") is None
 
 
+async def test_a_late_event_for_a_deleted_record_does_not_bring_its_nodefeature_back():
+    """The race behind the test above: a record's MODIFIED event is handled only after the record was
+    deleted and its NodeFeature collected. Nothing may be recreated for a record that is gone."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        stale = await c.put_devices(gpu_node())
+        api = load_client(k.kubeconfig)
+        rec = Reconciler(api, sinks.NodeFeatureSink(api, NS, labels.DEFAULT_DOMAIN))
+        assert (await rec.reconcile(stale)).outcome == "published"
+        await c.delete_devices("n1")
+        assert await c.nodefeature("n1") is None  # garbage-collected with its owner
+        assert (await rec.reconcile(stale)).outcome == "unchanged"
+        assert await c.nodefeature("n1") is None
+
+
 async def test_a_transient_outage_is_retried_and_a_persistent_one_is_reported():
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
@@ -277,10 +301,18 @@ async def test_a_transient_outage_is_retried_and_a_persistent_one_is_reported():
             await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
             # The failure is recorded in status; that write's own event brings the retry that succeeds.
             assert await eventually(lambda: _labels_equal(c, {DOMAIN: FULL[DOMAIN], MEMBERS: "18"}))
+            await eventually(lambda: _published_condition(c, "True"))
+            failed = ("PublishFailed", "nodefeature write failed: HTTP 503 Service Unavailable")
+            await eventually(lambda: failed in events(k))
             await settle(k)
         cond = {x["type"]: x for x in (await c.devices("n1"))["status"]["conditions"]}
         assert cond[models.LABELS_PUBLISHED]["status"] == "True"
-        assert ("PublishFailed", "nodefeature write failed: HTTP 503 Service Unavailable") in events(k)
+        assert failed in events(k)
+
+
+async def _published_condition(c: Client, status: str) -> bool:
+    conditions = (await c.devices("n1")).get("status", {}).get("conditions", [])
+    return any(x["type"] == models.LABELS_PUBLISHED and x["status"] == status for x in conditions)
 
 
 def _free_port() -> int:
@@ -306,7 +338,7 @@ async def test_metrics_and_health_are_served_over_http():
 
 
 def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=30) as r:
         return r.read().decode()
 
 
@@ -325,6 +357,7 @@ async def test_an_invalid_record_publishes_and_removes_nothing(sink):
         await c.put_devices(gpu_node())
         async with running_operator(k, sink=sink) as metrics:
             await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await eventually(lambda: len(events(k)) >= 5)  # the first pass's writes end with its Events
             await settle(k)
             before = all_writes(k)
             # A record whose accelerator lacks its required index: unreadable, so no label may move.
@@ -347,6 +380,7 @@ async def test_without_nfd_the_failure_says_what_to_do():
         k.api.fail_next(1, 404)  # what an API server without NFD's CRDs answers the NodeFeature create
         async with running_operator(k) as metrics:
             await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() == 1)
+            await eventually(lambda: any(r == "PublishFailed" for r, _ in events(k)))
             await settle(k)
         (failure,) = [m for r, m in events(k) if r == "PublishFailed"]
         assert (
@@ -394,5 +428,11 @@ async def test_a_foreign_key_in_our_nodefeature_survives_our_writes():
             await c.put_devices(gpu_node(interfaces=[nic(link=LinkState.FAILED)]))
             want = {"example.com/owner": "team-a", DOMAIN: FULL[DOMAIN], MEMBERS: "18"}
             assert await eventually(lambda: _labels_equal(c, want))
+            await eventually(lambda: _status_labels(c, {DOMAIN: FULL[DOMAIN], MEMBERS: "18"}))
             await settle(k)
         assert (await c.devices("n1"))["status"]["labels"] == {DOMAIN: FULL[DOMAIN], MEMBERS: "18"}
+
+
+async def _status_labels(c: Client, want: dict[str, str]) -> bool:
+    """The status write follows the NodeFeature write: wait for it rather than for a quiet moment."""
+    return (await c.devices("n1")).get("status", {}).get("labels") == want
