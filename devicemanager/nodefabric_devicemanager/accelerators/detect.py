@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from nodefabric_devicemanager.accelerators import amd, fabric, vendors
-from nodefabric_devicemanager.accelerators.ascend import AscendAnswer, AscendLibrary, Dcmi
+from nodefabric_devicemanager.accelerators.ascend import AscendLibrary, Dcmi
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable, normalize_bus_id
 from nodefabric_devicemanager.accelerators.links import build as build_links
-from nodefabric_devicemanager.accelerators.nvidia import NvidiaAnswer, NvidiaLibrary, Nvml, nvlink_width
+from nodefabric_devicemanager.accelerators.nvidia import NvidiaLibrary, Nvml, nvlink_width
 from nodefabric_devicemanager.accelerators.vendors import Manufacturer
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
 from nodefabric_devicemanager.models import (
@@ -180,19 +181,54 @@ def _key(bus_id: str) -> tuple[int, int, int, int]:
 # --- NVIDIA --------------------------------------------------------------------------------------------
 
 
-def _nvidia(maker: Manufacturer, functions: list[PciFunction], library: NvidiaLibrary) -> _Group:
+class _Answer(Protocol):
+    @property
+    def bus_id(self) -> str: ...
+
+    @property
+    def errors(self) -> list[str]: ...
+
+
+_A = TypeVar("_A", bound=_Answer)
+
+
+@dataclass
+class _Matched(Generic[_A]):
+    """A vendor library's answers matched to the accelerators on the bus, and what is missing or wrong."""
+
+    by_bus: dict[tuple[int, int, int, int], _A]
+    mine: list[_A | None]
+    problems: list[str]
+
+
+def _match(functions: list[PciFunction], answers: Sequence[_A], tool: str) -> _Matched[_A]:
+    by_bus = {_key(a.bus_id): a for a in answers}
+    mine = [by_bus.get(bus_key(fn.bus_id)) for fn in functions]
+    problems = [
+        f"{fn.bus_id}: no answer from {tool}" for fn, a in zip(functions, mine, strict=True) if a is None
+    ]
+    problems += [f"{a.bus_id}: {e}" for a in mine if a is not None for e in a.errors]
+    return _Matched(by_bus, mine, problems)
+
+
+def _ask(
+    maker: Manufacturer, functions: list[PciFunction], read: Callable[[], Sequence[_A]]
+) -> Sequence[_A] | _Group:
+    """The library's answers, or the group listed without fabric when the library cannot be asked."""
     try:
-        answers = library.read()
+        return read()
     except LibraryUnavailable as exc:
         return _unreadable(maker, functions, LIBRARY_UNAVAILABLE, str(exc))
     except LibraryError as exc:
         return _unreadable(maker, functions, READ_FAILED, str(exc))
-    by_bus = {_key(a.bus_id): a for a in answers}
-    mine: list[NvidiaAnswer | None] = [by_bus.get(bus_key(fn.bus_id)) for fn in functions]
-    problems = [
-        f"{fn.bus_id}: no answer from nvml" for fn, a in zip(functions, mine, strict=True) if a is None
-    ]
-    problems += [f"{a.bus_id}: {e}" for a in mine if a is not None for e in a.errors]
+
+
+def _nvidia(maker: Manufacturer, functions: list[PciFunction], library: NvidiaLibrary) -> _Group:
+    answers = _ask(maker, functions, library.read)
+    if isinstance(answers, _Group):
+        return answers
+    matched = _match(functions, answers, "nvml")
+    by_bus, mine, problems = matched.by_bus, matched.mine, matched.problems
 
     def fabric_link(a: PciFunction, b: PciFunction) -> str | None:
         width = nvlink_width(by_bus.get(bus_key(a.bus_id)), by_bus.get(bus_key(b.bus_id)))
@@ -260,18 +296,11 @@ def _amd(maker: Manufacturer, functions: list[PciFunction], host: HostRoot) -> _
 
 
 def _ascend(maker: Manufacturer, functions: list[PciFunction], library: AscendLibrary) -> _Group:
-    try:
-        answers = library.read()
-    except LibraryUnavailable as exc:
-        return _unreadable(maker, functions, LIBRARY_UNAVAILABLE, str(exc))
-    except LibraryError as exc:
-        return _unreadable(maker, functions, READ_FAILED, str(exc))
-    by_bus = {_key(a.bus_id): a for a in answers}
-    mine: list[AscendAnswer | None] = [by_bus.get(bus_key(fn.bus_id)) for fn in functions]
-    problems = [
-        f"{fn.bus_id}: no answer from dcmi" for fn, a in zip(functions, mine, strict=True) if a is None
-    ]
-    problems += [f"{a.bus_id}: {e}" for a in mine if a is not None for e in a.errors]
+    answers = _ask(maker, functions, library.read)
+    if isinstance(answers, _Group):
+        return answers
+    matched = _match(functions, answers, "dcmi")
+    mine, problems = matched.mine, matched.problems
     fabrics: list[Fabric | None] = []
     for a in mine:
         if a is None:
