@@ -121,3 +121,21 @@ async def test_a_manufacturer_whose_fabric_cannot_be_read_keeps_its_recorded_gro
         inventory.read(HostRoot.at(b.root), libraries=Libraries(Nvml(broken))), None, T0
     )
     assert [len(g.accelerators) for g in fresh.groups] == [8]
+
+
+async def test_a_first_pass_that_cannot_enumerate_hands_nothing_to_the_plugin(tmp_path) -> None:
+    """Registering zero devices is a published fact; a host never read yet supports no such fact."""
+    two_nic_host(tmp_path)
+    break_interface_enumeration(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        handed: list[DevicesSpec] = []
+        agent.subscribe(handed.append)
+        outcome = await agent.run_pass()
+        assert outcome.result is Result.CREATED
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "False"
+        assert handed == [], "the plugin would have registered zero devices from a failed read"
+
+        restore_interface_enumeration(tmp_path)
+        await agent.run_pass()
+        assert len(handed) == 1 and {i.name for i in handed[0].interfaces} == {"ens1f0", "ens1f1"}

@@ -207,7 +207,11 @@ class Agent:
                 current = reading if reading is not None else _failed_reading(read_error, stored)
                 plan = publish.plan(stored, current, _now())
                 wrote, final = await self._apply(stored, plan)
-                if final is not None:
+                # A record whose interfaces were never read says nothing about the endpoints: handing
+                # it on would register zero devices as if that were a fact. Wait for a real reading.
+                if final is not None and (
+                    current.interfaces is not None or final.interfaces or self.record is not None
+                ):
                     self._deliver(final)
                 if not wrote:
                     return Outcome(Result.UNCHANGED, degraded=degraded)
