@@ -11,6 +11,8 @@ How each kind is recorded:
   physical NIC, so it is not claimed as the interface's PCI placement.
 - platform (SoC) NICs and other buses: bus from the device's `subsystem` link, PCI fields empty.
 - software interfaces (lo, bond, vlan, bridge, veth, ...): virtual, bus "", PCI fields empty.
+- switchdev representors (phys_port_name pf0vf3, pf0sf1): the PF's placement, but no RDMA device,
+  verdict or VFs, which belong to the card's uplink interface.
 Entries of /sys/class/net that are not directories (e.g. `bonding_masters`) are skipped.
 Top-level entries are sorted by name and VFs by bus id (numerically) so passes compare equal.
 """
@@ -18,12 +20,13 @@ Top-level entries are sorted by name and VFs by bus id (numerically) so passes c
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from nodefabric_devicemanager import pci as pcimod
 from nodefabric_devicemanager import rdma
-from nodefabric_devicemanager.hostroot import HostRoot, SysDir
+from nodefabric_devicemanager.hostroot import HostReadError, HostRoot, SysDir
 from nodefabric_devicemanager.models import Interface, VirtualFunction
 from nodefabric_devicemanager.pci import PciFunction
 
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 
 CLASS_NET = "/sys/class/net"
 IFF_UP = 0x1
+# phys_port_name of a VF or SF representor, optionally prefixed by the controller ("c1pf0vf2").
+_REPRESENTOR = re.compile(r"^(?:c\d+)?pf\d+(?:vf|sf)\d+$")
 
 
 def is_up(operstate: str | None, flags: str | None) -> bool:
@@ -53,8 +58,7 @@ def _int(raw: str | None) -> int:
         return 0
 
 
-def _pci_fields(fn: PciFunction) -> dict[str, Any]:
-    b = rdma.binding(fn.dir)
+def _placement(fn: PciFunction) -> dict[str, Any]:
     return {
         "bus": "pci",
         "pci_bus_id": fn.bus_id,
@@ -65,12 +69,30 @@ def _pci_fields(fn: PciFunction) -> dict[str, Any]:
         "pci_device": fn.device,
         "numa_affinity": fn.numa,
         "cpu_affinity": fn.cpus,
+    }
+
+
+def _pci_fields(fn: PciFunction) -> dict[str, Any]:
+    b = rdma.binding(fn.dir)
+    return {
+        **_placement(fn),
         "rdma": bool(b.device),
         "rdma_device": b.device,
         "link": b.link,
         "sriov": fn.dir.has("sriov_totalvfs"),
         "sriov_num_vfs": _int(fn.dir.read_opt("sriov_numvfs")),
     }
+
+
+def is_representor(d: SysDir) -> bool:
+    """A switchdev port representor (`pf0vf3`, `pf0sf1`): the e-switch's port for a VF or SF, hanging from
+    the PF's own PCI function. It is a kernel interface and is listed, but no RDMA endpoint: the card's
+    RDMA device and VFs are recorded once, on its uplink, or every representor would count as another."""
+    try:
+        name = d.read_opt("phys_port_name")
+    except HostReadError:
+        return False  # most drivers answer EOPNOTSUPP: they have no port names, so no representors
+    return bool(name and _REPRESENTOR.match(name.strip()))
 
 
 def _netdev_fields(d: SysDir) -> dict[str, Any]:
@@ -125,6 +147,8 @@ def read_interface(
         return Interface(name=d.name, virtual=True, **fields)
     if fn is None:
         return Interface(name=d.name, bus=_bus_of(device), **fields)
+    if is_representor(d):
+        return Interface(name=d.name, **fields, **_placement(fn))
     fields.update(_pci_fields(fn))
     vfs = _virtual_functions(fn, pci) if fields["sriov"] else []
     return Interface(name=d.name, virtual_functions=vfs, **fields)
