@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -12,6 +13,22 @@ from nodefabric_deviceplugin.resources import PluginConfig
 from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+
+
+def scripted_reader(
+    readings: list[list[Interface] | Exception | None], stop: asyncio.Event
+) -> Callable[[HostRoot], list[Interface] | None]:
+    """A host reader answering `readings` in order (an Exception is raised); sets `stop` after the last."""
+
+    def reader(host: HostRoot) -> list[Interface] | None:
+        item = readings.pop(0)
+        if not readings:
+            stop.set()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    return reader
 
 
 def nic(

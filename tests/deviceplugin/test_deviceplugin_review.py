@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 import pytest
-from dp_helpers import Running, nic, two_nics_and_vfs, vf
+from dp_helpers import Running, nic, scripted_reader, two_nics_and_vfs, vf
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict
@@ -42,14 +42,7 @@ async def test_the_device_list_log_names_the_unhealthy_endpoint_and_its_ports(
 async def test_a_host_read_that_raises_is_one_error_line(caplog: pytest.LogCaptureFixture) -> None:
     readings: list[list[Interface] | Exception] = [RuntimeError("sysfs vanished"), [nic("e", "0000:19:00.0")]]
     stop = asyncio.Event()
-
-    def reader(host: HostRoot) -> list[Interface] | None:
-        item = readings.pop(0)
-        if not readings:
-            stop.set()
-        if isinstance(item, Exception):
-            raise item
-        return item
+    reader = scripted_reader(readings, stop)
 
     caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
     await asyncio.wait_for(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from dp_helpers import nic, two_nics_and_vfs
+from dp_helpers import nic, scripted_reader, two_nics_and_vfs
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface
@@ -56,14 +56,7 @@ async def test_poll_keeps_the_last_record_when_enumeration_fails() -> None:
     seen: list[DevicesSpec | None] = []
     source = RecordSource()
     stop = asyncio.Event()
-
-    def reader(host: HostRoot) -> list[Interface] | None:
-        item = readings.pop(0)
-        if not readings:
-            stop.set()
-        if isinstance(item, Exception):
-            raise item
-        return item
+    reader = scripted_reader(readings, stop)
 
     async def record() -> None:
         version = 0
