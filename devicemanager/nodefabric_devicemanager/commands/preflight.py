@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import inventory, summary
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import Endpoint, LinkState
 
@@ -46,10 +46,9 @@ def _row(e: Endpoint, parent: str) -> Row:
     return Row(name, e.pci_bus_id, e.rdma_device, e.link.state.value, e.link.reason)
 
 
-def summary(found: list[Row]) -> str:
+def summary_line(found: list[Row], capable: bool) -> str:
     counts = {s.value: sum(1 for r in found if r.verdict == s.value) for s in LinkState}
-    usable = len(found) - counts[LinkState.FAILED.value]
-    verdict = "rdma capable" if usable else "not rdma capable"
+    verdict = "rdma capable" if capable else "not rdma capable"
     parts = ", ".join(f"{n} {s}" for s, n in counts.items())
     return f"{len(found)} rdma endpoints: {parts}; node is {verdict}"
 
@@ -69,7 +68,9 @@ def print_report(reading: inventory.Reading, out: TextIO) -> None:
     if reading.interfaces is None:
         out.write("the pass failed: interfaces could not be enumerated\n")
     else:
-        out.write(summary(found) + "\n")
+        # The same rule the operator's rdma.capable label follows, not a recount of the rows.
+        capable = bool(summary.usable_endpoints(reading.spec()))
+        out.write(summary_line(found, capable) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
