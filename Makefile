@@ -20,6 +20,7 @@ test: $(BIN)/.installed lint typecheck unit
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy devicemanager/nodefabric_devicemanager deviceplugin/nodefabric_deviceplugin operator/nodefabric_operator

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "labels": ("nodefabric_operator.labels_cli", "print the node labels a Devices record yields"),
     "operator": ("nodefabric_operator.cli", "publish node labels from Devices objects (kopf)"),
     "extender": ("nodefabric_operator.extender.cli", "serve the kube-scheduler extender"),
-    "demo": ("nodefabric_operator.demo", "run the whole product on an embedded default"),
+    "demo": ("nodefabric_operator.demo.main", "run the whole product on an embedded default"),
 }
 
 

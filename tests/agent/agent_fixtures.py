@@ -17,7 +17,6 @@ from nodefabric_devicemanager import crd
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import Backoff, DevicesClient
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_devicemanager.testing.kubeapi import RunningAPI, running_api
 from nodefabric_devicemanager.testing.sysfs import (
     PHYS_STATE_CODES,
     STATE_CODES,
@@ -25,6 +24,7 @@ from nodefabric_devicemanager.testing.sysfs import (
     SysfsBuilder,
     port_value,
 )
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 
 NODE = "gpu-node-1"
 DEVICES = "worker.gpustack.ai/v1alpha1/devices"

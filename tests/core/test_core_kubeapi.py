@@ -9,7 +9,7 @@ import kubernetes
 import pytest
 
 from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.testing.kubeapi import (
+from nodefabric_operator.demo.kubeapi import (
     as_table,
     parse_label_selector,
     running_api,

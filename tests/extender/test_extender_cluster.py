@@ -13,7 +13,7 @@ from extender_fixtures import explicit, filter_, fleet, pod
 from kubernetes import client, config
 from prometheus_client import CollectorRegistry
 
-from nodefabric_devicemanager.testing.kubeapi import running_api
+from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubeEvents

@@ -14,8 +14,8 @@ import kubernetes
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Devices
-from nodefabric_devicemanager.testing.kubeapi import RunningAPI
 from nodefabric_operator import cli
+from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.metrics import Metrics
 
 G, V, P = models.GROUP, models.VERSION, models.PLURAL

@@ -15,8 +15,8 @@ from operator_records import devices, gpu, group, nic, nvlink, ub
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_devicemanager.testing.kubeapi import running_api
 from nodefabric_operator import labels, sinks
+from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.reconcile import Reconciler
 
 P = "feature.gpustack.ai/"

@@ -10,8 +10,8 @@ from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd
 from nodefabric_devicemanager.cli import main
-from nodefabric_devicemanager.testing.kubeapi import running_api
 from nodefabric_operator import cli, labels, sinks
+from nodefabric_operator.demo.kubeapi import running_api
 
 NUMA = "feature.gpustack.ai/rdma.numa"
 CAPABLE = "feature.gpustack.ai/rdma.capable"

@@ -17,7 +17,7 @@ import kmock
 from aiohttp import web
 
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_devicemanager.testing.kubeapi import RunningAPI
+from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.cli import serving_app
 from nodefabric_operator.extender.config import ExtenderConfig

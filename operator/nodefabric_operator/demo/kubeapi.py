@@ -385,6 +385,10 @@ class RunningAPI:
             out.append(req)
         return out
 
+    def count(self, method: str | None = None, resource: str | None = None) -> int:
+        """How many requests the API received, by HTTP method and resource: the tests' request budget."""
+        return len(self.requests(method, resource))
+
 
 def write_kubeconfig(url: str, directory: str) -> str:
     path = os.path.join(directory, "kubeconfig")

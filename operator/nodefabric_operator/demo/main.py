@@ -37,14 +37,14 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.testing import scenarios
 from nodefabric_devicemanager.testing.accelerators import FakeNvml, RecordedGpu, nvml_bus_id, nvswitch_node
-from nodefabric_devicemanager.testing.kubeapi import RunningAPI, as_table, running_api
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.resources import PluginConfig
 from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator import cli as operator_cli
-from nodefabric_operator.demo_fleet import place_group
+from nodefabric_operator.demo.fleet import place_group
+from nodefabric_operator.demo.kubeapi import RunningAPI, as_table, running_api
 
 DEVICES = f"{models.GROUP}/{models.VERSION}/{models.PLURAL}"
 NODEFEATURES = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
