@@ -1,0 +1,65 @@
+"""The one parser for numbers read from the host: what a real reading is, and everything that is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodefabric_devicemanager import numbers
+from nodefabric_devicemanager.numbers import MTU, NUMA_NODE, PORT_NUMBER, VF_COUNT, BadNumber
+
+
+@pytest.mark.parametrize(
+    ("text", "quantity", "value"),
+    [
+        ("0", NUMA_NODE, 0),
+        ("1023", NUMA_NODE, 1023),
+        ("-1", NUMA_NODE, None),  # the kernel's own "no answer"
+        ("9000", MTU, 9000),
+        ("65536", MTU, 65536),  # lo
+        ("2147483647", MTU, 2**31 - 1),
+        ("128", VF_COUNT, 128),
+        ("1", PORT_NUMBER, 1),
+    ],
+)
+def test_real_readings(text, quantity, value):
+    assert numbers.parse(text, quantity) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "quantity"),
+    [
+        ("²", NUMA_NODE),  # str.isdigit() and int() both accept it
+        ("\u0661", NUMA_NODE),  # Arabic-Indic one: int() reads 1
+        ("01", NUMA_NODE),
+        ("abc", NUMA_NODE),
+        ("1024", NUMA_NODE),
+        ("-2", NUMA_NODE),
+        ("1" * 23, NUMA_NODE),  # would overflow int64
+        ("-9000", MTU),
+        ("1e23", MTU),
+        ("2147483648", MTU),
+        ("1_000", MTU),
+        (" 9000", MTU),
+        ("9000\n", MTU),  # a trailing newline that `$` would have let through
+        ("9000\x00", MTU),
+        ("+1", VF_COUNT),
+        ("65536", VF_COUNT),
+        ("0", PORT_NUMBER),
+        ("256", PORT_NUMBER),
+        ("", MTU),
+        ("9" * 5000, MTU),  # refused before int() would pay for the conversion
+    ],
+)
+def test_anything_else_is_refused_with_the_quantity_named(text, quantity):
+    with pytest.raises(BadNumber) as err:
+        numbers.parse(text, quantity)
+    assert quantity.what in str(err.value)
+    assert len(str(err.value)) < 120, "the message quotes a huge value only in part"
+    assert numbers.parse_opt(text, quantity) is None
+
+
+def test_absent_and_blank_are_unknown():
+    assert numbers.parse_opt(None, MTU) is None
+    assert numbers.numa_node("") is None
+    assert numbers.numa_node("-1") is None
+    assert numbers.numa_node("3") == 3
