@@ -77,6 +77,9 @@ class Endpoint(_Model):
     rdma_device: str = ""
     sriov: bool = False  # this function is an SR-IOV physical function (sriov_totalvfs present)
     sriov_num_vfs: int = 0  # virtual functions configured on it (sriov_numvfs); a separate fact
+    # Set on every SR-IOV virtual function (from `physfn`): its PF's PCI bus id. A VF listed at top
+    # level, because its PF has no host netdev, is still a VF and is served as one.
+    physical_function: str = ""
     link: LinkVerdict | None = None
 
 
