@@ -1,0 +1,192 @@
+"""What the API server does to a write before it stores it: decode the body, then admit the object.
+
+Admission here is the API server's own (no webhooks): ObjectMeta decoding and validation for every
+resource, apiVersion/kind and namespace consistency, a custom resource's structural schema (pruning with
+`fieldValidation` warnings or Strict refusal, defaulting, validation with ratcheting on updates), and the
+checks the API server makes of a CustomResourceDefinition.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from nodefabric_operator.demo.kubeapi import errors
+from nodefabric_operator.demo.kubeapi.catalogue import ResourceType
+from nodefabric_operator.demo.kubeapi.errors import Cause
+from nodefabric_operator.demo.kubeapi.patches import media_type
+from nodefabric_operator.demo.kubeapi.store import meta
+from nodefabric_operator.demo.kubeapi.structural import Structural
+from nodefabric_operator.demo.kubeapi.validation import (
+    OBJECT_META_FIELDS,
+    check_meta_types,
+    invalid,
+    meta_causes,
+    out_of_range_numbers,
+    required,
+)
+
+CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
+NAMESPACES = "v1/namespaces"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid character '{name[0]}' looking for beginning of value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"json: cannot unmarshal number {text} into Go value of type float64")
+    return value
+
+
+def parse_body(request: Any) -> Any:
+    """A request's JSON body; the API server's 400 or 415 when it is not one it can decode."""
+    kind = media_type(request.headers.get("Content-Type", "application/json") or "application/json")
+    if request.method.value.upper() in ("POST", "PUT") and not (
+        kind == "application/json" or kind.endswith("+json")
+    ):
+        raise errors.unsupported_media_type(kind, ["application/json"])
+    text = request.body.decode("utf-8")
+    if not text.strip():
+        raise errors.bad_request("the body of the request is empty")
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except ValueError as err:
+        raise errors.bad_request(f"json: {err}") from None
+
+
+def admit(
+    rt: ResourceType,
+    obj: Any,
+    *,
+    namespace: str | None,
+    params: Mapping[str, str],
+    old: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Decode and validate a candidate object as the API server does before storing it."""
+    if not isinstance(obj, dict):
+        raise errors.bad_request("Object 'Kind' is missing in the body: it is not a JSON object")
+    m = obj.get("metadata")
+    m = {} if m is None else m
+    check_meta_types(m)
+    for field, want in (("apiVersion", rt.group_version), ("kind", rt.kind)):
+        have = obj.get(field)
+        if have not in (None, "", want):
+            raise errors.bad_request(
+                f"the {field} in the data ({have}) does not match the expected {field} ({want})"
+            )
+    if rt.schema is None:
+        for path, value in out_of_range_numbers(obj):
+            raise errors.bad_request(
+                f"json: cannot unmarshal number {value} into Go struct field .{path} of type int64"
+            )
+    warnings = [f'unknown field "metadata.{k}"' for k in m if k not in OBJECT_META_FIELDS]
+    m = {k: v for k, v in m.items() if k in OBJECT_META_FIELDS and v is not None}
+    if rt.namespaced:
+        if m.get("namespace") and namespace and m["namespace"] != namespace:
+            raise errors.bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        if namespace:
+            m["namespace"] = namespace
+    else:
+        m.pop("namespace", None)
+    candidate = {**obj, "apiVersion": rt.group_version, "kind": rt.kind, "metadata": m}
+    if rt.schema is not None:
+        candidate, unknown = rt.schema.normalize(candidate)
+        warnings += [f'unknown field "{path}"' for path in unknown]
+    validation = params.get("fieldValidation", "Warn")
+    if validation == "Strict" and warnings:
+        raise errors.bad_request("strict decoding error: " + ", ".join(warnings))
+    if validation == "Ignore":
+        warnings = []
+    causes = meta_causes(m, dns_label_names=rt.key == NAMESPACES)
+    if rt.namespaced and not m.get("namespace"):
+        causes.append(required("metadata.namespace"))
+    if rt.schema is not None:
+        causes += rt.schema.causes(candidate, old)
+    if rt.key == CRDS:
+        causes += crd_causes(candidate)
+    if causes:
+        raise errors.invalid(rt.kind, rt.group, m.get("name") or m.get("generateName") or "", causes)
+    return candidate, warnings
+
+
+def content(obj: Mapping[str, Any], rt: ResourceType) -> dict[str, Any]:
+    """What the generation counts: everything but metadata (and status, when it has its own endpoint)."""
+    skip = {"metadata", "apiVersion", "kind"} | ({"status"} if "status" in rt.subresources else set())
+    return {k: v for k, v in obj.items() if k not in skip}
+
+
+def crd_causes(crd: Mapping[str, Any]) -> list[Cause]:
+    """What the API server checks of a CRD itself (beyond its metadata)."""
+    spec: dict[str, Any] = crd["spec"] if isinstance(crd.get("spec"), dict) else {}
+    names: dict[str, Any] = spec["names"] if isinstance(spec.get("names"), dict) else {}
+    causes: list[Cause] = []
+    for field, value in (
+        ("spec.group", spec.get("group")),
+        ("spec.names.plural", names.get("plural")),
+        ("spec.names.kind", names.get("kind")),
+    ):
+        if not value:
+            causes.append(required(field))
+    if spec.get("scope") not in ("Cluster", "Namespaced"):
+        causes.append(
+            Cause(
+                "FieldValueNotSupported",
+                "spec.scope",
+                f'Unsupported value: "{spec.get("scope", "")}": supported values: "Cluster", "Namespaced"',
+            )
+        )
+    name = meta(crd).get("name", "")
+    if names.get("plural") and spec.get("group") and name != f"{names['plural']}.{spec['group']}":
+        causes.append(invalid("metadata.name", name, 'must be spec.names.plural+"."+spec.group'))
+    versions = spec.get("versions") or []
+    if not versions or sum(bool(v.get("storage")) for v in versions) != 1:
+        causes.append(
+            invalid("spec.versions", versions, "must have exactly one version marked as storage version")
+        )
+    for i, version in enumerate(versions):
+        schema = ((version.get("schema") or {}).get("openAPIV3Schema")) if isinstance(version, dict) else None
+        if schema is None:
+            continue
+        try:
+            Structural(schema).check()
+        except ValueError as err:
+            causes.append(invalid(f"spec.versions[{i}].schema.openAPIV3Schema", "", str(err)))
+    return causes
+
+
+def crd_status(crd: Mapping[str, Any]) -> dict[str, Any]:
+    """What the API server's CRD controllers report once a CRD is served: names accepted, established."""
+    spec = crd.get("spec") or {}
+    stamp = now()
+    return {
+        "acceptedNames": spec.get("names", {}),
+        "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
+        "conditions": [
+            {
+                "type": "NamesAccepted",
+                "status": "True",
+                "reason": "NoConflicts",
+                "message": "no conflicts found",
+                "lastTransitionTime": stamp,
+            },
+            {
+                "type": "Established",
+                "status": "True",
+                "reason": "InitialNamesAccepted",
+                "message": "the initial names have been accepted",
+                "lastTransitionTime": stamp,
+            },
+        ],
+    }
