@@ -528,3 +528,40 @@ async def test_crds_are_checked_and_served_once_established(k):
     )
     assert code == 200
     assert (await call(k, "GET", WIDGETS_URL))[0] == 404, "its resources are gone with it"
+
+
+async def test_hostile_inputs_are_refused_not_crashed_on(k):
+    """What a careless or hostile client sends: each gets the API server's answer, nothing is stored."""
+    code, body, _ = await call(
+        k, "POST", "/api/v1/nodes", {"metadata": {"name": "n1", "labels": {"a": "x\n"}}}
+    )
+    assert code == 422, "a trailing newline is not label syntax"
+    code, body, _ = await call(k, "POST", "/api/v1/nodes", {"metadata": {"name": "n1\n"}})
+    assert code == 422
+    deep = b'{"metadata": {"name": "n1"}, "x": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}"
+    code, body, _ = await call(k, "POST", "/api/v1/nodes", raw=deep)
+    assert code == 400 and body["reason"] == "BadRequest"
+    code, body, _ = await call(k, "GET", "/api/v1/nodes?watch=true&timeoutSeconds=nan")
+    assert code == 400
+    code, body, _ = await call(k, "GET", "/api/v1/nodes?limit=ten")
+    assert code == 400
+    code, body, _ = await call(k, "GET", "/api/v1/nodes?watch=true&resourceVersion=abc")
+    assert code == 400
+    code, body, _ = await call(k, "POST", "/api/v1/nodes", None, raw=b"null")
+    assert code == 400
+    code, body, _ = await call(k, "DELETE", "/api/v1/nodes/nope")
+    assert code == 404 and body["message"] == 'nodes "nope" not found'
+    code, body, _ = await call(k, "HEAD", "/api/v1/nodes")
+    assert code == 405
+    assert [n for n in k.api.store.select("v1/nodes")] == []
+    k.api.put_object("v1/nodes", {"metadata": {"name": "n1"}})
+    code, body, _ = await call(
+        k,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"metadata": {"labels": {"a": "b"}}},
+        {"content-type": "application/merge-patch+json"},
+    )
+    assert code == 200, "header names are case-insensitive"
+    with pytest.raises(ApiError):
+        k.api.put_object("v1/nodes", {"metadata": {}}, validate=False)

@@ -48,9 +48,16 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def header(request: Any, name: str) -> str:
+    """A request header, case-insensitively (clients differ in how they spell header names)."""
+    raw = getattr(request, "_raw_request", None)
+    headers = raw.headers if raw is not None else request.headers
+    return str(headers.get(name, ""))
+
+
 def parse_body(request: Any) -> Any:
     """A request's JSON body; the API server's 400 or 415 when it is not one it can decode."""
-    kind = media_type(request.headers.get("Content-Type", "application/json") or "application/json")
+    kind = media_type(header(request, "Content-Type") or "application/json")
     if request.method.value.upper() in ("POST", "PUT") and not (
         kind == "application/json" or kind.endswith("+json")
     ):
@@ -62,6 +69,8 @@ def parse_body(request: Any) -> Any:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except ValueError as err:
         raise errors.bad_request(f"json: {err}") from None
+    except RecursionError:
+        raise errors.bad_request("json: exceeded max depth") from None
 
 
 def admit(
@@ -102,7 +111,7 @@ def admit(
         m.pop("namespace", None)
     candidate = {**obj, "apiVersion": rt.group_version, "kind": rt.kind, "metadata": m}
     if rt.schema is not None:
-        candidate, unknown = rt.schema.normalize(candidate)
+        candidate, unknown = rt.schema.normalize(candidate, old)
         warnings += [f'unknown field "{path}"' for path in unknown]
     validation = params.get("fieldValidation", "Warn")
     if validation == "Strict" and warnings:
@@ -158,6 +167,7 @@ def crd_causes(crd: Mapping[str, Any]) -> list[Cause]:
     for i, version in enumerate(versions):
         schema = ((version.get("schema") or {}).get("openAPIV3Schema")) if isinstance(version, dict) else None
         if schema is None:
+            causes.append(required(f"spec.versions[{i}].schema.openAPIV3Schema", "schemas are required"))
             continue
         try:
             Structural(schema).check()

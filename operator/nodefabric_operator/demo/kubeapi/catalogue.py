@@ -224,7 +224,7 @@ _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
 
 def version_priority(version: str) -> tuple[int, int, int, str]:
     """Kubernetes' version order: GA before beta before alpha, higher numbers first; others last."""
-    m = _VERSION_RE.match(version)
+    m = _VERSION_RE.fullmatch(version)
     if not m:
         return (3, 0, 0, version)
     stage = {None: 0, "beta": 1, "alpha": 2}[m.group(2)]

@@ -49,7 +49,7 @@ def parse_route(path: str) -> Route | None:
 
 def verb(method: str, route: Route, params: Mapping[str, str]) -> str | None:
     if method == "GET":
-        if params.get("watch") in ("true", "1"):
+        if params.get("watch") in ("true", "True", "TRUE", "t", "T", "1"):
             return "watch"
         return "get" if route.name else "list"
     if method == "POST":

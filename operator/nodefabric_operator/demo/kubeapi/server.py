@@ -42,6 +42,7 @@ from nodefabric_operator.demo.kubeapi.admission import (
     admit,
     content,
     crd_status,
+    header,
     now,
     parse_body,
 )
@@ -78,8 +79,8 @@ def _loose_json(text: str) -> Any:
         return None
 
 
-def _table_wanted(headers: Mapping[str, str]) -> bool:
-    return "as=Table" in headers.get("Accept", "")
+def _table_wanted(request: Any) -> bool:
+    return "as=Table" in header(request, "Accept")
 
 
 def _warning_headers(warnings: list[str]) -> CIMultiDict[str]:
@@ -189,6 +190,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise errors.no_such_resource()
         body = copy.deepcopy(obj)
         m = body.setdefault("metadata", {})
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
+            raise errors.invalid(rt.kind, rt.group, "", [required("metadata.name")])
         old = self.store.get(rt.key, m.get("namespace"), m.get("name") or "")
         server = {k: v for k, v in meta(old or {}).items() if k in ("uid", "creationTimestamp", "generation")}
         m.update({k: m.get(k) or v for k, v in server.items()})
@@ -297,6 +300,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             return await self._handle(request)
         except ApiError as err:
             return self._error(err)
+        except RecursionError:
+            return self._error(errors.bad_request("the object is nested too deeply"))
         except Exception as exc:
             log.exception("the embedded API failed to answer a request", extra={"path": raw_request.path})
             return self._error(
@@ -384,7 +389,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         obj = self.store.get(rt.key, route.namespace, route.name)
         if obj is None:
             raise errors.not_found(rt.plural, rt.group, route.name)
-        if _table_wanted(request.headers):
+        if _table_wanted(request):
             table = render_table(
                 [obj],
                 rt.columns,
@@ -415,7 +420,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
                     list_meta["remainingItemCount"] = 1 + sum(1 for _ in found)
                 break
             items.append(obj)
-        if _table_wanted(request.headers):
+        if _table_wanted(request):
             return self._respond(
                 render_table(items, rt.columns, list_meta, include=params.get("includeObject", "Metadata"))
             )
@@ -444,7 +449,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         params = request.params
         matches, labels, fields = self._matcher(rt, route, request)
         try:
-            timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+            timeout = int(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         except ValueError:
             raise errors.bad_request(f"invalid timeoutSeconds: {params['timeoutSeconds']!r}") from None
         since = params.get("resourceVersion", "")
@@ -473,7 +478,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             watcher,
             current_rv=lambda: self._rv,
             last_rv=self._rv,
-            table=_table_wanted(request.headers),
+            table=_table_wanted(request),
             include=params.get("includeObject", "Metadata"),
             bookmarks=bookmarks,
             bookmark_interval=self.bookmark_interval,
@@ -615,7 +620,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise errors.not_found(rt.plural, rt.group, route.name)
         body = parse_body(request)
         if verb == "patch":
-            content_type = request.headers.get("Content-Type", "")
+            content_type = header(request, "Content-Type")
             candidate = apply_patch(old, body, content_type, custom=rt.schema is not None or bool(rt.crd))
         else:
             if not isinstance(body, dict):

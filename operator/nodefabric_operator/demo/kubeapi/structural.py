@@ -114,7 +114,7 @@ _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+
 def _date_time(value: object) -> bool:
     if not isinstance(value, str):
         return True
-    if not _RFC3339.match(value):
+    if not _RFC3339.fullmatch(value):
         return False
     try:
         datetime.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
@@ -137,7 +137,7 @@ _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F
 _FORMATS = jsonschema.FormatChecker(formats=())
 _FORMATS.checks("date-time")(_date_time)
 _FORMATS.checks("date")(_date)
-_FORMATS.checks("uuid")(lambda v: not isinstance(v, str) or bool(_UUID.match(v)))
+_FORMATS.checks("uuid")(lambda v: not isinstance(v, str) or bool(_UUID.fullmatch(v)))
 
 _TYPES = Draft4Validator.TYPE_CHECKER.redefine("integer", _is_integer)
 Validator = jsonschema.validators.extend(
@@ -286,15 +286,20 @@ def widen_numbers(value: Any) -> Any:
 
 
 class Structural:
-    """One CRD version's openAPIV3Schema: prune, default and validate a custom resource with it."""
+    """One CRD version's openAPIV3Schema: prune, default and validate a custom resource with it.
+
+    On an update, top-level fields equal to the stored object's are neither pruned nor validated
+    again: they were when stored, and ratcheting would forgive their errors anyway. A status write
+    to a large record costs the status, not the whole record."""
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self.schema = schema
-        body = dict(schema)
+        props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
         # metadata is ObjectMeta (checked by the generic metadata rules), whatever the CRD says of it.
-        body["properties"] = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
-        self._body = body
-        self._validator = Validator(body, format_checker=_FORMATS)
+        self._body = {**schema, "properties": props}
+        self._validator = Validator(self._body, format_checker=_FORMATS)
+        self._fields = Validator({"type": "object", "properties": props}, format_checker=_FORMATS)
+        self._root = {**self._body, "properties": {**props, "apiVersion": _STRING, "kind": _STRING}}
 
     def check(self) -> None:
         """ValueError when the schema itself is not a valid schema (a CRD the server would refuse)."""
@@ -303,28 +308,42 @@ class Structural:
         except jsonschema.SchemaError as err:
             raise ValueError(err.message) from None
 
-    def normalize(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    def normalize(
+        self, obj: dict[str, Any], old: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
         """The object as it would be stored, and the unknown fields dropped from it (paths)."""
         unknown: list[str] = []
-        meta = obj.get("metadata")
-        rest = {k: v for k, v in obj.items() if k != "metadata"}
-        root = dict(self.schema)
-        root["properties"] = {
-            **(self.schema.get("properties") or {}),
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-        }
-        pruned = prune(widen_numbers(rest), root, "", unknown)
-        pruned = apply_defaults(pruned, self.schema)
-        if meta is not None:
-            pruned["metadata"] = meta
-        return pruned, unknown
+        out: dict[str, Any] = {}
+        props = self._root["properties"]
+        for key, value in obj.items():
+            if key == "metadata":
+                out[key] = value
+            elif old is not None and key in old and old[key] == value:
+                out[key] = old[key]
+            else:
+                out.update(prune({key: widen_numbers(value)}, self._root, "", unknown))
+                if key in out and key in props:
+                    out[key] = apply_defaults(out[key], props[key])
+        for key, prop in props.items():
+            if key not in out and "default" in prop:
+                out[key] = apply_defaults(copy.deepcopy(prop["default"]), prop)
+        return out, unknown
 
     def causes(self, obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[Cause]:
         """Every violation; on an update (`old`), not those in parts the update left unchanged."""
         body = {k: v for k, v in obj.items() if k != "metadata"}
-        errors = sorted(self._validator.iter_errors(body), key=lambda e: [str(p) for p in e.absolute_path])
-        return [_cause(e) for e in errors if old is None or not _ratchets(e, old, body)]
+        if old is None:
+            errors = self._validator.iter_errors(body)
+        else:
+            changed = {k: v for k, v in body.items() if k not in old or old[k] != v}
+            errors = (e for e in self._fields.iter_errors(changed) if not _ratchets(e, old, changed))
+        found = [_cause(e) for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])]
+        if old is not None:
+            found += [required(k) for k in self.schema.get("required") or () if k not in body and k in old]
+        return found
+
+
+_STRING = {"type": "string"}
 
 
 # Validation ratcheting (on by default since Kubernetes 1.30): an update may leave an invalid part as it

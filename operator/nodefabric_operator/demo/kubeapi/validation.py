@@ -25,10 +25,11 @@ _NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 _VALUE_FMT = f"({_NAME_FMT})?"
 _LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN_FMT = _LABEL_FMT + "(\\." + _LABEL_FMT + ")*"
-_NAME_RE = re.compile(f"^{_NAME_FMT}$")
-_VALUE_RE = re.compile(f"^{_VALUE_FMT}$")
-_LABEL_RE = re.compile(f"^{_LABEL_FMT}$")
-_SUBDOMAIN_RE = re.compile(f"^{_SUBDOMAIN_FMT}$")
+# fullmatch, never `^...$`: `$` also matches before a trailing newline, which no label may carry.
+_NAME_RE = re.compile(_NAME_FMT)
+_VALUE_RE = re.compile(_VALUE_FMT)
+_LABEL_RE = re.compile(_LABEL_FMT)
+_SUBDOMAIN_RE = re.compile(_SUBDOMAIN_FMT)
 
 _NAME_MSG = (
     "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
@@ -89,7 +90,7 @@ def subdomain_errors(value: str) -> list[str]:
     errs = []
     if len(value.encode()) > SUBDOMAIN_MAX:
         errs.append(_max_len(SUBDOMAIN_MAX))
-    if not _SUBDOMAIN_RE.match(value):
+    if not _SUBDOMAIN_RE.fullmatch(value):
         errs.append(_regex_error(_SUBDOMAIN_MSG, _SUBDOMAIN_FMT, "example.com"))
     return errs
 
@@ -98,7 +99,7 @@ def dns_label_errors(value: str) -> list[str]:
     errs = []
     if len(value.encode()) > NAME_PART_MAX:
         errs.append(_max_len(NAME_PART_MAX))
-    if not _LABEL_RE.match(value):
+    if not _LABEL_RE.fullmatch(value):
         errs.append(_regex_error(_DNS_LABEL_MSG, _LABEL_FMT, "my-name", "123-abc"))
     return errs
 
@@ -125,7 +126,7 @@ def qualified_name_errors(value: str) -> list[str]:
         errs.append("name part must be non-empty")
     elif len(name.encode()) > NAME_PART_MAX:
         errs.append("name part " + _max_len(NAME_PART_MAX))
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         errs.append("name part " + _regex_error(_NAME_MSG, _NAME_FMT, "MyName", "my.name", "123-abc"))
     return errs
 
@@ -134,7 +135,7 @@ def label_value_errors(value: str) -> list[str]:
     errs = []
     if len(value.encode()) > LABEL_VALUE_MAX:
         errs.append(_max_len(LABEL_VALUE_MAX))
-    if not _VALUE_RE.match(value):
+    if not _VALUE_RE.fullmatch(value):
         errs.append(_regex_error(_VALUE_MSG, _VALUE_FMT, "MyValue", "my_value", "12345"))
     return errs
 

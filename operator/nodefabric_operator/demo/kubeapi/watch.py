@@ -82,7 +82,7 @@ class WatchStream:
                 return
             # Wake at least every second: to notice a client that went away, and for bookmarks.
             wait = min(1.0, self.bookmark_interval, float("inf") if deadline is None else deadline - now)
-            item = await self.watcher.next(max(wait, 0.0))
+            item = await self.watcher.next(max(wait, 0.01))
             if item is None:
                 if self.watcher.expired:
                     expired = errors.expired(str(self.last_rv), self.current_rv())
