@@ -135,6 +135,12 @@ async def request(http: aiohttp.ClientSession, method: str, url: str, body: Any 
         return json.loads(payload)
 
 
+def patch_status(http: aiohttp.ClientSession, base: str, i: int, rdma: int) -> Callable[[], Awaitable[Any]]:
+    body = {"status": {"rdmaEndpoints": rdma}}
+    url = f"{base}{DEVICES}/gpu-{i:05d}/status"
+    return lambda: request(http, "PATCH", url, body, headers=MERGE)
+
+
 async def watch_events(http: aiohttp.ClientSession, url: str, wanted: int, started: asyncio.Event) -> float:
     """Read a watch until `wanted` MODIFIED events arrived; the time from the first PATCH to the last."""
     seen = 0
@@ -169,19 +175,7 @@ async def workload(api: Any, timer: Timer, records: int, concurrency: int, our_r
             concurrency,
         )
         timer.phase = "patch"
-        await in_parallel(
-            [
-                lambda i=i: request(
-                    http,
-                    "PATCH",
-                    f"{base}{DEVICES}/gpu-{i:05d}/status",
-                    {"status": {"rdmaEndpoints": 8}},
-                    headers=MERGE,
-                )
-                for i in range(records)
-            ],
-            concurrency,
-        )
+        await in_parallel([patch_status(http, base, i, 8) for i in range(records)], concurrency)
         timer.phase = "list"
         for _ in range(3):
             await request(http, "GET", base + DEVICES)
@@ -197,16 +191,7 @@ async def workload(api: Any, timer: Timer, records: int, concurrency: int, our_r
         watcher = asyncio.create_task(watch_events(http, url, min(WATCHED, records), started))
         await started.wait()
         await asyncio.sleep(0.2)
-        patches = [
-            lambda i=i: request(
-                http,
-                "PATCH",
-                f"{base}{DEVICES}/gpu-{i:05d}/status",
-                {"status": {"rdmaEndpoints": 6}},
-                headers=MERGE,
-            )
-            for i in range(min(WATCHED, records))
-        ]
+        patches = [patch_status(http, base, i, 6) for i in range(min(WATCHED, records))]
         await in_parallel(patches, concurrency)
         timer.samples["watch"] = [await asyncio.wait_for(watcher, 600) / min(WATCHED, records)]
 
@@ -258,12 +243,9 @@ def main() -> int:
     ours_small, small_wall = asyncio.run(measure("ours", small, args.concurrency))
     ours_large, large_wall = asyncio.run(measure("ours", large, args.concurrency))
 
-    print(
-        f"embedded API: {small:,} and {large:,} Nodes + Devices records; emulator time per request (us, mean)"
-    )
-    print(
-        f"{'phase':28}{'kmock@' + str(small):>12}{'ours@' + str(small):>12}{'ratio':>8}{'ours@' + str(large):>12}"
-    )
+    print(f"embedded API: {small:,} and {large:,} Nodes + Devices records; emulator time per request, us")
+    kmock_at, ours_at, big_at = f"kmock@{small}", f"ours@{small}", f"ours@{large}"
+    print(f"{'phase':28}{kmock_at:>12}{ours_at:>12}{'ratio':>8}{big_at:>12}")
     rows = [
         ("create Node (POST)", "create-node"),
         ("create Devices (POST)", "create"),
@@ -277,19 +259,17 @@ def main() -> int:
         b, s, big = base.samples[phase], ours_small.samples[phase], ours_large.samples[phase]
         ratio = statistics.fmean(b) / statistics.fmean(s)
         print(f"{label:28}{us(b):>12}{us(s):>12}{ratio:>7.1f}x{us(big):>12}")
-    first, last = growth(base.samples["create"])
-    ofirst, olast = growth(ours_large.samples["create"])
-    print(f"kmock, Devices creates, first vs last tenth: {first:.0f} -> {last:.0f} us ({last / first:.1f}x)")
+    for who, timer in ((kmock_at, base), (big_at, ours_large)):
+        first, last = growth(timer.samples["create"])
+        print(
+            f"{who}, Devices creates, first vs last tenth: {first:.0f} -> {last:.0f} us ({last / first:.1f}x)"
+        )
+    requests = sum(len(v) for v in ours_large.samples.values())
+    busy = sum(sum(v) for v in ours_large.samples.values())
     print(
-        f"ours@{large:,}, Devices creates, first vs last tenth: {ofirst:.0f} -> {olast:.0f} us ({olast / ofirst:.1f}x)"
+        f"whole runs: {kmock_at} {base_wall:.1f} s, {ours_at} {small_wall:.1f} s, {big_at} {large_wall:.1f} s"
     )
-    total = sum(sum(v) for v in ours_large.samples.values() if v)
-    print(
-        f"whole run: kmock@{small:,} {base_wall:.1f} s, ours@{small:,} {small_wall:.1f} s, ours@{large:,} {large_wall:.1f} s"
-    )
-    print(
-        f"ours@{large:,}: {total:.1f} s of emulator time for {sum(len(v) for v in ours_large.samples.values()):,} requests"
-    )
+    print(f"{big_at}: {busy:.1f} s of emulator time for {requests:,} requests")
     return 0
 
 

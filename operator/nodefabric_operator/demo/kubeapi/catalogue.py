@@ -52,6 +52,19 @@ class ResourceType:
     schema: Structural | None = None
     crd: str = ""  # the CRD that declared it, if any
 
+    @classmethod
+    def from_key(cls, key: str, kind: str, namespaced: bool, **more: Any) -> ResourceType:
+        """A type named by its key, "group/version/plural" ("v1/nodes" for the core group)."""
+        ref = kmock.resource(key)
+        return cls(
+            group=ref.group or "",
+            version=ref.version or "",
+            plural=ref.plural or "",
+            kind=kind,
+            namespaced=namespaced,
+            **more,
+        )
+
     def __post_init__(self) -> None:
         self.singular = self.singular or self.kind.lower()
         self.selectable = self.selectable | {"metadata.name", "metadata.namespace"}
@@ -104,13 +117,10 @@ def _builtin(
     categories: Iterable[str] = (),
     fields: Iterable[str] = (),
 ) -> ResourceType:
-    ref = kmock.resource(key)
-    return ResourceType(
-        group=ref.group or "",
-        version=ref.version or "",
-        plural=ref.plural or "",
-        kind=kind,
-        namespaced=namespaced,
+    return ResourceType.from_key(
+        key,
+        kind,
+        namespaced,
         short_names=tuple(short),
         categories=tuple(categories),
         subresources=frozenset(subresources),

@@ -129,17 +129,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     # --- declarations and seeding (tests, the demo) --------------------------------------------------
 
     def declare(self, key: str, *, kind: str, namespaced: bool, subresources: Any = ()) -> None:
-        ref = kmock.resource(key)
-        self.catalogue.add(
-            ResourceType(
-                group=ref.group or "",
-                version=ref.version or "",
-                plural=ref.plural or "",
-                kind=kind,
-                namespaced=namespaced,
-                subresources=frozenset(subresources),
-            )
-        )
+        """Serve a resource no CRD declares (schema-less), e.g. a CRD another project installs."""
+        self.catalogue.add(ResourceType.from_key(key, kind, namespaced, subresources=frozenset(subresources)))
 
     def declare_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CRD's resources, as if it had been applied (it is stored too, for kubectl)."""
@@ -295,7 +286,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             subresource=None if route is None else route.sub,
         )
         self._seq += 1
-        self._requests.append(request)
+        # The history keeps what a test asserts on, not aiohttp's request (its transport, its buffers).
+        self._requests.append(attrs.evolve(request, raw_request=None))
         try:
             return await self._handle(request)
         except ApiError as err:

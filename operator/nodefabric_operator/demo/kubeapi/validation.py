@@ -86,22 +86,22 @@ def _max_len(n: int) -> str:
     return f"must be no more than {n} bytes"
 
 
-def subdomain_errors(value: str) -> list[str]:
+def _syntax_errors(value: str, limit: int, pattern: re.Pattern[str], msg: str, *examples: str) -> list[str]:
+    """apimachinery's checks of one syntax: its length in bytes, then its regex."""
     errs = []
-    if len(value.encode()) > SUBDOMAIN_MAX:
-        errs.append(_max_len(SUBDOMAIN_MAX))
-    if not _SUBDOMAIN_RE.fullmatch(value):
-        errs.append(_regex_error(_SUBDOMAIN_MSG, _SUBDOMAIN_FMT, "example.com"))
+    if len(value.encode()) > limit:
+        errs.append(_max_len(limit))
+    if not pattern.fullmatch(value):
+        errs.append(_regex_error(msg, pattern.pattern, *examples))
     return errs
+
+
+def subdomain_errors(value: str) -> list[str]:
+    return _syntax_errors(value, SUBDOMAIN_MAX, _SUBDOMAIN_RE, _SUBDOMAIN_MSG, "example.com")
 
 
 def dns_label_errors(value: str) -> list[str]:
-    errs = []
-    if len(value.encode()) > NAME_PART_MAX:
-        errs.append(_max_len(NAME_PART_MAX))
-    if not _LABEL_RE.fullmatch(value):
-        errs.append(_regex_error(_DNS_LABEL_MSG, _LABEL_FMT, "my-name", "123-abc"))
-    return errs
+    return _syntax_errors(value, NAME_PART_MAX, _LABEL_RE, _DNS_LABEL_MSG, "my-name", "123-abc")
 
 
 def qualified_name_errors(value: str) -> list[str]:
@@ -132,12 +132,7 @@ def qualified_name_errors(value: str) -> list[str]:
 
 
 def label_value_errors(value: str) -> list[str]:
-    errs = []
-    if len(value.encode()) > LABEL_VALUE_MAX:
-        errs.append(_max_len(LABEL_VALUE_MAX))
-    if not _VALUE_RE.fullmatch(value):
-        errs.append(_regex_error(_VALUE_MSG, _VALUE_FMT, "MyValue", "my_value", "12345"))
-    return errs
+    return _syntax_errors(value, LABEL_VALUE_MAX, _VALUE_RE, _VALUE_MSG, "MyValue", "my_value", "12345")
 
 
 def go_value(value: Any) -> str:
