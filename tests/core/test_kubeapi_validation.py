@@ -3,6 +3,7 @@ and a refused write changes nothing. Over real HTTP, as any client sends it."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -565,3 +566,51 @@ async def test_hostile_inputs_are_refused_not_crashed_on(k):
     assert code == 200, "header names are case-insensitive"
     with pytest.raises(ApiError):
         k.api.put_object("v1/nodes", {"metadata": {}}, validate=False)
+
+
+def _broken_crd(path: list[Any], value: Any) -> dict[str, Any]:
+    body = copy.deepcopy(WIDGETS_CRD)
+    target = body
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (["spec", "versions"], "v1", "spec.versions"),
+        (["spec", "names"], "widgets", "spec.names"),
+        (["spec", "scope"], "Galaxy", "spec.scope"),
+        (
+            ["spec", "versions", 0, "schema", "openAPIV3Schema"],
+            ["x"],
+            "spec.versions[0].schema.openAPIV3Schema",
+        ),
+        (
+            ["spec", "versions", 0, "additionalPrinterColumns"],
+            [{"name": "X"}],
+            "spec.versions[0].additionalPrinterColumns[0].jsonPath",
+        ),
+        (["spec", "versions", 0, "storage"], False, "spec.versions"),
+        (
+            ["spec", "versions", 0, "schema"],
+            {"openAPIV3Schema": {"type": "whole"}},
+            "spec.versions[0].schema.openAPIV3Schema",
+        ),
+        (
+            ["spec", "versions", 0, "schema"],
+            {"openAPIV3Schema": {"properties": {"a": {"pattern": "[x"}}}},
+            "spec.versions[0].schema.openAPIV3Schema",
+        ),
+    ],
+)
+async def test_a_broken_crd_is_refused_before_anything_serves_it(k, path, value, field):
+    body = _broken_crd(path, value)
+    body["metadata"]["name"] = "widgets.test.example.com"
+    k.api.remove_object("apiextensions.k8s.io/v1/customresourcedefinitions", "widgets.test.example.com")
+    code, status, _ = await call(k, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body)
+    assert code == 422, status
+    assert field in [c[1] for c in causes(status)]
+    assert (await call(k, "GET", WIDGETS_URL))[0] == 404

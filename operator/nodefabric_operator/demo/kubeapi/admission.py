@@ -136,41 +136,101 @@ def content(obj: Mapping[str, Any], rt: ResourceType) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in skip}
 
 
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+# The parts of CustomResourceDefinition this API reads, typed as the API server types them: a CRD that
+# breaks them is refused with its causes, before anything reads it.
+CRD_SCHEMA = Structural(
+    {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["group", "names", "scope", "versions"],
+                "properties": {
+                    "group": {"type": "string", "minLength": 1},
+                    "scope": {"type": "string", "enum": ["Cluster", "Namespaced"]},
+                    "names": {
+                        "type": "object",
+                        "required": ["plural", "kind"],
+                        "properties": {
+                            "plural": {"type": "string", "minLength": 1},
+                            "singular": {"type": "string"},
+                            "kind": {"type": "string", "minLength": 1},
+                            "listKind": {"type": "string"},
+                            "shortNames": _STRINGS,
+                            "categories": _STRINGS,
+                        },
+                    },
+                    "versions": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "served", "storage"],
+                            "properties": {
+                                "name": {"type": "string", "minLength": 1},
+                                "served": {"type": "boolean"},
+                                "storage": {"type": "boolean"},
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["openAPIV3Schema"],
+                                    "properties": {"openAPIV3Schema": {"type": "object"}},
+                                },
+                                "subresources": {"type": "object"},
+                                "additionalPrinterColumns": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["name", "type", "jsonPath"],
+                                        "properties": {
+                                            "name": {"type": "string"},
+                                            "type": {"type": "string"},
+                                            "jsonPath": {"type": "string"},
+                                            "format": {"type": "string"},
+                                            "description": {"type": "string"},
+                                            "priority": {"type": "integer"},
+                                        },
+                                    },
+                                },
+                                "selectableFields": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["jsonPath"],
+                                        "properties": {"jsonPath": {"type": "string"}},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    }
+)
+
+
 def crd_causes(crd: Mapping[str, Any]) -> list[Cause]:
-    """What the API server checks of a CRD itself (beyond its metadata)."""
-    spec: dict[str, Any] = crd["spec"] if isinstance(crd.get("spec"), dict) else {}
-    names: dict[str, Any] = spec["names"] if isinstance(spec.get("names"), dict) else {}
-    causes: list[Cause] = []
-    for field, value in (
-        ("spec.group", spec.get("group")),
-        ("spec.names.plural", names.get("plural")),
-        ("spec.names.kind", names.get("kind")),
-    ):
-        if not value:
-            causes.append(required(field))
-    if spec.get("scope") not in ("Cluster", "Namespaced"):
-        causes.append(
-            Cause(
-                "FieldValueNotSupported",
-                "spec.scope",
-                f'Unsupported value: "{spec.get("scope", "")}": supported values: "Cluster", "Namespaced"',
-            )
-        )
+    """What the API server checks of a CRD itself (beyond its metadata): its shape, then its meaning."""
+    causes = CRD_SCHEMA.causes(crd)
+    if causes:
+        return causes
+    spec = crd["spec"]
     name = meta(crd).get("name", "")
-    if names.get("plural") and spec.get("group") and name != f"{names['plural']}.{spec['group']}":
+    if name != f"{spec['names']['plural']}.{spec['group']}":
         causes.append(invalid("metadata.name", name, 'must be spec.names.plural+"."+spec.group'))
-    versions = spec.get("versions") or []
-    if not versions or sum(bool(v.get("storage")) for v in versions) != 1:
+    versions = spec["versions"]
+    if sum(bool(v["storage"]) for v in versions) != 1:
         causes.append(
             invalid("spec.versions", versions, "must have exactly one version marked as storage version")
         )
     for i, version in enumerate(versions):
-        schema = ((version.get("schema") or {}).get("openAPIV3Schema")) if isinstance(version, dict) else None
-        if schema is None:
+        if "schema" not in version:
             causes.append(required(f"spec.versions[{i}].schema.openAPIV3Schema", "schemas are required"))
             continue
         try:
-            Structural(schema).check()
+            Structural(version["schema"]["openAPIV3Schema"]).check()
         except ValueError as err:
             causes.append(invalid(f"spec.versions[{i}].schema.openAPIV3Schema", "", str(err)))
     return causes
