@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodefabric_operator.extender.config import RANKS, ExtenderConfig
+from nodefabric_devicemanager.numbers import BadNumber, Quantity, parse
+from nodefabric_operator.extender.config import RANKS, ExtenderConfig, canonical
 
 # (family, label carrying the group name, annotation or label carrying the size or "")
 # Order matters: a pod carrying several (a Kueue pod group made of a JobSet) belongs to the most
@@ -25,6 +26,9 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("job", "batch.kubernetes.io/job-name", ""),
 )
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+# ASCII digits only: int() also takes "1_000", " 8" and "٨", which no controller writes. The bound keeps a
+# typo of a few extra digits a clear error instead of a group that waits forever.
+GROUP_SIZE = Quantity("group size", 1, 100_000)
 
 
 class InvalidPlacement(ValueError):
@@ -43,7 +47,7 @@ class GroupSpec:
     size: int | None  # None: not declared on the pod; the caller counts the group's pods
     locality: str
     rank: str
-    homogeneous_keys: tuple[str, ...]
+    homogeneous_keys: tuple[str, ...] | None  # None: the configured default for the pod's resources
 
 
 def _meta(pod: Mapping[str, Any], field: str) -> Mapping[str, str]:
@@ -72,11 +76,10 @@ def pod_uid(pod: Mapping[str, Any]) -> str:
 
 def _size(text: str, where: str) -> int:
     try:
-        size = int(text)
-    except ValueError:
-        raise InvalidPlacement(f"{where} must be a whole number, got {text!r}") from None
-    if size < 1:
-        raise InvalidPlacement(f"{where} must be at least 1, got {size}")
+        size = parse(text, GROUP_SIZE)
+    except BadNumber as exc:
+        raise InvalidPlacement(f"{where}: {exc}") from None
+    assert size is not None  # GROUP_SIZE has no spelling of unknown
     return size
 
 
@@ -122,25 +125,23 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
         raise InvalidPlacement(str(exc), key) from None
 
     locality = lookup(prefix + "locality") or config.default_locality
-    if locality not in config.localities:
+    if canonical(locality) not in config.localities:
         raise InvalidPlacement(
             f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}", key
         )
     rank = lookup(prefix + "rank") or config.default_rank
-    if rank not in RANKS:
+    if canonical(rank) not in RANKS:
         raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}", key)
     homog_text = annotations.get(prefix + "homogeneous")
     homogeneous = (
-        tuple(k.strip() for k in homog_text.split(",") if k.strip())
-        if isinstance(homog_text, str)
-        else config.homogeneous_keys
+        tuple(k.strip() for k in homog_text.split(",") if k.strip()) if isinstance(homog_text, str) else None
     )
     return GroupSpec(
         key=key,
         family=family,
         name=name,
         size=size,
-        locality=locality,
-        rank=rank,
+        locality=canonical(locality),
+        rank=canonical(rank),
         homogeneous_keys=homogeneous,
     )

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nodefabric_operator.extender.nodes import NodeError, NodeRecord, parse_node
+
 
 class WireError(ValueError):
     """A request kube-scheduler would never send; answered 400 with this message."""
@@ -22,6 +24,8 @@ class ExtenderArgs:
     node_names: tuple[str, ...]
     # Full Node objects when the extender is not nodeCacheCapable; None with NodeNames.
     nodes: tuple[Mapping[str, Any], ...] | None
+    # Those nodes as read, for this request only: they never enter the extender's cache.
+    records: tuple[NodeRecord, ...] | None = None
 
 
 def _all_str(items: list[Any]) -> bool:
@@ -54,11 +58,13 @@ def parse_args(body: object) -> ExtenderArgs:
     if nodes is None:
         raise WireError("one of NodeNames or Nodes is required")
     items = nodes.get("items") if isinstance(nodes, dict) else None
-    if not isinstance(items, list) or not all(
-        isinstance(n, dict) and isinstance((n.get("metadata") or {}).get("name"), str) for n in items
-    ):
-        raise WireError("Nodes must be a NodeList whose items are Node objects with a name")
-    return ExtenderArgs(pod, tuple(n["metadata"]["name"] for n in items), tuple(items))
+    if not isinstance(items, list):
+        raise WireError("Nodes must be a NodeList with items")
+    try:
+        records = tuple(parse_node(n, f"Nodes.items[{i}]") for i, n in enumerate(items))
+    except NodeError as exc:
+        raise WireError(str(exc)) from None
+    return ExtenderArgs(pod, tuple(r.name for r in records), tuple(items), records)
 
 
 @dataclass(frozen=True)
