@@ -202,9 +202,11 @@ def test_cli_serves_https_only_to_clients_with_a_certificate_from_the_ca(tmp_pat
         with urllib.request.urlopen(req, context=client("client"), timeout=30) as resp:
             assert sorted(json.loads(resp.read())["NodeNames"]) == ["eu-a-0", "eu-a-1"]
         for cert in (None, "rogue"):  # no certificate, or one another CA signed: no TLS session at all
-            with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)):
-                with urllib.request.urlopen(f"{base}/debug/groups", context=client(cert), timeout=30) as resp:
-                    resp.read()
+            with (
+                pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)),
+                urllib.request.urlopen(f"{base}/debug/groups", context=client(cert), timeout=30) as resp,
+            ):
+                resp.read()
         # The probe listener answers probes and metrics, never the verbs.
         with urllib.request.urlopen(f"http://127.0.0.1:{probe}/metrics", timeout=30) as resp:
             assert b"nodefabric_extender_request_duration_seconds" in resp.read()

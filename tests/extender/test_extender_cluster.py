@@ -138,7 +138,8 @@ async def test_watches_feed_the_cache_and_verdicts_are_persisted_on_the_pod():
             assert (k.count("PATCH", PODS), k.count("POST", "v1/events")) == (patches + 1, creates + 1)
             events = pod_events(k)
             assert [e[:3] for e in events] == [("pg-0", "Normal", "GroupPlaced")]
-            assert events[0][3].startswith("2 of 2 pods of group ml/scheduler-plugins/pg go to zone eu-b of region eu")
+            placed = "2 of 2 pods of group ml/scheduler-plugins/pg go to zone eu-b of region eu"
+            assert events[0][3].startswith(placed)
             decision = annotations(k, "pg-0")[DECISION]
             assert decision.replace("\n", " ") == "placed: " + events[0][3]
             # ... written so that `kubectl describe pod` shows it whole (it cuts lines past 140 chars).

@@ -136,7 +136,9 @@ def test_bad_annotations_are_clear_errors(annotations, message):
 def test_the_seeds_spellings_are_aliases(annotations, locality, rank):
     spec = group_of(pod("p", labels={"placement.gpustack.ai/group": "g"}, annotations=annotations), CONFIG)
     assert spec is not None and (spec.locality, spec.rank) == (locality, rank)
-    config = ExtenderConfig.model_validate({"defaultLocality": "network_group", "defaultRank": "most_free_memory"})
+    config = ExtenderConfig.model_validate(
+        {"defaultLocality": "network_group", "defaultRank": "most_free_memory"}
+    )
     assert (config.default_locality, config.default_rank) == ("network-group", "most-free-memory")
 
 

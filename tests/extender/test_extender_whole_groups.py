@@ -14,6 +14,7 @@ import pytest
 from extender_fixtures import PRODUCT, Recorder, explicit, extender, filter_, node, pod
 
 GROUP = "ml/explicit/train"
+OF_ONE = f" of one {PRODUCT}"
 
 
 def names(nodes: list[dict[str, Any]]) -> list[str]:
@@ -80,20 +81,24 @@ async def test_two_pods_per_node_count_as_two():
 def _unusable_by_rule() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(case, what the two extra nodes carry, what the group's pods carry): without the extra nodes the
     group of 4 cannot be held; with them it can, unless the rule excludes them."""
-    affinity_in = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}]
-            }
-        }
-    }
     return [
         ("node selector", {"labels": {"pool": "b"}}, {"nodeSelector": {"pool": "a"}}),
-        ("required node affinity", {"labels": {"pool": "b"}}, {"affinity": affinity_in}),
-        ("untolerated NoSchedule taint", {"taints": [{"key": "team", "value": "x", "effect": "NoSchedule"}]}, {}),
-        ("untolerated NoExecute taint", {"taints": [{"key": "team", "effect": "NoExecute"}]}, {}),
+        ("required node affinity", {"labels": {"pool": "b"}}, {"affinity": required("pool", "In", "a")}),
+        (
+            "untolerated NoSchedule taint",
+            {"taints": [{"key": "t", "value": "x", "effect": "NoSchedule"}]},
+            {},
+        ),
+        ("untolerated NoExecute taint", {"taints": [{"key": "t", "effect": "NoExecute"}]}, {}),
         ("allocatable below one pod", {"gpus": 4}, {}),
     ]
+
+
+def required(key: str, operator: str, *values: str) -> dict[str, Any]:
+    """A required node affinity of one expression."""
+    expression = {"key": key, "operator": operator, "values": list(values)}
+    terms = {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
 
 
 def _extra(name: str, carry: dict[str, Any]) -> dict[str, Any]:
@@ -103,8 +108,12 @@ def _extra(name: str, carry: dict[str, Any]) -> dict[str, Any]:
     return n
 
 
-@pytest.mark.parametrize(("case", "carry", "spec"), _unusable_by_rule(), ids=lambda v: v if isinstance(v, str) else "")
-async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: dict[str, Any], spec: dict[str, Any]):
+def _id(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+@pytest.mark.parametrize(("case", "carry", "spec"), _unusable_by_rule(), ids=_id)
+async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: Any, spec: Any):
     base = [node(f"a-{i}", zone="z", labels={"pool": "a"}) for i in range(2)]
     extra = [_extra(f"x-{i}", carry) for i in range(2)]
     p = group(4)[0]
@@ -112,9 +121,10 @@ async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: d
     async with extender(base + extra) as client:
         # kube-scheduler passes only the nodes the pod may use; two of them hold 2 of the 4 pods.
         result = await filter_(client, p, names(base))
-        assert list(result["FailedAndUnresolvableNodes"].values()) == [
-            f"never fits: no set of nodes of one {PRODUCT} can hold the 4 pods of group {GROUP}"
-        ] * 2, case
+        assert (
+            list(result["FailedAndUnresolvableNodes"].values())
+            == [f"never fits: no set of nodes of one {PRODUCT} can hold the 4 pods of group {GROUP}"] * 2
+        ), case
 
 
 @pytest.mark.parametrize(
@@ -127,11 +137,9 @@ async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: d
         ("PreferNoSchedule never blocks", {"taints": [{"key": "team", "effect": "PreferNoSchedule"}]}, {}),
         ("a condition taint passes with the condition", {"taints": [
             {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}, {}),
-        ("affinity NotIn admits an absent label", {},
-         {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-             {"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["c"]}]}]}}}}),
+        ("affinity NotIn admits an absent label", {}, {"affinity": required("pool", "NotIn", "c")}),
     ],
-    ids=lambda v: v if isinstance(v, str) else "",
+    ids=_id,
 )  # fmt: skip
 async def test_nodes_the_pods_may_use_make_the_group_wait_not_never_fit(case, carry, spec):
     base = [node(f"a-{i}", zone="z", labels={"pool": "a"}) for i in range(2)]
@@ -178,7 +186,7 @@ async def test_an_unknown_value_never_satisfies_a_homogeneity_requirement():
         assert result["FailedNodes"] == {
             **dict.fromkeys(["u-0", "u-1", "u-2"], f"no {PRODUCT} label (group {GROUP} requires one)"),
             **dict.fromkeys(
-                ["h-0", "h-1"], f"group {GROUP} waits for one set of nodes of one {PRODUCT} with room for 3 pods"
+                ["h-0", "h-1"], f"group {GROUP} waits for one set of nodes{OF_ONE} with room for 3 pods"
             ),
         }
         # ... and a group of 4 never fits: only 3 nodes have a known model.

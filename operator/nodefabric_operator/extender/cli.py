@@ -32,6 +32,7 @@ from nodefabric_operator.extender.server import (
     Serving,
     make_app,
     make_probe_app,
+    runner,
     tls_context,
 )
 from nodefabric_operator.extender.service import Extender
@@ -39,9 +40,6 @@ from nodefabric_operator.extender.watch import Watcher
 
 log = logging.getLogger(__name__)
 kube_config: Any = _kube_config  # untyped in the client
-# kube-scheduler keeps its connection to the extender open between requests; one idle longer than this
-# (or one that never finishes its request headers) is closed.
-KEEPALIVE_S = 30.0
 
 
 def _positive(text: str) -> float:
@@ -168,9 +166,9 @@ def serving_app(
 async def _serve(
     app: web.Application, probe: web.Application | None, args: argparse.Namespace, tls: ssl.SSLContext | None
 ) -> int:
-    runners = [web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)]
+    runners = [runner(app)]
     if probe is not None:
-        runners.append(web.AppRunner(probe, access_log=None, keepalive_timeout=KEEPALIVE_S))
+        runners.append(runner(probe))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -183,8 +181,8 @@ async def _serve(
             await web.TCPSite(runners[1], args.metrics_address, args.metrics_port).start()
     except OSError as exc:
         log.error("extender cannot start", extra={"error": f"cannot listen: {exc}"})
-        for runner in runners:
-            await runner.cleanup()
+        for started in runners:
+            await started.cleanup()
         return 2
     log.info(
         "extender listening",
@@ -198,8 +196,8 @@ async def _serve(
         },
     )
     await stop.wait()
-    for runner in reversed(runners):
-        await runner.cleanup()
+    for started in reversed(runners):
+        await started.cleanup()
     return 0
 
 

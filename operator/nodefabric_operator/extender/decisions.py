@@ -55,7 +55,8 @@ def decision_text(outcome: str, summary: str) -> str:
     text = f"{outcome}: {summary}"
     if len(text) > MAX_TEXT:
         text = text[: MAX_TEXT - 3] + "..."
-    return "\n".join(textwrap.wrap(text, LINE, break_long_words=True, break_on_hyphens=False))
+    # A word longer than a line (a 253-character node name) stays whole: the text reads back exactly.
+    return "\n".join(textwrap.wrap(text, LINE, break_long_words=False, break_on_hyphens=False))
 
 
 def summary_of(text: str) -> str:

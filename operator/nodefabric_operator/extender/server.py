@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 # can be 10 KB each.
 MAX_BODY = 64 * 1024 * 1024
 READ_TIMEOUT_S = 5.0
+# kube-scheduler keeps its connection open between requests; one idle longer than this (or one that
+# never finishes its request headers) is closed.
+KEEPALIVE_S = 30.0
+# After refusing a body, aiohttp would read and discard the rest of it for 10 s before closing.
+LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,11 @@ def build_app(
         cache.synced = True
     extender = Extender(config, cache, publisher=publisher, registry=registry, clock=clock)
     return make_app(extender, serving)
+
+
+def runner(app: web.Application) -> web.AppRunner:
+    """The runner every listener of the extender uses: its connection limits, no access log."""
+    return web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S, lingering_time=LINGER_S)
 
 
 def group_summary(app: web.Application, group_key: str) -> str | None:
