@@ -160,8 +160,12 @@ def test_a_pod_the_extender_cannot_read_is_an_error_naming_the_field(spec: dict[
     ("mutate", "message"),
     [
         (lambda n: n.update(metadata="x"), "Node.metadata: must be an object, got str"),
-        (lambda n: n["metadata"].update(name=""), "Node.metadata.name: must be a node name"),
-        (lambda n: n["metadata"].update(name="n" * 254), "Node.metadata.name: must be a node name"),
+        (
+            lambda n: n["metadata"].update(name=""),
+            "Node.metadata.name: '' is not a node name (a DNS subdomain)",
+        ),
+        (lambda n: n["metadata"].update(name="n" * 254), "Node.metadata.name: 'nnnnnnnn"),
+        (lambda n: n["metadata"].update(name='we"ird'), "Node.metadata.name: 'we\"ird' is not a node name"),
         (
             lambda n: n["metadata"]["labels"].update(zone=["a"]),
             "Node.metadata.labels['zone']: must be a string",

@@ -21,6 +21,12 @@ from nodefabric_operator.extender.wire import parse_args
         (b"[]", "request body must be a JSON object (ExtenderArgs), got list"),
         (b'{"NodeNames": ["a"]}', "Pod must be a Pod object with metadata"),
         (b'{"Pod": {"metadata": {}}, "NodeNames": "a"}', "NodeNames must be a list of node names"),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["a", 7]}', "NodeNames[1]: '7' is not a node name"),
+        (
+            b'{"Pod": {"metadata": {}}, "NodeNames": ["a", "we\\"ird"]}',
+            "NodeNames[1]: 'we\"ird' is not a node name",
+        ),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["Upper"]}', "NodeNames[0]: 'Upper' is not a node name"),
         (
             b'{"Pod": {"metadata": {}}, "NodeNames": null, "Nodes": null}',
             "one of NodeNames or Nodes is required",
@@ -28,7 +34,7 @@ from nodefabric_operator.extender.wire import parse_args
         (b'{"Pod": {"metadata": {}}, "Nodes": [{}]}', "Nodes must be a NodeList with items"),
         (
             b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}',
-            "Nodes.items[0].metadata.name: must be a node name (1 to 253 characters)",
+            "Nodes.items[0].metadata.name: None is not a node name (a DNS subdomain)",
         ),
         (
             b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {"name": "n",'

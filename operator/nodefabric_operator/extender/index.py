@@ -143,6 +143,7 @@ class Index:
         self.by_location: list[dict[str, set[str]]] = [{} for _ in range(levels)]
         self.unlabelled: list[set[str]] = [set() for _ in range(levels)]
         self.names: set[str] = set()
+        self.names_version = 0  # changes when a node comes or goes (not when one changes)
         self.views: dict[str, NodeView] = {}
         self.pinned = tuple(dict.fromkeys(pinned))
         self.homog: OrderedDict[Keys, HomogIndex] = OrderedDict(
@@ -158,8 +159,11 @@ class Index:
         return index
 
     def add(self, view: NodeView) -> None:
-        if view.name in self.views:
-            self.remove(self.views[view.name])
+        old = self.views.get(view.name)
+        if old is not None:
+            self._unindex(old)
+        else:
+            self.names_version += 1
         self.views[view.name] = view
         self.names.add(view.name)
         for i, value in enumerate(view.locations):
@@ -173,6 +177,10 @@ class Index:
     def remove(self, view: NodeView) -> None:
         if self.views.get(view.name) is not view:
             return
+        self.names_version += 1
+        self._unindex(view)
+
+    def _unindex(self, view: NodeView) -> None:
         del self.views[view.name]
         self.names.discard(view.name)
         for i, value in enumerate(view.locations):

@@ -19,6 +19,8 @@ INT64 = 2**63 - 1
 # A real API server refuses label values longer than this; a longer one is not a node it sent.
 MAX_LABEL_VALUE = 63
 MAX_NAME = 253
+# A node's name is a DNS subdomain (RFC 1123), as the API server requires.
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
 
 _parse_quantity = cast(Callable[[object], Decimal], parse_quantity)
@@ -128,8 +130,9 @@ def parse_node(obj: object, where: str = "Node") -> NodeRecord:
         raise NodeError(f"{where}: must be a Node object, got {type(obj).__name__}")
     meta = _mapping(obj.get("metadata"), f"{where}.metadata")
     name = meta.get("name")
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
-        raise NodeError(f"{where}.metadata.name: must be a node name (1 to {MAX_NAME} characters)")
+    if not isinstance(name, str) or len(name) > MAX_NAME or not _NODE_NAME.fullmatch(name):
+        shown = repr(name)[:80]
+        raise NodeError(f"{where}.metadata.name: {shown} is not a node name (a DNS subdomain)")
     labels = _labels(meta.get("labels"), f"{where}.metadata.labels")
     spec = _mapping(obj.get("spec"), f"{where}.spec")
     status = _mapping(obj.get("status"), f"{where}.status")

@@ -249,6 +249,8 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
     if keys:
         good = index.homogeneity(keys).by_values.get(want, _NONE)
         bucket = bucket & good
+        if len(good) == len(index.names):
+            good = None  # every node has these values: nothing to tell apart
     split = bucket
 
     def rejected() -> dict[str, list[str]]:

@@ -101,6 +101,8 @@ class Extender:
         self.clock = clock
         self._swept = clock()
         self._keys = decisions.keys(config)
+        # (index names version, NodeNames, the known ones as a set, the unknown ones) of the last request
+        self._last_names: tuple[int, tuple[str, ...], set[str], list[str]] | None = None
 
     # --- resolving the group ---------------------------------------------------------------------
 
@@ -163,9 +165,15 @@ class Extender:
     def _snapshot(self, args: ExtenderArgs) -> tuple[placement.Snapshot, set[str], list[str]]:
         """The nodes this request decides over, the feasible ones among them, and the unknown ones."""
         if args.records is None:
-            names, asked = self.cache.index.names, args.node_names
-            known = names.intersection(asked)
-            missing = [] if len(known) == len(asked) else [n for n in asked if n not in names]
+            index, asked = self.cache.index, args.node_names
+            last = self._last_names
+            # kube-scheduler sends the same NodeNames request after request while nothing changes:
+            # comparing two lists of names is far cheaper than hashing 5,000 fresh strings again.
+            if last is not None and last[0] == index.names_version and last[1] == asked:
+                return self.cache, last[2], last[3]
+            known = index.names.intersection(asked)
+            missing = [] if len(known) == len(asked) else [n for n in asked if n not in index.names]
+            self._last_names = (index.names_version, asked, known, missing)
             return self.cache, known, missing
         # kube-scheduler without nodeCacheCapable sends full Nodes: they count for this request only,
         # against the pods the cache knows; the cache itself never sees them.
