@@ -232,6 +232,17 @@ async def test_a_waiting_pod_loses_its_stale_claim_and_is_told_why():
             assert [e[1:3] for e in pod_events(k)] == [("Normal", "GroupPlaced"), ("Normal", "GroupWaiting")]
 
 
+async def test_a_pod_deleted_before_it_was_bound_holds_no_room():
+    pods = [pod(f"train-{i}", gpus=8, **explicit("train", 2)) for i in range(2)]
+    async with running_api() as k:
+        seed(k, pods)
+        async with extender_on(k) as ext:
+            await ext.filter(pods[0], ["us-a-0", "us-a-1"])
+            assert ext.ext.book.groups["ml/explicit/train"].claims
+            await k.api._buses[kmock.resource(PODS)].put({"type": "DELETED", "object": pods[0]})
+            assert await eventually(lambda: not ext.ext.book.groups["ml/explicit/train"].claims)
+
+
 async def test_never_fits_is_a_warning_event_on_the_pod():
     big = pod("big-0", gpus=8, **explicit("big", 3, locality="zone"))
     async with running_api() as k:

@@ -75,6 +75,15 @@ def test_explicit_size_overrides_a_family_size_and_annotations_choose_policies()
     assert spec.homogeneous_keys == ("nvidia.com/gpu.product", "example.com/torch")
 
 
+@pytest.mark.parametrize("name", ["has spaces", "x" * 64, 'quote"d', "-leading"])
+def test_an_explicit_group_name_is_a_label_value(name: str):
+    with pytest.raises(InvalidPlacement) as refused:
+        group_of(pod("p", annotations={"placement.gpustack.ai/group": name}), CONFIG)
+    assert "placement.gpustack.ai/group" in str(refused.value) and "is not a label value" in str(
+        refused.value
+    )
+
+
 def test_a_pod_of_no_group_and_a_configured_domain():
     assert group_of(pod("web"), CONFIG) is None
     other = ExtenderConfig(domain="example.org")
@@ -111,6 +120,14 @@ def test_a_pod_of_no_group_and_a_configured_domain():
         ({"placement.gpustack.ai/group-size": "0"}, "group size '0': outside 1..100000"),
         ({"placement.gpustack.ai/group-size": "9" * 40}, "not a plain ASCII decimal number"),
         ({"kueue.x-k8s.io/pod-group-total-count": "+4"}, "kueue.x-k8s.io/pod-group-total-count: group size"),
+        (
+            {"placement.gpustack.ai/homogeneous": "nvidia.com/gpu.product, not a key!"},
+            "placement.gpustack.ai/homogeneous: 'not a key!' is not a label key",
+        ),
+        (
+            {"placement.gpustack.ai/homogeneous": ",".join(f"example.com/k{i}" for i in range(17))},
+            "placement.gpustack.ai/homogeneous names 17 keys, at most 16",
+        ),
     ],
 )
 def test_bad_annotations_are_clear_errors(annotations, message):

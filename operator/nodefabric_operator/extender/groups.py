@@ -6,6 +6,7 @@ explicit `placement.<domain>/group` and `placement.<domain>/group-size`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,13 @@ LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 # ASCII digits only: int() also takes "1_000", " 8" and "٨", which no controller writes. The bound keeps a
 # typo of a few extra digits a clear error instead of a group that waits forever.
 GROUP_SIZE = Quantity("group size", 1, 100_000)
+# A group's name appears in every reason and summary: it is held to what a label value may be.
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", re.ASCII)
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+    re.ASCII,
+)
+MAX_HOMOGENEOUS_KEYS = 16
 
 
 class InvalidPlacement(ValueError):
@@ -100,6 +108,11 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     size_text: str | None = None
     size_key = ""
     explicit = lookup(prefix + "group")
+    if explicit and (len(explicit) > 63 or not _LABEL_VALUE.fullmatch(explicit)):
+        shown = explicit if len(explicit) <= 63 else f"{explicit[:63]}..."
+        raise InvalidPlacement(
+            f"{prefix}group {shown!r} is not a label value (63 characters, [A-Za-z0-9_.-])"
+        )
     if explicit:
         family, name = "explicit", explicit
     else:
@@ -133,9 +146,16 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     if canonical(rank) not in RANKS:
         raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}", key)
     homog_text = annotations.get(prefix + "homogeneous")
-    homogeneous = (
-        tuple(k.strip() for k in homog_text.split(",") if k.strip()) if isinstance(homog_text, str) else None
-    )
+    homogeneous = None
+    if isinstance(homog_text, str):
+        homogeneous = tuple(dict.fromkeys(k.strip() for k in homog_text.split(",") if k.strip()))
+        bad = next((k for k in homogeneous if len(k) > 317 or not _LABEL_KEY.fullmatch(k)), None)
+        if bad is not None:
+            raise InvalidPlacement(f"{prefix}homogeneous: {bad[:80]!r} is not a label key", key)
+        if len(homogeneous) > MAX_HOMOGENEOUS_KEYS:
+            raise InvalidPlacement(
+                f"{prefix}homogeneous names {len(homogeneous)} keys, at most {MAX_HOMOGENEOUS_KEYS}", key
+            )
     return GroupSpec(
         key=key,
         family=family,

@@ -96,6 +96,8 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
 def _labels(value: object, where: str) -> dict[str, str]:
     labels = _mapping(value, where)
     for key, val in labels.items():
+        if not isinstance(key, str):
+            raise NodeError(f"{where}: key {key!r} is not a string")
         if not isinstance(val, str):
             raise NodeError(f"{where}[{key!r}]: must be a string, got {type(val).__name__}")
         if len(val) > MAX_LABEL_VALUE:

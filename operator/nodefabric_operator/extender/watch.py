@@ -78,6 +78,9 @@ def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
             cache.upsert_pod(item)
 
     def _delete_pod(uid: str) -> None:
+        old = cache.pods.get(uid)
+        if old is not None and old.group:
+            book.release(old.group, uid)  # a pod deleted before it was bound holds no room any more
         gone = cache.delete_pod(uid)
         if gone is not None:
             book.forget(gone)  # the group has no pod left: release its bucket and claims
@@ -131,10 +134,12 @@ class Watcher:
         self._lock = threading.Lock()  # the watch threads write `broken`, the event loop reads it
 
     def problems(self, grace: float) -> list[str]:
-        """The feeds broken for longer than `grace` seconds, with their last error."""
+        """The node and pod feeds broken for longer than `grace` seconds, with their last error (the
+        PodGroup feeds only refine group sizes; they never fail health)."""
         now = self.clock()
+        required = {f.name for f in self.feeds if not f.optional}
         with self._lock:
-            broken = sorted(self.broken.items())
+            broken = sorted((k, v) for k, v in self.broken.items() if k in required)
         return [
             f"{name} watch broken for {now - since:.0f}s: {error}"
             for name, (since, error) in broken
@@ -175,8 +180,9 @@ class Watcher:
             try:
                 self._list_and_watch(feed, loop)
             except ApiException as exc:
-                if exc.status == 404 and feed.optional:
-                    log.info("resource not served, not watching it", extra={"resource": feed.name})
+                if exc.status in (403, 404) and feed.optional:
+                    # Not served (404), or not ours to read (403): group sizes come from pods instead.
+                    log.info("resource not watched", extra={"resource": feed.name, "status": exc.status})
                     self._ok(feed)
                     loop.call_soon_threadsafe(self._listed_once, feed)
                     return
