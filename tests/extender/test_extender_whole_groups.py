@@ -112,19 +112,24 @@ def _id(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-@pytest.mark.parametrize(("case", "carry", "spec"), _unusable_by_rule(), ids=_id)
-async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: Any, spec: Any):
+async def _two_usable_two_extra(carry: Any, spec: Any) -> dict[str, Any]:
+    """A group of 4 on two nodes it may use, beside two more that carry `carry`; the pods carry `spec`.
+    kube-scheduler passes only the two; they hold 2 of the 4 pods."""
     base = [node(f"a-{i}", zone="z", labels={"pool": "a"}) for i in range(2)]
     extra = [_extra(f"x-{i}", carry) for i in range(2)]
     p = group(4)[0]
     p["spec"].update(spec)
     async with extender(base + extra) as client:
-        # kube-scheduler passes only the nodes the pod may use; two of them hold 2 of the 4 pods.
-        result = await filter_(client, p, names(base))
-        assert (
-            list(result["FailedAndUnresolvableNodes"].values())
-            == [f"never fits: no set of nodes of one {PRODUCT} can hold the 4 pods of group {GROUP}"] * 2
-        ), case
+        return await filter_(client, p, names(base))
+
+
+@pytest.mark.parametrize(("case", "carry", "spec"), _unusable_by_rule(), ids=_id)
+async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: Any, spec: Any):
+    result = await _two_usable_two_extra(carry, spec)
+    assert (
+        list(result["FailedAndUnresolvableNodes"].values())
+        == [f"never fits: no set of nodes of one {PRODUCT} can hold the 4 pods of group {GROUP}"] * 2
+    ), case
 
 
 @pytest.mark.parametrize(
@@ -142,16 +147,11 @@ async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: A
     ids=_id,
 )  # fmt: skip
 async def test_nodes_the_pods_may_use_make_the_group_wait_not_never_fit(case, carry, spec):
-    base = [node(f"a-{i}", zone="z", labels={"pool": "a"}) for i in range(2)]
-    extra = [_extra(f"x-{i}", carry) for i in range(2)]
-    p = group(4)[0]
-    p["spec"].update(spec)
-    async with extender(base + extra) as client:
-        result = await filter_(client, p, names(base))
-        assert result["FailedAndUnresolvableNodes"] == {}, case
-        assert set(result["FailedNodes"].values()) == {
-            f"group {GROUP} waits for one set of nodes of one {PRODUCT} with room for 4 pods"
-        }
+    result = await _two_usable_two_extra(carry, spec)
+    assert result["FailedAndUnresolvableNodes"] == {}, case
+    assert set(result["FailedNodes"].values()) == {
+        f"group {GROUP} waits for one set of nodes of one {PRODUCT} with room for 4 pods"
+    }
 
 
 async def test_later_pods_follow_the_groups_claim():
