@@ -149,6 +149,19 @@ async def test_group_records_are_capped_and_a_dropped_one_is_rebuilt_from_its_po
         assert old["location"] == "us-b"
 
 
+async def test_a_claim_without_its_decision_text_still_says_where_the_group_goes():
+    nodes = fleet(per_zone=2)
+    product = (("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),)
+    earlier = _claim_pod("old-0", "old", Choice("zone", "us-b", product, (("region", "us"),), ""))
+    async with extender([*nodes, earlier]) as client:
+        await filter_(client, pod("old-1", gpus=8, **explicit("old", 3)), ["us-b-0", "us-b-1", "eu-a-0"])
+        (old,) = await (await client.get("/debug/groups")).json()
+        assert old["summary"] == (
+            "group ml/explicit/old goes to zone us-b of region us"
+            " with nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+        )
+
+
 async def test_prioritize_changes_nothing():
     nodes = fleet(per_zone=2)
     names = [n["metadata"]["name"] for n in nodes]

@@ -460,9 +460,12 @@ def _follow(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str]) -> Decision:
     group = ctx.group
     ans = _answer(ctx, choice, feasible)
     if ans.allowed:
-        return Decision(
-            "placed", tuple(ans.allowed), ans.rejected, False, choice.level, choice.summary, choice
+        # A bucket read back from a claim whose decision text is gone still says where the group goes.
+        summary = choice.summary or (
+            f"group {group.key} goes to {ctx.where(choice.level, choice.location, choice.enclosing)}"
+            f"{_describe_homog(choice.homogeneity)}"
         )
+        return Decision("placed", tuple(ans.allowed), ans.rejected, False, choice.level, summary, choice)
     where = ctx.where(choice.level, choice.location, ())
     if group.locality == "prefer":
         widen = [*((lv, loc) for lv, loc in choice.enclosing), *([(ANY, "")] if choice.level != ANY else [])]
