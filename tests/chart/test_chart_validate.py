@@ -23,7 +23,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "agent": {
             "families": {"shared": False, "partitioned": False},
             "runtimeClassName": "nvidia",
-            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.local:3128"}],
             "affinity": {
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -284,7 +284,11 @@ def test_values_schema_refuses_bad_values_naming_the_key(
 def test_values_yaml_documents_every_key() -> None:
     """Every chart setting in values.yaml has a comment right above it; free-form maps and lists that
     pass straight into the pod (resources, nodeSelector, tolerations, ...) are documented as a whole."""
-    free_form = {"resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "env", "labels"}
+    free_form = {
+        "resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels", "labels",
+        "annotations", "securityContext", "containerSecurityContext", "extraEnv", "extraVolumes",
+        "extraVolumeMounts",
+    }  # fmt: skip
     undocumented = []
     path: list[tuple[int, str]] = []
     lines = (CHART / "values.yaml").read_text().splitlines()
