@@ -115,7 +115,8 @@ def main() -> int:
     fresh = render(current)
     if args.check:
         if fresh != current:
-            print(f"{SCHEMA.relative_to(ROOT)} is stale: run python hack/gen_values_schema.py", file=sys.stderr)
+            stale = SCHEMA.relative_to(ROOT)
+            print(f"{stale} is stale: run python hack/gen_values_schema.py", file=sys.stderr)
             return 1
         return 0
     SCHEMA.write_text(fresh)

@@ -87,7 +87,8 @@ def test_agent_runs_on_the_host_network_to_hear_link_uevents(render, default_doc
     moved = container(agent(render({"agent": {"metricsPort": 19464, "healthPort": 19465}})), "agent")
     assert {(p["containerPort"], p["hostPort"]) for p in moved["ports"]} == {(19464, 19464), (19465, 19465)}
     args = moved["args"]
-    assert (args[args.index("--metrics-port") + 1], args[args.index("--health-port") + 1]) == ("19464", "19465")
+    assert args[args.index("--metrics-port") + 1] == "19464"
+    assert args[args.index("--health-port") + 1] == "19465"
     # Its own network namespace, when asked: no host ports, no host address, default DNS.
     own = agent(render({"agent": {"hostNetwork": False}}))
     spec, c = pod_spec(own), container(own, "agent")
@@ -185,12 +186,13 @@ def test_image_follows_values(render, default_docs: list[Doc]) -> None:
     for name in (AGENT, "nf-nodefabric-operator", EXTENDER):
         w = next(w for w in workloads(default_docs) if w["metadata"]["name"] == name)
         assert pod_spec(w)["containers"][0]["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
-    docs = render({"image": {"registry": "registry.local:5000", "repository": "gpu/nf", "tag": "dev", "pullPolicy": "Never"}})
+    image = {"registry": "registry.local:5000", "repository": "gpu/nf", "tag": "dev", "pullPolicy": "Never"}
+    docs = render({"image": image})
     c = container(agent(docs), "agent")
     assert (c["image"], c["imagePullPolicy"]) == ("registry.local:5000/gpu/nf:dev", "Never")
     # No registry: the repository is the whole reference (a kind-loaded image, a Docker Hub short name).
-    c = container(agent(render({"image": {"registry": "", "repository": "nodefabric", "tag": "e2e"}})), "agent")
-    assert c["image"] == "nodefabric:e2e"
+    bare = {"registry": "", "repository": "nodefabric", "tag": "e2e"}
+    assert container(agent(render({"image": bare})), "agent")["image"] == "nodefabric:e2e"
     # A digest pins the image whatever the tag says, for every component.
     digest = "sha256:" + "ab" * 32
     docs = render({"image": {"digest": digest, "tag": "ignored"}})
