@@ -267,3 +267,10 @@ Call with (dict "what" "agent.extraVolumes" "key" "name" "items" $list). */}}
 {{- $_ := set $seen $k true -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Annotations of the CRD upgrade hook's objects; call with the hook weight as a string. */}}
+{{- define "nodefabric.crdHook" -}}
+helm.sh/hook: pre-install,pre-upgrade
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}

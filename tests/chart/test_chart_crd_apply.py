@@ -1,0 +1,298 @@
+"""`nodefabric crd apply`, the chart's CRD upgrade hook, through the real command against the embedded API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_support import CHART
+
+from nodefabric_devicemanager import cli, crd
+from nodefabric_operator import crd_apply
+from nodefabric_operator.crd_apply import NAME, VERSION_ANNOTATION, desired, plan, release
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+
+CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
+OURS = crd_apply.this_version()
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def apply(k: RunningAPI, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    # The client blocks; the emulator serves on this loop, so the command runs in a worker thread. At
+    # WARNING, stderr holds what the command says, not the emulator's access log (same process).
+    args = ["--log-level", "WARNING", "crd", "apply", "--kubeconfig", k.kubeconfig, *extra]
+    return await asyncio.to_thread(run_cli, args, capsys)
+
+
+def stored(k: RunningAPI) -> dict[str, Any]:
+    obj = k.api.stored(CRDS, NAME)
+    assert obj is not None
+    return obj
+
+
+def seed(k: RunningAPI, body: dict[str, Any], stored_versions: list[str] | None = None) -> None:
+    """A CRD already on the cluster, as Helm's crds/ or an older release left it."""
+    obj = copy.deepcopy(body)
+    obj["status"] = {"storedVersions": stored_versions or ["v1alpha1"]}
+    k.api.put_object(CRDS, obj)
+
+
+def older(version: str) -> dict[str, Any]:
+    """This CRD as an older release wrote it: one spec field and one printer column fewer."""
+    body = desired(version)
+    schema = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    removed = sorted(schema["properties"])[0]
+    del schema["properties"][removed]
+    body["spec"]["versions"][0]["additionalPrinterColumns"].pop()
+    return body
+
+
+def writes(k: RunningAPI) -> int:
+    return k.count("POST", CRDS) + k.count("PATCH", CRDS) + k.count("PUT", CRDS)
+
+
+async def test_creates_the_crd_when_the_cluster_has_none(capsys) -> None:
+    async with running_api() as k:
+        code, out, err = await apply(k, capsys)
+        assert (code, err) == (0, "")
+        assert out == f"created CustomResourceDefinition {NAME} (nodefabric {OURS})\n"
+        got = stored(k)
+        assert got["spec"] == crd.devices_crd()["spec"]
+        assert got["metadata"]["annotations"] == {VERSION_ANNOTATION: OURS}
+        assert (k.count("GET", CRDS), k.count("POST", CRDS), k.count("PATCH", CRDS)) == (1, 1, 0)
+        # A second run finds it as it should be and writes nothing.
+        code, out, _ = await apply(k, capsys)
+        assert (code, out) == (0, f"CustomResourceDefinition {NAME} unchanged (nodefabric {OURS})\n")
+        assert writes(k) == 1
+
+
+async def test_records_the_version_on_the_crd_helm_installed_from_the_chart(capsys) -> None:
+    """First install: Helm created the CRD from crds/ just before the hook ran. Same schema, no version."""
+    chart_crd = yaml.safe_load((CHART / "crds" / crd.CRD_FILE).read_text())
+    async with running_api() as k:
+        seed(k, chart_crd)
+        code, out, _ = await apply(k, capsys)
+        assert code == 0
+        assert out == (
+            f"updated CustomResourceDefinition {NAME} from a version nodefabric did not record to "
+            f"nodefabric {OURS}: schema unchanged, version recorded\n"
+        )
+        assert stored(k)["metadata"]["annotations"][VERSION_ANNOTATION] == OURS
+        assert stored(k)["spec"] == chart_crd["spec"]
+
+
+async def test_upgrades_an_older_crd_and_says_what_changed(capsys) -> None:
+    async with running_api() as k:
+        seed(k, older("0.0.1"))
+        code, out, err = await apply(k, capsys)
+        assert (code, err) == (0, "")
+        assert out.startswith(f"updated CustomResourceDefinition {NAME} from nodefabric 0.0.1 to nodefabric {OURS}")
+        assert "spec.versions" in out and "fields added: v1alpha1:spec." in out and "removed" not in out
+        got = stored(k)
+        assert got["spec"] == crd.devices_crd()["spec"]
+        assert got["metadata"]["annotations"][VERSION_ANNOTATION] == OURS
+        # One read, one conditional patch.
+        assert (k.count("GET", CRDS), k.count("PATCH", CRDS), k.count("POST", CRDS)) == (1, 1, 0)
+        (patch,) = k.requests("PATCH", CRDS)
+        assert patch.data["metadata"]["resourceVersion"]
+
+
+async def test_a_field_the_build_no_longer_has_is_removed_not_left_behind(capsys) -> None:
+    async with running_api() as k:
+        legacy = desired("0.0.1")
+        spec_schema = legacy["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        spec_schema["properties"]["legacyField"] = {"type": "string"}
+        legacy["spec"]["names"]["shortNames"] = ["legacy"]
+        seed(k, legacy)
+        code, out, _ = await apply(k, capsys)
+        assert code == 0
+        assert "fields removed: v1alpha1:spec.legacyField" in out
+        got = stored(k)
+        assert "legacyField" not in json.dumps(got["spec"])
+        assert got["spec"]["names"] == crd.devices_crd()["spec"]["names"]
+
+
+async def test_refuses_to_downgrade_a_crd_a_newer_release_wrote(capsys) -> None:
+    async with running_api() as k:
+        newer = older("99.0.0")
+        seed(k, newer)
+        code, out, _ = await apply(k, capsys)
+        assert code == 1
+        assert out.startswith(
+            f"refused to update CustomResourceDefinition {NAME} (written by nodefabric 99.0.0, newer than "
+            f"this nodefabric {OURS}): it stays as it is."
+        )
+        assert "crds.upgradeJob.enabled=false" in out and "--allow-downgrade" in out
+        assert writes(k) == 0
+        assert stored(k)["metadata"]["annotations"][VERSION_ANNOTATION] == "99.0.0"
+        # Asked for explicitly, it replaces it.
+        code, out, _ = await apply(k, capsys, "--allow-downgrade")
+        assert code == 0 and out.startswith("updated ")
+        assert stored(k)["spec"] == crd.devices_crd()["spec"]
+
+
+async def test_never_drops_a_version_objects_are_stored_in(capsys) -> None:
+    async with running_api() as k:
+        seed(k, older("0.0.1"), stored_versions=["v1alpha1", "v1beta1"])
+        code, out, _ = await apply(k, capsys, "--allow-downgrade")
+        assert code == 1
+        assert "objects are stored as v1beta1, which" in out and "status.storedVersions" in out
+        assert writes(k) == 0
+
+
+async def test_dry_run_says_what_it_would_do_and_writes_nothing(capsys) -> None:
+    async with running_api() as k:
+        code, out, _ = await apply(k, capsys, "--dry-run")
+        assert (code, out) == (0, f"would create CustomResourceDefinition {NAME} (nodefabric {OURS})\n")
+        seed(k, older("0.0.1"))
+        code, out, _ = await apply(k, capsys, "--dry-run")
+        assert code == 0 and out.startswith(f"would update CustomResourceDefinition {NAME} from nodefabric 0.0.1")
+        assert writes(k) == 0
+
+
+async def test_a_concurrent_change_is_read_again_not_overwritten(capsys) -> None:
+    async with running_api() as k:
+        seed(k, older("0.0.1"))
+        k.api.fail_next(1, 409)  # someone else wrote it between our read and our patch
+        code, out, _ = await apply(k, capsys)
+        assert code == 0 and out.startswith("updated ")
+        assert (k.count("GET", CRDS), k.count("PATCH", CRDS)) == (2, 2)
+        assert stored(k)["spec"] == crd.devices_crd()["spec"]
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (403, "forbidden"),
+        (422, "HTTP 422"),
+        (503, "HTTP 503"),
+    ],
+)
+async def test_an_api_refusal_is_one_line_and_exit_1(capsys, status: int, says: str) -> None:
+    async with running_api() as k:
+        k.api.fail_next(1, status)
+        code, out, err = await apply(k, capsys)
+        assert code == 1 and out == ""
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert "the CRD was not applied" in err and says in err
+
+
+def test_an_unreachable_api_is_one_line_and_exit_1(capsys, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    code, out, err = run_cli(["crd", "apply", "--kubeconfig", str(kubeconfig)], capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "did not answer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", ["", "not: [a kubeconfig", "apiVersion: v1\nkind: Config\n"])
+def test_a_bad_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path: Path, content: str) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(content)
+    code, out, err = run_cli(["crd", "apply", "--kubeconfig", str(kubeconfig)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "cannot reach the kubernetes api" in err and "Traceback" not in err
+
+
+def test_print_writes_the_crd_apply_would_write(capsys) -> None:
+    code, out, _ = run_cli(["crd", "print"], capsys)
+    assert code == 0
+    assert "&id" not in out and "*id" not in out  # no YAML anchors in a file people read
+    assert yaml.safe_load(out) == desired(OURS)
+
+
+def test_an_unknown_action_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["crd", "delete"])
+    assert exited.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# The decision, as a pure function.
+
+
+def as_the_api_server_returns_it(body: dict[str, Any]) -> dict[str, Any]:
+    """Go structs round-trip: false, empty strings and empty lists omitted (omitempty), integers as
+    float64; an empty object stays (`subresources.status: {}` is a pointer to an empty struct)."""
+
+    def go(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: go(v) for k, v in node.items() if not (v is False or v is None or v in ("", []))}
+        if isinstance(node, list):
+            return [go(n) for n in node]
+        if isinstance(node, int) and not isinstance(node, bool):
+            return float(node)
+        return node
+
+    out = go(copy.deepcopy(body))
+    out["metadata"]["resourceVersion"] = "7"
+    return out
+
+
+def test_the_api_servers_normal_form_is_not_a_change() -> None:
+    wanted = desired(OURS)
+    schema = wanted["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["status"]["properties"]["bounded"] = {
+        "type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": False,
+    }  # fmt: skip
+    assert plan(as_the_api_server_returns_it(wanted), wanted).action == "unchanged"
+
+
+def test_a_real_change_in_a_bound_is_a_change() -> None:
+    wanted = desired(OURS)
+    live = as_the_api_server_returns_it(wanted)
+    live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["maxProperties"] = 3.0
+    step = plan(live, wanted)
+    assert step.action == "update"
+    assert step.body is not None and step.body["spec"]["versions"] == wanted["spec"]["versions"]
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("0.1.0", (0, 1)),
+        ("v1.2.3", (1, 2, 3)),
+        ("1.2", (1, 2)),
+        ("1.2.0rc1", (1, 2)),
+        ("10.0.1", (10, 0, 1)),
+        ("", None),
+        ("garbage", None),
+    ],
+)
+def test_release_numbers(text: str, parsed: tuple[int, ...] | None) -> None:
+    assert release(text) == parsed
+
+
+@pytest.mark.parametrize("theirs", ["garbage", "", "0+unknown"])
+def test_a_version_annotation_that_says_nothing_is_not_a_downgrade(theirs: str) -> None:
+    live = as_the_api_server_returns_it(older("0.0.1"))
+    live["metadata"]["annotations"][VERSION_ANNOTATION] = theirs
+    assert plan(live, desired(OURS)).action == "update"
+
+
+def test_ten_is_newer_than_nine() -> None:
+    """Release numbers compare as numbers, not as text ("10.0.0" < "9.0.0" as strings)."""
+    live = as_the_api_server_returns_it(older("10.0.0"))
+    assert plan(live, desired("9.0.0")).action == "refuse"
+    assert plan(as_the_api_server_returns_it(older("9.0.0")), desired("10.0.0")).action == "update"
