@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import CHART
+from chart_support import CHART, Doc, of_kind, one, pod_spec
+from test_chart_rbac import CLUSTER, grants_of
 
 from nodefabric_devicemanager import cli, crd
 from nodefabric_operator import crd_apply
@@ -96,7 +97,9 @@ async def test_upgrades_an_older_crd_and_says_what_changed(capsys) -> None:
         seed(k, older("0.0.1"))
         code, out, err = await apply(k, capsys)
         assert (code, err) == (0, "")
-        assert out.startswith(f"updated CustomResourceDefinition {NAME} from nodefabric 0.0.1 to nodefabric {OURS}")
+        assert out.startswith(
+            f"updated CustomResourceDefinition {NAME} from nodefabric 0.0.1 to nodefabric {OURS}"
+        )
         assert "spec.versions" in out and "fields added: v1alpha1:spec." in out and "removed" not in out
         got = stored(k)
         assert got["spec"] == crd.devices_crd()["spec"]
@@ -156,7 +159,9 @@ async def test_dry_run_says_what_it_would_do_and_writes_nothing(capsys) -> None:
         assert (code, out) == (0, f"would create CustomResourceDefinition {NAME} (nodefabric {OURS})\n")
         seed(k, older("0.0.1"))
         code, out, _ = await apply(k, capsys, "--dry-run")
-        assert code == 0 and out.startswith(f"would update CustomResourceDefinition {NAME} from nodefabric 0.0.1")
+        assert code == 0 and out.startswith(
+            f"would update CustomResourceDefinition {NAME} from nodefabric 0.0.1"
+        )
         assert writes(k) == 0
 
 
@@ -296,3 +301,80 @@ def test_ten_is_newer_than_nine() -> None:
     live = as_the_api_server_returns_it(older("10.0.0"))
     assert plan(live, desired("9.0.0")).action == "refuse"
     assert plan(as_the_api_server_returns_it(older("9.0.0")), desired("10.0.0")).action == "update"
+
+
+# The hook in the chart: when it runs, what it may do, and that this is exactly what the command does.
+
+HOOK = "nf-nodefabric-crd-upgrade"
+HOOK_GRANTS = {
+    (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", NAME): {"get", "patch"},
+    # create cannot be narrowed to a name: RBAC checks it before the object has one.
+    (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", ""): {"create"},
+}
+VERB_OF = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def hook_objects(docs: list[Doc]) -> list[Doc]:
+    return [d for d in docs if d["metadata"]["name"] == HOOK]
+
+
+def test_the_hook_runs_before_install_and_upgrade_with_its_rbac_first(default_docs: list[Doc]) -> None:
+    objects = {d["kind"]: d for d in hook_objects(default_docs)}
+    assert set(objects) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    weights = {}
+    for kind, d in objects.items():
+        notes = d["metadata"]["annotations"]
+        assert notes["helm.sh/hook"] == "pre-install,pre-upgrade", kind
+        # Deleted once it worked; kept after a failure (for its log) until the next run replaces it.
+        assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded", kind
+        weights[kind] = int(notes["helm.sh/hook-weight"])
+    assert max(weights[k] for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")) < weights["Job"]
+
+
+def test_the_hook_may_do_exactly_what_the_command_does(default_docs: list[Doc]) -> None:
+    grants, builtin = grants_of(default_docs, HOOK)
+    assert grants == HOOK_GRANTS
+    assert builtin == set()
+    # The name it may touch is the CRD the chart ships.
+    shipped = one(default_docs, "CustomResourceDefinition", NAME)
+    assert shipped["metadata"]["name"] == NAME
+
+
+async def test_every_request_the_command_makes_is_one_the_hook_may_make(capsys) -> None:
+    """Create, update after a conflict, unchanged and a dry run: every request, as verb and name, is
+    granted by the hook's ClusterRole (nothing else is needed, so nothing else is granted)."""
+    async with running_api() as k:
+        await apply(k, capsys)
+        await apply(k, capsys)
+        k.api.put_object(CRDS, {**older("0.0.1"), "status": {"storedVersions": ["v1alpha1"]}})
+        k.api.fail_next(1, 409)
+        await apply(k, capsys)
+        await apply(k, capsys, "--dry-run")
+        used = {
+            (VERB_OF[str(getattr(r.method, "value", r.method)).upper()], r.name or "")
+            for r in k.requests(resource=CRDS)
+        }
+    assert used == {("get", NAME), ("patch", NAME), ("create", "")}
+    for verb, name in used:
+        assert verb in HOOK_GRANTS[(CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", name)]
+
+
+def test_the_hook_job(default_docs: list[Doc]) -> None:
+    job = one(default_docs, "Job", HOOK)
+    spec = pod_spec(job)
+    assert spec["serviceAccountName"] == HOOK
+    assert spec["restartPolicy"] == "Never"
+    assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["activeDeadlineSeconds"] <= 600
+    (c,) = spec["containers"]
+    # The CRD comes from the image the agent runs: the schema of the code that writes the records.
+    agent_image = pod_spec(one(default_docs, "DaemonSet", "nf-nodefabric-agent"))["containers"][0]["image"]
+    assert c["image"] == agent_image
+    assert c["args"][-2:] == ["crd", "apply"]
+    assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_the_hook_can_be_turned_off(render) -> None:
+    docs = render({"crds": {"upgradeJob": {"enabled": False}}})
+    assert hook_objects(docs) == []
+    # The CRD itself is still installed from crds/ on first install.
+    assert of_kind(docs, "CustomResourceDefinition")
