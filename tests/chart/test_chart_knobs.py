@@ -481,3 +481,28 @@ def test_components_stay_in_the_release_namespace(knobbed: list[Doc]) -> None:
         if "namespace" in d["metadata"]:
             # The scheduler's auth-reader binding is in kube-system by design (it reads a ConfigMap there).
             assert d["metadata"]["namespace"] in (NAMESPACE, "kube-system"), d["metadata"]["name"]
+
+
+def readme_values(name: str) -> dict[str, Any]:
+    """The values example of the chart README marked `# values: <name>`."""
+    import yaml
+    from chart_support import CHART
+
+    text = (CHART / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n(# values: (\S+)\n.*?)```", text, flags=re.S)
+    (found,) = [block for block, label in blocks if label == name]
+    values: dict[str, Any] = yaml.safe_load(found)
+    return values
+
+
+def test_the_ascend_example_of_the_readme_renders_valid_and_mounts_the_driver(render) -> None:
+    docs = render(readme_values("ascend"))
+    validate_all(docs)
+    c = ctr(docs, AGENT)
+    mounted = {m["mountPath"]: m for m in c["volumeMounts"]}
+    for path in ("/usr/local/Ascend/driver", "/usr/local/dcmi"):
+        assert mounted[path]["readOnly"] is True
+    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    # libdcmi.so is loaded by name: the mounted directories must be on the loader's path.
+    assert {"/usr/local/dcmi", "/usr/local/Ascend/driver/lib64"} <= set(env["LD_LIBRARY_PATH"].split(":"))
+    assert c["securityContext"]["privileged"] is True
