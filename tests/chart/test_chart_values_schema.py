@@ -3,14 +3,12 @@ documented in values.yaml, and the Kubernetes object schemas inside it are the g
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 import yaml
-from chart_support import CHART, ROOT
+from chart_support import CHART, load_hack
 
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -18,14 +16,6 @@ VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 NOT_IN_VALUES = {"global"}
 # Kubernetes objects passed into a pod as given; their optional fields need no default.
 KUBERNETES_OBJECTS = {"resources"}
-
-
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_values_schema", ROOT / "hack" / "gen_values_schema.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def resolve(node: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -50,7 +40,7 @@ def objects(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[st
 
 def test_the_kubernetes_schemas_are_the_generated_ones() -> None:
     text = (CHART / "values.schema.json").read_text()
-    assert load_generator().render(text) == text, "stale: run python hack/gen_values_schema.py"
+    assert load_hack("gen_values_schema").render(text) == text, "stale: run python hack/gen_values_schema.py"
 
 
 def test_every_reference_resolves() -> None:
