@@ -123,7 +123,7 @@ def schema_fields(body: dict[str, Any]) -> set[str]:
     def walk(node: Any, path: str, version: str) -> None:
         if not isinstance(node, dict):
             return
-        for name, sub in (node.get("properties") or {}).items():
+        for name, sub in _object(node.get("properties")).items():
             here = f"{path}.{name}" if path else name
             found.add(f"{version}:{here}")
             walk(sub, here, version)
@@ -132,10 +132,16 @@ def schema_fields(body: dict[str, Any]) -> set[str]:
         if isinstance(node.get("additionalProperties"), dict):
             walk(node["additionalProperties"], f"{path}{{}}", version)
 
-    for v in (body.get("spec") or {}).get("versions") or []:
+    versions = _object(body.get("spec")).get("versions")
+    for v in versions if isinstance(versions, list) else []:
         if isinstance(v, dict):
-            walk(((v.get("schema") or {}).get("openAPIV3Schema")) or {}, "", str(v.get("name", "")))
+            walk(_object(v.get("schema")).get("openAPIV3Schema"), "", str(v.get("name", "")))
     return found
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A field that should hold an object, or {} when it holds anything else (a hand-edited CRD)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _named(fields: set[str]) -> str:
@@ -156,10 +162,13 @@ def plan(live: dict[str, Any] | None, wanted: dict[str, Any], allow_downgrade: b
     ours = wanted["metadata"]["annotations"][VERSION_ANNOTATION]
     if live is None:
         return Plan("create", f"(nodefabric {ours})", copy.deepcopy(wanted))
-    theirs = str(((live.get("metadata") or {}).get("annotations") or {}).get(VERSION_ANNOTATION) or "")
+    meta = _object(live.get("metadata"))
+    # On one line and short, whatever a hand edit put there: it is printed.
+    theirs = " ".join(str(_object(meta.get("annotations")).get(VERSION_ANNOTATION) or "").split())[:64]
     was = f"nodefabric {theirs}" if theirs else "a version nodefabric did not record"
     served = {v.get("name") for v in wanted["spec"]["versions"] if v.get("served")}
-    stored = set((live.get("status") or {}).get("storedVersions") or [])
+    stored_list = _object(live.get("status")).get("storedVersions")
+    stored = {str(v) for v in stored_list} if isinstance(stored_list, list) else set()
     if stored - served:
         return Plan(
             "refuse",
@@ -176,7 +185,7 @@ def plan(live: dict[str, Any] | None, wanted: dict[str, Any], allow_downgrade: b
             "turning the upgrade job off (crds.upgradeJob.enabled=false), or replace it with "
             "--allow-downgrade (crds.upgradeJob.allowDowngrade=true)",
         )
-    live_spec = live.get("spec") or {}
+    live_spec = _object(live.get("spec"))
     spec_patch = {
         key: merge_patch(live_spec.get(key), value)
         for key, value in wanted["spec"].items()
@@ -184,7 +193,6 @@ def plan(live: dict[str, Any] | None, wanted: dict[str, Any], allow_downgrade: b
     }
     if not spec_patch and theirs == ours:
         return Plan("unchanged", f"(nodefabric {ours})")
-    meta = live.get("metadata") or {}
     # The resourceVersion makes the patch conditional: a CRD changed since our read answers 409.
     patch: dict[str, Any] = {
         "metadata": {
@@ -252,6 +260,8 @@ class CrdApi:
                 _preload_content=False,
             )
         except ApiException as exc:
+            if exc.status == http.HTTPStatus.NOT_FOUND:  # deleted since our read: read again, create it
+                raise Conflict(f"patch CustomResourceDefinition {NAME}") from exc
             raise _failure(exc, f"patch CustomResourceDefinition {NAME}") from exc
 
 

@@ -378,3 +378,54 @@ def test_the_hook_can_be_turned_off(render) -> None:
     assert hook_objects(docs) == []
     # The CRD itself is still installed from crds/ on first install.
     assert of_kind(docs, "CustomResourceDefinition")
+
+
+async def test_a_create_race_is_read_again(capsys) -> None:
+    """Someone created the CRD between our read and our create (AlreadyExists is a 409)."""
+    async with running_api() as k:
+        k.api.fail_next(1, 409)
+        code, out, _ = await apply(k, capsys)
+        assert (code, out) == (0, f"created CustomResourceDefinition {NAME} (nodefabric {OURS})\n")
+        assert (k.count("GET", CRDS), k.count("POST", CRDS)) == (2, 2)
+
+
+async def test_a_crd_deleted_between_read_and_patch_is_read_again(capsys) -> None:
+    async with running_api() as k:
+        seed(k, older("0.0.1"))
+        k.api.fail_next(1, 404)
+        code, out, _ = await apply(k, capsys)
+        assert code == 0 and out.startswith("updated ")
+        assert (k.count("GET", CRDS), k.count("PATCH", CRDS)) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda c: c.update(spec="garbage"),
+        lambda c: c.update(status=["not", "an", "object"]),
+        lambda c: c.update(status={"storedVersions": "v1alpha1"}),
+        lambda c: c.update(status={"storedVersions": [1, None]}),
+        lambda c: c["metadata"].update(annotations=["x"]),
+        lambda c: c["metadata"]["annotations"].update(
+            {VERSION_ANNOTATION: "1.0\nrefused to update everything"}
+        ),
+        lambda c: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"].update(properties=["spec"]),
+        lambda c: c["spec"].update(versions={"v1alpha1": {}}),
+    ],
+    ids=[
+        "spec",
+        "status",
+        "stored-string",
+        "stored-junk",
+        "annotations",
+        "version-newline",
+        "props",
+        "versions",
+    ],
+)
+def test_a_hand_edited_crd_is_planned_not_a_traceback(spoil: Any) -> None:
+    live = as_the_api_server_returns_it(older("0.0.1"))
+    spoil(live)
+    step = plan(live, desired(OURS))
+    assert step.action in ("update", "refuse")
+    assert "\n" not in step.detail

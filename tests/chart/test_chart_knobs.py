@@ -306,7 +306,12 @@ def mounts(docs: list[Doc]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize(
     ("root", "sys", "dev"),
-    [("/", "/sys", "/dev"), ("/opt/fixture/host/", "/opt/fixture/host/sys", "/opt/fixture/host/dev")],
+    [
+        ("/", "/sys", "/dev"),
+        ("//", "/sys", "/dev"),
+        ("/opt/fixture/host/", "/opt/fixture/host/sys", "/opt/fixture/host/dev"),
+        ("/opt//fixture/./host", "/opt/fixture/host/sys", "/opt/fixture/host/dev"),
+    ],
 )
 def test_host_root_moves_the_host_paths_the_agent_reads(render, root: str, sys: str, dev: str) -> None:
     docs = render({"agent": {"hostRoot": root}})
@@ -418,6 +423,16 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
         ({"apiPriorityAndFairness": {"lendablePercent": 101}}, "/apiPriorityAndFairness/lendablePercent"),
         ({"apiPriorityAndFairness": {"shares": 5}}, "shares"),
         # A volume or mount that would replace one of the chart's (a host mount, silently).
+        ({"agent": {"extraVolumeMounts": [{"name": "nope", "mountPath": "/x"}]}}, 'no volume named "nope"'),
+        (
+            {"operator": {"extraVolumeMounts": [{"name": "nope", "mountPath": "/x"}]}},
+            'no volume named "nope"',
+        ),
+        (
+            {"agent": {"healthPort": 9464}},
+            "agent.metricsPort and agent.healthPort must differ: both are 9464",
+        ),
+        ({"operator": {"metricsPort": 8080}}, "operator.metricsPort and operator.healthPort must differ"),
         (
             {"agent": {"extraVolumes": [{"name": "tmp", "emptyDir": {}}]}},
             'agent.extraVolumes: name "tmp" is used twice',

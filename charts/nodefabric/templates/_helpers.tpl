@@ -274,3 +274,23 @@ helm.sh/hook: pre-install,pre-upgrade
 helm.sh/hook-weight: {{ . | quote }}
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
+
+{{/* Fail on a mount of a volume the pod does not have; call with (dict "what" "agent.extraVolumeMounts"
+"volumes" $allVolumes "mounts" $extraMounts). Kubernetes would refuse the pod at apply time. */}}
+{{- define "nodefabric.assertMountable" -}}
+{{- $names := dict -}}
+{{- range .volumes }}{{ $_ := set $names (toString .name) true }}{{ end -}}
+{{- range .mounts -}}
+{{- if not (hasKey $names (toString .name)) -}}
+{{- fail (printf "%s: no volume named %q (the chart's volumes and extraVolumes count)" $.what (toString .name)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail on two ports of one container that are the same number; call with (dict "what" "agent" "ports"
+(list metricsPort healthPort)). */}}
+{{- define "nodefabric.assertPorts" -}}
+{{- if ne (len .ports) (len (uniq .ports)) -}}
+{{- fail (printf "%s.metricsPort and %s.healthPort must differ: both are %v" .what .what (index .ports 0)) -}}
+{{- end -}}
+{{- end -}}
