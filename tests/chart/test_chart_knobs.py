@@ -507,3 +507,11 @@ def test_the_ascend_example_of_the_readme_renders_valid_and_mounts_the_driver(re
     # libdcmi.so is loaded by name: the mounted directories must be on the loader's path.
     assert {"/usr/local/dcmi", "/usr/local/Ascend/driver/lib64"} <= set(env["LD_LIBRARY_PATH"].split(":"))
     assert c["securityContext"]["privileged"] is True
+
+
+def test_helm_lint_strict_passes_with_every_knob(helm, tmp_path) -> None:
+    from chart_support import CHART, KUBE_VERSION, run_helm
+
+    args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION]
+    done = run_helm(helm, *args, values=every_knob_values(), tmp=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
