@@ -12,7 +12,7 @@ from extender_fixtures import node, pod
 
 from nodefabric_operator.extender import decisions
 from nodefabric_operator.extender.config import ExtenderConfig
-from nodefabric_operator.extender.index import Index, NodeView, homog_values, slots
+from nodefabric_operator.extender.index import Index, NodeView, Shape, homog_values
 from nodefabric_operator.extender.nodes import NodeError, NodeRecord, Taint, parse_node
 from nodefabric_operator.extender.placement import ANY, Choice
 from nodefabric_operator.extender.pods import PodError, pod_needs
@@ -272,12 +272,15 @@ def _view(i: int, rng: random.Random) -> NodeView:
     zone = rng.choice(["z0", "z1", "z2", None])
     region = None if zone is None else ("r0" if zone != "z2" else "r1")
     free = rng.choice([0, 2, 4, 8])
+    cpu = rng.choice([0, 6000, 16000])
     return NodeView(
         name=f"n-{i}",
         labels=labels,
         locations=(zone, region),
         free={"nvidia.com/gpu": free},
         allocatable={"nvidia.com/gpu": 8},
+        spare=(cpu, 1 << 30, rng.choice([0, 3, 110])),
+        size=(16000, 1 << 34, 110),
     )
 
 
@@ -299,7 +302,7 @@ def test_the_capacity_index_counts_what_a_walk_over_every_node_counts(seed: int)
     fresh = Index.of(views.values(), 2)
     h, f = index.homogeneity(keys), fresh.homogeneity(keys)
     assert h.vectors == f.vectors and h.by_values == f.by_values and h.missing == f.missing
-    for request in ({"nvidia.com/gpu": 4}, {"nvidia.com/gpu": 8}, {}):
+    for shape in (Shape({"nvidia.com/gpu": 4}), Shape({"nvidia.com/gpu": 8}), Shape({}, cpu=4000)):
         for share in (1.0, 0.7, 0.2):
             feasible = {n for n in views if rng.random() < share}
             for li in range(3):  # zone, region, any
@@ -310,6 +313,6 @@ def test_the_capacity_index_counts_what_a_walk_over_every_node_counts(seed: int)
                     loc = v.locations[li] if li < 2 else None
                     if values is None or (li < 2 and loc is None):
                         continue
-                    slow[(values, loc)] = slow.get((values, loc), 0) + max(1, slots(v.free, request))
-                got = {b: t for b, t in index.capacities(h, li, request, feasible).items() if t}
-                assert got == slow, (request, share, li)
+                    slow[(values, loc)] = slow.get((values, loc), 0) + max(1, shape.now(v))
+                got = {b: t for b, t in index.capacities(h, li, shape, feasible).items() if t}
+                assert got == slow, (shape, share, li)

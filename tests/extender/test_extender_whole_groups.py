@@ -236,3 +236,48 @@ async def test_amd_groups_keep_to_one_amd_model_and_the_annotation_overrides_the
         assert (await filter_(client, amd_pod("four", 4), names(nodes)))["FailedAndUnresolvableNodes"]
         result = await filter_(client, amd_pod("mixed", 4, homogeneous=""), names(nodes))
         assert len(result["NodeNames"]) == 5
+
+
+def kind_worker(name: str, zone: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/os": "linux", "topology.kubernetes.io/zone": zone},
+        },
+        "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}},
+    }
+
+
+def cpu_pod(name: str, group: str, size: int, cpu: str | None) -> dict[str, Any]:
+    p = pod(name, **explicit(group, size))
+    p["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}} if cpu else {}
+    return p
+
+
+async def test_pods_asking_no_accelerator_are_counted_by_cpu_memory_and_pod_slots():
+    """The kind end-to-end's shape: 4 workers in 2 zones, pods asking for no GPU."""
+    workers = [kind_worker(f"w{i}", f"zone-{i // 2}") for i in range(4)]
+    names = [w["metadata"]["name"] for w in workers]
+    idle = pod("idle", namespace="other", node_name="w0", phase="Running")
+    idle["spec"]["containers"][0]["resources"] = {}
+    async with extender([*workers, idle]) as client:
+        # Eight pause pods (no requests): pod slots bound them, so one zone holds the whole group.
+        result = await filter_(client, cpu_pod("pause-0", "pause", 8, None), names)
+        assert sorted(result["NodeNames"]) == ["w0", "w1"]
+        # Eight pods of 4 CPUs: two per 8-CPU node, so no zone (4) but the four nodes (8) hold them.
+        result = await filter_(client, cpu_pod("cpu-0", "cpu", 8, "4"), names)
+        assert sorted(result["NodeNames"]) == names
+        # Nine never fit, counting every node empty.
+        result = await filter_(client, cpu_pod("big-0", "big", 9, "4"), names)
+        assert result["FailedAndUnresolvableNodes"]["w0"] == (
+            "never fits: no set of nodes can hold the 9 pods of group ml/explicit/big"
+        )
+    busy = pod("busy", namespace="other", node_name="w0", phase="Running")  # 4 CPUs in use on w0
+    async with extender([*workers, busy]) as client:
+        result = await filter_(client, cpu_pod("cpu-0", "cpu", 8, "4"), names)
+        assert result["NodeNames"] == []  # 7 of 8 fit now: the group waits
+        assert set(result["FailedNodes"].values()) == {
+            "group ml/explicit/cpu waits for one set of nodes with room for 8 pods"
+        }

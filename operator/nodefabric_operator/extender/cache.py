@@ -48,6 +48,7 @@ class PodRecord:
     requests: Mapping[str, int]
     memory: int
     group: str | None
+    cpu: int = 0  # millicores
     claim: Claim | None = None  # what the extender persisted when it let the pod through
     decision: str | None = None  # the pod's decision annotation as the API last showed it
 
@@ -95,11 +96,11 @@ class Cache(Snapshot):
             group = exc.group  # the filter answers the error when the pod is scheduled
         try:
             needs = pod_needs(obj)
-            requests, memory = dict(needs.extended), needs.memory
+            requests, memory, cpu = dict(needs.extended), needs.memory, needs.cpu
         except PodError as exc:
             # The API server admitted it, so this is ours to tolerate: keep what was known of the pod.
             log.warning("could not read a pod's requests", extra={"pod": uid, "error": str(exc)})
-            requests, memory = (dict(old.requests), old.memory) if old else ({}, 0)
+            requests, memory, cpu = (dict(old.requests), old.memory, old.cpu) if old else ({}, 0, 0)
         meta = obj.get("metadata")
         annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
         annotations = annotations if isinstance(annotations, Mapping) else {}
@@ -115,6 +116,7 @@ class Cache(Snapshot):
             terminal=isinstance(status, Mapping) and status.get("phase") in TERMINAL,
             requests=requests,
             memory=memory,
+            cpu=cpu,
             group=group,
             claim=decisions.parse_claim(annotations, uid=uid, group=group, config=self.config),
             decision=decided if isinstance(decided, str) else None,
@@ -168,13 +170,14 @@ class Cache(Snapshot):
     def view_of(self, node: NodeRecord) -> NodeView:
         """The node as the decision sees it: its record against the pods the cache knows bound to it."""
         used: dict[str, int] = {}
-        memory = count = 0
+        memory = count = cpu = 0
         for uid in self.pods_on.get(node.name, ()):
             pod = self.pods[uid]
             if pod.terminal:
                 continue
             count += 1
             memory += pod.memory
+            cpu += pod.cpu
             for k, v in pod.requests.items():
                 used[k] = used.get(k, 0) + v
         free = {k: v - used.get(k, 0) for k, v in node.allocatable.items()}
@@ -195,6 +198,8 @@ class Cache(Snapshot):
             load=(share, count),
             free_memory=(accel_free * per_accel_mib, node.memory - memory),
             record=node,
+            spare=(node.cpu - cpu, node.memory - memory, node.pods - count),
+            size=(node.cpu, node.memory, node.pods),
         )
 
     def _rebuild(self, name: str) -> None:

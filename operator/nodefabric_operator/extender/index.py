@@ -42,6 +42,10 @@ class NodeView:
     # then free host memory (bytes).
     load: tuple[float, int] = (0.0, 0)
     free_memory: tuple[int, int] = (0, 0)
+    # (cpu millicores, memory bytes, pod slots): what is left, and the node's allocatable; they count for
+    # pods that ask for no extended resource (0 where the node does not say).
+    spare: tuple[int, int, int] = (0, 0, 0)
+    size: tuple[int, int, int] = (0, 0, 0)
     # The node's taints, cpu and memory, for "could this node ever run the pod"; None: the node as
     # given admits every pod (only tests build views without one).
     record: NodeRecord | None = None
@@ -62,10 +66,49 @@ def homog_values(labels: Mapping[str, str], keys: Keys) -> Values | None:
 
 
 def slots(free: Mapping[str, int], request: Mapping[str, int]) -> int:
-    """How many pods of the group fit; a pod asking no extended resource takes a whole node."""
-    if not request:
-        return 1
+    """How many pods asking `request` (extended resources) fit in `free`."""
     return max(0, min(free.get(res, 0) // qty for res, qty in request.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one pod of a group takes from a node, as the room counts go.
+
+    A pod asking for extended resources (GPUs, RDMA endpoints) is counted by those alone: they are what a
+    GPU node runs out of, and counting them per free-resource vector keeps the capacity index small.
+    Kube-scheduler's own filter has already held each node to the pod's cpu and memory. A pod asking
+    none (CPU-only jobs, kind) is counted by cpu, memory and pod slots.
+    """
+
+    request: Mapping[str, int]  # extended resources
+    cpu: int = 0  # millicores
+    memory: int = 0  # bytes
+    key: FreeKey = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", tuple(sorted(self.request.items())))
+
+    def general(self, room: tuple[int, int, int], size: tuple[int, int, int]) -> int:
+        caps = []
+        if size[2] > 0:
+            caps.append(room[2])
+        if self.cpu > 0 and size[0] > 0:
+            caps.append(room[0] // self.cpu)
+        if self.memory > 0 and size[1] > 0:
+            caps.append(room[1] // self.memory)
+        return max(0, min(caps)) if caps else 1  # nothing said: one pod per node
+
+    def now(self, view: NodeView) -> int:
+        """Pods that fit on the node as it is."""
+        if self.request:
+            return slots(view.free, self.request)
+        return self.general(view.spare, view.size)
+
+    def ever(self, view: NodeView) -> int:
+        """Pods that would fit on the node were it empty."""
+        if self.request:
+            return slots(view.allocatable, self.request)
+        return self.general(view.size, view.size)
 
 
 @dataclass
@@ -210,24 +253,36 @@ class Index:
             del self.homog[extra.pop(0)]
         return h
 
-    def slots(self, view: NodeView, request: Mapping[str, int], req_key: FreeKey) -> int:
-        key = (view.free_key, req_key)
+    def slots(self, view: NodeView, shape: Shape) -> int:
+        """Pods of the shape the node holds now; a feasible node holds at least one (below)."""
+        if not shape.request:
+            return shape.now(view)
+        key = (view.free_key, shape.key)
         s = self._slots.get(key)
         if s is None:
             if len(self._slots) > _MEMO_CAP:
                 self._slots.clear()
-            s = self._slots[key] = slots(view.free, request)
+            s = self._slots[key] = slots(view.free, shape.request)
         return s
 
     def capacities(
-        self, h: HomogIndex, li: int, request: Mapping[str, int], feasible: AbstractSet[str]
+        self, h: HomogIndex, li: int, shape: Shape, feasible: AbstractSet[str]
     ) -> dict[Bucket, int]:
         """Pods of one shape each bucket at level `li` holds now, counting only the feasible nodes.
 
         A node kube-scheduler found feasible holds at least one pod even when the cache says it is full
         (the cache may lag a deletion), the same rule the choice itself applies.
         """
-        req_key: FreeKey = tuple(sorted(request.items()))
+        request, req_key = shape.request, shape.key
+        if not request:  # counted by cpu, memory and pod slots: no vector is shared, so node by node
+            out: dict[Bucket, int] = {}
+            for name in feasible:
+                view = self.views[name]
+                found = h.bucket_of(view, li)
+                if found is not None:
+                    s = shape.now(view)
+                    out[found] = out.get(found, 0) + (s if s > 0 else 1)
+            return out
         memo = h.memo.get((li, req_key))
         if memo is not None and memo[0] == h.version:
             totals = memo[1]
@@ -251,7 +306,7 @@ class Index:
                 view = views[name]
                 found = h.bucket_of(view, li)
                 if found is not None:
-                    s = self.slots(view, request, req_key)
+                    s = self.slots(view, shape)
                     out[found] -= s if s > 0 else 1
             return out
         out = {}
@@ -259,6 +314,6 @@ class Index:
             view = views[name]
             found = h.bucket_of(view, li)
             if found is not None:
-                s = self.slots(view, request, req_key)
+                s = self.slots(view, shape)
                 out[found] = out.get(found, 0) + (s if s > 0 else 1)
         return out

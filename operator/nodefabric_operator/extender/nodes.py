@@ -83,6 +83,7 @@ class NodeRecord:
     memory: int  # allocatable bytes
     cpu: int  # allocatable millicores
     taints: tuple[Taint, ...] = ()
+    pods: int = 0  # allocatable pod slots; 0: not said
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -140,11 +141,13 @@ def parse_node(obj: object, where: str = "Node") -> NodeRecord:
     status = _mapping(obj.get("status"), f"{where}.status")
     alloc = _mapping(status.get("allocatable"), f"{where}.status.allocatable")
     extended: dict[str, int] = {}
-    memory = cpu = 0
+    memory = cpu = pods = 0
     for res, value in alloc.items():
         try:
             if res == "memory":
                 memory = quantity(value)
+            elif res == "pods":
+                pods = quantity(value, whole=True)
             elif res == "cpu":
                 cpu = quantity(value, scale=1000)
             elif is_extended(res):
@@ -158,4 +161,5 @@ def parse_node(obj: object, where: str = "Node") -> NodeRecord:
         memory=memory,
         cpu=cpu,
         taints=_taints(spec.get("taints"), f"{where}.spec.taints"),
+        pods=pods,
     )

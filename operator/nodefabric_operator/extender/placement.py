@@ -33,8 +33,8 @@ from nodefabric_operator.extender.index import (
     Index,
     Keys,
     NodeView,
+    Shape,
     homog_values,
-    slots,
 )
 from nodefabric_operator.extender.pods import PodNeeds
 
@@ -74,6 +74,10 @@ class GroupRequest:
     def request(self) -> Mapping[str, int]:
         """The extended resources one pod asks for."""
         return self.needs.extended
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.needs.extended, self.needs.cpu, self.needs.memory)
 
 
 @dataclass(frozen=True)
@@ -339,8 +343,7 @@ def _fill(
 ) -> tuple[Bucket, list[str]]:
     """Walk the feasible nodes in rank order; the first candidate bucket to hold every remaining pod
     wins. A candidate holds them counting its feasible nodes, so the walk always ends in a winner."""
-    need, request = ctx.group.remaining, ctx.group.request
-    req_key = tuple(sorted(request.items()))
+    need, shape = ctx.group.remaining, ctx.group.shape
     held: dict[Bucket, int] = {}
     used: dict[Bucket, list[str]] = {}
     for view in _ranked_feasible(ctx, feasible):
@@ -348,7 +351,7 @@ def _fill(
         if bucket not in candidates:
             continue
         assert bucket is not None
-        s = ctx.index.slots(view, request, req_key)
+        s = ctx.index.slots(view, shape)
         total = held[bucket] = held.get(bucket, 0) + (s if s > 0 else 1)
         used.setdefault(bucket, []).append(view.name)
         if total >= need:
@@ -360,7 +363,7 @@ def _choose(ctx: _Ctx, feasible: AbstractSet[str]) -> Decision:
     group, index = ctx.group, ctx.index
     keys = group.homogeneous_keys
     h = index.homogeneity(keys)
-    need = group.remaining
+    need, shape = group.remaining, group.shape
     skipped: list[str] = []
     for level in _levels_for(group.locality, ctx.config):
         li = ctx.li(level)
@@ -368,7 +371,7 @@ def _choose(ctx: _Ctx, feasible: AbstractSet[str]) -> Decision:
         if level != ANY and not index.by_location[li]:
             skipped.append(f"{level} level skipped: no node has a {title}")
             continue
-        caps = index.capacities(h, li, group.request, feasible)
+        caps = index.capacities(h, li, shape, feasible)
         best = max(caps.values(), default=0)
         if best < need:
             if level == ANY:
@@ -399,7 +402,7 @@ def _ever_holds(ctx: _Ctx, level: str) -> int:
     """The most pods of the group one bucket of the level could ever hold: every node of the cluster
     the pods may use (node selector, required node affinity, taints, allocatable), counted empty."""
     group = ctx.group
-    needs, request, keys = group.needs, group.request, group.homogeneous_keys
+    needs, shape, keys = group.needs, group.shape, group.homogeneous_keys
     li = ctx.li(level)
     at_level = level != ANY
     totals: dict[tuple[tuple[str, ...], str | None], int] = {}
@@ -413,7 +416,7 @@ def _ever_holds(ctx: _Ctx, level: str) -> int:
             continue
         if view.record is not None and not needs.admits(view.record):
             continue
-        s = slots(view.allocatable, request)
+        s = shape.ever(view)
         if s <= 0:
             continue
         total = totals[(values, loc)] = totals.get((values, loc), 0) + s
