@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from operator import attrgetter
 from typing import Literal
 
@@ -75,7 +76,7 @@ class GroupRequest:
         """The extended resources one pod asks for."""
         return self.needs.extended
 
-    @property
+    @cached_property
     def shape(self) -> Shape:
         return Shape(self.needs.extended, self.needs.cpu, self.needs.memory)
 
@@ -343,17 +344,24 @@ def _fill(
 ) -> tuple[Bucket, list[str]]:
     """Walk the feasible nodes in rank order; the first candidate bucket to hold every remaining pod
     wins. A candidate holds them counting its feasible nodes, so the walk always ends in a winner."""
-    need, shape = ctx.group.remaining, ctx.group.shape
+    need, shape, index = ctx.group.remaining, ctx.group.shape, ctx.index
     held: dict[Bucket, int] = {}
     used: dict[Bucket, list[str]] = {}
+    # The walk is the decision's inner loop: the bucket and the slots of each node are read inline.
+    value_of, at_level = h.value_of, li < h.levels
     for view in _ranked_feasible(ctx, feasible):
-        bucket = h.bucket_of(view, li)
+        values = value_of.get(view.name)
+        if values is None:
+            continue
+        bucket = (values, view.locations[li] if at_level else None)
         if bucket not in candidates:
             continue
-        assert bucket is not None
-        s = ctx.index.slots(view, shape)
+        s = index.slots(view, shape)
         total = held[bucket] = held.get(bucket, 0) + (s if s > 0 else 1)
-        used.setdefault(bucket, []).append(view.name)
+        if bucket in used:
+            used[bucket].append(view.name)
+        else:
+            used[bucket] = [view.name]
         if total >= need:
             return bucket, used[bucket]
     raise AssertionError("a candidate bucket did not fill")  # the capacities said it would
@@ -391,7 +399,7 @@ def _choose(ctx: _Ctx, feasible: AbstractSet[str]) -> Decision:
         )
         if skipped:
             summary += "; " + "; ".join(skipped)
-        choice = replace(choice, enclosing=ans.enclosing, summary=summary)
+        choice = Choice(level, location, homog, ans.enclosing, summary)
         return Decision(
             "placed", tuple(ans.allowed), ans.rejected, False, level, summary, choice, tuple(planned)
         )
