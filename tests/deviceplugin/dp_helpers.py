@@ -18,12 +18,20 @@ from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 def scripted_reader(
     readings: list[list[Interface] | Exception | None], stop: asyncio.Event
 ) -> Callable[[HostRoot], list[Interface] | None]:
-    """A host reader answering `readings` in order (an Exception is raised); sets `stop` after the last."""
+    """A host reader answering `readings` in order (an Exception is raised). Asked once more after the
+    last, it sets `stop` and answers the last reading again, so every scripted reading was handled.
+
+    Call it on the loop poll_host runs on: the reader runs in a thread and sets `stop` through the loop.
+    """
+    loop = asyncio.get_running_loop()
+    last: list[list[Interface] | Exception | None] = []
 
     def reader(host: HostRoot) -> list[Interface] | None:
-        item = readings.pop(0)
-        if not readings:
-            stop.set()
+        if readings:
+            last[:] = [readings.pop(0)]
+        else:
+            loop.call_soon_threadsafe(stop.set)
+        item = last[0]
         if isinstance(item, Exception):
             raise item
         return item
@@ -125,7 +133,7 @@ async def start_plugin(
         await kubelet.start()
     source = RecordSource(spec)
     config = config or PluginConfig(shared_count=4)
-    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, poll_interval=0.02)
+    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, retry_base=0.02)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     return Running(kubelet, manager, source, stop, task, config)

@@ -157,7 +157,7 @@ def test_config_families_and_names() -> None:
     assert PluginConfig().families() == [Family.EXCLUSIVE, Family.SHARED, Family.PARTITIONED]
     assert PluginConfig(shared=False, partitioned=False).families() == [Family.EXCLUSIVE]
     assert PluginConfig(domain="example.com").resource_name(Family.SHARED) == "device.example.com/rdma.shared"
-    with pytest.raises(ValueError, match="shared count"):
+    with pytest.raises(ValueError, match="--shared-count must be at least 1"):
         PluginConfig(shared_count=0)
     with pytest.raises(ValueError, match="domain"):
         PluginConfig(domain="Not A Domain")
