@@ -14,6 +14,7 @@ generated classes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # The most whole-function RDMA endpoints a node is planned for: 16 dual-ported adapters, each port its own
@@ -47,35 +48,44 @@ def device_entry_bytes(id_length: int, numa: int | None, health_length: int = _L
     return _field(size)
 
 
-def shared_list_bytes(stems: Sequence[tuple[int, int | None]], count: int) -> int:
-    """The rdma.shared list's size: `count` tokens "<stem>-<i>" for each (stem length, NUMA node)."""
+class Shape(NamedTuple):
+    """What decides the size of one endpoint's shared tokens."""
+
+    stem_length: int
+    numa: int | None
+    health_length: int = _LONGEST_HEALTH
+
+
+def shared_list_bytes(shapes: Sequence[Shape], count: int) -> int:
+    """The rdma.shared list's size: `count` tokens "<stem>-<i>" for each endpoint's shape."""
     total = 0
-    for stem_length, numa in stems:
+    for shape in shapes:
         low, digits = 0, 1
         while low < count:
             high = min(count, 10**digits)  # indices low..high-1 have `digits` digits
-            total += (high - low) * device_entry_bytes(stem_length + 1 + digits, numa)
+            entry = device_entry_bytes(shape.stem_length + 1 + digits, shape.numa, shape.health_length)
+            total += (high - low) * entry
             low, digits = high, digits + 1
     return total
 
 
-def fitting_shared_count(stems: Sequence[tuple[int, int | None]], wanted: int) -> int:
+def fitting_shared_count(shapes: Sequence[Shape], wanted: int) -> int:
     """The largest count <= `wanted` whose shared list fits kubelet's limit (0 when not even one does)."""
-    if shared_list_bytes(stems, wanted) <= KUBELET_MAX_MESSAGE_BYTES:
+    if shared_list_bytes(shapes, wanted) <= KUBELET_MAX_MESSAGE_BYTES:
         return wanted
     low, high = 0, wanted  # fits(low) holds, fits(high) does not
     while high - low > 1:
         mid = (low + high) // 2
-        if shared_list_bytes(stems, mid) <= KUBELET_MAX_MESSAGE_BYTES:
+        if shared_list_bytes(shapes, mid) <= KUBELET_MAX_MESSAGE_BYTES:
             low = mid
         else:
             high = mid
     return low
 
 
-def _worst_case(endpoints: int) -> list[tuple[int, int | None]]:
+def _worst_case(endpoints: int) -> list[Shape]:
     # The longest stem leaves room for "-<index>" (resources.STEM_BUDGET), the widest NUMA hint.
-    return [(MAX_ID_LENGTH - 7, MAX_NUMA_NODE)] * endpoints
+    return [Shape(MAX_ID_LENGTH - 7, MAX_NUMA_NODE)] * endpoints
 
 
 def check_shared_count(shared_count: int, endpoints: int = PLANNED_ENDPOINTS) -> None:

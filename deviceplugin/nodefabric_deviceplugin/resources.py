@@ -23,7 +23,7 @@ from nodefabric_devicemanager.models import DevicesSpec, Endpoint, Interface, Li
 from nodefabric_devicemanager.numbers import numa_node
 from nodefabric_devicemanager.pci import bus_key, is_bus_id
 from nodefabric_devicemanager.summary import usable
-from nodefabric_deviceplugin.limits import MAX_ID_LENGTH, check_shared_count, fitting_shared_count
+from nodefabric_deviceplugin.limits import MAX_ID_LENGTH, Shape, check_shared_count, fitting_shared_count
 
 DEFAULT_DOMAIN = "gpustack.ai"
 DEFAULT_SHARED_COUNT = 64
@@ -263,7 +263,8 @@ def shared_token_id(endpoint: RdmaEndpoint, index: int) -> str:
 
 def served_shared_count(endpoints: Iterable[RdmaEndpoint], wanted: int) -> int:
     """The configured shared count, or less when that many tokens would not fit kubelet's message limit."""
-    return fitting_shared_count([(len(e.key), e.numa) for e in endpoints], wanted)
+    shapes = [Shape(len(e.key), e.numa, len(HEALTHY if e.healthy else UNHEALTHY)) for e in endpoints]
+    return fitting_shared_count(shapes, wanted)
 
 
 def view(spec: DevicesSpec | None, family: Family, shared_count: int = DEFAULT_SHARED_COUNT) -> FamilyView:

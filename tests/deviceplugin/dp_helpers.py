@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict, VirtualFunction
@@ -127,13 +128,16 @@ async def start_plugin(
     config: PluginConfig | None = None,
     *,
     kubelet: KubeletEmulator | None = None,
+    **options: Any,
 ) -> Running:
+    """A plugin serving `spec` to a (started) test kubelet; `options` go to DevicePluginManager."""
     if kubelet is None:
         kubelet = KubeletEmulator(plugin_dir)
         await kubelet.start()
     source = RecordSource(spec)
     config = config or PluginConfig(shared_count=4)
-    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, retry_base=0.02)
+    options.setdefault("retry_base", 0.02)
+    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     return Running(kubelet, manager, source, stop, task, config)
@@ -143,3 +147,10 @@ async def shutdown(running: Running) -> None:
     running.stop.set()
     await asyncio.wait_for(running.task, timeout=30)
     await running.kubelet.stop()
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until `predicate()` holds, for conditions nothing signals (log records, readiness)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
