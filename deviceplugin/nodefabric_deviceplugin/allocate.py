@@ -59,9 +59,11 @@ def endpoints_for(view: FamilyView, ids: Sequence[str]) -> list[RdmaEndpoint]:
     for i in ids:
         ep = view.by_id[i].endpoint
         seen.setdefault(ep.key, ep)
-    if len(seen) == 1:
-        return list(seen.values())
-    return sorted(seen.values(), key=lambda e: natural_key(e.rdma_device))
+    return sorted(seen.values(), key=_name_order)
+
+
+def _name_order(endpoint: RdmaEndpoint) -> tuple[tuple[int, int | str], ...]:
+    return endpoint.name_order or natural_key(endpoint.rdma_device)
 
 
 def nccl_ib_hca(endpoints: Sequence[RdmaEndpoint]) -> str:

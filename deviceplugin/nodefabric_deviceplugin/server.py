@@ -31,7 +31,7 @@ from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.dirwatch import DirWatch
 from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
-from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, view
+from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.startup import socket_name
 from nodefabric_deviceplugin.verbs import DEFAULT_READ_BUDGET_S, VerbsCache, VerbsUnresolvable
@@ -47,6 +47,7 @@ RETRY_BASE_S = 0.1
 SAFETY_POLL_S = 30.0  # with inotify: a look now and then in case an event was missed
 FALLBACK_POLL_S = 1.0  # without inotify
 KUBELET_ABSENT_WARNING_S = 30.0
+KEPT_RESPONSES = 256  # Allocate answers kept per family: distinct endpoint sets since the last re-read
 
 __all__ = ["DEFAULT_PLUGIN_DIR", "DevicePluginManager", "DevicePluginServicer", "socket_name"]
 
@@ -60,11 +61,18 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         self.source = source
         self.verbs = verbs
         self.resource = config.resource_name(family)
-        self._cached: tuple[int, FamilyView] | None = None
+        self._cached: tuple[int, FamilyView, pb.ListAndWatchResponse] | None = None
         self._granted = metrics.ALLOCATIONS.labels(family.value, "granted")
+        self._responses: dict[tuple[tuple[str, ...], int, int], pb.ContainerAllocateResponse] = {}
 
     def view(self) -> tuple[int, FamilyView]:
         """The record version and the family's tokens from it (derived once per version)."""
+        version, current, _ = self._derive()
+        return version, current
+
+    def _derive(self) -> tuple[int, FamilyView, pb.ListAndWatchResponse]:
+        """The view and its device list, built once per record version: every stream (kubelet opens a
+        new one after each restart) and every Allocate of that version shares them."""
         version, spec = self.source.snapshot()
         cached = self._cached
         if cached is None or cached[0] != version:
@@ -80,7 +88,7 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
                         "endpoints": len(current.endpoints),
                     },
                 )
-            cached = self._cached = (version, current)
+            cached = self._cached = (version, current, wire.device_list(current))
         return cached
 
     async def GetDevicePluginOptions(
@@ -97,8 +105,7 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         while True:
             version = self.source.version
             try:
-                _, current = self.view()
-                message = wire.device_list(current)
+                _, current, message = self._derive()
             except Exception:
                 log.exception(
                     "could not build the device list; kubelet keeps the last one sent",
@@ -152,8 +159,7 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
             ids = list(req.devices_ids)
             try:
                 endpoints = endpoints_for(current, ids)
-                verbs = await self.verbs.devices(version, [e.rdma_device for e in endpoints])
-                granted = grant(endpoints, verbs)
+                response = await self._response(version, endpoints)
             except UnknownToken as exc:
                 await self._refuse(context, "unknown_device", grpc.StatusCode.INVALID_ARGUMENT, ids, exc)
             except VerbsUnresolvable as exc:
@@ -172,12 +178,27 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
                     extra={
                         "resource": self.resource,
                         "devices": first_few(ids),
-                        "rdma_devices": [e.rdma_device for e in granted.endpoints],
-                        "device_nodes": [d.path for d in granted.devices],
+                        "rdma_devices": [e.rdma_device for e in endpoints],
+                        "device_nodes": [d.host_path for d in response.devices],
                     },
                 )
-            out.container_responses.append(wire.container_response(granted))
+            out.container_responses.append(response)
         return out
+
+    async def _response(self, version: int, endpoints: list[RdmaEndpoint]) -> pb.ContainerAllocateResponse:
+        """One container's answer. A pure function of the record, the verbs table and the endpoints, so
+        it is kept while the table stays fresh (its nodes unchanged) and rebuilt after any re-read."""
+        names = [e.rdma_device for e in endpoints]
+        key = (tuple(e.key for e in endpoints), version, self.verbs.generation)
+        kept = self._responses.get(key)
+        if kept is not None and self.verbs.fresh(version, names):
+            return kept
+        verbs = await self.verbs.devices(version, names)
+        response = wire.container_response(grant(endpoints, verbs))
+        if len(self._responses) >= KEPT_RESPONSES:
+            self._responses.clear()
+        self._responses[(key[0], version, self.verbs.generation)] = response
+        return response
 
     async def _refuse(
         self,
@@ -264,20 +285,17 @@ class FamilyServer:
         """Not serving yet, or our socket file was deleted or replaced (kubelet restarts delete it)."""
         return self._server is None or _identity(self.path) != self._socket
 
-    async def register(self) -> None:
+    async def register(self, kubelet: rpc.RegistrationStub) -> None:
         """Register with kubelet; raises grpc.aio.AioRpcError when kubelet refuses or cannot be reached."""
-        kubelet = os.path.join(self.plugin_dir, KUBELET_SOCKET)
-        async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
-            stub = rpc.registration_stub(channel)
-            await stub.Register(
-                pb.RegisterRequest(
-                    version=API_VERSION,
-                    endpoint=self.endpoint,
-                    resource_name=self.servicer.resource,
-                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
-                ),
-                timeout=REGISTER_TIMEOUT_S,
-            )
+        await kubelet.Register(
+            pb.RegisterRequest(
+                version=API_VERSION,
+                endpoint=self.endpoint,
+                resource_name=self.servicer.resource,
+                options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+            ),
+            timeout=REGISTER_TIMEOUT_S,
+        )
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -429,7 +447,12 @@ class DevicePluginManager:
         if kubelet is None:
             return
         due = [s for s in self.servers if not s.needs_serving() and s.registration.due(kubelet, now)]
-        await asyncio.gather(*(self._register(s, kubelet) for s in due))
+        if due:
+            # One connection carries every family's Register: after a kubelet restart all three are due.
+            path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
+            async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+                stub = rpc.registration_stub(channel)
+                await asyncio.gather(*(self._register(s, stub, kubelet) for s in due))
         if all(s.registration.kubelet is not None for s in self.servers):
             self.serving.set()
 
@@ -450,10 +473,10 @@ class DevicePluginManager:
             )
         self._kubelet = kubelet
 
-    async def _register(self, server: FamilyServer, kubelet: Identity) -> None:
+    async def _register(self, server: FamilyServer, stub: rpc.RegistrationStub, kubelet: Identity) -> None:
         reg = server.registration
         try:
-            await server.register()
+            await server.register(stub)
         except grpc.aio.AioRpcError as exc:
             reg.failures += 1
             backoff = min(self.retry_base * 2**reg.failures, MAX_BACKOFF_S)

@@ -218,6 +218,7 @@ class VerbsCache:
         self._flight: SingleFlight[VerbsTable] = SingleFlight(VERBS_CLASS, budget)
         self._version = -1
         self._table: VerbsTable | None = None
+        self.generation = 0  # grows with every table read, so answers derived from one can be keyed on it
         # The joined host path of every node in the table: the hit path's only work is one lstat each.
         self._joined: dict[str, str] = {}
         self._rdma_cm = host.host_path(RDMA_CM)
@@ -234,17 +235,23 @@ class VerbsCache:
     def invalidate(self) -> None:
         self._table = None
 
-    def _hit(self, version: int, wanted: list[str]) -> VerbsDevices | None:
+    def fresh(self, version: int, wanted: Iterable[str]) -> bool:
+        """Whether the table answers `wanted` under record `version` with every node unchanged: an lstat
+        per node, no sysfs read. While it holds, `generation` names the table's answer."""
         table = self._table
         if table is None or version != self._version:
-            return None
+            return False
         for name in wanted:
             entry = table.nodes.get(name)
             if entry is None or _lstat_identity(self._joined[name]) != entry[1]:
-                return None
-        if _lstat_identity(self._rdma_cm) != table.rdma_cm:
+                return False
+        return _lstat_identity(self._rdma_cm) == table.rdma_cm
+
+    def _hit(self, version: int, wanted: list[str]) -> VerbsDevices | None:
+        if not self.fresh(version, wanted):
             return None
-        return table.devices(wanted)
+        assert self._table is not None
+        return self._table.devices(wanted)
 
     async def devices(self, version: int, wanted: Iterable[str]) -> VerbsDevices:
         """The verbs devices of `wanted` under record `version`. Raises offloop.ReadTimeout."""
@@ -256,6 +263,7 @@ class VerbsCache:
         for _ in range(2):
             table = await self._flight.run(lambda: self._reader(self.host, names))
             self._table, self._version = table, version
+            self.generation += 1
             self._joined = {name: self.host.host_path(path) for name, (path, _) in table.nodes.items()}
             if table.answers(names):
                 break
