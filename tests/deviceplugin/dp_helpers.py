@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict, VirtualFunction
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.resources import PluginConfig
 from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
@@ -154,3 +155,25 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> No
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.01)
+
+
+def by_id(devices: Iterable[pb.Device]) -> dict[str, pb.Device]:
+    return {d.ID: d for d in devices}
+
+
+def hint(device: pb.Device) -> list[int] | None:
+    """The NUMA nodes a device hints, None when it sends no TopologyInfo."""
+    return [n.ID for n in device.topology.nodes] if device.HasField("topology") else None
+
+
+ALL_RESOURCES = (
+    "device.gpustack.ai/rdma",
+    "device.gpustack.ai/rdma.shared",
+    "device.gpustack.ai/rdma.partitioned",
+)
+
+
+async def wait_all_registered(kubelet: KubeletEmulator, count: int, timeout: float = 10.0) -> None:
+    """Until kubelet accepted each of the three resources `count` times in all."""
+    for resource in ALL_RESOURCES:
+        await kubelet.wait_registered(resource, count=count, timeout=timeout)

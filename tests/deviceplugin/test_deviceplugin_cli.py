@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +22,29 @@ from nodefabric_devicemanager.testing.sysfs import Port, SysfsBuilder
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 
 NODEFABRIC = (sys.executable, "-m", "nodefabric_devicemanager.cli")
+
+
+@contextlib.asynccontextmanager
+async def deviceplugin(*args: str, stderr: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`nodefabric deviceplugin ARGS` as a subprocess, killed on the way out if it is still running."""
+    proc = await asyncio.create_subprocess_exec(*NODEFABRIC, "deviceplugin", *args, stderr=stderr.open("w"))
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def a_kubelet(plugin_dir: str, *, started: bool = True) -> AsyncIterator[KubeletEmulator]:
+    kubelet = KubeletEmulator(plugin_dir)
+    if started:
+        await kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        await kubelet.stop()
 
 
 def build_host(root: Path) -> SysfsBuilder:
@@ -35,15 +59,13 @@ def build_host(root: Path) -> SysfsBuilder:
 
 async def test_standalone_serves_the_host_and_stops_cleanly(tmp_path: Path, plugin_dir: str) -> None:
     build_host(tmp_path / "host")
-    kubelet = KubeletEmulator(plugin_dir)
-    await kubelet.start()
-    proc = await asyncio.create_subprocess_exec(
-        *NODEFABRIC, "deviceplugin",
-        "--root", str(tmp_path / "host"), "--plugin-dir", plugin_dir, "--shared-count", "2",
-        "--no-partitioned", "--interval", "0.2",
-        stderr=(tmp_path / "stderr").open("w"),
-    )  # fmt: skip
-    try:
+    async with (
+        a_kubelet(plugin_dir) as kubelet,
+        deviceplugin(
+            "--root", str(tmp_path / "host"), "--plugin-dir", plugin_dir, "--shared-count", "2",
+            "--no-partitioned", "--interval", "0.2", stderr=tmp_path / "stderr",
+        ) as proc,
+    ):  # fmt: skip
         await kubelet.wait_registered("device.gpustack.ai/rdma", timeout=30)
         await kubelet.wait_registered("device.gpustack.ai/rdma.shared", timeout=30)
         devices = await kubelet.wait_devices("device.gpustack.ai/rdma", lambda ds: len(ds) == 2, timeout=30)
@@ -58,11 +80,6 @@ async def test_standalone_serves_the_host_and_stops_cleanly(tmp_path: Path, plug
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=15) == 0
         assert sorted(os.listdir(plugin_dir)) == ["kubelet.sock"]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await kubelet.stop()
 
 
 @pytest.mark.parametrize(
@@ -185,14 +202,14 @@ async def test_probes_metrics_and_a_stuck_read_that_blocks_nothing(tmp_path: Pat
     ibdev.unlink()
     os.mkfifo(ibdev)  # the first Allocate's read of the verbs class blocks on it (or is refused)
     port = free_port()
-    kubelet = KubeletEmulator(plugin_dir)
-    proc = await asyncio.create_subprocess_exec(
-        *NODEFABRIC, "deviceplugin",
-        "--root", str(tmp_path / "host"), "--plugin-dir", plugin_dir, "--shared-count", "2",
-        "--bind-address", "127.0.0.1", "--metrics-port", str(port), "--interval", "0.2",
-        stderr=(tmp_path / "stderr").open("w"),
-    )  # fmt: skip
-    try:
+    async with (
+        a_kubelet(plugin_dir, started=False) as kubelet,
+        deviceplugin(
+            "--root", str(tmp_path / "host"), "--plugin-dir", plugin_dir, "--shared-count", "2",
+            "--bind-address", "127.0.0.1", "--metrics-port", str(port), "--interval", "0.2",
+            stderr=tmp_path / "stderr",
+        ) as proc,
+    ):  # fmt: skip
         async with asyncio.timeout(30):
             while True:
                 with contextlib.suppress(aiohttp.ClientError):
@@ -226,11 +243,6 @@ async def test_probes_metrics_and_a_stuck_read_that_blocks_nothing(tmp_path: Pat
         # SIGTERM ends it promptly even with a thread still blocked in open() on the FIFO.
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=15) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await kubelet.stop()
 
 
 async def test_sigterm_ends_it_while_the_host_read_is_stuck(tmp_path: Path, plugin_dir: str) -> None:
@@ -238,21 +250,15 @@ async def test_sigterm_ends_it_while_the_host_read_is_stuck(tmp_path: Path, plug
     mtu = b.path("/sys/class/net/ens1f0/mtu").resolve()
     mtu.unlink()
     os.mkfifo(mtu)  # the inventory's read blocks on it (or the host reader refuses it)
-    proc = await asyncio.create_subprocess_exec(
-        *NODEFABRIC, "deviceplugin", "--root", str(tmp_path / "host"), "--plugin-dir", plugin_dir,
-        stderr=(tmp_path / "stderr").open("w"),
-    )  # fmt: skip
-    try:
+    stderr = tmp_path / "stderr"
+    args = ("--root", str(tmp_path / "host"), "--plugin-dir", plugin_dir)
+    async with deviceplugin(*args, stderr=stderr) as proc:
         # Until a thread sits in the FIFO's open (or the host reader refused it and the plugin serves).
         async with asyncio.timeout(30):
-            while not (blocked_on_fifo(proc.pid) or "serving" in (tmp_path / "stderr").read_text()):
+            while not (blocked_on_fifo(proc.pid) or "serving" in stderr.read_text()):
                 await asyncio.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=15) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 @pytest.mark.smoke
@@ -265,19 +271,12 @@ async def test_standalone_on_this_machine_registers_every_key(tmp_path: Path, pl
     interfaces = inventory.read(HostRoot.at("/")).interfaces
     assert interfaces is not None
     expected = len(whole_function_endpoints(DevicesSpec(interfaces=interfaces)))
-    kubelet = KubeletEmulator(plugin_dir)
-    await kubelet.start()
-    proc = await asyncio.create_subprocess_exec(
-        *NODEFABRIC, "deviceplugin", "--plugin-dir", plugin_dir, stderr=(tmp_path / "stderr").open("w")
-    )
-    try:
+    async with (
+        a_kubelet(plugin_dir) as kubelet,
+        deviceplugin("--plugin-dir", plugin_dir, stderr=tmp_path / "stderr") as proc,
+    ):
         for family in ("rdma", "rdma.shared", "rdma.partitioned"):
             await kubelet.wait_registered(f"device.gpustack.ai/{family}", timeout=30)
         assert len(await kubelet.wait_devices("device.gpustack.ai/rdma", timeout=30)) == expected
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), timeout=15) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await kubelet.stop()

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-from dp_helpers import FixtureHost, Running, eventually, nic, shutdown, start_plugin, two_nics_and_vfs
+from dp_helpers import (
+    FixtureHost,
+    Running,
+    by_id,
+    eventually,
+    hint,
+    nic,
+    shutdown,
+    start_plugin,
+    two_nics_and_vfs,
+)
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict
@@ -28,14 +38,6 @@ from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
 EXCLUSIVE = "device.gpustack.ai/rdma"
 SHARED = "device.gpustack.ai/rdma.shared"
 PARTITIONED = "device.gpustack.ai/rdma.partitioned"
-
-
-def by_id(devices: Iterable[pb.Device]) -> dict[str, pb.Device]:
-    return {d.ID: d for d in devices}
-
-
-def hint(device: pb.Device) -> list[int] | None:
-    return [n.ID for n in device.topology.nodes] if device.HasField("topology") else None
 
 
 @contextlib.contextmanager

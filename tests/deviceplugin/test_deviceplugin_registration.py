@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 
 import pytest
-from dp_helpers import FixtureHost, eventually, shutdown, start_plugin, two_nics_and_vfs
+from dp_helpers import FixtureHost, eventually, shutdown, start_plugin, two_nics_and_vfs, wait_all_registered
 
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 
@@ -29,8 +29,7 @@ async def test_a_kubelet_restart_is_noticed_by_inotify_alone(
         await asyncio.wait_for(r.manager.serving.wait(), 30)
         assert r.manager.watching
         await r.kubelet.restart()
-        for resource in ALL:
-            await r.kubelet.wait_registered(resource, count=2, timeout=10)
+        await wait_all_registered(r.kubelet, 2)
         devices = await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
         assert len(devices) == 2
         assert r.manager.readiness()[0]
@@ -63,8 +62,7 @@ async def test_without_inotify_the_fallback_poll_follows_a_restart(
         await asyncio.wait_for(r.manager.serving.wait(), 30)
         assert not r.manager.watching
         await r.kubelet.restart()
-        for resource in ALL:
-            await r.kubelet.wait_registered(resource, count=2, timeout=10)
+        await wait_all_registered(r.kubelet, 2)
     finally:
         await shutdown(r)
 
@@ -81,13 +79,11 @@ async def test_a_replaced_plugin_directory_is_watched_again(
         shutil.rmtree(plugin_dir)
         os.makedirs(plugin_dir)
         await r.kubelet.start()
-        for resource in ALL:
-            await r.kubelet.wait_registered(resource, count=2, timeout=10)
+        await wait_all_registered(r.kubelet, 2)
         await r.kubelet.wait_for(lambda: r.manager.watching)
         # The new directory is watched: the next restart needs no poll.
         await r.kubelet.restart()
-        for resource in ALL:
-            await r.kubelet.wait_registered(resource, count=3, timeout=10)
+        await wait_all_registered(r.kubelet, 3)
     finally:
         await shutdown(r)
 
