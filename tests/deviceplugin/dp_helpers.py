@@ -103,6 +103,18 @@ def two_nics_and_vfs() -> DevicesSpec:
     )
 
 
+def thousand_vfs(pfs: int = 8, per_pf: int = 128) -> DevicesSpec:
+    """pfs PFs with per_pf VFs each, the first half of the PFs on NUMA node 0, the rest on node 1."""
+    out = []
+    for p in range(pfs):
+        vfs = [
+            vf(f"0000:{0x10 + p:02x}:{(i + 1) // 8:02x}.{(i + 1) % 8}", f"mlx5_{100 + p * per_pf + i}")
+            for i in range(per_pf)
+        ]
+        out.append(nic(f"p{p}", f"0000:{0x10 + p:02x}:00.0", f"mlx5_{p}", numa=str(p * 2 // pfs), vfs=vfs))
+    return DevicesSpec(interfaces=out)
+
+
 @dataclass
 class FixtureHost:
     builder: SysfsBuilder

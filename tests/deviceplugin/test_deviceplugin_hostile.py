@@ -24,6 +24,7 @@ from dp_helpers import (
     nic,
     shutdown,
     start_plugin,
+    thousand_vfs,
     two_nics_and_vfs,
 )
 
@@ -373,3 +374,16 @@ async def test_a_record_that_cannot_be_listed_keeps_the_last_list_and_the_stream
     running.source.update(two_nics_and_vfs())
     running.source.update(DevicesSpec(interfaces=[nic("ens1f0", "0000:19:00.0", "mlx5_0")]))
     assert len(await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 1)) == 1
+
+
+async def test_a_preferred_allocation_over_a_thousand_vfs_answers(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    r = await start_plugin(plugin_dir, fixture_host.host, thousand_vfs())
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 1024)]
+        chosen = await r.kubelet.plugin(PARTITIONED).preferred(ids, [], 512, timeout=30)
+        assert len(set(chosen)) == 512 and set(chosen) <= set(ids)
+        assert (await r.kubelet.plugin(EXCLUSIVE).options(timeout=5)).get_preferred_allocation_available
+    finally:
+        await shutdown(r)
