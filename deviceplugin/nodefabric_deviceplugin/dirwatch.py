@@ -74,6 +74,7 @@ class DirWatch:
         self.lost = False
         self._fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._failing = False  # said once per spell of failures, not at every retry
 
     @property
     def active(self) -> bool:
@@ -98,13 +99,18 @@ class DirWatch:
         self._fd, self.lost = fd, False
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(fd, self._readable)
+        if self._failing:
+            log.info("watching the plugin directory again", extra={"path": self.path})
+        self._failing = False
         return True
 
     def _unavailable(self, call: str, err: int) -> None:
-        log.warning(
-            "cannot watch the plugin directory; polling it instead",
-            extra={"path": self.path, "call": call, "why": os.strerror(err)},
-        )
+        if not self._failing:
+            log.warning(
+                "cannot watch the plugin directory; polling it instead",
+                extra={"path": self.path, "call": call, "why": os.strerror(err)},
+            )
+        self._failing = True
 
     def _readable(self) -> None:
         try:

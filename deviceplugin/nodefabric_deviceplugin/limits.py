@@ -38,6 +38,11 @@ def _field(payload: int) -> int:
     return 1 + varint_size(payload) + payload
 
 
+def entry_bytes(device_bytes: int) -> int:
+    """Bytes a Device of `device_bytes` adds to a ListAndWatchResponse (its tag and length prefix too)."""
+    return _field(device_bytes)
+
+
 def device_entry_bytes(id_length: int, numa: int | None, health_length: int = _LONGEST_HEALTH) -> int:
     """Bytes one Device adds to a ListAndWatchResponse (the entry, its tag and its length prefix)."""
     size = (_field(id_length) if id_length else 0) + _field(health_length)

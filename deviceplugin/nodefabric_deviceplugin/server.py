@@ -29,6 +29,7 @@ from nodefabric_deviceplugin import metrics, rpc, wire
 from nodefabric_deviceplugin.allocate import UnknownToken, endpoints_for, first_few, grant
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.dirwatch import DirWatch
+from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
 from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
 from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
@@ -88,7 +89,16 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
                         "endpoints": len(current.endpoints),
                     },
                 )
-            cached = self._cached = (version, current, wire.device_list(current))
+            message = wire.device_list(current)
+            if message.ByteSize() > KUBELET_MAX_MESSAGE_BYTES:
+                # Only a record of some 100,000 functions gets here (shared is fitted in `view`): serve
+                # what fits rather than a list kubelet refuses, ending the stream.
+                kept = wire.fit(message, KUBELET_MAX_MESSAGE_BYTES)
+                log.error(
+                    "the device list would exceed kubelet's 4 MiB message limit; serving the first devices",
+                    extra={"resource": self.resource, "devices": len(current.tokens), "served": kept},
+                )
+            cached = self._cached = (version, current, message)
         return cached
 
     async def GetDevicePluginOptions(

@@ -98,3 +98,17 @@ async def test_the_test_kubelet_refuses_a_list_over_4_mib_like_kubelet(plugin_di
     finally:
         await client.close()
         await server.stop(None)
+
+
+def test_any_list_over_the_limit_keeps_its_longest_fitting_prefix() -> None:
+    from nodefabric_deviceplugin.wire import fit
+
+    message = pb.ListAndWatchResponse(devices=[device(f"{i:060d}", 1, "Healthy") for i in range(60_000)])
+    assert message.ByteSize() > KUBELET_MAX_MESSAGE_BYTES
+    kept = fit(message, KUBELET_MAX_MESSAGE_BYTES)
+    assert kept == len(message.devices) < 60_000
+    assert message.ByteSize() <= KUBELET_MAX_MESSAGE_BYTES
+    one_more = pb.ListAndWatchResponse(devices=[*message.devices, device("9" * 60, 1, "Healthy")])
+    assert one_more.ByteSize() > KUBELET_MAX_MESSAGE_BYTES
+    small = pb.ListAndWatchResponse(devices=[device("a", None, "Healthy")])
+    assert fit(small, KUBELET_MAX_MESSAGE_BYTES) == 1
