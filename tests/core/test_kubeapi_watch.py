@@ -303,6 +303,10 @@ async def test_kmock_surfaces_still_work_for_tests_written_against_them():
             await bus.put({"type": "DELETED", "object": {"metadata": {"name": "ghost"}}})
             event = await w.next()
             assert (event["type"], event["object"]["metadata"]["name"]) == ("DELETED", "ghost")
+        k.api.objects[kmock.resource("v1/nodes"), None, "n1"].patch({"metadata": {"labels": {"a": "b"}}})
+        assert k.api.stored("v1/nodes", "n1")["metadata"]["labels"] == {"a": "b"}
+        k.api.objects[kmock.resource("v1/nodes"), None, "n1"].delete()
+        assert k.api.stored("v1/nodes", "n1") is None
         k.api["get /version"] << {"gitVersion": "v9.9.9"}
         assert (await get(k, "/version"))[1] == {"gitVersion": "v9.9.9"}, (
             "a registered reaction answers first"

@@ -236,27 +236,35 @@ def crd_causes(crd: Mapping[str, Any]) -> list[Cause]:
     return causes
 
 
+_CRD_CONDITIONS = (
+    ("NamesAccepted", "NoConflicts", "no conflicts found"),
+    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+)
+
+
 def crd_status(crd: Mapping[str, Any]) -> dict[str, Any]:
-    """What the API server's CRD controllers report once a CRD is served: names accepted, established."""
+    """What the API server's CRD controllers report of a served CRD: names accepted, established, and
+    every version ever stored (the current storage version added to those the status already lists)."""
     spec = crd.get("spec") or {}
-    stamp = now()
+    status = dict(crd["status"]) if isinstance(crd.get("status"), dict) else {}
+    stored = list(status.get("storedVersions") or [])
+    stored += [v["name"] for v in spec.get("versions", []) if v.get("storage") and v["name"] not in stored]
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    have = {c.get("type") for c in conditions}
+    for kind, reason, message in _CRD_CONDITIONS:
+        if kind not in have:
+            conditions.append(
+                {
+                    "type": kind,
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": now(),
+                }
+            )
     return {
+        **status,
         "acceptedNames": spec.get("names", {}),
-        "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
-        "conditions": [
-            {
-                "type": "NamesAccepted",
-                "status": "True",
-                "reason": "NoConflicts",
-                "message": "no conflicts found",
-                "lastTransitionTime": stamp,
-            },
-            {
-                "type": "Established",
-                "status": "True",
-                "reason": "InitialNamesAccepted",
-                "message": "the initial names have been accepted",
-                "lastTransitionTime": stamp,
-            },
-        ],
+        "storedVersions": stored,
+        "conditions": conditions,
     }

@@ -27,6 +27,24 @@ class Buses(dict[Any, Hub]):
         return self._api.hub(str(resource_key(ref)))
 
 
+class LiveObject(kmock.Object):  # type: ignore[misc]
+    """A copy of a stored object whose API-like methods act on the store: `delete()` deletes it (watches
+    see DELETED), `patch(changes)` merges into it. Item assignment changes only the copy."""
+
+    def __init__(self, api: KubeAPI, resource: str, obj: Mapping[str, Any]) -> None:
+        super().__init__(copy.deepcopy(dict(obj)))
+        self._api, self._resource, self._key = api, resource, key_of(obj)
+
+    def delete(self) -> None:
+        ns, name = self._key
+        self._api.remove_object(self._resource, name, ns or None)
+        super().delete()
+
+    def patch(self, changes: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
+        super().patch(changes, **kwargs)
+        self._api.put_object(self._resource, copy.deepcopy(self.raw))
+
+
 class ObjectsView:
     """kmock's `objects` array over our store: `items()`, `[resource, namespace, name]`, assignment."""
 
@@ -40,7 +58,7 @@ class ObjectsView:
     def items(self) -> Iterator[tuple[tuple[Any, str | None, str], Any]]:
         for resource, obj in self._api.store.items():
             ns, name = key_of(obj)
-            yield (self._ref(resource), ns or None, name), kmock.KubernetesEmulator.Object(copy.deepcopy(obj))
+            yield (self._ref(resource), ns or None, name), LiveObject(self._api, resource, obj)
 
     def keys(self) -> Iterator[tuple[Any, str | None, str]]:
         for key, _ in self.items():
@@ -63,7 +81,7 @@ class ObjectsView:
         obj = self._api.store.get(resource_key(key[0]), key[1], key[2])
         if obj is None:
             raise KeyError(key)
-        return kmock.KubernetesEmulator.Object(copy.deepcopy(obj))
+        return LiveObject(self._api, resource_key(key[0]), obj)
 
     def __setitem__(self, key: Any, value: Mapping[str, Any]) -> None:
         body = copy.deepcopy(dict(value))
