@@ -198,8 +198,8 @@ class EventLog:
         self.evicted_through = 0  # the newest resource version no longer held
 
     def append(self, event: Event) -> None:
-        if self._events.maxlen is not None and len(self._events) == self._events.maxlen:
-            self.evicted_through = self._events[0].rv
+        if len(self._events) == self._events.maxlen:
+            self.evicted_through = self._events[0].rv if self._events else event.rv
         self._events.append(event)
 
     def since(self, rv: int) -> list[Event] | None:
