@@ -134,11 +134,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     def declare_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CRD's resources, as if it had been applied (it is stored too, for kubectl)."""
-        name = crd.get("metadata", {}).get("name", "")
-        if self.store.get(CRDS, None, name) is None:
-            self.put_object(CRDS, copy.deepcopy(dict(crd)))
-        else:
-            self._declare_types(crd)
+        self.put_object(CRDS, copy.deepcopy(dict(crd)))
 
     def _declare_types(self, crd: Mapping[str, Any]) -> None:
         name = crd.get("metadata", {}).get("name", "")
