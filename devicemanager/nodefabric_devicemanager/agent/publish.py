@@ -115,8 +115,10 @@ def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime
     else:
         interfaces = carry_first_seen(reading.interfaces, stored.interfaces, now)
     # Manufacturers are named by group id (their key, "nvidia"), as the accelerator reading names them.
+    # Accelerators not enumerated at all (no /sys/bus/pci, a failed walk) keep every recorded group.
+    unread = any(c.type == ACCELERATORS_ENUMERATED and c.status == "False" for c in reading.conditions)
     failed = reading.failed_manufacturers
-    kept = {g.id: g for g in stored.groups if g.id in failed}
+    kept = {g.id: g for g in stored.groups if unread or g.id in failed}
     # A failed manufacturer the host still lists keeps its recorded group; with none recorded yet, the
     # group as read (accelerators without what could not be read) is better than no group at all.
     groups = [kept.pop(g.id, g) for g in reading.groups]
@@ -205,26 +207,33 @@ def merge_conditions(
     """The status.conditions to write, or None when ours already read as reported.
 
     Conditions are owned per type: another writer's entries are carried verbatim (every field, even ones
-    our model does not know), and ours move lastTransitionTime only when their status changes."""
-    current = list(current)
+    our model does not know), and ours move lastTransitionTime only when their status changes. The list
+    is a map keyed by type: an entry repeated by hand is merged into one (the first that parses), once."""
+    current = [c for c in current if isinstance(c, Mapping)]
+    types = [c.get("type") for c in current]
+    duplicated = len(types) != len(set(map(str, types)))
     ours_types = {c.type for c in reported}
-    others = [dict(c) for c in current if c.get("type") not in ours_types]
-    ours_now: list[Condition] = []
+    others: dict[str, dict[str, Any]] = {}
+    ours_now: dict[str, Condition] = {}
     for raw in current:
-        if raw.get("type") not in ours_types:
+        kind = str(raw.get("type"))
+        if kind not in ours_types:
+            others.setdefault(kind, dict(raw))
+            continue
+        if kind in ours_now:
             continue
         try:
-            ours_now.append(Condition.model_validate(raw))
+            ours_now[kind] = Condition.model_validate(raw)
         except ValidationError:
-            log.warning("rewriting a malformed condition", extra={"condition": raw})
-    merged = sorted(ours_now, key=lambda c: c.type)
+            log.warning("rewriting a malformed condition", extra={"condition": dict(raw)})
+    before = [c.wire() for c in sorted(ours_now.values(), key=lambda c: c.type)]
+    merged = sorted(ours_now.values(), key=lambda c: c.type)
     for cond in reported:
         merged = set_condition(merged, cond, now)
-    before = [c.wire() for c in sorted(ours_now, key=lambda c: c.type)]
     after = [c.wire() for c in merged]
-    if before == after and len(ours_now) == len({c.type for c in ours_now}):
+    if before == after and not duplicated:
         return None
-    return sorted(others + after, key=lambda c: str(c.get("type", "")))
+    return sorted([*others.values(), *after], key=lambda c: str(c.get("type", "")))
 
 
 # --- the decision ----------------------------------------------------------------------------------
