@@ -103,6 +103,12 @@ async def operator_writes_status(k: RunningAPI, conds: list[dict[str, Any]], lab
     await asyncio.to_thread(custom.patch_cluster_custom_object_status, G, V, P, NODE, body)
 
 
+async def hand_edits_spec(k: RunningAPI, spec: dict[str, Any]) -> None:
+    """Someone edits the record's spec through the API (`kubectl edit`): a merge patch."""
+    custom = kubernetes.client.CustomObjectsApi(_client(k))
+    await asyncio.to_thread(custom.patch_cluster_custom_object, G, V, P, NODE, {"spec": spec})
+
+
 async def delete_node(k: RunningAPI, node: str = NODE) -> None:
     await asyncio.to_thread(kubernetes.client.CoreV1Api(_client(k)).delete_node, node)
 

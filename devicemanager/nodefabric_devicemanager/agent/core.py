@@ -188,6 +188,7 @@ class Agent:
         self._api_lane = workers.Lane("api")
         self._last_pass_started = time.monotonic()
         self._last_success: float | None = None
+        self._performed = PassKind.WALK
         self.watch = ObjectWatch(client, config.node, self._on_watch_event, self._relist)
 
     # --- consumers of the record (the in-process device plugin) --------------------------------------
@@ -280,6 +281,7 @@ class Agent:
         if observed.interfaces is not None:
             observed.interfaces = publish.carry_first_seen(observed.interfaces, previous or [], observed_at)
         self._observe(observed)
+        self._performed = PassKind.WALK
         return None
 
     async def _refresh(self) -> HostError | None:
@@ -363,6 +365,7 @@ class Agent:
         self.passes += 1
         self._last_pass_started = time.monotonic()
         started = time.perf_counter()
+        self._performed = kind
         try:
             outcome = await self._pass(kind, stop)
         except Exception as exc:  # a bug must cost one pass, never the DaemonSet pod
@@ -370,6 +373,7 @@ class Agent:
             self.metrics.errors.labels(kind="internal").inc()
             outcome = Outcome(Result.FAILED, error=f"{type(exc).__name__}: {exc}")
         duration = time.perf_counter() - started
+        kind = self._performed  # a refresh that found the topology changed walked instead
         self.metrics.pass_duration.labels(kind=kind.value).observe(duration)
         self.metrics.passes.labels(kind=kind.value, result="ok" if outcome.ok else "failed").inc()
         if outcome.ok:
