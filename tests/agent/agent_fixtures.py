@@ -15,8 +15,8 @@ from typing import Any
 import kubernetes
 
 from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent import api as agent_api
+from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import Backoff, DevicesClient
 from nodefabric_devicemanager.testing.sysfs import (
     PHYS_STATE_CODES,
@@ -70,7 +70,9 @@ async def api_with_node(node: str = NODE) -> AsyncIterator[RunningAPI]:
 
 def make_agent(k: RunningAPI, root: Path, node: str = NODE, **config: Any) -> Agent:
     config.setdefault("backoff", Backoff(base=0.01, cap=0.05))
-    return Agent(AgentConfig(node=node, root=str(root), **config), DevicesClient(agent_api.load(k.kubeconfig)))
+    return Agent(
+        AgentConfig(node=node, root=str(root), **config), DevicesClient(agent_api.load(k.kubeconfig))
+    )
 
 
 def writes(k: RunningAPI) -> list[Any]:

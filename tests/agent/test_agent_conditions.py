@@ -39,14 +39,28 @@ async def test_duplicate_conditions_are_merged_once_then_nothing_is_written(tmp_
         # A hand edit repeats one of ours (with another status) and one of the operator's.
         obj = stored(k)
         ours = conditions(obj)["InterfacesEnumerated"]
-        theirs = {"type": "LabelsPublished", "status": "True", "reason": "Published", "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
-        obj["status"]["conditions"] = [ours, {**ours, "status": "False"}, theirs, {**theirs, "reason": "Other"}]
+        theirs = {
+            "type": "LabelsPublished",
+            "status": "True",
+            "reason": "Published",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        obj["status"]["conditions"] = [
+            ours,
+            {**ours, "status": "False"},
+            theirs,
+            {**theirs, "reason": "Other"},
+        ]
         k.api.put_object(DEVICES, obj)
 
         fresh = make_agent(k, tmp_path)  # the edit happened while no agent watched: a restart sees it
         assert (await fresh.run_pass()).wrote == ("status",)
         after = stored(k)["status"]["conditions"]
-        assert [c["type"] for c in after] == ["AcceleratorsEnumerated", "InterfacesEnumerated", "LabelsPublished"]
+        assert [c["type"] for c in after] == [
+            "AcceleratorsEnumerated",
+            "InterfacesEnumerated",
+            "LabelsPublished",
+        ]
         assert conditions(stored(k))["InterfacesEnumerated"] == ours, "the first entry kept, time and all"
         assert conditions(stored(k))["LabelsPublished"] == theirs
         before = len(writes(k))
@@ -124,7 +138,10 @@ async def test_nvml_missing_is_one_warning_and_one_event_with_the_remedy(tmp_pat
         assert event["type"] == "Warning" and event["reason"] == "LibraryUnavailable"
         assert event["involvedObject"]["kind"] == "Devices" and event["involvedObject"]["name"] == NODE
         assert event["involvedObject"]["uid"] == stored(k)["metadata"]["uid"]
-        assert event["source"]["component"] == "nodefabric-agent" and event["reportingComponent"] == "nodefabric-agent"
+        assert (
+            event["source"]["component"] == "nodefabric-agent"
+            and event["reportingComponent"] == "nodefabric-agent"
+        )
         assert "runtimeClassName=nvidia" in event["message"]
 
         restarted = make_agent(k, tmp_path)

@@ -38,9 +38,12 @@ async def running(agent) -> AsyncIterator[asyncio.Event]:
 
 
 def passes(agent, kind: str) -> float:
-    return agent.metrics.registry.get_sample_value(
-        "nodefabric_agent_passes_total", {"kind": kind, "result": "ok"}
-    ) or 0.0
+    return (
+        agent.metrics.registry.get_sample_value(
+            "nodefabric_agent_passes_total", {"kind": kind, "result": "ok"}
+        )
+        or 0.0
+    )
 
 
 async def test_the_steady_state_costs_no_request_per_pass(tmp_path):
@@ -48,7 +51,9 @@ async def test_the_steady_state_costs_no_request_per_pass(tmp_path):
     async with api_with_node() as k:
         agent = make_agent(k, tmp_path, interval=0.05, walk_interval=3600)
         async with running(agent):
-            await until(lambda: agent.watch.connects == 1 and passes(agent, "refresh") >= 2, what="a running agent")
+            await until(
+                lambda: agent.watch.connects == 1 and passes(agent, "refresh") >= 2, what="a running agent"
+            )
             gets, written = k.count("GET", DEVICES), len(writes(k))
             start = passes(agent, "refresh")
             await until(lambda: passes(agent, "refresh") >= start + 20, what="20 more passes")
@@ -67,7 +72,9 @@ async def test_a_link_change_is_found_by_the_refresh_without_a_walk(tmp_path):
             await until(lambda: passes(agent, "refresh") >= 1, what="the first refresh")
             gets = k.count("GET", DEVICES)
             set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
-            await until(lambda: interface(stored(k), "ens1f1")["link"]["state"] == "failed", what="the refresh")
+            await until(
+                lambda: interface(stored(k), "ens1f1")["link"]["state"] == "failed", what="the refresh"
+            )
             link = interface(stored(k), "ens1f1")["link"]
             assert "DOWN" in link["reason"] and link["firstSeenTime"]
             (b.root / "sys/class/net/ens1f0/operstate").write_text("down\n")

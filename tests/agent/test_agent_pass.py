@@ -151,7 +151,9 @@ async def test_deleting_the_node_removes_the_record_and_the_agent_does_not_recre
         agent = make_agent(k, tmp_path, interval=3600)
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        await until(lambda: agent.watch.connects >= 1 and stored(k) is not None, what="the record and its watch")
+        await until(
+            lambda: agent.watch.connects >= 1 and stored(k) is not None, what="the record and its watch"
+        )
 
         await delete_node(k)
         assert stored(k) is None, "garbage-collected through the owner reference"

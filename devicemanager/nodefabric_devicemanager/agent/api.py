@@ -186,10 +186,10 @@ class Api:
             self.bytes_received += body_bytes
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        """Shut the request connection, without waiting for a request a stuck thread may still hold."""
+        conn = self._conn
+        if conn is not None:
+            _shut(conn)
 
     # --- requests ------------------------------------------------------------------------------------
 

@@ -308,17 +308,18 @@ async def serve(
             loop.add_signal_handler(sig, on_signal, sig)
     plugin = _plugin(agent, args, plugin_config)
     servers = Servers()
+    # Before anything runs: a port that cannot be bound is a start-up error (OSError, exit 2).
+    servers.start(
+        host=args.bind_address,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        registries=(agent.metrics.registry, prometheus_client.REGISTRY),
+        live=agent.liveness,
+        ready=_ready(agent, plugin),
+    )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []
     try:
-        servers.start(
-            host=args.bind_address,
-            metrics_port=args.metrics_port,
-            health_port=args.health_port,
-            registries=(agent.metrics.registry, prometheus_client.REGISTRY),
-            live=agent.liveness,
-            ready=_ready(agent, plugin),
-        )
         if not args.no_uevents:
             watch.start(loop)
         log.info(

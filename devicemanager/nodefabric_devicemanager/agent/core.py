@@ -578,7 +578,9 @@ class Agent:
             failures = 0
             kind = PassKind.WALK
             while not stop.is_set():
-                outcome = await self.run_pass(kind, stop)
+                outcome = await self._pass_or_stop(kind, stop)
+                if outcome is None:
+                    return
                 if watcher is None and self.config.watch:
                     # After the first pass, which listed the object: the watch resumes from that list.
                     watcher = asyncio.create_task(self.watch.run(stop), name="devices-watch")
@@ -596,6 +598,19 @@ class Agent:
             if watcher is not None:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _pass_or_stop(self, kind: PassKind, stop: asyncio.Event) -> Outcome | None:
+        """A pass, abandoned when `stop` is set: a request or read it waits on may take its full deadline,
+        and a stopping agent has no use for its answer. None when stopped."""
+        running = asyncio.ensure_future(self.run_pass(kind, stop))
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({running, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            return None
+        return running.result()
 
     def _walk_due(self) -> bool:
         return (
