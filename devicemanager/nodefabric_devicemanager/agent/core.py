@@ -18,6 +18,7 @@ read stuck past it fails the pass, is reported (condition, log, metric) and neve
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import logging
 import time
@@ -131,10 +132,9 @@ class HostError:
     reason: str
 
 
-def _failed_reading(error: str, reason: str, stored: dict[str, Any] | None) -> Observed:
+def _failed_reading(error: str, reason: str, spec: DevicesSpec | None) -> Observed:
     """Stands in for a reading when the host read raised or timed out: nothing was read, so everything
     recorded is kept."""
-    spec = publish.stored_spec(stored) if stored is not None else None
     manufacturers = {g.id for g in spec.groups} if spec is not None else set()
     message = f"the host could not be read ({error}); the recorded data is kept"
     return Observed(
@@ -176,6 +176,12 @@ class Agent:
         # The object as last written or seen; `_live_known` False means it must be listed first.
         self.live: dict[str, Any] | None = None
         self._live_known = False
+        self._parsed: tuple[str, DevicesSpec | None] | None = None  # (resourceVersion, its spec)
+        # Versions of the object this agent wrote or listed: their watch events, arriving after a later write
+        # of ours, are old news (resourceVersions are opaque: they are matched, never ordered).
+        self._versions: collections.deque[str] = collections.deque(maxlen=16)
+        self._writing = False
+        self._held: list[dict[str, Any]] = []
         self._settled: tuple[int, str] | None = None  # (generation, resourceVersion) last decided on
         self._told: dict[str, tuple[str, str]] = {}  # conditions last logged
         self._posted: dict[str, tuple[str, str]] = {}  # conditions last posted as Events
@@ -322,10 +328,25 @@ class Agent:
         except workers.Overdue as exc:
             raise ApiFailure("unavailable", str(exc)) from exc
 
-    def _set_live(self, obj: dict[str, Any] | None) -> None:
+    def _set_live(self, obj: dict[str, Any] | None, spec: DevicesSpec | None = None) -> None:
+        """Keep the object a write returned; `spec` is the spec it holds when we just wrote or kept it."""
         self.live = obj
         self._live_known = True
         self.watch.resume_from(resource_version(obj))
+        self._versions.append(resource_version(obj))
+        if obj is not None and spec is not None:
+            self._parsed = (resource_version(obj), spec)
+            obj.pop("spec", None)  # the parsed copy is the one kept: a big node's spec is megabytes as dicts
+
+    def _live_spec(self) -> DevicesSpec | None:
+        """The live object's spec, parsed once per resourceVersion (None when absent or unparseable)."""
+        version = resource_version(self.live)
+        if self._parsed is None or self._parsed[0] != version:
+            spec = publish.stored_spec(self.live) if self.live is not None else None
+            self._parsed = (version, spec)
+            if self.live is not None and spec is not None:
+                self.live.pop("spec", None)
+        return self._parsed[1]
 
     async def _relist(self) -> None:
         """List the object (one request): where the watch resumes from, and the object as it is."""
@@ -338,14 +359,22 @@ class Agent:
             )
             self.watch.since = ""
             return
-        changed = not self._live_known or resource_version(obj) != resource_version(self.live)
-        self.live, self._live_known = obj, True
         self.watch.since = list_version or resource_version(obj)
-        if changed:
-            self._synced.set()
+        if self._live_known and (
+            resource_version(obj) in (resource_version(self.live), *self._versions)
+            or (obj is None and self.live is None)
+        ):
+            return  # nothing we have not seen (a write of ours may even be newer than this list)
+        self.live, self._live_known = obj, True
+        self._versions.append(resource_version(obj))
+        self._synced.set()
 
     def _on_watch_event(self, event: dict[str, Any]) -> None:
         """Someone changed the object (or our own write came back): keep it, and decide again if it is new."""
+        if self._writing:
+            # Our write's own event can arrive before its answer does: judge it once the answer is in.
+            self._held.append(event)
+            return
         obj = event.get("object") or {}
         if event.get("type") == "DELETED":
             if self.live is None and self._live_known:
@@ -353,7 +382,7 @@ class Agent:
             log.warning("the devices object was deleted; recreating it", extra={"node": self.config.node})
             self.live, self._live_known = None, True
         else:
-            if self._live_known and resource_version(obj) == resource_version(self.live):
+            if self._live_known and resource_version(obj) in (resource_version(self.live), *self._versions):
                 return
             self.live, self._live_known = obj, True
         self.metrics.watch_events.inc()
@@ -413,8 +442,9 @@ class Agent:
                     await self._relist_or_raise()
                 stored = self.live
                 reading: publish.ReadingLike | None
+                parsed = self._live_spec() if stored is not None else None
                 if host_error:
-                    reading = _failed_reading(host_error.message, host_error.reason, stored)
+                    reading = _failed_reading(host_error.message, host_error.reason, parsed)
                 else:
                     reading = self.observed
                 if reading is None:  # no host read ever succeeded and this one failed: nothing to say
@@ -424,8 +454,8 @@ class Agent:
                 if not host_error and self._live_known and key == self._settled:
                     await self._post_notices(reading)
                     return Outcome(Result.UNCHANGED, degraded=degraded)
-                plan = publish.plan(stored, reading, _now())
-                wrote, final = await self._apply(stored, plan)
+                plan = publish.plan(stored, reading, _now(), parsed)
+                wrote, final = await self._apply(stored, plan, parsed)
                 if not host_error:
                     self._settled = (self._generation, resource_version(self.live))
                 # A record whose interfaces were never read says nothing about the endpoints: handing
@@ -470,6 +500,7 @@ class Agent:
     async def _relist_or_raise(self) -> None:
         obj, list_version = await self._api(self.client.list_one, self.config.node)
         self.live, self._live_known = obj, True
+        self._versions.append(resource_version(obj))
         self.watch.since = list_version or resource_version(obj)
 
     def _tell(self, reading: publish.ReadingLike) -> tuple[str, ...]:
@@ -522,10 +553,24 @@ class Agent:
             self._posted = notices.remember(self._posted, [cond])
 
     async def _apply(
-        self, stored: dict[str, Any] | None, plan: publish.Plan
+        self, stored: dict[str, Any] | None, plan: publish.Plan, parsed: DevicesSpec | None
     ) -> tuple[list[str], DevicesSpec | None]:
         """Write what the plan says; returns what was written and the spec the object now holds (None when
         the stored one does not parse and was left as it is). Every write's answer becomes `live`."""
+        if not plan.writes and (stored is None or _has_node_owner(stored)):
+            return [], parsed
+        self._writing = True
+        try:
+            return await self._write(stored, plan, parsed)
+        finally:
+            self._writing = False
+            held, self._held = self._held, []
+            for event in held:
+                self._on_watch_event(event)
+
+    async def _write(
+        self, stored: dict[str, Any] | None, plan: publish.Plan, parsed: DevicesSpec | None
+    ) -> tuple[list[str], DevicesSpec | None]:
         node = self.config.node
         wrote: list[str] = []
         final: DevicesSpec | None
@@ -533,24 +578,24 @@ class Agent:
             assert plan.spec is not None
             uid = await self._api(self.client.node_uid, node)
             obj = await self._api(self.client.create, node, plan.spec.wire(), owner_reference(node, uid))
-            self._set_live(obj)
+            self._set_live(obj, plan.spec)
             self.metrics.api_writes.labels(kind="create").inc()
             wrote.append("create")
             final = plan.spec
         else:
             obj = stored
             owners = await self._owners(stored)
+            final = plan.spec if plan.spec is not None else parsed
             if plan.spec is not None or owners is not None:
                 spec_wire = plan.spec.wire() if plan.spec is not None else None
                 obj = await self._api(self.client.patch_spec, node, resource_version(obj), spec_wire, owners)
-                self._set_live(obj)
+                self._set_live(obj, final)
                 self.metrics.api_writes.labels(kind="spec").inc()
                 wrote.append("spec")
-            final = plan.spec if plan.spec is not None else publish.stored_spec(stored)
         if plan.conditions is not None:
             # Status is written after spec, preconditioned on the version that write returned.
             obj = await self._api(self.client.patch_status, node, resource_version(obj), plan.conditions)
-            self._set_live(obj)
+            self._set_live(obj, final)
             self.metrics.api_writes.labels(kind="status").inc()
             wrote.append("status")
         return wrote, final
@@ -558,9 +603,9 @@ class Agent:
     async def _owners(self, stored: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The ownerReferences to write when the object has no Node owner (created by hand or by an older
         agent), so deleting the Node still removes it; None when it already has one."""
-        owners = list((stored.get("metadata") or {}).get("ownerReferences") or [])
-        if any(o.get("kind") == "Node" and o.get("apiVersion") == "v1" for o in owners):
+        if _has_node_owner(stored):
             return None
+        owners = list((stored.get("metadata") or {}).get("ownerReferences") or [])
         uid = await self._api(self.client.node_uid, self.config.node)
         return [*owners, owner_reference(self.config.node, uid)]
 
@@ -675,6 +720,13 @@ class Agent:
         if self.last_outcome is not None and not self.last_outcome.ok:
             return Probe(False, f"the last pass failed: {self.last_outcome.error}")
         return Probe(True, "ok")
+
+
+def _has_node_owner(obj: dict[str, Any]) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(o, dict) and o.get("kind") == "Node" and o.get("apiVersion") == "v1" for o in owners
+    )
 
 
 async def _sleep(seconds: float, stop: asyncio.Event | None, wake: asyncio.Event | None = None) -> bool:

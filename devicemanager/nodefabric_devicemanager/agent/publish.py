@@ -70,7 +70,8 @@ def _vf_key(ep: Endpoint) -> str:
 
 
 def _carry(fresh: Endpoint, stored: Endpoint | None, now: datetime) -> dict[str, Any]:
-    """The `link` update for one endpoint: a failure keeps the time it was first seen, as long as it lasts."""
+    """The `link` update for one endpoint (empty when it already reads right): a failure keeps the time
+    it was first seen, as long as it lasts; anything else has no time."""
     link = fresh.link
     if link is None or link.state is not LinkState.FAILED:
         return (
@@ -83,7 +84,7 @@ def _carry(fresh: Endpoint, stored: Endpoint | None, now: datetime) -> dict[str,
         seen = before.first_seen_time
     else:
         seen = link.first_seen_time or now
-    return {"link": link.model_copy(update={"first_seen_time": seen})}
+    return {} if seen == link.first_seen_time else {"link": link.model_copy(update={"first_seen_time": seen})}
 
 
 def carry_first_seen(
@@ -92,14 +93,20 @@ def carry_first_seen(
     """`fresh`, each failed link's firstSeenTime taken from `stored` where that failure was already there."""
     by_name = {i.name: i for i in stored}
     out: list[Interface] = []
+    # Only an endpoint whose time changes is copied: a node has thousands of VFs and most never fail.
     for iface in fresh:
         before = by_name.get(iface.name)
         before_vfs = {_vf_key(vf): vf for vf in before.virtual_functions} if before is not None else {}
-        vfs = [
-            vf.model_copy(update=_carry(vf, before_vfs.get(_vf_key(vf)), now))
-            for vf in iface.virtual_functions
-        ]
-        out.append(iface.model_copy(update={**_carry(iface, before, now), "virtual_functions": vfs}))
+        vfs = []
+        changed = False
+        for vf in iface.virtual_functions:
+            update = _carry(vf, before_vfs.get(_vf_key(vf)), now)
+            vfs.append(vf.model_copy(update=update) if update else vf)
+            changed = changed or bool(update)
+        update = _carry(iface, before, now)
+        if changed:
+            update["virtual_functions"] = vfs
+        out.append(iface.model_copy(update=update) if update else iface)
     return out
 
 
@@ -162,7 +169,9 @@ def canonical(spec: DevicesSpec) -> dict[str, Any]:
 
 
 def same_spec(a: DevicesSpec, b: DevicesSpec) -> bool:
-    return canonical(a) == canonical(b)
+    # Equal models are equal specs; only specs that differ as models (order, firstSeenTime) are compared
+    # in canonical form, which costs a copy of both as dicts.
+    return a == b or canonical(a) == canonical(b)
 
 
 # --- conditions ------------------------------------------------------------------------------------
@@ -251,14 +260,20 @@ def stored_spec(obj: Mapping[str, Any]) -> DevicesSpec | None:
         return None
 
 
-def plan(stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime) -> Plan:
-    """Create when there is no object; otherwise patch only the parts that changed."""
+_UNPARSED: Any = object()
+
+
+def plan(
+    stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime, parsed: Any = _UNPARSED
+) -> Plan:
+    """Create when there is no object; otherwise patch only the parts that changed. `parsed` is the
+    stored spec already parsed (a `DevicesSpec`, or None when it does not parse), when the caller has it."""
     reported = reported_conditions(reading)
     if stored is None:
         return Plan(
             create=True, spec=desired_spec(reading, None, now), conditions=merge_conditions([], reported, now)
         )
-    old = stored_spec(stored)
+    old = stored_spec(stored) if parsed is _UNPARSED else parsed
     conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], reported, now)
     if old is None and (reading.interfaces is None or reading.failed_manufacturers):
         # Rewriting an unparseable record from a partial read would replace what it holds with an empty

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -74,26 +75,48 @@ async def call(fn: Callable[..., T], *args: Any, deadline: float, name: str) -> 
 
 
 class Lane:
-    """One blocking call at a time, each with a deadline."""
+    """One blocking call at a time, each with a deadline, on one long-lived daemon thread.
+
+    One thread, not one per call: the memory a walk allocates is then reused by the next walk rather than
+    left in another thread's malloc arena."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._busy_since: float | None = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
 
     def stuck_for(self) -> float:
         """Seconds the current call has been running (0 when idle)."""
         return 0.0 if self._busy_since is None else time.monotonic() - self._busy_since
 
+    def _serve(self) -> None:
+        while True:
+            fn, args, fut = self._jobs.get()
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the awaiting task, which decides
+                _post(fut.get_loop(), fut, None, exc)
+            else:
+                _post(fut.get_loop(), fut, result, None)
+
     async def call(self, fn: Callable[..., T], *args: Any, deadline: float) -> T:
         if self._busy_since is not None:
             raise Overdue(f"{self.name} is still stuck in an earlier call, for {self.stuck_for():.0f}s")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            self._thread.start()
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._busy_since = time.monotonic()
-        fut = start(fn, *args, name=self.name)
 
-        def idle(_: asyncio.Future[T]) -> None:
+        def idle(done: asyncio.Future[T]) -> None:
             self._busy_since = None
+            _consume(done)
 
         fut.add_done_callback(idle)
+        self._jobs.put((fn, args, fut))
         try:
             return await asyncio.wait_for(asyncio.shield(fut), deadline)
         except TimeoutError:
