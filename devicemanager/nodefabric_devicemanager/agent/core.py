@@ -558,6 +558,10 @@ class Agent:
         """Write what the plan says; returns what was written and the spec the object now holds (None when
         the stored one does not parse and was left as it is). Every write's answer becomes `live`."""
         if not plan.writes and (stored is None or _has_node_owner(stored)):
+            if plan.desired is not None and stored is not None:
+                # Equal to what is stored: keep the fresh copy (the one consumers hold), drop the parsed one.
+                self._parsed = (resource_version(stored), plan.desired)
+                return [], plan.desired
             return [], parsed
         self._writing = True
         try:
@@ -585,7 +589,7 @@ class Agent:
         else:
             obj = stored
             owners = await self._owners(stored)
-            final = plan.spec if plan.spec is not None else parsed
+            final = plan.spec or plan.desired or parsed
             if plan.spec is not None or owners is not None:
                 spec_wire = plan.spec.wire() if plan.spec is not None else None
                 obj = await self._api(self.client.patch_spec, node, resource_version(obj), spec_wire, owners)

@@ -55,6 +55,8 @@ class Plan:
     create: bool
     spec: DevicesSpec | None
     conditions: list[dict[str, Any]] | None
+    # The spec decided on, also when it equals the stored one (then the caller keeps this copy, not both).
+    desired: DevicesSpec | None = None
 
     @property
     def writes(self) -> bool:
@@ -281,4 +283,4 @@ def plan(
         return Plan(create=False, spec=None, conditions=conditions)
     desired = desired_spec(reading, old, now)
     spec = None if old is not None and same_spec(desired, old) else desired
-    return Plan(create=False, spec=spec, conditions=conditions)
+    return Plan(create=False, spec=spec, conditions=conditions, desired=desired)
