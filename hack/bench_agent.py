@@ -34,7 +34,7 @@ from nodefabric_devicemanager.agent import publish
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, PassKind
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_devicemanager.testing.scenarios import bench
+from nodefabric_devicemanager.testing.scenarios import bench, gpu8
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator.demo.kubeapi import running_api
 
@@ -44,6 +44,8 @@ WATCH_RECONNECTS_PER_HOUR = 3600 / 450  # the agent asks for watches of 300-600 
 BOOKMARK_BYTES = 250  # a BOOKMARK event of a custom resource; the API server sends about one a minute
 BOOKMARKS_PER_HOUR = 60
 BUDGET_MIB = 64.0
+# The console script's body, so the old agent runs from its own unpacked sources through PYTHONPATH.
+MAIN = "import sys; from nodefabric_devicemanager.cli import main; sys.exit(main())"
 
 
 def median_time(fn: Callable[[], object], rounds: int) -> float:
@@ -91,11 +93,9 @@ def host_pass(root: Path, rounds: int) -> None:
     print(f"host pass ({len(plan.devices)} rdma devices, {len(plan.netdevs)} netdevs, {len(files)} files)")
     print(f"  bare open/read loop     {t_bare * 1e3:8.2f} ms")
     print(f"  os.open/os.read floor   {t_floor * 1e3:8.2f} ms")
-    print(f"  link refresh            {t_refresh * 1e3:8.2f} ms   {t_refresh / t_bare:5.2f}x bare (target <= 1.25x), "
+    print(f"  link refresh            {t_refresh * 1e3:8.2f} ms   {t_refresh / t_bare:5.2f}x bare (<=1.25x), "
           f"{t_refresh / t_floor:5.2f}x floor")  # fmt: skip
-    print(
-        f"  full walk (every pass before)  {t_walk * 1e3:8.1f} ms   refresh is {t_walk / t_refresh:5.0f}x cheaper"
-    )
+    print(f"  full walk (each pass before) {t_walk * 1e3:8.1f} ms   {t_walk / t_refresh:5.0f}x the refresh")
 
 
 # --- 2. API traffic ---------------------------------------------------------------------------------
@@ -174,14 +174,13 @@ async def api_traffic(root: Path, passes: int) -> None:
         size = len(str(k.api.stored("worker.gpustack.ai/v1alpha1/devices", NODE)))
         proxy.reset()
         old_rounds = 5
-        cpu = time.process_time()
+        before = k.count()
         for _ in range(old_rounds):
             stored = await asyncio.to_thread(client.get, NODE)
             reading = await asyncio.to_thread(inventory.read, host)
             plan = publish.plan(stored, reading, datetime.now(UTC).replace(microsecond=0))
             assert not plan.writes
-        old_bytes, old_requests = proxy.total / old_rounds, proxy.connections
-        del cpu
+        old_bytes, old_requests = proxy.total / old_rounds, (k.count() - before) / old_rounds
 
         # The running agent: refresh every interval, decide against the object it keeps, a watch.
         agent = Agent(
@@ -194,10 +193,10 @@ async def api_traffic(root: Path, passes: int) -> None:
         count = lambda: refreshes("nodefabric_agent_passes_total", {"kind": "refresh", "result": "ok"}) or 0  # noqa: E731
         await _until(lambda: agent.watch.connects == 1 and count() >= 2)
         proxy.reset()
-        start = count()
+        start, requests_before = count(), k.count()
         await _until(lambda: count() >= start + passes)
         new_bytes = proxy.total / passes
-        new_requests = k.count("GET", "worker.gpustack.ai/v1alpha1/devices")
+        new_requests = (k.count() - requests_before) / passes
         # One watch reconnect, as the API server ending the watch after its timeoutSeconds causes.
         proxy.reset()
         connects = agent.watch.connects
@@ -216,18 +215,23 @@ async def api_traffic(root: Path, passes: int) -> None:
         + BOOKMARK_BYTES * BOOKMARKS_PER_HOUR
     )
     print(f"api traffic (the Devices object is {size / 1024:.0f} KiB)")
+    print(f"  old, per pass: GET + full read   {old_bytes / 1024:10.1f} KiB  {old_requests:.1f} request(s)")
     print(
-        f"  old, per pass: GET + full read     {old_bytes / 1024:10.1f} KiB   {old_requests / old_rounds:.0f} request(s)"
+        f"  agent, per pass ({passes} passes)   {new_bytes / 1024:10.3f} KiB  {new_requests:.1f} request(s)"
     )
-    print(f"  agent, per pass (measured over {passes})  {new_bytes / 1024:10.3f} KiB   "
-          f"{new_requests - 2} request(s) beyond the first list and watch")  # fmt: skip
-    print(f"  one watch reconnect                {reconnect_bytes / 1024:10.1f} KiB   (the embedded API replays the "
-          "object; a real API server resumes from the resourceVersion without it)")  # fmt: skip
-    print(f"  per node-hour at {INTERVAL_S:.0f} s: old {old_hour / 2**20:7.2f} MiB, agent {new_hour / 2**20:7.3f} MiB "
-          f"({new_hour / old_hour:.1%} of old; {WATCH_RECONNECTS_PER_HOUR:.0f} reconnects and "
-          f"{BOOKMARKS_PER_HOUR} bookmarks of ~{BOOKMARK_BYTES} B modelled)")  # fmt: skip
     print(
-        f"  requests per node-hour: old {per_hour:.0f} GETs, agent {WATCH_RECONNECTS_PER_HOUR:.0f} watch reconnects, 0 writes"
+        f"  one watch reconnect              {reconnect_bytes / 1024:10.1f} KiB  (the embedded API replays "
+        "the object; a real API server resumes from the resourceVersion without it)"
+    )
+    print(
+        f"  per node-hour at {INTERVAL_S:.0f} s: old {old_hour / 2**20:.2f} MiB, "
+        f"agent {new_hour / 2**20:.3f} MiB "
+        f"= {new_hour / old_hour:.1%} of old ({WATCH_RECONNECTS_PER_HOUR:.0f} reconnects as measured, "
+        f"{BOOKMARKS_PER_HOUR} bookmarks of ~{BOOKMARK_BYTES} B modelled)"
+    )
+    print(
+        f"  requests per node-hour: old {old_requests * per_hour:.0f}, agent "
+        f"{new_requests * per_hour + WATCH_RECONNECTS_PER_HOUR:.0f} (watch reconnects); writes 0 in both"
     )
 
 
@@ -235,48 +239,71 @@ async def api_traffic(root: Path, passes: int) -> None:
 
 
 def _rss_mib(pid: int) -> tuple[float, float]:
-    fields = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
-    )
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-async def resident_memory(root: Path, settle: float) -> None:
+def _old_agent(ref: str, into: Path) -> dict[str, str] | None:
+    """The agent as of `ref` (before issue 15), unpacked from git, to measure beside this one."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", ref, "devicemanager", "deviceplugin", "operator"],
+            capture_output=True, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    roots = [str(into / part) for part in ("devicemanager", "deviceplugin", "operator")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
+
+
+async def _agent_rss(root: Path, settle: float, env: dict[str, str] | None) -> tuple[float, float]:
     plugin_dir = tempfile.mkdtemp(prefix="nf-bench-", dir="/tmp")
-    nodefabric = Path(sys.executable).with_name("nodefabric")
     async with running_api([crd.devices_crd()]) as k:
         k.api.put_object("v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubelet = KubeletEmulator(plugin_dir)
         await kubelet.start()
         proc = await asyncio.create_subprocess_exec(
-            str(nodefabric), "agent", "--node-name", NODE, "--root", str(root), "--kubeconfig", k.kubeconfig,
+            sys.executable, "-c", MAIN,
+            "agent", "--node-name", NODE, "--root", str(root), "--kubeconfig", k.kubeconfig,
             "--plugin-dir", plugin_dir, "--interval", "1", "--metrics-port", "0", "--health-port", "0",
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, env=env,
         )  # fmt: skip
         try:
             await _until(lambda: kubelet.registrations("device.gpustack.ai/rdma") >= 1)
             await asyncio.sleep(settle)  # passes keep running; memory must hold still
-            rss, peak = _rss_mib(proc.pid)
+            return _rss_mib(proc.pid)
         finally:
             proc.terminate()
             await proc.wait()
             await kubelet.stop()
-    kubernetes = subprocess.run(
-        [sys.executable, "-c", "import resource, kubernetes; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    bare = subprocess.run(
-        [sys.executable, "-c", "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    extra = (int(kubernetes.stdout) - int(bare.stdout)) / 1024
-    print("resident memory of `nodefabric agent` with the device plugin in-process and registered")
+
+
+async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: str) -> None:
     print(
-        f"  steady {rss:6.1f} MiB, peak {peak:6.1f} MiB   ({rss / BUDGET_MIB:.0%} of the {BUDGET_MIB:.0f} MiB budget)"
+        "resident memory of `nodefabric agent` with the device plugin in-process and registered with kubelet"
     )
-    print(
-        f"  for scale: `import kubernetes` alone adds {extra:.1f} MiB to a bare interpreter (not imported by the agent)"
-    )
+    with tempfile.TemporaryDirectory(prefix="nf-bench-old-") as old_dir:
+        old_env = _old_agent(baseline_ref, Path(old_dir))
+        for name, root in trees.items():
+            rss, peak = await _agent_rss(root, settle, None)
+            line = f"  {name:20} agent {rss:5.1f} MiB (peak {peak:5.1f}, {rss / BUDGET_MIB:4.0%} of budget)"
+            if old_env is not None:
+                old_rss, _ = await _agent_rss(root, settle, old_env)
+                line += f"   old agent ({baseline_ref}) {old_rss:5.1f} MiB: {rss / old_rss:.2f}x"
+            print(line)
+    # VmRSS, not ru_maxrss: a child inherits its parent's high-water mark across exec.
+    rss_of = "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", f"{imports}\n{rss_of}"], capture_output=True, text=True, check=True
+        )
+        for imports in ("import kubernetes", "pass")
+    ]
+    extra = (int(runs[0].stdout) - int(runs[1].stdout)) / 1024
+    print(f"  for scale: `import kubernetes` adds {extra:.1f} MiB to Python (not imported by the agent)")
 
 
 def main() -> None:
@@ -285,17 +312,18 @@ def main() -> None:
     parser.add_argument("--vfs", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--passes", type=int, default=50)
-    parser.add_argument(
-        "--settle", type=float, default=8.0, help="seconds of steady state before reading RSS"
-    )
+    parser.add_argument("--settle", type=float, default=8.0, help="steady seconds before reading RSS")
+    parser.add_argument("--baseline-ref", default="3482377", help="git revision of the agent before issue 15")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nf-bench-agent-") as tmp:
-        root = Path(tmp)
+        root, typical = Path(tmp) / "big", Path(tmp) / "gpu8"
         bench(root, pfs=args.pfs, vfs=args.vfs)
+        gpu8(typical)
         print(f"tree: {args.pfs} PF x {args.vfs} VF")
         host_pass(root, args.rounds)
         asyncio.run(api_traffic(root, args.passes))
-        asyncio.run(resident_memory(root, args.settle))
+        trees = {"8 GPU, 5 NIC node": typical, f"{args.pfs} PF x {args.vfs} VF node": root}
+        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref))
 
 
 if __name__ == "__main__":
