@@ -180,7 +180,7 @@ async def test_a_plugin_dir_under_a_regular_file_is_one_line_and_exit_2(tmp_path
         "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", kubeconfig,
         "--plugin-dir", str(tmp_path / "file" / "plugins"),
     )  # fmt: skip
-    _one_line_exit_2(code, lines, "--plugin-dir", "Not a directory")
+    _one_line_exit_2(code, lines, "plugin directory", "Not a directory")
 
 
 async def test_a_shared_count_kubelet_could_never_receive_is_one_line_and_exit_2(tmp_path, kubeconfig):

@@ -153,6 +153,7 @@ def _plugin_config(args: argparse.Namespace) -> Any:
     if args.no_device_plugin:
         return None
     from nodefabric_deviceplugin.resources import PluginConfig
+    from nodefabric_deviceplugin.startup import check_startup
 
     try:
         config = PluginConfig(
@@ -161,14 +162,9 @@ def _plugin_config(args: argparse.Namespace) -> Any:
             shared=not args.no_shared,
             partitioned=not args.no_partitioned,
         )
-    except ValueError as exc:
+        check_startup(config, args.plugin_dir)  # the plugin directory can hold the sockets
+    except ValueError as exc:  # the device plugin's StartupError is one
         raise StartupError(str(exc)) from exc
-    try:
-        os.makedirs(args.plugin_dir, exist_ok=True)
-    except OSError as exc:
-        raise StartupError(f"--plugin-dir {args.plugin_dir} cannot be used: {exc.strerror or exc}") from exc
-    if not os.path.isdir(args.plugin_dir):
-        raise StartupError(f"--plugin-dir {args.plugin_dir} is not a directory")
     return config
 
 
@@ -243,25 +239,15 @@ def _plugin(agent: Agent, args: argparse.Namespace, plugin_config: Any) -> Any:
     return DevicePluginManager(source, agent.host, config=plugin_config, plugin_dir=args.plugin_dir)
 
 
-def plugin_readiness(plugin: Any) -> tuple[bool, str]:
-    """Whether kubelet accepted the device plugin's resources.
-
-    Seam: the device plugin's manager answers `readiness() -> (ok, message)`; a manager without it is
-    ready once every family registered at least once."""
-    readiness = getattr(plugin, "readiness", None)
-    if readiness is not None:
-        ok, message = readiness()
-        return bool(ok), str(message)
-    return plugin.serving.is_set(), "kubelet has not accepted every resource yet"
-
-
 def _ready(agent: Agent, plugin: Any) -> Callable[[], Probe]:
+    """The agent's readiness, and the in-process device plugin's: kubelet accepted every resource."""
+
     def ready() -> Probe:
         probe = agent.readiness()
         if not probe.ok or plugin is None:
             return probe
-        ok, message = plugin_readiness(plugin)
-        return probe if ok else Probe(False, f"device plugin: {message}")
+        ok, message = plugin.readiness()  # from memory, no I/O: safe on the probe's thread
+        return probe if ok else Probe(False, str(message))
 
     return ready
 
@@ -360,4 +346,4 @@ async def serve(
         log.info("stopped", extra={"node": node})
 
 
-__all__ = ["add_arguments", "plugin_readiness", "run", "serve"]
+__all__ = ["add_arguments", "run", "serve"]
