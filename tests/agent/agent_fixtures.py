@@ -111,6 +111,12 @@ async def hand_edits_spec(k: RunningAPI, spec: dict[str, Any]) -> None:
     await asyncio.to_thread(custom.patch_cluster_custom_object, G, V, P, NODE, {"spec": spec})
 
 
+async def delete_devices(k: RunningAPI, node: str = NODE) -> None:
+    """Someone deletes the record (`kubectl delete devices NODE`)."""
+    custom = kubernetes.client.CustomObjectsApi(_client(k))
+    await asyncio.to_thread(custom.delete_cluster_custom_object, G, V, P, node)
+
+
 async def delete_node(k: RunningAPI, node: str = NODE) -> None:
     await asyncio.to_thread(kubernetes.client.CoreV1Api(_client(k)).delete_node, node)
 

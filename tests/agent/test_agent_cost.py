@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from agent_fixtures import (
     DEVICES,
     api_with_node,
+    delete_devices,
     hand_edits_spec,
     interface,
     make_agent,
@@ -118,3 +119,29 @@ async def test_another_writers_status_costs_no_write_and_a_hand_edit_of_the_spec
             assert len(stored(k)["spec"]["interfaces"]) == 1
             await until(lambda: stored(k)["spec"]["interfaces"] == recorded, what="the spec restored")
             assert k.count("GET", DEVICES) == gets, "the watch told the agent; it did not ask"
+
+
+async def test_a_deleted_record_is_recreated_while_its_node_exists(tmp_path):
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path, interval=3600, walk_interval=3600)
+        async with running(agent):
+            await until(lambda: agent.watch.connects == 1 and stored(k) is not None, what="a running agent")
+            recorded = stored(k)["spec"]
+            await delete_devices(k)
+            await until(lambda: stored(k) is not None, what="the record recreated")
+            assert stored(k)["spec"] == recorded
+            assert [o["kind"] for o in stored(k)["metadata"]["ownerReferences"]] == ["Node"]
+
+
+async def test_a_record_right_in_all_but_its_owner_gets_the_owner_only(tmp_path):
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        await make_agent(k, tmp_path).run_pass()
+        obj = stored(k)
+        obj["metadata"].pop("ownerReferences")
+        k.api.put_object(DEVICES, obj)
+        fresh = make_agent(k, tmp_path)
+        assert (await fresh.run_pass()).wrote == ("spec",), "a metadata patch, the spec itself unchanged"
+        assert [o["kind"] for o in stored(k)["metadata"]["ownerReferences"]] == ["Node"]
+        assert (await fresh.run_pass()).wrote == ()

@@ -192,6 +192,7 @@ class Agent:
         self._synced = asyncio.Event()
         self._host_lane = workers.Lane("host-read")
         self._api_lane = workers.Lane("api")
+        self._api_turn = asyncio.Lock()
         self._last_pass_started = time.monotonic()
         self._last_success: float | None = None
         self._performed = PassKind.WALK
@@ -323,10 +324,12 @@ class Agent:
     # --- the API side --------------------------------------------------------------------------------
 
     async def _api(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return await self._api_lane.call(fn, *args, deadline=API_DEADLINE_S)
-        except workers.Overdue as exc:
-            raise ApiFailure("unavailable", str(exc)) from exc
+        # The pass, the watch's list and the Events take turns on the one API thread.
+        async with self._api_turn:
+            try:
+                return await self._api_lane.call(fn, *args, deadline=API_DEADLINE_S)
+            except workers.Overdue as exc:
+                raise ApiFailure("unavailable", str(exc)) from exc
 
     def _set_live(self, obj: dict[str, Any] | None, spec: DevicesSpec | None = None) -> None:
         """Keep the object a write returned; `spec` is the spec it holds when we just wrote or kept it."""

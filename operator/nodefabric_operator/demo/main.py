@@ -31,8 +31,8 @@ from nodefabric_devicemanager import crd, inventory, models
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
-from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent import api as agent_api
+from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.kubeclient import load_client
