@@ -10,11 +10,13 @@ import signal
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pynvml
 import pytest
-from agent_fixtures import NODE, api_with_node, conditions, nodefabric_bin, stored, two_nic_host
+from agent_fixtures import NODE, api_with_node, conditions, free_port, nodefabric_bin, stored, two_nic_host
 
 from nodefabric_devicemanager.agent.cli import STOP_GRACE_S
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
@@ -56,20 +58,30 @@ async def _stop_within_grace(proc) -> float:
     return time.monotonic() - started
 
 
-def _agent_args(root: Path, kubeconfig: str, *extra: str) -> list[str]:
+def _agent_args(root: Path, kubeconfig: str, *extra: str, health_port: int = 0) -> list[str]:
     return [
         "--log-format", "json", "agent", "--node-name", NODE, "--root", str(root), "--kubeconfig", kubeconfig,
-        "--no-device-plugin", "--no-uevents", "--metrics-port", "0", "--health-port", "0", *extra,
+        "--no-device-plugin", "--no-uevents", "--metrics-port", "0", "--health-port", str(health_port),
+        "--bind-address", "127.0.0.1", *extra,
     ]  # fmt: skip
+
+
+def _probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 async def test_sigterm_ends_the_agent_while_a_host_read_is_stuck_in_nvml(tmp_path):
     nvswitch_node(SysfsBuilder(tmp_path), state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+    port = free_port()
     async with api_with_node() as k:
+        args = _agent_args(tmp_path, k.kubeconfig, "--read-timeout", "1", health_port=port)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", HANGING_NVML, *_agent_args(tmp_path, k.kubeconfig, "--read-timeout", "1"),
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable, "-c", HANGING_NVML, *args, stderr=asyncio.subprocess.PIPE
+        )
         lines: list[dict] = []
         reader = asyncio.create_task(_lines(proc.stderr, lines))
         try:
@@ -80,6 +92,10 @@ async def test_sigterm_ends_the_agent_while_a_host_read_is_stuck_in_nvml(tmp_pat
             # The failure is reported in the record, and nothing recorded was invented or dropped.
             cond = conditions(stored(k))["InterfacesEnumerated"]
             assert cond["status"] == "False" and cond["reason"] == "ReadTimeout"
+            # The probes answer from memory on their own threads while the read stays stuck.
+            status, reason = await asyncio.to_thread(_probe, port, "/readyz")
+            assert status == 503 and "did not finish within 1s" in reason
+            assert (await asyncio.to_thread(_probe, port, "/healthz"))[0] == 200
 
             took = await _stop_within_grace(proc)
         finally:

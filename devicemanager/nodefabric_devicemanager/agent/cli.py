@@ -66,12 +66,6 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def _count(text: str) -> int:
-    if not text.isascii() or not text.isdigit():
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
-    return int(text)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-name",
@@ -129,19 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     plugin = parser.add_argument_group("device plugin (served in-process from the agent's latest record)")
     plugin.add_argument("--no-device-plugin", action="store_true", help="do not serve the RDMA resources")
-    plugin.add_argument(
-        "--plugin-dir", default="/var/lib/kubelet/device-plugins", help="kubelet's device-plugin directory"
-    )
-    plugin.add_argument("--no-shared", action="store_true", help="do not serve device.<domain>/rdma.shared")
-    plugin.add_argument(
-        "--no-partitioned", action="store_true", help="do not serve device.<domain>/rdma.partitioned"
-    )
-    plugin.add_argument(
-        "--shared-count", type=_count, default=64, help="rdma.shared tokens per endpoint (default: 64)"
-    )
-    plugin.add_argument(
-        "--domain", default="gpustack.ai", help="domain of the resource keys (default: gpustack.ai)"
-    )
+    from nodefabric_deviceplugin.startup import add_plugin_arguments  # no grpc: flags and checks only
+
+    add_plugin_arguments(plugin)
 
 
 # --- start-up checks ---------------------------------------------------------------------------------
@@ -152,20 +136,12 @@ def _plugin_config(args: argparse.Namespace) -> Any:
     message limit, the domain); None when the plugin is off."""
     if args.no_device_plugin:
         return None
-    from nodefabric_deviceplugin.resources import PluginConfig
-    from nodefabric_deviceplugin.startup import check_startup
+    from nodefabric_deviceplugin.startup import config_from_args
 
     try:
-        config = PluginConfig(
-            domain=args.domain,
-            shared_count=args.shared_count,
-            shared=not args.no_shared,
-            partitioned=not args.no_partitioned,
-        )
-        check_startup(config, args.plugin_dir)  # the plugin directory can hold the sockets
+        return config_from_args(args)
     except ValueError as exc:  # the device plugin's StartupError is one
         raise StartupError(str(exc)) from exc
-    return config
 
 
 def reader_for(driver_root: str) -> Reader:

@@ -722,10 +722,10 @@ class Agent:
 
     def readiness(self) -> Probe:
         """Ready once a pass has brought the record in step with the host, and while the last one did."""
-        if self._last_success is None:
-            return Probe(False, "no pass has completed yet")
         if self.last_outcome is not None and not self.last_outcome.ok:
             return Probe(False, f"the last pass failed: {self.last_outcome.error}")
+        if self._last_success is None:
+            return Probe(False, "no pass has completed yet")
         return Probe(True, "ok")
 
 
