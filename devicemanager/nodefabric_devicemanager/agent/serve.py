@@ -61,17 +61,19 @@ def build_app(
     return app
 
 
-class _Quiet(ThreadingWSGIServer):
-    pass
+# A client that connects and sends nothing (or trickles) is dropped after this long: with the agent on
+# the host network these ports are reachable from the node's network, and each connection holds a thread.
+IDLE_TIMEOUT_S = 5.0
 
 
-def _serve(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGIServer:
+def _serve(app: Callable[..., Iterable[bytes]], host: str, port: int, idle_timeout: float) -> WSGIServer:
     """Bind now (so a busy port is a start-up error), serve on a daemon thread."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    server_class = type("_Server", (_Quiet,), {"address_family": family})
     from prometheus_client.exposition import _SilentHandler
 
-    httpd: WSGIServer = make_server(host, port, app, server_class, handler_class=_SilentHandler)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+    handler_class = type("_Handler", (_SilentHandler,), {"timeout": idle_timeout})
+    httpd: WSGIServer = make_server(host, port, app, server_class, handler_class=handler_class)
     threading.Thread(
         target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name=f"http-{port}", daemon=True
     ).start()
@@ -81,7 +83,8 @@ def _serve(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGISer
 class Servers:
     """The agent's listeners, started together and stopped together."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+        self.idle_timeout = idle_timeout
         self._servers: list[WSGIServer] = []
 
     def start(
@@ -108,7 +111,7 @@ class Servers:
                 app = build_app(
                     registries=regs, live=live if probes else None, ready=ready if probes else None
                 )
-                self._servers.append(_serve(app, host, port))
+                self._servers.append(_serve(app, host, port, self.idle_timeout))
                 paths = (["/metrics"] if regs else []) + (["/healthz", "/readyz"] if probes else [])
                 log.info("serving http", extra={"address": f"{host}:{port}", "paths": paths})
         except OSError:
