@@ -265,7 +265,13 @@ def pf_without_netdev(root: Path) -> SysfsBuilder:
     b.mkdir("/sys/bus/pci/drivers/vfio-pci")
     b.link(b.functions["0000:5e:00.0"] / "driver", "/sys/bus/pci/drivers/vfio-pci")
     b.sriov(
-        "0000:5e:00.0", vfs=2, numa=1, netdev_prefix="ens3f0v", rdma_prefix="mlx5_", first_rdma=0, first_verbs=0
+        "0000:5e:00.0",
+        vfs=2,
+        numa=1,
+        netdev_prefix="ens3f0v",
+        rdma_prefix="mlx5_",
+        first_rdma=0,
+        first_verbs=0,
     )
     b.rdma_cm()
     return b
