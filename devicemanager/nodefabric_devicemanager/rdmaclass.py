@@ -54,11 +54,12 @@ def _gid_netdev(port: SysDir) -> str | None:
     return None
 
 
-def _riding(device: SysDir, netdevs: Collection[str]) -> dict[str, set[str]]:
+def _riding(device: SysDir, netdevs: Collection[str], *, software: bool) -> dict[str, set[str]]:
     """Listed interface -> the device's ports that ride on it."""
     ports = device.child_opt("ports")
     names = ports.list() if ports is not None else []
-    parent = device.value("parent")
+    # Only a software device names its netdev in `parent`; a hardware one's ports say it.
+    parent = device.value("parent") if software else None
     if parent is not None:
         return {parent: set(names)} if parent in netdevs else {}
     out: dict[str, set[str]] = {}
@@ -96,7 +97,7 @@ def scan(
         if parent is not None and (parent.path in parents or parent.link_name("subsystem") == "pci"):
             continue
         software = parent is None
-        for netdev, ports in sorted(_riding(d, netdevs).items()):
+        for netdev, ports in sorted(_riding(d, netdevs, software=software).items()):
             b = rdma.Binding(shown, rdma.check(d, ports), software)
             held = found.get(netdev)
             if held is None or (held.software and not software):

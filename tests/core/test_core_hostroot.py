@@ -99,9 +99,9 @@ def test_root_slash_displays_host_paths_unchanged():
 # --- never hang, never invent: what is not a regular UTF-8 file is refused or unknown ----------------
 
 
-def returns(fn, *args):
+def returns(fn, *args, fifo=None):
     """Call fn in a thread; fail (instead of hanging the suite) when it blocks. On failure a writer opens
-    the FIFO, which releases a reader blocked in open(), so no thread is left behind."""
+    `fifo`, which releases a reader blocked in open(), so no thread is left behind."""
     result: dict = {}
 
     def call():
@@ -114,6 +114,8 @@ def returns(fn, *args):
     t.start()
     t.join(30)
     if t.is_alive():
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail(f"{fn.__name__} blocked")
     if "error" in result:
         raise result["error"]
@@ -126,16 +128,17 @@ def dev(tree):
 
 
 def test_a_fifo_attribute_is_refused_without_blocking_and_named(dev, tree):
-    os.mkfifo(tree / "sys/devices/pci0000:00/0000:00:01.0/mtu")
+    fifo = tree / "sys/devices/pci0000:00/0000:00:01.0/mtu"
+    os.mkfifo(fifo)
     with pytest.raises(NotRegularFile) as err:
-        returns(dev.read, "mtu")
+        returns(dev.read, "mtu", fifo=fifo)
     assert err.value.path == "/sys/devices/pci0000:00/0000:00:01.0/mtu"
     assert "is a FIFO, not a regular file" in str(err.value)
     # Refused is not absent: read_opt and value() raise too.
     with pytest.raises(Refused):
-        returns(dev.read_opt, "mtu")
+        returns(dev.read_opt, "mtu", fifo=fifo)
     with pytest.raises(Refused):
-        returns(dev.value, "mtu")
+        returns(dev.value, "mtu", fifo=fifo)
 
 
 def test_a_character_device_attribute_is_refused_before_it_is_opened(dev, tree):
@@ -153,7 +156,7 @@ def test_a_symlink_to_a_fifo_inside_the_root_is_refused(dev, tree):
     os.mkfifo(tree / "pipe")
     os.symlink("../../../../pipe", tree / "sys/devices/pci0000:00/0000:00:01.0/vendor")
     with pytest.raises(NotRegularFile, match="/pipe: is a FIFO"):
-        returns(dev.read, "vendor")
+        returns(dev.read, "vendor", fifo=tree / "pipe")
 
 
 def test_a_directory_where_an_attribute_belongs_is_refused(dev, tree):
