@@ -74,6 +74,19 @@ def _riding(device: SysDir, netdevs: Collection[str], *, software: bool) -> dict
     return out
 
 
+def ports_on(host: HostRoot, device: str, netdev: str) -> set[str] | None:
+    """The ports of RDMA device `device` whose verdict counts for interface `netdev`: those riding on it
+    when the device is bound by name (software, or a platform engine split across netdevs), None when
+    every port counts (bound through the shared parent). For a link refresh between passes, which must
+    judge an endpoint over the same ports the pass did; a PCI endpoint never needs it."""
+    d = host.dir(RDMA_CLASS).child(device)
+    parent = d.child_opt("device")
+    if parent is not None and parent.link_name("subsystem") == "pci":
+        return None
+    riding = _riding(d, {netdev}, software=parent is None)
+    return riding.get(netdev)
+
+
 def scan(
     host: HostRoot, *, bound: Collection[str], parents: Collection[str], netdevs: Collection[str]
 ) -> dict[str, rdma.Binding]:

@@ -183,3 +183,23 @@ def test_off_bus_scenarios_read_the_same_twice(host_root, capsys, scenario):
     # Sorted and stable: the agent compares passes, so a second pass must equal the first.
     SCENARIOS[scenario](host_root)
     assert inventory(capsys, host_root)["spec"] == inventory(capsys, host_root)["spec"]
+
+
+def test_a_refresh_can_judge_a_split_engine_over_the_ports_the_pass_used(host_root):
+    from nodefabric_devicemanager import rdma, rdmaclass
+
+    SCENARIOS["split-platform-rdma"](host_root)
+    host = HostRoot.at(host_root)
+    assert rdmaclass.ports_on(host, "hns_0", "eth0") == {"1"}
+    assert rdmaclass.ports_on(host, "hns_0", "eth1") == {"2"}
+    device = host.dir("/sys/class/infiniband/hns_0")
+    assert rdma.check(device, rdmaclass.ports_on(host, "hns_0", "eth1")).state.value == "failed"
+
+
+def test_every_port_counts_for_a_device_bound_through_its_parent(host_root):
+    from nodefabric_devicemanager import rdmaclass
+
+    SCENARIOS["platform-rdma"](host_root)
+    assert rdmaclass.ports_on(HostRoot.at(host_root), "hns_0", "end0") is None
+    SCENARIOS["sriov"](host_root)
+    assert rdmaclass.ports_on(HostRoot.at(host_root), "mlx5_0", "ens2f0np0") is None
