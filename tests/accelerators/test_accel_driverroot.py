@@ -17,6 +17,7 @@ import pytest
 
 from nodefabric_devicemanager import inventory
 from nodefabric_devicemanager.accelerators import driverroot
+from nodefabric_devicemanager.accelerators.detect import forget_reported
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.accelerators import gpu_function
@@ -137,6 +138,7 @@ def test_links_resolve_inside_the_root_as_if_it_were_slash(tmp_path):
 
 def test_a_missing_library_is_one_warning_while_it_lasts_not_one_per_pass(tmp_path, caplog, monkeypatch):
     monkeypatch.delenv("NVIDIA_DRIVER_ROOT", raising=False)
+    forget_reported()
     b = SysfsBuilder(tmp_path)
     gpu_function(b, "0000:1b:00.0")
     with caplog.at_level(logging.WARNING):

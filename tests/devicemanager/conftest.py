@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,13 +29,3 @@ def scenario(host_root: Path) -> Callable[[str], HostRoot]:
         return HostRoot.at(host_root)
 
     return build
-
-
-@pytest.fixture(autouse=True)
-def fresh_fabric_reports():
-    """A fabric problem is logged at Warning once per process; each test starts as a fresh process would."""
-    # The package exports the function `detect` under the module's name: ask for the module itself.
-    reported = importlib.import_module("nodefabric_devicemanager.accelerators.detect")._reported
-    reported.clear()
-    yield
-    reported.clear()

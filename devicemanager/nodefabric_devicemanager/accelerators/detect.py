@@ -166,6 +166,11 @@ def _condition(maker: Manufacturer, ok: bool, reason: str, message: str) -> Cond
 _reported: dict[str, str] = {}
 
 
+def forget_reported() -> None:
+    """Forget which problems were logged, so the next pass logs each as new (a fresh process would)."""
+    _reported.clear()
+
+
 def _report(maker: Manufacturer, condition: Condition | None) -> None:
     if condition is None or condition.status == "True":
         if _reported.pop(maker.key, None) is not None:
