@@ -11,6 +11,7 @@ the record, no hint, or no label.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # fullmatch, not match with `$`: `$` also matches before a trailing newline.
@@ -99,19 +100,18 @@ def parse_hex(text: str, quantity: Quantity) -> int:
 
 def parse_opt(text: str | None, quantity: Quantity) -> int | None:
     """The value, or None when it is absent, blank, unknown or not a reading of the quantity."""
-    if not text:
-        return None
-    try:
-        return parse(text, quantity)
-    except BadNumber:
-        return None
+    return _opt(parse, text, quantity)
 
 
 def parse_hex_opt(text: str | None, quantity: Quantity) -> int | None:
+    return _opt(parse_hex, text, quantity)
+
+
+def _opt(parser: Callable[[str, Quantity], int | None], text: str | None, quantity: Quantity) -> int | None:
     if not text:
         return None
     try:
-        return parse_hex(text, quantity)
+        return parser(text, quantity)
     except BadNumber:
         return None
 
