@@ -63,8 +63,6 @@ def _function(fn: str) -> None:
 
 def baseline(root: str) -> int:
     """The same files the pass reads, with no resolution, validation, caps or models."""
-    # The RDMA class is listed once, to find devices no interface's own device carries.
-    sorted(e.name for e in os.scandir(os.path.join(root, "sys/class/infiniband")))
     bus = os.path.join(root, "sys/bus/pci/devices")
     for entry in sorted(e.name for e in os.scandir(bus)):
         fn = os.path.join(bus, entry)

@@ -50,7 +50,8 @@ U32 = 2**32 - 1
 INT32 = 2**31 - 1
 # A NUMA node as the record spells it: "" (unknown) or 0..1023 in plain decimal. Declared for the API
 # server only (json_schema_extra): readers of the record stay tolerant of a hand-edited value and parse it
-# with numbers.numa_node, so one bad object never stops a reader.
+# with numbers.numa_node, so one bad object never stops a reader. The API server matches with RE2, where
+# `$` is the end of the text (not, as in Python, also before a final newline).
 NUMA_PATTERN = r"^(|0|[1-9][0-9]{0,2}|10[01][0-9]|102[0-3])$"
 CPU_LIST_PATTERN = r"^([0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$"
 

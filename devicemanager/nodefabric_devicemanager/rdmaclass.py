@@ -94,8 +94,8 @@ def scan(
     device directories of listed interfaces) do not already account for. `netdevs` are the interfaces
     that may take one. No RDMA class (no RDMA driver loaded) is none; a class that cannot be read, or an
     entry of it that is refused, raises HostReadError: RDMA that was not read is not absent."""
-    if not host.present(RDMA_CLASS):
-        return {}
+    if not netdevs or not host.present(RDMA_CLASS):
+        return {}  # nothing could take a device, or no RDMA driver is loaded
     devices = host.dir(RDMA_CLASS)
     found: dict[str, rdma.Binding] = {}
     for name in devices.list():
