@@ -237,9 +237,11 @@ def _bind_by_name(host: HostRoot, out: list[Interface], found: list[_Entry]) -> 
 def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
     """The inventory, sorted by name. Raises HostReadError (or FileNotFoundError when /sys/class/net is
     absent) when enumeration fails: a failed read is never an empty list."""
+    if not host.present(CLASS_NET):
+        raise FileNotFoundError(f"{CLASS_NET} is absent under {host.root}: the interfaces were not read")
     net = host.dir(CLASS_NET)
     if not net.is_dir():
-        raise FileNotFoundError(f"{net.shown} is not a directory: the interfaces were not read")
+        raise NotADirectory(net.shown, "is not a directory: the interfaces were not read")
     found = _entries(net, pci)
     # A VF is nested under its PF; it stays at top level only if its PF has no interface of its own.
     listed_pfs = {e.fn.bus_id for e in found if e.fn is not None and not e.fn.physfn}

@@ -200,3 +200,12 @@ def test_no_traceback_for_a_root_that_is_not_a_host(tmp_path):
         "InterfacesEnumerated": "False",
         "AcceleratorsEnumerated": "False",
     }
+
+
+def test_a_json_nested_deeper_than_the_parser_goes_is_bad_input(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    for args in (["pick", "--links", str(deep), "--count", "1"], ["labels", "-f", str(deep)]):
+        proc = script(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr

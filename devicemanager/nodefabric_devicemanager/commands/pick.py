@@ -189,9 +189,10 @@ def run(args: argparse.Namespace) -> int:
         if args.count > len(free):
             raise InputError(f"--count {args.count} is more than the {len(free)} free device(s)")
         result = explain(matrix, free, args.count)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         # ValueError also covers a malformed Devices object (pydantic), a file that is not UTF-8 text and
-        # a matrix naming a negative index: each is bad input that gets its message, never a traceback.
+        # a matrix naming a negative index; RecursionError a JSON nested deeper than the parser goes:
+        # each is bad input that gets its message, never a traceback.
         print(f"nodefabric pick: {exc}", file=sys.stderr)
         return 2
     if args.output != "table":
