@@ -56,12 +56,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def log_level(text: str) -> str:
+    """A level in any case ("debug", "DEBUG"), as logging spells it ("DEBUG")."""
     level = text.strip().lower()
     if level == "warn":
         level = "warning"
     if level not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a log level (one of {', '.join(LOG_LEVELS)})")
-    return level
+    return level.upper()
 
 
 def version() -> str:
@@ -82,7 +83,7 @@ def _log_options(parser: argparse.ArgumentParser, *, default: bool) -> None:
     parser.add_argument(
         "--log-level",
         type=log_level,
-        default="info" if default else argparse.SUPPRESS,
+        default="INFO" if default else argparse.SUPPRESS,
         metavar="LEVEL",
         help=f"{', '.join(LOG_LEVELS)} (default: info)",
     )

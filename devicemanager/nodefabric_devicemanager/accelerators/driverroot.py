@@ -44,8 +44,8 @@ SEARCH_DIRS = (
 )
 REMEDY = (
     "set agent.runtimeClassName=nvidia in the chart (the NVIDIA container runtime mounts the library), "
-    "or mount the driver root into the agent and set NVIDIA_DRIVER_ROOT or --driver-root "
-    "(/run/nvidia/driver with the GPU Operator's driver container, / for a driver installed on the host)"
+    "or agent.driverRoot (passed to the agent as NVIDIA_DRIVER_ROOT; --driver-root on the command line): "
+    "/run/nvidia/driver with the GPU Operator's driver container, / for a driver installed on the host"
 )
 _MAX_LINKS = 40  # the kernel's own limit on symlinks followed in one lookup
 
