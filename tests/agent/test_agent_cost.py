@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 from collections.abc import AsyncIterator
 
@@ -145,3 +146,21 @@ async def test_a_record_right_in_all_but_its_owner_gets_the_owner_only(tmp_path)
         assert (await fresh.run_pass()).wrote == ("spec",), "a metadata patch, the spec itself unchanged"
         assert [o["kind"] for o in stored(k)["metadata"]["ownerReferences"]] == ["Node"]
         assert (await fresh.run_pass()).wrote == ()
+
+
+async def test_a_fifo_where_a_port_state_belongs_is_refused_between_walks_without_blocking(tmp_path):
+    b = two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path, interval=0.05, walk_interval=3600, read_timeout=30)
+        async with running(agent):
+            await until(lambda: passes(agent, "refresh") >= 1, what="the first refresh")
+            state = b.functions["0000:17:00.1"] / "infiniband" / "mlx5_1" / "ports" / "1" / "state"
+            state.unlink()
+            os.mkfifo(state)
+            await until(
+                lambda: interface(stored(k), "ens1f1")["link"]["state"] == "unverified", what="refused"
+            )
+            assert "FIFO" in interface(stored(k), "ens1f1")["link"]["reason"]
+            assert interface(stored(k), "ens1f0")["link"]["state"] == "ok"
+            assert agent.last_outcome is not None and agent.last_outcome.ok, "refused, not stuck"
+            assert passes(agent, "walk") == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -145,13 +146,12 @@ def _plugin_config(args: argparse.Namespace) -> Any:
 
 
 def reader_for(driver_root: str) -> Reader:
-    """The host reader, loading NVML from `driver_root` when one is given.
+    """The host reader, loading NVML from `driver_root` when one is given (as `inventory --driver-root`)."""
+    if not driver_root:
+        return default_reader
+    from nodefabric_devicemanager import inventory
 
-    Seam: the inventory reads the driver root from $NVIDIA_DRIVER_ROOT (the host side's setting, shared
-    with `nodefabric inventory --driver-root`), so the agent hands the flag on through it."""
-    if driver_root:
-        os.environ["NVIDIA_DRIVER_ROOT"] = driver_root
-    return default_reader
+    return functools.partial(inventory.read, driver_root=driver_root)
 
 
 def _check(args: argparse.Namespace) -> Any:
