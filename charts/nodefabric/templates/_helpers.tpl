@@ -44,37 +44,33 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "nodefabric.fullname" .ctx) .component -}}
 {{- end -}}
 
-{{/* registry/repository, then @digest when one is set (the tag is then only documentation), else :tag. */}}
+{{/* The nodefabric image: registry/repository, then @digest when one is set (the tag is then only
+documentation), else :tag (default appVersion). */}}
 {{- define "nodefabric.image" -}}
 {{- $i := .Values.image -}}
 {{- $repo := ternary (printf "%s/%s" $i.registry $i.repository) $i.repository (ne $i.registry "") -}}
-{{- if $i.digest -}}
-{{- printf "%s@%s" $repo $i.digest -}}
+{{- include "nodefabric.imageRef" (dict "repository" $repo "tag" (default .Chart.AppVersion $i.tag) "digest" $i.digest) -}}
+{{- end -}}
+
+{{/* repository@digest when a digest is set, else repository:tag; call with (dict "repository" "tag" "digest"). */}}
+{{- define "nodefabric.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
 {{- else -}}
-{{- printf "%s:%s" $repo (default .Chart.AppVersion $i.tag) -}}
+{{- printf "%s:%s" .repository .tag -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The cluster's own vMAJOR.MINOR.PATCH (provider suffixes such as -eks-1a2b dropped): no version skew. */}}
+{{/* The kube-scheduler image. Its version must be the API server's (or one minor older), and nothing the
+chart can see says which that is: .Capabilities.KubeVersion is helm's own built-in default under
+`helm template` without --kube-version (and even with --dry-run=server), so deriving the tag from it would
+silently pick a version in exactly the GitOps renders that must not. The tag (or a digest) is a value. */}}
 {{- define "nodefabric.schedulerImage" -}}
-{{- $tag := .Values.scheduler.image.tag -}}
-{{- if not $tag -}}
-{{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- $i := .Values.scheduler.image -}}
+{{- if not (or $i.tag $i.digest) -}}
+{{- fail "scheduler.image.tag is empty: set it to your cluster's Kubernetes version (the Server Version of `kubectl version`, e.g. --set scheduler.image.tag=v1.33.4; kube-scheduler may be one minor older than the API server, never newer), or pin scheduler.image.digest. Or set extender.enabled=false to run no second scheduler." -}}
 {{- end -}}
-{{- printf "%s:%s" .Values.scheduler.image.repository $tag -}}
-{{- end -}}
-
-{{/* Hardened container security context for the components that need no host access. */}}
-{{- define "nodefabric.restrictedContainer" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
+{{- include "nodefabric.imageRef" (dict "repository" $i.repository "tag" $i.tag "digest" $i.digest) -}}
 {{- end -}}
 
 {{/* Placement fields shared by every pod template; call with the component's values. */}}
@@ -156,13 +152,16 @@ extenders:
 
 
 {{/* The extender container of the scheduler pod: filter and prioritize on 127.0.0.1 only; probes and
-metrics on the pod network. */}}
+metrics on the pod network. Call with (dict "ctx" $ "component" "extender" "values" .Values.extender): the
+container-level knobs (containerSecurityContext, extraEnv, extraVolumeMounts, resources, logLevel,
+logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
 {{- define "nodefabric.extenderContainer" -}}
-{{- $e := .Values.extender -}}
+{{- $e := .values -}}
 - name: extender
-  image: {{ include "nodefabric.image" . }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  image: {{ include "nodefabric.image" .ctx }}
+  imagePullPolicy: {{ .ctx.Values.image.pullPolicy }}
   args:
+    {{- include "nodefabric.logArgs" . | nindent 4 }}
     - extender
     - --config
     - /etc/nodefabric/extender.yaml
@@ -174,6 +173,10 @@ metrics on the pod network. */}}
     - {{ $e.metricsPort | quote }}
     - --unhealthy-after
     - {{ $e.unhealthyAfter | quote }}
+  {{- with $e.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   ports:
     - name: extender-metrics
       containerPort: {{ $e.metricsPort }}
@@ -191,16 +194,20 @@ metrics on the pod network. */}}
       path: /readyz
       port: extender-metrics
     periodSeconds: 5
-  securityContext:
-    {{- include "nodefabric.restrictedContainer" . | nindent 4 }}
+  {{- include "nodefabric.containerSecurityContext" . | nindent 2 }}
+  {{- with $e.resources }}
   resources:
-    {{- toYaml $e.resources | nindent 4 }}
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   volumeMounts:
     - name: extender-config
       mountPath: /etc/nodefabric
       readOnly: true
     - name: extender-tmp
       mountPath: /tmp
+    {{- with $e.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 {{/*
