@@ -280,6 +280,26 @@ def test_the_extender_mounts_the_scheduler_pods_volumes(
     validate_all(docs)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "agent.extraVolumes",
+        "agent.extraVolumeMounts",
+        "operator.extraVolumes",
+        "operator.extraVolumeMounts",
+        "scheduler.extraVolumes",
+        "scheduler.extraVolumeMounts",
+        "extender.extraVolumeMounts",
+        "scheduler.extraEnv",
+        "extender.extraEnv",
+    ],
+)
+def test_a_null_list_is_an_empty_one(render, default_docs: list[Doc], path: str) -> None:
+    """`extraVolumes: ~` (clearing a value in an overlay) renders as the defaults, not a template crash."""
+    which = CONTAINERS[path.split(".")[0]]
+    assert pod_spec(workload(render(nest(path, None)), which)) == pod_spec(workload(default_docs, which))
+
+
 @pytest.mark.parametrize("path", sorted(LOGGING))
 def test_log_level_and_format_reach_the_command_line(knobbed: list[Doc], path: str) -> None:
     from test_chart_workloads import parse

@@ -345,6 +345,27 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
 {{- end -}}
 
+{{/* Fail on extra volumes and mounts Kubernetes would refuse, or that would silently replace one of the
+chart's: a volume name used twice in the pod, a mount path used twice in one container, a mount of a volume
+the pod does not have. A null list (extraVolumes: ~) is an empty one. Call with (dict "what" "scheduler"
+"volumes" (list "tmp" ...) "extraVolumes" $s.extraVolumes "containers" (list (dict "what" "scheduler"
+"mounts" (list "/tmp" ...) "extraVolumeMounts" $s.extraVolumeMounts) ...)): the chart's own volume names
+and, per container, its own mount paths. */}}
+{{- define "nodefabric.assertExtraVolumes" -}}
+{{- $volumes := list -}}
+{{- range .volumes }}{{ $volumes = append $volumes (dict "name" .) }}{{ end -}}
+{{- $volumes = concat $volumes (.extraVolumes | default list) -}}
+{{- include "nodefabric.assertUnique" (dict "what" (printf "%s.extraVolumes" .what) "key" "name" "items" $volumes) -}}
+{{- range .containers -}}
+{{- $what := printf "%s.extraVolumeMounts" .what -}}
+{{- $extra := .extraVolumeMounts | default list -}}
+{{- $mounts := list -}}
+{{- range .mounts }}{{ $mounts = append $mounts (dict "mountPath" .) }}{{ end -}}
+{{- include "nodefabric.assertUnique" (dict "what" $what "key" "mountPath" "items" (concat $mounts $extra)) -}}
+{{- include "nodefabric.assertMountable" (dict "what" $what "volumes" $volumes "mounts" $extra) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Fail on two ports of one container that are the same number; call with (dict "what" "agent" "ports"
 (list metricsPort healthPort)). */}}
 {{- define "nodefabric.assertPorts" -}}
