@@ -296,7 +296,7 @@ def test_the_extender_mounts_the_scheduler_pods_volumes(
 )
 def test_a_null_list_is_an_empty_one(render, default_docs: list[Doc], path: str) -> None:
     """`extraVolumes: ~` (clearing a value in an overlay) renders as the defaults, not a template crash."""
-    which = CONTAINERS[path.split(".")[0]]
+    which = CONTAINERS[path.partition(".")[0]]
     assert pod_spec(workload(render(nest(path, None)), which)) == pod_spec(workload(default_docs, which))
 
 
@@ -395,6 +395,36 @@ def test_a_brought_account_must_be_named(render, component: str) -> None:
     with pytest.raises(RenderError) as refused:
         render({component: {"serviceAccount": {"create": False}}})
     assert f"/{component}/serviceAccount/name" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (
+            {"scheduler": {"serviceAccount": {"create": False, "name": "nf-nodefabric-agent"}}},
+            "agent.serviceAccount and scheduler.serviceAccount both name the ServiceAccount "
+            '"nf-nodefabric-agent"',
+        ),
+        (
+            {"agent": {"serviceAccount": {"name": "gpu"}}, "operator": {"serviceAccount": {"name": "gpu"}}},
+            'agent.serviceAccount and operator.serviceAccount both name the ServiceAccount "gpu"',
+        ),
+        (
+            {"operator": {"serviceAccount": {"create": False, "name": "nf-nodefabric-crd-upgrade"}}},
+            "the CRD upgrade hook's account and operator.serviceAccount both name",
+        ),
+    ],
+)
+def test_two_components_never_share_an_account(render, values: dict[str, Any], complaint: str) -> None:
+    """kube-scheduler may bind pods and the extender patch them: on a shared account every node's agent
+    could too."""
+    assert complaint in refusal(render, values)
+
+
+def test_a_disabled_component_shares_nothing(render) -> None:
+    values = {"scheduler": {"serviceAccount": {"create": False, "name": "nf-nodefabric-agent"}}}
+    docs = render(values | {"extender": {"enabled": False}})
+    assert pod_spec(workload(docs, AGENT))["serviceAccountName"] == "nf-nodefabric-agent"
 
 
 # The agent's own knobs.

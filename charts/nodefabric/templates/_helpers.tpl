@@ -232,6 +232,25 @@ back to the namespace's "default" account would hand the component's cluster rol
 {{- end -}}
 {{- end -}}
 
+{{/* Fail when two components would run as one account: the rights of one (kube-scheduler's pod binding,
+the extender's pod patches, an agent's Devices writes) would go to the other's pods, e.g. to every node's
+agent. Counts the enabled components (the scheduler runs with the extender) and the CRD hook's own account. */}}
+{{- define "nodefabric.assertDistinctAccounts" -}}
+{{- $seen := dict -}}
+{{- if .Values.crds.upgradeJob.enabled -}}
+{{- $_ := set $seen (include "nodefabric.component" (dict "ctx" . "component" "crd-upgrade")) "the CRD upgrade hook's account" -}}
+{{- end -}}
+{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" .Values.extender.enabled -}}
+{{- if $enabled -}}
+{{- $name := include "nodefabric.serviceAccountName" (dict "ctx" $ "component" $component "values" (index $.Values $component)) -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "%s and %s.serviceAccount both name the ServiceAccount %q: each component needs its own, or one's rights go to the other's pods" (get $seen $name) $component $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name (printf "%s.serviceAccount" $component) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The component's ServiceAccount object, when the chart creates it. */}}
 {{- define "nodefabric.serviceAccount" -}}
 {{- if .values.serviceAccount.create }}
