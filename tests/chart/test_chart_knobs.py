@@ -328,6 +328,35 @@ def test_the_crd_job_parses_its_command_line(render, default_docs: list[Doc]) ->
     assert allowed.allow_downgrade is True
 
 
+@pytest.mark.parametrize(
+    ("classes", "admitted"),
+    [
+        ({"scheduler": "system-cluster-critical"}, ["system-cluster-critical", "system-node-critical"]),
+        (
+            {
+                "agent": "gpu-infra",
+                "scheduler": "system-cluster-critical",
+                "operator": "system-cluster-critical",
+            },
+            ["system-cluster-critical"],
+        ),
+        ({"scheduler": "gpu-infra", "operator": ""}, ["system-node-critical"]),
+    ],
+)
+def test_the_critical_pods_quota_admits_every_components_system_class(
+    render, classes: dict[str, str], admitted: list[str]
+) -> None:
+    """Where the API server admits system-* classes outside kube-system only against a quota (GKE), a
+    scheduler given system-cluster-critical would otherwise never start."""
+    docs = render({path: {"priorityClassName": name} for path, name in classes.items()})
+    (quota,) = of_kind(docs, "ResourceQuota")
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert (expr["scopeName"], expr["operator"], expr["values"]) == ("PriorityClass", "In", admitted)
+    for path, name in classes.items():
+        assert pod_spec(workload(docs, PODS[path])).get("priorityClassName", "") == name
+    validate_all([quota])
+
+
 # ServiceAccounts: created or brought, named, annotated; every reference follows.
 
 # The admission policy that names each component's account, where one does.
