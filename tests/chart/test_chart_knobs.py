@@ -450,6 +450,13 @@ def test_two_components_never_share_an_account(render, values: dict[str, Any], c
     assert complaint in refusal(render, values)
 
 
+@pytest.mark.parametrize("component", sorted(ACCOUNTS))
+@pytest.mark.parametrize("create", [True, False])
+def test_no_component_runs_as_the_namespaces_default_account(render, component: str, create: bool) -> None:
+    complaint = refusal(render, {component: {"serviceAccount": {"create": create, "name": "default"}}})
+    assert f'{component}.serviceAccount.name may not be "default"' in complaint
+
+
 def test_a_disabled_component_shares_nothing(render) -> None:
     values = {"scheduler": {"serviceAccount": {"create": False, "name": "nf-nodefabric-agent"}}}
     docs = render(values | {"extender": {"enabled": False}})

@@ -223,7 +223,9 @@ Per-component knobs. Each takes (dict "ctx" $ "component" "agent" "values" .Valu
 back to the namespace's "default" account would hand the component's cluster role to every pod there. */}}
 {{- define "nodefabric.serviceAccountName" -}}
 {{- $sa := .values.serviceAccount -}}
-{{- if $sa.create -}}
+{{- if eq ($sa.name | default "") "default" -}}
+{{- fail (printf "%s.serviceAccount.name may not be \"default\": every pod of the namespace that names no account runs as it, and would get the %s's rights" .component .component) -}}
+{{- else if $sa.create -}}
 {{- default (include "nodefabric.component" .) $sa.name -}}
 {{- else if $sa.name -}}
 {{- $sa.name -}}
