@@ -3,6 +3,9 @@
 One active replica: kopf peering (a ClusterKopfPeering object, `--peering`) pauses every replica that
 sees a peer of the same priority, so run one replica (a standby with a lower `--priority` takes over
 when it goes), or `--standalone` where exactly one replica is guaranteed by other means.
+
+Start-up problems (an unusable kubeconfig, an API server that cannot be reached or refuses us, the
+Devices CRD not installed, a busy port) are one log line and exit status 2, before kopf starts.
 """
 
 from __future__ import annotations
@@ -11,23 +14,35 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import kopf
 import kubernetes
+import urllib3
+import yaml
 from kubernetes.config.config_exception import ConfigException
 
+from nodefabric_devicemanager import models
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import handlers, labels, sinks
+from nodefabric_operator import events, handlers, labels, sinks
+from nodefabric_operator.endpoints import Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 
 log = logging.getLogger(__name__)
 
 SINKS = ("nodefeature", "node")
+PROBE_TIMEOUT = 5.0  # one discovery request at start
+
+
+class StartupError(RuntimeError):
+    """A reason the operator cannot start, phrased for the one log line it becomes."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,23 @@ class Options:
     peering: str = "nodefabric"
     priority: int = 0
     backoffs: Sequence[float] = DEFAULT_BACKOFFS
+    startup_timeout: float = 10.0
+
+
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0-3600)")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--domain", default=labels.DEFAULT_DOMAIN, help="label domain (default: %(default)s)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    parser.add_argument("--health-port", type=int, help="serve the liveness probe /healthz on this port")
+    parser.add_argument(
+        "--metrics-port", type=_port, help="serve Prometheus metrics on /metrics on this port"
+    )
+    parser.add_argument("--health-port", type=_port, help="serve the liveness probe /healthz on this port")
     parser.add_argument(
         "--standalone", action="store_true", help="no peering: the caller guarantees one replica"
     )
@@ -67,9 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering", default="nodefabric", help="ClusterKopfPeering name (default: %(default)s)"
     )
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
+    parser.add_argument(
+        "--startup-timeout",
+        type=_seconds,
+        default=10.0,
+        help="how long to wait for the API server at start before exiting 2 (default: %(default)s s)",
+    )
 
 
 def options(args: argparse.Namespace) -> Options:
+    if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
+        raise StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
     return Options(
         sink=args.sink,
         namespace=args.namespace,
@@ -80,24 +122,78 @@ def options(args: argparse.Namespace) -> Options:
         standalone=args.standalone,
         peering=args.peering,
         priority=args.priority,
+        startup_timeout=args.startup_timeout,
     )
 
 
-def make_sink(opts: Options, api: kubernetes.client.ApiClient) -> sinks.Sink:
+def make_sink(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> sinks.Sink:
     if opts.sink == "node":
-        return sinks.NodeSink(api, opts.domain)
-    return sinks.NodeFeatureSink(api, opts.namespace, opts.domain)
+        return sinks.NodeSink(api, opts.domain, metrics)
+    return sinks.NodeFeatureSink(api, opts.namespace, opts.domain, metrics)
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
-def settings() -> kopf.OperatorSettings:
+def settings(opts: Options) -> kopf.OperatorSettings:
     out = kopf.OperatorSettings()
-    out.posting.loggers = False  # only the label-change Events we post; not every log line
+    out.posting.loggers = False  # only the Events we post; not every log line
+    out.posting.reporting_component = events.COMPONENT
+    out.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
+    out.posting.event_name_prefix = f"{events.COMPONENT}-"
     out.watching.server_timeout = 300
+    if opts.sink == "nodefeature":
+        # Only our namespace's NodeFeatures, filtered by the API server: nfd-worker keeps a larger one
+        # per node in its own namespace, and listing those too would double what a restart reads.
+        nodefeatures = (sinks.NFD_GROUP, sinks.NFD_PLURAL)
+        out.watching.field_selectors[nodefeatures] = f"metadata.namespace={opts.namespace}"
+        out.watching.label_selectors[nodefeatures] = sinks.NFD_NODE_NAME
     return out
+
+
+def _server(api: kubernetes.client.ApiClient) -> str:
+    host = str(api.configuration.host)
+    return urlsplit(host).netloc or host
+
+
+def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
+    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`.
+    Raises StartupError with the reason an operator can act on."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+    server = _server(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            custom.get_api_resources(models.GROUP, models.VERSION, _request_timeout=PROBE_TIMEOUT)
+            return
+        except kubernetes.client.ApiException as err:
+            status = sinks.status_of(err)
+            if status == 404:
+                raise StartupError(
+                    f"the API server at {server} does not serve {models.GROUP}/{models.VERSION}: "
+                    "install the Devices CRD (the chart's crds/) first"
+                ) from err
+            if status in (401, 403):
+                raise StartupError(
+                    f"the API server at {server} refused our credentials (HTTP {status} {err.reason or ''})"
+                ) from err
+            reason = f"HTTP {status} {err.reason or ''}".strip()
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            reason = _cause(err)
+        if time.monotonic() >= deadline:
+            raise StartupError(f"cannot reach the API server at {server}: {reason}")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _cause(err: BaseException) -> str:
+    """The innermost reason of a connection failure ("Connection refused"), not urllib3's wrapping."""
+    while True:
+        inner = getattr(err, "reason", None)
+        if isinstance(inner, BaseException) and inner is not err:
+            err = inner
+            continue
+        return str(getattr(err, "strerror", None) or err).splitlines()[0][:200]
 
 
 async def serve(
@@ -110,53 +206,66 @@ async def serve(
     """Run the operator until `stop_flag` is set (or forever)."""
     if opts.kubeconfig:
         os.environ["KUBECONFIG"] = opts.kubeconfig  # kopf's kubeconfig login reads it at login time
-    api = load_client(opts.kubeconfig)
-    sink = make_sink(opts, api)
-    metrics = metrics or Metrics()
-    reconciler = Reconciler(
-        api, sink, domain=opts.domain, metrics=metrics, post_event=post_event, backoffs=opts.backoffs
-    )
-    metrics_server = metrics.serve(opts.metrics_port) if opts.metrics_port else None
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, sink)
-    log.info(
-        "operator starting",
-        extra={
-            "sink": opts.sink,
-            "namespace": opts.namespace,
-            "domain": opts.domain,
-            "standalone": opts.standalone,
-        },
-    )
     try:
-        await kopf.operator(
-            registry=registry,
-            settings=settings(),
-            clusterwide=True,
-            standalone=opts.standalone,
-            peering_name=None if opts.standalone else opts.peering,
-            priority=opts.priority,
-            liveness_endpoint=f"http://0.0.0.0:{opts.health_port}/healthz" if opts.health_port else None,
-            memo=kopf.Memo(reconciler=reconciler),
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
+        api = load_client(opts.kubeconfig)
+    except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
+        # The client's kubeconfig loader lets a file of the wrong shape through as whatever it hit.
+        raise StartupError(f"cannot use the kubeconfig: {_first_line(err)}") from err
+    try:
+        await asyncio.to_thread(check_api, api, opts.startup_timeout)
+        metrics = metrics or Metrics()
+        sink = make_sink(opts, api, metrics)
+        reconciler = Reconciler(
+            api, sink, domain=opts.domain, metrics=metrics, post_event=post_event, backoffs=opts.backoffs
         )
+        endpoints = Endpoints(
+            metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port
+        )
+        await endpoints.start()
+        registry = kopf.OperatorRegistry()
+        handlers.register(registry, sink)
+        log.info(
+            "operator starting",
+            extra={
+                "sink": opts.sink,
+                "namespace": opts.namespace,
+                "domain": opts.domain,
+                "standalone": opts.standalone,
+                "server": _server(api),
+            },
+        )
+        try:
+            await kopf.operator(
+                registry=registry,
+                settings=settings(opts),
+                clusterwide=True,
+                standalone=opts.standalone,
+                peering_name=None if opts.standalone else opts.peering,
+                priority=opts.priority,
+                memo=kopf.Memo(reconciler=reconciler),
+                stop_flag=stop_flag,
+                ready_flag=ready_flag,
+            )
+        finally:
+            await endpoints.stop()
     finally:
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
         api.close()  # type: ignore[no-untyped-call]
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         opts = options(args)
-    except labels.InvalidDomain as err:
+    except (labels.InvalidDomain, StartupError) as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
     try:
         asyncio.run(serve(opts))
-    except ConfigException as err:
-        log.error("operator cannot start", extra={"error": str(err)})
+    except (StartupError, PortUnavailable) as err:
+        log.error("operator cannot start", extra={"error": _first_line(err)})
         return 2
     return 0
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
