@@ -8,6 +8,7 @@ one line, never a traceback from inside the framework.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,7 @@ class Endpoints:
                         if p == port
                     )
                     raise PortUnavailable(
-                        f"cannot serve {what} on port {port}: {err.strerror or err}"
+                        f"cannot serve {what} on port {port}: {os.strerror(err.errno) if err.errno else err}"
                     ) from err
         except BaseException:
             await self.stop()

@@ -35,7 +35,9 @@ def spend(k: RunningAPI) -> dict[tuple[str, str], int]:
     return {key: k.count(*key) for key in PER_RESOURCE}
 
 
-def delta(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+def delta(
+    after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
     return {key: n for key in after if (n := after[key] - before[key])}
 
 
@@ -254,7 +256,9 @@ async def test_a_node_sink_record_for_a_missing_node_is_reported_and_published_w
 
 async def _published_condition(c: Client, name: str, status: str):
     conditions = (await c.devices(name)).get("status", {}).get("conditions", [])
-    return next((x for x in conditions if x["type"] == models.LABELS_PUBLISHED and x["status"] == status), None)
+    return next(
+        (x for x in conditions if x["type"] == models.LABELS_PUBLISHED and x["status"] == status), None
+    )
 
 
 async def test_a_sink_conflict_reads_the_object_back_once_and_keeps_a_foreign_owner():
@@ -282,4 +286,3 @@ async def test_a_sink_conflict_reads_the_object_back_once_and_keeps_a_foreign_ow
         nf = await c.nodefeature("n0")
         assert nf["spec"]["labels"] == {"example.com/team": "a"}
         api.close()
-

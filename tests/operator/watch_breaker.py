@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+
 from nodefabric_operator.demo.kubeapi import write_kubeconfig
 
 GONE = {
@@ -63,7 +64,11 @@ class WatchBreaker:
         is_watch = request.query.get("watch") in ("true", "1")
         timeout = aiohttp.ClientTimeout(total=None if is_watch else 60)
         async with self._session.request(
-            request.method, self.upstream + request.rel_url.path_qs, headers=headers, data=body, timeout=timeout
+            request.method,
+            self.upstream + request.rel_url.path_qs,
+            headers=headers,
+            data=body,
+            timeout=timeout,
         ) as upstream:
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
             if not is_watch or upstream.status != 200:
