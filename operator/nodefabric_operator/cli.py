@@ -165,7 +165,10 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            custom.get_api_resources(models.GROUP, models.VERSION, _request_timeout=PROBE_TIMEOUT)
+            # The answer is not decoded: whether it comes is the question, not what it lists.
+            custom.get_api_resources(
+                models.GROUP, models.VERSION, _request_timeout=PROBE_TIMEOUT, _preload_content=False
+            )
             return
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
@@ -196,6 +199,23 @@ def _cause(err: BaseException) -> str:
         return str(getattr(err, "strerror", None) or err).splitlines()[0][:200]
 
 
+async def _prime(reconciler: Reconciler, opts: Options) -> None:
+    """The start-up listing; a refusal (RBAC, a missing NodeFeature API) is a start-up error."""
+    try:
+        await reconciler.prime()
+    except kubernetes.client.ApiException as err:
+        where = "NodeFeatures in " + opts.namespace if opts.sink == "nodefeature" else "Nodes and Devices"
+        reason = f"HTTP {err.status} {err.reason or ''}".strip()
+        hint = (
+            " (install NFD, or run with --sink node)"
+            if err.status == 404 and opts.sink == "nodefeature"
+            else ""
+        )
+        raise StartupError(f"cannot list {where}: {reason}{hint}") from err
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        raise StartupError(f"cannot list the sink objects: {_cause(err)}") from err
+
+
 async def serve(
     opts: Options,
     *,
@@ -222,19 +242,20 @@ async def serve(
             metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port
         )
         await endpoints.start()
-        registry = kopf.OperatorRegistry()
-        handlers.register(registry, sink)
-        log.info(
-            "operator starting",
-            extra={
-                "sink": opts.sink,
-                "namespace": opts.namespace,
-                "domain": opts.domain,
-                "standalone": opts.standalone,
-                "server": _server(api),
-            },
-        )
         try:
+            await _prime(reconciler, opts)
+            registry = kopf.OperatorRegistry()
+            handlers.register(registry, sink)
+            log.info(
+                "operator starting",
+                extra={
+                    "sink": opts.sink,
+                    "namespace": opts.namespace,
+                    "domain": opts.domain,
+                    "standalone": opts.standalone,
+                    "server": _server(api),
+                },
+            )
             await kopf.operator(
                 registry=registry,
                 settings=settings(opts),

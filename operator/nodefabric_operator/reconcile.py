@@ -202,14 +202,32 @@ class Reconciler:
         self.known: dict[str, str] = {}  # node -> uid of every Devices record the watch has listed
         self._locks: dict[str, asyncio.Lock] = {}
 
-    # --- what the watch delivers before any handler runs (kopf index handlers: no I/O) -----------------
+    # --- what exists before the first reconcile -----------------------------------------------------------
+
+    async def prime(self) -> None:
+        """Read the sink objects once, page by page, before kopf starts: the first reconcile of each
+        record then plans against what exists instead of reading its object back. kopf's own listing
+        delivers the same versions afterwards, which the view recognises. A sink that withdraws labels
+        itself (the Node's) also needs every record's name first, so that a Node carrying our labels
+        is not taken for one whose record is gone merely because its record is listed later."""
+        for obj in await asyncio.to_thread(lambda: list(self.sink.existing())):
+            self.view.observe(obj)
+        if self.sink.withdraws:
+            self.known.update(await asyncio.to_thread(self._record_names))
+        log.info(
+            "sink objects read",
+            extra={"sink": self.sink.name, "objects": len(self.view), "records": len(self.known)},
+        )
+
+    def _record_names(self) -> dict[str, str]:
+        items = sinks._Calls(self.metrics).pages(
+            models.PLURAL, self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
+        )
+        return {str(i["metadata"]["name"]): str(i["metadata"].get("uid", "")) for i in items}
 
     def note_devices(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
         self.known[str(meta.get("name", ""))] = str(meta.get("uid", ""))
-
-    def note_sink(self, body: Mapping[str, Any]) -> None:
-        self.view.observe(self.sink.snapshot(body))
 
     # --- the async shell kopf calls --------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ worker thread and records what they return in the view.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
 NFD_NODE_NAME = "nfd.node.kubernetes.io/node-name"
 CONFLICT_RETRIES = 5
+PAGE = 500  # objects per page when listing at start, so a large fleet is never decoded at once
 T = TypeVar("T")
 
 
@@ -71,8 +73,11 @@ class Published:
 
 class Sink(Protocol):
     name: str
+    withdraws: bool  # removes labels itself when a record goes (nothing garbage-collects them)
 
     def snapshot(self, obj: Mapping[str, Any]) -> SinkObject: ...
+
+    def existing(self) -> Iterator[SinkObject]: ...
 
     def publish(
         self,
@@ -112,12 +117,28 @@ class _Calls:
         self.metrics.api_requests.labels(verb=verb, resource=resource).inc()
         return fn(*args, **kwargs)
 
+    def pages(
+        self, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every item of a list, page by page, decoded from the raw answer (no client models)."""
+        token: str | None = None
+        while True:
+            answer = self(
+                "list", resource, fn, *args, limit=PAGE, _continue=token, _preload_content=False, **kwargs
+            )
+            page = _decoded(answer)
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
 
 class NodeFeatureSink:
     """One NodeFeature per node in our namespace, named after the node and owned by its Devices object,
     so deleting the record garbage-collects the labels (nfd-master then removes them from the Node)."""
 
     name = "nodefeature"
+    withdraws = False
 
     def __init__(
         self, api: kubernetes.client.ApiClient, namespace: str, domain: str, metrics: Metrics | None = None
@@ -141,6 +162,20 @@ class NodeFeatureSink:
             owners=frozenset(str(r.get("uid", "")) for r in meta.get("ownerReferences") or []),
             tagged=(meta.get("labels") or {}).get(NFD_NODE_NAME) == meta.get("name"),
         )
+
+    def existing(self) -> Iterator[SinkObject]:
+        """Our namespace's NodeFeatures, read once at start: the view before the first reconcile."""
+        items = self.call.pages(
+            NFD_PLURAL,
+            self.custom.list_namespaced_custom_object,
+            NFD_GROUP,
+            NFD_VERSION,
+            self.namespace,
+            NFD_PLURAL,
+            label_selector=NFD_NODE_NAME,
+        )
+        for item in items:
+            yield self.snapshot(item)
 
     def drifted(
         self, owner: Owner, desired: Mapping[str, str], frozen: frozenset[str], current: SinkObject | None
@@ -279,7 +314,7 @@ class NodeFeatureSink:
         """A record without a Node owner was not written by the agent: make sure its node exists, since
         nfd-master ignores a NodeFeature for a node it does not know and nothing would say why."""
         try:
-            self.call("get", "nodes", self.core.read_node, node)
+            self.call("get", "nodes", self.core.read_node, node, _preload_content=False)
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
                 raise NodeNotFound(f"node {node} does not exist") from err
@@ -316,6 +351,7 @@ class NodeSink:
     the view (Nodes are watched), so a Node missing from it does not exist."""
 
     name = "node"
+    withdraws = True
 
     def __init__(self, api: kubernetes.client.ApiClient, domain: str, metrics: Metrics | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
@@ -333,6 +369,11 @@ class NodeSink:
             labels={k: v for k, v in node_labels.items() if labels.family(k, self.domain) is not None},
             managed=frozenset(k for k in raw.split(",") if k),
         )
+
+    def existing(self) -> Iterator[SinkObject]:
+        """Every Node, read once at start: the view before the first reconcile."""
+        for item in self.call.pages("nodes", self.core.list_node):
+            yield self.snapshot(item)
 
     def _plan(
         self, desired: Mapping[str, str], frozen: frozenset[str], current: SinkObject
@@ -375,9 +416,10 @@ class NodeSink:
                 }
             }
             try:
-                patched = self.call("patch", "nodes", self.core.patch_node, node, patch)
-                now = self.snapshot(self.core.api_client.sanitize_for_serialization(patched))
-                return Published(target, plan, True, now)
+                patched = self.call(
+                    "patch", "nodes", self.core.patch_node, node, patch, _preload_content=False
+                )
+                return Published(target, plan, True, self.snapshot(_decoded(patched)))
             except kubernetes.client.ApiException as err:
                 if status_of(err) == 404:
                     raise NodeNotFound(f"node {node} does not exist") from err
@@ -389,12 +431,12 @@ class NodeSink:
 
     def _read(self, node: str) -> SinkObject | None:
         try:
-            live = self.call("get", "nodes", self.core.read_node, node)
+            live = self.call("get", "nodes", self.core.read_node, node, _preload_content=False)
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
                 return None
             raise
-        return self.snapshot(self.core.api_client.sanitize_for_serialization(live))
+        return self.snapshot(_decoded(live))
 
     def withdraw(self, node: str, current: SinkObject | None) -> Published | None:
         """The record is gone: remove every key we wrote, as garbage collection does for a NodeFeature."""
@@ -404,6 +446,15 @@ class NodeSink:
             return self.publish(Owner(node, ""), {}, frozenset(), current)
         except NodeNotFound:
             return None
+
+
+def _decoded(answer: Any) -> dict[str, Any]:
+    """A raw answer's JSON object. The client's Node models are skipped: they cost more than the whole
+    publish, and refuse (with a validation error) a Node that a newer API server adds fields to."""
+    obj = json.loads(answer.data)
+    if not isinstance(obj, dict):
+        raise SinkError(f"the API server answered a {type(obj).__name__}, not an object")
+    return obj
 
 
 def managed_annotation(domain: str) -> str:

@@ -59,25 +59,61 @@ async def test_an_api_server_nobody_answers_is_one_line_and_exit_2(capsys, tmp_p
     assert f"cannot reach the API server at 127.0.0.1:{port}: " in line and "refused" in line, line
 
 
-@pytest.mark.parametrize("status", [401, 403])
-async def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(status, capsys, tmp_path):
-    async def refuse(request: web.Request) -> web.Response:
+async def refusing_api(tmp_path, status: int, *, discovery: bool = False) -> tuple[web.AppRunner, str]:
+    """An API server that answers `status` to everything (but the Devices group's discovery, if asked)."""
+
+    async def answer(request: web.Request) -> web.Response:
+        if discovery and request.path == "/apis/worker.gpustack.ai/v1alpha1":
+            return web.json_response(
+                {"kind": "APIResourceList", "groupVersion": "worker.gpustack.ai/v1alpha1"}
+            )
         return web.json_response({"kind": "Status", "code": status}, status=status)
 
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", refuse)
+    app.router.add_route("*", "/{tail:.*}", answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
+    return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(status, capsys, tmp_path):
+    runner, kubeconfig = await refusing_api(tmp_path, status)
     try:
-        kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
         assert await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig) == 2
     finally:
         await runner.cleanup()
     line = one_line(capsys.readouterr().err)
     assert f"refused our credentials (HTTP {status}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("status", "sink", "message"),
+    [
+        (403, "nodefeature", "cannot list NodeFeatures in nodefabric: HTTP 403"),
+        (
+            404,
+            "nodefeature",
+            "cannot list NodeFeatures in nodefabric: HTTP 404 Not Found (install NFD, or run",
+        ),
+        (403, "node", "cannot list Nodes and Devices: HTTP 403"),
+    ],
+)
+async def test_a_sink_the_operator_may_not_list_is_one_line_and_exit_2(
+    status, sink, message, capsys, tmp_path
+):
+    """RBAC without list on the sink, or no NFD: said once at start, not once per record."""
+    runner, kubeconfig = await refusing_api(tmp_path, status, discovery=True)
+    try:
+        code = await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig, "--sink", sink)
+    finally:
+        await runner.cleanup()
+    assert code == 2
+    line = one_line(capsys.readouterr().err)
+    assert '"operator cannot start"' in line and message in line, line
 
 
 async def test_an_api_server_without_the_devices_crd_is_one_line_and_exit_2(capsys):
