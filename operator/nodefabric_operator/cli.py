@@ -185,7 +185,7 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
         except (urllib3.exceptions.HTTPError, OSError) as err:
             reason = _cause(err)
         if time.monotonic() >= deadline:
-            raise StartupError(f"cannot reach the API server at {server}: {reason}")
+            raise StartupError(f"cannot reach the API server at {server} (for {timeout:g} s): {reason}")
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
@@ -284,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
     except (StartupError, PortUnavailable) as err:
         log.error("operator cannot start", extra={"error": _first_line(err)})
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
+        return 130
     return 0
 
 

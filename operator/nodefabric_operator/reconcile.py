@@ -26,7 +26,7 @@ from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Condition, Devices, DevicesStatus
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.metrics import Metrics
-from nodefabric_operator.view import SinkObject, SinkView, at_or_below
+from nodefabric_operator.view import SinkObject, SinkView, at_or_below, items, part, version
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,9 @@ class NodeRecord:
         }
 
 
-def node_owner_uid(meta: Mapping[str, Any]) -> str | None:
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("kind") == "Node" and ref.get("apiVersion") == "v1":
+def node_owner_uid(body: Mapping[str, Any]) -> str | None:
+    for ref in items(body, "metadata", "ownerReferences"):
+        if ref.get("kind") == "Node" and ref.get("apiVersion") == "v1":
             uid = ref.get("uid")
             return str(uid) if uid else None
     return None
@@ -94,8 +94,7 @@ def node_owner_uid(meta: Mapping[str, Any]) -> str | None:
 def prepare(body: Mapping[str, Any], domain: str) -> NodeRecord:
     """The record as the operator keeps it. Raises pydantic.ValidationError for a record it cannot read."""
     devices = Devices.from_wire(dict(body))
-    meta = body.get("metadata") or {}
-    owner = sinks.Owner(devices.metadata.name, devices.metadata.uid or "", node_owner_uid(meta))
+    owner = sinks.Owner(devices.metadata.name, devices.metadata.uid or "", node_owner_uid(body))
     return NodeRecord(
         owner=owner,
         rv=devices.metadata.resource_version,
@@ -220,20 +219,21 @@ class Reconciler:
         )
 
     def _record_names(self) -> dict[str, str]:
-        items = sinks._Calls(self.metrics).pages(
+        found = sinks._Calls(self.metrics).pages(
             models.PLURAL, self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
         )
-        return {str(i["metadata"]["name"]): str(i["metadata"].get("uid", "")) for i in items}
+        return {
+            str(part(i, "metadata").get("name", "")): str(part(i, "metadata").get("uid", "")) for i in found
+        }
 
     def note_devices(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
+        meta = part(body, "metadata")
         self.known[str(meta.get("name", ""))] = str(meta.get("uid", ""))
 
     # --- the async shell kopf calls --------------------------------------------------------------------
 
     async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
-        meta = body.get("metadata") or {}
-        name, rv = str(meta.get("name", "")), meta.get("resourceVersion")
+        name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.handled.get(name)):
             self.metrics.skipped.labels(resource=models.PLURAL).inc()
@@ -412,6 +412,8 @@ class Reconciler:
     async def _withdraw(self, name: str) -> Outcome:
         async with self._lock(name):
             published = await asyncio.to_thread(self.sink.withdraw, name, self.view.get(name))
+        if name not in self.records and not self._lock(name).locked():
+            self._locks.pop(name, None)  # nodes come and go: keep no lock for one that went
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:
             self.view.observe(published.now)
@@ -474,7 +476,7 @@ class Reconciler:
             status = DevicesStatus.model_validate(answer.get("status") or {})
         except pydantic.ValidationError:
             status = new  # another writer's field we cannot read: ours is what we just wrote
-        rv = (answer.get("metadata") or {}).get("resourceVersion")
+        rv = version(answer)
         return dataclasses.replace(record, rv=rv, status=status)
 
     def _record_failure(self, record: NodeRecord, condition: Condition) -> NodeRecord | None:

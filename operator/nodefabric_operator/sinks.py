@@ -21,7 +21,7 @@ import kubernetes
 from nodefabric_devicemanager import models
 from nodefabric_operator import labels
 from nodefabric_operator.metrics import Metrics
-from nodefabric_operator.view import SinkObject
+from nodefabric_operator.view import SinkObject, items, part, version
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,15 @@ class Sink(Protocol):
     ) -> bool: ...
 
 
+def ours(found: Mapping[str, Any], domain: str) -> dict[str, str]:
+    """Our `rdma.`/`fabric.` keys of a label map, as text (a value of another type is never ours to keep)."""
+    return {
+        k: v if isinstance(v, str) else str(v)
+        for k, v in found.items()
+        if isinstance(k, str) and labels.family(k, domain) is not None
+    }
+
+
 def status_of(err: BaseException) -> int:
     return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
 
@@ -119,7 +128,7 @@ class _Calls:
 
     def pages(
         self, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Mapping[str, Any]]:
         """Every item of a list, page by page, decoded from the raw answer (no client models)."""
         token: str | None = None
         while True:
@@ -127,9 +136,9 @@ class _Calls:
                 "list", resource, fn, *args, limit=PAGE, _continue=token, _preload_content=False, **kwargs
             )
             page = _decoded(answer)
-            yield from page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
+            yield from items(page, "items")
+            token = part(page, "metadata").get("continue")
+            if not isinstance(token, str) or not token:
                 return
 
 
@@ -153,14 +162,13 @@ class NodeFeatureSink:
         return f"NodeFeature {self.namespace}/{node}"
 
     def snapshot(self, obj: Mapping[str, Any]) -> SinkObject:
-        meta = obj.get("metadata") or {}
-        spec_labels = (obj.get("spec") or {}).get("labels") or {}
+        meta = part(obj, "metadata")
         return SinkObject(
             name=str(meta.get("name", "")),
-            rv=meta.get("resourceVersion"),
-            labels={k: v for k, v in spec_labels.items() if labels.family(k, self.domain) is not None},
-            owners=frozenset(str(r.get("uid", "")) for r in meta.get("ownerReferences") or []),
-            tagged=(meta.get("labels") or {}).get(NFD_NODE_NAME) == meta.get("name"),
+            rv=version(obj),
+            labels=ours(part(obj, "spec", "labels"), self.domain),
+            owners=frozenset(str(r.get("uid", "")) for r in items(obj, "metadata", "ownerReferences")),
+            tagged=part(meta, "labels").get(NFD_NODE_NAME) == meta.get("name"),
         )
 
     def existing(self) -> Iterator[SinkObject]:
@@ -263,7 +271,7 @@ class NodeFeatureSink:
             # The record was recreated: point at the new one so garbage collection follows it. The list
             # is replaced whole by a merge patch, so any other owner is read back first to be kept.
             live = self._read_raw(node)
-            refs = (live.get("metadata") or {}).get("ownerReferences") or []
+            refs = items(live, "metadata", "ownerReferences")
             patch["metadata"]["ownerReferences"] = [
                 r for r in refs if r.get("kind") != models.KIND or r.get("apiVersion") != models.API_VERSION
             ] + [self._owner_ref(owner)]
@@ -318,7 +326,13 @@ class NodeFeatureSink:
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
                 raise NodeNotFound(f"node {node} does not exist") from err
-            raise
+            if status_of(err) != 403:
+                raise
+            # Without `get nodes` (a least-privilege install), publish as before this check existed.
+            log.warning(
+                "cannot check that the node exists, publishing anyway",
+                extra={"node": node, "error": f"HTTP 403 {err.reason or ''}".strip()},
+            )
 
     def _check_owner(self, owner: Owner) -> None:
         """Creating a NodeFeature again after one was deleted may race its record's deletion (garbage
@@ -338,7 +352,7 @@ class NodeFeatureSink:
             if status_of(err) != 404:
                 raise
             raise RecordGone(f"devices {owner.name} is gone") from err
-        if (cast(dict[str, Any], live).get("metadata") or {}).get("uid") != owner.uid:
+        if part(live, "metadata").get("uid") != owner.uid:
             raise RecordGone(f"devices {owner.name} was replaced")
 
     def withdraw(self, node: str, current: SinkObject | None) -> Published | None:
@@ -360,14 +374,13 @@ class NodeSink:
         self.call = _Calls(metrics or Metrics())
 
     def snapshot(self, obj: Mapping[str, Any]) -> SinkObject:
-        meta = obj.get("metadata") or {}
-        raw = str((meta.get("annotations") or {}).get(self.annotation, ""))
-        node_labels = meta.get("labels") or {}
+        meta = part(obj, "metadata")
+        raw = part(meta, "annotations").get(self.annotation)
         return SinkObject(
             name=str(meta.get("name", "")),
-            rv=meta.get("resourceVersion"),
-            labels={k: v for k, v in node_labels.items() if labels.family(k, self.domain) is not None},
-            managed=frozenset(k for k in raw.split(",") if k),
+            rv=version(obj),
+            labels=ours(part(meta, "labels"), self.domain),
+            managed=frozenset(k for k in raw.split(",") if k) if isinstance(raw, str) else frozenset(),
         )
 
     def existing(self) -> Iterator[SinkObject]:

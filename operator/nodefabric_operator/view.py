@@ -15,8 +15,30 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 _REVISION = re.compile(r"0|[1-9][0-9]{0,19}", re.ASCII)
+
+
+def part(obj: object, *path: str) -> Mapping[str, Any]:
+    """obj[path...] when every step is a mapping, else an empty one: a watched object's fields are read
+    through this, so an object of the wrong shape (a hand edit, a newer API) plans as empty, not a crash."""
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj if isinstance(obj, Mapping) else {}
+
+
+def items(obj: object, *path: str) -> list[Mapping[str, Any]]:
+    """The mappings in the list at obj[path...]; anything else there is skipped."""
+    *head, last = path
+    value = part(obj, *head).get(last)
+    return [i for i in value if isinstance(i, Mapping)] if isinstance(value, list) else []
+
+
+def version(obj: object) -> str | None:
+    """metadata.resourceVersion as text, or None."""
+    rv = part(obj, "metadata").get("resourceVersion")
+    return str(rv) if isinstance(rv, str | int) and not isinstance(rv, bool) else None
 
 
 def _revision(rv: str | None) -> int | None:

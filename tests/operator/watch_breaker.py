@@ -1,4 +1,5 @@
-"""An HTTP proxy in front of the embedded API that ends watches the way a real API server does.
+"""An HTTP proxy in front of the embedded API that ends watches the way a real API server does, and
+refuses what RBAC would.
 
 `expire_watches()` sends every open watch the `410 Gone` ERROR event an API server sends when the
 watch's resourceVersion has been compacted away, and closes it. kopf then lists the resource again and
@@ -43,7 +44,12 @@ class WatchBreaker:
     bytes_up: int = 0  # request bodies sent to the API
     bytes_down: int = 0  # response bodies (watch events included) sent back
     _open: set[asyncio.Event] = field(default_factory=set)
+    _refusals: list[tuple[str, str, int]] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
+
+    def refuse(self, method: str, path: str, status: int) -> None:
+        """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403)."""
+        self._refusals.append((method, path, status))
 
     @property
     def open_watches(self) -> int:
@@ -58,6 +64,10 @@ class WatchBreaker:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
+        for method, path, status in self._refusals:
+            if request.method == method and request.path.startswith(path):
+                body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status}
+                return web.json_response(body, status=status)
         body = await request.read()
         self.bytes_up += len(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
