@@ -191,12 +191,15 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
 
 def _cause(err: BaseException) -> str:
     """The innermost reason of a connection failure ("Connection refused"), not urllib3's wrapping."""
-    while True:
-        inner = getattr(err, "reason", None)
-        if isinstance(inner, BaseException) and inner is not err:
-            err = inner
-            continue
-        return str(getattr(err, "strerror", None) or err).splitlines()[0][:200]
+    seen: set[int] = set()
+    inner: BaseException | None = err
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, OSError) and inner.strerror:
+            return inner.strerror
+        reason = getattr(inner, "reason", None)
+        inner = reason if isinstance(reason, BaseException) else inner.__cause__ or inner.__context__
+    return _first_line(err)
 
 
 async def _prime(reconciler: Reconciler, opts: Options) -> None:
