@@ -116,7 +116,7 @@ class WatchBreaker:
                     return
                 self.bytes_down += len(chunk)
                 await response.write(chunk)
-        except (ConnectionResetError, aiohttp.ClientError):
+        except (ConnectionError, aiohttp.ClientError):
             return  # the client went away: nothing to relay to
         finally:
             expired.cancel()
