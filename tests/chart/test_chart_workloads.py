@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, configmap_yaml, container, of_kind, one, pod_spec, workloads
+from chart_support import NAMESPACE, Doc, container, of_kind, one, pod_spec, workloads
 
 AGENT = "nf-nodefabric-agent"
 SCHEDULER = "nf-nodefabric-scheduler"
-EXTENDER = "nf-nodefabric-extender"
 
 
 def agent(docs: list[Doc]) -> Doc:
@@ -30,14 +29,18 @@ def host_paths(workload: Doc) -> dict[str, dict[str, Any]]:
 def test_agent_command_line_by_default(default_docs: list[Doc]) -> None:
     c = container(agent(default_docs), "agent")
     assert c["args"] == [
+        "--log-level", "INFO", "--log-format", "text",
         "agent", "--node-name", "$(NODE_NAME)", "--root", "/host", "--interval", "60",
-        "--metrics-port", "9100", "--health-port", "8081", "--domain", "gpustack.ai", "--shared-count", "64",
+        "--bind-address", "$(HOST_IP)",
+        "--metrics-port", "9464", "--health-port", "9465", "--domain", "gpustack.ai", "--shared-count", "64",
     ]  # fmt: skip
-    (env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
-    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # On the node's network the agent binds its ports on the node's own address.
+    assert env["HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     assert c["ports"] == [
-        {"name": "metrics", "containerPort": 9100, "protocol": "TCP"},
-        {"name": "health", "containerPort": 8081, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9464, "hostPort": 9464, "protocol": "TCP"},
+        {"name": "health", "containerPort": 9465, "hostPort": 9465, "protocol": "TCP"},
     ]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
@@ -67,9 +70,31 @@ def test_agent_command_line_follows_values(render) -> None:
 def test_only_the_agent_touches_the_host(default_docs: list[Doc]) -> None:
     for w in workloads(default_docs):
         spec = pod_spec(w)
-        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        assert not spec.get("hostPID") and not spec.get("hostIPC")
         if w["metadata"]["name"] != AGENT:
+            assert not spec.get("hostNetwork"), w["metadata"]["name"]
             assert host_paths(w) == {}, w["metadata"]["name"]
+
+
+def test_agent_runs_on_the_host_network_to_hear_link_uevents(render, default_docs: list[Doc]) -> None:
+    spec = pod_spec(agent(default_docs))
+    assert spec["hostNetwork"] is True
+    # Cluster DNS still resolves the API server's service name from the node's network.
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    ports = {p["name"]: p for p in container(agent(default_docs), "agent")["ports"]}
+    assert all(p["hostPort"] == p["containerPort"] for p in ports.values())
+    moved = container(agent(render({"agent": {"metricsPort": 19464, "healthPort": 19465}})), "agent")
+    assert {(p["containerPort"], p["hostPort"]) for p in moved["ports"]} == {(19464, 19464), (19465, 19465)}
+    args = moved["args"]
+    assert args[args.index("--metrics-port") + 1] == "19464"
+    assert args[args.index("--health-port") + 1] == "19465"
+    # Its own network namespace, when asked: no host ports, no host address, default DNS.
+    own = agent(render({"agent": {"hostNetwork": False}}))
+    spec, c = pod_spec(own), container(own, "agent")
+    assert spec["hostNetwork"] is False and "dnsPolicy" not in spec
+    assert not [p for p in c["ports"] if "hostPort" in p]
+    assert "--bind-address" not in c["args"]
+    assert "HOST_IP" not in {e["name"] for e in c["env"]}
 
 
 def test_agent_host_mounts_are_read_only_except_the_device_plugin_directory(default_docs: list[Doc]) -> None:
@@ -157,101 +182,37 @@ def test_agent_scheduling_follows_values(render, default_docs: list[Doc]) -> Non
 
 
 def test_image_follows_values(render, default_docs: list[Doc]) -> None:
-    for name in (AGENT, "nf-nodefabric-operator", EXTENDER):
+    for name, in_container in (
+        (AGENT, "agent"),
+        ("nf-nodefabric-operator", "operator"),
+        (SCHEDULER, "extender"),
+    ):
         w = next(w for w in workloads(default_docs) if w["metadata"]["name"] == name)
-        assert pod_spec(w)["containers"][0]["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
-    docs = render({"image": {"repository": "registry.local/nf", "tag": "dev", "pullPolicy": "Never"}})
+        assert container(w, in_container)["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
+    image = {"registry": "registry.local:5000", "repository": "gpu/nf", "tag": "dev", "pullPolicy": "Never"}
+    docs = render({"image": image})
     c = container(agent(docs), "agent")
-    assert (c["image"], c["imagePullPolicy"]) == ("registry.local/nf:dev", "Never")
+    assert (c["image"], c["imagePullPolicy"]) == ("registry.local:5000/gpu/nf:dev", "Never")
+    # No registry: the repository is the whole reference (a kind-loaded image, a Docker Hub short name).
+    bare = {"registry": "", "repository": "nodefabric", "tag": "e2e"}
+    assert container(agent(render({"image": bare})), "agent")["image"] == "nodefabric:e2e"
+    # A digest pins the image whatever the tag says, for every component.
+    digest = "sha256:" + "ab" * 32
+    docs = render({"image": {"digest": digest, "tag": "ignored"}})
+    for w in workloads(docs):
+        for c in pod_spec(w)["containers"]:
+            if c["name"] != "kube-scheduler":
+                assert c["image"] == f"ghcr.io/gpustack/nodefabric@{digest}", w["metadata"]["name"]
 
 
 def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
-    for name in ("nf-nodefabric-operator", EXTENDER):
+    for name in ("nf-nodefabric-operator",):
         d = one(default_docs, "Deployment", name)
         assert d["spec"]["replicas"] == 1
         assert d["spec"]["strategy"] == {"type": "Recreate"}
 
 
-# The second scheduler and its extender.
-
-
-def scheduler_config(docs: list[Doc]) -> dict[str, Any]:
-    cfg: dict[str, Any] = configmap_yaml(docs, SCHEDULER, "scheduler-config.yaml")
-    return cfg
-
-
-def test_scheduler_configuration(default_docs: list[Doc]) -> None:
-    cfg = scheduler_config(default_docs)
-    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert cfg["kind"] == "KubeSchedulerConfiguration"
-    (profile,) = cfg["profiles"]
-    assert profile == {"schedulerName": "nodefabric-scheduler", "percentageOfNodesToScore": 100}
-    (ext,) = cfg["extenders"]
-    assert ext == {
-        "urlPrefix": f"http://{EXTENDER}.{NAMESPACE}.svc:8888",
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "weight": 5,
-        "httpTimeout": "5s",
-        "enableHTTPS": False,
-        "nodeCacheCapable": True,
-        "ignorable": False,
-    }
-
-
-def test_scheduler_reaches_the_extender_service(default_docs: list[Doc]) -> None:
-    (ext,) = scheduler_config(default_docs)["extenders"]
-    svc = one(default_docs, "Service", EXTENDER)
-    assert (
-        ext["urlPrefix"]
-        == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
-    )
-    extender = one(default_docs, "Deployment", EXTENDER)
-    assert svc["spec"]["selector"].items() <= extender["spec"]["template"]["metadata"]["labels"].items()
-    port = container(extender, "extender")["ports"][0]
-    assert svc["spec"]["ports"][0]["targetPort"] == port["name"]
-    args = container(extender, "extender")["args"]
-    assert args[args.index("--port") + 1] == str(port["containerPort"])
-
-
-def test_scheduler_leader_election_uses_the_lease_it_may_update(default_docs: list[Doc]) -> None:
-    election = scheduler_config(default_docs)["leaderElection"]
-    assert election["leaderElect"] is True
-    assert election["resourceLock"] == "leases"
-    assert election["resourceNamespace"] == NAMESPACE
-    role = one(default_docs, "Role", f"{SCHEDULER}-leases")
-    (named,) = [r for r in role["rules"] if r.get("resourceNames")]
-    assert named["resourceNames"] == [election["resourceName"]]
-    assert set(named["verbs"]) == {"get", "update"}
-
-
-def test_scheduler_runs_the_mounted_configuration(default_docs: list[Doc]) -> None:
-    d = one(default_docs, "Deployment", SCHEDULER)
-    c = container(d, "kube-scheduler")
-    assert c["command"][0] == "/usr/local/bin/kube-scheduler"
-    (flag,) = [a for a in c["command"] if a.startswith("--config=")]
-    path = flag.removeprefix("--config=")
-    mount = mounts_by_volume(d, "kube-scheduler")["config"]
-    assert path == f"{mount['mountPath']}/scheduler-config.yaml"
-    (vol,) = [v for v in pod_spec(d)["volumes"] if v["name"] == "config"]
-    assert vol["configMap"]["name"] == SCHEDULER
-
-
-def test_scheduler_follows_values(render) -> None:
-    docs = render(
-        {
-            "scheduler": {"name": "gang-scheduler"},
-            "extender": {"weight": 20, "httpTimeout": "2s", "port": 9999},
-        }
-    )
-    cfg = scheduler_config(docs)
-    assert cfg["profiles"][0]["schedulerName"] == "gang-scheduler"
-    (ext,) = cfg["extenders"]
-    assert (ext["weight"], ext["httpTimeout"], ext["urlPrefix"]) == (
-        20,
-        "2s",
-        f"http://{EXTENDER}.{NAMESPACE}.svc:9999",
-    )
+# The second scheduler (its configuration and the extender beside it: test_chart_scheduler.py).
 
 
 @pytest.mark.parametrize(
@@ -277,93 +238,12 @@ def test_chart_refuses_clusters_without_admission_policies(render) -> None:
         render(kube_version="1.29.9")
 
 
-def extender_config(docs: list[Doc]) -> dict[str, Any]:
-    cfg: dict[str, Any] = configmap_yaml(docs, EXTENDER, "extender.yaml")
-    return cfg
-
-
-def test_extender_configuration_defaults_follow_the_domain(render, default_docs: list[Doc]) -> None:
-    cfg = extender_config(default_docs)
-    assert cfg["domain"] == "gpustack.ai"
-    assert [lvl["name"] for lvl in cfg["levels"]] == ["fabric", "network-group", "zone", "region"]
-    keys = {lvl["name"]: lvl["keys"] for lvl in cfg["levels"]}
-    assert keys["fabric"] == ["feature.gpustack.ai/fabric.domain", "nvidia.com/gpu.clique"]
-    assert keys["network-group"][0] == "topology.gpustack.ai/network-group"
-    assert keys["zone"] == ["topology.kubernetes.io/zone"]
-    assert keys["region"] == ["topology.kubernetes.io/region"]
-    assert (cfg["defaultLocality"], cfg["defaultRank"], cfg["homogeneousKeys"]) == (
-        "prefer",
-        "spread",
-        ["nvidia.com/gpu.product"],
-    )
-    other = extender_config(render({"domain": "example.com"}))
-    assert other["levels"][0]["keys"][0] == "feature.example.com/fabric.domain"
-    assert other["levels"][1]["keys"][0] == "topology.example.com/network-group"
-
-
-def test_extender_configuration_follows_values(render) -> None:
-    docs = render(
-        {
-            "extender": {
-                "levels": {"networkGroup": ["example.com/rack"]},
-                "defaults": {"locality": "zone", "rank": "most-free-memory", "homogeneous": []},
-                "extraConfig": {"claimTTLSeconds": 120, "defaultRank": "first-fit"},
-            }
-        }
-    )
-    cfg = extender_config(docs)
-    assert cfg["levels"][1] == {
-        "name": "network-group",
-        "title": "network group",
-        "keys": ["example.com/rack"],
-    }
-    assert (cfg["defaultLocality"], cfg["homogeneousKeys"]) == ("zone", [])
-    assert cfg["claimTTLSeconds"] == 120
-    # extraConfig adds settings; it does not override the ones the chart has values for.
-    assert cfg["defaultRank"] == "most-free-memory"
-
-
-@pytest.mark.parametrize("variant", ["default", "custom"])
-def test_the_extender_accepts_the_rendered_configuration(render, tmp_path, variant: str) -> None:
-    """The extender's own loader reads the file the chart writes: same keys, same defaults."""
-    from nodefabric_operator.extender.config import default_levels, load_config
-
-    values = {} if variant == "default" else {
-        "domain": "example.com",
-        "extender": {"levels": {"zone": ["example.com/zone"]}, "defaults": {"locality": "region"}},
-    }  # fmt: skip
-    path = tmp_path / "extender.yaml"
-    path.write_text(one(render(values), "ConfigMap", EXTENDER)["data"]["extender.yaml"])
-    loaded = load_config(path)
-    if variant == "default":
-        assert loaded.levels == default_levels("gpustack.ai")
-        assert (loaded.default_locality, loaded.default_rank) == ("prefer", "spread")
-    else:
-        assert loaded.domain == "example.com"
-        assert loaded.levels[2].keys == ("example.com/zone",)
-        assert loaded.levels[0].keys[0] == "feature.example.com/fabric.domain"
-        assert loaded.default_locality == "region"
-
-
-def test_extender_reads_the_mounted_configuration_and_restarts_on_change(
-    render, default_docs: list[Doc]
-) -> None:
-    d = one(default_docs, "Deployment", EXTENDER)
-    args = container(d, "extender")["args"]
-    assert args[0] == "extender"
-    mount = mounts_by_volume(d, "extender")["config"]
-    assert args[args.index("--config") + 1] == f"{mount['mountPath']}/extender.yaml"
-    assert mount["readOnly"] is True
-    before = d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-    changed = one(render({"extender": {"defaults": {"rank": "first-fit"}}}), "Deployment", EXTENDER)
-    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != before
-
-
 def test_every_workload_has_probes_and_resources(default_docs: list[Doc]) -> None:
     for w in workloads(default_docs):
         for c in pod_spec(w)["containers"]:
             where = f"{w['metadata']['name']}/{c['name']}"
-            assert c["livenessProbe"] and c["readinessProbe"], where
+            if w["kind"] != "Job":  # a run-to-completion Job has its deadline instead
+                assert c["livenessProbe"] and c["readinessProbe"], where
             assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], where
 
 
@@ -389,10 +269,14 @@ def parse(args: list[str]) -> Any:
 
 def test_the_agent_parses_its_rendered_command_line(render) -> None:
     docs = render({"agent": {"families": {"shared": False}, "sharedCount": 500, "interval": 30}})
-    args = [a.replace("$(NODE_NAME)", "gpu-node-7") for a in container(agent(docs), "agent")["args"]]
+    args = [
+        a.replace("$(NODE_NAME)", "gpu-node-7").replace("$(HOST_IP)", "10.0.0.7")
+        for a in container(agent(docs), "agent")["args"]
+    ]
     ns = parse(args)
     assert (ns.node_name, ns.root, ns.interval) == ("gpu-node-7", "/host", 30.0)
-    assert (ns.metrics_port, ns.health_port) == (9100, 8081)
+    assert (ns.metrics_port, ns.health_port, ns.bind_address) == (9464, 9465, "10.0.0.7")
+    assert (ns.log_level, ns.log_format) == ("INFO", "text")
     assert (ns.no_shared, ns.no_partitioned, ns.shared_count, ns.domain) == (True, False, 500, "gpustack.ai")
     # The plugin's socket directory default is where the chart mounts kubelet's.
     assert ns.plugin_dir == mounts_by_volume(agent(docs), "agent")["device-plugins"]["mountPath"]
@@ -404,11 +288,6 @@ def test_the_operator_parses_its_rendered_command_line(render, sink: str) -> Non
     ns = parse(container(one(docs, "Deployment", "nf-nodefabric-operator"), "operator")["args"])
     assert (ns.sink, ns.namespace, ns.domain, ns.standalone) == (sink, NAMESPACE, "example.com", True)
     assert (ns.metrics_port, ns.health_port) == (9101, 8080)
-
-
-def test_the_extender_parses_its_rendered_command_line(default_docs: list[Doc]) -> None:
-    ns = parse(container(one(default_docs, "Deployment", EXTENDER), "extender")["args"])
-    assert (str(ns.config), ns.port) == ("/etc/nodefabric/extender.yaml", 8888)
 
 
 def test_critical_agent_pods_are_admitted_by_a_quota_for_their_class(render, default_docs: list[Doc]) -> None:
