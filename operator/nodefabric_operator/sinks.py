@@ -202,27 +202,24 @@ class NodeFeatureSink:
         *,
         verify: bool = False,
     ) -> Published:
-        node = owner.name
-        target = self.target(node)
-        for _ in range(CONFLICT_RETRIES):
+        target = self.target(owner.name)
+
+        def attempt(current: SinkObject | None) -> Published:
             plan = labels.plan(current.labels if current else {}, desired, domain=self.domain, frozen=frozen)
+            if current is None:
+                return Published(target, plan, True, self._create(owner, plan, verify=verify))
+            if not self.drifted(owner, desired, frozen, current):
+                return Published(target, plan, False, current)
             try:
-                if current is None:
-                    return Published(target, plan, True, self._create(owner, plan, verify=verify))
-                if not self.drifted(owner, desired, frozen, current):
-                    return Published(target, plan, False, current)
                 return Published(target, plan, True, self._patch(owner, plan, current))
             except kubernetes.client.ApiException as err:
-                if status_of(err) == 404 and current is not None:
-                    # Deleted under us: create it again, but only for a record that still exists.
-                    current, verify = None, True
-                    continue
-                if status_of(err) != 409:
+                if status_of(err) != 404:
                     raise
-                # AlreadyExists, or a stale resourceVersion: the view is behind; read the object once.
-                log.info("nodefeature changed while writing, reading it back", extra={"node": node})
-                current = self._read(node)
-        raise Conflict(f"{target} kept changing while being written")
+            # Deleted under us: create it again, but only for a record that still exists.
+            plan = labels.plan({}, desired, domain=self.domain, frozen=frozen)
+            return Published(target, plan, True, self._create(owner, plan, verify=True))
+
+        return _written(target, owner.name, current, attempt, self._read)
 
     def _create(self, owner: Owner, plan: labels.Plan, *, verify: bool) -> SinkObject:
         node = owner.name
@@ -415,7 +412,8 @@ class NodeSink:
     ) -> Published:
         node = owner.name
         target = f"Node {node}"
-        for _ in range(CONFLICT_RETRIES):
+
+        def attempt(current: SinkObject | None) -> Published:
             if current is None:
                 raise NodeNotFound(f"node {node} does not exist")
             plan, new_owned, old_owned = self._plan(desired, frozen, current)
@@ -432,15 +430,13 @@ class NodeSink:
                 patched = self.call(
                     "patch", "nodes", self.core.patch_node, node, patch, _preload_content=False
                 )
-                return Published(target, plan, True, self.snapshot(_decoded(patched)))
             except kubernetes.client.ApiException as err:
                 if status_of(err) == 404:
                     raise NodeNotFound(f"node {node} does not exist") from err
-                if status_of(err) != 409:
-                    raise
-                log.info("node changed while writing labels, reading it back", extra={"node": node})
-                current = self._read(node)
-        raise Conflict(f"{target} kept changing while being written")
+                raise
+            return Published(target, plan, True, self.snapshot(_decoded(patched)))
+
+        return _written(target, node, current, attempt, self._read)
 
     def _read(self, node: str) -> SinkObject | None:
         try:
@@ -459,6 +455,26 @@ class NodeSink:
             return self.publish(Owner(node, ""), {}, frozenset(), current)
         except NodeNotFound:
             return None
+
+
+def _written(
+    target: str,
+    node: str,
+    current: SinkObject | None,
+    attempt: Callable[[SinkObject | None], Published],
+    read: Callable[[str], SinkObject | None],
+) -> Published:
+    """`attempt` against what the view holds; a 409 (AlreadyExists, or a stale resourceVersion) means the
+    view is behind the API server, so the object is read back and the write planned again."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return attempt(current)
+        except kubernetes.client.ApiException as err:
+            if status_of(err) != 409:
+                raise
+        log.info("sink object changed while writing, reading it back", extra={"node": node, "target": target})
+        current = read(node)
+    raise Conflict(f"{target} kept changing while being written")
 
 
 def _decoded(answer: Any) -> dict[str, Any]:
