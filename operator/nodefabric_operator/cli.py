@@ -17,9 +17,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 from urllib.parse import urlsplit
 
 import kopf
@@ -34,6 +33,7 @@ from nodefabric_operator import events, handlers, labels, sinks
 from nodefabric_operator.endpoints import Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
+from nodefabric_operator.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -132,15 +132,17 @@ def make_sink(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics)
     return sinks.NodeFeatureSink(api, opts.namespace, opts.domain, metrics)
 
 
-def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
+def instance() -> str:
+    """This replica, as Events name it: the pod (the chart passes POD_NAME), else the host."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
 
 
 def settings(opts: Options) -> kopf.OperatorSettings:
     out = kopf.OperatorSettings()
-    out.posting.loggers = False  # only the Events we post; not every log line
+    # The operator posts its own Events (recorder.py); should kopf ever post one, it says who it is.
+    out.posting.loggers = False
     out.posting.reporting_component = events.COMPONENT
-    out.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
+    out.posting.reporting_instance = instance()
     out.posting.event_name_prefix = f"{events.COMPONENT}-"
     out.watching.server_timeout = 300
     if opts.sink == "nodefeature":
@@ -239,7 +241,12 @@ async def serve(
         metrics = metrics or Metrics()
         sink = make_sink(opts, api, metrics)
         reconciler = Reconciler(
-            api, sink, domain=opts.domain, metrics=metrics, post_event=post_event, backoffs=opts.backoffs
+            api,
+            sink,
+            domain=opts.domain,
+            metrics=metrics,
+            recorder=Recorder(api, instance(), metrics),
+            backoffs=opts.backoffs,
         )
         endpoints = Endpoints(
             metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port

@@ -58,10 +58,6 @@ async def on_sink_object(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     await rec.sink_event(event["object"])
 
 
-def probe_reconciler(memo: Any, **_: Any) -> dict[str, int]:
-    return _reconciler(memo).health()
-
-
 def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
@@ -77,4 +73,3 @@ def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
         where: dict[str, Any] = {"labels": {sinks.NFD_NODE_NAME: kopf.PRESENT}, "when": in_our_namespace}
         nodefeatures = (sinks.NFD_GROUP, sinks.NFD_VERSION, sinks.NFD_PLURAL)
         kopf.on.event(*nodefeatures, registry=registry, **where)(on_sink_object)
-    kopf.on.probe(id="reconciler", registry=registry)(probe_reconciler)

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -26,12 +26,11 @@ from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Condition, Devices, DevicesStatus
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.view import SinkObject, SinkView, at_or_below, items, part, version
 
 log = logging.getLogger(__name__)
 
-# (involved object, type, reason, message): posts one Event about the Devices object.
-EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 DEFAULT_BACKOFFS: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
 SHOWN = 80  # characters of a withheld value quoted in a log line
 
@@ -79,7 +78,8 @@ class NodeRecord:
         return {
             "apiVersion": models.API_VERSION,
             "kind": models.KIND,
-            "metadata": {"name": self.name, "uid": self.owner.uid},
+            "name": self.name,
+            "uid": self.owner.uid,
         }
 
 
@@ -186,14 +186,14 @@ class Reconciler:
         *,
         domain: str = labels.DEFAULT_DOMAIN,
         metrics: Metrics | None = None,
-        post_event: EventPoster | None = None,
+        recorder: Recorder | None = None,
         backoffs: Sequence[float] = DEFAULT_BACKOFFS,
     ) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.sink = sink
         self.domain = domain
         self.metrics = metrics or Metrics()
-        self.post_event = post_event
+        self.recorder = recorder
         self.backoffs = tuple(backoffs)
         self.view = SinkView()
         self.records: dict[str, NodeRecord] = {}  # node -> the record as last prepared
@@ -336,7 +336,11 @@ class Reconciler:
                     continue
                 finally:
                     self.metrics.duration.observe(time.perf_counter() - started)
-                return self._settle(record, applied)
+                outcome = self._settle(record, applied)
+                await self._event(
+                    record, events.for_changes(applied.published.target, outcome.changes, self.domain)
+                )
+                return outcome
 
     def _keep(self, before: NodeRecord, after: NodeRecord) -> None:
         """Hold the record as our status write left it, unless a newer version arrived meanwhile."""
@@ -378,9 +382,6 @@ class Reconciler:
                     "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
                 },
             )
-        notice = events.for_changes(published.target, changes, self.domain)
-        if notice is not None:
-            self._event(record, notice)
         return Outcome(outcome, changes, applied.status_written)
 
     async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
@@ -406,7 +407,7 @@ class Reconciler:
             written = True  # say it in an Event at least
         # A failure already in status was already announced: its echo retries quietly.
         if written:
-            self._event(record, events.for_failure(condition.reason, condition.message))
+            await self._event(record, events.for_failure(condition.reason, condition.message))
         return Outcome("error")
 
     async def _withdraw(self, name: str) -> Outcome:
@@ -426,14 +427,9 @@ class Reconciler:
         self.metrics.reconciles.labels(outcome="withdrawn").inc()
         return Outcome("withdrawn", changes)
 
-    def _event(self, record: NodeRecord, notice: events.Notice) -> None:
-        if self.post_event is None:
-            return
-        try:
-            self.post_event(record.ref(), notice.type, notice.reason, notice.message)
-            self.metrics.api_requests.labels(verb="create", resource="events").inc()
-        except Exception as err:  # an Event is a courtesy: never let it fail a reconcile
-            log.warning("could not post event", extra={"reason": notice.reason, "error": _brief(err)})
+    async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
+        if self.recorder is not None and notice is not None:
+            await asyncio.to_thread(self.recorder.post, record.ref(), notice)
 
     # --- the sync core (a worker thread): requests only, no shared state -------------------------------
 

@@ -141,6 +141,10 @@ async def test_one_event_per_reconcile_and_a_warning_when_capability_goes():
             assert first.data["message"].count("added ") == 5
             assert first.data["source"] == {"component": "nodefabric-operator"}
             assert first.data["reportingComponent"] == "nodefabric-operator"
+            # Where `kubectl describe devices n0` finds it: in `default`, about an object with no namespace.
+            assert first.data["metadata"]["namespace"] == "default"
+            involved = first.data["involvedObject"]
+            assert "namespace" not in involved and (involved["kind"], involved["name"]) == ("Devices", "n0")
 
             await c.put_devices(
                 devices("n0", interfaces=[nic(link=LinkState.FAILED)], groups=[group("nvidia", gpu(0))])
