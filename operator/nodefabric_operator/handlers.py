@@ -37,6 +37,10 @@ def startup(**_: Any) -> None:
     kopflog.configure()
 
 
+def cleanup(memo: Any, **_: Any) -> None:
+    _reconciler(memo).close()
+
+
 def _reconciler(memo: Any) -> Reconciler:
     rec: Reconciler = memo.reconciler
     return rec
@@ -61,6 +65,7 @@ async def on_sink_object(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.event(models.GROUP, models.VERSION, models.PLURAL, registry=registry)(on_devices)
     if isinstance(sink, sinks.NodeSink):
         kopf.on.event("", "v1", "nodes", registry=registry)(on_sink_object)

@@ -200,6 +200,8 @@ class Reconciler:
         self.handled: dict[str, str | None] = {}  # node -> the record version fully handled
         self.known: dict[str, str] = {}  # node -> uid of every Devices record the watch has listed
         self._locks: dict[str, asyncio.Lock] = {}
+        self._requeued: dict[str, asyncio.TimerHandle] = {}
+        self._retries: set[asyncio.Future[Outcome]] = set()
 
     # --- what exists before the first reconcile -----------------------------------------------------------
 
@@ -392,9 +394,13 @@ class Reconciler:
             extra={"node": name, "reason": condition.reason, "error": condition.message},
         )
         self.metrics.reconciles.labels(outcome="error").inc()
-        # This version was tried; a replay of it is skipped. Writing the failure makes a new version,
-        # whose event retries once (a missing Node may exist by then, an outage may be over).
-        self.handled[name] = record.rv
+        if transient(err):
+            # The API server is in trouble, not the record: try again later, and on any replay meanwhile.
+            self._requeue(name)
+        else:
+            # This version cannot be published as it is; a replay of it is skipped. Writing the failure
+            # makes a new version, whose event retries once (a missing Node may exist by then).
+            self.handled[name] = record.rv
         try:
             after = await asyncio.to_thread(self._record_failure, record, condition)
             written = after is not None
@@ -409,6 +415,26 @@ class Reconciler:
         if written:
             await self._event(record, events.for_failure(condition.reason, condition.message))
         return Outcome("error")
+
+    def _requeue(self, name: str) -> None:
+        """Reconcile `name` again after the longest backoff, once, unless a retry is already due."""
+        if name in self._requeued:
+            return
+        delay = max(self.backoffs, default=DEFAULT_BACKOFFS[-1])
+        self._requeued[name] = asyncio.get_running_loop().call_later(delay, self._retry, name)
+
+    def _retry(self, name: str) -> None:
+        self._requeued.pop(name, None)
+        if name in self.records:
+            task = asyncio.ensure_future(self._reconcile(name))
+            self._retries.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._retries.discard)
+
+    def close(self) -> None:
+        """Stop retries that are due later (the operator is stopping)."""
+        for handle in self._requeued.values():
+            handle.cancel()
+        self._requeued.clear()
 
     async def _withdraw(self, name: str) -> Outcome:
         async with self._lock(name):

@@ -291,3 +291,26 @@ async def test_a_sink_conflict_reads_the_object_back_once_and_keeps_a_foreign_ow
         nf = await c.nodefeature("n0")
         assert nf["spec"]["labels"] == {"example.com/team": "a"}
         api.close()
+
+
+async def test_an_outage_longer_than_the_backoffs_is_retried_without_a_new_event():
+    """Every write of the operator fails for a while, the failure's own status write too: nothing records
+    the failure and no event will come. The record is requeued and published once the API answers."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = await fleet(k, 1)
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: reconciled(metrics, "published") == 1)
+            await settle(k)
+            proxy.refuse("PATCH", f"/apis/{sinks.NFD_GROUP}/", 503)
+            proxy.refuse("PATCH", f"/apis/{models.GROUP}/", 503)
+            await c.put_devices(devices("n0", interfaces=[nic(link=LinkState.FAILED)]))  # not via the proxy
+            await eventually(lambda: reconciled(metrics, "error") >= 2)  # requeued, failed again
+            proxy.allow()
+            await eventually(lambda: reconciled(metrics, "published") == 2)
+            await settle(k)
+        assert (
+            labels.key(labels.DEFAULT_DOMAIN, "rdma.capable")
+            not in (await c.nodefeature("n0"))["spec"]["labels"]
+        )
+        cond = {x["type"]: x for x in (await c.devices("n0"))["status"]["conditions"]}
+        assert cond[models.LABELS_PUBLISHED]["status"] == "True"

@@ -51,6 +51,10 @@ class WatchBreaker:
         """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403)."""
         self._refusals.append((method, path, status))
 
+    def allow(self) -> None:
+        """Refuse nothing any more."""
+        self._refusals.clear()
+
     @property
     def open_watches(self) -> int:
         return len(self._open)
