@@ -168,8 +168,12 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
     while True:
         try:
             # The answer is not decoded: whether it comes is the question, not what it lists.
+            left = deadline - time.monotonic()
             custom.get_api_resources(
-                models.GROUP, models.VERSION, _request_timeout=PROBE_TIMEOUT, _preload_content=False
+                models.GROUP,
+                models.VERSION,
+                _request_timeout=max(0.5, min(PROBE_TIMEOUT, left)),  # a black hole costs the budget, no more
+                _preload_content=False,
             )
             return
         except kubernetes.client.ApiException as err:

@@ -183,3 +183,15 @@ def test_a_malformed_flag_is_refused_by_the_parser_with_exit_2(args, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"argument {args[0]}" in err, err
+
+
+async def test_an_api_server_that_never_answers_costs_the_startup_timeout_not_more(capsys, tmp_path):
+    with busy_port() as s:  # listening, never accepting: the connection opens, no answer ever comes
+        kubeconfig = write_kubeconfig(f"http://127.0.0.1:{s.getsockname()[1]}", str(tmp_path))
+        started = time.monotonic()
+        code = await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig, "--startup-timeout", "1")
+        elapsed = time.monotonic() - started
+    assert code == 2
+    assert elapsed < 15, elapsed  # one request of at most the time left, not 5 s per attempt forever
+    line = one_line(capsys.readouterr().err)
+    assert "cannot reach the API server at 127.0.0.1:" in line and "(for 1 s)" in line, line
