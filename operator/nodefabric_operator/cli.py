@@ -16,20 +16,16 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import kopf
 import kubernetes
-import urllib3
 import yaml
 from kubernetes.config.config_exception import ConfigException
 
-from nodefabric_devicemanager import models
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import events, handlers, labels, sinks
+from nodefabric_operator import events, handlers, labels, sinks, startup
 from nodefabric_operator.endpoints import Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
@@ -38,11 +34,6 @@ from nodefabric_operator.recorder import Recorder
 log = logging.getLogger(__name__)
 
 SINKS = ("nodefeature", "node")
-PROBE_TIMEOUT = 5.0  # one discovery request at start
-
-
-class StartupError(RuntimeError):
-    """A reason the operator cannot start, phrased for the one log line it becomes."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options(args: argparse.Namespace) -> Options:
     if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
-        raise StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
+        raise startup.StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
     return Options(
         sink=args.sink,
         namespace=args.namespace,
@@ -154,77 +145,6 @@ def settings(opts: Options) -> kopf.OperatorSettings:
     return out
 
 
-def _server(api: kubernetes.client.ApiClient) -> str:
-    host = str(api.configuration.host)
-    return urlsplit(host).netloc or host
-
-
-def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
-    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`.
-    Raises StartupError with the reason an operator can act on."""
-    custom = kubernetes.client.CustomObjectsApi(api)
-    server = _server(api)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            # The answer is not decoded: whether it comes is the question, not what it lists.
-            left = deadline - time.monotonic()
-            custom.get_api_resources(
-                models.GROUP,
-                models.VERSION,
-                _request_timeout=max(0.5, min(PROBE_TIMEOUT, left)),  # a black hole costs the budget, no more
-                _preload_content=False,
-            )
-            return
-        except kubernetes.client.ApiException as err:
-            status = sinks.status_of(err)
-            if status == 404:
-                raise StartupError(
-                    f"the API server at {server} does not serve {models.GROUP}/{models.VERSION}: "
-                    "install the Devices CRD (the chart's crds/) first"
-                ) from err
-            if status in (401, 403):
-                raise StartupError(
-                    f"the API server at {server} refused our credentials (HTTP {status} {err.reason or ''})"
-                ) from err
-            reason = f"HTTP {status} {err.reason or ''}".strip()
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            reason = _cause(err)
-        if time.monotonic() >= deadline:
-            raise StartupError(f"cannot reach the API server at {server} (for {timeout:g} s): {reason}")
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-
-
-def _cause(err: BaseException) -> str:
-    """The innermost reason of a connection failure ("Connection refused"), not urllib3's wrapping."""
-    seen: set[int] = set()
-    inner: BaseException | None = err
-    while inner is not None and id(inner) not in seen:
-        seen.add(id(inner))
-        if isinstance(inner, OSError) and inner.strerror:
-            return inner.strerror
-        reason = getattr(inner, "reason", None)
-        inner = reason if isinstance(reason, BaseException) else inner.__cause__ or inner.__context__
-    return _first_line(err)
-
-
-async def _prime(reconciler: Reconciler, opts: Options) -> None:
-    """The start-up listing; a refusal (RBAC, a missing NodeFeature API) is a start-up error."""
-    try:
-        await reconciler.prime()
-    except kubernetes.client.ApiException as err:
-        where = "NodeFeatures in " + opts.namespace if opts.sink == "nodefeature" else "Nodes and Devices"
-        reason = f"HTTP {err.status} {err.reason or ''}".strip()
-        hint = (
-            " (install NFD, or run with --sink node)"
-            if err.status == 404 and opts.sink == "nodefeature"
-            else ""
-        )
-        raise StartupError(f"cannot list {where}: {reason}{hint}") from err
-    except (urllib3.exceptions.HTTPError, OSError) as err:
-        raise StartupError(f"cannot list the sink objects: {_cause(err)}") from err
-
-
 async def serve(
     opts: Options,
     *,
@@ -239,9 +159,9 @@ async def serve(
         api = load_client(opts.kubeconfig)
     except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
         # The client's kubeconfig loader lets a file of the wrong shape through as whatever it hit.
-        raise StartupError(f"cannot use the kubeconfig: {_first_line(err)}") from err
+        raise startup.StartupError(f"cannot use the kubeconfig: {startup.first_line(err)}") from err
     try:
-        await asyncio.to_thread(check_api, api, opts.startup_timeout)
+        await asyncio.to_thread(startup.check_api, api, opts.startup_timeout)
         metrics = metrics or Metrics()
         sink = make_sink(opts, api, metrics)
         reconciler = Reconciler(
@@ -257,7 +177,7 @@ async def serve(
         )
         await endpoints.start()
         try:
-            await _prime(reconciler, opts)
+            await startup.prime(reconciler, opts.sink, opts.namespace)
             registry = kopf.OperatorRegistry()
             handlers.register(registry, sink)
             log.info(
@@ -267,7 +187,7 @@ async def serve(
                     "namespace": opts.namespace,
                     "domain": opts.domain,
                     "standalone": opts.standalone,
-                    "server": _server(api),
+                    "server": startup.server(api),
                 },
             )
             await kopf.operator(
@@ -290,19 +210,14 @@ async def serve(
 def run(args: argparse.Namespace) -> int:
     try:
         opts = options(args)
-    except (labels.InvalidDomain, StartupError) as err:
+    except (labels.InvalidDomain, startup.StartupError) as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
     try:
         asyncio.run(serve(opts))
-    except (StartupError, PortUnavailable) as err:
-        log.error("operator cannot start", extra={"error": _first_line(err)})
+    except (startup.StartupError, PortUnavailable) as err:
+        log.error("operator cannot start", extra={"error": startup.first_line(err)})
         return 2
     except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
         return 130
     return 0
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
