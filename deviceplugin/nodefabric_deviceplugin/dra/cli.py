@@ -1,0 +1,174 @@
+"""`nodefabric draplugin`: run the DRA driver standalone, reading the host itself.
+
+Inside `nodefabric agent` the same driver runs fed by the agent's record; this command serves a node
+without the agent (or for debugging): it reads the host at --root every --interval seconds, publishes the
+node's ResourceSlices and serves kubelet until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from kubernetes.config.config_exception import ConfigException
+
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_deviceplugin.dra.config import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_DOMAIN,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DriverConfig,
+)
+from nodefabric_deviceplugin.dra.driver import DraDriver
+from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.publish import DEFAULT_RESYNC_S
+from nodefabric_deviceplugin.dra.standalone import poll_record
+from nodefabric_deviceplugin.source import RecordSource
+
+log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
+    return value
+
+
+def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
+    """The driver's paths; the agent adds them with prefix "dra-" beside its device-plugin flags."""
+    parser.add_argument(
+        f"--{prefix}plugin-dir",
+        dest="dra_plugin_dir",
+        default=DEFAULT_PLUGIN_DIR,
+        help=f"kubelet's plugin directory: the DRA socket is <dir>/<driver>/dra.sock ({DEFAULT_PLUGIN_DIR})",
+    )
+    parser.add_argument(
+        f"--{prefix}registry-dir",
+        dest="dra_registry_dir",
+        default=DEFAULT_REGISTRY_DIR,
+        help=f"kubelet's plugin-registration directory (default {DEFAULT_REGISTRY_DIR})",
+    )
+    parser.add_argument(
+        f"--{prefix}cdi-dir",
+        dest="dra_cdi_dir",
+        default=DEFAULT_CDI_DIR,
+        help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", default="/", help="the host's root as mounted here (default /)")
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name: the pool and the slices' nodeName (default: $NODE_NAME)",
+    )
+    add_driver_arguments(parser)
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
+    )
+    parser.add_argument(
+        "--domain", default=DEFAULT_DOMAIN, help=f"the driver is rdma.<domain> (default {DEFAULT_DOMAIN})"
+    )
+    parser.add_argument(
+        "--interval",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="host re-read interval (default 10)",
+    )
+    parser.add_argument(
+        "--resync",
+        type=_positive,
+        default=DEFAULT_RESYNC_S,
+        metavar="SECONDS",
+        help=f"compare the live ResourceSlices with the record this often (default {DEFAULT_RESYNC_S:g})",
+    )
+    parser.add_argument(
+        "--metrics-port", type=_port, default=0, metavar="PORT", help="serve Prometheus metrics here (0: off)"
+    )
+
+
+def config_from(args: argparse.Namespace) -> DriverConfig:
+    """Raises ValueError with a one-line reason."""
+    if not args.node_name:
+        raise ValueError("no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
+    return DriverConfig(
+        node_name=args.node_name,
+        domain=args.domain,
+        plugin_dir=args.dra_plugin_dir,
+        registry_dir=args.dra_registry_dir,
+        cdi_dir=args.dra_cdi_dir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from(args)
+    except ValueError as exc:
+        print(f"nodefabric draplugin: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not os.path.isdir(args.root):
+        print(f"nodefabric draplugin: the host root {args.root} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        api_client = load_client(args.kubeconfig)
+    except (ConfigException, OSError) as exc:
+        print(f"nodefabric draplugin: cannot reach the kubernetes api: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        host = HostRoot.at(args.root)
+        source = RecordSource()
+        driver = DraDriver(config, source, host, DraApi(api_client, config), resync=args.resync)
+        log.info(
+            "DRA driver starting",
+            extra={
+                "driver": config.driver,
+                "node": config.node_name,
+                "root": args.root,
+                "cdi_dir": config.cdi_dir,
+            },
+        )
+        poller = asyncio.create_task(poll_record(source, host, interval=args.interval, stop=stop))
+        try:
+            await driver.run(stop)
+        finally:
+            stop.set()
+            await poller
+
+    try:
+        asyncio.run(main())
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+    return 0
