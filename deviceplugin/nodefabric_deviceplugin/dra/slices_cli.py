@@ -65,15 +65,25 @@ def slice_list(spec: DevicesSpec, config: DriverConfig, layers: dict[str, str]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    layers: dict[str, str] = {}
-    node = args.node_name
+    devices: Devices | None = None
     if args.filename:
         try:
             devices = _load(args.filename)
         except (OSError, ValueError, yaml.YAMLError, pydantic.ValidationError) as exc:
             print(f"{PROG}: cannot read {args.filename}: {exc}", file=sys.stderr)
             return 2
-        spec, node = devices.spec, node or devices.metadata.name
+    node = args.node_name or (devices.metadata.name if devices is not None else "")
+    if not node:
+        print(f"{PROG}: no node name: pass --node-name (or set NODE_NAME)", file=sys.stderr)
+        return 2
+    try:
+        config = DriverConfig(node_name=node, domain=args.domain)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    layers: dict[str, str] = {}
+    if devices is not None:
+        spec = devices.spec
     else:
         root = args.root or "/"
         if not os.path.isdir(root):
@@ -87,14 +97,6 @@ def run(args: argparse.Namespace) -> int:
             return 1
         spec = reading.spec()
         layers = link_layers(host, [d.endpoint.rdma_device for d in published(pool_devices(spec))])
-    if not node:
-        print(f"{PROG}: no node name: pass --node-name (or set NODE_NAME)", file=sys.stderr)
-        return 2
-    try:
-        config = DriverConfig(node_name=node, domain=args.domain)
-    except ValueError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
     doc = slice_list(spec, config, layers)
     if args.output == "json":
         print(json.dumps(doc, indent=2))
