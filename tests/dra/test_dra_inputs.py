@@ -299,3 +299,21 @@ async def test_a_device_whose_verbs_node_is_gone_fails_the_claim_naming_what_was
     out = await preparer.prepare([REF])
     assert "no verbs device for RDMA device 'mlx5_0'" in out[UID].error
     assert "/dev/infiniband/uverbs0" in out[UID].error
+
+
+async def test_a_device_of_a_type_the_driver_does_not_offer_is_refused(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    config = DriverConfig(
+        node_name=NODE,
+        plugin_dir=dirs.plugin,
+        registry_dir=dirs.registry,
+        cdi_dir=dirs.cdi,
+        functions=("pf",),
+    )
+    api = FailingApi(claim([result("pci-0000-e0-00-1")]))  # a VF: the device plugin's beside DRA
+    preparer = Preparer(
+        config, RecordSource(hgx_spec), hgx_host[0].host, api, Checkpoint(config.checkpoint_path)
+    )
+    out = await preparer.prepare([REF])
+    assert "no device pci-0000-e0-00-1" in out[UID].error

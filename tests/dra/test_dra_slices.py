@@ -348,3 +348,39 @@ def test_first_publication_creates_every_slice_at_generation_one() -> None:
     desired = desired_pair()
     decided = plan(desired, [])
     assert decided.generation == 1 and [d.name for d in decided.create] == [d.name for d in desired]
+
+
+# --- beside the device plugin -----------------------------------------------------------------------------
+
+
+def test_beside_the_device_plugin_every_endpoint_is_offered_exactly_once(hgx_spec: DevicesSpec) -> None:
+    from nodefabric_deviceplugin.dra.devices import device_plugin_share
+    from nodefabric_deviceplugin.resources import Family, view
+
+    config = DriverConfig(node_name=NODE, functions=("pf",))
+    dra = {
+        value(d["attributes"], "rdmaDevice")
+        for s in desired_slices(hgx_spec, config, {}) or []
+        for d in s.spec["devices"]
+    }
+    share = device_plugin_share(hgx_spec)
+    plugin = {
+        family: {t.endpoint.rdma_device for t in view(share, family, 2).tokens}
+        for family in (Family.EXCLUSIVE, Family.SHARED, Family.PARTITIONED)
+    }
+    assert dra == {f"mlx5_{i}" for i in range(7)}
+    assert plugin == {
+        Family.EXCLUSIVE: set(),
+        Family.SHARED: set(),
+        Family.PARTITIONED: {"mlx5_8", "mlx5_9", "mlx5_10", "mlx5_11"},
+    }
+    everything = {d.endpoint.rdma_device for d in pool_devices(hgx_spec)}
+    assert dra | plugin[Family.PARTITIONED] == everything and not dra & plugin[Family.PARTITIONED]
+    assert device_plugin_share(None) is None
+
+
+def test_only_known_function_types_can_be_offered() -> None:
+    with pytest.raises(ValueError, match="function types"):
+        DriverConfig(node_name=NODE, functions=())
+    with pytest.raises(ValueError, match="function types"):
+        DriverConfig(node_name=NODE, functions=("pf", "sf"))

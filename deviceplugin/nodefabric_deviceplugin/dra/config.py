@@ -16,6 +16,8 @@ SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 # A unix socket path is at most 107 bytes (sun_path holds 108 with the terminating NUL).
 MAX_SOCKET_PATH = 107
 STANDARD_DOMAIN = "resource.kubernetes.io"
+# Which functions the driver offers: whole PCI functions ("pf") and SR-IOV virtual functions ("vf").
+FUNCTION_TYPES = ("pf", "vf")
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -31,8 +33,12 @@ class DriverConfig:
     plugin_dir: str = DEFAULT_PLUGIN_DIR
     registry_dir: str = DEFAULT_REGISTRY_DIR
     cdi_dir: str = DEFAULT_CDI_DIR
+    # Beside the device plugin the driver offers only whole functions, so no endpoint is offered twice.
+    functions: tuple[str, ...] = FUNCTION_TYPES
 
     def __post_init__(self) -> None:
+        if not self.functions or not set(self.functions) <= set(FUNCTION_TYPES):
+            raise ValueError(f"the function types must be some of {FUNCTION_TYPES}, got {self.functions!r}")
         if not dns_subdomain(self.node_name):
             raise ValueError(f"the node name must be a DNS subdomain (a Node's name), got {self.node_name!r}")
         # The driver name is a DNS subdomain of at most 63 characters (ResourceSlice validation).

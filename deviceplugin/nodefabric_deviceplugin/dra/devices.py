@@ -96,5 +96,21 @@ def pool_devices(spec: DevicesSpec | None) -> list[PoolDevice]:
     return out
 
 
+def offered(devices: list[PoolDevice], functions: tuple[str, ...]) -> list[PoolDevice]:
+    """The devices of the function types this driver offers (all of them unless it runs beside the
+    device plugin); a device of another type is the device plugin's and is neither published nor prepared."""
+    return [d for d in devices if d.role.value in functions]
+
+
 def published(devices: list[PoolDevice]) -> list[PoolDevice]:
     return [d for d in devices if d.allocatable]
+
+
+def device_plugin_share(spec: DevicesSpec | None) -> DevicesSpec | None:
+    """The record the device plugin serves beside a DRA driver that offers the whole functions: the SR-IOV
+    VFs only (a PF with VFs configured keeps them; a VF listed at top level stays), so the device plugin's
+    exclusive and shared families are empty and its partitioned family is unchanged."""
+    if spec is None:
+        return None
+    kept = [i for i in spec.interfaces if partitioned(i) or i.physical_function or not i.rdma_device]
+    return spec.model_copy(update={"interfaces": kept})

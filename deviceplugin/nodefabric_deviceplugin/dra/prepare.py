@@ -29,7 +29,7 @@ from nodefabric_deviceplugin.dra import cdi, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.devices import PoolDevice, pool_devices
+from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
 from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.resources import Family, FamilyView, Token
 from nodefabric_deviceplugin.source import RecordSource
@@ -167,7 +167,7 @@ class Preparer:
         spec = self.source.spec
         if spec is None:
             raise ClaimError("no device record yet (the first host pass has not finished); kubelet retries")
-        pool = {d.name: d for d in pool_devices(spec)}
+        pool = {d.name: d for d in offered(pool_devices(spec), self.config.functions)}
         unknown = [n for n in names if n not in pool]
         if unknown:
             raise ClaimError(

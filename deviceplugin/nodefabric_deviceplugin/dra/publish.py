@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin.dra import metrics
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.devices import pool_devices, published
+from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published
 from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.slices import SlicePlan, desired_slices, live_slice, plan, resource_slice
@@ -72,11 +72,11 @@ class SlicePublisher:
     def sync(self) -> SlicePlan | None:
         """One sync (blocking). None when there is nothing to publish from yet. Raises ApiError."""
         spec = self.source.spec
-        devices = pool_devices(spec)
-        offered = published(devices)
-        metrics.POOL_DEVICES.labels("published").set(len(offered))
-        metrics.POOL_DEVICES.labels("left_out").set(len(devices) - len(offered))
-        layers = link_layers(self.host, [d.endpoint.rdma_device for d in offered])
+        devices = offered(pool_devices(spec), self.config.functions)
+        allocatable = published(devices)
+        metrics.POOL_DEVICES.labels("published").set(len(allocatable))
+        metrics.POOL_DEVICES.labels("left_out").set(len(devices) - len(allocatable))
+        layers = link_layers(self.host, [d.endpoint.rdma_device for d in allocatable])
         desired = desired_slices(spec, self.config, layers)
         if desired is None:
             metrics.SLICE_SYNCS.labels("skipped").inc()

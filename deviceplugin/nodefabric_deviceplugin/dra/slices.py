@@ -22,7 +22,7 @@ from typing import Any
 from nodefabric_devicemanager import distance, summary
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.dra.config import STANDARD_DOMAIN, DriverConfig
-from nodefabric_deviceplugin.dra.devices import PoolDevice, Role, pool_devices, published
+from nodefabric_deviceplugin.dra.devices import PoolDevice, Role, offered, pool_devices, published
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,8 @@ def desired_slices(
     if spec is None:
         return None
     domain = summary.node_fabric_domain(spec)
-    devices = [slice_device(d, spec, link_layers, domain) for d in published(pool_devices(spec))]
+    pool = published(offered(pool_devices(spec), config.functions))
+    devices = [slice_device(d, spec, link_layers, domain) for d in pool]
     chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
     return [
         DesiredSlice(
