@@ -37,7 +37,7 @@ DRA_PLUGIN = "DRAPlugin"
 _DRIVER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-class DraPluginClient:
+class DraClient:
     """kubelet's client of one driver's DRA socket, in the API version chosen at registration."""
 
     def __init__(self, endpoint: str, version: rpc.DraVersion) -> None:
@@ -72,7 +72,7 @@ class DraPluginClient:
 class Registered:
     info: reg_pb.PluginInfo
     socket: str  # the registration socket it was found at
-    client: DraPluginClient
+    client: DraClient
 
 
 @dataclass
@@ -141,7 +141,7 @@ class DraKubelet:
         old = self.plugins.pop(info.name, None)
         if old is not None:
             await old.client.close()
-        self.plugins[info.name] = Registered(info, path, DraPluginClient(info.endpoint, version))
+        self.plugins[info.name] = Registered(info, path, DraClient(info.endpoint, version))
         self.refused.pop(path, None)
         self.registrations += 1
         return True
@@ -156,7 +156,7 @@ class DraKubelet:
             await self.scan()
             await asyncio.sleep(self.watch_interval)
 
-    async def wait_registered(self, driver: str, *, count: int = 1, timeout: float = 10.0) -> DraPluginClient:
+    async def wait_registered(self, driver: str, *, count: int = 1, timeout: float = 10.0) -> DraClient:
         """Wait until `driver` has registered `count` times in all (restarts included); its client."""
         await self.start()
         async with asyncio.timeout(timeout):
@@ -172,7 +172,7 @@ class DraKubelet:
                 await asyncio.sleep(0.02)
         return next(iter(self.refused.values()))
 
-    def plugin(self, driver: str) -> DraPluginClient:
+    def plugin(self, driver: str) -> DraClient:
         return self.plugins[driver].client
 
     async def restart(self) -> None:
