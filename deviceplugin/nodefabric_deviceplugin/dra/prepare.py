@@ -80,6 +80,7 @@ class Preparer:
         self.checkpoint = checkpoint
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
+        self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # --- prepare ----------------------------------------------------------------------------------------
@@ -163,11 +164,18 @@ class Preparer:
         )
         return devices
 
-    def _resolve(self, ref: ClaimRef, names: list[str]) -> list[PoolDevice]:
-        spec = self.source.spec
+    def _offered(self) -> dict[str, PoolDevice] | None:
+        version, spec = self.source.snapshot()
         if spec is None:
+            return None
+        if self._pool is None or self._pool[0] != version:
+            self._pool = (version, {d.name: d for d in offered(pool_devices(spec), self.config.functions)})
+        return self._pool[1]
+
+    def _resolve(self, ref: ClaimRef, names: list[str]) -> list[PoolDevice]:
+        pool = self._offered()
+        if pool is None:
             raise ClaimError("no device record yet (the first host pass has not finished); kubelet retries")
-        pool = {d.name: d for d in offered(pool_devices(spec), self.config.functions)}
         unknown = [n for n in names if n not in pool]
         if unknown:
             raise ClaimError(
