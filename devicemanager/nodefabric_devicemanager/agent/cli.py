@@ -91,11 +91,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plugin.add_argument(
         "--domain", default="gpustack.ai", help="domain of the resource keys (default: gpustack.ai)"
     )
+    _add_dra_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         log.error("no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
+        return EXIT_USAGE
+    try:
+        _dra_config(args)
+    except ValueError as exc:
+        log.error("invalid setting", extra={"error": str(exc)})
         return EXIT_USAGE
     if not os.path.isdir(args.root):
         log.error("the host root is not a directory", extra={"root": args.root})
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plugin(agent: Agent, args: argparse.Namespace) -> Any:
     """The in-process device plugin fed by every pass, or None when it is turned off."""
-    if args.no_device_plugin:
+    if args.no_device_plugin or args.serve == "dra":
         return None
     from nodefabric_deviceplugin.resources import PluginConfig
     from nodefabric_deviceplugin.server import DevicePluginManager
@@ -134,8 +140,65 @@ def _plugin(agent: Agent, args: argparse.Namespace) -> Any:
         partitioned=not args.no_partitioned,
     )
     source = RecordSource()
-    agent.subscribe(source.update)
+    if args.serve == "both":
+        from nodefabric_deviceplugin.dra.devices import device_plugin_share
+
+        # Beside the DRA driver (whole functions) the device plugin serves only the VFs.
+        agent.subscribe(lambda spec: source.update(device_plugin_share(spec) or spec))
+    else:
+        agent.subscribe(source.update)
     return DevicePluginManager(source, agent.host, config=plugin_config, plugin_dir=args.plugin_dir)
+
+
+# --- the DRA driver (--serve dra|both) ---------------------------------------------------------------------
+
+
+def _add_dra_arguments(parser: argparse.ArgumentParser) -> None:
+    from nodefabric_deviceplugin.dra.flags import add_driver_arguments
+
+    dra = parser.add_argument_group(
+        "DRA driver rdma.<domain> (served in-process beside or instead of the plugin)"
+    )
+    dra.add_argument(
+        "--serve",
+        choices=["deviceplugin", "dra", "both"],
+        default="deviceplugin",
+        help="kubelet APIs to serve: the device plugin, the DRA driver, or both (DRA then offers the whole"
+        " functions and the device plugin the VFs, so no endpoint is offered twice; default: deviceplugin)",
+    )
+    add_driver_arguments(dra, prefix="dra-")
+
+
+def _dra_config(args: argparse.Namespace) -> Any:
+    """The DRA driver's configuration, or None when it is not served. Raises ValueError."""
+    if args.serve == "deviceplugin":
+        return None
+    if args.serve == "both" and args.no_device_plugin:
+        raise ValueError("--serve both and --no-device-plugin contradict each other (use --serve dra)")
+    from nodefabric_deviceplugin.dra.config import FUNCTION_TYPES, DriverConfig
+
+    return DriverConfig(
+        node_name=args.node_name,
+        domain=args.domain,
+        plugin_dir=args.dra_plugin_dir,
+        registry_dir=args.dra_registry_dir,
+        cdi_dir=args.dra_cdi_dir,
+        functions=("pf",) if args.serve == "both" else FUNCTION_TYPES,
+    )
+
+
+def _dra(agent: Agent, args: argparse.Namespace) -> Any:
+    """The in-process DRA driver fed by every pass, or None when it is not served."""
+    config = _dra_config(args)
+    if config is None:
+        return None
+    from nodefabric_deviceplugin.dra.driver import DraDriver
+    from nodefabric_deviceplugin.dra.kube import DraApi
+    from nodefabric_deviceplugin.source import RecordSource
+
+    source = RecordSource()
+    agent.subscribe(source.update)
+    return DraDriver(config, source, agent.host, DraApi(load_client(args.kubeconfig), config))
 
 
 async def serve(agent: Agent, args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
@@ -146,6 +209,7 @@ async def serve(agent: Agent, args: argparse.Namespace, stop: asyncio.Event | No
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
     plugin = _plugin(agent, args)
+    dra = _dra(agent, args)
     servers = Servers()
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []
@@ -167,11 +231,14 @@ async def serve(agent: Agent, args: argparse.Namespace, stop: asyncio.Event | No
                 "root": agent.host.root,
                 "interval_s": agent.config.interval,
                 "device_plugin": plugin is not None,
+                "dra_driver": dra is not None,
             },
         )
         tasks.append(asyncio.create_task(agent.run(stop), name="agent-passes"))
         if plugin is not None:
             tasks.append(asyncio.create_task(plugin.run(stop), name="device-plugin"))
+        if dra is not None:
+            tasks.append(asyncio.create_task(dra.run(stop), name="dra-driver"))
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()

@@ -18,14 +18,9 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_deviceplugin.dra.config import (
-    DEFAULT_CDI_DIR,
-    DEFAULT_DOMAIN,
-    DEFAULT_PLUGIN_DIR,
-    DEFAULT_REGISTRY_DIR,
-    DriverConfig,
-)
+from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN, DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
+from nodefabric_deviceplugin.dra.flags import add_driver_arguments
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.publish import DEFAULT_RESYNC_S
 from nodefabric_deviceplugin.dra.standalone import poll_record
@@ -54,28 +49,6 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
     return value
-
-
-def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
-    """The driver's paths; the agent adds them with prefix "dra-" beside its device-plugin flags."""
-    parser.add_argument(
-        f"--{prefix}plugin-dir",
-        dest="dra_plugin_dir",
-        default=DEFAULT_PLUGIN_DIR,
-        help=f"kubelet's plugin directory: the DRA socket is <dir>/<driver>/dra.sock ({DEFAULT_PLUGIN_DIR})",
-    )
-    parser.add_argument(
-        f"--{prefix}registry-dir",
-        dest="dra_registry_dir",
-        default=DEFAULT_REGISTRY_DIR,
-        help=f"kubelet's plugin-registration directory (default {DEFAULT_REGISTRY_DIR})",
-    )
-    parser.add_argument(
-        f"--{prefix}cdi-dir",
-        dest="dra_cdi_dir",
-        default=DEFAULT_CDI_DIR,
-        help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
-    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

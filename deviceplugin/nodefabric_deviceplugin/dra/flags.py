@@ -1,0 +1,29 @@
+"""The driver's path flags, shared by `nodefabric draplugin` and the agent (which prefixes them "dra-"
+beside its device-plugin flags). Only argparse here: the agent's parser must not pull in gRPC."""
+
+from __future__ import annotations
+
+import argparse
+
+from nodefabric_deviceplugin.dra.config import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+
+
+def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
+    parser.add_argument(
+        f"--{prefix}plugin-dir",
+        dest="dra_plugin_dir",
+        default=DEFAULT_PLUGIN_DIR,
+        help=f"kubelet's plugin directory: the DRA socket is <dir>/<driver>/dra.sock ({DEFAULT_PLUGIN_DIR})",
+    )
+    parser.add_argument(
+        f"--{prefix}registry-dir",
+        dest="dra_registry_dir",
+        default=DEFAULT_REGISTRY_DIR,
+        help=f"kubelet's plugin-registration directory (default {DEFAULT_REGISTRY_DIR})",
+    )
+    parser.add_argument(
+        f"--{prefix}cdi-dir",
+        dest="dra_cdi_dir",
+        default=DEFAULT_CDI_DIR,
+        help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
+    )

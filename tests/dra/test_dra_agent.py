@@ -1,0 +1,96 @@
+"""`nodefabric agent --serve dra|both`: the DRA driver in the agent's process, fed by its passes, beside
+the device plugin on distinct sockets and never offering an endpoint the device plugin offers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from dra_helpers import DRIVER, NODE, declare_dra, hgx, live_slices, put_claim, result
+
+from nodefabric_devicemanager import crd
+from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
+from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+from nodefabric_operator.demo.kubeapi import running_api
+
+NODEFABRIC = (sys.executable, "-m", "nodefabric_devicemanager.cli")
+VFS = {"0000:e0:00.1", "0000:e0:00.2", "0000:e0:00.3", "0000:e0:00.4"}
+
+
+async def test_both_splits_the_endpoints_between_dra_and_the_device_plugin(tmp_path: Path) -> None:
+    hgx(tmp_path / "h")
+    base = tempfile.mkdtemp(prefix="nfag", dir="/tmp")
+    dp_dir, registry, plugins, cdi_dir = (f"{base}/{d}" for d in ("dp", "reg", "plugins", "cdi"))
+    async with running_api([crd.devices_crd()], directory=str(tmp_path)) as k:
+        declare_dra(k)
+        k.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
+        kubelet, dra_kubelet = KubeletEmulator(dp_dir), DraKubelet(registry)
+        await kubelet.start()
+        proc = await asyncio.create_subprocess_exec(
+            *NODEFABRIC, "agent", "--node-name", NODE, "--root", str(tmp_path / "h"),
+            "--kubeconfig", k.kubeconfig, "--interval", "3600", "--no-uevents",
+            "--metrics-port", "0", "--health-port", "0",
+            "--plugin-dir", dp_dir, "--serve", "both", "--dra-plugin-dir", plugins,
+            "--dra-registry-dir", registry, "--dra-cdi-dir", cdi_dir,
+            stderr=(tmp_path / "stderr").open("w"),
+        )  # fmt: skip
+        try:
+            plugin = await dra_kubelet.wait_registered(DRIVER, timeout=60)
+            exclusive = await kubelet.wait_devices("device.gpustack.ai/rdma", timeout=60)
+            partitioned = await kubelet.wait_devices(
+                "device.gpustack.ai/rdma.partitioned", lambda ds: len(ds) == 4, timeout=60
+            )
+            assert exclusive == [] and {d.ID for d in partitioned} == VFS
+            async with asyncio.timeout(30):
+                while not live_slices(k):
+                    await asyncio.sleep(0.1)
+            dra = {
+                d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+                for d in live_slices(k)[0]["spec"]["devices"]
+            }
+            assert len(dra) == 7 and not dra & VFS  # the seven whole NICs, none of NIC 7's VFs
+            whole = put_claim(k, "whole", [result("pci-0000-1c-00-0")])
+            vf = put_claim(k, "vf", [result("pci-0000-e0-00-1")])
+            answer = await plugin.prepare(
+                *(ClaimRef("ml", c["metadata"]["uid"], c["metadata"]["name"]) for c in (whole, vf))
+            )
+            assert answer[whole["metadata"]["uid"]].error == ""
+            assert "no device pci-0000-e0-00-1" in answer[vf["metadata"]["uid"]].error
+            # Distinct sockets, each where its kubelet API expects it.
+            assert os.path.exists(f"{plugins}/{DRIVER}/dra.sock") and os.path.exists(
+                f"{registry}/{DRIVER}-reg.sock"
+            )
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            assert os.listdir(registry) == []
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await dra_kubelet.stop()
+            await kubelet.stop()
+    assert "Traceback" not in (tmp_path / "stderr").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--serve", "both", "--no-device-plugin"], "contradict each other"),
+        (["--serve", "dra", "--dra-cdi-dir", "relative"], "--cdi-dir must be an absolute path"),
+        (["--serve", "dra", "--domain", "x" * 60 + ".io"], "at most 63 characters"),
+    ],
+)
+def test_bad_dra_settings_are_a_usage_error(tmp_path: Path, args: list[str], why: str) -> None:
+    done = subprocess.run(
+        [*NODEFABRIC, "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", "/none", *args],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert why in done.stderr and "Traceback" not in done.stderr
