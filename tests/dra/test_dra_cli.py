@@ -146,3 +146,14 @@ async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(
             await proc.wait()
         await kubelet.stop()
     assert "Traceback" not in (tmp_path / "stderr").read_text()
+
+
+@pytest.mark.smoke
+def test_slices_of_this_machine() -> None:
+    done = nodefabric("slices", "--root", "/", "--node-name", "smoke-0")
+    # Read or not read, it says which: a List (often empty here) or exit 1 with the reason.
+    assert done.returncode in (0, 1), done.stderr
+    if done.returncode == 0:
+        assert yaml.safe_load(done.stdout)["kind"] == "List"
+    else:
+        assert "could not enumerate" in done.stderr

@@ -34,7 +34,10 @@ from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.allocate import grant
 from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.dra.kube import ApiError, DraApi
+from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.resources import Family, view
+from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
@@ -448,3 +451,37 @@ async def test_stopping_removes_both_sockets(
     await shutdown(r)
     assert not os.path.exists(r.driver.config.dra_socket)
     assert not os.path.exists(r.driver.config.registration_socket)
+
+
+async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_uid(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=0.2)
+    try:
+        await wait_until(lambda: len(live_slices(api)) == 1)
+        custom = kubernetes.client.CoreV1Api(client(api))
+        await asyncio.to_thread(custom.delete_node, NODE)
+        await wait_until(lambda: live_slices(api) == [])  # collected with their owner
+        await asyncio.sleep(0.6)  # resyncs find no Node: nothing is published for it
+        assert live_slices(api) == []
+        node = api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
+        await wait_until(lambda: len(live_slices(api)) == 1)
+        assert live_slices(api)[0]["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+    finally:
+        await shutdown(r)
+
+
+async def test_a_foreign_slice_holding_our_name_is_reported_not_overwritten(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    squatter = {
+        "metadata": {"name": f"{NODE}-{DRIVER}-0"},
+        "spec": {"driver": DRIVER, "nodeName": "gpu-9", "pool": {"name": "gpu-9", "generation": 1,
+                 "resourceSliceCount": 1}, "devices": []},
+    }  # fmt: skip
+    api.api.put_object(SLICES, squatter)
+    config = dirs.config()
+    publisher = SlicePublisher(DraApi(client(api), config), config, RecordSource(hgx_spec), hgx_host[0].host)
+    with pytest.raises(ApiError, match="may belong to another node or driver"):
+        await asyncio.to_thread(publisher.sync)
+    assert api.api.stored(SLICES, f"{NODE}-{DRIVER}-0")["spec"]["nodeName"] == "gpu-9"

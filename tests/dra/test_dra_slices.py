@@ -257,6 +257,11 @@ def test_a_value_longer_than_the_api_allows_is_left_out_not_cut() -> None:
     assert "interfaceName" not in attrs  # 5 x 15 + 4 commas = 79 > 64
     two = devices_of(DevicesSpec(interfaces=[iface, others[0]]))
     assert value(next(iter(two.values())), "interfaceName") == "a" * 15 + "," + "b" * 15
+    # The limit is in bytes, as the API server counts: five names of five 3-byte characters are 29
+    # characters but 79 bytes.
+    wide = [iface.model_copy(update={"name": c * 5}) for c in "€₤₹₩₪"]
+    (attrs,) = devices_of(DevicesSpec(interfaces=wide)).values()
+    assert "interfaceName" not in attrs
 
 
 # --- link layers from the host -----------------------------------------------------------------------------

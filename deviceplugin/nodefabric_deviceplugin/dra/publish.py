@@ -60,7 +60,6 @@ class SlicePublisher:
         self.source = source
         self.host = host
         self.resync = resync
-        self.owner: dict[str, Any] | None = None
         self.syncs = 0  # completed syncs, written or not
         self.last_plan: SlicePlan | None = None
         self._poke = asyncio.Event()
@@ -81,39 +80,48 @@ class SlicePublisher:
         if desired is None:
             metrics.SLICE_SYNCS.labels("skipped").inc()
             return None
-        if self.owner is None:
-            self.owner = self.api.node_owner()
-            if self.owner is None:
-                metrics.SLICE_SYNCS.labels("skipped").inc()
-                log.error(
-                    "this node's Node object does not exist; publishing no ResourceSlices for it",
-                    extra={"node": self.config.node_name},
-                )
-                return None
+        last: ApiError | None = None
         for _ in range(CONFLICT_RETRIES):
             live = [s for s in map(live_slice, self.api.list_slices()) if s is not None]
             decided = plan(desired, live)
+            owner: dict[str, Any] | None = None
+            if decided.create or decided.update:
+                # Read only when writing (steady state stays one LIST), and fresh: a Node deleted and
+                # re-registered has a new uid, and slices owned by the old one would be collected at once.
+                owner = self.api.node_owner()
+                if owner is None:
+                    metrics.SLICE_SYNCS.labels("skipped").inc()
+                    log.error(
+                        "this node's Node object does not exist; publishing no ResourceSlices for it",
+                        extra={"node": self.config.node_name},
+                    )
+                    return None
             try:
-                self._apply(decided)
+                self._apply(decided, owner)
             except ApiError as exc:
                 if exc.kind != "conflict":
                     raise
+                last = exc
                 log.info("a slice changed under us; listing again", extra={"why": str(exc)})
                 continue
             self.syncs += 1
             self.last_plan = decided
             metrics.SLICE_SYNCS.labels("written" if decided.writes else "unchanged").inc()
             return decided
-        raise ApiError("conflict", f"slices kept changing under us over {CONFLICT_RETRIES} attempts")
+        raise ApiError(
+            "conflict",
+            f"slices kept changing under us over {CONFLICT_RETRIES} attempts (last: {last}); a slice of"
+            " that name may belong to another node or driver",
+        )
 
-    def _apply(self, decided: SlicePlan) -> None:
+    def _apply(self, decided: SlicePlan, owner: dict[str, Any] | None) -> None:
         if not decided.writes:
             return
         for d in decided.create:
-            self.api.create_slice(resource_slice(d, decided.generation, self.owner))
+            self.api.create_slice(resource_slice(d, decided.generation, owner))
             metrics.SLICE_WRITES.labels("create").inc()
         for d, rv in decided.update:
-            self.api.update_slice(resource_slice(d, decided.generation, self.owner), rv)
+            self.api.update_slice(resource_slice(d, decided.generation, owner), rv)
             metrics.SLICE_WRITES.labels("update").inc()
         # Last: the new generation is complete before the old slices go.
         for name, rv in decided.delete:

@@ -32,7 +32,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ResourceSlice"
 PLURAL = "resourceslices"
 # API limits (resource.k8s.io/v1 validation): a slice holds at most 128 devices, a string attribute at
-# most 64 characters. A larger pool is split over several slices; a longer value is left out, because
+# most 64 bytes. A larger pool is split over several slices; a longer value is left out, because
 # the API server would refuse the whole slice for it.
 MAX_DEVICES_PER_SLICE = 128
 MAX_STRING = 64
@@ -52,10 +52,11 @@ Attribute = dict[str, Any]  # {"string": "..."} | {"int": n} | {"bool": b} | {"v
 def _string(attrs: dict[str, Attribute], name: str, value: str, device: str) -> None:
     if not value:
         return
-    if len(value) > MAX_STRING:
+    size = len(value.encode())  # the API server counts bytes, not characters
+    if size > MAX_STRING:
         log.warning(
             "attribute value too long for a ResourceSlice; left out",
-            extra={"device": device, "attribute": name, "length": len(value), "limit": MAX_STRING},
+            extra={"device": device, "attribute": name, "bytes": size, "limit": MAX_STRING},
         )
         return
     attrs[name] = {"string": value}
