@@ -1,7 +1,8 @@
 """Regenerate the committed kubelet gRPC stubs from the .proto files under deviceplugin/.
 
     python hack/gen_protos.py            # rewrite the committed stubs in place
-    python hack/gen_protos.py --out DIR  # write them under DIR instead (the staleness tests use this)
+    python hack/gen_protos.py --out DIR  # write them under DIR instead
+    python hack/gen_protos.py --check    # exit 1 naming every committed stub that is stale
 
 The protos are compiled from the `deviceplugin/` source root so each generated gRPC module imports its
 messages by package path (`nodefabric_deviceplugin.api.deviceplugin_pb2`), not as a top-level module.
@@ -10,8 +11,10 @@ messages by package path (`nodefabric_deviceplugin.api.deviceplugin_pb2`), not a
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from grpc_tools import protoc
@@ -65,12 +68,44 @@ def generate(out_root: Path) -> list[Path]:
     return [path for proto in PROTOS for path in _compile(proto, out_root)]
 
 
+# Version stamps of the generator itself: a newer grpcio-tools must not read as a changed proto.
+_STAMPS = [
+    (re.compile(r"ValidateProtobufRuntimeVersion\(.*?\)", re.S), "ValidateProtobufRuntimeVersion(...)"),
+    (re.compile(r"Protobuf Python Version: .*"), "Protobuf Python Version: ..."),
+    (re.compile(r"GRPC_GENERATED_VERSION = .*"), "GRPC_GENERATED_VERSION = ..."),
+]
+
+
+def unstamped(text: str) -> str:
+    for pattern, replacement in _STAMPS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def stale() -> list[str]:
+    """The committed stubs that differ from what the committed protos generate (stamps aside)."""
+    with tempfile.TemporaryDirectory() as out:
+        generate(Path(out))
+        return [
+            name
+            for proto in PROTOS
+            for name in generated(proto)
+            if unstamped((Path(out) / name).read_text()) != unstamped((SOURCE_ROOT / name).read_text())
+        ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=SOURCE_ROOT, help="source root to write under")
+    parser.add_argument("--check", action="store_true", help="only say which committed stubs are stale")
     args = parser.parse_args(argv)
+    if args.check:
+        names = stale()
+        for name in names:
+            print(f"{name} is stale: run `make protos`", file=sys.stderr)
+        return 1 if names else 0
     for path in generate(args.out):
         print(path)
     return 0

@@ -175,16 +175,10 @@ def _dra_config(args: argparse.Namespace) -> Any:
         return None
     if args.serve == "both" and args.no_device_plugin:
         raise ValueError("--serve both and --no-device-plugin contradict each other (use --serve dra)")
-    from nodefabric_deviceplugin.dra.config import FUNCTION_TYPES, DriverConfig
+    from nodefabric_deviceplugin.dra.flags import config_from
 
-    return DriverConfig(
-        node_name=args.node_name,
-        domain=args.domain,
-        plugin_dir=args.dra_plugin_dir,
-        registry_dir=args.dra_registry_dir,
-        cdi_dir=args.dra_cdi_dir,
-        functions=("pf",) if args.serve == "both" else FUNCTION_TYPES,
-    )
+    # Beside the device plugin the driver offers the whole functions; the VFs are the device plugin's.
+    return config_from(args, functions=("pf",)) if args.serve == "both" else config_from(args)
 
 
 def _dra(agent: Agent, args: argparse.Namespace) -> Any:

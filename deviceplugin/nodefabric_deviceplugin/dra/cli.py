@@ -18,9 +18,9 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN, DriverConfig
+from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN
 from nodefabric_deviceplugin.dra.driver import DraDriver
-from nodefabric_deviceplugin.dra.flags import add_driver_arguments
+from nodefabric_deviceplugin.dra.flags import add_driver_arguments, config_from
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.publish import DEFAULT_RESYNC_S
 from nodefabric_deviceplugin.dra.standalone import poll_record
@@ -81,19 +81,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-port", type=_port, default=0, metavar="PORT", help="serve Prometheus metrics here (0: off)"
-    )
-
-
-def config_from(args: argparse.Namespace) -> DriverConfig:
-    """Raises ValueError with a one-line reason."""
-    if not args.node_name:
-        raise ValueError("no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
-    return DriverConfig(
-        node_name=args.node_name,
-        domain=args.domain,
-        plugin_dir=args.dra_plugin_dir,
-        registry_dir=args.dra_registry_dir,
-        cdi_dir=args.dra_cdi_dir,
     )
 
 

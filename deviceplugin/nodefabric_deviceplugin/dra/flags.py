@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from nodefabric_deviceplugin.dra.config import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+from nodefabric_deviceplugin.dra.config import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_REGISTRY_DIR,
+    FUNCTION_TYPES,
+    DriverConfig,
+)
 
 
 def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
@@ -26,4 +32,19 @@ def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         dest="dra_cdi_dir",
         default=DEFAULT_CDI_DIR,
         help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
+    )
+
+
+def config_from(args: argparse.Namespace, functions: tuple[str, ...] = FUNCTION_TYPES) -> DriverConfig:
+    """The driver's configuration from the parsed flags (node name and domain included). Raises ValueError
+    with a one-line reason."""
+    if not args.node_name:
+        raise ValueError("no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
+    return DriverConfig(
+        node_name=args.node_name,
+        domain=args.domain,
+        plugin_dir=args.dra_plugin_dir,
+        registry_dir=args.dra_registry_dir,
+        cdi_dir=args.dra_cdi_dir,
+        functions=functions,
     )
