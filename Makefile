@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit crds protos bench clean
+.PHONY: demo test lint typecheck unit crds protos bench image clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_deviceplugin.py
 	$(BIN)/python hack/bench_extender.py
 	$(BIN)/python hack/bench_dra.py
+
+# The image every component runs, tagged as the chart's default (image.registry/repository:appVersion).
+# Needs Docker with BuildKit. For both architectures and a registry:
+#   make image DOCKER_BUILD="docker buildx build --platform linux/amd64,linux/arm64 --push" IMAGE=...
+VERSION      := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE        ?= ghcr.io/gpustack/nodefabric:$(VERSION)
+DOCKER_BUILD ?= docker build
+
+image:
+	$(DOCKER_BUILD) --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

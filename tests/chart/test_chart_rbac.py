@@ -16,6 +16,9 @@ AGENT: Grants = {
     (CLUSTER, "worker.gpustack.ai", "devices", ""): {"get", "create", "patch"},
     (CLUSTER, "worker.gpustack.ai", "devices/status", ""): {"patch"},
     (CLUSTER, "", "nodes", ""): {"get"},
+    # Events on its Devices object (cluster-scoped, so they live in "default"), through either API.
+    (CLUSTER, "", "events", ""): {"create", "patch"},
+    (CLUSTER, "events.k8s.io", "events", ""): {"create", "patch"},
 }
 OPERATOR_COMMON: Grants = {
     (CLUSTER, "worker.gpustack.ai", "devices", ""): {"get", "list", "watch"},

@@ -30,14 +30,18 @@ def host_paths(workload: Doc) -> dict[str, dict[str, Any]]:
 def test_agent_command_line_by_default(default_docs: list[Doc]) -> None:
     c = container(agent(default_docs), "agent")
     assert c["args"] == [
+        "--log-level", "INFO", "--log-format", "text",
         "agent", "--node-name", "$(NODE_NAME)", "--root", "/host", "--interval", "60",
-        "--metrics-port", "9100", "--health-port", "8081", "--domain", "gpustack.ai", "--shared-count", "64",
+        "--bind-address", "$(HOST_IP)",
+        "--metrics-port", "9464", "--health-port", "9465", "--domain", "gpustack.ai", "--shared-count", "64",
     ]  # fmt: skip
-    (env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
-    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # On the node's network the agent binds its ports on the node's own address.
+    assert env["HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     assert c["ports"] == [
-        {"name": "metrics", "containerPort": 9100, "protocol": "TCP"},
-        {"name": "health", "containerPort": 8081, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9464, "hostPort": 9464, "protocol": "TCP"},
+        {"name": "health", "containerPort": 9465, "hostPort": 9465, "protocol": "TCP"},
     ]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
@@ -67,9 +71,31 @@ def test_agent_command_line_follows_values(render) -> None:
 def test_only_the_agent_touches_the_host(default_docs: list[Doc]) -> None:
     for w in workloads(default_docs):
         spec = pod_spec(w)
-        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        assert not spec.get("hostPID") and not spec.get("hostIPC")
         if w["metadata"]["name"] != AGENT:
+            assert not spec.get("hostNetwork"), w["metadata"]["name"]
             assert host_paths(w) == {}, w["metadata"]["name"]
+
+
+def test_agent_runs_on_the_host_network_to_hear_link_uevents(render, default_docs: list[Doc]) -> None:
+    spec = pod_spec(agent(default_docs))
+    assert spec["hostNetwork"] is True
+    # Cluster DNS still resolves the API server's service name from the node's network.
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    ports = {p["name"]: p for p in container(agent(default_docs), "agent")["ports"]}
+    assert all(p["hostPort"] == p["containerPort"] for p in ports.values())
+    moved = container(agent(render({"agent": {"metricsPort": 19464, "healthPort": 19465}})), "agent")
+    assert {(p["containerPort"], p["hostPort"]) for p in moved["ports"]} == {(19464, 19464), (19465, 19465)}
+    args = moved["args"]
+    assert args[args.index("--metrics-port") + 1] == "19464"
+    assert args[args.index("--health-port") + 1] == "19465"
+    # Its own network namespace, when asked: no host ports, no host address, default DNS.
+    own = agent(render({"agent": {"hostNetwork": False}}))
+    spec, c = pod_spec(own), container(own, "agent")
+    assert spec["hostNetwork"] is False and "dnsPolicy" not in spec
+    assert not [p for p in c["ports"] if "hostPort" in p]
+    assert "--bind-address" not in c["args"]
+    assert "HOST_IP" not in {e["name"] for e in c["env"]}
 
 
 def test_agent_host_mounts_are_read_only_except_the_device_plugin_directory(default_docs: list[Doc]) -> None:
@@ -160,9 +186,20 @@ def test_image_follows_values(render, default_docs: list[Doc]) -> None:
     for name in (AGENT, "nf-nodefabric-operator", EXTENDER):
         w = next(w for w in workloads(default_docs) if w["metadata"]["name"] == name)
         assert pod_spec(w)["containers"][0]["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
-    docs = render({"image": {"repository": "registry.local/nf", "tag": "dev", "pullPolicy": "Never"}})
+    image = {"registry": "registry.local:5000", "repository": "gpu/nf", "tag": "dev", "pullPolicy": "Never"}
+    docs = render({"image": image})
     c = container(agent(docs), "agent")
-    assert (c["image"], c["imagePullPolicy"]) == ("registry.local/nf:dev", "Never")
+    assert (c["image"], c["imagePullPolicy"]) == ("registry.local:5000/gpu/nf:dev", "Never")
+    # No registry: the repository is the whole reference (a kind-loaded image, a Docker Hub short name).
+    bare = {"registry": "", "repository": "nodefabric", "tag": "e2e"}
+    assert container(agent(render({"image": bare})), "agent")["image"] == "nodefabric:e2e"
+    # A digest pins the image whatever the tag says, for every component.
+    digest = "sha256:" + "ab" * 32
+    docs = render({"image": {"digest": digest, "tag": "ignored"}})
+    for w in workloads(docs):
+        for c in pod_spec(w)["containers"]:
+            if c["name"] != "kube-scheduler":
+                assert c["image"] == f"ghcr.io/gpustack/nodefabric@{digest}", w["metadata"]["name"]
 
 
 def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
@@ -363,7 +400,8 @@ def test_every_workload_has_probes_and_resources(default_docs: list[Doc]) -> Non
     for w in workloads(default_docs):
         for c in pod_spec(w)["containers"]:
             where = f"{w['metadata']['name']}/{c['name']}"
-            assert c["livenessProbe"] and c["readinessProbe"], where
+            if w["kind"] != "Job":  # a run-to-completion Job has its deadline instead
+                assert c["livenessProbe"] and c["readinessProbe"], where
             assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], where
 
 
@@ -389,10 +427,14 @@ def parse(args: list[str]) -> Any:
 
 def test_the_agent_parses_its_rendered_command_line(render) -> None:
     docs = render({"agent": {"families": {"shared": False}, "sharedCount": 500, "interval": 30}})
-    args = [a.replace("$(NODE_NAME)", "gpu-node-7") for a in container(agent(docs), "agent")["args"]]
+    args = [
+        a.replace("$(NODE_NAME)", "gpu-node-7").replace("$(HOST_IP)", "10.0.0.7")
+        for a in container(agent(docs), "agent")["args"]
+    ]
     ns = parse(args)
     assert (ns.node_name, ns.root, ns.interval) == ("gpu-node-7", "/host", 30.0)
-    assert (ns.metrics_port, ns.health_port) == (9100, 8081)
+    assert (ns.metrics_port, ns.health_port, ns.bind_address) == (9464, 9465, "10.0.0.7")
+    assert (ns.log_level, ns.log_format) == ("INFO", "text")
     assert (ns.no_shared, ns.no_partitioned, ns.shared_count, ns.domain) == (True, False, 500, "gpustack.ai")
     # The plugin's socket directory default is where the chart mounts kubelet's.
     assert ns.plugin_dir == mounts_by_volume(agent(docs), "agent")["device-plugins"]["mountPath"]

@@ -44,8 +44,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "nodefabric.fullname" .ctx) .component -}}
 {{- end -}}
 
+{{/* registry/repository, then @digest when one is set (the tag is then only documentation), else :tag. */}}
 {{- define "nodefabric.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $i := .Values.image -}}
+{{- $repo := ternary (printf "%s/%s" $i.registry $i.repository) $i.repository (ne $i.registry "") -}}
+{{- if $i.digest -}}
+{{- printf "%s@%s" $repo $i.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion $i.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The cluster's own vMAJOR.MINOR.PATCH (provider suffixes such as -eks-1a2b dropped): no version skew. */}}
@@ -143,4 +150,147 @@ extenders:
     # A pod that asked for this scheduler asked for group locality: while the extender is down its
     # pods stay Pending and are retried, rather than being placed without it. Other pods are unaffected.
     ignorable: false
+{{- end -}}
+
+{{/*
+Per-component knobs. Each takes (dict "ctx" $ "component" "agent" "values" .Values.agent), the same dict
+"nodefabric.labels" takes plus the component's values block, so wiring one more pod is a few includes:
+
+  serviceAccount: {create, name, annotations}   podLabels, podAnnotations   securityContext,
+  containerSecurityContext   extraEnv, extraVolumes, extraVolumeMounts   resources   nodeSelector,
+  affinity, tolerations, priorityClassName   logLevel, logFormat
+*/}}
+
+{{/* The account a component's pods run as. With create=false the account must exist and be named: falling
+back to the namespace's "default" account would hand the component's cluster role to every pod there. */}}
+{{- define "nodefabric.serviceAccountName" -}}
+{{- $sa := .values.serviceAccount -}}
+{{- if $sa.create -}}
+{{- default (include "nodefabric.component" .) $sa.name -}}
+{{- else if $sa.name -}}
+{{- $sa.name -}}
+{{- else -}}
+{{- fail (printf "%s.serviceAccount.create=false needs %s.serviceAccount.name: the existing ServiceAccount its pods run as" .component .component) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The component's ServiceAccount object, when the chart creates it. */}}
+{{- define "nodefabric.serviceAccount" -}}
+{{- if .values.serviceAccount.create }}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "nodefabric.serviceAccountName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "nodefabric.labels" . | nindent 4 }}
+  {{- with .values.serviceAccount.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The RBAC subject naming the component's ServiceAccount. */}}
+{{- define "nodefabric.serviceAccountSubject" -}}
+- kind: ServiceAccount
+  name: {{ include "nodefabric.serviceAccountName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+{{- end -}}
+
+{{/* Pod template metadata: the chart's labels plus podLabels (which may not touch the selector labels:
+a pod template the selector does not match is refused), and podAnnotations plus the component's own
+(pass "annotations" in the dict, e.g. a config checksum; those win). */}}
+{{- define "nodefabric.podMetadata" -}}
+{{- $labels := include "nodefabric.labels" . | fromYaml -}}
+{{- $selector := include "nodefabric.selectorLabels" . | fromYaml -}}
+{{- range $key, $_ := .values.podLabels -}}
+{{- if hasKey $selector $key -}}
+{{- fail (printf "%s.podLabels may not set %s: the chart's selector uses it" $.component $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $annotations := mergeOverwrite (deepCopy (.values.podAnnotations | default dict)) (.annotations | default dict) -}}
+labels:
+  {{- toYaml (mergeOverwrite $labels (.values.podLabels | default dict)) | nindent 2 }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level fields every component shares: account, pull secrets, placement, pod security context. */}}
+{{- define "nodefabric.podSpec" -}}
+serviceAccountName: {{ include "nodefabric.serviceAccountName" . }}
+{{- with include "nodefabric.imagePullSecrets" .ctx | trim }}
+{{ . }}
+{{- end }}
+{{- with include "nodefabric.podPlacement" .values | trim }}
+{{ . }}
+{{- end }}
+{{- with .values.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The container's security context. privileged with allowPrivilegeEscalation=false is a contradiction the
+API server refuses at apply time; say so at render time, naming the values. */}}
+{{- define "nodefabric.containerSecurityContext" -}}
+{{- $sc := .values.containerSecurityContext | default dict -}}
+{{- if and $sc.privileged (eq (toString (dig "allowPrivilegeEscalation" "" $sc)) "false") -}}
+{{- fail (printf "%s.containerSecurityContext: privileged=true needs allowPrivilegeEscalation=true (or unset); Kubernetes refuses the pair" .component) -}}
+{{- end -}}
+{{- with $sc -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* Global flags of the `nodefabric` command, before its subcommand. */}}
+{{- define "nodefabric.logArgs" -}}
+- --log-level
+- {{ .values.logLevel | upper }}
+- --log-format
+- {{ .values.logFormat }}
+{{- end -}}
+
+{{/* Fail on a name used twice in a list of objects (volumes by name, mounts by mountPath): Kubernetes refuses
+the pod, and an extra volume named like one of the chart's would otherwise replace a host mount silently.
+Call with (dict "what" "agent.extraVolumes" "key" "name" "items" $list). */}}
+{{- define "nodefabric.assertUnique" -}}
+{{- $seen := dict -}}
+{{- range .items -}}
+{{- $k := toString (get . $.key) -}}
+{{- if hasKey $seen $k -}}
+{{- fail (printf "%s: %s %q is used twice (the chart's own volumes and mounts count)" $.what $.key $k) -}}
+{{- end -}}
+{{- $_ := set $seen $k true -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Annotations of the CRD upgrade hook's objects; call with the hook weight as a string. */}}
+{{- define "nodefabric.crdHook" -}}
+helm.sh/hook: pre-install,pre-upgrade
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
+{{/* Fail on a mount of a volume the pod does not have; call with (dict "what" "agent.extraVolumeMounts"
+"volumes" $allVolumes "mounts" $extraMounts). Kubernetes would refuse the pod at apply time. */}}
+{{- define "nodefabric.assertMountable" -}}
+{{- $names := dict -}}
+{{- range .volumes }}{{ $_ := set $names (toString .name) true }}{{ end -}}
+{{- range .mounts -}}
+{{- if not (hasKey $names (toString .name)) -}}
+{{- fail (printf "%s: no volume named %q (the chart's volumes and extraVolumes count)" $.what (toString .name)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail on two ports of one container that are the same number; call with (dict "what" "agent" "ports"
+(list metricsPort healthPort)). */}}
+{{- define "nodefabric.assertPorts" -}}
+{{- if ne (len .ports) (len (uniq .ports)) -}}
+{{- fail (printf "%s.metricsPort and %s.healthPort must differ: both are %v" .what .what (index .ports 0)) -}}
+{{- end -}}
 {{- end -}}
