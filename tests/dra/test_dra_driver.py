@@ -28,6 +28,7 @@ from dra_helpers import (
     slice_writes,
     start_driver,
 )
+from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
@@ -462,8 +463,15 @@ async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_
         custom = kubernetes.client.CoreV1Api(client(api))
         await asyncio.to_thread(custom.delete_node, NODE)
         await wait_until(lambda: live_slices(api) == [])  # collected with their owner
-        await asyncio.sleep(0.6)  # resyncs find no Node: nothing is published for it
-        assert live_slices(api) == []
+
+        def skipped() -> float:
+            return (
+                REGISTRY.get_sample_value("nodefabric_dra_slice_syncs_total", {"outcome": "skipped"}) or 0.0
+            )
+
+        before = skipped()
+        await wait_until(lambda: skipped() >= before + 2)  # resyncs find no Node...
+        assert live_slices(api) == []  # ...and publish nothing for it
         node = api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
         await wait_until(lambda: len(live_slices(api)) == 1)
         assert live_slices(api)[0]["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
