@@ -3,6 +3,7 @@ an API that fails. Each bad input gets a clear error and loses nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -23,6 +24,7 @@ from nodefabric_deviceplugin.dra.claims import ClaimError, ClaimRef, allocated_d
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.dra.prepare import Preparer
+from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.source import RecordSource
 
 UID = "6f1c2a4e-2b0d-4d43-9a55-0c7f1b2b9e10"
@@ -317,3 +319,94 @@ async def test_a_device_of_a_type_the_driver_does_not_offer_is_refused(
     )
     out = await preparer.prepare([REF])
     assert "no device pci-0000-e0-00-1" in out[UID].error
+
+
+# --- a blocking file where sysfs has an attribute -----------------------------------------------------------
+
+
+def release(fifo: Path, seconds: float = 3.0) -> None:
+    """Let every reader that blocks on `fifo` within `seconds` go (each reads end of file)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader waiting now
+            time.sleep(0.05)
+            continue
+        os.close(fd)
+
+
+async def test_a_blocking_verbs_attribute_fails_the_claim_within_budget_and_frees_the_next(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    ibdev = b.path("/sys/class/infiniband_verbs/uverbs0/ibdev")
+    ibdev.unlink()
+    os.mkfifo(ibdev)
+    config = dirs.config()
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(
+        config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path), read_budget=0.5
+    )
+    try:
+        out = await asyncio.wait_for(preparer.prepare([REF]), 10)
+        assert "took longer than 0.5 s" in out[UID].error
+        # The lock is free again: the next claim is answered at once, without a second stuck thread.
+        other = ClaimRef("ml", str(uuid.uuid4()), "pair")
+        api.answer = claim([result("pci-0000-1c-00-0")], uid=other.uid)
+        stuck = preparer._reading
+        again = await asyncio.wait_for(preparer.prepare([other]), 10)
+        assert "still blocked" in again[other.uid].error
+        assert preparer._reading is stuck  # no second read was started
+    finally:
+        release(ibdev)
+
+
+async def test_a_blocking_link_layer_stalls_one_sync_thread_not_the_publisher(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    layer = b.path("/sys/class/infiniband/mlx5_0/ports/1/link_layer")
+    layer.unlink()
+    os.mkfifo(layer)
+    config = dirs.config()
+    calls: list[str] = []
+
+    class Api:
+        def node_owner(self) -> dict[str, Any]:
+            return {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
+
+        def list_slices(self) -> list[dict[str, Any]]:
+            calls.append("list")
+            return []
+
+        def create_slice(self, body: dict[str, Any]) -> None:
+            calls.append("create")
+
+        def update_slice(self, body: dict[str, Any], resource_version: str) -> None:
+            calls.append("update")
+
+        def delete_slice(self, name: str, resource_version: str) -> None:
+            calls.append("delete")
+
+    publisher = SlicePublisher(Api(), config, RecordSource(hgx_spec), b.host, resync=0.1, budget=0.3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        # Several budgets pass: each retry finds the first sync still stuck and starts no second thread.
+        async with asyncio.timeout(10):
+            while publisher._inflight is None:
+                await asyncio.sleep(0.05)
+        stuck = publisher._inflight
+        await asyncio.sleep(1.2)
+        assert publisher._inflight is stuck and not stuck.done()
+        assert calls == [] and publisher.syncs == 0
+        release(layer)  # the read returns: the next sync publishes
+        async with asyncio.timeout(10):
+            while publisher.syncs < 1:
+                await asyncio.sleep(0.05)
+        assert calls[:2] == ["list", "create"]
+    finally:
+        release(layer)
+        stop.set()
+        await asyncio.wait_for(task, 10)

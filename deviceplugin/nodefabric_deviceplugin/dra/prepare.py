@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_deviceplugin.allocate import grant
+from nodefabric_deviceplugin.allocate import ContainerGrant, grant
 from nodefabric_deviceplugin.dra import cdi, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
@@ -36,6 +36,8 @@ from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.verbs import VerbsUnresolvable
 
 log = logging.getLogger(__name__)
+
+READ_BUDGET_S = 5.0  # kubelet gives a whole NodePrepareResources call 45 s
 
 
 class ClaimReader(Protocol):
@@ -72,8 +74,11 @@ class Preparer:
         host: HostRoot,
         api: ClaimReader,
         checkpoint: Checkpoint,
+        *,
+        read_budget: float = READ_BUDGET_S,
     ) -> None:
         self.config = config
+        self.read_budget = read_budget
         self.source = source
         self.host = host
         self.api = api
@@ -81,6 +86,7 @@ class Preparer:
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        self._reading: asyncio.Future[tuple[dict[str, list[str]], ContainerGrant]] | None = None
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # --- prepare ----------------------------------------------------------------------------------------
@@ -133,10 +139,22 @@ class Preparer:
             return ()
         requests = _by_device(allocated)
         members = self._resolve(ref, list(requests))
-        nodes = {
-            d.name: [n.path for n in grant(self.host, claim_view(members), [d.name]).devices] for d in members
-        }
-        whole = grant(self.host, claim_view(members), [d.name for d in members])
+        # The grant reads sysfs (the verbs devices): off the event loop, which also serves kubelet, and
+        # within a budget, so a read that never returns (a FIFO where an attribute belongs) fails this
+        # claim and releases the lock instead of stalling every prepare after it.
+        if self._reading is not None and not self._reading.done():
+            # A thread stuck in a blocking read cannot be stopped: start no second one (kubelet retries
+            # every claim, and stuck threads would soon take every worker the API calls need too).
+            raise ClaimError("an earlier read of the verbs devices is still blocked; not reading again yet")
+        self._reading = asyncio.ensure_future(asyncio.to_thread(self._grant, members))
+        self._reading.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            nodes, whole = await asyncio.wait_for(asyncio.shield(self._reading), self.read_budget)
+        except TimeoutError:
+            raise ClaimError(
+                f"reading the verbs devices of {', '.join(d.endpoint.rdma_device for d in members)} took"
+                f" longer than {self.read_budget:g} s (a blocking file under /sys/class/infiniband*?)"
+            ) from None
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         await asyncio.to_thread(cdi.write_spec, path, spec)
@@ -149,7 +167,8 @@ class Preparer:
             )
             for device, reqs in requests.items()
         )
-        self.checkpoint.put(PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec))
+        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
+        await asyncio.to_thread(self.checkpoint.put, prepared)  # synced to disk: off the loop
         metrics.PREPARES.labels("prepared").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
@@ -163,6 +182,12 @@ class Preparer:
             },
         )
         return devices
+
+    def _grant(self, members: list[PoolDevice]) -> tuple[dict[str, list[str]], ContainerGrant]:
+        """Each device's own nodes (a grant of that endpoint alone), and the whole claim's grant."""
+        view = claim_view(members)
+        nodes = {d.name: [n.path for n in grant(self.host, view, [d.name]).devices] for d in members}
+        return nodes, grant(self.host, view, [d.name for d in members])
 
     def _offered(self) -> dict[str, PoolDevice] | None:
         version, spec = self.source.snapshot()
@@ -223,7 +248,7 @@ class Preparer:
         removed = False
         for path in dict.fromkeys(paths):
             removed = await asyncio.to_thread(cdi.remove_spec, path) or removed
-        self.checkpoint.remove(ref.uid)
+        await asyncio.to_thread(self.checkpoint.remove, ref.uid)
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(

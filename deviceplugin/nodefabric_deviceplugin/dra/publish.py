@@ -27,6 +27,7 @@ from nodefabric_deviceplugin.source import RecordSource
 log = logging.getLogger(__name__)
 
 DEFAULT_RESYNC_S = 60.0
+SYNC_BUDGET_S = 30.0
 MAX_BACKOFF_S = 30.0
 CONFLICT_RETRIES = 3
 
@@ -54,8 +55,11 @@ class SlicePublisher:
         host: HostRoot,
         *,
         resync: float = DEFAULT_RESYNC_S,
+        budget: float = SYNC_BUDGET_S,
     ) -> None:
         self.api = api
+        self.budget = budget
+        self._inflight: asyncio.Future[SlicePlan | None] | None = None
         self.config = config
         self.source = source
         self.host = host
@@ -148,8 +152,16 @@ class SlicePublisher:
             version = self.source.version
             self._poke.clear()
             try:
-                await asyncio.to_thread(self.sync)
+                await self._sync_within_budget()
                 failures, delay = 0, self.resync
+            except TimeoutError as exc:
+                failures += 1
+                delay = backoff(failures)
+                metrics.SLICE_SYNCS.labels("failed").inc()
+                log.error(
+                    "a ResourceSlice sync is stuck reading the host; will retry",
+                    extra={"why": str(exc), "retry_in_s": round(delay, 2)},
+                )
             except ApiError as exc:
                 failures += 1
                 delay = backoff(failures)
@@ -164,6 +176,22 @@ class SlicePublisher:
                 metrics.SLICE_SYNCS.labels("failed").inc()
                 log.exception("publishing ResourceSlices failed unexpectedly; will retry")
             await self._wait(stop, version, delay, retry=failures > 0)
+
+    async def _sync_within_budget(self) -> None:
+        """One sync in a worker thread, given up on after `budget` s. A thread stuck in a blocking read
+        cannot be stopped, so no second one is started while it is: a FIFO costs one thread, not one per
+        retry."""
+        if self._inflight is not None and not self._inflight.done():
+            raise TimeoutError(f"the sync started earlier has not returned (budget {self.budget:g} s)")
+        self._inflight = asyncio.ensure_future(asyncio.to_thread(self.sync))
+        # A sync given up on may still fail later: its outcome is not needed, only collected.
+        self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._inflight), self.budget)
+        except TimeoutError:
+            raise TimeoutError(
+                f"the sync took longer than {self.budget:g} s (a blocking file under /sys?)"
+            ) from None
 
     async def _wait(self, stop: asyncio.Event, version: int, delay: float, *, retry: bool) -> None:
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
