@@ -1,30 +1,36 @@
 """Benchmark the RDMA device plugin over real unix sockets, against baselines measured in the same run.
 
-    python hack/bench_deviceplugin.py [--calls 2000] [--restarts 20] [--nics 8]
+    python hack/bench_deviceplugin.py [--calls 2000] [--restarts 20] [--nics 8] [--idle 2]
 
-Figures:
-- Allocate round trip (p50/p99) for one exclusive token and for eight shared tokens, each against a no-op
-  unary call (GetDevicePluginOptions) on the same channel: the ratio is what resolving tokens, reading
-  sysfs for the verbs devices and building the response adds. Target: Allocate p50 <= 2 ms.
-- Re-registration after a kubelet restart (every socket deleted, kubelet.sock recreated): time from the
-  new kubelet.sock until every family has registered again, against one bare Register round trip.
-  Target: <= 1 s.
+Figures (logging configured as the commands do, at INFO, into /dev/null, so its cost is counted):
+- Allocate round trip p50 for one exclusive token and for eight shared tokens, each interleaved call by
+  call with a no-op unary call (GetDevicePluginOptions) on the same channel: the ratio is what resolving
+  tokens and the verbs devices and building the response add. Also the same Allocate with the verbs
+  cache emptied before every call: the sysfs read every Allocate paid before the cache. Target: <= 1.3x.
+- Re-registration after a kubelet restart (every socket deleted, kubelet.sock created anew): from the
+  new kubelet.sock's creation until kubelet accepted every family, with inotify, and with the 100 ms
+  poll the plugin used before (same run); a bare Register round trip for scale. Target: <= 20 ms.
+- Idle: CPU seconds the process spends per second with nothing happening, and how often the plugin
+  looked at its directory, with inotify and with the 100 ms poll.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import inventory, logs
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -38,6 +44,8 @@ from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 EXCLUSIVE = "device.gpustack.ai/rdma"
 SHARED = "device.gpustack.ai/rdma.shared"
 RESOURCES = (EXCLUSIVE, SHARED, "device.gpustack.ai/rdma.partitioned")
+ALLOCATE_TARGET = 1.3
+REREGISTER_TARGET_MS = 20.0
 
 
 def build_host(root: Path, nics: int) -> HostRoot:
@@ -49,91 +57,170 @@ def build_host(root: Path, nics: int) -> HostRoot:
     return HostRoot.at(root)
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def p50(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
 
 
-def report(name: str, samples: list[float], baseline: list[float]) -> None:
-    p50, p99 = percentile(samples, 0.5) * 1e3, percentile(samples, 0.99) * 1e3
-    b50 = percentile(baseline, 0.5) * 1e3
-    print(f"{name:<32} p50 {p50:7.3f} ms  p99 {p99:7.3f} ms  baseline p50 {b50:7.3f} ms  x{p50 / b50:.2f}")
+def production_logging() -> None:
+    handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 (for the whole run)
+    handler.setFormatter(logs.KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
 
 
-async def timed(call: Callable[[], Awaitable[object]], n: int) -> list[float]:
+async def interleaved(
+    baseline: Callable[[], Awaitable[object]], measured: Callable[[], Awaitable[object]], n: int
+) -> tuple[list[float], list[float]]:
+    """Alternate the two calls so both see the same machine (it is shared and its load moves)."""
+    base, out = [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        await baseline()
+        base.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        await measured()
+        out.append(time.perf_counter() - start)
+    return base, out
+
+
+def report(name: str, base: list[float], measured: list[float]) -> float:
+    ratio = p50(measured) / p50(base)
+    print(f"  {name:<44} p50 {p50(measured) * 1e3:6.3f} ms  empty RPC p50 {p50(base) * 1e3:6.3f} ms", end="")
+    print(f"  x{ratio:.2f}")
+    return ratio
+
+
+async def start(work: Path, name: str, host: HostRoot, spec: DevicesSpec, **options: Any) -> tuple[Any, ...]:
+    plugin_dir = str(work / name)
+    kubelet = KubeletEmulator(plugin_dir)
+    await kubelet.start()
+    manager = DevicePluginManager(
+        RecordSource(spec), host, config=PluginConfig(), plugin_dir=plugin_dir, **options
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run(stop))
+    await asyncio.wait_for(manager.serving.wait(), timeout=30)
+    return kubelet, manager, stop, task
+
+
+async def allocate_figures(
+    kubelet: KubeletEmulator, manager: DevicePluginManager, calls: int, nics: int
+) -> bool:
+    exclusive, shared = kubelet.plugin(EXCLUSIVE), kubelet.plugin(SHARED)
+    one = [d.ID for d in await kubelet.wait_devices(EXCLUSIVE)][:1]
+    shared_ids = [d.ID for d in await kubelet.wait_devices(SHARED)]
+    eight = [shared_ids[i * 64] for i in range(min(8, nics))]
+    for _ in range(100):  # warm both channels and the cache
+        await exclusive.options()
+        await exclusive.allocate(one)
+        await shared.allocate(eight)
+
+    async def cold() -> object:
+        manager.verbs.invalidate()
+        return await exclusive.allocate(one)
+
+    print("Allocate, against an empty RPC on the same channel:")
+    r1 = report(
+        "1 exclusive token", *await interleaved(exclusive.options, lambda: exclusive.allocate(one), calls)
+    )
+    r8 = report(
+        f"{len(eight)} shared tokens ({len(eight)} endpoints)",
+        *await interleaved(shared.options, lambda: shared.allocate(eight), calls),
+    )
+    reads = manager.verbs.reads
+    report(
+        "1 exclusive token, verbs re-read every call", *await interleaved(exclusive.options, cold, calls // 4)
+    )
+    assert manager.verbs.reads - reads == calls // 4, "the baseline did read sysfs on every call"
+    ok = max(r1, r8) <= ALLOCATE_TARGET
+    print(f"  target: <= {ALLOCATE_TARGET}x: {'met' if ok else 'MISSED'}")
+    return ok
+
+
+async def reregistration(kubelet: KubeletEmulator, restarts: int) -> list[float]:
+    """Seconds from each new kubelet.sock to the last family's registration."""
+    out = []
+    for _ in range(restarts):
+        before = {r: kubelet.registrations(r) for r in RESOURCES}
+        await kubelet.restart()
+        created = os.stat(kubelet.socket_path).st_ctime_ns / 1e9
+        for resource in RESOURCES:
+            await kubelet.wait_registered(resource, count=before[resource] + 1, timeout=10)
+        out.append(max(kubelet.resources[r].registered_at[-1] for r in RESOURCES) - created)
+    return out
+
+
+async def bare_register(kubelet: KubeletEmulator, n: int) -> list[float]:
     out = []
     for _ in range(n):
         start = time.perf_counter()
-        await call()
+        async with grpc.aio.insecure_channel(f"unix://{kubelet.socket_path}") as channel:
+            await rpc.registration_stub(channel).Register(
+                pb.RegisterRequest(
+                    version="v1beta1", endpoint="nodefabric-rdma.sock", resource_name="example.com/x"
+                ),
+                timeout=5,
+            )
         out.append(time.perf_counter() - start)
     return out
 
 
+async def idle(manager: DevicePluginManager, seconds: float) -> tuple[float, float, int]:
+    """CPU seconds per second while idle, of the event-loop thread the plugin runs on and of the whole
+    process (gRPC's own threads and the test kubelet too), and how often the plugin looked."""
+    looks = manager.reconciles
+    loop_cpu, cpu = time.thread_time(), time.process_time()
+    await asyncio.sleep(seconds)
+    return (
+        (time.thread_time() - loop_cpu) / seconds,
+        (time.process_time() - cpu) / seconds,
+        manager.reconciles - looks,
+    )
+
+
 async def main(args: argparse.Namespace) -> int:
+    production_logging()
     work = Path(tempfile.mkdtemp(prefix="nfbench", dir="/tmp"))
     try:
         host = build_host(work / "host", args.nics)
         reading = inventory.read(host)
         assert reading.interfaces is not None
-        source = RecordSource(DevicesSpec(interfaces=reading.interfaces))
-        plugin_dir = str(work / "plugins")
-        kubelet = KubeletEmulator(plugin_dir)
-        await kubelet.start()
-        manager = DevicePluginManager(source, host, config=PluginConfig(), plugin_dir=plugin_dir)
-        stop = asyncio.Event()
-        task = asyncio.create_task(manager.run(stop))
-        await asyncio.wait_for(manager.serving.wait(), timeout=10)
+        spec = DevicesSpec(interfaces=reading.interfaces)
 
-        exclusive = kubelet.plugin(EXCLUSIVE)
-        shared = kubelet.plugin(SHARED)
-        one = [d.ID for d in await kubelet.wait_devices(EXCLUSIVE)][:1]
-        shared_ids = [d.ID for d in await kubelet.wait_devices(SHARED)]
-        eight = [shared_ids[i * 64] for i in range(min(8, args.nics))]
-        for _ in range(50):  # warm both channels
-            await exclusive.options()
-            await exclusive.allocate(one)
-            await shared.allocate(eight)
-
-        baseline = await timed(exclusive.options, args.calls)
-        report(
-            "Allocate, 1 exclusive token", await timed(lambda: exclusive.allocate(one), args.calls), baseline
-        )
-        baseline_shared = await timed(shared.options, args.calls)
-        report(
-            f"Allocate, {len(eight)} shared tokens",
-            await timed(lambda: shared.allocate(eight), args.calls),
-            baseline_shared,
-        )
-
-        reregister: list[float] = []
-        for n in range(args.restarts):
-            await kubelet.restart()
-            start = time.perf_counter()
-            for resource in RESOURCES:
-                await kubelet.wait_registered(resource, count=n + 2, timeout=10)
-            reregister.append(time.perf_counter() - start)
-
-        async def bare_register() -> None:
-            channel = grpc.aio.insecure_channel(f"unix://{kubelet.socket_path}")
-            try:
-                await rpc.registration_stub(channel).Register(
-                    pb.RegisterRequest(
-                        version="v1beta1", endpoint="nodefabric-rdma.sock", resource_name="example.com/bench"
-                    ),
-                    timeout=5,
-                )
-            finally:
-                await channel.close(None)
-
-        register_baseline = await timed(bare_register, args.restarts)
-        report("re-registration after restart", reregister, register_baseline)
-        ok = percentile(reregister, 0.99) <= 1.0
-        print(f"targets: Allocate p50 <= 2 ms, re-registration <= 1 s (worst seen {max(reregister):.3f} s)")
-
+        kubelet, manager, stop, task = await start(work, "inotify", host, spec)
+        ok = await allocate_figures(kubelet, manager, args.calls, args.nics)
+        fast = await reregistration(kubelet, args.restarts)
+        fast_idle = await idle(manager, args.idle)
+        bare = await bare_register(kubelet, args.restarts)
         stop.set()
         await task
         await kubelet.stop()
-        return 0 if ok else 1
+
+        kubelet, manager, stop, task = await start(
+            work, "poll", host, spec, use_inotify=False, fallback_poll=0.1
+        )
+        slow = await reregistration(kubelet, args.restarts)
+        slow_idle = await idle(manager, args.idle)
+        stop.set()
+        await task
+        await kubelet.stop()
+
+        print("Re-registration after a kubelet restart, from the new kubelet.sock:")
+        print(f"  inotify             p50 {p50(fast) * 1e3:7.2f} ms  worst {max(fast) * 1e3:7.2f} ms")
+        print(
+            f"  100 ms poll (before) p50 {p50(slow) * 1e3:6.2f} ms  worst {max(slow) * 1e3:7.2f} ms  "
+            f"x{p50(slow) / p50(fast):.1f} slower"
+        )
+        print(f"  a bare Register round trip p50 {p50(bare) * 1e3:.2f} ms")
+        met = p50(fast) * 1e3 <= REREGISTER_TARGET_MS
+        print(f"  target: p50 <= {REREGISTER_TARGET_MS:g} ms: {'met' if met else 'MISSED'}")
+        print(f"Idle for {args.idle:g} s, CPU per second (event-loop thread / whole process) and looks:")
+        for name, (loop_cpu, cpu, looks) in (("inotify", fast_idle), ("100 ms poll (before)", slow_idle)):
+            print(
+                f"  {name:<20} {loop_cpu * 1e3:6.3f} ms / {cpu * 1e3:6.3f} ms, {looks} looks at the directory"
+            )
+        return 0 if ok and met else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -145,4 +232,5 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--restarts", type=int, default=20)
     parser.add_argument("--nics", type=int, default=8)
+    parser.add_argument("--idle", type=float, default=2.0)
     sys.exit(asyncio.run(main(parser.parse_args())))

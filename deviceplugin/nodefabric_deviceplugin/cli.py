@@ -2,7 +2,7 @@
 
 Inside `nodefabric agent` the same servers run fed by the agent's record; this command is for debugging
 a node without the API server: it reads the host at --root every --interval seconds and serves until
-SIGTERM or SIGINT.
+SIGTERM or SIGINT. With --metrics-port it also serves /metrics, /healthz and /readyz on that port.
 """
 
 from __future__ import annotations
@@ -10,14 +10,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import os
 import signal
 
 from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_deviceplugin import probes
 from nodefabric_deviceplugin.resources import DEFAULT_DOMAIN, DEFAULT_SHARED_COUNT, PluginConfig
 from nodefabric_deviceplugin.server import DEFAULT_PLUGIN_DIR, DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource, poll_host
+from nodefabric_deviceplugin.startup import check_startup
 
 log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+# SIGTERM to exit: the servers stop at once (grace None) and a host read stuck in its thread is left to
+# die with the process, so the command ends within about a second whatever the host does.
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,46 +64,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--domain", default=DEFAULT_DOMAIN, help=f"resource domain (default {DEFAULT_DOMAIN})"
     )
     parser.add_argument(
-        "--interval", type=float, default=10.0, metavar="SECONDS", help="host re-read interval (default 10)"
+        "--interval",
+        type=_interval,
+        default=10.0,
+        metavar="SECONDS",
+        help="host re-read interval (default 10)",
     )
     parser.add_argument(
-        "--metrics-port", type=int, default=0, metavar="PORT", help="serve Prometheus metrics here (0: off)"
+        "--bind-address", default="0.0.0.0", help="address of the metrics and probe port (default 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=0,
+        metavar="PORT",
+        help="serve /metrics, /healthz and /readyz here (0: off)",
     )
 
 
-async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    config = PluginConfig(
-        domain=args.domain,
-        shared_count=args.shared_count,
-        shared=not args.no_shared,
-        partitioned=not args.no_partitioned,
-    )
+async def serve(args: argparse.Namespace, config: PluginConfig, stop: asyncio.Event) -> int:
     host = HostRoot.at(args.root)
     source = RecordSource()
     manager = DevicePluginManager(source, host, config=config, plugin_dir=args.plugin_dir)
+    http = None
+    if args.metrics_port:
+        try:
+            http = await probes.serve(args.bind_address, args.metrics_port, manager.readiness)
+        except OSError as exc:
+            log.error(
+                "cannot serve metrics and probes",
+                extra={
+                    "address": f"{args.bind_address}:{args.metrics_port}",
+                    "why": exc.strerror or str(exc),
+                },
+            )
+            return EXIT_USAGE
     poller = asyncio.create_task(poll_host(source, host, interval=args.interval, stop=stop))
     try:
         await manager.run(stop)
     finally:
         stop.set()
         await poller
+        if http is not None:
+            await http.cleanup()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        log.error("the interval must be positive", extra={"interval": args.interval})
-        return 2
     try:
-        PluginConfig(domain=args.domain, shared_count=args.shared_count)
+        config = PluginConfig(
+            domain=args.domain,
+            shared_count=args.shared_count,
+            shared=not args.no_shared,
+            partitioned=not args.no_partitioned,
+        )
+        if not os.path.isdir(args.root):
+            raise ValueError(f"the host root {args.root} is not a directory")
+        check_startup(config, args.plugin_dir)
     except ValueError as exc:
-        log.error("invalid configuration", extra={"why": str(exc)})
-        return 2
-    if args.metrics_port:
-        from prometheus_client import start_http_server
+        log.error("cannot start", extra={"why": str(exc)})
+        return EXIT_USAGE
+    probes.no_created_series()
 
-        start_http_server(args.metrics_port)
-
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -90,7 +135,6 @@ def run(args: argparse.Namespace) -> int:
             "device plugin starting",
             extra={"root": args.root, "plugin_dir": args.plugin_dir, "domain": args.domain},
         )
-        await serve(args, stop)
+        return await serve(args, config, stop)
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())

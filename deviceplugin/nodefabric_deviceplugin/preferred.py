@@ -8,15 +8,17 @@ is `nodefabric_devicemanager.pick.best_set`, the one the accelerator pick uses.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from nodefabric_devicemanager.distance import distance
-from nodefabric_devicemanager.pick import best_set, link_rank, score
+from nodefabric_devicemanager.pick import best_set, link_rank
 from nodefabric_deviceplugin.resources import FamilyView, RdmaEndpoint, Token
 
 # pick.best_set is exact (branch and bound); past this many candidates its worst case is out of reach of
 # an admission-time call, so larger pools (VFs) take the greedy walk below.
 EXACT_LIMIT = 16
+# Distinct placements (switch path, host bridge, NUMA node) past which no ranking is attempted.
+CLASS_LIMIT = 64
 _NO_MUST = 1 << 30
 
 
@@ -46,49 +48,76 @@ def _choose_endpoints(
         if sig not in classes:
             classes[sig] = len(reps)
             reps.append(e)
+    if len(reps) > CLASS_LIMIT:
+        # So many distinct placements is no machine's; ranking them would hold the event loop for seconds.
+        return list(endpoints[:count])
     cls = [classes[sig] for sig in signatures]
     class_rank = [[pair_rank(a, b) for b in reps] for a in reps]
     # The slowest link of must + S is the slowest of: links inside must (fixed), each member's slowest
     # link to must, and links inside S. Folding the second into every pair of S keeps the search exact.
     class_to_must = [min((pair_rank(r, m) for m in must), default=_NO_MUST) for r in reps]
-    to_must = [class_to_must[c] for c in cls]
-
-    def rank(i: int, j: int) -> int:
-        return min(class_rank[cls[i]][cls[j]], to_must[i], to_must[j])
-
+    joint = [
+        [min(class_rank[c][d], class_to_must[c], class_to_must[d]) for d in range(len(reps))]
+        for c in range(len(reps))
+    ]
     if count == 1:
-        return [endpoints[max(range(n), key=lambda i: (to_must[i], -i))]]
-    chosen = best_set(range(n), count, rank) if n <= EXACT_LIMIT else _greedy(n, count, rank, cls)
+        return [endpoints[max(range(n), key=lambda i: (class_to_must[cls[i]], -i))]]
+    if n <= EXACT_LIMIT:
+        chosen = best_set(range(n), count, lambda i, j: joint[cls[i]][cls[j]])
+    else:
+        chosen = _greedy(cls, joint, count)
     return [endpoints[i] for i in chosen]
 
 
-def _greedy(n: int, count: int, rank: Callable[[int, int], int], cls: list[int]) -> list[int]:
-    """From one seed per class, add the candidate whose slowest link to the set is fastest (then most total,
-    then lowest index); keep the best set by the pick's own order."""
+def _greedy(cls: list[int], joint: list[list[int]], count: int) -> list[int]:
+    """From one seed per class, add the candidate whose slowest link to the set is fastest (then most
+    total, then lowest index); keep the best set by the pick's own order.
+
+    Endpoints of one class rank alike with everything, so the walk runs over classes (taking each class's
+    lowest free endpoint): the work grows with classes x count, not with endpoints x count.
+    """
+    members: list[list[int]] = [[] for _ in joint]
+    for i, c in enumerate(cls):
+        members[c].append(i)
+    k = len(joint)
     best: tuple[int, int, list[int]] | None = None
     result: list[int] = []
-    seeds: set[int] = set()
-    for seed in range(n):
-        if cls[seed] in seeds:
-            continue
-        seeds.add(cls[seed])
-        chosen, used = [seed], {seed}
-        slowest = [rank(seed, j) for j in range(n)]
-        total = list(slowest)
-        while len(chosen) < count:
-            pick = max((j for j in range(n) if j not in used), key=lambda j: (slowest[j], total[j], -j))
-            chosen.append(pick)
-            used.add(pick)
-            for k in range(n):
-                link = rank(pick, k)
-                slowest[k] = min(slowest[k], link)
-                total[k] += link
-        chosen.sort()
-        s = score(chosen, rank)
-        key = (s.slowest, s.total, [-i for i in chosen])
+    for seed in range(k):
+        taken = [0] * k
+        taken[seed] = 1
+        slowest = list(joint[seed])
+        total = list(joint[seed])
+        for _ in range(count - 1):
+            pick = max(
+                (c for c in range(k) if taken[c] < len(members[c])),
+                key=lambda c: (slowest[c], total[c], -members[c][taken[c]]),
+            )
+            taken[pick] += 1
+            row = joint[pick]
+            for c in range(k):
+                slowest[c] = min(slowest[c], row[c])
+                total[c] += row[c]
+        chosen = sorted(i for c in range(k) for i in members[c][: taken[c]])
+        worst, links = _class_score(joint, taken)
+        key = (worst, links, [-i for i in chosen])
         if best is None or key > best:
             best, result = key, chosen
     return result
+
+
+def _class_score(joint: list[list[int]], taken: list[int]) -> tuple[int, int]:
+    """(slowest pair, total) of a set holding taken[c] endpoints of each class c."""
+    used = [c for c, t in enumerate(taken) if t]
+    worst = _NO_MUST
+    links = 0
+    for a, c in enumerate(used):
+        if taken[c] > 1:
+            worst = min(worst, joint[c][c])
+            links += taken[c] * (taken[c] - 1) // 2 * joint[c][c]
+        for d in used[a + 1 :]:
+            worst = min(worst, joint[c][d])
+            links += taken[c] * taken[d] * joint[c][d]
+    return worst, links
 
 
 def preferred(

@@ -3,6 +3,10 @@
 Pure functions of a `DevicesSpec`; nothing here reads the host or remembers an allocation, so every
 ListAndWatch message and every Allocate is rebuilt from the latest record (see the seed's "The RDMA
 resource keys").
+
+A record is read back defensively: one endpoint with a bad value (a NUMA node of `²`, a 23-digit number,
+a garbage bus id, a device name NCCL could not parse) is served without the bad fact or as Unhealthy,
+and never stops the rest of its family from being served.
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from itertools import chain
 
 from nodefabric_devicemanager.models import DevicesSpec, Endpoint, Interface, LinkState
-from nodefabric_devicemanager.pci import bus_key
+from nodefabric_devicemanager.numbers import numa_node
+from nodefabric_devicemanager.pci import bus_key, is_bus_id
+from nodefabric_devicemanager.summary import usable
+from nodefabric_deviceplugin.limits import MAX_ID_LENGTH, Shape, check_shared_count, fitting_shared_count
 
 DEFAULT_DOMAIN = "gpustack.ai"
 DEFAULT_SHARED_COUNT = 64
-MAX_ID_LENGTH = 63  # kubelet's limit on a device ID
+# Room for "-<shared index>" (up to 6 digits) after a stem.
+STEM_BUDGET = MAX_ID_LENGTH - 7
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 # Amazon's PCI vendor: the only RDMA device bound to one of its functions is EFA, which AWS's own plugin
@@ -43,9 +52,12 @@ class PluginConfig:
     partitioned: bool = True
 
     def __post_init__(self) -> None:
-        if not 1 <= self.shared_count <= 100_000:
-            raise ValueError(f"the shared count must be between 1 and 100000, got {self.shared_count}")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", self.domain):
+        if self.shared:
+            check_shared_count(self.shared_count)
+        # The resource name's prefix, device.<domain>, must be a DNS subdomain (253 characters at most).
+        if len(self.domain) > 253 - len("device.") or not re.fullmatch(
+            r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", self.domain
+        ):
             raise ValueError(f"the domain must be a DNS subdomain such as gpustack.ai, got {self.domain!r}")
 
     def families(self) -> list[Family]:
@@ -69,19 +81,22 @@ class RdmaEndpoint:
     the same way a NIC and an accelerator do.
     """
 
-    key: str  # the stable id stem: PCI bus id, else "rdma-<device>" (clamped to fit a token)
+    key: str  # the stable id stem: PCI bus id, else "rdma-<device>" (see token_stem)
     rdma_device: str
     netdevs: tuple[str, ...]  # empty for a VF with no netdev of its own
-    pci_bus_id: str
+    pci_bus_id: str  # "" unless the record holds a well-formed PCI bus id
     pci_switches: tuple[str, ...]
     pci_host_bridge: str
-    numa_affinity: str  # "" when neither the endpoint nor, for a VF, its parent answered
+    numa: int | None  # None when neither the endpoint nor, for a VF, its parent gave a valid node
     healthy: bool
-    reason: str  # why unhealthy, from the link verdict; "" when healthy
+    reason: str  # why unhealthy; "" when healthy
+    # natural_key(rdma_device), once: the order NCCL_IB_HCA lists granted devices in.
+    name_order: tuple[tuple[int, int | str], ...] = field(default=(), compare=False, repr=False)
 
     @property
-    def numa(self) -> int | None:
-        return int(self.numa_affinity) if self.numa_affinity else None
+    def numa_affinity(self) -> str:
+        """The NUMA node as the record spells it, for `distance` (which compares the text)."""
+        return "" if self.numa is None else str(self.numa)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,23 +114,37 @@ class FamilyView:
     endpoints: tuple[RdmaEndpoint, ...]
     tokens: tuple[Token, ...]
     by_id: dict[str, Token] = field(compare=False)
+    # rdma.shared: the tokens per endpoint actually served, below the configured count when the list
+    # would not fit kubelet's message limit (limits.py); the configured count otherwise.
+    shared_count: int = 0
+
+
+# What the kernel allows in an RDMA device name and NCCL_IB_HCA can carry: no ",", ":", "=", "^" or
+# whitespace, which NCCL reads as syntax, and at most IB_DEVICE_NAME_MAX - 1 characters.
+_RDMA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", re.ASCII)
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]", re.ASCII)
+
+
+def valid_rdma_device(name: str) -> bool:
+    return _RDMA_NAME.fullmatch(name) is not None
 
 
 def numa_of(ep: Endpoint, parent: Endpoint | None = None) -> int | None:
-    """The endpoint's own NUMA node; a VF falls back to its parent's; None when neither is known."""
+    """The endpoint's own NUMA node; a VF falls back to its parent's; None when neither is known.
+
+    The operator's parser (`numbers.numa_node`): blank, "-1", "²", "01" or a 23-digit value are all
+    unknown, so the hint and the `rdma.numa` label can never disagree.
+    """
     for candidate in (ep, parent):
-        if candidate is None:
-            continue
-        text = candidate.numa_affinity.strip()
-        # Blank (and a stray "-1") is the kernel declining to answer: a stand-in 0 would decide admission.
-        if text.isdigit():
-            return int(text)
+        if candidate is not None and (node := numa_node(candidate.numa_affinity)) is not None:
+            return node
     return None
 
 
 def is_healthy(ep: Endpoint) -> bool:
-    """ok, unverified and no verdict at all are Healthy; only a failed link is not."""
-    return ep.link is None or ep.link.state != LinkState.FAILED
+    """The operator's definition of usable (`summary.usable`): only a failed link, or a record that
+    says no RDMA without a verdict, is not."""
+    return usable(ep)
 
 
 def partitioned(iface: Interface) -> bool:
@@ -124,18 +153,43 @@ def partitioned(iface: Interface) -> bool:
 
 
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", text) if p)
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"([0-9]+)", text) if p)
 
 
-def _stem(pci_bus_id: str, rdma_device: str) -> str:
-    stem = pci_bus_id or f"rdma-{rdma_device}"
-    # Room for "-<shared index>"; an RDMA device name may be up to 64 characters, so long names are
-    # shortened with a digest of the whole name to stay unique and stable.
-    budget = MAX_ID_LENGTH - 7
-    if len(stem) > budget:
-        digest = hashlib.sha256(stem.encode()).hexdigest()[:10]
-        stem = f"{stem[: budget - 11]}-{digest}"
-    return stem
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+
+
+def token_stem(pci_bus_id: str, rdma_device: str) -> str:
+    """The id stem of an endpoint: its PCI bus id, else "rdma-<device name>".
+
+    A platform endpoint (an SoC's NIC, `hns_0`) or a software one (`rxe0`) has no bus id; its RDMA device
+    name is what the kernel and `rdma link` call it, stable across restarts. Characters outside
+    [A-Za-z0-9_.:-] become "-" and a name too long for a 63-character id is shortened; either way a digest
+    of the whole name is appended, so two names never map to one id.
+    """
+    if pci_bus_id:
+        return pci_bus_id
+    stem = f"rdma-{rdma_device}"
+    safe = _ID_UNSAFE.sub("-", stem)
+    if safe != stem or len(safe) > STEM_BUDGET:
+        safe = f"{safe[: STEM_BUDGET - 11]}-{_digest(stem)}"
+    return safe
+
+
+def _bus_id(text: str) -> bool:
+    # isprintable: a trailing newline would otherwise pass the pattern's "$" and reach kubelet in an id.
+    return is_bus_id(text) and text.isprintable()
+
+
+def _unhealthy_reason(eps: list[tuple[Endpoint, Endpoint | None]], device: str) -> str:
+    if not valid_rdma_device(device):
+        # A name NCCL_IB_HCA cannot carry, or no kernel would give, cannot be handed out correctly.
+        return f"RDMA device name {device[:70]!r} is not a kernel device name"
+    reasons = sorted({e.link.reason for e, _ in eps if e.link is not None and e.link.reason})
+    if any(e.link is not None and e.link.state == LinkState.FAILED for e, _ in eps):
+        return "; ".join(reasons) or "link failed"
+    return "the record says the endpoint has no RDMA"
 
 
 def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[RdmaEndpoint]:
@@ -147,28 +201,30 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
             groups.setdefault(ep.rdma_device, []).append((ep, parent))
     out: list[RdmaEndpoint] = []
     for device, eps in groups.items():
-        pci = min((e.pci_bus_id for e, _ in eps if e.pci_bus_id), default="")
+        # A bus id that is not one (hand-edited, garbage) is a bad fact: left out, never made an id of.
+        pci = min((e.pci_bus_id for e, _ in eps if _bus_id(e.pci_bus_id)), default="")
         first = next((e for e, _ in eps if e.pci_bus_id == pci), eps[0][0])
-        healthy = any(is_healthy(e) for e, _ in eps)
-        reasons = sorted({e.link.reason for e, _ in eps if e.link is not None and e.link.reason})
+        healthy = valid_rdma_device(device) and any(is_healthy(e) for e, _ in eps)
         numa = next((n for e, p in eps if (n := numa_of(e, p)) is not None), None)
         out.append(
             RdmaEndpoint(
-                key=_stem(pci, device),
+                key=token_stem(pci, device),
                 rdma_device=device,
                 netdevs=tuple(sorted(e.name for e, _ in eps if e.name)),
                 pci_bus_id=pci,
-                pci_switches=tuple(first.pci_switches),
-                pci_host_bridge=first.pci_host_bridge,
-                numa_affinity="" if numa is None else str(numa),
+                pci_switches=tuple(first.pci_switches) if pci else (),
+                pci_host_bridge=first.pci_host_bridge if pci else "",
+                numa=numa,
                 healthy=healthy,
-                reason="" if healthy else "; ".join(reasons) or "link failed",
+                reason="" if healthy else _unhealthy_reason(eps, device),
+                name_order=natural_key(device),
             )
         )
     # Two devices on one PCI function would collide on the bus id: name both by device as well.
     counts = Counter(r.key for r in out)
     out = [
-        r if counts[r.key] == 1 else replace(r, key=_stem("", f"{r.pci_bus_id}-{r.rdma_device}")) for r in out
+        r if counts[r.key] == 1 else replace(r, key=token_stem("", f"{r.pci_bus_id}-{r.rdma_device}"))
+        for r in out
     ]
     # PCI order for functions (hex, so not a natural sort), then the rest by device name.
     return sorted(
@@ -176,35 +232,54 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
     )
 
 
+def _top_level_vf(iface: Interface) -> bool:
+    """A VF listed at top level because its PF has no host netdev (moved into a pod, bound to vfio)."""
+    return bool(iface.physical_function)
+
+
 def whole_function_endpoints(spec: DevicesSpec | None) -> list[RdmaEndpoint]:
-    """Endpoints served whole (exclusive and shared): every interface not partitioned into VFs."""
-    if spec is None:
-        return []
-    return _endpoints((iface, None) for iface in spec.interfaces if not partitioned(iface))
-
-
-def partition_endpoints(spec: DevicesSpec | None) -> list[RdmaEndpoint]:
-    """Endpoints served as partitions: the VFs of every PF with VFs configured."""
+    """Endpoints served whole (exclusive and shared): every interface that is neither partitioned into
+    VFs nor itself a VF. A VF is never handed out as a whole function, wherever the record lists it."""
     if spec is None:
         return []
     return _endpoints(
+        (iface, None) for iface in spec.interfaces if not partitioned(iface) and not _top_level_vf(iface)
+    )
+
+
+def partition_endpoints(spec: DevicesSpec | None) -> list[RdmaEndpoint]:
+    """Endpoints served as partitions: the VFs of every PF with VFs configured, and every VF listed at
+    top level (its NUMA falls back to its PF's when the record holds the PF)."""
+    if spec is None:
+        return []
+    by_bus = {iface.pci_bus_id: iface for iface in spec.interfaces if iface.pci_bus_id}
+    nested = (
         (vf, iface) for iface in spec.interfaces if partitioned(iface) for vf in iface.virtual_functions
     )
+    top = ((iface, by_bus.get(iface.physical_function)) for iface in spec.interfaces if _top_level_vf(iface))
+    return _endpoints(chain(nested, top))
 
 
 def shared_token_id(endpoint: RdmaEndpoint, index: int) -> str:
     return f"{endpoint.key}-{index}"
 
 
+def served_shared_count(endpoints: Iterable[RdmaEndpoint], wanted: int) -> int:
+    """The configured shared count, or less when that many tokens would not fit kubelet's message limit."""
+    shapes = [Shape(len(e.key), e.numa, len(HEALTHY if e.healthy else UNHEALTHY)) for e in endpoints]
+    return fitting_shared_count(shapes, wanted)
+
+
 def view(spec: DevicesSpec | None, family: Family, shared_count: int = DEFAULT_SHARED_COUNT) -> FamilyView:
     """The tokens one family advertises from one record, in listing order (lowest ids first)."""
     pick = partition_endpoints if family is Family.PARTITIONED else whole_function_endpoints
     endpoints = pick(spec)
+    count = served_shared_count(endpoints, shared_count) if family is Family.SHARED else 1
     tokens: list[Token] = []
     for ep in endpoints:
         base = len(tokens)
         if family is Family.SHARED:
-            tokens.extend(Token(shared_token_id(ep, i), ep, base + i) for i in range(shared_count))
+            tokens.extend(Token(shared_token_id(ep, i), ep, base + i) for i in range(count))
         else:
             tokens.append(Token(ep.key, ep, base))
-    return FamilyView(family, tuple(endpoints), tuple(tokens), {t.id: t for t in tokens})
+    return FamilyView(family, tuple(endpoints), tuple(tokens), {t.id: t for t in tokens}, count)

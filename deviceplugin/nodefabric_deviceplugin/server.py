@@ -1,9 +1,14 @@
 """The gRPC side: one DevicePlugin server per family on its own unix socket, registered with kubelet.
 
 `DevicePluginManager.run()` serves first and registers second (kubelet dials the plugin back inside
-Register), then watches the device-plugin directory: when kubelet restarts it deletes every socket there
-and recreates kubelet.sock, so a changed kubelet.sock or a vanished socket of ours means serve again and
-re-register. A short poll does this within a second without an inotify dependency.
+Register), then follows the device-plugin directory with inotify: when kubelet restarts it deletes every
+socket there and recreates kubelet.sock, so a new kubelet.sock or a vanished socket of ours means serve
+again and re-register, within milliseconds. A slow poll backs inotify up, and replaces it where inotify
+cannot be used.
+
+Nothing on the event loop reads sysfs: ListAndWatch and GetPreferredAllocation answer from the record
+alone, and Allocate's verbs lookup goes through `verbs.VerbsCache`, which reads off the loop within a
+time budget.
 """
 
 from __future__ import annotations
@@ -12,19 +17,25 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin import metrics, rpc, wire
-from nodefabric_deviceplugin.allocate import UnknownToken, grant
+from nodefabric_deviceplugin.allocate import UnknownToken, endpoints_for, first_few, grant
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
+from nodefabric_deviceplugin.dirwatch import DirWatch
+from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
+from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
-from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, view
+from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
 from nodefabric_deviceplugin.source import RecordSource
-from nodefabric_deviceplugin.verbs import VerbsUnresolvable
+from nodefabric_deviceplugin.startup import socket_name
+from nodefabric_deviceplugin.verbs import DEFAULT_READ_BUDGET_S, VerbsCache, VerbsUnresolvable
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +44,62 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 5.0
+RETRY_BASE_S = 0.1
+SAFETY_POLL_S = 30.0  # with inotify: a look now and then in case an event was missed
+FALLBACK_POLL_S = 1.0  # without inotify
+KUBELET_ABSENT_WARNING_S = 30.0
+KEPT_RESPONSES = 256  # Allocate answers kept per family: distinct endpoint sets since the last re-read
 
-
-def socket_name(family: Family) -> str:
-    return f"nodefabric-{family.value}.sock"
+__all__ = ["DEFAULT_PLUGIN_DIR", "DevicePluginManager", "DevicePluginServicer", "socket_name"]
 
 
 class DevicePluginServicer(rpc.DevicePluginServicer):
     """One family's DevicePlugin service. Every answer is rebuilt from the source's latest record."""
 
-    def __init__(self, family: Family, config: PluginConfig, source: RecordSource, host: HostRoot) -> None:
+    def __init__(self, family: Family, config: PluginConfig, source: RecordSource, verbs: VerbsCache) -> None:
         self.family = family
         self.config = config
         self.source = source
-        self.host = host
+        self.verbs = verbs
         self.resource = config.resource_name(family)
-        self._cached: tuple[int, FamilyView] | None = None
+        self._cached: tuple[int, FamilyView, pb.ListAndWatchResponse] | None = None
+        self._granted = metrics.ALLOCATIONS.labels(family.value, "granted")
+        self._responses: dict[tuple[tuple[str, ...], int, int], pb.ContainerAllocateResponse] = {}
 
-    def view(self) -> FamilyView:
-        """The family's tokens from the latest record (derived once per record version, never stored)."""
+    def view(self) -> tuple[int, FamilyView]:
+        """The record version and the family's tokens from it (derived once per version)."""
+        version, current, _ = self._derive()
+        return version, current
+
+    def _derive(self) -> tuple[int, FamilyView, pb.ListAndWatchResponse]:
+        """The view and its device list, built once per record version: every stream (kubelet opens a
+        new one after each restart) and every Allocate of that version shares them."""
         version, spec = self.source.snapshot()
-        if self._cached is None or self._cached[0] != version:
-            self._cached = (version, view(spec, self.family, self.config.shared_count))
-        return self._cached[1]
+        cached = self._cached
+        if cached is None or cached[0] != version:
+            current = view(spec, self.family, self.config.shared_count)
+            if self.family is Family.SHARED and current.shared_count < self.config.shared_count:
+                log.error(
+                    "the rdma.shared device list would exceed kubelet's 4 MiB message limit; serving "
+                    "fewer tokens per endpoint",
+                    extra={
+                        "resource": self.resource,
+                        "shared_count": self.config.shared_count,
+                        "served_per_endpoint": current.shared_count,
+                        "endpoints": len(current.endpoints),
+                    },
+                )
+            message = wire.device_list(current)
+            if message.ByteSize() > KUBELET_MAX_MESSAGE_BYTES:
+                # Only a record of some 100,000 functions gets here (shared is fitted in `view`): serve
+                # what fits rather than a list kubelet refuses, ending the stream.
+                kept = wire.fit(message, KUBELET_MAX_MESSAGE_BYTES)
+                log.error(
+                    "the device list would exceed kubelet's 4 MiB message limit; serving the first devices",
+                    extra={"resource": self.resource, "devices": len(current.tokens), "served": kept},
+                )
+            cached = self._cached = (version, current, message)
+        return cached
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
@@ -65,37 +109,46 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
     async def ListAndWatch(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse]
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        # Never returns on its own: kubelet marks every device Unhealthy when this stream ends.
+        # Never returns on its own: kubelet marks every device Unhealthy when this stream ends. A record
+        # that cannot be turned into a list keeps the last list sent, with an Error log.
         last: pb.ListAndWatchResponse | None = None
         while True:
             version = self.source.version
-            current = self.view()
-            message = wire.device_list(current)
-            if message != last:
-                healthy = sum(1 for t in current.tokens if t.endpoint.healthy)
-                metrics.DEVICES.labels(self.family.value, "healthy").set(healthy)
-                metrics.DEVICES.labels(self.family.value, "unhealthy").set(len(current.tokens) - healthy)
-                fields: dict[str, object] = {
-                    "resource": self.resource,
-                    "devices": len(current.tokens),
-                    "healthy": healthy,
-                }
-                # Which endpoint is down and what its ports read, so "why is allocatable short" needs no
-                # second tool.
-                down = [f"{e.rdma_device} ({e.reason})" for e in current.endpoints if not e.healthy]
-                if down:
-                    fields["unhealthy"] = down
-                log.info("sending the device list", extra=fields)
-                yield message
-                last = message
+            try:
+                _, current, message = self._derive()
+            except Exception:
+                log.exception(
+                    "could not build the device list; kubelet keeps the last one sent",
+                    extra={"resource": self.resource, "version": version},
+                )
+            else:
+                if message != last:
+                    self._sending(current)
+                    yield message
+                    last = message
             await self.source.changed(version)
+
+    def _sending(self, current: FamilyView) -> None:
+        healthy = sum(1 for t in current.tokens if t.endpoint.healthy)
+        metrics.DEVICES.labels(self.family.value, "healthy").set(healthy)
+        metrics.DEVICES.labels(self.family.value, "unhealthy").set(len(current.tokens) - healthy)
+        fields: dict[str, object] = {
+            "resource": self.resource,
+            "devices": len(current.tokens),
+            "healthy": healthy,
+        }
+        # Which endpoint is down and why, so "why is allocatable short" needs no second tool.
+        down = [f"{e.rdma_device} ({e.reason})" for e in current.endpoints if not e.healthy]
+        if down:
+            fields["unhealthy"] = down
+        log.info("sending the device list", extra=fields)
 
     async def GetPreferredAllocation(
         self,
         request: pb.PreferredAllocationRequest,
         context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
     ) -> pb.PreferredAllocationResponse:
-        current = self.view()
+        _, current = self.view()
         out = pb.PreferredAllocationResponse()
         for req in request.container_requests:
             ids = preferred(
@@ -110,43 +163,70 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         request: pb.AllocateRequest,
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
-        current = self.view()
+        version, current = self.view()
         out = pb.AllocateResponse()
         for req in request.container_requests:
             ids = list(req.devices_ids)
             try:
-                granted = grant(self.host, current, ids)
+                endpoints = endpoints_for(current, ids)
+                response = await self._response(version, endpoints)
             except UnknownToken as exc:
-                metrics.ALLOCATIONS.labels(self.family.value, "unknown_device").inc()
-                log.warning(
-                    "refused an allocation",
-                    extra={"resource": self.resource, "devices": ids, "why": str(exc)},
-                )
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                await self._refuse(context, "unknown_device", grpc.StatusCode.INVALID_ARGUMENT, ids, exc)
             except VerbsUnresolvable as exc:
-                metrics.ALLOCATIONS.labels(self.family.value, "unresolvable_verbs").inc()
-                log.error(
-                    "allocation failed: no verbs device",
+                await self._refuse(
+                    context, "unresolvable_verbs", grpc.StatusCode.FAILED_PRECONDITION, ids, exc
+                )
+            except ReadTimeout as exc:
+                # UNAVAILABLE: the host may answer the next try (a driver reset ends); nothing was granted.
+                await self._refuse(context, "host_read_timeout", grpc.StatusCode.UNAVAILABLE, ids, exc)
+            self._granted.inc()
+            # Debug, not info: kubelet calls Allocate on every container start, restarts included, and a
+            # grant is routine (the metric counts them); every refusal is a Warning or an Error.
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "allocated",
                     extra={
                         "resource": self.resource,
-                        "devices": ids,
-                        "rdma_device": exc.rdma_device,
-                        "why": str(exc),
+                        "devices": first_few(ids),
+                        "rdma_devices": [e.rdma_device for e in endpoints],
+                        "device_nodes": [d.host_path for d in response.devices],
                     },
                 )
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            metrics.ALLOCATIONS.labels(self.family.value, "granted").inc()
-            log.info(
-                "allocated",
-                extra={
-                    "resource": self.resource,
-                    "devices": ids,
-                    "rdma_devices": [e.rdma_device for e in granted.endpoints],
-                    "device_nodes": [d.path for d in granted.devices],
-                },
-            )
-            out.container_responses.append(wire.container_response(granted))
+            out.container_responses.append(response)
         return out
+
+    async def _response(self, version: int, endpoints: list[RdmaEndpoint]) -> pb.ContainerAllocateResponse:
+        """One container's answer. A pure function of the record, the verbs table and the endpoints, so
+        it is kept while the table stays fresh (its nodes unchanged) and rebuilt after any re-read."""
+        names = [e.rdma_device for e in endpoints]
+        key = (tuple(e.key for e in endpoints), version, self.verbs.generation)
+        kept = self._responses.get(key)
+        if kept is not None and self.verbs.fresh(version, names):
+            return kept
+        verbs = await self.verbs.devices(version, names)
+        response = wire.container_response(grant(endpoints, verbs))
+        if len(self._responses) >= KEPT_RESPONSES:
+            self._responses.clear()
+        self._responses[(key[0], version, self.verbs.generation)] = response
+        return response
+
+    async def _refuse(
+        self,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+        outcome: str,
+        code: grpc.StatusCode,
+        ids: list[str],
+        exc: Exception,
+    ) -> NoReturn:
+        metrics.ALLOCATIONS.labels(self.family.value, outcome).inc()
+        level = logging.WARNING if code is grpc.StatusCode.INVALID_ARGUMENT else logging.ERROR
+        log.log(
+            level,
+            "allocation refused",
+            extra={"resource": self.resource, "devices": first_few(ids), "code": code.name, "why": str(exc)},
+        )
+        await context.abort(code, str(exc))
+        raise AssertionError("context.abort raises")  # pragma: no cover
 
     async def PreStartContainer(
         self,
@@ -156,23 +236,27 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def _identity(path: str) -> tuple[int, int, int] | None:
+Identity = tuple[int, int, int]
+
+
+def _identity(path: str) -> Identity | None:
     """Which file is at `path` now (inode numbers are reused on tmpfs, so the ctime is part of it)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 @dataclass
 class _Registration:
-    kubelet: tuple[int, int, int] | None = None  # the kubelet.sock we registered with
-    failed_for: tuple[int, int, int] | None = None  # the kubelet.sock the last attempt failed with
+    kubelet: Identity | None = None  # the kubelet.sock we registered with
+    failed_for: Identity | None = None  # the kubelet.sock the last attempt failed with
     failures: int = 0
     next_try: float = 0.0
+    error: str = ""  # why the last attempt failed, for readiness
 
-    def due(self, kubelet: tuple[int, int, int], now: float) -> bool:
+    def due(self, kubelet: Identity, now: float) -> bool:
         # A new kubelet is tried at once; the same one that refused us waits out the backoff.
         return self.kubelet != kubelet and (self.failed_for != kubelet or self.next_try <= now)
 
@@ -187,10 +271,11 @@ class FamilyServer:
         self.endpoint = socket_name(servicer.family)
         self.path = os.path.join(plugin_dir, self.endpoint)
         self._server: grpc.aio.Server | None = None
-        self._socket: tuple[int, int, int] | None = None
+        self._socket: Identity | None = None
         self.registration = _Registration()
         self.serve_failures = 0
         self.serve_retry_at = 0.0
+        self.serve_error = ""
 
     async def serve(self) -> None:
         """(Re)start serving on a fresh socket file."""
@@ -210,20 +295,17 @@ class FamilyServer:
         """Not serving yet, or our socket file was deleted or replaced (kubelet restarts delete it)."""
         return self._server is None or _identity(self.path) != self._socket
 
-    async def register(self) -> None:
+    async def register(self, kubelet: rpc.RegistrationStub) -> None:
         """Register with kubelet; raises grpc.aio.AioRpcError when kubelet refuses or cannot be reached."""
-        kubelet = os.path.join(self.plugin_dir, KUBELET_SOCKET)
-        async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
-            stub = rpc.registration_stub(channel)
-            await stub.Register(
-                pb.RegisterRequest(
-                    version=API_VERSION,
-                    endpoint=self.endpoint,
-                    resource_name=self.servicer.resource,
-                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
-                ),
-                timeout=REGISTER_TIMEOUT_S,
-            )
+        await kubelet.Register(
+            pb.RegisterRequest(
+                version=API_VERSION,
+                endpoint=self.endpoint,
+                resource_name=self.servicer.resource,
+                options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+            ),
+            timeout=REGISTER_TIMEOUT_S,
+        )
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -241,10 +323,12 @@ class DevicePluginManager:
 
     In the agent:
 
+        check_startup(config, plugin_dir)            # startup.py: one line and exit 2 when it raises
         source = RecordSource()
-        manager = DevicePluginManager(source, HostRoot.at(root), config=PluginConfig(shared_count=64))
+        manager = DevicePluginManager(source, HostRoot.at(root), config=config, plugin_dir=plugin_dir)
         task = asyncio.create_task(manager.run(stop))
         source.update(spec)          # after every agent pass
+        ok, message = manager.readiness()            # for /readyz
     """
 
     def __init__(
@@ -254,18 +338,41 @@ class DevicePluginManager:
         *,
         config: PluginConfig | None = None,
         plugin_dir: str = DEFAULT_PLUGIN_DIR,
-        poll_interval: float = 0.1,
+        read_budget: float = DEFAULT_READ_BUDGET_S,
+        verbs: VerbsCache | None = None,
+        use_inotify: bool = True,
+        safety_poll: float = SAFETY_POLL_S,
+        fallback_poll: float = FALLBACK_POLL_S,
+        retry_base: float = RETRY_BASE_S,
+        kubelet_absent_warning: float = KUBELET_ABSENT_WARNING_S,
     ) -> None:
         self.source = source
         self.host = host
         self.config = config or PluginConfig()
         self.plugin_dir = plugin_dir
-        self.poll_interval = poll_interval
+        self.use_inotify = use_inotify
+        self.safety_poll = safety_poll
+        self.fallback_poll = fallback_poll
+        self.retry_base = retry_base
+        self.kubelet_absent_warning = kubelet_absent_warning
+        # One verbs cache for every family: one read of the host answers all of them.
+        self.verbs = verbs or VerbsCache(host, budget=read_budget)
         self.servers = [
-            FamilyServer(DevicePluginServicer(f, self.config, source, host), plugin_dir)
+            FamilyServer(DevicePluginServicer(f, self.config, source, self.verbs), plugin_dir)
             for f in self.config.families()
         ]
         self.serving = asyncio.Event()  # set once every family is serving and registered at least once
+        self.reconciles = 0  # passes over the directory, for tests and the benchmark
+        self._running = False
+        self._kubelet: Identity | None = None
+        self._kubelet_absent_since: float | None = None
+        self._absent_warned = False
+        self._watch: DirWatch | None = None
+
+    @property
+    def watching(self) -> bool:
+        """Whether inotify is following the plugin directory now (else the fallback poll is)."""
+        return self._watch is not None and self._watch.active
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Waits for the first record: a failed read is not an empty host."""
@@ -279,20 +386,56 @@ class DevicePluginManager:
             stopped.cancel()
             if stop.is_set():
                 return
+        wake = asyncio.Event()
+        stopper = asyncio.ensure_future(stop.wait())
+        stopper.add_done_callback(lambda _: wake.set())
+        names = [KUBELET_SOCKET, *(s.endpoint for s in self.servers)]
+        self._watch = DirWatch(self.plugin_dir, names, wake.set) if self.use_inotify else None
+        if self._watch is not None:
+            self._watch.start()
+        log.info(
+            "following the plugin directory",
+            extra={"plugin_dir": self.plugin_dir, "how": "inotify" if self.watching else "polling"},
+        )
+        self._running = True
         try:
             while not stop.is_set():
+                wake.clear()
                 await self.reconcile()
+                if self._watch is not None and self._watch.lost:
+                    # The directory was replaced: watch the new one (or poll until it is back).
+                    self._watch.start()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.poll_interval)
+                    await asyncio.wait_for(wake.wait(), timeout=self._next_wakeup())
         finally:
+            self._running = False
+            stopper.cancel()
+            if self._watch is not None:
+                self._watch.stop()
             for server in self.servers:
                 await server.stop()
             log.info("stopped serving", extra={"plugin_dir": self.plugin_dir})
 
+    def _next_wakeup(self) -> float:
+        """Seconds until something is due: a retry, the absent-kubelet warning, else the poll."""
+        now = time.monotonic()
+        due = [self.safety_poll if self.watching else self.fallback_poll]
+        for server in self.servers:
+            if server.serve_retry_at > now:
+                due.append(server.serve_retry_at - now)
+            reg = server.registration
+            if reg.failed_for is not None and reg.failed_for == self._kubelet:
+                due.append(reg.next_try - now)
+        if self._kubelet_absent_since is not None and not self._absent_warned:
+            due.append(self._kubelet_absent_since + self.kubelet_absent_warning - now)
+        return max(0.0, min(due))
+
     async def reconcile(self) -> None:
-        """One watch step: re-serve a deleted socket, (re-)register with a new kubelet."""
+        """One look at the directory: re-serve a deleted socket, (re-)register with a new kubelet."""
+        self.reconciles += 1
         kubelet = _identity(os.path.join(self.plugin_dir, KUBELET_SOCKET))
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
+        self._follow_kubelet(kubelet, now)
         for server in self.servers:
             if not server.needs_serving() or server.serve_retry_at > now:
                 continue
@@ -301,11 +444,12 @@ class DevicePluginManager:
                 log.info("our socket was removed; serving again", extra={"socket": server.path})
             try:
                 await server.serve()
-                server.serve_failures, server.serve_retry_at = 0, 0.0
+                server.serve_failures, server.serve_retry_at, server.serve_error = 0, 0.0, ""
             except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
                 server.serve_failures += 1
-                backoff = min(self.poll_interval * 2**server.serve_failures, MAX_BACKOFF_S)
+                backoff = min(self.retry_base * 2**server.serve_failures, MAX_BACKOFF_S)
                 server.serve_retry_at = now + backoff
+                server.serve_error = f"cannot serve on {server.path}: {exc}"
                 log.error(
                     "cannot serve; will retry",
                     extra={"socket": server.path, "why": str(exc), "retry_in_s": round(backoff, 2)},
@@ -313,19 +457,42 @@ class DevicePluginManager:
         if kubelet is None:
             return
         due = [s for s in self.servers if not s.needs_serving() and s.registration.due(kubelet, now)]
-        await asyncio.gather(*(self._register(s, kubelet) for s in due))
+        if due:
+            # One connection carries every family's Register: after a kubelet restart all three are due.
+            path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
+            async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+                stub = rpc.registration_stub(channel)
+                await asyncio.gather(*(self._register(s, stub, kubelet) for s in due))
         if all(s.registration.kubelet is not None for s in self.servers):
             self.serving.set()
 
-    async def _register(self, server: FamilyServer, kubelet: tuple[int, int, int]) -> None:
+    def _follow_kubelet(self, kubelet: Identity | None, now: float) -> None:
+        path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
+        if kubelet is not None:
+            if self._kubelet_absent_since is not None and self._absent_warned:
+                log.info("kubelet.sock is back", extra={"path": path})
+            self._kubelet_absent_since, self._absent_warned = None, False
+        elif self._kubelet_absent_since is None:
+            self._kubelet_absent_since = now
+        elif not self._absent_warned and now - self._kubelet_absent_since >= self.kubelet_absent_warning:
+            self._absent_warned = True
+            log.warning(
+                "kubelet.sock has been absent; is kubelet running, and is its device-plugin directory "
+                "mounted here?",
+                extra={"path": path, "absent_s": round(now - self._kubelet_absent_since, 1)},
+            )
+        self._kubelet = kubelet
+
+    async def _register(self, server: FamilyServer, stub: rpc.RegistrationStub, kubelet: Identity) -> None:
         reg = server.registration
         try:
-            await server.register()
+            await server.register(stub)
         except grpc.aio.AioRpcError as exc:
             reg.failures += 1
-            backoff = min(self.poll_interval * 2**reg.failures, MAX_BACKOFF_S)
+            backoff = min(self.retry_base * 2**reg.failures, MAX_BACKOFF_S)
             reg.kubelet, reg.failed_for = None, kubelet
-            reg.next_try = asyncio.get_running_loop().time() + backoff
+            reg.next_try = time.monotonic() + backoff
+            reg.error = f"{exc.code().name}: {exc.details()}"
             metrics.REGISTRATIONS.labels(server.family.value, "failed").inc()
             log.error(
                 "registration with kubelet failed; will retry",
@@ -337,8 +504,31 @@ class DevicePluginManager:
                 },
             )
             return
-        reg.kubelet, reg.failed_for, reg.failures = kubelet, None, 0
+        reg.kubelet, reg.failed_for, reg.failures, reg.error = kubelet, None, 0, ""
         metrics.REGISTRATIONS.labels(server.family.value, "ok").inc()
         log.info(
             "registered with kubelet", extra={"resource": server.servicer.resource, "socket": server.path}
         )
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: ready once kubelet has accepted every served resource.
+
+        Answers from what the last look at the directory found (no I/O), so it is cheap on any loop.
+        """
+        if self.source.spec is None:
+            return False, "device plugin: waiting for the first device record"
+        if not self._running:
+            return False, "device plugin: not running"
+        path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
+        if self._kubelet is None:
+            since = self._kubelet_absent_since
+            absent = f" for {time.monotonic() - since:.0f} s" if since is not None else ""
+            return False, f"device plugin: no kubelet.sock at {path}{absent}"
+        pending = []
+        for server in self.servers:
+            if server.registration.kubelet != self._kubelet:
+                why = server.serve_error or server.registration.error or "registering"
+                pending.append(f"{server.servicer.resource} ({why})")
+        if pending:
+            return False, "device plugin: not registered with kubelet: " + "; ".join(pending)
+        return True, "device plugin: registered " + ", ".join(s.servicer.resource for s in self.servers)

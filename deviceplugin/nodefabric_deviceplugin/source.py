@@ -5,7 +5,8 @@ Two sources feed a `RecordSource`:
 - standalone: `poll_host` reads the host itself every few seconds through the inventory.
 
 A failed read is not an empty host: when enumeration fails the last record is kept and the servers go on
-answering from it.
+answering from it. So is a read that does not finish: it runs off the event loop (`offloop`) within a
+budget, and one stuck on a blocking file is waited for, never started again on top of itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface
+from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,9 @@ def read_interfaces(host: HostRoot) -> list[Interface] | None:
     return inventory.read(host).interfaces
 
 
+HOST_READ_BUDGET_S = 30.0
+
+
 async def poll_host(
     source: RecordSource,
     host: HostRoot,
@@ -103,22 +108,42 @@ async def poll_host(
     interval: float = 5.0,
     reader: InterfaceReader = read_interfaces,
     stop: asyncio.Event | None = None,
+    budget: float = HOST_READ_BUDGET_S,
 ) -> None:
     """Standalone mode: read the host every `interval` seconds and feed the source until `stop` is set."""
     stop = stop or asyncio.Event()
-    while not stop.is_set():
-        try:
-            interfaces = await asyncio.to_thread(reader, host)
-        except Exception:
-            log.exception("reading the host failed; serving the last record", extra={"root": host.root})
-        else:
-            if interfaces is None:
-                log.error(
-                    "could not enumerate interfaces; serving the last record", extra={"root": host.root}
-                )
-            elif source.update(DevicesSpec(interfaces=interfaces)):
-                log.info(
-                    "device record changed", extra={"interfaces": len(interfaces), "version": source.version}
-                )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+    flight: SingleFlight[list[Interface] | None] = SingleFlight(f"the host at {host.root}", budget)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            read = asyncio.ensure_future(flight.run(lambda: reader(host)))
+            # SIGTERM must not wait out a read stuck in its thread: the thread is a daemon, left behind.
+            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                break
+            _record(source, host, read)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(stopped), timeout=interval)
+    finally:
+        stopped.cancel()
+
+
+def _record(source: RecordSource, host: HostRoot, read: asyncio.Future[list[Interface] | None]) -> None:
+    """Feed one finished read to the source, or say why it changes nothing."""
+    try:
+        interfaces = read.result()
+    except ReadTimeout as exc:
+        log.error(
+            "reading the host is taking too long; serving the last record",
+            extra={"root": host.root, "why": str(exc)},
+        )
+    except Exception:
+        log.exception("reading the host failed; serving the last record", extra={"root": host.root})
+    else:
+        if interfaces is None:
+            log.error("could not enumerate interfaces; serving the last record", extra={"root": host.root})
+        elif source.update(DevicesSpec(interfaces=interfaces)):
+            log.info(
+                "device record changed", extra={"interfaces": len(interfaces), "version": source.version}
+            )

@@ -4,13 +4,24 @@ The N of uverbsN is unrelated to the N of mlx5_N, so the name is looked up, neve
 verbs class (`/sys/class/infiniband_verbs/uverbs*/ibdev`), then under the RDMA device's own PCI function
 (`/sys/class/infiniband/<dev>/device/infiniband_verbs/`). Which layout a live host answers through has
 not been read yet, so both are tried, and a failure names every location checked.
+
+Reading is blocking I/O and runs off the event loop (`VerbsCache`, through `offloop`). One read of the
+class answers every device of a record, so the answer is cached per record: an Allocate that finds its
+devices in the cache costs no sysfs read, only an lstat of each device node to notice a driver reload
+(the kernel then recreates the nodes, possibly renumbered). A device missing from the cache, a record
+change or a changed node sends the next Allocate back to sysfs.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot, SysDir
+from nodefabric_deviceplugin.offloop import SingleFlight
+from nodefabric_deviceplugin.resources import valid_rdma_device
 
 VERBS_CLASS = "/sys/class/infiniband_verbs"
 RDMA_CLASS = "/sys/class/infiniband"
@@ -83,8 +94,8 @@ class VerbsIndex:
         Raises VerbsUnresolvable when neither sysfs layout names one, or when the named node is missing
         under /dev/infiniband (the container runtime would otherwise fail later with a vaguer error).
         """
-        if not rdma_device or "/" in rdma_device or rdma_device in (".", ".."):
-            raise VerbsUnresolvable(rdma_device, ["(not a valid RDMA device name)"])
+        if not valid_rdma_device(rdma_device):
+            raise VerbsUnresolvable(rdma_device[:70], ["(not a valid RDMA device name)"])
         checked: list[str] = []
         name = self.by_ibdev.get(rdma_device)
         if name is None:
@@ -107,3 +118,153 @@ def resolve_uverbs(host: HostRoot, rdma_device: str) -> str:
 
 def has_rdma_cm(host: HostRoot) -> bool:
     return host.exists(RDMA_CM)
+
+
+# (st_dev, st_ino, st_rdev, st_ctime_ns) of a device node: a node the kernel recreated differs.
+Identity = tuple[int, int, int, int]
+
+
+def node_identity(host: HostRoot, path: str) -> Identity | None:
+    """Which file is at a host path now, without opening or following it (never blocks on a FIFO)."""
+    return _lstat_identity(host.host_path(path))
+
+
+def _lstat_identity(joined: str) -> Identity | None:
+    try:
+        st = os.lstat(joined)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_rdev, st.st_ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class VerbsDevices:
+    """What the host said about some RDMA devices: each one's verbs node, or why it has none."""
+
+    nodes: Mapping[str, str]  # rdma device -> "/dev/infiniband/uverbsN"
+    unresolved: Mapping[str, VerbsUnresolvable]
+    rdma_cm: bool  # /dev/infiniband/rdma_cm exists
+
+
+@dataclass(frozen=True, slots=True)
+class VerbsTable:
+    """One read of the host's verbs devices, with the identity of every node it named."""
+
+    nodes: Mapping[str, tuple[str, Identity]]
+    unresolved: Mapping[str, VerbsUnresolvable]
+    rdma_cm: Identity | None
+    asked: frozenset[str]  # the devices this read was asked about (the class may name more)
+
+    def answers(self, wanted: Iterable[str]) -> bool:
+        return all(name in self.nodes or name in self.asked for name in wanted)
+
+    def devices(self, wanted: Iterable[str]) -> VerbsDevices:
+        nodes: dict[str, str] = {}
+        unresolved: dict[str, VerbsUnresolvable] = {}
+        for name in wanted:
+            if name in self.nodes:
+                nodes[name] = self.nodes[name][0]
+            else:
+                unresolved[name] = self.unresolved.get(name) or VerbsUnresolvable(name, ["(not read)"])
+        return VerbsDevices(nodes, unresolved, self.rdma_cm is not None)
+
+
+def read_table(host: HostRoot, wanted: Iterable[str]) -> VerbsTable:
+    """Read the verbs class once and resolve every device it names plus `wanted`. Blocking I/O."""
+    index = VerbsIndex(host)
+    asked = frozenset(wanted)
+    nodes: dict[str, tuple[str, Identity]] = {}
+    unresolved: dict[str, VerbsUnresolvable] = {}
+    for name in sorted(set(index.by_ibdev) | asked):
+        try:
+            path = index.resolve(name)
+        except VerbsUnresolvable as exc:
+            unresolved[name] = exc
+            continue
+        identity = node_identity(host, path)
+        if identity is None:  # gone between the two looks
+            unresolved[name] = VerbsUnresolvable(name, [f"{path} (vanished while being read)"])
+        else:
+            nodes[name] = (path, identity)
+    return VerbsTable(nodes, unresolved, node_identity(host, RDMA_CM) if has_rdma_cm(host) else None, asked)
+
+
+def read_devices(host: HostRoot, wanted: Iterable[str]) -> VerbsDevices:
+    """The verbs devices of `wanted`, read now (blocking I/O; see VerbsCache for the cached, async way)."""
+    names = list(wanted)
+    return read_table(host, names).devices(names)
+
+
+DEFAULT_READ_BUDGET_S = 2.0
+
+
+class VerbsCache:
+    """The verbs table of the latest record, re-read off the event loop only on a miss.
+
+    A hit is every wanted device in the table with its node unchanged (one lstat each, and one of
+    rdma_cm). Anything else reads the host again in a thread, within `budget` seconds; concurrent
+    misses share one read, so a read stuck on a blocking file costs one thread, not one per Allocate.
+    """
+
+    def __init__(
+        self,
+        host: HostRoot,
+        *,
+        budget: float = DEFAULT_READ_BUDGET_S,
+        reader: Callable[[HostRoot, Iterable[str]], VerbsTable] = read_table,
+    ) -> None:
+        self.host = host
+        self._reader = reader
+        self._flight: SingleFlight[VerbsTable] = SingleFlight(VERBS_CLASS, budget)
+        self._version = -1
+        self._table: VerbsTable | None = None
+        self.generation = 0  # grows with every table read, so answers derived from one can be keyed on it
+        # The joined host path of every node in the table: the hit path's only work is one lstat each.
+        self._joined: dict[str, str] = {}
+        self._rdma_cm = host.host_path(RDMA_CM)
+
+    @property
+    def budget(self) -> float:
+        return self._flight.budget
+
+    @property
+    def reads(self) -> int:
+        """Host reads started so far (tests and the benchmark count misses with it)."""
+        return self._flight.started
+
+    def invalidate(self) -> None:
+        self._table = None
+
+    def fresh(self, version: int, wanted: Iterable[str]) -> bool:
+        """Whether the table answers `wanted` under record `version` with every node unchanged: an lstat
+        per node, no sysfs read. While it holds, `generation` names the table's answer."""
+        table = self._table
+        if table is None or version != self._version:
+            return False
+        for name in wanted:
+            entry = table.nodes.get(name)
+            if entry is None or _lstat_identity(self._joined[name]) != entry[1]:
+                return False
+        return _lstat_identity(self._rdma_cm) == table.rdma_cm
+
+    def _hit(self, version: int, wanted: list[str]) -> VerbsDevices | None:
+        if not self.fresh(version, wanted):
+            return None
+        assert self._table is not None
+        return self._table.devices(wanted)
+
+    async def devices(self, version: int, wanted: Iterable[str]) -> VerbsDevices:
+        """The verbs devices of `wanted` under record `version`. Raises offloop.ReadTimeout."""
+        names = list(dict.fromkeys(wanted))
+        hit = self._hit(version, names)
+        if hit is not None:
+            return hit
+        # A read already in flight may have been started for other devices: then one more, for ours.
+        for _ in range(2):
+            table = await self._flight.run(lambda: self._reader(self.host, names))
+            self._table, self._version = table, version
+            self.generation += 1
+            self._joined = {name: self.host.host_path(path) for name, (path, _) in table.nodes.items()}
+            if table.answers(names):
+                break
+        return table.devices(names)

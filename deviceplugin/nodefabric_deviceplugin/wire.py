@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nodefabric_deviceplugin.allocate import PERMISSIONS, ContainerGrant
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
+from nodefabric_deviceplugin.limits import entry_bytes as device_entry_size
 from nodefabric_deviceplugin.resources import HEALTHY, UNHEALTHY, FamilyView, Token
 
 
@@ -26,3 +27,14 @@ def container_response(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
             for d in grant.devices
         ],
     )
+
+
+def fit(message: pb.ListAndWatchResponse, limit: int) -> int:
+    """Cut the list to its longest prefix that encodes within `limit` bytes; returns how many remain."""
+    size = 0
+    for kept, d in enumerate(message.devices):
+        size += device_entry_size(d.ByteSize())
+        if size > limit:
+            del message.devices[kept:]
+            return kept
+    return len(message.devices)

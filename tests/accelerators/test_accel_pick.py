@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
 
 from nodefabric_devicemanager.accelerators import topo
-from nodefabric_devicemanager.pick import best_set, link_rank, lowest, matrix_rank, pick, score
+from nodefabric_devicemanager.pick import best_set, link_rank, lowest, matrix_rank, pick, rank_matrix, score
 
 LINKS = ["NV1", "NV2", "NV4", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"]
 
@@ -129,3 +130,75 @@ def test_sixteen_devices_exact():
     links = random_matrix(rng, 16, ["NV2", "NV4", "PIX", "NODE", "SYS"])
     free = list(range(16))
     assert pick(links, free, 6) == brute_force(links, free, 6)
+
+
+# -- the fast search: unchanged answers, every path ---------------------------------------------------------
+
+RANDOM_LINKS = ["NV2", "NV4", "PIX", "NODE", "SYS"]
+
+
+def bench_layout(seed):
+    """One of hack/bench_pick.py's random 16-device layouts."""
+    return random_matrix(random.Random(1000 + seed), 16, RANDOM_LINKS)
+
+
+# Layouts 1, 15, 16, 20 and 27 have no 8 devices pairwise at NODE or better: their slowest link is SYS,
+# where every set is allowed and only the total decides; the others settle at NODE.
+@pytest.mark.parametrize("seed", [0, 1, 15, 16, 20, 27])
+def test_eight_of_sixteen_random_links_is_exact(seed):
+    links = bench_layout(seed)
+    assert pick(links, range(16), 8) == brute_force(links, range(16), 8)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_free_sets_and_counts_are_exact(seed):
+    rng = random.Random(500 + seed)
+    n = rng.randint(9, 16)
+    links = random_matrix(rng, n, rng.sample(LINKS, rng.randint(2, 5)))
+    free = sorted(rng.sample(range(n), rng.randint(3, n)))
+    count = rng.randint(2, min(len(free), 7))
+    assert pick(links, free, count) == brute_force(links, free, count)
+
+
+def test_ties_everywhere_keep_the_lowest_indices():
+    links = random_matrix(random.Random(3), 16, ["NV18"])
+    assert pick(links, range(16), 8) == list(range(8))
+    assert pick(links, [3, 5, 7, 9, 11, 13, 15, 1], 4) == [1, 3, 5, 7]
+
+
+def test_wide_bonds_and_large_counts_take_wider_lanes():
+    # NV999 ranks 1005: with 15 of 16 the lane sums outgrow 16 bits.
+    rng = random.Random(7)
+    links = random_matrix(rng, 16, ["NV999", "NV18", "SYS"])
+    assert pick(links, range(16), 15) == brute_force(links, range(16), 15)
+    assert pick(links, range(16), 16) == list(range(16))
+
+
+def test_more_devices_than_the_lanes_serve_use_the_branch_and_bound():
+    rng = random.Random(22)
+    links = random_matrix(rng, 22, ["NV4", "PIX", "SYS"])
+    assert pick(links, range(22), 3) == brute_force(links, range(22), 3)
+    assert pick(links, range(1, 22, 2), 4) == brute_force(links, range(1, 22, 2), 4)
+
+
+def test_the_rank_matrix_is_computed_once_per_topology():
+    links = bench_layout(2)
+    rank_matrix.cache_clear()
+    pick(links, range(16), 8)
+    pick(links, range(1, 16), 4)
+    pick({a: dict(row) for a, row in links.items()}, range(16), 2)  # an equal copy is the same topology
+    assert rank_matrix.cache_info().misses == 1 and rank_matrix.cache_info().hits == 2
+
+
+def test_the_pick_command_chooses_the_exact_set(tmp_path, capsys):
+    from nodefabric_devicemanager.cli import main
+
+    links = bench_layout(16)
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps({str(a): {str(b): v for b, v in row.items()} for a, row in links.items()}))
+    assert main(["pick", "--links", str(path), "--count", "8"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert [int(i) for i in first.split(",")] == brute_force(links, range(16), 8)
+    assert main(["pick", "--links", str(path), "--free", "0-5,9-15", "--count", "8", "--json"]) == 0
+    free = [*range(6), *range(9, 16)]
+    assert json.loads(capsys.readouterr().out)["chosen"] == brute_force(links, free, 8)

@@ -244,7 +244,7 @@ def references_to(docs: list[Doc], component: str) -> dict[str, str]:
     names = [s["serviceAccount"]["name"] for s in fs["spec"]["rules"][0]["subjects"]]
     refs["flowschema"] = names[0] if component == "agent" else names[1]
     if component == "agent":
-        (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
+        policy = one(docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-node")
         refs["policy"] = policy["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1].rstrip('"')
     return refs
 

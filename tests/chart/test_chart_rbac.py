@@ -31,9 +31,10 @@ OPERATOR_NODEFEATURE: Grants = {
     (NAMESPACE, "nfd.k8s-sigs.io", "nodefeatures", ""): {"get", "create", "patch"},
 }
 OPERATOR_NODE: Grants = {**OPERATOR_COMMON, (CLUSTER, "", "nodes", ""): {"get", "list", "watch", "patch"}}
+# The extender runs in the scheduler's pod, as the scheduler's ServiceAccount: these it adds.
 EXTENDER: Grants = {
     (CLUSTER, "", "nodes", ""): {"list", "watch"},
-    (CLUSTER, "", "pods", ""): {"list", "watch"},
+    (CLUSTER, "", "pods", ""): {"list", "watch", "patch"},
     (CLUSTER, "scheduling.x-k8s.io", "podgroups", ""): {"list", "watch"},
     (CLUSTER, "scheduling.volcano.sh", "podgroups", ""): {"list", "watch"},
     (CLUSTER, "", "events", ""): {"create"},
@@ -131,18 +132,14 @@ def test_operator_may_do_exactly_what_its_sink_needs(render, sink: str, expected
     assert "--standalone" in args
 
 
-def test_extender_may_do_exactly_what_it_needs(default_docs: list[Doc]) -> None:
-    grants, builtin = grants_of(default_docs, sa_of(default_docs, "Deployment", "nf-nodefabric-extender"))
-    assert grants == EXTENDER
-    assert builtin == set()
-
-
-def test_scheduler_holds_the_stock_scheduler_roles_and_its_own_lease(default_docs: list[Doc]) -> None:
+def test_scheduler_holds_the_stock_scheduler_roles_its_own_lease_and_the_extenders(
+    default_docs: list[Doc],
+) -> None:
     grants, builtin = grants_of(default_docs, sa_of(default_docs, "Deployment", "nf-nodefabric-scheduler"))
-    assert grants == SCHEDULER
+    assert grants == {**SCHEDULER, **EXTENDER}
     assert builtin == SCHEDULER_BUILTIN
     # Nobody else holds the scheduler's roles.
-    for name in ("nf-nodefabric-agent", "nf-nodefabric-operator", "nf-nodefabric-extender"):
+    for name in ("nf-nodefabric-agent", "nf-nodefabric-operator"):
         assert not grants_of(default_docs, name)[1]
 
 
@@ -152,9 +149,8 @@ NODE_CLAIM = "authentication.kubernetes.io/node-name"
 
 
 def policy_parts(docs: list[Doc]) -> tuple[Doc, Doc]:
-    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
-    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
-    return policy, binding
+    name = "nf-nodefabric-agent-own-node"
+    return one(docs, "ValidatingAdmissionPolicy", name), one(docs, "ValidatingAdmissionPolicyBinding", name)
 
 
 def test_policy_binds_denying_and_fails_closed(default_docs: list[Doc]) -> None:
@@ -181,8 +177,8 @@ def test_policy_covers_every_agent_write_to_devices(default_docs: list[Doc]) -> 
 
 def test_policy_absent_when_disabled(render) -> None:
     docs = render({"agent": {"admissionPolicy": {"enabled": False}}})
-    assert not of_kind(docs, "ValidatingAdmissionPolicy")
-    assert not of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert "nf-nodefabric-agent-own-node" not in [d["metadata"]["name"] for d in of_kind(docs, kind)]
 
 
 class AdmissionPolicy:

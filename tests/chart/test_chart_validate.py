@@ -190,9 +190,8 @@ def test_the_default_render_holds_each_component(default_docs: list[Doc]) -> Non
         ("CustomResourceDefinition", "devices.worker.gpustack.ai"),
         ("DaemonSet", "nf-nodefabric-agent"),
         ("Deployment", "nf-nodefabric-operator"),
-        ("Deployment", "nf-nodefabric-extender"),
-        ("Deployment", "nf-nodefabric-scheduler"),
-        ("Service", "nf-nodefabric-extender"),
+        ("Deployment", "nf-nodefabric-scheduler"),  # kube-scheduler with the extender beside it
+        ("Service", "nf-nodefabric-extender-metrics"),
         ("ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-node"),
         ("ValidatingAdmissionPolicyBinding", "nf-nodefabric-agent-own-node"),
     ]:

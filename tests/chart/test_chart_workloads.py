@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, configmap_yaml, container, of_kind, one, pod_spec, workloads
+from chart_support import NAMESPACE, Doc, container, of_kind, one, pod_spec, workloads
 
 AGENT = "nf-nodefabric-agent"
 SCHEDULER = "nf-nodefabric-scheduler"
-EXTENDER = "nf-nodefabric-extender"
 
 
 def agent(docs: list[Doc]) -> Doc:
@@ -183,9 +182,13 @@ def test_agent_scheduling_follows_values(render, default_docs: list[Doc]) -> Non
 
 
 def test_image_follows_values(render, default_docs: list[Doc]) -> None:
-    for name in (AGENT, "nf-nodefabric-operator", EXTENDER):
+    for name, in_container in (
+        (AGENT, "agent"),
+        ("nf-nodefabric-operator", "operator"),
+        (SCHEDULER, "extender"),
+    ):
         w = next(w for w in workloads(default_docs) if w["metadata"]["name"] == name)
-        assert pod_spec(w)["containers"][0]["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
+        assert container(w, in_container)["image"] == "ghcr.io/gpustack/nodefabric:0.1.0"
     image = {"registry": "registry.local:5000", "repository": "gpu/nf", "tag": "dev", "pullPolicy": "Never"}
     docs = render({"image": image})
     c = container(agent(docs), "agent")
@@ -203,92 +206,13 @@ def test_image_follows_values(render, default_docs: list[Doc]) -> None:
 
 
 def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
-    for name in ("nf-nodefabric-operator", EXTENDER):
+    for name in ("nf-nodefabric-operator",):
         d = one(default_docs, "Deployment", name)
         assert d["spec"]["replicas"] == 1
         assert d["spec"]["strategy"] == {"type": "Recreate"}
 
 
-# The second scheduler and its extender.
-
-
-def scheduler_config(docs: list[Doc]) -> dict[str, Any]:
-    cfg: dict[str, Any] = configmap_yaml(docs, SCHEDULER, "scheduler-config.yaml")
-    return cfg
-
-
-def test_scheduler_configuration(default_docs: list[Doc]) -> None:
-    cfg = scheduler_config(default_docs)
-    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert cfg["kind"] == "KubeSchedulerConfiguration"
-    (profile,) = cfg["profiles"]
-    assert profile == {"schedulerName": "nodefabric-scheduler", "percentageOfNodesToScore": 100}
-    (ext,) = cfg["extenders"]
-    assert ext == {
-        "urlPrefix": f"http://{EXTENDER}.{NAMESPACE}.svc:8888",
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "weight": 5,
-        "httpTimeout": "5s",
-        "enableHTTPS": False,
-        "nodeCacheCapable": True,
-        "ignorable": False,
-    }
-
-
-def test_scheduler_reaches_the_extender_service(default_docs: list[Doc]) -> None:
-    (ext,) = scheduler_config(default_docs)["extenders"]
-    svc = one(default_docs, "Service", EXTENDER)
-    assert (
-        ext["urlPrefix"]
-        == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
-    )
-    extender = one(default_docs, "Deployment", EXTENDER)
-    assert svc["spec"]["selector"].items() <= extender["spec"]["template"]["metadata"]["labels"].items()
-    port = container(extender, "extender")["ports"][0]
-    assert svc["spec"]["ports"][0]["targetPort"] == port["name"]
-    args = container(extender, "extender")["args"]
-    assert args[args.index("--port") + 1] == str(port["containerPort"])
-
-
-def test_scheduler_leader_election_uses_the_lease_it_may_update(default_docs: list[Doc]) -> None:
-    election = scheduler_config(default_docs)["leaderElection"]
-    assert election["leaderElect"] is True
-    assert election["resourceLock"] == "leases"
-    assert election["resourceNamespace"] == NAMESPACE
-    role = one(default_docs, "Role", f"{SCHEDULER}-leases")
-    (named,) = [r for r in role["rules"] if r.get("resourceNames")]
-    assert named["resourceNames"] == [election["resourceName"]]
-    assert set(named["verbs"]) == {"get", "update"}
-
-
-def test_scheduler_runs_the_mounted_configuration(default_docs: list[Doc]) -> None:
-    d = one(default_docs, "Deployment", SCHEDULER)
-    c = container(d, "kube-scheduler")
-    assert c["command"][0] == "/usr/local/bin/kube-scheduler"
-    (flag,) = [a for a in c["command"] if a.startswith("--config=")]
-    path = flag.removeprefix("--config=")
-    mount = mounts_by_volume(d, "kube-scheduler")["config"]
-    assert path == f"{mount['mountPath']}/scheduler-config.yaml"
-    (vol,) = [v for v in pod_spec(d)["volumes"] if v["name"] == "config"]
-    assert vol["configMap"]["name"] == SCHEDULER
-
-
-def test_scheduler_follows_values(render) -> None:
-    docs = render(
-        {
-            "scheduler": {"name": "gang-scheduler"},
-            "extender": {"weight": 20, "httpTimeout": "2s", "port": 9999},
-        }
-    )
-    cfg = scheduler_config(docs)
-    assert cfg["profiles"][0]["schedulerName"] == "gang-scheduler"
-    (ext,) = cfg["extenders"]
-    assert (ext["weight"], ext["httpTimeout"], ext["urlPrefix"]) == (
-        20,
-        "2s",
-        f"http://{EXTENDER}.{NAMESPACE}.svc:9999",
-    )
+# The second scheduler (its configuration and the extender beside it: test_chart_scheduler.py).
 
 
 @pytest.mark.parametrize(
@@ -312,88 +236,6 @@ def test_chart_refuses_clusters_without_admission_policies(render) -> None:
 
     with pytest.raises(RenderError, match="kubeVersion"):
         render(kube_version="1.29.9")
-
-
-def extender_config(docs: list[Doc]) -> dict[str, Any]:
-    cfg: dict[str, Any] = configmap_yaml(docs, EXTENDER, "extender.yaml")
-    return cfg
-
-
-def test_extender_configuration_defaults_follow_the_domain(render, default_docs: list[Doc]) -> None:
-    cfg = extender_config(default_docs)
-    assert cfg["domain"] == "gpustack.ai"
-    assert [lvl["name"] for lvl in cfg["levels"]] == ["fabric", "network-group", "zone", "region"]
-    keys = {lvl["name"]: lvl["keys"] for lvl in cfg["levels"]}
-    assert keys["fabric"] == ["feature.gpustack.ai/fabric.domain", "nvidia.com/gpu.clique"]
-    assert keys["network-group"][0] == "topology.gpustack.ai/network-group"
-    assert keys["zone"] == ["topology.kubernetes.io/zone"]
-    assert keys["region"] == ["topology.kubernetes.io/region"]
-    assert (cfg["defaultLocality"], cfg["defaultRank"], cfg["homogeneousKeys"]) == (
-        "prefer",
-        "spread",
-        ["nvidia.com/gpu.product"],
-    )
-    other = extender_config(render({"domain": "example.com"}))
-    assert other["levels"][0]["keys"][0] == "feature.example.com/fabric.domain"
-    assert other["levels"][1]["keys"][0] == "topology.example.com/network-group"
-
-
-def test_extender_configuration_follows_values(render) -> None:
-    docs = render(
-        {
-            "extender": {
-                "levels": {"networkGroup": ["example.com/rack"]},
-                "defaults": {"locality": "zone", "rank": "most-free-memory", "homogeneous": []},
-                "extraConfig": {"claimTTLSeconds": 120, "defaultRank": "first-fit"},
-            }
-        }
-    )
-    cfg = extender_config(docs)
-    assert cfg["levels"][1] == {
-        "name": "network-group",
-        "title": "network group",
-        "keys": ["example.com/rack"],
-    }
-    assert (cfg["defaultLocality"], cfg["homogeneousKeys"]) == ("zone", [])
-    assert cfg["claimTTLSeconds"] == 120
-    # extraConfig adds settings; it does not override the ones the chart has values for.
-    assert cfg["defaultRank"] == "most-free-memory"
-
-
-@pytest.mark.parametrize("variant", ["default", "custom"])
-def test_the_extender_accepts_the_rendered_configuration(render, tmp_path, variant: str) -> None:
-    """The extender's own loader reads the file the chart writes: same keys, same defaults."""
-    from nodefabric_operator.extender.config import default_levels, load_config
-
-    values = {} if variant == "default" else {
-        "domain": "example.com",
-        "extender": {"levels": {"zone": ["example.com/zone"]}, "defaults": {"locality": "region"}},
-    }  # fmt: skip
-    path = tmp_path / "extender.yaml"
-    path.write_text(one(render(values), "ConfigMap", EXTENDER)["data"]["extender.yaml"])
-    loaded = load_config(path)
-    if variant == "default":
-        assert loaded.levels == default_levels("gpustack.ai")
-        assert (loaded.default_locality, loaded.default_rank) == ("prefer", "spread")
-    else:
-        assert loaded.domain == "example.com"
-        assert loaded.levels[2].keys == ("example.com/zone",)
-        assert loaded.levels[0].keys[0] == "feature.example.com/fabric.domain"
-        assert loaded.default_locality == "region"
-
-
-def test_extender_reads_the_mounted_configuration_and_restarts_on_change(
-    render, default_docs: list[Doc]
-) -> None:
-    d = one(default_docs, "Deployment", EXTENDER)
-    args = container(d, "extender")["args"]
-    assert args[0] == "extender"
-    mount = mounts_by_volume(d, "extender")["config"]
-    assert args[args.index("--config") + 1] == f"{mount['mountPath']}/extender.yaml"
-    assert mount["readOnly"] is True
-    before = d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-    changed = one(render({"extender": {"defaults": {"rank": "first-fit"}}}), "Deployment", EXTENDER)
-    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != before
 
 
 def test_every_workload_has_probes_and_resources(default_docs: list[Doc]) -> None:
@@ -446,11 +288,6 @@ def test_the_operator_parses_its_rendered_command_line(render, sink: str) -> Non
     ns = parse(container(one(docs, "Deployment", "nf-nodefabric-operator"), "operator")["args"])
     assert (ns.sink, ns.namespace, ns.domain, ns.standalone) == (sink, NAMESPACE, "example.com", True)
     assert (ns.metrics_port, ns.health_port) == (9101, 8080)
-
-
-def test_the_extender_parses_its_rendered_command_line(default_docs: list[Doc]) -> None:
-    ns = parse(container(one(default_docs, "Deployment", EXTENDER), "extender")["args"])
-    assert (str(ns.config), ns.port) == ("/etc/nodefabric/extender.yaml", 8888)
 
 
 def test_critical_agent_pods_are_admitted_by_a_quota_for_their_class(render, default_docs: list[Doc]) -> None:

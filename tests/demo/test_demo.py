@@ -87,7 +87,11 @@ def test_training_group_lands_in_one_zone_with_its_reasons(demo):
     assert placement.count("-> us-east-1b-") == 8
     assert "the group landed in 1 zone(s): us-east-1b" in placement
     assert "outcome placed at level zone (us-east-1b)" in placement
-    assert "fabric level skipped: largest fabric domain holds 4" in placement
+    assert "fabric level skipped: largest fabric domain holds 4 now" in placement
+    assert (
+        "placement.gpustack.ai/decision:" in placement
+        and "placed: 8 of 8 pods of group ml/explicit/train" in placement
+    )
 
 
 def test_dra_driver_publishes_hgx_slices_and_prepares_a_gpu_nic_claim(demo):

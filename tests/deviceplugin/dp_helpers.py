@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict, VirtualFunction
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.resources import PluginConfig
 from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
@@ -18,12 +20,20 @@ from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 def scripted_reader(
     readings: list[list[Interface] | Exception | None], stop: asyncio.Event
 ) -> Callable[[HostRoot], list[Interface] | None]:
-    """A host reader answering `readings` in order (an Exception is raised); sets `stop` after the last."""
+    """A host reader answering `readings` in order (an Exception is raised). Asked once more after the
+    last, it sets `stop` and answers the last reading again, so every scripted reading was handled.
+
+    Call it on the loop poll_host runs on: the reader runs in a thread and sets `stop` through the loop.
+    """
+    loop = asyncio.get_running_loop()
+    last: list[list[Interface] | Exception | None] = []
 
     def reader(host: HostRoot) -> list[Interface] | None:
-        item = readings.pop(0)
-        if not readings:
-            stop.set()
+        if readings:
+            last[:] = [readings.pop(0)]
+        else:
+            loop.call_soon_threadsafe(stop.set)
+        item = last[0]
         if isinstance(item, Exception):
             raise item
         return item
@@ -93,6 +103,18 @@ def two_nics_and_vfs() -> DevicesSpec:
     )
 
 
+def thousand_vfs(pfs: int = 8, per_pf: int = 128) -> DevicesSpec:
+    """pfs PFs with per_pf VFs each, the first half of the PFs on NUMA node 0, the rest on node 1."""
+    out = []
+    for p in range(pfs):
+        vfs = [
+            vf(f"0000:{0x10 + p:02x}:{(i + 1) // 8:02x}.{(i + 1) % 8}", f"mlx5_{100 + p * per_pf + i}")
+            for i in range(per_pf)
+        ]
+        out.append(nic(f"p{p}", f"0000:{0x10 + p:02x}:00.0", f"mlx5_{p}", numa=str(p * 2 // pfs), vfs=vfs))
+    return DevicesSpec(interfaces=out)
+
+
 @dataclass
 class FixtureHost:
     builder: SysfsBuilder
@@ -119,13 +141,16 @@ async def start_plugin(
     config: PluginConfig | None = None,
     *,
     kubelet: KubeletEmulator | None = None,
+    **options: Any,
 ) -> Running:
+    """A plugin serving `spec` to a (started) test kubelet; `options` go to DevicePluginManager."""
     if kubelet is None:
         kubelet = KubeletEmulator(plugin_dir)
         await kubelet.start()
     source = RecordSource(spec)
     config = config or PluginConfig(shared_count=4)
-    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, poll_interval=0.02)
+    options.setdefault("retry_base", 0.02)
+    manager = DevicePluginManager(source, host, config=config, plugin_dir=plugin_dir, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     return Running(kubelet, manager, source, stop, task, config)
@@ -135,3 +160,32 @@ async def shutdown(running: Running) -> None:
     running.stop.set()
     await asyncio.wait_for(running.task, timeout=30)
     await running.kubelet.stop()
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until `predicate()` holds, for conditions nothing signals (log records, readiness)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def by_id(devices: Iterable[pb.Device]) -> dict[str, pb.Device]:
+    return {d.ID: d for d in devices}
+
+
+def hint(device: pb.Device) -> list[int] | None:
+    """The NUMA nodes a device hints, None when it sends no TopologyInfo."""
+    return [n.ID for n in device.topology.nodes] if device.HasField("topology") else None
+
+
+ALL_RESOURCES = (
+    "device.gpustack.ai/rdma",
+    "device.gpustack.ai/rdma.shared",
+    "device.gpustack.ai/rdma.partitioned",
+)
+
+
+async def wait_all_registered(kubelet: KubeletEmulator, count: int, timeout: float = 10.0) -> None:
+    """Until kubelet accepted each of the three resources `count` times in all."""
+    for resource in ALL_RESOURCES:
+        await kubelet.wait_registered(resource, count=count, timeout=timeout)

@@ -7,7 +7,7 @@ import os
 
 import grpc
 import pytest
-from dp_helpers import FixtureHost, Running, nic, shutdown, start_plugin, two_nics_and_vfs, vf
+from dp_helpers import FixtureHost, Running, by_id, hint, nic, shutdown, start_plugin, two_nics_and_vfs, vf
 
 from nodefabric_devicemanager.models import DevicesSpec, LinkState
 from nodefabric_deviceplugin import metrics
@@ -18,14 +18,6 @@ from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 EXCLUSIVE = "device.gpustack.ai/rdma"
 SHARED = "device.gpustack.ai/rdma.shared"
 PARTITIONED = "device.gpustack.ai/rdma.partitioned"
-
-
-def by_id(devices: list[pb.Device]) -> dict[str, pb.Device]:
-    return {d.ID: d for d in devices}
-
-
-def numa(device: pb.Device) -> list[int] | None:
-    return [n.ID for n in device.topology.nodes] if device.HasField("topology") else None
 
 
 async def test_registers_the_three_keys_after_serving(running: Running) -> None:
@@ -47,8 +39,8 @@ async def test_device_lists_carry_health_and_topology(running: Running) -> None:
     exclusive = by_id(await running.kubelet.wait_devices(EXCLUSIVE))
     # eth0 has no RDMA device and the partitioned PF is served only as VFs.
     assert sorted(exclusive) == ["0000:19:00.0", "0000:5e:00.0"]
-    assert numa(exclusive["0000:19:00.0"]) == [0]
-    assert numa(exclusive["0000:5e:00.0"]) == [1]
+    assert hint(exclusive["0000:19:00.0"]) == [0]
+    assert hint(exclusive["0000:5e:00.0"]) == [1]
     assert {d.health for d in exclusive.values()} == {"Healthy"}
 
     shared = await running.kubelet.wait_devices(SHARED)
@@ -57,9 +49,9 @@ async def test_device_lists_carry_health_and_topology(running: Running) -> None:
 
     partitioned = by_id(await running.kubelet.wait_devices(PARTITIONED))
     assert sorted(partitioned) == ["0000:86:00.1", "0000:86:00.2"]
-    assert numa(partitioned["0000:86:00.1"]) == [1]
+    assert hint(partitioned["0000:86:00.1"]) == [1]
     # The VF without NUMA of its own falls back to its parent's.
-    assert numa(partitioned["0000:86:00.2"]) == [1]
+    assert hint(partitioned["0000:86:00.2"]) == [1]
     assert running.kubelet.resources[PARTITIONED].allocatable == 2
 
 

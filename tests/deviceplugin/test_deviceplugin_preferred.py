@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dp_helpers import nic, vf
+from dp_helpers import nic, thousand_vfs, vf
 
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.preferred import preferred
@@ -132,3 +132,38 @@ def test_a_large_vf_pool_joins_a_must_include_on_its_pf() -> None:
     v = view(many_vfs(20), Family.PARTITIONED)
     chosen = preferred(v, all_ids(v), ["0000:5e:02.0"], 3)
     assert chosen == ["0000:5e:02.0", "0000:5e:00.1", "0000:5e:00.2"]
+
+
+def test_a_huge_request_over_a_thousand_vfs_stays_on_one_numa_node() -> None:
+    v = view(thousand_vfs(), Family.PARTITIONED)
+    ids = all_ids(v)
+    chosen = preferred(v, ids, [], 512)
+    assert len(chosen) == len(set(chosen)) == 512
+    assert {v.by_id[i].endpoint.numa for i in chosen} == {0}
+    # Among equals, the lowest ids: the first four PFs' VFs, in order.
+    assert chosen == ids[:512]
+    # Across the sockets only when one cannot hold them all.
+    assert {v.by_id[i].endpoint.numa for i in preferred(v, ids, [], 600)} == {0, 1}
+
+
+def test_a_must_include_on_node_1_draws_the_rest_to_node_1() -> None:
+    v = view(thousand_vfs(), Family.PARTITIONED)
+    ids = all_ids(v)
+    chosen = preferred(v, ids, [ids[-1]], 8)
+    assert chosen[0] == ids[-1] and {v.by_id[i].endpoint.numa for i in chosen} == {1}
+
+
+def test_too_many_distinct_placements_fall_back_to_the_lowest_ids() -> None:
+    # 80 NICs each behind its own switch: 80 placements, past CLASS_LIMIT.
+    nics = [
+        nic(
+            f"e{i}",
+            f"0000:{0x10 + i:02x}:00.0",
+            f"mlx5_{i}",
+            numa=str(i % 2),
+            switches=(f"0000:{0x0F + i:02x}:01.0",),
+        )
+        for i in range(80)
+    ]
+    v = view(DevicesSpec(interfaces=nics), Family.EXCLUSIVE)
+    assert preferred(v, all_ids(v), [], 4) == all_ids(v)[:4]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from dp_helpers import nic, two_nics_and_vfs, vf
 
-from nodefabric_devicemanager.models import DevicesSpec, LinkState
+from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState
 from nodefabric_deviceplugin.resources import (
     MAX_ID_LENGTH,
     Family,
     PluginConfig,
     partition_endpoints,
+    token_stem,
     view,
     whole_function_endpoints,
 )
@@ -91,7 +94,19 @@ def test_vf_health_is_its_own() -> None:
 
 @pytest.mark.parametrize(
     ("own", "parent", "expected"),
-    [("3", "1", 3), ("", "1", 1), ("", "", None), ("-1", "", None), ("0", "", 0)],
+    [
+        ("3", "1", 3),
+        ("", "1", 1),
+        ("", "", None),
+        ("-1", "", None),
+        ("0", "", 0),
+        # Not node ids, by the operator's parser (numbers.numa_node): unknown, so the parent's counts.
+        ("²", "1", 1),
+        ("\u0661", "", None),
+        ("01", "", None),
+        ("1" * 23, "2", 2),
+        ("1024", "", None),
+    ],
 )
 def test_vf_numa_falls_back_to_parent_and_no_hint_when_unknown(
     own: str, parent: str, expected: int | None
@@ -157,7 +172,38 @@ def test_config_families_and_names() -> None:
     assert PluginConfig().families() == [Family.EXCLUSIVE, Family.SHARED, Family.PARTITIONED]
     assert PluginConfig(shared=False, partitioned=False).families() == [Family.EXCLUSIVE]
     assert PluginConfig(domain="example.com").resource_name(Family.SHARED) == "device.example.com/rdma.shared"
-    with pytest.raises(ValueError, match="shared count"):
+    with pytest.raises(ValueError, match="--shared-count must be at least 1"):
         PluginConfig(shared_count=0)
     with pytest.raises(ValueError, match="domain"):
         PluginConfig(domain="Not A Domain")
+
+
+def test_a_top_level_vf_is_never_whole() -> None:
+    top_vf = Interface(
+        pci_bus_id="0000:86:00.2", rdma=True, rdma_device="mlx5_4", physical_function="0000:86:00.0"
+    )
+    spec = DevicesSpec(interfaces=[nic("e", "0000:19:00.0", "mlx5_0"), top_vf])
+    assert ids(spec, Family.EXCLUSIVE) == ["0000:19:00.0"]
+    assert ids(spec, Family.SHARED, 1) == ["0000:19:00.0-0"]
+    assert ids(spec, Family.PARTITIONED) == ["0000:86:00.2"]
+
+
+@pytest.mark.parametrize(
+    ("device", "stem"),
+    [
+        ("hns_0", "rdma-hns_0"),
+        ("rxe0", "rdma-rxe0"),
+        ("siw_eth0", "rdma-siw_eth0"),
+        ("mlx5_bond_0", "rdma-mlx5_bond_0"),
+    ],
+)
+def test_an_endpoint_off_the_pci_bus_is_keyed_on_its_rdma_device(device: str, stem: str) -> None:
+    assert token_stem("", device) == stem
+
+
+@pytest.mark.parametrize("device", ["rxe 0", "rxe/0", "rxé0", "a" * 70, "\udcff"])
+def test_an_odd_device_name_gets_a_valid_distinct_id(device: str) -> None:
+    stem = token_stem("", device)
+    assert len(stem) <= 56 and re.fullmatch(r"[A-Za-z0-9_.:-]+", stem)
+    assert stem != token_stem("", device + "x")
+    assert stem == token_stem("", device)

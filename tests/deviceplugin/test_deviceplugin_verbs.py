@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import DevicesSpec, Interface
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.verbs import VerbsUnresolvable, has_rdma_cm, resolve_uverbs
+from nodefabric_deviceplugin.allocate import grant
+from nodefabric_deviceplugin.resources import Family, view
+from nodefabric_deviceplugin.verbs import (
+    VerbsCache,
+    VerbsUnresolvable,
+    has_rdma_cm,
+    read_devices,
+    resolve_uverbs,
+)
 
 
 @pytest.mark.parametrize("layout", ["both", "class", "device"])
@@ -63,7 +73,7 @@ def test_a_missing_device_node_is_unresolvable(tmp_path: Path) -> None:
         resolve_uverbs(HostRoot.at(tmp_path), "mlx5_0")
 
 
-@pytest.mark.parametrize("name", ["", "..", "a/b"])
+@pytest.mark.parametrize("name", ["", "..", "a/b", "mlx5,1", "mlx5_1:1", "=mlx5_1", "a" * 64, "mlx 5"])
 def test_a_name_that_is_not_a_device_name_is_refused(tmp_path: Path, name: str) -> None:
     SysfsBuilder(tmp_path)
     with pytest.raises(VerbsUnresolvable, match="not a valid RDMA device name"):
@@ -86,3 +96,95 @@ def test_rdma_cm_presence(tmp_path: Path) -> None:
     assert not has_rdma_cm(HostRoot.at(tmp_path))
     b.rdma_cm()
     assert has_rdma_cm(HostRoot.at(tmp_path))
+
+
+# -- the cache the Allocate path reads through -----------------------------------------------------------
+
+
+def _host(tmp_path: Path) -> SysfsBuilder:
+    b = SysfsBuilder(tmp_path)
+    b.nic("0000:19:00.0", "ens1f0", rdma="mlx5_0", verbs=7)
+    b.nic("0000:5e:00.0", "ens2f0", rdma="mlx5_1", verbs=2)
+    return b
+
+
+async def test_a_hit_reads_no_sysfs(tmp_path: Path) -> None:
+    cache = VerbsCache(HostRoot.at(_host(tmp_path).root))
+    first = await cache.devices(1, ["mlx5_0"])
+    # One read of the class answers every device it names, not only the one asked for.
+    second = await cache.devices(1, ["mlx5_1", "mlx5_0"])
+    assert cache.reads == 1
+    assert dict(first.nodes) == {"mlx5_0": "/dev/infiniband/uverbs7"}
+    assert dict(second.nodes) == {"mlx5_1": "/dev/infiniband/uverbs2", "mlx5_0": "/dev/infiniband/uverbs7"}
+    assert not first.rdma_cm
+
+
+async def test_a_new_record_reads_again(tmp_path: Path) -> None:
+    cache = VerbsCache(HostRoot.at(_host(tmp_path).root))
+    await cache.devices(1, ["mlx5_0"])
+    await cache.devices(2, ["mlx5_0"])
+    assert cache.reads == 2
+
+
+async def test_a_driver_reload_that_renumbers_is_noticed_without_a_record_change(tmp_path: Path) -> None:
+    b = _host(tmp_path)
+    cache = VerbsCache(HostRoot.at(b.root))
+    assert dict((await cache.devices(1, ["mlx5_0"])).nodes) == {"mlx5_0": "/dev/infiniband/uverbs7"}
+    # The driver comes back with the numbers swapped; the kernel recreates both device nodes.
+    (b.functions["0000:19:00.0"] / "infiniband_verbs" / "uverbs7" / "ibdev").write_text("mlx5_1\n")
+    (b.functions["0000:5e:00.0"] / "infiniband_verbs" / "uverbs2" / "ibdev").write_text("mlx5_0\n")
+    for n in (7, 2):
+        b.path(f"/dev/infiniband/uverbs{n}").unlink()
+        b.write(f"/dev/infiniband/uverbs{n}", "")
+    assert dict((await cache.devices(1, ["mlx5_0"])).nodes) == {"mlx5_0": "/dev/infiniband/uverbs2"}
+    assert cache.reads == 2
+
+
+async def test_rdma_cm_appearing_is_noticed(tmp_path: Path) -> None:
+    b = _host(tmp_path)
+    cache = VerbsCache(HostRoot.at(b.root))
+    assert not (await cache.devices(1, ["mlx5_0"])).rdma_cm
+    b.rdma_cm()
+    assert (await cache.devices(1, ["mlx5_0"])).rdma_cm
+    assert cache.reads == 2
+
+
+async def test_an_unresolvable_device_is_a_miss_every_time(tmp_path: Path) -> None:
+    cache = VerbsCache(HostRoot.at(_host(tmp_path).root))
+    for n in (1, 2):
+        answer = await cache.devices(1, ["mlx5_9"])
+        assert not answer.nodes
+        assert "mlx5_9" in str(answer.unresolved["mlx5_9"])
+        assert cache.reads == n
+
+
+async def test_concurrent_misses_share_one_read_and_each_gets_its_devices(tmp_path: Path) -> None:
+    cache = VerbsCache(HostRoot.at(_host(tmp_path).root))
+    a, b = await asyncio.gather(cache.devices(1, ["mlx5_0"]), cache.devices(1, ["mlx5_1"]))
+    assert dict(a.nodes) == {"mlx5_0": "/dev/infiniband/uverbs7"}
+    assert dict(b.nodes) == {"mlx5_1": "/dev/infiniband/uverbs2"}
+    assert cache.reads == 1
+
+
+def test_grant_is_pure_and_the_same_for_every_caller(tmp_path: Path) -> None:
+    b = _host(tmp_path)
+    b.rdma_cm()
+    spec = DevicesSpec(
+        interfaces=[
+            Interface(name="ens2f0", pci_bus_id="0000:5e:00.0", rdma=True, rdma_device="mlx5_1"),
+            Interface(name="ens1f0", pci_bus_id="0000:19:00.0", rdma=True, rdma_device="mlx5_0"),
+        ]
+    )
+    endpoints = view(spec, Family.EXCLUSIVE).endpoints
+    verbs = read_devices(HostRoot.at(b.root), [e.rdma_device for e in endpoints])
+    granted = grant(endpoints, verbs)
+    assert [d.path for d in granted.devices] == [
+        "/dev/infiniband/uverbs7",
+        "/dev/infiniband/uverbs2",
+        "/dev/infiniband/rdma_cm",
+    ]
+    assert granted.envs == {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
+    assert grant((), verbs) == grant((), read_devices(HostRoot.at(b.root), []))
+    missing = read_devices(HostRoot.at(b.root), ["mlx5_0"])
+    with pytest.raises(VerbsUnresolvable, match="mlx5_1"):
+        grant(endpoints, missing)

@@ -40,6 +40,7 @@ from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.resources import Family, view
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
+from nodefabric_deviceplugin.verbs import read_devices
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
@@ -223,7 +224,8 @@ async def test_prepare_writes_one_cdi_spec_with_the_device_plugins_grant(
     # The same as a device-plugin Allocate of the same two endpoints, one token from each family.
     host = hgx_host[0].host
     whole, parts = view(hgx_spec, Family.EXCLUSIVE), view(hgx_spec, Family.PARTITIONED)
-    dp = [grant(host, whole, ["0000:1c:00.0"]), grant(host, parts, ["0000:e0:00.1"])]
+    endpoints = [whole.by_id["0000:1c:00.0"].endpoint, parts.by_id["0000:e0:00.1"].endpoint]
+    dp = [grant([e], read_devices(host, [e.rdma_device])) for e in endpoints]
     granted = {n.path for g in dp for n in g.devices}
     assert granted == {p for paths in nodes.values() for p in paths}
 

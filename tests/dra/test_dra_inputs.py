@@ -26,6 +26,7 @@ from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.verbs import VerbsCache
 
 UID = "6f1c2a4e-2b0d-4d43-9a55-0c7f1b2b9e10"
 REF = ClaimRef("ml", UID, "pair")
@@ -346,18 +347,22 @@ async def test_a_blocking_verbs_attribute_fails_the_claim_within_budget_and_free
     config = dirs.config()
     api = FailingApi(claim([result("pci-0000-1c-00-0")]))
     preparer = Preparer(
-        config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path), read_budget=0.5
+        config,
+        RecordSource(hgx_spec),
+        b.host,
+        api,
+        Checkpoint(config.checkpoint_path),
+        verbs=VerbsCache(b.host, budget=0.5),
     )
     try:
         out = await asyncio.wait_for(preparer.prepare([REF]), 10)
-        assert "took longer than 0.5 s" in out[UID].error
+        assert "did not finish within 0.5 s" in out[UID].error
         # The lock is free again: the next claim is answered at once, without a second stuck thread.
         other = ClaimRef("ml", str(uuid.uuid4()), "pair")
         api.answer = claim([result("pci-0000-1c-00-0")], uid=other.uid)
-        stuck = preparer._reading
         again = await asyncio.wait_for(preparer.prepare([other]), 10)
-        assert "still blocked" in again[other.uid].error
-        assert preparer._reading is stuck  # no second read was started
+        assert "did not finish within 0.5 s" in again[other.uid].error
+        assert preparer.verbs.reads == 1  # it waited on the read in flight; no second one started
     finally:
         release(ibdev)
 
@@ -395,11 +400,10 @@ async def test_a_blocking_link_layer_stalls_one_sync_thread_not_the_publisher(
     try:
         # Several budgets pass: each retry finds the first sync still stuck and starts no second thread.
         async with asyncio.timeout(10):
-            while publisher._inflight is None:
+            while publisher.flight.stuck_for < 0.5:
                 await asyncio.sleep(0.05)
-        stuck = publisher._inflight
-        await asyncio.sleep(1.2)
-        assert publisher._inflight is stuck and not stuck.done()
+        await asyncio.sleep(1.2)  # four more budgets and retries
+        assert publisher.flight.started == 1 and publisher.flight.stuck_for > 1.5
         assert calls == [] and publisher.syncs == 0
         release(layer)  # the read returns: the next sync publishes
         async with asyncio.timeout(10):

@@ -186,7 +186,7 @@ def test_endpoints_without_an_rdma_device_or_of_efa_are_not_devices(tmp_path: Pa
 
 
 def _ep(key: str) -> RdmaEndpoint:
-    return RdmaEndpoint(key, "mlx5_0", (), "", (), "", "", True, "")
+    return RdmaEndpoint(key, "mlx5_0", (), "", (), "", None, True, "")
 
 
 @pytest.mark.parametrize(

@@ -144,13 +144,25 @@ def args(p: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
 
 
 class Recorder:
-    """An EventSink that keeps what it was told."""
+    """A Publisher that keeps what it was told: Events, and annotation writes per pod name."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str, str]] = []
+        self.annotations: dict[str, dict[str, str]] = {}
+        self.writes: list[tuple[str, dict[str, str | None]]] = []
 
-    def emit(self, pod: Any, type_: str, reason: str, message: str) -> None:
+    def event(self, pod: Any, type_: str, reason: str, message: str) -> None:
         self.events.append((pod["metadata"]["name"], type_, reason, message))
+
+    def annotate(self, pod: Any, annotations: Any) -> None:
+        name = pod["metadata"]["name"]
+        self.writes.append((name, dict(annotations)))
+        mine = self.annotations.setdefault(name, {})
+        for k, v in annotations.items():
+            if v is None:
+                mine.pop(k, None)
+            else:
+                mine[k] = v
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -73,58 +74,154 @@ def test_a_bad_config_file_is_a_clear_error(tmp_path: Path, text: str, message: 
         load_config(path)
 
 
+def _fails_to_start(*argv: str) -> str:
+    """Run the extender expecting a start-up failure: exit 2, one line on stderr, no traceback."""
+    proc = _extender(*argv)
+    _, err = proc.communicate(timeout=60)
+    text = err.decode()
+    assert proc.returncode == 2, text
+    assert len(text.strip().splitlines()) == 1, text
+    assert "Traceback" not in text
+    return text
+
+
 def test_cli_refuses_to_start_on_a_bad_config(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaultRank: random\n")
-    proc = _extender("--config", str(bad), "--nodes-file", str(tmp_path / "none.json"))
+    err = _fails_to_start("--config", str(bad), "--nodes-file", str(tmp_path / "none.json"))
+    assert "extender cannot start" in err and "defaultRank" in err
+
+
+def test_cli_refuses_a_nodes_file_with_list_valued_labels(tmp_path: Path):
+    nodes = fleet(per_zone=1)
+    nodes[3]["metadata"]["labels"]["topology.kubernetes.io/zone"] = ["eu-a", "eu-b"]
+    path = tmp_path / "nodes.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    err = _fails_to_start("--nodes-file", str(path))
+    assert "item 3: Node.metadata.labels['topology.kubernetes.io/zone']: must be a string, got list" in err
+
+
+def test_cli_refuses_a_busy_port(tmp_path: Path):
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps(fleet(per_zone=1)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = _fails_to_start("--nodes-file", str(nodes), "--port", str(port))
+    assert "cannot listen" in err and "address already in use" in err.lower()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--address", "0.0.0.0"], "--address 0.0.0.0 would let any pod that reaches it steer placement"),
+        (["--address", "10.1.2.3", "--tls-cert", "c", "--tls-key", "k"], "verify clients with --tls-cert"),
+        (["--tls-cert", "c"], "--tls-cert and --tls-key go together"),
+        (["--tls-client-ca", "ca"], "--tls-client-ca needs --tls-cert and --tls-key"),
+        (["--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"], "No such file"),
+        (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024"),
+    ],
+)
+def test_cli_refuses_unsafe_or_broken_listeners(tmp_path: Path, argv: list[str], message: str):
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps(fleet(per_zone=1)))
+    assert message in _fails_to_start("--nodes-file", str(nodes), *argv)
+
+
+def test_cli_refuses_a_bad_flag_value_without_a_traceback():
+    proc = _extender("--read-timeout", "-1")
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2
-    assert b"extender cannot start" in err and b"defaultRank" in err
+    assert proc.returncode == 2 and b"Traceback" not in err
+    assert b"must be a positive number of seconds" in err
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl binary to make a certificate")
-def test_cli_serves_https_from_a_nodes_file(tmp_path: Path):
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _certificates(d: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed, and a client
+    certificate signed by another CA: real certificates, made by openssl for this test."""
+    paths = {}
+    for ca in ("ca", "rogue-ca"):
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={ca}",
+                 "-keyout", str(d / f"{ca}.key"), "-out", str(d / f"{ca}.crt"))  # fmt: skip
+        paths[ca] = d / f"{ca}.crt"
+    for name, ca, extra in (
+        ("server", "ca", ["-extfile", str(d / "san.cnf")]),
+        ("client", "ca", []),
+        ("rogue", "rogue-ca", []),
+    ):
+        (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
+        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / f"{ca}.crt"),
+                 "-CAkey", str(d / f"{ca}.key"), "-CAcreateserial", "-days", "1",
+                 "-out", str(d / f"{name}.crt"), *extra)  # fmt: skip
+        paths[name] = d / f"{name}.crt"
+        paths[f"{name}-key"] = d / f"{name}.key"
+    return paths
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, ctx: ssl.SSLContext | None = None) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+                assert resp.status == 200
+                return
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl binary to make certificates")
+def test_cli_serves_https_only_to_clients_with_a_certificate_from_the_ca(tmp_path: Path):
+    certs = _certificates(tmp_path)
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": fleet(per_zone=2)}))
-    port = _free_port()
-    proc = _extender("--nodes-file", str(nodes), "--port", str(port), "--address", "127.0.0.1",
-                     "--tls-cert", str(cert), "--tls-key", str(key))  # fmt: skip
-    ctx = ssl.create_default_context(cafile=str(cert))
+    port, probe = _free_port(), _free_port()
+    proc = _extender("--nodes-file", str(nodes), "--address", "0.0.0.0", "--port", str(port),
+                     "--metrics-address", "127.0.0.1", "--metrics-port", str(probe),
+                     "--tls-cert", str(certs["server"]), "--tls-key", str(certs["server-key"]),
+                     "--tls-client-ca", str(certs["ca"]))  # fmt: skip
     base = f"https://127.0.0.1:{port}"
+
+    def client(cert: str | None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(certs["ca"]))
+        if cert:
+            ctx.load_cert_chain(certs[cert], certs[f"{cert}-key"])
+        return ctx
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", context=ctx, timeout=5) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        _wait_ready(proc, f"http://127.0.0.1:{probe}/readyz")
         body = json.dumps(args(pod("g-0", gpus=8, **explicit("g", 2)), ["eu-a-0", "eu-a-1", "us-b-0"]))
         req = urllib.request.Request(f"{base}/filter", data=body.encode(), method="POST")
-        with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
-            result = json.loads(resp.read())
-        assert sorted(result["NodeNames"]) == ["eu-a-0", "eu-a-1"]
-        with urllib.request.urlopen(f"{base}/debug/groups", context=ctx, timeout=30) as resp:
-            [group] = json.loads(resp.read())
-        assert group["group"] == "ml/explicit/g" and group["location"] == "eu-a"
+        with urllib.request.urlopen(req, context=client("client"), timeout=30) as resp:
+            assert sorted(json.loads(resp.read())["NodeNames"]) == ["eu-a-0", "eu-a-1"]
+        for cert in (None, "rogue"):  # no certificate, or one another CA signed: no TLS session at all
+            with (
+                pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)),
+                urllib.request.urlopen(f"{base}/debug/groups", context=client(cert), timeout=30) as resp,
+            ):
+                resp.read()
+        # The probe listener answers probes and metrics, never the verbs.
+        with urllib.request.urlopen(f"http://127.0.0.1:{probe}/metrics", timeout=30) as resp:
+            assert b"nodefabric_extender_request_duration_seconds" in resp.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{probe}/filter", data=b"{}"))
+        assert refused.value.code == 404
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0  # SIGTERM is a clean stop
 
 
-@pytest.mark.parametrize("names", [["eu-a-0", "us-b-1"], ['we"ird', "back\\slash", "ünï"], []])
+@pytest.mark.parametrize("names", [["eu-a-0", "us-b-1"], ["gpu-1.rack-2.example.com"], []])
 def test_the_fast_encoder_says_exactly_what_the_generic_one_says(names: list[str]):
     parsed: ExtenderArgs = parse_args(args(pod("p"), names))
-    failed = {'reason with "quotes"': names[:1], "plain": names[1:]}
+    failed = {'reason with "quotes" and \\ and \u00fc': names[:1], "plain": names[1:]}
     result = FilterResult(parsed, names[1:], failed, {"never": names[:1]})
     assert json.loads(result.encode()) == result.wire()
     assert result.wire()["FailedNodes"] == {n: r for r, ns in failed.items() for n in ns}

@@ -53,11 +53,8 @@ def test_group_identity_and_size_per_label_family(labels, annotations, key, size
     spec = group_of(pod("p-0", labels=labels, annotations=annotations), CONFIG)
     assert spec is not None
     assert (spec.key, spec.size) == (key, size)
-    assert (spec.locality, spec.rank, spec.homogeneous_keys) == (
-        "prefer",
-        "spread",
-        ("nvidia.com/gpu.product",),
-    )
+    # No homogeneity annotation: the configured default for the pod's resources applies (None here).
+    assert (spec.locality, spec.rank, spec.homogeneous_keys) == ("prefer", "spread", None)
 
 
 def test_explicit_size_overrides_a_family_size_and_annotations_choose_policies():
@@ -76,6 +73,15 @@ def test_explicit_size_overrides_a_family_size_and_annotations_choose_policies()
     assert spec is not None
     assert (spec.size, spec.locality, spec.rank) == (8, "zone", "first-fit")
     assert spec.homogeneous_keys == ("nvidia.com/gpu.product", "example.com/torch")
+
+
+@pytest.mark.parametrize("name", ["has spaces", "x" * 64, 'quote"d', "-leading"])
+def test_an_explicit_group_name_is_a_label_value(name: str):
+    with pytest.raises(InvalidPlacement) as refused:
+        group_of(pod("p", annotations={"placement.gpustack.ai/group": name}), CONFIG)
+    assert "placement.gpustack.ai/group" in str(refused.value) and "is not a label value" in str(
+        refused.value
+    )
 
 
 def test_a_pod_of_no_group_and_a_configured_domain():
@@ -97,14 +103,60 @@ def test_a_pod_of_no_group_and_a_configured_domain():
         ({"placement.gpustack.ai/rank": "random"}, "placement.gpustack.ai/rank 'random' is not one of"),
         (
             {"placement.gpustack.ai/group-size": "eight"},
-            "placement.gpustack.ai/group-size must be a whole number",
+            "placement.gpustack.ai/group-size: group size 'eight': not a plain ASCII decimal number",
         ),
-        ({"placement.gpustack.ai/group-size": "0"}, "placement.gpustack.ai/group-size must be at least 1"),
+        (
+            {"placement.gpustack.ai/group-size": "1_000"},
+            "placement.gpustack.ai/group-size: group size '1_000': not a plain ASCII decimal number",
+        ),
+        (
+            {"placement.gpustack.ai/group-size": "\u0668"},  # ARABIC-INDIC DIGIT EIGHT: int() takes it
+            "placement.gpustack.ai/group-size: group size '\u0668': not a plain ASCII decimal number",
+        ),
+        (
+            {"placement.gpustack.ai/group-size": " 8"},
+            "placement.gpustack.ai/group-size: group size ' 8': not a plain ASCII decimal number",
+        ),
+        ({"placement.gpustack.ai/group-size": "0"}, "group size '0': outside 1..100000"),
+        ({"placement.gpustack.ai/group-size": "9" * 40}, "not a plain ASCII decimal number"),
+        ({"kueue.x-k8s.io/pod-group-total-count": "+4"}, "kueue.x-k8s.io/pod-group-total-count: group size"),
+        (
+            {"placement.gpustack.ai/homogeneous": "nvidia.com/gpu.product, not a key!"},
+            "placement.gpustack.ai/homogeneous: 'not a key!' is not a label key",
+        ),
+        (
+            {"placement.gpustack.ai/homogeneous": ",".join(f"example.com/k{i}" for i in range(17))},
+            "placement.gpustack.ai/homogeneous names 17 keys, at most 16",
+        ),
     ],
 )
 def test_bad_annotations_are_clear_errors(annotations, message):
-    with pytest.raises(InvalidPlacement, match=message.replace(".", r"\.")):
-        group_of(pod("p", labels={"placement.gpustack.ai/group": "g"}, annotations=annotations), CONFIG)
+    labels = {"placement.gpustack.ai/group": "g"}
+    if any(k.startswith("kueue") for k in annotations):
+        labels = {"kueue.x-k8s.io/pod-group-name": "kq"}
+    with pytest.raises(InvalidPlacement) as refused:
+        group_of(pod("p", labels=labels, annotations=annotations), CONFIG)
+    assert message in str(refused.value)
+    assert refused.value.group is not None  # recorded under its group
+
+
+@pytest.mark.parametrize(
+    ("annotations", "locality", "rank"),
+    [
+        ({"placement.gpustack.ai/locality": "network_group"}, "network-group", "spread"),
+        ({"placement.gpustack.ai/rank": "first_fit"}, "prefer", "first-fit"),
+        ({"placement.gpustack.ai/rank": "most_free_memory"}, "prefer", "most-free-memory"),
+        ({"placement.gpustack.ai/locality": "network-group", "placement.gpustack.ai/rank": "first-fit"},
+         "network-group", "first-fit"),
+    ],
+)  # fmt: skip
+def test_the_seeds_spellings_are_aliases(annotations, locality, rank):
+    spec = group_of(pod("p", labels={"placement.gpustack.ai/group": "g"}, annotations=annotations), CONFIG)
+    assert spec is not None and (spec.locality, spec.rank) == (locality, rank)
+    config = ExtenderConfig.model_validate(
+        {"defaultLocality": "network_group", "defaultRank": "most_free_memory"}
+    )
+    assert (config.default_locality, config.default_rank) == ("network-group", "most-free-memory")
 
 
 async def test_invalid_annotation_makes_every_node_unresolvable_with_the_message():

@@ -12,7 +12,7 @@ async def test_an_invalid_placement_is_told_once_per_pod_and_shown_in_debug_grou
     nodes = fleet(per_zone=1)
     names = [n["metadata"]["name"] for n in nodes]
     recorder = Recorder()
-    async with extender(nodes, events=recorder) as client:
+    async with extender(nodes, publisher=recorder) as client:
         bad = pod("bad-0", **explicit("g", 2, locality="closest"))
         for _ in range(3):  # kube-scheduler retries an unschedulable pod
             result = await filter_(client, bad, names)
@@ -38,7 +38,7 @@ async def test_a_bad_group_size_is_recorded_under_its_group():
         await filter_(client, bad, names)
         (group,) = await (await client.get("/debug/groups")).json()
         assert (group["group"], group["outcome"]) == ("ml/job/jb", "invalid")
-        assert "group-size must be a whole number" in group["summary"]
+        assert "group-size: group size 'eight': not a plain ASCII decimal number" in group["summary"]
 
 
 async def test_a_body_nested_past_the_decoder_depth_is_a_400_and_the_service_keeps_serving():

@@ -21,11 +21,36 @@ from nodefabric_operator.extender.wire import parse_args
         (b"[]", "request body must be a JSON object (ExtenderArgs), got list"),
         (b'{"NodeNames": ["a"]}', "Pod must be a Pod object with metadata"),
         (b'{"Pod": {"metadata": {}}, "NodeNames": "a"}', "NodeNames must be a list of node names"),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["a", 7]}', "NodeNames[1]: '7' is not a node name"),
+        (
+            b'{"Pod": {"metadata": {}}, "NodeNames": ["a", "we\\"ird"]}',
+            "NodeNames[1]: 'we\"ird' is not a node name",
+        ),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["Upper"]}', "NodeNames[0]: 'Upper' is not a node name"),
         (
             b'{"Pod": {"metadata": {}}, "NodeNames": null, "Nodes": null}',
             "one of NodeNames or Nodes is required",
         ),
-        (b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}', "Nodes must be a NodeList"),
+        (b'{"Pod": {"metadata": {}}, "Nodes": [{}]}', "Nodes must be a NodeList with items"),
+        (
+            b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}',
+            "Nodes.items[0].metadata.name: None is not a node name (a DNS subdomain)",
+        ),
+        (
+            b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {"name": "n",'
+            b' "labels": {"topology.kubernetes.io/zone": ["a", "b"]}}}]}}',
+            "Nodes.items[0].metadata.labels['topology.kubernetes.io/zone']: must be a string, got list",
+        ),
+        (
+            b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {"name": "n"},'
+            b' "status": {"allocatable": {"nvidia.com/gpu": "800x"}}}]}}',
+            "Nodes.items[0].status.allocatable['nvidia.com/gpu']: '800x' is not a quantity",
+        ),
+        (
+            b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {"name": "n"},'
+            b' "spec": {"taints": [{"key": "k", "effect": "Sometimes"}]}}]}}',
+            "Nodes.items[0].spec.taints[0].effect: must be one of NoExecute, NoSchedule, PreferNoSchedule",
+        ),
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}}, "spec": []},'
             b' "NodeNames": []}',
@@ -38,7 +63,43 @@ from nodefabric_operator.extender.wire import parse_args
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
             b' "spec": {"containers": 5}}, "NodeNames": []}',
-            "malformed Pod in ExtenderArgs",
+            "malformed Pod in ExtenderArgs: spec.containers: must be a list, got int",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1_000"}}}]}},'
+            b' "NodeNames": []}',
+            "malformed Pod in ExtenderArgs: spec.containers[0].resources.limits['nvidia.com/gpu']:"
+            " '1_000' is not a quantity",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "0.5"}}}]}},'
+            b' "NodeNames": []}',
+            "spec.containers[0].resources.requests['nvidia.com/gpu']: '0.5' is not a whole number",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"containers": [{"resources": {"requests": {"cpu": "9e999"}}}]}},'
+            b' "NodeNames": []}',
+            "spec.containers[0].resources.requests['cpu']: '9e999' is beyond int64",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"tolerations": [{"operator": "Maybe"}]}}, "NodeNames": []}',
+            "spec.tolerations[0].operator: must be Equal or Exists, got 'Maybe'",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":'
+            b' {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Gt",'
+            b' "values": ["1", "2"]}]}]}}}}}, "NodeNames": []}',
+            "nodeSelectorTerms[0].matchExpressions[0].values: Gt takes exactly one value",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"nodeSelector": {"pool": 7}}}, "NodeNames": []}',
+            "spec.nodeSelector['pool']: must be a string, got int",
         ),
     ],
 )
@@ -118,7 +179,7 @@ def _pods(n: int) -> list[dict[str, Any]]:
 
 
 def test_claims_count_until_they_expire_or_the_pod_is_seen_bound():
-    now = [1000.0]
+    now = [1_800_000_000.0]
     cfg = ExtenderConfig(claimTTLSeconds=60)
     cache = Cache(cfg)
     nodes = fleet(per_zone=3)
@@ -130,11 +191,16 @@ def test_claims_count_until_they_expire_or_the_pod_is_seen_bound():
     ext.filter(parse_args(args(pods[1], names)))
     rec = ext.book.groups["ml/explicit/g"]
     assert len(rec.claims) == 2
+
+    def live() -> int:
+        bound = {p.uid for p in cache.bound_members("ml/explicit/g", "")}
+        return len(ext._state("ml/explicit/g", "", rec, now[0], bound)[1])
+
     # The first pod is bound: it counts as a member, its claim no longer double-counts.
     cache.upsert_pod({**pods[0], "spec": {**pods[0]["spec"], "nodeName": "eu-a-0"}})
-    assert rec.live_claims(now[0], "", {p.uid for p in cache.bound_members("ml/explicit/g", "")}) == 1
+    assert live() == 1
     now[0] += 61
-    assert rec.live_claims(now[0], "", set()) == 0
+    assert live() == 0
     # The group's last pod goes: the record is released at the next sweep.
     cache.delete_pod(pods[0]["metadata"]["uid"])
     now[0] += 61
@@ -153,7 +219,10 @@ async def test_metrics_count_decisions_by_outcome_and_level_and_time_requests():
         assert 'nodefabric_extender_decisions_total{level="zone",outcome="placed"} 1.0' in text
         assert 'nodefabric_extender_decisions_total{level="zone",outcome="never-fits"} 1.0' in text
         assert 'nodefabric_extender_decisions_total{level="none",outcome="pass-through"} 1.0' in text
-        assert 'nodefabric_extender_request_seconds_count{verb="filter"} 3.0' in text
+        assert 'nodefabric_extender_request_duration_seconds_count{verb="filter"} 3.0' in text
+        assert "nodefabric_extender_groups 2.0" in text
+        assert "_created" not in text  # a series per child that says nothing here
+        assert "process_resident_memory_bytes" in text and "python_info" in text
         assert (await client.get("/readyz")).status == 200
 
 

@@ -114,20 +114,22 @@ empty level lists take the defaults, which follow the domain. */}}
   (dict "name" "zone" "keys" (default (list "topology.kubernetes.io/zone") $e.levels.zone))
   (dict "name" "region" "keys" (default (list "topology.kubernetes.io/region") $e.levels.region))
 -}}
-{{- $cfg := dict "domain" $d "levels" $levels "defaultLocality" $e.defaults.locality "defaultRank" $e.defaults.rank "homogeneousKeys" $e.defaults.homogeneous -}}
+{{- $cfg := dict "domain" $d "levels" $levels "defaultLocality" $e.defaults.locality "defaultRank" $e.defaults.rank "homogeneousKeys" $e.defaults.homogeneous "homogeneousByResource" $e.defaults.homogeneousByResource "maxGroups" $e.maxGroups -}}
 {{- toYaml (merge $cfg $e.extraConfig) -}}
 {{- end -}}
 
-{{/* In-cluster URL of the extender, as kube-scheduler calls it. */}}
-{{- define "nodefabric.extenderURL" -}}
-{{- printf "http://%s.%s.svc:%d" (include "nodefabric.component" (dict "ctx" . "component" "extender")) .Release.Namespace (int .Values.extender.port) -}}
+{{/* The extender's annotations on a pod: the only change the scheduler's account may make to one. */}}
+{{- define "nodefabric.extenderAnnotations" -}}
+{{- printf "['placement.%s/decision', 'placement.%s/claim']" .Values.domain .Values.domain -}}
 {{- end -}}
 
-{{/* The second scheduler's configuration: the stock kube-scheduler with one profile that calls the extender. */}}
+{{/* The second scheduler's configuration: the stock kube-scheduler with one profile that calls the
+extender, its sidecar, on 127.0.0.1: no Service, no port another pod can reach. */}}
 {{- define "nodefabric.schedulerConfig" -}}
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
-# Always on, even with one replica: a rolling update briefly runs two schedulers.
+# Always on, even with one replica: a rolling update briefly runs two schedulers. Only the leader
+# schedules, so only its own sidecar is asked; the others' sidecars follow its claims through the API.
 leaderElection:
   leaderElect: true
   resourceLock: leases
@@ -139,7 +141,7 @@ profiles:
     # zone that holds the whole group.
     percentageOfNodesToScore: 100
 extenders:
-  - urlPrefix: {{ include "nodefabric.extenderURL" . }}
+  - urlPrefix: http://127.0.0.1:{{ .Values.extender.port }}
     filterVerb: filter
     prioritizeVerb: prioritize
     weight: {{ .Values.extender.weight }}
@@ -150,6 +152,55 @@ extenders:
     # A pod that asked for this scheduler asked for group locality: while the extender is down its
     # pods stay Pending and are retried, rather than being placed without it. Other pods are unaffected.
     ignorable: false
+{{- end -}}
+
+
+{{/* The extender container of the scheduler pod: filter and prioritize on 127.0.0.1 only; probes and
+metrics on the pod network. */}}
+{{- define "nodefabric.extenderContainer" -}}
+{{- $e := .Values.extender -}}
+- name: extender
+  image: {{ include "nodefabric.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - extender
+    - --config
+    - /etc/nodefabric/extender.yaml
+    - --address
+    - 127.0.0.1
+    - --port
+    - {{ $e.port | quote }}
+    - --metrics-port
+    - {{ $e.metricsPort | quote }}
+    - --unhealthy-after
+    - {{ $e.unhealthyAfter | quote }}
+  ports:
+    - name: extender-metrics
+      containerPort: {{ $e.metricsPort }}
+      protocol: TCP
+  # Alive while its node and pod watches work (a watch broken longer than unhealthyAfter restarts it);
+  # ready once its caches are synced.
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: extender-metrics
+    initialDelaySeconds: 5
+    periodSeconds: 20
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: extender-metrics
+    periodSeconds: 5
+  securityContext:
+    {{- include "nodefabric.restrictedContainer" . | nindent 4 }}
+  resources:
+    {{- toYaml $e.resources | nindent 4 }}
+  volumeMounts:
+    - name: extender-config
+      mountPath: /etc/nodefabric
+      readOnly: true
+    - name: extender-tmp
+      mountPath: /tmp
 {{- end -}}
 
 {{/*

@@ -7,7 +7,8 @@ entry's error and never the call's, and nothing a claim carries can crash the se
 2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
    pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
-   still served: its pod was already placed), and the grant is the device plugin's (`allocate.grant`);
+   still served: its pod was already placed), its verbs device read through the device plugin's
+   `VerbsCache` (off the loop, within a budget), and the grant is the device plugin's (`allocate.grant`);
 4. the CDI spec is written, then the claim is checkpointed, then the CDI device ids are returned.
 
 Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
@@ -24,20 +25,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_deviceplugin.allocate import ContainerGrant, grant
+from nodefabric_deviceplugin.allocate import endpoints_for, grant
 from nodefabric_deviceplugin.dra import cdi, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
 from nodefabric_deviceplugin.dra.kube import ApiError
+from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.resources import Family, FamilyView, Token
 from nodefabric_deviceplugin.source import RecordSource
-from nodefabric_deviceplugin.verbs import VerbsUnresolvable
+from nodefabric_deviceplugin.verbs import VerbsCache, VerbsUnresolvable
 
 log = logging.getLogger(__name__)
-
-READ_BUDGET_S = 5.0  # kubelet gives a whole NodePrepareResources call 45 s
 
 
 class ClaimReader(Protocol):
@@ -75,10 +75,10 @@ class Preparer:
         api: ClaimReader,
         checkpoint: Checkpoint,
         *,
-        read_budget: float = READ_BUDGET_S,
+        verbs: VerbsCache | None = None,
     ) -> None:
         self.config = config
-        self.read_budget = read_budget
+        self.verbs = verbs or VerbsCache(host)
         self.source = source
         self.host = host
         self.api = api
@@ -86,7 +86,6 @@ class Preparer:
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
-        self._reading: asyncio.Future[tuple[dict[str, list[str]], ContainerGrant]] | None = None
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # --- prepare ----------------------------------------------------------------------------------------
@@ -103,7 +102,7 @@ class Preparer:
         try:
             async with self._lock:
                 return Prepared(devices=await self._prepare(ref))
-        except (ClaimError, ApiError, VerbsUnresolvable) as exc:
+        except (ClaimError, ApiError, VerbsUnresolvable, ReadTimeout) as exc:
             why = str(exc)
         except OSError as exc:
             why = f"writing the CDI spec or the checkpoint failed: {exc}"
@@ -138,23 +137,14 @@ class Preparer:
             log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
             return ()
         requests = _by_device(allocated)
-        members = self._resolve(ref, list(requests))
-        # The grant reads sysfs (the verbs devices): off the event loop, which also serves kubelet, and
-        # within a budget, so a read that never returns (a FIFO where an attribute belongs) fails this
-        # claim and releases the lock instead of stalling every prepare after it.
-        if self._reading is not None and not self._reading.done():
-            # A thread stuck in a blocking read cannot be stopped: start no second one (kubelet retries
-            # every claim, and stuck threads would soon take every worker the API calls need too).
-            raise ClaimError("an earlier read of the verbs devices is still blocked; not reading again yet")
-        self._reading = asyncio.ensure_future(asyncio.to_thread(self._grant, members))
-        self._reading.add_done_callback(lambda f: f.cancelled() or f.exception())
-        try:
-            nodes, whole = await asyncio.wait_for(asyncio.shield(self._reading), self.read_budget)
-        except TimeoutError:
-            raise ClaimError(
-                f"reading the verbs devices of {', '.join(d.endpoint.rdma_device for d in members)} took"
-                f" longer than {self.read_budget:g} s (a blocking file under /sys/class/infiniband*?)"
-            ) from None
+        version, members = self._resolve(ref, list(requests))
+        # The verbs devices are read off the event loop within a budget, one read in flight at most
+        # (a FIFO where an attribute belongs costs one thread, and fails this claim, not the server);
+        # the grant itself is the device plugin's, pure.
+        endpoints = endpoints_for(claim_view(members), [d.name for d in members])
+        verbs = await self.verbs.devices(version, [e.rdma_device for e in endpoints])
+        whole = grant(endpoints, verbs)
+        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in members}
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         await asyncio.to_thread(cdi.write_spec, path, spec)
@@ -183,24 +173,20 @@ class Preparer:
         )
         return devices
 
-    def _grant(self, members: list[PoolDevice]) -> tuple[dict[str, list[str]], ContainerGrant]:
-        """Each device's own nodes (a grant of that endpoint alone), and the whole claim's grant."""
-        view = claim_view(members)
-        nodes = {d.name: [n.path for n in grant(self.host, view, [d.name]).devices] for d in members}
-        return nodes, grant(self.host, view, [d.name for d in members])
-
-    def _offered(self) -> dict[str, PoolDevice] | None:
+    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
         version, spec = self.source.snapshot()
         if spec is None:
             return None
         if self._pool is None or self._pool[0] != version:
             self._pool = (version, {d.name: d for d in offered(pool_devices(spec), self.config.functions)})
-        return self._pool[1]
+        return self._pool
 
-    def _resolve(self, ref: ClaimRef, names: list[str]) -> list[PoolDevice]:
-        pool = self._offered()
-        if pool is None:
+    def _resolve(self, ref: ClaimRef, names: list[str]) -> tuple[int, list[PoolDevice]]:
+        """The record version and the claim's devices in it. Raises ClaimError."""
+        found = self._offered()
+        if found is None:
             raise ClaimError("no device record yet (the first host pass has not finished); kubelet retries")
+        version, pool = found
         unknown = [n for n in names if n not in pool]
         if unknown:
             raise ClaimError(
@@ -213,7 +199,7 @@ class Preparer:
                     "preparing a device whose link has failed since it was allocated",
                     extra={"claim": str(ref), "device": d.name, "why": d.endpoint.reason},
                 )
-        return members
+        return version, members
 
     # --- unprepare --------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published
 from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.slices import SlicePlan, desired_slices, live_slice, plan, resource_slice
+from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
 from nodefabric_deviceplugin.source import RecordSource
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,9 @@ class SlicePublisher:
         budget: float = SYNC_BUDGET_S,
     ) -> None:
         self.api = api
-        self.budget = budget
-        self._inflight: asyncio.Future[SlicePlan | None] | None = None
+        # One sync in flight at most, on a thread of its own: a read stuck on a blocking file under /sys
+        # costs one thread, and each retry finds it still running instead of starting another.
+        self.flight: SingleFlight[SlicePlan | None] = SingleFlight("the host for the ResourceSlices", budget)
         self.config = config
         self.source = source
         self.host = host
@@ -152,9 +154,9 @@ class SlicePublisher:
             version = self.source.version
             self._poke.clear()
             try:
-                await self._sync_within_budget()
+                await self.flight.run(self.sync)
                 failures, delay = 0, self.resync
-            except TimeoutError as exc:
+            except ReadTimeout as exc:
                 failures += 1
                 delay = backoff(failures)
                 metrics.SLICE_SYNCS.labels("failed").inc()
@@ -176,22 +178,6 @@ class SlicePublisher:
                 metrics.SLICE_SYNCS.labels("failed").inc()
                 log.exception("publishing ResourceSlices failed unexpectedly; will retry")
             await self._wait(stop, version, delay, retry=failures > 0)
-
-    async def _sync_within_budget(self) -> None:
-        """One sync in a worker thread, given up on after `budget` s. A thread stuck in a blocking read
-        cannot be stopped, so no second one is started while it is: a FIFO costs one thread, not one per
-        retry."""
-        if self._inflight is not None and not self._inflight.done():
-            raise TimeoutError(f"the sync started earlier has not returned (budget {self.budget:g} s)")
-        self._inflight = asyncio.ensure_future(asyncio.to_thread(self.sync))
-        # A sync given up on may still fail later: its outcome is not needed, only collected.
-        self._inflight.add_done_callback(lambda f: f.cancelled() or f.exception())
-        try:
-            await asyncio.wait_for(asyncio.shield(self._inflight), self.budget)
-        except TimeoutError:
-            raise TimeoutError(
-                f"the sync took longer than {self.budget:g} s (a blocking file under /sys?)"
-            ) from None
 
     async def _wait(self, stop: asyncio.Event, version: int, delay: float, *, retry: bool) -> None:
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -85,6 +86,7 @@ class ResourceState:
     """What kubelet knows of one resource: its registrations and the latest device list."""
 
     registrations: list[pb.RegisterRequest] = field(default_factory=list)
+    registered_at: list[float] = field(default_factory=list)  # time.time() of each accepted registration
     devices: DeviceList = field(default_factory=list)
     lists_received: int = 0
     stream_ended: bool = False  # kubelet would now mark every device Unhealthy
@@ -195,6 +197,7 @@ class KubeletEmulator:
         self._clients[request.resource_name] = client
         state = self.resources.setdefault(request.resource_name, ResourceState())
         state.registrations.append(request)
+        state.registered_at.append(time.time())
         state.stream_ended = False
         self._streams[request.resource_name] = asyncio.create_task(self._watch(request.resource_name, client))
         async with self._changed:

@@ -1,8 +1,9 @@
 """The demo's scheduling half: a simulated GPU fleet, and kube-scheduler's side of the extender protocol.
 
-The extender runs exactly as deployed (its caches fed by list+watch from the API), and each pod of the
-training group goes through what kube-scheduler does with an extender: its own feasibility filter
-(free GPUs), POST /filter and /prioritize with the full Pod in PascalCase, the best-scored node, a bind.
+The extender runs exactly as deployed (its caches fed by list+watch from the API, its verdicts written
+back as pod Events and annotations), and each pod of the training group goes through what kube-scheduler
+does with an extender: the pod exists (Pending), kube-scheduler's own feasibility filter (free GPUs),
+POST /filter and /prioritize with the full Pod in PascalCase, the best-scored node, a bind.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.cli import serving_app
 from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.events import KubePublisher
 
 GPU = "nvidia.com/gpu"
 PODS, NODES = kmock.resource("v1/pods"), kmock.resource("v1/nodes")
@@ -113,18 +115,23 @@ def _seed_fleet(k: RunningAPI) -> dict[str, str]:
     return zones
 
 
-async def _schedule(http: aiohttp.ClientSession, base: str, k: RunningAPI, pod: dict[str, Any]) -> str | None:
+async def _schedule(
+    http: aiohttp.ClientSession, base: str, k: RunningAPI, pod: dict[str, Any], writes: KubePublisher
+) -> str | None:
     """One scheduling cycle as kube-scheduler runs it with a nodeCacheCapable extender; the bound node."""
+    k.api.put_object("v1/pods", pod)  # created by the job controller, Pending
     args = {"Pod": pod, "Nodes": None, "NodeNames": _feasible(k)}
     async with http.post(f"{base}/filter", json=args) as resp:
         allowed = (await resp.json())["NodeNames"] or []
+    await writes.drain()  # the extender's annotations are on the pod before it is bound
     if not allowed:
         return None
     args["NodeNames"] = allowed
     async with http.post(f"{base}/prioritize", json=args) as resp:
         scores = {p["Host"]: p["Score"] for p in await resp.json()}
     chosen: str = min(allowed, key=lambda n: (-scores.get(n, 0), n))
-    bound = {**pod, "spec": {**pod["spec"], "nodeName": chosen}, "status": {"phase": "Running"}}
+    stored = k.api.stored("v1/pods", pod["metadata"]["name"], NAMESPACE) or pod
+    bound = {**stored, "spec": {**stored["spec"], "nodeName": chosen}, "status": {"phase": "Running"}}
     k.api.put_object("v1/pods", bound)  # the bind: same pod (same uid), now on a node
     return chosen
 
@@ -136,7 +143,11 @@ async def place_group(k: RunningAPI) -> str:
         f"  fleet: {len(zones)} simulated H100 nodes in {len(ZONES)} zones of 2 regions, {free} free",
         f"  us-east-1a is one NVLink domain ({RACK_DOMAIN}), but 4 of its 8 nodes are busy\n",
     ]
-    app = serving_app(ExtenderConfig(), Cache(ExtenderConfig()), load_client(k.kubeconfig), watch=True)
+    app, extender = serving_app(
+        ExtenderConfig(), Cache(ExtenderConfig()), load_client(k.kubeconfig), watch=True
+    )
+    writes = extender.publisher
+    assert isinstance(writes, KubePublisher)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = _free_port()
@@ -152,7 +163,7 @@ async def place_group(k: RunningAPI) -> str:
             for i in range(SIZE):
                 pod = _pod(f"train-worker-{i}", None, labels, annotations)
                 pod["metadata"]["uid"] = f"00000000-0000-0000-0000-{i:012d}"
-                chosen = await _schedule(http, base, k, pod)
+                chosen = await _schedule(http, base, k, pod, writes)
                 if chosen is None:
                     lines.append(f"  {pod['metadata']['name']}: waits")
                     break
@@ -170,4 +181,10 @@ async def place_group(k: RunningAPI) -> str:
         f"    outcome {record.get('outcome')} at level {record.get('level')} ({record.get('location')})"
     )
     lines += ["    " + part.strip() for part in str(record.get("summary", "")).split(";")]
+    stored = k.api.stored("v1/pods", "train-worker-0", NAMESPACE) or {}
+    annotations = stored.get("metadata", {}).get("annotations", {})
+    decision = annotations.get("placement.gpustack.ai/decision", "")
+    lines.append("  kubectl describe pod train-worker-0 shows it, after the Events expire too:")
+    lines.append("    Annotations:  placement.gpustack.ai/decision:")
+    lines += [f"                    {line}" for line in decision.splitlines()]
     return "\n".join(lines) + "\n"

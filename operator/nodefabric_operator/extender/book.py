@@ -1,16 +1,22 @@
 """The extender's own record of groups: the bucket each was given and the pods it let through.
 
 A pod let through by filter is a claim on its group's room until the cache sees it bound or the claim
-expires (kube-scheduler may still reject the pod after us). A group's record goes when it has no pod
-left in the cache and no live claim.
+expires (kube-scheduler may still reject the pod after us). The record is bounded: at most `cap` groups,
+least recently used dropped first. Nothing is lost with one: what a group needs to go on (its bucket,
+its claims) is also persisted on its pods and read back through the cache.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from nodefabric_operator.extender.placement import Choice
+
+# Pods per group whose last message the record remembers (so a retried pod is told once).
+TOLD_CAP = 512
 
 
 @dataclass
@@ -21,19 +27,25 @@ class GroupRecord:
     locality: str = ""
     rank: str = ""
     choice: Choice | None = None
-    claims: dict[str, float] = field(default_factory=dict)  # pod uid -> expiry (monotonic seconds)
+    chosen_at: float = 0.0  # when `choice` was made here (seconds since the epoch)
+    claims: dict[str, float] = field(default_factory=dict)  # pod uid -> expiry (seconds since the epoch)
     outcome: str = ""
     level: str = ""
     summary: str = ""
     updated: float = 0.0
-    told: dict[str, str] = field(default_factory=dict)  # pod uid -> last event message sent to it
+    told: OrderedDict[str, str] = field(default_factory=OrderedDict)  # pod uid -> last message sent
 
-    def live_claims(self, now: float, except_uid: str, bound: set[str]) -> int:
-        return sum(
-            1 for uid, exp in self.claims.items() if exp > now and uid != except_uid and uid not in bound
-        )
+    def tell(self, uid: str, message: str) -> bool:
+        """Remember the message for the pod; False when it was already told exactly this."""
+        if self.told.get(uid) == message:
+            return False
+        self.told[uid] = message
+        self.told.move_to_end(uid)
+        while len(self.told) > TOLD_CAP:
+            self.told.popitem(last=False)
+        return True
 
-    def view(self, now: float) -> dict[str, Any]:
+    def view(self, now: float, claims: dict[str, float]) -> dict[str, Any]:
         return {
             "group": self.key,
             "size": self.size,
@@ -44,24 +56,40 @@ class GroupRecord:
             "level": self.level,
             "location": self.choice.location if self.choice else None,
             "homogeneous": dict(self.choice.homogeneity) if self.choice else {},
-            "claims": sorted(uid for uid, exp in self.claims.items() if exp > now),
+            "claims": sorted(uid for uid, exp in claims.items() if exp > now),
             "summary": self.summary,
         }
 
 
 class Book:
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, cap: int) -> None:
         self.ttl = ttl
-        self.groups: dict[str, GroupRecord] = {}
+        self.cap = cap
+        self.groups: OrderedDict[str, GroupRecord] = OrderedDict()
+        self.on_evict: Callable[[], None] = lambda: None
 
     def get(self, key: str) -> GroupRecord:
+        """The group's record, made when missing; the least recently used beyond the cap go."""
         rec = self.groups.get(key)
         if rec is None:
             rec = self.groups[key] = GroupRecord(key)
+            while len(self.groups) > self.cap:
+                self.groups.popitem(last=False)
+                self.on_evict()
+        else:
+            self.groups.move_to_end(key)
         return rec
+
+    def peek(self, key: str) -> GroupRecord | None:
+        return self.groups.get(key)
 
     def claim(self, key: str, uid: str, now: float) -> None:
         self.get(key).claims[uid] = now + self.ttl
+
+    def release(self, key: str, uid: str) -> None:
+        rec = self.groups.get(key)
+        if rec is not None:
+            rec.claims.pop(uid, None)
 
     def forget(self, key: str) -> None:
         self.groups.pop(key, None)

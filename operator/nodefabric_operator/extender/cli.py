@@ -1,10 +1,18 @@
-"""`nodefabric extender`: serve the kube-scheduler extender."""
+"""`nodefabric extender`: serve the kube-scheduler extender.
+
+Nobody but kube-scheduler may reach the verbs: they listen on 127.0.0.1 (the chart runs the extender
+beside kube-scheduler in one pod), or on another address only with TLS that verifies the client's
+certificate. Start-up problems are one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
+import signal
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +24,17 @@ from kubernetes import config as _kube_config
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.extender.cache import Cache, SnapshotError
 from nodefabric_operator.extender.config import ConfigError, ExtenderConfig, load_config
-from nodefabric_operator.extender.events import KubeEvents
-from nodefabric_operator.extender.server import make_app, tls_context
+from nodefabric_operator.extender.events import KubePublisher
+from nodefabric_operator.extender.server import (
+    MAX_BODY,
+    READ_TIMEOUT_S,
+    SERVING,
+    Serving,
+    make_app,
+    make_probe_app,
+    runner,
+    tls_context,
+)
 from nodefabric_operator.extender.service import Extender
 from nodefabric_operator.extender.watch import Watcher
 
@@ -25,10 +42,36 @@ log = logging.getLogger(__name__)
 kube_config: Any = _kube_config  # untyped in the client
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML configuration (levels, label keys, defaults)")
-    parser.add_argument("--address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8888, help="port to listen on (default 8888)")
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address of filter/prioritize (default 127.0.0.1; any other needs --tls-client-ca)",
+    )
+    parser.add_argument("--port", type=_port, default=8888, help="port of filter/prioritize (default 8888)")
+    parser.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        help="address of /metrics, /healthz, /readyz (default 0.0.0.0)",
+    )
+    parser.add_argument(
+        "--metrics-port", type=_port, default=0, help="port of /metrics, /healthz, /readyz (default 0: none)"
+    )
     parser.add_argument(
         "--nodes-file",
         type=Path,
@@ -39,30 +82,129 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        help="accept only clients whose certificate this CA bundle signed (PEM); needs --tls-cert",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=MAX_BODY,
+        help=f"largest request body accepted (default {MAX_BODY})",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=_positive,
+        default=READ_TIMEOUT_S,
+        help=f"seconds to receive a request body before dropping it (default {READ_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--unhealthy-after",
+        type=_positive,
+        default=120.0,
+        help="seconds a broken node or pod watch is tolerated before /healthz fails (default 120)",
+    )
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """The flags' combination, or what is wrong with it."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        return "--tls-client-ca needs --tls-cert and --tls-key"
+    if not _loopback(args.address) and args.tls_client_ca is None:
+        return (
+            f"--address {args.address} would let any pod that reaches it steer placement: listen on "
+            "127.0.0.1 beside kube-scheduler, or verify clients with --tls-cert, --tls-key and "
+            "--tls-client-ca"
+        )
+    if args.max_request_bytes < 1024:
+        return f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}"
+    return None
 
 
 def serving_app(
-    cfg: ExtenderConfig, cache: Cache, api: client.ApiClient | None, *, watch: bool
-) -> web.Application:
-    """The extender as deployed: Events through `api`, and (with `watch`) its cache fed by list+watch."""
-    events = KubeEvents(client.CoreV1Api(api)) if api is not None else None
-    extender = Extender(cfg, cache, events=events)
-    app = make_app(extender)
-    if api is not None and watch:
-        watcher = Watcher(cache, extender.book, api)
+    cfg: ExtenderConfig,
+    cache: Cache,
+    api: client.ApiClient | None,
+    *,
+    watch: bool,
+    serving: Serving | None = None,
+    unhealthy_after: float = 120.0,
+) -> tuple[web.Application, Extender]:
+    """The extender as deployed: verdicts written through `api`, and (with `watch`) its cache fed by
+    list+watch, whose broken feeds fail /healthz after `unhealthy_after` seconds."""
+    extender = Extender(cfg, cache)
+    if api is not None:
+        extender.publisher = KubePublisher(client.CoreV1Api(api), extender.metrics.registry)
+    serving = serving or Serving()
+    if api is None or not watch:
+        return make_app(extender, serving), extender
+    watcher = Watcher(cache, extender.book, api)
+    serving = Serving(lambda: watcher.problems(unhealthy_after), serving.max_body, serving.read_timeout)
+    app = make_app(extender, serving)
 
-        async def watching(_: web.Application) -> AsyncIterator[None]:
-            watcher.start(asyncio.get_running_loop())
-            yield
-            watcher.stop()
+    async def watching(_: web.Application) -> AsyncIterator[None]:
+        watcher.start(asyncio.get_running_loop())
+        yield
+        watcher.stop()
 
-        app.cleanup_ctx.append(watching)
-    return app
+    app.cleanup_ctx.append(watching)
+    return app, extender
+
+
+async def _serve(
+    app: web.Application, probe: web.Application | None, args: argparse.Namespace, tls: ssl.SSLContext | None
+) -> int:
+    runners = [runner(app)]
+    if probe is not None:
+        runners.append(runner(probe))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runners[0].setup()
+        await web.TCPSite(runners[0], args.address, args.port, ssl_context=tls).start()
+        if probe is not None:
+            await runners[1].setup()
+            await web.TCPSite(runners[1], args.metrics_address, args.metrics_port).start()
+    except OSError as exc:
+        log.error("extender cannot start", extra={"error": f"cannot listen: {exc}"})
+        for started in runners:
+            await started.cleanup()
+        return 2
+    log.info(
+        "extender listening",
+        extra={
+            "address": args.address,
+            "port": args.port,
+            "metrics_port": args.metrics_port or None,
+            "tls": tls is not None,
+            "client_certificates": args.tls_client_ca is not None,
+            "cache": str(args.nodes_file) if args.nodes_file else "watch",
+        },
+    )
+    await stop.wait()
+    for started in reversed(runners):
+        await started.cleanup()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.tls_cert is None) != (args.tls_key is None):
-        log.error("--tls-cert and --tls-key go together")
+    problem = check(args)
+    if problem:
+        log.error("extender cannot start", extra={"error": problem})
         return 2
     try:
         cfg = load_config(args.config)
@@ -70,21 +212,13 @@ def run(args: argparse.Namespace) -> int:
         if args.nodes_file is not None:
             cache.load_file(args.nodes_file)
         api = load_client(args.kubeconfig) if args.nodes_file is None or args.kubeconfig is not None else None
-        ssl_ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
-    except (ConfigError, SnapshotError, kube_config.ConfigException, OSError) as exc:
+        tls = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    except (ConfigError, SnapshotError, kube_config.ConfigException, OSError, ssl.SSLError) as exc:
         log.error("extender cannot start", extra={"error": str(exc)})
         return 2
-
-    app = serving_app(cfg, cache, api, watch=args.nodes_file is None)
-    log.info(
-        "extender listening",
-        extra={
-            "address": args.address,
-            "port": args.port,
-            "tls": ssl_ctx is not None,
-            "cache": str(args.nodes_file) if args.nodes_file else "watch",
-            "nodes": len(cache.nodes),
-        },
+    serving = Serving(max_body=args.max_request_bytes, read_timeout=args.read_timeout)
+    app, extender = serving_app(
+        cfg, cache, api, watch=args.nodes_file is None, serving=serving, unhealthy_after=args.unhealthy_after
     )
-    web.run_app(app, host=args.address, port=args.port, ssl_context=ssl_ctx, print=None, access_log=None)
-    return 0
+    probe = make_probe_app(extender, app[SERVING]) if args.metrics_port else None
+    return asyncio.run(_serve(app, probe, args, tls))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -11,6 +12,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 Locality = str  # "prefer", "any", or the name of a configured level
 Rank = Literal["spread", "first-fit", "most-free-memory"]
 RANKS: tuple[str, ...] = ("spread", "first-fit", "most-free-memory")
+# The label each accelerator resource's model is published under (NVIDIA GPU feature discovery, AMD's
+# node labeller): a group asking for that resource keeps to one model. A group asking for none (kind,
+# CPU-only jobs) needs no model label, so such clusters still place groups.
+DEFAULT_HOMOGENEOUS_BY_RESOURCE: dict[str, tuple[str, ...]] = {
+    "nvidia.com/gpu": ("nvidia.com/gpu.product",),
+    "amd.com/gpu": ("amd.com/gpu.product-name",),
+}
+
+
+def _split(value: object) -> object:
+    """A string "a, b" in a file or a flag is the list [a, b]."""
+    return tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
+
+
+def canonical(value: str) -> str:
+    """Policy names as the seed spells them (`network_group`, `first_fit`, `most_free_memory`) are
+    aliases of the hyphenated ones; level names never hold an underscore, so the mapping is one to one."""
+    return value.replace("_", "-")
 
 
 class ConfigError(ValueError):
@@ -65,7 +84,12 @@ class ExtenderConfig(BaseModel):
     levels: tuple[Level, ...] = ()
     default_locality: Locality = Field("prefer", alias="defaultLocality")
     default_rank: Rank = Field("spread", alias="defaultRank")
-    homogeneous_keys: tuple[str, ...] = Field(("nvidia.com/gpu.product",), alias="homogeneousKeys")
+    # Label keys every group's nodes must share.
+    homogeneous_keys: tuple[str, ...] = Field((), alias="homogeneousKeys")
+    # Label keys a group's nodes must share when its pods ask for the resource.
+    homogeneous_by_resource: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: dict(DEFAULT_HOMOGENEOUS_BY_RESOURCE), alias="homogeneousByResource"
+    )
     # Resources whose use makes a node "loaded" for the spread rank.
     accelerator_resources: tuple[str, ...] = Field(
         ("nvidia.com/gpu", "amd.com/gpu", "huawei.com/Ascend910", "huawei.com/Ascend310"),
@@ -79,6 +103,14 @@ class ExtenderConfig(BaseModel):
     # preemption); with thousands of nodes, false saves encoding reasons it discards once a pod fits.
     # Summaries, Events and /debug/groups explain every decision either way.
     reasons_when_placed: bool = Field(True, alias="reasonsWhenPlaced")
+    # Groups the extender keeps a record of (least recently used go first; what a group needs to go on
+    # is persisted on its pods, so a dropped record is rebuilt from them).
+    max_groups: int = Field(10_000, ge=1, le=1_000_000, alias="maxGroups")
+
+    @field_validator("default_locality", "default_rank", mode="before")
+    @classmethod
+    def _alias(cls, value: object) -> object:
+        return canonical(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _fill_levels(self) -> ExtenderConfig:
@@ -95,10 +127,15 @@ class ExtenderConfig(BaseModel):
             )
         return self
 
+    @field_validator("homogeneous_by_resource", mode="before")
+    @classmethod
+    def _split_each(cls, value: object) -> object:
+        return {k: _split(v) for k, v in value.items()} if isinstance(value, dict) else value
+
     @field_validator("homogeneous_keys", "accelerator_resources", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        return tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
+        return _split(value)
 
     @property
     def level_names(self) -> tuple[str, ...]:
@@ -111,6 +148,25 @@ class ExtenderConfig(BaseModel):
     @property
     def annotation_prefix(self) -> str:
         return f"placement.{self.domain}/"
+
+    def homogeneity_for(self, request: Mapping[str, int]) -> tuple[str, ...]:
+        """The label keys a group's nodes must share by default, for pods asking for `request`."""
+        keys = list(self.homogeneous_keys)
+        for resource, more in self.homogeneous_by_resource.items():
+            if resource in request:
+                keys += [k for k in more if k not in keys]
+        return tuple(keys)
+
+    @property
+    def indexed_homogeneity(self) -> tuple[tuple[str, ...], ...]:
+        """Every key tuple `homogeneity_for` can return for a pod asking at most one accelerator kind:
+        the cache keeps its indexes current for these."""
+        out = [self.homogeneity_for({})]
+        for resource in self.homogeneous_by_resource:
+            keys = self.homogeneity_for({resource: 1})
+            if keys not in out:
+                out.append(keys)
+        return tuple(out)
 
 
 def load_config(path: Path | None) -> ExtenderConfig:

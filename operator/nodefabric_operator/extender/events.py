@@ -1,19 +1,27 @@
-"""Pod Events for placement decisions, written through the Kubernetes API without blocking a decision."""
+"""Verdicts written to the Kubernetes API without blocking a decision: pod Events and pod annotations.
+
+Every write runs in a worker thread; failures are logged and counted, never raised into a decision.
+Writes waiting at once are bounded: beyond the bound a write is dropped (and counted) rather than
+queued without end while the API server is slow.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "nodefabric-extender"
 MAX_MESSAGE = 1024  # the API server refuses longer Event messages
+MAX_PENDING = 1024
 
 
 def event_body(pod: Mapping[str, Any], type_: str, reason: str, message: str) -> dict[str, Any]:
@@ -45,26 +53,65 @@ def event_body(pod: Mapping[str, Any], type_: str, reason: str, message: str) ->
     }
 
 
-class KubeEvents:
-    """An EventSink writing core/v1 Events; each write runs in a worker thread, failures are logged."""
+def annotation_patch(pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> dict[str, Any]:
+    """A JSON merge patch of the pod's annotations (None removes one). The uid makes it a precondition:
+    a pod deleted and re-created under the same name since the decision is not patched."""
+    meta = pod.get("metadata") or {}
+    return {"metadata": {"uid": meta.get("uid"), "annotations": dict(annotations)}}
 
-    def __init__(self, api: client.CoreV1Api) -> None:
+
+class KubePublisher:
+    """Writes pod Events and the extender's pod annotations through the API."""
+
+    def __init__(self, api: client.CoreV1Api, registry: CollectorRegistry | None = None) -> None:
         self.api = api
         self.pending: set[asyncio.Task[None]] = set()
+        self.failed = Counter(
+            "nodefabric_extender_writes_failed",
+            "Pod Event and annotation writes that failed or were dropped, by kind (event, annotation).",
+            ["kind"],
+            registry=registry,
+        )
 
-    def emit(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    def event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         body = event_body(pod, type_, reason, message)
-        task = asyncio.get_running_loop().create_task(self._write(body))
+        ns = body["metadata"]["namespace"]
+        create: Any = self.api.create_namespaced_event  # takes the body as a plain dict too
+        self._start("event", f"{ns}/{body['involvedObject']['name']}", lambda: create(ns, body))
+
+    def annotate(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace", "default"), meta.get("name", "")
+        body = annotation_patch(pod, annotations)
+        patch: Any = self.api.patch_namespaced_pod
+
+        def write() -> Any:
+            return patch(name, ns, body, _content_type="application/merge-patch+json")
+
+        self._start("annotation", f"{ns}/{name}", write)
+
+    def _start(self, kind: str, pod: str, call: Callable[[], Any]) -> None:
+        if len(self.pending) >= MAX_PENDING:
+            self.failed.labels(kind).inc()
+            log.warning("API writes are backing up, dropped one", extra={"kind": kind, "pod": pod})
+            return
+        task = asyncio.get_running_loop().create_task(self._write(kind, pod, call))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
-    async def _write(self, body: dict[str, Any]) -> None:
-        ns = body["metadata"]["namespace"]
-        create: Any = self.api.create_namespaced_event  # takes the body as a plain dict too
+    async def _write(self, kind: str, pod: str, call: Callable[[], Any]) -> None:
         try:
-            await asyncio.to_thread(create, ns, body)
+            await asyncio.to_thread(call)
+        except ApiException as exc:
+            if exc.status == 404 and kind == "annotation":
+                return  # the pod is gone: nothing to explain any more
+            self.failed.labels(kind).inc()
+            log.warning(f"could not write a pod {kind}", extra={"pod": pod, "status": exc.status})
         except Exception as exc:
-            log.warning(
-                "could not write a pod event",
-                extra={"pod": f"{ns}/{body['involvedObject']['name']}", "error": str(exc)},
-            )
+            self.failed.labels(kind).inc()
+            log.warning(f"could not write a pod {kind}", extra={"pod": pod, "error": str(exc)})
+
+    async def drain(self) -> None:
+        """Wait for every write started so far."""
+        while self.pending:
+            await asyncio.gather(*self.pending)

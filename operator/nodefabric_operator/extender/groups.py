@@ -6,11 +6,13 @@ explicit `placement.<domain>/group` and `placement.<domain>/group-size`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodefabric_operator.extender.config import RANKS, ExtenderConfig
+from nodefabric_devicemanager.numbers import BadNumber, Quantity, parse
+from nodefabric_operator.extender.config import RANKS, ExtenderConfig, canonical
 
 # (family, label carrying the group name, annotation or label carrying the size or "")
 # Order matters: a pod carrying several (a Kueue pod group made of a JobSet) belongs to the most
@@ -25,6 +27,16 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("job", "batch.kubernetes.io/job-name", ""),
 )
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+# ASCII digits only: int() also takes "1_000", " 8" and "٨", which no controller writes. The bound keeps a
+# typo of a few extra digits a clear error instead of a group that waits forever.
+GROUP_SIZE = Quantity("group size", 1, 100_000)
+# A group's name appears in every reason and summary: it is held to what a label value may be.
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", re.ASCII)
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+    re.ASCII,
+)
+MAX_HOMOGENEOUS_KEYS = 16
 
 
 class InvalidPlacement(ValueError):
@@ -43,7 +55,7 @@ class GroupSpec:
     size: int | None  # None: not declared on the pod; the caller counts the group's pods
     locality: str
     rank: str
-    homogeneous_keys: tuple[str, ...]
+    homogeneous_keys: tuple[str, ...] | None  # None: the configured default for the pod's resources
 
 
 def _meta(pod: Mapping[str, Any], field: str) -> Mapping[str, str]:
@@ -72,11 +84,10 @@ def pod_uid(pod: Mapping[str, Any]) -> str:
 
 def _size(text: str, where: str) -> int:
     try:
-        size = int(text)
-    except ValueError:
-        raise InvalidPlacement(f"{where} must be a whole number, got {text!r}") from None
-    if size < 1:
-        raise InvalidPlacement(f"{where} must be at least 1, got {size}")
+        size = parse(text, GROUP_SIZE)
+    except BadNumber as exc:
+        raise InvalidPlacement(f"{where}: {exc}") from None
+    assert size is not None  # GROUP_SIZE has no spelling of unknown
     return size
 
 
@@ -97,6 +108,11 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     size_text: str | None = None
     size_key = ""
     explicit = lookup(prefix + "group")
+    if explicit and (len(explicit) > 63 or not _LABEL_VALUE.fullmatch(explicit)):
+        shown = explicit if len(explicit) <= 63 else f"{explicit[:63]}..."
+        raise InvalidPlacement(
+            f"{prefix}group {shown!r} is not a label value (63 characters, [A-Za-z0-9_.-])"
+        )
     if explicit:
         family, name = "explicit", explicit
     else:
@@ -122,25 +138,30 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
         raise InvalidPlacement(str(exc), key) from None
 
     locality = lookup(prefix + "locality") or config.default_locality
-    if locality not in config.localities:
+    if canonical(locality) not in config.localities:
         raise InvalidPlacement(
             f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}", key
         )
     rank = lookup(prefix + "rank") or config.default_rank
-    if rank not in RANKS:
+    if canonical(rank) not in RANKS:
         raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}", key)
     homog_text = annotations.get(prefix + "homogeneous")
-    homogeneous = (
-        tuple(k.strip() for k in homog_text.split(",") if k.strip())
-        if isinstance(homog_text, str)
-        else config.homogeneous_keys
-    )
+    homogeneous = None
+    if isinstance(homog_text, str):
+        homogeneous = tuple(dict.fromkeys(k.strip() for k in homog_text.split(",") if k.strip()))
+        bad = next((k for k in homogeneous if len(k) > 317 or not _LABEL_KEY.fullmatch(k)), None)
+        if bad is not None:
+            raise InvalidPlacement(f"{prefix}homogeneous: {bad[:80]!r} is not a label key", key)
+        if len(homogeneous) > MAX_HOMOGENEOUS_KEYS:
+            raise InvalidPlacement(
+                f"{prefix}homogeneous names {len(homogeneous)} keys, at most {MAX_HOMOGENEOUS_KEYS}", key
+            )
     return GroupSpec(
         key=key,
         family=family,
         name=name,
         size=size,
-        locality=locality,
-        rank=rank,
+        locality=canonical(locality),
+        rank=canonical(rank),
         homogeneous_keys=homogeneous,
     )

@@ -1,20 +1,21 @@
 """The placement decision: a pure, deterministic function over a snapshot of the cluster.
 
-Given the nodes kube-scheduler found feasible for one pod, every node of the cluster, the pod's group
-(size, policy, the bucket chosen by an earlier pod, the members already bound) and the configuration,
-`decide` returns the nodes the pod may use, a stable reason for every node turned away, and a summary
-a person can read. Nothing here does I/O or reads a clock.
+Given the nodes kube-scheduler found feasible for one pod, the snapshot of every node (views and their
+index), the pod's group (size, policy, the bucket chosen by an earlier pod, the members already bound)
+and the configuration, `decide` returns the nodes the pod may use, a stable reason for every node
+turned away, and a summary a person can read. Nothing here does I/O or reads a clock.
 
 Vocabulary (ADR-0021, ADR-0004):
 - level: fabric domain, network group, zone, region (configurable), tightest first; "any" last.
 - bucket: the nodes sharing one (homogeneity values, location at a level). Nodes are taken in rank
-  order and the first bucket to hold the group's remaining pods wins, so load balancing decides
+  order and the first bucket to hold every remaining pod of the group wins, so load balancing decides
   between equally close buckets.
-- prefer never delays; a required level waits while no bucket fills and "never fits" when no bucket
-  could hold the group in the whole cluster, ignoring load.
-
-The hot path runs once per pod over up to thousands of nodes, so per-node work is kept to attribute
-reads of values the cache precomputed (rank keys, level mask, homogeneity values).
+- whole or nothing, under every policy: the first pod of a group passes only when some bucket (under
+  `prefer` the tightest level that has one, finally any location) holds every remaining pod now.
+  Otherwise the group waits, or "never fits" when no bucket of the whole cluster could ever hold it,
+  counting every node the pods may use as empty.
+- an unknown value never satisfies a requirement: a node without a value at a level, or without a
+  homogeneity label, is in no bucket of that level or key.
 """
 
 from __future__ import annotations
@@ -22,38 +23,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
-from functools import reduce
-from operator import attrgetter, or_
+from functools import cached_property
+from operator import attrgetter
 from typing import Literal
 
 from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.index import (
+    Bucket,
+    HomogIndex,
+    Index,
+    Keys,
+    NodeView,
+    Shape,
+    homog_values,
+)
+from nodefabric_operator.extender.pods import PodNeeds
 
 ANY = "any"
 Outcome = Literal["placed", "wait", "never-fits", "pass-through"]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """One node as the decision sees it. Built by the cache; `locations` follow `config.levels`."""
-
-    name: str
-    labels: Mapping[str, str]
-    locations: tuple[str | None, ...]  # the node's value at each configured level, None when unlabelled
-    free: Mapping[str, int]  # extended resource -> allocatable minus requested by bound pods
-    allocatable: Mapping[str, int]  # extended resource -> allocatable
-    # spread: accelerator share in use, then pods bound; most-free-memory: free accelerator memory (MiB),
-    # then free host memory (bytes).
-    load: tuple[float, int] = (0.0, 0)
-    free_memory: tuple[int, int] = (0, 0)
-    homog: tuple[str, ...] | None = None  # values of config.homogeneous_keys, when the cache computed them
-    spread_key: tuple[float, int, str] = field(init=False)
-    memory_key: tuple[int, int, str] = field(init=False)
-    mask: int = field(init=False)  # bit i: the node has a value at level i
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "spread_key", (self.load[0], self.load[1], self.name))
-        object.__setattr__(self, "memory_key", (-self.free_memory[0], -self.free_memory[1], self.name))
-        object.__setattr__(self, "mask", sum(1 << i for i, v in enumerate(self.locations) if v is not None))
+# How many of the nodes a group is planned on the summary names before "and N more".
+NAMED_NODES = 16
+_NONE: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -76,12 +66,19 @@ class GroupRequest:
     remaining: int  # pods of the group still to place, this one included
     locality: str  # "prefer", "any" or a level name (required)
     rank: str
-    homogeneous_keys: tuple[str, ...]
-    request: Mapping[str, int]  # extended resources one pod asks for
+    homogeneous_keys: Keys
+    needs: PodNeeds = field(default_factory=PodNeeds)  # one pod's requests and node rules
     choice: Choice | None = None
     members: tuple[str, ...] = ()  # nodes the group's bound pods run on
-    # The pod's nodeSelector: nodes it can never use do not count when deciding "never fits".
-    node_selector: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def request(self) -> Mapping[str, int]:
+        """The extended resources one pod asks for."""
+        return self.needs.extended
+
+    @cached_property
+    def shape(self) -> Shape:
+        return Shape(self.needs.extended, self.needs.cpu, self.needs.memory)
 
 
 @dataclass(frozen=True)
@@ -92,9 +89,10 @@ class Decision:
     # (kube-scheduler counts identical strings) and the answer encodes them fastest that way.
     rejected: Mapping[str, Sequence[str]]
     unresolvable: bool  # rejected nodes go to FailedAndUnresolvableNodes: preemption cannot help
-    level: str  # the level placed at, or the required level waited on; "none" for pass-through
+    level: str  # the level placed at, or the level waited on; "none" for pass-through
     summary: str
     choice: Choice | None = None  # the group's bucket after this decision (new, kept or widened)
+    planned: tuple[str, ...] = ()  # a new bucket: the nodes, in rank order, that hold the group now
 
     @property
     def failed(self) -> dict[str, str]:
@@ -102,66 +100,35 @@ class Decision:
         return {node: reason for reason, nodes in self.rejected.items() for node in nodes}
 
 
-_NONE: frozenset[str] = frozenset()
+class Snapshot:
+    """Every node the decision may read: views by name, their index, and the standing rank orders.
 
-
-@dataclass
-class Index:
-    """Node names by location at each level and by homogeneity values, kept current by the cache.
-
-    With it, splitting thousands of feasible nodes into the bucket and the rest is a few set
-    operations instead of a Python loop over every node.
+    The cache keeps one current from the watches; a request carrying its own Nodes gets a throwaway one.
     """
 
-    by_location: list[dict[str, set[str]]]  # per level: value -> names
-    unlabelled: list[set[str]]  # per level: names without a value
-    by_homog: dict[tuple[str, ...], set[str]]  # values of config.homogeneous_keys -> names
+    def __init__(self, index: Index, cluster: Mapping[str, NodeView] | None = None) -> None:
+        self.index = index
+        self.views: Mapping[str, NodeView] = index.views
+        # Every node the "could it ever fit" question counts; the indexed views unless told otherwise.
+        self.cluster: Mapping[str, NodeView] = cluster if cluster is not None else index.views
+        self._ranked: dict[str, list[NodeView]] = {}
 
-    @classmethod
-    def empty(cls, levels: int) -> Index:
-        return cls([{} for _ in range(levels)], [set() for _ in range(levels)], {})
-
-    @classmethod
-    def of(cls, views: Iterable[NodeView], levels: int) -> Index:
-        index = cls.empty(levels)
-        for view in views:
-            index.add(view)
-        return index
-
-    def add(self, view: NodeView) -> None:
-        for i, value in enumerate(view.locations):
-            if value is None:
-                self.unlabelled[i].add(view.name)
-            else:
-                self.by_location[i].setdefault(value, set()).add(view.name)
-        if view.homog is not None:
-            self.by_homog.setdefault(view.homog, set()).add(view.name)
-
-    def remove(self, view: NodeView) -> None:
-        for i, value in enumerate(view.locations):
-            bucket = self.unlabelled[i] if value is None else self.by_location[i].get(value, set())
-            bucket.discard(view.name)
-            if value is not None and not bucket:
-                self.by_location[i].pop(value, None)
-        if view.homog is not None:
-            names = self.by_homog.get(view.homog)
-            if names is not None:
-                names.discard(view.name)
-                if not names:
-                    del self.by_homog[view.homog]
+    def ranked(self, rank: str) -> Sequence[NodeView]:
+        """Every node in the rank policy's order (the cache overrides this with a standing order)."""
+        order = self._ranked.get(rank)
+        if order is None:
+            order = self._ranked[rank] = sorted(self.views.values(), key=RANK_KEYS.get(rank, _SPREAD))
+        return order
 
 
 # --- ranking ------------------------------------------------------------------------------------
 
-RANK_KEYS = {
-    "spread": attrgetter("spread_key"),
-    "first-fit": attrgetter("name"),
-    "most-free-memory": attrgetter("memory_key"),
-}
+_SPREAD = attrgetter("spread_key")
+RANK_KEYS = {"spread": _SPREAD, "first-fit": attrgetter("name"), "most-free-memory": attrgetter("memory_key")}
 
 
 def rank_order(nodes: Iterable[NodeView], rank: str) -> list[NodeView]:
-    return sorted(nodes, key=RANK_KEYS.get(rank, RANK_KEYS["spread"]))
+    return sorted(nodes, key=RANK_KEYS.get(rank, _SPREAD))
 
 
 def scores(ordered: Sequence[str]) -> dict[str, int]:
@@ -180,40 +147,41 @@ def priorities(decision: Decision, views: Mapping[str, NodeView], rank: str) -> 
     return scores([v.name for v in rank_order(allowed, rank)])
 
 
-def slots(free: Mapping[str, int], request: Mapping[str, int]) -> int:
-    """How many pods of the group fit on a node; a pod without extended resources takes a whole node."""
-    if not request:
-        return 1
-    return max(0, min(free.get(res, 0) // qty for res, qty in request.items()))
+# --- wording ------------------------------------------------------------------------------------
 
 
-# --- helpers ------------------------------------------------------------------------------------
+def _describe_homog(pairs: tuple[tuple[str, str], ...]) -> str:
+    shown = [f"{k}={v}" for k, v in pairs if v]
+    return f" with {', '.join(shown)}" if shown else ""
+
+
+def _of_one(keys: Keys) -> str:
+    return f" of one {', '.join(keys)}" if keys else ""
+
+
+def name_nodes(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:NAMED_NODES])
+    more = len(names) - NAMED_NODES
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 class _Ctx:
     """What one decision reads over and over, computed once."""
 
-    def __init__(self, config: ExtenderConfig, group: GroupRequest) -> None:
+    def __init__(self, config: ExtenderConfig, group: GroupRequest, snap: Snapshot) -> None:
         self.config = config
         self.group = group
+        self.snap = snap
+        self.index = snap.index
         self.names = config.level_names
         self.titles = tuple(lv.label for lv in config.levels)
-        self.keys = group.homogeneous_keys
-        self.default_keys = self.keys == config.homogeneous_keys
-        self.cluster: Mapping[str, NodeView] = {}
-        self.index: Index | None = None
-        self.feasible_names: AbstractSet[str] | None = None
 
-    def li(self, level: str) -> int | None:
-        return None if level == ANY else self.names.index(level)
+    def li(self, level: str) -> int:
+        """The level's position; "any" is one past the configured levels."""
+        return len(self.names) if level == ANY else self.names.index(level)
 
     def title(self, level: str) -> str:
         return "location" if level == ANY else self.titles[self.names.index(level)]
-
-    def hv(self, node: NodeView, keys: tuple[str, ...]) -> tuple[str, ...]:
-        if node.homog is not None and (keys is self.keys and self.default_keys):
-            return node.homog
-        return tuple(node.labels.get(k, "") for k in keys)
 
     def where(self, level: str, location: str | None, enclosing: Sequence[tuple[str, str]]) -> str:
         if level == ANY or location is None:
@@ -223,10 +191,12 @@ class _Ctx:
             text += f" of {self.title(lv)} {loc}"
         return text
 
-
-def _describe_homog(pairs: tuple[tuple[str, str], ...]) -> str:
-    shown = [f"{k}={v}" for k, v in pairs if v]
-    return f" with {', '.join(shown)}" if shown else ""
+    def bucket_name(self, level: str) -> str:
+        """What one bucket of the level is called in a reason: "zone of one nvidia.com/gpu.product"."""
+        keys = self.group.homogeneous_keys
+        if level == ANY:
+            return f"set of nodes{_of_one(keys)}"
+        return f"{self.title(level)}{_of_one(keys)}"
 
 
 def _levels_for(locality: str, config: ExtenderConfig) -> tuple[str, ...]:
@@ -235,59 +205,7 @@ def _levels_for(locality: str, config: ExtenderConfig) -> tuple[str, ...]:
     return (locality,)
 
 
-@dataclass
-class _Answer:
-    allowed: list[str]
-    rejected: Mapping[str, list[str]]
-    enclosing: tuple[tuple[str, str], ...] = ()
-
-
-def _answer(ctx: _Ctx, choice: Choice, feasible: Sequence[NodeView], *, enclose: bool = False) -> _Answer:
-    """Split the feasible nodes into the bucket and the rest, with a reason for each of the rest.
-
-    With `enclose`, also find the looser (level, location) pairs every allowed node shares.
-    """
-    if ctx.index is not None and ctx.feasible_names is not None:
-        hkeys = tuple(k for k, _ in choice.homogeneity)
-        if not hkeys or hkeys == ctx.config.homogeneous_keys:
-            return _answer_by_sets(ctx, choice, ctx.index, ctx.feasible_names, enclose=enclose)
-    hkeys = tuple(k for k, _ in choice.homogeneity)
-    want = tuple(v for _, v in choice.homogeneity)
-    pre = hkeys == ctx.config.homogeneous_keys  # the cache precomputed exactly these values
-    li = ctx.li(choice.level)
-    loc = choice.location
-    title = ctx.title(choice.level)
-    outside = f"outside {title} {loc} of the group"
-    unlabelled = f"no {title} label (the group is in {title} {loc})"
-    kept: list[NodeView] = []
-    out: list[str] = []
-    unlab: list[str] = []
-    rejected: dict[str, list[str]] = {}
-    for node in feasible:
-        if hkeys:
-            h = node.homog if pre else None
-            if h is None:
-                h = tuple(node.labels.get(k, "") for k in hkeys)
-            if h != want:
-                k, v = next((k, v) for k, v in choice.homogeneity if node.labels.get(k, "") != v)
-                rejected.setdefault(f"the group needs {k}={v or '(unset)'}", []).append(node.name)
-                continue
-        if li is not None:
-            nl = node.locations[li]
-            if nl != loc:
-                (unlab if nl is None else out).append(node.name)
-                continue
-        kept.append(node)
-    enclosing: tuple[tuple[str, str], ...] = ()
-    if enclose and kept and li is not None:
-        tails = {n.locations[li + 1 :] for n in kept}
-        shared = [vals.pop() if len(vals := set(col)) == 1 else None for col in zip(*tails, strict=True)]
-        enclosing = tuple((ctx.names[li + 1 + j], v) for j, v in enumerate(shared) if v is not None)
-    if out:
-        rejected[outside] = out
-    if unlab:
-        rejected[unlabelled] = unlab
-    return _Answer([n.name for n in kept], rejected, enclosing)
+# --- splitting the feasible nodes by a bucket -------------------------------------------------------
 
 
 class _Lazy(Mapping[str, list[str]]):
@@ -313,263 +231,252 @@ class _Lazy(Mapping[str, list[str]]):
         return len(self._get())
 
 
-def _split_rejected(
-    ctx: _Ctx,
-    choice: Choice,
-    index: Index,
-    names: AbstractSet[str],
-    *,
-    bucket: AbstractSet[str],
-    good: AbstractSet[str] | None,
-    li: int | None,
-) -> dict[str, list[str]]:
-    title, loc = ctx.title(choice.level), choice.location
-    rest = names - bucket if len(bucket) != len(names) else _NONE
-    rejected: dict[str, list[str]] = {}
-    if rest and good is not None:
-        bad = rest - good
-        if bad:
-            for name in bad:  # which key differs can vary by node; rare, so per node
-                labels = ctx.cluster[name].labels
-                k, v = next((k, v) for k, v in choice.homogeneity if labels.get(k, "") != v)
-                rejected.setdefault(f"the group needs {k}={v or '(unset)'}", []).append(name)
-            rest = rest - bad
-    if rest and li is not None:
-        unlab = rest & index.unlabelled[li]
-        if unlab:
-            rejected[f"no {title} label (the group is in {title} {loc})"] = list(unlab)
-            rest = rest - unlab
-        if rest:
-            rejected[f"outside {title} {loc} of the group"] = list(rest)
-    return rejected
+@dataclass
+class _Answer:
+    allowed: list[str]
+    rejected: Mapping[str, list[str]]
+    enclosing: tuple[tuple[str, str], ...] = ()
 
 
-def _answer_by_sets(
-    ctx: _Ctx, choice: Choice, index: Index, names: AbstractSet[str], *, enclose: bool
-) -> _Answer:
-    """_answer with the cache's index: the same split, as set operations."""
+def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: bool = False) -> _Answer:
+    """Split the feasible nodes into the bucket and the rest (set operations over the index), with a
+    reason for each of the rest worked out lazily. With `enclose`, also find the looser (level,
+    location) pairs every allowed node shares."""
+    index = ctx.index
+    keys = tuple(k for k, _ in choice.homogeneity)
     want = tuple(v for _, v in choice.homogeneity)
     li = ctx.li(choice.level)
     loc = choice.location
-    bucket: AbstractSet[str] = names
-    if li is not None:
-        bucket = index.by_location[li].get(loc or "", _NONE) & names
+    bucket: AbstractSet[str] = feasible
+    if choice.level != ANY:
+        bucket = index.by_location[li].get(loc or "", _NONE) & feasible
     good: AbstractSet[str] | None = None
-    if want:
-        good = index.by_homog.get(want, _NONE)
-        if len(good) == len(ctx.cluster):
-            good = None  # every node of the cluster has these values: nothing to check
-        else:
-            bucket = bucket & good
+    if keys:
+        good = index.homogeneity(keys).by_values.get(want, _NONE)
+        bucket = bucket & good
+        if len(good) == len(index.names):
+            good = None  # every node has these values: nothing to tell apart
     split = bucket
-    rejected = _Lazy(lambda: _split_rejected(ctx, choice, index, names, bucket=split, good=good, li=li))
+
+    def rejected() -> dict[str, list[str]]:
+        title = ctx.title(choice.level)
+        rest = feasible - split if len(split) != len(feasible) else _NONE
+        out: dict[str, list[str]] = {}
+        if rest and good is not None:
+            bad = rest - good
+            for name in bad:  # which key differs can vary by node; rare, so per node
+                labels = ctx.snap.views[name].labels
+                k, v = next((k, v) for k, v in choice.homogeneity if labels.get(k, "") != v)
+                out.setdefault(f"the group needs {k}={v}", []).append(name)
+            rest = rest - bad
+        if rest and choice.level != ANY:
+            unlab = rest & index.unlabelled[li]
+            if unlab:
+                out[f"no {title} label (the group is in {title} {loc})"] = list(unlab)
+                rest = rest - unlab
+            if rest:
+                out[f"outside {title} {loc} of the group"] = list(rest)
+        return out
+
     enclosing: list[tuple[str, str]] = []
-    if enclose and bucket and li is not None:
-        sample = ctx.cluster[next(iter(bucket))]
+    if enclose and bucket and choice.level != ANY:
+        sample = ctx.snap.views[next(iter(bucket))]
         for j in range(li + 1, len(ctx.names)):
             value = sample.locations[j]
             if value is not None and bucket <= index.by_location[j].get(value, _NONE):
                 enclosing.append((ctx.names[j], value))
-    return _Answer(list(bucket), rejected, tuple(enclosing))
+    return _Answer(list(bucket), _Lazy(rejected), tuple(enclosing))
 
 
 # --- the decision -------------------------------------------------------------------------------
 
 
 def decide(
-    group: GroupRequest | None,
-    feasible: Sequence[NodeView],
-    cluster: Mapping[str, NodeView],
-    config: ExtenderConfig,
-    *,
-    ranked: Iterable[NodeView] | None = None,
-    present: int | None = None,
-    index: Index | None = None,
-    names: AbstractSet[str] | None = None,
+    group: GroupRequest | None, feasible: AbstractSet[str], snap: Snapshot, config: ExtenderConfig
 ) -> Decision:
     """Where this pod may go.
 
-    `feasible`: the nodes kube-scheduler passed, in any order; `cluster`: every known node.
-    Optional shortcuts a cache can give: `ranked`, the same nodes in the group's rank order (may be
-    lazy: choosing a bucket usually reads only the first few); `present`, a bitmask of the levels at
-    which at least one node of the cluster has a value (bit i for level i); `index` (of the whole
-    cluster) with `names` (the feasible nodes' names) to split nodes by set operations.
+    `feasible`: the names of the nodes kube-scheduler passed, each one a node of `snap`.
     """
     if group is None:
-        everyone = tuple(n.name for n in feasible)
-        return Decision("pass-through", everyone, {}, False, "none", "not part of a group")
-    ctx = _Ctx(config, group)
-    ctx.cluster, ctx.index, ctx.feasible_names = cluster, index, names
+        return Decision("pass-through", tuple(feasible), {}, False, "none", "not part of a group")
+    ctx = _Ctx(config, group, snap)
     if group.choice is None and group.members:
-        group = replace(group, choice=derive_choice(group, cluster, config))
+        group = replace(group, choice=derive_choice(group, snap, config))
         ctx.group = group
     if group.choice is not None:
         return _follow(ctx, group.choice, feasible)
-    if ranked is None:
-        ranked = rank_order(feasible, group.rank)
-    if present is None:
-        present = reduce(or_, map(attrgetter("mask"), feasible), 0)
-    return _choose(ctx, feasible, iter(ranked), present, cluster)
+    return _choose(ctx, feasible)
 
 
-def derive_choice(group: GroupRequest, cluster: Mapping[str, NodeView], config: ExtenderConfig) -> Choice:
-    """The bucket already-bound members imply (after a restart): the tightest level they all share."""
-    ctx = _Ctx(config, group)
-    nodes = [cluster[m] for m in group.members if m in cluster]
+def derive_choice(group: GroupRequest, snap: Snapshot, config: ExtenderConfig) -> Choice:
+    """The bucket already-bound members imply when nothing else says (pods bound by another scheduler,
+    or before this extender ran): the tightest level they all share."""
+    ctx = _Ctx(config, group, snap)
+    nodes = [snap.views[m] for m in group.members if m in snap.views]
     homog = tuple(
-        (k, nodes[0].labels.get(k, ""))
+        (k, nodes[0].labels[k])
         for k in group.homogeneous_keys
-        if nodes and len({n.labels.get(k, "") for n in nodes}) == 1
+        if nodes and nodes[0].labels.get(k) and len({n.labels.get(k) for n in nodes}) == 1
     )
     for level in _levels_for(group.locality, config):
-        li = ctx.li(level)
-        if li is None:
+        if level == ANY:
             break
+        li = ctx.li(level)
         values = {n.locations[li] for n in nodes}
         if len(values) == 1 and None not in values:
             (location,) = values
-            assert location is not None
-            bucket = [n for n in cluster.values() if n.locations[li] == location]
-            enclosing = _answer(ctx, Choice(level, location, ()), bucket, enclose=True).enclosing
+            enclosing = _answer(ctx, Choice(level, location, ()), snap.index.names, enclose=True).enclosing
             where = ctx.where(level, location, enclosing)
             return Choice(level, location, homog, enclosing, f"members already run in {where}")
     return Choice(ANY, None, homog, (), "members already run in several locations")
 
 
-def _choose(
-    ctx: _Ctx,
-    feasible: Sequence[NodeView],
-    ranked: Iterator[NodeView],
-    present: int,
-    cluster: Mapping[str, NodeView],
-) -> Decision:
-    group, keys, request = ctx.group, ctx.keys, ctx.group.request
-    single = next(iter(request.items())) if len(request) == 1 else None
-    # (node, pod slots on it, homogeneity values), computed lazily: a level usually fills early.
-    items: list[tuple[NodeView, int, tuple[str, ...]]] = []
+def _ranked_feasible(ctx: _Ctx, feasible: AbstractSet[str]) -> Iterator[NodeView]:
+    order = ctx.snap.ranked(ctx.group.rank)
+    if len(feasible) == len(ctx.index.names):
+        return iter(order)
+    return (v for v in order if v.name in feasible)
+
+
+def _fill(
+    ctx: _Ctx, h: HomogIndex, li: int, candidates: AbstractSet[Bucket], feasible: AbstractSet[str]
+) -> tuple[Bucket, list[str]]:
+    """Walk the feasible nodes in rank order; the first candidate bucket to hold every remaining pod
+    wins. A candidate holds them counting its feasible nodes, so the walk always ends in a winner."""
+    need, shape, index = ctx.group.remaining, ctx.group.shape, ctx.index
+    held: dict[Bucket, int] = {}
+    used: dict[Bucket, list[str]] = {}
+    # The walk is the decision's inner loop: the bucket and the slots of each node are read inline.
+    value_of, at_level = h.value_of, li < h.levels
+    for view in _ranked_feasible(ctx, feasible):
+        values = value_of.get(view.name)
+        if values is None:
+            continue
+        bucket = (values, view.locations[li] if at_level else None)
+        if bucket not in candidates:
+            continue
+        s = index.slots(view, shape)
+        total = held[bucket] = held.get(bucket, 0) + (s if s > 0 else 1)
+        if bucket in used:
+            used[bucket].append(view.name)
+        else:
+            used[bucket] = [view.name]
+        if total >= need:
+            return bucket, used[bucket]
+    raise AssertionError("a candidate bucket did not fill")  # the capacities said it would
+
+
+def _choose(ctx: _Ctx, feasible: AbstractSet[str]) -> Decision:
+    group, index = ctx.group, ctx.index
+    keys = group.homogeneous_keys
+    h = index.homogeneity(keys)
+    need, shape = group.remaining, group.shape
     skipped: list[str] = []
-    need = group.remaining
     for level in _levels_for(group.locality, ctx.config):
         li = ctx.li(level)
         title = ctx.title(level)
-        if li is not None and not present >> li & 1:
+        if level != ANY and not index.by_location[li]:
             skipped.append(f"{level} level skipped: no node has a {title}")
             continue
-        buckets: dict[tuple[tuple[str, ...], str | None], int] = {}
-        winner: tuple[tuple[str, ...], str | None] | None = None
-        i = 0
-        while True:
-            if i == len(items):
-                node = next(ranked, None)
-                if node is None:
-                    break
-                if single is not None:
-                    s = node.free.get(single[0], 0) // single[1]
-                else:
-                    s = slots(node.free, request)
-                # kube-scheduler found the node feasible for this pod, which is fresher than a cache
-                # that may lag a deletion: it holds at least one pod.
-                items.append((node, s if s > 0 else 1, ctx.hv(node, keys)))
-            node, s, hv = items[i]
-            i += 1
-            loc = node.locations[li] if li is not None else None
-            if li is not None and loc is None:
-                continue
-            total = buckets.get((hv, loc), 0) + s
-            buckets[(hv, loc)] = total
-            if total >= need:
-                winner = (hv, loc)
-                break
-        if winner is not None:
-            homog = tuple(zip(keys, winner[0], strict=True))
-            choice = Choice(level, winner[1], homog)
-            ans = _answer(ctx, choice, feasible, enclose=True)
-            where = ctx.where(level, winner[1], ans.enclosing)
-            summary = (
-                f"{need} of {group.size} pods of group {group.key} go to {where}{_describe_homog(homog)}"
-            )
-            if skipped:
-                summary += "; " + "; ".join(skipped)
-            choice = replace(choice, enclosing=ans.enclosing, summary=summary)
-            return Decision("placed", tuple(ans.allowed), ans.rejected, False, level, summary, choice)
-        skipped.append(f"{level} level skipped: largest {title} holds {max(buckets.values(), default=0)}")
-
-    ordered = [item[0] for item in items] + list(ranked)  # every feasible node, in rank order
-    if group.locality == "prefer":
-        return _best_effort(ctx, ordered, skipped)
-    return _wait_or_never(ctx, ordered, cluster, skipped)
-
-
-def _best_effort(ctx: _Ctx, ordered: Sequence[NodeView], skipped: list[str]) -> Decision:
-    """prefer never delays: keep the group homogeneous on the class with most room, ignore location."""
-    group = ctx.group
-    room: dict[tuple[str, ...], int] = {}
-    for node in ordered:
-        hv = ctx.hv(node, ctx.keys)
-        room[hv] = room.get(hv, 0) + max(1, slots(node.free, group.request))
-    if not room:
-        return Decision("wait", (), {}, False, ANY, f"group {group.key}: no feasible node")
-    best = max(room.items(), key=lambda kv: kv[1])  # first maximum in rank order: deterministic
-    homog = tuple(zip(ctx.keys, best[0], strict=True))
-    summary = (
-        f"only {best[1]} of {group.remaining} pods of group {group.key} fit now"
-        f"{_describe_homog(homog)}; placed without locality; " + "; ".join(skipped)
-    )
-    choice = Choice(ANY, None, homog, (), summary)
-    ans = _answer(ctx, choice, ordered)
-    return Decision("placed", tuple(ans.allowed), ans.rejected, False, ANY, summary, choice)
-
-
-def _capacity_fits(ctx: _Ctx, cluster: Iterable[NodeView], li: int | None) -> tuple[bool, int]:
-    """Could any bucket at the level ever hold the group, counting every node at full allocatable?"""
-    group = ctx.group
-    totals: dict[tuple[tuple[str, ...], str | None], int] = {}
-    selector = group.node_selector
-    for node in cluster:
-        loc = node.locations[li] if li is not None else None
-        if li is not None and loc is None:
+        caps = index.capacities(h, li, shape, feasible)
+        best = max(caps.values(), default=0)
+        if best < need:
+            if level == ANY:
+                skipped.append(f"anywhere: largest {ctx.bucket_name(level)} holds {best} now")
+            else:
+                skipped.append(f"{level} level skipped: largest {title} holds {best} now")
             continue
-        if selector and any(node.labels.get(k) != v for k, v in selector):
-            continue
-        k = (ctx.hv(node, ctx.keys), loc)
-        totals[k] = totals.get(k, 0) + slots(node.allocatable, group.request)
-        if totals[k] >= group.size:
-            return True, totals[k]
-    return False, max(totals.values(), default=0)
-
-
-def _wait_or_never(
-    ctx: _Ctx, ordered: Sequence[NodeView], cluster: Mapping[str, NodeView], skipped: list[str]
-) -> Decision:
-    group = ctx.group
-    level = group.locality
-    li = ctx.li(level)
-    title = ctx.title(level)
-    homog_text = f" of one {', '.join(ctx.keys)}" if ctx.keys else ""
-    fits, largest = _capacity_fits(ctx, cluster.values(), li)
-    if not fits:
-        reason = f"never fits: no {title}{homog_text} can hold the {group.size} pods of group {group.key}"
-        summary = f"{reason} (largest holds {largest}, counting every node empty)"
-        return Decision("never-fits", (), {reason: [n.name for n in ordered]}, True, level, summary)
-    wait = f"group {group.key} waits for one {title}{homog_text} with room for {group.remaining} pods"
-    unlabelled = f"no {title} label (group {group.key} requires one)"
-    rejected: dict[str, list[str]] = {}
-    for n in ordered:
-        rejected.setdefault(unlabelled if li is not None and n.locations[li] is None else wait, []).append(
-            n.name
+        candidates = {b for b, total in caps.items() if total >= need}
+        (values, location), planned = _fill(ctx, h, li, candidates, feasible)
+        homog = tuple(zip(keys, values, strict=True))
+        choice = Choice(level, location, homog)
+        ans = _answer(ctx, choice, feasible, enclose=True)
+        where = ctx.where(level, location, ans.enclosing)
+        summary = (
+            f"{need} of {group.size} pods of group {group.key} go to {where}{_describe_homog(homog)}"
+            f" (nodes {name_nodes(planned)})"
         )
-    summary = f"{wait}; {skipped[-1]}" if skipped else wait
+        if skipped:
+            summary += "; " + "; ".join(skipped)
+        choice = Choice(level, location, homog, ans.enclosing, summary)
+        return Decision(
+            "placed", tuple(ans.allowed), ans.rejected, False, level, summary, choice, tuple(planned)
+        )
+    return _wait_or_never(ctx, feasible, skipped)
+
+
+def _ever_holds(ctx: _Ctx, level: str) -> int:
+    """The most pods of the group one bucket of the level could ever hold: every node of the cluster
+    the pods may use (node selector, required node affinity, taints, allocatable), counted empty."""
+    group = ctx.group
+    needs, shape, keys = group.needs, group.shape, group.homogeneous_keys
+    li = ctx.li(level)
+    at_level = level != ANY
+    totals: dict[tuple[tuple[str, ...], str | None], int] = {}
+    best = 0
+    for view in ctx.snap.cluster.values():
+        loc = view.locations[li] if at_level else None
+        if at_level and loc is None:
+            continue
+        values = homog_values(view.labels, keys)
+        if values is None:
+            continue
+        if view.record is not None and not needs.admits(view.record):
+            continue
+        s = shape.ever(view)
+        if s <= 0:
+            continue
+        total = totals[(values, loc)] = totals.get((values, loc), 0) + s
+        if total > best:
+            best = total
+            if best >= group.size:
+                break
+    return best
+
+
+def _wait_or_never(ctx: _Ctx, feasible: AbstractSet[str], skipped: list[str]) -> Decision:
+    group = ctx.group
+    levels = _levels_for(group.locality, ctx.config)
+    # Under prefer, "any location" holds whatever a tighter level could: it alone decides.
+    level = levels[-1]
+    bucket = ctx.bucket_name(level)
+    largest = _ever_holds(ctx, level)
+    ordered = sorted(feasible)
+    if largest < group.size:
+        reason = f"never fits: no {bucket} can hold the {group.size} pods of group {group.key}"
+        summary = f"{reason} (largest holds {largest}, counting every node the pods may use as empty)"
+        return Decision("never-fits", (), {reason: ordered}, True, level, summary)
+    wait = f"group {group.key} waits for one {bucket} with room for {group.remaining} pods"
+    rejected: dict[str, list[str]] = {}
+    li = ctx.li(level)
+    h = ctx.index.homogeneity(group.homogeneous_keys)
+    unlabelled = ctx.index.unlabelled[li] if level != ANY else _NONE
+    for name in ordered:
+        if name in unlabelled:
+            reason = f"no {ctx.title(level)} label (group {group.key} requires one)"
+        elif name in h.missing:
+            view = ctx.snap.views[name]
+            key = next(k for k in group.homogeneous_keys if not view.labels.get(k))
+            reason = f"no {key} label (group {group.key} requires one)"
+        else:
+            reason = wait
+        rejected.setdefault(reason, []).append(name)
+    summary = f"{wait}; " + "; ".join(skipped) if skipped else wait
     return Decision("wait", (), rejected, False, level, summary)
 
 
-def _follow(ctx: _Ctx, choice: Choice, feasible: Sequence[NodeView]) -> Decision:
+def _follow(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str]) -> Decision:
     """A later pod of a placed group: the chosen bucket, or under prefer the enclosing looser level."""
     group = ctx.group
     ans = _answer(ctx, choice, feasible)
     if ans.allowed:
-        return Decision(
-            "placed", tuple(ans.allowed), ans.rejected, False, choice.level, choice.summary, choice
+        # A bucket read back from a claim whose decision text is gone still says where the group goes.
+        summary = choice.summary or (
+            f"group {group.key} goes to {ctx.where(choice.level, choice.location, choice.enclosing)}"
+            f"{_describe_homog(choice.homogeneity)}"
         )
+        return Decision("placed", tuple(ans.allowed), ans.rejected, False, choice.level, summary, choice)
     where = ctx.where(choice.level, choice.location, ())
     if group.locality == "prefer":
         widen = [*((lv, loc) for lv, loc in choice.enclosing), *([(ANY, "")] if choice.level != ANY else [])]
@@ -585,4 +492,4 @@ def _follow(ctx: _Ctx, choice: Choice, feasible: Sequence[NodeView]) -> Decision
                 wider = replace(wider, summary=summary)
                 return Decision("placed", tuple(ans.allowed), ans.rejected, False, level, summary, wider)
     reason = f"group {group.key} waits for a feasible node in {where}{_describe_homog(choice.homogeneity)}"
-    return Decision("wait", (), {reason: [n.name for n in feasible]}, False, choice.level, reason, choice)
+    return Decision("wait", (), {reason: sorted(feasible)}, False, choice.level, reason, choice)

@@ -1,12 +1,20 @@
-"""HTTP front of the extender (aiohttp): decode, call the service, encode. Nothing else lives here."""
+"""HTTP front of the extender (aiohttp): decode, call the service, encode. Nothing else lives here.
+
+Two listeners. The extender's own (filter, prioritize, /debug/groups, and the probes) belongs on
+127.0.0.1 beside kube-scheduler, or behind TLS with client certificates. The probe listener (/healthz,
+/readyz, /metrics) may face the pod network: it answers nothing that changes or reveals a decision.
+A request body is read within a deadline and up to a size; past either it is refused and dropped.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +23,35 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
-from nodefabric_operator.extender.service import EventSink, Extender
+from nodefabric_operator.extender.pods import PodError
+from nodefabric_operator.extender.service import Extender, Publisher
 from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, WireError, parse_args
 
 log = logging.getLogger(__name__)
 
+# A full Pod plus 5,000 node names is about 150 KB; full Nodes (kube-scheduler without nodeCacheCapable)
+# can be 10 KB each.
+MAX_BODY = 64 * 1024 * 1024
+READ_TIMEOUT_S = 5.0
+# kube-scheduler keeps its connection open between requests; one idle longer than this (or one that
+# never finishes its request headers) is closed.
+KEEPALIVE_S = 30.0
+# After refusing a body, aiohttp would read and discard the rest of it for 10 s before closing.
+LINGER_S = 1.0
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the HTTP layer needs besides the extender: health of its feeds and request limits."""
+
+    # Problems that make /healthz fail (watches broken for too long); empty when healthy.
+    health: Callable[[], list[str]] = list
+    max_body: int = MAX_BODY
+    read_timeout: float = READ_TIMEOUT_S
+
+
 EXTENDER: web.AppKey[Extender] = web.AppKey("extender", Extender)
-MAX_BODY = 64 * 1024 * 1024  # a full Pod plus 5,000+ node names fits many times over
+SERVING: web.AppKey[Serving] = web.AppKey("serving", Serving)
 
 
 def _dumps(data: Any) -> bytes:
@@ -32,37 +62,42 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_dumps(data), status=status, content_type="application/json")
 
 
-async def _args(request: web.Request) -> ExtenderArgs:
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the decoder goes
-        raise WireError(f"request body is not JSON: {exc}") from exc
-    return parse_args(body)
+def _refuse(ext: Extender, verb: str, status: int, message: str) -> web.Response:
+    ext.metrics.bad_requests.labels(verb).inc()
+    log.warning("refused a request", extra={"verb": verb, "status": status, "error": message})
+    resp = _json({"Error": message}, status=status)
+    if status in (408, 413):
+        resp.force_close()  # the rest of the body is not read: the connection cannot be reused
+    return resp
 
 
 def _verb(
     verb: str, call: Callable[[Extender, ExtenderArgs], Any]
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
-        ext = request.app[EXTENDER]
+        ext, serving = request.app[EXTENDER], request.app[SERVING]
         started = time.perf_counter()
         try:
-            args = await _args(request)
-        except WireError as exc:
-            ext.metrics.bad_requests.labels(verb).inc()
-            log.warning("refused a malformed request", extra={"verb": verb, "error": str(exc)})
-            return _json({"Error": str(exc)}, status=400)
-        try:
-            out = call(ext, args)
+            try:
+                async with asyncio.timeout(serving.read_timeout):
+                    raw = await request.read()
+            except TimeoutError:
+                return _refuse(ext, verb, 408, f"request body not received within {serving.read_timeout:g}s")
+            except web.HTTPRequestEntityTooLarge:
+                return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
+            try:
+                args = parse_args(json.loads(raw))
+            except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
+                message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
+                return _refuse(ext, verb, 400, message)
+            try:
+                out = call(ext, args)
+            except PodError as exc:
+                return _refuse(ext, verb, 400, f"malformed Pod in ExtenderArgs: {exc}")
             body = out.encode() if isinstance(out, FilterResult) else _dumps(out)
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            # A Pod whose fields have the wrong JSON types: refuse it rather than fail the scheduler.
-            ext.metrics.bad_requests.labels(verb).inc()
-            log.warning("refused a malformed pod", extra={"verb": verb, "error": repr(exc)})
-            return _json({"Error": f"malformed Pod in ExtenderArgs: {exc!r}"}, status=400)
+            return web.Response(body=body, content_type="application/json")
         finally:
             ext.metrics.latency.labels(verb).observe(time.perf_counter() - started)
-        return web.Response(body=body, content_type="application/json")
 
     return handler
 
@@ -71,7 +106,10 @@ async def _groups(request: web.Request) -> web.Response:
     return _json(request.app[EXTENDER].groups())
 
 
-async def _healthz(_: web.Request) -> web.Response:
+async def _healthz(request: web.Request) -> web.Response:
+    problems = request.app[SERVING].health()
+    if problems:
+        return web.Response(text="\n".join(problems) + "\n", status=503)
     return web.Response(text="ok")
 
 
@@ -86,25 +124,38 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(extender: Extender) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+def _base(extender: Extender, serving: Serving) -> web.Application:
+    app = web.Application(client_max_size=serving.max_body)
     app[EXTENDER] = extender
-    app.router.add_post("/filter", _verb("filter", Extender.filter))
-    app.router.add_post("/prioritize", _verb("prioritize", Extender.prioritize))
-    app.router.add_get("/debug/groups", _groups)
+    app[SERVING] = serving
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     return app
 
 
+def make_app(extender: Extender, serving: Serving | None = None) -> web.Application:
+    """The extender's own listener: the verbs, /debug/groups and the probes."""
+    app = _base(extender, serving or Serving())
+    app.router.add_post("/filter", _verb("filter", Extender.filter))
+    app.router.add_post("/prioritize", _verb("prioritize", Extender.prioritize))
+    app.router.add_get("/debug/groups", _groups)
+    return app
+
+
+def make_probe_app(extender: Extender, serving: Serving | None = None) -> web.Application:
+    """The probe listener: /healthz, /readyz and /metrics only."""
+    return _base(extender, serving or Serving())
+
+
 def build_app(
     config: ExtenderConfig,
     snapshot: Iterable[dict[str, Any]] | Path | None = None,
     *,
-    events: EventSink | None = None,
+    publisher: Publisher | None = None,
     registry: CollectorRegistry | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = time.time,
+    serving: Serving | None = None,
 ) -> web.Application:
     """The extender over a static snapshot (Node, Pod and PodGroup objects, or a file holding them)."""
     cache = Cache(config)
@@ -114,7 +165,13 @@ def build_app(
         cache.load_objects(snapshot)
     else:
         cache.synced = True
-    return make_app(Extender(config, cache, events=events, registry=registry, clock=clock))
+    extender = Extender(config, cache, publisher=publisher, registry=registry, clock=clock)
+    return make_app(extender, serving)
+
+
+def runner(app: web.Application) -> web.AppRunner:
+    """The runner every listener of the extender uses: its connection limits, no access log."""
+    return web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S, lingering_time=LINGER_S)
 
 
 def group_summary(app: web.Application, group_key: str) -> str | None:
@@ -122,7 +179,13 @@ def group_summary(app: web.Application, group_key: str) -> str | None:
     return app[EXTENDER].summary(group_key)
 
 
-def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+def tls_context(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:
+    """Server TLS; with `client_ca`, only clients presenting a certificate that CA signed get through
+    (kube-scheduler's extender `tlsConfig` sends one with certFile/keyFile)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
+    if client_ca is not None:
+        ctx.load_verify_locations(cafile=client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx

@@ -1,34 +1,57 @@
-"""Filter and prioritize: resolve the pod's group from the cache and the book, decide, record, explain."""
+"""Filter and prioritize: resolve the pod's group from the cache and the book, decide, record, explain.
+
+State changes only through filter's own verdicts (the group's bucket and the claim for the pod it let
+through); a request's content is read for that request alone. Each verdict is told once per pod and
+message: a pod Event, and the `decision` (and `claim`) annotations persisted on the pod.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, overload
+from collections import ChainMap
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from nodefabric_operator.extender import placement
+from nodefabric_operator.extender import decisions, placement
 from nodefabric_operator.extender.book import Book, GroupRecord
-from nodefabric_operator.extender.cache import POD_GROUP_APIS, VOLCANO_GROUP_ANNOTATION, Cache, pod_requests
+from nodefabric_operator.extender.cache import POD_GROUP_APIS, VOLCANO_GROUP_ANNOTATION, Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of, pod_namespace, pod_uid
+from nodefabric_operator.extender.index import Index
+from nodefabric_operator.extender.pods import PodNeeds, pod_needs
 from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, filter_result, host_priorities
 
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 10.0
 NOT_CACHED = "node is not in the extender's node cache yet"
+EVENT_REASONS = {
+    "placed": ("Normal", "GroupPlaced"),
+    "wait": ("Normal", "GroupWaiting"),
+    "never-fits": ("Warning", "GroupNeverFits"),
+    "invalid": ("Warning", "InvalidPlacement"),
+}
 
 
-class EventSink(Protocol):
-    def emit(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
+class Publisher(Protocol):
+    """Where verdicts go besides the answer: pod Events and the pod's own annotations."""
+
+    def event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
+
+    def annotate(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None: ...
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, book: Book) -> None:
+        # A `_created` series per child doubles what Prometheus stores and says nothing useful here.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
+        prometheus_client.ProcessCollector(registry=registry)
+        prometheus_client.PlatformCollector(registry=registry)
         self.decisions = Counter(
             "nodefabric_extender_decisions",
             "Filter decisions by outcome (placed, wait, never-fits, pass-through, invalid) and level.",
@@ -36,47 +59,27 @@ class Metrics:
             registry=registry,
         )
         self.latency = Histogram(
-            "nodefabric_extender_request_seconds",
+            "nodefabric_extender_request_duration_seconds",
             "Time to answer one extender request, by verb.",
             ["verb"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
         )
         self.bad_requests = Counter(
-            "nodefabric_extender_bad_requests", "Requests answered 400.", ["verb"], registry=registry
+            "nodefabric_extender_bad_requests",
+            "Requests refused (malformed, too large, too slow), by verb.",
+            ["verb"],
+            registry=registry,
         )
-
-
-def _selector(pod: Mapping[str, Any]) -> dict[str, str]:
-    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    return {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
-
-
-class _Views(Sequence[placement.NodeView]):
-    """The feasible nodes' views, looked up only if the decision walks them one by one (the cache's
-    index answers the common paths without)."""
-
-    def __init__(self, views: Mapping[str, placement.NodeView], names: Sequence[str]) -> None:
-        self._views, self._names = views, names
-        self._list: list[placement.NodeView] | None = None
-
-    def _all(self) -> list[placement.NodeView]:
-        if self._list is None:
-            self._list = list(map(self._views.__getitem__, self._names))
-        return self._list
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    @overload
-    def __getitem__(self, i: int) -> placement.NodeView: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[placement.NodeView]: ...
-    def __getitem__(self, i: int | slice) -> placement.NodeView | Sequence[placement.NodeView]:
-        return self._all()[i]
-
-    def __iter__(self) -> Iterator[placement.NodeView]:
-        return iter(self._all())
+        groups = Gauge(
+            "nodefabric_extender_groups", "Groups the extender keeps a record of.", registry=registry
+        )
+        groups.set_function(lambda: len(book.groups))
+        self.evicted = Counter(
+            "nodefabric_extender_groups_evicted",
+            "Group records dropped because the cap (maxGroups) was reached; rebuilt from pods on use.",
+            registry=registry,
+        )
 
 
 class Extender:
@@ -85,17 +88,21 @@ class Extender:
         config: ExtenderConfig,
         cache: Cache,
         *,
-        events: EventSink | None = None,
+        publisher: Publisher | None = None,
         registry: CollectorRegistry | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.cache = cache
-        self.book = Book(config.claim_ttl_seconds)
-        self.events = events
-        self.metrics = Metrics(registry or CollectorRegistry())
+        self.book = Book(config.claim_ttl_seconds, config.max_groups)
+        self.publisher = publisher
+        self.metrics = Metrics(registry or CollectorRegistry(), self.book)
+        self.book.on_evict = self.metrics.evicted.inc
         self.clock = clock
         self._swept = clock()
+        self._keys = decisions.keys(config)
+        # (index names version, NodeNames, the known ones as a set, the unknown ones) of the last request
+        self._last_names: tuple[int, tuple[str, ...], set[str], list[str]] | None = None
 
     # --- resolving the group ---------------------------------------------------------------------
 
@@ -114,60 +121,79 @@ class Extender:
         # No declared size: the group's pods the cache knows (a job controller creates them together).
         return max(self.cache.group_pod_count(spec.key), bound + claims + 1), "pods seen"
 
-    def _request(self, spec: GroupSpec, pod: Mapping[str, Any], now: float) -> placement.GroupRequest:
+    def _state(
+        self, key: str, uid: str, rec: GroupRecord | None, now: float, bound: set[str]
+    ) -> tuple[placement.Choice | None, dict[str, float]]:
+        """The group's bucket and live claims (pod uid -> expiry): made here, or persisted on its pods
+        by this or another extender (a restart, a leader change); the latest bucket wins."""
+        choice, at = (rec.choice, rec.chosen_at) if rec is not None else (None, 0.0)
+        claims = dict(rec.claims) if rec is not None else {}
+        ttl = self.config.claim_ttl_seconds
+        for pod in self.cache.group_pods(key):
+            if pod.claim is None:
+                continue
+            if pod.claim.at > at:
+                choice, at = pod.claim.choice, pod.claim.at
+            if not pod.node and not pod.terminal:
+                # Clamped: a clock ahead of ours must not make a claim outlive its TTL.
+                claims[pod.uid] = max(claims.get(pod.uid, 0.0), min(pod.claim.at, now) + ttl)
+        live = {u: e for u, e in claims.items() if e > now and u != uid and u not in bound}
+        return choice, live
+
+    def _request(
+        self, spec: GroupSpec, pod: Mapping[str, Any], needs: PodNeeds, now: float, rec: GroupRecord | None
+    ) -> placement.GroupRequest:
         uid = pod_uid(pod)
         bound = self.cache.bound_members(spec.key, uid)
-        rec = self.book.get(spec.key)
-        claims = rec.live_claims(now, uid, {p.uid for p in bound})
-        size, source = self._size(spec, pod, len(bound), claims)
-        request, _ = pod_requests(pod)
-        rec.size, rec.size_source, rec.locality, rec.rank = size, source, spec.locality, spec.rank
-        group = placement.GroupRequest(
+        choice, claims = self._state(spec.key, uid, rec, now, {p.uid for p in bound})
+        size, source = self._size(spec, pod, len(bound), len(claims))
+        if rec is not None:
+            rec.size, rec.size_source, rec.locality, rec.rank = size, source, spec.locality, spec.rank
+        keys = spec.homogeneous_keys
+        return placement.GroupRequest(
             key=spec.key,
             size=size,
-            remaining=max(1, size - len(bound) - claims),
+            remaining=max(1, size - len(bound) - len(claims)),
             locality=spec.locality,
             rank=spec.rank,
-            homogeneous_keys=spec.homogeneous_keys,
-            request=request,
-            choice=rec.choice,
+            homogeneous_keys=keys if keys is not None else self.config.homogeneity_for(needs.extended),
+            needs=needs,
+            choice=choice,
             members=tuple(sorted({p.node for p in bound})),
-            node_selector=tuple(sorted(_selector(pod).items())),
         )
-        return group
+
+    def _snapshot(self, args: ExtenderArgs) -> tuple[placement.Snapshot, set[str], list[str]]:
+        """The nodes this request decides over, the feasible ones among them, and the unknown ones."""
+        if args.records is None:
+            index, asked = self.cache.index, args.node_names
+            last = self._last_names
+            # kube-scheduler sends the same NodeNames request after request while nothing changes:
+            # comparing two lists of names is far cheaper than hashing 5,000 fresh strings again.
+            if last is not None and last[0] == index.names_version and last[1] == asked:
+                return self.cache, last[2], last[3]
+            known = index.names.intersection(asked)
+            missing = [] if len(known) == len(asked) else [n for n in asked if n not in index.names]
+            self._last_names = (index.names_version, asked, known, missing)
+            return self.cache, known, missing
+        # kube-scheduler without nodeCacheCapable sends full Nodes: they count for this request only,
+        # against the pods the cache knows; the cache itself never sees them.
+        views = {r.name: self.cache.view_of(r) for r in args.records}
+        index = Index.of(views.values(), len(self.config.levels), self.config.indexed_homogeneity)
+        cluster = ChainMap(views, self.cache.index.views)
+        return placement.Snapshot(index, cluster), set(views), []
 
     def _decide(
-        self, args: ExtenderArgs
+        self, args: ExtenderArgs, *, record: bool
     ) -> tuple[placement.Decision, placement.GroupRequest | None, list[str]]:
-        if args.nodes is not None:
-            for node in args.nodes:
-                self.cache.upsert_node(node)
         spec = group_of(args.pod, self.config)
-        views = self.cache.views
+        snap, feasible, missing = self._snapshot(args)
         if spec is None:
-            return placement.decide(None, [], views, self.config), None, []
+            return placement.decide(None, feasible, snap, self.config), None, missing
+        needs = pod_needs(args.pod)
         now = self.clock()
-        group = self._request(spec, args.pod, now)
-        names = args.node_names
-        known = self.cache.names.intersection(names)
-        missing = [n for n in names if n not in known] if len(known) != len(names) else []
-        feasible = _Views(views, names if not missing else [n for n in names if n in known])
-        ranked = None
-        if group.choice is None and not group.members:
-            # Choosing a bucket walks nodes in rank order until one fills: read the cache's standing
-            # order lazily instead of sorting every feasible node.
-            ranked = (v for v in self.cache.ranked(group.rank) if v.name in known)
-        decision = placement.decide(
-            group,
-            feasible,
-            views,
-            self.config,
-            ranked=ranked,
-            present=self.cache.present,
-            index=self.cache.index,
-            names=known,
-        )
-        return decision, group, missing
+        rec = self.book.get(spec.key) if record else self.book.peek(spec.key)
+        group = self._request(spec, args.pod, needs, now, rec)
+        return placement.decide(group, feasible, snap, self.config), group, missing
 
     # --- verbs -----------------------------------------------------------------------------------
 
@@ -177,7 +203,7 @@ class Extender:
             self._swept = now
             self.book.sweep(now, set(self.cache.members))
         try:
-            decision, spec, missing = self._decide(args)
+            decision, group, missing = self._decide(args, record=True)
         except InvalidPlacement as exc:
             reason = str(exc)
             self.metrics.decisions.labels("invalid", "none").inc()
@@ -187,12 +213,12 @@ class Extender:
                 invalid = self.book.get(exc.group)
                 invalid.outcome, invalid.level, invalid.summary = "invalid", "none", reason
                 invalid.updated = now
-            self._tell(invalid, args.pod, "Warning", "InvalidPlacement", reason)
+            self._tell(invalid, args.pod, "invalid", reason, None)
             return filter_result(args, [], {}, {reason: args.node_names})
-        if spec is None:
+        if group is None:
             self.metrics.decisions.labels("pass-through", "none").inc()
             return filter_result(args, args.node_names, {}, {})
-        rec = self.book.get(spec.key)
+        rec = self.book.get(group.key)
         repeated = (rec.outcome, rec.summary) == (decision.outcome, decision.summary)
         rec.outcome, rec.level, rec.summary, rec.updated = (
             decision.outcome,
@@ -200,19 +226,22 @@ class Extender:
             decision.summary,
             now,
         )
+        uid = pod_uid(args.pod)
+        claim: str | None = None
         if decision.outcome == "placed":
-            changed = decision.choice != rec.choice
-            rec.choice = decision.choice
-            self.book.claim(spec.key, pod_uid(args.pod), now)
-            if changed:
-                log.info("group placed", extra={"group": spec.key, "summary": decision.summary})
-            self._tell(rec, args.pod, "Normal", "GroupPlaced", decision.summary)
-        elif decision.outcome == "wait":
-            self._tell(rec, args.pod, "Normal", "GroupWaiting", decision.summary)
+            assert decision.choice is not None
+            if decision.choice != rec.choice:
+                rec.choice, rec.chosen_at = decision.choice, now
+            if decision.planned:
+                log.info("group placed", extra={"group": group.key, "summary": decision.summary})
+            self.book.claim(group.key, uid, now)
+            claim = decisions.claim_text(group.key, uid, now, decision.choice)
         else:
-            if not repeated:  # kube-scheduler retries every pod of the group: one line per verdict
-                log.warning("group never fits", extra={"group": spec.key, "summary": decision.summary})
-            self._tell(rec, args.pod, "Warning", "GroupNeverFits", decision.summary)
+            self.book.release(group.key, uid)
+            if decision.outcome == "never-fits" and not repeated:
+                # kube-scheduler retries every pod of the group: one line per verdict.
+                log.warning("group never fits", extra={"group": group.key, "summary": decision.summary})
+        self._tell(rec, args.pod, decision.outcome, decision.summary, claim)
         self.metrics.decisions.labels(decision.outcome, decision.level).inc()
         missing_by = {NOT_CACHED: missing} if missing else {}
         if decision.unresolvable:
@@ -223,32 +252,48 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         try:
-            decision, group, _ = self._decide(args)
+            decision, group, _ = self._decide(args, record=False)
         except InvalidPlacement:
             return host_priorities(args.node_names, {})
         rank = group.rank if group else ""
-        return host_priorities(args.node_names, placement.priorities(decision, self.cache.views, rank))
+        views = (
+            self.cache.index.views
+            if args.records is None
+            else {r.name: self.cache.view_of(r) for r in args.records}
+        )
+        return host_priorities(args.node_names, placement.priorities(decision, views, rank))
 
     # --- explanations ----------------------------------------------------------------------------
 
     def _tell(
-        self, rec: GroupRecord | None, pod: Mapping[str, Any], type_: str, reason: str, message: str
+        self, rec: GroupRecord | None, pod: Mapping[str, Any], outcome: str, summary: str, claim: str | None
     ) -> None:
-        if self.events is None:
+        """One Event and one annotation write per pod and distinct verdict, not per retry."""
+        if self.publisher is None:
             return
         uid = pod_uid(pod)
-        if rec is not None:
-            if rec.told.get(uid) == message:
-                return  # kube-scheduler retries a waiting pod often; one event per new message
-            rec.told[uid] = message
+        text = decisions.decision_text(outcome, summary)
+        cached = self.cache.pods.get(uid)
+        if rec is not None and not rec.tell(uid, text):
+            return
+        if cached is not None and cached.decision == text and (claim is None) == (cached.claim is None):
+            return  # persisted by an earlier run of the extender: already told
+        type_, reason = EVENT_REASONS[outcome]
+        decision_key, claim_key = self._keys
         try:
-            self.events.emit(pod, type_, reason, message)
+            self.publisher.event(pod, type_, reason, summary)
+            self.publisher.annotate(pod, {decision_key: text, claim_key: claim})
         except Exception:
-            log.exception("could not record a pod event", extra={"pod": uid})
+            log.exception("could not record a verdict on the pod", extra={"pod": uid})
 
     def groups(self) -> list[dict[str, Any]]:
         now = self.clock()
-        return [self.book.groups[k].view(now) for k in sorted(self.book.groups)]
+        out = []
+        for key in sorted(self.book.groups):
+            rec = self.book.groups[key]
+            _, claims = self._state(key, "", rec, now, set())
+            out.append(rec.view(now, claims))
+        return out
 
     def summary(self, group_key: str) -> str | None:
         rec = self.book.groups.get(group_key)

@@ -1,0 +1,49 @@
+"""What is checked before anything is served, so a bad setting is one line and exit 2, not a traceback or
+a plugin that retries a bind forever. `nodefabric deviceplugin` and `nodefabric agent` both call
+`check_startup`; the settings themselves are checked when `PluginConfig` is built (shared count, domain).
+"""
+
+from __future__ import annotations
+
+import os
+
+from nodefabric_deviceplugin.resources import Family, PluginConfig
+
+# sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+class StartupError(ValueError):
+    """A setting the plugin cannot start with; the message is one line saying which and why."""
+
+
+def socket_name(family: Family) -> str:
+    return f"nodefabric-{family.value}.sock"
+
+
+def check_plugin_dir(plugin_dir: str, families: list[Family]) -> None:
+    """Create the directory when missing; refuse one that cannot hold our sockets, saying why."""
+    try:
+        os.makedirs(plugin_dir, exist_ok=True)
+    except FileExistsError:
+        raise StartupError(f"the plugin directory {plugin_dir} exists and is not a directory") from None
+    except OSError as exc:
+        raise StartupError(
+            f"the plugin directory {plugin_dir} cannot be created: {exc.strerror or exc}"
+        ) from None
+    if not os.path.isdir(plugin_dir):
+        raise StartupError(f"the plugin directory {plugin_dir} is not a directory")
+    if not os.access(plugin_dir, os.W_OK | os.X_OK):
+        raise StartupError(f"the plugin directory {plugin_dir} is not writable by this process")
+    for family in families:
+        path = os.path.join(plugin_dir, socket_name(family))
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise StartupError(
+                f"the socket path {path} is {len(os.fsencode(path))} bytes; unix socket paths are "
+                f"limited to {MAX_SOCKET_PATH}: use a shorter --plugin-dir"
+            )
+
+
+def check_startup(config: PluginConfig, plugin_dir: str) -> None:
+    """Everything the plugin needs before it serves. Raises StartupError (a ValueError)."""
+    check_plugin_dir(plugin_dir, config.families())

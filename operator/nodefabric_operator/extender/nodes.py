@@ -1,0 +1,165 @@
+"""Node objects as the extender reads them, checked field by field.
+
+One reader for every source of nodes: the watch, `--nodes-file`, and the `Nodes` a kube-scheduler
+without `nodeCacheCapable` sends in a request. A field the extender cannot use is a `NodeError` naming
+it (`Nodes.items[3].metadata.labels["a"]`), never a silent zero or a half-read node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, cast
+
+from kubernetes.utils import parse_quantity
+
+INT64 = 2**63 - 1
+# A real API server refuses label values longer than this; a longer one is not a node it sent.
+MAX_LABEL_VALUE = 63
+MAX_NAME = 253
+# A node's name is a DNS subdomain (RFC 1123), as the API server requires.
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
+
+_parse_quantity = cast(Callable[[object], Decimal], parse_quantity)
+# The API server's quantity grammar, ASCII only: the client's parser also takes "1_000", " 8" and "٨".
+_QUANTITY = re.compile(
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", re.ASCII
+)
+
+
+class NodeError(ValueError):
+    """A node the extender cannot read; the message names the field."""
+
+
+class QuantityError(ValueError):
+    """A resource quantity that is not one; the message says why (the caller names the field)."""
+
+
+def is_extended(resource: str) -> bool:
+    """Extended resources (nvidia.com/gpu, device.gpustack.ai/rdma) as opposed to cpu, memory, pods."""
+    domain, slash, _ = resource.partition("/")
+    return bool(slash) and not domain.endswith("kubernetes.io")
+
+
+def quantity(value: object, *, scale: int = 1, whole: bool = False) -> int:
+    """A Kubernetes quantity ("8", "1056Gi", "500m", 8) times `scale`, rounded up, within int64.
+
+    `whole`: the value must be a whole number (extended resources are counted, never divided).
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise QuantityError(f"must be a quantity string or number, got {type(value).__name__}")
+    if isinstance(value, str) and (len(value) > 64 or not _QUANTITY.fullmatch(value)):
+        shown = value if len(value) <= 64 else f"{value[:64]}..."
+        raise QuantityError(f"{shown!r} is not a quantity")
+    try:
+        parsed = _parse_quantity(value) * scale
+    except (ValueError, TypeError, InvalidOperation, ArithmeticError):
+        raise QuantityError(f"{value!r} is not a quantity") from None
+    if not parsed.is_finite() or parsed < 0:
+        raise QuantityError(f"{value!r} is not a non-negative quantity")
+    # Compared as a Decimal first: int() of "1e999999999" would take minutes to be refused.
+    if parsed > INT64:
+        raise QuantityError(f"{value!r} is beyond int64")
+    if whole and parsed != parsed.to_integral_value():
+        raise QuantityError(f"{value!r} is not a whole number")
+    return int(parsed.to_integral_value(rounding="ROUND_CEILING"))
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, int]  # extended resources
+    memory: int  # allocatable bytes
+    cpu: int  # allocatable millicores
+    taints: tuple[Taint, ...] = ()
+    pods: int = 0  # allocatable pod slots; 0: not said
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise NodeError(f"{where}: must be an object, got {type(value).__name__}")
+    return value
+
+
+def _labels(value: object, where: str) -> dict[str, str]:
+    labels = _mapping(value, where)
+    for key, val in labels.items():
+        if not isinstance(key, str):
+            raise NodeError(f"{where}: key {key!r} is not a string")
+        if not isinstance(val, str):
+            raise NodeError(f"{where}[{key!r}]: must be a string, got {type(val).__name__}")
+        if len(val) > MAX_LABEL_VALUE:
+            raise NodeError(f"{where}[{key!r}]: longer than {MAX_LABEL_VALUE} characters")
+    return dict(labels)
+
+
+def _taints(value: object, where: str) -> tuple[Taint, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise NodeError(f"{where}: must be a list, got {type(value).__name__}")
+    out = []
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise NodeError(f"{at}: must be an object, got {type(item).__name__}")
+        key, val, effect = item.get("key"), item.get("value", ""), item.get("effect")
+        if not isinstance(key, str) or not key:
+            raise NodeError(f"{at}.key: must be a non-empty string")
+        if not isinstance(val, str):
+            raise NodeError(f"{at}.value: must be a string, got {type(val).__name__}")
+        if effect not in TAINT_EFFECTS:
+            raise NodeError(f"{at}.effect: must be one of {', '.join(sorted(TAINT_EFFECTS))}, got {effect!r}")
+        out.append(Taint(key, val, effect))
+    return tuple(out)
+
+
+def parse_node(obj: object, where: str = "Node") -> NodeRecord:
+    """The node as the decision reads it. Raises NodeError naming the first field it cannot use."""
+    if not isinstance(obj, dict):
+        raise NodeError(f"{where}: must be a Node object, got {type(obj).__name__}")
+    meta = _mapping(obj.get("metadata"), f"{where}.metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or len(name) > MAX_NAME or not _NODE_NAME.fullmatch(name):
+        shown = repr(name)[:80]
+        raise NodeError(f"{where}.metadata.name: {shown} is not a node name (a DNS subdomain)")
+    labels = _labels(meta.get("labels"), f"{where}.metadata.labels")
+    spec = _mapping(obj.get("spec"), f"{where}.spec")
+    status = _mapping(obj.get("status"), f"{where}.status")
+    alloc = _mapping(status.get("allocatable"), f"{where}.status.allocatable")
+    extended: dict[str, int] = {}
+    memory = cpu = pods = 0
+    for res, value in alloc.items():
+        try:
+            if res == "memory":
+                memory = quantity(value)
+            elif res == "pods":
+                pods = quantity(value, whole=True)
+            elif res == "cpu":
+                cpu = quantity(value, scale=1000)
+            elif is_extended(res):
+                extended[res] = quantity(value, whole=True)
+        except QuantityError as exc:
+            raise NodeError(f"{where}.status.allocatable[{res!r}]: {exc}") from None
+    return NodeRecord(
+        name=name,
+        labels=labels,
+        allocatable=extended,
+        memory=memory,
+        cpu=cpu,
+        taints=_taints(spec.get("taints"), f"{where}.spec.taints"),
+        pods=pods,
+    )

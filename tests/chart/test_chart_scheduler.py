@@ -1,0 +1,473 @@
+"""The second scheduler and the extender beside it: one pod, the extender on 127.0.0.1 only, its
+configuration, its rights on pods and the admission policy that confines them (CEL evaluated here)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+from chart_support import NAMESPACE, Doc, RenderError, configmap_yaml, container, of_kind, one, pod_spec
+from test_chart_validate import validate_all
+
+SCHEDULER = "nf-nodefabric-scheduler"
+EXTENDER = "nf-nodefabric-extender"
+POLICY = "nf-nodefabric-extender-annotations"
+SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:{SCHEDULER}"
+DECISION, CLAIM = "placement.gpustack.ai/decision", "placement.gpustack.ai/claim"
+
+
+def scheduler(docs: list[Doc]) -> Doc:
+    return one(docs, "Deployment", SCHEDULER)
+
+
+def scheduler_config(docs: list[Doc]) -> dict[str, Any]:
+    cfg: dict[str, Any] = configmap_yaml(docs, SCHEDULER, "scheduler-config.yaml")
+    return cfg
+
+
+def extender_config(docs: list[Doc]) -> dict[str, Any]:
+    cfg: dict[str, Any] = configmap_yaml(docs, EXTENDER, "extender.yaml")
+    return cfg
+
+
+def parse(args: list[str]) -> Any:
+    from nodefabric_devicemanager.cli import build_parser
+
+    parser, command = build_parser(args)
+    assert command is not None, args
+    return parser.parse_args(args)
+
+
+# Nobody else can reach it.
+
+
+def test_the_scheduler_calls_its_own_extender_on_127_0_0_1(default_docs: list[Doc]) -> None:
+    cfg = scheduler_config(default_docs)
+    assert (
+        cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1" and cfg["kind"] == "KubeSchedulerConfiguration"
+    )
+    (profile,) = cfg["profiles"]
+    assert profile == {"schedulerName": "nodefabric-scheduler", "percentageOfNodesToScore": 100}
+    (ext,) = cfg["extenders"]
+    assert ext == {
+        "urlPrefix": "http://127.0.0.1:8888",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 5,
+        "httpTimeout": "5s",
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "ignorable": False,
+    }
+    # The extender runs in the same pod and listens exactly there.
+    ns = parse(container(scheduler(default_docs), "extender")["args"])
+    assert (ns.address, ns.port, str(ns.config)) == ("127.0.0.1", 8888, "/etc/nodefabric/extender.yaml")
+    assert (ns.metrics_port, ns.unhealthy_after) == (9102, 120.0)
+
+
+def test_no_service_and_no_container_port_reach_filter_and_prioritize(default_docs: list[Doc]) -> None:
+    assert not [d for d in default_docs if d["kind"] == "Deployment" and d["metadata"]["name"] == EXTENDER]
+    extender = container(scheduler(default_docs), "extender")
+    assert [p["containerPort"] for p in extender["ports"]] == [9102]
+    for svc in of_kind(default_docs, "Service"):
+        for port in svc["spec"]["ports"]:
+            assert 8888 not in (port["port"], port.get("targetPort")), svc["metadata"]["name"]
+    # The one Service of the scheduler pod carries metrics only.
+    (metrics,) = [
+        s for s in of_kind(default_docs, "Service") if s["metadata"]["name"] == f"{EXTENDER}-metrics"
+    ]
+    labels = scheduler(default_docs)["spec"]["template"]["metadata"]["labels"]
+    assert metrics["spec"]["selector"].items() <= labels.items()
+    assert metrics["spec"]["ports"] == [
+        {"name": "metrics", "port": 9102, "targetPort": "extender-metrics", "protocol": "TCP"}
+    ]
+
+
+def test_probes_and_metrics_use_the_probe_listener(default_docs: list[Doc]) -> None:
+    extender = container(scheduler(default_docs), "extender")
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "extender-metrics"}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "extender-metrics"}
+    assert extender["securityContext"]["readOnlyRootFilesystem"] is True
+    assert extender["resources"]["limits"]["memory"]
+
+
+def test_ports_and_timings_follow_values(render) -> None:
+    docs = render(
+        {
+            "scheduler": {"name": "gang-scheduler"},
+            "extender": {
+                "weight": 20,
+                "httpTimeout": "2s",
+                "port": 9999,
+                "metricsPort": 9200,
+                "unhealthyAfter": 300,
+            },
+            "serviceMonitor": {"enabled": True},
+        }
+    )
+    cfg = scheduler_config(docs)
+    assert cfg["profiles"][0]["schedulerName"] == "gang-scheduler"
+    (ext,) = cfg["extenders"]
+    assert (ext["weight"], ext["httpTimeout"], ext["urlPrefix"]) == (20, "2s", "http://127.0.0.1:9999")
+    ns = parse(container(scheduler(docs), "extender")["args"])
+    assert (ns.address, ns.port, ns.metrics_port, ns.unhealthy_after) == ("127.0.0.1", 9999, 9200, 300.0)
+    (monitor,) = [m for m in of_kind(docs, "ServiceMonitor") if m["metadata"]["name"] == EXTENDER]
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    service = one(docs, "Service", f"{EXTENDER}-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["port"] == 9200
+
+
+def test_every_replica_runs_its_own_extender_and_one_leads(render) -> None:
+    docs = render({"scheduler": {"replicas": 3}})
+    d = scheduler(docs)
+    assert d["spec"]["replicas"] == 3
+    assert [c["name"] for c in pod_spec(d)["containers"]] == ["kube-scheduler", "extender"]
+    election = scheduler_config(docs)["leaderElection"]
+    assert election["leaderElect"] is True and election["resourceNamespace"] == NAMESPACE
+    (pdb,) = of_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_both_containers_restart_on_a_configuration_change(render, default_docs: list[Doc]) -> None:
+    before = scheduler(default_docs)["spec"]["template"]["metadata"]["annotations"]
+    after = scheduler(render({"extender": {"defaults": {"rank": "first-fit"}}}))["spec"]["template"][
+        "metadata"
+    ]
+    assert after["annotations"]["checksum/extender-config"] != before["checksum/extender-config"]
+    assert after["annotations"]["checksum/config"] == before["checksum/config"]
+    d = scheduler(default_docs)
+    mounts = {m["name"]: m for m in container(d, "extender")["volumeMounts"]}
+    assert mounts["extender-config"] == {
+        "name": "extender-config",
+        "mountPath": "/etc/nodefabric",
+        "readOnly": True,
+    }
+    (vol,) = [v for v in pod_spec(d)["volumes"] if v["name"] == "extender-config"]
+    assert vol["configMap"]["name"] == EXTENDER
+
+
+# The extender's configuration file.
+
+
+def test_extender_configuration_defaults_follow_the_domain(render, default_docs: list[Doc]) -> None:
+    cfg = extender_config(default_docs)
+    assert cfg["domain"] == "gpustack.ai"
+    assert [lvl["name"] for lvl in cfg["levels"]] == ["fabric", "network-group", "zone", "region"]
+    keys = {lvl["name"]: lvl["keys"] for lvl in cfg["levels"]}
+    assert keys["fabric"] == ["feature.gpustack.ai/fabric.domain", "nvidia.com/gpu.clique"]
+    assert keys["network-group"][0] == "topology.gpustack.ai/network-group"
+    assert (keys["zone"], keys["region"]) == (
+        ["topology.kubernetes.io/zone"],
+        ["topology.kubernetes.io/region"],
+    )
+    assert (cfg["defaultLocality"], cfg["defaultRank"], cfg["homogeneousKeys"]) == ("prefer", "spread", [])
+    assert cfg["homogeneousByResource"] == {
+        "nvidia.com/gpu": ["nvidia.com/gpu.product"],
+        "amd.com/gpu": ["amd.com/gpu.product-name"],
+    }
+    assert cfg["maxGroups"] == 10000
+    other = extender_config(render({"domain": "example.com"}))
+    assert other["levels"][0]["keys"][0] == "feature.example.com/fabric.domain"
+    assert other["levels"][1]["keys"][0] == "topology.example.com/network-group"
+
+
+def test_extender_configuration_follows_values(render) -> None:
+    docs = render(
+        {
+            "extender": {
+                "levels": {"networkGroup": ["example.com/rack"]},
+                "defaults": {
+                    "locality": "network_group",
+                    "rank": "most_free_memory",
+                    "homogeneous": ["example.com/torch"],
+                    "homogeneousByResource": {
+                        "nvidia.com/gpu": [],
+                        "example.com/npu": ["example.com/npu.model"],
+                    },
+                },
+                "maxGroups": 500,
+                "extraConfig": {"claimTTLSeconds": 120, "defaultRank": "first-fit"},
+            }
+        }
+    )
+    cfg = extender_config(docs)
+    assert cfg["levels"][1] == {
+        "name": "network-group",
+        "title": "network group",
+        "keys": ["example.com/rack"],
+    }
+    assert (cfg["defaultLocality"], cfg["homogeneousKeys"], cfg["maxGroups"]) == (
+        "network_group",
+        ["example.com/torch"],
+        500,
+    )
+    assert cfg["claimTTLSeconds"] == 120
+    # extraConfig adds settings; it does not override the ones the chart has values for.
+    assert cfg["defaultRank"] == "most_free_memory"
+
+
+@pytest.mark.parametrize("variant", ["default", "custom"])
+def test_the_extender_accepts_the_rendered_configuration(render, tmp_path, variant: str) -> None:
+    """The extender's own loader reads the file the chart writes: same keys, same defaults."""
+    from nodefabric_operator.extender.config import ExtenderConfig, default_levels, load_config
+
+    values = {} if variant == "default" else {
+        "domain": "example.com",
+        "extender": {
+            "levels": {"zone": ["example.com/zone"]},
+            "defaults": {
+                "locality": "network_group",
+                "rank": "first_fit",
+                "homogeneousByResource": {"amd.com/gpu": [], "example.com/npu": ["example.com/npu.model"]},
+            },
+            "maxGroups": 7,
+        },
+    }  # fmt: skip
+    path = tmp_path / "extender.yaml"
+    path.write_text(one(render(values), "ConfigMap", EXTENDER)["data"]["extender.yaml"])
+    loaded = load_config(path)
+    if variant == "default":
+        assert loaded.levels == default_levels("gpustack.ai")
+        defaults = ExtenderConfig()
+        assert (loaded.default_locality, loaded.default_rank) == ("prefer", "spread")
+        assert loaded.homogeneous_by_resource == defaults.homogeneous_by_resource
+        assert (loaded.homogeneous_keys, loaded.max_groups) == (
+            defaults.homogeneous_keys,
+            defaults.max_groups,
+        )
+    else:
+        assert loaded.domain == "example.com"
+        assert loaded.levels[2].keys == ("example.com/zone",)
+        assert loaded.levels[0].keys[0] == "feature.example.com/fabric.domain"
+        assert (loaded.default_locality, loaded.default_rank, loaded.max_groups) == (
+            "network-group",
+            "first-fit",
+            7,
+        )
+        assert loaded.homogeneity_for({"amd.com/gpu": 8}) == ()
+        assert loaded.homogeneity_for({"example.com/npu": 1}) == ("example.com/npu.model",)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"extender": {"metricsPort": 0}}, "/extender/metricsPort"),
+        ({"extender": {"unhealthyAfter": "2m"}}, "/extender/unhealthyAfter"),
+        ({"extender": {"maxGroups": 0}}, "/extender/maxGroups"),
+        ({"extender": {"defaults": {"rank": "random"}}}, "/extender/defaults/rank"),
+        ({"extender": {"defaults": {"homogeneousByResource": {"nvidia.com/gpu": "nvidia.com/gpu.product"}}}},
+         "/extender/defaults/homogeneousByResource"),
+        ({"extender": {"defaults": {"homogeneousByResource": {"bad key!": []}}}},
+         "invalid propertyName 'bad key!'"),
+        # The extender runs in the scheduler's pod: pod-level knobs are the scheduler's.
+        ({"extender": {"nodeSelector": {"a": "b"}}}, "nodeSelector"),
+        ({"extender": {"admissionPolicy": {"enabled": "yes"}}}, "/extender/admissionPolicy/enabled"),
+        ({"extender": {"metricsPort": 8888}}, "extender.port (8888) and extender.metricsPort (8888)"),
+        ({"extender": {"port": 10259}}, "must differ from each other and from kube-scheduler's 10259"),
+    ],
+)  # fmt: skip
+def test_values_schema_refuses_bad_extender_values(render, values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(RenderError) as refused:
+        render(values)
+    assert complaint in str(refused.value)
+
+
+def test_renders_with_every_extender_knob_are_valid(render) -> None:
+    docs = render(
+        {
+            "domain": "example.com",
+            "scheduler": {"replicas": 2},
+            "serviceMonitor": {"enabled": True},
+            "extender": {
+                "port": 9000,
+                "metricsPort": 9001,
+                "unhealthyAfter": 60,
+                "maxGroups": 100,
+                "defaults": {"locality": "zone", "rank": "first-fit", "homogeneous": ["example.com/torch"]},
+                "admissionPolicy": {"enabled": True},
+            },
+        }
+    )
+    validate_all(docs)
+
+
+# Least privilege on pods: patch, confined by an admission policy to the extender's own annotations.
+
+
+def test_only_the_scheduler_account_may_patch_pods(default_docs: list[Doc]) -> None:
+    holders = []
+    for role in of_kind(default_docs, "ClusterRole") + of_kind(default_docs, "Role"):
+        if any("pods" in r["resources"] and "patch" in r["verbs"] for r in role["rules"]):
+            holders.append(role["metadata"]["name"])
+    assert holders == [EXTENDER]
+    (binding,) = [b for b in of_kind(default_docs, "ClusterRoleBinding") if b["roleRef"]["name"] == EXTENDER]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCHEDULER, "namespace": NAMESPACE}]
+    assert pod_spec(scheduler(default_docs))["serviceAccountName"] == SCHEDULER
+
+
+def policy_parts(docs: list[Doc]) -> tuple[Doc, Doc]:
+    return one(docs, "ValidatingAdmissionPolicy", POLICY), one(
+        docs, "ValidatingAdmissionPolicyBinding", POLICY
+    )
+
+
+def test_the_policy_binds_denying_fails_closed_and_matches_every_pod_update(default_docs: list[Doc]) -> None:
+    policy, binding = policy_parts(default_docs)
+    assert binding["spec"] == {"policyName": POLICY, "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    # A patch of pods arrives as UPDATE; status and binding are subresources kube-scheduler keeps using.
+    assert rule == {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    (cond,) = policy["spec"]["matchConditions"]
+    assert cond["expression"] == f'request.userInfo.username == "{SCHEDULER_USER}"'
+
+
+def test_the_policy_is_optional(render) -> None:
+    docs = render({"extender": {"admissionPolicy": {"enabled": False}}})
+    names = [d["metadata"]["name"] for d in docs]
+    assert POLICY not in names
+    assert "nf-nodefabric-agent-own-node" in names
+
+
+class PodPolicy:
+    """Evaluates the rendered policy's CEL the way the API server does for one pod UPDATE."""
+
+    def __init__(self, policy: Doc) -> None:
+        celpy = pytest.importorskip(
+            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
+        )
+        self._env = celpy.Environment()
+        self.spec = policy["spec"]
+
+    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
+        return self._env.program(self._env.compile(expr)).evaluate(activation)
+
+    def admit(self, username: str, old: Doc, new: Doc) -> tuple[bool, str]:
+        from celpy import json_to_cel
+
+        activation: dict[str, Any] = {
+            "request": json_to_cel({"userInfo": {"username": username}}),
+            "object": json_to_cel(new),
+            "oldObject": json_to_cel(old),
+        }
+        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
+            return True, "not matched"
+        variables: dict[str, Any] = {}
+        for v in self.spec["variables"]:
+            activation["variables"] = json_to_cel(variables)
+            variables[v["name"]] = self._eval(v["expression"], activation)
+        activation["variables"] = json_to_cel({k: _plain(v) for k, v in variables.items()})
+        for v in self.spec["validations"]:
+            if not bool(self._eval(v["expression"], activation)):
+                message = (
+                    self._eval(v["messageExpression"], activation)
+                    if "messageExpression" in v
+                    else v["message"]
+                )
+                return False, str(message)
+        return True, "allowed"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, str) else value
+
+
+@pytest.fixture(scope="module")
+def pod_policy(render) -> PodPolicy:
+    return PodPolicy(policy_parts(render())[0])
+
+
+POD: Doc = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "train-0",
+        "namespace": "ml",
+        "labels": {"placement.gpustack.ai/group": "train"},
+        "annotations": {"placement.gpustack.ai/group-size": "8", "team": "ml"},
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u"}],
+    },
+    "spec": {"schedulerName": "nodefabric-scheduler", "containers": [{"name": "c", "image": "i"}]},
+}
+
+
+def changed(edit: Any) -> Doc:
+    new = copy.deepcopy(POD)
+    edit(new)
+    return new
+
+
+@pytest.mark.parametrize(
+    ("case", "edit"),
+    [
+        ("writes its decision", lambda p: p["metadata"]["annotations"].update({DECISION: "placed: ..."})),
+        ("writes both", lambda p: p["metadata"]["annotations"].update({DECISION: "x", CLAIM: "{}"})),
+        ("changes nothing", lambda p: None),
+    ],
+)  # fmt: skip
+def test_the_extender_may_write_its_own_annotations(pod_policy: PodPolicy, case: str, edit: Any) -> None:
+    assert pod_policy.admit(SCHEDULER_USER, POD, changed(edit)) == (True, "allowed"), case
+
+
+def test_the_extender_may_remove_its_claim(pod_policy: PodPolicy) -> None:
+    old = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "placed", CLAIM: "{}"}))
+    new = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "wait"}))
+    assert pod_policy.admit(SCHEDULER_USER, old, new) == (True, "allowed")
+    bare = copy.deepcopy(POD)
+    del bare["metadata"]["annotations"]
+    assert pod_policy.admit(SCHEDULER_USER, bare, changed(lambda p: None)) == (False, ANNOTATIONS_ONLY)
+
+
+ANNOTATIONS_ONLY = f"the nodefabric extender may change only the annotations {DECISION}, {CLAIM} of a pod"
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "message"),
+    [
+        ("a user's placement annotation", lambda p: p["metadata"]["annotations"].update(
+            {"placement.gpustack.ai/group-size": "2"}), ANNOTATIONS_ONLY),
+        ("another annotation removed", lambda p: p["metadata"]["annotations"].pop("team"), ANNOTATIONS_ONLY),
+        ("an annotation added", lambda p: p["metadata"]["annotations"].update({"x": "y"}), ANNOTATIONS_ONLY),
+        ("the node it runs on", lambda p: p["spec"].update(nodeName="gpu-7"),
+         "the nodefabric extender may not change a pod's spec"),
+        ("its scheduler", lambda p: p["spec"].update(schedulerName="default-scheduler"),
+         "the nodefabric extender may not change a pod's spec"),
+        ("a label", lambda p: p["metadata"]["labels"].update({"placement.gpustack.ai/group": "other"}),
+         "the nodefabric extender may not change a pod's labels, finalizers or owners"),
+        ("a finalizer", lambda p: p["metadata"].update(finalizers=["x/hold"]),
+         "the nodefabric extender may not change a pod's labels, finalizers or owners"),
+        ("its owner", lambda p: p["metadata"].pop("ownerReferences"),
+         "the nodefabric extender may not change a pod's labels, finalizers or owners"),
+    ],
+)  # fmt: skip
+def test_the_extender_may_change_nothing_else(
+    pod_policy: PodPolicy, case: str, edit: Any, message: str
+) -> None:
+    assert pod_policy.admit(SCHEDULER_USER, POD, changed(edit)) == (False, message), case
+
+
+def test_other_users_are_not_confined_by_the_policy(pod_policy: PodPolicy) -> None:
+    new = changed(lambda p: p["spec"].update(nodeName="gpu-7"))
+    for user in (f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-operator", "kubernetes-admin"):
+        assert pod_policy.admit(user, POD, new) == (True, "not matched")
+
+
+def test_the_policy_follows_the_domain(render) -> None:
+    policy = PodPolicy(policy_parts(render({"domain": "example.com"}))[0])
+    mine = changed(lambda p: p["metadata"]["annotations"].update({"placement.example.com/decision": "x"}))
+    assert policy.admit(SCHEDULER_USER, POD, mine) == (True, "allowed")
+    theirs = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "x"}))
+    assert policy.admit(SCHEDULER_USER, POD, theirs)[0] is False
+
+
+def test_the_rendered_policy_is_yaml_a_cluster_accepts(default_docs: list[Doc]) -> None:
+    policy, binding = policy_parts(default_docs)
+    validate_all([policy, binding])
+    assert yaml.safe_dump(policy)  # round-trips

@@ -1,0 +1,389 @@
+"""Hostile hosts and records through the real gRPC service: a blocking sysfs file, values that are not
+what they claim, requests and lists too big for kubelet. Each test says what the plugin does instead of
+hanging, inventing a value or ending a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from dp_helpers import (
+    FixtureHost,
+    Running,
+    by_id,
+    eventually,
+    hint,
+    nic,
+    shutdown,
+    start_plugin,
+    thousand_vfs,
+    two_nics_and_vfs,
+)
+
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict
+from nodefabric_devicemanager.numbers import numa_node
+from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
+from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
+from nodefabric_deviceplugin.resources import PluginConfig
+from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
+
+EXCLUSIVE = "device.gpustack.ai/rdma"
+SHARED = "device.gpustack.ai/rdma.shared"
+PARTITIONED = "device.gpustack.ai/rdma.partitioned"
+
+
+@contextlib.contextmanager
+def fifo_at(path: Path, answer: bytes) -> Iterator[None]:
+    """A FIFO where a sysfs attribute should be. On exit a reader still blocked on it gets `answer`, so
+    no thread of the test process stays stuck (the host reader may also refuse it without opening)."""
+    path.unlink()
+    os.mkfifo(path)
+    try:
+        yield
+    finally:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO  # nobody is reading it: nothing to release
+        else:
+            os.write(fd, answer)
+            os.close(fd)
+
+
+async def test_a_fifo_in_the_verbs_class_never_blocks_other_rpcs(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    ibdev = fixture_host.builder.functions["0000:19:00.0"] / "infiniband_verbs" / "uverbs7" / "ibdev"
+    with fifo_at(ibdev, b"mlx5_0\n"):
+        r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs(), read_budget=0.5)
+        try:
+            await asyncio.wait_for(r.manager.serving.wait(), 30)
+            plugin = r.kubelet.plugin(EXCLUSIVE)
+            allocate = asyncio.ensure_future(plugin.allocate(["0000:19:00.0"], timeout=30))
+            # While that Allocate's read is stuck (or being refused), everything else is answered.
+            for _ in range(3):
+                assert (await plugin.options(timeout=5)).get_preferred_allocation_available
+                assert await plugin.preferred(["0000:5e:00.0", "0000:19:00.0"], [], 1, timeout=5) == [
+                    "0000:19:00.0"
+                ]
+            spec = two_nics_and_vfs()
+            spec.interfaces[2].link = LinkVerdict(state=LinkState.FAILED, reason="test")
+            r.source.update(spec)
+            await r.kubelet.wait_devices(
+                EXCLUSIVE, lambda ds: by_id(ds)["0000:5e:00.0"].health == "Unhealthy", timeout=5
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await allocate
+            # Without the host reader's own refusal of non-regular files the read blocks and the budget
+            # ends the call; with it, the read is refused at once. Either way: a clear status, no hang.
+            code, details = err.value.code(), err.value.details() or ""
+            assert (code, "did not finish within 0.5 s" in details) == (
+                grpc.StatusCode.UNAVAILABLE,
+                True,
+            ) or (code == grpc.StatusCode.FAILED_PRECONDITION and "mlx5_0" in details), (code, details)
+        finally:
+            await shutdown(r)
+
+
+async def test_a_stuck_verbs_read_fails_allocate_after_its_budget_and_runs_once(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    release = threading.Event()
+
+    def stuck(host: HostRoot, names: Iterable[str]) -> VerbsTable:
+        # What a read blocked in a driver (a firmware reset holding its lock) looks like from here.
+        release.wait(60)
+        return read_table(host, names)
+
+    verbs = VerbsCache(fixture_host.host, budget=0.2, reader=stuck)
+    r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs(), verbs=verbs)
+    try:
+        await asyncio.wait_for(r.manager.serving.wait(), 30)
+        plugin = r.kubelet.plugin(EXCLUSIVE)
+        for _ in range(3):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await plugin.allocate(["0000:19:00.0"], timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "reading /sys/class/infiniband_verbs did not finish within 0.2 s" in (
+                err.value.details() or ""
+            )
+            assert (await plugin.options(timeout=5)).get_preferred_allocation_available
+        assert verbs.reads == 1, "callers share the read in flight instead of starting one each"
+        release.set()
+        response = await plugin.allocate(["0000:19:00.0"], timeout=30)
+        assert [d.host_path for d in response.container_responses[0].devices] == [
+            "/dev/infiniband/uverbs7",
+            "/dev/infiniband/rdma_cm",
+        ]
+    finally:
+        release.set()
+        await shutdown(r)
+
+
+NUMA_VALUES = [
+    "0",
+    "1",
+    "1023",
+    "١",  # noqa: RUF001 (an Arabic-Indic digit one: int() reads it as 1, the kernel never prints it)
+    "²",
+    "1" * 23,
+    "01",
+    " 1",
+    "1\n",
+    "-1",
+    "abc",
+    "1e3",
+    "1024",
+    "-9000",
+    "",
+]
+
+
+async def test_numa_values_follow_the_operators_parser_and_end_no_stream(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    def record(values: list[str]) -> DevicesSpec:
+        return DevicesSpec(
+            interfaces=[
+                nic(f"e{i}", f"0000:{0x20 + i:02x}:00.0", f"mlx5_{i}", numa=v) for i, v in enumerate(values)
+            ]
+        )
+
+    r = await start_plugin(plugin_dir, fixture_host.host, record(["0"] * len(NUMA_VALUES)))
+    try:
+        await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == len(NUMA_VALUES))
+        r.source.update(record(NUMA_VALUES))  # on the open stream
+        devices = await r.kubelet.wait_devices(
+            EXCLUSIVE, lambda ds: hint(by_id(ds)["0000:21:00.0"]) == [1], timeout=10
+        )
+        got = {d.ID: hint(d) for d in devices}
+        for i, value in enumerate(NUMA_VALUES):
+            expected = numa_node(value)
+            assert got[f"0000:{0x20 + i:02x}:00.0"] == (None if expected is None else [expected]), repr(value)
+        state = r.kubelet.resources[EXCLUSIVE]
+        assert not state.stream_ended
+        assert state.allocatable == len(NUMA_VALUES), "a bad NUMA value is a missing hint, not a sick device"
+    finally:
+        await shutdown(r)
+
+
+async def test_bad_facts_of_one_endpoint_leave_the_rest_served(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs())
+    try:
+        await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+        spec = DevicesSpec(
+            interfaces=[
+                nic("ens1f0", "0000:19:00.0", "mlx5_0", numa="0"),
+                # A bus id with a trailing newline is not a bus id: never put into a kubelet id.
+                nic("ens2f0", "0000:5e:00.0\n", "mlx5_1", numa="1"),
+                # NCCL reads "," as a list separator: this name cannot be handed out correctly.
+                nic("ens3f0", "0000:86:00.0", "mlx5,2", numa="1"),
+                nic("ens4f0", "garbage", "mlx5_3"),
+            ]
+        )
+        r.source.update(spec)
+        devices = by_id(await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 4))
+        assert {k: v.health for k, v in devices.items()} == {
+            "0000:19:00.0": "Healthy",
+            "0000:86:00.0": "Unhealthy",
+            "rdma-mlx5_1": "Healthy",
+            "rdma-mlx5_3": "Healthy",
+        }
+        assert not r.kubelet.resources[EXCLUSIVE].stream_ended
+        plugin = r.kubelet.plugin(EXCLUSIVE)
+        ok = await plugin.allocate(["0000:19:00.0"])
+        assert ok.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await plugin.allocate(["0000:86:00.0"])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not a valid RDMA device name" in (err.value.details() or "")
+    finally:
+        await shutdown(r)
+
+
+async def test_a_ten_thousand_id_allocate_gets_a_bounded_invalid_argument(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="nodefabric_deviceplugin")
+    ids = [f"0000:{i // 256 % 256:02x}:{i % 256:02x}.7" for i in range(10_000)]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await running.kubelet.plugin(EXCLUSIVE).allocate(ids)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details() or ""
+    assert len(details) < 600 and "(10000 in all)" in details and ids[0] in details
+    (refusal,) = [rec for rec in caplog.records if rec.getMessage() == "allocation refused"]
+    assert len(str(refusal.devices)) < 600  # type: ignore[attr-defined]
+
+
+async def test_a_ten_thousand_token_shared_allocate_is_one_endpoint(running: Running) -> None:
+    await running.kubelet.wait_devices(SHARED)
+    response = await running.kubelet.plugin(SHARED).allocate(["0000:19:00.0-1"] * 10_000)
+    assert response.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+
+
+async def test_a_shared_list_over_kubelets_limit_is_clamped_not_dropped(
+    plugin_dir: str, fixture_host: FixtureHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 1500 passes the start-up check (planned for 32 endpoints); 100 endpoints would make 5.1 MiB.
+    caplog.set_level(logging.ERROR, logger="nodefabric_deviceplugin")
+    nics = [nic(f"e{i}", f"0000:{0x10 + i:02x}:00.0", f"mlx5_{i}", numa=str(i % 2)) for i in range(100)]
+    config = PluginConfig(shared_count=1500, partitioned=False)
+    r = await start_plugin(plugin_dir, fixture_host.host, DevicesSpec(interfaces=nics), config)
+    try:
+        devices = await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) > 0, timeout=60)
+        per_endpoint = len(devices) // 100
+        assert len(devices) == 100 * per_endpoint and 0 < per_endpoint < 1500
+        size = pb.ListAndWatchResponse(devices=devices).ByteSize()
+        # As many as fit: one more token per endpoint would not.
+        assert KUBELET_MAX_MESSAGE_BYTES - 100 * 40 < size <= KUBELET_MAX_MESSAGE_BYTES
+        assert not r.kubelet.resources[SHARED].stream_ended
+        assert any("4 MiB" in rec.getMessage() for rec in caplog.records)
+        # The last served token is allocatable; the first one past the clamp is not a token.
+        plugin = r.kubelet.plugin(SHARED)
+        last = await plugin.allocate([f"0000:10:00.0-{per_endpoint - 1}"])
+        assert last.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await plugin.allocate([f"0000:10:00.0-{per_endpoint}"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await shutdown(r)
+
+
+def _platform_verbs(fixture_host: FixtureHost, device: str, n: int) -> None:
+    """A verbs device for an RDMA device off the PCI bus (an SoC's NIC, or rxe over any netdev)."""
+    b = fixture_host.builder
+    d = b.mkdir(f"/sys/devices/virtual/infiniband_verbs/uverbs{n}")
+    b.attrs(d, {"ibdev": device, "abi_version": "1", "dev": f"231:{192 + n}"})
+    b.link(f"/sys/class/infiniband_verbs/uverbs{n}", d)
+    b.write(f"/dev/infiniband/uverbs{n}", "")
+
+
+async def test_platform_and_software_rdma_are_served_under_stable_ids(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    _platform_verbs(fixture_host, "hns_0", 10)
+    _platform_verbs(fixture_host, "rxe0", 11)
+    ok = LinkVerdict(state=LinkState.OK)
+    spec = DevicesSpec(
+        interfaces=[
+            Interface(
+                name="end0", bus="platform", rdma=True, rdma_device="hns_0", numa_affinity="0", link=ok
+            ),
+            Interface(name="eth0", bus="virtio", rdma=True, rdma_device="rxe0", link=ok),
+            Interface(name="eth1", bus="virtio", rdma=True, rdma_device="rxe 1", link=ok),
+            nic("ens1f0", "0000:19:00.0", "mlx5_0", numa="0"),
+        ]
+    )
+    r = await start_plugin(plugin_dir, fixture_host.host, spec, PluginConfig(shared_count=2))
+    try:
+        exclusive = by_id(await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 4))
+        odd = next(i for i in exclusive if i.startswith("rdma-rxe-1-"))
+        assert sorted(exclusive) == sorted(["0000:19:00.0", "rdma-hns_0", "rdma-rxe0", odd])
+        assert all(len(i) <= 63 for i in exclusive)
+        assert hint(exclusive["rdma-hns_0"]) == [0] and hint(exclusive["rdma-rxe0"]) is None
+        assert exclusive[odd].health == "Unhealthy"  # a space: no kernel name, no NCCL_IB_HCA entry
+        shared = {d.ID for d in await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) == 8)}
+        assert {"rdma-hns_0-0", "rdma-hns_0-1", "rdma-rxe0-0", "rdma-rxe0-1"} <= shared
+        response = await r.kubelet.plugin(EXCLUSIVE).allocate(["rdma-hns_0", "rdma-rxe0"])
+        (container,) = response.container_responses
+        assert [d.host_path for d in container.devices] == [
+            "/dev/infiniband/uverbs10",
+            "/dev/infiniband/uverbs11",
+            "/dev/infiniband/rdma_cm",
+        ]
+        assert container.envs["NCCL_IB_HCA"] == "=hns_0,rxe0"
+        # The same ids from the same record in another order, and after a restart of the plugin.
+        spec.interfaces.reverse()
+        r.source.update(spec)
+        again = await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 4)
+        assert sorted(d.ID for d in again) == sorted(exclusive)
+    finally:
+        await shutdown(r)
+
+
+async def test_a_vf_listed_at_top_level_is_a_partition_never_a_whole_function(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    spec = DevicesSpec(
+        interfaces=[
+            nic("ens1f0", "0000:19:00.0", "mlx5_0", numa="0"),
+            # The PF 0000:86:00.0 has no host netdev (moved into a pod): its VFs are listed at top level.
+            Interface(
+                bus="pci",
+                pci_bus_id="0000:86:00.2",
+                rdma=True,
+                rdma_device="mlx5_4",
+                physical_function="0000:86:00.0",
+            ),
+            # This VF's PF is in the record: its NUMA node is the hint.
+            nic("ens2f0", "0000:5e:00.0", "mlx5_1", numa="1"),
+            Interface(
+                name="ens2f0v0",
+                bus="pci",
+                pci_bus_id="0000:5e:00.1",
+                rdma=True,
+                rdma_device="mlx5_3",
+                physical_function="0000:5e:00.0",
+            ),
+        ]
+    )
+    r = await start_plugin(plugin_dir, fixture_host.host, spec)
+    try:
+        exclusive = await r.kubelet.wait_devices(EXCLUSIVE)
+        assert sorted(d.ID for d in exclusive) == ["0000:19:00.0", "0000:5e:00.0"]
+        shared = await r.kubelet.wait_devices(SHARED)
+        assert not [d.ID for d in shared if d.ID.startswith(("0000:86:", "0000:5e:00.1"))]
+        partitioned = by_id(await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 2))
+        assert sorted(partitioned) == ["0000:5e:00.1", "0000:86:00.2"]
+        assert hint(partitioned["0000:5e:00.1"]) == [1]
+        assert hint(partitioned["0000:86:00.2"]) is None
+        response = await r.kubelet.plugin(PARTITIONED).allocate(["0000:86:00.2"])
+        assert [d.host_path for d in response.container_responses[0].devices] == [
+            "/dev/infiniband/uverbs5",
+            "/dev/infiniband/rdma_cm",
+        ]
+    finally:
+        await shutdown(r)
+
+
+async def test_a_record_that_cannot_be_listed_keeps_the_last_list_and_the_stream(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    caplog.set_level(logging.ERROR, logger="nodefabric_deviceplugin")
+    spec = two_nics_and_vfs()
+    # Not something the models allow: a record built around their validation, as a bug elsewhere might.
+    object.__setattr__(spec.interfaces[1], "numa_affinity", 7)
+    running.source.update(spec)
+    await eventually(
+        lambda: any("could not build the device list" in rec.getMessage() for rec in caplog.records)
+    )
+    state = running.kubelet.resources[EXCLUSIVE]
+    assert not state.stream_ended and len(state.devices) == 2
+    running.source.update(two_nics_and_vfs())
+    running.source.update(DevicesSpec(interfaces=[nic("ens1f0", "0000:19:00.0", "mlx5_0")]))
+    assert len(await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 1)) == 1
+
+
+async def test_a_preferred_allocation_over_a_thousand_vfs_answers(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    r = await start_plugin(plugin_dir, fixture_host.host, thousand_vfs())
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 1024)]
+        chosen = await r.kubelet.plugin(PARTITIONED).preferred(ids, [], 512, timeout=30)
+        assert len(set(chosen)) == 512 and set(chosen) <= set(ids)
+        assert (await r.kubelet.plugin(EXCLUSIVE).options(timeout=5)).get_preferred_allocation_available
+    finally:
+        await shutdown(r)

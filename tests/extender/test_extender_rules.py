@@ -1,0 +1,318 @@
+"""The pure rules, as tables: a pod's node rules, nodes and pods read field by field, persisted claims,
+and the capacity index against a count done the slow way."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from extender_fixtures import node, pod
+
+from nodefabric_operator.extender import decisions
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.index import Index, NodeView, Shape, homog_values
+from nodefabric_operator.extender.nodes import NodeError, NodeRecord, Taint, parse_node
+from nodefabric_operator.extender.placement import ANY, Choice
+from nodefabric_operator.extender.pods import PodError, pod_needs
+
+CONFIG = ExtenderConfig()
+
+
+def record(
+    labels: dict[str, str] | None = None, *, taints: tuple[Taint, ...] = (), gpus: int = 8
+) -> NodeRecord:
+    return NodeRecord(
+        name="gpu-7",
+        labels=labels or {"pool": "a", "rank": "5"},
+        allocatable={"nvidia.com/gpu": gpus},
+        memory=1 << 40,
+        cpu=96_000,
+        taints=taints,
+    )
+
+
+def needs(**spec: Any) -> Any:
+    p = pod("p", gpus=8)
+    p["spec"].update(spec)
+    return pod_needs(p)
+
+
+def term(
+    *expressions: tuple[str, str, list[str]], fields: list[tuple[str, str, list[str]]] | None = None
+) -> Any:
+    t: dict[str, Any] = {
+        "matchExpressions": [{"key": k, "operator": o, "values": v} for k, o, v in expressions]
+    }
+    if fields:
+        t["matchFields"] = [{"key": k, "operator": o, "values": v} for k, o, v in fields]
+    return t
+
+
+def affinity(*terms: Any) -> dict[str, Any]:
+    required = {"nodeSelectorTerms": list(terms)}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "admitted"),
+    [
+        ({}, True),
+        ({"nodeSelector": {"pool": "a"}}, True),
+        ({"nodeSelector": {"pool": "b"}}, False),
+        ({"nodeSelector": {"absent": ""}}, False),
+        (affinity(term(("pool", "In", ["a", "b"]))), True),
+        (affinity(term(("pool", "In", ["b"]))), False),
+        (affinity(term(("pool", "NotIn", ["b"]))), True),
+        (affinity(term(("absent", "NotIn", ["b"]))), True),
+        (affinity(term(("pool", "Exists", []))), True),
+        (affinity(term(("pool", "DoesNotExist", []))), False),
+        (affinity(term(("rank", "Gt", ["4"]))), True),
+        (affinity(term(("rank", "Gt", ["5"]))), False),
+        (affinity(term(("rank", "Lt", ["6"]))), True),
+        (affinity(term(("pool", "Gt", ["1"]))), False),  # not an integer: no match
+        (affinity(term(("absent", "Lt", ["9"]))), False),
+        (affinity(term(("pool", "In", ["a"]), ("rank", "In", ["6"]))), False),  # ANDed in a term
+        (affinity(term(("pool", "In", ["b"])), term(("rank", "In", ["5"]))), True),  # terms ORed
+        (affinity(term()), False),  # an empty term matches no node
+        (affinity(), False),  # no term at all: nothing matches
+        (affinity(term(fields=[("metadata.name", "In", ["gpu-7"])])), True),
+        (affinity(term(fields=[("metadata.name", "NotIn", ["gpu-7"])])), False),
+    ],
+)
+def test_node_selector_and_required_affinity(spec: dict[str, Any], admitted: bool):
+    assert needs(**spec).admits(record()) is admitted
+
+
+NO_SCHEDULE = Taint("team", "ml", "NoSchedule")
+
+
+@pytest.mark.parametrize(
+    ("taint", "tolerations", "admitted"),
+    [
+        (NO_SCHEDULE, [], False),
+        (Taint("team", "ml", "NoExecute"), [], False),
+        (Taint("team", "ml", "PreferNoSchedule"), [], True),  # only a preference
+        (NO_SCHEDULE, [{"key": "team", "operator": "Equal", "value": "ml"}], True),
+        (NO_SCHEDULE, [{"key": "team", "value": "ml"}], True),  # Equal is the default operator
+        (NO_SCHEDULE, [{"key": "team", "operator": "Equal", "value": "cv"}], False),
+        (NO_SCHEDULE, [{"key": "team", "operator": "Exists"}], True),
+        (NO_SCHEDULE, [{"operator": "Exists"}], True),  # no key: every taint
+        (NO_SCHEDULE, [{"key": "team", "operator": "Exists", "effect": "NoExecute"}], False),
+        (NO_SCHEDULE, [{"key": "team", "operator": "Exists", "effect": "NoSchedule"}], True),
+        # Conditions of the moment never make a group "never fit".
+        (Taint("node.kubernetes.io/not-ready", "", "NoExecute"), [], True),
+        (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"), [], True),
+        (Taint("node.cloudprovider.kubernetes.io/uninitialized", "true", "NoSchedule"), [], True),
+    ],
+)
+def test_taints_and_tolerations(taint: Taint, tolerations: list[dict[str, str]], admitted: bool):
+    assert needs(tolerations=tolerations).admits(record(taints=(taint,))) is admitted
+
+
+def test_allocatable_cpu_memory_and_extended_resources():
+    assert needs().admits(record(gpus=8))
+    assert not needs().admits(record(gpus=4))  # the pod asks 8 GPUs
+    big = pod("p", gpus=1)
+    big["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "97", "memory": "2Ti"})
+    assert not pod_needs(big).admits(record())
+
+
+def test_a_pods_requests_as_the_scheduler_counts_them():
+    p = pod("p")
+    c = p["spec"]["containers"]
+    c[0]["resources"] = {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}}  # limits only: copied to requests
+    c.append(
+        {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "500m", "memory": "1Gi"}}}
+    )
+    p["spec"]["initContainers"] = [
+        {"name": "init", "resources": {"requests": {"nvidia.com/gpu": "4", "cpu": "100m"}}},  # alone, before
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"memory": "1Gi"}}},
+    ]
+    p["spec"]["overhead"] = {"cpu": "250m"}
+    got = pod_needs(p)
+    assert dict(got.extended) == {"nvidia.com/gpu": 4}  # the init container's 4 beats the 2+1 beside it
+    assert (got.cpu, got.memory) == (1750, 2 << 30)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"containers": [{"resources": {"requests": {"nvidia.com/gpu": -1}}}]}, "is not a non-negative"),
+        ({"containers": [{"resources": {"requests": {"nvidia.com/gpu": True}}}]}, "got bool"),
+        ({"containers": [{"resources": []}]}, "spec.containers[0].resources: must be an object"),
+        ({"overhead": {"cpu": "x"}}, "spec.overhead['cpu']: 'x' is not a quantity"),
+        ({"tolerations": [{"key": 5}]}, "spec.tolerations[0].key: must be a string, got int"),
+        ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}},
+         "requiredDuringSchedulingIgnoredDuringExecution: must be an object"),
+        (affinity(term(("k", "Near", ["x"])))["affinity"] and affinity(term(("k", "Near", ["x"]))),
+         "operator: must be one of DoesNotExist, Exists, Gt, In, Lt, NotIn, got 'Near'"),
+    ],
+)  # fmt: skip
+def test_a_pod_the_extender_cannot_read_is_an_error_naming_the_field(spec: dict[str, Any], message: str):
+    with pytest.raises(PodError) as refused:
+        pod_needs({"metadata": {}, "spec": spec})
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda n: n.update(metadata="x"), "Node.metadata: must be an object, got str"),
+        (
+            lambda n: n["metadata"].update(name=""),
+            "Node.metadata.name: '' is not a node name (a DNS subdomain)",
+        ),
+        (lambda n: n["metadata"].update(name="n" * 254), "Node.metadata.name: 'nnnnnnnn"),
+        (lambda n: n["metadata"].update(name='we"ird'), "Node.metadata.name: 'we\"ird' is not a node name"),
+        (
+            lambda n: n["metadata"]["labels"].update(zone=["a"]),
+            "Node.metadata.labels['zone']: must be a string",
+        ),
+        (lambda n: n["metadata"]["labels"].update(zone="z" * 64), "longer than 63 characters"),
+        (
+            lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "1.5"}),
+            "'1.5' is not a whole number",
+        ),
+        (lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "\u0668"}), "is not a quantity"),
+        (lambda n: n["status"]["allocatable"].update(memory="1e400"), "'1e400' is beyond int64"),
+        (lambda n: n["spec"].update(taints={"key": "k"}), "Node.spec.taints: must be a list, got dict"),
+        (lambda n: n["spec"].update(taints=[{"effect": "NoSchedule"}]), "taints[0].key: must be a non-empty"),
+    ],
+)
+def test_a_node_the_extender_cannot_read_is_an_error_naming_the_field(mutate: Any, message: str):
+    n = node("n-0", zone="z")
+    mutate(n)
+    with pytest.raises(NodeError) as refused:
+        parse_node(n)
+    assert message in str(refused.value)
+
+
+def test_a_node_as_read():
+    n = node("n-0", zone="z", gpus=4)
+    n["spec"]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    got = parse_node(n)
+    assert (got.name, dict(got.allocatable), got.cpu, got.memory) == (
+        "n-0",
+        {"nvidia.com/gpu": 4},
+        96_000,
+        1056 << 30,
+    )
+    assert got.taints == (Taint("k", "", "NoSchedule"),)
+
+
+# Persisted claims.
+
+UID, GROUP = "00000000-0000-4000-8000-000000000042", "ml/explicit/train"
+CHOICE = Choice("zone", "eu-a", (("nvidia.com/gpu.product", "H100"),), (("region", "eu"),), "")
+
+
+def claimed(text: str | None, decision: str | None = None) -> dict[str, str]:
+    out = {}
+    if text is not None:
+        out["placement.gpustack.ai/claim"] = text
+    if decision is not None:
+        out["placement.gpustack.ai/decision"] = decision
+    return out
+
+
+def test_a_claim_reads_back_as_written():
+    text = decisions.claim_text(GROUP, UID, 1_800_000_000.0, CHOICE)
+    summary = (
+        "2 of 2 pods of group ml/explicit/train go to zone eu-a (nodes " + ", ".join(["gpu-node"] * 60) + ")"
+    )
+    decision = decisions.decision_text("placed", summary)
+    got = decisions.parse_claim(claimed(text, decision), uid=UID, group=GROUP, config=CONFIG)
+    assert got is not None
+    assert (got.group, got.uid, got.at) == (GROUP, UID, 1_800_000_000.0)
+    assert got.choice == Choice(CHOICE.level, CHOICE.location, CHOICE.homogeneity, CHOICE.enclosing, summary)
+    assert all(len(line) <= decisions.LINE for line in decision.splitlines())
+    anywhere = Choice(ANY, None, (), ())
+    back = decisions.parse_claim(
+        claimed(decisions.claim_text(GROUP, UID, 0.0, anywhere)), uid=UID, group=GROUP, config=CONFIG
+    )
+    assert back is not None and back.choice == anywhere
+
+
+def _edit(**changes: Any) -> str:
+    body = json.loads(decisions.claim_text(GROUP, UID, 1_800_000_000.0, CHOICE))
+    body.update(changes)
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (None, "no claim"),
+        ("{not json", "not JSON"),
+        ("[]", "not an object"),
+        (_edit(uid="another"), "copied into another pod"),
+        (_edit(group="ml/explicit/other"), "another group"),
+        (_edit(level="rack"), "a level the configuration does not have"),
+        (_edit(location=None), "a level without a location"),
+        (_edit(level="any"), "any location with a location"),
+        (_edit(homogeneity={"k": ""}), "an empty homogeneity value"),
+        (_edit(enclosing=[["rack", "r1"]]), "an enclosing level the configuration does not have"),
+        (_edit(at="yesterday"), "an unreadable time"),
+        (_edit(homogeneity="x" * 5000), "too long"),
+        ("[" * 100_000, "nested past the decoder's depth"),
+    ],
+)
+def test_claims_the_extender_did_not_write_for_this_pod_are_ignored(text: str | None, why: str):
+    assert decisions.parse_claim(claimed(text), uid=UID, group=GROUP, config=CONFIG) is None, why
+
+
+# The capacity index against the slow count.
+
+
+def _view(i: int, rng: random.Random) -> NodeView:
+    labels = {"nvidia.com/gpu.product": rng.choice(["H100", "A100", ""])}
+    labels = {k: v for k, v in labels.items() if v}
+    zone = rng.choice(["z0", "z1", "z2", None])
+    region = None if zone is None else ("r0" if zone != "z2" else "r1")
+    free = rng.choice([0, 2, 4, 8])
+    cpu = rng.choice([0, 6000, 16000])
+    return NodeView(
+        name=f"n-{i}",
+        labels=labels,
+        locations=(zone, region),
+        free={"nvidia.com/gpu": free},
+        allocatable={"nvidia.com/gpu": 8},
+        spare=(cpu, 1 << 30, rng.choice([0, 3, 110])),
+        size=(16000, 1 << 34, 110),
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_capacity_index_counts_what_a_walk_over_every_node_counts(seed: int):
+    rng = random.Random(seed)
+    keys = ("nvidia.com/gpu.product",)
+    views = {f"n-{i}": _view(i, rng) for i in range(60)}
+    index = Index.of(views.values(), 2)
+    # Nodes change as watches deliver: the index follows, and equals one built afresh.
+    for _ in range(40):
+        changed = _view(rng.randrange(80), rng)
+        if rng.random() < 0.2 and changed.name in index.views:
+            index.remove(index.views[changed.name])
+            views.pop(changed.name)
+        else:
+            index.add(changed)
+            views[changed.name] = changed
+    fresh = Index.of(views.values(), 2)
+    h, f = index.homogeneity(keys), fresh.homogeneity(keys)
+    assert h.vectors == f.vectors and h.by_values == f.by_values and h.missing == f.missing
+    for shape in (Shape({"nvidia.com/gpu": 4}), Shape({"nvidia.com/gpu": 8}), Shape({}, cpu=4000)):
+        for share in (1.0, 0.7, 0.2):
+            feasible = {n for n in views if rng.random() < share}
+            for li in range(3):  # zone, region, any
+                slow: dict[Any, int] = {}
+                for name in feasible:
+                    v = views[name]
+                    values = homog_values(v.labels, keys)
+                    loc = v.locations[li] if li < 2 else None
+                    if values is None or (li < 2 and loc is None):
+                        continue
+                    slow[(values, loc)] = slow.get((values, loc), 0) + max(1, shape.now(v))
+                got = {b: t for b, t in index.capacities(h, li, shape, feasible).items() if t}
+                assert got == slow, (shape, share, li)
