@@ -1,29 +1,13 @@
-"""The committed DRA stubs are what the committed protos generate, and the protos are wire-compatible with
-kubelet's (package names in every method path, field numbers)."""
+"""The DRA protos are wire-compatible with kubelet's (package names in every method path, field numbers).
+That their committed stubs are fresh is checked with every other stub's, by `hack/gen_protos.py --check`
+(tests/deviceplugin/test_deviceplugin_protos.py)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from nodefabric_deviceplugin.dra.api import dra_v1_pb2, dra_v1beta1_pb2
 from nodefabric_deviceplugin.dra.api import pluginregistration_pb2 as reg
-
-REPO = Path(__file__).resolve().parents[2]
-API = REPO / "deviceplugin" / "nodefabric_deviceplugin" / "dra" / "api"
-
-
-def test_generated_stubs_are_fresh() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "hack" / "gen_protos.py"), "--check"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def test_registration_matches_kubelets_plugin_watcher() -> None:
