@@ -55,12 +55,7 @@ class DraDriver:
                 "waiting for the first device record before serving kubelet",
                 extra={"driver": self.config.driver},
             )
-            first = asyncio.ensure_future(self.source.first())
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({first, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            first.cancel()
-            stopped.cancel()
-            if stop.is_set():
+            if not await self.source.first_or_stop(stop):
                 return
         publisher = asyncio.create_task(self.publisher.run(stop), name="dra-slices")
         loop = asyncio.get_running_loop()
