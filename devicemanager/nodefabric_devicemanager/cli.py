@@ -2,15 +2,19 @@
 
 Subcommand modules are imported only when chosen, so `nodefabric inventory` on a node never pays for
 kopf or grpc. Each module exposes `add_arguments(parser)` and `run(args) -> int`.
+
+`--log-format` and `--log-level` are accepted before or after the subcommand (a Helm chart appends them
+to a component's own arguments). A usage error is one line on stderr and exit 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import NoReturn, Protocol, cast
 
 from nodefabric_devicemanager import logs
 
@@ -36,6 +40,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("nodefabric_operator.demo.main", "run the whole product on an embedded default"),
 }
 
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 class Command(Protocol):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
@@ -43,12 +50,51 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
-    parser = argparse.ArgumentParser(
-        prog="nodefabric", description="Kubernetes device manager for GPU clusters"
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line on stderr (and exit 2) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def log_level(text: str) -> str:
+    """A level in any case ("debug", "DEBUG"), as logging spells it ("DEBUG")."""
+    level = text.strip().lower()
+    if level == "warn":
+        level = "warning"
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level (one of {', '.join(LOG_LEVELS)})")
+    return level.upper()
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("nodefabric")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"  # run from a source tree that was never installed
+
+
+def _log_options(parser: argparse.ArgumentParser, *, default: bool) -> None:
+    # After the subcommand the defaults are SUPPRESS, so an option given before it is not overwritten.
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text" if default else argparse.SUPPRESS,
+        help="text (key=value) or json, one line per event (default: text)",
     )
-    parser.add_argument("--log-format", choices=["text", "json"], default="text")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default="INFO" if default else argparse.SUPPRESS,
+        metavar="LEVEL",
+        help=f"{', '.join(LOG_LEVELS)} (default: info)",
+    )
+
+
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
+    parser = Parser(prog="nodefabric", description="Kubernetes device manager for GPU clusters")
+    parser.add_argument("--version", action="version", version=f"nodefabric {version()}")
+    _log_options(parser, default=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if a in COMMANDS), None)
     command: Command | None = None
@@ -57,6 +103,7 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
         if name == chosen:
             command = cast(Command, importlib.import_module(module))
             command.add_arguments(p)
+            _log_options(p, default=False)
     return parser, command
 
 
@@ -66,7 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs.configure(json_output=args.log_format == "json", level=args.log_level)
     assert command is not None  # argparse already refused an unknown or missing command
-    return command.run(args)
+    try:
+        return command.run(args)
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: the shell's own code for SIGINT, without a traceback
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import yaml
 from nodefabric_devicemanager import models
 
 CRD_FILE = f"{models.GROUP}_{models.PLURAL}.yaml"
+# `kubectl get device` / `kubectl get dev`: the kind is plural-looking, so its singular is "devices".
+SHORT_NAMES = ["device", "dev"]
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
@@ -70,6 +72,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         if key == "const":
             out["enum"] = [value]
             continue
+        if key == "description" and isinstance(value, str):
+            # Docstrings wrap at the source's line length; `kubectl explain` wraps on its own.
+            out[key] = " ".join(value.split())
+            continue
         if key == "properties":
             out[key] = {k: _structural(v, defs) for k, v in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
@@ -88,6 +94,16 @@ def _schema(model: type[models._Model]) -> dict[str, Any]:
     return result
 
 
+def _status_schema() -> dict[str, Any]:
+    status = _schema(models.DevicesStatus)
+    # One condition per type, merged by the API server as a map: two writers (agent, operator) each own
+    # their types, and a duplicate type is refused rather than stored twice.
+    status["properties"]["conditions"].update(
+        {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    return status
+
+
 def devices_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -101,6 +117,7 @@ def devices_crd() -> dict[str, Any]:
                 "singular": models.SINGULAR,
                 "kind": models.KIND,
                 "listKind": f"{models.KIND}List",
+                "shortNames": SHORT_NAMES,
                 "categories": ["nodefabric"],
             },
             "versions": [
@@ -116,11 +133,17 @@ def devices_crd() -> dict[str, Any]:
                             "description": "How one node is wired: network interfaces, RDMA endpoints and "
                             "their link state, accelerators and their scale-up fabric. Named after the node.",
                             "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "apiVersion": {
+                                    "type": "string",
+                                    "description": "worker.gpustack.ai/v1alpha1",
+                                },
+                                "kind": {"type": "string", "description": "Devices"},
+                                "metadata": {
+                                    "type": "object",
+                                    "description": "Named after the node, and owned by it.",
+                                },
                                 "spec": _schema(models.DevicesSpec),
-                                "status": _schema(models.DevicesStatus),
+                                "status": _status_schema(),
                             },
                         }
                     },

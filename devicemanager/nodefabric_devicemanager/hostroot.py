@@ -4,8 +4,14 @@ Every read resolves the symlink chain and refuses a path that lands outside the 
 of symlinks, so checking the spelled path proves nothing), and one attribute is capped at 64 KiB: an
 oversized file is an error, never a truncated value that would parse as something else.
 
-Resolution is paid once per directory (`HostRoot.dir`), not once per attribute: attributes inside a
-resolved directory are opened with O_NOFOLLOW, and only one that is itself a symlink is resolved.
+A read never blocks: an attribute that is not a regular file (a FIFO, a character device, a socket, a
+directory) is refused from its type before anything opens it, and the open itself is non-blocking and
+re-checked with fstat, so a FIFO swapped in between cannot hang a pass. An attribute that is not UTF-8 is
+refused too (`NotText`): a value nobody can decode is unknown, never published with U+FFFD in it.
+
+Resolution is paid once per directory (`HostRoot.dir`), not once per attribute: an attribute inside a
+resolved directory costs an lstat and an O_NOFOLLOW open, and only one that is itself a symlink is
+resolved.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
 MAX_ATTRIBUTE_BYTES = 64 * 1024
+# O_NONBLOCK: even a FIFO that slipped past the type check cannot block the open or the read.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class HostReadError(OSError):
@@ -30,35 +39,82 @@ class HostReadError(OSError):
         self.reason = reason
 
 
-class PathEscapesRoot(HostReadError):
+class Refused(HostReadError):
+    """A path this reader will not read: what is there is not what the host should have there. Reported as
+    refused, never as absent (an absent attribute is FileNotFoundError)."""
+
+
+class PathEscapesRoot(Refused):
     pass
 
 
-class AttributeTooLarge(HostReadError):
+class AttributeTooLarge(Refused):
     pass
+
+
+class NotRegularFile(Refused):
+    """An attribute that is a FIFO, a device node, a socket or a directory: refused, never opened to block."""
+
+
+class NotADirectory(Refused):
+    """A directory entry (a listed interface, a PCI function, `device`) that is not a directory."""
+
+
+class NotText(HostReadError):
+    """An attribute whose bytes are not UTF-8: its value is unknown."""
+
+
+_KINDS = {
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFDIR: "directory",
+    stat.S_IFREG: "regular file",
+    stat.S_IFLNK: "symlink",
+}
+
+
+def kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "special file")
+
+
+def recorded_name(name: str) -> str:
+    """A directory entry's name as the record can carry it: bytes that are not UTF-8 (os.listdir hands them
+    over surrogate-escaped) are written `\\xNN`, since an API object holds UTF-8 text only."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 _FD_LINKS = "/proc/self/fd"
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
 
 
-def _realpath(path: str) -> str:
-    """os.path.realpath, but let the kernel walk the chain when it can: one open(O_PATH) and one readlink
-    instead of an lstat per component in Python, several times faster over sysfs' deep link chains."""
+def _realpath(path: str) -> tuple[str, os.stat_result | None]:
+    """os.path.realpath, and the stat of what it names (None when it does not resolve), letting the kernel
+    walk the chain when it can: one open(O_PATH), one readlink and one fstat instead of an lstat per
+    component in Python, several times faster over sysfs' deep link chains."""
     if _HAVE_FD_LINKS:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             # Absent, dangling or looping: realpath gives the same answer it always did (and the same
             # refusal when the dangling target lies outside the root).
-            return os.path.realpath(path)
+            return os.path.realpath(path), None
         try:
-            return os.readlink(f"{_FD_LINKS}/{fd}")
+            return os.readlink(f"{_FD_LINKS}/{fd}"), os.fstat(fd)
         except OSError:
-            return os.path.realpath(path)
+            return os.path.realpath(path), None
         finally:
             os.close(fd)
-    return os.path.realpath(path)
+    resolved = os.path.realpath(path)
+    try:
+        return resolved, os.stat(resolved)
+    except OSError:
+        return resolved, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,18 +144,27 @@ class HostRoot:
 
     def resolve(self, path: str) -> str:
         """Resolve a path already joined onto the root; refuse one that lands outside it."""
-        resolved = _realpath(path)
+        return self.resolve_stat(path)[0]
+
+    def resolve_stat(self, path: str) -> tuple[str, os.stat_result | None]:
+        """`resolve`, and the stat of where it lands (None when the chain dangles or loops)."""
+        resolved, st = _realpath(path)
         if not self.contains(resolved):
             log.warning(
                 "refused a path that resolves outside the host root",
                 extra={"path": self.display(path), "target": resolved, "root": self.root},
             )
             raise PathEscapesRoot(self.display(path), f"resolves to {resolved}, outside {self.root}")
-        return resolved
+        return resolved, st
 
     def dir(self, path: str) -> SysDir:
         """A resolved directory from a host-absolute path."""
         return SysDir(self, self.resolve(self.host_path(path)))
+
+    def present(self, path: str) -> bool:
+        """Whether anything is at a host path, a broken or escaping link included: the question to ask
+        before concluding a part of the host is absent (a refused path is not an absent one)."""
+        return os.path.lexists(self.host_path(path))
 
     def exists(self, path: str) -> bool:
         try:
@@ -127,19 +192,47 @@ class SysDir:
     def _child_path(self, name: str) -> str:
         if "/" in name or name in ("", ".", ".."):
             raise ValueError(f"not a single path component: {name!r}")
-        return os.path.join(self.path, name)
+        # Plain concatenation: the path is resolved (absolute, no trailing slash but "/"), and this runs
+        # for every attribute of a pass, where os.path.join's generality is a measurable cost.
+        return f"{self.path}{name}" if self.path.endswith("/") else f"{self.path}/{name}"
 
-    def child(self, name: str) -> SysDir:
-        """A subdirectory or a symlink to one (e.g. "device", "physfn"), resolved and checked."""
-        path = self._child_path(name)
+    def _follow(self, path: str) -> tuple[str, os.stat_result]:
+        """The entry at `path`, through its symlink if it is one: (where it lands, its stat).
+
+        FileNotFoundError only when the entry itself is absent (or vanished: hot-unplug). A symlink that
+        leaves the root, dangles or loops is HostReadError: a broken link is not a missing entry.
+        """
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             raise
         except OSError as exc:
             raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-        if stat.S_ISLNK(st.st_mode):
-            path = self.host.resolve(path)
+        if not stat.S_ISLNK(st.st_mode):
+            return path, st
+        target, target_st = self.host.resolve_stat(path)
+        if target_st is not None:
+            return target, target_st
+        if not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, "vanished while being read", path)  # the link went away
+        try:
+            os.stat(path)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        else:
+            reason = "it changed while being read"
+        raise HostReadError(self.host.display(path), f"symlink does not resolve: {reason}")
+
+    def child(self, name: str) -> SysDir:
+        """A subdirectory or a symlink to one (e.g. "device", "physfn"), resolved and checked.
+
+        FileNotFoundError only when the entry itself is absent; a symlink that dangles, loops or leaves
+        the root, and an entry that is not a directory, are HostReadError: a broken link is not a missing
+        device.
+        """
+        path, st = self._follow(self._child_path(name))
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectory(self.host.display(path), f"is a {kind(st.st_mode)}, not a directory")
         return SysDir(self.host, path)
 
     def child_opt(self, name: str) -> SysDir | None:
@@ -173,33 +266,45 @@ class SysDir:
             raise HostReadError(self.host.display(self._child_path(name)), exc.strerror or str(exc)) from exc
 
     def read(self, name: str) -> str:
-        """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent."""
+        """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent,
+        HostReadError when it is refused (outside the root, not a regular file, too large, not UTF-8) or
+        cannot be read."""
         path = self._child_path(name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            st = os.lstat(path)
         except FileNotFoundError:
             raise
         except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-            # The attribute itself is a symlink: resolve and check it, then open what it points at.
-            try:
-                fd = os.open(self.host.resolve(path), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise
-            except PathEscapesRoot:
-                raise
-            except OSError as inner:
-                raise HostReadError(self.host.display(path), inner.strerror or str(inner)) from inner
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        if stat.S_ISLNK(st.st_mode):
+            path, st = self._follow(path)
+        # The type is checked before any open: opening a FIFO blocks until a writer comes, and opening
+        # some device nodes acts (a watchdog arms). O_NONBLOCK and the fstat below close the window in
+        # which the entry could be swapped after this check.
+        if not stat.S_ISREG(st.st_mode):
+            self._refuse(path, st.st_mode)
         try:
+            fd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
+                self._refuse(path, opened.st_mode)
             data = os.read(fd, MAX_ATTRIBUTE_BYTES + 1)
-            # sysfs hands an attribute over in one read; a regular file (fixture, procfs) may need more.
-            while data and len(data) <= MAX_ATTRIBUTE_BYTES:
+            # sysfs hands an attribute over in one read (and reports a size of a page, so the loop asks
+            # once more and hears EOF); a file on a disk or in procfs may need more reads. A file whose
+            # size is known and was read whole needs no second read.
+            while data and len(data) <= MAX_ATTRIBUTE_BYTES and not 0 < opened.st_size <= len(data):
                 more = os.read(fd, MAX_ATTRIBUTE_BYTES + 1 - len(data))
                 if not more:
                     break
                 data += more
         except OSError as exc:
+            if isinstance(exc, HostReadError):
+                raise
             raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
         finally:
             os.close(fd)
@@ -209,11 +314,32 @@ class SysDir:
                 extra={"path": self.host.display(path), "limit_bytes": MAX_ATTRIBUTE_BYTES},
             )
             raise AttributeTooLarge(self.host.display(path), f"larger than {MAX_ATTRIBUTE_BYTES} bytes")
-        return data.decode("utf-8", errors="replace").rstrip("\n")
+        try:
+            return data.decode("utf-8").rstrip("\n")
+        except UnicodeDecodeError as exc:
+            raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
+
+    def _refuse(self, path: str, mode: int) -> NoReturn:
+        shown = self.host.display(path)
+        log.warning(
+            "refused an attribute that is not a regular file", extra={"path": shown, "kind": kind(mode)}
+        )
+        raise NotRegularFile(shown, f"is a {kind(mode)}, not a regular file")
 
     def read_opt(self, name: str) -> str | None:
         """An attribute that may legitimately be absent: None then. Unreadable is still an error."""
         try:
             return self.read(name)
         except FileNotFoundError:
+            return None
+
+    def value(self, name: str) -> str | None:
+        """An attribute read for its value: None when absent or not UTF-8 (the value is unknown, and says
+        so in the log). Refused or unreadable is still an error: never reported as absent."""
+        try:
+            return self.read(name)
+        except FileNotFoundError:
+            return None
+        except NotText as exc:
+            log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
             return None

@@ -4,16 +4,23 @@ Enumeration starts at the interface, not the bus, so an interface that is not a 
 How each kind is recorded:
 - PCI NIC: bus "pci", every PCI field from the one walk, its RDMA device and link verdict, SR-IOV facts,
   and its virtual functions (from the PF's virtfnN links, so a VF with no netdev still appears, name "").
-- SR-IOV VF with a netdev: nested under its PF, not listed at top level (one card appears once), unless
-  its PF has no interface of its own, in which case the VF is listed at top level rather than lost.
+- SR-IOV VF: `physicalFunction` names its PF (from `physfn`). Nested under its PF, not listed at top
+  level (one card appears once), unless its PF has no interface of its own (the PF's netdev moved into a
+  pod, or the PF bound to vfio), in which case the VF is listed at top level rather than lost.
 - virtio-net (a VM's NIC): bus "virtio", PCI fields empty. Its `device` is the virtio device, whose parent
   is the PCI transport function of the hypervisor; that function's placement says nothing about a
   physical NIC, so it is not claimed as the interface's PCI placement.
-- platform (SoC) NICs and other buses: bus from the device's `subsystem` link, PCI fields empty.
+- platform (SoC) NICs and other buses: bus from the device's `subsystem` link, PCI fields empty, and the
+  RDMA device that hangs from the same device (`.../platform/<soc>/infiniband/hns_0` beside
+  `.../net/end0`), with its verdict.
 - software interfaces (lo, bond, vlan, bridge, veth, ...): virtual, bus "", PCI fields empty.
 - switchdev representors (phys_port_name pf0vf3, pf0sf1): the PF's placement, but no RDMA device,
   verdict or VFs, which belong to the card's uplink interface.
-Entries of /sys/class/net that are not directories (e.g. `bonding_masters`) are skipped.
+- RDMA devices no interface's own device carries (software rxe/siw, split platform engines) are bound
+  by name afterwards (rdmaclass.py); a software one is marked `rdmaSoftware`.
+Entries of /sys/class/net that are not interfaces are skipped only when they are known to be files
+(`bonding_masters`); any other entry that is not a directory, or a link that dangles or loops, fails
+the enumeration: an interface that could not be read is not an interface that is not there.
 Top-level entries are sorted by name and VFs by bus id (numerically) so passes compare equal.
 """
 
@@ -22,20 +29,30 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from nodefabric_devicemanager import numbers, rdma, rdmaclass
 from nodefabric_devicemanager import pci as pcimod
-from nodefabric_devicemanager import rdma
-from nodefabric_devicemanager.hostroot import HostReadError, HostRoot, SysDir
+from nodefabric_devicemanager.hostroot import (
+    HostReadError,
+    HostRoot,
+    NotADirectory,
+    SysDir,
+    recorded_name,
+)
 from nodefabric_devicemanager.models import Interface, VirtualFunction
 from nodefabric_devicemanager.pci import PciFunction
 
 log = logging.getLogger(__name__)
 
 CLASS_NET = "/sys/class/net"
+# Files the kernel itself puts in /sys/class/net beside the interfaces.
+NOT_INTERFACES = frozenset({"bonding_masters"})
 IFF_UP = 0x1
 # phys_port_name of a VF or SF representor, optionally prefixed by the controller ("c1pf0vf2").
-_REPRESENTOR = re.compile(r"^(?:c\d+)?pf\d+(?:vf|sf)\d+$")
+_REPRESENTOR = re.compile(r"(?:c[0-9]+)?pf[0-9]+(?:vf|sf)[0-9]+", re.ASCII)
+_VIRTFN = re.compile(r"virtfn([0-9]+)", re.ASCII)
 
 
 def is_up(operstate: str | None, flags: str | None) -> bool:
@@ -43,19 +60,10 @@ def is_up(operstate: str | None, flags: str | None) -> bool:
     state = (operstate or "").strip().lower()
     if state == "up":
         return True
-    if state != "unknown" or not flags:
+    if state != "unknown":
         return False
-    try:
-        return bool(int(flags, 0) & IFF_UP)
-    except ValueError:
-        return False
-
-
-def _int(raw: str | None) -> int:
-    try:
-        return int((raw or "0").strip() or "0")
-    except ValueError:
-        return 0
+    value = numbers.parse_hex_opt(flags, numbers.NET_FLAGS)
+    return value is not None and bool(value & IFF_UP)
 
 
 def _placement(fn: PciFunction) -> dict[str, Any]:
@@ -69,19 +77,35 @@ def _placement(fn: PciFunction) -> dict[str, Any]:
         "pci_device": fn.device,
         "numa_affinity": fn.numa,
         "cpu_affinity": fn.cpus,
+        "physical_function": fn.physfn,
     }
 
 
-def _pci_fields(fn: PciFunction) -> dict[str, Any]:
-    b = rdma.binding(fn.dir)
-    return {
-        **_placement(fn),
-        "rdma": bool(b.device),
-        "rdma_device": b.device,
-        "link": b.link,
-        "sriov": fn.dir.has("sriov_totalvfs"),
-        "sriov_num_vfs": _int(fn.dir.read_opt("sriov_numvfs")),
-    }
+def _rdma_fields(b: rdma.Binding) -> dict[str, Any]:
+    return {"rdma": bool(b.device), "rdma_device": b.device, "rdma_software": b.software, "link": b.link}
+
+
+def _virtfns(pf: SysDir) -> list[str]:
+    """The PF's virtfnN link names, in VF-index order."""
+    found = [
+        (index, name)
+        for name in pf.list()
+        if (m := _VIRTFN.fullmatch(name)) and (index := numbers.parse_opt(m[1], numbers.VF_INDEX)) is not None
+    ]
+    return [name for _, name in sorted(found)]
+
+
+def _num_vfs(pf: SysDir, links: list[str]) -> int:
+    """VFs configured on a PF: `sriov_numvfs`, else (unreadable as a number) the virtfn links the kernel
+    made for them, which are the same fact observed another way; never a stand-in 0."""
+    raw = pf.value("sriov_numvfs")
+    value = numbers.parse_opt(raw, numbers.VF_COUNT)
+    if value is None and raw is not None:
+        log.warning(
+            "sriov_numvfs is not a VF count; counting the PF's virtfn links instead",
+            extra={"path": f"{pf.shown}/sriov_numvfs", "vfs": len(links)},
+        )
+    return value if value is not None else len(links)
 
 
 def is_representor(d: SysDir) -> bool:
@@ -89,14 +113,17 @@ def is_representor(d: SysDir) -> bool:
     the PF's own PCI function. It is a kernel interface and is listed, but no RDMA endpoint: the card's
     RDMA device and VFs are recorded once, on its uplink, or every representor would count as another."""
     try:
-        name = d.read_opt("phys_port_name")
+        name = d.value("phys_port_name")
     except HostReadError:
         return False  # most drivers answer EOPNOTSUPP: they have no port names, so no representors
-    return bool(name and _REPRESENTOR.match(name.strip()))
+    return bool(name and _REPRESENTOR.fullmatch(name.strip()))
 
 
 def _netdev_fields(d: SysDir) -> dict[str, Any]:
-    return {"mtu": _int(d.read_opt("mtu")), "up": is_up(d.read_opt("operstate"), d.read_opt("flags"))}
+    return {
+        "mtu": numbers.parse_opt(d.value("mtu"), numbers.MTU),
+        "up": is_up(d.value("operstate"), d.value("flags")),
+    }
 
 
 def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction | None:
@@ -106,78 +133,123 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
     return pci.get(device.name) or pcimod.read_function(device)
 
 
-def _virtual_function(vf: PciFunction) -> VirtualFunction:
-    fields = _pci_fields(vf)
-    name = ""
-    net = vf.dir.child_opt("net")
+def _first_netdev(fn: PciFunction) -> SysDir | None:
+    net = fn.dir.child_opt("net")
     names = net.list() if net is not None else []
-    if net is not None and names:
-        name = names[0]
-        fields.update(_netdev_fields(net.child(name)))
-    return VirtualFunction(name=name, **fields)
+    return net.child(names[0]) if net is not None and names else None
 
 
-def _virtual_functions(pf: PciFunction, pci: Mapping[str, PciFunction]) -> list[VirtualFunction]:
+def _virtual_function(vf: PciFunction) -> VirtualFunction:
+    fields = {**_placement(vf), **_rdma_fields(rdma.binding(vf.dir))}
+    netdev = _first_netdev(vf)
+    if netdev is None:
+        return VirtualFunction(**fields)
+    return VirtualFunction(name=recorded_name(netdev.name), **fields, **_netdev_fields(netdev))
+
+
+def _virtual_functions(
+    pf: PciFunction, links: list[str], pci: Mapping[str, PciFunction]
+) -> list[VirtualFunction]:
     out: list[VirtualFunction] = []
-    for link in pf.dir.list():
-        if link.startswith("virtfn") and link[6:].isdigit():
-            # The walk already resolved and checked every VF; only one it missed is resolved here.
-            known = pci.get(pf.dir.link_name(link) or "")
-            if known is None:
-                vf_dir = pf.dir.child_opt(link)
-                if vf_dir is None:
-                    continue  # torn down between listing and reading (sriov_numvfs lowered): gone
-                known = pcimod.read_function(vf_dir)
-            out.append(_virtual_function(known))
+    for link in links:
+        # The walk already resolved and checked every VF; only one it missed is resolved here.
+        known = pci.get(pf.dir.link_name(link) or "")
+        if known is None:
+            vf_dir = pf.dir.child_opt(link)
+            if vf_dir is None:
+                continue  # torn down between listing and reading (sriov_numvfs lowered): gone
+            known = pcimod.read_function(vf_dir)
+        out.append(_virtual_function(known))
     out.sort(key=lambda v: pcimod.bus_key(v.pci_bus_id))
     return out
 
 
 def _bus_of(device: SysDir | None) -> str:
-    return "" if device is None else device.link_name("subsystem") or ""
+    return "" if device is None else recorded_name(device.link_name("subsystem") or "")
 
 
 def read_interface(
     d: SysDir, device: SysDir | None, fn: PciFunction | None, pci: Mapping[str, PciFunction]
 ) -> Interface:
     """One /sys/class/net entry (resolved), its `device` (None for software interfaces) and PCI function."""
-    fields = _netdev_fields(d)
+    fields = {"name": recorded_name(d.name), **_netdev_fields(d)}
     if device is None:
         # No device link: a software interface, living under /sys/devices/virtual/net.
-        return Interface(name=d.name, virtual=True, **fields)
+        return Interface(virtual=True, **fields)
     if fn is None:
-        return Interface(name=d.name, bus=_bus_of(device), **fields)
+        # Not on the PCI bus: its RDMA device, if any, hangs from the same (platform) device.
+        return Interface(bus=_bus_of(device), **fields, **_rdma_fields(rdma.binding(device)))
     if is_representor(d):
-        return Interface(name=d.name, **fields, **_placement(fn))
-    fields.update(_pci_fields(fn))
-    vfs = _virtual_functions(fn, pci) if fields["sriov"] else []
-    return Interface(name=d.name, virtual_functions=vfs, **fields)
+        return Interface(**fields, **_placement(fn))
+    fields.update(_placement(fn))
+    fields.update(_rdma_fields(rdma.binding(fn.dir)))
+    if not fn.dir.has("sriov_totalvfs"):
+        return Interface(**fields)
+    links = _virtfns(fn.dir)
+    return Interface(
+        **fields,
+        sriov=True,
+        sriov_num_vfs=_num_vfs(fn.dir, links),
+        virtual_functions=_virtual_functions(fn, links, pci),
+    )
 
 
-def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
-    """The inventory, sorted by name. Raises HostReadError (or FileNotFoundError when /sys/class/net is
-    absent) when enumeration fails: a failed read is never an empty list."""
-    net = host.dir(CLASS_NET)
-    if not net.is_dir():
-        raise FileNotFoundError(f"{net.shown} is not a directory")
-    found: list[tuple[SysDir, SysDir | None, PciFunction | None]] = []
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    dir: SysDir
+    device: SysDir | None
+    fn: PciFunction | None
+
+
+def _entries(net: SysDir, pci: Mapping[str, PciFunction]) -> list[_Entry]:
+    found: list[_Entry] = []
     for name in net.list():
         try:
             d = net.child(name)
         except FileNotFoundError:
             # Removed between listing and reading (hot-unplug, a veth torn down): it is gone, not unreadable.
-            log.debug("interface vanished during the pass", extra={"interface": name})
+            log.debug("interface vanished during the pass", extra={"interface": recorded_name(name)})
             continue
-        if not d.is_dir():
-            continue
+        except NotADirectory:
+            if name in NOT_INTERFACES:
+                continue
+            raise
+        if d.name != name:
+            raise HostReadError(
+                f"{net.shown}/{recorded_name(name)}", f"links to {d.shown}, another interface"
+            )
         device = d.child_opt("device")
-        found.append((d, device, None if device is None else _function_of(device, pci)))
+        found.append(_Entry(d, device, None if device is None else _function_of(device, pci)))
+    return found
+
+
+def _bind_by_name(host: HostRoot, out: list[Interface], found: list[_Entry]) -> list[Interface]:
+    """Interfaces with the RDMA devices no parent device carried (software, split platform engines)."""
+    bound = {ep.rdma_device for iface in out for ep in (iface, *iface.virtual_functions) if ep.rdma_device}
+    parents = {e.device.path for e in found if e.device is not None}
+    # Only an interface that read no RDMA tree of its own can take one: an unreadable tree (unverified, no
+    # device) is not overridden by a guess.
+    free = {i.name for i in out if not i.rdma_device and i.link is None}
+    by_name = rdmaclass.scan(host, bound=bound, parents=parents, netdevs=free)
+    return [i.model_copy(update=_rdma_fields(by_name[i.name])) if i.name in by_name else i for i in out]
+
+
+def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
+    """The inventory, sorted by name. Raises HostReadError (or FileNotFoundError when /sys/class/net is
+    absent) when enumeration fails: a failed read is never an empty list."""
+    if not host.present(CLASS_NET):
+        raise FileNotFoundError(f"{CLASS_NET} is absent under {host.root}: the interfaces were not read")
+    net = host.dir(CLASS_NET)
+    if not net.is_dir():
+        raise NotADirectory(net.shown, "is not a directory: the interfaces were not read")
+    found = _entries(net, pci)
     # A VF is nested under its PF; it stays at top level only if its PF has no interface of its own.
-    listed_pfs = {fn.bus_id for _, _, fn in found if fn is not None and not fn.physfn}
+    listed_pfs = {e.fn.bus_id for e in found if e.fn is not None and not e.fn.physfn}
     out = [
-        read_interface(d, device, fn, pci)
-        for d, device, fn in found
-        if fn is None or not fn.physfn or fn.physfn not in listed_pfs
+        read_interface(e.dir, e.device, e.fn, pci)
+        for e in found
+        if e.fn is None or not e.fn.physfn or e.fn.physfn not in listed_pfs
     ]
+    out = _bind_by_name(host, out, found)
     out.sort(key=lambda i: i.name)
     return out

@@ -13,6 +13,7 @@ from nodefabric_devicemanager import interfaces as interfacesmod
 from nodefabric_devicemanager import pci as pcimod
 from nodefabric_devicemanager import summary
 from nodefabric_devicemanager.accelerators import Libraries, detect, failed_reading
+from nodefabric_devicemanager.accelerators.nvidia import Nvml
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
 from nodefabric_devicemanager.models import (
     INTERFACES_ENUMERATED,
@@ -25,6 +26,9 @@ from nodefabric_devicemanager.models import (
 from nodefabric_devicemanager.pci import PciFunction
 
 log = logging.getLogger(__name__)
+
+# AcceleratorsEnumerated reason when the root has no /sys/bus/pci at all.
+PCI_BUS_ABSENT = "PciBusAbsent"
 
 
 @dataclass
@@ -64,13 +68,34 @@ def _condition(ok: bool, reason: str, message: str) -> Condition:
     )
 
 
-def read(host: HostRoot, *, libraries: Libraries | None = None) -> Reading:
+def _read_interfaces(host: HostRoot, reading: Reading) -> Reading:
+    try:
+        reading.interfaces = interfacesmod.read(host, reading.pci)
+        reading.conditions.append(
+            _condition(True, "Enumerated", f"{len(reading.interfaces)} interfaces read from /sys/class/net")
+        )
+    except (HostReadError, FileNotFoundError) as exc:
+        log.error("could not enumerate network interfaces", extra={"root": host.root, "error": str(exc)})
+        reading.conditions.append(_condition(False, "EnumerationFailed", str(exc)))
+    return reading
+
+
+def read(host: HostRoot, *, libraries: Libraries | None = None, driver_root: str | None = None) -> Reading:
     """One full pass. Never raises for host trouble: failures become False conditions and None parts.
 
-    `libraries` are the vendor-library boundaries the accelerator part asks (tests pass recorded ones).
+    `libraries` are the vendor-library boundaries the accelerator part asks (tests pass recorded ones);
+    without them, NVML is loaded from `driver_root` (else $NVIDIA_DRIVER_ROOT) when one is configured.
+    A root without a PCI bus directory still has its interfaces read (a platform NIC needs no bus), but
+    its accelerators were not: every manufacturer is failed, so the agent keeps the recorded groups.
     """
     try:
         pci = pcimod.walk(host)
+    except pcimod.PciBusAbsent as exc:
+        reading = _read_interfaces(host, Reading(interfaces=None))
+        acc = failed_reading(str(exc), reason=PCI_BUS_ABSENT)
+        reading.failed_manufacturers = set(acc.failed)
+        reading.conditions.extend(acc.conditions)
+        return reading
     except (HostReadError, FileNotFoundError) as exc:
         log.error("could not walk the pci bus", extra={"root": host.root, "error": str(exc)})
         message = f"pci walk failed: {exc}"
@@ -81,18 +106,9 @@ def read(host: HostRoot, *, libraries: Libraries | None = None) -> Reading:
             conditions=[_condition(False, "PciWalkFailed", message), *acc.conditions],
         )
 
-    reading = Reading(interfaces=None, pci=pci)
-    try:
-        reading.interfaces = interfacesmod.read(host, pci)
-        reading.conditions.append(
-            _condition(True, "Enumerated", f"{len(reading.interfaces)} interfaces read from /sys/class/net")
-        )
-    except (HostReadError, FileNotFoundError) as exc:
-        log.error("could not enumerate network interfaces", extra={"root": host.root, "error": str(exc)})
-        reading.conditions.append(_condition(False, "EnumerationFailed", str(exc)))
-
+    reading = _read_interfaces(host, Reading(interfaces=None, pci=pci))
     # The single call site for accelerator detection; the accelerators part owns the function.
-    acc = detect(host, pci, libraries)
+    acc = detect(host, pci, libraries or Libraries(nvidia=Nvml(driver_root=driver_root)))
     reading.groups = list(acc.groups)
     reading.failed_manufacturers = set(acc.failed)
     reading.conditions.extend(acc.conditions)

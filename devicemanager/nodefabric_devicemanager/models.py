@@ -42,7 +42,40 @@ class Distance(IntEnum):
     UNK = 7
 
 
+# Bounds the API server enforces through the CRD. Integers stay inside int64 by construction; the host
+# reader (numbers.py) only ever produces values inside them, so a write that violates one is a bug here.
+U8 = 0xFF
+U16 = 0xFFFF
+U32 = 2**32 - 1
+INT32 = 2**31 - 1
+# A NUMA node as the record spells it: "" (unknown) or 0..1023 in plain decimal. Declared for the API
+# server only (json_schema_extra): readers of the record stay tolerant of a hand-edited value and parse it
+# with numbers.numa_node, so one bad object never stops a reader. The API server matches with RE2, where
+# `$` is the end of the text (not, as in Python, also before a final newline).
+NUMA_PATTERN = r"^(|0|[1-9][0-9]{0,2}|10[01][0-9]|102[0-3])$"
+CPU_LIST_PATTERN = r"^([0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$"
+
+
+def _numa_field(what: str) -> Any:
+    return Field(
+        default="",
+        description=f"NUMA node of {what}, in decimal; empty when the kernel gave none (never 0 or -1).",
+        json_schema_extra={"pattern": NUMA_PATTERN},
+    )
+
+
+def _cpus_field(what: str) -> Any:
+    return Field(
+        default="",
+        description=f"CPUs local to {what}, as the kernel's cpulist (e.g. 0-55,112-167); empty when unknown.",
+        json_schema_extra={"pattern": CPU_LIST_PATTERN},
+    )
+
+
 class LinkState(StrEnum):
+    """ok: a port is ACTIVE with phys_state LinkUp. failed: every port was read and none is. unverified:
+    nothing is ok and something could not be read or parsed."""
+
     OK = "ok"
     UNVERIFIED = "unverified"
     FAILED = "failed"
@@ -51,47 +84,99 @@ class LinkState(StrEnum):
 class LinkVerdict(_Model):
     """Whether an RDMA endpoint's link really works, not merely whether a device is bound."""
 
-    state: LinkState
-    reason: str = ""
+    state: LinkState = Field(description="ok, unverified or failed.")
+    reason: str = Field(
+        default="", description="Why: the port values as the kernel printed them, or what could not be read."
+    )
     # Set only for failed; carried from the stored object so it stays stable while the failure lasts.
-    first_seen_time: datetime | None = None
+    first_seen_time: datetime | None = Field(
+        default=None,
+        description="When a pass first observed this failure (failed only); stable while it lasts.",
+    )
 
 
 class Endpoint(_Model):
     """One network endpoint: a kernel interface, or an SR-IOV virtual function nested under its parent."""
 
-    name: str = ""  # "" for a VF that has no netdev of its own
-    bus: str = ""  # "pci", "platform", "virtio", "" for a purely virtual interface
-    pci_bus_id: str = ""
-    pci_root_id: str = ""  # outermost bridge above the device: NOT the root complex
-    pci_switches: list[str] = Field(default_factory=list)  # upstream bridge path, innermost first
-    pci_host_bridge: str = ""  # the pci<domain>:<bus> host bridge the path hangs from
-    pci_vendor: str = ""
-    pci_device: str = ""
-    numa_affinity: str = ""
-    cpu_affinity: str = ""
-    mtu: int = 0
-    up: bool = False
-    virtual: bool = False
-    rdma: bool = False
-    rdma_device: str = ""
-    sriov: bool = False  # this function is an SR-IOV physical function (sriov_totalvfs present)
-    sriov_num_vfs: int = 0  # virtual functions configured on it (sriov_numvfs); a separate fact
-    # Set on every SR-IOV virtual function (from `physfn`): its PF's PCI bus id. A VF listed at top
-    # level, because its PF has no host netdev, is still a VF and is served as one.
-    physical_function: str = ""
-    link: LinkVerdict | None = None
+    name: str = Field(
+        default="",
+        description="Kernel interface name; empty for a virtual function without a netdev of its own.",
+    )
+    bus: str = Field(
+        default="",
+        description="Bus of the interface's device: pci, platform, virtio, ...; empty for a software "
+        "interface (lo, bond, vlan, bridge, veth).",
+    )
+    pci_bus_id: str = Field(
+        default="", description="PCI address (0000:17:00.0); empty when the interface is not a PCI function."
+    )
+    pci_root_id: str = Field(
+        default="",
+        description="Outermost PCI bridge above the device (not the root complex); empty when the device "
+        "sits directly on its host bridge.",
+    )
+    pci_switches: list[str] = Field(
+        default_factory=list,
+        description="Every PCI bridge between the host bridge and the device, innermost first.",
+    )
+    pci_host_bridge: str = Field(
+        default="", description="The PCI host bridge (pciDDDD:BB) the device's bridge path hangs from."
+    )
+    pci_vendor: str = Field(default="", description="PCI vendor id, 4 lowercase hex digits (15b3).")
+    pci_device: str = Field(default="", description="PCI device id, 4 lowercase hex digits (1021).")
+    numa_affinity: str = _numa_field("the device")
+    cpu_affinity: str = _cpus_field("the device")
+    mtu: int | None = Field(
+        default=None, ge=0, le=INT32, description="MTU in bytes; absent when the kernel's value is unknown."
+    )
+    up: bool = Field(default=False, description="The interface is up (operstate up, or IFF_UP when unknown).")
+    virtual: bool = Field(default=False, description="A software interface with no device under it.")
+    rdma: bool = Field(
+        default=False,
+        description="An RDMA device is bound. Says nothing about the link: see link.",
+    )
+    rdma_device: str = Field(
+        default="", description="Name of the bound RDMA device (mlx5_0, hns_0, rxe0); empty when none."
+    )
+    rdma_software: bool = Field(
+        default=False,
+        description="The bound RDMA device is emulated by the kernel (rxe, siw), not the NIC's own: it is "
+        "recorded, but does not make the endpoint usable for rdma.capable.",
+    )
+    sriov: bool = Field(
+        default=False, description="This function is an SR-IOV physical function (sriov_totalvfs present)."
+    )
+    sriov_num_vfs: int = Field(
+        default=0, ge=0, le=U16, description="Virtual functions configured on this physical function."
+    )
+    physical_function: str = Field(
+        default="",
+        description="Set on every SR-IOV virtual function (from physfn): its physical function's PCI "
+        "address. A VF listed at top level, because its PF has no host netdev, is still a VF.",
+    )
+    link: LinkVerdict | None = Field(
+        default=None,
+        description="The RDMA link verdict; absent when no RDMA device is bound and none could be looked "
+        "for.",
+    )
 
 
 class VirtualFunction(Endpoint):
-    pass
+    """An SR-IOV virtual function, nested under its physical function's interface."""
 
 
 class Interface(Endpoint):
-    virtual_functions: list[VirtualFunction] = Field(default_factory=list)
+    """One kernel network interface of the node."""
+
+    virtual_functions: list[VirtualFunction] = Field(
+        default_factory=list,
+        description="The SR-IOV virtual functions of this physical function, in PCI bus order.",
+    )
 
 
 class FabricKind(StrEnum):
+    """nvlink (NVIDIA), xgmi (AMD), ub (Huawei Ascend)."""
+
     NVLINK = "nvlink"
     XGMI = "xgmi"
     UB = "ub"
@@ -100,46 +185,82 @@ class FabricKind(StrEnum):
 class Fabric(_Model):
     """An accelerator's scale-up fabric membership. Domain = accelerators sharing (kind, id)."""
 
-    kind: FabricKind
-    id: str = ""
-    type: str = ""
-    clique_id: int | None = None
-    member_count: int = 0  # 0 means unreported
-    node_index: int | None = None
-    rack_id: int | None = None
-    endpoints: list[str] = Field(default_factory=list)
+    kind: FabricKind = Field(description="Which fabric: nvlink, xgmi or ub.")
+    id: str = Field(
+        default="",
+        description="The domain id (NVLink cluster uuid, XGMI hive id, Ascend super pod id); empty when "
+        "the accelerator is in no identified domain.",
+    )
+    type: str = Field(default="", description="The product shape (Ascend: server-8p, pod-1d, ...).")
+    clique_id: int | None = Field(
+        default=None, ge=0, le=U32, description="NVLink clique inside the cluster (NVIDIA)."
+    )
+    member_count: int = Field(
+        default=0, ge=0, le=U32, description="Accelerators in the domain; 0 means not reported."
+    )
+    node_index: int | None = Field(
+        default=None, ge=0, le=U32, description="This machine's index in the super pod (Ascend)."
+    )
+    rack_id: int | None = Field(default=None, ge=0, le=U32, description="The rack (chassis) id (Ascend).")
+    endpoints: list[str] = Field(
+        default_factory=list,
+        description="UB endpoint ids, 32 lowercase hex characters each, unparsed (Ascend).",
+    )
 
 
 class AcceleratorTopology(_Model):
-    pci_bus_id: str = ""
-    pci_root_id: str = ""
-    pci_switches: list[str] = Field(default_factory=list)
-    pci_host_bridge: str = ""
-    numa_affinity: str = ""
-    cpu_affinity: str = ""
+    """Where an accelerator sits: its PCI placement, NUMA node, links to its peers, and fabric."""
+
+    pci_bus_id: str = Field(default="", description="PCI address of the accelerator.")
+    pci_root_id: str = Field(default="", description="Outermost PCI bridge above it (not the root complex).")
+    pci_switches: list[str] = Field(
+        default_factory=list, description="Every PCI bridge above it, innermost first."
+    )
+    pci_host_bridge: str = Field(default="", description="The PCI host bridge (pciDDDD:BB) above it.")
+    numa_affinity: str = _numa_field("the accelerator")
+    cpu_affinity: str = _cpus_field("the accelerator")
     # peer accelerator index -> link in the distance vocabulary ("NV18", "PIX", ... "SYS")
-    links: dict[str, str] = Field(default_factory=dict)
-    fabric: Fabric | None = None
+    links: dict[str, str] = Field(
+        default_factory=dict,
+        description="Peer accelerator index -> link: NV<n> (n NVLinks), LINK (XGMI), or the bus distance "
+        "PIX, PXB, PHB, NODE, SYS, UNK.",
+    )
+    fabric: Fabric | None = Field(
+        default=None, description="Scale-up fabric membership; absent when the vendor reported none."
+    )
 
 
 class Accelerator(_Model):
-    id: str
-    index: int
-    topology: AcceleratorTopology = Field(default_factory=AcceleratorTopology)
+    """One accelerator (GPU, NPU, ...)."""
+
+    id: str = Field(description="The accelerator's PCI address.")
+    index: int = Field(ge=0, le=INT32, description="Index within its manufacturer's group, in PCI bus order.")
+    topology: AcceleratorTopology = Field(
+        default_factory=AcceleratorTopology, description="Placement, links and fabric."
+    )
 
 
 class AcceleratorGroup(_Model):
     """All accelerators of one manufacturer on the node."""
 
-    id: str
-    manufacturer: str
-    name: str = ""
-    accelerators: list[Accelerator] = Field(default_factory=list)
+    id: str = Field(description="Manufacturer key: nvidia, amd, ascend, ...")
+    manufacturer: str = Field(description="Manufacturer name as it writes it (NVIDIA, AMD, Huawei Ascend).")
+    name: str = Field(default="", description="Human-readable group name (NVIDIA GPU).")
+    accelerators: list[Accelerator] = Field(
+        default_factory=list, description="The accelerators, in PCI bus order."
+    )
 
 
 class DevicesSpec(_Model):
-    interfaces: list[Interface] = Field(default_factory=list)
-    groups: list[AcceleratorGroup] = Field(default_factory=list)
+    """What the node agent read from the host."""
+
+    interfaces: list[Interface] = Field(
+        default_factory=list,
+        description="One entry per kernel network interface, sorted by name; VFs nested under their PF.",
+    )
+    groups: list[AcceleratorGroup] = Field(
+        default_factory=list, description="One group per accelerator manufacturer on the node."
+    )
 
     def endpoints(self) -> list[Endpoint]:
         """Every endpoint: each interface followed by its virtual functions."""
@@ -159,22 +280,41 @@ LABELS_PUBLISHED = "LabelsPublished"
 
 
 class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: datetime | None = None
+    """What could and could not be read or published. False: that part of the record is the last good
+    reading, kept because a failed read is not an empty host."""
+
+    type: str = Field(
+        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, LabelsPublished."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="One CamelCase word saying why.")
+    message: str = Field(default="", description="What happened, for a person.")
+    last_transition_time: datetime | None = Field(default=None, description="When the status last changed.")
 
 
 class DevicesStatus(_Model):
-    conditions: list[Condition] = Field(default_factory=list)
+    """What the agent and the operator report about the record."""
+
+    conditions: list[Condition] = Field(
+        default_factory=list, description="One per type: what could and could not be read or published."
+    )
     # What the operator last published for this node, and when.
-    labels: dict[str, str] = Field(default_factory=dict)
-    labels_published_time: datetime | None = None
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="The node labels the operator last published from this record."
+    )
+    labels_published_time: datetime | None = Field(
+        default=None, description="When the operator last published them."
+    )
     # Summaries shown by `kubectl get devices` (printer columns read these).
-    rdma_endpoints: int = 0
-    best_distance: str = ""
-    fabric_domain: str = ""
+    rdma_endpoints: int = Field(
+        default=0, ge=0, le=INT32, description="Usable RDMA endpoints (virtual functions included)."
+    )
+    best_distance: str = Field(
+        default="", description="Closest accelerator-to-usable-RDMA-endpoint distance (PIX ... SYS, UNK)."
+    )
+    fabric_domain: str = Field(
+        default="", description="The scale-up fabric domain every accelerator shares, if any."
+    )
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

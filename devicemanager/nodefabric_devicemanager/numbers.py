@@ -1,19 +1,24 @@
 """Numbers read from the host, and read back from the record: one parser, so no reader invents a value.
 
-The kernel prints a number as plain ASCII decimal. Everything else is unknown: a sign, a leading zero,
-spaces, an exponent, `1_000`, or a digit that Python's `int()` accepts but the kernel never prints (`²`,
-`\u0661`). So is a value outside what the quantity can be, which also keeps every published number inside
-int64 and inside the bounds the CRD declares. Unknown is `None`, never 0 and never the raw text; the
-caller decides whether that is blank in the record, no hint, or no label.
+The kernel prints a number as plain ASCII decimal, or for ids and flags as `0x`-prefixed hex.
+Everything else is unknown: a sign, a leading zero, spaces, an exponent, `1_000`, or a digit that
+Python's `int()` accepts but the kernel never prints (`²`, `\u0661`). So is a value outside what the
+quantity can be, which also keeps every published number inside int64 and inside the bounds the CRD
+declares. Unknown is `None`, never 0 and never the raw text; the caller decides whether that is blank in
+the record, no hint, or no label.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # fullmatch, not match with `$`: `$` also matches before a trailing newline.
 _DECIMAL = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+_HEX = re.compile(r"0x[0-9a-fA-F]+", re.ASCII)
+# A kernel cpulist ("0-55,112-167"): bitmap_print_to_pagebuf's `%*pbl`, ranges ascending.
+_CPU_LIST = re.compile(r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,17 +32,36 @@ class Quantity:
     unknown: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        assert 0 <= self.lo <= self.hi < 2**63
+        # Quantities the record publishes as integers stay below 2**63 (see the models' bounds); a u64 that
+        # is only ever published as text (an XGMI hive id) may use the whole unsigned range.
+        assert 0 <= self.lo <= self.hi < 2**64
 
 
 # MAX_NUMNODES is 1 << CONFIG_NODES_SHIFT, and the largest shift any architecture allows is 10.
 NUMA_NODE = Quantity("NUMA node", 0, 1023, unknown=frozenset({"-1"}))
 # net_device.mtu is an unsigned int that dev_set_mtu() refuses above INT_MAX.
 MTU = Quantity("MTU", 0, 2**31 - 1)
-# TotalVFs and NumVFs are 16-bit fields of the SR-IOV capability.
+# TotalVFs and NumVFs are 16-bit fields of the SR-IOV capability; virtfnN is numbered below them.
 VF_COUNT = Quantity("VF count", 0, 0xFFFF)
+VF_INDEX = Quantity("VF index", 0, 0xFFFF - 1)
 # An RDMA port number is a u8, and port 0 is the switch-management port that is never a ports/ entry.
 PORT_NUMBER = Quantity("port number", 1, 0xFF)
+# A GID table index (`ports/N/gid_attrs/ndevs/<index>`): the table is at most 2**16 entries.
+GID_INDEX = Quantity("GID index", 0, 0xFFFF)
+# PCI configuration-space ids: 16-bit vendor and device, 24-bit class code.
+PCI_ID = Quantity("PCI id", 0, 0xFFFF)
+PCI_CLASS = Quantity("PCI class", 0, 0xFFFFFF)
+# net_device.flags is an unsigned int, printed "%#x".
+NET_FLAGS = Quantity("interface flags", 0, 2**32 - 1)
+# A CPU number in a cpulist: NR_CPUS is at most 8192 on every architecture that builds with more.
+CPU = Quantity("CPU number", 0, 2**22 - 1)
+# KFD topology: node directories are numbered from 0; properties are u32/u64 printed with %u/%llu.
+KFD_NODE = Quantity("KFD node", 0, 2**31 - 1)
+KFD_PROPERTY = Quantity("KFD property", 0, 2**64 - 1)
+XGMI_HIVE_ID = Quantity("XGMI hive id", 0, 2**64 - 1)
+# An accelerator's index on one node (a link matrix key, `--free 0-7`): far above any real node, low
+# enough that a range of them is a small set.
+DEVICE_INDEX = Quantity("device index", 0, 4095)
 
 
 class BadNumber(ValueError):
@@ -50,6 +74,12 @@ class BadNumber(ValueError):
         self.text = text
 
 
+def _checked(quantity: Quantity, text: str, value: int) -> int:
+    if not quantity.lo <= value <= quantity.hi:
+        raise BadNumber(quantity, text, f"outside {quantity.lo}..{quantity.hi}")
+    return value
+
+
 def parse(text: str, quantity: Quantity) -> int | None:
     """The value, or None for the kernel's own spelling of unknown. Raises BadNumber for anything else."""
     if text in quantity.unknown:
@@ -57,18 +87,31 @@ def parse(text: str, quantity: Quantity) -> int | None:
     # A cap before int(): a 5,000-digit string would cost a quadratic conversion to be refused anyway.
     if len(text) > len(str(quantity.hi)) or not _DECIMAL.fullmatch(text):
         raise BadNumber(quantity, text, "not a plain ASCII decimal number")
-    value = int(text)
-    if not quantity.lo <= value <= quantity.hi:
-        raise BadNumber(quantity, text, f"outside {quantity.lo}..{quantity.hi}")
-    return value
+    return _checked(quantity, text, int(text))
+
+
+def parse_hex(text: str, quantity: Quantity) -> int:
+    """A `0x`-prefixed hex reading ("0x15b3", "0x1003"), as the kernel prints ids and flags."""
+    if len(text) > 2 + len(f"{quantity.hi:x}") + 8 or not _HEX.fullmatch(text):
+        # Leading zeros are the kernel's own padding ("0x020000"), so a little slack beyond the width.
+        raise BadNumber(quantity, text, "not a 0x-prefixed ASCII hex number")
+    return _checked(quantity, text, int(text, 16))
 
 
 def parse_opt(text: str | None, quantity: Quantity) -> int | None:
     """The value, or None when it is absent, blank, unknown or not a reading of the quantity."""
+    return _opt(parse, text, quantity)
+
+
+def parse_hex_opt(text: str | None, quantity: Quantity) -> int | None:
+    return _opt(parse_hex, text, quantity)
+
+
+def _opt(parser: Callable[[str, Quantity], int | None], text: str | None, quantity: Quantity) -> int | None:
     if not text:
         return None
     try:
-        return parse(text, quantity)
+        return parser(text, quantity)
     except BadNumber:
         return None
 
@@ -76,3 +119,19 @@ def parse_opt(text: str | None, quantity: Quantity) -> int | None:
 def numa_node(text: str | None) -> int | None:
     """A NUMA node as the record spells it ("" is unknown), the same rule the host reading used."""
     return parse_opt(text, NUMA_NODE)
+
+
+def cpu_list(text: str | None) -> str | None:
+    """A kernel cpulist ("0-55,112-167") when it is one: ascending, plain decimals, every CPU number in
+    range. Returned as read (it is already the canonical form); None for anything else."""
+    if not text or len(text) > 64 * 1024 or not _CPU_LIST.fullmatch(text):
+        return None
+    last = -1
+    for part in text.split(","):
+        lo_text, _, hi_text = part.partition("-")
+        lo = parse_opt(lo_text, CPU)
+        hi = parse_opt(hi_text, CPU) if hi_text else lo
+        if lo is None or hi is None or not last < lo <= hi:
+            return None
+        last = hi
+    return text

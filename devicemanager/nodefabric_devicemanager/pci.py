@@ -16,14 +16,22 @@ import logging
 import re
 from dataclasses import dataclass
 
-from nodefabric_devicemanager.hostroot import HostRoot, SysDir
+from nodefabric_devicemanager import numbers
+from nodefabric_devicemanager.hostroot import HostReadError, HostRoot, SysDir
 
 log = logging.getLogger(__name__)
 
-PCI_DEVICES = "/sys/bus/pci/devices"
+PCI_BUS = "/sys/bus/pci"
+PCI_DEVICES = f"{PCI_BUS}/devices"
 
-_BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-_HOST_BRIDGE = re.compile(r"^pci[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}$")
+# fullmatch throughout: `$` would also accept a name with a trailing newline.
+_BDF = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", re.ASCII)
+_HOST_BRIDGE = re.compile(r"pci[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}", re.ASCII)
+
+
+class PciBusAbsent(FileNotFoundError):
+    """The root has no /sys/bus/pci: the bus was not read (a container without /sys mounted whole, or a
+    kernel without PCI). Not an empty bus: nothing can be said about what is on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +40,11 @@ class PciFunction:
     root_id: str  # outermost PCI bridge above the device ("" when directly on the host bridge)
     switches: tuple[str, ...]  # full upstream bridge path, innermost first
     host_bridge: str  # "pci0000:00": the host-bridge directory the path hangs from
-    vendor: str  # "15b3" (lowercase hex, no 0x)
+    vendor: str  # "15b3" (lowercase hex, no 0x); "" when unknown
     device: str  # "1021"
     class_code: str  # "020000" (no 0x)
-    numa: str  # "" when the kernel says -1 or nothing
-    cpus: str  # local_cpulist, "" when absent
+    numa: str  # "" when the kernel says -1 or nothing, or something that is not a NUMA node
+    cpus: str  # local_cpulist, "" when absent or not a cpulist
     dir: SysDir  # the resolved function directory
     physfn: str = ""  # parent PF bus id for a VF
 
@@ -46,12 +54,12 @@ class PciFunction:
 
 
 def is_bus_id(name: str) -> bool:
-    return _BDF.match(name) is not None
+    return _BDF.fullmatch(name) is not None
 
 
 def bus_key(bus_id: str) -> tuple[int, int, int, int]:
     """Numeric order of a bus id, so 0000:17:01.1 sorts after 0000:17:00.7 and 0000:1a:... after 0000:9:..."""
-    m = _BDF.match(bus_id)
+    m = _BDF.fullmatch(bus_id)
     if m is None:
         # Non-PCI entries sort after every real address, in a stable order among themselves.
         return (1 << 32, 0, 0, 0)
@@ -67,29 +75,37 @@ def placement(path: str) -> tuple[str, tuple[str, ...]]:
     parts = path.split("/")
     host_at = -1
     for i in range(len(parts) - 2, -1, -1):
-        if _HOST_BRIDGE.match(parts[i]):
+        if _HOST_BRIDGE.fullmatch(parts[i]):
             host_at = i
             break
     if host_at < 0:
         return "", ()
-    bridges = [p for p in parts[host_at + 1 : -1] if _BDF.match(p)]
+    bridges = [p for p in parts[host_at + 1 : -1] if _BDF.fullmatch(p)]
     bridges.reverse()
     return parts[host_at], tuple(bridges)
 
 
-def _hex_id(raw: str | None) -> str:
-    if raw is None:
-        return ""
-    value = raw.strip().lower()
-    return value[2:] if value.startswith("0x") else value
+def _hex_id(raw: str | None, quantity: numbers.Quantity, width: int) -> str:
+    """A config-space id as the record spells it ("15b3"): from the kernel's "0x15b3", else unknown."""
+    value = numbers.parse_hex_opt(raw, quantity)
+    return "" if value is None else f"{value:0{width}x}"
 
 
 def _numa(raw: str | None) -> str:
     # The kernel prints -1 when it does not know; blank means unknown throughout the record.
-    if raw is None:
+    value = numbers.numa_node(raw)
+    return "" if value is None else str(value)
+
+
+def physfn_of(d: SysDir) -> str:
+    """The PF bus id a VF's `physfn` link names; "" for a function that is not a VF. A link whose target
+    is not a PCI address is refused: it cannot name the parent it claims to."""
+    target = d.link_name("physfn")
+    if target is None:
         return ""
-    value = raw.strip()
-    return "" if not value or value.startswith("-") else value
+    if not is_bus_id(target):
+        raise HostReadError(f"{d.shown}/physfn", f"points at {target!r}, not a PCI function")
+    return target
 
 
 def read_function(d: SysDir) -> PciFunction:
@@ -100,34 +116,39 @@ def read_function(d: SysDir) -> PciFunction:
         root_id=switches[-1] if switches else "",
         switches=switches,
         host_bridge=host_bridge,
-        vendor=_hex_id(d.read_opt("vendor")),
-        device=_hex_id(d.read_opt("device")),
-        class_code=_hex_id(d.read_opt("class")),
-        numa=_numa(d.read_opt("numa_node")),
-        cpus=(d.read_opt("local_cpulist") or "").strip(),
+        vendor=_hex_id(d.value("vendor"), numbers.PCI_ID, 4),
+        device=_hex_id(d.value("device"), numbers.PCI_ID, 4),
+        class_code=_hex_id(d.value("class"), numbers.PCI_CLASS, 6),
+        numa=_numa(d.value("numa_node")),
+        cpus=numbers.cpu_list(d.value("local_cpulist")) or "",
         dir=d,
-        physfn=d.link_name("physfn") or "",
+        physfn=physfn_of(d),
     )
 
 
 def walk(host: HostRoot) -> dict[str, PciFunction]:
     """Every function under /sys/bus/pci/devices, keyed by bus id, in bus order.
 
-    A host without a PCI bus (some platform systems, a container without /sys/bus) is an empty dict; a
-    directory that exists but cannot be read, or a link that leaves the root, raises HostReadError.
+    Raises PciBusAbsent when the root has no PCI bus directory at all (nothing was read, which is not an
+    empty bus), and HostReadError when the bus or an entry cannot be read: an entry that is not a PCI
+    address, a link that dangles, loops or leaves the root, or one whose target is another function.
     """
+    if not host.present(PCI_BUS):
+        log.warning("no pci bus directory under the host root", extra={"path": PCI_BUS, "root": host.root})
+        raise PciBusAbsent(f"{PCI_BUS} is absent under {host.root}: the pci bus was not read")
     bus = host.dir(PCI_DEVICES)
-    if not bus.is_dir():
-        log.info("no pci bus on this host", extra={"path": bus.shown})
-        return {}
     out: dict[str, PciFunction] = {}
     for name in sorted(bus.list(), key=bus_key):
+        if not is_bus_id(name):
+            raise HostReadError(f"{bus.shown}/{name!r}", "not a PCI address")
         try:
             d = bus.child(name)
         except FileNotFoundError:
             # Removed between listing and reading (hot-unplug, VFs torn down): gone, not unreadable.
             log.debug("pci function vanished during the walk", extra={"pci_bus_id": name})
             continue
+        if d.name != name:
+            raise HostReadError(f"{bus.shown}/{name}", f"links to {d.shown}, another function's directory")
         fn = read_function(d)
         out[fn.bus_id] = fn
     return out

@@ -30,7 +30,7 @@ RankFn = Callable[[int, int], int]
 # Slowest to fastest. A direct fabric link of unknown width (LINK) beats any PCIe path; NV<n> ranks
 # above it, wider bonds faster. Unknown or missing data ranks lowest rather than failing the pick.
 _PCIE_RANK = {"UNK": 0, "SYS": 1, "NODE": 2, "PHB": 3, "PXB": 4, "PIX": 5, "LINK": 6}
-_NV = re.compile(r"^NV(\d{1,3})$")
+_NV = re.compile(r"NV([0-9]{1,3})", re.ASCII)
 NV_BASE = 6  # NV<n> ranks NV_BASE + n
 
 
@@ -38,16 +38,17 @@ NV_BASE = 6  # NV<n> ranks NV_BASE + n
 def link_rank(name: str) -> int:
     """Speed order of one link name (bigger is faster). Unknown names rank as UNK."""
     name = name.strip().upper()
-    m = _NV.match(name)
+    m = _NV.fullmatch(name)
     if m is not None:
         return NV_BASE + int(m[1])
     return _PCIE_RANK.get(name, 0)
 
 
 def known_link(name: str) -> bool:
-    """Whether a name is part of the link vocabulary (NV<n>, LINK, PIX, PXB, PHB, NODE, SYS, UNK)."""
-    name = name.strip().upper()
-    return name in _PCIE_RANK or _NV.match(name) is not None
+    """Whether a name is part of the link vocabulary (NV<n>, LINK, PIX, PXB, PHB, NODE, SYS, UNK), whole:
+    a trailing newline or space is not."""
+    name = name.upper()
+    return name in _PCIE_RANK or _NV.fullmatch(name) is not None
 
 
 @dataclass(frozen=True, slots=True)

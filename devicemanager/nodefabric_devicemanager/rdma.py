@@ -6,6 +6,13 @@ Verdict per RDMA device, from every port's `state` and `phys_state` read as whol
 - unverified: no port is ok and at least one could not be read or parsed, or there are no ports to read.
   Failed is never reached from a file that could not be read: an inability to ask is not an answer of no.
 ACTIVE_DEFER is a port that lost its link, so it is compared as a whole name and never matches ACTIVE.
+
+A value is parsed only when it is exactly what the kernel prints ("%d: %s" from its own tables, code and
+name agreeing): NUL bytes, junk, a name the kernel does not print, or its own "UNKNOWN"/"<unknown>" are
+not an answer, so they make the port unverified, never failed.
+
+`verdict(device, ports)` is the one pure function from port readings to a `LinkVerdict`; the full pass
+(`binding`, `check`) and a refresh of port state between passes both go through it.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from nodefabric_devicemanager.hostroot import HostReadError, SysDir
+from nodefabric_devicemanager import numbers
+from nodefabric_devicemanager.hostroot import HostReadError, SysDir, recorded_name
 from nodefabric_devicemanager.models import LinkState, LinkVerdict
 
 log = logging.getLogger(__name__)
@@ -25,7 +33,22 @@ ACTIVE = "ACTIVE"
 LINK_UP = "LinkUp"
 
 # The kernel prints both attributes as "%d: %s"; the name may contain a space ("Phy Test").
-_ENUM = re.compile(r"^\s*(\d+):\s*(\S(?:.*\S)?)\s*$")
+_ENUM = re.compile(r"\s*([0-9]+):\s*(\S(?:.*\S)?)\s*", re.ASCII | re.DOTALL)
+# drivers/infiniband/core/sysfs.c: state_show's and phys_state_to_str's tables. The kernel's own "no
+# idea" names (UNKNOWN, <unknown>) are left out: they are no answer either.
+STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS_STATE_NAMES = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
+_ENUM_CODE = numbers.Quantity("port state code", 0, 0xFF)
+# A failed verdict quotes the port values; a value longer than this is quoted in part.
+_QUOTE_CHARS = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +65,38 @@ def enum_name(raw: str | None) -> str | None:
     """The whole enum name of "4: ACTIVE" ("ACTIVE"); None when the text is not in the kernel's form."""
     if raw is None:
         return None
-    m = _ENUM.match(raw)
+    m = _ENUM.fullmatch(raw)
     return m[2] if m else None
 
 
+def _known(raw: str | None, table: dict[int, str]) -> str | None:
+    """The name, when `raw` is exactly a line of the kernel's table (code and name agreeing)."""
+    m = _ENUM.fullmatch(raw) if raw is not None else None
+    if m is None:
+        return None
+    code = numbers.parse_opt(m[1], _ENUM_CODE)
+    return m[2] if code is not None and table.get(code) == m[2] else None
+
+
+def port_state(raw: str | None) -> str | None:
+    """A port's `state` as the kernel names it ("ACTIVE"); None for anything the kernel would not print."""
+    return _known(raw, STATE_NAMES)
+
+
+def phys_state(raw: str | None) -> str | None:
+    """A port's `phys_state` as the kernel names it ("LinkUp"); None for anything else."""
+    return _known(raw, PHYS_STATE_NAMES)
+
+
+def _quote(text: str | None) -> str:
+    """A value as a verdict reason quotes it: escaped (repr), and only in part when it is long."""
+    if text is not None and len(text) > _QUOTE_CHARS:
+        return f"{text[:_QUOTE_CHARS]!r}... ({len(text)} characters)"
+    return repr(text)
+
+
 def _port_text(p: PortReading) -> str:
-    return f"port {p.port} state {p.state!r} phys_state {p.phys_state!r}"
+    return f"port {p.port} state {_quote(p.state)} phys_state {_quote(p.phys_state)}"
 
 
 def verdict(device: str, ports: Sequence[PortReading]) -> LinkVerdict:
@@ -59,7 +108,7 @@ def verdict(device: str, ports: Sequence[PortReading]) -> LinkVerdict:
         if p.error:
             unknown.append(f"port {p.port} unreadable: {p.error}")
             continue
-        state, phys = enum_name(p.state), enum_name(p.phys_state)
+        state, phys = port_state(p.state), phys_state(p.phys_state)
         if state == ACTIVE and phys == LINK_UP:
             return LinkVerdict(state=LinkState.OK, reason=f"{device}: port {p.port} {ACTIVE} {LINK_UP}")
         if state is None or phys is None:
@@ -70,52 +119,63 @@ def verdict(device: str, ports: Sequence[PortReading]) -> LinkVerdict:
 
 
 def _read_port(ports: SysDir, name: str) -> PortReading:
+    shown = recorded_name(name)
     try:
         d = ports.child(name)
-        return PortReading(port=name, state=d.read("state"), phys_state=d.read("phys_state"))
+        return PortReading(port=shown, state=d.read("state"), phys_state=d.read("phys_state"))
     except FileNotFoundError as exc:
         missing = os.path.basename(str(exc.filename)) if exc.filename else "port directory"
-        return PortReading(port=name, error=f"{missing} is missing")
+        return PortReading(port=shown, error=f"{recorded_name(missing)} is missing")
     except HostReadError as exc:
-        return PortReading(port=name, error=str(exc))
+        return PortReading(port=shown, error=str(exc))
 
 
-def read_ports(device: SysDir) -> list[PortReading]:
-    """Every port of one RDMA device directory (`.../infiniband/<dev>`); raises HostReadError when the
-    ports directory cannot be listed, FileNotFoundError when it is absent."""
+def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[PortReading]:
+    """Every port of one RDMA device directory (`.../infiniband/<dev>`), or those named in `only`; raises
+    HostReadError when the ports directory cannot be listed, FileNotFoundError when it is absent."""
     ports = device.child("ports")
-    return [_read_port(ports, name) for name in sorted(ports.list(), key=_port_order)]
+    names = [n for n in ports.list() if only is None or n in only]
+    return [_read_port(ports, name) for name in sorted(names, key=_port_order)]
 
 
 def _port_order(name: str) -> tuple[int, str]:
-    return (int(name), name) if name.isdigit() else (1 << 31, name)
+    number = numbers.parse_opt(name, numbers.PORT_NUMBER)
+    return (number, name) if number is not None else (1 << 31, name)
 
 
-def check(device: SysDir) -> LinkVerdict:
-    """Thin reader: the verdict for the RDMA device directory `device`, never raising for host trouble."""
+def check(device: SysDir, only: Collection[str] | None = None) -> LinkVerdict:
+    """Thin reader: the verdict for the RDMA device directory `device` (over the ports in `only`, when a
+    device's ports ride on different interfaces), never raising for host trouble."""
+    name = recorded_name(device.name)
     try:
-        readings = read_ports(device)
+        readings = read_ports(device, only)
     except FileNotFoundError:
         readings = []
     except HostReadError as exc:
-        log.warning("could not read rdma ports", extra={"device": device.name, "error": str(exc)})
-        return LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{device.name}: ports unreadable: {exc}")
-    result = verdict(device.name, readings)
+        log.warning("could not read rdma ports", extra={"device": name, "error": str(exc)})
+        return LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: ports unreadable: {exc}")
+    result = verdict(name, readings)
     if result.state is LinkState.FAILED:
-        log.warning("rdma link is down", extra={"device": device.name, "reason": result.reason})
+        log.warning("rdma link is down", extra={"device": name, "reason": result.reason})
     return result
 
 
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """The RDMA side of one PCI function: the bound device name ("" when none) and its verdict."""
+    """The RDMA side of one device: the bound RDMA device name ("" when none) and its verdict.
+    `software` marks an RDMA provider emulated in the kernel (rxe, siw) rather than a NIC's own."""
 
     device: str
     link: LinkVerdict | None
+    software: bool = False
+
+
+NO_BINDING = Binding("", None)
 
 
 def binding(function_dir: SysDir) -> Binding:
-    """RDMA device bound to a PCI function (`<fn>/infiniband/<dev>`) and its link verdict.
+    """RDMA device bound to a device (`<dev dir>/infiniband/<rdma dev>`) and its link verdict: a PCI
+    function, or a platform device whose netdev hangs from the same parent.
 
     No `infiniband` directory: no device, no verdict. One that exists but cannot be read: no device name
     (nothing to hand a container) and an unverified verdict, so the node still counts as usable.
@@ -138,10 +198,9 @@ def binding(function_dir: SysDir) -> Binding:
         log.warning(
             "pci function has several rdma devices", extra={"path": function_dir.shown, "devices": names}
         )
+    name = recorded_name(names[0])
     try:
         dev = ib.child(names[0])
     except (FileNotFoundError, HostReadError) as exc:
-        return Binding(
-            names[0], LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{names[0]}: unreadable: {exc}")
-        )
-    return Binding(names[0], check(dev))
+        return Binding(name, LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: unreadable: {exc}"))
+    return Binding(name, check(dev))

@@ -16,7 +16,13 @@ def usable(ep: Endpoint) -> bool:
 
     An unreadable tree records rdma=false with an Unverified verdict and still counts: an inability to
     ask must not read as an answer of no, because withholding the label removes the node from scheduling.
+
+    A software RDMA device (rxe, siw) never counts, whatever its link: it emulates RDMA on the CPU over an
+    ordinary netdev, cannot do GPUDirect, and NCCL over it is no faster than over TCP sockets, so a job
+    that selects on rdma.capable would land on a node that cannot give it what the label promises.
     """
+    if ep.rdma_software:
+        return False
     if ep.link is not None:
         return ep.link.state != LinkState.FAILED
     return ep.rdma

@@ -196,8 +196,10 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
     """Group by RDMA device (two netdevs can share one, e.g. a bond over a LAG), one endpoint each."""
     groups: dict[str, list[tuple[Endpoint, Endpoint | None]]] = {}
     for ep, parent in members:
-        # Without a device name there is nothing an allocation could hand over.
-        if ep.rdma_device and ep.pci_vendor != AMAZON_VENDOR:
+        # Without a device name there is nothing an allocation could hand over. Software RDMA (rxe, siw)
+        # is not served: the node is not RDMA capable by the operator's rule (summary.usable), and a
+        # token would hand a job CPU-emulated RDMA under a resource that promises a NIC.
+        if ep.rdma_device and ep.pci_vendor != AMAZON_VENDOR and not ep.rdma_software:
             groups.setdefault(ep.rdma_device, []).append((ep, parent))
     out: list[RdmaEndpoint] = []
     for device, eps in groups.items():

@@ -1,19 +1,21 @@
-"""`nodefabric labels -f devices.json|yaml [--domain D]`: print the node labels a Devices record yields.
+"""`nodefabric labels -f devices.json|yaml [--domain D] [-o text|table|json|yaml]`: print the node
+labels a Devices record yields.
 
 The same pure function the operator runs, so an operator can ask "what would this node be labelled?"
 from `kubectl get devices <node> -o yaml` without a cluster write. Withheld values go to stderr.
+`-o text` (the default) prints `key=value` lines, as `kubectl label` takes them; `table` two columns.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import pydantic
 import yaml
 
+from nodefabric_devicemanager.commands import output
 from nodefabric_devicemanager.models import Devices
 from nodefabric_operator import labels
 
@@ -23,9 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-f", "--filename", required=True, help="a Devices object as JSON or YAML; - for stdin"
     )
     parser.add_argument("--domain", default=labels.DEFAULT_DOMAIN, help="label domain (default: %(default)s)")
-    parser.add_argument(
-        "-o", "--output", choices=["text", "json"], default="text", help="key=value lines or JSON"
-    )
+    output.add_output(parser, default="text", extra=["text"])
 
 
 def _read(path: str) -> str:
@@ -53,15 +53,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         devices = load(_read(args.filename))
-    except (OSError, ValueError, yaml.YAMLError, pydantic.ValidationError) as err:
-        print(f"nodefabric labels: cannot read {args.filename}: {err}", file=sys.stderr)
+    except (OSError, ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as err:
+        # One line, whatever the parser's message looks like (pydantic's spans several).
+        print(
+            output.escape(f"nodefabric labels: cannot read {args.filename}: {' '.join(str(err).split())}"),
+            file=sys.stderr,
+        )
         return 2
     result = labels.compute(devices, domain)
-    if args.output == "json":
-        print(json.dumps(result.labels, indent=2, sort_keys=True))
+    ordered = dict(sorted(result.labels.items()))
+    if args.output in ("json", "yaml"):
+        output.document(ordered, args.output, sys.stdout)
+    elif args.output == "table":
+        output.table([["LABEL", "VALUE"], *ordered.items()], sys.stdout)
     else:
-        for k, v in sorted(result.labels.items()):
-            print(f"{k}={v}")
+        for k, v in ordered.items():
+            print(output.escape(f"{k}={v}"))
     for w in result.withheld:
-        print(f"withheld {w.key}={w.value}: {w.reason}", file=sys.stderr)
+        print(output.escape(f"withheld {w.key}={w.value}: {w.reason}"), file=sys.stderr)
     return 0

@@ -10,6 +10,7 @@ import pytest
 from nodefabric_devicemanager import distance, pci
 from nodefabric_devicemanager.accelerators import Libraries, detect, failed_reading
 from nodefabric_devicemanager.accelerators.ascend import AscendAnswer, NoAscend
+from nodefabric_devicemanager.accelerators.detect import forget_reported
 from nodefabric_devicemanager.accelerators.fabric import INVALID
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -136,6 +137,7 @@ def test_driver_without_the_v3_struct_is_asked_with_v2(b):
 
 
 def test_library_missing_lists_accelerators_without_fabric(b, caplog):
+    forget_reported()  # an earlier test's identical problem would make this one's Warning a repeat
     nvswitch_node(b, cluster_uuid=UUID, state=COMPLETED)
     nvml = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     with caplog.at_level(logging.WARNING):

@@ -140,3 +140,62 @@ def test_fabric_read_failed_reads_every_manufacturer():
     )
     assert status.fabric_read_failed()
     assert not status.failed(models.INTERFACES_ENUMERATED)
+
+
+def test_kubectl_get_device_works_through_short_names():
+    names = crd.devices_crd()["spec"]["names"]
+    assert {"device", "dev"} <= set(names["shortNames"])
+    assert names["singular"] == names["plural"] == "devices"
+
+
+def test_every_field_has_a_description_for_kubectl_explain():
+    missing = [path for path, node in _walk(_schema()) if path != "$" and not node.get("description")]
+    # Map values and list items are described by the field that holds them.
+    missing = [p for p in missing if not p.endswith(("[items]", "[additionalProperties]"))]
+    assert missing == []
+    interfaces = _schema()["properties"]["spec"]["properties"]["interfaces"]
+    assert "sorted by name" in interfaces["description"]
+    assert "innermost first" in interfaces["items"]["properties"]["pciSwitches"]["description"]
+    assert "\n" not in interfaces["items"]["properties"]["rdmaSoftware"]["description"]
+
+
+def test_conditions_are_a_list_map_keyed_by_type():
+    conditions = _schema()["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]  # a list-map key must be required
+
+
+def test_every_integer_is_bounded_inside_int64():
+    ints = [(path, node) for path, node in _walk(_schema()) if node.get("type") == "integer"]
+    assert ints
+    for path, node in ints:
+        assert node.get("minimum", -1) >= 0 and node.get("maximum", 2**63) < 2**63, path
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("interfaces", 0, "mtu"), 2**31),
+        (("interfaces", 0, "mtu"), -1),
+        (("interfaces", 0, "sriovNumVfs"), 70000),
+        (("interfaces", 0, "numaAffinity"), "01"),
+        (("interfaces", 0, "numaAffinity"), "1024"),
+        (("interfaces", 0, "cpuAffinity"), "all"),
+        (("groups", 0, "accelerators", 0, "index"), -1),
+    ],
+)
+def test_the_api_server_refuses_a_value_the_host_reader_never_writes(path, value):
+    obj = _record().wire()
+    node = obj["spec"]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(obj, _schema())
+
+
+def test_an_unknown_mtu_is_left_out_and_readers_stay_tolerant_of_a_hand_edited_numa():
+    assert "mtu" not in models.Interface(name="eth0").wire()
+    # The pattern is the API server's; a reader of a hand-edited object still parses it (as unknown).
+    assert models.Endpoint(numa_affinity="\u00b2").numa_affinity == "\u00b2"

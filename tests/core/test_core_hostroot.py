@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import stat
+import threading
 
 import pytest
 
@@ -12,7 +14,12 @@ from nodefabric_devicemanager.hostroot import (
     AttributeTooLarge,
     HostReadError,
     HostRoot,
+    NotADirectory,
+    NotRegularFile,
+    NotText,
     PathEscapesRoot,
+    Refused,
+    recorded_name,
 )
 
 
@@ -87,3 +94,107 @@ def test_root_slash_displays_host_paths_unchanged():
     host = HostRoot.at("/")
     assert host.display("/sys/class/net") == "/sys/class/net"
     assert host.contains("/anything")
+
+
+# --- never hang, never invent: what is not a regular UTF-8 file is refused or unknown ----------------
+
+
+def returns(fn, *args, fifo=None):
+    """Call fn in a thread; fail (instead of hanging the suite) when it blocks. On failure a writer opens
+    `fifo`, which releases a reader blocked in open(), so no thread is left behind."""
+    result: dict = {}
+
+    def call():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:  # handed to the test below
+            result["error"] = exc
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"{fn.__name__} blocked")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+@pytest.fixture
+def dev(tree):
+    return HostRoot.at(tree).dir("/sys/devices/pci0000:00/0000:00:01.0")
+
+
+def test_a_fifo_attribute_is_refused_without_blocking_and_named(dev, tree):
+    fifo = tree / "sys/devices/pci0000:00/0000:00:01.0/mtu"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegularFile) as err:
+        returns(dev.read, "mtu", fifo=fifo)
+    assert err.value.path == "/sys/devices/pci0000:00/0000:00:01.0/mtu"
+    assert "is a FIFO, not a regular file" in str(err.value)
+    # Refused is not absent: read_opt and value() raise too.
+    with pytest.raises(Refused):
+        returns(dev.read_opt, "mtu", fifo=fifo)
+    with pytest.raises(Refused):
+        returns(dev.value, "mtu", fifo=fifo)
+
+
+def test_a_character_device_attribute_is_refused_before_it_is_opened(dev, tree):
+    node = tree / "sys/devices/pci0000:00/0000:00:01.0/numa_node"
+    node.unlink()
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD")
+    with pytest.raises(NotRegularFile, match="is a character device"):
+        returns(dev.read, "numa_node")
+
+
+def test_a_symlink_to_a_fifo_inside_the_root_is_refused(dev, tree):
+    os.mkfifo(tree / "pipe")
+    os.symlink("../../../../pipe", tree / "sys/devices/pci0000:00/0000:00:01.0/vendor")
+    with pytest.raises(NotRegularFile, match="/pipe: is a FIFO"):
+        returns(dev.read, "vendor", fifo=tree / "pipe")
+
+
+def test_a_directory_where_an_attribute_belongs_is_refused(dev, tree):
+    (tree / "sys/devices/pci0000:00/0000:00:01.0/class").mkdir()
+    with pytest.raises(NotRegularFile, match="is a directory, not a regular file"):
+        dev.read("class")
+
+
+def test_bytes_that_are_not_utf8_are_not_text_and_value_reads_them_unknown(dev, tree, caplog):
+    (tree / "sys/devices/pci0000:00/0000:00:01.0/label").write_bytes(b"eth\xff0\n")
+    with pytest.raises(NotText, match="not UTF-8"):
+        dev.read("label")
+    assert dev.value("label") is None  # unknown, and never "eth\ufffd0"
+    assert "not UTF-8 text" in caplog.text
+
+
+def test_child_refuses_a_dangling_link_a_loop_and_a_file(tree):
+    net = HostRoot.at(tree).dir("/sys/class/net")
+    os.symlink("../../devices/gone", tree / "sys/class/net/dangling")
+    os.symlink("looping", tree / "sys/class/net/looping")
+    (tree / "sys/class/net/plain").write_text("x")
+    for name in ("dangling", "looping"):
+        with pytest.raises(HostReadError, match="symlink does not resolve"):
+            net.child(name)
+    with pytest.raises(NotADirectory, match="is a regular file, not a directory"):
+        net.child("plain")
+    with pytest.raises(FileNotFoundError):
+        net.child("absent")  # only an entry that is not there is absent
+
+
+def test_present_sees_a_link_that_escapes_where_exists_does_not(tree):
+    host = HostRoot.at(tree)
+    assert host.present("/sys/class/net/evil") and not host.exists("/sys/class/net/evil")
+    assert not host.present("/sys/bus/pci")
+
+
+def test_names_that_are_not_utf8_are_recorded_escaped():
+    raw = os.fsdecode(b"eth\xff0")
+    assert recorded_name(raw) == "eth\\xff0"
+    assert recorded_name("ens1f0") == "ens1f0"
+    recorded_name(raw).encode("utf-8")  # what an API object can carry

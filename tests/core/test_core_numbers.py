@@ -63,3 +63,55 @@ def test_absent_and_blank_are_unknown():
     assert numbers.numa_node("") is None
     assert numbers.numa_node("-1") is None
     assert numbers.numa_node("3") == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "quantity", "value"),
+    [
+        ("0x15b3", numbers.PCI_ID, 0x15B3),
+        ("0x15B3", numbers.PCI_ID, 0x15B3),
+        ("0x020000", numbers.PCI_CLASS, 0x020000),  # the kernel pads the class to six digits
+        ("0x1003", numbers.NET_FLAGS, 0x1003),
+    ],
+)
+def test_hex_readings(text, quantity, value):
+    assert numbers.parse_hex(text, quantity) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "quantity"),
+    [
+        ("15b3", numbers.PCI_ID),  # the kernel always prints the prefix
+        ("0x", numbers.PCI_ID),
+        ("0x10000", numbers.PCI_ID),  # beyond 16 bits
+        ("-0x1", numbers.PCI_ID),
+        ("0x15b3\n", numbers.PCI_ID),
+        ("0x1_0", numbers.NET_FLAGS),
+        ("0b101", numbers.NET_FLAGS),  # int(x, 0) would accept it
+        ("0x" + "f" * 5000, numbers.NET_FLAGS),
+        ("0x\u0661", numbers.PCI_ID),
+    ],
+)
+def test_anything_else_is_not_a_hex_reading(text, quantity):
+    with pytest.raises(BadNumber):
+        numbers.parse_hex(text, quantity)
+    assert numbers.parse_hex_opt(text, quantity) is None
+
+
+@pytest.mark.parametrize("text", ["0", "0-55,112-167", "3,5,7-9", "0-4194303"])
+def test_cpu_lists_the_kernel_prints(text):
+    assert numbers.cpu_list(text) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "abc", "0-55,", ",1", "5-3", "3,1", "1,1", "0-4194304", "1 ,2", "0-55\n", "\u0661", "01", "-1"],
+)
+def test_anything_else_is_no_cpu_list(text):
+    assert numbers.cpu_list(text) is None
+
+
+def test_a_hive_id_may_use_all_64_bits_because_it_is_published_as_text():
+    assert numbers.parse(str(2**64 - 1), numbers.XGMI_HIVE_ID) == 2**64 - 1
+    with pytest.raises(BadNumber):
+        numbers.parse(str(2**64), numbers.XGMI_HIVE_ID)

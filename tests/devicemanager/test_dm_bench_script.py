@@ -24,4 +24,7 @@ def test_benchmark_reads_the_same_endpoints_as_its_baseline():
         "baseline (scandir/open)",
         "inventory pass",
         "ratio",
+        "attribute, bare os.open",
+        "attribute, safe read",
+        "safety cost per read",
     ]

@@ -269,40 +269,44 @@ def _platform_verbs(fixture_host: FixtureHost, device: str, n: int) -> None:
     b.write(f"/dev/infiniband/uverbs{n}", "")
 
 
-async def test_platform_and_software_rdma_are_served_under_stable_ids(
+async def test_platform_rdma_is_served_under_stable_ids_and_software_rdma_is_not(
     plugin_dir: str, fixture_host: FixtureHost
 ) -> None:
     _platform_verbs(fixture_host, "hns_0", 10)
-    _platform_verbs(fixture_host, "rxe0", 11)
+    _platform_verbs(fixture_host, "hns_1", 11)
+    _platform_verbs(fixture_host, "rxe0", 12)
     ok = LinkVerdict(state=LinkState.OK)
     spec = DevicesSpec(
         interfaces=[
             Interface(
                 name="end0", bus="platform", rdma=True, rdma_device="hns_0", numa_affinity="0", link=ok
             ),
-            Interface(name="eth0", bus="virtio", rdma=True, rdma_device="rxe0", link=ok),
-            Interface(name="eth1", bus="virtio", rdma=True, rdma_device="rxe 1", link=ok),
+            Interface(name="end1", bus="platform", rdma=True, rdma_device="hns_1", link=ok),
+            Interface(name="end2", bus="platform", rdma=True, rdma_device="hns 2", link=ok),
+            # Soft-RoCE over a virtio NIC: recorded, but the node is not RDMA capable by it.
+            Interface(name="eth0", bus="virtio", rdma=True, rdma_device="rxe0", rdma_software=True, link=ok),
             nic("ens1f0", "0000:19:00.0", "mlx5_0", numa="0"),
         ]
     )
     r = await start_plugin(plugin_dir, fixture_host.host, spec, PluginConfig(shared_count=2))
     try:
         exclusive = by_id(await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 4))
-        odd = next(i for i in exclusive if i.startswith("rdma-rxe-1-"))
-        assert sorted(exclusive) == sorted(["0000:19:00.0", "rdma-hns_0", "rdma-rxe0", odd])
+        odd = next(i for i in exclusive if i.startswith("rdma-hns-2-"))
+        assert sorted(exclusive) == sorted(["0000:19:00.0", "rdma-hns_0", "rdma-hns_1", odd])
         assert all(len(i) <= 63 for i in exclusive)
-        assert hint(exclusive["rdma-hns_0"]) == [0] and hint(exclusive["rdma-rxe0"]) is None
+        assert hint(exclusive["rdma-hns_0"]) == [0] and hint(exclusive["rdma-hns_1"]) is None
         assert exclusive[odd].health == "Unhealthy"  # a space: no kernel name, no NCCL_IB_HCA entry
         shared = {d.ID for d in await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) == 8)}
-        assert {"rdma-hns_0-0", "rdma-hns_0-1", "rdma-rxe0-0", "rdma-rxe0-1"} <= shared
-        response = await r.kubelet.plugin(EXCLUSIVE).allocate(["rdma-hns_0", "rdma-rxe0"])
+        assert {"rdma-hns_0-0", "rdma-hns_0-1", "rdma-hns_1-0", "rdma-hns_1-1"} <= shared
+        assert not any("rxe" in i for i in shared)
+        response = await r.kubelet.plugin(EXCLUSIVE).allocate(["rdma-hns_0", "rdma-hns_1"])
         (container,) = response.container_responses
         assert [d.host_path for d in container.devices] == [
             "/dev/infiniband/uverbs10",
             "/dev/infiniband/uverbs11",
             "/dev/infiniband/rdma_cm",
         ]
-        assert container.envs["NCCL_IB_HCA"] == "=hns_0,rxe0"
+        assert container.envs["NCCL_IB_HCA"] == "=hns_0,hns_1"
         # The same ids from the same record in another order, and after a restart of the plugin.
         spec.interfaces.reverse()
         r.source.update(spec)

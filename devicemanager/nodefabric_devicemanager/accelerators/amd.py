@@ -2,17 +2,19 @@
 
 KFD lists CPU and GPU nodes alike; only nodes with a non-zero `gpu_id` are GPUs, so a hive's members are
 counted among those (an APU's CPU node can carry the hive id too). `hive_id` 0 means no hive.
+
+Every number goes through numbers.py (the kernel prints them with %u/%llu). A value that is not one is
+a failed read of the fabric (`BadNumber`, a ValueError), never "no hive": reading garbage as 0 would
+take a GPU out of its hive and the node's fabric labels with it.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager.hostroot import HostRoot, SysDir
-
-log = logging.getLogger(__name__)
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 IOLINK_TYPE_XGMI = 11
@@ -26,44 +28,48 @@ class KfdGpu:
     xgmi_peers: dict[int, int] = field(default_factory=dict)  # peer KFD node -> XGMI links
 
 
+# The properties this reader uses; others (some signed, some driver-specific) are never parsed.
+_USED = frozenset({"domain", "location_id", "hive_id", "type", "node_to"})
+
+
 def _properties(text: str) -> dict[str, int]:
+    """`name value` lines. A used property whose value is not a plain decimal raises BadNumber."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2:
-            try:
-                out[parts[0]] = int(parts[1], 0)
-            except ValueError:
-                continue
+        if len(parts) == 2 and parts[0] in _USED:
+            value = numbers.parse(parts[1], numbers.KFD_PROPERTY)
+            assert value is not None  # KFD_PROPERTY has no "unknown" spelling
+            out[parts[0]] = value
     return out
 
 
 def location_bus_id(domain: int, location_id: int) -> str:
     """KFD's (domain, location_id = bus << 8 | devfn) as a sysfs PCI address."""
-    bus, devfn = location_id >> 8, location_id & 0xFF
-    return f"{domain:04x}:{bus:02x}:{devfn >> 3:02x}.{devfn & 7}"
+    bus, devfn = (location_id >> 8) & 0xFF, location_id & 0xFF
+    return f"{domain & 0xFFFFFFFF:04x}:{bus:02x}:{devfn >> 3:02x}.{devfn & 7}"
 
 
 def read_kfd(host: HostRoot) -> list[KfdGpu] | None:
     """The GPU nodes of the KFD topology; None when the topology is absent (amdgpu not loaded).
 
     Raises HostReadError when it exists but cannot be read, FileNotFoundError when a GPU node lacks its
-    properties (or vanished while being read).
+    properties (or vanished while being read), BadNumber when a number in it is not one.
     """
-    if not host.exists(KFD_NODES):
+    if not host.present(KFD_NODES):
         return None
     nodes = host.dir(KFD_NODES)
     gpus: list[KfdGpu] = []
     for name in nodes.list():
-        if not name.isdigit():
-            continue
+        index = numbers.parse_opt(name, numbers.KFD_NODE)
+        if index is None:
+            continue  # not a node directory
         node = nodes.child(name)
-        gpu_id = (node.read_opt("gpu_id") or "0").strip()
-        if gpu_id in ("", "0"):
-            continue
+        if not numbers.parse(node.read("gpu_id"), numbers.KFD_PROPERTY):
+            continue  # gpu_id 0: a CPU node
         props = _properties(node.read("properties"))
         gpu = KfdGpu(
-            node=int(name),
+            node=index,
             bus_id=location_bus_id(props.get("domain", 0), props.get("location_id", 0)),
             hive_id=props.get("hive_id", 0),
         )
@@ -92,8 +98,5 @@ def xgmi_hive_from_pci(fn_dir: SysDir) -> int | None:
     raw = info.read_opt("xgmi_hive_id")
     if raw is None:
         return None
-    try:
-        return int(raw.strip(), 0)
-    except ValueError:
-        log.warning("ignored an unparsable xgmi hive id", extra={"path": info.shown, "value": raw.strip()})
-        return None
+    # amdgpu prints it "%llu"; anything else is a failed read (BadNumber), not "no hive".
+    return numbers.parse(raw, numbers.XGMI_HIVE_ID)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager.accelerators import amd, fabric, vendors
 from nodefabric_devicemanager.accelerators.ascend import AscendLibrary, Dcmi
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable, normalize_bus_id
@@ -58,17 +59,16 @@ class AcceleratorReading:
     conditions: list[Condition] = field(default_factory=list)
 
 
-def failed_reading(message: str) -> AcceleratorReading:
-    """The reading of a pass whose PCI walk failed: nothing listed, and a condition saying so.
+def failed_reading(message: str, *, reason: str = READ_FAILED) -> AcceleratorReading:
+    """The reading of a pass whose PCI walk failed (or found no bus to walk): nothing listed, and a
+    condition saying so.
 
     Every manufacturer is failed, not none: nothing was read for any of them, so each one's recorded
     groups must be kept rather than replaced by the empty list this reading holds.
     """
     return AcceleratorReading(
         failed=[m.key for m in vendors.MANUFACTURERS],
-        conditions=[
-            Condition(type=ACCELERATORS_ENUMERATED, status="False", reason=READ_FAILED, message=message)
-        ],
+        conditions=[Condition(type=ACCELERATORS_ENUMERATED, status="False", reason=reason, message=message)],
     )
 
 
@@ -112,6 +112,7 @@ def detect(
         else:
             group = _Group(maker, functions, [None] * len(functions), build_links(functions))
         reading.groups.append(_record(group))
+        _report(maker, group.condition)
         if group.condition is not None:
             reading.conditions.append(group.condition)
             if group.condition.status == "False":
@@ -160,11 +161,33 @@ def _condition(maker: Manufacturer, ok: bool, reason: str, message: str) -> Cond
     )
 
 
-def _unreadable(maker: Manufacturer, functions: list[PciFunction], reason: str, message: str) -> _Group:
+# Manufacturer -> the fabric problem last logged at Warning. A problem that lasts is one Warning line, not
+# one per pass: the condition carries it the whole time, and a missing library is not news every minute.
+_reported: dict[str, str] = {}
+
+
+def forget_reported() -> None:
+    """Forget which problems were logged, so the next pass logs each as new (a fresh process would)."""
+    _reported.clear()
+
+
+def _report(maker: Manufacturer, condition: Condition | None) -> None:
+    if condition is None or condition.status == "True":
+        if _reported.pop(maker.key, None) is not None:
+            log.info("the accelerator fabric is readable again", extra={"manufacturer": maker.key})
+        return
+    problem = f"{condition.reason}: {condition.message}"
+    if _reported.get(maker.key) == problem:
+        log.debug("the accelerator fabric is still unreadable", extra={"manufacturer": maker.key})
+        return
+    _reported[maker.key] = problem
     log.warning(
         "could not read the accelerator fabric; accelerators are listed without it",
-        extra={"manufacturer": maker.key, "reason": reason, "error": message},
+        extra={"manufacturer": maker.key, "reason": condition.reason, "error": condition.message},
     )
+
+
+def _unreadable(maker: Manufacturer, functions: list[PciFunction], reason: str, message: str) -> _Group:
     return _Group(
         maker,
         functions,
@@ -242,10 +265,6 @@ def _nvidia(maker: Manufacturer, functions: list[PciFunction], library: NvidiaLi
 
 def _verdict(maker: Manufacturer, functions: list[PciFunction], problems: list[str]) -> Condition:
     if problems:
-        log.warning(
-            "part of the accelerator fabric could not be read",
-            extra={"manufacturer": maker.key, "problems": problems},
-        )
         return _condition(maker, False, READ_FAILED, "; ".join(problems)[:1024])
     return _condition(maker, True, READ, f"fabric read for {len(functions)} accelerator(s)")
 
@@ -257,9 +276,10 @@ def _amd(maker: Manufacturer, functions: list[PciFunction], host: HostRoot) -> _
     try:
         kfd = amd.read_kfd(host)
         pci_hives = {fn.bus_id: amd.xgmi_hive_from_pci(fn.dir) for fn in functions}
-    except (HostReadError, FileNotFoundError) as exc:
-        # A KFD node without its properties (or one that vanished mid-read) is a failed read of the
-        # fabric, never an exception out of the pass that would also cost the interface inventory.
+    except (HostReadError, FileNotFoundError, numbers.BadNumber) as exc:
+        # A KFD node without its properties (or one that vanished mid-read, or a number that is not one)
+        # is a failed read of the fabric, never an exception out of the pass that would also cost the
+        # interface inventory.
         return _unreadable(maker, functions, READ_FAILED, str(exc))
     if kfd is None and all(h is None for h in pci_hives.values()):
         return _unreadable(

@@ -13,7 +13,9 @@ class LibraryError(Exception):
 
 def normalize_bus_id(raw: str | bytes) -> str:
     """A library's spelling of a PCI address ("00000000:1B:00.0") in sysfs form ("0000:1b:00.0")."""
-    text = raw.decode("ascii", errors="replace") if isinstance(raw, bytes) else raw
+    # backslashreplace, not replace: a byte that is not ASCII matches no sysfs address either way, and a
+    # U+FFFD must never reach a message that might be published.
+    text = raw.decode("ascii", errors="backslashreplace") if isinstance(raw, bytes) else raw
     text = text.strip().strip("\x00").lower()
     parts = text.split(":")
     if len(parts) == 3:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from nodefabric_devicemanager import distance
+from nodefabric_devicemanager import distance, numbers
 from nodefabric_devicemanager.models import AcceleratorGroup
 from nodefabric_devicemanager.pci import PciFunction
 
@@ -34,9 +34,9 @@ def group_matrix(group: AcceleratorGroup) -> dict[int, dict[int, str]]:
     for acc in group.accelerators:
         row: dict[int, str] = {}
         for peer, link in acc.topology.links.items():
-            try:
-                row[int(peer)] = link
-            except ValueError:
-                continue
+            # Read back from a record: a key that is not a plain index is no peer (numbers.py's rule).
+            index = numbers.parse_opt(peer, numbers.DEVICE_INDEX)
+            if index is not None:
+                row[index] = link
         matrix[acc.index] = row
     return matrix

@@ -1,7 +1,9 @@
 """NVIDIA through NVML (nvidia-ml-py's `pynvml` module): fabric registration and NVLink peers per GPU.
 
 The boundary is `NvidiaLibrary.read()`; `Nvml` implements it over `pynvml` (or any object with the same
-functions, which is how the tests hand it recorded answers), `NoNvidia` is the null fallback.
+functions, which is how the tests hand it recorded answers), `NoNvidia` is the null fallback. With a
+driver root (driverroot.py), the real pynvml is handed the driver's own libnvidia-ml; when NVML cannot be
+loaded at all, the answer says how to fix it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nodefabric_devicemanager.accelerators import driverroot
 from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable, normalize_bus_id
 
@@ -62,13 +65,23 @@ def _bus_text(pci_info: Any) -> str:
 
 
 class Nvml:
-    """NvidiaLibrary over pynvml. `nvml` is the module (default: import pynvml on first use)."""
+    """NvidiaLibrary over pynvml. `nvml` is the module (default: import pynvml on first use, after loading
+    libnvidia-ml from `driver_root` when one is configured: the argument, else $NVIDIA_DRIVER_ROOT)."""
 
-    def __init__(self, nvml: Any | None = None) -> None:
+    def __init__(self, nvml: Any | None = None, *, driver_root: str | None = None) -> None:
         self._nvml = nvml
+        self._driver_root = driver_root
+        self._load_problem = ""  # why the driver root's library did not load, for the answer
 
     def _module(self) -> Any:
         if self._nvml is None:
+            root = driverroot.configured(self._driver_root)
+            if root is not None:
+                try:
+                    driverroot.preload(root)
+                except LibraryUnavailable as exc:
+                    # The loader's own search may still find one (the NVIDIA runtime mounts it).
+                    self._load_problem = str(exc)
             try:
                 self._nvml = importlib.import_module("pynvml")
             except ImportError as exc:
@@ -80,7 +93,10 @@ class Nvml:
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            if getattr(exc, "value", None) in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
+            code = getattr(exc, "value", None)
+            if code == _LIBRARY_NOT_FOUND:
+                raise LibraryUnavailable(self._load_problem or f"nvml: {exc}: {driverroot.REMEDY}") from exc
+            if code in (_DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
                 raise LibraryUnavailable(f"nvml: {exc}") from exc
             raise LibraryError(f"nvml init: {exc}") from exc
         try:

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from nodefabric_devicemanager.pick import known_link
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_GPU = re.compile(r"^GPU(\d+)$")
-_DEVICE = re.compile(r"^(GPU|NIC)\d+$")
-_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# fullmatch and ASCII digits: `$` accepts a trailing newline, and `\d` an Arabic-Indic digit int() reads.
+_GPU = re.compile(r"GPU([0-9]{1,4})", re.ASCII)
+_DEVICE = re.compile(r"(GPU|NIC)[0-9]{1,4}", re.ASCII)
+_LEGEND = re.compile(r"\s*(NIC[0-9]{1,4})\s*:\s*(\S+)\s*", re.ASCII)
 _ALIASES = {"SOC": "SYS", "CPU": "PHB"}  # names older drivers printed
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
@@ -78,7 +79,7 @@ def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
     labels = {line.split("\t", 1)[0].strip() for line in lines[header_at + 1 :]}
     columns: list[str] = []
     for name in header:
-        if not _DEVICE.match(name) and (name not in labels or name in _AFFINITY_COLUMNS):
+        if not _DEVICE.fullmatch(name) and (name not in labels or name in _AFFINITY_COLUMNS):
             break
         columns.append(name)
     affinity = [c for c in header[len(columns) :] if c]
@@ -99,7 +100,7 @@ def _gpu_row(out: TopoMatrix, name: str, links: list[str], columns: list[str]) -
             continue
         if link == "X":
             raise TopoParseError(f"{name}/{col}: X marks a device's own cell only")
-        if m := _GPU.match(col):
+        if m := _GPU.fullmatch(col):
             peers[int(m[1])] = link
         else:
             nics[out.nics.get(col, col)] = link
@@ -118,7 +119,7 @@ def parse(text: str) -> TopoMatrix:
     for line_no, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
         cells = line.split("\t")
         name = cells[0].strip()
-        if not _DEVICE.match(name) and name not in columns:
+        if not _DEVICE.fullmatch(name) and name not in columns:
             end = line_no - 1  # the matrix ends at the first line that is not a device row
             break
         if len(cells) - 1 < len(columns):
@@ -129,7 +130,7 @@ def parse(text: str) -> TopoMatrix:
             _cell(c, f"line {line_no}, {name}/{columns[k]}")
             for k, c in enumerate(cells[1 : 1 + len(columns)])
         ]
-        if m := _GPU.match(name):
+        if m := _GPU.fullmatch(name):
             gpu = int(m[1])
             # Drivers print an empty cell before GPU NUMA ID: the values are the non-empty cells, in order.
             values = dict(
@@ -139,11 +140,11 @@ def parse(text: str) -> TopoMatrix:
             out.numa_affinity[gpu] = _blank(values.get("NUMA Affinity", ""))
             out.gpu_numa_id[gpu] = _blank(values.get("GPU NUMA ID", ""))
     for line in lines[end:]:
-        m = _LEGEND.match(line)
+        m = _LEGEND.fullmatch(line)
         if m:
             out.nics[m[1]] = m[2]
     for name, links in rows.items():
-        if _GPU.match(name):
+        if _GPU.fullmatch(name):
             _gpu_row(out, name, links, columns)
     if not out.gpus:
         raise TopoParseError("the matrix has no GPU rows")

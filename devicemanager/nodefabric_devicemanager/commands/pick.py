@@ -12,9 +12,11 @@ import json
 import sys
 from typing import Any
 
+from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager import pick as picking
 from nodefabric_devicemanager.accelerators import topo
 from nodefabric_devicemanager.accelerators.links import group_matrix
+from nodefabric_devicemanager.commands import output
 from nodefabric_devicemanager.models import AcceleratorGroup
 
 Matrix = dict[int, dict[int, str]]
@@ -40,9 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="which group of a Devices object (e.g. nvidia); needed when it has several",
     )
+    output.add_output(parser, default="table")
     parser.add_argument(
-        "--json", action="store_true", help="print the choice and the reasons as one JSON object"
+        "--json",
+        dest="output",
+        action="store_const",
+        const="json",
+        help="the same as -o json: the choice and the reasons as one JSON object",
     )
+
+
+def _index(text: str, where: str) -> int:
+    if text.startswith("-"):
+        raise InputError(f"{where}: device indices are never negative")
+    try:
+        value = numbers.parse(text, numbers.DEVICE_INDEX)
+    except numbers.BadNumber as exc:
+        raise InputError(f"{where}: {exc}") from exc
+    assert value is not None  # DEVICE_INDEX has no "unknown" spelling
+    return value
 
 
 def parse_indices(text: str) -> list[int]:
@@ -53,20 +71,16 @@ def parse_indices(text: str) -> list[int]:
         if not part:
             continue
         lo, sep, hi = part.partition("-")
-        try:
-            if sep:
-                first, last = int(lo), int(hi)
-                if last < first:
-                    raise InputError(f"--free: range {part!r} runs backwards")
-                out.update(range(first, last + 1))
-            else:
-                out.add(int(part))
-        except ValueError as exc:
-            if isinstance(exc, InputError):
-                raise
-            raise InputError(f"--free: {part!r} is not an index or a range (use 1,2,3 or 0-3)") from exc
-    if any(i < 0 for i in out):
-        raise InputError("--free: device indices are never negative")
+        if sep and not lo:
+            raise InputError("--free: device indices are never negative")
+        where = f"--free: {part!r} is not an index or a range (use 1,2,3 or 0-3)"
+        if sep:
+            first, last = _index(lo.strip(), where), _index(hi.strip(), where)
+            if last < first:
+                raise InputError(f"--free: range {part!r} runs backwards")
+            out.update(range(first, last + 1))
+        else:
+            out.add(_index(part, where))
     return sorted(out)
 
 
@@ -91,20 +105,23 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
     if isinstance(doc, dict) and "accelerators" in doc:
         return group_matrix(AcceleratorGroup.model_validate(doc))
     if isinstance(doc, dict):
-        try:
-            return {
-                int(k): {int(p): str(v) for p, v in (row or {}).items() if int(p) != int(k)}
-                for k, row in doc.items()
-            }
-        except (ValueError, AttributeError) as exc:
-            raise InputError("a JSON link matrix maps device index -> peer index -> link name") from exc
-    if isinstance(doc, list):
+        shape = "a JSON link matrix maps device index -> peer index -> link name"
         matrix: Matrix = {}
+        for k, row in doc.items():
+            if not isinstance(row, dict | None):
+                raise InputError(f"{shape}; device {k!r} maps to {type(row).__name__}")
+            i = _index(k, shape)
+            matrix[i] = {j: str(v) for p, v in (row or {}).items() if (j := _index(p, shape)) != i}
+        return matrix
+    if isinstance(doc, list):
+        if len(doc) > numbers.DEVICE_INDEX.hi + 1:
+            raise InputError(f"the JSON matrix has {len(doc)} rows, more devices than a node has")
+        rows: Matrix = {}
         for i, row in enumerate(doc):
             if not isinstance(row, list) or len(row) != len(doc):
                 raise InputError(f"row {i} of the JSON matrix is not a list of {len(doc)} cells")
-            matrix[i] = {j: str(cell) for j, cell in enumerate(row) if j != i}
-        return matrix
+            rows[i] = {j: str(cell) for j, cell in enumerate(row) if j != i}
+        return rows
     raise InputError("the JSON is neither a Devices object, a group, a matrix nor a list of rows")
 
 
@@ -172,13 +189,14 @@ def run(args: argparse.Namespace) -> int:
         if args.count > len(free):
             raise InputError(f"--count {args.count} is more than the {len(free)} free device(s)")
         result = explain(matrix, free, args.count)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         # ValueError also covers a malformed Devices object (pydantic), a file that is not UTF-8 text and
-        # a matrix naming a negative index: each is bad input that gets its message, never a traceback.
+        # a matrix naming a negative index; RecursionError a JSON nested deeper than the parser goes:
+        # each is bad input that gets its message, never a traceback.
         print(f"nodefabric pick: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result))
+    if args.output != "table":
+        output.document(result, args.output, sys.stdout)
         return 0
     print(",".join(str(i) for i in result["chosen"]))
     if args.count > 1:

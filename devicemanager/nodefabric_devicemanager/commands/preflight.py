@@ -8,15 +8,17 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from nodefabric_devicemanager import inventory, summary
-from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.commands import inventory as inventory_command
+from nodefabric_devicemanager.commands import output
 from nodefabric_devicemanager.models import Endpoint, LinkState
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", default="/", help="host root to read /sys from (default: /)")
+    inventory_command.add_root(parser)
+    output.add_output(parser, default="table")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,7 @@ class Row:
     rdma_device: str
     verdict: str
     reason: str
+    software: bool = False  # a software RDMA device (rxe, siw): listed, never counted as capable
 
 
 def rows(reading: inventory.Reading) -> list[Row]:
@@ -42,38 +45,77 @@ def _row(e: Endpoint, parent: str) -> Row:
     name = e.name or f"{parent} vf"
     if e.link is None:
         # Bound device with no verdict cannot happen from one pass; say so rather than claim ok.
-        return Row(name, e.pci_bus_id, e.rdma_device, LinkState.UNVERIFIED.value, "no link reading")
-    return Row(name, e.pci_bus_id, e.rdma_device, e.link.state.value, e.link.reason)
+        verdict, reason = LinkState.UNVERIFIED.value, "no link reading"
+    else:
+        verdict, reason = e.link.state.value, e.link.reason
+    return Row(name, e.pci_bus_id, e.rdma_device, verdict, reason, e.rdma_software)
+
+
+def _counts(found: list[Row]) -> dict[str, int]:
+    return {s.value: sum(1 for r in found if r.verdict == s.value) for s in LinkState}
 
 
 def summary_line(found: list[Row], capable: bool) -> str:
-    counts = {s.value: sum(1 for r in found if r.verdict == s.value) for s in LinkState}
     verdict = "rdma capable" if capable else "not rdma capable"
-    parts = ", ".join(f"{n} {s}" for s, n in counts.items())
-    return f"{len(found)} rdma endpoints: {parts}; node is {verdict}"
+    parts = ", ".join(f"{n} {s}" for s, n in _counts(found).items())
+    software = sum(1 for r in found if r.software)
+    note = f" ({software} software, not counted)" if software else ""
+    return f"{len(found)} rdma endpoints{note}: {parts}; node is {verdict}"
+
+
+def capable(reading: inventory.Reading) -> bool:
+    # The same rule the operator's rdma.capable label follows, not a recount of the rows.
+    return bool(summary.usable_endpoints(reading.spec()))
 
 
 def print_report(reading: inventory.Reading, out: TextIO) -> None:
     found = rows(reading)
     table = [["NAME", "PCI", "RDMA", "VERDICT", "REASON"]]
-    table += [[r.name, r.pci_bus_id or "-", r.rdma_device or "-", r.verdict, r.reason] for r in found]
-    widths = [max(len(t[i]) for t in table) for i in range(4)]
-    for t in table:
-        out.write(
-            "  ".join([*(c.ljust(w) for c, w in zip(t[:4], widths, strict=True)), t[4]]).rstrip() + "\n"
-        )
-    for c in reading.conditions:
-        if c.status != "True":
-            out.write(f"{c.type}={c.status} {c.reason}: {c.message}\n")
-    if reading.interfaces is None:
-        out.write("the pass failed: interfaces could not be enumerated\n")
-    else:
-        # The same rule the operator's rdma.capable label follows, not a recount of the rows.
-        capable = bool(summary.usable_endpoints(reading.spec()))
-        out.write(summary_line(found, capable) + "\n")
+    table += [
+        [
+            r.name,
+            r.pci_bus_id or "-",
+            f"{r.rdma_device or '-'}{' (software)' if r.software else ''}",
+            r.verdict,
+            r.reason,
+        ]
+        for r in found
+    ]
+    output.table(table, out)
+    inventory_command.conditions_text(reading.conditions, out)
+    if inventory_command.failed(reading):
+        out.write("the pass failed: a part of the host could not be enumerated\n")
+    if reading.interfaces is not None:
+        out.write(summary_line(found, capable(reading)) + "\n")
+
+
+def document(reading: inventory.Reading) -> dict[str, Any]:
+    """The report as data: every row, the counts, the node's verdict (absent when the pass failed)."""
+    found = rows(reading)
+    doc: dict[str, Any] = {
+        "endpoints": [
+            {
+                "name": r.name,
+                "pciBusId": r.pci_bus_id,
+                "rdmaDevice": r.rdma_device,
+                "software": r.software,
+                "verdict": r.verdict,
+                "reason": r.reason,
+            }
+            for r in found
+        ],
+        "counts": _counts(found),
+        "conditions": [c.wire() for c in reading.conditions if c.status != "True"],
+    }
+    if reading.interfaces is not None:
+        doc["rdmaCapable"] = capable(reading)
+    return doc
 
 
 def run(args: argparse.Namespace) -> int:
-    reading = inventory.read(HostRoot.at(args.root))
-    print_report(reading, sys.stdout)
-    return 0 if reading.interfaces is not None else 1
+    reading = inventory_command.read(args)
+    if args.output == "table":
+        print_report(reading, sys.stdout)
+    else:
+        output.document(document(reading), args.output, sys.stdout)
+    return 1 if inventory_command.failed(reading) else 0

@@ -218,6 +218,65 @@ def numa_unknown(root: Path) -> SysfsBuilder:
     return b
 
 
+def platform_rdma(root: Path) -> SysfsBuilder:
+    """The seed's hard case: a SoC NIC end0 whose RDMA engine hns_0 hangs from the same platform device
+    (`/sys/devices/platform/soc/fe1c0000.ethernet/{net/end0,infiniband/hns_0}`); no PCI function at all."""
+    b = SysfsBuilder(root)
+    b.platform("end0", "soc/fe1c0000.ethernet", mtu=9000)
+    b.platform_rdma("soc/fe1c0000.ethernet", "hns_0", verbs=0)
+    b.virtual("lo", mtu=65536, operstate="unknown", flags="0x9")
+    b.rdma_cm()
+    return b
+
+
+def split_platform_rdma(root: Path) -> SysfsBuilder:
+    """A platform RDMA engine whose ports ride on netdevs of other platform devices (HiSilicon hip06
+    style): hns_0 port 1 -> eth0 (ACTIVE), port 2 -> eth1 (DOWN), told only by the ports' GID netdevs."""
+    b = SysfsBuilder(root)
+    b.platform("eth0", "HISI00C2:00")
+    b.platform("eth1", "HISI00C2:01", operstate="down")
+    b.platform_rdma(
+        "HISI00D1:00",
+        "hns_0",
+        ports=[
+            Port(gid_netdevs=("eth0", "eth0")),
+            Port(state="DOWN", phys_state="Disabled", gid_netdevs=(None, "eth1")),
+        ],
+        verbs=0,
+    )
+    return b
+
+
+def soft_rdma(root: Path) -> SysfsBuilder:
+    """Soft-RoCE: rxe0 riding on a VM's virtio-net eth0 (its `parent`), nothing else RDMA on the node."""
+    b = SysfsBuilder(root)
+    b.virtio("eth0", "0000:00:03.0", index=0)
+    b.soft_rdma("rxe0", "eth0", ports=[Port(gid_netdevs=("eth0",))], verbs=0)
+    b.virtual("lo", mtu=65536, operstate="unknown", flags="0x9")
+    b.rdma_cm()
+    return b
+
+
+def pf_without_netdev(root: Path) -> SysfsBuilder:
+    """A ConnectX PF bound to vfio-pci (no netdev, no RDMA device of its own on the host) whose two VFs
+    have netdevs and RDMA devices: the VFs are listed at top level, and are still VFs."""
+    b = SysfsBuilder(root)
+    b.nic("0000:5e:00.0", None, host_bridge="pci0000:5d", numa=1, cpus=CPUS[1])
+    b.mkdir("/sys/bus/pci/drivers/vfio-pci")
+    b.link(b.functions["0000:5e:00.0"] / "driver", "/sys/bus/pci/drivers/vfio-pci")
+    b.sriov(
+        "0000:5e:00.0",
+        vfs=2,
+        numa=1,
+        netdev_prefix="ens3f0v",
+        rdma_prefix="mlx5_",
+        first_rdma=0,
+        first_verbs=0,
+    )
+    b.rdma_cm()
+    return b
+
+
 def bench(root: Path, *, pfs: int = 8, vfs: int = 128) -> SysfsBuilder:
     """The benchmark tree: `pfs` PFs with RDMA, each with `vfs` VFs with a netdev and an RDMA device."""
     b = SysfsBuilder(root)
@@ -247,4 +306,8 @@ SCENARIOS: dict[str, Callable[[Path], SysfsBuilder]] = {
     "non-pci": non_pci,
     "virtual-interfaces": virtual_interfaces,
     "numa-unknown": numa_unknown,
+    "platform-rdma": platform_rdma,
+    "split-platform-rdma": split_platform_rdma,
+    "soft-rdma": soft_rdma,
+    "pf-without-netdev": pf_without_netdev,
 }

@@ -33,14 +33,21 @@ What each call lays out:
 - `nic`: `function` + `netdev` + (optionally) `rdma_device`, with a Mellanox ConnectX-7 identity.
 - `sriov`: `sriov_totalvfs`/`sriov_numvfs` on the PF, VFs as sibling functions with `physfn` ->
   `../<pf>`, and `virtfnN` -> `../<vf>` on the PF; VF netdevs and RDMA devices optional.
+- `platform_rdma(platform_device, dev)`: an RDMA device hanging from a platform device (a SoC NIC's
+  RDMA engine), `soft_rdma(dev, netdev)`: a software one (rxe, siw) under /sys/devices/virtual/infiniband
+  naming the netdev it rides on in `parent`. Either can carry per-port GID netdevs
+  (`Port(gid_netdevs=("eth0",))` writes `ports/N/gid_attrs/ndevs/0`).
 - `write(path, content)` / `link(path, target)` / `mkdir(path)`: anything else, host-absolute paths;
   `link` takes the target as a host-absolute path and stores it relative.
+- Hostile entries: `fifo(path)` (a named pipe: opening it for reading blocks until a writer comes),
+  `chardev(path)` (a character device node, /dev/null's numbers; needs root).
 Ports are `Port(state="ACTIVE", phys_state="LinkUp")`; the kernel's "N: NAME" form is written for you.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +83,8 @@ class Port:
     raw_state: str | None = None
     raw_phys_state: str | None = None
     unreadable: bool = False  # state is a directory: opening works, reading fails, whatever the uid
+    # Netdevs of the port's GID entries 0, 1, ... (`gid_attrs/ndevs/<i>`); None leaves an entry out.
+    gid_netdevs: tuple[str | None, ...] = ()
 
 
 def port_value(name: str, codes: dict[str, int]) -> str:
@@ -129,6 +138,25 @@ class SysfsBuilder:
     def attrs(self, directory: Path, values: dict[str, str | bytes]) -> None:
         for name, value in values.items():
             self.write(directory / name, value)
+
+    def _replace(self, host_path: str | Path) -> Path:
+        p = host_path if isinstance(host_path, Path) else self.path(host_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        return p
+
+    def fifo(self, host_path: str | Path) -> Path:
+        """A named pipe where a file should be (replacing it): a blocking open of it never returns."""
+        p = self._replace(host_path)
+        os.mkfifo(p)
+        return p
+
+    def chardev(self, host_path: str | Path) -> Path:
+        """A character device node (1:3, what /dev/null is) where a file should be. Needs CAP_MKNOD."""
+        p = self._replace(host_path)
+        os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        return p
 
     # -- PCI -------------------------------------------------------------------------------------------
 
@@ -273,10 +301,20 @@ class SysfsBuilder:
         verbs: int | None = None,
         verbs_layout: str = "both",
     ) -> Path:
-        fn = self.functions[bus_id]
-        d = fn / "infiniband" / dev
-        d.mkdir(parents=True, exist_ok=True)
-        self.link(d / "device", fn)
+        d = self._ib_device(self.functions[bus_id], dev, ports)
+        if verbs is not None:
+            self.verbs(bus_id, dev, verbs, layout=verbs_layout)
+        return d
+
+    def _ib_device(self, parent: Path | None, dev: str, ports: list[Port] | None) -> Path:
+        """`<parent>/infiniband/<dev>` (a device-less one under /sys/devices/virtual/infiniband), its
+        ports, and `/sys/class/infiniband/<dev>`."""
+        if parent is None:
+            d = self.mkdir(f"/sys/devices/virtual/infiniband/{dev}")
+        else:
+            d = parent / "infiniband" / dev
+            d.mkdir(parents=True, exist_ok=True)
+            self.link(d / "device", parent)
         self.write(d / "node_type", "1: CA")
         for n, port in enumerate(ports if ports is not None else [Port()], start=1):
             pd = d / "ports" / str(n)
@@ -290,10 +328,47 @@ class SysfsBuilder:
             )
             self.write(pd / "link_layer", port.link_layer)
             self.write(pd / "rate", port.rate)
+            for index, netdev in enumerate(port.gid_netdevs):
+                if netdev is not None:
+                    self.write(pd / "gid_attrs" / "ndevs" / str(index), netdev)
         self.link(f"/sys/class/infiniband/{dev}", d)
-        if verbs is not None:
-            self.verbs(bus_id, dev, verbs, layout=verbs_layout)
         return d
+
+    def platform_rdma(
+        self, platform_device: str, dev: str, *, ports: list[Port] | None = None, verbs: int | None = None
+    ) -> Path:
+        """An RDMA device hanging from a platform device (`/sys/devices/platform/<platform_device>`)."""
+        pdev = self.mkdir(f"/sys/devices/platform/{platform_device}")
+        self.link(pdev / "subsystem", "/sys/bus/platform")
+        self.mkdir("/sys/bus/platform")
+        d = self._ib_device(pdev, dev, ports)
+        if verbs is not None:
+            self._verbs_at(pdev, dev, verbs)
+        return d
+
+    def soft_rdma(
+        self,
+        dev: str,
+        netdev: str | None,
+        *,
+        ports: list[Port] | None = None,
+        verbs: int | None = None,
+    ) -> Path:
+        """A software RDMA device (rxe, siw): no parent device; `parent` names the netdev it rides on
+        (None: no `parent` attribute, so only the ports' GID netdevs say it)."""
+        d = self._ib_device(None, dev, ports)
+        if netdev is not None:
+            self.write(d / "parent", netdev)
+        if verbs is not None:
+            self._verbs_at(self.mkdir("/sys/devices/virtual"), dev, verbs)
+        return d
+
+    def _verbs_at(self, parent: Path, dev: str, n: int) -> None:
+        name = f"uverbs{n}"
+        vd = parent / "infiniband_verbs" / name
+        self.attrs(vd, {"ibdev": dev, "abi_version": "1", "dev": f"231:{192 + n}"})
+        self.link(f"/sys/class/infiniband_verbs/{name}", vd)
+        self.write(f"/dev/infiniband/{name}", "")
 
     def verbs(self, bus_id: str, dev: str, n: int, *, layout: str = "both") -> None:
         fn = self.functions[bus_id]

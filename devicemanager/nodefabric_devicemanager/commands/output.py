@@ -1,0 +1,55 @@
+"""How every command prints: one `-o json|yaml|table` option, one table renderer, one escape.
+
+A name printed in a table is the host's text, and the host can put a control character in an interface
+name (the kernel refuses only '/', ':' and whitespace): every cell is escaped, so a name can never move
+the cursor, recolour the terminal or forge a row. JSON and YAML escape on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+
+FORMATS = ("json", "yaml", "table")
+
+
+def add_output(parser: argparse.ArgumentParser, *, default: str, extra: Sequence[str] = ()) -> None:
+    """`-o/--output FORMAT`; `extra` keeps a command's older format names working."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=[*FORMATS, *extra],
+        default=default,
+        help=f"output format (default: {default})",
+    )
+
+
+def escape(text: str) -> str:
+    """Printable text: anything str.isprintable() refuses (controls, DEL, C1, separators) as \\xNN."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Columns padded to their widest cell, the last left ragged (a reason can be long)."""
+    cells = [[escape(c) for c in row] for row in rows]
+    if not cells:
+        return
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]) - 1)]
+    for r in cells:
+        padded = [c.ljust(w) for c, w in zip(r, widths, strict=False)]
+        out.write("  ".join([*padded, r[-1]]).rstrip() + "\n")
+
+
+def document(doc: Any, fmt: str, out: TextIO) -> None:
+    """A JSON or YAML document."""
+    if fmt == "yaml":
+        yaml.safe_dump(doc, out, sort_keys=False, allow_unicode=True)
+    else:
+        json.dump(doc, out, indent=2)
+        out.write("\n")

@@ -1,0 +1,211 @@
+"""The `nodefabric` console script (issue 14): --version, one `-o json|yaml|table` on every command that
+prints, log options before or after the subcommand, and user errors as one line with exit 2."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from nodefabric_devicemanager.cli import main
+from nodefabric_devicemanager.testing.scenarios import SCENARIOS
+
+
+@pytest.fixture
+def host_root(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    return root
+
+
+def script(*args, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "nodefabric_devicemanager.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        input=stdin,
+    )
+
+
+def test_version():
+    proc = script("--version")
+    assert proc.returncode == 0
+    assert proc.stdout == f"nodefabric {importlib.metadata.version('nodefabric')}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--log-level", "loud", "inventory"],
+        ["inventory", "--log-level", "loud"],
+        ["inventory", "--log-format", "xml"],
+        ["inventory", "-o", "csv"],
+        ["pick", "--links", "x", "--count", "two"],
+        ["no-such-command"],
+        [],
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(args):
+    proc = script(*args)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("nodefabric") and "error:" in proc.stderr
+
+
+def test_a_bad_log_level_names_the_levels():
+    proc = script("inventory", "--log-level", "loud")
+    assert "'loud' is not a log level (one of debug, info, warning, error, critical)" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_log_options_work_before_and_after_the_subcommand(host_root, where):
+    SCENARIOS["down-beside-working"](host_root)
+    log = ["--log-format", "json", "--log-level", "warning"]
+    cmd = ["inventory", "--root", str(host_root)]
+    proc = script(*(log + cmd if where == "before" else cmd + log))
+    assert proc.returncode == 0
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert lines and all(line["level"] == "warning" for line in lines)
+    assert any(line["msg"] == "rdma link is down" for line in lines)
+
+
+def test_an_option_before_the_subcommand_is_not_undone_by_the_default_after_it(host_root):
+    SCENARIOS["down-beside-working"](host_root)  # logs a Warning at the default level
+    assert "rdma link is down" in script("inventory", "--root", str(host_root)).stderr
+    proc = script("--log-level", "error", "inventory", "--root", str(host_root))
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+# --- -o json|yaml|table, the same on every command ----------------------------------------------------
+
+
+def test_inventory_prints_json_yaml_and_a_table_with_the_accelerators(host_root, capsys):
+    SCENARIOS["gpu8"](host_root)
+    docs = {}
+    for fmt in ("json", "yaml"):
+        assert main(["inventory", "--root", str(host_root), "-o", fmt]) == 0
+        out = capsys.readouterr().out
+        docs[fmt] = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    assert docs["json"] == docs["yaml"]
+    assert main(["inventory", "--root", str(host_root), "--output", "table"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("ACCELERATOR")))
+    assert lines[header].split() == ["ACCELERATOR", "INDEX", "PCI", "NUMA", "LINKS", "FABRIC"]
+    gpus = [line.split() for line in lines[header + 1 : header + 9]]
+    assert [g[:4] for g in gpus[:2]] == [
+        ["nvidia", "0", "0000:18:00.0", "0"],
+        ["nvidia", "1", "0000:19:00.0", "0"],
+    ]
+    # GPU0 shares a switch with GPU1, a socket with GPU2 and GPU3, and nothing with the other four.
+    assert gpus[0][4] == "PIX:1,NODE:2,SYS:4" and gpus[0][5] == "-"
+    # No NVML on this machine: said once, under the table, with the remedy.
+    assert any(line.startswith("NvidiaFabricRead=False LibraryUnavailable") for line in lines)
+
+
+def test_preflight_prints_json_and_yaml_with_the_nodes_verdict(host_root, capsys):
+    SCENARIOS["down-beside-working"](host_root)
+    assert main(["preflight", "--root", str(host_root), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(e["name"], e["verdict"]) for e in doc["endpoints"]] == [("ens1np0", "failed"), ("ens2np0", "ok")]
+    assert doc["counts"] == {"ok": 1, "unverified": 0, "failed": 1} and doc["rdmaCapable"] is True
+    assert main(["preflight", "--root", str(host_root), "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == doc
+
+
+def test_preflight_json_of_a_failed_pass_has_no_verdict(host_root, capsys):
+    SCENARIOS["escaping-symlink"](host_root)
+    assert main(["preflight", "--root", str(host_root), "-o", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert "rdmaCapable" not in doc
+    assert doc["conditions"][0]["type"] == "InterfacesEnumerated"
+
+
+def test_labels_prints_text_table_json_and_yaml(host_root, capsys, monkeypatch):
+    SCENARIOS["down-beside-working"](host_root)
+    main(["inventory", "--root", str(host_root)])
+    record = {"kind": "Devices", "metadata": {"name": "n"}, **json.loads(capsys.readouterr().out)}
+    outputs = {}
+    for fmt in ("text", "table", "json", "yaml"):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(record)))
+        assert main(["labels", "-f", "-", "-o", fmt]) == 0
+        outputs[fmt] = capsys.readouterr().out
+    assert outputs["text"].splitlines() == [
+        "feature.gpustack.ai/rdma.capable=true",
+        "feature.gpustack.ai/rdma.numa=0",
+    ]
+    assert outputs["table"].splitlines()[0].split() == ["LABEL", "VALUE"]
+    assert outputs["table"].splitlines()[1].split() == ["feature.gpustack.ai/rdma.capable", "true"]
+    assert (
+        json.loads(outputs["json"])
+        == yaml.safe_load(outputs["yaml"])
+        == {
+            "feature.gpustack.ai/rdma.capable": "true",
+            "feature.gpustack.ai/rdma.numa": "0",
+        }
+    )
+
+
+def test_labels_of_a_file_that_is_no_record_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("metadata: {name: n}\nspec: {interfaces: [{mtu: lots}]}\n")
+    proc = script("labels", "-f", str(bad))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pick_prints_json_yaml_and_keeps_json_as_an_alias(tmp_path, capsys):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"0": {"1": "PHB", "2": "SYS"}, "1": {"2": "SYS"}, "2": {}}))
+    base = ["pick", "--links", str(f), "--count", "2"]
+    results = []
+    for flag in (["-o", "json"], ["--json"], ["-o", "yaml"]):
+        assert main([*base, *flag]) == 0
+        out = capsys.readouterr().out
+        results.append(yaml.safe_load(out))
+    assert results[0] == results[1] == results[2]
+    assert results[0]["chosen"] == [0, 1]
+    assert main([*base, "-o", "table"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "0,1"
+
+
+@pytest.mark.parametrize("link", ["NV18\n", "nv18 ", "PIX\n"])
+def test_pick_matches_link_names_whole(tmp_path, capsys, link):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"0": {"1": link}, "1": {}}))
+    assert main(["pick", "--links", str(f), "--count", "2"]) == 2
+    assert "not one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("free", ["\u0663", "1_0", "0-99999999999", "+1"])
+def test_pick_reads_indices_as_plain_decimals(tmp_path, capsys, free):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"0": {"1": "SYS"}, "1": {}}))
+    assert main(["pick", "--links", str(f), "--free", free, "--count", "1"]) == 2
+    assert "--free" in capsys.readouterr().err
+
+
+def test_no_traceback_for_a_root_that_is_not_a_host(tmp_path):
+    proc = script("inventory", "--root", str(tmp_path / "absent"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {c["type"]: c["status"] for c in doc["status"]["conditions"]} == {
+        "InterfacesEnumerated": "False",
+        "AcceleratorsEnumerated": "False",
+    }
+
+
+def test_a_json_nested_deeper_than_the_parser_goes_is_bad_input(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    for args in (["pick", "--links", str(deep), "--count", "1"], ["labels", "-f", str(deep)]):
+        proc = script(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
