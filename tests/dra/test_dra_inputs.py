@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from dra_helpers import DRIVER, NODE, Dirs, result
 
 from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi
@@ -23,10 +25,11 @@ from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, Pr
 from nodefabric_deviceplugin.dra.claims import ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.kube import ApiError
+from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.source import RecordSource
-from nodefabric_deviceplugin.verbs import VerbsCache
+from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
 
 UID = "6f1c2a4e-2b0d-4d43-9a55-0c7f1b2b9e10"
 REF = ClaimRef("ml", UID, "pair")
@@ -322,59 +325,74 @@ async def test_a_device_of_a_type_the_driver_does_not_offer_is_refused(
     assert "no device pci-0000-e0-00-1" in out[UID].error
 
 
-# --- a blocking file where sysfs has an attribute -----------------------------------------------------------
+# --- a FIFO where sysfs has an attribute, and a read that does not return -----------------------------------
 
 
-def release(fifo: Path, seconds: float = 3.0) -> None:
-    """Let every reader that blocks on `fifo` within `seconds` go (each reads end of file)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # no reader waiting now
-            time.sleep(0.05)
-            continue
-        os.close(fd)
-
-
-async def test_a_blocking_verbs_attribute_fails_the_claim_within_budget_and_frees_the_next(
+async def test_a_fifo_where_a_verbs_attribute_belongs_fails_the_claim_at_once(
     dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:
     b, _ = hgx_host
-    ibdev = b.path("/sys/class/infiniband_verbs/uverbs0/ibdev")
-    ibdev.unlink()
-    os.mkfifo(ibdev)
+    for path in ("/sys/class/infiniband_verbs/uverbs0/ibdev",):
+        b.path(path).unlink()
+        os.mkfifo(b.path(path))
     config = dirs.config()
     api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path))
+    out = await asyncio.wait_for(preparer.prepare([REF]), 10)
+    assert "no verbs device for RDMA device 'mlx5_0'" in out[UID].error and "FIFO" in out[UID].error
+
+
+async def test_a_read_that_does_not_return_fails_the_claim_within_budget_and_starts_no_second(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    hold = threading.Event()
+
+    def stuck_reader(host: HostRoot, wanted: Iterable[str]) -> VerbsTable:
+        hold.wait(30)  # a driver holding its lock through a firmware reset
+        return read_table(host, wanted)
+
+    config = dirs.config()
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    verbs = VerbsCache(b.host, budget=0.5, reader=stuck_reader)
     preparer = Preparer(
-        config,
-        RecordSource(hgx_spec),
-        b.host,
-        api,
-        Checkpoint(config.checkpoint_path),
-        verbs=VerbsCache(b.host, budget=0.5),
+        config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path), verbs=verbs
     )
     try:
         out = await asyncio.wait_for(preparer.prepare([REF]), 10)
         assert "did not finish within 0.5 s" in out[UID].error
-        # The lock is free again: the next claim is answered at once, without a second stuck thread.
+        # The lock is free again: the next claim is answered, waiting on the same read, not a second one.
         other = ClaimRef("ml", str(uuid.uuid4()), "pair")
         api.answer = claim([result("pci-0000-1c-00-0")], uid=other.uid)
         again = await asyncio.wait_for(preparer.prepare([other]), 10)
         assert "did not finish within 0.5 s" in again[other.uid].error
-        assert preparer.verbs.reads == 1  # it waited on the read in flight; no second one started
+        assert verbs.reads == 1
+        hold.set()  # the host answers again: so does prepare
+        third = ClaimRef("ml", str(uuid.uuid4()), "pair")
+        api.answer = claim([result("pci-0000-1c-00-0")], uid=third.uid)
+        async with asyncio.timeout(10):
+            while (await preparer.prepare([third]))[third.uid].error:
+                await asyncio.sleep(0.05)
     finally:
-        release(ibdev)
+        hold.set()
 
 
-async def test_a_blocking_link_layer_stalls_one_sync_thread_not_the_publisher(
-    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+async def test_a_fifo_where_a_link_layer_belongs_leaves_the_attribute_out(
+    hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:
     b, _ = hgx_host
     layer = b.path("/sys/class/infiniband/mlx5_0/ports/1/link_layer")
     layer.unlink()
     os.mkfifo(layer)
-    config = dirs.config()
+    layers = await asyncio.wait_for(asyncio.to_thread(link_layers, b.host, ["mlx5_0", "mlx5_1"]), 10)
+    assert layers == {"mlx5_1": "Ethernet"}
+
+
+async def test_a_sync_that_does_not_return_stalls_one_thread_not_the_publisher(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    hold = threading.Event()
     calls: list[str] = []
 
     class Api:
@@ -382,6 +400,7 @@ async def test_a_blocking_link_layer_stalls_one_sync_thread_not_the_publisher(
             return {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
 
         def list_slices(self) -> list[dict[str, Any]]:
+            hold.wait(30)  # an API server that accepted the connection and went silent
             calls.append("list")
             return []
 
@@ -394,23 +413,21 @@ async def test_a_blocking_link_layer_stalls_one_sync_thread_not_the_publisher(
         def delete_slice(self, name: str, resource_version: str) -> None:
             calls.append("delete")
 
-    publisher = SlicePublisher(Api(), config, RecordSource(hgx_spec), b.host, resync=0.1, budget=0.3)
+    publisher = SlicePublisher(Api(), dirs.config(), RecordSource(hgx_spec), b.host, resync=0.1, budget=0.3)
     stop = asyncio.Event()
     task = asyncio.create_task(publisher.run(stop))
     try:
-        # Several budgets pass: each retry finds the first sync still stuck and starts no second thread.
         async with asyncio.timeout(10):
             while publisher.flight.stuck_for < 0.5:
                 await asyncio.sleep(0.05)
-        await asyncio.sleep(1.2)  # four more budgets and retries
-        assert publisher.flight.started == 1 and publisher.flight.stuck_for > 1.5
-        assert calls == [] and publisher.syncs == 0
-        release(layer)  # the read returns: the next sync publishes
+        await asyncio.sleep(1.2)  # more budgets and retries pass
+        assert publisher.flight.started == 1 and calls == [] and publisher.syncs == 0
+        hold.set()
         async with asyncio.timeout(10):
             while publisher.syncs < 1:
                 await asyncio.sleep(0.05)
         assert calls[:2] == ["list", "create"]
     finally:
-        release(layer)
+        hold.set()
         stop.set()
         await asyncio.wait_for(task, 10)
