@@ -40,6 +40,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_deviceplugin.py
 	$(BIN)/python hack/bench_extender.py
 	$(BIN)/python hack/bench_dra.py
+	$(BIN)/python hack/bench_agent.py
 
 # The image every component runs, tagged as the chart's default (image.registry/repository:appVersion).
 # Needs Docker with BuildKit. For both architectures and a registry:

@@ -16,10 +16,10 @@ import signal
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin import probes
-from nodefabric_deviceplugin.resources import DEFAULT_DOMAIN, DEFAULT_SHARED_COUNT, PluginConfig
-from nodefabric_deviceplugin.server import DEFAULT_PLUGIN_DIR, DevicePluginManager
+from nodefabric_deviceplugin.resources import PluginConfig
+from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource, poll_host
-from nodefabric_deviceplugin.startup import check_startup
+from nodefabric_deviceplugin.startup import add_plugin_arguments, config_from_args
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +44,7 @@ def _port(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default="/", help="the host's root as mounted here (default /)")
-    parser.add_argument(
-        "--plugin-dir",
-        default=DEFAULT_PLUGIN_DIR,
-        help=f"kubelet's device-plugin directory ({DEFAULT_PLUGIN_DIR})",
-    )
-    parser.add_argument("--no-shared", action="store_true", help="do not serve device.<domain>/rdma.shared")
-    parser.add_argument(
-        "--no-partitioned", action="store_true", help="do not serve device.<domain>/rdma.partitioned"
-    )
-    parser.add_argument(
-        "--shared-count",
-        type=int,
-        default=DEFAULT_SHARED_COUNT,
-        metavar="N",
-        help=f"rdma.shared tokens per whole-function endpoint (default {DEFAULT_SHARED_COUNT})",
-    )
-    parser.add_argument(
-        "--domain", default=DEFAULT_DOMAIN, help=f"resource domain (default {DEFAULT_DOMAIN})"
-    )
+    add_plugin_arguments(parser)
     parser.add_argument(
         "--interval",
         type=_interval,
@@ -112,15 +94,9 @@ async def serve(args: argparse.Namespace, config: PluginConfig, stop: asyncio.Ev
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = PluginConfig(
-            domain=args.domain,
-            shared_count=args.shared_count,
-            shared=not args.no_shared,
-            partitioned=not args.no_partitioned,
-        )
         if not os.path.isdir(args.root):
             raise ValueError(f"the host root {args.root} is not a directory")
-        check_startup(config, args.plugin_dir)
+        config = config_from_args(args)
     except ValueError as exc:
         log.error("cannot start", extra={"why": str(exc)})
         return EXIT_USAGE

@@ -34,13 +34,12 @@ from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
 from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
 from nodefabric_deviceplugin.source import RecordSource
-from nodefabric_deviceplugin.startup import socket_name
+from nodefabric_deviceplugin.startup import DEFAULT_PLUGIN_DIR, socket_name
 from nodefabric_deviceplugin.verbs import DEFAULT_READ_BUDGET_S, VerbsCache, VerbsUnresolvable
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 5.0

@@ -5,12 +5,15 @@ a plugin that retries a bind forever. `nodefabric deviceplugin` and `nodefabric 
 
 from __future__ import annotations
 
+import argparse
 import os
+from typing import Any
 
-from nodefabric_deviceplugin.resources import Family, PluginConfig
+from nodefabric_deviceplugin.resources import DEFAULT_DOMAIN, DEFAULT_SHARED_COUNT, Family, PluginConfig
 
 # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL.
 MAX_SOCKET_PATH = 107
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
 class StartupError(ValueError):
@@ -47,3 +50,40 @@ def check_plugin_dir(plugin_dir: str, families: list[Family]) -> None:
 def check_startup(config: PluginConfig, plugin_dir: str) -> None:
     """Everything the plugin needs before it serves. Raises StartupError (a ValueError)."""
     check_plugin_dir(plugin_dir, config.families())
+
+
+def add_plugin_arguments(parser: argparse.ArgumentParser | Any) -> None:
+    """The device plugin's flags, the same on `nodefabric deviceplugin` and `nodefabric agent` (a parser
+    or an argument group)."""
+    parser.add_argument(
+        "--plugin-dir",
+        default=DEFAULT_PLUGIN_DIR,
+        help=f"kubelet's device-plugin directory ({DEFAULT_PLUGIN_DIR})",
+    )
+    parser.add_argument("--no-shared", action="store_true", help="do not serve device.<domain>/rdma.shared")
+    parser.add_argument(
+        "--no-partitioned", action="store_true", help="do not serve device.<domain>/rdma.partitioned"
+    )
+    parser.add_argument(
+        "--shared-count",
+        type=int,
+        default=DEFAULT_SHARED_COUNT,
+        metavar="N",
+        help=f"rdma.shared tokens per whole-function endpoint (default {DEFAULT_SHARED_COUNT})",
+    )
+    parser.add_argument(
+        "--domain", default=DEFAULT_DOMAIN, help=f"resource domain (default {DEFAULT_DOMAIN})"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> PluginConfig:
+    """The settings those flags give, checked before anything is served. Raises StartupError (or the
+    ValueError PluginConfig raises for a shared count or domain it refuses)."""
+    config = PluginConfig(
+        domain=args.domain,
+        shared_count=args.shared_count,
+        shared=not args.no_shared,
+        partitioned=not args.no_partitioned,
+    )
+    check_startup(config, args.plugin_dir)
+    return config

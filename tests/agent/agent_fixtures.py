@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,9 @@ from typing import Any
 import kubernetes
 
 from nodefabric_devicemanager import crd
+from nodefabric_devicemanager.agent import api as agent_api
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import Backoff, DevicesClient
-from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.testing.sysfs import (
     PHYS_STATE_CODES,
     STATE_CODES,
@@ -69,7 +70,9 @@ async def api_with_node(node: str = NODE) -> AsyncIterator[RunningAPI]:
 
 def make_agent(k: RunningAPI, root: Path, node: str = NODE, **config: Any) -> Agent:
     config.setdefault("backoff", Backoff(base=0.01, cap=0.05))
-    return Agent(AgentConfig(node=node, root=str(root), **config), DevicesClient(load_client(k.kubeconfig)))
+    return Agent(
+        AgentConfig(node=node, root=str(root), **config), DevicesClient(agent_api.load(k.kubeconfig))
+    )
 
 
 def writes(k: RunningAPI) -> list[Any]:
@@ -102,6 +105,18 @@ async def operator_writes_status(k: RunningAPI, conds: list[dict[str, Any]], lab
     await asyncio.to_thread(custom.patch_cluster_custom_object_status, G, V, P, NODE, body)
 
 
+async def hand_edits_spec(k: RunningAPI, spec: dict[str, Any]) -> None:
+    """Someone edits the record's spec through the API (`kubectl edit`): a merge patch."""
+    custom = kubernetes.client.CustomObjectsApi(_client(k))
+    await asyncio.to_thread(custom.patch_cluster_custom_object, G, V, P, NODE, {"spec": spec})
+
+
+async def delete_devices(k: RunningAPI, node: str = NODE) -> None:
+    """Someone deletes the record (`kubectl delete devices NODE`)."""
+    custom = kubernetes.client.CustomObjectsApi(_client(k))
+    await asyncio.to_thread(custom.delete_cluster_custom_object, G, V, P, node)
+
+
 async def delete_node(k: RunningAPI, node: str = NODE) -> None:
     await asyncio.to_thread(kubernetes.client.CoreV1Api(_client(k)).delete_node, node)
 
@@ -117,6 +132,14 @@ def nodefabric_bin() -> str:
     found = str(here) if here.exists() else shutil.which("nodefabric")
     assert found, "the nodefabric console script is not installed"
     return found
+
+
+async def until(predicate: Any, timeout: float = 20.0, what: str = "") -> None:
+    """Wait for exactly the condition a test asserts, with headroom for a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 def uevents_writable() -> bool:

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodefabric_devicemanager.cli import build_parser
 from nodefabric_devicemanager.testing.sysfs import Port
+from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 
 
 async def run_once(kubeconfig: str, root: str, *extra: str) -> int:
@@ -101,26 +102,38 @@ async def test_the_daemon_serves_probes_metrics_the_plugin_and_stops_on_sigterm(
             "--health-port", str(health_port), "--plugin-dir", str(plugin_dir),
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
+        kubelet = KubeletEmulator(plugin_dir)
         try:
-            ready: list[int] = []
+            # The record is published, but kubelet has not accepted the resources: not ready, and it says why.
+            await _until(lambda: stored(k) is not None and "status" in stored(k), what="the first pass")
+            await _until(lambda: len(list(plugin_dir.glob("nodefabric-*.sock"))) == 3, what="plugin sockets")
+            answers: list[tuple[int, str]] = []
+            for _ in range(200):  # the pass ends a moment after its write; then only the plugin is missing
+                answers.append(await _get(http, f"http://127.0.0.1:{health_port}/readyz"))
+                if answers[-1][1].startswith("device plugin:"):
+                    break
+                await asyncio.sleep(0.1)
+            assert answers[-1][0] == 503 and answers[-1][1].startswith("device plugin:"), answers[-3:]
+            assert all(status != 200 for status, _ in answers), (
+                "never ready before kubelet accepted the plugin"
+            )
+            status, _ = await _get(http, f"http://127.0.0.1:{health_port}/healthz")
+            assert status == 200
+
+            await kubelet.start()  # the device plugin notices kubelet.sock and registers
 
             async def poll_ready() -> None:
                 while True:
                     status, _ = await _get(http, f"http://127.0.0.1:{health_port}/readyz")
                     if status == 200:
-                        ready.append(status)
                         return
                     if proc.returncode is not None:
                         raise AssertionError("the agent exited: " + (await proc.stderr.read()).decode())
                     await asyncio.sleep(0.1)
 
             await asyncio.wait_for(poll_ready(), 30)
-            assert stored(k) is not None
-            status, _ = await _get(http, f"http://127.0.0.1:{health_port}/healthz")
-            assert status == 200
-
-            # The device plugin runs in-process, serving from the agent's record.
-            await _until(lambda: len(list(plugin_dir.glob("nodefabric-*.sock"))) == 3, what="plugin sockets")
+            for family in ("rdma", "rdma.shared", "rdma.partitioned"):
+                assert kubelet.registrations(f"device.gpustack.ai/{family}") >= 1
 
             status, text = await _get(http, f"http://127.0.0.1:{metrics_port}/metrics")
             assert status == 200
@@ -137,6 +150,9 @@ async def test_the_daemon_serves_probes_metrics_the_plugin_and_stops_on_sigterm(
             endpoints = {s.labels["verdict"]: s.value for s in families["nodefabric_agent_endpoints"].samples}
             assert endpoints["ok"] == 2
             assert "nodefabric_deviceplugin_devices" in families, "the plugin's metrics are served too"
+            assert "process_resident_memory_bytes" in families, "process metrics are served"
+            assert "nodefabric_agent_api_response_bytes" in families
+            assert not [line for line in text.splitlines() if "_created" in line], "no _created series"
 
             if uevents_writable():
                 # With a one-hour interval, only a kernel uevent can bring the next pass.
@@ -151,6 +167,7 @@ async def test_the_daemon_serves_probes_metrics_the_plugin_and_stops_on_sigterm(
             assert await asyncio.wait_for(proc.wait(), 30) == 0
             assert not list(plugin_dir.glob("nodefabric-*.sock")), "sockets are removed on the way out"
         finally:
+            await kubelet.stop()
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()

@@ -46,11 +46,12 @@ async def test_a_failed_pass_is_retried_before_the_interval(tmp_path):
         k.api.fail_next(2, 503)
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        # The pass ends with the status write, a moment after the create makes the record visible.
-        await _until(lambda: bool((stored(k) or {}).get("status")), what="the record after the outage")
-        assert agent.passes == 3 and len(writes(k)) == 4  # two refused creates, then create + status
-        stop.set()
-        await asyncio.wait_for(task, 5)
+        try:
+            await _until(lambda: agent.last_outcome is not None and agent.last_outcome.ok, what="a good pass")
+            assert (agent.passes, len(writes(k))) == (3, 4), "two refused creates, then create + status"
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
 
 
 async def test_stop_interrupts_the_wait_for_the_next_pass(tmp_path):

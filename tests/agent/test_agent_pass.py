@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from agent_fixtures import (
     DEVICES,
     NODE,
@@ -16,6 +18,7 @@ from agent_fixtures import (
     set_port,
     stored,
     two_nic_host,
+    until,
     writes,
 )
 
@@ -145,16 +148,24 @@ async def test_a_first_pass_that_cannot_enumerate_still_publishes_the_failure(tm
 async def test_deleting_the_node_removes_the_record_and_the_agent_does_not_recreate_it(tmp_path):
     two_nic_host(tmp_path)
     async with api_with_node() as k:
-        agent = make_agent(k, tmp_path)
-        await agent.run_pass()
-        assert stored(k) is not None
+        agent = make_agent(k, tmp_path, interval=3600)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await until(
+            lambda: agent.watch.connects >= 1 and stored(k) is not None, what="the record and its watch"
+        )
 
         await delete_node(k)
         assert stored(k) is None, "garbage-collected through the owner reference"
-
-        outcome = await agent.run_pass()
-        assert outcome.result is Result.FAILED and "does not exist" in outcome.error
+        # The watch reports the deletion; the pass it brings finds no Node to own a new record.
+        await until(
+            lambda: agent.last_outcome is not None and "does not exist" in agent.last_outcome.error,
+            what="the pass after the deletion",
+        )
+        assert agent.last_outcome.result is Result.FAILED
         assert stored(k) is None, "an orphan would outlive every later node of that name"
+        stop.set()
+        await asyncio.wait_for(task, 10)
 
 
 async def test_conflicts_and_outages_are_retried_within_the_pass(tmp_path):
@@ -241,8 +252,8 @@ async def test_pass_metrics_describe_the_record(tmp_path):
         await agent.run_pass()
         await agent.run_pass()
         value = agent.metrics.registry.get_sample_value
-        assert value("nodefabric_agent_passes_total", {"result": "ok"}) == 2
-        assert value("nodefabric_agent_pass_duration_seconds_count") == 2
+        assert value("nodefabric_agent_passes_total", {"kind": "walk", "result": "ok"}) == 2
+        assert value("nodefabric_agent_pass_duration_seconds_count", {"kind": "walk"}) == 2
         assert value("nodefabric_agent_api_writes_total", {"kind": "create"}) == 1
         assert value("nodefabric_agent_api_writes_total", {"kind": "status"}) == 1
         assert value("nodefabric_agent_api_writes_total", {"kind": "spec"}) is None
@@ -267,7 +278,8 @@ async def test_an_inventory_that_raises_keeps_everything_and_says_so(tmp_path):
 
         agent.reader = broken_reader
         outcome = await agent.run_pass()
-        assert outcome.ok and outcome.wrote == ("status",)
+        assert not outcome.ok and outcome.wrote == ("status",), "failed (not ready), and said in the record"
+        assert "vendor library crashed" in outcome.error
         assert set(outcome.degraded) == {"InterfacesEnumerated", "AcceleratorsEnumerated"}
         assert stored(k)["spec"] == recorded
         cond = conditions(stored(k))["InterfacesEnumerated"]
@@ -300,4 +312,4 @@ async def test_record_consumers_get_the_host_reading_even_when_the_api_refuses(t
         k.api.fail_next(1, 503)
         assert (await agent.run_pass()).result is Result.FAILED
         assert seen[-1].interfaces[1].link.state == "failed", "the plugin marks it Unhealthy without the API"
-        assert len(seen) == 3
+        assert len(seen) == 2, "the created record equals the one handed on during the outage: not again"

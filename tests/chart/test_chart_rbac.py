@@ -13,7 +13,8 @@ CLUSTER = "<cluster>"
 Grants = dict[tuple[str, str, str, str], set[str]]
 
 AGENT: Grants = {
-    (CLUSTER, "worker.gpustack.ai", "devices", ""): {"get", "create", "patch"},
+    # Its own object followed by a watch (list + watch by field selector), written by create and patch.
+    (CLUSTER, "worker.gpustack.ai", "devices", ""): {"list", "watch", "create", "patch"},
     (CLUSTER, "worker.gpustack.ai", "devices/status", ""): {"patch"},
     (CLUSTER, "", "nodes", ""): {"get"},
     # Events on its Devices object (cluster-scoped, so they live in "default"), through either API.

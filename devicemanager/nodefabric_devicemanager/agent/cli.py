@@ -1,45 +1,71 @@
-"""`nodefabric agent`: the DaemonSet process. Publishes this node's Devices record and, unless told not
-to, serves the RDMA device-plugin resources from it in the same process."""
+"""`nodefabric agent`: the DaemonSet process. Publishes this node's Devices record and serves kubelet
+from it in the same process: the RDMA device-plugin resources, the DRA driver, or both (`--serve`).
+
+Start-up problems (a bad flag value, an unusable plugin directory, a busy port, credentials that cannot
+be loaded) are one line on stderr and exit 2. SIGTERM stops it within `STOP_GRACE_S` seconds, whatever a
+worker thread is stuck in.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
+import math
 import os
+import re
 import signal
+import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import prometheus_client
-from kubernetes.config.config_exception import ConfigException
 
-from nodefabric_devicemanager.agent.core import Agent, AgentConfig
+from nodefabric_devicemanager.agent import api as apimod
+from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
-from nodefabric_devicemanager.agent.serve import Servers
+from nodefabric_devicemanager.agent.serve import Probe, Servers
 from nodefabric_devicemanager.agent.uevents import UeventWatch
-from nodefabric_devicemanager.kubeclient import load_client
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_PASS_FAILED = 1
 EXIT_USAGE = 2
+# After SIGTERM the parts get this long to stop cleanly; then the process exits regardless.
+STOP_GRACE_S = 5.0
+# The parts are told to stop, and waited for this long before being cancelled.
+_PART_STOP_S = 3.0
+_MAX_SECONDS = 7 * 24 * 3600.0
+# A Devices object is named after its Node: a DNS subdomain, as the API server checks it.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SERVE = ("deviceplugin", "dra", "both")
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+class StartupError(Exception):
+    """A setting the agent cannot start with; the message is the one line an operator reads."""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or not 0 < value <= _MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {_MAX_SECONDS:.0f} seconds, got {text}"
+        )
     return value
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
-    return value
+    if not text.isascii() or not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
+    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,16 +76,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--root", default="/", help="where the host's /sys and /dev are mounted (default: /)")
     parser.add_argument(
-        "--interval", type=_positive, default=60.0, help="seconds between passes (default: 60)"
+        "--driver-root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT", ""),
+        help="where the NVIDIA driver is mounted, to load NVML from (/run/nvidia/driver under the GPU "
+        "Operator; default: $NVIDIA_DRIVER_ROOT, else the library search path)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_seconds,
+        default=60.0,
+        help="seconds between link refreshes: RDMA port state and interface operstate (default: 60)",
+    )
+    parser.add_argument(
+        "--walk-interval",
+        type=_seconds,
+        default=600.0,
+        help="seconds between full walks of the host when no kernel uevent asked for one (default: 600)",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=_seconds,
+        default=60.0,
+        help="a host read still running after this many seconds fails the pass (default: 60)",
     )
     parser.add_argument(
         "--debounce",
-        type=_positive,
+        type=_seconds,
         default=2.0,
-        help="quiet seconds after a kernel uevent before a pass (default: 2)",
+        help="quiet seconds after a kernel uevent before the walk (default: 2)",
     )
     parser.add_argument(
-        "--once", action="store_true", help="do one pass and exit: 0 when the record is up to date"
+        "--once", action="store_true", help="walk once, publish, exit: 0 when the record is up to date"
     )
     parser.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
@@ -74,71 +121,126 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-port", type=_port, default=8081, help="/healthz and /readyz port, 0 = off (default: 8081)"
     )
     parser.add_argument(
-        "--no-uevents", action="store_true", help="periodic passes only; ignore kernel uevents"
+        "--no-uevents", action="store_true", help="no walks on kernel uevents; periodic passes only"
     )
     plugin = parser.add_argument_group("device plugin (served in-process from the agent's latest record)")
     plugin.add_argument("--no-device-plugin", action="store_true", help="do not serve the RDMA resources")
-    plugin.add_argument(
-        "--plugin-dir", default="/var/lib/kubelet/device-plugins", help="kubelet's device-plugin directory"
+    from nodefabric_deviceplugin.startup import add_plugin_arguments  # no grpc: flags and checks only
+
+    add_plugin_arguments(plugin)
+    from nodefabric_deviceplugin.dra.flags import add_driver_arguments  # no grpc either
+
+    dra = parser.add_argument_group(
+        "DRA driver rdma.<domain> (served in-process beside or instead of the plugin)"
     )
-    plugin.add_argument("--no-shared", action="store_true", help="do not serve device.<domain>/rdma.shared")
-    plugin.add_argument(
-        "--no-partitioned", action="store_true", help="do not serve device.<domain>/rdma.partitioned"
+    dra.add_argument(
+        "--serve",
+        choices=SERVE,
+        default="deviceplugin",
+        help="kubelet APIs to serve: the device plugin, the DRA driver, or both (DRA then offers the whole"
+        " functions and the device plugin the VFs, so no endpoint is offered twice; default: deviceplugin)",
     )
-    plugin.add_argument(
-        "--shared-count", type=int, default=64, help="rdma.shared tokens per endpoint (default: 64)"
-    )
-    plugin.add_argument(
-        "--domain", default="gpustack.ai", help="domain of the resource keys (default: gpustack.ai)"
-    )
-    _add_dra_arguments(parser)
+    add_driver_arguments(dra, prefix="dra-")
+
+
+# --- start-up checks ---------------------------------------------------------------------------------
+
+
+def _plugin_config(args: argparse.Namespace) -> Any:
+    """The device plugin's settings, checked before anything starts (the shared count against kubelet's
+    message limit, the domain); None when the plugin is off."""
+    if args.no_device_plugin or args.serve == "dra":
+        return None
+    from nodefabric_deviceplugin.startup import config_from_args
+
+    try:
+        return config_from_args(args)
+    except ValueError as exc:  # the device plugin's StartupError is one
+        raise StartupError(str(exc)) from exc
+
+
+def _dra_config(args: argparse.Namespace) -> Any:
+    """The DRA driver's settings, checked before anything starts (the domain, the paths, their
+    directories); None when the driver is not served."""
+    if args.serve == "deviceplugin":
+        return None
+    if args.serve == "both" and args.no_device_plugin:
+        raise StartupError("--serve both and --no-device-plugin contradict each other (use --serve dra)")
+    from nodefabric_deviceplugin.dra.flags import config_from
+
+    try:
+        # Beside the device plugin the driver offers the whole functions; the VFs are the device plugin's.
+        return config_from(args, functions=("pf",)) if args.serve == "both" else config_from(args)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+
+
+def reader_for(driver_root: str) -> Reader:
+    """The host reader, loading NVML from `driver_root` when one is given (as `inventory --driver-root`)."""
+    if not driver_root:
+        return default_reader
+    from nodefabric_devicemanager import inventory
+
+    return functools.partial(inventory.read, driver_root=driver_root)
+
+
+def _check(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The device plugin's and the DRA driver's settings (None for one not served). Raises StartupError."""
+    if not args.node_name:
+        raise StartupError(
+            "no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)"
+        )
+    if len(args.node_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(args.node_name):
+        raise StartupError(f"--node-name {args.node_name!r} is not a Kubernetes node name (a DNS subdomain)")
+    if not os.path.isdir(args.root):
+        raise StartupError(f"--root {args.root} is not a directory")
+    if args.driver_root and not os.path.isdir(args.driver_root):
+        raise StartupError(f"--driver-root {args.driver_root} is not a directory")
+    return _plugin_config(args), _dra_config(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.node_name:
-        log.error("no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
-        return EXIT_USAGE
     try:
-        _dra_config(args)
-    except ValueError as exc:
-        log.error("invalid setting", extra={"error": str(exc)})
+        plugin_config, dra_config = _check(args)
+        api = apimod.load(args.kubeconfig)
+    except (StartupError, apimod.ConfigError) as exc:
+        log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
         return EXIT_USAGE
-    if not os.path.isdir(args.root):
-        log.error("the host root is not a directory", extra={"root": args.root})
-        return EXIT_USAGE
-    try:
-        api_client = load_client(args.kubeconfig)
-    except (ConfigException, OSError) as exc:
-        log.error("cannot reach the kubernetes api", extra={"error": str(exc)})
-        return EXIT_USAGE
-    config = AgentConfig(node=args.node_name, root=args.root, interval=args.interval, debounce=args.debounce)
-    agent = Agent(config, DevicesClient(api_client), metrics=AgentMetrics())
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    metrics = AgentMetrics()
+    metrics.count_api(api)
+    config = AgentConfig(
+        node=args.node_name,
+        root=args.root,
+        interval=args.interval,
+        walk_interval=args.walk_interval,
+        read_timeout=args.read_timeout,
+        debounce=args.debounce,
+        watch=not args.once,
+    )
+    agent = Agent(config, DevicesClient(api), reader=reader_for(args.driver_root), metrics=metrics)
     try:
         if args.once:
             outcome = asyncio.run(agent.run_pass())
             return EXIT_OK if outcome.ok else EXIT_PASS_FAILED
-        return asyncio.run(serve(agent, args))
-    except ValueError as exc:  # a bad device-plugin setting (shared count, domain)
-        log.error("invalid setting", extra={"error": str(exc)})
+        return asyncio.run(serve(agent, args, plugin_config, dra_config))
+    except OSError as exc:  # a port that cannot be bound: in use, or an address not on this node
+        log.error("cannot start the agent: %s", exc.strerror or exc, extra={"node": args.node_name})
         return EXIT_USAGE
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        api.close()
 
 
-def _plugin(agent: Agent, args: argparse.Namespace) -> Any:
+# --- the long-running process --------------------------------------------------------------------------
+
+
+def _plugin(agent: Agent, args: argparse.Namespace, plugin_config: Any) -> Any:
     """The in-process device plugin fed by every pass, or None when it is turned off."""
-    if args.no_device_plugin or args.serve == "dra":
+    if plugin_config is None:
         return None
-    from nodefabric_deviceplugin.resources import PluginConfig
     from nodefabric_deviceplugin.server import DevicePluginManager
     from nodefabric_deviceplugin.source import RecordSource
 
-    plugin_config = PluginConfig(
-        domain=args.domain,
-        shared_count=args.shared_count,
-        shared=not args.no_shared,
-        partitioned=not args.no_partitioned,
-    )
     source = RecordSource()
     if args.serve == "both":
         from nodefabric_deviceplugin.dra.devices import device_plugin_share
@@ -150,80 +252,102 @@ def _plugin(agent: Agent, args: argparse.Namespace) -> Any:
     return DevicePluginManager(source, agent.host, config=plugin_config, plugin_dir=args.plugin_dir)
 
 
-# --- the DRA driver (--serve dra|both) ---------------------------------------------------------------------
-
-
-def _add_dra_arguments(parser: argparse.ArgumentParser) -> None:
-    from nodefabric_deviceplugin.dra.flags import add_driver_arguments
-
-    dra = parser.add_argument_group(
-        "DRA driver rdma.<domain> (served in-process beside or instead of the plugin)"
-    )
-    dra.add_argument(
-        "--serve",
-        choices=["deviceplugin", "dra", "both"],
-        default="deviceplugin",
-        help="kubelet APIs to serve: the device plugin, the DRA driver, or both (DRA then offers the whole"
-        " functions and the device plugin the VFs, so no endpoint is offered twice; default: deviceplugin)",
-    )
-    add_driver_arguments(dra, prefix="dra-")
-
-
-def _dra_config(args: argparse.Namespace) -> Any:
-    """The DRA driver's configuration, or None when it is not served. Raises ValueError."""
-    if args.serve == "deviceplugin":
-        return None
-    if args.serve == "both" and args.no_device_plugin:
-        raise ValueError("--serve both and --no-device-plugin contradict each other (use --serve dra)")
-    from nodefabric_deviceplugin.dra.flags import config_from
-
-    # Beside the device plugin the driver offers the whole functions; the VFs are the device plugin's.
-    return config_from(args, functions=("pf",)) if args.serve == "both" else config_from(args)
-
-
-def _dra(agent: Agent, args: argparse.Namespace) -> Any:
+def _dra(agent: Agent, args: argparse.Namespace, dra_config: Any) -> Any:
     """The in-process DRA driver fed by every pass, or None when it is not served."""
-    config = _dra_config(args)
-    if config is None:
+    if dra_config is None:
         return None
+    from nodefabric_devicemanager.kubeclient import load_client
     from nodefabric_deviceplugin.dra.driver import DraDriver
     from nodefabric_deviceplugin.dra.kube import DraApi
     from nodefabric_deviceplugin.source import RecordSource
 
     source = RecordSource()
     agent.subscribe(source.update)
-    return DraDriver(config, source, agent.host, DraApi(load_client(args.kubeconfig), config))
+    return DraDriver(dra_config, source, agent.host, DraApi(load_client(args.kubeconfig), dra_config))
 
 
-async def serve(agent: Agent, args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT (or `stop`): passes, uevents, metrics and probes, the device plugin."""
+def _ready(agent: Agent, plugin: Any) -> Callable[[], Probe]:
+    """The agent's readiness, and the in-process device plugin's: kubelet accepted every resource."""
+
+    def ready() -> Probe:
+        probe = agent.readiness()
+        if not probe.ok or plugin is None:
+            return probe
+        ok, message = plugin.readiness()  # from memory, no I/O: safe on the probe's thread
+        return probe if ok else Probe(False, str(message))
+
+    return ready
+
+
+def _force_exit_later(node: str) -> None:
+    """Arm the last resort: if the process is still here STOP_GRACE_S after SIGTERM, it exits anyway."""
+
+    def force() -> None:
+        log.error(
+            "did not stop in time; exiting now",
+            extra={
+                "node": node,
+                "grace_s": STOP_GRACE_S,
+                "threads": sorted(t.name for t in threading.enumerate()),
+            },
+        )
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PASS_FAILED)
+
+    timer = threading.Timer(STOP_GRACE_S, force)
+    timer.daemon = True
+    timer.start()
+
+
+async def serve(
+    agent: Agent,
+    args: argparse.Namespace,
+    plugin_config: Any,
+    dra_config: Any = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or `stop`): passes, uevents, metrics and probes, the device plugin and
+    the DRA driver."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
+    node = agent.config.node
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("stopping on signal", extra={"node": node, "signal": sig.name})
+            _force_exit_later(node)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(sig, stop.set)
-    plugin = _plugin(agent, args)
-    dra = _dra(agent, args)
+            loop.add_signal_handler(sig, on_signal, sig)
+    plugin = _plugin(agent, args, plugin_config)
+    dra = _dra(agent, args, dra_config)
     servers = Servers()
+    # Before anything runs: a port that cannot be bound is a start-up error (OSError, exit 2).
+    servers.start(
+        host=args.bind_address,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        registries=(agent.metrics.registry, prometheus_client.REGISTRY),
+        live=agent.liveness,
+        ready=_ready(agent, plugin),
+    )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []
     try:
-        await servers.start(
-            host=args.bind_address,
-            metrics_port=args.metrics_port,
-            health_port=args.health_port,
-            registries=(agent.metrics.registry, prometheus_client.REGISTRY),
-            live=agent.liveness,
-            ready=agent.readiness,
-        )
         if not args.no_uevents:
             watch.start(loop)
         log.info(
             "agent started",
             extra={
-                "node": agent.config.node,
+                "node": node,
                 "root": agent.host.root,
                 "interval_s": agent.config.interval,
+                "walk_interval_s": agent.config.walk_interval,
                 "device_plugin": plugin is not None,
                 "dra_driver": dra is not None,
             },
@@ -241,22 +365,21 @@ async def serve(agent: Agent, args: argparse.Namespace, stop: asyncio.Event | No
             exc = None if task.cancelled() else task.exception()
             log.error(
                 "a part of the agent ended on its own; stopping so the pod restarts",
-                extra={"node": agent.config.node, "part": task.get_name(), "error": repr(exc)},
+                extra={"node": node, "part": task.get_name(), "error": repr(exc)},
             )
         stop.set()
-        log.info("stopping", extra={"node": agent.config.node})
-        _, pending = await asyncio.wait(tasks, timeout=5)
+        _, pending = await asyncio.wait(tasks, timeout=_PART_STOP_S) if tasks else (set(), set())
         for task in pending:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return EXIT_PASS_FAILED if failed else EXIT_OK
     finally:
         watch.stop(loop)
-        await servers.stop()
+        servers.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
-        log.info("stopped", extra={"node": agent.config.node})
+        log.info("stopped", extra={"node": node})
 
 
 __all__ = ["add_arguments", "run", "serve"]

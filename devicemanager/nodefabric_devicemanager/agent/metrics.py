@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from nodefabric_devicemanager.models import DevicesSpec, LinkState
 
@@ -10,17 +14,61 @@ from nodefabric_devicemanager.models import DevicesSpec, LinkState
 VERDICTS = ("ok", "unverified", "failed", "none")
 
 
+class _ApiCounts(Protocol):
+    requests: int
+    bytes_received: int
+
+
+class _ApiCollector:
+    """What the agent costs the API server, read from the connection's own counters at scrape time."""
+
+    def __init__(self, api: _ApiCounts) -> None:
+        self.api = api
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "nodefabric_agent_api_requests", "Requests sent to the API server (a watch counts once).",
+            value=self.api.requests,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "nodefabric_agent_api_response_bytes",
+            "Bytes of API response bodies and watch events received.",
+            value=self.api.bytes_received,
+        )
+
+
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.passes = Counter(
-            "nodefabric_agent_passes", "Inventory passes, by result (ok, failed).", ["result"], registry=r
+            "nodefabric_agent_passes",
+            "Passes, by kind (walk: the whole host; refresh: link state only; sync: no host read, the object "
+            "changed) and result (ok, failed).",
+            ["kind", "result"],
+            registry=r,
         )
         self.pass_duration = Histogram(
             "nodefabric_agent_pass_duration_seconds",
-            "Time one pass took: host read, API read, and any writes.",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            "Time one pass took, by kind: host read and any API requests.",
+            ["kind"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.watch_events = Counter(
+            "nodefabric_agent_watch_events",
+            "Changes to the Devices object made by someone else, seen on the watch.",
+            registry=r,
+        )
+        self.uevent_bursts = Counter(
+            "nodefabric_agent_uevent_bursts",
+            "Bursts of kernel uevents (net, infiniband, pci) that led to a walk of the host.",
+            registry=r,
+        )
+        self.events = Counter(
+            "nodefabric_agent_events_posted",
+            "Kubernetes Events posted on the Devices object, by type (Warning, Normal).",
+            ["type"],
             registry=r,
         )
         self.api_writes = Counter(
@@ -31,8 +79,9 @@ class AgentMetrics:
         )
         self.errors = Counter(
             "nodefabric_agent_errors",
-            "Errors by kind: interfaces, accelerators (enumeration), conflict, unavailable, rejected, "
-            "node_missing (API), internal.",
+            "Errors by kind: interfaces, accelerators (a read that failed; counted when it starts), "
+            "host_timeout (a host read past its budget), conflict, unavailable, rejected, gone, node_missing "
+            "(API), internal.",
             ["kind"],
             registry=r,
         )
@@ -55,8 +104,12 @@ class AgentMetrics:
         )
         for verdict in VERDICTS:
             self.endpoints.labels(verdict=verdict)
-        for result in ("ok", "failed"):
-            self.passes.labels(result=result)
+        for kind in ("walk", "refresh", "sync"):
+            for result in ("ok", "failed"):
+                self.passes.labels(kind=kind, result=result)
+
+    def count_api(self, api: _ApiCounts) -> None:
+        self.registry.register(_ApiCollector(api))  # type: ignore[arg-type]
 
     def observe_record(self, spec: DevicesSpec) -> None:
         counts = dict.fromkeys(VERDICTS, 0)

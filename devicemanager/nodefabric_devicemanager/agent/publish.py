@@ -55,6 +55,8 @@ class Plan:
     create: bool
     spec: DevicesSpec | None
     conditions: list[dict[str, Any]] | None
+    # The spec decided on, also when it equals the stored one (then the caller keeps this copy, not both).
+    desired: DevicesSpec | None = None
 
     @property
     def writes(self) -> bool:
@@ -70,7 +72,8 @@ def _vf_key(ep: Endpoint) -> str:
 
 
 def _carry(fresh: Endpoint, stored: Endpoint | None, now: datetime) -> dict[str, Any]:
-    """The `link` update for one endpoint: a failure keeps the time it was first seen, as long as it lasts."""
+    """The `link` update for one endpoint (empty when it already reads right): a failure keeps the time
+    it was first seen, as long as it lasts; anything else has no time."""
     link = fresh.link
     if link is None or link.state is not LinkState.FAILED:
         return (
@@ -83,7 +86,7 @@ def _carry(fresh: Endpoint, stored: Endpoint | None, now: datetime) -> dict[str,
         seen = before.first_seen_time
     else:
         seen = link.first_seen_time or now
-    return {"link": link.model_copy(update={"first_seen_time": seen})}
+    return {} if seen == link.first_seen_time else {"link": link.model_copy(update={"first_seen_time": seen})}
 
 
 def carry_first_seen(
@@ -92,14 +95,20 @@ def carry_first_seen(
     """`fresh`, each failed link's firstSeenTime taken from `stored` where that failure was already there."""
     by_name = {i.name: i for i in stored}
     out: list[Interface] = []
+    # Only an endpoint whose time changes is copied: a node has thousands of VFs and most never fail.
     for iface in fresh:
         before = by_name.get(iface.name)
         before_vfs = {_vf_key(vf): vf for vf in before.virtual_functions} if before is not None else {}
-        vfs = [
-            vf.model_copy(update=_carry(vf, before_vfs.get(_vf_key(vf)), now))
-            for vf in iface.virtual_functions
-        ]
-        out.append(iface.model_copy(update={**_carry(iface, before, now), "virtual_functions": vfs}))
+        vfs = []
+        changed = False
+        for vf in iface.virtual_functions:
+            update = _carry(vf, before_vfs.get(_vf_key(vf)), now)
+            vfs.append(vf.model_copy(update=update) if update else vf)
+            changed = changed or bool(update)
+        update = _carry(iface, before, now)
+        if changed:
+            update["virtual_functions"] = vfs
+        out.append(iface.model_copy(update=update) if update else iface)
     return out
 
 
@@ -115,8 +124,10 @@ def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime
     else:
         interfaces = carry_first_seen(reading.interfaces, stored.interfaces, now)
     # Manufacturers are named by group id (their key, "nvidia"), as the accelerator reading names them.
+    # Accelerators not enumerated at all (no /sys/bus/pci, a failed walk) keep every recorded group.
+    unread = any(c.type == ACCELERATORS_ENUMERATED and c.status == "False" for c in reading.conditions)
     failed = reading.failed_manufacturers
-    kept = {g.id: g for g in stored.groups if g.id in failed}
+    kept = {g.id: g for g in stored.groups if unread or g.id in failed}
     # A failed manufacturer the host still lists keeps its recorded group; with none recorded yet, the
     # group as read (accelerators without what could not be read) is better than no group at all.
     groups = [kept.pop(g.id, g) for g in reading.groups]
@@ -160,7 +171,9 @@ def canonical(spec: DevicesSpec) -> dict[str, Any]:
 
 
 def same_spec(a: DevicesSpec, b: DevicesSpec) -> bool:
-    return canonical(a) == canonical(b)
+    # Equal models are equal specs; only specs that differ as models (order, firstSeenTime) are compared
+    # in canonical form, which costs a copy of both as dicts.
+    return a == b or canonical(a) == canonical(b)
 
 
 # --- conditions ------------------------------------------------------------------------------------
@@ -205,26 +218,33 @@ def merge_conditions(
     """The status.conditions to write, or None when ours already read as reported.
 
     Conditions are owned per type: another writer's entries are carried verbatim (every field, even ones
-    our model does not know), and ours move lastTransitionTime only when their status changes."""
-    current = list(current)
+    our model does not know), and ours move lastTransitionTime only when their status changes. The list
+    is a map keyed by type: an entry repeated by hand is merged into one (the first that parses), once."""
+    current = [c for c in current if isinstance(c, Mapping)]
+    types = [c.get("type") for c in current]
+    duplicated = len(types) != len(set(map(str, types)))
     ours_types = {c.type for c in reported}
-    others = [dict(c) for c in current if c.get("type") not in ours_types]
-    ours_now: list[Condition] = []
+    others: dict[str, dict[str, Any]] = {}
+    ours_now: dict[str, Condition] = {}
     for raw in current:
-        if raw.get("type") not in ours_types:
+        kind = str(raw.get("type"))
+        if kind not in ours_types:
+            others.setdefault(kind, dict(raw))
+            continue
+        if kind in ours_now:
             continue
         try:
-            ours_now.append(Condition.model_validate(raw))
+            ours_now[kind] = Condition.model_validate(raw)
         except ValidationError:
-            log.warning("rewriting a malformed condition", extra={"condition": raw})
-    merged = sorted(ours_now, key=lambda c: c.type)
+            log.warning("rewriting a malformed condition", extra={"condition": dict(raw)})
+    before = [c.wire() for c in sorted(ours_now.values(), key=lambda c: c.type)]
+    merged = sorted(ours_now.values(), key=lambda c: c.type)
     for cond in reported:
         merged = set_condition(merged, cond, now)
-    before = [c.wire() for c in sorted(ours_now, key=lambda c: c.type)]
     after = [c.wire() for c in merged]
-    if before == after and len(ours_now) == len({c.type for c in ours_now}):
+    if before == after and not duplicated:
         return None
-    return sorted(others + after, key=lambda c: str(c.get("type", "")))
+    return sorted([*others.values(), *after], key=lambda c: str(c.get("type", "")))
 
 
 # --- the decision ----------------------------------------------------------------------------------
@@ -242,14 +262,20 @@ def stored_spec(obj: Mapping[str, Any]) -> DevicesSpec | None:
         return None
 
 
-def plan(stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime) -> Plan:
-    """Create when there is no object; otherwise patch only the parts that changed."""
+_UNPARSED: Any = object()
+
+
+def plan(
+    stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime, parsed: Any = _UNPARSED
+) -> Plan:
+    """Create when there is no object; otherwise patch only the parts that changed. `parsed` is the
+    stored spec already parsed (a `DevicesSpec`, or None when it does not parse), when the caller has it."""
     reported = reported_conditions(reading)
     if stored is None:
         return Plan(
             create=True, spec=desired_spec(reading, None, now), conditions=merge_conditions([], reported, now)
         )
-    old = stored_spec(stored)
+    old = stored_spec(stored) if parsed is _UNPARSED else parsed
     conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], reported, now)
     if old is None and (reading.interfaces is None or reading.failed_manufacturers):
         # Rewriting an unparseable record from a partial read would replace what it holds with an empty
@@ -257,4 +283,4 @@ def plan(stored: Mapping[str, Any] | None, reading: ReadingLike, now: datetime) 
         return Plan(create=False, spec=None, conditions=conditions)
     desired = desired_spec(reading, old, now)
     spec = None if old is not None and same_spec(desired, old) else desired
-    return Plan(create=False, spec=spec, conditions=conditions)
+    return Plan(create=False, spec=spec, conditions=conditions, desired=desired)

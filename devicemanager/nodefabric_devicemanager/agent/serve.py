@@ -1,16 +1,22 @@
 """HTTP endpoints: /metrics (Prometheus text), /healthz (liveness) and /readyz (readiness).
 
-Metrics and probes may share a port or use two; port 0 turns that listener off.
+Served by prometheus_client's threaded WSGI server (the standard library's wsgiref underneath) on daemon
+threads, never on the agent's event loop: a probe answers while a pass runs, and answers from memory
+only (no host read). Metrics and probes may share a port or use two; port 0 turns that listener off.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIServer, make_server
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +29,7 @@ class Probe:
     reason: str
 
 
-def _probe_handler(probe: Callable[[], Probe]) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handle(_: web.Request) -> web.Response:
-        answer = probe()
-        return web.Response(status=200 if answer.ok else 503, text=answer.reason + "\n")
-
-    return handle
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
 def build_app(
@@ -36,30 +37,57 @@ def build_app(
     registries: Sequence[CollectorRegistry],
     live: Callable[[], Probe] | None,
     ready: Callable[[], Probe] | None,
-) -> web.Application:
-    app = web.Application()
-    if registries:
+) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+    probes = {"/healthz": live, "/readyz": ready}
 
-        async def metrics(_: web.Request) -> web.Response:
-            # The agent's own registry plus the process-wide one (the in-process device plugin's metrics).
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [b"only GET\n"]
+        if path == "/metrics" and registries:
+            # The agent's own registry plus the process-wide one (process metrics, the device plugin's).
             body = b"".join(generate_latest(r) for r in registries)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [body]
+        probe = probes.get(path)
+        if probe is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found\n"]
+        answer = probe()
+        start_response("200 OK" if answer.ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [answer.reason.encode() + b"\n"]
 
-        app.router.add_get("/metrics", metrics)
-    if live is not None:
-        app.router.add_get("/healthz", _probe_handler(live))
-    if ready is not None:
-        app.router.add_get("/readyz", _probe_handler(ready))
     return app
+
+
+# A client that connects and sends nothing (or trickles) is dropped after this long: with the agent on
+# the host network these ports are reachable from the node's network, and each connection holds a thread.
+IDLE_TIMEOUT_S = 5.0
+
+
+def _serve(app: Callable[..., Iterable[bytes]], host: str, port: int, idle_timeout: float) -> WSGIServer:
+    """Bind now (so a busy port is a start-up error), serve on a daemon thread."""
+    from prometheus_client.exposition import _SilentHandler
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+    handler_class = type("_Handler", (_SilentHandler,), {"timeout": idle_timeout})
+    httpd: WSGIServer = make_server(host, port, app, server_class, handler_class=handler_class)
+    threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name=f"http-{port}", daemon=True
+    ).start()
+    return httpd
 
 
 class Servers:
     """The agent's listeners, started together and stopped together."""
 
-    def __init__(self) -> None:
-        self._runners: list[web.AppRunner] = []
+    def __init__(self, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+        self.idle_timeout = idle_timeout
+        self._servers: list[WSGIServer] = []
 
-    async def start(
+    def start(
         self,
         *,
         host: str,
@@ -69,25 +97,29 @@ class Servers:
         live: Callable[[], Probe],
         ready: Callable[[], Probe],
     ) -> None:
+        """Raises OSError when a port cannot be bound (in use, bad address): a start-up error."""
+        plan: list[tuple[int, Sequence[CollectorRegistry], bool]] = []
         if metrics_port and metrics_port == health_port:
-            await self._serve(build_app(registries=registries, live=live, ready=ready), host, metrics_port)
-            return
-        if metrics_port:
-            await self._serve(build_app(registries=registries, live=None, ready=None), host, metrics_port)
-        if health_port:
-            await self._serve(build_app(registries=(), live=live, ready=ready), host, health_port)
+            plan.append((metrics_port, registries, True))
+        else:
+            if metrics_port:
+                plan.append((metrics_port, registries, False))
+            if health_port:
+                plan.append((health_port, (), True))
+        try:
+            for port, regs, probes in plan:
+                app = build_app(
+                    registries=regs, live=live if probes else None, ready=ready if probes else None
+                )
+                self._servers.append(_serve(app, host, port, self.idle_timeout))
+                paths = (["/metrics"] if regs else []) + (["/healthz", "/readyz"] if probes else [])
+                log.info("serving http", extra={"address": f"{host}:{port}", "paths": paths})
+        except OSError:
+            self.stop()
+            raise
 
-    async def _serve(self, app: web.Application, host: str, port: int) -> None:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._runners.append(runner)
-        await web.TCPSite(runner, host, port).start()
-        log.info(
-            "serving http",
-            extra={"address": f"{host}:{port}", "paths": sorted(r.canonical for r in app.router.resources())},
-        )
-
-    async def stop(self) -> None:
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
+    def stop(self) -> None:
+        for httpd in reversed(self._servers):
+            httpd.shutdown()
+            httpd.server_close()
+        self._servers.clear()

@@ -1,0 +1,452 @@
+"""The agent's connection to the Kubernetes API: kubeconfig or in-cluster credentials, JSON requests, watches.
+
+Why not the `kubernetes` package: importing it costs about 36 MiB of resident memory (it loads every API
+model class), more than half of the agent's 64 MiB budget on a node, for the six requests the agent
+makes. This module speaks those requests over the standard library's `http.client`.
+
+What it reads from a kubeconfig: the current context's cluster (`server`, `certificate-authority[-data]`,
+`insecure-skip-tls-verify`, `tls-server-name`) and user (`token`, `tokenFile`, `client-certificate[-data]`
+with `client-key[-data]`). Credential plugins (`exec`, `auth-provider`) are refused with one line at
+start: the agent runs on its service account in a cluster, and a plugin is a program we would run on
+every node. In a cluster it uses the service account's token (re-read when the kubelet rotates it) and CA.
+
+Every call blocks; the agent calls it from a worker thread with a deadline, so a hung API server never
+holds a pass or a SIGTERM.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import socket
+import ssl
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# A black-holed API server must not hold a request for long.
+REQUEST_TIMEOUT_S = 10.0
+# The largest response body or watch line accepted: a Devices object of an 8 PF x 128 VF node is 430 KiB.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+_RETRYABLE_SEND = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
+class ConfigError(ValueError):
+    """The credentials cannot be loaded; the message is one line an operator can act on."""
+
+
+class ApiError(Exception):
+    """An HTTP answer other than 2xx. `status` 0: no answer at all (connection refused, timeout)."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """Where the API is and how to authenticate: what the kubeconfig or the service account said."""
+
+    server: str
+    ssl_context: ssl.SSLContext | None = None
+    tls_server_name: str | None = None
+    token: str | None = None
+    token_file: str | None = None
+
+
+class _TokenFile:
+    """A bearer token file, re-read when it changes (projected service-account tokens rotate hourly)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._token = ""
+        self._lock = threading.Lock()
+
+    def get(self) -> str:
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+                stamp = (st.st_ino, st.st_mtime_ns)
+                if stamp != self._stamp:
+                    with open(self.path, encoding="utf-8") as f:
+                        self._token = f.read().strip()
+                    self._stamp = stamp
+            except OSError:
+                pass  # keep the last token; the API's 401 will say what is wrong
+            return self._token
+
+
+class Cancel:
+    """Ends watches from another thread: a blocked read cannot see a flag, so their sockets are shut."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._conns: set[http.client.HTTPConnection] = set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            conns, self._conns = self._conns, set()
+        for conn in conns:
+            _shut(conn)
+
+    def _add(self, conn: http.client.HTTPConnection) -> bool:
+        with self._lock:
+            if not self._set:
+                self._conns.add(conn)
+        return not self._set
+
+    def _discard(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class Api:
+    """One API server. Thread-safe: requests share one keep-alive connection, each watch has its own."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        url = urllib.parse.urlsplit(credentials.server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"the API server address is not an http(s) URL: {credentials.server!r}")
+        self.server = credentials.server
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port or (443 if self._https else 80)
+        self._prefix = url.path.rstrip("/")
+        self._ssl = credentials.ssl_context
+        if self._https and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        self._server_name = credentials.tls_server_name
+        self._token: Callable[[], str] | None = None
+        if credentials.token_file:
+            self._token = _TokenFile(credentials.token_file).get
+        elif credentials.token:
+            token = credentials.token
+            self._token = lambda: token
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+        self._counter_lock = threading.Lock()
+        self.bytes_received = 0  # response bytes (headers excluded): what the agent costs the API server
+        self.requests = 0
+
+    # --- connections ---------------------------------------------------------------------------------
+
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+        if not self._https:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
+        if self._server_name:
+            # http.client names the host it dials in SNI and the hostname check; tls-server-name overrides.
+            server_name = self._server_name
+            context = self._ssl
+
+            def connect() -> None:
+                sock = socket.create_connection((self._host, self._port), timeout)
+                assert context is not None
+                conn.sock = context.wrap_socket(sock, server_hostname=server_name)
+
+            conn.connect = connect  # type: ignore[method-assign]
+        return conn
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "nodefabric-agent"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = self._token() if self._token is not None else ""
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _url(self, path: str, query: Mapping[str, str] | None) -> str:
+        return self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
+
+    def _count(self, body_bytes: int) -> None:
+        with self._counter_lock:
+            self.requests += 1
+            self.bytes_received += body_bytes
+
+    def close(self) -> None:
+        """Shut the request connection, without waiting for a request a stuck thread may still hold."""
+        conn = self._conn
+        if conn is not None:
+            _shut(conn)
+
+    # --- requests ------------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = REQUEST_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """One JSON request. Raises ApiError for a non-2xx answer or none at all."""
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = self._headers(content_type if data is not None else None)
+        url = self._url(path, query)
+        with self._lock:
+            for attempt in (0, 1):
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = self._connect(timeout)
+                conn = self._conn
+                conn.timeout = timeout
+                try:
+                    conn.request(method, url, body=data, headers=headers)
+                    resp = conn.getresponse()
+                    raw = resp.read(MAX_BODY_BYTES + 1)
+                except _RETRYABLE_SEND as exc:
+                    self._drop()
+                    # The server closed an idle keep-alive connection: the request never reached it.
+                    if reused and attempt == 0:
+                        continue
+                    raise ApiError(0, f"{method} {path}: {exc}") from exc
+                except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+                    self._drop()
+                    raise ApiError(0, f"{method} {path}: {exc or type(exc).__name__}") from exc
+                if resp.will_close or len(raw) > MAX_BODY_BYTES:
+                    self._drop()
+                break
+        self._count(len(raw))
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(0, f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes")
+        if not 200 <= resp.status < 300:
+            raise _error(method, path, resp.status, raw)
+        try:
+            obj = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ApiError(0, f"{method} {path}: the answer is not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise ApiError(0, f"{method} {path}: the answer is not a JSON object")
+        return obj
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def stream(
+        self, path: str, query: Mapping[str, str], *, timeout: float, cancel: Cancel | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """A watch: one JSON event per line until the server ends the stream or `cancel` is set.
+        Raises ApiError."""
+        conn = self._connect(timeout)
+        try:
+            try:
+                conn.connect()
+                if cancel is not None and not cancel._add(conn):
+                    return
+                conn.request("GET", self._url(path, query), headers=self._headers(None))
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+                if cancel is not None and cancel.is_set():
+                    return
+                raise ApiError(0, f"watch {path}: {exc or type(exc).__name__}") from exc
+            if resp.status != 200:
+                raw = resp.read(MAX_BODY_BYTES)
+                self._count(len(raw))
+                raise _error("watch", path, resp.status, raw)
+            self._count(0)
+            while cancel is None or not cancel.is_set():
+                try:
+                    line = resp.readline(MAX_BODY_BYTES + 1)
+                except (OSError, http.client.HTTPException, ssl.SSLError, ValueError) as exc:
+                    if cancel is not None and cancel.is_set():
+                        return
+                    raise ApiError(0, f"watch {path}: {exc or type(exc).__name__}") from exc
+                if not line:
+                    return  # the server ended the watch (its timeoutSeconds)
+                self._count(len(line))
+                if len(line) > MAX_BODY_BYTES:
+                    raise ApiError(0, f"watch {path}: an event larger than {MAX_BODY_BYTES} bytes")
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError as exc:
+                    raise ApiError(0, f"watch {path}: an event is not JSON ({exc})") from exc
+                if isinstance(event, dict):
+                    yield event
+        finally:
+            if cancel is not None:
+                cancel._discard(conn)
+            conn.close()
+
+
+def _error(method: str, path: str, status: int, raw: bytes) -> ApiError:
+    """The API's Status body, reduced to one line: its reason and message."""
+    reason, message = "", ""
+    with contextlib.suppress(ValueError, AttributeError):
+        status_obj = json.loads(raw)
+        reason = str(status_obj.get("reason") or "")
+        message = str(status_obj.get("message") or "")
+    text = f"{method} {path}: HTTP {status} {reason}".rstrip()
+    if message:
+        text += f": {message[:300]}"
+    return ApiError(status, text, reason)
+
+
+# --- credentials -------------------------------------------------------------------------------------
+
+
+def load(kubeconfig: str | None = None) -> Api:
+    """An explicit kubeconfig, else in-cluster, else $KUBECONFIG / ~/.kube/config (kubectl's order)."""
+    if kubeconfig:
+        return Api(from_kubeconfig([kubeconfig]))
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return Api(in_cluster())
+    paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if not paths:
+        default = os.path.expanduser("~/.kube/config")
+        if not os.path.exists(default):
+            raise ConfigError("no API to reach: not in a cluster and no kubeconfig; pass --kubeconfig")
+        paths = [default]
+    return Api(from_kubeconfig(paths))
+
+
+def in_cluster(directory: str = SERVICE_ACCOUNT_DIR) -> Credentials:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    token_file = os.path.join(directory, "token")
+    ca_file = os.path.join(directory, "ca.crt")
+    if not host or not os.path.exists(token_file):
+        raise ConfigError(f"in a cluster but without a service-account token at {token_file}")
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the cluster CA {ca_file}: {exc}") from exc
+    netloc = f"[{host}]" if ":" in host else host
+    return Credentials(server=f"https://{netloc}:{port}", ssl_context=context, token_file=token_file)
+
+
+def _merged(paths: list[str]) -> tuple[dict[str, Any], str]:
+    """kubectl's merge of several kubeconfig files: the first file to set a value wins."""
+    import yaml  # only a kubeconfig needs it; in a cluster it is never imported
+
+    merged: dict[str, Any] = {"clusters": {}, "users": {}, "contexts": {}, "current-context": ""}
+    base_dir = ""
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        except FileNotFoundError as exc:
+            if len(paths) == 1:
+                raise ConfigError(f"kubeconfig {path} does not exist") from exc
+            continue
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"kubeconfig {path} cannot be read: {str(exc).splitlines()[0]}") from exc
+        if not isinstance(doc, dict):
+            raise ConfigError(f"kubeconfig {path} is not a kubeconfig (not a mapping)")
+        base_dir = base_dir or os.path.dirname(os.path.abspath(path))
+        for kind, field in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
+            entries = doc.get(kind) or []
+            if not isinstance(entries, list):
+                raise ConfigError(f"kubeconfig {path}: {kind} is not a list")
+            for entry in entries:
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                    merged[kind].setdefault(entry["name"], entry.get(field) or {})
+        if not merged["current-context"] and isinstance(doc.get("current-context"), str):
+            merged["current-context"] = doc["current-context"]
+    return merged, base_dir
+
+
+def _file_or_data(entry: dict[str, Any], key: str, base_dir: str) -> tuple[str | None, bytes | None]:
+    path, data = entry.get(key), entry.get(f"{key}-data")
+    if data:
+        try:
+            return None, base64.b64decode(str(data), validate=True)
+        except ValueError as exc:
+            raise ConfigError(f"kubeconfig {key}-data is not base64") from exc
+    if path:
+        return os.path.join(base_dir, str(path)), None
+    return None, None
+
+
+def _ssl_context(cluster: dict[str, Any], user: dict[str, Any], base_dir: str) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if cluster.get("insecure-skip-tls-verify"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    ca_file, ca_data = _file_or_data(cluster, "certificate-authority", base_dir)
+    try:
+        if ca_data is not None:
+            context.load_verify_locations(cadata=ca_data.decode("ascii", errors="replace"))
+        elif ca_file is not None:
+            context.load_verify_locations(cafile=ca_file)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"cannot load the kubeconfig's certificate authority: {exc}") from exc
+    cert_file, cert_data = _file_or_data(user, "client-certificate", base_dir)
+    key_file, key_data = _file_or_data(user, "client-key", base_dir)
+    if (cert_file or cert_data) and (key_file or key_data):
+        with tempfile.TemporaryDirectory(prefix="nf-kc-") as tmp:
+            # ssl loads a certificate chain from files only; data stays in a private directory for a moment.
+            if cert_data is not None:
+                cert_file = os.path.join(tmp, "cert.pem")
+                _write_private(cert_file, cert_data)
+            if key_data is not None:
+                key_file = os.path.join(tmp, "key.pem")
+                _write_private(key_file, key_data)
+            assert cert_file is not None and key_file is not None
+            try:
+                context.load_cert_chain(cert_file, key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"cannot load the kubeconfig's client certificate: {exc}") from exc
+    return context
+
+
+def _write_private(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def from_kubeconfig(paths: list[str]) -> Credentials:
+    merged, base_dir = _merged(paths)
+    name = merged["current-context"]
+    context = merged["contexts"].get(name)
+    if not name or not isinstance(context, dict):
+        raise ConfigError(f"kubeconfig {', '.join(paths)} has no current context")
+    cluster = merged["clusters"].get(context.get("cluster"))
+    user = merged["users"].get(context.get("user"), {})
+    if not isinstance(cluster, dict) or not cluster.get("server"):
+        raise ConfigError(f"kubeconfig context {name!r} names no cluster with a server")
+    if not isinstance(user, dict):
+        raise ConfigError(f"kubeconfig context {name!r}: its user is not a mapping")
+    for plugin in ("exec", "auth-provider"):
+        if user.get(plugin):
+            raise ConfigError(
+                f"kubeconfig user {context.get('user')!r} needs the {plugin!r} credential plugin, which the "
+                "agent does not run; give it a token, a tokenFile or a client certificate"
+            )
+    server = str(cluster["server"])
+    token_file = user.get("tokenFile")
+    return Credentials(
+        server=server,
+        ssl_context=_ssl_context(cluster, user, base_dir) if server.startswith("https:") else None,
+        tls_server_name=cluster.get("tls-server-name") or None,
+        token=str(user["token"]) if user.get("token") else None,
+        token_file=os.path.join(base_dir, str(token_file)) if token_file else None,
+    )

@@ -1,0 +1,150 @@
+"""Conditions through the real agent and the embedded API: duplicates merged once, firstSeenTime is when
+a pass saw the failure, unread is not empty, and a missing NVML is told once (log line and Event)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+import pynvml
+from agent_fixtures import (
+    DEVICES,
+    NODE,
+    api_with_node,
+    conditions,
+    interface,
+    make_agent,
+    set_port,
+    stored,
+    two_nic_host,
+    writes,
+)
+
+from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.accelerators.nvidia import Nvml
+from nodefabric_devicemanager.agent.core import Result
+from nodefabric_devicemanager.testing.accelerators import FakeNvml, nvswitch_node
+from nodefabric_devicemanager.testing.sysfs import Port, SysfsBuilder
+
+EVENTS = "v1/events"
+
+
+async def test_duplicate_conditions_are_merged_once_then_nothing_is_written(tmp_path):
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        await agent.run_pass()
+        # A hand edit repeats one of ours (with another status) and one of the operator's.
+        obj = stored(k)
+        ours = conditions(obj)["InterfacesEnumerated"]
+        theirs = {
+            "type": "LabelsPublished",
+            "status": "True",
+            "reason": "Published",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        obj["status"]["conditions"] = [
+            ours,
+            {**ours, "status": "False"},
+            theirs,
+            {**theirs, "reason": "Other"},
+        ]
+        k.api.put_object(DEVICES, obj)
+
+        fresh = make_agent(k, tmp_path)  # the edit happened while no agent watched: a restart sees it
+        assert (await fresh.run_pass()).wrote == ("status",)
+        after = stored(k)["status"]["conditions"]
+        assert [c["type"] for c in after] == [
+            "AcceleratorsEnumerated",
+            "InterfacesEnumerated",
+            "LabelsPublished",
+        ]
+        assert conditions(stored(k))["InterfacesEnumerated"] == ours, "the first entry kept, time and all"
+        assert conditions(stored(k))["LabelsPublished"] == theirs
+        before = len(writes(k))
+        for a in (fresh, make_agent(k, tmp_path)):
+            assert (await a.run_pass()).wrote == ()
+        assert len(writes(k)) == before, "the steady state is zero writes again"
+
+
+async def test_first_seen_time_is_when_a_pass_saw_the_failure_not_when_the_write_got_through(tmp_path):
+    b = two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path, attempts=2)
+        await agent.run_pass()
+        set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
+        seen_by = datetime.now(UTC).replace(microsecond=0)
+        k.api.fail_next(2, 503)  # the API is down while the failure is first observed
+        assert (await agent.run_pass()).result is Result.FAILED
+        # The API keeps times to the second: let the clock move well past the observation.
+        await asyncio.sleep(2.1)
+        written_at = datetime.now(UTC).replace(microsecond=0)
+        assert (await agent.run_pass()).wrote == ("spec",)
+        first_seen = datetime.fromisoformat(interface(stored(k), "ens1f1")["link"]["firstSeenTime"])
+        assert seen_by <= first_seen < written_at
+
+
+async def test_accelerators_and_interfaces_unread_keep_the_recorded_parts(tmp_path):
+    b = SysfsBuilder(tmp_path)
+    nvml = nvswitch_node(
+        b, cluster_uuid=bytes.fromhex("5b0e112233445566778899aabbccddef"), clique_id=1,
+        state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+    )  # fmt: skip
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        agent.reader = lambda host: inventory.read(host, libraries=Libraries(nvidia=Nvml(nvml)))
+        assert (await agent.run_pass()).result is Result.CREATED
+        recorded = stored(k)["spec"]
+        assert recorded["groups"] and recorded["groups"][0]["accelerators"]
+
+        # The bus cannot be read: its directory is a link out of the host root, which is refused.
+        devices = tmp_path / "sys/bus/pci/devices"
+        devices.rename(tmp_path / "sys/bus/pci/devices.saved")
+        devices.symlink_to("/proc")
+        outcome = await agent.run_pass()
+        assert "spec" not in outcome.wrote, "unread is not empty: nothing recorded is dropped"
+        assert stored(k)["spec"] == recorded
+        assert conditions(stored(k))["AcceleratorsEnumerated"]["status"] == "False"
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "False"
+
+
+def _nvidia_without_nvml(tmp_path):
+    b = SysfsBuilder(tmp_path)
+    nvswitch_node(b, cluster_uuid=bytes(16), clique_id=0, state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+    missing = Nvml(FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    return lambda host: inventory.read(host, libraries=Libraries(nvidia=missing))
+
+
+async def test_nvml_missing_is_one_warning_and_one_event_with_the_remedy(tmp_path, caplog):
+    reader = _nvidia_without_nvml(tmp_path)
+    caplog.set_level(logging.INFO)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        agent.reader = reader
+        for _ in range(3):
+            assert (await agent.run_pass()).ok
+        cond = conditions(stored(k))["NvidiaFabricRead"]
+        assert cond["status"] == "False" and cond["reason"] == "LibraryUnavailable"
+
+        told = [r for r in caplog.records if getattr(r, "condition", "") == "NvidiaFabricRead"]
+        assert [r.levelno for r in told] == [logging.WARNING], "one warning, not one per pass"
+        assert "runtimeClassName=nvidia" in told[0].detail and "--driver-root" in told[0].detail
+
+        posted = k.requests("POST", EVENTS)
+        assert len(posted) == 1
+        event = posted[0].data
+        assert event["type"] == "Warning" and event["reason"] == "LibraryUnavailable"
+        assert event["involvedObject"]["kind"] == "Devices" and event["involvedObject"]["name"] == NODE
+        assert event["involvedObject"]["uid"] == stored(k)["metadata"]["uid"]
+        assert (
+            event["source"]["component"] == "nodefabric-agent"
+            and event["reportingComponent"] == "nodefabric-agent"
+        )
+        assert "runtimeClassName=nvidia" in event["message"]
+
+        restarted = make_agent(k, tmp_path)
+        restarted.reader = reader
+        assert (await restarted.run_pass()).wrote == ()
+        assert len(k.requests("POST", EVENTS)) == 2, "told again after a restart, and only then"
