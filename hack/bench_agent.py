@@ -28,8 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nodefabric_devicemanager import crd, inventory, refresh
-from nodefabric_devicemanager.agent import api as agent_api
+from nodefabric_devicemanager import crd, inventory, nodeclient, refresh
 from nodefabric_devicemanager.agent import publish
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, PassKind
 from nodefabric_devicemanager.agent.kube import DevicesClient
@@ -168,7 +167,7 @@ async def api_traffic(root: Path, passes: int) -> None:
         host = HostRoot.at(root)
 
         # The old way, per pass: GET the whole object, read the whole host, decide against the answer.
-        client = DevicesClient(agent_api.load(str(kubeconfig)))
+        client = DevicesClient(nodeclient.load(str(kubeconfig)))
         first = Agent(AgentConfig(node=NODE, root=str(root), watch=False), client)
         await first.run_pass(PassKind.WALK)  # creates the object
         size = len(str(k.api.stored("worker.gpustack.ai/v1alpha1/devices", NODE)))
@@ -185,7 +184,7 @@ async def api_traffic(root: Path, passes: int) -> None:
         # The running agent: refresh every interval, decide against the object it keeps, a watch.
         agent = Agent(
             AgentConfig(node=NODE, root=str(root), interval=0.02, walk_interval=3600),
-            DevicesClient(agent_api.load(str(kubeconfig))),
+            DevicesClient(nodeclient.load(str(kubeconfig))),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))

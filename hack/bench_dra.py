@@ -26,11 +26,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import inventory, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia
-from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.testing import scenarios
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
@@ -135,7 +134,7 @@ async def main(args: argparse.Namespace) -> int:
         )
         async with running_api(directory=str(work)) as k:
             declare(k)
-            api = DraApi(load_client(k.kubeconfig), config)
+            api = DraApi(nodeclient.load(k.kubeconfig), config)
             driver = DraDriver(config, RecordSource(reading.spec()), b.host, api, resync=3600)
             kubelet = DraKubelet(config.registry_dir)
             stop = asyncio.Event()

@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import kmock
-import kubernetes
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import inventory, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -116,8 +114,8 @@ def slice_writes(k: RunningAPI) -> int:
     return sum(k.count(m, SLICES) for m in ("POST", "PATCH", "PUT", "DELETE"))
 
 
-def client(k: RunningAPI) -> kubernetes.client.ApiClient:
-    return load_client(k.kubeconfig)
+def client(k: RunningAPI) -> nodeclient.Api:
+    return nodeclient.load(k.kubeconfig)
 
 
 @dataclass

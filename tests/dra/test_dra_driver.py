@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
 from dra_helpers import (
     CLAIMS,
@@ -32,10 +31,11 @@ from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
+from nodefabric_devicemanager.nodeclient import ApiFailure
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.allocate import grant
 from nodefabric_deviceplugin.dra.claims import ClaimRef
-from nodefabric_deviceplugin.dra.kube import ApiError, DraApi
+from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.resources import Family, view
 from nodefabric_deviceplugin.source import RecordSource
@@ -163,10 +163,7 @@ async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_unto
         await wait_until(lambda: any(o["spec"]["nodeName"] == NODE for o in live_slices(api)))
         # What kubelet does when it starts, or when the driver was gone for a while.
         name = f"{NODE}-{DRIVER}-0"
-        custom = kubernetes.client.CustomObjectsApi(client(api))
-        await asyncio.to_thread(
-            custom.delete_cluster_custom_object, "resource.k8s.io", "v1", "resourceslices", name
-        )
+        await asyncio.to_thread(client(api).request, "DELETE", f"/apis/{SLICES}/{name}")
         assert not any(o["metadata"]["name"] == name for o in live_slices(api))
         await wait_until(lambda: any(o["metadata"]["name"] == name for o in live_slices(api)))
         assert api.api.stored(SLICES, other["metadata"]["name"])["spec"]["pool"]["generation"] == 7
@@ -462,8 +459,7 @@ async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_
     r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=0.2)
     try:
         await wait_until(lambda: len(live_slices(api)) == 1)
-        custom = kubernetes.client.CoreV1Api(client(api))
-        await asyncio.to_thread(custom.delete_node, NODE)
+        await asyncio.to_thread(client(api).request, "DELETE", f"/api/v1/nodes/{NODE}")
         await wait_until(lambda: live_slices(api) == [])  # collected with their owner
 
         def skipped() -> float:
@@ -492,6 +488,6 @@ async def test_a_foreign_slice_holding_our_name_is_reported_not_overwritten(
     api.api.put_object(SLICES, squatter)
     config = dirs.config()
     publisher = SlicePublisher(DraApi(client(api), config), config, RecordSource(hgx_spec), hgx_host[0].host)
-    with pytest.raises(ApiError, match="may belong to another node or driver"):
+    with pytest.raises(ApiFailure, match="may belong to another node or driver"):
         await asyncio.to_thread(publisher.sync)
     assert api.api.stored(SLICES, f"{NODE}-{DRIVER}-0")["spec"]["nodeName"] == "gpu-9"

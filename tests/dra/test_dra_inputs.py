@@ -19,12 +19,12 @@ from dra_helpers import DRIVER, NODE, Dirs, result
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.nodeclient import ApiFailure
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_deviceplugin.dra.claims import ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.dra.publish import SlicePublisher
@@ -266,8 +266,8 @@ class FailingApi:
 @pytest.mark.parametrize(
     ("answer", "why"),
     [
-        (ApiError("unavailable", "read resourceclaim ml/pair: HTTP 503"), "HTTP 503"),
-        (ApiError("rejected", "read resourceclaim ml/pair: HTTP 403 Forbidden"), "403"),
+        (ApiFailure("unavailable", "read resourceclaim ml/pair: HTTP 503"), "HTTP 503"),
+        (ApiFailure("rejected", "read resourceclaim ml/pair: HTTP 403 Forbidden"), "403"),
         (["not", "a", "claim"], "is not an object"),
         (RuntimeError("boom"), "internal error"),
     ],

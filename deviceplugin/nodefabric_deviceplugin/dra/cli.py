@@ -14,10 +14,8 @@ import os
 import signal
 import sys
 
-from kubernetes.config.config_exception import ConfigException
-
+from nodefabric_devicemanager import nodeclient
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN
 from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.flags import add_driver_arguments, config_from
@@ -29,6 +27,7 @@ from nodefabric_deviceplugin.source import RecordSource
 log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
+USER_AGENT = "nodefabric-draplugin"
 
 
 def _positive(text: str) -> float:
@@ -94,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"nodefabric draplugin: the host root {args.root} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     try:
-        api_client = load_client(args.kubeconfig)
-    except (ConfigException, OSError) as exc:
+        api = nodeclient.load(args.kubeconfig, user_agent=USER_AGENT)
+    except nodeclient.ConfigError as exc:
         print(f"nodefabric draplugin: cannot reach the kubernetes api: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.metrics_port:
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         host = HostRoot.at(args.root)
         source = RecordSource()
-        driver = DraDriver(config, source, host, DraApi(api_client, config), resync=args.resync)
+        driver = DraDriver(config, source, host, DraApi(api, config), resync=args.resync)
         log.info(
             "DRA driver starting",
             extra={
@@ -130,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        api.close()
     return 0

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.nodeclient import ApiFailure
 from nodefabric_deviceplugin.allocate import endpoints_for, grant
 from nodefabric_deviceplugin.dra import cdi, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
-from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.resources import Family, FamilyView, Token
 from nodefabric_deviceplugin.source import RecordSource
@@ -102,7 +102,7 @@ class Preparer:
         try:
             async with self._lock:
                 return Prepared(devices=await self._prepare(ref))
-        except (ClaimError, ApiError, VerbsUnresolvable, ReadTimeout) as exc:
+        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout) as exc:
             why = str(exc)
         except OSError as exc:
             why = f"writing the CDI spec or the checkpoint failed: {exc}"

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from typing import Any, Protocol
 
 from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff
 from nodefabric_deviceplugin.dra import metrics
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published
-from nodefabric_deviceplugin.dra.kube import ApiError
 from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.slices import SlicePlan, desired_slices, live_slice, plan, resource_slice
 from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RESYNC_S = 60.0
 SYNC_BUDGET_S = 30.0
-MAX_BACKOFF_S = 30.0
 CONFLICT_RETRIES = 3
 
 
@@ -39,12 +37,6 @@ class SliceApi(Protocol):
     def create_slice(self, body: dict[str, Any]) -> None: ...
     def update_slice(self, body: dict[str, Any], resource_version: str) -> None: ...
     def delete_slice(self, name: str, resource_version: str) -> None: ...
-
-
-def backoff(failures: int, base: float = 0.5, cap: float = MAX_BACKOFF_S) -> float:
-    """Between half and all of min(cap, base * 2**failures): nodes that failed together spread out."""
-    ceiling = min(cap, base * 2 ** min(failures, 32))
-    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
 
 
 class SlicePublisher:
@@ -57,8 +49,10 @@ class SlicePublisher:
         *,
         resync: float = DEFAULT_RESYNC_S,
         budget: float = SYNC_BUDGET_S,
+        backoff: Backoff | None = None,
     ) -> None:
         self.api = api
+        self.backoff = backoff or Backoff()
         # One sync in flight at most, on a thread of its own: a read stuck on a blocking file under /sys
         # costs one thread, and each retry finds it still running instead of starting another.
         self.flight: SingleFlight[SlicePlan | None] = SingleFlight("the host for the ResourceSlices", budget)
@@ -75,7 +69,7 @@ class SlicePublisher:
         self._poke.set()
 
     def sync(self) -> SlicePlan | None:
-        """One sync (blocking). None when there is nothing to publish from yet. Raises ApiError."""
+        """One sync (blocking). None when there is nothing to publish from yet. Raises ApiFailure."""
         spec = self.source.spec
         devices = offered(pool_devices(spec), self.config.functions)
         allocatable = published(devices)
@@ -86,7 +80,7 @@ class SlicePublisher:
         if desired is None:
             metrics.SLICE_SYNCS.labels("skipped").inc()
             return None
-        last: ApiError | None = None
+        last: ApiFailure | None = None
         for _ in range(CONFLICT_RETRIES):
             live = [s for s in map(live_slice, self.api.list_slices()) if s is not None]
             decided = plan(desired, live)
@@ -104,7 +98,7 @@ class SlicePublisher:
                     return None
             try:
                 self._apply(decided, owner)
-            except ApiError as exc:
+            except ApiFailure as exc:
                 if exc.kind != "conflict":
                     raise
                 last = exc
@@ -114,7 +108,7 @@ class SlicePublisher:
             self.last_plan = decided
             metrics.SLICE_SYNCS.labels("written" if decided.writes else "unchanged").inc()
             return decided
-        raise ApiError(
+        raise ApiFailure(
             "conflict",
             f"slices kept changing under us over {CONFLICT_RETRIES} attempts (last: {last}); a slice of"
             " that name may belong to another node or driver",
@@ -158,15 +152,15 @@ class SlicePublisher:
                 failures, delay = 0, self.resync
             except ReadTimeout as exc:
                 failures += 1
-                delay = backoff(failures)
+                delay = self.backoff.delay(failures)
                 metrics.SLICE_SYNCS.labels("failed").inc()
                 log.error(
                     "a ResourceSlice sync is stuck reading the host; will retry",
                     extra={"why": str(exc), "retry_in_s": round(delay, 2)},
                 )
-            except ApiError as exc:
+            except ApiFailure as exc:
                 failures += 1
-                delay = backoff(failures)
+                delay = self.backoff.delay(failures)
                 metrics.SLICE_SYNCS.labels("failed").inc()
                 log.error(
                     "cannot publish the node's ResourceSlices; will retry",
@@ -174,7 +168,7 @@ class SlicePublisher:
                 )
             except Exception:
                 failures += 1
-                delay = backoff(failures)
+                delay = self.backoff.delay(failures)
                 metrics.SLICE_SYNCS.labels("failed").inc()
                 log.exception("publishing ResourceSlices failed unexpectedly; will retry")
             await self._wait(stop, version, delay, retry=failures > 0)

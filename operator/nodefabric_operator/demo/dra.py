@@ -14,9 +14,9 @@ from typing import Any
 
 import kmock
 
+from nodefabric_devicemanager import nodeclient
 from nodefabric_devicemanager.agent.core import Agent
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
@@ -105,7 +105,7 @@ async def dra_driver(agent: Agent, root: Path, k: RunningAPI) -> str:
     )
     source = RecordSource()
     agent.subscribe(source.update)
-    driver = DraDriver(config, source, HostRoot.at(root), DraApi(load_client(k.kubeconfig), config))
+    driver = DraDriver(config, source, HostRoot.at(root), DraApi(nodeclient.load(k.kubeconfig), config))
     kubelet = DraKubelet(config.registry_dir)
     stop = asyncio.Event()
     task = asyncio.create_task(driver.run(stop))

@@ -27,11 +27,10 @@ from typing import Any, TextIO
 import kmock
 from kubernetes.client import ApiextensionsV1Api
 
-from nodefabric_devicemanager import crd, inventory, models
+from nodefabric_devicemanager import crd, inventory, models, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
-from nodefabric_devicemanager.agent import api as agent_api
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -258,7 +257,7 @@ async def demo(workdir: Path, out: TextIO) -> None:
             reader = functools.partial(inventory.read, libraries=node.libraries)
             agent = Agent(
                 AgentConfig(node=node.name, root=str(workdir / node.name)),
-                DevicesClient(agent_api.load(k.kubeconfig)),
+                DevicesClient(nodeclient.load(k.kubeconfig)),
                 reader=reader,
             )
             outcome = await agent.run_pass()

@@ -1,4 +1,4 @@
-"""The agent's API connection (`agent/api.py`): credentials from a kubeconfig or a service account, over
+"""The node side's API connection (`nodeclient.py`): credentials from a kubeconfig or a service account, over
 real TLS to a real HTTPS server, and every kubeconfig it cannot use refused with one line."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodefabric_devicemanager.agent import api
+from nodefabric_devicemanager import nodeclient as api
 
 SAN = "kubernetes.default.svc"
 
