@@ -12,9 +12,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from dra_helpers import DRIVER, NODE, declare_dra, hgx, live_slices, put_claim, result
+from dra_helpers import DRIVER, NODE, declare_dra, hgx, live_slices, put_claim, put_node, result
 
-from nodefabric_devicemanager import crd
+from nodefabric_devicemanager import crd, nodeclient
+from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
@@ -85,12 +86,47 @@ async def test_both_splits_the_endpoints_between_dra_and_the_device_plugin(tmp_p
         (["--serve", "both", "--no-device-plugin"], "contradict each other"),
         (["--serve", "dra", "--dra-cdi-dir", "relative"], "--cdi-dir must be an absolute path"),
         (["--serve", "dra", "--domain", "x" * 60 + ".io"], "at most 63 characters"),
+        (
+            ["--serve", "dra", "--dra-registry-dir", "{file}"],
+            "registration directory {file} exists and is not",
+        ),
+        (
+            ["--serve", "both", "--dra-cdi-dir", "{file}/cdi"],
+            "the CDI directory {file}/cdi cannot be created",
+        ),
+        (["--serve", "dra", "--dra-plugin-dir", "{file}"], f"socket directory {{file}}/{DRIVER} cannot be"),
     ],
 )
 def test_bad_dra_settings_are_a_usage_error(tmp_path: Path, args: list[str], why: str) -> None:
+    file = tmp_path / "a-file"  # where a directory should be
+    file.write_text("")
+    base = tempfile.mkdtemp(prefix="nfag", dir="/tmp")
+    dirs = ["--plugin-dir", f"{base}/dp", "--dra-plugin-dir", f"{base}/p", "--dra-registry-dir", f"{base}/r",
+            "--dra-cdi-dir", f"{base}/c"]  # fmt: skip
     done = subprocess.run(
-        [*NODEFABRIC, "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", "/none", *args],
+        [*NODEFABRIC, "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", "/none", *dirs,
+         *(a.format(file=file) for a in args)],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
-    assert why in done.stderr and "Traceback" not in done.stderr
+    assert why.format(file=file) in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_the_drivers_requests_count_in_the_agents_api_metrics(tmp_path: Path) -> None:
+    async with running_api([crd.devices_crd()], directory=str(tmp_path)) as k:
+        put_node(k)
+        metrics = AgentMetrics()
+        agent_api = nodeclient.load(k.kubeconfig)
+        dra_api = nodeclient.load(k.kubeconfig, user_agent="nodefabric-agent-dra")
+        metrics.count_api(agent_api)
+        metrics.count_api(dra_api)
+        for client in (agent_api, dra_api, dra_api):
+            await asyncio.to_thread(client.request, "GET", f"/api/v1/nodes/{NODE}")
+        sample = metrics.registry.get_sample_value
+        assert sample("nodefabric_agent_api_requests_total") == 3 == k.count("GET", "v1/nodes")
+        assert (
+            sample("nodefabric_agent_api_response_bytes_total")
+            == sum(c.bytes_received for c in (agent_api, dra_api))
+            > 0
+        )

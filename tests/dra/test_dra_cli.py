@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,50 @@ def test_draplugin_usage_errors_are_one_line_and_exit_2(args: list[str], why: st
     assert "Traceback" not in done.stderr
     # One line saying why (argparse's own refusals come after its usage block, as for every command).
     assert why in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("flag", "path", "why"),
+    [
+        (
+            "--registry-dir",
+            "{file}",
+            "the plugin-registration directory {file} exists and is not a directory",
+        ),
+        ("--cdi-dir", "{file}/cdi", "the CDI directory {file}/cdi cannot be created: Not a directory"),
+        (
+            "--plugin-dir",
+            "{file}",
+            f"the DRA socket directory {{file}}/{DRIVER} cannot be created: Not a directory",
+        ),
+    ],
+)
+def test_draplugin_refuses_directories_it_cannot_use_at_start(
+    tmp_path: Path, dirs: Dirs, flag: str, path: str, why: str
+) -> None:
+    file = tmp_path / "a-file"
+    file.write_text("")
+    done = nodefabric(
+        "draplugin", "--node-name", NODE, "--kubeconfig", "/none", "--plugin-dir", dirs.plugin,
+        "--registry-dir", dirs.registry, "--cdi-dir", dirs.cdi, flag, path.format(file=file),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"nodefabric draplugin: {why.format(file=file)}"]
+
+
+def test_draplugin_with_its_metrics_port_taken_is_one_line_and_exit_2(api: RunningAPI, dirs: Dirs) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = nodefabric(
+            "draplugin", "--node-name", NODE, "--kubeconfig", api.kubeconfig, "--plugin-dir", dirs.plugin,
+            "--registry-dir", dirs.registry, "--cdi-dir", dirs.cdi, "--metrics-port", str(port),
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"nodefabric draplugin: cannot serve metrics on port {port}: Address already in use"
+    ]
 
 
 async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(

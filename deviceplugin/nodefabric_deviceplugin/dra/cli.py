@@ -100,7 +100,16 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port)
+        try:
+            start_http_server(args.metrics_port)
+        except OSError as exc:  # in use, or not ours to bind
+            print(
+                f"nodefabric draplugin: cannot serve metrics on port {args.metrics_port}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            api.close()
+            return EXIT_USAGE
 
     async def main() -> None:
         stop = asyncio.Event()

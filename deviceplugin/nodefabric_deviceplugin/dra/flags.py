@@ -1,5 +1,6 @@
 """The driver's path flags, shared by `nodefabric draplugin` and the agent (which prefixes them "dra-"
-beside its device-plugin flags). Only argparse here: the agent's parser must not pull in gRPC."""
+beside its device-plugin flags), and the start-up checks of their directories. No gRPC here: the agent's
+parser must not pull it in."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from nodefabric_deviceplugin.dra.config import (
     FUNCTION_TYPES,
     DriverConfig,
 )
+from nodefabric_deviceplugin.startup import check_dir
 
 
 def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, prefix: str = "") -> None:
@@ -36,11 +38,11 @@ def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
 
 
 def config_from(args: argparse.Namespace, functions: tuple[str, ...] = FUNCTION_TYPES) -> DriverConfig:
-    """The driver's configuration from the parsed flags (node name and domain included). Raises ValueError
-    with a one-line reason."""
+    """The driver's configuration from the parsed flags (node name and domain included), its directories
+    created and checked writable. Raises ValueError with a one-line reason."""
     if not args.node_name:
         raise ValueError("no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)")
-    return DriverConfig(
+    config = DriverConfig(
         node_name=args.node_name,
         domain=args.domain,
         plugin_dir=args.dra_plugin_dir,
@@ -48,3 +50,8 @@ def config_from(args: argparse.Namespace, functions: tuple[str, ...] = FUNCTION_
         cdi_dir=args.dra_cdi_dir,
         functions=functions,
     )
+    # Checked now, so an unusable one is one line and exit 2, not a server that retries its bind forever.
+    check_dir(config.socket_dir, "the DRA socket directory")
+    check_dir(config.registry_dir, "the plugin-registration directory")
+    check_dir(config.cdi_dir, "the CDI directory")
+    return config
