@@ -10,7 +10,9 @@ On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
    the old way (GET the object, read the whole host, decide) and of the running agent (refresh, decide
    against the object it keeps, a watch), and one watch reconnect; per node-hour at a 60 s interval.
 3. Resident memory of a real `nodefabric agent` process on that tree with the device plugin in-process
-   and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs.
+   and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs; and with
+   `--serve both` (the DRA driver in-process too: registered with kubelet's plugin watcher, slices
+   published) beside `--serve deviceplugin` on the same tree.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from nodefabric_devicemanager.agent.core import Agent, AgentConfig, PassKind
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.scenarios import bench, gpu8
+from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+from nodefabric_operator.demo.dra import SLICES, serve_dra_resources
 from nodefabric_operator.demo.kubeapi import running_api
 
 NODE = "bench-node"
@@ -43,6 +47,7 @@ WATCH_RECONNECTS_PER_HOUR = 3600 / 450  # the agent asks for watches of 300-600 
 BOOKMARK_BYTES = 250  # a BOOKMARK event of a custom resource; the API server sends about one a minute
 BOOKMARKS_PER_HOUR = 60
 BUDGET_MIB = 64.0
+DRIVER = "rdma.gpustack.ai"
 # The console script's body, so the old agent runs from its own unpacked sources through PYTHONPATH.
 MAIN = "import sys; from nodefabric_devicemanager.cli import main; sys.exit(main())"
 
@@ -258,25 +263,36 @@ def _old_agent(ref: str, into: Path) -> dict[str, str] | None:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
 
 
-async def _agent_rss(root: Path, settle: float, env: dict[str, str] | None) -> tuple[float, float]:
-    plugin_dir = tempfile.mkdtemp(prefix="nf-bench-", dir="/tmp")
+async def _agent_rss(
+    root: Path, settle: float, env: dict[str, str] | None, serve: str = "deviceplugin"
+) -> tuple[float, float]:
+    base = tempfile.mkdtemp(prefix="nf-bench-", dir="/tmp")  # unix socket paths are short
+    plugin_dir = f"{base}/dp"
+    dra_flags = ["--serve", serve, "--dra-plugin-dir", f"{base}/p", "--dra-registry-dir", f"{base}/r",
+                 "--dra-cdi-dir", f"{base}/c"] if serve != "deviceplugin" else []  # fmt: skip
     async with running_api([crd.devices_crd()]) as k:
+        serve_dra_resources(k)
         k.api.put_object("v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        kubelet = KubeletEmulator(plugin_dir)
+        kubelet, dra_kubelet = KubeletEmulator(plugin_dir), DraKubelet(f"{base}/r")
         await kubelet.start()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", MAIN,
             "agent", "--node-name", NODE, "--root", str(root), "--kubeconfig", k.kubeconfig,
             "--plugin-dir", plugin_dir, "--interval", "1", "--metrics-port", "0", "--health-port", "0",
-            stderr=asyncio.subprocess.DEVNULL, env=env,
+            *dra_flags, stderr=asyncio.subprocess.DEVNULL, env=env,
         )  # fmt: skip
         try:
             await _until(lambda: kubelet.registrations("device.gpustack.ai/rdma") >= 1)
+            if dra_flags:  # the driver registered with kubelet's plugin watcher and synced its pool
+                await dra_kubelet.wait_registered(DRIVER, timeout=120)
+                # A LIST starts every sync; a node whose NICs are all split into VFs has no pool to write.
+                await _until(lambda: k.count("GET", SLICES) >= 1)
             await asyncio.sleep(settle)  # passes keep running; memory must hold still
             return _rss_mib(proc.pid)
         finally:
             proc.terminate()
             await proc.wait()
+            await dra_kubelet.stop()
             await kubelet.stop()
 
 
@@ -286,13 +302,23 @@ async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: s
     )
     with tempfile.TemporaryDirectory(prefix="nf-bench-old-") as old_dir:
         old_env = _old_agent(baseline_ref, Path(old_dir))
+        plugin_only: dict[str, float] = {}
         for name, root in trees.items():
             rss, peak = await _agent_rss(root, settle, None)
+            plugin_only[name] = rss
             line = f"  {name:20} agent {rss:5.1f} MiB (peak {peak:5.1f}, {rss / BUDGET_MIB:4.0%} of budget)"
             if old_env is not None:
                 old_rss, _ = await _agent_rss(root, settle, old_env)
                 line += f"   old agent ({baseline_ref}) {old_rss:5.1f} MiB: {rss / old_rss:.2f}x"
             print(line)
+        # The DRA driver in the same process (it offers the whole functions, the device plugin the VFs).
+        for name, root in trees.items():
+            both, peak = await _agent_rss(root, settle, None, serve="both")
+            print(
+                f"  {name:20} --serve both {both:5.1f} MiB (peak {peak:5.1f}, {both / BUDGET_MIB:4.0%} of "
+                f"budget)   beside --serve deviceplugin {plugin_only[name]:5.1f} MiB: "
+                f"{both - plugin_only[name]:+.1f} MiB"
+            )
     # VmRSS, not ru_maxrss: a child inherits its parent's high-water mark across exec.
     rss_of = "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
     runs = [

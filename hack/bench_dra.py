@@ -37,6 +37,7 @@ from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraClient, DraKubelet
+from nodefabric_operator.demo.dra import serve_dra_resources
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 
 NODE = "bench-0"
@@ -55,12 +56,7 @@ def report(name: str, samples: list[float], baseline: list[float], floor: str) -
 
 
 def declare(k: RunningAPI) -> None:
-    for key, kind, namespaced in (
-        ("resource.k8s.io/v1/resourceslices", "ResourceSlice", False),
-        ("resource.k8s.io/v1/resourceclaims", "ResourceClaim", True),
-    ):
-        if key not in k.api.resources:
-            k.api.declare(key, kind=kind, namespaced=namespaced)
+    serve_dra_resources(k)
     k.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
 
 

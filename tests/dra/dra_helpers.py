@@ -24,13 +24,13 @@ from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
+from nodefabric_operator.demo.dra import serve_dra_resources
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 NODE = "hgx-0"
 DRIVER = "rdma.gpustack.ai"
 SLICES = "resource.k8s.io/v1/resourceslices"
 CLAIMS = "resource.k8s.io/v1/resourceclaims"
-DEVICECLASSES = "resource.k8s.io/v1/deviceclasses"
 SPLIT_PF = "0000:e0:00.0"  # the HGX NIC split into VFs
 
 
@@ -59,16 +59,7 @@ def gpu_pcie_roots(spec: DevicesSpec) -> dict[str, str]:
 
 
 def declare_dra(k: RunningAPI) -> None:
-    """The resource.k8s.io/v1 resources the driver uses, unless the embedded API serves them already."""
-    for key, kind, namespaced in (
-        (SLICES, "ResourceSlice", False),
-        (CLAIMS, "ResourceClaim", True),
-        (DEVICECLASSES, "DeviceClass", False),
-    ):
-        if key not in k.api.resources:
-            k.api.declare(
-                key, kind=kind, namespaced=namespaced, subresources=("status",) if "claims" in key else ()
-            )
+    serve_dra_resources(k)
 
 
 def put_node(k: RunningAPI, name: str = NODE) -> dict[str, Any]:
