@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,8 +29,33 @@ NODEFABRIC = (sys.executable, "-m", "nodefabric_devicemanager.cli")
 VFS = {"0000:e0:00.1", "0000:e0:00.2", "0000:e0:00.3", "0000:e0:00.4"}
 
 
+def _readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+async def _until_ready(port: int, predicate: Callable[[int, str], bool], what: str) -> tuple[int, str]:
+    answers = [await asyncio.to_thread(_readyz, port)]
+    try:
+        async with asyncio.timeout(60):
+            while not predicate(*answers[-1]):
+                await asyncio.sleep(0.1)
+                answers.append(await asyncio.to_thread(_readyz, port))
+    except TimeoutError:
+        raise AssertionError(f"no {what} in 60 s; the last answers: {answers[-3:]}") from None
+    return answers[-1]
+
+
 async def test_both_splits_the_endpoints_between_dra_and_the_device_plugin(tmp_path: Path) -> None:
     hgx(tmp_path / "h")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        health = s.getsockname()[1]
     base = tempfile.mkdtemp(prefix="nfag", dir="/tmp")
     dp_dir, registry, plugins, cdi_dir = (f"{base}/{d}" for d in ("dp", "reg", "plugins", "cdi"))
     async with running_api([crd.devices_crd()], directory=str(tmp_path)) as k:
@@ -37,18 +66,25 @@ async def test_both_splits_the_endpoints_between_dra_and_the_device_plugin(tmp_p
         proc = await asyncio.create_subprocess_exec(
             *NODEFABRIC, "agent", "--node-name", NODE, "--root", str(tmp_path / "h"),
             "--kubeconfig", k.kubeconfig, "--interval", "3600", "--no-uevents",
-            "--metrics-port", "0", "--health-port", "0",
+            "--metrics-port", "0", "--health-port", str(health), "--bind-address", "127.0.0.1",
             "--plugin-dir", dp_dir, "--serve", "both", "--dra-plugin-dir", plugins,
             "--dra-registry-dir", registry, "--dra-cdi-dir", cdi_dir,
             stderr=(tmp_path / "stderr").open("w"),
         )  # fmt: skip
         try:
-            plugin = await dra_kubelet.wait_registered(DRIVER, timeout=60)
             exclusive = await kubelet.wait_devices("device.gpustack.ai/rdma", timeout=60)
             partitioned = await kubelet.wait_devices(
                 "device.gpustack.ai/rdma.partitioned", lambda ds: len(ds) == 4, timeout=60
             )
             assert exclusive == [] and {d.ID for d in partitioned} == VFS
+            # The device plugin is registered; the driver is not until kubelet's plugin watcher finds it.
+            status, why = await _until_ready(
+                health, lambda status, why: why.startswith("DRA driver"), "the DRA driver's readiness"
+            )
+            assert (status, why) == (503, "DRA driver: not registered with kubelet (waiting for kubelet's"
+                                     " plugin watcher)\n")  # fmt: skip
+            plugin = await dra_kubelet.wait_registered(DRIVER, timeout=60)
+            await _until_ready(health, lambda status, _: status == 200, "ready")
             async with asyncio.timeout(30):
                 while not live_slices(k):
                     await asyncio.sleep(0.1)

@@ -92,6 +92,7 @@ async def test_registers_through_the_plugin_watcher_with_both_versions(running: 
     assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
     assert registered.client.version.service == "v1.DRAPlugin"  # a current kubelet picks the newest
     await asyncio.wait_for(running.driver.registration.registered.wait(), 5)  # kubelet told it so
+    assert running.driver.readiness() == (True, f"DRA driver: registered as {DRIVER}")
 
 
 async def test_a_refused_registration_is_logged_and_not_taken_as_registered(
@@ -103,6 +104,9 @@ async def test_a_refused_registration_is_logged_and_not_taken_as_registered(
         assert "none of" in await ancient.wait_refused()
         await wait_until(lambda: bool(r.driver.registration.last_error))
         assert not r.driver.registration.registered.is_set()
+        ready, why = r.driver.readiness()
+        assert not ready and why.startswith("DRA driver: not registered with kubelet (kubelet refused it: ")
+        assert "none of" in why
     finally:
         await shutdown(r)
 
@@ -178,6 +182,7 @@ async def test_api_outages_are_retried_and_nothing_is_published_before_the_first
     try:
         await asyncio.sleep(0.5)
         assert live_slices(api) == [] and not os.path.exists(r.driver.config.registration_socket)
+        assert r.driver.readiness() == (False, "DRA driver: waiting for the first device record")
         api.api.fail_next(2, 503)
         r.source.update(hgx_spec)
         await wait_until(lambda: len(live_slices(api)) == 1)

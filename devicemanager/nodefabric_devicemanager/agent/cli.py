@@ -273,15 +273,20 @@ def _dra(agent: Agent, args: argparse.Namespace, dra_config: Any) -> Any:
     return DraDriver(dra_config, source, agent.host, DraApi(api, dra_config))
 
 
-def _ready(agent: Agent, plugin: Any) -> Callable[[], Probe]:
-    """The agent's readiness, and the in-process device plugin's: kubelet accepted every resource."""
+def _ready(agent: Agent, *servers: Any) -> Callable[[], Probe]:
+    """The agent's readiness, and that of the kubelet-facing servers in process (the device plugin, the
+    DRA driver): kubelet accepted each."""
 
     def ready() -> Probe:
         probe = agent.readiness()
-        if not probe.ok or plugin is None:
+        if not probe.ok:
             return probe
-        ok, message = plugin.readiness()  # from memory, no I/O: safe on the probe's thread
-        return probe if ok else Probe(False, str(message))
+        for server in servers:
+            if server is not None:
+                ok, message = server.readiness()  # from memory, no I/O: safe on the probe's thread
+                if not ok:
+                    return Probe(False, str(message))
+        return probe
 
     return ready
 
@@ -341,7 +346,7 @@ async def serve(
         health_port=args.health_port,
         registries=(agent.metrics.registry, prometheus_client.REGISTRY),
         live=agent.liveness,
-        ready=_ready(agent, plugin),
+        ready=_ready(agent, plugin, dra),
     )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []

@@ -47,6 +47,19 @@ class DraDriver:
         self.servers = DraServers(config, self.preparer, self.registration)
         self.serving = asyncio.Event()  # both sockets served at least once
 
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for the agent's /readyz: ready once kubelet's plugin watcher accepted the driver.
+        From memory, no I/O: safe on the probe's thread."""
+        if self.source.spec is None:
+            return False, "DRA driver: waiting for the first device record"
+        if not self.serving.is_set():
+            return False, f"DRA driver: not serving {self.config.dra_socket} yet"
+        if not self.registration.registered.is_set():
+            refused = self.registration.last_error
+            why = f"kubelet refused it: {refused}" if refused else "waiting for kubelet's plugin watcher"
+            return False, f"DRA driver: not registered with kubelet ({why})"
+        return True, f"DRA driver: registered as {self.config.driver}"
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Waits for the first record: a host not read yet is not an empty one,
         so no slice is written and no claim answered before it."""
