@@ -1,6 +1,6 @@
 """Benchmark: what one node agent costs, against what the old per-pass GET and full read cost, in one run.
 
-    .venv/bin/python hack/bench_agent.py [--pfs 8] [--vfs 128] [--passes 50] [--settle 8]
+    .venv/bin/python hack/bench_agent.py [--pfs 8] [--vfs 128] [--passes 50] [--settle 8] [--idle 20]
 
 On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
 1. Host pass: the link refresh each interval runs (port state/phys_state, operstate) against a bare
@@ -12,7 +12,7 @@ On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
 3. Resident memory of a real `nodefabric agent` process on that tree with the device plugin in-process
    and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs; and with
    `--serve both` (the DRA driver in-process too: registered with kubelet's plugin watcher, slices
-   published) beside `--serve deviceplugin` on the same tree.
+   published) beside `--serve deviceplugin` on the same tree; and the idle CPU of both on the typical node.
 """
 
 from __future__ import annotations
@@ -263,9 +263,22 @@ def _old_agent(ref: str, into: Path) -> dict[str, str] | None:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _agent_rss(
-    root: Path, settle: float, env: dict[str, str] | None, serve: str = "deviceplugin"
-) -> tuple[float, float]:
+    root: Path,
+    settle: float,
+    env: dict[str, str] | None,
+    *,
+    serve: str = "deviceplugin",
+    interval: float = 1.0,
+    idle: float = 0.0,
+) -> tuple[float, float, float]:
+    """(resident MiB, peak MiB, CPU share of one core over `idle` seconds after settling)."""
     base = tempfile.mkdtemp(prefix="nf-bench-", dir="/tmp")  # unix socket paths are short
     plugin_dir = f"{base}/dp"
     dra_flags = ["--serve", serve, "--dra-plugin-dir", f"{base}/p", "--dra-registry-dir", f"{base}/r",
@@ -278,7 +291,8 @@ async def _agent_rss(
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", MAIN,
             "agent", "--node-name", NODE, "--root", str(root), "--kubeconfig", k.kubeconfig,
-            "--plugin-dir", plugin_dir, "--interval", "1", "--metrics-port", "0", "--health-port", "0",
+            "--plugin-dir", plugin_dir, "--interval", str(interval),
+            "--metrics-port", "0", "--health-port", "0",
             *dra_flags, stderr=asyncio.subprocess.DEVNULL, env=env,
         )  # fmt: skip
         try:
@@ -288,7 +302,10 @@ async def _agent_rss(
                 # A LIST starts every sync; a node whose NICs are all split into VFs has no pool to write.
                 await _until(lambda: k.count("GET", SLICES) >= 1)
             await asyncio.sleep(settle)  # passes keep running; memory must hold still
-            return _rss_mib(proc.pid)
+            cpu, started = _cpu_s(proc.pid), time.monotonic()
+            await asyncio.sleep(idle)
+            share = (_cpu_s(proc.pid) - cpu) / (time.monotonic() - started) if idle else 0.0
+            return (*_rss_mib(proc.pid), share)
         finally:
             proc.terminate()
             await proc.wait()
@@ -296,7 +313,7 @@ async def _agent_rss(
             await kubelet.stop()
 
 
-async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: str) -> None:
+async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: str, idle: float) -> None:
     print(
         "resident memory of `nodefabric agent` with the device plugin in-process and registered with kubelet"
     )
@@ -304,21 +321,29 @@ async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: s
         old_env = _old_agent(baseline_ref, Path(old_dir))
         plugin_only: dict[str, float] = {}
         for name, root in trees.items():
-            rss, peak = await _agent_rss(root, settle, None)
+            rss, peak, _ = await _agent_rss(root, settle, None)
             plugin_only[name] = rss
             line = f"  {name:20} agent {rss:5.1f} MiB (peak {peak:5.1f}, {rss / BUDGET_MIB:4.0%} of budget)"
             if old_env is not None:
-                old_rss, _ = await _agent_rss(root, settle, old_env)
+                old_rss, _, _ = await _agent_rss(root, settle, old_env)
                 line += f"   old agent ({baseline_ref}) {old_rss:5.1f} MiB: {rss / old_rss:.2f}x"
             print(line)
         # The DRA driver in the same process (it offers the whole functions, the device plugin the VFs).
         for name, root in trees.items():
-            both, peak = await _agent_rss(root, settle, None, serve="both")
+            both, peak, _ = await _agent_rss(root, settle, None, serve="both")
             print(
                 f"  {name:20} --serve both {both:5.1f} MiB (peak {peak:5.1f}, {both / BUDGET_MIB:4.0%} of "
                 f"budget)   beside --serve deviceplugin {plugin_only[name]:5.1f} MiB: "
                 f"{both - plugin_only[name]:+.1f} MiB"
             )
+    # Idle: no pass due (an hour's interval), kubelet's sockets watched with inotify on both sides.
+    typical = next(iter(trees.values()))
+    _, _, plugin_cpu = await _agent_rss(typical, 2.0, None, interval=3600, idle=idle)
+    _, _, both_cpu = await _agent_rss(typical, 2.0, None, serve="both", interval=3600, idle=idle)
+    print(
+        f"  idle CPU over {idle:.0f} s, {next(iter(trees))}: --serve both {both_cpu:.3%} of a core, "
+        f"--serve deviceplugin {plugin_cpu:.3%} ({both_cpu / max(plugin_cpu, 1e-9):.1f}x)"
+    )
     # VmRSS, not ru_maxrss: a child inherits its parent's high-water mark across exec.
     rss_of = "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
     runs = [
@@ -338,6 +363,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--passes", type=int, default=50)
     parser.add_argument("--settle", type=float, default=8.0, help="steady seconds before reading RSS")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--baseline-ref", default="3482377", help="git revision of the agent before issue 15")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nf-bench-agent-") as tmp:
@@ -348,7 +374,7 @@ def main() -> None:
         host_pass(root, args.rounds)
         asyncio.run(api_traffic(root, args.passes))
         trees = {"8 GPU, 5 NIC node": typical, f"{args.pfs} PF x {args.vfs} VF node": root}
-        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref))
+        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref, args.idle))
 
 
 if __name__ == "__main__":

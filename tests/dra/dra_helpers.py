@@ -138,10 +138,12 @@ async def start_driver(
     *,
     kubelet: DraKubelet | None = None,
     resync: float = 60.0,
+    **options: Any,
 ) -> Running:
+    """The driver running on this loop; `options` go to DraDriver (polls, inotify)."""
     config = dirs.config()
     source = RecordSource(spec)
-    driver = DraDriver(config, source, host, DraApi(client(k), config), resync=resync, poll_interval=0.05)
+    driver = DraDriver(config, source, host, DraApi(client(k), config), resync=resync, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(driver.run(stop))
     return Running(driver, source, kubelet or DraKubelet(dirs.registry), stop, task)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
 import uuid
 from pathlib import Path
@@ -434,18 +435,61 @@ async def test_a_fifo_in_place_of_a_spec_is_replaced_not_read(
 # --- sockets --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        # The safety poll never comes within the test: only inotify can bring the sockets back.
+        {"safety_poll": 3600.0},
+        # Where inotify cannot be used, the fallback poll does.
+        {"use_inotify": False, "fallback_poll": 0.05},
+    ],
+    ids=["inotify", "polling"],
+)
 async def test_deleted_sockets_are_served_again_and_a_restarted_kubelet_registers_again(
-    running: Running, api: RunningAPI, dirs: Dirs
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    options: dict[str, Any],
 ) -> None:
-    config = running.driver.config
-    os.unlink(config.dra_socket)
-    os.unlink(config.registration_socket)
-    await wait_until(lambda: os.path.exists(config.dra_socket) and os.path.exists(config.registration_socket))
-    await running.kubelet.restart()
-    plugin = await running.kubelet.wait_registered(DRIVER, count=2)
-    claim = put_claim(api, "after", [result(NIC0)])
-    answer = await plugin.prepare(ref(claim))
-    assert answer[claim["metadata"]["uid"]].error == ""
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, **options)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        assert r.driver.watching == options.get("use_inotify", True)
+        config = r.driver.config
+        for path in (config.dra_socket, config.registration_socket):
+            os.unlink(path)
+        await wait_until(
+            lambda: os.path.exists(config.dra_socket) and os.path.exists(config.registration_socket)
+        )
+        await r.kubelet.restart()
+        plugin = await r.kubelet.wait_registered(DRIVER, count=2)
+        claim = put_claim(api, "after", [result(NIC0)])
+        answer = await plugin.prepare(ref(claim))
+        assert answer[claim["metadata"]["uid"]].error == ""
+        # Replaced under us (a stale file of the same name): served again too.
+        os.unlink(config.registration_socket)
+        with open(config.registration_socket, "w"):
+            pass
+        await wait_until(lambda: stat.S_ISSOCK(os.stat(config.registration_socket).st_mode))
+    finally:
+        await shutdown(r)
+
+
+async def test_the_socket_directories_deleted_whole_are_served_and_watched_again(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, fallback_poll=0.05)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        config = r.driver.config
+        shutil.rmtree(config.socket_dir)  # the checkpoint goes too: a wiped kubelet state directory
+        await wait_until(lambda: os.path.exists(config.dra_socket))
+        await wait_until(lambda: r.driver.watching)  # inotify follows the new directory
+        os.unlink(config.dra_socket)
+        await wait_until(lambda: os.path.exists(config.dra_socket))
+    finally:
+        await shutdown(r)
 
 
 async def test_stopping_removes_both_sockets(

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_deviceplugin.dirwatch import DirWatch
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.kube import DraApi
@@ -24,6 +26,12 @@ from nodefabric_deviceplugin.dra.server import DraServers, RegistrationService
 from nodefabric_deviceplugin.source import RecordSource
 
 log = logging.getLogger(__name__)
+
+# The sockets' directories are followed with inotify: a socket deleted or replaced (a cleanup, a kubelet
+# that wipes its directories) is served again at once, and an idle driver costs no CPU. A slow look backs
+# inotify up, and a quicker one replaces it where inotify cannot be used.
+SAFETY_POLL_S = 30.0
+FALLBACK_POLL_S = 1.0
 
 
 class DraDriver:
@@ -35,11 +43,16 @@ class DraDriver:
         api: DraApi,
         *,
         resync: float = DEFAULT_RESYNC_S,
-        poll_interval: float = 0.2,
+        safety_poll: float = SAFETY_POLL_S,
+        fallback_poll: float = FALLBACK_POLL_S,
+        use_inotify: bool = True,
     ) -> None:
         self.config = config
         self.source = source
-        self.poll_interval = poll_interval
+        self.safety_poll = safety_poll
+        self.fallback_poll = fallback_poll
+        self.use_inotify = use_inotify
+        self._watches: list[DirWatch] = []
         self.checkpoint = Checkpoint(config.checkpoint_path)
         self.preparer = Preparer(config, source, host, api, self.checkpoint)
         self.publisher = SlicePublisher(api, config, source, host, resync=resync)
@@ -60,6 +73,11 @@ class DraDriver:
             return False, f"DRA driver: not registered with kubelet ({why})"
         return True, f"DRA driver: registered as {self.config.driver}"
 
+    @property
+    def watching(self) -> bool:
+        """Whether inotify follows both socket directories now (else the fallback poll does)."""
+        return bool(self._watches) and all(w.active for w in self._watches)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set. Waits for the first record: a host not read yet is not an empty one,
         so no slice is written and no claim answered before it."""
@@ -70,19 +88,43 @@ class DraDriver:
             )
             if not await self.source.first_or_stop(stop):
                 return
+        wake = asyncio.Event()
         publisher = asyncio.create_task(self.publisher.run(stop), name="dra-slices")
+        publisher.add_done_callback(lambda _: wake.set())
+        stopper = asyncio.ensure_future(stop.wait())
+        stopper.add_done_callback(lambda _: wake.set())
+        if self.use_inotify:
+            self._watches = [
+                DirWatch(os.path.dirname(path), [os.path.basename(path)], wake.set)
+                for path in (self.config.dra_socket, self.config.registration_socket)
+            ]
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                await self.servers.reconcile(loop.time(), self.poll_interval)
+                wake.clear()
+                await self.servers.reconcile(loop.time())
+                # After serving: the directories exist. A watch that failed or lost its directory is
+                # started again (until then the fallback poll looks).
+                for watch in self._watches:
+                    if not watch.active:
+                        watch.start()
                 if not self.servers.dra.needs_serving() and not self.servers.registration.needs_serving():
                     self.serving.set()
                 if publisher.done():
                     publisher.result()  # a publisher that ended on its own is a bug: surface it
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.poll_interval)
+                    await asyncio.wait_for(wake.wait(), timeout=self._next_wakeup(loop.time()))
         finally:
+            stopper.cancel()
+            for watch in self._watches:
+                watch.stop()
             publisher.cancel()
             await asyncio.gather(publisher, return_exceptions=True)
             await self.servers.stop()
             log.info("DRA driver stopped", extra={"driver": self.config.driver})
+
+    def _next_wakeup(self, now: float) -> float:
+        """Seconds until something is due: a socket's retry, else the poll."""
+        poll = self.safety_poll if self.watching else self.fallback_poll
+        retry = self.servers.next_retry(now)
+        return max(0.0, poll if retry is None else min(poll, retry))

@@ -28,6 +28,9 @@ from nodefabric_deviceplugin.dra.prepare import Preparer
 
 log = logging.getLogger(__name__)
 
+RETRY_BASE_S = 0.2
+MAX_RETRY_S = 5.0
+
 
 def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
@@ -167,7 +170,9 @@ class DraServers:
         self.dra = UnixServer(config.dra_socket, add_dra, "DRA plugin")
         self.registration = UnixServer(config.registration_socket, add_registration, "plugin registration")
 
-    async def reconcile(self, now: float, poll_interval: float) -> None:
+    async def reconcile(self, now: float, retry_base: float = RETRY_BASE_S) -> None:
+        """Serve each socket that is not served (or was deleted or replaced), the DRA socket first; one
+        that failed is tried again after a backoff."""
         for server in (self.dra, self.registration):
             if server is self.registration and self.dra.needs_serving():
                 return  # never advertise an endpoint that is not answering
@@ -178,12 +183,17 @@ class DraServers:
                 server.failures, server.retry_at = 0, 0.0
             except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
                 server.failures += 1
-                delay = min(poll_interval * 2**server.failures, 5.0)
+                delay = min(retry_base * 2**server.failures, MAX_RETRY_S)
                 server.retry_at = now + delay
                 log.error(
                     "cannot serve; will retry",
                     extra={"what": server.what, "socket": server.path, "why": str(exc), "retry_in_s": delay},
                 )
+
+    def next_retry(self, now: float) -> float | None:
+        """Seconds until a socket that failed to serve is tried again; None when none waits."""
+        waits = [s.retry_at - now for s in (self.dra, self.registration) if s.retry_at > now]
+        return min(waits) if waits else None
 
     async def stop(self) -> None:
         # Registration first: kubelet's watcher sees the socket go and stops calling the DRA socket.
