@@ -115,6 +115,19 @@ def owner_reference(node: str, uid: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
 
 
+def node_uid(api: Api, node: str) -> str | None:
+    """The uid of the Node `node`, read fresh (a Node deleted and registered again has a new one); None
+    when it does not exist. Raises ApiFailure ("rejected" for an answer without a uid)."""
+    obj = api.read(f"read node {node}", f"/api/v1/nodes/{path_name(node)}")
+    if obj is None:
+        return None
+    meta = obj.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    if not isinstance(uid, str) or not uid:
+        raise ApiFailure("rejected", f"node {node} has no uid")
+    return uid
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """Where the API is and how to authenticate: what the kubeconfig or the service account said."""

@@ -163,6 +163,8 @@ def test_every_failure_says_what_it_was_doing_and_whether_to_retry(
         ("list", b'{"kind": "ResourceSliceList"}', "no items list"),
         ("list", b'{"items": {"not": "a list"}}', "no items list"),
         ("node", b'{"metadata": {"name": "hgx-0"}}', "has no uid"),
+        ("node", b'{"metadata": {"name": "hgx-0", "uid": 7}}', "has no uid"),
+        ("node", b'{"metadata": "junk"}', "has no uid"),
     ],
 )
 def test_a_well_formed_answer_without_what_we_need_is_rejected(

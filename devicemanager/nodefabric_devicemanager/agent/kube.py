@@ -21,6 +21,7 @@ from nodefabric_devicemanager.nodeclient import (
     ApiFailure,
     Cancel,
     classify,
+    node_uid,
     path_name,
     resource_version,
 )
@@ -43,13 +44,10 @@ class DevicesClient:
         self.api = api
 
     def node_uid(self, node: str) -> str:
-        obj = self.api.read(f"read node {node}", f"/api/v1/nodes/{path_name(node)}")
-        if obj is None:
+        uid = node_uid(self.api, node)
+        if uid is None:
             raise ApiFailure("node_missing", f"node {node} does not exist", 404)
-        uid = (obj.get("metadata") or {}).get("uid")
-        if not uid:
-            raise ApiFailure("rejected", f"node {node} has no uid")
-        return str(uid)
+        return uid
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.api.read(f"read devices {name}", f"{DEVICES_PATH}/{path_name(name)}")

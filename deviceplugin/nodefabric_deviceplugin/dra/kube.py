@@ -10,7 +10,7 @@ import http
 import logging
 from typing import Any
 
-from nodefabric_devicemanager.nodeclient import Api, ApiFailure, owner_reference, path_name
+from nodefabric_devicemanager.nodeclient import Api, ApiFailure, node_uid, owner_reference, path_name
 from nodefabric_deviceplugin.dra import claims, slices
 from nodefabric_deviceplugin.dra.config import DriverConfig
 
@@ -34,14 +34,8 @@ class DraApi:
 
     def node_owner(self) -> dict[str, Any] | None:
         """The owner reference to this node (its slices go when it goes); None when the Node is gone."""
-        node = self.config.node_name
-        obj = self.api.read(f"read node {node}", f"/api/v1/nodes/{path_name(node)}")
-        if obj is None:
-            return None
-        uid = (obj.get("metadata") or {}).get("uid")
-        if not uid:
-            raise ApiFailure("rejected", f"node {node} has no uid")
-        return owner_reference(node, str(uid))
+        uid = node_uid(self.api, self.config.node_name)
+        return None if uid is None else owner_reference(self.config.node_name, uid)
 
     def list_slices(self) -> list[dict[str, Any]]:
         """This driver's slices for this node. The field selector narrows the list on a real API server;
