@@ -82,10 +82,14 @@ step "Node Feature Discovery $NFD_VERSION"
   --set "master.config.extraLabelNs={feature.$DOMAIN}" --wait --timeout 5m
 
 step "nodefabric chart"
+# The second scheduler runs the cluster's own kube-scheduler version (the chart never guesses it).
+SCHEDULER_TAG=$(kubectl version -o json | python3 -c \
+  'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
 # No GPU product labels on kind nodes: the group needs no homogeneity key to be placed.
 "$HELM" install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
   --set image.registry= --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
   --set image.pullPolicy=Never --set agent.hostRoot="$HOST_ROOT" \
+  --set scheduler.image.tag="$SCHEDULER_TAG" \
   --set 'extender.defaults.homogeneous={}' \
   --wait --timeout 5m
 kubectl -n "$NS" get pods -o wide

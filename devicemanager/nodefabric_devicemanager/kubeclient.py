@@ -2,26 +2,70 @@
 
 from __future__ import annotations
 
+import binascii
 import os
 
+import yaml
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
+# What the kubernetes library's kubeconfig loader lets escape on a file that is not a kubeconfig: it walks
+# the parsed YAML assuming the documented shape, so a list where a map belongs, a number where a string
+# belongs, bytes that are not UTF-8 or *-data fields that are not base64 surface as these, not as
+# ConfigException. Caught around that one call only, so our own bugs are never mistaken for a bad file.
+_MALFORMED = (yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError, IndexError)
+
 
 def load_client(kubeconfig: str | os.PathLike[str] | None = None) -> client.ApiClient:
-    """An explicit kubeconfig, else in-cluster, else KUBECONFIG / ~/.kube/config."""
+    """An explicit kubeconfig, else in-cluster, else KUBECONFIG / ~/.kube/config.
+
+    Every problem with the configuration (a missing, unreadable or malformed kubeconfig, an unusable
+    in-cluster account) is a ConfigException with a one-line message naming the file, which the CLIs
+    report as a start-up error."""
     cfg = client.Configuration()
     if kubeconfig:
-        config.load_kube_config(config_file=os.fspath(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
+        _load_kubeconfig(os.fspath(kubeconfig), cfg)
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
         try:
-            config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError) as exc:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except OSError as exc:
+            raise ConfigException(f"in-cluster configuration: cannot read it: {exc}") from exc
+    else:
+        # Read at call time: the library's own default is KUBECONFIG as it was when it was imported.
+        path = os.environ.get("KUBECONFIG") or os.path.join("~", ".kube", "config")
+        try:
+            _load_kubeconfig(path, cfg)
+        except ConfigException as exc:
             raise ConfigException(
                 f"no API to reach: not in a cluster and no usable kubeconfig ({exc}); pass --kubeconfig"
             ) from exc
     # Every caller retries with its own backoff (and jitter); urllib3's would multiply it silently.
     cfg.retries = 0
     return client.ApiClient(cfg)
+
+
+def _load_kubeconfig(path: str, cfg: client.Configuration) -> None:
+    """Load one kubeconfig (or a KUBECONFIG list of them) into cfg; ConfigException on any problem."""
+    try:
+        config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except ConfigException as exc:
+        raise ConfigException(f"kubeconfig {path}: {_one_line(exc)}") from exc
+    except OSError as exc:
+        raise ConfigException(f"kubeconfig {path}: cannot read it: {_one_line(exc)}") from exc
+    except _MALFORMED as exc:
+        raise ConfigException(f"kubeconfig {path} is malformed: {_what(exc)}") from exc
+
+
+def _what(exc: BaseException) -> str:
+    if isinstance(exc, yaml.YAMLError):
+        return f"not YAML ({_one_line(exc)})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text ({_one_line(exc)})"
+    if isinstance(exc, binascii.Error):
+        return f"a *-data field is not base64 ({_one_line(exc)})"
+    return f"not the shape of a kubeconfig ({type(exc).__name__}: {_one_line(exc)})"
+
+
+def _one_line(exc: BaseException) -> str:
+    """YAML errors quote the offending line over several; a log line is one."""
+    return " ".join(str(exc).split())

@@ -80,6 +80,12 @@ def writes(k: RunningAPI) -> list[Any]:
     return k.requests("POST", DEVICES) + k.requests("PATCH", DEVICES) + k.requests("PUT", DEVICES)
 
 
+def watched(k: RunningAPI) -> bool:
+    """The API has received the agent's watch of its record. The agent counts a connect when it sends
+    the request, so a request budget taken before this holds would race the watch's own GET."""
+    return any(r.params.get("watch") == "true" for r in k.requests("GET", DEVICES))
+
+
 def stored(k: RunningAPI, node: str = NODE) -> dict[str, Any] | None:
     return k.api.stored(DEVICES, node)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,10 +26,27 @@ class RenderError(Exception):
     """helm refused the chart or the values; the message is helm's stderr."""
 
 
+def scheduler_tag(kube_version: str) -> str:
+    """The kube-scheduler tag an operator sets for a cluster of this version (v1.32.9-eks-1 -> v1.32.9)."""
+    found = re.match(r"v?(\d+\.\d+\.\d+)", kube_version)
+    assert found, kube_version
+    return f"v{found.group(1)}"
+
+
 def run_helm(
-    helm: Path, *args: str, values: dict[str, Any] | None, tmp: Path
+    helm: Path,
+    *args: str,
+    values: dict[str, Any] | None,
+    tmp: Path,
+    kube_version: str | None = KUBE_VERSION,
 ) -> subprocess.CompletedProcess[str]:
+    """helm with the test's values after the one value an install needs for its cluster, the kube-scheduler
+    tag of `kube_version` (None: the chart's values.yaml alone)."""
     cmd = [str(helm), *args]
+    if kube_version is not None:
+        cf = tmp / "cluster.yaml"
+        cf.write_text(yaml.safe_dump({"scheduler": {"image": {"tag": scheduler_tag(kube_version)}}}))
+        cmd += ["-f", str(cf)]
     if values is not None:
         vf = tmp / "values.yaml"
         vf.write_text(yaml.safe_dump(values))

@@ -41,12 +41,18 @@ def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
         kube_version: str = KUBE_VERSION,
         release: str = RELEASE,
         namespace: str = NAMESPACE,
+        scheduler_tag: bool = True,
     ) -> list[Doc]:
-        key = json.dumps([values, kube_version, release, namespace], sort_keys=True)
+        """scheduler_tag=False renders without the kube-scheduler tag an install sets for its cluster."""
+        key = json.dumps([values, kube_version, release, namespace, scheduler_tag], sort_keys=True)
         if key not in seen:
             try:
                 seen[key] = _helm_template(
-                    values, kube_version=kube_version, release=release, namespace=namespace
+                    values,
+                    kube_version=kube_version,
+                    release=release,
+                    namespace=namespace,
+                    scheduler_tag=scheduler_tag,
                 )
             except RenderError as err:
                 seen[key] = err
@@ -56,15 +62,23 @@ def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
         return copy.deepcopy(got)
 
     def _helm_template(
-        values: dict[str, Any] | None = None,
+        values: dict[str, Any] | None,
         *,
-        kube_version: str = KUBE_VERSION,
-        release: str = RELEASE,
-        namespace: str = NAMESPACE,
+        kube_version: str,
+        release: str,
+        namespace: str,
+        scheduler_tag: bool,
     ) -> list[Doc]:
         tmp = tmp_path_factory.mktemp("render")
         args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", kube_version]
-        done = run_helm(helm, *args, "--include-crds", values=values, tmp=tmp)
+        done = run_helm(
+            helm,
+            *args,
+            "--include-crds",
+            values=values,
+            tmp=tmp,
+            kube_version=kube_version if scheduler_tag else None,
+        )
         if done.returncode != 0:
             raise RenderError(done.stderr)
         return [d for d in yaml.safe_load_all(done.stdout) if d]

@@ -14,11 +14,10 @@ from chart_support import NAMESPACE, Doc, RenderError, container, of_kind, one, 
 from test_chart_rbac import CLUSTER, grants_of
 from test_chart_validate import validate_all
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import inventory, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import Nvml
-from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -222,7 +221,7 @@ async def driver_requests(tmp_path: Path) -> dict[tuple[str, str, str, str], set
             },
         )
         source = RecordSource(spec)
-        driver = DraDriver(config, source, b.host, DraApi(load_client(k.kubeconfig), config))
+        driver = DraDriver(config, source, b.host, DraApi(nodeclient.load(k.kubeconfig), config))
         kubelet = DraKubelet(config.registry_dir)
         stop = asyncio.Event()
         task = asyncio.create_task(driver.run(stop))

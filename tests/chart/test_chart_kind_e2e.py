@@ -41,15 +41,21 @@ def test_the_chart_values_the_script_sets_render(render) -> None:
     text = SCRIPT.read_text()
     install = text[text.index('"$HELM" install nodefabric') :].split("--wait")[0]
     sets = re.findall(r"--set '?([\w.]+)=", install)
-    assert {"image.registry", "image.repository", "agent.hostRoot", "extender.defaults.homogeneous"} <= set(
-        sets
-    )
+    assert {
+        "image.registry",
+        "image.repository",
+        "agent.hostRoot",
+        "extender.defaults.homogeneous",
+        "scheduler.image.tag",
+    } <= set(sets)
     docs = render(
         {
             "image": {"registry": "", "repository": "nodefabric", "tag": "e2e", "pullPolicy": "Never"},
             "agent": {"hostRoot": "/opt/nodefabric/host"},
             "extender": {"defaults": {"homogeneous": []}},
-        }
+            "scheduler": {"image": {"tag": "v1.33.1"}},
+        },
+        scheduler_tag=False,
     )
     agent = one(docs, "DaemonSet", "nf-nodefabric-agent")
     assert container(agent, "agent")["image"] == "nodefabric:e2e"

@@ -14,8 +14,17 @@ from test_chart_validate import validate_all
 AGENT = ("DaemonSet", "nf-nodefabric-agent", "agent")
 OPERATOR = ("Deployment", "nf-nodefabric-operator", "operator")
 CRD_JOB = ("Job", "nf-nodefabric-crd-upgrade", "crd-apply")
-# (values path, (kind, workload, container)) of every component that takes the per-component knobs.
-COMPONENTS = {"agent": AGENT, "operator": OPERATOR, "crds.upgradeJob": CRD_JOB}
+SCHEDULER = ("Deployment", "nf-nodefabric-scheduler", "kube-scheduler")
+# The extender is the scheduler pod's second container: it takes the container knobs, the pod's are the
+# scheduler's.
+EXTENDER = ("Deployment", "nf-nodefabric-scheduler", "extender")
+# values path -> (kind, workload, container), by the knobs the path takes.
+PODS = {"agent": AGENT, "operator": OPERATOR, "crds.upgradeJob": CRD_JOB, "scheduler": SCHEDULER}
+CONTAINERS = {**PODS, "extender": EXTENDER}
+# logLevel/logFormat configure nodefabric's own command; kube-scheduler keeps its --v (scheduler.verbosity).
+LOGGING = {"agent": AGENT, "operator": OPERATOR, "crds.upgradeJob": CRD_JOB, "extender": EXTENDER}
+# Components with a ServiceAccount of their own a user may name or bring (the CRD hook's is its own).
+ACCOUNTS = {"agent": AGENT, "operator": OPERATOR, "scheduler": SCHEDULER}
 
 
 def nest(path: str, value: Any) -> dict[str, Any]:
@@ -23,6 +32,18 @@ def nest(path: str, value: Any) -> dict[str, Any]:
     out: dict[str, Any] = value
     for key in reversed(path.split(".")):
         out = {key: out}
+    return out
+
+
+def merged(*sections: dict[str, Any]) -> dict[str, Any]:
+    """Helm values merged key by key, the later section winning."""
+    out: dict[str, Any] = {}
+    for section in sections:
+        for key, value in section.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
     return out
 
 
@@ -34,7 +55,7 @@ def ctr(docs: list[Doc], which: tuple[str, str, str]) -> dict[str, Any]:
     return container(workload(docs, which), which[2])
 
 
-EVERY_KNOB: dict[str, Any] = {
+POD_KNOBS: dict[str, Any] = {
     "nodeSelector": {"node-role.kubernetes.io/gpu": "true"},
     "tolerations": [
         {
@@ -62,37 +83,45 @@ EVERY_KNOB: dict[str, Any] = {
     "podLabels": {"team": "gpu-platform", "cost-center": "ml-42"},
     "podAnnotations": {"example.com/owner": "gpu-platform"},
     "securityContext": {"fsGroup": 2000},
+}
+CONTAINER_KNOBS: dict[str, Any] = {
     "containerSecurityContext": {"readOnlyRootFilesystem": True, "runAsGroup": 3000},
     "extraEnv": [
         {"name": "HTTPS_PROXY", "value": "http://proxy.local:3128"},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ],
     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
-    "logLevel": "debug",
-    "logFormat": "json",
 }
-WITH_VOLUMES = {
-    "extraVolumes": [{"name": "ca", "configMap": {"name": "corporate-ca"}}],
-    "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}],
-}
+LOG_KNOBS = {"logLevel": "debug", "logFormat": "json"}
+EVERY_KNOB: dict[str, Any] = POD_KNOBS | CONTAINER_KNOBS | LOG_KNOBS
+EXTRA_VOLUME = {"name": "ca", "configMap": {"name": "corporate-ca"}}
+EXTRA_MOUNT = {"name": "ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}
 SERVICE_ACCOUNT = {
     "serviceAccount": {"create": True, "name": "", "annotations": {"iam.example.com/role": "r"}}
 }
 
 
 def every_knob_values() -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for path in COMPONENTS:
-        knobs = {**EVERY_KNOB}
-        if path != "crds.upgradeJob":  # the hook's account is its own; it mounts nothing
-            knobs |= WITH_VOLUMES | SERVICE_ACCOUNT
-        section = nest(path, knobs)
-        for top, sub in section.items():
-            values.setdefault(top, {}).update(sub)
+    sections = []
+    for path in PODS:
+        knobs = POD_KNOBS | CONTAINER_KNOBS
+        if path in LOGGING:
+            knobs |= LOG_KNOBS
+        if path in ACCOUNTS:  # the hook's account is its own; it mounts nothing
+            knobs |= SERVICE_ACCOUNT | {"extraVolumes": [EXTRA_VOLUME], "extraVolumeMounts": [EXTRA_MOUNT]}
+        sections.append(nest(path, knobs))
+    # The extender container mounts the scheduler pod's extra volume too.
+    sections.append({"extender": CONTAINER_KNOBS | LOG_KNOBS | {"extraVolumeMounts": [EXTRA_MOUNT]}})
+    values = merged(*sections)
     values["image"] = {
         "registry": "registry.local:5000",
         "repository": "mirror/nodefabric",
         "digest": "sha256:" + "0f" * 32,
+    }
+    values["scheduler"] |= {
+        "image": {"repository": "registry.local:5000/k8s/kube-scheduler", "tag": "v1.33.4"},
+        "replicas": 2,
+        "verbosity": 4,
     }
     values["agent"] |= {
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
@@ -125,44 +154,63 @@ def test_every_knob_set_renders_valid_kubernetes(render, kube_version: str) -> N
     validate_all(render(every_knob_values(), kube_version=version), version)
 
 
-@pytest.mark.parametrize("path", sorted(COMPONENTS))
+@pytest.mark.parametrize("path", sorted(PODS))
 def test_placement_knobs_reach_the_pod(knobbed: list[Doc], path: str) -> None:
-    spec = pod_spec(workload(knobbed, COMPONENTS[path]))
+    spec = pod_spec(workload(knobbed, PODS[path]))
     for key in ("tolerations", "affinity", "priorityClassName"):
         assert spec[key] == EVERY_KNOB[key], (path, key)
     # Helm merges maps: the agent keeps its default kubernetes.io/os=linux beside the added key.
     assert EVERY_KNOB["nodeSelector"].items() <= spec["nodeSelector"].items()
 
 
-@pytest.mark.parametrize("path", sorted(COMPONENTS))
-def test_pod_labels_and_annotations_are_added_to_the_charts(knobbed: list[Doc], path: str) -> None:
-    w = workload(knobbed, COMPONENTS[path])
+@pytest.mark.parametrize("path", sorted(PODS))
+def test_pod_labels_and_annotations_are_added_to_the_charts(
+    knobbed: list[Doc], default_docs: list[Doc], path: str
+) -> None:
+    w = workload(knobbed, PODS[path])
     meta = w["spec"]["template"]["metadata"]
     assert EVERY_KNOB["podLabels"].items() <= meta["labels"].items()
     if w["kind"] != "Job":  # a Job selects its pods by uid
         assert w["spec"]["selector"]["matchLabels"].items() <= meta["labels"].items()
-    assert meta["annotations"] == EVERY_KNOB["podAnnotations"]
+    # The chart's own annotations (the scheduler's configuration checksums) stay beside the added ones.
+    own = workload(default_docs, PODS[path])["spec"]["template"]["metadata"].get("annotations", {})
+    assert EVERY_KNOB["podAnnotations"].items() <= meta["annotations"].items()
+    assert set(meta["annotations"]) == set(own) | set(EVERY_KNOB["podAnnotations"])
 
 
-@pytest.mark.parametrize("path", sorted(COMPONENTS))
+def test_pod_annotations_do_not_replace_the_charts(render, default_docs: list[Doc]) -> None:
+    """A configuration change must still restart the scheduler pod: its checksums win over podAnnotations."""
+    own = workload(default_docs, SCHEDULER)["spec"]["template"]["metadata"]["annotations"]
+    assert set(own) == {"checksum/config", "checksum/extender-config"}
+    docs = render({"scheduler": {"podAnnotations": {"checksum/config": "pinned", "a.example.com/b": "c"}}})
+    meta = workload(docs, SCHEDULER)["spec"]["template"]["metadata"]
+    assert meta["annotations"] == {**own, "a.example.com/b": "c"}
+
+
+@pytest.mark.parametrize("path", sorted(PODS))
 def test_pod_labels_may_not_change_the_selector(render, path: str) -> None:
     with pytest.raises(RenderError, match=re.escape("podLabels may not set app.kubernetes.io/component")):
         render(nest(path, {"podLabels": {"app.kubernetes.io/component": "other"}}))
 
 
-@pytest.mark.parametrize("path", sorted(COMPONENTS))
-def test_security_contexts_merge_with_the_hardened_defaults(
+@pytest.mark.parametrize("path", sorted(PODS))
+def test_the_pod_security_context_merges_with_the_hardened_default(render, path: str) -> None:
+    spec = pod_spec(workload(render(nest(path, {"securityContext": {"fsGroup": 2000}})), PODS[path]))
+    assert spec["securityContext"]["fsGroup"] == 2000
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@pytest.mark.parametrize("path", sorted(CONTAINERS))
+def test_container_security_contexts_merge_with_the_hardened_defaults(
     render, default_docs: list[Doc], path: str
 ) -> None:
-    which = COMPONENTS[path]
+    which = CONTAINERS[path]
     default_sc = ctr(default_docs, which)["securityContext"]
-    docs = render(
-        nest(path, {"securityContext": {"fsGroup": 2000}, "containerSecurityContext": {"runAsGroup": 3000}})
-    )
-    sc = ctr(docs, which)["securityContext"]
-    assert sc == {**default_sc, "runAsGroup": 3000}
-    assert pod_spec(workload(docs, which))["securityContext"]["fsGroup"] == 2000
-    assert pod_spec(workload(docs, which))["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    docs = render(nest(path, {"containerSecurityContext": {"runAsGroup": 3000}}))
+    assert ctr(docs, which)["securityContext"] == {**default_sc, "runAsGroup": 3000}
+    # Only the container the values are for: the other container of the scheduler pod keeps its own.
+    for other in set(CONTAINERS.values()) - {which}:
+        assert ctr(docs, other)["securityContext"] == ctr(default_docs, other)["securityContext"]
     # null drops a default, as everywhere in Helm values (OpenShift assigns its own UIDs).
     dropped = ctr(render(nest(path, {"containerSecurityContext": {"runAsUser": None}})), which)[
         "securityContext"
@@ -171,53 +219,104 @@ def test_security_contexts_merge_with_the_hardened_defaults(
     assert dropped["capabilities"] == {"drop": ["ALL"]}
 
 
-def test_privileged_needs_privilege_escalation_allowed(render) -> None:
-    with pytest.raises(RenderError, match="privileged=true needs allowPrivilegeEscalation=true"):
-        render({"agent": {"containerSecurityContext": {"privileged": True}}})
+@pytest.mark.parametrize("path", ["agent", "scheduler", "extender"])
+def test_privileged_needs_privilege_escalation_allowed(render, path: str) -> None:
+    with pytest.raises(
+        RenderError, match=re.escape(f"{path}.containerSecurityContext: privileged=true needs allowPrivilege")
+    ):
+        render(nest(path, {"containerSecurityContext": {"privileged": True}}))
     docs = render(
-        {"agent": {"containerSecurityContext": {"privileged": True, "allowPrivilegeEscalation": True}}}
+        nest(path, {"containerSecurityContext": {"privileged": True, "allowPrivilegeEscalation": True}})
     )
-    assert ctr(docs, AGENT)["securityContext"]["privileged"] is True
+    assert ctr(docs, CONTAINERS[path])["securityContext"]["privileged"] is True
     validate_all(docs)
 
 
-@pytest.mark.parametrize("path", sorted(COMPONENTS))
+@pytest.mark.parametrize("path", sorted(CONTAINERS))
 def test_extra_env_and_resources(render, knobbed: list[Doc], path: str) -> None:
-    c = ctr(knobbed, COMPONENTS[path])
+    c = ctr(knobbed, CONTAINERS[path])
     values = every_knob_values()
     section = values
     for key in path.split("."):
         section = section[key]
     section["extraEnv"] = []
-    without = ctr(render(values), COMPONENTS[path])
+    without = ctr(render(values), CONTAINERS[path])
     # The chart's own variables first, unchanged; the extra ones after them.
     assert c["env"] == without.get("env", []) + EVERY_KNOB["extraEnv"]
     assert c["resources"] == EVERY_KNOB["resources"]
 
 
-@pytest.mark.parametrize("path", ["agent", "operator"])
+def test_each_container_of_the_scheduler_pod_takes_its_own_resources(render) -> None:
+    small = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
+    big = {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    docs = render({"scheduler": {"resources": small}, "extender": {"resources": big}})
+    assert (ctr(docs, SCHEDULER)["resources"], ctr(docs, EXTENDER)["resources"]) == (small, big)
+
+
+@pytest.mark.parametrize("path", ["agent", "operator", "scheduler"])
 def test_extra_volumes_are_mounted_beside_the_charts(
     knobbed: list[Doc], default_docs: list[Doc], path: str
 ) -> None:
-    which = COMPONENTS[path]
+    which = PODS[path]
     spec, before = pod_spec(workload(knobbed, which)), pod_spec(workload(default_docs, which))
-    assert spec["volumes"][-1] == WITH_VOLUMES["extraVolumes"][0]
+    assert spec["volumes"][-1] == EXTRA_VOLUME
     assert [v["name"] for v in spec["volumes"]][: len(before["volumes"])] == [
         v["name"] for v in before["volumes"]
     ]
-    assert ctr(knobbed, which)["volumeMounts"][-1] == WITH_VOLUMES["extraVolumeMounts"][0]
+    assert ctr(knobbed, which)["volumeMounts"][-1] == EXTRA_MOUNT
 
 
-@pytest.mark.parametrize("path", sorted(COMPONENTS))
+def test_the_extender_mounts_the_scheduler_pods_volumes(
+    render, knobbed: list[Doc], default_docs: list[Doc]
+) -> None:
+    before = ctr(default_docs, EXTENDER)["volumeMounts"]
+    assert ctr(knobbed, EXTENDER)["volumeMounts"] == [*before, EXTRA_MOUNT]
+    # Only the container the mounts are for.
+    docs = render(
+        {"scheduler": {"extraVolumes": [EXTRA_VOLUME]}, "extender": {"extraVolumeMounts": [EXTRA_MOUNT]}}
+    )
+    assert ctr(docs, EXTENDER)["volumeMounts"] == [*before, EXTRA_MOUNT]
+    assert ctr(docs, SCHEDULER)["volumeMounts"] == ctr(default_docs, SCHEDULER)["volumeMounts"]
+    validate_all(docs)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "agent.extraVolumes",
+        "agent.extraVolumeMounts",
+        "operator.extraVolumes",
+        "operator.extraVolumeMounts",
+        "scheduler.extraVolumes",
+        "scheduler.extraVolumeMounts",
+        "extender.extraVolumeMounts",
+        "scheduler.extraEnv",
+        "extender.extraEnv",
+    ],
+)
+def test_a_null_list_is_an_empty_one(render, default_docs: list[Doc], path: str) -> None:
+    """`extraVolumes: ~` (clearing a value in an overlay) renders as the defaults, not a template crash."""
+    which = CONTAINERS[path.partition(".")[0]]
+    assert pod_spec(workload(render(nest(path, None)), which)) == pod_spec(workload(default_docs, which))
+
+
+@pytest.mark.parametrize("path", sorted(LOGGING))
 def test_log_level_and_format_reach_the_command_line(knobbed: list[Doc], path: str) -> None:
     from test_chart_workloads import parse
 
     args = [
         a.replace("$(NODE_NAME)", "n").replace("$(HOST_IP)", "10.0.0.1")
-        for a in ctr(knobbed, COMPONENTS[path])["args"]
+        for a in ctr(knobbed, LOGGING[path])["args"]
     ]
     ns = parse(args)
     assert (ns.log_level, ns.log_format) == ("DEBUG", "json")
+
+
+def test_kube_scheduler_keeps_its_own_verbosity(knobbed: list[Doc], default_docs: list[Doc]) -> None:
+    assert ctr(default_docs, SCHEDULER)["command"][-1] == "--v=2"
+    command = ctr(knobbed, SCHEDULER)["command"]
+    assert command[-1] == "--v=4"
+    assert not [a for a in command if a.startswith(("--log", "--logging"))]
 
 
 def test_the_crd_job_parses_its_command_line(render, default_docs: list[Doc]) -> None:
@@ -229,38 +328,82 @@ def test_the_crd_job_parses_its_command_line(render, default_docs: list[Doc]) ->
     assert allowed.allow_downgrade is True
 
 
+@pytest.mark.parametrize(
+    ("classes", "admitted"),
+    [
+        ({"scheduler": "system-cluster-critical"}, ["system-cluster-critical", "system-node-critical"]),
+        (
+            {
+                "agent": "gpu-infra",
+                "scheduler": "system-cluster-critical",
+                "operator": "system-cluster-critical",
+            },
+            ["system-cluster-critical"],
+        ),
+        ({"scheduler": "gpu-infra", "operator": ""}, ["system-node-critical"]),
+    ],
+)
+def test_the_critical_pods_quota_admits_every_components_system_class(
+    render, classes: dict[str, str], admitted: list[str]
+) -> None:
+    """Where the API server admits system-* classes outside kube-system only against a quota (GKE), a
+    scheduler given system-cluster-critical would otherwise never start."""
+    docs = render({path: {"priorityClassName": name} for path, name in classes.items()})
+    (quota,) = of_kind(docs, "ResourceQuota")
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert (expr["scopeName"], expr["operator"], expr["values"]) == ("PriorityClass", "In", admitted)
+    for path, name in classes.items():
+        assert pod_spec(workload(docs, PODS[path])).get("priorityClassName", "") == name
+    validate_all([quota])
+
+
 # ServiceAccounts: created or brought, named, annotated; every reference follows.
+
+# The admission policy that names each component's account, where one does.
+POLICIES = {"agent": "nf-nodefabric-agent-own-node", "scheduler": "nf-nodefabric-extender-annotations"}
+
+
+def bindings_naming(docs: list[Doc], account: str) -> set[str]:
+    """The (Cluster)RoleBindings with the account among their subjects."""
+    return {
+        f"{b['kind']}/{b['metadata'].get('namespace', '')}/{b['metadata']['name']}"
+        for b in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding")
+        for s in b["subjects"]
+        if s["kind"] == "ServiceAccount" and s["name"] == account and s["namespace"] == NAMESPACE
+    }
 
 
 def references_to(docs: list[Doc], component: str) -> dict[str, str]:
-    """Every place the rendered chart names the component's account."""
-    kind, name, _ = AGENT if component == "agent" else OPERATOR
-    refs = {"pod": pod_spec(one(docs, kind, name))["serviceAccountName"]}
-    for b in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding"):
-        if b["metadata"]["name"] == name:
-            (subject,) = b["subjects"]
-            refs[f"{b['kind']}"] = subject["name"]
-    (fs,) = of_kind(docs, "FlowSchema")
-    names = [s["serviceAccount"]["name"] for s in fs["spec"]["rules"][0]["subjects"]]
-    refs["flowschema"] = names[0] if component == "agent" else names[1]
-    if component == "agent":
-        policy = one(docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-node")
+    """Every place outside RBAC that names the component's account: its pods, its FlowSchema subject, the
+    admission policy that confines it."""
+    refs = {"pod": pod_spec(workload(docs, ACCOUNTS[component]))["serviceAccountName"]}
+    if component in ("agent", "operator"):
+        (fs,) = of_kind(docs, "FlowSchema")
+        names = [s["serviceAccount"]["name"] for s in fs["spec"]["rules"][0]["subjects"]]
+        refs["flowschema"] = names[0] if component == "agent" else names[1]
+    if component in POLICIES:
+        policy = one(docs, "ValidatingAdmissionPolicy", POLICIES[component])
         refs["policy"] = policy["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1].rstrip('"')
     return refs
 
 
-@pytest.mark.parametrize("component", ["agent", "operator"])
-def test_a_named_account_is_used_everywhere(render, component: str) -> None:
+@pytest.mark.parametrize("component", sorted(ACCOUNTS))
+def test_a_named_account_is_used_everywhere(render, default_docs: list[Doc], component: str) -> None:
     docs = render(
         {component: {"serviceAccount": {"name": "gpu-fabric", "annotations": {"a.example.com/b": "c"}}}}
     )
     sa = one(docs, "ServiceAccount", "gpu-fabric")
     assert sa["metadata"]["annotations"] == {"a.example.com/b": "c"}
     assert set(references_to(docs, component).values()) == {"gpu-fabric"}
+    # Every binding that named the default account names this one, and nothing names the default any more.
+    default = f"nf-nodefabric-{component}"
+    assert bindings_naming(docs, "gpu-fabric") == bindings_naming(default_docs, default) != set()
+    assert bindings_naming(docs, default) == set()
+    assert not [s for s in of_kind(docs, "ServiceAccount") if s["metadata"]["name"] == default]
 
 
-@pytest.mark.parametrize("component", ["agent", "operator"])
-def test_a_brought_account_is_used_and_not_created(render, component: str) -> None:
+@pytest.mark.parametrize("component", sorted(ACCOUNTS))
+def test_a_brought_account_is_used_and_not_created(render, default_docs: list[Doc], component: str) -> None:
     docs = render({component: {"serviceAccount": {"create": False, "name": "preprovisioned"}}})
     assert not [
         s
@@ -268,16 +411,56 @@ def test_a_brought_account_is_used_and_not_created(render, component: str) -> No
         if s["metadata"]["name"] in ("preprovisioned", f"nf-nodefabric-{component}")
     ]
     assert set(references_to(docs, component).values()) == {"preprovisioned"}
-    # It still gets exactly its role's grants.
-    grants, _ = grants_of(docs, "preprovisioned")
-    assert grants == grants_of(render(), f"nf-nodefabric-{component}")[0]
+    # It gets exactly the grants (and the built-in roles) the chart's own account had: no more, no less.
+    assert grants_of(docs, "preprovisioned") == grants_of(default_docs, f"nf-nodefabric-{component}")
+    assert bindings_naming(docs, "preprovisioned") == bindings_naming(
+        default_docs, f"nf-nodefabric-{component}"
+    )
     validate_all(docs)
 
 
-def test_a_brought_account_must_be_named(render) -> None:
+@pytest.mark.parametrize("component", sorted(ACCOUNTS))
+def test_a_brought_account_must_be_named(render, component: str) -> None:
     with pytest.raises(RenderError) as refused:
-        render({"agent": {"serviceAccount": {"create": False}}})
-    assert "/agent/serviceAccount/name" in str(refused.value)
+        render({component: {"serviceAccount": {"create": False}}})
+    assert f"/{component}/serviceAccount/name" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (
+            {"scheduler": {"serviceAccount": {"create": False, "name": "nf-nodefabric-agent"}}},
+            "agent.serviceAccount and scheduler.serviceAccount both name the ServiceAccount "
+            '"nf-nodefabric-agent"',
+        ),
+        (
+            {"agent": {"serviceAccount": {"name": "gpu"}}, "operator": {"serviceAccount": {"name": "gpu"}}},
+            'agent.serviceAccount and operator.serviceAccount both name the ServiceAccount "gpu"',
+        ),
+        (
+            {"operator": {"serviceAccount": {"create": False, "name": "nf-nodefabric-crd-upgrade"}}},
+            "the CRD upgrade hook's account and operator.serviceAccount both name",
+        ),
+    ],
+)
+def test_two_components_never_share_an_account(render, values: dict[str, Any], complaint: str) -> None:
+    """kube-scheduler may bind pods and the extender patch them: on a shared account every node's agent
+    could too."""
+    assert complaint in refusal(render, values)
+
+
+@pytest.mark.parametrize("component", sorted(ACCOUNTS))
+@pytest.mark.parametrize("create", [True, False])
+def test_no_component_runs_as_the_namespaces_default_account(render, component: str, create: bool) -> None:
+    complaint = refusal(render, {component: {"serviceAccount": {"create": create, "name": "default"}}})
+    assert f'{component}.serviceAccount.name may not be "default"' in complaint
+
+
+def test_a_disabled_component_shares_nothing(render) -> None:
+    values = {"scheduler": {"serviceAccount": {"create": False, "name": "nf-nodefabric-agent"}}}
+    docs = render(values | {"extender": {"enabled": False}})
+    assert pod_spec(workload(docs, AGENT))["serviceAccountName"] == "nf-nodefabric-agent"
 
 
 # The agent's own knobs.
@@ -461,6 +644,57 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
         (
             {"operator": {"extraVolumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}},
             'mountPath "/tmp" is used twice',
+        ),
+        # The scheduler pod: its pod-level knobs under scheduler, the extender container's under extender.
+        ({"scheduler": {"containerSecurityContext": {"runAsUsr": 0}}}, "runAsUsr"),
+        (
+            {"extender": {"containerSecurityContext": {"runAsUser": "root"}}},
+            "/extender/containerSecurityContext/runAsUser",
+        ),
+        ({"scheduler": {"securityContext": {"fsgroup": 1}}}, "fsgroup"),
+        ({"scheduler": {"tolerations": [{"key": "a", "operater": "Exists"}]}}, "operater"),
+        ({"scheduler": {"affinity": {"podAntiAfinity": {}}}}, "podAntiAfinity"),
+        ({"scheduler": {"nodeSelector": {"k": "v" * 64}}}, "/scheduler/nodeSelector/k"),
+        ({"scheduler": {"priorityClassName": "Critical"}}, "/scheduler/priorityClassName"),
+        ({"scheduler": {"podLabels": {"team": "has spaces"}}}, "/scheduler/podLabels/team"),
+        ({"scheduler": {"serviceAccount": {"name": "Not_A_Name"}}}, "/scheduler/serviceAccount/name"),
+        ({"scheduler": {"serviceAccount": {"annotation": {}}}}, "annotation"),
+        ({"scheduler": {"extraEnv": [{"name": "A", "valu": "typo"}]}}, "valu"),
+        ({"extender": {"extraEnv": [{"value": "no name"}]}}, "name"),
+        ({"scheduler": {"resources": {"limit": {"memory": "1Gi"}}}}, "limit"),
+        ({"extender": {"resources": {"requests": {"cpu": []}}}}, "/extender/resources/requests/cpu"),
+        ({"scheduler": {"extraVolumes": [{"name": "x", "hostpath": {"path": "/x"}}]}}, "hostpath"),
+        ({"extender": {"extraVolumeMounts": [{"name": "x"}]}}, "mountPath"),
+        ({"extender": {"logLevel": "verbose"}}, "/extender/logLevel"),
+        ({"extender": {"logFormat": "logfmt"}}, "/extender/logFormat"),
+        # kube-scheduler's logging is scheduler.verbosity (--v); the extender's volumes are the pod's.
+        ({"scheduler": {"logLevel": "debug"}}, "logLevel"),
+        ({"extender": {"extraVolumes": []}}, "extraVolumes"),
+        ({"extender": {"securityContext": {}}}, "securityContext"),
+        ({"extender": {"serviceAccount": {"create": True, "name": ""}}}, "serviceAccount"),
+        (
+            {"scheduler": {"extraVolumes": [{"name": "extender-config", "emptyDir": {}}]}},
+            'scheduler.extraVolumes: name "extender-config" is used twice',
+        ),
+        (
+            {
+                "scheduler": {
+                    "extraVolumeMounts": [{"name": "tmp", "mountPath": "/etc/kubernetes/nodefabric"}]
+                }
+            },
+            'scheduler.extraVolumeMounts: mountPath "/etc/kubernetes/nodefabric" is used twice',
+        ),
+        (
+            {"extender": {"extraVolumeMounts": [{"name": "config", "mountPath": "/etc/nodefabric"}]}},
+            'extender.extraVolumeMounts: mountPath "/etc/nodefabric" is used twice',
+        ),
+        (
+            {"extender": {"extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corporate"}]}},
+            'extender.extraVolumeMounts: no volume named "ca"',
+        ),
+        (
+            {"scheduler": {"extraVolumeMounts": [{"name": "nope", "mountPath": "/x"}]}},
+            'scheduler.extraVolumeMounts: no volume named "nope"',
         ),
     ],
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, container, of_kind, one, pod_spec, workloads
+from chart_support import NAMESPACE, Doc, RenderError, container, of_kind, one, pod_spec, workloads
 
 AGENT = "nf-nodefabric-agent"
 SCHEDULER = "nf-nodefabric-scheduler"
@@ -215,20 +215,75 @@ def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
 # The second scheduler (its configuration and the extender beside it: test_chart_scheduler.py).
 
 
+TAG_REQUIRED = "scheduler.image.tag is empty: set it to your cluster's Kubernetes version"
+
+
+@pytest.mark.parametrize("kube_version", ["1.30.0", "1.33.0", "v1.32.9-eks-113cf36"])
+def test_the_scheduler_image_is_never_guessed_from_the_kubernetes_version(render, kube_version: str) -> None:
+    """helm template without --kube-version reports helm's own default version: a tag taken from it would
+    silently run a kube-scheduler of another version than the cluster's. So the tag is a value."""
+    with pytest.raises(RenderError) as refused:
+        render(kube_version=kube_version, scheduler_tag=False)
+    assert TAG_REQUIRED in str(refused.value)
+    assert "kubectl version" in str(refused.value)
+    # Set, it is exactly what runs, whatever version helm believes the cluster is.
+    docs = render({"scheduler": {"image": {"tag": "v1.31.4"}}}, kube_version=kube_version)
+    assert container(one(docs, "Deployment", SCHEDULER), "kube-scheduler")["image"] == (
+        "registry.k8s.io/kube-scheduler:v1.31.4"
+    )
+
+
+def test_the_scheduler_image_without_helms_idea_of_a_version(helm, tmp_path) -> None:
+    """The GitOps render itself: no --kube-version, no tag. Refused, naming the value."""
+    from chart_support import CHART, run_helm
+
+    args = ["template", "nf", str(CHART), "-n", "nodefabric", "-s", "templates/scheduler.yaml"]
+    done = run_helm(helm, *args, values=None, tmp=tmp_path, kube_version=None)
+    assert done.returncode != 0 and TAG_REQUIRED in done.stderr, done.stdout + done.stderr
+    done = run_helm(
+        helm, *args, values={"scheduler": {"image": {"tag": "v1.30.2"}}}, tmp=tmp_path, kube_version=None
+    )
+    assert done.returncode == 0, done.stderr
+    assert "image: registry.k8s.io/kube-scheduler:v1.30.2\n" in done.stdout
+
+
+def test_the_scheduler_image_by_digest_or_from_a_mirror(render) -> None:
+    digest = "sha256:" + "5c" * 32
+    # A digest pins it on its own (the tag, if any, is then only documentation).
+    for tag in ("", "v1.33.4"):
+        docs = render({"scheduler": {"image": {"tag": tag, "digest": digest}}}, scheduler_tag=False)
+        image = container(one(docs, "Deployment", SCHEDULER), "kube-scheduler")["image"]
+        assert image == f"registry.k8s.io/kube-scheduler@{digest}"
+    mirror = {"repository": "mirror.local:5000/k8s/kube-scheduler", "tag": "v1.33.4", "pullPolicy": "Always"}
+    c = container(one(render({"scheduler": {"image": mirror}}), "Deployment", SCHEDULER), "kube-scheduler")
+    assert (c["image"], c["imagePullPolicy"]) == ("mirror.local:5000/k8s/kube-scheduler:v1.33.4", "Always")
+
+
+def test_no_scheduler_no_tag_needed(render) -> None:
+    docs = render({"extender": {"enabled": False}}, scheduler_tag=False)
+    assert not [d for d in docs if "scheduler" in d["metadata"]["name"]]
+
+
 @pytest.mark.parametrize(
-    ("kube_version", "tag", "image"),
+    ("image", "complaint"),
     [
-        ("1.33.0", "", "registry.k8s.io/kube-scheduler:v1.33.0"),
-        ("1.31.4", "", "registry.k8s.io/kube-scheduler:v1.31.4"),
-        ("v1.32.9-eks-113cf36", "", "registry.k8s.io/kube-scheduler:v1.32.9"),
-        ("1.33.0", "v1.33.5", "registry.k8s.io/kube-scheduler:v1.33.5"),
+        ({"tag": "v1.33 latest"}, "/scheduler/image/tag"),
+        ({"tag": 1.33}, "/scheduler/image/tag"),
+        ({"digest": "sha256:abc"}, "/scheduler/image/digest"),
+        ({"repository": "https://registry.k8s.io/kube-scheduler"}, "/scheduler/image/repository"),
+        ({"repository": "registry.k8s.io/kube-scheduler:v1.33.4"}, "/scheduler/image/repository"),
+        ({"repository": "Registry.K8s.io/Kube-Scheduler"}, "/scheduler/image/repository"),
+        ({"repository": ""}, "/scheduler/image/repository"),
+        ({"pullPolicy": "Sometimes"}, "/scheduler/image/pullPolicy"),
+        ({"registry": "registry.k8s.io"}, "registry"),
     ],
 )
-def test_scheduler_image_matches_the_cluster_unless_pinned(
-    render, kube_version: str, tag: str, image: str
+def test_bad_scheduler_images_are_refused_naming_the_key(
+    render, image: dict[str, Any], complaint: str
 ) -> None:
-    docs = render({"scheduler": {"image": {"tag": tag}}}, kube_version=kube_version)
-    assert container(one(docs, "Deployment", SCHEDULER), "kube-scheduler")["image"] == image
+    from chart_support import refusal
+
+    assert complaint in refusal(render, {"scheduler": {"image": image}})
 
 
 def test_chart_refuses_clusters_without_admission_policies(render) -> None:

@@ -44,37 +44,33 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "nodefabric.fullname" .ctx) .component -}}
 {{- end -}}
 
-{{/* registry/repository, then @digest when one is set (the tag is then only documentation), else :tag. */}}
+{{/* The nodefabric image: registry/repository, then @digest when one is set (the tag is then only
+documentation), else :tag (default appVersion). */}}
 {{- define "nodefabric.image" -}}
 {{- $i := .Values.image -}}
 {{- $repo := ternary (printf "%s/%s" $i.registry $i.repository) $i.repository (ne $i.registry "") -}}
-{{- if $i.digest -}}
-{{- printf "%s@%s" $repo $i.digest -}}
+{{- include "nodefabric.imageRef" (dict "repository" $repo "tag" (default .Chart.AppVersion $i.tag) "digest" $i.digest) -}}
+{{- end -}}
+
+{{/* repository@digest when a digest is set, else repository:tag; call with (dict "repository" "tag" "digest"). */}}
+{{- define "nodefabric.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
 {{- else -}}
-{{- printf "%s:%s" $repo (default .Chart.AppVersion $i.tag) -}}
+{{- printf "%s:%s" .repository .tag -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The cluster's own vMAJOR.MINOR.PATCH (provider suffixes such as -eks-1a2b dropped): no version skew. */}}
+{{/* The kube-scheduler image. Its version must be the API server's (or one minor older), and nothing the
+chart can see says which that is: .Capabilities.KubeVersion is helm's own built-in default under
+`helm template` without --kube-version (and even with --dry-run=server), so deriving the tag from it would
+silently pick a version in exactly the GitOps renders that must not. The tag (or a digest) is a value. */}}
 {{- define "nodefabric.schedulerImage" -}}
-{{- $tag := .Values.scheduler.image.tag -}}
-{{- if not $tag -}}
-{{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- $i := .Values.scheduler.image -}}
+{{- if not (or $i.tag $i.digest) -}}
+{{- fail "scheduler.image.tag is empty: set it to your cluster's Kubernetes version (the Server Version of `kubectl version`, e.g. --set scheduler.image.tag=v1.33.4; kube-scheduler may be one minor older than the API server, never newer), or pin scheduler.image.digest. Or set extender.enabled=false to run no second scheduler." -}}
 {{- end -}}
-{{- printf "%s:%s" .Values.scheduler.image.repository $tag -}}
-{{- end -}}
-
-{{/* Hardened container security context for the components that need no host access. */}}
-{{- define "nodefabric.restrictedContainer" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
+{{- include "nodefabric.imageRef" (dict "repository" $i.repository "tag" $i.tag "digest" $i.digest) -}}
 {{- end -}}
 
 {{/* Placement fields shared by every pod template; call with the component's values. */}}
@@ -156,13 +152,16 @@ extenders:
 
 
 {{/* The extender container of the scheduler pod: filter and prioritize on 127.0.0.1 only; probes and
-metrics on the pod network. */}}
+metrics on the pod network. Call with (dict "ctx" $ "component" "extender" "values" .Values.extender): the
+container-level knobs (containerSecurityContext, extraEnv, extraVolumeMounts, resources, logLevel,
+logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
 {{- define "nodefabric.extenderContainer" -}}
-{{- $e := .Values.extender -}}
+{{- $e := .values -}}
 - name: extender
-  image: {{ include "nodefabric.image" . }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  image: {{ include "nodefabric.image" .ctx }}
+  imagePullPolicy: {{ .ctx.Values.image.pullPolicy }}
   args:
+    {{- include "nodefabric.logArgs" . | nindent 4 }}
     - extender
     - --config
     - /etc/nodefabric/extender.yaml
@@ -174,6 +173,10 @@ metrics on the pod network. */}}
     - {{ $e.metricsPort | quote }}
     - --unhealthy-after
     - {{ $e.unhealthyAfter | quote }}
+  {{- with $e.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   ports:
     - name: extender-metrics
       containerPort: {{ $e.metricsPort }}
@@ -191,16 +194,20 @@ metrics on the pod network. */}}
       path: /readyz
       port: extender-metrics
     periodSeconds: 5
-  securityContext:
-    {{- include "nodefabric.restrictedContainer" . | nindent 4 }}
+  {{- include "nodefabric.containerSecurityContext" . | nindent 2 }}
+  {{- with $e.resources }}
   resources:
-    {{- toYaml $e.resources | nindent 4 }}
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   volumeMounts:
     - name: extender-config
       mountPath: /etc/nodefabric
       readOnly: true
     - name: extender-tmp
       mountPath: /tmp
+    {{- with $e.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 {{/*
@@ -216,12 +223,33 @@ Per-component knobs. Each takes (dict "ctx" $ "component" "agent" "values" .Valu
 back to the namespace's "default" account would hand the component's cluster role to every pod there. */}}
 {{- define "nodefabric.serviceAccountName" -}}
 {{- $sa := .values.serviceAccount -}}
-{{- if $sa.create -}}
+{{- if eq ($sa.name | default "") "default" -}}
+{{- fail (printf "%s.serviceAccount.name may not be \"default\": every pod of the namespace that names no account runs as it, and would get the %s's rights" .component .component) -}}
+{{- else if $sa.create -}}
 {{- default (include "nodefabric.component" .) $sa.name -}}
 {{- else if $sa.name -}}
 {{- $sa.name -}}
 {{- else -}}
 {{- fail (printf "%s.serviceAccount.create=false needs %s.serviceAccount.name: the existing ServiceAccount its pods run as" .component .component) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail when two components would run as one account: the rights of one (kube-scheduler's pod binding,
+the extender's pod patches, an agent's Devices writes) would go to the other's pods, e.g. to every node's
+agent. Counts the enabled components (the scheduler runs with the extender) and the CRD hook's own account. */}}
+{{- define "nodefabric.assertDistinctAccounts" -}}
+{{- $seen := dict -}}
+{{- if .Values.crds.upgradeJob.enabled -}}
+{{- $_ := set $seen (include "nodefabric.component" (dict "ctx" . "component" "crd-upgrade")) "the CRD upgrade hook's account" -}}
+{{- end -}}
+{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" .Values.extender.enabled -}}
+{{- if $enabled -}}
+{{- $name := include "nodefabric.serviceAccountName" (dict "ctx" $ "component" $component "values" (index $.Values $component)) -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "%s and %s.serviceAccount both name the ServiceAccount %q: each component needs its own, or one's rights go to the other's pods" (get $seen $name) $component $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name (printf "%s.serviceAccount" $component) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -335,6 +363,27 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- if not (hasKey $names (toString .name)) -}}
 {{- fail (printf "%s: no volume named %q (the chart's volumes and extraVolumes count)" $.what (toString .name)) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail on extra volumes and mounts Kubernetes would refuse, or that would silently replace one of the
+chart's: a volume name used twice in the pod, a mount path used twice in one container, a mount of a volume
+the pod does not have. A null list (extraVolumes: ~) is an empty one. Call with (dict "what" "scheduler"
+"volumes" (list "tmp" ...) "extraVolumes" $s.extraVolumes "containers" (list (dict "what" "scheduler"
+"mounts" (list "/tmp" ...) "extraVolumeMounts" $s.extraVolumeMounts) ...)): the chart's own volume names
+and, per container, its own mount paths. */}}
+{{- define "nodefabric.assertExtraVolumes" -}}
+{{- $volumes := list -}}
+{{- range .volumes }}{{ $volumes = append $volumes (dict "name" .) }}{{ end -}}
+{{- $volumes = concat $volumes (.extraVolumes | default list) -}}
+{{- include "nodefabric.assertUnique" (dict "what" (printf "%s.extraVolumes" .what) "key" "name" "items" $volumes) -}}
+{{- range .containers -}}
+{{- $what := printf "%s.extraVolumeMounts" .what -}}
+{{- $extra := .extraVolumeMounts | default list -}}
+{{- $mounts := list -}}
+{{- range .mounts }}{{ $mounts = append $mounts (dict "mountPath" .) }}{{ end -}}
+{{- include "nodefabric.assertUnique" (dict "what" $what "key" "mountPath" "items" (concat $mounts $extra)) -}}
+{{- include "nodefabric.assertMountable" (dict "what" $what "volumes" $volumes "mounts" $extra) -}}
 {{- end -}}
 {{- end -}}
 
