@@ -3,6 +3,9 @@
 One active replica: kopf peering (a ClusterKopfPeering object, `--peering`) pauses every replica that
 sees a peer of the same priority, so run one replica (a standby with a lower `--priority` takes over
 when it goes), or `--standalone` where exactly one replica is guaranteed by other means.
+
+Start-up problems (an unusable kubeconfig, an API server that cannot be reached or refuses us, the
+Devices CRD not installed, a busy port) are one log line and exit status 2, before kopf starts.
 """
 
 from __future__ import annotations
@@ -11,19 +14,22 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
 import kopf
 import kubernetes
+import yaml
 from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import handlers, labels, sinks
+from nodefabric_operator import events, handlers, labels, sinks, startup
+from nodefabric_operator.endpoints import Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
+from nodefabric_operator.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,23 @@ class Options:
     peering: str = "nodefabric"
     priority: int = 0
     backoffs: Sequence[float] = DEFAULT_BACKOFFS
+    startup_timeout: float = 10.0
+
+
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0-3600)")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--domain", default=labels.DEFAULT_DOMAIN, help="label domain (default: %(default)s)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    parser.add_argument("--health-port", type=int, help="serve the liveness probe /healthz on this port")
+    parser.add_argument(
+        "--metrics-port", type=_port, help="serve Prometheus metrics on /metrics on this port"
+    )
+    parser.add_argument("--health-port", type=_port, help="serve the liveness probe /healthz on this port")
     parser.add_argument(
         "--standalone", action="store_true", help="no peering: the caller guarantees one replica"
     )
@@ -67,9 +92,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering", default="nodefabric", help="ClusterKopfPeering name (default: %(default)s)"
     )
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
+    parser.add_argument(
+        "--startup-timeout",
+        type=_seconds,
+        default=10.0,
+        help="how long to wait for the API server at start before exiting 2 (default: %(default)s s)",
+    )
 
 
 def options(args: argparse.Namespace) -> Options:
+    if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
+        raise startup.StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
     return Options(
         sink=args.sink,
         namespace=args.namespace,
@@ -80,23 +113,35 @@ def options(args: argparse.Namespace) -> Options:
         standalone=args.standalone,
         peering=args.peering,
         priority=args.priority,
+        startup_timeout=args.startup_timeout,
     )
 
 
-def make_sink(opts: Options, api: kubernetes.client.ApiClient) -> sinks.Sink:
+def make_sink(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> sinks.Sink:
     if opts.sink == "node":
-        return sinks.NodeSink(api, opts.domain)
-    return sinks.NodeFeatureSink(api, opts.namespace, opts.domain)
+        return sinks.NodeSink(api, opts.domain, metrics)
+    return sinks.NodeFeatureSink(api, opts.namespace, opts.domain, metrics)
 
 
-def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
+def instance() -> str:
+    """This replica, as Events name it: the pod (the chart passes POD_NAME), else the host."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
 
 
-def settings() -> kopf.OperatorSettings:
+def settings(opts: Options) -> kopf.OperatorSettings:
     out = kopf.OperatorSettings()
-    out.posting.loggers = False  # only the label-change Events we post; not every log line
+    # The operator posts its own Events (recorder.py); should kopf ever post one, it says who it is.
+    out.posting.loggers = False
+    out.posting.reporting_component = events.COMPONENT
+    out.posting.reporting_instance = instance()
+    out.posting.event_name_prefix = f"{events.COMPONENT}-"
     out.watching.server_timeout = 300
+    if opts.sink == "nodefeature":
+        # Only our namespace's NodeFeatures, filtered by the API server: nfd-worker keeps a larger one
+        # per node in its own namespace, and listing those too would double what a restart reads.
+        nodefeatures = (sinks.NFD_GROUP, sinks.NFD_PLURAL)
+        out.watching.field_selectors[nodefeatures] = f"metadata.namespace={opts.namespace}"
+        out.watching.label_selectors[nodefeatures] = sinks.NFD_NODE_NAME
     return out
 
 
@@ -110,53 +155,69 @@ async def serve(
     """Run the operator until `stop_flag` is set (or forever)."""
     if opts.kubeconfig:
         os.environ["KUBECONFIG"] = opts.kubeconfig  # kopf's kubeconfig login reads it at login time
-    api = load_client(opts.kubeconfig)
-    sink = make_sink(opts, api)
-    metrics = metrics or Metrics()
-    reconciler = Reconciler(
-        api, sink, domain=opts.domain, metrics=metrics, post_event=post_event, backoffs=opts.backoffs
-    )
-    metrics_server = metrics.serve(opts.metrics_port) if opts.metrics_port else None
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, sink)
-    log.info(
-        "operator starting",
-        extra={
-            "sink": opts.sink,
-            "namespace": opts.namespace,
-            "domain": opts.domain,
-            "standalone": opts.standalone,
-        },
-    )
     try:
-        await kopf.operator(
-            registry=registry,
-            settings=settings(),
-            clusterwide=True,
-            standalone=opts.standalone,
-            peering_name=None if opts.standalone else opts.peering,
-            priority=opts.priority,
-            liveness_endpoint=f"http://0.0.0.0:{opts.health_port}/healthz" if opts.health_port else None,
-            memo=kopf.Memo(reconciler=reconciler),
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
+        api = load_client(opts.kubeconfig)
+    except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
+        # The client's kubeconfig loader lets a file of the wrong shape through as whatever it hit.
+        raise startup.StartupError(f"cannot use the kubeconfig: {startup.first_line(err)}") from err
+    try:
+        await asyncio.to_thread(startup.check_api, api, opts.startup_timeout)
+        metrics = metrics or Metrics()
+        sink = make_sink(opts, api, metrics)
+        reconciler = Reconciler(
+            api,
+            sink,
+            domain=opts.domain,
+            metrics=metrics,
+            recorder=Recorder(api, instance(), metrics),
+            backoffs=opts.backoffs,
         )
+        endpoints = Endpoints(
+            metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port
+        )
+        await endpoints.start()
+        try:
+            await startup.prime(reconciler, opts.sink, opts.namespace)
+            registry = kopf.OperatorRegistry()
+            handlers.register(registry, sink)
+            log.info(
+                "operator starting",
+                extra={
+                    "sink": opts.sink,
+                    "namespace": opts.namespace,
+                    "domain": opts.domain,
+                    "standalone": opts.standalone,
+                    "server": startup.server(api),
+                },
+            )
+            await kopf.operator(
+                registry=registry,
+                settings=settings(opts),
+                clusterwide=True,
+                standalone=opts.standalone,
+                peering_name=None if opts.standalone else opts.peering,
+                priority=opts.priority,
+                memo=kopf.Memo(reconciler=reconciler),
+                stop_flag=stop_flag,
+                ready_flag=ready_flag,
+            )
+        finally:
+            await endpoints.stop()
     finally:
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
         api.close()  # type: ignore[no-untyped-call]
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         opts = options(args)
-    except labels.InvalidDomain as err:
+    except (labels.InvalidDomain, startup.StartupError) as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
     try:
         asyncio.run(serve(opts))
-    except ConfigException as err:
-        log.error("operator cannot start", extra={"error": str(err)})
+    except (startup.StartupError, PortUnavailable) as err:
+        log.error("operator cannot start", extra={"error": startup.first_line(err)})
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
+        return 130
     return 0

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nodefabric_devicemanager import models
+from nodefabric_devicemanager import models, numbers
 from nodefabric_devicemanager.models import Devices, Endpoint
 from nodefabric_devicemanager.summary import best_distance, node_fabric_domain, usable_endpoints
 
@@ -29,9 +29,11 @@ RDMA = "rdma"
 FABRIC = "fabric"
 FAMILIES = (RDMA, FABRIC)
 
-_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+# Matched whole (fullmatch): `$` also matches before a trailing newline, so "7\n" would pass a `^...$`
+# check here and make the API server refuse every label of the node in the same write.
+_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?", re.ASCII)
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*", re.ASCII)
 MAX_VALUE = 63
 
 
@@ -42,9 +44,14 @@ class InvalidDomain(ValueError):
 def check_domain(domain: str) -> str:
     """The label domain, refused unless `feature.<domain>` is a valid label-key prefix (a DNS subdomain)."""
     prefix = f"feature.{domain}"
-    if not domain or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+    if not domain or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise InvalidDomain(f"label domain {domain!r} does not make a valid label prefix {prefix!r}")
     return domain
+
+
+def is_dns_label(name: str) -> bool:
+    """A DNS-1123 label (what a namespace name must be): 63 characters at most, [a-z0-9-] inside."""
+    return len(name) <= 63 and re.fullmatch(_DNS_LABEL, name, re.ASCII) is not None
 
 
 def prefix(domain: str) -> str:
@@ -68,7 +75,7 @@ def value_problem(value: str) -> str | None:
     """Why `value` is not a valid label value as written, or None when it is."""
     if len(value) > MAX_VALUE:
         return f"longer than {MAX_VALUE} characters"
-    if not _VALUE.match(value):
+    if not _VALUE.fullmatch(value):
         return "must be alphanumeric at both ends with only '-', '_' or '.' inside"
     return None
 
@@ -92,20 +99,23 @@ class LabelSet:
 
 
 def _numa_members(endpoints: list[Endpoint]) -> tuple[list[str], list[str]]:
-    """(valid NUMA node ids sorted numerically, values that are not a node id). Blank is skipped: a
-    member nobody read is never published, and normalising it to 0 would assert a node the kernel
-    declined to give."""
+    """(valid NUMA node ids sorted numerically, values that are not a node id), read by the parser the
+    device plugin's topology hints use, so a value gives a label exactly when it gives a hint. Blank and
+    the kernel's "-1" are unknown and skipped: a member nobody read is never published, and normalising
+    it to 0 would assert a node the kernel declined to give."""
     good: set[int] = set()
     bad: list[str] = []
     for ep in endpoints:
-        text = ep.numa_affinity.strip()
+        text = ep.numa_affinity
         if not text:
             continue
-        # ASCII only: str.isdigit() also accepts "²", which int() refuses, and "٣", which it reads as 3.
-        if text.isascii() and text.isdigit():
-            good.add(int(text))
-        else:
+        try:
+            node = numbers.parse(text, numbers.NUMA_NODE)
+        except numbers.BadNumber:
             bad.append(text)
+            continue
+        if node is not None:
+            good.add(node)
     return [str(n) for n in sorted(good)], bad
 
 
@@ -178,6 +188,15 @@ class Change:
     @property
     def kind(self) -> str:
         return "added" if self.old is None else "removed" if self.new is None else "changed"
+
+    def brief(self, domain: str) -> str:
+        """One token for a log line, our prefix left out: `+rdma.numa=0`, `-rdma.capable(was true)`."""
+        name = self.key.removeprefix(prefix(domain))
+        if self.old is None:
+            return f"+{name}={self.new}"
+        if self.new is None:
+            return f"-{name}(was {self.old})"
+        return f"~{name}={self.old}->{self.new}"
 
     def describe(self) -> str:
         if self.old is None:

@@ -1,15 +1,19 @@
-"""One node's reconcile: Devices record -> label set -> sink -> Devices status, Events and metrics.
+"""One node's reconcile: Devices record -> label set -> sink -> Devices status, one Event, metrics.
 
-Level-based: every pass recomputes from the whole record and compares with the live objects, so a
-repeated pass, a replayed event or an operator restart writes nothing when nothing changed.
+Level-based: every pass recomputes from the whole record and compares with the sink object the watch
+delivered (the view), so a repeated pass, a replayed event or an operator restart writes nothing when
+nothing changed, and reads nothing either. What a first sync costs per record: the sink write, the status
+write, one Event. Every Devices event at or below the resourceVersion already handled for that node (a
+replay after a relist, the echo of our own status write) is skipped before the record is even parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -20,15 +24,15 @@ import urllib3
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Condition, Devices, DevicesStatus
-from nodefabric_operator import labels, sinks
+from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.recorder import Recorder
+from nodefabric_operator.view import SinkObject, SinkView, at_or_below, items, part, version
 
 log = logging.getLogger(__name__)
 
-# (devices body, type, reason, message): posts one Event on the Devices object.
-EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 DEFAULT_BACKOFFS: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
-STATUS_RETRIES = 5
+SHOWN = 80  # characters of a withheld value quoted in a log line
 
 
 def _now() -> datetime:
@@ -42,11 +46,62 @@ def transient(err: BaseException) -> bool:
     return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict)
 
 
+class Superseded(Exception):
+    """The status write met a newer version of the record: the watch delivers that version next, and
+    its reconcile writes the status, so this one stops without reading anything back."""
+
+
 @dataclass(frozen=True)
 class Outcome:
-    outcome: str  # unchanged | published | error | invalid | withdrawn
+    outcome: str  # unchanged | published | superseded | error | invalid | withdrawn | skipped
     changes: tuple[labels.Change, ...] = ()
     status_written: bool = False
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What the operator keeps of one Devices record: its identity, the version handled, the label set
+    and the status it yields. The record's spec is not kept; it can be 400 KiB on a node with many VFs."""
+
+    owner: sinks.Owner
+    rv: str | None
+    result: labels.LabelSet
+    frozen: frozenset[str]
+    status: DevicesStatus
+
+    @property
+    def name(self) -> str:
+        return self.owner.name
+
+    def ref(self) -> dict[str, Any]:
+        """The Devices object as an Event's involved object."""
+        return {
+            "apiVersion": models.API_VERSION,
+            "kind": models.KIND,
+            "name": self.name,
+            "uid": self.owner.uid,
+        }
+
+
+def node_owner_uid(body: Mapping[str, Any]) -> str | None:
+    for ref in items(body, "metadata", "ownerReferences"):
+        if ref.get("kind") == "Node" and ref.get("apiVersion") == "v1":
+            uid = ref.get("uid")
+            return str(uid) if uid else None
+    return None
+
+
+def prepare(body: Mapping[str, Any], domain: str) -> NodeRecord:
+    """The record as the operator keeps it. Raises pydantic.ValidationError for a record it cannot read."""
+    devices = Devices.from_wire(dict(body))
+    owner = sinks.Owner(devices.metadata.name, devices.metadata.uid or "", node_owner_uid(body))
+    return NodeRecord(
+        owner=owner,
+        rv=devices.metadata.resource_version,
+        result=labels.compute(devices, domain),
+        frozen=labels.frozen_families(devices.status),
+        status=devices.status,
+    )
 
 
 def condition_for(
@@ -57,7 +112,7 @@ def condition_for(
         return Condition(
             type=models.LABELS_PUBLISHED,
             status="False",
-            reason="PublishFailed",
+            reason=events.PUBLISH_FAILED,
             message=error or "not published",
         )
     notes: list[str] = []
@@ -75,6 +130,14 @@ def condition_for(
     return Condition(
         type=models.LABELS_PUBLISHED, status="True", reason=reason, message="; ".join([message, *notes])
     )
+
+
+def failure_condition(sink: str, err: BaseException) -> Condition:
+    if isinstance(err, sinks.NodeNotFound):
+        reason, message = events.NODE_NOT_FOUND, f"{err}: labels are published once it does"
+    else:
+        reason, message = events.PUBLISH_FAILED, f"{sink} write failed: {_brief(err)}"
+    return Condition(type=models.LABELS_PUBLISHED, status="False", reason=reason, message=message)
 
 
 def next_status(
@@ -107,6 +170,14 @@ def status_patch(current: DevicesStatus, new: DevicesStatus) -> dict[str, Any] |
     return body
 
 
+@dataclass(frozen=True)
+class _Applied:
+    published: sinks.Published
+    record: NodeRecord  # with the status and version our status write left, when it wrote one
+    status_written: bool
+    superseded: bool
+
+
 class Reconciler:
     def __init__(
         self,
@@ -115,45 +186,264 @@ class Reconciler:
         *,
         domain: str = labels.DEFAULT_DOMAIN,
         metrics: Metrics | None = None,
-        post_event: EventPoster | None = None,
+        recorder: Recorder | None = None,
         backoffs: Sequence[float] = DEFAULT_BACKOFFS,
     ) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.sink = sink
         self.domain = domain
         self.metrics = metrics or Metrics()
-        self.post_event = post_event
+        self.recorder = recorder
         self.backoffs = tuple(backoffs)
-        self.latest: dict[str, Mapping[str, Any]] = {}  # node -> last Devices body seen, for drift checks
+        self.view = SinkView()
+        self.records: dict[str, NodeRecord] = {}  # node -> the record as last prepared
+        self.handled: dict[str, str | None] = {}  # node -> the record version fully handled
+        self.known: dict[str, str] = {}  # node -> uid of every Devices record the watch has listed
         self._locks: dict[str, asyncio.Lock] = {}
+        self._requeued: dict[str, asyncio.TimerHandle] = {}
+        self._retries: set[asyncio.Future[Outcome]] = set()
+
+    # --- what exists before the first reconcile -----------------------------------------------------------
+
+    async def prime(self) -> None:
+        """Read the sink objects once, page by page, before kopf starts: the first reconcile of each
+        record then plans against what exists instead of reading its object back. kopf's own listing
+        delivers the same versions afterwards, which the view recognises. A sink that withdraws labels
+        itself (the Node's) also needs every record's name first, so that a Node carrying our labels
+        is not taken for one whose record is gone merely because its record is listed later."""
+        for obj in await asyncio.to_thread(lambda: list(self.sink.existing())):
+            self.view.observe(obj)
+        if self.sink.withdraws:
+            self.known.update(await asyncio.to_thread(self._record_names))
+        log.info(
+            "sink objects read",
+            extra={"sink": self.sink.name, "objects": len(self.view), "records": len(self.known)},
+        )
+
+    def _record_names(self) -> dict[str, str]:
+        found = sinks._Calls(self.metrics).pages(
+            models.PLURAL, self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
+        )
+        return {
+            str(part(i, "metadata").get("name", "")): str(part(i, "metadata").get("uid", "")) for i in found
+        }
+
+    def note_devices(self, body: Mapping[str, Any]) -> None:
+        meta = part(body, "metadata")
+        self.known[str(meta.get("name", ""))] = str(meta.get("uid", ""))
 
     # --- the async shell kopf calls --------------------------------------------------------------------
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Outcome:
-        name = str((body.get("metadata") or {}).get("name", ""))
-        self.latest[name] = body
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            return await self._with_retries(name, body)
-
-    async def refresh(self, name: str) -> Outcome:
-        """Reconcile from a fresh read of the record: a sink event can race the record's own deletion,
-        and recreating a NodeFeature for a record that is gone would leave it to the garbage collector."""
+    async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
+        name, rv = str(part(body, "metadata").get("name", "")), version(body)
+        self.note_devices(body)
+        if at_or_below(rv, self.handled.get(name)):
+            self.metrics.skipped.labels(resource=models.PLURAL).inc()
+            return Outcome("skipped")
         try:
-            body = await asyncio.to_thread(self._read, name)
-        except kubernetes.client.ApiException as err:
-            if int(err.status or 0) != 404:
-                raise
-            return await self.forget(name)
-        return await self.reconcile(body)
+            record = prepare(body, self.domain)
+        except pydantic.ValidationError as err:
+            # A record we cannot read says nothing about the node: publish nothing, remove nothing.
+            log.error(
+                "devices record is invalid, labels left as published",
+                extra={"node": name, "error": _first_error(err)},
+            )
+            self.handled[name] = rv
+            self.metrics.reconciles.labels(outcome="invalid").inc()
+            return Outcome("invalid")
+        for w in record.result.withheld:
+            self.metrics.withheld.labels(key=w.key).inc()
+            log.warning(
+                "label withheld",
+                extra={"node": name, "key": w.key, "value": w.value[:SHOWN], "reason": w.reason},
+            )
+        self.records[name] = record
+        self.metrics.records.set(len(self.records))
+        return await self._reconcile(name)
 
-    async def forget(self, name: str) -> Outcome:
+    async def devices_deleted(self, name: str) -> Outcome:
         """The Devices object is gone: withdraw what the sink holds for it (a NodeFeature is GC'd instead)."""
-        self.latest.pop(name, None)
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            published = await asyncio.to_thread(self.sink.withdraw, name)
+        for table in (self.known, self.records, self.handled):
+            table.pop(name, None)
+        self.view.clear_deleted(name)
+        self.metrics.records.set(len(self.records))
+        return await self._withdraw(name)
+
+    async def sink_event(self, body: Mapping[str, Any]) -> Outcome | None:
+        """A watched sink object changed: repair it only if it drifted from what the record yields (a hand
+        edit, a deletion of our keys). A pure check against what is held: watching costs no requests."""
+        snapshot = self.sink.snapshot(body)
+        if not self.view.observe(snapshot) and snapshot.rv is not None:
+            self.metrics.skipped.labels(resource=self.sink.name).inc()
+        name = snapshot.name
+        record = self.records.get(name)
+        if record is None:
+            if name not in self.known and (self.view.get(name) or snapshot).managed:
+                # Labels we wrote on a Node whose record is gone (deleted while the operator was down).
+                log.info("labels we wrote have no devices record, withdrawing them", extra={"node": name})
+                return await self._withdraw(name)
+            return None  # a record the watch listed is reconciled by its own event
+        current = self.view.get(name)
+        if not self.sink.drifted(record.owner, record.result.labels, record.frozen, current):
+            return None
+        log.info("labels drifted from the devices record, repairing", extra={"node": name})
+        return await self._reconcile(name)
+
+    async def sink_deleted(self, body: Mapping[str, Any]) -> Outcome | None:
+        snapshot = self.sink.snapshot(body)
+        name = snapshot.name
+        dropped = self.view.forget(name, snapshot.rv, remember=name in self.known)
+        if not dropped or name not in self.records:
+            return None
+        log.info(
+            "sink object deleted while its devices record exists, publishing again", extra={"node": name}
+        )
+        return await self._reconcile(name)
+
+    def health(self) -> dict[str, int]:
+        return {"nodes": len(self.records), "sinkObjects": len(self.view)}
+
+    # --- the reconcile, one node at a time --------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _reconcile(self, name: str) -> Outcome:
+        async with self._lock(name):
+            delays = iter(self.backoffs)
+            while True:
+                record = self.records.get(name)
+                if record is None:
+                    return Outcome("unchanged")  # deleted while waiting for the lock
+                started = time.perf_counter()
+                try:
+                    applied = await asyncio.to_thread(
+                        self._apply, record, self.view.get(name), self.view.was_deleted(name)
+                    )
+                except sinks.RecordGone as err:
+                    # A late event for a deleted record: its own DELETED event follows and forgets it.
+                    log.info(
+                        "devices record is gone, nothing published", extra={"node": name, "why": str(err)}
+                    )
+                    return Outcome("unchanged")
+                except Exception as err:
+                    delay = next(delays, None) if transient(err) else None
+                    if delay is None:
+                        return await self._failed(record, err)
+                    log.warning(
+                        "label publish failed, retrying",
+                        extra={"node": name, "error": _brief(err), "retry_in_s": delay},
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                finally:
+                    self.metrics.duration.observe(time.perf_counter() - started)
+                outcome = self._settle(record, applied)
+                await self._event(
+                    record, events.for_changes(applied.published.target, outcome.changes, self.domain)
+                )
+                return outcome
+
+    def _keep(self, before: NodeRecord, after: NodeRecord) -> None:
+        """Hold the record as our status write left it, unless a newer version arrived meanwhile."""
+        held = self.records.get(before.name)
+        if held is not None and held.rv == before.rv:
+            self.records[before.name] = after
+
+    def _settle(self, before: NodeRecord, applied: _Applied) -> Outcome:
+        """Record what a publish did (on the event loop: the view and tables are not shared with threads)."""
+        published, record = applied.published, applied.record
+        name = record.name
+        if published.now is not None:
+            self.view.observe(published.now)
+        self._keep(before, record)
+        if not applied.superseded:
+            self.handled[name] = record.rv
+        changes = tuple(published.plan.changes)
+        for change in changes:
+            self.metrics.label_changes.labels(change=change.kind).inc()
+        for key in published.plan.kept:
+            self.metrics.removals_skipped.labels(family=labels.family(key, self.domain) or "").inc()
+        if published.plan.kept:
+            log.warning(
+                "enumeration failed, labels kept as published",
+                extra={
+                    "node": name,
+                    "keys": ",".join(published.plan.kept),
+                    "failed": ",".join(sorted(record.frozen)),
+                },
+            )
+        outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
+        self.metrics.reconciles.labels(outcome=outcome).inc()
+        if published.wrote:
+            log.info(
+                "labels published",
+                extra={
+                    "node": name,
+                    "target": published.target,
+                    "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
+                },
+            )
+        return Outcome(outcome, changes, applied.status_written)
+
+    async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
+        name = record.name
+        condition = failure_condition(self.sink.name, err)
+        log.error(
+            "labels not published",
+            extra={"node": name, "reason": condition.reason, "error": condition.message},
+        )
+        self.metrics.reconciles.labels(outcome="error").inc()
+        if transient(err):
+            # The API server is in trouble, not the record: try again later, and on any replay meanwhile.
+            self._requeue(name)
+        else:
+            # This version cannot be published as it is; a replay of it is skipped. Writing the failure
+            # makes a new version, whose event retries once (a missing Node may exist by then).
+            self.handled[name] = record.rv
+        try:
+            after = await asyncio.to_thread(self._record_failure, record, condition)
+            written = after is not None
+            if after is not None:
+                self._keep(record, after)
+        except Exception as status_err:
+            log.error(
+                "could not record the failure in status", extra={"node": name, "error": _brief(status_err)}
+            )
+            written = True  # say it in an Event at least
+        # A failure already in status was already announced: its echo retries quietly.
+        if written:
+            await self._event(record, events.for_failure(condition.reason, condition.message))
+        return Outcome("error")
+
+    def _requeue(self, name: str) -> None:
+        """Reconcile `name` again after the longest backoff, once, unless a retry is already due."""
+        if name in self._requeued:
+            return
+        delay = max(self.backoffs, default=DEFAULT_BACKOFFS[-1])
+        self._requeued[name] = asyncio.get_running_loop().call_later(delay, self._retry, name)
+
+    def _retry(self, name: str) -> None:
+        self._requeued.pop(name, None)
+        if name in self.records:
+            task = asyncio.ensure_future(self._reconcile(name))
+            self._retries.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._retries.discard)
+
+    def close(self) -> None:
+        """Stop retries that are due later (the operator is stopping)."""
+        for handle in self._requeued.values():
+            handle.cancel()
+        self._requeued.clear()
+
+    async def _withdraw(self, name: str) -> Outcome:
+        async with self._lock(name):
+            published = await asyncio.to_thread(self.sink.withdraw, name, self.view.get(name))
+        if name not in self.records and not self._lock(name).locked():
+            self._locks.pop(name, None)  # nodes come and go: keep no lock for one that went
         changes = tuple(published.plan.changes) if published else ()
+        if published is not None and published.now is not None:
+            self.view.observe(published.now)
         for c in changes:
             self.metrics.label_changes.labels(change=c.kind).inc()
         if changes:
@@ -163,145 +453,60 @@ class Reconciler:
         self.metrics.reconciles.labels(outcome="withdrawn").inc()
         return Outcome("withdrawn", changes)
 
-    def drifted(self, name: str, sink_object: Mapping[str, Any]) -> bool:
-        """Whether the sink object no longer carries what the last seen record yields (a hand edit, a
-        deletion): a pure check on the watched object, so watching the sink costs no API calls."""
-        body = self.latest.get(name)
-        if body is None:
-            return False
-        try:
-            devices = Devices.from_wire(dict(body))
-        except pydantic.ValidationError:
-            return False
-        current, owned = self.sink.current(sink_object)
-        desired = labels.compute(devices, self.domain).labels
-        frozen = labels.frozen_families(devices.status)
-        return bool(labels.plan(current, desired, domain=self.domain, frozen=frozen, owned=owned).changes)
+    async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
+        if self.recorder is not None and notice is not None:
+            await asyncio.to_thread(self.recorder.post, record.ref(), notice)
 
-    async def _with_retries(self, name: str, body: Mapping[str, Any]) -> Outcome:
-        delays = iter(self.backoffs)
-        while True:
-            started = time.perf_counter()
-            try:
-                outcome = await asyncio.to_thread(self._reconcile_sync, body)
-            except sinks.RecordGone as err:
-                # A late event for a deleted record: its own DELETED event follows and forgets the node.
-                log.info("devices record is gone, nothing published", extra={"node": name, "why": str(err)})
-                return Outcome("unchanged")
-            except Exception as err:
-                delay = next(delays, None) if transient(err) else None
-                if delay is None:
-                    return await self._failed(name, body, err)
-                log.warning(
-                    "label publish failed, retrying",
-                    extra={"node": name, "error": str(err), "retry_in_s": delay},
-                )
-                await asyncio.sleep(delay)
-                body = self.latest.get(name, body)
-                continue
-            finally:
-                self.metrics.duration.observe(time.perf_counter() - started)
-            self.metrics.reconciles.labels(outcome=outcome.outcome).inc()
-            for change in outcome.changes:
-                self.metrics.label_changes.labels(change=change.kind).inc()
-                self._event(body, "Normal", f"Label{change.kind.capitalize()}", change.describe())
-            return outcome
+    # --- the sync core (a worker thread): requests only, no shared state -------------------------------
 
-    async def _failed(self, name: str, body: Mapping[str, Any], err: BaseException) -> Outcome:
-        log.error("labels not published", extra={"node": name, "error": str(err), "sink": self.sink.name})
-        self.metrics.reconciles.labels(outcome="error").inc()
-        reason = f"{self.sink.name} write failed: {_brief(err)}"
-        self._event(body, "Warning", "PublishFailed", reason)
-        try:
-            await asyncio.to_thread(self._record_failure, name, body, reason)
-        except Exception as status_err:
-            log.error(
-                "could not record the failure in status", extra={"node": name, "error": str(status_err)}
-            )
-        return Outcome("error")
-
-    def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        if self.post_event is None:
-            return
-        try:
-            self.post_event(body, type_, reason, message)
-        except Exception as err:  # an Event is a courtesy: never let it fail a reconcile
-            log.warning("could not post event", extra={"reason": reason, "error": str(err)})
-
-    # --- the sync core (a worker thread) ---------------------------------------------------------------
-
-    def _read(self, name: str) -> dict[str, Any]:
-        obj = self.custom.get_cluster_custom_object(models.GROUP, models.VERSION, models.PLURAL, name)
-        return cast(dict[str, Any], obj)
-
-    def _reconcile_sync(self, body: Mapping[str, Any]) -> Outcome:
-        name = str((body.get("metadata") or {}).get("name", ""))
-        try:
-            devices = Devices.from_wire(dict(body))
-        except pydantic.ValidationError as err:
-            # A record we cannot read says nothing about the node: publish nothing, remove nothing.
-            log.error(
-                "devices record is invalid, labels left as published", extra={"node": name, "error": str(err)}
-            )
-            return Outcome("invalid")
-        result = labels.compute(devices, self.domain)
-        for w in result.withheld:
-            self.metrics.withheld.labels(key=w.key).inc()
-            log.warning(
-                "label withheld", extra={"node": name, "key": w.key, "value": w.value, "reason": w.reason}
-            )
-        frozen = labels.frozen_families(devices.status)
-        published = self.sink.publish(devices, result.labels, frozen)
-        for k in published.plan.kept:
-            self.metrics.removals_skipped.labels(family=labels.family(k, self.domain) or "").inc()
-        if published.plan.kept:
-            log.warning(
-                "enumeration failed, labels kept as published",
-                extra={
-                    "node": name,
-                    "keys": ",".join(published.plan.kept),
-                    "failed": ",".join(sorted(frozen)),
-                },
-            )
-        if published.wrote:
-            log.info(
-                "labels published",
-                extra={"node": name, "target": published.target, "changes": len(published.plan.changes)},
-            )
-        condition = condition_for(published, result, frozen, None)
-        written = self._write_status(
-            devices, lambda d: next_status(d.status, result, published, condition, _now())
+    def _apply(self, record: NodeRecord, current: SinkObject | None, verify: bool) -> _Applied:
+        published = self.sink.publish(
+            record.owner, record.result.labels, record.frozen, current, verify=verify
         )
-        changed = bool(published.plan.changes)
-        return Outcome("published" if changed else "unchanged", tuple(published.plan.changes), written)
-
-    def _write_status(self, devices: Devices, build: Callable[[Devices], DevicesStatus]) -> bool:
-        """Patch /status with resourceVersion as precondition; on 409 re-read and merge again, so another
-        writer's conditions are never dropped."""
-        for _ in range(STATUS_RETRIES):
-            patch = status_patch(devices.status, build(devices))
-            if patch is None:
-                return False
-            body = {"metadata": {"resourceVersion": devices.metadata.resource_version}, "status": patch}
-            try:
-                self.custom.patch_cluster_custom_object_status(
-                    models.GROUP, models.VERSION, models.PLURAL, devices.metadata.name, body
-                )
-                return True
-            except kubernetes.client.ApiException as err:
-                if int(err.status or 0) != 409:
-                    raise
-                devices = Devices.from_wire(self._read(devices.metadata.name))
-        raise sinks.Conflict(f"devices {devices.metadata.name} status kept changing while being written")
-
-    def _record_failure(self, name: str, body: Mapping[str, Any], reason: str) -> None:
+        condition = condition_for(published, record.result, record.frozen, None)
+        new = next_status(record.status, record.result, published, condition, _now())
         try:
-            devices = Devices.from_wire(dict(body))
+            after = self._write_status(record, new)
+        except Superseded:
+            return _Applied(published, record, status_written=False, superseded=True)
+        if after is None:
+            return _Applied(published, record, status_written=False, superseded=False)
+        return _Applied(published, after, status_written=True, superseded=False)
+
+    def _write_status(self, record: NodeRecord, new: DevicesStatus) -> NodeRecord | None:
+        """Patch /status with the version the operator last saw as precondition; None when nothing changes.
+        A 409 is not re-read: the newer version is on its way through the watch (Superseded)."""
+        patch = status_patch(record.status, new)
+        if patch is None:
+            return None
+        body = {"metadata": {"resourceVersion": record.rv}, "status": patch}
+        self.metrics.api_requests.labels(verb="patch", resource="devices/status").inc()
+        try:
+            answer = cast(
+                dict[str, Any],
+                self.custom.patch_cluster_custom_object_status(
+                    models.GROUP, models.VERSION, models.PLURAL, record.name, body
+                ),
+            )
+        except kubernetes.client.ApiException as err:
+            if sinks.status_of(err) == 409:
+                raise Superseded(record.name) from err
+            if sinks.status_of(err) == 404:
+                raise sinks.RecordGone(f"devices {record.name} is gone") from err
+            raise
+        try:
+            status = DevicesStatus.model_validate(answer.get("status") or {})
         except pydantic.ValidationError:
-            return
-        result = labels.compute(devices, self.domain)
-        condition = condition_for(None, result, frozenset(), reason)
-        self._write_status(devices, lambda d: next_status(d.status, result, None, condition, _now()))
+            status = new  # another writer's field we cannot read: ours is what we just wrote
+        rv = version(answer)
+        return dataclasses.replace(record, rv=rv, status=status)
+
+    def _record_failure(self, record: NodeRecord, condition: Condition) -> NodeRecord | None:
+        new = next_status(record.status, record.result, None, condition, _now())
+        try:
+            return self._write_status(record, new)
+        except (Superseded, sinks.RecordGone):
+            return None
 
 
 def _brief(err: BaseException) -> str:
@@ -311,3 +516,10 @@ def _brief(err: BaseException) -> str:
     if isinstance(err, sinks.SinkError):
         return str(err)
     return type(err).__name__
+
+
+def _first_error(err: pydantic.ValidationError) -> str:
+    """The first validation error, located: a whole pydantic report on one log line helps nobody."""
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg', '')} ({err.error_count()} errors)"

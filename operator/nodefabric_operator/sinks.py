@@ -1,29 +1,35 @@
 """Where labels are published: an NFD NodeFeature per node (default) or the Node's own labels.
 
-Both compare with the live object and write nothing when nothing changed, both refuse a stale write
-(resourceVersion precondition, re-read on 409), and both apply the same plan (labels.plan): only our
-`rdma.`/`fabric.` keys are ever removed, and not while the matching enumeration is failing. Calls are
-synchronous (the kubernetes client); the reconciler runs them in a worker thread.
+Both plan against the watched sink object the view holds (view.py), write only when the plan changes
+something, and write with that object's resourceVersion as precondition. Both apply the same plan
+(labels.plan): only our `rdma.`/`fabric.` keys are ever removed, and not while the matching enumeration
+is failing. A 409 means the view was behind the API server: only then is the object read back (and the
+write planned again). Calls are synchronous (the kubernetes client); the reconciler runs them in a
+worker thread and records what they return in the view.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import kubernetes
 
 from nodefabric_devicemanager import models
-from nodefabric_devicemanager.models import Devices
 from nodefabric_operator import labels
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.view import SinkObject, items, part, version
 
 log = logging.getLogger(__name__)
 
 NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
 NFD_NODE_NAME = "nfd.node.kubernetes.io/node-name"
 CONFLICT_RETRIES = 5
+PAGE = 500  # objects per page when listing at start, so a large fleet is never decoded at once
+T = TypeVar("T")
 
 
 class SinkError(RuntimeError):
@@ -47,24 +53,60 @@ class RecordGone(SinkError):
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The Devices record labels are published for. `node_uid` is its Node owner's uid: the agent sets
+    it after reading the Node, and deleting the Node deletes the record, so a record that has one stands
+    for a Node that exists."""
+
+    name: str
+    uid: str
+    node_uid: str | None = None
+
+
+@dataclass(frozen=True)
 class Published:
     target: str  # "NodeFeature nodefabric/n1", "Node n1": for messages
     plan: labels.Plan
     wrote: bool
+    now: SinkObject | None  # the sink object after this publish, for the view
 
 
 class Sink(Protocol):
     name: str
+    withdraws: bool  # removes labels itself when a record goes (nothing garbage-collects them)
 
-    def publish(self, devices: Devices, desired: Mapping[str, str], frozen: frozenset[str]) -> Published: ...
+    def snapshot(self, obj: Mapping[str, Any]) -> SinkObject: ...
 
-    def withdraw(self, node: str) -> Published | None: ...
+    def existing(self) -> Iterator[SinkObject]: ...
 
-    def current(self, obj: Mapping[str, Any]) -> tuple[dict[str, str], frozenset[str] | None]: ...
+    def publish(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Published: ...
+
+    def withdraw(self, node: str, current: SinkObject | None) -> Published | None: ...
+
+    def drifted(
+        self, owner: Owner, desired: Mapping[str, str], frozen: frozenset[str], current: SinkObject | None
+    ) -> bool: ...
 
 
-def _status(err: kubernetes.client.ApiException) -> int:
-    return int(getattr(err, "status", 0) or 0)
+def ours(found: Mapping[str, Any], domain: str) -> dict[str, str]:
+    """Our `rdma.`/`fabric.` keys of a label map, as text (a value of another type is never ours to keep)."""
+    return {
+        k: v if isinstance(v, str) else str(v)
+        for k, v in found.items()
+        if isinstance(k, str) and labels.family(k, domain) is not None
+    }
+
+
+def status_of(err: BaseException) -> int:
+    return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
 
 
 def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
@@ -74,183 +116,374 @@ def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, s
     return out
 
 
+class _Calls:
+    """Every request a sink makes goes through here, so the request metric counts exactly them."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, verb: str, resource: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        self.metrics.api_requests.labels(verb=verb, resource=resource).inc()
+        return fn(*args, **kwargs)
+
+    def pages(
+        self, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Iterator[Mapping[str, Any]]:
+        """Every item of a list, page by page, decoded from the raw answer (no client models)."""
+        token: str | None = None
+        while True:
+            answer = self(
+                "list", resource, fn, *args, limit=PAGE, _continue=token, _preload_content=False, **kwargs
+            )
+            page = _decoded(answer)
+            yield from items(page, "items")
+            token = part(page, "metadata").get("continue")
+            if not isinstance(token, str) or not token:
+                return
+
+
 class NodeFeatureSink:
     """One NodeFeature per node in our namespace, named after the node and owned by its Devices object,
     so deleting the record garbage-collects the labels (nfd-master then removes them from the Node)."""
 
     name = "nodefeature"
+    withdraws = False
 
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, domain: str) -> None:
+    def __init__(
+        self, api: kubernetes.client.ApiClient, namespace: str, domain: str, metrics: Metrics | None = None
+    ) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.core = kubernetes.client.CoreV1Api(api)
         self.namespace = namespace
         self.domain = domain
+        self.call = _Calls(metrics or Metrics())
 
-    def _owner(self, devices: Devices) -> dict[str, Any]:
+    def target(self, node: str) -> str:
+        return f"NodeFeature {self.namespace}/{node}"
+
+    def snapshot(self, obj: Mapping[str, Any]) -> SinkObject:
+        meta = part(obj, "metadata")
+        return SinkObject(
+            name=str(meta.get("name", "")),
+            rv=version(obj),
+            labels=ours(part(obj, "spec", "labels"), self.domain),
+            owners=frozenset(str(r.get("uid", "")) for r in items(obj, "metadata", "ownerReferences")),
+            tagged=part(meta, "labels").get(NFD_NODE_NAME) == meta.get("name"),
+        )
+
+    def existing(self) -> Iterator[SinkObject]:
+        """Our namespace's NodeFeatures, read once at start: the view before the first reconcile."""
+        items = self.call.pages(
+            NFD_PLURAL,
+            self.custom.list_namespaced_custom_object,
+            NFD_GROUP,
+            NFD_VERSION,
+            self.namespace,
+            NFD_PLURAL,
+            label_selector=NFD_NODE_NAME,
+        )
+        for item in items:
+            yield self.snapshot(item)
+
+    def drifted(
+        self, owner: Owner, desired: Mapping[str, str], frozen: frozenset[str], current: SinkObject | None
+    ) -> bool:
+        if current is None:
+            return True
+        plan = labels.plan(current.labels, desired, domain=self.domain, frozen=frozen)
+        return bool(plan.changes) or owner.uid not in current.owners or not current.tagged
+
+    def publish(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Published:
+        target = self.target(owner.name)
+
+        def attempt(current: SinkObject | None) -> Published:
+            plan = labels.plan(current.labels if current else {}, desired, domain=self.domain, frozen=frozen)
+            if current is None:
+                return Published(target, plan, True, self._create(owner, plan, verify=verify))
+            if not self.drifted(owner, desired, frozen, current):
+                return Published(target, plan, False, current)
+            try:
+                return Published(target, plan, True, self._patch(owner, plan, current))
+            except kubernetes.client.ApiException as err:
+                if status_of(err) != 404:
+                    raise
+            # Deleted under us: create it again, but only for a record that still exists.
+            plan = labels.plan({}, desired, domain=self.domain, frozen=frozen)
+            return Published(target, plan, True, self._create(owner, plan, verify=True))
+
+        return _written(target, owner.name, current, attempt, self._read)
+
+    def _create(self, owner: Owner, plan: labels.Plan, *, verify: bool) -> SinkObject:
+        node = owner.name
+        if owner.node_uid is None:
+            self._check_node(node)
+        if verify:
+            self._check_owner(owner)
+        body = {
+            "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": node,
+                "namespace": self.namespace,  # explicit: the owner is cluster-scoped
+                "labels": {NFD_NODE_NAME: node},
+                "ownerReferences": [self._owner_ref(owner)],
+            },
+            "spec": {"labels": dict(plan.managed)},
+        }
+        try:
+            created = self.call(
+                "create",
+                NFD_PLURAL,
+                self.custom.create_namespaced_custom_object,
+                NFD_GROUP,
+                NFD_VERSION,
+                self.namespace,
+                NFD_PLURAL,
+                body,
+            )
+        except kubernetes.client.ApiException as err:
+            if status_of(err) == 404:
+                raise NfdMissing(
+                    f"cannot create {self.target(node)}: the NodeFeature API or namespace {self.namespace} "
+                    "is missing (install NFD, or run with --sink node)"
+                ) from err
+            raise
+        return self.snapshot(cast(dict[str, Any], created))
+
+    def _patch(self, owner: Owner, plan: labels.Plan, current: SinkObject) -> SinkObject:
+        node = owner.name
+        patch: dict[str, Any] = {
+            "metadata": {"resourceVersion": current.rv, "labels": {NFD_NODE_NAME: node}},
+            "spec": {"labels": _null_removed(current.labels, plan.managed)},
+        }
+        if owner.uid not in current.owners:
+            # The record was recreated: point at the new one so garbage collection follows it. The list
+            # is replaced whole by a merge patch, so any other owner is read back first to be kept.
+            live = self._read_raw(node)
+            refs = items(live, "metadata", "ownerReferences")
+            patch["metadata"]["ownerReferences"] = [
+                r for r in refs if r.get("kind") != models.KIND or r.get("apiVersion") != models.API_VERSION
+            ] + [self._owner_ref(owner)]
+        patched = self.call(
+            "patch",
+            NFD_PLURAL,
+            self.custom.patch_namespaced_custom_object,
+            NFD_GROUP,
+            NFD_VERSION,
+            self.namespace,
+            NFD_PLURAL,
+            node,
+            patch,
+        )
+        return self.snapshot(cast(dict[str, Any], patched))
+
+    def _owner_ref(self, owner: Owner) -> dict[str, Any]:
         return {
             "apiVersion": models.API_VERSION,
             "kind": models.KIND,
-            "name": devices.metadata.name,
-            "uid": devices.metadata.uid or "",
+            "name": owner.name,
+            "uid": owner.uid,
             "controller": True,
         }
 
-    def current(self, obj: Mapping[str, Any]) -> tuple[dict[str, str], frozenset[str] | None]:
-        return dict((obj.get("spec") or {}).get("labels") or {}), None
+    def _read_raw(self, node: str) -> dict[str, Any]:
+        obj = self.call(
+            "get",
+            NFD_PLURAL,
+            self.custom.get_namespaced_custom_object,
+            NFD_GROUP,
+            NFD_VERSION,
+            self.namespace,
+            NFD_PLURAL,
+            node,
+        )
+        return cast(dict[str, Any], obj)
 
-    def publish(self, devices: Devices, desired: Mapping[str, str], frozen: frozenset[str]) -> Published:
-        node = devices.metadata.name
-        target = f"NodeFeature {self.namespace}/{node}"
-        for _ in range(CONFLICT_RETRIES):
-            live: dict[str, Any] | None
-            try:
-                live = cast(
-                    dict[str, Any],
-                    self.custom.get_namespaced_custom_object(
-                        NFD_GROUP, NFD_VERSION, self.namespace, NFD_PLURAL, node
-                    ),
-                )
-            except kubernetes.client.ApiException as err:
-                if _status(err) != 404:
-                    raise
-                live = None
-            current, _ = self.current(live or {})
-            plan = labels.plan(current, desired, domain=self.domain, frozen=frozen)
-            # Keys that are not ours (another writer's, or a hand edit) stay as they are.
-            new_labels = {k: v for k, v in current.items() if labels.family(k, self.domain) is None}
-            new_labels.update(plan.managed)
-            owner = self._owner(devices)
-            try:
-                if live is None:
-                    # A watch event can arrive after its record was deleted and its NodeFeature collected:
-                    # creating one then would publish a gone node's labels until GC removes it again.
-                    self._check_owner(devices)
-                    body = {
-                        "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
-                        "kind": "NodeFeature",
-                        "metadata": {
-                            "name": node,
-                            "namespace": self.namespace,  # explicit: the owner is cluster-scoped
-                            "labels": {NFD_NODE_NAME: node},
-                            "ownerReferences": [owner],
-                        },
-                        "spec": {"labels": new_labels},
-                    }
-                    try:
-                        self.custom.create_namespaced_custom_object(
-                            NFD_GROUP, NFD_VERSION, self.namespace, NFD_PLURAL, body
-                        )
-                    except kubernetes.client.ApiException as err:
-                        if _status(err) == 404:
-                            raise NfdMissing(
-                                f"cannot create {target}: the NodeFeature API or namespace {self.namespace} "
-                                "is missing (install NFD, or run with --sink node)"
-                            ) from err
-                        raise
-                    return Published(target, plan, wrote=True)
-                meta = live.get("metadata") or {}
-                refs = list(meta.get("ownerReferences") or [])
-                owned = any(r.get("uid") == owner["uid"] for r in refs)
-                tagged = (meta.get("labels") or {}).get(NFD_NODE_NAME) == node
-                if new_labels == current and owned and tagged:
-                    return Published(target, plan, wrote=False)
-                patch: dict[str, Any] = {
-                    "metadata": {
-                        "resourceVersion": meta.get("resourceVersion"),
-                        "labels": {NFD_NODE_NAME: node},
-                    },
-                    "spec": {"labels": _null_removed(current, new_labels)},
-                }
-                if not owned:  # the record was recreated: point at the new one so GC follows it
-                    patch["metadata"]["ownerReferences"] = [
-                        r
-                        for r in refs
-                        if r.get("kind") != models.KIND or r.get("apiVersion") != models.API_VERSION
-                    ] + [owner]
-                self.custom.patch_namespaced_custom_object(
-                    NFD_GROUP, NFD_VERSION, self.namespace, NFD_PLURAL, node, patch
-                )
-                return Published(target, plan, wrote=True)
-            except kubernetes.client.ApiException as err:
-                if _status(err) != 409:
-                    raise
-                log.info("nodefeature changed while writing, retrying", extra={"node": node})
-        raise Conflict(f"{target} kept changing while being written")
-
-    def _check_owner(self, devices: Devices) -> None:
-        name = devices.metadata.name
+    def _read(self, node: str) -> SinkObject | None:
         try:
-            live = cast(
-                dict[str, Any],
-                self.custom.get_cluster_custom_object(models.GROUP, models.VERSION, models.PLURAL, name),
+            return self.snapshot(self._read_raw(node))
+        except kubernetes.client.ApiException as err:
+            if status_of(err) != 404:
+                raise
+            return None
+
+    def _check_node(self, node: str) -> None:
+        """A record without a Node owner was not written by the agent: make sure its node exists, since
+        nfd-master ignores a NodeFeature for a node it does not know and nothing would say why."""
+        try:
+            self.call("get", "nodes", self.core.read_node, node, _preload_content=False)
+        except kubernetes.client.ApiException as err:
+            if status_of(err) == 404:
+                raise NodeNotFound(f"node {node} does not exist") from err
+            if status_of(err) != 403:
+                raise
+            # Without `get nodes` (a least-privilege install), publish as before this check existed.
+            log.warning(
+                "cannot check that the node exists, publishing anyway",
+                extra={"node": node, "error": f"HTTP 403 {err.reason or ''}".strip()},
+            )
+
+    def _check_owner(self, owner: Owner) -> None:
+        """Creating a NodeFeature again after one was deleted may race its record's deletion (garbage
+        collection deletes both): creating it for a record that is gone would publish a gone node's
+        labels, so this rare path reads the record first."""
+        try:
+            live = self.call(
+                "get",
+                models.PLURAL,
+                self.custom.get_cluster_custom_object,
+                models.GROUP,
+                models.VERSION,
+                models.PLURAL,
+                owner.name,
             )
         except kubernetes.client.ApiException as err:
-            if _status(err) != 404:
+            if status_of(err) != 404:
                 raise
-            raise RecordGone(f"devices {name} is gone") from err
-        if devices.metadata.uid and (live.get("metadata") or {}).get("uid") != devices.metadata.uid:
-            raise RecordGone(f"devices {name} was replaced")
+            raise RecordGone(f"devices {owner.name} is gone") from err
+        if part(live, "metadata").get("uid") != owner.uid:
+            raise RecordGone(f"devices {owner.name} was replaced")
 
-    def withdraw(self, node: str) -> Published | None:
+    def withdraw(self, node: str, current: SinkObject | None) -> Published | None:
         return None  # the NodeFeature is owned by the Devices object: garbage collection removes it
 
 
 class NodeSink:
     """The Node's own labels, for clusters without NFD. The keys we wrote are recorded in an annotation,
-    so a label someone set by hand (even one under our prefix) is never removed by us."""
+    so a label someone set by hand (even one under our prefix) is never removed by us. Every Node is in
+    the view (Nodes are watched), so a Node missing from it does not exist."""
 
     name = "node"
+    withdraws = True
 
-    def __init__(self, api: kubernetes.client.ApiClient, domain: str) -> None:
+    def __init__(self, api: kubernetes.client.ApiClient, domain: str, metrics: Metrics | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.domain = domain
         self.annotation = managed_annotation(domain)
+        self.call = _Calls(metrics or Metrics())
 
-    def current(self, obj: Mapping[str, Any]) -> tuple[dict[str, str], frozenset[str] | None]:
-        meta = obj.get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(self.annotation, "")
-        return dict(meta.get("labels") or {}), frozenset(k for k in raw.split(",") if k)
+    def snapshot(self, obj: Mapping[str, Any]) -> SinkObject:
+        meta = part(obj, "metadata")
+        raw = part(meta, "annotations").get(self.annotation)
+        return SinkObject(
+            name=str(meta.get("name", "")),
+            rv=version(obj),
+            labels=ours(part(meta, "labels"), self.domain),
+            managed=frozenset(k for k in raw.split(",") if k) if isinstance(raw, str) else frozenset(),
+        )
 
-    def _apply(self, node: str, desired: Mapping[str, str], frozen: frozenset[str]) -> Published:
+    def existing(self) -> Iterator[SinkObject]:
+        """Every Node, read once at start: the view before the first reconcile."""
+        for item in self.call.pages("nodes", self.core.list_node):
+            yield self.snapshot(item)
+
+    def _plan(
+        self, desired: Mapping[str, str], frozen: frozenset[str], current: SinkObject
+    ) -> tuple[labels.Plan, str | None, str | None]:
+        plan = labels.plan(current.labels, desired, domain=self.domain, frozen=frozen, owned=current.managed)
+        new_owned = ",".join(sorted(plan.managed)) or None
+        old_owned = ",".join(sorted(current.managed or ())) or None
+        return plan, new_owned, old_owned
+
+    def drifted(
+        self, owner: Owner, desired: Mapping[str, str], frozen: frozenset[str], current: SinkObject | None
+    ) -> bool:
+        if current is None:
+            return False  # no Node: nothing to repair until it appears
+        plan, new_owned, old_owned = self._plan(desired, frozen, current)
+        return bool(plan.changes) or new_owned != old_owned
+
+    def publish(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Published:
+        node = owner.name
         target = f"Node {node}"
-        for _ in range(CONFLICT_RETRIES):
-            try:
-                live = self.core.api_client.sanitize_for_serialization(self.core.read_node(node))
-            except kubernetes.client.ApiException as err:
-                if _status(err) == 404:
-                    raise NodeNotFound(f"node {node} not found") from err
-                raise
-            current, owned = self.current(live)
-            plan = labels.plan(current, desired, domain=self.domain, frozen=frozen, owned=owned)
-            new_owned = ",".join(sorted(plan.managed)) or None
-            old_owned = ",".join(sorted(owned or ())) or None
+
+        def attempt(current: SinkObject | None) -> Published:
+            if current is None:
+                raise NodeNotFound(f"node {node} does not exist")
+            plan, new_owned, old_owned = self._plan(desired, frozen, current)
             if not plan.changes and new_owned == old_owned:
-                return Published(target, plan, wrote=False)
-            meta = live.get("metadata") or {}
+                return Published(target, plan, False, current)
             patch = {
                 "metadata": {
-                    "resourceVersion": meta.get("resourceVersion"),
+                    "resourceVersion": current.rv,
                     "labels": {c.key: c.new for c in plan.changes},
                     "annotations": {self.annotation: new_owned},
                 }
             }
             try:
-                self.core.patch_node(node, patch)
-                return Published(target, plan, wrote=True)
+                patched = self.call(
+                    "patch", "nodes", self.core.patch_node, node, patch, _preload_content=False
+                )
             except kubernetes.client.ApiException as err:
-                if _status(err) != 409:
-                    raise
-                log.info("node changed while writing labels, retrying", extra={"node": node})
-        raise Conflict(f"{target} kept changing while being written")
+                if status_of(err) == 404:
+                    raise NodeNotFound(f"node {node} does not exist") from err
+                raise
+            return Published(target, plan, True, self.snapshot(_decoded(patched)))
 
-    def publish(self, devices: Devices, desired: Mapping[str, str], frozen: frozenset[str]) -> Published:
-        return self._apply(devices.metadata.name, desired, frozen)
+        return _written(target, node, current, attempt, self._read)
 
-    def withdraw(self, node: str) -> Published | None:
-        """The record is gone: remove every key we wrote, as garbage collection does for a NodeFeature."""
+    def _read(self, node: str) -> SinkObject | None:
         try:
-            return self._apply(node, {}, frozenset())
+            live = self.call("get", "nodes", self.core.read_node, node, _preload_content=False)
+        except kubernetes.client.ApiException as err:
+            if status_of(err) == 404:
+                return None
+            raise
+        return self.snapshot(_decoded(live))
+
+    def withdraw(self, node: str, current: SinkObject | None) -> Published | None:
+        """The record is gone: remove every key we wrote, as garbage collection does for a NodeFeature."""
+        if current is None or not current.managed:
+            return None
+        try:
+            return self.publish(Owner(node, ""), {}, frozenset(), current)
         except NodeNotFound:
             return None
+
+
+def _written(
+    target: str,
+    node: str,
+    current: SinkObject | None,
+    attempt: Callable[[SinkObject | None], Published],
+    read: Callable[[str], SinkObject | None],
+) -> Published:
+    """`attempt` against what the view holds; a 409 (AlreadyExists, or a stale resourceVersion) means the
+    view is behind the API server, so the object is read back and the write planned again."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return attempt(current)
+        except kubernetes.client.ApiException as err:
+            if status_of(err) != 409:
+                raise
+        log.info("sink object changed while writing, reading it back", extra={"node": node, "target": target})
+        current = read(node)
+    raise Conflict(f"{target} kept changing while being written")
+
+
+def _decoded(answer: Any) -> dict[str, Any]:
+    """A raw answer's JSON object. The client's Node models are skipped: they cost more than the whole
+    publish, and refuse (with a validation error) a Node that a newer API server adds fields to."""
+    obj = json.loads(answer.data)
+    if not isinstance(obj, dict):
+        raise SinkError(f"the API server answered a {type(obj).__name__}, not an object")
+    return obj
 
 
 def managed_annotation(domain: str) -> str:

@@ -37,21 +37,21 @@ class Client:
         node = await asyncio.to_thread(self.core.create_node, body)
         return {"uid": node.metadata.uid}
 
-    async def put_devices(self, record: Devices) -> dict[str, Any]:
-        """Write the record as the agent does: its conditions (on /status), then the spec. Conditions go
-        first so a failed read is never seen without its condition."""
+    async def put_devices(self, record: Devices, *, node_owner: bool = True) -> dict[str, Any]:
+        """Write the record as the agent does: created owned by its Node (when the Node exists), then its
+        conditions (on /status), then the spec. Conditions go first so a failed read is never seen
+        without its condition. `node_owner=False`: a record created by hand, with no owner."""
         name = record.metadata.name
         try:
             live = await asyncio.to_thread(self.custom.get_cluster_custom_object, G, V, P, name)
         except kubernetes.client.ApiException as err:
             if err.status != 404:
                 raise
-            body = {
-                "apiVersion": models.API_VERSION,
-                "kind": models.KIND,
-                "metadata": {"name": name},
-                "spec": {},
-            }
+            meta: dict[str, Any] = {"name": name}
+            uid = await self.node_uid(name) if node_owner else None
+            if uid is not None:
+                meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}]
+            body = {"apiVersion": models.API_VERSION, "kind": models.KIND, "metadata": meta, "spec": {}}
             live = await asyncio.to_thread(self.custom.create_cluster_custom_object, G, V, P, body)
         # The agent owns its conditions; keep whatever the operator already wrote beside them.
         status = models.DevicesStatus.model_validate(live.get("status") or {})
@@ -69,6 +69,15 @@ class Client:
         return await asyncio.to_thread(
             self.custom.patch_cluster_custom_object, G, V, P, name, {"spec": record.wire()["spec"]}
         )
+
+    async def node_uid(self, name: str) -> str | None:
+        try:
+            node = await asyncio.to_thread(self.core.read_node, name)
+        except kubernetes.client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return str(node.metadata.uid)
 
     async def devices(self, name: str) -> dict[str, Any]:
         return await asyncio.to_thread(self.custom.get_cluster_custom_object, G, V, P, name)
@@ -121,9 +130,9 @@ async def eventually(check: Callable[[], Any], timeout: float = 30.0) -> Any:
 async def settle(k: RunningAPI, seconds: float = 0.6) -> None:
     """Wait until the API saw no request for `seconds`: the operator has nothing left to do."""
     while True:
-        before = len(list(k.api))
+        before = k.count()
         await asyncio.sleep(seconds)
-        if len(list(k.api)) == before:
+        if k.count() == before:
             return
 
 
@@ -135,8 +144,14 @@ def writes(k: RunningAPI, resource: str) -> int:
 async def running_operator(k: RunningAPI, **options: Any) -> AsyncIterator[Metrics]:
     """The operator in a thread with its own event loop, as it would be in its own process: kopf treats
     every task of its loop as its own at shutdown, so it must not share the emulator's loop."""
-    settings: dict[str, Any] = {"standalone": True, "namespace": NS, "backoffs": (0.05, 0.1), **options}
-    opts = cli.Options(kubeconfig=k.kubeconfig, **settings)
+    settings: dict[str, Any] = {
+        "standalone": True,
+        "namespace": NS,
+        "backoffs": (0.05, 0.1),
+        "kubeconfig": k.kubeconfig,
+        **options,
+    }
+    opts = cli.Options(**settings)
     metrics = Metrics()
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from operator_records import devices, gpu, group, nic, nvlink, ub, vf
 
-from nodefabric_devicemanager import models
+from nodefabric_devicemanager import models, numbers
 from nodefabric_devicemanager.models import LinkState
 from nodefabric_operator import labels
 
@@ -125,6 +125,26 @@ def test_numa_of_a_vf_is_its_own():
     )
 
 
+NUMA_TEXTS = ["0", "1", "1023", "1024", "-1", "", "01", "+1", " 1", "1 ", "1\n", "\u0661", "\u00b2", "1e3",
+              "0x1", "1_0", "9" * 30, "\x00"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", NUMA_TEXTS)
+def test_numa_is_read_by_the_parser_behind_the_device_plugins_hints(text):
+    """A NUMA value gives a label exactly when numbers.numa_node() gives the device plugin a hint, and
+    the same node; a present value it refuses withholds the label (never a part of the set)."""
+    result = labels.compute(
+        devices(interfaces=[nic(numa=text), nic("ens2f0", bus_id="0000:1b:00.0", numa="")])
+    )
+    hint = numbers.numa_node(text)
+    if hint is not None:
+        assert result.labels[NUMA] == str(hint)
+    else:
+        assert NUMA not in result.labels
+        refused = text not in ("", "-1")
+        assert [(w.key, w.value) for w in result.withheld] == ([(NUMA, text)] if refused else [])
+
+
 def test_numa_not_a_node_id_is_withheld_not_mangled():
     result = labels.compute(devices(interfaces=[nic(numa="0-1")]))
     assert NUMA not in result.labels
@@ -174,7 +194,22 @@ def test_no_accelerators_no_fabric_labels():
     assert compute(interfaces=[nic()]).keys() == {CAPABLE, NUMA}
 
 
-@pytest.mark.parametrize("bad_id", ["x" * 61, "a/b", "ends-with-dash-"])
+@pytest.mark.parametrize(
+    "bad_id",
+    [
+        "x" * 61,
+        "a/b",
+        "ends-with-dash-",
+        # `$` matches before a final newline: each of these passed a `^...$` check, and the API server
+        # would have refused the whole write, every other label of the node with it.
+        "7\n",
+        "7\r",
+        "7\x00",
+        "7 ",
+        "\u0667",  # an Arabic-Indic digit: alphanumeric to str.isalnum(), not a label character
+        "7\n" + "x" * 100_000,
+    ],
+)
 def test_invalid_domain_value_is_withheld_with_its_members(bad_id):
     result = labels.compute(devices(groups=[group("amd", gpu(0, fabric=ub(bad_id)))]))
     assert DOMAIN not in result.labels and MEMBERS not in result.labels
@@ -188,7 +223,8 @@ def test_invalid_domain_value_is_withheld_with_its_members(bad_id):
 @pytest.mark.parametrize(
     ("value", "ok"),
     [("true", True), ("0_1", True), ("a.b-c_d", True), ("", True), ("x" * 63, True), ("x" * 64, False),
-     ("0,1", False), ("-a", False), ("a.", False), ("@ref", False)],
+     ("0,1", False), ("-a", False), ("a.", False), ("@ref", False), ("a\n", False), ("\na", False),
+     ("a\nb", False), ("true\n", False), ("\uff41", False), ("\u0663", False), ("a" * 62 + "\n", False)],
 )  # fmt: skip
 def test_value_validity(value, ok):
     assert (labels.value_problem(value) is None) is ok
@@ -199,7 +235,9 @@ def test_domain_is_configurable():
     assert got == {"feature.example.com/rdma.capable": "true", "feature.example.com/rdma.numa": "0"}
 
 
-@pytest.mark.parametrize("domain", ["", "Bad_Domain", "-x.com", "a..b"])
+@pytest.mark.parametrize(
+    "domain", ["", "Bad_Domain", "-x.com", "a..b", "gpustack.ai\n", "\ngpustack.ai", "\uff47.ai"]
+)
 def test_invalid_domain_refused(domain):
     with pytest.raises(labels.InvalidDomain):
         labels.check_domain(domain)

@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""Benchmark the label operator against the embedded API: what a fleet costs the API server and the pod.
+
+The operator runs as its own process (`nodefabric operator`, as in its pod) against the embedded API
+served over HTTP by this process, through a proxy that counts bytes and can expire watches the way an
+API server does (410 Gone). Phases, over N seeded Nodes and Devices records (8 GPUs, 5 NICs each):
+
+- first sync: start on a fleet never published; requests per record, seconds, log bytes per record
+- steady: nothing changes for a while; requests and bytes, scaled to per node-hour
+- change: K records lose their RDMA links (what the agent writes); requests and bytes per change
+- restart: a new process over the published fleet; requests per record, seconds
+- replay: every watch expired (410 Gone), kopf relists; requests per record
+- memory: resident set after a restart over N and over N/5 published records; the slope per record
+
+Restart, replay and memory run over a fleet seeded as a first sync leaves it (so they measure N records
+even where the embedded API is too slow for a first sync of N; `--sync-records` sizes that one).
+
+Baselines measured in the same run: a no-op kopf operator (the same watches, handlers that do nothing)
+over the same fleet, for seconds and memory; and the operator as it was before issue 15 (`--before`, a
+git revision; its package is run from `git archive`) at a smaller size, for requests and log bytes.
+
+Usage: hack/bench_operator.py [--records 5000] [--sync-records 5000] [--before-records 500]
+                              [--before 3482377] [--changes 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "devicemanager"), str(ROOT / "tests" / "operator")]
+
+import aiohttp  # noqa: E402
+from operator_records import devices, gpu, group, nic, nvlink  # noqa: E402
+from watch_breaker import WatchBreaker, watch_breaker  # noqa: E402
+
+from nodefabric_devicemanager import crd, models  # noqa: E402
+from nodefabric_devicemanager.models import LinkState  # noqa: E402
+from nodefabric_operator import labels, reconcile, sinks  # noqa: E402
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api  # noqa: E402
+
+NS = "nodefabric"
+DEVICES = f"{models.GROUP}/{models.VERSION}/{models.PLURAL}"
+NF = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
+WRITES = [("POST", NF), ("PATCH", NF), ("PATCH", DEVICES), ("POST", "v1/events")]
+KINDS = [
+    (m, r) for r in (DEVICES, NF, "v1/nodes", "v1/events") for m in ("GET", "POST", "PATCH", "PUT", "DELETE")
+]
+STEADY_S = 10.0
+IDLE_S = 7.0  # kopf ends a per-object worker, and drops the last body it held, after 5 s idle
+RECONCILES = "nodefabric_operator_reconciles_total"
+SKIPPED = "nodefabric_operator_events_skipped_total"
+DEFAULT_BEFORE = "3482377"  # the last revision before issue 15's operator work
+
+NOOP = """
+import asyncio, sys, kopf
+n = int(sys.argv[1])
+registry = kopf.OperatorRegistry()
+seen = set()
+kopf.on.login(registry=registry)(lambda **kw: kopf.login_with_kubeconfig(**kw))
+@kopf.on.event("worker.gpustack.ai", "v1alpha1", "devices", registry=registry)
+def devices(name, **_):
+    seen.add(name)
+    if len(seen) == n:
+        print("DONE", flush=True)
+@kopf.on.event("nfd.k8s-sigs.io", "v1alpha1", "nodefeatures", registry=registry)
+def nodefeatures(**_):
+    pass
+asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=True))
+"""
+
+
+def record(name: str, link: LinkState = LinkState.OK) -> models.Devices:
+    switches = [["0000:18:08.0", "0000:17:00.0", f"0000:16:0{i}.0"] for i in range(4)]
+    nics = [nic(f"ibp{i}s0", bus_id=f"0000:2{i}:00.0", numa=str(i // 2), switches=switches[i], link=link)
+            for i in range(4)]  # fmt: skip
+    nics.append(nic("ens9np0", bus_id="0000:1b:00.0", numa="0", switches=[], link=link))
+    gpus = [gpu(i, fabric=nvlink(), switches=switches[i // 2], numa=str(i // 4)) for i in range(8)]
+    return devices(name, interfaces=nics, groups=[group("nvidia", *gpus)])
+
+
+def seed(k: RunningAPI, n: int, *, published: bool = False) -> None:
+    """N Nodes and their records as the agent leaves them: owned by the Node, conditions in status.
+    `published`: also what the operator's first sync leaves (labels in status, the NodeFeature), made
+    by the operator's own functions, so a restart over it has nothing to write."""
+    for i in range(n):
+        name = f"gpu-{i:05d}"
+        node = k.api.put_object("v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        body = record(name).wire()
+        body["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+        ]
+        status = models.DevicesStatus(
+            conditions=[
+                models.Condition(type=models.INTERFACES_ENUMERATED, status="True", reason="Enumerated"),
+                models.Condition(type=models.ACCELERATORS_ENUMERATED, status="True", reason="Enumerated"),
+            ]
+        )
+        body["metadata"]["uid"] = str(uuid.uuid4())
+        body["status"] = (_published(body, status) if published else status).wire()
+        k.api.put_object(DEVICES, body)
+        if published:
+            owner = {"apiVersion": models.API_VERSION, "kind": models.KIND, "name": name, "controller": True}
+            meta = {
+                "name": name,
+                "namespace": NS,
+                "labels": {sinks.NFD_NODE_NAME: name},
+                "ownerReferences": [{**owner, "uid": body["metadata"]["uid"]}],
+            }
+            spec = {"labels": body["status"]["labels"]}
+            k.api.put_object(
+                NF,
+                {
+                    "apiVersion": "nfd.k8s-sigs.io/v1alpha1",
+                    "kind": "NodeFeature",
+                    "metadata": meta,
+                    "spec": spec,
+                },
+            )
+
+
+def _published(body: dict[str, Any], status: models.DevicesStatus) -> models.DevicesStatus:
+    """The status the operator's first sync writes for this record, by the operator's own functions."""
+    result = labels.compute(models.Devices.from_wire(body))
+    plan = labels.plan({}, result.labels, domain=labels.DEFAULT_DOMAIN)
+    done = sinks.Published(f"NodeFeature {NS}/{body['metadata']['name']}", plan, True, None)
+    condition = reconcile.condition_for(done, result, frozenset(), None)
+    return reconcile.next_status(status, result, done, condition, reconcile._now())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """One operator process: its pid's CPU and memory, its metrics, its log."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    metrics_port: int | None = None
+    proc: asyncio.subprocess.Process | None = None
+    started: float = 0.0
+    lines: list[str] = field(default_factory=list)
+
+    async def start(self) -> None:
+        self.started = time.monotonic()
+        with open(self.log, "ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdout=subprocess.PIPE, stderr=log, env=self.env
+            )
+
+    async def wait_line(self, text: str, timeout: float) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await self.proc.stdout.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"{self.argv[0]} exited before printing {text!r}; see {self.log}")
+                if text in line:
+                    return
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def metric(self, name: str, **labels: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            async with aiohttp.ClientSession() as s, s.get(url) as r:
+                text = await r.text()
+        except aiohttp.ClientError:
+            return 0.0
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        pattern = re.escape(f"{name}{{{want}}}" if want else name) + r" ([0-9.e+]+)"
+        found = re.search(pattern, text)
+        return float(found.group(1)) if found else 0.0
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), 60)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+def spend(k: RunningAPI) -> dict[tuple[str, str], int]:
+    return {key: k.count(*key) for key in KINDS}
+
+
+def per_record(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int], n: int) -> float:
+    return sum(after[key] - before[key] for key in after) / n
+
+
+async def until(check: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def quiet(k: RunningAPI, seconds: float = 1.0) -> None:
+    while True:
+        before = k.count()
+        await asyncio.sleep(seconds)
+        if k.count() == before:
+            return
+
+
+def log_bytes(path: Path, since: int) -> tuple[int, int]:
+    """(bytes, lines) written to the log after offset `since`."""
+    data = path.read_bytes()[since:]
+    return len(data), data.count(b"\n")
+
+
+@dataclass
+class Figures:
+    """Every figure printed as it is measured, and kept by name for the ratios at the end."""
+
+    values: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, value: float, unit: str = "", note: str = "") -> None:
+        self.values[key] = value
+        shown = f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+        print(f"  {key:<52} {shown}{unit}{f'  ({note})' if note else ''}", flush=True)
+
+
+def operator_argv(metrics_port: int, kubeconfig: str) -> list[str]:
+    command = ["operator", "--standalone", "--namespace", NS, "--kubeconfig", kubeconfig]
+    return [
+        sys.executable,
+        "-m",
+        "nodefabric_devicemanager.cli",
+        *command,
+        "--metrics-port",
+        str(metrics_port),
+    ]
+
+
+@contextlib.asynccontextmanager
+async def fleet(n: int, *, published: bool = False) -> AsyncIterator[tuple[RunningAPI, WatchBreaker]]:
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        seed(k, n, published=published)
+        yield k, proxy
+
+
+async def _at_least(op: Process, name: str, value: float, **labels: str) -> bool:
+    return await op.metric(name, **labels) >= value
+
+
+async def _serving(op: Process) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{op.metrics_port}/metrics") as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def first_sync(op: Process, k: RunningAPI, n: int, out: Figures, label: str) -> None:
+    before, log0 = spend(k), op.log.stat().st_size if op.log.exists() else 0
+    api_cpu = time.process_time()
+    await op.start()
+    await until(lambda: _at_least(op, RECONCILES, n, outcome="published"), 3600, f"{label}: {n} published")
+    await until(lambda: k.count("POST", "v1/events") - before[("POST", "v1/events")] >= n, 600, "events")
+    seconds = time.monotonic() - op.started
+    await quiet(k)
+    size, lines = log_bytes(op.log, log0)
+    out.add(f"{label} first sync: requests per record", per_record(spend(k), before, n))
+    out.add(f"{label} first sync: seconds", seconds, " s", f"{seconds / n * 1000:.1f} s per 1,000 records")
+    out.add(f"{label} first sync: log bytes per record", size / n, " B", f"{lines} lines in all")
+    cpu = f"the embedded API in this process: {time.process_time() - api_cpu:.1f} s"
+    out.add(f"{label} first sync: operator CPU", op.cpu_s(), " s", cpu)
+
+
+async def steady(k: RunningAPI, proxy: WatchBreaker, n: int, out: Figures) -> None:
+    """Nothing changes: what the operator asks of the API server meanwhile, per node and hour. kopf
+    reopens a watch that delivered nothing for 70 s; an API server's bookmarks (about one a minute)
+    prevent that, the embedded API sends none, so a window that spans it counts that watch."""
+    await quiet(k, 3.0)
+    before, wire0 = spend(k), proxy.bytes_up + proxy.bytes_down
+    await asyncio.sleep(STEADY_S)
+    scale = 3600 / STEADY_S / n
+    after = spend(k)
+    seen = {
+        f"{m} {r.rsplit('/', 1)[-1]}": after[m, r] - before[m, r]
+        for m, r in after
+        if after[m, r] > before[m, r]
+    }
+    out.add(
+        "now steady: requests per node-hour", per_record(spend(k), before, 1) * scale, "", str(seen or "")
+    )
+    out.add("now steady: bytes per node-hour", (proxy.bytes_up + proxy.bytes_down - wire0) * scale, " B")
+
+
+async def change(k: RunningAPI, proxy: WatchBreaker, count: int, out: Figures) -> None:
+    """`count` records lose every RDMA link, as the agent would write it; the operator follows."""
+    before, wire0 = spend(k), proxy.bytes_up + proxy.bytes_down
+    writes0 = sum(k.count(*w) for w in WRITES)
+    async with aiohttp.ClientSession() as s:
+        for i in range(count):
+            name = f"gpu-{i:05d}"
+            url = f"{k.url}/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}/{name}"
+            patch = {"spec": record(name, LinkState.FAILED).wire()["spec"]}
+            headers = {"Content-Type": "application/merge-patch+json"}
+            async with s.patch(url, json=patch, headers=headers) as r:
+                assert r.status == 200, await r.text()
+    # Ours (the spec PATCH) and the operator's three: the NodeFeature, the status, the Event.
+    await until(lambda: sum(k.count(*w) for w in WRITES) - writes0 >= 4 * count, 600, "changes published")
+    await quiet(k)
+    out.add("now change: operator requests per changed record", per_record(spend(k), before, count) - 1)
+    wire = proxy.bytes_up + proxy.bytes_down - wire0
+    out.add("now change: bytes on the wire per changed record", wire / count, " B")
+
+
+async def restart(op: Process, k: RunningAPI, n: int, out: Figures, label: str) -> None:
+    before = spend(k)
+    await op.start()
+    await until(lambda: _at_least(op, RECONCILES, n, outcome="unchanged"), 3600, "the restart's sync")
+    seconds = time.monotonic() - op.started
+    await quiet(k)
+    out.add(f"{label} restart: requests per record", per_record(spend(k), before, n))
+    out.add(f"{label} restart: seconds", seconds, " s", f"{seconds / n * 1000:.1f} s per 1,000 records")
+    out.add(f"{label} restart: operator CPU", op.cpu_s(), " s")
+    out.add(f"{label} restart: RSS", op.rss_mib(), " MiB", "kopf's workers still hold each body")
+    await asyncio.sleep(IDLE_S)
+    out.add(f"{label} restart: RSS when idle", op.rss_mib(), " MiB")
+
+
+async def replay(op: Process, k: RunningAPI, proxy: WatchBreaker, n: int, out: Figures) -> None:
+    before = spend(k)
+    seen = await op.metric(SKIPPED, resource="devices")
+    started = time.monotonic()
+    proxy.expire_watches()
+    await until(lambda: _at_least(op, SKIPPED, seen + n, resource="devices"), 3600, "the replay")
+    seconds = time.monotonic() - started
+    await quiet(k)
+    out.add(f"{n} replay: requests per record", per_record(spend(k), before, n), "", "relist after 410 Gone")
+    out.add(f"{n} replay: seconds", seconds, " s")
+
+
+async def run_sync(n: int, changes: int, workdir: Path, out: Figures) -> None:
+    """First sync, steady state, changes and a restart over a fleet the operator publishes itself."""
+    async with fleet(n) as (k, proxy):
+        env = dict(os.environ, POD_NAME="bench")
+        port = free_port()
+        argv = operator_argv(port, proxy.kubeconfig)
+        op = Process(argv, env, workdir / "operator.log", port)
+        again = Process(argv, env, workdir / "operator.log", port)
+        try:
+            await first_sync(op, k, n, out, "now")
+            await steady(k, proxy, n, out)
+            await change(k, proxy, min(changes, n), out)
+            await op.stop()
+            await restart(again, k, n, out, "after the sync,")
+        finally:
+            await op.stop()
+            await again.stop()
+
+
+async def run_published(n: int, workdir: Path, out: Figures) -> None:
+    """A restart and a watch replay over a fleet already published (seeded as the first sync leaves it)."""
+    async with fleet(n, published=True) as (k, proxy):
+        port = free_port()
+        op = Process(
+            operator_argv(port, proxy.kubeconfig), dict(os.environ), workdir / f"published-{n}.log", port
+        )
+        try:
+            await restart(op, k, n, out, f"{n}")
+            await replay(op, k, proxy, n, out)
+        finally:
+            await op.stop()
+
+
+async def run_noop(n: int, workdir: Path, out: Figures) -> None:
+    script = workdir / "noop.py"
+    script.write_text(NOOP)
+    async with fleet(n, published=True) as (k, proxy):
+        env = dict(os.environ, KUBECONFIG=proxy.kubeconfig)
+        op = Process([sys.executable, str(script), str(n)], env, workdir / "noop.log")
+        await op.start()
+        try:
+            await op.wait_line("DONE", 3600)
+            seconds = time.monotonic() - op.started
+            await quiet(k)
+            out.add(f"{n} no-op kopf: seconds to see every record", seconds, " s")
+            out.add(f"{n} no-op kopf: CPU", op.cpu_s(), " s")
+            out.add(f"{n} no-op kopf: RSS", op.rss_mib(), " MiB")
+        finally:
+            await op.stop()
+
+
+async def run_before(rev: str, n: int, workdir: Path, out: Figures) -> bool:
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "operator/nodefabric_operator"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        print(f"  (no figures before: git archive {rev} failed: {archive.stderr.decode().strip()})")
+        return False
+    tree = workdir / "before"
+    tree.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tree, filter="data")
+    async with fleet(n) as (k, proxy):
+        env = dict(os.environ, PYTHONPATH=str(tree / "operator"), POD_NAME="bench")
+        port = free_port()
+        argv = operator_argv(port, proxy.kubeconfig)
+        op, again = (
+            Process(argv, env, workdir / "before.log", port),
+            Process(argv, env, workdir / "before.log", port),
+        )
+        try:
+            await first_sync(op, k, n, out, "before")
+            await op.stop()
+            before = spend(k)
+            await again.start()
+            await until(lambda: _at_least(again, RECONCILES, n, outcome="unchanged"), 3600, "restart")
+            await quiet(k)
+            out.add("before restart: requests per record", per_record(spend(k), before, n))
+        finally:
+            await op.stop()
+            await again.stop()
+    return True
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=5000, help="restart, replay and memory")
+    parser.add_argument("--sync-records", type=int, default=5000, help="first sync, steady state, changes")
+    parser.add_argument("--before-records", type=int, default=500, help="0: no figures before")
+    parser.add_argument("--before", default=DEFAULT_BEFORE, help="git revision of the operator before")
+    parser.add_argument("--changes", type=int, default=100)
+    args = parser.parse_args()
+    n, small = args.records, max(1, args.records // 5)
+    workdir = Path(tempfile.mkdtemp(prefix="nf-bench-op-"))
+    out = Figures()
+    v = out.values
+    try:
+        print(f"the operator, a first sync of {args.sync_records} records (the embedded API in this process)")
+        await run_sync(args.sync_records, args.changes, workdir, out)
+        print(f"the operator over {n} and {small} records already published")
+        await run_published(n, workdir, out)
+        await run_published(small, workdir, out)
+        print(f"baseline: a no-op kopf operator over the same {n} and {small} records")
+        await run_noop(n, workdir, out)
+        await run_noop(small, workdir, out)
+        ratio = v[f"{n} restart: seconds"] / v[f"{n} no-op kopf: seconds to see every record"]
+        out.add("ratio: restart seconds / no-op kopf seconds", ratio)
+        if n > small:
+            for who, key in (("the operator", "restart: RSS"), ("no-op kopf", "no-op kopf: RSS")):
+                slope = (v[f"{n} {key}"] - v[f"{small} {key}"]) / (n - small) * 1000
+                out.add(f"memory per 1,000 records, {who} (RSS slope)", slope, " MiB")
+        if args.before_records > 0:
+            print(f"the operator before ({args.before}), a first sync of {args.before_records} records")
+            if await run_before(args.before, args.before_records, workdir, out):
+                for what in ("requests per record", "log bytes per record"):
+                    ratio = v[f"before first sync: {what}"] / v[f"now first sync: {what}"]
+                    out.add(f"ratio: first-sync {what}, before / now", ratio)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,78 @@
+"""The operator's HTTP endpoints: `/metrics` and `/healthz`, each on its port and on no other path.
+
+Served from the operator's own event loop, so a loop that stops turning stops answering `/healthz` (what
+a liveness probe is for). The sockets are bound before kopf starts: a busy port is a start-up error with
+one line, never a traceback from inside the framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from nodefabric_operator.metrics import Metrics
+
+
+class PortUnavailable(OSError):
+    pass
+
+
+@dataclass
+class Endpoints:
+    metrics: Metrics
+    health: Callable[[], Mapping[str, Any]]
+    metrics_port: int | None = None
+    health_port: int | None = None
+    host: str = "0.0.0.0"
+    _runners: list[web.AppRunner] = field(default_factory=list)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))
+        # aiohttp refuses a charset inside content_type; the encoders' types carry one.
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response(dict(self.health()), dumps=lambda o: json.dumps(o, sort_keys=True))
+
+    def _routes(self) -> dict[int, list[web.RouteDef]]:
+        routes: dict[int, list[web.RouteDef]] = {}
+        if self.metrics_port is not None:
+            routes.setdefault(self.metrics_port, []).append(web.get("/metrics", self._metrics))
+        if self.health_port is not None:
+            routes.setdefault(self.health_port, []).append(web.get("/healthz", self._healthz))
+        return routes
+
+    async def start(self) -> None:
+        """Bind every port (one app per port, so a path is served only on its own port)."""
+        try:
+            for port, routes in self._routes().items():
+                app = web.Application()
+                app.add_routes(routes)
+                runner = web.AppRunner(app, access_log=None, handle_signals=False)
+                await runner.setup()
+                self._runners.append(runner)
+                try:
+                    await web.TCPSite(runner, self.host, port, reuse_address=True).start()
+                except OSError as err:
+                    what = " and ".join(
+                        n
+                        for n, p in (("metrics", self.metrics_port), ("health", self.health_port))
+                        if p == port
+                    )
+                    raise PortUnavailable(
+                        f"cannot serve {what} on port {port}: {os.strerror(err.errno) if err.errno else err}"
+                    ) from err
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        while self._runners:
+            await self._runners.pop().cleanup()

@@ -1,0 +1,53 @@
+"""The Kubernetes Event one reconcile posts on the Devices object: a pure decision, posted by the shell.
+
+One Event per reconcile that changed labels (not one per label), so a first sync of N records posts N
+Events. Losing what schedulers select on is a Warning: `rdma.capable` going away takes the node out of
+every RDMA job, and a `fabric.` key going away breaks group placement on the fabric domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nodefabric_operator import labels
+
+COMPONENT = "nodefabric-operator"  # the Event's source: `kubectl describe` shows it under "From"
+NORMAL, WARNING = "Normal", "Warning"
+
+LABELS_CHANGED = "LabelsChanged"
+CAPABILITY_LOST = "RdmaCapabilityLost"
+FABRIC_LOST = "FabricLabelsLost"
+PUBLISH_FAILED = "PublishFailed"
+NODE_NOT_FOUND = "NodeNotFound"
+
+# kopf cuts longer messages in the middle; five keys never come near it, a hand-edited sink might.
+MAX_MESSAGE = 1000
+
+
+@dataclass(frozen=True)
+class Notice:
+    type: str
+    reason: str
+    message: str
+
+
+def for_changes(target: str, changes: Sequence[labels.Change], domain: str) -> Notice | None:
+    """The Event for one reconcile's label changes on `target`, or None when nothing changed."""
+    if not changes:
+        return None
+    removed = [c.key for c in changes if c.new is None]
+    if labels.key(domain, labels.RDMA_CAPABLE) in removed:
+        type_, reason = WARNING, CAPABILITY_LOST
+    elif any(labels.family(k, domain) == labels.FABRIC for k in removed):
+        type_, reason = WARNING, FABRIC_LOST
+    else:
+        type_, reason = NORMAL, LABELS_CHANGED
+    message = f"{target}: " + "; ".join(c.describe() for c in changes)
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 30] + f"... ({len(changes)} changes)"
+    return Notice(type_, reason, message)
+
+
+def for_failure(reason: str, message: str) -> Notice:
+    return Notice(WARNING, reason, message[:MAX_MESSAGE])

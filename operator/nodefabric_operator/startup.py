@@ -1,0 +1,94 @@
+"""What the operator checks before kopf starts, each failure phrased for the one log line it becomes:
+the API server reached and serving the Devices CRD, and the sink objects listed."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+import kubernetes
+import urllib3
+
+from nodefabric_devicemanager import models
+from nodefabric_operator import sinks
+from nodefabric_operator.reconcile import Reconciler
+
+PROBE_TIMEOUT = 5.0  # one discovery request at start
+
+
+class StartupError(RuntimeError):
+    """A reason the operator cannot start, phrased for the one log line it becomes."""
+
+
+def server(api: kubernetes.client.ApiClient) -> str:
+    host = str(api.configuration.host)
+    return urlsplit(host).netloc or host
+
+
+def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
+    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`.
+    Raises StartupError with the reason an operator can act on."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+    where = server(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            # The answer is not decoded: whether it comes is the question, not what it lists.
+            left = deadline - time.monotonic()
+            custom.get_api_resources(
+                models.GROUP,
+                models.VERSION,
+                _request_timeout=max(0.5, min(PROBE_TIMEOUT, left)),  # a black hole costs the budget, no more
+                _preload_content=False,
+            )
+            return
+        except kubernetes.client.ApiException as err:
+            status = sinks.status_of(err)
+            if status == 404:
+                raise StartupError(
+                    f"the API server at {where} does not serve {models.GROUP}/{models.VERSION}: "
+                    "install the Devices CRD (the chart's crds/) first"
+                ) from err
+            if status in (401, 403):
+                raise StartupError(
+                    f"the API server at {where} refused our credentials (HTTP {status} {err.reason or ''})"
+                ) from err
+            reason = f"HTTP {status} {err.reason or ''}".strip()
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            reason = cause(err)
+        if time.monotonic() >= deadline:
+            raise StartupError(f"cannot reach the API server at {where} (for {timeout:g} s): {reason}")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def cause(err: BaseException) -> str:
+    """The innermost reason of a connection failure ("Connection refused"), not urllib3's wrapping."""
+    seen: set[int] = set()
+    inner: BaseException | None = err
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, OSError) and inner.strerror:
+            return inner.strerror
+        reason = getattr(inner, "reason", None)
+        inner = reason if isinstance(reason, BaseException) else inner.__cause__ or inner.__context__
+    return first_line(err)
+
+
+async def prime(reconciler: Reconciler, sink: str, namespace: str) -> None:
+    """The start-up listing; a refusal (RBAC, a missing NodeFeature API) is a start-up error."""
+    try:
+        await reconciler.prime()
+    except kubernetes.client.ApiException as err:
+        where = "NodeFeatures in " + namespace if sink == "nodefeature" else "Nodes and Devices"
+        reason = f"HTTP {err.status} {err.reason or ''}".strip()
+        hint = (
+            " (install NFD, or run with --sink node)" if err.status == 404 and sink == "nodefeature" else ""
+        )
+        raise StartupError(f"cannot list {where}: {reason}{hint}") from err
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        raise StartupError(f"cannot list the sink objects: {cause(err)}") from err
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__

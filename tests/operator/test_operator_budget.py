@@ -1,0 +1,316 @@
+"""What the operator costs the API server, pinned per record through the embedded API's request counter:
+a first sync is one sink write, one status write and one Event per record, and a restart or a watch
+replay (a relist after 410 Gone) costs lists and watches only, whatever the number of records."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle
+from operator_records import devices, gpu, group, nic, nvlink
+from watch_breaker import watch_breaker
+
+from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_devicemanager.models import LinkState
+from nodefabric_operator import labels, sinks
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.reconcile import Reconciler
+
+N = 12
+EVENTS = "v1/events"
+NODES = "v1/nodes"
+# Every (verb, resource) the operator could spend per record; discovery requests are not among them.
+PER_RESOURCE = [
+    (m, r) for r in (NF, DEVICES, NODES, EVENTS) for m in ("GET", "POST", "PATCH", "PUT", "DELETE")
+]
+
+
+def gpu_record(name: str):
+    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+
+
+def spend(k: RunningAPI) -> dict[tuple[str, str], int]:
+    return {key: k.count(*key) for key in PER_RESOURCE}
+
+
+def delta(
+    after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
+    return {key: n for key in after if (n := after[key] - before[key])}
+
+
+async def fleet(k: RunningAPI, n: int = N) -> Client:
+    c = Client(k.kubeconfig)
+    for i in range(n):
+        await c.node(f"n{i}")
+        await c.put_devices(gpu_record(f"n{i}"))
+    return c
+
+
+def reconciled(metrics, outcome: str) -> float:
+    return metrics.reconciles.labels(outcome=outcome)._value.get()
+
+
+def skipped(metrics, resource: str) -> float:
+    return metrics.skipped.labels(resource=resource)._value.get()
+
+
+async def first_sync(k: RunningAPI, **options):
+    """Start the operator on a seeded fleet and wait until every record is published and announced."""
+    before, total = spend(k), k.count()
+    async with running_operator(k, **options) as metrics:
+        await eventually(lambda: reconciled(metrics, "published") == N)
+        await eventually(lambda: k.count("POST", EVENTS) - before[("POST", EVENTS)] >= N)  # posted async
+        await settle(k)
+    return delta(spend(k), before), k.count() - total
+
+
+async def test_first_sync_is_three_requests_per_record():
+    async with running_api([crd.devices_crd()]) as k:
+        await fleet(k)
+        spent, total = await first_sync(k)
+    # Creating each NodeFeature, writing each status, one Event each. Per start, not per record: the
+    # NodeFeatures read once before kopf starts, then kopf's list and watch of both resources. No GET
+    # of a watched NodeFeature, no owner GET, no 409.
+    assert spent == {
+        ("POST", NF): N,
+        ("PATCH", DEVICES): N,
+        ("POST", EVENTS): N,
+        ("GET", NF): 3,
+        ("GET", DEVICES): 2,
+    }
+    per_record = (total - 5 - discovery(total, spent)) / N
+    assert per_record == 3
+
+
+def discovery(total: int, spent: dict[tuple[str, str], int]) -> int:
+    """Requests outside the record's resources (API discovery, the start-up probe): a fixed few per start."""
+    rest = total - sum(spent.values())
+    assert 0 <= rest <= 12, rest
+    return rest
+
+
+async def test_a_restart_costs_no_request_per_record():
+    async with running_api([crd.devices_crd()]) as k:
+        await fleet(k)
+        await first_sync(k)
+        before, total = spend(k), k.count()
+        async with running_operator(k) as metrics:
+            await eventually(lambda: reconciled(metrics, "unchanged") == N)
+            await settle(k)
+            assert reconciled(metrics, "published") == 0
+        spent = delta(spend(k), before)
+        assert spent == {("GET", NF): 3, ("GET", DEVICES): 2}  # the start's lists and watches only
+        discovery(k.count() - total, spent)
+
+
+async def test_a_watch_replay_costs_no_request_per_record():
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        await fleet(k)
+        await first_sync(k)
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: reconciled(metrics, "unchanged") == N)
+            await settle(k)
+            before, total = spend(k), k.count()
+            seen_devices, seen_nf = skipped(metrics, "devices"), skipped(metrics, "nodefeature")
+
+            # The Devices and the NodeFeature watch, and kopf's own watch of CRDs.
+            assert proxy.expire_watches() == 3
+            # kopf lists both again and hands every object over once more; each is skipped unread.
+            await eventually(lambda: skipped(metrics, "devices") >= seen_devices + N)
+            await eventually(lambda: skipped(metrics, "nodefeature") >= seen_nf + N)
+            await eventually(lambda: proxy.open_watches == 3)
+            await settle(k)
+            assert reconciled(metrics, "published") == 0
+        spent = delta(spend(k), before)
+        assert spent == {("GET", NF): 2, ("GET", DEVICES): 2}  # the relist and the new watch, each
+        assert k.count() - total == 6  # and kopf's relist and watch of CRDs
+
+
+async def test_one_event_per_reconcile_and_a_warning_when_capability_goes():
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 1)
+        async with running_operator(k) as metrics:
+            await eventually(lambda: k.count("POST", EVENTS) == 1)
+            await settle(k)
+            (first,) = k.requests("POST", EVENTS)
+            assert (first.data["type"], first.data["reason"]) == ("Normal", "LabelsChanged")
+            assert first.data["message"].startswith("NodeFeature nodefabric/n0: added ")
+            assert first.data["message"].count("added ") == 5
+            assert first.data["source"] == {"component": "nodefabric-operator"}
+            assert first.data["reportingComponent"] == "nodefabric-operator"
+            # Where `kubectl describe devices n0` finds it: in `default`, about an object with no namespace.
+            assert first.data["metadata"]["namespace"] == "default"
+            involved = first.data["involvedObject"]
+            assert "namespace" not in involved and (involved["kind"], involved["name"]) == ("Devices", "n0")
+
+            await c.put_devices(
+                devices("n0", interfaces=[nic(link=LinkState.FAILED)], groups=[group("nvidia", gpu(0))])
+            )
+            await eventually(lambda: k.count("POST", EVENTS) == 2)
+            await settle(k)
+            assert reconciled(metrics, "published") == 2
+        second = k.requests("POST", EVENTS)[-1].data
+        assert (second["type"], second["reason"]) == ("Warning", "RdmaCapabilityLost")
+        for gone in ("rdma.capable (was true)", "rdma.distance (was PIX)", "fabric.domain (was nvlink-"):
+            assert gone in second["message"]
+        assert k.count("POST", EVENTS) == 2
+
+
+async def test_losing_only_a_fabric_label_is_a_warning_of_its_own():
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 1)
+        async with running_operator(k):
+            await eventually(lambda: k.count("POST", EVENTS) == 1)
+            mixed = [group("nvidia", gpu(0, fabric=nvlink())), group("amd", gpu(1))]
+            await c.put_devices(devices("n0", interfaces=[nic()], groups=mixed))
+            await eventually(lambda: k.count("POST", EVENTS) == 2)
+            await settle(k)
+        event = k.requests("POST", EVENTS)[-1].data
+        assert (event["type"], event["reason"]) == ("Warning", "FabricLabelsLost")
+        assert "rdma.capable" not in event["message"]
+
+
+async def test_a_newer_record_supersedes_a_status_write_without_reading_it_back():
+    """The version the operator handles changes before its status write: the write is refused (409) and
+    not retried from a GET, because the newer version's own event is on its way and writes it."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 1)
+        stale = await c.devices("n0")
+        await c.put_devices(devices("n0", interfaces=[nic(), nic("ens2f1", bus_id="0000:1b:00.1", numa="1")]))
+        api = load_client(k.kubeconfig)
+        rec = Reconciler(api, sinks.NodeFeatureSink(api, NS, labels.DEFAULT_DOMAIN))
+        newer = await c.devices("n0")
+        gets = k.count("GET")
+        assert (await rec.devices_event(stale)).outcome == "superseded"
+        assert k.count("GET") == gets
+        assert (await c.devices("n0")).get("status", {}).get("labels") is None
+
+        gets = k.count("GET")
+        assert (await rec.devices_event(newer)).outcome == "published"
+        assert k.count("GET") == gets
+        numa = labels.key(labels.DEFAULT_DOMAIN, "rdma.numa")
+        assert (await c.devices("n0"))["status"]["labels"][numa] == "0_1"
+        # Handled: the same version again (a replay, or our own status write's echo) is not even parsed.
+        assert (await rec.devices_event(newer)).outcome == "skipped"
+        api.close()
+
+
+@pytest.mark.parametrize("sink", ["node"])
+async def test_node_sink_first_sync_and_restart_budgets(sink):
+    async with running_api([crd.devices_crd()]) as k:
+        await fleet(k)
+        spent, _ = await first_sync(k, sink=sink)
+        assert spent == {
+            ("PATCH", NODES): N,
+            ("PATCH", DEVICES): N,
+            ("POST", EVENTS): N,
+            ("GET", NODES): 3,  # read at start, then kopf's list and watch
+            ("GET", DEVICES): 3,  # the records' names at start, then kopf's list and watch
+        }
+        before = spend(k)
+        async with running_operator(k, sink=sink) as metrics:
+            await eventually(lambda: reconciled(metrics, "unchanged") == N)
+            await settle(k)
+        assert delta(spend(k), before) == {("GET", NODES): 3, ("GET", DEVICES): 3}
+
+
+async def test_a_record_without_a_node_owner_costs_one_node_read_and_reports_a_missing_node():
+    """A record the agent wrote always names its Node as owner. One created by hand does not: the node is
+    read once before its NodeFeature is created, and a node that does not exist is reported as such."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        await c.put_devices(gpu_record("n0"), node_owner=False)
+        await c.put_devices(gpu_record("ghost"))  # no Node of that name: no owner either
+        before = spend(k)
+        async with running_operator(k) as metrics:
+            await eventually(lambda: reconciled(metrics, "published") == 1)
+            await eventually(lambda: reconciled(metrics, "error") >= 1)
+            await eventually(lambda: k.count("POST", EVENTS) - before[("POST", EVENTS)] == 2)
+            await settle(k)
+        spent = delta(spend(k), before)
+        # A read per version of a record without an owner: n0 once, the ghost twice (its first version,
+        # and the version its failure status made, which retries once in case the node appeared).
+        assert spent[("GET", NODES)] == 3
+        assert spent[("POST", NF)] == 1  # none for the ghost
+        assert await c.nodefeature("ghost") is None
+        cond = {x["type"]: x for x in (await c.devices("ghost"))["status"]["conditions"]}
+        published = cond[models.LABELS_PUBLISHED]
+        assert (published["status"], published["reason"]) == ("False", "NodeNotFound")
+        assert published["message"] == "node ghost does not exist: labels are published once it does"
+        warning = [r.data for r in k.requests("POST", EVENTS) if r.data["reason"] == "NodeNotFound"]
+        assert [(w["type"], w["involvedObject"]["name"]) for w in warning] == [("Warning", "ghost")]
+
+
+async def test_a_node_sink_record_for_a_missing_node_is_reported_and_published_when_the_node_comes():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.put_devices(gpu_record("late"))
+        async with running_operator(k, sink="node") as metrics:
+            await eventually(lambda: reconciled(metrics, "error") >= 1)
+            cond = await eventually(lambda: _published_condition(c, "late", "False"))
+            assert cond["reason"] == "NodeNotFound"
+            await c.node("late")  # the watch brings the Node; its record is published without a poll
+            await eventually(lambda: _published_condition(c, "late", "True"))
+            await settle(k)
+        assert (await c.node_labels("late"))[labels.key(labels.DEFAULT_DOMAIN, "rdma.capable")] == "true"
+
+
+async def _published_condition(c: Client, name: str, status: str):
+    conditions = (await c.devices(name)).get("status", {}).get("conditions", [])
+    return next(
+        (x for x in conditions if x["type"] == models.LABELS_PUBLISHED and x["status"] == status), None
+    )
+
+
+async def test_a_sink_conflict_reads_the_object_back_once_and_keeps_a_foreign_owner():
+    """The view can be behind the API server (another writer changed the NodeFeature a moment ago): the
+    write is refused with 409, the object is read back once, and the next write succeeds."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 1)
+        api = load_client(k.kubeconfig)
+        rec = Reconciler(api, sinks.NodeFeatureSink(api, NS, labels.DEFAULT_DOMAIN))
+        assert (await rec.devices_event(await c.devices("n0"))).outcome == "published"
+        # Someone else writes the NodeFeature; the operator's view has not seen it.
+        await asyncio.to_thread(
+            c.custom.patch_namespaced_custom_object,
+            sinks.NFD_GROUP,
+            sinks.NFD_VERSION,
+            NS,
+            sinks.NFD_PLURAL,
+            "n0",
+            {"spec": {"labels": {"example.com/team": "a"}}},
+        )
+        await c.put_devices(devices("n0", interfaces=[nic(link=LinkState.FAILED)]))
+        gets = k.count("GET", NF)
+        assert (await rec.devices_event(await c.devices("n0"))).outcome == "published"
+        assert k.count("GET", NF) == gets + 1
+        nf = await c.nodefeature("n0")
+        assert nf["spec"]["labels"] == {"example.com/team": "a"}
+        api.close()
+
+
+async def test_an_outage_longer_than_the_backoffs_is_retried_without_a_new_event():
+    """Every write of the operator fails for a while, the failure's own status write too: nothing records
+    the failure and no event will come. The record is requeued and published once the API answers."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = await fleet(k, 1)
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: reconciled(metrics, "published") == 1)
+            await settle(k)
+            proxy.refuse("PATCH", f"/apis/{sinks.NFD_GROUP}/", 503)
+            proxy.refuse("PATCH", f"/apis/{models.GROUP}/", 503)
+            await c.put_devices(devices("n0", interfaces=[nic(link=LinkState.FAILED)]))  # not via the proxy
+            await eventually(lambda: reconciled(metrics, "error") >= 2)  # requeued, failed again
+            proxy.allow()
+            await eventually(lambda: reconciled(metrics, "published") == 2)
+            await settle(k)
+        assert (
+            labels.key(labels.DEFAULT_DOMAIN, "rdma.capable")
+            not in (await c.nodefeature("n0"))["spec"]["labels"]
+        )
+        cond = {x["type"]: x for x in (await c.devices("n0"))["status"]["conditions"]}
+        assert cond[models.LABELS_PUBLISHED]["status"] == "True"

@@ -1,0 +1,152 @@
+"""Objects of the wrong shape, from the watch or the API: the operator plans them as empty, reports what
+it cannot do, and never crashes a handler or loses a label it should keep."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import kubernetes
+import pytest
+from operator_harness import NF, NS, Client, eventually, running_operator, settle
+from operator_records import devices, gpu, group, nic, nvlink
+from watch_breaker import watch_breaker
+
+from nodefabric_devicemanager import crd
+from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_operator import labels, sinks
+from nodefabric_operator.demo.kubeapi import running_api
+from nodefabric_operator.reconcile import Reconciler
+
+P = "feature.gpustack.ai/"
+CAPABLE = P + "rdma.capable"
+NF_PATH = (sinks.NFD_GROUP, sinks.NFD_VERSION, NS, sinks.NFD_PLURAL)
+
+
+def gpu_record(name: str):
+    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+
+
+async def test_without_rbac_to_read_nodes_a_record_without_owner_is_still_published(caplog):
+    """The NodeFeature sink reads the Node of a record without a Node owner; a least-privilege install
+    may not grant that: the record is published as before, with one warning, not failed."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_record("n1"), node_owner=False)
+        proxy.refuse("GET", "/api/v1/nodes/", 403)
+        caplog.set_level(logging.WARNING, logger="nodefabric_operator")
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await settle(k)
+        assert (await c.nodefeature("n1"))["spec"]["labels"][CAPABLE] == "true"
+        (warning,) = [
+            r
+            for r in caplog.records
+            if r.getMessage() == "cannot check that the node exists, publishing anyway"
+        ]
+        assert (warning.node, warning.error) == ("n1", "HTTP 403 Forbidden")
+
+
+def _reconciler(kubeconfig: str) -> Reconciler:
+    api = load_client(kubeconfig)
+    return Reconciler(api, sinks.NodeFeatureSink(api, NS, labels.DEFAULT_DOMAIN), backoffs=())
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        pytest.param({"spec": {"labels": {CAPABLE: 1, P + "rdma.numa": None}}}, id="values-not-text"),
+        pytest.param({"metadata": {"ownerReferences": ["x", 7, None]}}, id="owners-not-maps"),
+        pytest.param({"metadata": {"labels": {sinks.NFD_NODE_NAME: "someone-else"}}}, id="tag-changed"),
+    ],
+)
+async def test_a_nodefeature_bent_out_of_shape_is_repaired_not_a_crash(garbage):
+    """Someone writes our NodeFeature into a shape no schema allows (an API without NFD's schema stores
+    it): the watch delivers it, the operator plans it as empty and writes its labels and owner back."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_record("n1"))
+        async with running_operator(k) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            uid = (await c.devices("n1"))["metadata"]["uid"]
+            await asyncio.to_thread(c.custom.patch_namespaced_custom_object, *NF_PATH, "n1", garbage)
+
+            async def repaired():
+                nf = await c.nodefeature("n1")
+                spec_labels = nf["spec"].get("labels") if isinstance(nf.get("spec"), dict) else None
+                owners = nf["metadata"].get("ownerReferences")
+                return (
+                    isinstance(spec_labels, dict)
+                    and spec_labels.get(CAPABLE) == "true"
+                    and isinstance(owners, list)
+                    and any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
+                    and nf["metadata"].get("labels") == {sinks.NFD_NODE_NAME: "n1"}
+                )
+
+            assert await eventually(repaired)
+            # Still working: the next change of the record is published as usual.
+            await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
+            assert await eventually(lambda: _numa(c, "1"))
+            await settle(k)
+        assert metrics.reconciles.labels(outcome="error")._value.get() == 0
+
+
+async def _numa(c: Client, value: str) -> bool:
+    nf = await c.nodefeature("n1")
+    return nf["spec"]["labels"].get(P + "rdma.numa") == value
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"spec": "labels"},
+        {"spec": {"labels": ["a", "b"]}},
+        {"spec": {"labels": {CAPABLE: 1, 7: "x"}}},
+        {"metadata": "n1"},
+        {"metadata": {"name": "n1", "ownerReferences": {"uid": "x"}, "labels": "x", "resourceVersion": True}},
+        {"metadata": {"annotations": ["x"], "resourceVersion": ["1"]}},
+        {"metadata": {"annotations": {sinks.managed_annotation("gpustack.ai"): 7}}},
+        [],
+        "x",
+    ],
+)
+@pytest.mark.parametrize("sink", ["nodefeature", "node"])
+def test_an_object_of_any_shape_is_read_as_what_it_shows(obj, sink):
+    """Shapes no schema allows (an API without NFD's schema stores them; a merge patch cannot make them
+    here) read as empty, never as an exception inside a watch handler."""
+    api = kubernetes.client.ApiClient()  # never called: reading a shape makes no request
+    if sink == "nodefeature":
+        target: sinks.Sink = sinks.NodeFeatureSink(api, NS, "gpustack.ai")
+    else:
+        target = sinks.NodeSink(api, "gpustack.ai")
+    snapshot = target.snapshot(obj)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in snapshot.labels.items())
+    assert snapshot.rv is None or isinstance(snapshot.rv, str)
+    assert isinstance(snapshot.owners, frozenset)
+    desired = {CAPABLE: "true"}
+    assert target.drifted(sinks.Owner("n1", "u1"), desired, frozenset(), snapshot)  # a repair, planned
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"metadata": ["n1"]}, id="metadata-a-list"),
+        pytest.param(
+            {"metadata": {"name": "n1", "resourceVersion": "7"}, "spec": {"interfaces": "x"}}, id="spec-wrong"
+        ),
+        pytest.param(
+            {"metadata": {"name": "n1", "resourceVersion": 7, "ownerReferences": "x"}}, id="rv-a-number"
+        ),
+        pytest.param({}, id="empty"),
+    ],
+)
+async def test_a_devices_record_of_the_wrong_shape_publishes_and_removes_nothing(body):
+    async with running_api([crd.devices_crd()]) as k:
+        rec = _reconciler(k.kubeconfig)
+        before = k.count()
+        outcome = await rec.devices_event(body)
+        assert outcome.outcome in ("invalid", "unchanged")
+        assert k.count() == before or outcome.outcome == "unchanged"
+        assert k.count("POST", NF) == 0

@@ -1,0 +1,197 @@
+"""Start-up problems of `nodefabric operator`, through the real command: each one is a single log line on
+stderr and exit status 2, before kopf starts, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from aiohttp import web
+
+from nodefabric_devicemanager import crd
+from nodefabric_devicemanager.cli import main
+from nodefabric_operator.demo.kubeapi import running_api, write_kubeconfig
+
+
+def run_operator(*args: str) -> int:
+    return main(["operator", "--standalone", *args])
+
+
+def one_line(err: str) -> str:
+    """The operator's only line. The embedded API runs in this test's process, so its access log shares
+    stderr here (never in a real deployment): those lines are not the operator's."""
+    lines = [line for line in err.splitlines() if line.strip() and " aiohttp.access " not in line]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def busy_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("0.0.0.0", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize("flag", ["--metrics-port", "--health-port"])
+async def test_a_busy_port_is_one_line_and_exit_2(flag, capsys):
+    async with running_api([crd.devices_crd()]) as k:
+        with busy_port() as s:
+            port = s.getsockname()[1]
+            assert await asyncio.to_thread(run_operator, "--kubeconfig", k.kubeconfig, flag, str(port)) == 2
+    line = one_line(capsys.readouterr().err)
+    what = "metrics" if flag == "--metrics-port" else "health"
+    assert '"operator cannot start"' in line
+    assert f'error="cannot serve {what} on port {port}: Address already in use"' in line, line
+
+
+async def test_an_api_server_nobody_answers_is_one_line_and_exit_2(capsys, tmp_path):
+    with busy_port() as s:
+        port = s.getsockname()[1]  # closed again: nothing listens there any more
+    kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    started = time.monotonic()
+    code = await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig, "--startup-timeout", "1")
+    assert code == 2
+    assert time.monotonic() - started < 30  # it gives up; it does not retry forever
+    line = one_line(capsys.readouterr().err)
+    assert f'cannot reach the API server at 127.0.0.1:{port} (for 1 s): Connection refused"' in line, line
+
+
+async def refusing_api(tmp_path, status: int, *, discovery: bool = False) -> tuple[web.AppRunner, str]:
+    """An API server that answers `status` to everything (but the Devices group's discovery, if asked)."""
+
+    async def answer(request: web.Request) -> web.Response:
+        if discovery and request.path == "/apis/worker.gpustack.ai/v1alpha1":
+            return web.json_response(
+                {"kind": "APIResourceList", "groupVersion": "worker.gpustack.ai/v1alpha1"}
+            )
+        return web.json_response({"kind": "Status", "code": status}, status=status)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(status, capsys, tmp_path):
+    runner, kubeconfig = await refusing_api(tmp_path, status)
+    try:
+        assert await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig) == 2
+    finally:
+        await runner.cleanup()
+    line = one_line(capsys.readouterr().err)
+    assert f"refused our credentials (HTTP {status}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("status", "sink", "message"),
+    [
+        (403, "nodefeature", "cannot list NodeFeatures in nodefabric: HTTP 403"),
+        (
+            404,
+            "nodefeature",
+            "cannot list NodeFeatures in nodefabric: HTTP 404 Not Found (install NFD, or run",
+        ),
+        (403, "node", "cannot list Nodes and Devices: HTTP 403"),
+    ],
+)
+async def test_a_sink_the_operator_may_not_list_is_one_line_and_exit_2(
+    status, sink, message, capsys, tmp_path
+):
+    """RBAC without list on the sink, or no NFD: said once at start, not once per record."""
+    runner, kubeconfig = await refusing_api(tmp_path, status, discovery=True)
+    try:
+        code = await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig, "--sink", sink)
+    finally:
+        await runner.cleanup()
+    assert code == 2
+    line = one_line(capsys.readouterr().err)
+    assert '"operator cannot start"' in line and message in line, line
+
+
+async def test_an_api_server_without_the_devices_crd_is_one_line_and_exit_2(capsys):
+    async with running_api() as k:  # no CRD installed
+        assert await asyncio.to_thread(run_operator, "--kubeconfig", k.kubeconfig) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "does not serve worker.gpustack.ai/v1alpha1: install the Devices CRD" in line, line
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"\x00\xff\xfe garbage \x80", id="binary"),
+        pytest.param(b"- a\n- b\n", id="a-list"),
+        pytest.param(b"apiVersion: v1\nkind: Config\nclusters: 7\n", id="wrong-types"),
+        pytest.param(b"clusters: [\n", id="broken-yaml"),
+        pytest.param(b"apiVersion: v1\nkind: Config\ncurrent-context: nowhere\n", id="missing-context"),
+    ],
+)
+def test_an_unusable_kubeconfig_is_one_line_and_exit_2(content, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content)
+    monkeypatch.setenv("KUBECONFIG", str(path))  # serve() sets it from --kubeconfig: restored after
+    assert run_operator("--kubeconfig", str(path)) == 2
+    line = one_line(capsys.readouterr().err)
+    assert '"operator cannot start"' in line and "cannot use the kubeconfig" in line, line
+
+
+def test_a_kubeconfig_that_is_a_directory_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path))
+    assert run_operator("--kubeconfig", str(tmp_path)) == 2
+    assert "cannot use the kubeconfig" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--domain", "gpustack.ai\n"], "label domain 'gpustack.ai\\\\n'"),
+        (["--domain", "Not_A_Domain"], "label domain 'Not_A_Domain'"),
+        (["--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a namespace name"),
+        (["--namespace", "ns\n"], "is not a namespace name"),
+    ],
+)
+def test_a_bad_value_is_one_line_and_exit_2(args, message, capsys):
+    assert run_operator(*args) == 2
+    line = one_line(capsys.readouterr().err)
+    assert '"invalid arguments"' in line and message in line, line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--metrics-port", "0"],
+        ["--metrics-port", "65536"],
+        ["--health-port", "-1"],
+        ["--health-port", "\uff18\uff10"],  # fullwidth digits: int() takes them, a port number is ASCII
+        ["--startup-timeout", "nan"],
+        ["--startup-timeout", "-1"],
+        ["--sink", "configmap"],
+    ],
+)
+def test_a_malformed_flag_is_refused_by_the_parser_with_exit_2(args, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_operator(*args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"argument {args[0]}" in err, err
+
+
+async def test_an_api_server_that_never_answers_costs_the_startup_timeout_not_more(capsys, tmp_path):
+    with busy_port() as s:  # listening, never accepting: the connection opens, no answer ever comes
+        kubeconfig = write_kubeconfig(f"http://127.0.0.1:{s.getsockname()[1]}", str(tmp_path))
+        started = time.monotonic()
+        code = await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig, "--startup-timeout", "1")
+        elapsed = time.monotonic() - started
+    assert code == 2
+    assert elapsed < 15, elapsed  # one request of at most the time left, not 5 s per attempt forever
+    line = one_line(capsys.readouterr().err)
+    assert "cannot reach the API server at 127.0.0.1:" in line and "(for 1 s)" in line, line

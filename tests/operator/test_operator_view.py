@@ -1,0 +1,96 @@
+"""The pure parts behind the request budget: telling a replayed version from a new one, holding the newer
+of what the watch delivered and what our own write returned, and the one Event a reconcile posts."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodefabric_operator import events, labels
+from nodefabric_operator.view import SinkObject, SinkView, at_or_below
+
+P = "feature.gpustack.ai/"
+
+
+@pytest.mark.parametrize(
+    ("rv", "seen", "below"),
+    [
+        ("5", "5", True),
+        ("4", "5", True),
+        ("6", "5", False),
+        ("10", "9", False),  # numbers, not strings: "10" < "9" as text
+        ("5", None, False),  # never handled
+        (None, "5", False),  # no version: never assume it was seen
+        ("abc", "abc", True),  # not a number: only equal counts as seen
+        ("abc", "abd", False),
+        ("05", "5", False),  # not a plain number either: "05" is not the revision 5
+        ("1" * 30, "5", False),  # beyond any revision: compared as text only
+        ("\u0665", "5", False),  # an Arabic-Indic five is not a revision
+    ],
+)
+def test_at_or_below(rv, seen, below):
+    assert at_or_below(rv, seen) is below
+
+
+def nf(rv: str | None, **kw) -> SinkObject:
+    return SinkObject(name="n1", rv=rv, **kw)
+
+
+def test_the_view_keeps_the_newer_of_watch_and_write():
+    view = SinkView()
+    assert view.observe(nf("7", labels={P + "rdma.capable": "true"}))  # our write's answer
+    assert not view.observe(nf("6"))  # the watch delivers an older version late: ignored
+    assert not view.observe(nf("7"))  # the echo of our own write: nothing new
+    assert view.get("n1").labels == {P + "rdma.capable": "true"}
+    assert view.observe(nf("8"))  # someone else's edit
+    assert view.get("n1").labels == {}
+
+
+def test_a_deletion_older_than_what_we_recreated_keeps_it():
+    view = SinkView()
+    view.observe(nf("9"))
+    assert not view.forget("n1", "8", remember=True)  # we recreated it (9) after the deletion (8)
+    assert view.get("n1") is not None and not view.was_deleted("n1")
+    assert view.forget("n1", "9", remember=True)
+    assert view.get("n1") is None and view.was_deleted("n1")
+    view.observe(nf("10"))
+    assert not view.was_deleted("n1")
+
+
+def test_a_deletion_for_a_node_without_a_record_leaves_nothing_behind():
+    view = SinkView()
+    view.observe(nf("3"))
+    assert view.forget("n1", "3", remember=False)
+    assert not view.was_deleted("n1") and len(view) == 0
+
+
+CAPABLE, NUMA, DOMAIN = P + "rdma.capable", P + "rdma.numa", P + "fabric.domain"
+
+
+@pytest.mark.parametrize(
+    ("changes", "type_", "reason"),
+    [
+        ([labels.Change(CAPABLE, None, "true"), labels.Change(NUMA, None, "0")], "Normal", "LabelsChanged"),
+        ([labels.Change(NUMA, "0", "0_1")], "Normal", "LabelsChanged"),
+        ([labels.Change(NUMA, "0", None)], "Normal", "LabelsChanged"),  # a NUMA node is not a capability
+        ([labels.Change(DOMAIN, "nvlink-a", None)], "Warning", "FabricLabelsLost"),
+        ([labels.Change(DOMAIN, "nvlink-a", "nvlink-b")], "Normal", "LabelsChanged"),
+        (
+            [labels.Change(CAPABLE, "true", None), labels.Change(DOMAIN, "x", None)],
+            "Warning",
+            "RdmaCapabilityLost",
+        ),
+    ],
+)
+def test_one_event_per_reconcile_warning_when_something_schedulers_select_on_goes(changes, type_, reason):
+    notice = events.for_changes("NodeFeature ns/n1", changes, "gpustack.ai")
+    assert notice is not None
+    assert (notice.type, notice.reason) == (type_, reason)
+    assert notice.message == "NodeFeature ns/n1: " + "; ".join(c.describe() for c in changes)
+
+
+def test_no_event_without_changes_and_a_bounded_message():
+    assert events.for_changes("Node n1", [], "gpustack.ai") is None
+    many = [labels.Change(f"{P}fabric.k{i}", None, "v" * 60) for i in range(100)]
+    notice = events.for_changes("Node n1", many, "gpustack.ai")
+    assert notice is not None and len(notice.message) <= events.MAX_MESSAGE
+    assert notice.message.endswith("(100 changes)")
