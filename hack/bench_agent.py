@@ -1,6 +1,6 @@
 """Benchmark: what one node agent costs, against what the old per-pass GET and full read cost, in one run.
 
-    .venv/bin/python hack/bench_agent.py [--pfs 8] [--vfs 128] [--passes 50] [--settle 8]
+    .venv/bin/python hack/bench_agent.py [--pfs 8] [--vfs 128] [--passes 50] [--settle 8] [--idle 20]
 
 On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
 1. Host pass: the link refresh each interval runs (port state/phys_state, operstate) against a bare
@@ -10,7 +10,9 @@ On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
    the old way (GET the object, read the whole host, decide) and of the running agent (refresh, decide
    against the object it keeps, a watch), and one watch reconnect; per node-hour at a 60 s interval.
 3. Resident memory of a real `nodefabric agent` process on that tree with the device plugin in-process
-   and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs.
+   and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs; and with
+   `--serve both` (the DRA driver in-process too: registered with kubelet's plugin watcher, slices
+   published) beside `--serve deviceplugin` on the same tree; and the idle CPU of both on the typical node.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nodefabric_devicemanager import crd, inventory, refresh
-from nodefabric_devicemanager.agent import api as agent_api
+from nodefabric_devicemanager import crd, inventory, nodeclient, refresh
 from nodefabric_devicemanager.agent import publish
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, PassKind
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.scenarios import bench, gpu8
+from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+from nodefabric_operator.demo.dra import SLICES, serve_dra_resources
 from nodefabric_operator.demo.kubeapi import running_api
 
 NODE = "bench-node"
@@ -44,6 +47,7 @@ WATCH_RECONNECTS_PER_HOUR = 3600 / 450  # the agent asks for watches of 300-600 
 BOOKMARK_BYTES = 250  # a BOOKMARK event of a custom resource; the API server sends about one a minute
 BOOKMARKS_PER_HOUR = 60
 BUDGET_MIB = 64.0
+DRIVER = "rdma.gpustack.ai"
 # The console script's body, so the old agent runs from its own unpacked sources through PYTHONPATH.
 MAIN = "import sys; from nodefabric_devicemanager.cli import main; sys.exit(main())"
 
@@ -168,7 +172,7 @@ async def api_traffic(root: Path, passes: int) -> None:
         host = HostRoot.at(root)
 
         # The old way, per pass: GET the whole object, read the whole host, decide against the answer.
-        client = DevicesClient(agent_api.load(str(kubeconfig)))
+        client = DevicesClient(nodeclient.load(str(kubeconfig)))
         first = Agent(AgentConfig(node=NODE, root=str(root), watch=False), client)
         await first.run_pass(PassKind.WALK)  # creates the object
         size = len(str(k.api.stored("worker.gpustack.ai/v1alpha1/devices", NODE)))
@@ -185,7 +189,7 @@ async def api_traffic(root: Path, passes: int) -> None:
         # The running agent: refresh every interval, decide against the object it keeps, a watch.
         agent = Agent(
             AgentConfig(node=NODE, root=str(root), interval=0.02, walk_interval=3600),
-            DevicesClient(agent_api.load(str(kubeconfig))),
+            DevicesClient(nodeclient.load(str(kubeconfig))),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
@@ -259,41 +263,87 @@ def _old_agent(ref: str, into: Path) -> dict[str, str] | None:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
 
 
-async def _agent_rss(root: Path, settle: float, env: dict[str, str] | None) -> tuple[float, float]:
-    plugin_dir = tempfile.mkdtemp(prefix="nf-bench-", dir="/tmp")
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _agent_rss(
+    root: Path,
+    settle: float,
+    env: dict[str, str] | None,
+    *,
+    serve: str = "deviceplugin",
+    interval: float = 1.0,
+    idle: float = 0.0,
+) -> tuple[float, float, float]:
+    """(resident MiB, peak MiB, CPU share of one core over `idle` seconds after settling)."""
+    base = tempfile.mkdtemp(prefix="nf-bench-", dir="/tmp")  # unix socket paths are short
+    plugin_dir = f"{base}/dp"
+    dra_flags = ["--serve", serve, "--dra-plugin-dir", f"{base}/p", "--dra-registry-dir", f"{base}/r",
+                 "--dra-cdi-dir", f"{base}/c"] if serve != "deviceplugin" else []  # fmt: skip
     async with running_api([crd.devices_crd()]) as k:
+        serve_dra_resources(k)
         k.api.put_object("v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        kubelet = KubeletEmulator(plugin_dir)
+        kubelet, dra_kubelet = KubeletEmulator(plugin_dir), DraKubelet(f"{base}/r")
         await kubelet.start()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", MAIN,
             "agent", "--node-name", NODE, "--root", str(root), "--kubeconfig", k.kubeconfig,
-            "--plugin-dir", plugin_dir, "--interval", "1", "--metrics-port", "0", "--health-port", "0",
-            stderr=asyncio.subprocess.DEVNULL, env=env,
+            "--plugin-dir", plugin_dir, "--interval", str(interval),
+            "--metrics-port", "0", "--health-port", "0",
+            *dra_flags, stderr=asyncio.subprocess.DEVNULL, env=env,
         )  # fmt: skip
         try:
             await _until(lambda: kubelet.registrations("device.gpustack.ai/rdma") >= 1)
+            if dra_flags:  # the driver registered with kubelet's plugin watcher and synced its pool
+                await dra_kubelet.wait_registered(DRIVER, timeout=120)
+                # A LIST starts every sync; a node whose NICs are all split into VFs has no pool to write.
+                await _until(lambda: k.count("GET", SLICES) >= 1)
             await asyncio.sleep(settle)  # passes keep running; memory must hold still
-            return _rss_mib(proc.pid)
+            cpu, started = _cpu_s(proc.pid), time.monotonic()
+            await asyncio.sleep(idle)
+            share = (_cpu_s(proc.pid) - cpu) / (time.monotonic() - started) if idle else 0.0
+            return (*_rss_mib(proc.pid), share)
         finally:
             proc.terminate()
             await proc.wait()
+            await dra_kubelet.stop()
             await kubelet.stop()
 
 
-async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: str) -> None:
+async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: str, idle: float) -> None:
     print(
         "resident memory of `nodefabric agent` with the device plugin in-process and registered with kubelet"
     )
     with tempfile.TemporaryDirectory(prefix="nf-bench-old-") as old_dir:
         old_env = _old_agent(baseline_ref, Path(old_dir))
+        plugin_only: dict[str, float] = {}
         for name, root in trees.items():
-            rss, peak = await _agent_rss(root, settle, None)
+            rss, peak, _ = await _agent_rss(root, settle, None)
+            plugin_only[name] = rss
             line = f"  {name:20} agent {rss:5.1f} MiB (peak {peak:5.1f}, {rss / BUDGET_MIB:4.0%} of budget)"
             if old_env is not None:
-                old_rss, _ = await _agent_rss(root, settle, old_env)
+                old_rss, _, _ = await _agent_rss(root, settle, old_env)
                 line += f"   old agent ({baseline_ref}) {old_rss:5.1f} MiB: {rss / old_rss:.2f}x"
             print(line)
+        # The DRA driver in the same process (it offers the whole functions, the device plugin the VFs).
+        for name, root in trees.items():
+            both, peak, _ = await _agent_rss(root, settle, None, serve="both")
+            print(
+                f"  {name:20} --serve both {both:5.1f} MiB (peak {peak:5.1f}, {both / BUDGET_MIB:4.0%} of "
+                f"budget)   beside --serve deviceplugin {plugin_only[name]:5.1f} MiB: "
+                f"{both - plugin_only[name]:+.1f} MiB"
+            )
+    # Idle: no pass due (an hour's interval), kubelet's sockets watched with inotify on both sides.
+    typical = next(iter(trees.values()))
+    _, _, plugin_cpu = await _agent_rss(typical, 2.0, None, interval=3600, idle=idle)
+    _, _, both_cpu = await _agent_rss(typical, 2.0, None, serve="both", interval=3600, idle=idle)
+    print(
+        f"  idle CPU over {idle:.0f} s, {next(iter(trees))}: --serve both {both_cpu:.3%} of a core, "
+        f"--serve deviceplugin {plugin_cpu:.3%} ({both_cpu / max(plugin_cpu, 1e-9):.1f}x)"
+    )
     # VmRSS, not ru_maxrss: a child inherits its parent's high-water mark across exec.
     rss_of = "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
     runs = [
@@ -313,6 +363,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--passes", type=int, default=50)
     parser.add_argument("--settle", type=float, default=8.0, help="steady seconds before reading RSS")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--baseline-ref", default="3482377", help="git revision of the agent before issue 15")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nf-bench-agent-") as tmp:
@@ -323,7 +374,7 @@ def main() -> None:
         host_pass(root, args.rounds)
         asyncio.run(api_traffic(root, args.passes))
         trees = {"8 GPU, 5 NIC node": typical, f"{args.pfs} PF x {args.vfs} VF node": root}
-        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref))
+        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref, args.idle))
 
 
 if __name__ == "__main__":

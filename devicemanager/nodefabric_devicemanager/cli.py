@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pick": ("nodefabric_devicemanager.commands.pick", "choose the best-connected set of free GPUs"),
     "agent": ("nodefabric_devicemanager.agent.cli", "publish this node's Devices record (DaemonSet)"),
     "deviceplugin": ("nodefabric_deviceplugin.cli", "serve the RDMA device-plugin resources to kubelet"),
+    "draplugin": ("nodefabric_deviceplugin.dra.cli", "serve RDMA endpoints as a DRA driver"),
+    "slices": ("nodefabric_deviceplugin.dra.slices_cli", "print the ResourceSlices this host would publish"),
     "labels": ("nodefabric_operator.labels_cli", "print the node labels a Devices record yields"),
     "operator": ("nodefabric_operator.cli", "publish node labels from Devices objects (kopf)"),
     "extender": ("nodefabric_operator.extender.cli", "serve the kube-scheduler extender"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import struct
@@ -37,6 +38,7 @@ _ANYTHING = IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then `len` bytes of NUL-padded name
 
 
+@functools.cache  # find_library runs ldconfig: once per process, not at every restarted watch
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:

@@ -378,12 +378,7 @@ class DevicePluginManager:
         os.makedirs(self.plugin_dir, exist_ok=True)
         if self.source.spec is None:
             log.info("waiting for the first device record before registering")
-            first = asyncio.ensure_future(self.source.first())
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({first, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            first.cancel()
-            stopped.cancel()
-            if stop.is_set():
+            if not await self.source.first_or_stop(stop):
                 return
         wake = asyncio.Event()
         stopper = asyncio.ensure_future(stop.wait())

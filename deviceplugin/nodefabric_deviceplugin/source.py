@@ -82,6 +82,18 @@ class RecordSource:
             await self.changed(0)
         return self._spec
 
+    async def first_or_stop(self, stop: asyncio.Event) -> bool:
+        """Wait for the first record or for `stop`, whichever comes first; whether a record is here. The
+        kubelet-facing servers wait so: a host not read yet is not an empty one."""
+        if self._spec is not None:
+            return True
+        first = asyncio.ensure_future(self.first())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({first, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        first.cancel()
+        stopped.cancel()
+        return self._spec is not None and not stop.is_set()
+
 
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():

@@ -24,20 +24,23 @@ def socket_name(family: Family) -> str:
     return f"nodefabric-{family.value}.sock"
 
 
+def check_dir(path: str, what: str = "the plugin directory") -> None:
+    """Create the directory `what` when missing; refuse one that cannot hold our files, saying why."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise StartupError(f"{what} {path} exists and is not a directory") from None
+    except OSError as exc:
+        raise StartupError(f"{what} {path} cannot be created: {exc.strerror or exc}") from None
+    if not os.path.isdir(path):
+        raise StartupError(f"{what} {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(f"{what} {path} is not writable by this process")
+
+
 def check_plugin_dir(plugin_dir: str, families: list[Family]) -> None:
     """Create the directory when missing; refuse one that cannot hold our sockets, saying why."""
-    try:
-        os.makedirs(plugin_dir, exist_ok=True)
-    except FileExistsError:
-        raise StartupError(f"the plugin directory {plugin_dir} exists and is not a directory") from None
-    except OSError as exc:
-        raise StartupError(
-            f"the plugin directory {plugin_dir} cannot be created: {exc.strerror or exc}"
-        ) from None
-    if not os.path.isdir(plugin_dir):
-        raise StartupError(f"the plugin directory {plugin_dir} is not a directory")
-    if not os.access(plugin_dir, os.W_OK | os.X_OK):
-        raise StartupError(f"the plugin directory {plugin_dir} is not writable by this process")
+    check_dir(plugin_dir)
     for family in families:
         path = os.path.join(plugin_dir, socket_name(family))
         if len(os.fsencode(path)) > MAX_SOCKET_PATH:

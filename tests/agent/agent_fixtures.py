@@ -14,10 +14,10 @@ from typing import Any
 
 import kubernetes
 
-from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.agent import api as agent_api
+from nodefabric_devicemanager import crd, nodeclient
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
-from nodefabric_devicemanager.agent.kube import Backoff, DevicesClient
+from nodefabric_devicemanager.agent.kube import DevicesClient
+from nodefabric_devicemanager.nodeclient import Backoff
 from nodefabric_devicemanager.testing.sysfs import (
     PHYS_STATE_CODES,
     STATE_CODES,
@@ -71,7 +71,7 @@ async def api_with_node(node: str = NODE) -> AsyncIterator[RunningAPI]:
 def make_agent(k: RunningAPI, root: Path, node: str = NODE, **config: Any) -> Agent:
     config.setdefault("backoff", Backoff(base=0.01, cap=0.05))
     return Agent(
-        AgentConfig(node=node, root=str(root), **config), DevicesClient(agent_api.load(k.kubeconfig))
+        AgentConfig(node=node, root=str(root), **config), DevicesClient(nodeclient.load(k.kubeconfig))
     )
 
 

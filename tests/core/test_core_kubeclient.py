@@ -156,8 +156,26 @@ def nodefabric(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 @pytest.mark.parametrize(
     ("command", "case", "says"),
     [
-        # The agent reads its kubeconfig with its own small client (agent/api.py), held to the same outcome.
+        # The node side reads its kubeconfig with its own small client (nodeclient.py), held to the same
+        # outcome: the agent and the standalone DRA driver.
         (["agent", "--node-name", "gpu-1", "--root", "{tmp}", "--once"], "bad YAML", "cannot be read"),
+        (
+            [
+                "draplugin",
+                "--node-name",
+                "gpu-1",
+                "--root",
+                "{tmp}",
+                "--plugin-dir",
+                "{tmp}/p",
+                "--registry-dir",
+                "{tmp}/r",
+                "--cdi-dir",
+                "{tmp}/c",
+            ],
+            "bad YAML",
+            "cannot be read",
+        ),
         (["operator", "--standalone"], "a server that is a number", "is malformed: not the shape"),
         (["extender"], "a list", "is malformed: not the shape"),
         (["crd", "apply"], "certificate data that is not base64", "is malformed: a *-data field"),

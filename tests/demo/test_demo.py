@@ -92,3 +92,14 @@ def test_training_group_lands_in_one_zone_with_its_reasons(demo):
         "placement.gpustack.ai/decision:" in placement
         and "placed: 8 of 8 pods of group ml/explicit/train" in placement
     )
+
+
+def test_dra_driver_publishes_hgx_slices_and_prepares_a_gpu_nic_claim(demo):
+    dra = _section(demo[1], 6)
+    assert "registered with kubelet's plugin watcher as rdma.gpustack.ai (v1.DRAPlugin)" in dra
+    assert "pool hgx-0, generation 1, 11 devices" in dra  # 7 whole NICs and NIC 7's 4 VFs
+    assert "pci-0000-1c-00-0  mlx5_0   pci0000:18  0     pf        PIX           ok" in dra
+    assert "allocated gpu-0 (gpu.nvidia.com, pcieRoot pci0000:18) and pci-0000-1c-00-0" in dra
+    assert '"NCCL_IB_HCA==mlx5_0"' in dra and '"path": "/dev/infiniband/uverbs0"' in dra
+    assert "same answer True, spec files 1" in dra
+    assert "NodeUnprepareResources: ok; spec files left: 0" in dra

@@ -1,5 +1,5 @@
-"""`nodefabric agent`: the DaemonSet process. Publishes this node's Devices record and, unless told not
-to, serves the RDMA device-plugin resources from it in the same process.
+"""`nodefabric agent`: the DaemonSet process. Publishes this node's Devices record and serves kubelet
+from it in the same process: the RDMA device-plugin resources, the DRA driver, or both (`--serve`).
 
 Start-up problems (a bad flag value, an unusable plugin directory, a busy port, credentials that cannot
 be loaded) are one line on stderr and exit 2. SIGTERM stops it within `STOP_GRACE_S` seconds, whatever a
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -24,7 +25,7 @@ from typing import Any
 
 import prometheus_client
 
-from nodefabric_devicemanager.agent import api as apimod
+from nodefabric_devicemanager import nodeclient
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
@@ -43,6 +44,9 @@ _PART_STOP_S = 3.0
 _MAX_SECONDS = 7 * 24 * 3600.0
 # A Devices object is named after its Node: a DNS subdomain, as the API server checks it.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SERVE = ("deviceplugin", "dra", "both")
+# How the in-process DRA driver's requests name themselves in the API server's audit log.
+DRA_USER_AGENT = "nodefabric-agent-dra"
 
 
 class StartupError(Exception):
@@ -127,6 +131,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nodefabric_deviceplugin.startup import add_plugin_arguments  # no grpc: flags and checks only
 
     add_plugin_arguments(plugin)
+    from nodefabric_deviceplugin.dra.flags import add_driver_arguments  # no grpc either
+
+    dra = parser.add_argument_group(
+        "DRA driver rdma.<domain> (served in-process beside or instead of the plugin)"
+    )
+    dra.add_argument(
+        "--serve",
+        choices=SERVE,
+        default="deviceplugin",
+        help="kubelet APIs to serve: the device plugin, the DRA driver, or both (DRA then offers the whole"
+        " functions and the device plugin the VFs, so no endpoint is offered twice; default: deviceplugin)",
+    )
+    add_driver_arguments(dra, prefix="dra-")
 
 
 # --- start-up checks ---------------------------------------------------------------------------------
@@ -135,13 +152,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _plugin_config(args: argparse.Namespace) -> Any:
     """The device plugin's settings, checked before anything starts (the shared count against kubelet's
     message limit, the domain); None when the plugin is off."""
-    if args.no_device_plugin:
+    if args.no_device_plugin or args.serve == "dra":
         return None
     from nodefabric_deviceplugin.startup import config_from_args
 
     try:
         return config_from_args(args)
     except ValueError as exc:  # the device plugin's StartupError is one
+        raise StartupError(str(exc)) from exc
+
+
+def _dra_config(args: argparse.Namespace) -> Any:
+    """The DRA driver's settings, checked before anything starts (the domain, the paths, their
+    directories); None when the driver is not served."""
+    if args.serve == "deviceplugin":
+        return None
+    if args.serve == "both" and args.no_device_plugin:
+        raise StartupError("--serve both and --no-device-plugin contradict each other (use --serve dra)")
+    from nodefabric_deviceplugin.dra.flags import config_from
+
+    try:
+        # Beside the device plugin the driver offers the whole functions; the VFs are the device plugin's.
+        return config_from(args, functions=("pf",)) if args.serve == "both" else config_from(args)
+    except ValueError as exc:
         raise StartupError(str(exc)) from exc
 
 
@@ -154,7 +187,8 @@ def reader_for(driver_root: str) -> Reader:
     return functools.partial(inventory.read, driver_root=driver_root)
 
 
-def _check(args: argparse.Namespace) -> Any:
+def _check(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The device plugin's and the DRA driver's settings (None for one not served). Raises StartupError."""
     if not args.node_name:
         raise StartupError(
             "no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)"
@@ -165,14 +199,14 @@ def _check(args: argparse.Namespace) -> Any:
         raise StartupError(f"--root {args.root} is not a directory")
     if args.driver_root and not os.path.isdir(args.driver_root):
         raise StartupError(f"--driver-root {args.driver_root} is not a directory")
-    return _plugin_config(args)
+    return _plugin_config(args), _dra_config(args)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        plugin_config = _check(args)
-        api = apimod.load(args.kubeconfig)
-    except (StartupError, apimod.ConfigError) as exc:
+        plugin_config, dra_config = _check(args)
+        api = nodeclient.load(args.kubeconfig)
+    except (StartupError, nodeclient.ConfigError) as exc:
         log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
         return EXIT_USAGE
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -192,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             outcome = asyncio.run(agent.run_pass())
             return EXIT_OK if outcome.ok else EXIT_PASS_FAILED
-        return asyncio.run(serve(agent, args, plugin_config))
+        return asyncio.run(serve(agent, args, plugin_config, dra_config))
     except OSError as exc:  # a port that cannot be bound: in use, or an address not on this node
         log.error("cannot start the agent: %s", exc.strerror or exc, extra={"node": args.node_name})
         return EXIT_USAGE
@@ -211,19 +245,48 @@ def _plugin(agent: Agent, args: argparse.Namespace, plugin_config: Any) -> Any:
     from nodefabric_deviceplugin.source import RecordSource
 
     source = RecordSource()
-    agent.subscribe(source.update)
+    if args.serve == "both":
+        from nodefabric_deviceplugin.dra.devices import device_plugin_share
+
+        # Beside the DRA driver (whole functions) the device plugin serves only the VFs.
+        agent.subscribe(lambda spec: source.update(device_plugin_share(spec) or spec))
+    else:
+        agent.subscribe(source.update)
     return DevicePluginManager(source, agent.host, config=plugin_config, plugin_dir=args.plugin_dir)
 
 
-def _ready(agent: Agent, plugin: Any) -> Callable[[], Probe]:
-    """The agent's readiness, and the in-process device plugin's: kubelet accepted every resource."""
+def _dra(agent: Agent, args: argparse.Namespace, dra_config: Any) -> Any:
+    """The in-process DRA driver fed by every pass, or None when it is not served."""
+    if dra_config is None:
+        return None
+    from nodefabric_deviceplugin.dra.driver import DraDriver
+    from nodefabric_deviceplugin.dra.kube import DraApi
+    from nodefabric_deviceplugin.source import RecordSource
+
+    # Its own connection, with the agent's credentials: a prepare that kubelet waits on never queues
+    # behind the agent's requests. Counted with them in the agent's API metrics.
+    credentials = dataclasses.replace(agent.client.api.credentials, user_agent=DRA_USER_AGENT)
+    api = nodeclient.Api(credentials)
+    agent.metrics.count_api(api)
+    source = RecordSource()
+    agent.subscribe(source.update)
+    return DraDriver(dra_config, source, agent.host, DraApi(api, dra_config))
+
+
+def _ready(agent: Agent, *servers: Any) -> Callable[[], Probe]:
+    """The agent's readiness, and that of the kubelet-facing servers in process (the device plugin, the
+    DRA driver): kubelet accepted each."""
 
     def ready() -> Probe:
         probe = agent.readiness()
-        if not probe.ok or plugin is None:
+        if not probe.ok:
             return probe
-        ok, message = plugin.readiness()  # from memory, no I/O: safe on the probe's thread
-        return probe if ok else Probe(False, str(message))
+        for server in servers:
+            if server is not None:
+                ok, message = server.readiness()  # from memory, no I/O: safe on the probe's thread
+                if not ok:
+                    return Probe(False, str(message))
+        return probe
 
     return ready
 
@@ -252,9 +315,14 @@ def _force_exit_later(node: str) -> None:
 
 
 async def serve(
-    agent: Agent, args: argparse.Namespace, plugin_config: Any, stop: asyncio.Event | None = None
+    agent: Agent,
+    args: argparse.Namespace,
+    plugin_config: Any,
+    dra_config: Any = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
-    """Run until SIGTERM/SIGINT (or `stop`): passes, uevents, metrics and probes, the device plugin."""
+    """Run until SIGTERM/SIGINT (or `stop`): passes, uevents, metrics and probes, the device plugin and
+    the DRA driver."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     node = agent.config.node
@@ -269,6 +337,7 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
             loop.add_signal_handler(sig, on_signal, sig)
     plugin = _plugin(agent, args, plugin_config)
+    dra = _dra(agent, args, dra_config)
     servers = Servers()
     # Before anything runs: a port that cannot be bound is a start-up error (OSError, exit 2).
     servers.start(
@@ -277,7 +346,7 @@ async def serve(
         health_port=args.health_port,
         registries=(agent.metrics.registry, prometheus_client.REGISTRY),
         live=agent.liveness,
-        ready=_ready(agent, plugin),
+        ready=_ready(agent, plugin, dra),
     )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []
@@ -292,11 +361,14 @@ async def serve(
                 "interval_s": agent.config.interval,
                 "walk_interval_s": agent.config.walk_interval,
                 "device_plugin": plugin is not None,
+                "dra_driver": dra is not None,
             },
         )
         tasks.append(asyncio.create_task(agent.run(stop), name="agent-passes"))
         if plugin is not None:
             tasks.append(asyncio.create_task(plugin.run(stop), name="device-plugin"))
+        if dra is not None:
+            tasks.append(asyncio.create_task(dra.run(stop), name="dra-driver"))
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()

@@ -29,13 +29,7 @@ from typing import Any
 
 from nodefabric_devicemanager import refresh
 from nodefabric_devicemanager.agent import notices, publish, workers
-from nodefabric_devicemanager.agent.kube import (
-    ApiFailure,
-    Backoff,
-    DevicesClient,
-    owner_reference,
-    resource_version,
-)
+from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe
 from nodefabric_devicemanager.agent.watch import ObjectWatch
@@ -48,6 +42,7 @@ from nodefabric_devicemanager.models import (
     DevicesSpec,
     Interface,
 )
+from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff, owner_reference, resource_version
 
 log = logging.getLogger(__name__)
 

@@ -20,26 +20,28 @@ class _ApiCounts(Protocol):
 
 
 class _ApiCollector:
-    """What the agent costs the API server, read from the connection's own counters at scrape time."""
+    """What the agent costs the API server, read from the connections' own counters at scrape time (the
+    agent's, and the in-process DRA driver's)."""
 
-    def __init__(self, api: _ApiCounts) -> None:
-        self.api = api
+    def __init__(self) -> None:
+        self.apis: list[_ApiCounts] = []
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
             "nodefabric_agent_api_requests", "Requests sent to the API server (a watch counts once).",
-            value=self.api.requests,
+            value=sum(api.requests for api in self.apis),
         )  # fmt: skip
         yield CounterMetricFamily(
             "nodefabric_agent_api_response_bytes",
             "Bytes of API response bodies and watch events received.",
-            value=self.api.bytes_received,
+            value=sum(api.bytes_received for api in self.apis),
         )
 
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._api: _ApiCollector | None = None
         r = self.registry
         self.passes = Counter(
             "nodefabric_agent_passes",
@@ -109,7 +111,11 @@ class AgentMetrics:
                 self.passes.labels(kind=kind, result=result)
 
     def count_api(self, api: _ApiCounts) -> None:
-        self.registry.register(_ApiCollector(api))  # type: ignore[arg-type]
+        """Export what `api` costs the API server, added to the connections counted before."""
+        if self._api is None:
+            self._api = _ApiCollector()
+            self.registry.register(self._api)  # type: ignore[arg-type]
+        self._api.apis.append(api)
 
     def observe_record(self, spec: DevicesSpec) -> None:
         counts = dict.fromkeys(VERDICTS, 0)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nodefabric_devicemanager.agent import workers
-from nodefabric_devicemanager.agent.api import Cancel
-from nodefabric_devicemanager.agent.kube import ApiFailure, Backoff, DevicesClient, resource_version
+from nodefabric_devicemanager.agent.kube import DevicesClient
+from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff, Cancel, resource_version
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,10 @@ from typing import Any, TextIO
 import kmock
 from kubernetes.client import ApiextensionsV1Api
 
-from nodefabric_devicemanager import crd, inventory, models
+from nodefabric_devicemanager import crd, inventory, models, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
-from nodefabric_devicemanager.agent import api as agent_api
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -46,6 +45,7 @@ from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator import cli as operator_cli
+from nodefabric_operator.demo.dra import dra_driver
 from nodefabric_operator.demo.fleet import place_group
 from nodefabric_operator.demo.kubeapi import RunningAPI, as_table, running_api
 
@@ -303,6 +303,11 @@ async def _served_after(k: RunningAPI, out: TextIO, *, serve: bool) -> AsyncIter
         await serve_until_stopped(k, out)
 
 
+async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
+    _section(out, "6. The DRA driver on hgx-0: its ResourceSlices, and a GPU + NIC claim prepared")
+    out.write(await dra_driver(agent, root, k))
+
+
 async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None) -> None:
     _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
     nodes = lay_out_hosts(workdir)
@@ -325,7 +330,7 @@ async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | N
             reader = functools.partial(inventory.read, libraries=node.libraries)
             agent = Agent(
                 AgentConfig(node=node.name, root=str(workdir / node.name)),
-                DevicesClient(agent_api.load(k.kubeconfig)),
+                DevicesClient(nodeclient.load(k.kubeconfig)),
                 reader=reader,
             )
             outcome = await agent.run_pass()
@@ -384,3 +389,4 @@ async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | N
 
         _section(out, "5. The scheduler extender places an 8-pod training group")
         out.write(await place_group(k))
+        await _dra(out, agents["hgx-0"], workdir / "hgx-0", k)

@@ -1,8 +1,11 @@
-"""The agent's connection to the Kubernetes API: kubeconfig or in-cluster credentials, JSON requests, watches.
+"""The node side's connection to the Kubernetes API: kubeconfig or in-cluster credentials, JSON requests,
+watches, and what a failed request means. The agent (its Devices object) and the DRA driver (its
+ResourceSlices, the ResourceClaims it prepares) both speak through it, in one process or apart.
 
 Why not the `kubernetes` package: importing it costs about 36 MiB of resident memory (it loads every API
-model class), more than half of the agent's 64 MiB budget on a node, for the six requests the agent
-makes. This module speaks those requests over the standard library's `http.client`.
+model class), more than half of the agent's 64 MiB budget on a node, for the dozen requests the node side
+makes. This module speaks those requests over the standard library's `http.client`. The cluster side
+(operator, extender) keeps the `kubernetes` package through `kubeclient.py`.
 
 What it reads from a kubeconfig: the current context's cluster (`server`, `certificate-authority[-data]`,
 `insecure-skip-tls-verify`, `tls-server-name`) and user (`token`, `tokenFile`, `client-certificate[-data]`
@@ -10,24 +13,26 @@ with `client-key[-data]`). Credential plugins (`exec`, `auth-provider`) are refu
 start: the agent runs on its service account in a cluster, and a plugin is a program we would run on
 every node. In a cluster it uses the service account's token (re-read when the kubelet rotates it) and CA.
 
-Every call blocks; the agent calls it from a worker thread with a deadline, so a hung API server never
-holds a pass or a SIGTERM.
+Every call blocks; callers run it on a worker thread with a deadline, so a hung API server never holds
+a pass, a kubelet call or a SIGTERM.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http
 import http.client
 import json
 import os
+import random
 import socket
 import ssl
 import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # A black-holed API server must not hold a request for long.
@@ -35,6 +40,7 @@ REQUEST_TIMEOUT_S = 10.0
 # The largest response body or watch line accepted: a Devices object of an 8 PF x 128 VF node is 430 KiB.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+USER_AGENT = "nodefabric-agent"
 _RETRYABLE_SEND = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 
@@ -51,6 +57,77 @@ class ApiError(Exception):
         self.reason = reason
 
 
+class ApiFailure(Exception):
+    """A request the API did not answer with success, and what trying again can do.
+
+    kind: "conflict" (stale resourceVersion, or the object already exists: re-read and decide again),
+    "unavailable" (5xx, 429, no connection: back off and retry), "gone" (a watch's resourceVersion is too
+    old: list again), "rejected" (any other 4xx: retrying the same request cannot help). A caller may add
+    kinds of its own for answers it expects (the agent's "node_missing")."""
+
+    def __init__(self, kind: str, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in ("conflict", "unavailable")
+
+
+def classify(exc: ApiError, what: str = "") -> ApiFailure:
+    """The failure `exc` is, its message prefixed with `what` the caller was doing."""
+    status = exc.status
+    message = f"{what}: {exc}" if what else str(exc)
+    if status == http.HTTPStatus.CONFLICT:
+        return ApiFailure("conflict", message, status)
+    if status == http.HTTPStatus.GONE:
+        return ApiFailure("gone", message, status)
+    if status in (0, http.HTTPStatus.TOO_MANY_REQUESTS) or status >= 500:
+        return ApiFailure("unavailable", message, status)
+    return ApiFailure("rejected", message, status)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits between half and all of min(cap, base * 2**n),
+    so nodes that failed together do not all come back together."""
+
+    base: float = 0.5
+    cap: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        ceiling = min(self.cap, self.base * (2 ** min(attempt, 32)))
+        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+
+
+def path_name(name: str) -> str:
+    """An object name as one path segment: a name the API server would refuse must not become a path."""
+    return urllib.parse.quote(name, safe="")
+
+
+def resource_version(obj: dict[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+
+def owner_reference(node: str, uid: str) -> dict[str, Any]:
+    """An owner reference to a Node: what is owned goes when the Node goes."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+
+
+def node_uid(api: Api, node: str) -> str | None:
+    """The uid of the Node `node`, read fresh (a Node deleted and registered again has a new one); None
+    when it does not exist. Raises ApiFailure ("rejected" for an answer without a uid)."""
+    obj = api.read(f"read node {node}", f"/api/v1/nodes/{path_name(node)}")
+    if obj is None:
+        return None
+    meta = obj.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    if not isinstance(uid, str) or not uid:
+        raise ApiFailure("rejected", f"node {node} has no uid")
+    return uid
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """Where the API is and how to authenticate: what the kubeconfig or the service account said."""
@@ -60,6 +137,7 @@ class Credentials:
     tls_server_name: str | None = None
     token: str | None = None
     token_file: str | None = None
+    user_agent: str = USER_AGENT
 
 
 class _TokenFile:
@@ -128,6 +206,7 @@ class Api:
         url = urllib.parse.urlsplit(credentials.server)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"the API server address is not an http(s) URL: {credentials.server!r}")
+        self.credentials = credentials
         self.server = credentials.server
         self._https = url.scheme == "https"
         self._host = url.hostname
@@ -169,7 +248,7 @@ class Api:
         return conn
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "nodefabric-agent"}
+        headers = {"Accept": "application/json", "User-Agent": self.credentials.user_agent}
         if content_type:
             headers["Content-Type"] = content_type
         token = self._token() if self._token is not None else ""
@@ -243,6 +322,22 @@ class Api:
             raise ApiError(0, f"{method} {path}: the answer is not a JSON object")
         return obj
 
+    def call(self, what: str, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """`request`, its failure classified: raises ApiFailure whose message starts with `what`."""
+        try:
+            return self.request(method, path, **kwargs)
+        except ApiError as exc:
+            raise classify(exc, what) from exc
+
+    def read(self, what: str, path: str) -> dict[str, Any] | None:
+        """GET one object; None when it does not exist (404). Raises ApiFailure."""
+        try:
+            return self.request("GET", path)
+        except ApiError as exc:
+            if exc.status == http.HTTPStatus.NOT_FOUND:
+                return None
+            raise classify(exc, what) from exc
+
     def _drop(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -312,19 +407,22 @@ def _error(method: str, path: str, status: int, raw: bytes) -> ApiError:
 # --- credentials -------------------------------------------------------------------------------------
 
 
-def load(kubeconfig: str | None = None) -> Api:
-    """An explicit kubeconfig, else in-cluster, else $KUBECONFIG / ~/.kube/config (kubectl's order)."""
+def load(kubeconfig: str | None = None, user_agent: str = USER_AGENT) -> Api:
+    """An explicit kubeconfig, else in-cluster, else $KUBECONFIG / ~/.kube/config (kubectl's order).
+    `user_agent` names the component in the API server's audit log and its priority-and-fairness rules."""
     if kubeconfig:
-        return Api(from_kubeconfig([kubeconfig]))
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return Api(in_cluster())
-    paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    if not paths:
-        default = os.path.expanduser("~/.kube/config")
-        if not os.path.exists(default):
-            raise ConfigError("no API to reach: not in a cluster and no kubeconfig; pass --kubeconfig")
-        paths = [default]
-    return Api(from_kubeconfig(paths))
+        credentials = from_kubeconfig([kubeconfig])
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        credentials = in_cluster()
+    else:
+        paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+        if not paths:
+            default = os.path.expanduser("~/.kube/config")
+            if not os.path.exists(default):
+                raise ConfigError("no API to reach: not in a cluster and no kubeconfig; pass --kubeconfig")
+            paths = [default]
+        credentials = from_kubeconfig(paths)
+    return Api(replace(credentials, user_agent=user_agent))
 
 
 def in_cluster(directory: str = SERVICE_ACCOUNT_DIR) -> Credentials:

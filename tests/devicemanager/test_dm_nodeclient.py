@@ -1,4 +1,4 @@
-"""The agent's API connection (`agent/api.py`): credentials from a kubeconfig or a service account, over
+"""The node side's API connection (`nodeclient.py`): credentials from a kubeconfig or a service account, over
 real TLS to a real HTTPS server, and every kubeconfig it cannot use refused with one line."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodefabric_devicemanager.agent import api
+from nodefabric_devicemanager import nodeclient as api
 
 SAN = "kubernetes.default.svc"
 
@@ -211,3 +211,60 @@ def test_an_answer_that_is_not_json_or_too_large_is_an_error_not_a_crash(tmp_pat
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (409, "conflict"),
+        (410, "gone"),
+        (0, "unavailable"),
+        (429, "unavailable"),
+        (500, "unavailable"),
+        (503, "unavailable"),
+        (400, "rejected"),
+        (403, "rejected"),
+        (404, "rejected"),
+        (422, "rejected"),
+    ],
+)
+def test_each_answer_is_classified_by_what_trying_again_can_do(status, kind):
+    failure = api.classify(api.ApiError(status, f"GET /x: HTTP {status}"), "read x")
+    assert (failure.kind, failure.status) == (kind, status)
+    assert str(failure) == f"read x: GET /x: HTTP {status}"
+    assert failure.retryable == (kind in ("conflict", "unavailable"))
+
+
+def test_read_is_none_for_a_missing_object_and_requests_name_the_component(tmp_path):
+    seen: list[tuple[str, str]] = []
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("User-Agent", "")))
+            status = {"/missing": 404, "/forbidden": 403}.get(self.path, 200)
+            body = b'{"kind": "Status"}' if status != 200 else b'{"metadata": {"name": "x"}}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        kubeconfig = _kubeconfig(
+            tmp_path, {"server": f"http://127.0.0.1:{server.server_address[1]}"}, {"token": "t"}
+        )
+        client = api.load(kubeconfig, user_agent="nodefabric-draplugin")
+        assert client.read("read missing", "/missing") is None
+        assert client.read("read x", "/x") == {"metadata": {"name": "x"}}
+        with pytest.raises(api.ApiFailure, match=r"^read forbidden: GET /forbidden: HTTP 403") as refused:
+            client.read("read forbidden", "/forbidden")
+        assert refused.value.kind == "rejected"
+        assert api.load(kubeconfig).credentials.user_agent == "nodefabric-agent"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [(p, "nodefabric-draplugin") for p in ("/missing", "/x", "/forbidden")]

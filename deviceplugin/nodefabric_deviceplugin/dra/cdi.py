@@ -1,0 +1,98 @@
+"""CDI: one spec file per prepared claim, which the container runtime applies to the claim's containers.
+
+The content is the device plugin's grant (`allocate.grant`), split the way CDI applies edits:
+- each allocated device is a CDI device `<driver>/nic=<claim uid>-<device>` whose edits are the device
+  nodes a grant of that one endpoint gives (its own uverbs node, and `rdma_cm` where the host has it);
+- the spec-level edits carry `NCCL_IB_HCA` of the whole claim: CDI applies them once per container that
+  gets any device of the spec, so a container holding several devices sees the variable once, naming
+  exactly the claim's devices. (A container that asks for only some of a claim's requests still sees the
+  claim's whole list: CDI cannot make an environment variable depend on which devices were injected.)
+
+The file is `<cdi dir>/<driver>-nic_<claim uid>.json` (CDI's transient-spec naming), written atomically so
+the runtime's watcher never reads half a spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nodefabric_deviceplugin.allocate import PERMISSIONS
+from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
+
+# The lowest version with everything written here (spec-level edits, device nodes with permissions), so
+# every CDI-capable runtime that kubelet's DRA support works with can read it.
+CDI_VERSION = "0.5.0"
+CLASS = "nic"
+MAX_SPEC_BYTES = 1 << 20
+
+
+def kind(driver: str) -> str:
+    return f"{driver}/{CLASS}"
+
+
+def device_name(claim_uid: str, device: str) -> str:
+    # The claim's uid keeps names unique across every spec of the kind, even beside a stale spec.
+    return f"{claim_uid}-{device}"
+
+
+def device_id(driver: str, claim_uid: str, device: str) -> str:
+    """The fully qualified CDI device id kubelet hands to the runtime."""
+    return f"{kind(driver)}={device_name(claim_uid, device)}"
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    return f"{driver}-{CLASS}_{claim_uid}.json"
+
+
+def spec_path(cdi_dir: str, driver: str, claim_uid: str) -> str:
+    return os.path.join(cdi_dir, spec_file_name(driver, claim_uid))
+
+
+def build_spec(
+    driver: str,
+    claim_uid: str,
+    device_nodes: Mapping[str, Sequence[str]],
+    envs: Mapping[str, str],
+) -> dict[str, Any]:
+    """The spec of one claim: `device_nodes` maps each allocated device to its host device paths."""
+    devices = [
+        {
+            "name": device_name(claim_uid, device),
+            "containerEdits": {"deviceNodes": [{"path": p, "permissions": PERMISSIONS} for p in paths]},
+        }
+        for device, paths in device_nodes.items()
+    ]
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind(driver), "devices": devices}
+    if envs:
+        spec["containerEdits"] = {"env": [f"{k}={v}" for k, v in sorted(envs.items())]}
+    return spec
+
+
+def read_spec(path: str) -> Any:
+    """The spec now on disk, or None when it is absent, unreadable or not a regular file (it is then
+    written again, replacing whatever is there)."""
+    try:
+        data = read_regular(path, MAX_SPEC_BYTES)
+        return None if data is None else json.loads(data)
+    except (OSError, ValueError):
+        return None
+
+
+def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
+    """Write the spec unless the same one is already there; returns whether it wrote."""
+    if read_spec(path) == spec:
+        return False
+    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n")
+    return True
+
+
+def remove_spec(path: str) -> bool:
+    """Remove a claim's spec; returns whether there was one. A directory in its place is an error."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,94 @@
+"""What a ResourceClaim allocated from this node's pool. Pure: the claim is read by the caller.
+
+kubelet names a claim by namespace, name and uid; the claim itself is read from the API, and its uid must
+be the one kubelet named (a different uid is a claim deleted and recreated under the same name: preparing
+it would hand the new claim's devices to the old pod). Results for other drivers' devices are not ours
+and are skipped; a result of ours from another pool cannot be served on this node and fails the claim.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+PLURAL = "resourceclaims"
+
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared; the message goes into its entry of the response."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as kubelet names it in NodePrepareResources / NodeUnprepareResources."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def check(self) -> None:
+        """Refuse a reference no API server could have produced (the uid also names a file on disk)."""
+        if not _UID.match(self.uid):
+            raise ClaimError(f"invalid claim uid {self.uid!r}")
+        if not _DNS_LABEL.match(self.namespace):
+            raise ClaimError(f"invalid claim namespace {self.namespace!r}")
+        if not _DNS_SUBDOMAIN.match(self.name):
+            raise ClaimError(f"invalid claim name {self.name!r}")
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    request: str  # the claim's request (or "<request>/<subrequest>") the device was allocated for
+    pool: str
+    device: str
+
+
+def _field(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def allocated_devices(claim: Any, ref: ClaimRef, *, driver: str, pool: str) -> list[AllocatedDevice]:
+    """This driver's devices in the claim's allocation, in result order. Raises ClaimError."""
+    if not isinstance(claim, dict):
+        raise ClaimError(f"claim {ref} is not an object")
+    uid = _field(claim, "metadata", "uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"claim {ref.namespace}/{ref.name} has uid {uid!r}, not {ref.uid!r}: it was deleted and recreated"
+        )
+    allocation = _field(claim, "status", "allocation")
+    if not isinstance(allocation, dict):
+        raise ClaimError(f"claim {ref} is not allocated")
+    results = _field(allocation, "devices", "results") or []
+    if not isinstance(results, list):
+        raise ClaimError(f"claim {ref}: status.allocation.devices.results is not a list")
+    out: list[AllocatedDevice] = []
+    for i, result in enumerate(results):
+        if not isinstance(result, dict):
+            raise ClaimError(f"claim {ref}: allocation result {i} is not an object")
+        if result.get("driver") != driver:
+            continue  # another driver's device: that driver prepares it
+        request, rpool, device = result.get("request"), result.get("pool"), result.get("device")
+        if not isinstance(device, str) or not _DNS_LABEL.match(device):
+            raise ClaimError(f"claim {ref}: allocation result {i} names no valid device ({device!r})")
+        if rpool != pool:
+            raise ClaimError(
+                f"claim {ref}: device {device} was allocated from pool {rpool!r},"
+                f" not this node's pool {pool!r}"
+            )
+        out.append(AllocatedDevice(request if isinstance(request, str) else "", pool, device))
+    return out

@@ -1,0 +1,37 @@
+"""Prometheus metrics of the DRA driver (process-wide, on prometheus_client's default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+PREPARES = Counter(
+    "nodefabric_dra_prepares_total",
+    "NodePrepareResources outcomes per claim (prepared, repeated, no_devices, failed).",
+    ["outcome"],
+)
+UNPREPARES = Counter(
+    "nodefabric_dra_unprepares_total",
+    "NodeUnprepareResources outcomes per claim (removed, absent, failed).",
+    ["outcome"],
+)
+PREPARED_CLAIMS = Gauge("nodefabric_dra_prepared_claims", "Claims currently prepared on this node.")
+REGISTRATIONS = Counter(
+    "nodefabric_dra_registrations_total",
+    "Registration answers from kubelet's plugin watcher (ok, failed).",
+    ["outcome"],
+)
+SLICE_WRITES = Counter(
+    "nodefabric_dra_slice_writes_total",
+    "ResourceSlice writes, by verb (create, update, delete).",
+    ["verb"],
+)
+SLICE_SYNCS = Counter(
+    "nodefabric_dra_slice_syncs_total",
+    "ResourceSlice syncs, by outcome (unchanged, written, failed, skipped).",
+    ["outcome"],
+)
+POOL_DEVICES = Gauge(
+    "nodefabric_dra_pool_devices",
+    "Devices of this node's pool, by state (published, left_out: a failed link).",
+    ["state"],
+)

@@ -1,0 +1,243 @@
+"""NodePrepareResources and NodeUnprepareResources, one claim at a time.
+
+Every claim of a request gets an entry (kubelet prepares a missing one again), a claim's failure is its
+entry's error and never the call's, and nothing a claim carries can crash the server. Preparing:
+
+1. a claim already in the checkpoint answers what it answered before (its spec rewritten if it is gone);
+2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
+   pool are taken (other drivers' are theirs);
+3. each device is resolved in the latest record (a device whose link failed after it was allocated is
+   still served: its pod was already placed), its verbs device read through the device plugin's
+   `VerbsCache` (off the loop, within a budget), and the grant is the device plugin's (`allocate.grant`);
+4. the CDI spec is written, then the claim is checkpointed, then the CDI device ids are returned.
+
+Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
+and forgets the claim; a claim never prepared here unprepares successfully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.nodeclient import ApiFailure
+from nodefabric_deviceplugin.allocate import endpoints_for, grant
+from nodefabric_deviceplugin.dra import cdi, metrics
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
+from nodefabric_deviceplugin.dra.config import DriverConfig
+from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
+from nodefabric_deviceplugin.offloop import ReadTimeout
+from nodefabric_deviceplugin.resources import Family, FamilyView, Token
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.verbs import VerbsCache, VerbsUnresolvable
+
+log = logging.getLogger(__name__)
+
+
+class ClaimReader(Protocol):
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def claim_view(devices: Sequence[PoolDevice]) -> FamilyView:
+    """The claim's devices in the shape `allocate.grant` takes, with the DRA device names as ids."""
+    tokens = tuple(Token(d.name, d.endpoint, i) for i, d in enumerate(devices))
+    return FamilyView(Family.EXCLUSIVE, tuple(d.endpoint for d in devices), tokens, {t.id: t for t in tokens})
+
+
+def _by_device(allocated: Sequence[AllocatedDevice]) -> dict[str, list[str]]:
+    """Device -> the requests it serves, in result order (one device may serve several requests)."""
+    out: dict[str, list[str]] = {}
+    for a in allocated:
+        requests = out.setdefault(a.device, [])
+        if a.request and a.request not in requests:
+            requests.append(a.request)
+    return out
+
+
+class Preparer:
+    def __init__(
+        self,
+        config: DriverConfig,
+        source: RecordSource,
+        host: HostRoot,
+        api: ClaimReader,
+        checkpoint: Checkpoint,
+        *,
+        verbs: VerbsCache | None = None,
+    ) -> None:
+        self.config = config
+        self.verbs = verbs or VerbsCache(host)
+        self.source = source
+        self.host = host
+        self.api = api
+        self.checkpoint = checkpoint
+        # One claim at a time: the checkpoint and the spec directory change together.
+        self._lock = asyncio.Lock()
+        self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
+
+    # --- prepare ----------------------------------------------------------------------------------------
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Prepared]:
+        out: dict[str, Prepared] = {}
+        for ref in refs:
+            if ref.uid in out:
+                continue  # the same claim twice in one request: one entry answers both
+            out[ref.uid] = await self._prepare_guarded(ref)
+        return out
+
+    async def _prepare_guarded(self, ref: ClaimRef) -> Prepared:
+        try:
+            async with self._lock:
+                return Prepared(devices=await self._prepare(ref))
+        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout) as exc:
+            why = str(exc)
+        except OSError as exc:
+            why = f"writing the CDI spec or the checkpoint failed: {exc}"
+        except Exception as exc:  # a claim must never take the server down
+            log.exception("preparing a claim failed unexpectedly", extra={"claim": str(ref)})
+            why = f"internal error: {exc!r}"
+        metrics.PREPARES.labels("failed").inc()
+        log.error("cannot prepare a claim", extra={"claim": str(ref), "why": why})
+        return Prepared(error=why)
+
+    async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        ref.check()
+        done = self.checkpoint.get(ref.uid)
+        if done is not None:
+            if (done.namespace, done.name) != (ref.namespace, ref.name):
+                raise ClaimError(
+                    f"claim uid {ref.uid} was prepared as {done.namespace}/{done.name}, not {ref}"
+                )
+            rewrote = False
+            if done.spec_path:
+                rewrote = await asyncio.to_thread(cdi.write_spec, done.spec_path, done.spec)
+            if rewrote:
+                log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
+            metrics.PREPARES.labels("repeated").inc()
+            return done.devices
+        claim = await asyncio.to_thread(self.api.get_claim, ref.namespace, ref.name)
+        if claim is None:
+            raise ClaimError(f"claim {ref} does not exist")
+        allocated = allocated_devices(claim, ref, driver=self.config.driver, pool=self.config.pool)
+        if not allocated:
+            metrics.PREPARES.labels("no_devices").inc()
+            log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
+            return ()
+        requests = _by_device(allocated)
+        version, members = self._resolve(ref, list(requests))
+        # The verbs devices are read off the event loop within a budget, one read in flight at most
+        # (a FIFO where an attribute belongs costs one thread, and fails this claim, not the server);
+        # the grant itself is the device plugin's, pure.
+        endpoints = endpoints_for(claim_view(members), [d.name for d in members])
+        verbs = await self.verbs.devices(version, [e.rdma_device for e in endpoints])
+        whole = grant(endpoints, verbs)
+        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in members}
+        spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
+        path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
+        await asyncio.to_thread(cdi.write_spec, path, spec)
+        devices = tuple(
+            PreparedDevice(
+                request_names=tuple(reqs),
+                pool=self.config.pool,
+                device=device,
+                cdi_device_ids=(cdi.device_id(self.config.driver, ref.uid, device),),
+            )
+            for device, reqs in requests.items()
+        )
+        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
+        await asyncio.to_thread(self.checkpoint.put, prepared)  # synced to disk: off the loop
+        metrics.PREPARES.labels("prepared").inc()
+        metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
+        log.info(
+            "prepared a claim",
+            extra={
+                "claim": str(ref),
+                "devices": list(requests),
+                "rdma_devices": [e.rdma_device for e in whole.endpoints],
+                "device_nodes": [n.path for n in whole.devices],
+                "cdi_spec": path,
+            },
+        )
+        return devices
+
+    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
+        version, spec = self.source.snapshot()
+        if spec is None:
+            return None
+        if self._pool is None or self._pool[0] != version:
+            self._pool = (version, {d.name: d for d in offered(pool_devices(spec), self.config.functions)})
+        return self._pool
+
+    def _resolve(self, ref: ClaimRef, names: list[str]) -> tuple[int, list[PoolDevice]]:
+        """The record version and the claim's devices in it. Raises ClaimError."""
+        found = self._offered()
+        if found is None:
+            raise ClaimError("no device record yet (the first host pass has not finished); kubelet retries")
+        version, pool = found
+        unknown = [n for n in names if n not in pool]
+        if unknown:
+            raise ClaimError(
+                f"claim {ref}: no device {', '.join(unknown)} on this node (the record has none)"
+            )
+        members = [pool[n] for n in names]
+        for d in members:
+            if not d.allocatable:
+                log.warning(
+                    "preparing a device whose link has failed since it was allocated",
+                    extra={"claim": str(ref), "device": d.name, "why": d.endpoint.reason},
+                )
+        return version, members
+
+    # --- unprepare --------------------------------------------------------------------------------------
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """claim uid -> error ("" when unprepared)."""
+        out: dict[str, str] = {}
+        for ref in refs:
+            if ref.uid in out:
+                continue
+            try:
+                async with self._lock:
+                    await self._unprepare(ref)
+                out[ref.uid] = ""
+            except (ClaimError, OSError) as exc:
+                metrics.UNPREPARES.labels("failed").inc()
+                log.error("cannot unprepare a claim", extra={"claim": str(ref), "why": str(exc)})
+                out[ref.uid] = str(exc)
+            except Exception as exc:
+                log.exception("unpreparing a claim failed unexpectedly", extra={"claim": str(ref)})
+                out[ref.uid] = f"internal error: {exc!r}"
+        return out
+
+    async def _unprepare(self, ref: ClaimRef) -> None:
+        ref.check()
+        done = self.checkpoint.get(ref.uid)
+        expected = cdi.spec_file_name(self.config.driver, ref.uid)
+        paths = [cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)]
+        # The spec where prepare wrote it (--cdi-dir may have changed since); a checkpoint entry can only
+        # ever name this claim's own file, so a tampered checkpoint cannot make us delete anything else.
+        if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
+            paths.insert(0, done.spec_path)
+        removed = False
+        for path in dict.fromkeys(paths):
+            removed = await asyncio.to_thread(cdi.remove_spec, path) or removed
+        await asyncio.to_thread(self.checkpoint.remove, ref.uid)
+        metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
+        metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
+        log.info(
+            "unprepared a claim",
+            extra={"claim": str(ref), "spec_removed": removed, "was_prepared": done is not None},
+        )

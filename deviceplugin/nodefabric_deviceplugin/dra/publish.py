@@ -1,0 +1,188 @@
+"""Keeps this node's ResourceSlices equal to what the latest record yields.
+
+A sync reads the link layers, builds the desired slices (`slices.desired_slices`), lists the live ones
+and writes only the difference (`slices.plan`): a steady node costs one LIST per sync and no writes.
+Syncs run when the record changes, when kubelet (re)registers the driver, and every `resync` seconds
+(kubelet deletes a driver's slices when it starts and when the driver is gone for a while: the resync
+puts them back). API failures are retried with exponential backoff; a conflict re-lists at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Protocol
+
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff
+from nodefabric_deviceplugin.dra import metrics
+from nodefabric_deviceplugin.dra.config import DriverConfig
+from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published
+from nodefabric_deviceplugin.dra.linklayer import link_layers
+from nodefabric_deviceplugin.dra.slices import SlicePlan, desired_slices, live_slice, plan, resource_slice
+from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
+from nodefabric_deviceplugin.source import RecordSource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESYNC_S = 60.0
+SYNC_BUDGET_S = 30.0
+CONFLICT_RETRIES = 3
+
+
+class SliceApi(Protocol):
+    def node_owner(self) -> dict[str, Any] | None: ...
+    def list_slices(self) -> list[dict[str, Any]]: ...
+    def create_slice(self, body: dict[str, Any]) -> None: ...
+    def update_slice(self, body: dict[str, Any], resource_version: str) -> None: ...
+    def delete_slice(self, name: str, resource_version: str) -> None: ...
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        api: SliceApi,
+        config: DriverConfig,
+        source: RecordSource,
+        host: HostRoot,
+        *,
+        resync: float = DEFAULT_RESYNC_S,
+        budget: float = SYNC_BUDGET_S,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.api = api
+        self.backoff = backoff or Backoff()
+        # One sync in flight at most, on a thread of its own: a read stuck on a blocking file under /sys
+        # costs one thread, and each retry finds it still running instead of starting another.
+        self.flight: SingleFlight[SlicePlan | None] = SingleFlight("the host for the ResourceSlices", budget)
+        self.config = config
+        self.source = source
+        self.host = host
+        self.resync = resync
+        self.syncs = 0  # completed syncs, written or not
+        self.last_plan: SlicePlan | None = None
+        self._poke = asyncio.Event()
+
+    def poke(self) -> None:
+        """Sync soon (kubelet registered the driver: it may have deleted our slices when it started)."""
+        self._poke.set()
+
+    def sync(self) -> SlicePlan | None:
+        """One sync (blocking). None when there is nothing to publish from yet. Raises ApiFailure."""
+        spec = self.source.spec
+        devices = offered(pool_devices(spec), self.config.functions)
+        allocatable = published(devices)
+        metrics.POOL_DEVICES.labels("published").set(len(allocatable))
+        metrics.POOL_DEVICES.labels("left_out").set(len(devices) - len(allocatable))
+        layers = link_layers(self.host, [d.endpoint.rdma_device for d in allocatable])
+        desired = desired_slices(spec, self.config, layers)
+        if desired is None:
+            metrics.SLICE_SYNCS.labels("skipped").inc()
+            return None
+        last: ApiFailure | None = None
+        for _ in range(CONFLICT_RETRIES):
+            live = [s for s in map(live_slice, self.api.list_slices()) if s is not None]
+            decided = plan(desired, live)
+            owner: dict[str, Any] | None = None
+            if decided.create or decided.update:
+                # Read only when writing (steady state stays one LIST), and fresh: a Node deleted and
+                # re-registered has a new uid, and slices owned by the old one would be collected at once.
+                owner = self.api.node_owner()
+                if owner is None:
+                    metrics.SLICE_SYNCS.labels("skipped").inc()
+                    log.error(
+                        "this node's Node object does not exist; publishing no ResourceSlices for it",
+                        extra={"node": self.config.node_name},
+                    )
+                    return None
+            try:
+                self._apply(decided, owner)
+            except ApiFailure as exc:
+                if exc.kind != "conflict":
+                    raise
+                last = exc
+                log.info("a slice changed under us; listing again", extra={"why": str(exc)})
+                continue
+            self.syncs += 1
+            self.last_plan = decided
+            metrics.SLICE_SYNCS.labels("written" if decided.writes else "unchanged").inc()
+            return decided
+        raise ApiFailure(
+            "conflict",
+            f"slices kept changing under us over {CONFLICT_RETRIES} attempts (last: {last}); a slice of"
+            " that name may belong to another node or driver",
+        )
+
+    def _apply(self, decided: SlicePlan, owner: dict[str, Any] | None) -> None:
+        if not decided.writes:
+            return
+        for d in decided.create:
+            self.api.create_slice(resource_slice(d, decided.generation, owner))
+            metrics.SLICE_WRITES.labels("create").inc()
+        for d, rv in decided.update:
+            self.api.update_slice(resource_slice(d, decided.generation, owner), rv)
+            metrics.SLICE_WRITES.labels("update").inc()
+        # Last: the new generation is complete before the old slices go.
+        for name, rv in decided.delete:
+            self.api.delete_slice(name, rv)
+            metrics.SLICE_WRITES.labels("delete").inc()
+        log.info(
+            "published the node's ResourceSlices",
+            extra={
+                "driver": self.config.driver,
+                "pool": self.config.pool,
+                "generation": decided.generation,
+                "slices": len(decided.create) + len(decided.update),
+                "devices": sum(
+                    len(d.spec["devices"]) for d in (*decided.create, *(u for u, _ in decided.update))
+                ),
+                "deleted": [name for name, _ in decided.delete],
+            },
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync until `stop` is set: on record changes, pokes, every `resync` s; back off on failures."""
+        failures = 0
+        while not stop.is_set():
+            version = self.source.version
+            self._poke.clear()
+            try:
+                await self.flight.run(self.sync)
+                failures, delay = 0, self.resync
+            except ReadTimeout as exc:
+                failures += 1
+                delay = self.backoff.delay(failures)
+                metrics.SLICE_SYNCS.labels("failed").inc()
+                log.error(
+                    "a ResourceSlice sync is stuck reading the host; will retry",
+                    extra={"why": str(exc), "retry_in_s": round(delay, 2)},
+                )
+            except ApiFailure as exc:
+                failures += 1
+                delay = self.backoff.delay(failures)
+                metrics.SLICE_SYNCS.labels("failed").inc()
+                log.error(
+                    "cannot publish the node's ResourceSlices; will retry",
+                    extra={"why": str(exc), "kind": exc.kind, "retry_in_s": round(delay, 2)},
+                )
+            except Exception:
+                failures += 1
+                delay = self.backoff.delay(failures)
+                metrics.SLICE_SYNCS.labels("failed").inc()
+                log.exception("publishing ResourceSlices failed unexpectedly; will retry")
+            await self._wait(stop, version, delay, retry=failures > 0)
+
+    async def _wait(self, stop: asyncio.Event, version: int, delay: float, *, retry: bool) -> None:
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+        if not retry:  # after a failure only the backoff (or stop) ends the wait
+            waits += [
+                asyncio.ensure_future(self.source.changed(version)),
+                asyncio.ensure_future(self._poke.wait()),
+            ]
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), delay)
+        finally:
+            for w in waits:
+                w.cancel()

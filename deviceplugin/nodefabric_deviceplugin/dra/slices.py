@@ -1,0 +1,248 @@
+"""The node's ResourceSlices, and what to write to get from the live ones to them. Pure functions.
+
+One pool per node, named after it, holding one device per allocatable RDMA endpoint. A device carries
+the standard attributes (`resource.kubernetes.io/pcieRoot`, `pciBusID`, `numaNode`), so a claim can ask
+for a NIC under the same PCIe root as a GPU of another driver, and our own (unqualified, i.e. under the
+driver's name): rdmaDevice, interfaceName, linkLayer, linkState, functionType, physicalFunction,
+pciVendor, pciDevice, fabricDomain, acceleratorDistance. An attribute whose value is unknown is absent.
+
+The pool's generation grows only when its content changes, and nothing is written when the live slices
+already say what the record says (the same rule as the Devices record: steady state costs no writes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nodefabric_devicemanager import distance, summary
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_deviceplugin.dra.config import STANDARD_DOMAIN, DriverConfig
+from nodefabric_deviceplugin.dra.devices import PoolDevice, Role, offered, pool_devices, published
+
+log = logging.getLogger(__name__)
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ResourceSlice"
+PLURAL = "resourceslices"
+# API limits (resource.k8s.io/v1 validation): a slice holds at most 128 devices, a string attribute at
+# most 64 bytes. A larger pool is split over several slices; a longer value is left out, because
+# the API server would refuse the whole slice for it.
+MAX_DEVICES_PER_SLICE = 128
+MAX_STRING = 64
+MAX_NAME = 253
+
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_HEX_ID = re.compile(r"^[0-9a-f]{4}$")
+
+Attribute = dict[str, Any]  # {"string": "..."} | {"int": n} | {"bool": b} | {"version": "..."}
+
+
+def _string(attrs: dict[str, Attribute], name: str, value: str, device: str) -> None:
+    if not value:
+        return
+    size = len(value.encode())  # the API server counts bytes, not characters
+    if size > MAX_STRING:
+        log.warning(
+            "attribute value too long for a ResourceSlice; left out",
+            extra={"device": device, "attribute": name, "bytes": size, "limit": MAX_STRING},
+        )
+        return
+    attrs[name] = {"string": value}
+
+
+def attributes(
+    dev: PoolDevice, spec: DevicesSpec, link_layers: Mapping[str, str], fabric_domain: str | None
+) -> dict[str, Attribute]:
+    """A device's attributes. Standard ones only when the value has the standard's exact form."""
+    ep = dev.endpoint
+    attrs: dict[str, Attribute] = {}
+    if _HOST_BRIDGE.match(ep.pci_host_bridge):
+        attrs[PCIE_ROOT] = {"string": ep.pci_host_bridge}
+    if _BUS_ID.match(ep.pci_bus_id):
+        attrs[PCI_BUS_ID] = {"string": ep.pci_bus_id}
+    if ep.numa is not None:  # a VF without its own NUMA node has its PF's (the device plugin's rule)
+        attrs[NUMA_NODE] = {"int": ep.numa}
+    _string(attrs, "rdmaDevice", ep.rdma_device, dev.name)
+    _string(attrs, "interfaceName", ",".join(ep.netdevs), dev.name)
+    _string(attrs, "linkLayer", link_layers.get(ep.rdma_device, ""), dev.name)
+    if dev.record.link is not None:
+        attrs["linkState"] = {"string": str(dev.record.link.state)}
+    attrs["functionType"] = {"string": str(dev.role)}
+    if dev.role is Role.VF and _BUS_ID.match(dev.parent):
+        attrs["physicalFunction"] = {"string": dev.parent}
+    if _HEX_ID.match(dev.record.pci_vendor):
+        attrs["pciVendor"] = {"string": dev.record.pci_vendor}
+    if _HEX_ID.match(dev.record.pci_device):
+        attrs["pciDevice"] = {"string": dev.record.pci_device}
+    _string(attrs, "fabricDomain", fabric_domain or "", dev.name)
+    accelerators = [a.topology for g in spec.groups for a in g.accelerators]
+    if accelerators:
+        attrs["acceleratorDistance"] = {"string": distance.closest(accelerators, [ep]).name}
+    return dict(sorted(attrs.items()))
+
+
+def slice_device(
+    dev: PoolDevice, spec: DevicesSpec, link_layers: Mapping[str, str], fabric_domain: str | None
+) -> dict[str, Any]:
+    return {"name": dev.name, "attributes": attributes(dev, spec, link_layers, fabric_domain)}
+
+
+def slice_name(config: DriverConfig, index: int) -> str:
+    """`<node>-<driver>-<index>`: deterministic, so a restart finds its own slices by name."""
+    name = f"{config.node_name}-{config.driver}-{index}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(config.node_name.encode()).hexdigest()[:10]
+    keep = MAX_NAME - len(f"-{digest}-{config.driver}-{index}")
+    return f"{config.node_name[:keep].rstrip('.-')}-{digest}-{config.driver}-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredSlice:
+    name: str
+    spec: dict[str, Any]  # without pool.generation, which the plan decides
+
+
+def desired_slices(
+    spec: DevicesSpec | None, config: DriverConfig, link_layers: Mapping[str, str]
+) -> list[DesiredSlice] | None:
+    """The slices the record yields; [] for a node without allocatable endpoints; None without a record
+    (a record not read yet is not an empty node, so nothing is written or deleted then)."""
+    if spec is None:
+        return None
+    domain = summary.node_fabric_domain(spec)
+    pool = published(offered(pool_devices(spec), config.functions))
+    devices = [slice_device(d, spec, link_layers, domain) for d in pool]
+    chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
+    return [
+        DesiredSlice(
+            slice_name(config, i),
+            {
+                "driver": config.driver,
+                "nodeName": config.node_name,
+                "pool": {"name": config.pool, "resourceSliceCount": len(chunks)},
+                "devices": chunk,
+            },
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def resource_slice(
+    desired: DesiredSlice, generation: int, owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The full API object of one desired slice at a pool generation."""
+    spec = {**desired.spec, "pool": {**desired.spec["pool"], "generation": generation}}
+    meta: dict[str, Any] = {"name": desired.name}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
+
+
+# --- from the live slices to the desired ones -------------------------------------------------------
+
+
+def _canonical_device(device: Any) -> Any:
+    if not isinstance(device, dict):
+        return device
+    # Only what we write is compared: a field the API server defaults must not read as a change.
+    return {"name": device.get("name"), "attributes": device.get("attributes") or {}}
+
+
+def canonical(spec: Any) -> Any:
+    """The part of a slice spec that is ours to decide, generation excluded; garbage compares unequal."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("pool"), dict):
+        return None
+    devices = spec.get("devices") or []
+    return {
+        "driver": spec.get("driver"),
+        "nodeName": spec.get("nodeName"),
+        "pool": {
+            "name": spec["pool"].get("name"),
+            "resourceSliceCount": spec["pool"].get("resourceSliceCount"),
+        },
+        "devices": [_canonical_device(d) for d in devices] if isinstance(devices, list) else None,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSlice:
+    name: str
+    resource_version: str
+    generation: int
+    spec: Any
+
+
+def live_slice(obj: Mapping[str, Any]) -> LiveSlice | None:
+    """A listed slice, or None for one without a name (nothing could be done with it)."""
+    raw_meta = obj.get("metadata")
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+    spec = obj.get("spec")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    pool = spec.get("pool") if isinstance(spec, dict) else None
+    generation = pool.get("generation") if isinstance(pool, dict) else None
+    return LiveSlice(
+        name=name,
+        resource_version=str(meta.get("resourceVersion") or ""),
+        generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else 0,
+        spec=spec,
+    )
+
+
+def ours(obj: Mapping[str, Any], config: DriverConfig) -> bool:
+    """A slice of this driver for this node (the list's field selector is not trusted to have filtered)."""
+    spec = obj.get("spec")
+    return (
+        isinstance(spec, dict)
+        and spec.get("driver") == config.driver
+        and spec.get("nodeName") == config.node_name
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePlan:
+    generation: int
+    create: tuple[DesiredSlice, ...] = ()
+    update: tuple[tuple[DesiredSlice, str], ...] = ()  # with the live resourceVersion to precondition on
+    delete: tuple[tuple[str, str], ...] = ()  # (name, resourceVersion)
+
+    @property
+    def writes(self) -> int:
+        return len(self.create) + len(self.update) + len(self.delete)
+
+
+def plan(desired: Sequence[DesiredSlice], live: Sequence[LiveSlice]) -> SlicePlan:
+    """Nothing when the live slices hold exactly the desired content at one generation; otherwise every
+    desired slice at a generation above every live one (creates and updates), then the leftovers deleted.
+    Consumers ignore a pool's older generations, so the new one counts as soon as it is written."""
+    by_name = {s.name: s for s in live}
+    generations = {s.generation for s in live}
+    same = (
+        set(by_name) == {d.name for d in desired}
+        and len(generations) <= 1
+        and all(canonical(by_name[d.name].spec) == canonical(d.spec) for d in desired)
+    )
+    if same:
+        return SlicePlan(generation=next(iter(generations), 0))
+    generation = max(generations, default=0) + 1
+    wanted = {d.name for d in desired}
+    return SlicePlan(
+        generation=generation,
+        create=tuple(d for d in desired if d.name not in by_name),
+        update=tuple((d, by_name[d.name].resource_version) for d in desired if d.name in by_name),
+        delete=tuple((s.name, s.resource_version) for s in live if s.name not in wanted),
+    )

@@ -1,0 +1,105 @@
+"""`nodefabric slices`: print the ResourceSlices a host would publish, as `labels` prints labels.
+
+    nodefabric slices --root / --node-name gpu-7 [-o json|yaml] [--domain gpustack.ai]
+    nodefabric slices -f devices.yaml [--node-name gpu-7]        # from a Devices object instead
+
+From a host, the link layers are read there too; from a Devices object (`kubectl get devices NODE -o
+yaml`) they are unknown and left out. The slices are shown as a first publication writes them
+(generation 1, no owner reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import pydantic
+import yaml
+
+from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import Devices, DevicesSpec
+from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN, DriverConfig
+from nodefabric_deviceplugin.dra.devices import pool_devices, published
+from nodefabric_deviceplugin.dra.linklayer import link_layers
+from nodefabric_deviceplugin.dra.slices import desired_slices, resource_slice
+
+PROG = "nodefabric slices"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--root", default=None, help="read this host root (default /)")
+    source.add_argument(
+        "-f", "--filename", help="a Devices object (JSON or YAML, - for stdin) instead of a host"
+    )
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="the node (default: $NODE_NAME, else the Devices object's name)",
+    )
+    parser.add_argument(
+        "--domain", default=DEFAULT_DOMAIN, help=f"the driver is rdma.<domain> (default {DEFAULT_DOMAIN})"
+    )
+    parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+
+
+def _load(path: str) -> Devices:
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    doc: Any = yaml.safe_load(text)
+    if not isinstance(doc, dict) or doc.get("kind") not in (None, "Devices"):
+        raise ValueError("expected one Devices object")
+    return Devices.from_wire(doc)
+
+
+def slice_list(spec: DevicesSpec, config: DriverConfig, layers: dict[str, str]) -> dict[str, Any]:
+    desired = desired_slices(spec, config, layers) or []
+    return {"apiVersion": "v1", "kind": "List", "items": [resource_slice(d, 1) for d in desired]}
+
+
+def run(args: argparse.Namespace) -> int:
+    devices: Devices | None = None
+    if args.filename:
+        try:
+            devices = _load(args.filename)
+        except (OSError, ValueError, yaml.YAMLError, pydantic.ValidationError) as exc:
+            print(f"{PROG}: cannot read {args.filename}: {exc}", file=sys.stderr)
+            return 2
+    node = args.node_name or (devices.metadata.name if devices is not None else "")
+    if not node:
+        print(f"{PROG}: no node name: pass --node-name (or set NODE_NAME)", file=sys.stderr)
+        return 2
+    try:
+        config = DriverConfig(node_name=node, domain=args.domain)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    layers: dict[str, str] = {}
+    if devices is not None:
+        spec = devices.spec
+    else:
+        root = args.root or "/"
+        if not os.path.isdir(root):
+            print(f"{PROG}: the host root {root} is not a directory", file=sys.stderr)
+            return 2
+        host = HostRoot.at(root)
+        reading = inventory.read(host)
+        if reading.interfaces is None:
+            why = next((c.message for c in reading.conditions if c.status == "False"), "unknown")
+            print(f"{PROG}: could not enumerate this host's interfaces, so no slices: {why}", file=sys.stderr)
+            return 1
+        spec = reading.spec()
+        layers = link_layers(host, [d.endpoint.rdma_device for d in published(pool_devices(spec))])
+    doc = slice_list(spec, config, layers)
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+    return 0

@@ -1,0 +1,43 @@
+"""Fixtures of the DRA tests: short socket directories, the embedded API serving resource.k8s.io/v1,
+and the HGX fixture host with its record."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from dra_helpers import Dirs, declare_dra, hgx, put_node, read
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+
+
+@pytest.fixture
+def dirs() -> Iterator[Dirs]:
+    # Unix socket paths are limited to 107 bytes: a short base under /tmp, not pytest's tmp_path.
+    base = tempfile.mkdtemp(prefix="nfdra", dir="/tmp")
+    yield Dirs(plugin=f"{base}/plugins", registry=f"{base}/reg", cdi=f"{base}/cdi")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[RunningAPI]:
+    async with running_api(directory=str(tmp_path)) as k:
+        declare_dra(k)
+        put_node(k)
+        yield k
+
+
+@pytest.fixture
+def hgx_host(tmp_path: Path) -> tuple[SysfsBuilder, Libraries]:
+    return hgx(tmp_path / "hgx")
+
+
+@pytest.fixture
+def hgx_spec(hgx_host: tuple[SysfsBuilder, Libraries]) -> DevicesSpec:
+    return read(*hgx_host)

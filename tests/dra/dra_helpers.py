@@ -1,0 +1,192 @@
+"""Helpers of the DRA tests: fixture hosts and their records, ResourceClaims, a running driver."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kmock
+
+from nodefabric_devicemanager import inventory, nodeclient
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.accelerators.ascend import NoAscend
+from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.accelerators import nvswitch_node
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra.config import DriverConfig
+from nodefabric_deviceplugin.dra.driver import DraDriver
+from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
+from nodefabric_operator.demo.dra import serve_dra_resources
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+NODE = "hgx-0"
+DRIVER = "rdma.gpustack.ai"
+SLICES = "resource.k8s.io/v1/resourceslices"
+CLAIMS = "resource.k8s.io/v1/resourceclaims"
+SPLIT_PF = "0000:e0:00.0"  # the HGX NIC split into VFs
+
+
+def hgx(root: Path, *, vfs: int = 4) -> tuple[SysfsBuilder, Libraries]:
+    """An 8-GPU NVSwitch board, a ConnectX-7 beside each GPU under its PCIe switch; NIC 7 split into VFs."""
+    b = SysfsBuilder(root)
+    nvml = nvswitch_node(b, clique_id=1)
+    b.sriov(SPLIT_PF, vfs=vfs, numa=1, rdma_prefix="mlx5_", first_rdma=8, first_verbs=8)
+    b.rdma_cm()
+    return b, Libraries(nvidia=Nvml(nvml), ascend=NoAscend())
+
+
+NO_LIBRARIES = Libraries(nvidia=NoNvidia(), ascend=NoAscend())
+
+
+def read(b: SysfsBuilder, libraries: Libraries = NO_LIBRARIES) -> DevicesSpec:
+    """The record the inventory reads from a fixture host."""
+    reading = inventory.read(b.host, libraries=libraries)
+    assert reading.interfaces is not None
+    return reading.spec()
+
+
+def gpu_pcie_roots(spec: DevicesSpec) -> dict[str, str]:
+    """GPU bus id -> its host bridge, as another driver (the GPU vendor's) would publish pcieRoot."""
+    return {a.id: a.topology.pci_host_bridge for g in spec.groups for a in g.accelerators}
+
+
+def declare_dra(k: RunningAPI) -> None:
+    serve_dra_resources(k)
+
+
+def put_node(k: RunningAPI, name: str = NODE) -> dict[str, Any]:
+    return k.api.put_object("v1/nodes", {"metadata": {"name": name}})
+
+
+def result(device: str, *, request: str = "nic", driver: str = DRIVER, pool: str = NODE) -> dict[str, Any]:
+    return {"request": request, "driver": driver, "pool": pool, "device": device}
+
+
+def put_claim(
+    k: RunningAPI, name: str, results: list[dict[str, Any]] | None, *, namespace: str = "ml", uid: str = ""
+) -> dict[str, Any]:
+    """A ResourceClaim as the scheduler leaves it: allocated (`results`), or not (None)."""
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}},
+    }
+    if results is not None:
+        obj["status"] = {
+            "allocation": {
+                "devices": {"results": results},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+                    ]
+                },
+            }
+        }
+    return k.api.put_object(CLAIMS, obj)
+
+
+def live_slices(k: RunningAPI) -> list[dict[str, Any]]:
+    return sorted(
+        (o.raw for key, o in k.api.objects.items() if key[0] == kmock.resource(SLICES) and not o.deleted),
+        key=lambda o: o["metadata"]["name"],
+    )
+
+
+def slice_writes(k: RunningAPI) -> int:
+    return sum(k.count(m, SLICES) for m in ("POST", "PATCH", "PUT", "DELETE"))
+
+
+def client(k: RunningAPI) -> nodeclient.Api:
+    return nodeclient.load(k.kubeconfig)
+
+
+@dataclass
+class Dirs:
+    plugin: str
+    registry: str
+    cdi: str
+
+    def config(self, node: str = NODE, **kw: Any) -> DriverConfig:
+        return DriverConfig(
+            node_name=node, plugin_dir=self.plugin, registry_dir=self.registry, cdi_dir=self.cdi, **kw
+        )
+
+
+@dataclass
+class Running:
+    driver: DraDriver
+    source: RecordSource
+    kubelet: DraKubelet
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+async def start_driver(
+    k: RunningAPI,
+    dirs: Dirs,
+    host: HostRoot,
+    spec: DevicesSpec | None,
+    *,
+    kubelet: DraKubelet | None = None,
+    resync: float = 60.0,
+    **options: Any,
+) -> Running:
+    """The driver running on this loop; `options` go to DraDriver (polls, inotify)."""
+    config = dirs.config()
+    source = RecordSource(spec)
+    driver = DraDriver(config, source, host, DraApi(client(k), config), resync=resync, **options)
+    stop = asyncio.Event()
+    task = asyncio.create_task(driver.run(stop))
+    return Running(driver, source, kubelet or DraKubelet(dirs.registry), stop, task)
+
+
+async def shutdown(r: Running) -> None:
+    await r.kubelet.stop()
+    r.stop.set()
+    await asyncio.wait_for(r.task, 15)
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_QUALIFIED = re.compile(
+    r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?[A-Za-z_][A-Za-z0-9_]{0,31}$"
+)
+
+
+def refusals(obj: dict[str, Any]) -> list[str]:
+    """What a resource.k8s.io/v1 API server refuses in a ResourceSlice (its validation rules we touch)."""
+    out: list[str] = []
+    spec = obj["spec"]
+    if not spec.get("driver") or len(spec["driver"]) > 63:
+        out.append("driver")
+    pool = spec["pool"]
+    if not pool.get("name") or pool.get("generation", -1) < 0 or pool.get("resourceSliceCount", 0) < 1:
+        out.append("pool")
+    devices = spec.get("devices", [])
+    if len(devices) > 128:
+        out.append("more than 128 devices")
+    names = [d["name"] for d in devices]
+    if len(set(names)) != len(names):
+        out.append("duplicate device names")
+    for d in devices:
+        if not _DNS_LABEL.match(d["name"]):
+            out.append(f"device name {d['name']!r}")
+        attrs = d.get("attributes", {})
+        if len(attrs) > 32:
+            out.append(f"{d['name']}: more than 32 attributes")
+        for name, value in attrs.items():
+            if not _QUALIFIED.match(name):
+                out.append(f"{d['name']}: attribute name {name!r}")
+            if len(value) != 1 or next(iter(value)) not in ("string", "int", "bool", "version"):
+                out.append(f"{d['name']}: attribute {name} value {value!r}")
+            if "string" in value and len(value["string"]) > 64:
+                out.append(f"{d['name']}: attribute {name} longer than 64")
+    return out

@@ -1,0 +1,31 @@
+"""The DRA benchmark runs end to end and prints each figure beside its floor (figures are never asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_benchmark_prints_each_figure_with_its_floor() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "hack/bench_dra.py"), "--claims", "3", "--pfs", "2", "--vfs", "3"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "pool: 2 PFs x 3 VFs: 6 devices in 1 slices"
+    assert [line.split(" p50")[0].strip() for line in lines[1:5]] == [
+        "prepare, first (API + spec + fsync)",
+        "prepare, first",
+        "prepare, again (checkpoint)",
+        "unprepare (spec + fsync)",
+    ]
+    assert "claim GET p50" in lines[1] and "empty call p50" in lines[2]
+    assert lines[5].startswith("target: the first prepare adds <= 20 ms to the claim GET")
+    assert lines[6].startswith("slice sync, nothing changed") and "bare LIST p50" in lines[6]

@@ -1,0 +1,542 @@
+"""The driver end to end: registered by a test kubelet's plugin watcher over a real unix socket, prepare and
+unprepare over the DRA socket in both API versions, ResourceSlices and ResourceClaims in the embedded API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dra_helpers import (
+    CLAIMS,
+    DRIVER,
+    NODE,
+    SLICES,
+    Dirs,
+    Running,
+    client,
+    live_slices,
+    put_claim,
+    result,
+    shutdown,
+    slice_writes,
+    start_driver,
+)
+from prometheus_client import REGISTRY
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
+from nodefabric_devicemanager.nodeclient import ApiFailure
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.allocate import grant
+from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.publish import SlicePublisher
+from nodefabric_deviceplugin.resources import Family, view
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
+from nodefabric_deviceplugin.verbs import read_devices
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
+VF1 = "pci-0000-e0-00-1"  # mlx5_8, the first VF of NIC 7
+
+
+@pytest.fixture
+async def running(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> Any:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    await r.kubelet.wait_registered(DRIVER)
+    yield r
+    await shutdown(r)
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+def link_failed(spec: DevicesSpec, rdma_device: str) -> DevicesSpec:
+    broken = spec.model_copy(deep=True)
+    (iface,) = [i for i in broken.interfaces if i.rdma_device == rdma_device]
+    iface.link = LinkVerdict(state=LinkState.FAILED, reason=f"{rdma_device}: port 1 state '1: DOWN'")
+    return broken
+
+
+def spec_files(dirs: Dirs) -> list[str]:
+    return sorted(os.listdir(dirs.cdi)) if os.path.isdir(dirs.cdi) else []
+
+
+async def wait_until(predicate: Any, timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+# --- registration -----------------------------------------------------------------------------------------
+
+
+async def test_registers_through_the_plugin_watcher_with_both_versions(running: Running, dirs: Dirs) -> None:
+    registered = running.kubelet.plugins[DRIVER]
+    assert registered.socket == f"{dirs.registry}/{DRIVER}-reg.sock"
+    info = registered.info
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == f"{dirs.plugin}/{DRIVER}/dra.sock"
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert registered.client.version.service == "v1.DRAPlugin"  # a current kubelet picks the newest
+    await asyncio.wait_for(running.driver.registration.registered.wait(), 5)  # kubelet told it so
+    assert running.driver.readiness() == (True, f"DRA driver: registered as {DRIVER}")
+
+
+async def test_a_refused_registration_is_logged_and_not_taken_as_registered(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    ancient = DraKubelet(dirs.registry, services=("v1alpha4.DRAPlugin",))
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, kubelet=ancient)
+    try:
+        assert "none of" in await ancient.wait_refused()
+        await wait_until(lambda: bool(r.driver.registration.last_error))
+        assert not r.driver.registration.registered.is_set()
+        ready, why = r.driver.readiness()
+        assert not ready and why.startswith("DRA driver: not registered with kubelet (kubelet refused it: ")
+        assert "none of" in why
+    finally:
+        await shutdown(r)
+
+
+# --- ResourceSlices -----------------------------------------------------------------------------------------
+
+
+async def test_publishes_the_pool_once_and_then_costs_no_writes(
+    running: Running, api: RunningAPI, hgx_spec: DevicesSpec
+) -> None:
+    await wait_until(lambda: running.driver.publisher.syncs >= 1)
+    (obj,) = live_slices(api)
+    assert obj["metadata"]["name"] == f"{NODE}-{DRIVER}-0"
+    assert obj["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    assert obj["metadata"]["ownerReferences"][0]["uid"] == api.api.stored("v1/nodes", NODE)["metadata"]["uid"]
+    spec = obj["spec"]
+    assert (spec["driver"], spec["nodeName"]) == (DRIVER, NODE)
+    assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert len(spec["devices"]) == 11
+    writes = slice_writes(api)
+    assert writes == 1
+    # The same record again (every agent pass delivers it), and a resync: lists, no writes.
+    running.source.update(hgx_spec.model_copy(deep=True))
+    running.driver.publisher.poke()
+    await wait_until(lambda: running.driver.publisher.syncs >= 2)
+    assert slice_writes(api) == writes
+    assert api.count("GET", SLICES) >= 2
+
+
+async def test_a_failed_link_leaves_the_pool_at_the_next_generation(
+    running: Running, api: RunningAPI, hgx_spec: DevicesSpec
+) -> None:
+    await wait_until(lambda: running.driver.publisher.syncs >= 1)
+    running.source.update(link_failed(hgx_spec, "mlx5_0"))
+    await wait_until(lambda: live_slices(api)[0]["spec"]["pool"]["generation"] == 2)
+    names = [d["name"] for d in live_slices(api)[0]["spec"]["devices"]]
+    assert NIC0 not in names and len(names) == 10
+    running.source.update(hgx_spec)  # the link came back
+    await wait_until(lambda: live_slices(api)[0]["spec"]["pool"]["generation"] == 3)
+    assert NIC0 in [d["name"] for d in live_slices(api)[0]["spec"]["devices"]]
+
+
+async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_untouched(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    other = {
+        "metadata": {"name": f"gpu-9-{DRIVER}-0"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": "gpu-9",
+            "pool": {"name": "gpu-9", "generation": 7, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+    api.api.put_object(SLICES, other)
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=0.2)
+    try:
+        await wait_until(lambda: any(o["spec"]["nodeName"] == NODE for o in live_slices(api)))
+        # What kubelet does when it starts, or when the driver was gone for a while.
+        name = f"{NODE}-{DRIVER}-0"
+        await asyncio.to_thread(client(api).request, "DELETE", f"/apis/{SLICES}/{name}")
+        assert not any(o["metadata"]["name"] == name for o in live_slices(api))
+        await wait_until(lambda: any(o["metadata"]["name"] == name for o in live_slices(api)))
+        assert api.api.stored(SLICES, other["metadata"]["name"])["spec"]["pool"]["generation"] == 7
+    finally:
+        await shutdown(r)
+
+
+async def test_api_outages_are_retried_and_nothing_is_published_before_the_first_record(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, None)
+    try:
+        await asyncio.sleep(0.5)
+        assert live_slices(api) == [] and not os.path.exists(r.driver.config.registration_socket)
+        assert r.driver.readiness() == (False, "DRA driver: waiting for the first device record")
+        api.api.fail_next(2, 503)
+        r.source.update(hgx_spec)
+        await wait_until(lambda: len(live_slices(api)) == 1)
+        assert live_slices(api)[0]["spec"]["pool"]["generation"] == 1
+    finally:
+        await shutdown(r)
+
+
+# --- prepare and unprepare ---------------------------------------------------------------------------
+
+
+async def test_prepare_writes_one_cdi_spec_with_the_device_plugins_grant(
+    running: Running,
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+) -> None:
+    claim = put_claim(api, "pair", [result(NIC0, request="nic"), result(VF1, request="vf")])
+    uid = claim["metadata"]["uid"]
+    answer = await running.kubelet.plugin(DRIVER).prepare(ref(claim))
+    assert list(answer) == [uid]
+    entry = answer[uid]
+    assert entry.error == ""
+    kind = f"{DRIVER}/nic"
+    assert [
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in entry.devices
+    ] == [
+        (["nic"], NODE, NIC0, [f"{kind}={uid}-{NIC0}"]),
+        (["vf"], NODE, VF1, [f"{kind}={uid}-{VF1}"]),
+    ]
+    assert spec_files(dirs) == [f"{DRIVER}-nic_{uid}.json"]
+    spec = json.loads(Path(dirs.cdi, spec_files(dirs)[0]).read_text())
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == kind
+    nodes = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}
+    assert nodes == {
+        f"{uid}-{NIC0}": ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"],
+        f"{uid}-{VF1}": ["/dev/infiniband/uverbs8", "/dev/infiniband/rdma_cm"],
+    }
+    assert spec["containerEdits"] == {"env": ["NCCL_IB_HCA==mlx5_0,mlx5_8"]}
+    # The same as a device-plugin Allocate of the same two endpoints, one token from each family.
+    host = hgx_host[0].host
+    whole, parts = view(hgx_spec, Family.EXCLUSIVE), view(hgx_spec, Family.PARTITIONED)
+    endpoints = [whole.by_id["0000:1c:00.0"].endpoint, parts.by_id["0000:e0:00.1"].endpoint]
+    dp = [grant([e], read_devices(host, [e.rdma_device])) for e in endpoints]
+    granted = {n.path for g in dp for n in g.devices}
+    assert granted == {p for paths in nodes.values() for p in paths}
+
+
+async def test_prepare_over_v1beta1_for_a_kubelet_that_knows_only_it(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    older = DraKubelet(dirs.registry, services=("v1beta1.DRAPlugin",))
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, kubelet=older)
+    try:
+        plugin = await older.wait_registered(DRIVER)
+        assert plugin.version.service == "v1beta1.DRAPlugin"
+        claim = put_claim(api, "one", [result(NIC0)])
+        answer = await plugin.prepare(ref(claim))
+        uid = claim["metadata"]["uid"]
+        assert (
+            type(answer[uid]).DESCRIPTOR.full_name
+            == "k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourceResponse"
+        )
+        assert [d.device_name for d in answer[uid].devices] == [NIC0]
+        assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert spec_files(dirs) == []
+    finally:
+        await shutdown(r)
+
+
+async def test_prepare_twice_gives_one_spec_and_the_same_answer(
+    running: Running, api: RunningAPI, dirs: Dirs
+) -> None:
+    claim = put_claim(api, "twice", [result(NIC0)])
+    plugin = running.kubelet.plugin(DRIVER)
+    first = await plugin.prepare(ref(claim))
+    reads = api.count("GET", CLAIMS)
+    second = await plugin.prepare(ref(claim))
+    assert first == second
+    assert len(spec_files(dirs)) == 1
+    assert api.count("GET", CLAIMS) == reads  # answered from the checkpoint
+    # A spec the runtime directory lost (a reboot empties /var/run) is written again.
+    os.unlink(Path(dirs.cdi, spec_files(dirs)[0]))
+    assert await plugin.prepare(ref(claim)) == first
+    assert len(spec_files(dirs)) == 1
+
+
+async def test_a_claim_whose_uid_differs_is_refused(running: Running, api: RunningAPI, dirs: Dirs) -> None:
+    claim = put_claim(api, "recreated", [result(NIC0)])
+    stale = ClaimRef("ml", str(uuid.uuid4()), "recreated")
+    answer = await running.kubelet.plugin(DRIVER).prepare(stale)
+    assert "deleted and recreated" in answer[stale.uid].error
+    assert not answer[stale.uid].devices
+    assert spec_files(dirs) == []
+    assert claim["metadata"]["uid"] not in answer
+
+
+async def test_another_drivers_devices_are_ignored(running: Running, api: RunningAPI, dirs: Dirs) -> None:
+    gpu = result("gpu-0", request="gpu", driver="gpu.nvidia.com")
+    mixed = put_claim(api, "gpu-and-nic", [gpu, result(NIC0)])
+    only_gpu = put_claim(api, "gpu-only", [gpu])
+    answer = await running.kubelet.plugin(DRIVER).prepare(ref(mixed), ref(only_gpu))
+    assert [d.device_name for d in answer[mixed["metadata"]["uid"]].devices] == [NIC0]
+    assert answer[only_gpu["metadata"]["uid"]].error == ""
+    assert not answer[only_gpu["metadata"]["uid"]].devices
+    assert spec_files(dirs) == [f"{DRIVER}-nic_{mixed['metadata']['uid']}.json"]
+
+
+async def test_every_claim_gets_an_entry_and_a_bad_one_fails_alone(
+    running: Running, api: RunningAPI, dirs: Dirs
+) -> None:
+    good = put_claim(api, "good", [result(NIC0)])
+    pending = put_claim(api, "pending", None)
+    elsewhere = put_claim(api, "elsewhere", [result(VF1, pool="gpu-9")])
+    phantom = put_claim(api, "phantom", [result("pci-0000-99-00-0")])
+    missing = ClaimRef("ml", str(uuid.uuid4()), "missing")
+    hostile = [
+        ClaimRef("ml", "../../etc/passwd", "x"),
+        ClaimRef("ML", str(uuid.uuid4()), "x"),
+        ClaimRef("", "", ""),
+    ]
+    refs = [ref(good), ref(pending), ref(elsewhere), ref(phantom), missing, *hostile]
+    answer = await running.kubelet.plugin(DRIVER).prepare(*refs)
+    assert sorted(answer) == sorted({r.uid for r in refs})
+    errors = {uid: e.error for uid, e in answer.items()}
+    assert errors[good["metadata"]["uid"]] == ""
+    assert "not allocated" in errors[pending["metadata"]["uid"]]
+    assert "pool 'gpu-9'" in errors[elsewhere["metadata"]["uid"]]
+    assert "no device pci-0000-99-00-0" in errors[phantom["metadata"]["uid"]]
+    assert "does not exist" in errors[missing.uid]
+    assert "invalid claim uid" in errors["../../etc/passwd"]
+    assert "invalid claim namespace" in errors[hostile[1].uid]
+    assert "invalid claim uid" in errors[""]
+    assert spec_files(dirs) == [f"{DRIVER}-nic_{good['metadata']['uid']}.json"]
+    # The server is still answering.
+    assert (await running.kubelet.plugin(DRIVER).unprepare(ref(good))) == {good["metadata"]["uid"]: ""}
+
+
+async def test_a_claim_whose_devices_link_failed_since_allocation_is_still_prepared(
+    running: Running, api: RunningAPI, hgx_spec: DevicesSpec
+) -> None:
+    running.source.update(link_failed(hgx_spec, "mlx5_0"))
+    claim = put_claim(api, "placed-before", [result(NIC0)])
+    answer = await running.kubelet.plugin(DRIVER).prepare(ref(claim))
+    assert answer[claim["metadata"]["uid"]].error == ""
+
+
+async def test_unprepare_after_a_restart_removes_the_right_spec(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    keep = put_claim(api, "keep", [result(VF1)])
+    drop = put_claim(api, "drop", [result(NIC0)])
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        await plugin.prepare(ref(keep), ref(drop))
+    finally:
+        await shutdown(r)
+    assert len(spec_files(dirs)) == 2
+    # A new process, a new kubelet connection; the claim objects are gone from the API by now.
+    api.api.objects.clear()
+    api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert await plugin.unprepare(ref(drop)) == {drop["metadata"]["uid"]: ""}
+        assert spec_files(dirs) == [f"{DRIVER}-nic_{keep['metadata']['uid']}.json"]
+        assert list(r.driver.checkpoint.claims) == [keep["metadata"]["uid"]]
+        # A prepared claim is answered from the checkpoint though its object is gone.
+        again = await plugin.prepare(ref(keep))
+        assert [d.device_name for d in again[keep["metadata"]["uid"]].devices] == [VF1]
+        # Unpreparing a claim never prepared here is success.
+        never = ClaimRef("ml", str(uuid.uuid4()), "never")
+        assert await plugin.unprepare(never) == {never.uid: ""}
+    finally:
+        await shutdown(r)
+
+
+async def test_unprepare_finds_the_spec_where_it_was_written_even_if_the_cdi_dir_moved(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    claim = put_claim(api, "moved", [result(NIC0)])
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim))
+    finally:
+        await shutdown(r)
+    old = dirs.cdi
+    moved = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
+    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert await plugin.unprepare(ref(claim)) == {claim["metadata"]["uid"]: ""}
+        assert os.listdir(old) == []
+    finally:
+        await shutdown(r)
+
+
+async def test_a_corrupt_checkpoint_is_set_aside_and_unprepare_still_removes_the_spec(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    claim = put_claim(api, "c", [result(NIC0)])
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim))
+    finally:
+        await shutdown(r)
+    checkpoint = Path(r.driver.config.checkpoint_path)
+    doc = json.loads(checkpoint.read_text())
+    doc["claims"][claim["metadata"]["uid"]]["specPath"] = "/etc/passwd"  # tampered: the checksum catches it
+    checkpoint.write_text(json.dumps(doc))
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        assert r.driver.checkpoint.claims == {}
+        assert Path(f"{checkpoint}.corrupt").exists()
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert await plugin.unprepare(ref(claim)) == {claim["metadata"]["uid"]: ""}
+        assert spec_files(dirs) == []
+    finally:
+        await shutdown(r)
+
+
+async def test_a_spec_path_that_is_a_directory_fails_the_claim_not_the_server(
+    running: Running, api: RunningAPI, dirs: Dirs
+) -> None:
+    claim = put_claim(api, "blocked", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    os.makedirs(Path(dirs.cdi, f"{DRIVER}-nic_{uid}.json"))
+    answer = await running.kubelet.plugin(DRIVER).prepare(ref(claim))
+    assert "writing the CDI spec" in answer[uid].error
+    assert uid not in running.driver.checkpoint.claims
+    err = await running.kubelet.plugin(DRIVER).unprepare(ref(claim))
+    assert "Is a directory" in err[uid]
+
+
+async def test_a_fifo_in_place_of_a_spec_is_replaced_not_read(
+    running: Running, api: RunningAPI, dirs: Dirs
+) -> None:
+    claim = put_claim(api, "fifo", [result(NIC0)])
+    path = Path(dirs.cdi, f"{DRIVER}-nic_{claim['metadata']['uid']}.json")
+    os.makedirs(dirs.cdi, exist_ok=True)
+    os.mkfifo(path)
+    answer = await asyncio.wait_for(running.kubelet.plugin(DRIVER).prepare(ref(claim)), 10)
+    assert answer[claim["metadata"]["uid"]].error == ""
+    assert stat.S_ISREG(os.lstat(path).st_mode)
+
+
+# --- sockets --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        # The safety poll never comes within the test: only inotify can bring the sockets back.
+        {"safety_poll": 3600.0},
+        # Where inotify cannot be used, the fallback poll does.
+        {"use_inotify": False, "fallback_poll": 0.05},
+    ],
+    ids=["inotify", "polling"],
+)
+async def test_deleted_sockets_are_served_again_and_a_restarted_kubelet_registers_again(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    options: dict[str, Any],
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, **options)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        assert r.driver.watching == options.get("use_inotify", True)
+        config = r.driver.config
+        for path in (config.dra_socket, config.registration_socket):
+            os.unlink(path)
+        await wait_until(
+            lambda: os.path.exists(config.dra_socket) and os.path.exists(config.registration_socket)
+        )
+        await r.kubelet.restart()
+        plugin = await r.kubelet.wait_registered(DRIVER, count=2)
+        claim = put_claim(api, "after", [result(NIC0)])
+        answer = await plugin.prepare(ref(claim))
+        assert answer[claim["metadata"]["uid"]].error == ""
+        # Replaced under us (a stale file of the same name): served again too.
+        os.unlink(config.registration_socket)
+        with open(config.registration_socket, "w"):
+            pass
+        await wait_until(lambda: stat.S_ISSOCK(os.stat(config.registration_socket).st_mode))
+    finally:
+        await shutdown(r)
+
+
+async def test_the_socket_directories_deleted_whole_are_served_and_watched_again(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, fallback_poll=0.05)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        config = r.driver.config
+        shutil.rmtree(config.socket_dir)  # the checkpoint goes too: a wiped kubelet state directory
+        await wait_until(lambda: os.path.exists(config.dra_socket))
+        await wait_until(lambda: r.driver.watching)  # inotify follows the new directory
+        os.unlink(config.dra_socket)
+        await wait_until(lambda: os.path.exists(config.dra_socket))
+    finally:
+        await shutdown(r)
+
+
+async def test_stopping_removes_both_sockets(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    await r.kubelet.wait_registered(DRIVER)
+    await shutdown(r)
+    assert not os.path.exists(r.driver.config.dra_socket)
+    assert not os.path.exists(r.driver.config.registration_socket)
+
+
+async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_uid(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=0.2)
+    try:
+        await wait_until(lambda: len(live_slices(api)) == 1)
+        await asyncio.to_thread(client(api).request, "DELETE", f"/api/v1/nodes/{NODE}")
+        await wait_until(lambda: live_slices(api) == [])  # collected with their owner
+
+        def skipped() -> float:
+            return (
+                REGISTRY.get_sample_value("nodefabric_dra_slice_syncs_total", {"outcome": "skipped"}) or 0.0
+            )
+
+        before = skipped()
+        await wait_until(lambda: skipped() >= before + 2)  # resyncs find no Node...
+        assert live_slices(api) == []  # ...and publish nothing for it
+        node = api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
+        await wait_until(lambda: len(live_slices(api)) == 1)
+        assert live_slices(api)[0]["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+    finally:
+        await shutdown(r)
+
+
+async def test_a_foreign_slice_holding_our_name_is_reported_not_overwritten(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    squatter = {
+        "metadata": {"name": f"{NODE}-{DRIVER}-0"},
+        "spec": {"driver": DRIVER, "nodeName": "gpu-9", "pool": {"name": "gpu-9", "generation": 1,
+                 "resourceSliceCount": 1}, "devices": []},
+    }  # fmt: skip
+    api.api.put_object(SLICES, squatter)
+    config = dirs.config()
+    publisher = SlicePublisher(DraApi(client(api), config), config, RecordSource(hgx_spec), hgx_host[0].host)
+    with pytest.raises(ApiFailure, match="may belong to another node or driver"):
+        await asyncio.to_thread(publisher.sync)
+    assert api.api.stored(SLICES, f"{NODE}-{DRIVER}-0")["spec"]["nodeName"] == "gpu-9"

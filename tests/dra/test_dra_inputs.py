@@ -1,0 +1,433 @@
+"""Hostile inputs to the driver's parts: claims the API hands back, the checkpoint on disk, configuration,
+an API that fails. Each bad input gets a clear error and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dra_helpers import DRIVER, NODE, Dirs, result
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.nodeclient import ApiFailure
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra import cdi
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from nodefabric_deviceplugin.dra.claims import ClaimError, ClaimRef, allocated_devices
+from nodefabric_deviceplugin.dra.config import DriverConfig
+from nodefabric_deviceplugin.dra.linklayer import link_layers
+from nodefabric_deviceplugin.dra.prepare import Preparer
+from nodefabric_deviceplugin.dra.publish import SlicePublisher
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
+
+UID = "6f1c2a4e-2b0d-4d43-9a55-0c7f1b2b9e10"
+REF = ClaimRef("ml", UID, "pair")
+
+
+def claim(results: Any, uid: str = UID) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+# --- claims -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("obj", "why"),
+    [
+        ([], "is not an object"),
+        ({"metadata": {"uid": "other"}}, "deleted and recreated"),
+        ({"metadata": {"uid": UID}}, "not allocated"),
+        ({"metadata": {"uid": UID}, "status": {"allocation": "yes"}}, "not allocated"),
+        (claim({"a": 1}), "is not a list"),
+        (claim(["x"]), "result 0 is not an object"),
+        (claim([result("Not_A_Label")]), "names no valid device"),
+        (claim([result("x" * 64)]), "names no valid device"),
+        (claim([{"driver": DRIVER, "pool": NODE}]), "names no valid device"),
+        (claim([result("pci-0000-19-00-0", pool="elsewhere")]), "not this node's pool"),
+    ],
+)
+def test_a_claim_that_cannot_be_served_says_why(obj: Any, why: str) -> None:
+    with pytest.raises(ClaimError, match=why):
+        allocated_devices(obj, REF, driver=DRIVER, pool=NODE)
+
+
+def test_results_of_other_drivers_are_skipped_and_a_missing_request_name_is_empty() -> None:
+    results = [
+        result("gpu-0", driver="gpu.nvidia.com", pool="anything"),
+        {"driver": DRIVER, "pool": NODE, "device": "pci-0000-19-00-0", "request": 7},
+        result("pci-0000-1a-00-0", request="nic/rdma"),
+    ]
+    found = allocated_devices(claim(results), REF, driver=DRIVER, pool=NODE)
+    assert [(a.request, a.device) for a in found] == [
+        ("", "pci-0000-19-00-0"),
+        ("nic/rdma", "pci-0000-1a-00-0"),
+    ]
+    assert allocated_devices(claim(None), REF, driver=DRIVER, pool=NODE) == []
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        ClaimRef("ml", "", "x"),
+        ClaimRef("ml", "../x", "x"),
+        ClaimRef("ml", "a/b", "x"),
+        ClaimRef("ml", "u" * 64, "x"),
+        ClaimRef("", UID, "x"),
+        ClaimRef("Ml", UID, "x"),
+        ClaimRef("ml", UID, ""),
+        ClaimRef("ml", UID, "a" * 254),
+        ClaimRef("ml", UID, "has space"),
+    ],
+)
+def test_claim_references_no_api_server_could_produce_are_refused(ref: ClaimRef) -> None:
+    with pytest.raises(ClaimError, match="invalid claim"):
+        ref.check()
+
+
+# --- configuration --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"node_name": ""}, "node name"),
+        ({"node_name": "Node_1"}, "node name"),
+        ({"domain": "Example.COM"}, "domain"),
+        ({"domain": "a" * 60 + ".io"}, "at most 63"),
+        ({"plugin_dir": "relative/dir"}, "--plugin-dir must be an absolute path"),
+        ({"cdi_dir": "cdi"}, "--cdi-dir must be an absolute path"),
+        ({"registry_dir": "/" + "r" * 100}, "longer than 107 bytes"),
+    ],
+)
+def test_bad_configuration_is_refused_with_the_reason(kwargs: dict[str, Any], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        DriverConfig(**{"node_name": NODE, **kwargs})
+
+
+def test_the_driver_name_and_paths_follow_the_domain() -> None:
+    config = DriverConfig(node_name=NODE, domain="example.com", plugin_dir="/p", registry_dir="/r")
+    assert config.driver == "rdma.example.com"
+    assert config.dra_socket == "/p/rdma.example.com/dra.sock"
+    assert config.registration_socket == "/r/rdma.example.com-reg.sock"
+    assert config.pool == NODE
+
+
+# --- the checkpoint -----------------------------------------------------------------------------------------
+
+
+def prepared(uid: str = UID) -> PreparedClaim:
+    device = PreparedDevice(("nic",), NODE, "pci-0000-19-00-0", (f"{DRIVER}/nic={uid}-pci-0000-19-00-0",))
+    return PreparedClaim(uid, "ml", "pair", (device,), f"/run/cdi/{DRIVER}-nic_{uid}.json", {"kind": "x"})
+
+
+def test_the_checkpoint_survives_a_restart(tmp_path: Path) -> None:
+    path = str(tmp_path / "checkpoint.json")
+    Checkpoint(path).put(prepared())
+    again = Checkpoint(path)
+    assert again.claims == {UID: prepared()}
+    assert again.claims[UID].spec == {"kind": "x"}
+    again.remove(UID)
+    assert Checkpoint(path).claims == {}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"\xff\xfe garbage",
+        b"[]",
+        b'{"kind": "nodefabric.dra/checkpoint", "version": 2, "claims": {}}',
+        b'{"kind": "nodefabric.dra/checkpoint", "version": 1, "claims": {"u": {}}, "checksum": "0"}',
+    ],
+)
+def test_an_unusable_checkpoint_is_set_aside_not_trusted(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(content)
+    assert Checkpoint(str(path)).claims == {}
+    assert (tmp_path / "checkpoint.json.corrupt").read_bytes() == content
+    assert not path.exists()
+
+
+def test_a_checkpoint_whose_entries_are_the_wrong_shape_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(str(path)).put(prepared())
+    doc = json.loads(path.read_text())
+    doc["claims"][UID]["devices"] = [{"requestNames": "nic"}]
+    from nodefabric_deviceplugin.dra.checkpoint import _checksum
+
+    doc["checksum"] = _checksum(doc["claims"])  # a well-formed file with a bad entry
+    path.write_text(json.dumps(doc))
+    assert Checkpoint(str(path)).claims == {}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory", "huge"])
+def test_a_checkpoint_path_holding_something_else_never_blocks_or_follows(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "checkpoint.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.json").write_text("{}")
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        with open(path, "wb") as f:
+            f.truncate(17 << 20)
+    done: list[Checkpoint] = []
+    reader = threading.Thread(target=lambda: done.append(Checkpoint(str(path))), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert done and done[0].claims == {}, "reading the checkpoint blocked"
+    if kind == "symlink":
+        assert (tmp_path / "elsewhere.json").read_text() == "{}"
+
+
+def test_a_checkpoint_that_cannot_be_written_keeps_memory_and_disk_in_step(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    checkpoint = Checkpoint(str(state / "checkpoint.json"))
+    checkpoint.put(prepared())
+    # The directory turns into a file (works as root too, unlike a permission change).
+    state.rename(tmp_path / "gone")
+    state.write_text("not a directory")
+    with pytest.raises(OSError):
+        checkpoint.put(prepared(str(uuid.uuid4())))
+    assert list(checkpoint.claims) == [UID]
+    with pytest.raises(OSError):
+        checkpoint.remove(UID)
+    assert list(checkpoint.claims) == [UID]
+    replaced = prepared()
+    with pytest.raises(OSError):
+        checkpoint.put(PreparedClaim(UID, "ml", "other", (), "", {}))
+    assert checkpoint.claims[UID] == replaced
+
+
+def test_a_checkpoint_directory_that_is_a_file_fails_the_write_and_forgets_nothing(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("not a directory")
+    checkpoint = Checkpoint(str(blocker / "checkpoint.json"))
+    with pytest.raises(OSError):
+        checkpoint.put(prepared())
+    assert checkpoint.claims == {}
+
+
+# --- CDI spec files ---------------------------------------------------------------------------------------
+
+
+def test_a_spec_already_in_place_is_not_rewritten(tmp_path: Path) -> None:
+    path = str(tmp_path / f"{DRIVER}-nic_{UID}.json")
+    spec = cdi.build_spec(
+        DRIVER, UID, {"pci-0000-19-00-0": ["/dev/infiniband/uverbs3"]}, {"NCCL_IB_HCA": "=mlx5_0"}
+    )
+    assert cdi.write_spec(path, spec)
+    before = os.stat(path).st_mtime_ns
+    time.sleep(0.01)
+    assert not cdi.write_spec(path, spec)
+    assert os.stat(path).st_mtime_ns == before
+    assert [n for n in os.listdir(tmp_path)] == [os.path.basename(path)]  # no temporary left behind
+    assert json.loads(Path(path).read_text())["containerEdits"] == {"env": ["NCCL_IB_HCA==mlx5_0"]}
+
+
+def test_a_spec_that_is_garbage_on_disk_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_bytes(b"\x00\x01")
+    spec = cdi.build_spec(DRIVER, UID, {"d": ["/dev/x"]}, {})
+    assert cdi.write_spec(str(path), spec)
+    assert json.loads(path.read_text()) == spec
+    assert "containerEdits" not in spec  # no environment: no spec-level edits
+
+
+# --- prepare against an API that fails ---------------------------------------------------------------------
+
+
+class FailingApi:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (ApiFailure("unavailable", "read resourceclaim ml/pair: HTTP 503"), "HTTP 503"),
+        (ApiFailure("rejected", "read resourceclaim ml/pair: HTTP 403 Forbidden"), "403"),
+        (["not", "a", "claim"], "is not an object"),
+        (RuntimeError("boom"), "internal error"),
+    ],
+)
+async def test_an_api_failure_fails_that_claim_and_leaves_no_trace(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, answer: Any, why: str
+) -> None:
+    config = dirs.config()
+    checkpoint = Checkpoint(config.checkpoint_path)
+    preparer = Preparer(config, RecordSource(hgx_spec), hgx_host[0].host, FailingApi(answer), checkpoint)
+    out = await preparer.prepare([REF, REF])
+    assert list(out) == [UID]  # the same claim twice is one entry
+    assert why in out[UID].error and not out[UID].devices
+    assert checkpoint.claims == {} and not os.path.exists(config.cdi_dir)
+
+
+async def test_prepare_before_the_first_record_asks_kubelet_to_retry(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries]
+) -> None:
+    config = dirs.config()
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(), hgx_host[0].host, api, Checkpoint(config.checkpoint_path))
+    out = await preparer.prepare([REF])
+    assert "no device record yet" in out[UID].error
+
+
+async def test_a_device_whose_verbs_node_is_gone_fails_the_claim_naming_what_was_checked(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    os.unlink(b.path("/dev/infiniband/uverbs0"))
+    config = dirs.config()
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path))
+    out = await preparer.prepare([REF])
+    assert "no verbs device for RDMA device 'mlx5_0'" in out[UID].error
+    assert "/dev/infiniband/uverbs0" in out[UID].error
+
+
+async def test_a_device_of_a_type_the_driver_does_not_offer_is_refused(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    config = DriverConfig(
+        node_name=NODE,
+        plugin_dir=dirs.plugin,
+        registry_dir=dirs.registry,
+        cdi_dir=dirs.cdi,
+        functions=("pf",),
+    )
+    api = FailingApi(claim([result("pci-0000-e0-00-1")]))  # a VF: the device plugin's beside DRA
+    preparer = Preparer(
+        config, RecordSource(hgx_spec), hgx_host[0].host, api, Checkpoint(config.checkpoint_path)
+    )
+    out = await preparer.prepare([REF])
+    assert "no device pci-0000-e0-00-1" in out[UID].error
+
+
+# --- a FIFO where sysfs has an attribute, and a read that does not return -----------------------------------
+
+
+async def test_a_fifo_where_a_verbs_attribute_belongs_fails_the_claim_at_once(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    for path in ("/sys/class/infiniband_verbs/uverbs0/ibdev",):
+        b.path(path).unlink()
+        os.mkfifo(b.path(path))
+    config = dirs.config()
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path))
+    out = await asyncio.wait_for(preparer.prepare([REF]), 10)
+    assert "no verbs device for RDMA device 'mlx5_0'" in out[UID].error and "FIFO" in out[UID].error
+
+
+async def test_a_read_that_does_not_return_fails_the_claim_within_budget_and_starts_no_second(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    hold = threading.Event()
+
+    def stuck_reader(host: HostRoot, wanted: Iterable[str]) -> VerbsTable:
+        hold.wait(30)  # a driver holding its lock through a firmware reset
+        return read_table(host, wanted)
+
+    config = dirs.config()
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    verbs = VerbsCache(b.host, budget=0.5, reader=stuck_reader)
+    preparer = Preparer(
+        config, RecordSource(hgx_spec), b.host, api, Checkpoint(config.checkpoint_path), verbs=verbs
+    )
+    try:
+        out = await asyncio.wait_for(preparer.prepare([REF]), 10)
+        assert "did not finish within 0.5 s" in out[UID].error
+        # The lock is free again: the next claim is answered, waiting on the same read, not a second one.
+        other = ClaimRef("ml", str(uuid.uuid4()), "pair")
+        api.answer = claim([result("pci-0000-1c-00-0")], uid=other.uid)
+        again = await asyncio.wait_for(preparer.prepare([other]), 10)
+        assert "did not finish within 0.5 s" in again[other.uid].error
+        assert verbs.reads == 1
+        hold.set()  # the host answers again: so does prepare
+        third = ClaimRef("ml", str(uuid.uuid4()), "pair")
+        api.answer = claim([result("pci-0000-1c-00-0")], uid=third.uid)
+        async with asyncio.timeout(10):
+            while (await preparer.prepare([third]))[third.uid].error:
+                await asyncio.sleep(0.05)
+    finally:
+        hold.set()
+
+
+async def test_a_fifo_where_a_link_layer_belongs_leaves_the_attribute_out(
+    hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    layer = b.path("/sys/class/infiniband/mlx5_0/ports/1/link_layer")
+    layer.unlink()
+    os.mkfifo(layer)
+    layers = await asyncio.wait_for(asyncio.to_thread(link_layers, b.host, ["mlx5_0", "mlx5_1"]), 10)
+    assert layers == {"mlx5_1": "Ethernet"}
+
+
+async def test_a_sync_that_does_not_return_stalls_one_thread_not_the_publisher(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    b, _ = hgx_host
+    hold = threading.Event()
+    calls: list[str] = []
+
+    class Api:
+        def node_owner(self) -> dict[str, Any]:
+            return {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
+
+        def list_slices(self) -> list[dict[str, Any]]:
+            hold.wait(30)  # an API server that accepted the connection and went silent
+            calls.append("list")
+            return []
+
+        def create_slice(self, body: dict[str, Any]) -> None:
+            calls.append("create")
+
+        def update_slice(self, body: dict[str, Any], resource_version: str) -> None:
+            calls.append("update")
+
+        def delete_slice(self, name: str, resource_version: str) -> None:
+            calls.append("delete")
+
+    publisher = SlicePublisher(Api(), dirs.config(), RecordSource(hgx_spec), b.host, resync=0.1, budget=0.3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            while publisher.flight.stuck_for < 0.5:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(1.2)  # more budgets and retries pass
+        assert publisher.flight.started == 1 and calls == [] and publisher.syncs == 0
+        hold.set()
+        async with asyncio.timeout(10):
+            while publisher.syncs < 1:
+                await asyncio.sleep(0.05)
+        assert calls[:2] == ["list", "create"]
+    finally:
+        hold.set()
+        stop.set()
+        await asyncio.wait_for(task, 10)
