@@ -14,6 +14,7 @@ import aiohttp
 import kmock
 import pytest
 
+from nodefabric_devicemanager import crd as crd_module
 from nodefabric_operator.demo.kubeapi import running_api
 
 SLICES = "resource.k8s.io/v1/resourceslices"
@@ -332,3 +333,20 @@ async def test_discovery_documents(path):
                 "resourceclaims/status",
                 "deviceclasses",
             }
+
+
+async def test_kmock_resources_and_clear_keep_what_the_api_serves():
+    async with running_api([crd_module.devices_crd()]) as k:
+        assert SLICES in k.api.resources and "worker.gpustack.ai/v1alpha1/devices" in k.api.resources
+        assert k.api.resources[SLICES].kind == "ResourceSlice"
+        # Declaring a served resource again (as code written for kmock does) keeps what it has.
+        k.api.declare(SLICES, kind="ResourceSlice", namespaced=False)
+        k.api.put_object(SLICES, rslice("a", "n1"))
+        _, listed = await get(k, SLICES_URL + "?fieldSelector=spec.nodeName=n1")
+        assert names(listed) == ["a"]
+        k.api.resources["example.com/v1/gadgets"] = kmock.ResourceInfo(kind="Gadget", namespaced=True)
+        assert (await get(k, "/apis/example.com/v1/gadgets"))[0] == 200
+        k.api.objects.clear()
+        assert k.api.stored(SLICES, "a") is None
+        assert k.api.stored("v1/namespaces", "default") is not None
+        assert (await get(k, "/apis/worker.gpustack.ai/v1alpha1/devices"))[0] == 200, "its CRD stays"

@@ -27,6 +27,50 @@ class Buses(dict[Any, Hub]):
         return self._api.hub(str(resource_key(ref)))
 
 
+class ResourcesView(Mapping[Any, Any]):
+    """kmock's `resources` (resource -> ResourceInfo) over our catalogue: what is served, by key; an
+    assignment declares a resource, as with kmock."""
+
+    def __init__(self, api: KubeAPI) -> None:
+        self._api = api
+
+    def __getitem__(self, key: Any) -> Any:
+        rt = self._api.catalogue.by_key(resource_key(key))
+        if rt is None:
+            raise KeyError(key)
+        return kmock.ResourceInfo(
+            kind=rt.kind,
+            singular=rt.singular,
+            namespaced=rt.namespaced,
+            verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+            shortnames=set(rt.short_names),
+            categories=set(rt.categories),
+            subresources=set(rt.subresources),
+        )
+
+    def __setitem__(self, key: Any, info: Any) -> None:
+        kind = getattr(info, "kind", None) or (info.get("kind") if isinstance(info, Mapping) else None)
+        namespaced = getattr(info, "namespaced", None)
+        if isinstance(info, Mapping):
+            namespaced = info.get("namespaced")
+        subresources = getattr(info, "subresources", None) or (
+            info.get("subresources", ()) if isinstance(info, Mapping) else ()
+        )
+        ref = kmock.resource(resource_key(key))
+        self._api.declare(
+            resource_key(key),
+            kind=kind or str(ref.plural).capitalize(),
+            namespaced=bool(namespaced),
+            subresources=subresources,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([rt.ref for rt in self._api.catalogue])
+
+    def __len__(self) -> int:
+        return len(list(self._api.catalogue))
+
+
 class LiveObject(kmock.Object):  # type: ignore[misc]
     """A copy of a stored object whose API-like methods act on the store: `delete()` deletes it (watches
     see DELETED), `patch(changes)` merges into it. Item assignment changes only the copy."""
@@ -87,6 +131,10 @@ class ObjectsView:
         body = copy.deepcopy(dict(value))
         body.setdefault("metadata", {}).update({"name": key[2], **({"namespace": key[1]} if key[1] else {})})
         self._api.put_object(resource_key(key[0]), body)
+
+    def clear(self) -> None:
+        """Delete every object but what the API started with: the CRDs it serves, its namespaces."""
+        self._api.clear_objects()
 
     def __delitem__(self, key: Any) -> None:
         self._api.remove_object(resource_key(key[0]), key[2], key[1])

@@ -47,7 +47,7 @@ from nodefabric_operator.demo.kubeapi.admission import (
     parse_body,
 )
 from nodefabric_operator.demo.kubeapi.catalogue import Catalogue, ResourceType, builtin_types, crd_types
-from nodefabric_operator.demo.kubeapi.compat import Buses, ObjectsView
+from nodefabric_operator.demo.kubeapi.compat import Buses, ObjectsView, ResourcesView
 from nodefabric_operator.demo.kubeapi.errors import ApiError
 from nodefabric_operator.demo.kubeapi.patches import apply_patch
 from nodefabric_operator.demo.kubeapi.routes import (
@@ -129,8 +129,24 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     # --- declarations and seeding (tests, the demo) --------------------------------------------------
 
     def declare(self, key: str, *, kind: str, namespaced: bool, subresources: Any = ()) -> None:
-        """Serve a resource no CRD declares (schema-less), e.g. a CRD another project installs."""
-        self.catalogue.add(ResourceType.from_key(key, kind, namespaced, subresources=frozenset(subresources)))
+        """Serve a resource no CRD declares (schema-less), e.g. a CRD another project installs. A
+        resource already served keeps what it has (printer columns, selectable fields, names)."""
+        known = self.catalogue.by_key(key)
+        extra = (
+            {}
+            if known is None
+            else {
+                "singular": known.singular,
+                "short_names": known.short_names,
+                "categories": known.categories,
+                "selectable": known.selectable,
+                "columns": known.columns,
+                "schema": known.schema,
+                "crd": known.crd,
+            }
+        )
+        rt = ResourceType.from_key(key, kind, namespaced, subresources=frozenset(subresources), **extra)
+        self.catalogue.add(rt)
 
     def declare_crd(self, crd: Mapping[str, Any]) -> None:
         """Serve a CRD's resources, as if it had been applied (it is stored too, for kubectl)."""
@@ -159,6 +175,10 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     @property
     def objects(self) -> ObjectsView:
         return ObjectsView(self)
+
+    @property
+    def resources(self) -> ResourcesView:
+        return ResourcesView(self)
 
     def stored(self, key: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """A copy of the stored object, or None."""
@@ -201,6 +221,15 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         obj = None if rt is None else self.store.get(rt.key, namespace, name)
         if rt is not None and obj is not None:
             self._remove(rt, obj, "Background")
+
+    def clear_objects(self) -> None:
+        """Delete every object (watches see them go) except the CRDs served and the system namespaces."""
+        for resource, obj in list(self.store.items()):
+            ns, name = key_of(obj)
+            if resource == CRDS or (resource == NAMESPACES and name in SYSTEM_NAMESPACES):
+                continue
+            if self.store.get(resource, ns or None, name) is not None:
+                self.remove_object(resource, name, ns or None)
 
     def hub(self, resource: str) -> Hub:
         hub = self._hubs.get(resource)
