@@ -42,6 +42,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_dra.py
 	$(BIN)/python hack/bench_agent.py
 	$(BIN)/python hack/bench_operator.py
+	$(BIN)/python hack/bench_kubeapi.py
 
 # The image every component runs, tagged as the chart's default (image.registry/repository:appVersion).
 # Needs Docker with BuildKit. For both architectures and a registry:

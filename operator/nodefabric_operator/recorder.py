@@ -30,7 +30,8 @@ def event_body(
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{involved.get('name', 'devices')}.", "namespace": NAMESPACE},
+        # A generateName must stay a DNS subdomain with the suffix added: "name." is refused (422).
+        "metadata": {"generateName": f"{involved.get('name', 'devices')}-", "namespace": NAMESPACE},
         "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid") if k in involved},
         "type": notice.type,
         "reason": notice.reason,

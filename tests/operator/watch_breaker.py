@@ -77,12 +77,16 @@ class WatchBreaker:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         is_watch = request.query.get("watch") in ("true", "1")
         timeout = aiohttp.ClientTimeout(total=None if is_watch else 60)
+        # Forward the request as sent: aiohttp would label a body without a Content-Type (the Python
+        # client sends some so) as application/octet-stream, which an API server refuses (415).
+        as_sent = () if any(k.lower() == "content-type" for k in headers) else ("Content-Type",)
         async with self._session.request(
             request.method,
             self.upstream + request.rel_url.path_qs,
             headers=headers,
             data=body,
             timeout=timeout,
+            skip_auto_headers=as_sent,
         ) as upstream:
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
             if not is_watch or upstream.status != 200:

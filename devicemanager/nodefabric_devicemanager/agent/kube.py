@@ -148,7 +148,8 @@ class DevicesClient:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}.", "namespace": EVENT_NAMESPACE},
+            # A generateName must stay a DNS subdomain with the suffix added: "node." is refused (422).
+            "metadata": {"generateName": f"{node}-", "namespace": EVENT_NAMESPACE},
             "involvedObject": involved,
             "type": kind,
             "reason": reason,

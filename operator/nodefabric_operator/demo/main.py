@@ -15,6 +15,8 @@ import functools
 import logging
 import os
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -67,6 +69,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep", metavar="DIR", help="lay the fixture hosts out here and keep them afterwards"
     )
     parser.add_argument("--verbose", action="store_true", help="show every component's logs on stderr")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the story, keep the embedded API running for kubectl (prints a kubeconfig) until Ctrl-C",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=0,
+        help="the embedded API's port on 127.0.0.1 (default: any free port)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (0-65535)")
+    return port
+
+
+def _port_taken(port: int) -> str | None:
+    """Why 127.0.0.1:port cannot be listened on, or None; checked before the story starts."""
+    if not port:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as err:
+            return err.strerror or str(err)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,10 +111,14 @@ def run(args: argparse.Namespace) -> int:
         # gRPC's C core logs on its own, e.g. an INFO line when a plugin server stops while kubelet's
         # connection is still closing (a loaded machine makes that race likely): the same threshold.
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    taken = _port_taken(args.port)
+    if taken:
+        print(f"nodefabric demo: cannot listen on 127.0.0.1:{args.port}: {taken}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         workdir = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="nodefabric-demo-"))
-        asyncio.run(demo(Path(workdir), sys.stdout))
+        asyncio.run(demo(Path(workdir), sys.stdout, serve=args.serve, port=args.port or None))
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s; everything it started is stopped.")
     return 0
 
@@ -230,18 +269,52 @@ async def device_plugin(agent: Agent, root: Path, plugin_dir: Path) -> AsyncIter
         await asyncio.wait_for(task, 10)
 
 
+async def serve_until_stopped(k: RunningAPI, out: TextIO) -> None:
+    """Keep the embedded API up for kubectl until SIGINT or SIGTERM, then return cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    _section(out, "The embedded API stays up: explore it with kubectl (Ctrl-C stops it)")
+    out.write(f"  API server  {k.url}\n  kubeconfig  {k.kubeconfig}\n\n")
+    out.write(f"  export KUBECONFIG={k.kubeconfig}\n")
+    for example in (
+        "kubectl get devices -o wide",
+        "kubectl get nodefeatures -A -o yaml      # the labels, published through NFD",
+        "kubectl get nodes --show-labels",
+        "kubectl explain devices.spec",
+        "kubectl get devices -w",
+    ):
+        out.write(f"  {example}\n")
+    out.flush()
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    out.write("\n  stopping the embedded API\n")
+
+
+@contextlib.asynccontextmanager
+async def _served_after(k: RunningAPI, out: TextIO, *, serve: bool) -> AsyncIterator[None]:
+    """With --serve, the story's end is not the API's: it stays up until Ctrl-C."""
+    yield
+    if serve:
+        await serve_until_stopped(k, out)
+
+
 async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
     _section(out, "6. The DRA driver on hgx-0: its ResourceSlices, and a GPU + NIC claim prepared")
     out.write(await dra_driver(agent, root, k))
 
 
-async def demo(workdir: Path, out: TextIO) -> None:
+async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None) -> None:
     _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
     nodes = lay_out_hosts(workdir)
     for node in nodes:
         out.write(f"  {node.name:8} {node.zone:11} {node.what}\n")
 
-    async with running_api(directory=str(workdir)) as k:
+    async with running_api(directory=str(workdir), port=port) as k, _served_after(k, out, serve=serve):
         api = load_client(k.kubeconfig)
         # What `helm install` does first: the CRD, through the API like any other object.
         body: Any = crd.devices_crd()  # the client takes a plain dict as readily as its model class

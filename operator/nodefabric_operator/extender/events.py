@@ -31,7 +31,8 @@ def event_body(pod: Mapping[str, Any], type_: str, reason: str, message: str) ->
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
-            "generateName": f"{meta.get('name', 'pod')}.",
+            # A generateName must be a DNS subdomain once a suffix is added: "pod." is refused (422).
+            "generateName": f"{meta.get('name', 'pod')}-",
             "namespace": meta.get("namespace", "default"),
         },
         "involvedObject": {
