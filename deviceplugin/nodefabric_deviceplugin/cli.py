@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import signal
 
+from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin import probes
 from nodefabric_deviceplugin.resources import PluginConfig
@@ -28,26 +28,12 @@ EXIT_USAGE = 2
 # die with the process, so the command ends within about a second whatever the host does.
 
 
-def _interval(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default="/", help="the host's root as mounted here (default /)")
     add_plugin_arguments(parser)
     parser.add_argument(
         "--interval",
-        type=_interval,
+        type=flags.seconds(),
         default=10.0,
         metavar="SECONDS",
         help="host re-read interval (default 10)",
@@ -57,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-port",
-        type=_port,
+        type=flags.port,
         default=0,
         metavar="PORT",
         help="serve /metrics, /healthz and /readyz here (0: off)",

@@ -24,6 +24,7 @@ import kubernetes
 import yaml
 from kubernetes.config.config_exception import ConfigException
 
+from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events, handlers, labels, sinks, startup
 from nodefabric_operator.endpoints import Endpoints, PortUnavailable
@@ -51,22 +52,6 @@ class Options:
     startup_timeout: float = 10.0
 
 
-def _port(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 3600:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0-3600)")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sink",
@@ -82,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--domain", default=labels.DEFAULT_DOMAIN, help="label domain (default: %(default)s)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument(
-        "--metrics-port", type=_port, help="serve Prometheus metrics on /metrics on this port"
+        "--metrics-port", type=flags.port_on, help="serve Prometheus metrics on /metrics on this port"
     )
-    parser.add_argument("--health-port", type=_port, help="serve the liveness probe /healthz on this port")
+    parser.add_argument(
+        "--health-port", type=flags.port_on, help="serve the liveness probe /healthz on this port"
+    )
     parser.add_argument(
         "--standalone", action="store_true", help="no peering: the caller guarantees one replica"
     )
@@ -94,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
     parser.add_argument(
         "--startup-timeout",
-        type=_seconds,
+        type=flags.seconds(most=3600, zero=True),
         default=10.0,
         help="how long to wait for the API server at start before exiting 2 (default: %(default)s s)",
     )

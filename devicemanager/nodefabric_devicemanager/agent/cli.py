@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import os
 import re
 import signal
@@ -25,7 +24,7 @@ from typing import Any
 
 import prometheus_client
 
-from nodefabric_devicemanager import nodeclient
+from nodefabric_devicemanager import flags, nodeclient
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
@@ -41,7 +40,7 @@ EXIT_USAGE = 2
 STOP_GRACE_S = 5.0
 # The parts are told to stop, and waited for this long before being cancelled.
 _PART_STOP_S = 3.0
-_MAX_SECONDS = 7 * 24 * 3600.0
+_seconds = flags.seconds(most=7 * 24 * 3600.0)
 # A Devices object is named after its Node: a DNS subdomain, as the API server checks it.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 SERVE = ("deviceplugin", "dra", "both")
@@ -51,24 +50,6 @@ DRA_USER_AGENT = "nodefabric-agent-dra"
 
 class StartupError(Exception):
     """A setting the agent cannot start with; the message is the one line an operator reads."""
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not 0 < value <= _MAX_SECONDS:
-        raise argparse.ArgumentTypeError(
-            f"must be more than 0 and at most {_MAX_SECONDS:.0f} seconds, got {text}"
-        )
-    return value
-
-
-def _port(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
-    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,10 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bind-address", default="0.0.0.0", help="address for metrics and probes (default: 0.0.0.0)"
     )
     parser.add_argument(
-        "--metrics-port", type=_port, default=9464, help="Prometheus /metrics port, 0 = off (default: 9464)"
+        "--metrics-port",
+        type=flags.port,
+        default=9464,
+        help="Prometheus /metrics port, 0 = off (default: 9464)",
     )
     parser.add_argument(
-        "--health-port", type=_port, default=8081, help="/healthz and /readyz port, 0 = off (default: 8081)"
+        "--health-port",
+        type=flags.port,
+        default=8081,
+        help="/healthz and /readyz port, 0 = off (default: 8081)",
     )
     parser.add_argument(
         "--no-uevents", action="store_true", help="no walks on kernel uevents; periodic passes only"

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from nodefabric_devicemanager import nodeclient
+from nodefabric_devicemanager import flags, nodeclient
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN
 from nodefabric_deviceplugin.dra.driver import DraDriver
@@ -28,26 +28,7 @@ log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 USER_AGENT = "nodefabric-draplugin"
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < 86400:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text}")
-    return value
+_seconds = flags.seconds(most=86400)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,20 +47,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval",
-        type=_positive,
+        type=_seconds,
         default=10.0,
         metavar="SECONDS",
         help="host re-read interval (default 10)",
     )
     parser.add_argument(
         "--resync",
-        type=_positive,
+        type=_seconds,
         default=DEFAULT_RESYNC_S,
         metavar="SECONDS",
         help=f"compare the live ResourceSlices with the record this often (default {DEFAULT_RESYNC_S:g})",
     )
     parser.add_argument(
-        "--metrics-port", type=_port, default=0, metavar="PORT", help="serve Prometheus metrics here (0: off)"
+        "--metrics-port",
+        type=flags.port,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics here (0: off)",
     )
 
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from kubernetes import client
 from kubernetes import config as _kube_config
 
+from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.extender.cache import Cache, SnapshotError
 from nodefabric_operator.extender.config import ConfigError, ExtenderConfig, load_config
@@ -42,20 +43,6 @@ log = logging.getLogger(__name__)
 kube_config: Any = _kube_config  # untyped in the client
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML configuration (levels, label keys, defaults)")
     parser.add_argument(
@@ -63,14 +50,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1",
         help="address of filter/prioritize (default 127.0.0.1; any other needs --tls-client-ca)",
     )
-    parser.add_argument("--port", type=_port, default=8888, help="port of filter/prioritize (default 8888)")
+    parser.add_argument(
+        "--port", type=flags.port, default=8888, help="port of filter/prioritize (default 8888)"
+    )
     parser.add_argument(
         "--metrics-address",
         default="0.0.0.0",
         help="address of /metrics, /healthz, /readyz (default 0.0.0.0)",
     )
     parser.add_argument(
-        "--metrics-port", type=_port, default=0, help="port of /metrics, /healthz, /readyz (default 0: none)"
+        "--metrics-port",
+        type=flags.port,
+        default=0,
+        help="port of /metrics, /healthz, /readyz (default 0: none)",
     )
     parser.add_argument(
         "--nodes-file",
@@ -95,13 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--read-timeout",
-        type=_positive,
+        type=flags.seconds(),
         default=READ_TIMEOUT_S,
         help=f"seconds to receive a request body before dropping it (default {READ_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--unhealthy-after",
-        type=_positive,
+        type=flags.seconds(),
         default=120.0,
         help="seconds a broken node or pod watch is tolerated before /healthz fails (default 120)",
     )
