@@ -30,6 +30,8 @@ OPERATOR_NODEFEATURE: Grants = {
     **OPERATOR_COMMON,
     (CLUSTER, "nfd.k8s-sigs.io", "nodefeatures", ""): {"list", "watch"},
     (NAMESPACE, "nfd.k8s-sigs.io", "nodefeatures", ""): {"get", "create", "patch"},
+    # A record without a Node owner gets its node read by name before its NodeFeature is created.
+    (CLUSTER, "", "nodes", ""): {"get"},
 }
 OPERATOR_NODE: Grants = {**OPERATOR_COMMON, (CLUSTER, "", "nodes", ""): {"get", "list", "watch", "patch"}}
 # The extender runs in the scheduler's pod, as the scheduler's ServiceAccount: these it adds.
