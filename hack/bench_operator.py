@@ -10,10 +10,11 @@ API server does (410 Gone). Phases, over N seeded Nodes and Devices records (8 G
 - change: K records lose their RDMA links (what the agent writes); requests and bytes per change
 - restart: a new process over the published fleet; requests per record, seconds
 - replay: every watch expired (410 Gone), kopf relists; requests per record
-- memory: resident set after a restart over N and over N/5 published records; the slope per record
+- memory: resident set after a restart over N and over N/5 published records, the slope per record, and
+  the peak (VmHWM) of a first sync and of a restart: what the pod's memory limit must hold
 
-Restart, replay and memory run over a fleet seeded as a first sync leaves it (so they measure N records
-even where the embedded API is too slow for a first sync of N; `--sync-records` sizes that one).
+Restart, replay and memory run over a fleet seeded as a first sync leaves it, so that their figures do not
+depend on the first sync (`--sync-records` sizes that one separately).
 
 Baselines measured in the same run: a no-op kopf operator (the same watches, handlers that do nothing)
 over the same fleet, for seconds and memory; and the operator as it was before issue 15 (`--before`, a
@@ -181,10 +182,11 @@ class Process:
                 if text in line:
                     return
 
-    def rss_mib(self) -> float:
+    def rss_mib(self, field: str = "VmRSS") -> float:
+        """Resident memory now, or with "VmHWM" its peak so far (what a memory limit must hold)."""
         assert self.proc is not None
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
 
@@ -308,6 +310,7 @@ async def first_sync(op: Process, k: RunningAPI, n: int, out: Figures, label: st
     out.add(f"{label} first sync: log bytes per record", size / n, " B", f"{lines} lines in all")
     cpu = f"the embedded API in this process: {time.process_time() - api_cpu:.1f} s"
     out.add(f"{label} first sync: operator CPU", op.cpu_s(), " s", cpu)
+    out.add(f"{label} first sync: peak RSS", op.rss_mib("VmHWM"), " MiB")
 
 
 async def steady(k: RunningAPI, proxy: WatchBreaker, n: int, out: Figures) -> None:
@@ -360,6 +363,7 @@ async def restart(op: Process, k: RunningAPI, n: int, out: Figures, label: str) 
     out.add(f"{label} restart: seconds", seconds, " s", f"{seconds / n * 1000:.1f} s per 1,000 records")
     out.add(f"{label} restart: operator CPU", op.cpu_s(), " s")
     out.add(f"{label} restart: RSS", op.rss_mib(), " MiB", "kopf's workers still hold each body")
+    out.add(f"{label} restart: peak RSS", op.rss_mib("VmHWM"), " MiB")
     await asyncio.sleep(IDLE_S)
     out.add(f"{label} restart: RSS when idle", op.rss_mib(), " MiB")
 
@@ -423,6 +427,7 @@ async def run_noop(n: int, workdir: Path, out: Figures) -> None:
             out.add(f"{n} no-op kopf: seconds to see every record", seconds, " s")
             out.add(f"{n} no-op kopf: CPU", op.cpu_s(), " s")
             out.add(f"{n} no-op kopf: RSS", op.rss_mib(), " MiB")
+            out.add(f"{n} no-op kopf: peak RSS", op.rss_mib("VmHWM"), " MiB")
         finally:
             await op.stop()
 
