@@ -11,7 +11,7 @@ API server does (410 Gone). Phases, over N seeded Nodes and Devices records (8 G
 - restart: a new process over the published fleet; requests per record, seconds
 - replay: every watch expired (410 Gone), kopf relists; requests per record
 - memory: resident set after a restart over N and over N/5 published records, the slope per record, and
-  the peak (VmHWM) of a first sync and of a restart: what the pod's memory limit must hold
+  the peak (VmHWM) of a first sync, a restart and a replay: what the pod's memory limit must hold
 
 Restart, replay and memory run over a fleet seeded as a first sync leaves it, so that their figures do not
 depend on the first sync (`--sync-records` sizes that one separately).
@@ -378,6 +378,7 @@ async def replay(op: Process, k: RunningAPI, proxy: WatchBreaker, n: int, out: F
     await quiet(k)
     out.add(f"{n} replay: requests per record", per_record(spend(k), before, n), "", "relist after 410 Gone")
     out.add(f"{n} replay: seconds", seconds, " s")
+    out.add(f"{n} replay: peak RSS", op.rss_mib("VmHWM"), " MiB", "the restart's and the relist's")
 
 
 async def run_sync(n: int, changes: int, workdir: Path, out: Figures) -> None:
