@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import math
 import os
 import re
 import shutil
@@ -70,6 +71,21 @@ IDLE_S = 7.0  # kopf ends a per-object worker, and drops the last body it held, 
 RECONCILES = "nodefabric_operator_reconciles_total"
 SKIPPED = "nodefabric_operator_events_skipped_total"
 DEFAULT_BEFORE = "3482377"  # the last revision before issue 15's operator work
+
+PROBE = """
+import sys, time, urllib.request
+up = False
+while True:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(sys.argv[1], timeout=30) as r:
+            r.read()
+        print(f"{time.monotonic() - started:.3f}", flush=True)
+        up = True
+    except OSError:
+        print("down" if up else "", flush=True)  # before the first answer: not listening yet
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+"""
 
 NOOP = """
 import asyncio, sys, kopf
@@ -265,16 +281,12 @@ class Figures:
         print(f"  {key:<52} {shown}{unit}{f'  ({note})' if note else ''}", flush=True)
 
 
-def operator_argv(metrics_port: int, kubeconfig: str) -> list[str]:
+def operator_argv(metrics_port: int, kubeconfig: str, *, health: bool = True) -> list[str]:
+    """The operator's command line; `health`: /healthz on the metrics port too (the operator before issue
+    15 served it from kopf on a port of its own)."""
     command = ["operator", "--standalone", "--namespace", NS, "--kubeconfig", kubeconfig]
-    return [
-        sys.executable,
-        "-m",
-        "nodefabric_devicemanager.cli",
-        *command,
-        "--metrics-port",
-        str(metrics_port),
-    ]
+    ports = ["--metrics-port", str(metrics_port)] + (["--health-port", str(metrics_port)] if health else [])
+    return [sys.executable, "-m", "nodefabric_devicemanager.cli", *command, *ports]
 
 
 @contextlib.asynccontextmanager
@@ -288,20 +300,34 @@ async def _at_least(op: Process, name: str, value: float, **labels: str) -> bool
     return await op.metric(name, **labels) >= value
 
 
-async def _serving(op: Process) -> bool:
+@contextlib.asynccontextmanager
+async def probing(op: Process, out: Figures, label: str) -> AsyncIterator[None]:
+    """kubelet's liveness probe meanwhile: GET /healthz once a second from a process of its own (this
+    one is busy serving the API), timed; the slowest answer and how many took over kubelet's default
+    timeoutSeconds (1 s) are printed; a refused connection counts as late once the port has answered."""
+    url = f"http://127.0.0.1:{op.metrics_port}/healthz"
+    prober = await asyncio.create_subprocess_exec(sys.executable, "-c", PROBE, url, stdout=subprocess.PIPE)
     try:
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{op.metrics_port}/metrics") as r:
-            return r.status == 200
-    except aiohttp.ClientError:
-        return False
+        yield
+    finally:
+        prober.terminate()
+        stdout, _ = await prober.communicate()
+    took = [float(a) if a != "down" else math.inf for a in stdout.decode().split()]
+    late = sum(t > 1.0 for t in took)
+    slowest = max(took, default=math.nan)
+    out.add(f"{label}: slowest /healthz answer", slowest, " s", f"{late} of {len(took)} over 1 s or none")
 
 
-async def first_sync(op: Process, k: RunningAPI, n: int, out: Figures, label: str) -> None:
+async def first_sync(
+    op: Process, k: RunningAPI, n: int, out: Figures, label: str, *, probe: bool = True
+) -> None:
     before, log0 = spend(k), op.log.stat().st_size if op.log.exists() else 0
     api_cpu = time.process_time()
-    await op.start()
-    await until(lambda: _at_least(op, RECONCILES, n, outcome="published"), 3600, f"{label}: {n} published")
-    await until(lambda: k.count("POST", "v1/events") - before[("POST", "v1/events")] >= n, 600, "events")
+    async with probing(op, out, f"{label} first sync") if probe else contextlib.nullcontext():
+        await op.start()
+        done = f"{label}: {n} published"
+        await until(lambda: _at_least(op, RECONCILES, n, outcome="published"), 3600, done)
+        await until(lambda: k.count("POST", "v1/events") - before[("POST", "v1/events")] >= n, 600, "events")
     seconds = time.monotonic() - op.started
     await quiet(k)
     size, lines = log_bytes(op.log, log0)
@@ -355,8 +381,9 @@ async def change(k: RunningAPI, proxy: WatchBreaker, count: int, out: Figures) -
 
 async def restart(op: Process, k: RunningAPI, n: int, out: Figures, label: str) -> None:
     before = spend(k)
-    await op.start()
-    await until(lambda: _at_least(op, RECONCILES, n, outcome="unchanged"), 3600, "the restart's sync")
+    async with probing(op, out, f"{label} restart"):
+        await op.start()
+        await until(lambda: _at_least(op, RECONCILES, n, outcome="unchanged"), 3600, "the restart's sync")
     seconds = time.monotonic() - op.started
     await quiet(k)
     out.add(f"{label} restart: requests per record", per_record(spend(k), before, n))
@@ -372,8 +399,9 @@ async def replay(op: Process, k: RunningAPI, proxy: WatchBreaker, n: int, out: F
     before = spend(k)
     seen = await op.metric(SKIPPED, resource="devices")
     started = time.monotonic()
-    proxy.expire_watches()
-    await until(lambda: _at_least(op, SKIPPED, seen + n, resource="devices"), 3600, "the replay")
+    async with probing(op, out, f"{n} replay"):
+        proxy.expire_watches()
+        await until(lambda: _at_least(op, SKIPPED, seen + n, resource="devices"), 3600, "the replay")
     seconds = time.monotonic() - started
     await quiet(k)
     out.add(f"{n} replay: requests per record", per_record(spend(k), before, n), "", "relist after 410 Gone")
@@ -449,13 +477,13 @@ async def run_before(rev: str, n: int, workdir: Path, out: Figures) -> bool:
     async with fleet(n) as (k, proxy):
         env = dict(os.environ, PYTHONPATH=str(tree / "operator"), POD_NAME="bench")
         port = free_port()
-        argv = operator_argv(port, proxy.kubeconfig)
+        argv = operator_argv(port, proxy.kubeconfig, health=False)
         op, again = (
             Process(argv, env, workdir / "before.log", port),
             Process(argv, env, workdir / "before.log", port),
         )
         try:
-            await first_sync(op, k, n, out, "before")
+            await first_sync(op, k, n, out, "before", probe=False)
             await op.stop()
             before = spend(k)
             await again.start()
