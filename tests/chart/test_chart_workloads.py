@@ -212,6 +212,16 @@ def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
         assert d["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_the_operator_is_sized_for_a_5000_node_fleet(default_docs: list[Doc]) -> None:
+    """hack/bench_operator.py: a watch replay over 5,000 records peaks at 368 MiB resident, and kopf's
+    decoding pauses the loop that answers /healthz for up to 6 s on a loaded machine."""
+    operator = container(one(default_docs, "Deployment", "nf-nodefabric-operator"), "operator")
+    limit = operator["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi") and int(limit[:-2]) >= 128 + 75 * 5, limit
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert operator[probe]["timeoutSeconds"] >= 10, probe
+
+
 # The second scheduler (its configuration and the extender beside it: test_chart_scheduler.py).
 
 
