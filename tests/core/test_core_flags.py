@@ -32,7 +32,19 @@ SECONDS = [
     ("extender", "--unhealthy-after", False, None),
 ]
 # What int() or float() would take and nobody means: signs, spaces, underscores, non-ASCII digits, hex.
-NOT_NUMBERS = ["", " 80", "80 ", "80\n", "+80", "8_0", "\uff18\uff10", "\u0668\u0660", "0x50", "80.0", "eighty"]
+NOT_NUMBERS = [
+    "",
+    " 80",
+    "80 ",
+    "80\n",
+    "+80",
+    "8_0",
+    "\uff18\uff10",
+    "\u0668\u0660",
+    "0x50",
+    "80.0",
+    "eighty",
+]
 NOT_SECONDS = ["", " 5", "5 ", "5\n", "+5", "1_0", "\u0665", "0x10", "nan", "inf", "-inf", "five", "5s"]
 
 
