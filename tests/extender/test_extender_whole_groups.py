@@ -8,10 +8,14 @@ FailedAndUnresolvable with "never fits" and the pod gets a Warning Event.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from extender_fixtures import PRODUCT, Recorder, explicit, extender, filter_, node, pod
+
+from nodefabric_operator.extender import decisions
+from nodefabric_operator.extender.placement import Choice
 
 GROUP = "ml/explicit/train"
 OF_ONE = f" of one {PRODUCT}"
@@ -169,6 +173,51 @@ async def test_later_pods_follow_the_groups_claim():
         assert set(second["FailedNodes"].values()) == {"outside zone eu-a of the group"}
         (g,) = await (await client.get("/debug/groups")).json()
         assert g["claims"] == sorted(p["metadata"]["uid"] for p in pods[:2])
+
+
+def two_zones() -> list[dict[str, Any]]:
+    return [node(f"a-{i}", zone="eu-a", region="eu") for i in range(2)] + [
+        node(f"b-{i}", zone="eu-b", region="eu") for i in range(2)
+    ]
+
+
+@pytest.mark.parametrize("locality", ["prefer", "zone"])
+async def test_a_group_whose_claims_expired_unbound_must_fit_whole_again(locality: str):
+    nodes = two_zones()
+    now = [1_800_000_000.0]
+    pods = group(2, locality=locality)
+    # The group's pods are in the cache, as the pod watch shows them: pending, none bound.
+    async with extender([*nodes, *pods], clock=lambda: now[0]) as client:
+        first = await filter_(client, pods[0], names(nodes))
+        assert sorted(first["NodeNames"]) == ["a-0", "a-1"]
+        # train-0 was never bound (kube-scheduler failed it after us) and its claim expired; meanwhile
+        # a-0 was taken. Nothing of the group holds room, so the next pod is its first again: eu-a
+        # holds one pod now, eu-b both, and the pod is not let alone into eu-a.
+        now[0] += 301
+        second = await filter_(client, pods[1], ["a-1", "b-0", "b-1"])
+        assert sorted(second["NodeNames"]) == ["b-0", "b-1"]
+        assert second["FailedNodes"] == {"a-1": "outside zone eu-b of the group"}
+        (g,) = await (await client.get("/debug/groups")).json()
+        assert g["location"] == "eu-b" and g["claims"] == [pods[1]["metadata"]["uid"]]
+
+
+async def test_a_restarted_job_does_not_follow_its_finished_incarnation_into_a_full_zone():
+    nodes = two_zones()
+    # A JobSet restarted: the failed pods of its first run still exist, bound in eu-a and carrying
+    # the claims the extender wrote for them; the new run's pods have the same group. eu-a now holds
+    # one more pod only (a-0 is busy).
+    old = []
+    for i, p in enumerate(group(2, name="train", locality="zone")):
+        p["metadata"]["name"] = f"train-old-{i}"
+        p["spec"]["nodeName"], p["status"]["phase"] = f"a-{i}", "Failed"
+        choice = Choice("zone", "eu-a", (), (("region", "eu"),), "")
+        claim = decisions.claim_text(GROUP, p["metadata"]["uid"], time.time() - 60, choice)
+        p["metadata"]["annotations"]["placement.gpustack.ai/claim"] = claim
+        old.append(p)
+    new = group(2, locality="zone")
+    async with extender([*nodes, *old, *new, busy("a-0")]) as client:
+        result = await filter_(client, new[0], ["a-1", "b-0", "b-1"])
+        assert sorted(result["NodeNames"]) == ["b-0", "b-1"]
 
 
 async def test_an_unknown_value_never_satisfies_a_homogeneity_requirement():

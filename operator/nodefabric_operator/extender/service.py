@@ -146,6 +146,12 @@ class Extender:
         uid = pod_uid(pod)
         bound = self.cache.bound_members(spec.key, uid)
         choice, claims = self._state(spec.key, uid, rec, now, {p.uid for p in bound})
+        if not bound and not claims:
+            # Nothing of the group holds room any more (its claims expired unbound, or its pods were
+            # re-created after a restart of the job): this pod is its first again, and the group must
+            # fit whole anew. Following the old bucket would let pods through one by one into a bucket
+            # that may no longer hold them all.
+            choice = None
         size, source = self._size(spec, pod, len(bound), len(claims))
         if rec is not None:
             rec.size, rec.size_source, rec.locality, rec.rank = size, source, spec.locality, spec.rank
