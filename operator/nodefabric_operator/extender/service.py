@@ -219,7 +219,7 @@ class Extender:
                 invalid = self.book.get(exc.group)
                 invalid.outcome, invalid.level, invalid.summary = "invalid", "none", reason
                 invalid.updated = now
-            self._tell(invalid, args.pod, "invalid", reason, None)
+            self._tell(invalid, args.pod, "invalid", reason, None, now=now)
             return filter_result(args, [], {}, {reason: args.node_names})
         if group is None:
             self.metrics.decisions.labels("pass-through", "none").inc()
@@ -247,7 +247,7 @@ class Extender:
             if decision.outcome == "never-fits" and not repeated:
                 # kube-scheduler retries every pod of the group: one line per verdict.
                 log.warning("group never fits", extra={"group": group.key, "summary": decision.summary})
-        self._tell(rec, args.pod, decision.outcome, decision.summary, claim)
+        self._tell(rec, args.pod, decision.outcome, decision.summary, claim, now=now)
         self.metrics.decisions.labels(decision.outcome, decision.level).inc()
         missing_by = {NOT_CACHED: missing} if missing else {}
         if decision.unresolvable:
@@ -272,22 +272,41 @@ class Extender:
     # --- explanations ----------------------------------------------------------------------------
 
     def _tell(
-        self, rec: GroupRecord | None, pod: Mapping[str, Any], outcome: str, summary: str, claim: str | None
+        self,
+        rec: GroupRecord | None,
+        pod: Mapping[str, Any],
+        outcome: str,
+        summary: str,
+        claim: str | None,
+        *,
+        now: float,
     ) -> None:
-        """One Event and one annotation write per pod and distinct verdict, not per retry."""
+        """One Event and one annotation write per pod and distinct verdict, not per retry. A pod let
+        through again in the same words gets its persisted claim renewed (no Event) once that is half
+        its life old, so a restart or an evicted record never finds expired the claim of a pod that is
+        still being let through."""
         if self.publisher is None:
             return
         uid = pod_uid(pod)
         text = decisions.decision_text(outcome, summary)
+        renew_after = self.config.claim_ttl_seconds / 2
         cached = self.cache.pods.get(uid)
-        if rec is not None and not rec.tell(uid, text):
+        last = rec.told.get(uid) if rec is not None else None
+        if rec is not None and not rec.tell(uid, text, now if claim else None, renew_after):
             return
-        if cached is not None and cached.decision == text and (claim is None) == (cached.claim is None):
+        persisted = cached is not None and cached.decision == text
+        if (
+            persisted
+            and cached is not None
+            and (claim is None) == (cached.claim is None)
+            and (cached.claim is None or now - cached.claim.at < renew_after)
+        ):
             return  # persisted by an earlier run of the extender: already told
-        type_, reason = EVENT_REASONS[outcome]
         decision_key, claim_key = self._keys
         try:
-            self.publisher.event(pod, type_, reason, summary)
+            if not persisted and (last is None or last[0] != text):
+                type_, reason = EVENT_REASONS[outcome]
+                self.publisher.event(pod, type_, reason, summary)
             self.publisher.annotate(pod, {decision_key: text, claim_key: claim})
         except Exception:
             log.exception("could not record a verdict on the pod", extra={"pod": uid})
