@@ -87,7 +87,7 @@ from nodefabric_operator.extender.wire import parse_args
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
             b' "spec": {"tolerations": [{"operator": "Maybe"}]}}, "NodeNames": []}',
-            "spec.tolerations[0].operator: must be Equal or Exists, got 'Maybe'",
+            "spec.tolerations[0].operator: must be one of Equal, Exists, Gt, Lt, got 'Maybe'",
         ),
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'

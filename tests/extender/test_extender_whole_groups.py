@@ -94,6 +94,11 @@ def _unusable_by_rule() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
             {},
         ),
         ("untolerated NoExecute taint", {"taints": [{"key": "t", "effect": "NoExecute"}]}, {}),
+        (
+            "a taint value a Gt toleration does not reach",
+            {"taints": [{"key": "sla", "value": "950", "effect": "NoSchedule"}]},
+            {"tolerations": [{"key": "sla", "operator": "Gt", "value": "990"}]},
+        ),
         ("allocatable below one pod", {"gpus": 4}, {}),
     ]
 
@@ -143,6 +148,9 @@ async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: A
          {"tolerations": [{"key": "team", "operator": "Equal", "value": "x", "effect": "NoSchedule"}]}),
         ("tolerate everything", {"taints": [{"key": "team", "effect": "NoExecute"}]},
          {"tolerations": [{"operator": "Exists"}]}),
+        ("a Gt toleration below the taint's value", {"taints": [
+            {"key": "sla", "value": "950", "effect": "NoSchedule"}]},
+         {"tolerations": [{"key": "sla", "operator": "Gt", "value": "900"}]}),
         ("PreferNoSchedule never blocks", {"taints": [{"key": "team", "effect": "PreferNoSchedule"}]}, {}),
         ("a condition taint passes with the condition", {"taints": [
             {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}, {}),
