@@ -199,6 +199,10 @@ def test_a_pod_the_extender_cannot_read_is_an_error_naming_the_field(spec: dict[
         ),
         (lambda n: n["metadata"]["labels"].update(zone="z" * 64), "longer than 63 characters"),
         (
+            lambda n: n["metadata"]["labels"].update(zone="eu a\n"),
+            "Node.metadata.labels['zone']: 'eu a\\n' is not a label value ([A-Za-z0-9_.-])",
+        ),
+        (
             lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "1.5"}),
             "'1.5' is not a whole number",
         ),

@@ -167,6 +167,9 @@ def _container(c: object, where: str) -> tuple[dict[str, int], int, int]:
     limits = _obj(res.get("limits"), f"{where}.resources.limits")
     requests = _obj(res.get("requests"), f"{where}.resources.requests")
     # The API server copies a limit to a missing request (extended resources may only be given as limits).
+    # A limit beside its request counts for nothing, but it is still read: the API server never admits a
+    # pod whose limit is not a quantity.
+    _amounts(limits, dict.fromkeys(limits, f"{where}.resources.limits"))
     merged = {**limits, **requests}
     at = {name: f"{where}.resources.{'requests' if name in requests else 'limits'}" for name in merged}
     return _amounts(merged, at)
