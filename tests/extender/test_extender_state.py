@@ -8,12 +8,16 @@ import time
 from typing import Any
 
 from aiohttp import web
-from extender_fixtures import args, explicit, extender, filter_, fleet, node, pod
+from aiohttp.test_utils import TestClient, TestServer
+from extender_fixtures import Recorder, args, explicit, extender, filter_, fleet, node, pod
+from prometheus_client import CollectorRegistry
 
 from nodefabric_operator.extender import decisions
+from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.placement import Choice
-from nodefabric_operator.extender.server import EXTENDER, Serving, build_app, runner
+from nodefabric_operator.extender.server import EXTENDER, Serving, build_app, make_app, runner
+from nodefabric_operator.extender.service import Extender
 
 
 def with_nodes(p: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,6 +164,27 @@ async def test_a_claim_without_its_decision_text_still_says_where_the_group_goes
             "group ml/explicit/old goes to zone us-b of region us"
             " with nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
         )
+
+
+async def test_before_the_caches_synced_group_pods_wait_and_nothing_is_recorded_or_told():
+    # The extender as started, before its watches listed the cluster: it knows no node, no bound member
+    # and no claim yet. A decision now could split a placed group or call it "never fits".
+    config = ExtenderConfig()
+    told = Recorder()
+    ext = Extender(config, Cache(config), publisher=told, registry=CollectorRegistry())
+    async with TestClient(TestServer(make_app(ext))) as client:
+        assert (await client.get("/readyz")).status == 503
+        for p in (pod("g-0", gpus=8, **explicit("g", 2)), pod("bad-0", **explicit("bad", 0))):
+            result = await filter_(client, p, ["eu-a-0", "eu-a-1"])
+            assert result["NodeNames"] == [] and result["FailedAndUnresolvableNodes"] == {}
+            assert result["FailedNodes"] == dict.fromkeys(
+                ["eu-a-0", "eu-a-1"], "the extender has not listed the cluster's nodes and pods yet"
+            )
+        assert told.events == [] and told.writes == []
+        assert await (await client.get("/debug/groups")).json() == []
+        # A pod of no group needs nothing the caches hold: it passes untouched.
+        result = await filter_(client, pod("web"), ["eu-a-0", "eu-a-1"])
+        assert result["NodeNames"] == ["eu-a-0", "eu-a-1"]
 
 
 async def test_prioritize_changes_nothing():

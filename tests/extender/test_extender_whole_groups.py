@@ -70,6 +70,23 @@ async def test_prefer_never_fits_when_the_whole_cluster_could_never_hold_the_gro
         assert message == f"{reason} (largest holds 3, counting every node the pods may use as empty)"
 
 
+async def test_nodes_the_cache_does_not_know_yet_make_the_group_wait_not_never_fit():
+    nodes = [node(f"n-{i}", zone="z", region="r") for i in range(3)]
+    events = Recorder()
+    async with extender(nodes, publisher=events) as client:
+        # kube-scheduler already knows two nodes that joined a moment ago; the node watch has not
+        # delivered them. They may hold the rest of the group: the extender cannot say "never".
+        result = await filter_(client, group(5)[0], [*names(nodes), "new-0", "new-1"])
+        assert result["NodeNames"] == [] and result["FailedAndUnresolvableNodes"] == {}
+        assert result["FailedNodes"] == {
+            **dict.fromkeys(
+                names(nodes), f"group {GROUP} waits for one set of nodes{OF_ONE} with room for 5 pods"
+            ),
+            **dict.fromkeys(["new-0", "new-1"], "node is not in the extender's node cache yet"),
+        }
+        assert [e[1:3] for e in events.events] == [("Normal", "GroupWaiting")]
+
+
 async def test_two_pods_per_node_count_as_two():
     nodes = [node(f"n-{i}", zone="z") for i in range(3)]
     async with extender(nodes) as client:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 10.0
 NOT_CACHED = "node is not in the extender's node cache yet"
+NOT_SYNCED = "the extender has not listed the cluster's nodes and pods yet"
 EVENT_REASONS = {
     "placed": ("Normal", "GroupPlaced"),
     "wait": ("Normal", "GroupWaiting"),
@@ -199,11 +200,23 @@ class Extender:
         now = self.clock()
         rec = self.book.get(spec.key) if record else self.book.peek(spec.key)
         group = self._request(spec, args.pod, needs, now, rec)
-        return placement.decide(group, feasible, snap, self.config), group, missing
+        decision = placement.decide(group, feasible, snap, self.config, complete=not missing)
+        return decision, group, missing
 
     # --- verbs -----------------------------------------------------------------------------------
 
     def filter(self, args: ExtenderArgs) -> FilterResult:
+        if not self.cache.synced:
+            # Before the first full list of nodes and pods, a group's bound members and claims are not
+            # known yet: a decision now could split a placed group or call a group "never fits" over an
+            # empty cache. Its pods wait (nothing recorded, nothing told); other pods pass untouched.
+            try:
+                grouped = group_of(args.pod, self.config) is not None
+            except InvalidPlacement:
+                grouped = True
+            if grouped:
+                self.metrics.decisions.labels("wait", "none").inc()
+                return filter_result(args, [], {NOT_SYNCED: args.node_names}, {})
         now = self.clock()
         if now - self._swept > SWEEP_EVERY_S:
             self._swept = now
