@@ -196,3 +196,9 @@ async def test_prioritize_changes_nothing():
             resp = await client.post("/prioritize", json=args(p, names))
             assert resp.status == 200
         assert await (await client.get("/debug/groups")).json() == []
+        # Nor does it change a group's record: a pod of group g claiming another size and policy.
+        await filter_(client, p, names)
+        before = await (await client.get("/debug/groups")).json()
+        other = pod("g-1", gpus=8, **explicit("g", 7, locality="any", rank="first-fit"))
+        assert (await client.post("/prioritize", json=args(other, names))).status == 200
+        assert await (await client.get("/debug/groups")).json() == before

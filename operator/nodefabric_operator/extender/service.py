@@ -142,7 +142,14 @@ class Extender:
         return choice, live
 
     def _request(
-        self, spec: GroupSpec, pod: Mapping[str, Any], needs: PodNeeds, now: float, rec: GroupRecord | None
+        self,
+        spec: GroupSpec,
+        pod: Mapping[str, Any],
+        needs: PodNeeds,
+        now: float,
+        rec: GroupRecord | None,
+        *,
+        record: bool,
     ) -> placement.GroupRequest:
         uid = pod_uid(pod)
         bound = self.cache.bound_members(spec.key, uid)
@@ -154,7 +161,7 @@ class Extender:
             # that may no longer hold them all.
             choice = None
         size, source = self._size(spec, pod, len(bound), len(claims))
-        if rec is not None:
+        if rec is not None and record:  # prioritize reads the record, never writes it
             rec.size, rec.size_source, rec.locality, rec.rank = size, source, spec.locality, spec.rank
         keys = spec.homogeneous_keys
         return placement.GroupRequest(
@@ -199,7 +206,7 @@ class Extender:
         needs = pod_needs(args.pod)
         now = self.clock()
         rec = self.book.get(spec.key) if record else self.book.peek(spec.key)
-        group = self._request(spec, args.pod, needs, now, rec)
+        group = self._request(spec, args.pod, needs, now, rec, record=record)
         decision = placement.decide(group, feasible, snap, self.config, complete=not missing)
         return decision, group, missing
 
