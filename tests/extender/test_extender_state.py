@@ -78,6 +78,25 @@ async def test_a_body_past_the_size_limit_is_refused_with_413():
         assert 'nodefabric_extender_bad_requests_total{verb="filter"} 1.0' in metrics
 
 
+async def test_a_body_announced_past_the_size_limit_is_refused_before_it_is_sent():
+    app = build_app(ExtenderConfig(), fleet(per_zone=1), serving=Serving(max_body=4096, read_timeout=30))
+    served = runner(app)
+    await served.setup()
+    await web.TCPSite(served, "127.0.0.1", 0).start()
+    port = served.addresses[0][1]
+    try:
+        # The header says 100 MB and the body never comes: the answer is 413 at once, not a 408 after
+        # the read deadline.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{")
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+        assert answer.startswith(b"HTTP/1.1 413")
+        assert b"request body larger than 4096 bytes" in answer
+        writer.close()
+    finally:
+        await served.cleanup()
+
+
 async def test_a_slow_or_partial_body_is_dropped_after_the_read_timeout():
     app = build_app(ExtenderConfig(), fleet(per_zone=1), serving=Serving(read_timeout=0.5))
     served = runner(app)  # the listener as the CLI runs it

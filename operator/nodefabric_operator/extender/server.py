@@ -78,6 +78,8 @@ def _verb(
         ext, serving = request.app[EXTENDER], request.app[SERVING]
         started = time.perf_counter()
         try:
+            if (request.content_length or 0) > serving.max_body:  # said up front: not worth waiting for
+                return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
             try:
                 async with asyncio.timeout(serving.read_timeout):
                     raw = await request.read()
