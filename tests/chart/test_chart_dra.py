@@ -379,3 +379,24 @@ def test_extra_volumes_may_not_clash_with_the_dra_mounts(render: Any) -> None:
              "extraVolumeMounts": [mount]}},
             kube_version=KUBE,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("account", [{"name": "gpu-fabric"}, {"create": False, "name": "preprovisioned"}])
+def test_the_agents_own_account_gets_the_dra_rights_and_is_the_one_confined(
+    render: Any, dra_docs: list[Doc], account: dict[str, Any]
+) -> None:
+    """A named agent account is the one the DRA binding grants and the slice policy confines: granting the
+    default name instead would leave the agent without its rights, and hand them, unconfined by the
+    policy, to whatever account of that name exists."""
+    docs = render({**DRA, "agent": {"serviceAccount": account}}, kube_version=KUBE)
+    name = account["name"]
+    grants, _ = grants_of(docs, name)
+    assert {k: v for k, v in grants.items() if k[1] == "resource.k8s.io"} == DRA_GRANTS
+    assert not grants_of(docs, "nf-nodefabric-agent")[0]
+    policy = one(docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-slices")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert (
+        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{name}"'
+    )
+    default = one(dra_docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-slices")
+    assert default["spec"]["matchConditions"][0]["expression"].endswith(':nf-nodefabric-agent"')
