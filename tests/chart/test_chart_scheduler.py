@@ -319,8 +319,14 @@ def test_the_policy_binds_denying_fails_closed_and_matches_every_pod_update(defa
     assert binding["spec"] == {"policyName": POLICY, "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-    # A patch of pods arrives as UPDATE; status and binding are subresources kube-scheduler keeps using.
-    assert rule == {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    # A patch of pods arrives as UPDATE. pods/status too: system:kube-scheduler may patch it, and the API
+    # server keeps a status update's labels, annotations and finalizers (only spec and owners are reset).
+    assert rule == {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["UPDATE"],
+        "resources": ["pods", "pods/status"],
+    }
     (cond,) = policy["spec"]["matchConditions"]
     assert cond["expression"] == f'request.userInfo.username == "{SCHEDULER_USER}"'
 
@@ -471,3 +477,15 @@ def test_the_rendered_policy_is_yaml_a_cluster_accepts(default_docs: list[Doc]) 
     policy, binding = policy_parts(default_docs)
     validate_all([policy, binding])
     assert yaml.safe_dump(policy)  # round-trips
+
+
+def test_a_status_update_changes_nothing_but_the_status(pod_policy: PodPolicy) -> None:
+    """kube-scheduler's own status writes (PodScheduled, nominatedNodeName) pass; a label, annotation or
+    finalizer smuggled into a pods/status patch, which the API server would keep, does not."""
+    scheduled = changed(
+        lambda p: p.update(status={"conditions": [{"type": "PodScheduled", "status": "False"}]})
+    )
+    assert pod_policy.admit(SCHEDULER_USER, POD, scheduled) == (True, "allowed")
+    relabelled = copy.deepcopy(scheduled)
+    relabelled["metadata"]["labels"]["placement.gpustack.ai/group"] = "other"
+    assert pod_policy.admit(SCHEDULER_USER, POD, relabelled)[0] is False
