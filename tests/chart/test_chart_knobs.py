@@ -714,8 +714,15 @@ def test_every_workload_of_the_knobbed_render_runs_the_pinned_image(knobbed: lis
 def test_components_stay_in_the_release_namespace(knobbed: list[Doc]) -> None:
     for d in knobbed:
         if "namespace" in d["metadata"]:
-            # The scheduler's auth-reader binding is in kube-system by design (it reads a ConfigMap there).
-            assert d["metadata"]["namespace"] in (NAMESPACE, "kube-system"), d["metadata"]["name"]
+            # The scheduler's auth-reader binding is in kube-system by design (it reads a ConfigMap there),
+            # and the agent's and operator's right to create Events in "default" (where Events about their
+            # cluster-scoped Devices records live) is a Role there: nothing else leaves the namespace.
+            namespace = d["metadata"]["namespace"]
+            assert namespace in (NAMESPACE, "kube-system", "default"), d["metadata"]["name"]
+            if namespace != NAMESPACE:
+                assert d["kind"] in ("Role", "RoleBinding"), d["metadata"]["name"]
+            if namespace == "default" and d["kind"] == "Role":
+                assert d["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def readme_values(name: str) -> dict[str, Any]:

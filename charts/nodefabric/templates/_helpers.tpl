@@ -394,3 +394,34 @@ and, per container, its own mount paths. */}}
 {{- fail (printf "%s.metricsPort and %s.healthPort must differ: both are %v" .what .what (index .ports 0)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A Role and RoleBinding in "default" that let a component create Events there and nowhere else: Events
+about a cluster-scoped object (a Devices record) live in "default", as Kubernetes records them for Nodes,
+and the agent and the operator post no others. Call with (dict "ctx" $ "component" "agent" "values" ...). */}}
+{{- define "nodefabric.eventsRole" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ include "nodefabric.component" . }}-events
+  namespace: default
+  labels:
+    {{- include "nodefabric.labels" . | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ include "nodefabric.component" . }}-events
+  namespace: default
+  labels:
+    {{- include "nodefabric.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ include "nodefabric.component" . }}-events
+subjects:
+  {{- include "nodefabric.serviceAccountSubject" . | nindent 2 }}
+{{- end -}}
