@@ -509,6 +509,50 @@ def test_host_root_moves_the_host_paths_the_agent_reads(render, root: str, sys: 
     )
 
 
+def test_host_paths_reach_the_pod_exactly_as_given(render) -> None:
+    """A path is a value, never YAML: "#" does not start a comment, ": " does not start a key."""
+    odd = "/srv/kubelet #2/a: b"
+    values = {
+        "agent": {"hostRoot": odd, "kubeletDevicePluginsPath": odd + "/dp", "driverRoot": odd + "/nv"},
+        "dra": {"enabled": True, "kubeletPluginsPath": odd + "/p", "kubeletRegistryPath": odd + "/r",
+                "cdiPath": odd + "/c"},
+    }  # fmt: skip
+    docs = render(values, kube_version="1.34.0")
+    paths = {name: v["hostPath"]["path"] for name, v in host_volumes(docs).items() if "hostPath" in v}
+    assert paths == {
+        "host-sys": odd + "/sys",
+        "host-dev": odd + "/dev",
+        "device-plugins": odd + "/dp",
+        "driver-root": odd + "/nv",
+        "dra-plugin": odd + "/p/rdma.gpustack.ai",
+        "dra-registry": odd + "/r",
+        "cdi": odd + "/c",
+    }
+    assert {n: mounts(docs)[n]["mountPath"] for n in ("dra-plugin", "dra-registry", "cdi")} == {
+        "dra-plugin": odd + "/p/rdma.gpustack.ai",
+        "dra-registry": odd + "/r",
+        "cdi": odd + "/c",
+    }
+    args = ctr(docs, AGENT)["args"]
+    assert [args[args.index(f) + 1] for f in ("--dra-plugin-dir", "--dra-registry-dir", "--dra-cdi-dir")] == [
+        odd + "/p",
+        odd + "/r",
+        odd + "/c",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("hostRoot", "/fixture\n            type: Socket"),
+        ("kubeletDevicePluginsPath", "/var/lib/kubelet/device-plugins\n"),
+        ("driverRoot", "/run/nvidia/driver\t"),
+    ],
+)
+def test_a_host_path_with_a_control_character_is_refused(render, key: str, value: str) -> None:
+    assert f"/agent/{key}" in refusal(render, {"agent": {key: value}})
+
+
 def test_no_driver_root_by_default(default_docs: list[Doc]) -> None:
     assert "driver-root" not in host_volumes(default_docs)
     assert "NVIDIA_DRIVER_ROOT" not in {e["name"] for e in ctr(default_docs, AGENT)["env"]}
