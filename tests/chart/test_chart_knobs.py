@@ -593,6 +593,50 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
+        # Names: a prefix of every object's name and the app.kubernetes.io/name label's value.
+        ({"nameOverride": "Node_Fabric"}, "/nameOverride"),
+        ({"nameOverride": "x\n  injected: yes"}, "/nameOverride"),
+        ({"fullnameOverride": "GPU.fabric"}, "/fullnameOverride"),
+        ({"fullnameOverride": "a" * 64}, "/fullnameOverride"),
+        # Labels on every object: the label syntax, and never one of the chart's own keys, which would be
+        # written twice (the last wins) and move a pod template off its selector.
+        ({"commonLabels": {"team": "has spaces"}}, "/commonLabels/team"),
+        ({"commonLabels": {"bad key!": "x"}}, "invalid propertyName 'bad key!'"),
+        (
+            {"commonLabels": {"app.kubernetes.io/component": "gpu"}},
+            "commonLabels may not set app.kubernetes.io/component: the chart sets it on every object",
+        ),
+        (
+            {"serviceMonitor": {"enabled": True, "labels": {"app.kubernetes.io/instance": "kps"}}},
+            "serviceMonitor.labels may not set app.kubernetes.io/instance: the chart sets it on every object",
+        ),
+        ({"serviceMonitor": {"labels": {"release": "kube prometheus"}}}, "/serviceMonitor/labels/release"),
+    ],
+)
+def test_names_and_labels_every_object_carries_are_checked(
+    render, values: dict[str, Any], complaint: str
+) -> None:
+    assert complaint in refusal(render, values)
+
+
+def test_common_labels_reach_every_object_once(render) -> None:
+    docs = render(
+        {
+            "commonLabels": {"team": "gpu-platform"},
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+        }
+    )
+    for d in docs:
+        if d["kind"] == "CustomResourceDefinition":
+            continue
+        assert d["metadata"]["labels"]["team"] == "gpu-platform", d["metadata"]["name"]
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
         ({"agent": {"containerSecurityContext": {"runAsUsr": 0}}}, "runAsUsr"),
         (
             {"agent": {"containerSecurityContext": {"runAsUser": "root"}}},
