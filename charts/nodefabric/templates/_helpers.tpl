@@ -48,6 +48,13 @@ app.kubernetes.io/component: {{ .component }}
 documentation), else :tag (default appVersion). */}}
 {{- define "nodefabric.image" -}}
 {{- $i := .Values.image -}}
+{{- /* A first component with a dot or a port, or "localhost", is a registry host (Docker's own rule). Chart
+0.1.0's image.repository was the whole reference: under a registry it would silently become
+<registry>/<host>/..., so it is refused, saying both ways to write it. */ -}}
+{{- $first := first (splitList "/" $i.repository) -}}
+{{- if and $i.registry (gt (len (splitList "/" $i.repository)) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- fail (printf "image.repository %q starts with a registry host (%s), and image.registry is %q: the image would be %s/%s. The registry is a value of its own now (the first chart took the whole reference in image.repository): set image.registry=%s image.repository=%s, or image.registry=\"\" to give the whole reference in image.repository" $i.repository $first $i.registry $i.registry $i.repository $first (join "/" (rest (splitList "/" $i.repository)))) -}}
+{{- end -}}
 {{- $repo := ternary (printf "%s/%s" $i.registry $i.repository) $i.repository (ne $i.registry "") -}}
 {{- include "nodefabric.imageRef" (dict "repository" $repo "tag" (default .Chart.AppVersion $i.tag) "digest" $i.digest) -}}
 {{- end -}}
