@@ -400,3 +400,13 @@ def test_the_agents_own_account_gets_the_dra_rights_and_is_the_one_confined(
     )
     default = one(dra_docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-slices")
     assert default["spec"]["matchConditions"][0]["expression"].endswith(':nf-nodefabric-agent"')
+
+
+def test_a_domain_too_long_for_a_driver_name_is_refused_at_render(render: Any) -> None:
+    """The driver name rdma.<domain> is at most 63 characters (ResourceSlice validation); the agent refuses
+    a longer one at start, so rendering it would crash-loop the agent on every node."""
+    longest = "d" * 55 + ".ai"  # rdma. + 58 = 63
+    render({**DRA, "domain": longest}, kube_version=KUBE)
+    with pytest.raises(RenderError, match=r"dra.enabled needs a domain of at most 58 characters"):
+        render({**DRA, "domain": "d" + longest}, kube_version=KUBE)
+    render({"domain": "d" + longest}, kube_version=KUBE)  # without DRA the label prefixes allow it
