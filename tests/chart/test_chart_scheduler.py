@@ -8,7 +8,17 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import NAMESPACE, Doc, RenderError, configmap_yaml, container, of_kind, one, pod_spec
+from chart_support import (
+    NAMESPACE,
+    Doc,
+    RenderError,
+    configmap_yaml,
+    container,
+    of_kind,
+    one,
+    pod_spec,
+    refusal,
+)
 from test_chart_validate import validate_all
 
 SCHEDULER = "nf-nodefabric-scheduler"
@@ -189,7 +199,7 @@ def test_extender_configuration_follows_values(render) -> None:
                     },
                 },
                 "maxGroups": 500,
-                "extraConfig": {"claimTTLSeconds": 120, "defaultRank": "first-fit"},
+                "extraConfig": {"claimTTLSeconds": 120},
             }
         }
     )
@@ -205,8 +215,75 @@ def test_extender_configuration_follows_values(render) -> None:
         500,
     )
     assert cfg["claimTTLSeconds"] == 120
-    # extraConfig adds settings; it does not override the ones the chart has values for.
     assert cfg["defaultRank"] == "most_free_memory"
+
+
+# The settings the chart writes from values of its own; extraConfig may add the others, never these.
+CHART_WRITES = {
+    "domain": "domain",
+    "levels": "extender.levels",
+    "defaultLocality": "extender.defaults.locality",
+    "defaultRank": "extender.defaults.rank",
+    "homogeneousKeys": "extender.defaults.homogeneous",
+    "homogeneousByResource": "extender.defaults.homogeneousByResource",
+    "maxGroups": "extender.maxGroups",
+}
+
+
+def extender_settings() -> set[str]:
+    """Every key the extender's configuration file may hold, as its loader names them."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    return {f.alias or name for name, f in ExtenderConfig.model_fields.items()}
+
+
+def test_extra_config_takes_every_setting_the_chart_does_not_write(render, tmp_path) -> None:
+    from nodefabric_operator.extender.config import load_config
+
+    assert set(CHART_WRITES) <= extender_settings()
+    extra = {
+        "acceleratorResources": ["nvidia.com/gpu", "example.com/npu"],
+        "acceleratorMemoryLabel": "example.com/npu.memory",
+        "claimTTLSeconds": 90.5,
+        "reasonsWhenPlaced": False,
+    }
+    assert set(extra) == extender_settings() - set(CHART_WRITES), "a setting the test does not try"
+    path = tmp_path / "extender.yaml"
+    path.write_text(
+        one(render({"extender": {"extraConfig": extra}}), "ConfigMap", EXTENDER)["data"]["extender.yaml"]
+    )
+    loaded = load_config(path)
+    assert loaded.accelerator_resources == ("nvidia.com/gpu", "example.com/npu")
+    assert (loaded.accelerator_memory_label, loaded.claim_ttl_seconds, loaded.reasons_when_placed) == (
+        "example.com/npu.memory",
+        90.5,
+        False,
+    )
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(CHART_WRITES.items()))
+def test_extra_config_never_silently_loses_to_a_value(render, key: str, value: str) -> None:
+    """A setting the chart writes from a value of its own, given in extraConfig, is refused naming that
+    value: it used to be dropped without a word."""
+    complaint = refusal(render, {"extender": {"extraConfig": {key: "x"}}})
+    assert f"extender.extraConfig.{key} is written from {value}: set that instead" in complaint
+
+
+@pytest.mark.parametrize(
+    ("extra", "complaint"),
+    [
+        ({"claimTTL": 300}, "invalid propertyName 'claimTTL'"),  # the extender refuses unknown keys at start
+        ({"claimTTLSeconds": "5m"}, "/extender/extraConfig/claimTTLSeconds"),
+        ({"claimTTLSeconds": 0}, "/extender/extraConfig/claimTTLSeconds"),
+        ({"reasonsWhenPlaced": "no"}, "/extender/extraConfig/reasonsWhenPlaced"),
+        ({"acceleratorResources": "nvidia.com/gpu"}, "/extender/extraConfig/acceleratorResources"),
+        ({"acceleratorMemoryLabel": ["a"]}, "/extender/extraConfig/acceleratorMemoryLabel"),
+    ],
+)
+def test_extra_config_the_extender_would_refuse_is_refused_at_render(
+    render, extra: dict[str, Any], complaint: str
+) -> None:
+    assert complaint in refusal(render, {"extender": {"extraConfig": extra}})
 
 
 @pytest.mark.parametrize("variant", ["default", "custom"])

@@ -118,6 +118,14 @@ empty level lists take the defaults, which follow the domain. */}}
   (dict "name" "region" "keys" (default (list "topology.kubernetes.io/region") $e.levels.region))
 -}}
 {{- $cfg := dict "domain" $d "levels" $levels "defaultLocality" $e.defaults.locality "defaultRank" $e.defaults.rank "homogeneousKeys" $e.defaults.homogeneous "homogeneousByResource" $e.defaults.homogeneousByResource "maxGroups" $e.maxGroups -}}
+{{- /* A setting written from a value of the chart's own is refused in extraConfig, naming that value: it
+would otherwise be dropped without a word. */ -}}
+{{- $from := dict "domain" "domain" "levels" "extender.levels" "defaultLocality" "extender.defaults.locality" "defaultRank" "extender.defaults.rank" "homogeneousKeys" "extender.defaults.homogeneous" "homogeneousByResource" "extender.defaults.homogeneousByResource" "maxGroups" "extender.maxGroups" -}}
+{{- range $key, $_ := $e.extraConfig -}}
+{{- if hasKey $from $key -}}
+{{- fail (printf "extender.extraConfig.%s is written from %s: set that instead" $key (get $from $key)) -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml (merge $cfg $e.extraConfig) -}}
 {{- end -}}
 
