@@ -117,6 +117,22 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         for key, kind, namespaced, subresources in BUILTIN_RESOURCES:
             self.declare(key, kind=kind, namespaced=namespaced, subresources=subresources)
 
+    # The Kubernetes release whose APIs this emulates (resource.k8s.io/v1 is served from 1.34), as GET
+    # /version tells clients that check it: helm's kubeVersion, kubectl's version-skew warning. kmock says
+    # v1.26, older than anything the chart installs on.
+    SERVER_VERSION = (1, 34, 0)
+
+    async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
+        payload = await super()._serve_server_version(request)
+        major, minor, patch = self.SERVER_VERSION
+        return {**payload, "major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.{patch}"}
+
+    async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
+        """An APIResourceList, whose core groupVersion is "v1", as the API server writes it: kmock writes
+        "/v1", and client-go's REST mapper (helm's) then maps no core kind at all."""
+        payload = await super()._serve_version(request)
+        return {**payload, "groupVersion": str(payload["groupVersion"]).lstrip("/")}
+
     # --- declarations -------------------------------------------------------------------------------
 
     def declare(self, key: str, *, kind: str, namespaced: bool, subresources: Iterable[str] = ()) -> None:
