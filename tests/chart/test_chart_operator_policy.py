@@ -10,7 +10,7 @@ from typing import Any
 
 import kubernetes
 import pytest
-from chart_support import NAMESPACE, Doc, of_kind, one
+from chart_support import NAMESPACE, CelPolicy, Doc, of_kind, one
 from test_chart_validate import validate_all
 
 from nodefabric_operator import sinks
@@ -29,36 +29,13 @@ SPEC = "the nodefabric operator may not change a Node's spec (taints, unschedula
 
 
 class NodePolicy:
-    """Evaluates the rendered policy's CEL the way the API server does for one Node UPDATE."""
+    """The operator's Node policy for one Node UPDATE by `user`."""
 
     def __init__(self, policy: Doc) -> None:
-        self.celpy = pytest.importorskip("celpy")
-        self.env = self.celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self.env.program(self.env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(self, old: Doc, new: Doc, *, user: str = OPERATOR) -> tuple[bool, str]:
-        activation: dict[str, Any] = {
-            "request": self.celpy.json_to_cel({"operation": "UPDATE", "userInfo": {"username": user}}),
-            "object": self.celpy.json_to_cel(new),
-            "oldObject": self.celpy.json_to_cel(old),
-        }
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        celtypes = self.celpy.celtypes
-        variables = celtypes.MapType()
-        for v in self.spec["variables"]:
-            activation["variables"] = variables
-            variables = celtypes.MapType(
-                {**variables, celtypes.StringType(v["name"]): self._eval(v["expression"], activation)}
-            )
-        activation["variables"] = variables
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                return False, v["message"]
-        return True, "allowed"
+        return self.cel.admit({"operation": "UPDATE", "userInfo": {"username": user}}, new, old)
 
 
 @pytest.fixture(scope="module")

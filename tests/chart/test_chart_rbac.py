@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, of_kind, one, pod_spec, workloads
+from chart_support import NAMESPACE, CelPolicy, Doc, of_kind, one, pod_spec, user_info, workloads
 
 CLUSTER = "<cluster>"
 # (scope, apiGroup, resource, resourceName or "") -> verbs; scope is a namespace or CLUSTER.
@@ -146,8 +146,6 @@ def test_scheduler_holds_the_stock_scheduler_roles_its_own_lease_and_the_extende
 
 # The agent's own-node admission policy.
 
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
-
 
 def policy_parts(docs: list[Doc]) -> tuple[Doc, Doc]:
     name = "nf-nodefabric-agent-own-node"
@@ -183,34 +181,13 @@ def test_policy_absent_when_disabled(render) -> None:
 
 
 class AdmissionPolicy:
-    """Evaluates the rendered policy's CEL the way the API server does for one request."""
+    """The own-node policy for one agent request on a Devices object."""
 
     def __init__(self, policy: Doc) -> None:
-        celpy = pytest.importorskip(
-            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
-        )
-        self._celpy = celpy
-        self._env = celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self._env.program(self._env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(self, username: str, name: str, node_claim: list[str] | None) -> tuple[bool, str]:
-        from celpy import json_to_cel
-
-        user: dict[str, Any] = {"username": username}
-        if node_claim is not None:
-            user["extra"] = {NODE_CLAIM: node_claim}
-        activation: dict[str, Any] = {"request": json_to_cel({"name": name, "userInfo": user})}
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        variables = {v["name"]: self._eval(v["expression"], activation) for v in self.spec["variables"]}
-        activation["variables"] = json_to_cel({k: list(v) for k, v in variables.items()})
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                return False, str(self._eval(v["messageExpression"], activation))
-        return True, "allowed"
+        return self.cel.admit({"name": name, "userInfo": user_info(username, node_claim)})
 
 
 @pytest.fixture(scope="module")
@@ -321,38 +298,14 @@ def test_the_agent_asks_for_nothing_its_account_may_not_do_and_may_do_nothing_mo
 
 
 class EventPolicy:
-    """Evaluates the rendered Events policy the way the API server does for one Event the agent writes."""
+    """The own-events policy for one Event an agent creates."""
 
     def __init__(self, policy: Doc) -> None:
-        self.celpy = pytest.importorskip("celpy")
-        self.env = self.celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self.env.program(self.env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(self, event: Doc, node_claim: list[str] | None, *, user: str = "") -> tuple[bool, str]:
-        info: dict[str, Any] = {"username": user or AGENT_USER}
-        if node_claim is not None:
-            info["extra"] = {NODE_CLAIM: node_claim}
-        activation: dict[str, Any] = {
-            "request": self.celpy.json_to_cel({"operation": "CREATE", "userInfo": info}),
-            "object": self.celpy.json_to_cel(event),
-        }
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        celtypes = self.celpy.celtypes
-        variables = celtypes.MapType()
-        for v in self.spec["variables"]:
-            activation["variables"] = variables
-            variables = celtypes.MapType(
-                {**variables, celtypes.StringType(v["name"]): self._eval(v["expression"], activation)}
-            )
-        activation["variables"] = variables
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                return False, str(self._eval(v["messageExpression"], activation))
-        return True, "allowed"
+        request = {"operation": "CREATE", "userInfo": user_info(user or AGENT_USER, node_claim)}
+        return self.cel.admit(request, event)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from chart_support import (
     NAMESPACE,
+    CelPolicy,
     Doc,
     RenderError,
     configmap_yaml,
@@ -416,50 +417,13 @@ def test_the_policy_is_optional(render) -> None:
 
 
 class PodPolicy:
-    """Evaluates the rendered policy's CEL the way the API server does for one pod UPDATE."""
+    """The extender's annotation policy for one pod UPDATE by `username`."""
 
     def __init__(self, policy: Doc) -> None:
-        celpy = pytest.importorskip(
-            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
-        )
-        self._env = celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self._env.program(self._env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(self, username: str, old: Doc, new: Doc) -> tuple[bool, str]:
-        from celpy import json_to_cel
-
-        activation: dict[str, Any] = {
-            "request": json_to_cel({"userInfo": {"username": username}}),
-            "object": json_to_cel(new),
-            "oldObject": json_to_cel(old),
-        }
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        variables: dict[str, Any] = {}
-        for v in self.spec["variables"]:
-            activation["variables"] = json_to_cel(variables)
-            variables[v["name"]] = self._eval(v["expression"], activation)
-        activation["variables"] = json_to_cel({k: _plain(v) for k, v in variables.items()})
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                message = (
-                    self._eval(v["messageExpression"], activation)
-                    if "messageExpression" in v
-                    else v["message"]
-                )
-                return False, str(message)
-        return True, "allowed"
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return str(value) if isinstance(value, str) else value
+        return self.cel.admit({"operation": "UPDATE", "userInfo": {"username": username}}, new, old)
 
 
 @pytest.fixture(scope="module")
