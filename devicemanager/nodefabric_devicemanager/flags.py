@@ -1,4 +1,4 @@
-"""Parsers of the flag values every command shares (ports, seconds), as argparse `type=` callables.
+"""Parsers of the flag values every command shares (ports, seconds, counts), as argparse `type=` callables.
 
 One home so that every command refuses the same bad value the same way, with argparse's one line naming
 the flag and exit 2. A leaf: it imports nothing of ours, so the agent, the device plugin, the DRA driver,
@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 
 _PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
+# At most 18 digits: every such count fits an int64, and int() never meets its 4,300-digit limit.
+_COUNT = re.compile(r"[0-9]{1,18}", re.ASCII)
 # A decimal with an optional fraction and exponent ("30", "0.5", ".5", "1e3"); no inf or nan. A minus
 # sign parses, so that "-1" is told the range rather than that it is no number.
 _SECONDS = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
@@ -35,6 +37,13 @@ def port(text: str) -> int:
 def port_on(text: str) -> int:
     """A TCP port 1-65535, for a flag whose absence means off."""
     return _port(text, 1)
+
+
+def count(text: str) -> int:
+    """A whole number, 0 or more; the command checks its own bounds (and says which) after parsing."""
+    if not _COUNT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a whole number (0 or more): {text!r}")
+    return int(text)
 
 
 def seconds(most: float | None = None, *, zero: bool = False) -> Callable[[str], float]:

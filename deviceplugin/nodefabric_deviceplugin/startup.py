@@ -9,6 +9,7 @@ import argparse
 import os
 from typing import Any
 
+from nodefabric_devicemanager import flags
 from nodefabric_deviceplugin.resources import DEFAULT_DOMAIN, DEFAULT_SHARED_COUNT, Family, PluginConfig
 
 # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL.
@@ -69,7 +70,7 @@ def add_plugin_arguments(parser: argparse.ArgumentParser | Any) -> None:
     )
     parser.add_argument(
         "--shared-count",
-        type=int,
+        type=flags.count,
         default=DEFAULT_SHARED_COUNT,
         metavar="N",
         help=f"rdma.shared tokens per whole-function endpoint (default {DEFAULT_SHARED_COUNT})",

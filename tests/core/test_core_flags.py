@@ -18,6 +18,12 @@ PORTS = [
     ("extender", "--port", 0),
     ("extender", "--metrics-port", 0),
 ]
+# (command, flag) for every flag that counts something (the command checks its own bounds afterwards).
+COUNTS = [
+    ("agent", "--shared-count"),
+    ("deviceplugin", "--shared-count"),
+    ("extender", "--max-request-bytes"),
+]
 # (command, flag, whether 0 is accepted, the most accepted or None) for every flag in seconds.
 SECONDS = [
     ("agent", "--interval", False, 604800),
@@ -69,6 +75,16 @@ def test_every_port_flag_takes_a_port_and_nothing_else(capsys, command, flag, lo
         value, err = parse(capsys, command, flag, bad)
         assert value is None, (bad, value)
         assert f"argument {flag}: not a TCP port ({lowest}-65535): {bad!r}" in err, err
+
+
+@pytest.mark.parametrize(("command", "flag"), COUNTS)
+def test_every_count_flag_takes_a_whole_number_and_nothing_else(capsys, command, flag):
+    for good in ["0", "1", "64", "999999999999999999"]:
+        assert parse(capsys, command, flag, good) == (int(good), "")
+    for bad in [*NOT_NUMBERS, "-1", "1e3", "9" * 19, "9" * 5000]:
+        value, err = parse(capsys, command, flag, bad)
+        assert value is None, (bad, value)
+        assert f"argument {flag}: not a whole number (0 or more): {bad!r}" in err, err
 
 
 @pytest.mark.parametrize(("command", "flag", "zero", "most"), SECONDS)

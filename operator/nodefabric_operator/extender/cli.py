@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-request-bytes",
-        type=int,
+        type=flags.count,
         default=MAX_BODY,
         help=f"largest request body accepted (default {MAX_BODY})",
     )
