@@ -84,8 +84,11 @@ class NodeRecord:
 
 
 def node_owner_uid(body: Mapping[str, Any]) -> str | None:
+    """The uid of the record's own Node among its owners. An owner that is another Node (a hand edit, a
+    record copied from another node) says nothing about whether this one exists."""
+    name = part(body, "metadata").get("name")
     for ref in items(body, "metadata", "ownerReferences"):
-        if ref.get("kind") == "Node" and ref.get("apiVersion") == "v1":
+        if ref.get("kind") == "Node" and ref.get("apiVersion") == "v1" and ref.get("name") == name:
             uid = ref.get("uid")
             return str(uid) if uid else None
     return None

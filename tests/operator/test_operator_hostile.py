@@ -12,7 +12,7 @@ from operator_harness import NF, NS, Client, eventually, running_operator, settl
 from operator_records import devices, gpu, group, nic, nvlink
 from watch_breaker import watch_breaker
 
-from nodefabric_devicemanager import crd
+from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
@@ -20,6 +20,7 @@ from nodefabric_operator.reconcile import Reconciler
 
 P = "feature.gpustack.ai/"
 CAPABLE = P + "rdma.capable"
+DEVICES_PATH = (models.GROUP, models.VERSION, models.PLURAL)
 NF_PATH = (sinks.NFD_GROUP, sinks.NFD_VERSION, NS, sinks.NFD_PLURAL)
 
 
@@ -150,4 +151,31 @@ async def test_a_devices_record_of_the_wrong_shape_publishes_and_removes_nothing
         outcome = await rec.devices_event(body)
         assert outcome.outcome in ("invalid", "unchanged")
         assert k.count() == before or outcome.outcome == "unchanged"
+        assert k.count("POST", NF) == 0
+
+
+async def test_a_record_owned_by_another_node_is_not_taken_for_proof_that_its_own_node_exists():
+    """The NodeFeature sink trusts a Node owner as proof that the node exists (the agent sets it, and
+    deleting the Node deletes the record). An owner reference to a different Node proves nothing about
+    this one: the record's own node is read, and a missing one is reported, not published for."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        other = await c.node("n2")
+        await c.put_devices(gpu_record("n1"), node_owner=False)
+        owner = {"apiVersion": "v1", "kind": "Node", "name": "n2", "uid": other["uid"]}
+        await asyncio.to_thread(
+            c.custom.patch_cluster_custom_object,
+            *DEVICES_PATH,
+            "n1",
+            {"metadata": {"ownerReferences": [owner]}},
+        )
+        async with running_operator(k):
+
+            async def reported() -> bool:
+                conds = (await c.devices("n1")).get("status", {}).get("conditions", [])
+                return any(x["type"] == "LabelsPublished" and x["reason"] == "NodeNotFound" for x in conds)
+
+            await eventually(reported)
+            await settle(k)
+        assert await c.nodefeature("n1") is None
         assert k.count("POST", NF) == 0
