@@ -40,10 +40,11 @@ def _now() -> datetime:
 
 
 def transient(err: BaseException) -> bool:
-    """Worth retrying: the API was unreachable, overloaded or answered a server error."""
+    """Worth retrying: the API was unreachable, overloaded or answered a server error, or the NodeFeature
+    API is missing (NFD is being installed or upgraded): each ends without the record changing."""
     if isinstance(err, kubernetes.client.ApiException):
         return int(err.status or 0) in (429, 500, 502, 503, 504) or not err.status
-    return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict)
+    return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict | sinks.NfdMissing)
 
 
 class Superseded(Exception):

@@ -15,8 +15,8 @@ from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import LinkState
 from nodefabric_operator import labels, sinks
-from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.correlator import Correlator, Posted
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.reconcile import Reconciler
 
 N = 12
@@ -372,3 +372,25 @@ async def test_a_flapping_link_counts_events_up_instead_of_creating_one_per_flap
         lost = [n for reason, n in about if reason == "RdmaCapabilityLost"]
         assert len(about) == 3 and len(lost) == 1 and lost[0] >= 12
         assert sum(n for _, n in about) == actions["created"] + actions["counted"]
+
+
+async def test_labels_are_published_once_nfd_is_installed_without_a_record_change():
+    """The NodeFeature API is missing (NFD not installed yet, or its CRD deleted and installed again): the
+    failure says so, and the records are tried again until it exists, like an outage. It used to be
+    tried once, so a cluster where NFD came back published nothing until a record changed."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = await fleet(k, 1)
+        proxy.refuse("POST", f"/apis/{sinks.NFD_GROUP}/", 404)
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+
+            async def failed() -> str:
+                conds = (await c.devices("n0")).get("status", {}).get("conditions", [])
+                return next((x["message"] for x in conds if x["type"] == models.LABELS_PUBLISHED), "")
+
+            assert "install NFD" in await eventually(failed)
+            errors = reconciled(metrics, "error")
+            await eventually(lambda: reconciled(metrics, "error") > errors)  # tried again, unprompted
+            proxy.allow()
+            await eventually(lambda: reconciled(metrics, "published") == 1)
+            await settle(k)
+        assert CAPABLE in (await c.nodefeature("n0"))["spec"]["labels"]
