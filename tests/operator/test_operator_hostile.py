@@ -179,3 +179,31 @@ async def test_a_record_owned_by_another_node_is_not_taken_for_proof_that_its_ow
             await settle(k)
         assert await c.nodefeature("n1") is None
         assert k.count("POST", NF) == 0
+
+
+async def test_the_devices_crd_deleted_and_created_again_does_not_stop_the_operator():
+    """Deleting the CRD deletes every record (and their NodeFeatures with them) and ends the watch; kopf
+    re-opened it before it learnt the resource was gone and failed whole on the 404. The operator keeps
+    running, and publishes the records written once the CRD is back."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        record = gpu_record("n0")
+        await c.put_devices(record)
+        ext = kubernetes.client.ApiextensionsV1Api(c.core.api_client)
+        async with running_operator(k):
+            await eventually(lambda: c.nodefeature("n0"))
+            await settle(k)
+            await asyncio.to_thread(
+                ext.delete_custom_resource_definition, crd.devices_crd()["metadata"]["name"]
+            )
+            await eventually(lambda: k.api.stored(NF, "n0", NS) is None)
+            await settle(k)
+            await asyncio.to_thread(ext.create_custom_resource_definition, crd.devices_crd())
+            await c.put_devices(record)
+
+            async def capable() -> str | None:
+                nf = await c.nodefeature("n0") or {}
+                return nf.get("spec", {}).get("labels", {}).get(CAPABLE)
+
+            assert await eventually(capable, timeout=90) == "true"
