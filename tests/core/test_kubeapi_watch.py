@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -350,3 +351,19 @@ async def test_kmock_resources_and_clear_keep_what_the_api_serves():
         assert k.api.stored(SLICES, "a") is None
         assert k.api.stored("v1/namespaces", "default") is not None
         assert (await get(k, "/apis/worker.gpustack.ai/v1alpha1/devices"))[0] == 200, "its CRD stays"
+
+
+async def test_a_client_that_leaves_before_its_answer_is_no_server_error(caplog):
+    # `kubectl get -w` interrupted, a component stopping: the connection closes before the answer is
+    # written. That is the client's business; the emulator logged each as a failure with a traceback.
+    async with running_api([crd_module.devices_crd()]) as k:
+        port = int(k.url.rsplit(":", 1)[1])
+        for _ in range(20):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /api/v1/nodes?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            writer.transport.abort()
+        await asyncio.sleep(0.5)
+        async with aiohttp.ClientSession() as s, s.get(k.url + "/api/v1/nodes") as resp:
+            assert resp.status == 200  # and it still answers
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
