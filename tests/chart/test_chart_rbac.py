@@ -30,7 +30,7 @@ OPERATOR_NODEFEATURE: Grants = {
     **OPERATOR_COMMON,
     (CLUSTER, "nfd.k8s-sigs.io", "nodefeatures", ""): {"list", "watch"},
     (NAMESPACE, "nfd.k8s-sigs.io", "nodefeatures", ""): {"get", "create", "patch"},
-    # A record without a Node owner gets its node read by name before its NodeFeature is created.
+    # A record not owned by its own Node gets that node read by name before its NodeFeature is created.
     (CLUSTER, "", "nodes", ""): {"get"},
 }
 OPERATOR_NODE: Grants = {**OPERATOR_COMMON, (CLUSTER, "", "nodes", ""): {"get", "list", "watch", "patch"}}
