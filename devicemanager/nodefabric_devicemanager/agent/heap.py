@@ -1,0 +1,30 @@
+"""Hands the heap a walk freed back to the kernel, where the C library can (glibc's `malloc_trim`).
+
+A walk of a big node and the object written from it allocate megabytes that are garbage a moment later;
+glibc keeps freed memory inside the process unless asked, so without this the agent's resident memory is
+its peak for good. Elsewhere (musl, macOS) `release` does nothing: there is no such call to make.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+
+
+@functools.cache
+def _trim() -> Callable[[int], int] | None:
+    try:
+        # The process's own symbols, the C library's among them (no search for a file by name).
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # a C library without malloc_trim
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+def release() -> bool:
+    """Return free heap pages to the kernel; True when the C library could give any back."""
+    trim = _trim()
+    return bool(trim(0)) if trim is not None else False
