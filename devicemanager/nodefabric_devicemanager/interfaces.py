@@ -42,7 +42,7 @@ from nodefabric_devicemanager.hostroot import (
     SysDir,
     recorded_name,
 )
-from nodefabric_devicemanager.models import Interface, VirtualFunction
+from nodefabric_devicemanager.models import Interface, VirtualFunction, share_fields_sets
 from nodefabric_devicemanager.pci import PciFunction
 
 log = logging.getLogger(__name__)
@@ -255,4 +255,5 @@ def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
     ]
     out = _bind_by_name(host, out, found)
     out.sort(key=lambda i: i.name)
+    share_fields_sets(out)
     return out
