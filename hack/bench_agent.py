@@ -12,7 +12,9 @@ On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
 3. Resident memory of a real `nodefabric agent` process on that tree with the device plugin in-process
    and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs; and with
    `--serve both` (the DRA driver in-process too: registered with kubelet's plugin watcher, slices
-   published) beside `--serve deviceplugin` on the same tree; and the idle CPU of both on the typical node.
+   published) beside `--serve deviceplugin` on the same tree; each tree and serve mode beside the agent
+   before its memory work (`--before-ref`, run from its own sources); and the idle CPU of both on the
+   typical node.
 """
 
 from __future__ import annotations
