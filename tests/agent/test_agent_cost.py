@@ -190,5 +190,7 @@ def test_release_asks_the_c_library_where_it_can():
     from nodefabric_devicemanager.agent import heap
 
     assert isinstance(heap.release(), bool)
+    assert isinstance(heap.one_arena(), bool)
     if platform.libc_ver()[0] == "glibc":
         assert heap._trim() is not None
+        assert heap.one_arena(), "glibc accepts M_ARENA_MAX"

@@ -28,3 +28,23 @@ def release() -> bool:
     """Return free heap pages to the kernel; True when the C library could give any back."""
     trim = _trim()
     return bool(trim(0)) if trim is not None else False
+
+
+_M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's <malloc.h>
+
+
+def one_arena() -> bool:
+    """Have every thread started from now on allocate from the one main heap (glibc); True when set.
+
+    glibc gives each thread that allocates its own arena, and memory freed in one is reused by no other:
+    the walk's thread, the API thread and gRPC's threads each keep their own high-water mark. The
+    agent's threads mostly take turns (under the GIL, or waiting on kubelet), so one heap costs them no
+    measurable wait; it saves about 1 MiB on an 8 PF x 128 VF node (`hack/bench_agent.py`).
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # a C library without mallopt
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, 1))
