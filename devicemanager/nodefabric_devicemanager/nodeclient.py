@@ -106,8 +106,16 @@ def path_name(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def resource_version(obj: dict[str, Any] | None) -> str:
-    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+def metadata(obj: Any) -> dict[str, Any]:
+    """An object's metadata; {} when there is none, or the answer is not shaped like an object at all (a
+    broken proxy or API server): one odd answer must cost that answer, never the loop reading it."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def resource_version(obj: Any) -> str:
+    version = metadata(obj).get("resourceVersion")
+    return version if isinstance(version, str) else ""
 
 
 def owner_reference(node: str, uid: str) -> dict[str, Any]:
@@ -121,8 +129,7 @@ def node_uid(api: Api, node: str) -> str | None:
     obj = api.read(f"read node {node}", f"/api/v1/nodes/{path_name(node)}")
     if obj is None:
         return None
-    meta = obj.get("metadata")
-    uid = meta.get("uid") if isinstance(meta, dict) else None
+    uid = metadata(obj).get("uid")
     if not isinstance(uid, str) or not uid:
         raise ApiFailure("rejected", f"node {node} has no uid")
     return uid

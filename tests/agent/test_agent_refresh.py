@@ -144,7 +144,7 @@ def test_a_port_directory_that_is_a_link_inside_the_root_is_read_where_it_lands(
     _, plan, before = _walked(tmp_path)
     device = next(d for d in plan.devices if d.name == "mlx5_1")
     assert device.files == [str(moved / "state"), str(moved / "phys_state")]
-    assert next(d for d in plan.devices if d.name == "mlx5_0").ports == ("1",)
+    assert next(d for d in plan.devices if d.name == "mlx5_0").port_dirs == ("1",)
     (moved / "state").write_text("1: DOWN\n")
     changes = refresh.judge(plan, before, refresh.snapshot(plan))
     assert set(changes.links) == {"mlx5_1"}

@@ -21,6 +21,7 @@ from nodefabric_devicemanager.nodeclient import (
     ApiFailure,
     Cancel,
     classify,
+    metadata,
     node_uid,
     path_name,
     resource_version,
@@ -59,9 +60,7 @@ class DevicesClient:
             f"list devices {name}", "GET", DEVICES_PATH, query={"fieldSelector": f"metadata.name={name}"}
         )
         items = [
-            i
-            for i in listed.get("items") or []
-            if isinstance(i, dict) and i.get("metadata", {}).get("name") == name
+            i for i in listed.get("items") or [] if isinstance(i, dict) and metadata(i).get("name") == name
         ]
         return (items[0] if items else None), resource_version(listed)
 
@@ -131,7 +130,8 @@ class DevicesClient:
         try:
             for event in self.api.stream(DEVICES_PATH, query, timeout=seconds + 30, cancel=cancel):
                 if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
+                    status = event.get("object")
+                    status = status if isinstance(status, dict) else {}
                     code = int(status.get("code") or 0) if str(status.get("code") or "").isdigit() else 0
                     raise ApiError(code, f"watch devices {name}: {status.get('message') or status}")
                 yield event
@@ -141,7 +141,7 @@ class DevicesClient:
     def post_event(self, node: str, obj: dict[str, Any] | None, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the node's Devices object, from this component (`kubectl describe` shows it)."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        meta = (obj or {}).get("metadata") or {}
+        meta = metadata(obj)
         involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": node}
         if meta.get("uid"):
             involved["uid"] = str(meta["uid"])
