@@ -1,8 +1,9 @@
-"""Hands the heap a walk freed back to the kernel, where the C library can (glibc's `malloc_trim`).
+"""The agent's C heap (glibc's malloc): what a walk freed handed back to the kernel (`malloc_trim`), and
+one arena for all of the agent's threads (`M_ARENA_MAX`).
 
 A walk of a big node and the object written from it allocate megabytes that are garbage a moment later;
 glibc keeps freed memory inside the process unless asked, so without this the agent's resident memory is
-its peak for good. Elsewhere (musl, macOS) `release` does nothing: there is no such call to make.
+its peak for good. Elsewhere (musl, macOS) both do nothing: there is no such call to make.
 """
 
 from __future__ import annotations
