@@ -356,7 +356,8 @@ async def resident_memory(
     _, _, both_cpu = await _agent_rss(typical, 2.0, None, serve="both", interval=3600, idle=idle)
     print(
         f"  idle CPU over {idle:.0f} s, {next(iter(trees))}: --serve both {both_cpu:.3%} of a core, "
-        f"--serve deviceplugin {plugin_cpu:.3%} ({both_cpu / max(plugin_cpu, 1e-9):.1f}x)"
+        f"--serve deviceplugin {plugin_cpu:.3%}"
+        + (f" ({both_cpu / plugin_cpu:.1f}x)" if plugin_cpu else " (none measurable: no ratio)")
     )
     # VmRSS, not ru_maxrss: a child inherits its parent's high-water mark across exec.
     rss_of = "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
