@@ -11,6 +11,7 @@ devices come in as a `verbs.VerbsDevices` (read with `verbs.read_devices`, or ca
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,9 +60,14 @@ def endpoints_for(view: FamilyView, ids: Sequence[str]) -> list[RdmaEndpoint]:
     for i in ids:
         ep = view.by_id[i].endpoint
         seen.setdefault(ep.key, ep)
-    # The order NCCL_IB_HCA lists them in. Computed per grant (a few names), not kept per endpoint: on a
-    # node with 1,024 VFs the kept keys were a third of the device plugin's memory.
-    return sorted(seen.values(), key=lambda ep: natural_key(ep.rdma_device))
+    return sorted(seen.values(), key=lambda ep: _name_order(ep.rdma_device))
+
+
+# The order NCCL_IB_HCA lists granted devices in. Kept for the names granted lately, not for every
+# endpoint of the record: on a node with 1,024 VFs those keys were a third of the device plugin's memory.
+@functools.lru_cache(maxsize=256)
+def _name_order(rdma_device: str) -> tuple[tuple[int, int | str], ...]:
+    return natural_key(rdma_device)
 
 
 def nccl_ib_hca(endpoints: Sequence[RdmaEndpoint]) -> str:
