@@ -414,7 +414,8 @@ class Agent:
             self.metrics.last_success.set_to_current_time()
         self.last_outcome = outcome
         if kind is PassKind.WALK or outcome.wrote:
-            # The walk's and the written object's garbage is freed by now: give its pages back (~1 ms).
+            # The walk's and the written object's garbage is freed by now: give its pages back (a few ms at
+            # most, on a heap this size; once per walk or write).
             heap.release()
         fields = {
             "node": self.config.node,
