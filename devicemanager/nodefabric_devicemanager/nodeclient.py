@@ -32,6 +32,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -45,6 +46,9 @@ REQUEST_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # The API server ends a watch after timeoutSeconds; a random length spreads a fleet's reconnects.
 WATCH_SECONDS = (300, 600)
+# A watch the server ended this soon without sending anything is a failure, not a timeout: reconnecting at
+# once would turn one broken server (or proxy) into a request loop.
+WATCH_TOO_SHORT_S = 1.0
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 USER_AGENT = "nodefabric-agent"
 _RETRYABLE_SEND = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -458,9 +462,11 @@ class ResumableWatch:
             self.since = resource_version_
 
     def _consume(self, loop: asyncio.AbstractEventLoop, since: str) -> str:
-        """Blocking: stream events until the server ends the watch. Returns the last version seen."""
-        last = since
+        """Blocking: stream events until the server ends the watch. Returns the last version seen; raises
+        ApiFailure for a watch that ended at once with nothing in it."""
+        last, started, heard = since, time.monotonic(), False
         for event in self.open(since, self._cancel):
+            heard = True
             obj = event.get("object")
             if not isinstance(obj, dict):
                 continue
@@ -468,6 +474,8 @@ class ResumableWatch:
             if event.get("type") == "BOOKMARK" or not self.keep(obj):
                 continue
             loop.call_soon_threadsafe(self.on_event, event)
+        if not heard and not self._cancel.is_set() and time.monotonic() - started < WATCH_TOO_SHORT_S:
+            raise ApiFailure("unavailable", f"watch {self.what}: the API server ended it at once, empty")
         return last
 
     def _start(self, since: str) -> asyncio.Future[str]:

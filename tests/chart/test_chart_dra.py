@@ -178,12 +178,6 @@ async def driver_requests(tmp_path: Path) -> dict[tuple[str, str, str, str], set
         node_name="hgx-0", plugin_dir=f"{base}/p", registry_dir=f"{base}/r", cdi_dir=f"{base}/c"
     )
     async with running_api(directory=str(tmp_path)) as k:
-        for key, kind, namespaced in (
-            ("resource.k8s.io/v1/resourceslices", "ResourceSlice", False),
-            ("resource.k8s.io/v1/resourceclaims", "ResourceClaim", True),
-        ):
-            if key not in k.api.resources:
-                k.api.declare(key, kind=kind, namespaced=namespaced)
         k.api.put_object("v1/nodes", {"metadata": {"name": "hgx-0"}})
         # A slice of an older run, to delete.
         for index in (7,):

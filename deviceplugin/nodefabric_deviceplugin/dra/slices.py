@@ -203,16 +203,6 @@ def live_slice(obj: Mapping[str, Any]) -> LiveSlice | None:
     )
 
 
-def ours(obj: Mapping[str, Any], config: DriverConfig) -> bool:
-    """A slice of this driver for this node (the list's field selector is not trusted to have filtered)."""
-    spec = obj.get("spec")
-    return (
-        isinstance(spec, dict)
-        and spec.get("driver") == config.driver
-        and spec.get("nodeName") == config.node_name
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class SlicePlan:
     generation: int
