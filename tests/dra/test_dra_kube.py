@@ -3,6 +3,7 @@ every answer a broken or hostile API server could give turned into an `ApiFailur
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import socket
@@ -43,14 +44,20 @@ async def test_each_request_against_the_embedded_api(api: RunningAPI, dirs: Dirs
     api.api.put_object(SLICES, _slice("gpu-9-x", node="gpu-9"))  # another node's
     api.api.put_object(SLICES, _slice("other-driver", driver="gpu.example.com"))
     created = await to_thread(dra.create_slice, _slice("ours"))
-    assert created["metadata"]["resourceVersion"] == api.api.stored(SLICES, "ours")["metadata"]["resourceVersion"]
+    assert (
+        created["metadata"]["resourceVersion"]
+        == api.api.stored(SLICES, "ours")["metadata"]["resourceVersion"]
+    )
     (listed,), version = await to_thread(dra.list_slices)
     assert listed["metadata"]["name"] == "ours"
     assert version  # the list's resourceVersion: where the watch resumes
 
     with pytest.raises(ApiFailure) as exists:
         created = await to_thread(dra.create_slice, _slice("ours"))
-    assert created["metadata"]["resourceVersion"] == api.api.stored(SLICES, "ours")["metadata"]["resourceVersion"]
+    assert (
+        created["metadata"]["resourceVersion"]
+        == api.api.stored(SLICES, "ours")["metadata"]["resourceVersion"]
+    )
     assert (exists.value.kind, exists.value.status) == ("conflict", 409)
     assert str(exists.value).startswith("create resourceslice ours: ")
 
@@ -220,3 +227,41 @@ def test_no_api_server_at_all_is_unavailable(dirs: Dirs) -> None:
         with pytest.raises(ApiFailure) as failed:
             call(dra)
         assert (failed.value.kind, failed.value.status) == ("unavailable", 0)
+
+
+def test_the_watch_selects_both_fields_resumes_and_says_gone_for_a_410(hostile: Any, dirs: Dirs) -> None:
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+    hostile.answer = (200, json.dumps({"type": "ERROR", "object": expired}).encode() + b"\n")
+    dra = DraApi(nodeclient.Api(nodeclient.Credentials(hostile.url)), dirs.config())
+    with pytest.raises(ApiFailure) as failed:
+        list(dra.watch_slices("7"))
+    assert (failed.value.kind, failed.value.status) == ("gone", 410)
+    assert "watch resourceslices: too old resource version" in str(failed.value)
+    ((method, path, _),) = hostile.seen
+    query = dict(p.split("=", 1) for p in path.split("?", 1)[1].split("&"))
+    assert method == "GET" and path.startswith("/apis/resource.k8s.io/v1/resourceslices?")
+    assert query["fieldSelector"] == "spec.nodeName%3Dhgx-0%2Cspec.driver%3Drdma.gpustack.ai"
+    assert (query["watch"], query["allowWatchBookmarks"], query["resourceVersion"]) == ("true", "true", "7")
+    assert 300 <= int(query["timeoutSeconds"]) <= 600
+
+
+async def test_a_server_that_ends_every_watch_at_once_is_backed_off_not_hammered(
+    hostile: Any, dirs: Dirs
+) -> None:
+    # 200 and an empty body, every time (a broken proxy): without a backoff it would reconnect in a loop.
+    hostile.answer = (200, b"")
+    dra = DraApi(nodeclient.Api(nodeclient.Credentials(hostile.url)), dirs.config())
+
+    async def relist() -> None:
+        watch.resume_from("7")
+
+    watch = nodeclient.ResumableWatch(
+        "test", dra.watch_slices, lambda event: None, relist, backoff=nodeclient.Backoff(base=0.2, cap=0.4)
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    # 0.1-0.2 s, then 0.2-0.4 s between attempts: a handful, not thousands.
+    assert 2 <= len(hostile.seen) <= 10
