@@ -14,6 +14,7 @@ from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.live import LiveSlices
 from nodefabric_deviceplugin.dra.publish import SlicePublisher
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
@@ -178,3 +179,35 @@ async def test_a_write_refused_with_409_lists_again_and_decides_again(
     # The refused PATCH, the list, the PATCH that holds; the owner read before each attempt.
     assert spent(api, before) == {"patch": 2, "list": 1, "node": 2, "all": 5}
     assert len(api.api.stored(SLICES, NAME)["spec"]["devices"]) == 10
+
+
+def test_which_watch_events_are_news() -> None:
+    def obj(name: str, version: str, devices: int = 1) -> dict[str, Any]:
+        spec = {
+            "pool": {"name": NODE, "generation": 1},
+            "devices": [{"name": f"d{i}"} for i in range(devices)],
+        }
+        return {"metadata": {"name": name, "resourceVersion": version}, "spec": spec}
+
+    live = LiveSlices()
+    live.replace([obj("a", "5"), {"metadata": "junk"}, obj("b", "6")])
+    assert live.listed and sorted(s.name for s in live.slices()) == ["a", "b"]
+    live.wrote(obj("a", "8", devices=2))  # our update's answer...
+    assert not live.apply({"type": "MODIFIED", "object": obj("a", "8", devices=2)})  # ...and its echo
+    assert not live.apply({"type": "ADDED", "object": obj("b", "6")})  # a replay of what was listed
+    assert live.apply({"type": "MODIFIED", "object": obj("a", "9", devices=0)})  # a hand edit
+    assert [s.resource_version for s in live.slices() if s.name == "a"] == ["9"]
+    live.removed("b")  # our delete...
+    assert not live.apply({"type": "DELETED", "object": obj("b", "10")})  # ...and its echo
+    assert live.apply({"type": "DELETED", "object": obj("a", "11")})  # kubelet's
+    for junk in (
+        {"type": "BOOKMARK", "object": obj("c", "12")},
+        {"type": "SOMETHING", "object": obj("c", "12")},
+        {"type": "ADDED", "object": "not an object"},
+        {"type": "ADDED", "object": {"metadata": {}}},
+        {"type": "ADDED"},
+    ):
+        assert not live.apply(junk), junk
+    assert live.slices() == []
+    live.forget()
+    assert not live.listed
