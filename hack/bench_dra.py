@@ -63,7 +63,7 @@ WATCH_REOPEN_S = 450.0  # the mean of the watch's random 300-600 s timeout
 BOOKMARK_S = 60.0  # a real API server's bookmark pace on an idle watch
 
 
-def declare(k: RunningAPI) -> None:
+def put_node(k: RunningAPI) -> None:
     k.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
 
 
@@ -208,7 +208,7 @@ async def main(args: argparse.Namespace) -> int:
             node_name=NODE, plugin_dir=f"{work}/p", registry_dir=f"{work}/r", cdi_dir=f"{work}/c"
         )
         async with running_api(directory=str(work)) as k:
-            declare(k)
+            put_node(k)
             api = DraApi(nodeclient.load(k.kubeconfig), config)  # the benchmark's own requests
             driver = DraDriver(
                 config,
