@@ -454,6 +454,8 @@ class ResumableWatch:
         self.backoff = backoff or Backoff(base=1.0, cap=60.0)
         self.since = ""  # the resourceVersion to resume from: the last list, event, bookmark or write
         self.connects = 0
+        # The last attempt failed and no stream has worked since: the owner's copy may be going stale.
+        self.failing = False
         self._cancel = Cancel()
 
     def resume_from(self, resource_version_: str) -> None:
@@ -467,6 +469,7 @@ class ResumableWatch:
         last, started, heard = since, time.monotonic(), False
         for event in self.open(since, self._cancel):
             heard = True
+            self.failing = False
             obj = event.get("object")
             if not isinstance(obj, dict):
                 continue
@@ -512,6 +515,7 @@ class ResumableWatch:
                     await self.relist()
                     if not self.since:  # the list failed; the owner logged it
                         failures += 1
+                        self.failing = True
                         if await sleep_or_stop(self.backoff.delay(failures), stop):
                             return
                         continue
@@ -524,13 +528,14 @@ class ResumableWatch:
                     return
                 try:
                     self.since = stream.result() or self.since
-                    failures = 0
+                    failures, self.failing = 0, False
                 except ApiFailure as exc:
                     if exc.kind == "gone":
                         log.info("the watch cannot resume; listing again", extra={"watch": self.what})
                         self.since = ""
                         continue
                     failures += 1
+                    self.failing = True
                     delay = self.backoff.delay(failures)
                     log.warning(
                         "a watch failed; retrying",

@@ -5,6 +5,7 @@ that undo it. The driver runs whole (kubelet registration included); no resync c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from dra_helpers import DRIVER, NODE, SLICES, Dirs, Running, client, live_slices
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.live import LiveSlices
@@ -211,3 +213,50 @@ def test_which_watch_events_are_news() -> None:
     assert live.slices() == []
     live.forget()
     assert not live.listed
+
+
+async def test_while_the_watch_is_refused_every_sync_lists_as_before(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    # An API server that refuses the watch (a role without the `watch` verb, from an older chart): nothing
+    # would tell the driver of kubelet's deletes, so it falls back to listing on every sync.
+    calls: list[str] = []
+    stored: dict[str, dict[str, Any]] = {}
+
+    class RefusesWatch:
+        def node_owner(self) -> dict[str, Any]:
+            return {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
+
+        def list_slices(self) -> tuple[list[dict[str, Any]], str]:
+            calls.append("list")
+            return list(stored.values()), "1"
+
+        def watch_slices(self, since: str, cancel: Any = None) -> Iterator[dict[str, Any]]:
+            calls.append("watch")
+            raise ApiFailure("rejected", "watch resourceslices: HTTP 403 Forbidden", 403)
+
+        def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+            calls.append("create")
+            obj = {**body, "metadata": {**body["metadata"], "resourceVersion": str(len(calls))}}
+            stored[obj["metadata"]["name"]] = obj
+            return obj
+
+        def update_slice(self, body: dict[str, Any], version: str) -> dict[str, Any]:
+            raise AssertionError("nothing to update")
+
+        def delete_slice(self, name: str, version: str) -> None:
+            raise AssertionError("nothing to delete")
+
+    source = RecordSource(hgx_spec)
+    publisher = SlicePublisher(RefusesWatch(), dirs.config(), source, hgx_host[0].host, resync=0.05)
+    publisher.watch.backoff = Backoff(base=0.05, cap=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        await wait_until(lambda: publisher.watch.failing and calls.count("watch") >= 2)
+        stored.clear()  # kubelet deletes the slice: only a list can tell
+        await wait_until(lambda: calls.count("create") == 2)
+        assert publisher.syncs >= 2
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -98,7 +98,9 @@ class SlicePublisher:
             return None
         last: ApiFailure | None = None
         for _ in range(CONFLICT_RETRIES):
-            if not self.live.listed:
+            # While the watch fails (an outage, a role without `watch`), nothing tells us of kubelet's
+            # deletes: every sync lists, as the driver did before it held a watch.
+            if not self.live.listed or self.watch.failing:
                 self._list()
             decided = plan(desired, self.live.slices())
             owner: dict[str, Any] | None = None
@@ -182,11 +184,13 @@ class SlicePublisher:
         self.watch.since = ""
         try:
             await self.flight.run(self.sync)
-        except Exception as exc:  # the watch backs off and asks again; the sync loop retries on its own
-            log.warning(
-                "could not list this node's ResourceSlices for the watch; will retry",
-                extra={"why": str(exc), "node": self.config.node_name},
-            )
+        except Exception as exc:
+            if not self.live.listed:  # the watch backs off and asks again
+                log.warning(
+                    "could not list this node's ResourceSlices for the watch; will retry",
+                    extra={"why": str(exc), "node": self.config.node_name},
+                )
+            self.poke()  # the sync loop retries what failed (no Node yet, an outage) with its backoff
         if not self.live.listed:
             # A sync in flight from before the forget may not have listed: the watch asks again.
             self.watch.since = ""
