@@ -5,7 +5,8 @@
 #   - the CRD upgrade hook ran (the CRD carries the release's version) and a Devices record per node;
 #   - rdma.* labels reach each Node through Node Feature Discovery (the operator's NodeFeature);
 #   - the device plugin's three resources are in each Node's allocatable, with the record's counts;
-#   - an agent may write only its own node's Devices object (the admission policy);
+#   - an agent may write only its own node's Devices object, and post Events only about it, in "default"
+#     (its RBAC and the admission policies);
 #   - an 8-pod group scheduled by the chart's scheduler lands where the extender said (its claim
 #     annotation on every pod names one location; every pod's node is in it).
 #
@@ -154,6 +155,23 @@ if out=$(as_agent patch devices "$B" --type=merge -p '{"metadata":{"annotations"
   fail "the agent on $A patched the Devices object of $B"
 fi
 grep -q "may write only Devices $A" <<<"$out" || fail "unexpected refusal: $out"
+echo "refused as expected: $out"
+# event_about NODE [NAMESPACE]: an Event about NODE's Devices record, as the agent posts them (in "default").
+event_about() {
+  printf 'apiVersion: v1\nkind: Event\nmetadata:\n  generateName: %s.\n  namespace: %s\n' "$1" "${2:-default}"
+  printf 'involvedObject:\n  apiVersion: worker.gpustack.ai/v1alpha1\n  kind: Devices\n  name: %s\n' "$1"
+  printf 'type: Warning\nreason: E2E\nmessage: e2e\nsource:\n  component: nodefabric-agent\n'
+}
+event_about "$A" | as_agent create -f - || fail "the agent on $A could not post an Event about its own record"
+if out=$(event_about "$B" | as_agent create -f - 2>&1); then
+  fail "the agent on $A posted an Event about the Devices object of $B"
+fi
+grep -q "may post Events only about Devices $A" <<<"$out" || fail "unexpected refusal: $out"
+echo "refused as expected: $out"
+if out=$(event_about "$A" kube-system | as_agent create -f - 2>&1); then
+  fail "the agent on $A posted an Event outside the default namespace"
+fi
+grep -q "forbidden" <<<"$out" || fail "unexpected refusal: $out"
 echo "refused as expected: $out"
 
 step "an $GROUP_SIZE-pod group placed through the extender lands where it said"

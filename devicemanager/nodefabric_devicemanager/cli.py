@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
@@ -91,6 +92,43 @@ def _log_options(parser: argparse.ArgumentParser, *, default: bool) -> None:
     )
 
 
+def _extra_providing(package: str) -> str | None:
+    """The optional extra of nodefabric (`pip install 'nodefabric[EXTRA]'`) that brings `package`."""
+
+    def norm(text: str) -> str:
+        return re.sub(r"[-_.]+", "-", text).lower()
+
+    try:
+        requirements = importlib.metadata.requires("nodefabric") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        named = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+        extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", requirement)
+        if named and extra and norm(named.group()) == norm(package):
+            return extra.group(1)
+    return None
+
+
+def _import(name: str, module: str) -> object:
+    """A subcommand's module. A third-party package it needs that is not installed (the image carries no
+    extras, so `demo` finds no kmock there) is one line and exit 2, not an ImportError traceback."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").split(".")[0]
+        if not package or package.startswith("nodefabric_"):
+            raise  # our own module missing is a broken install or a bug, not a user's error
+        extra = _extra_providing(package)
+        remedy = (
+            f"pip install 'nodefabric[{extra}]'" if extra else "reinstall nodefabric with its dependencies"
+        )
+        sys.stderr.write(
+            f"nodefabric {name} needs the Python package {package}, which is not installed here: {remedy}\n"
+        )
+        raise SystemExit(2) from None
+
+
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
     parser = Parser(prog="nodefabric", description="Kubernetes device manager for GPU clusters")
     parser.add_argument("--version", action="version", version=f"nodefabric {version()}")
@@ -101,7 +139,7 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
-            command = cast(Command, importlib.import_module(module))
+            command = cast(Command, _import(name, module))
             command.add_arguments(p)
             _log_options(p, default=False)
     return parser, command

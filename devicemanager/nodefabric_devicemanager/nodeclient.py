@@ -46,9 +46,9 @@ REQUEST_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # The API server ends a watch after timeoutSeconds; a random length spreads a fleet's reconnects.
 WATCH_SECONDS = (300, 600)
-# A watch the server ended this soon without sending anything is a failure, not a timeout: reconnecting at
-# once would turn one broken server (or proxy) into a request loop.
-WATCH_TOO_SHORT_S = 1.0
+# A watch open this long before it ended was healthy: the next one opens at once. One that ended sooner
+# counts toward the backoff, as client-go's reflector paces its restarts.
+WATCH_HEALTHY_AFTER_S = 5.0
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 USER_AGENT = "nodefabric-agent"
 _RETRYABLE_SEND = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -116,8 +116,16 @@ def path_name(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def resource_version(obj: dict[str, Any] | None) -> str:
-    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+def metadata(obj: Any) -> dict[str, Any]:
+    """An object's metadata; {} when there is none, or the answer is not shaped like an object at all (a
+    broken proxy or API server): one odd answer must cost that answer, never the loop reading it."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def resource_version(obj: Any) -> str:
+    version = metadata(obj).get("resourceVersion")
+    return version if isinstance(version, str) else ""
 
 
 def owner_reference(node: str, uid: str) -> dict[str, Any]:
@@ -131,8 +139,7 @@ def node_uid(api: Api, node: str) -> str | None:
     obj = api.read(f"read node {node}", f"/api/v1/nodes/{path_name(node)}")
     if obj is None:
         return None
-    meta = obj.get("metadata")
-    uid = meta.get("uid") if isinstance(meta, dict) else None
+    uid = metadata(obj).get("uid")
     if not isinstance(uid, str) or not uid:
         raise ApiFailure("rejected", f"node {node} has no uid")
     return uid
@@ -434,7 +441,8 @@ class ResumableWatch:
     bookmark's, or a write's the owner reports (`resume_from`). `on_event(event)` is called on the event
     loop for every ADDED/MODIFIED/DELETED event whose object `keep` accepts; `relist()` (awaited) lists
     again when there is nothing to resume from (at start, and once after a 410 Gone) and sets `since`
-    (left empty when the list failed: the watch backs off and asks again)."""
+    (left empty when the list failed: the watch backs off and asks again). A failed watch, an expired one
+    and an event of an odd shape each cost one reconnect, never the watch itself."""
 
     def __init__(
         self,
@@ -445,6 +453,7 @@ class ResumableWatch:
         *,
         keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
         backoff: Backoff | None = None,
+        healthy_after: float = WATCH_HEALTHY_AFTER_S,
     ) -> None:
         self.what = what
         self.open = open_
@@ -452,6 +461,7 @@ class ResumableWatch:
         self.relist = relist
         self.keep = keep
         self.backoff = backoff or Backoff(base=1.0, cap=60.0)
+        self.healthy_after = healthy_after
         self.since = ""  # the resourceVersion to resume from: the last list, event, bookmark or write
         self.connects = 0
         # The last attempt failed and no stream has worked since: the owner's copy may be going stale.
@@ -464,21 +474,17 @@ class ResumableWatch:
             self.since = resource_version_
 
     def _consume(self, loop: asyncio.AbstractEventLoop, since: str) -> str:
-        """Blocking: stream events until the server ends the watch. Returns the last version seen; raises
-        ApiFailure for a watch that ended at once with nothing in it."""
-        last, started, heard = since, time.monotonic(), False
+        """Blocking: stream events until the server ends the watch. Returns the last version seen."""
+        last = since
         for event in self.open(since, self._cancel):
-            heard = True
-            self.failing = False
             obj = event.get("object")
-            if not isinstance(obj, dict):
-                continue
+            if not isinstance(obj, dict) or not metadata(obj):
+                continue  # not an object: nothing in it can be kept or resumed from
+            self.failing = False
             last = resource_version(obj) or last
             if event.get("type") == "BOOKMARK" or not self.keep(obj):
                 continue
             loop.call_soon_threadsafe(self.on_event, event)
-        if not heard and not self._cancel.is_set() and time.monotonic() - started < WATCH_TOO_SHORT_S:
-            raise ApiFailure("unavailable", f"watch {self.what}: the API server ended it at once, empty")
         return last
 
     def _start(self, since: str) -> asyncio.Future[str]:
@@ -520,31 +526,53 @@ class ResumableWatch:
                             return
                         continue
                 self.connects += 1
+                opened = time.monotonic()
                 stream = self._start(self.since)
                 stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
                 await asyncio.wait([stream, stopper], return_when=asyncio.FIRST_COMPLETED)
                 stopper.cancel()
                 if stop.is_set():
                     return
-                try:
-                    self.since = stream.result() or self.since
-                    failures, self.failing = 0, False
-                except ApiFailure as exc:
-                    if exc.kind == "gone":
-                        log.info("the watch cannot resume; listing again", extra={"watch": self.what})
-                        self.since = ""
-                        continue
-                    failures += 1
-                    self.failing = True
-                    delay = self.backoff.delay(failures)
-                    log.warning(
-                        "a watch failed; retrying",
-                        extra={"watch": self.what, "error": str(exc), "retry_in_s": round(delay, 1)},
-                    )
-                    if await sleep_or_stop(delay, stop):
-                        return
+                delay = self._after(stream, failures)
+                # A watch that ended (or expired) as soon as it opened, again and again, is paced like a
+                # failure: a proxy that closes every stream at once, or a 410 on every resume, must not
+                # turn one node into hundreds of requests a second. The first quick end is free.
+                quick = time.monotonic() - opened < self.healthy_after
+                failures = failures + 1 if delay is not None or quick else 0
+                if delay is None and failures > 1:
+                    delay = self.backoff.delay(failures - 1)
+                if delay is not None and await sleep_or_stop(delay, stop):
+                    return
         finally:
             self._cancel.set()
+
+    def _after(self, stream: asyncio.Future[str], failures: int) -> float | None:
+        """Where the next watch resumes after `stream` ended; the delay it must wait first when it failed."""
+        try:
+            self.since = stream.result() or self.since
+            self.failing = False
+            return None
+        except ApiFailure as exc:
+            if exc.kind == "gone":
+                log.info("the watch cannot resume; listing again", extra={"watch": self.what})
+                self.since = ""
+                return None
+            self.failing = True
+            delay = self.backoff.delay(failures + 1)
+            log.warning(
+                "a watch failed; retrying",
+                extra={"watch": self.what, "error": str(exc), "retry_in_s": round(delay, 1)},
+            )
+            return delay
+        except Exception:
+            # A bug, or an answer no API server gives, costs this watch, never the owner's knowledge of
+            # what it watches for the rest of its life.
+            self.failing = True
+            delay = self.backoff.delay(failures + 1)
+            log.exception(
+                "a watch broke; retrying", extra={"watch": self.what, "retry_in_s": round(delay, 1)}
+            )
+            return delay
 
 
 async def sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:

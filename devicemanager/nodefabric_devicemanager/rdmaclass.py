@@ -28,6 +28,7 @@ from nodefabric_devicemanager.hostroot import HostReadError, HostRoot, Refused, 
 log = logging.getLogger(__name__)
 
 RDMA_CLASS = "/sys/class/infiniband"
+CLASS_NET = "/sys/class/net"
 # GID entries tried per port before giving up: unpopulated entries answer EINVAL, and a RoCE port's
 # table is 256 entries long; its own netdev owns the first populated one.
 GID_ENTRIES_TRIED = 16
@@ -77,12 +78,16 @@ def _riding(device: SysDir, netdevs: Collection[str], *, software: bool) -> dict
 def ports_on(host: HostRoot, device: str, netdev: str) -> set[str] | None:
     """The ports of RDMA device `device` whose verdict counts for interface `netdev`: those riding on it
     when the device is bound by name (software, or a platform engine split across netdevs), None when
-    every port counts (bound through the shared parent). For a link refresh between passes, which must
-    judge an endpoint over the same ports the pass did; a PCI endpoint never needs it."""
+    every port counts (bound through the shared parent, as `scan` leaves such a device to it). For a link
+    refresh between passes, which must judge an endpoint over the same ports the pass did."""
     d = host.dir(RDMA_CLASS).child(device)
     parent = d.child_opt("device")
     if parent is not None and parent.link_name("subsystem") == "pci":
         return None
+    if parent is not None and netdev:
+        own = host.dir(CLASS_NET).child(netdev).child_opt("device")
+        if own is not None and own.path == parent.path:
+            return None
     riding = _riding(d, {netdev}, software=parent is None)
     return riding.get(netdev)
 

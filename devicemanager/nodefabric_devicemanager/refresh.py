@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nodefabric_devicemanager import interfaces as interfacesmod
-from nodefabric_devicemanager import rdma
+from nodefabric_devicemanager import rdma, rdmaclass
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot, SysDir
 from nodefabric_devicemanager.models import Endpoint, Interface, LinkVerdict
 
@@ -46,7 +46,11 @@ Value = bytes | int
 class _Device:
     name: str
     dir: SysDir
-    files: tuple[str, ...]  # each port's state and phys_state, absolute
+    files: tuple[str, ...]  # each judged port's state and phys_state, absolute
+    # The ports judged, and the interface they ride on, for a device bound by name (a platform engine
+    # split across netdevs, soft RoCE); None and "": every port, for every endpoint that names the device.
+    ports: frozenset[str] | None = None
+    netdev: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +100,19 @@ def _endpoints(interfaces: Iterable[Interface]) -> Iterable[Endpoint]:
         yield from iface.virtual_functions
 
 
-def _device(host: HostRoot, name: str) -> _Device:
+def _device(host: HostRoot, name: str, netdev: str) -> _Device:
+    """The files to watch for one endpoint's RDMA device: the ports the walk judged it over."""
     d = host.dir(f"{CLASS_INFINIBAND}/{name}")
+    riding = rdmaclass.ports_on(host, name, netdev)
+    only = None if riding is None else frozenset(riding)
     ports = d.child("ports")
     files: list[str] = []
     for port in sorted(ports.list()):
+        if only is not None and port not in only:
+            continue
         port_dir = ports.child(port)
         files += [os.path.join(port_dir.path, "state"), os.path.join(port_dir.path, "phys_state")]
-    return _Device(name, d, tuple(files))
+    return _Device(name, d, tuple(files), only, netdev if only is not None else "")
 
 
 def plan(host: HostRoot, interfaces: Sequence[Interface]) -> Plan:
@@ -111,12 +120,16 @@ def plan(host: HostRoot, interfaces: Sequence[Interface]) -> Plan:
     devices: list[_Device] = []
     netdevs: list[_Netdev] = []
     unresolved: list[str] = []
+    seen_devices: set[tuple[str, str]] = set()
     seen: set[str] = set()
     for ep in _endpoints(interfaces):
-        if ep.rdma_device and ep.rdma_device not in seen:
-            seen.add(ep.rdma_device)
+        # A PCI function's device counts every port (the one binding a PCI endpoint can have): no need to
+        # ask which ports ride on it, which costs reads on a node of a thousand VFs.
+        netdev = "" if ep.bus == "pci" else ep.name
+        if ep.rdma_device and (ep.rdma_device, netdev) not in seen_devices:
+            seen_devices.add((ep.rdma_device, netdev))
             try:
-                devices.append(_device(host, ep.rdma_device))
+                devices.append(_device(host, ep.rdma_device, netdev))
             except (HostReadError, FileNotFoundError, ValueError) as exc:
                 unresolved.append(ep.rdma_device)
                 log.debug("rdma device not refreshed", extra={"device": ep.rdma_device, "error": str(exc)})
@@ -161,13 +174,15 @@ def snapshot(p: Plan) -> Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Changes:
-    """What a refresh re-judged: link verdicts by RDMA device, `up` by interface name."""
+    """What a refresh re-judged: link verdicts by RDMA device (every port), and by (RDMA device,
+    interface) for a device bound by name (the ports riding on that interface); `up` by interface name."""
 
     links: dict[str, LinkVerdict] = field(default_factory=dict)
     up: dict[str, bool] = field(default_factory=dict)
+    riding: dict[tuple[str, str], LinkVerdict] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.links or self.up)
+        return bool(self.links or self.up or self.riding)
 
 
 def _judge_netdev(netdev: _Netdev) -> bool:
@@ -187,7 +202,10 @@ def judge(p: Plan, before: Snapshot | None, after: Snapshot) -> Changes:
     n = len(p.devices)
     for i, device in enumerate(p.devices):
         if before is None or before.values[i] != after.values[i]:
-            changes.links[device.name] = rdma.check(device.dir)
+            if device.ports is None:
+                changes.links[device.name] = rdma.check(device.dir)
+            else:
+                changes.riding[device.name, device.netdev] = rdma.check(device.dir, device.ports)
     for j, netdev in enumerate(p.netdevs):
         if before is None or before.values[n + j] != after.values[n + j]:
             changes.up[netdev.name] = _judge_netdev(netdev)
@@ -196,10 +214,9 @@ def judge(p: Plan, before: Snapshot | None, after: Snapshot) -> Changes:
 
 def _updated(ep: Endpoint, changes: Changes) -> dict[str, object]:
     update: dict[str, object] = {}
-    if ep.rdma_device in changes.links:
-        link = changes.links[ep.rdma_device]
-        if ep.link != link:
-            update["link"] = link
+    link = changes.riding.get((ep.rdma_device, ep.name)) or changes.links.get(ep.rdma_device)
+    if ep.rdma_device and link is not None and ep.link != link:
+        update["link"] = link
     if ep.name and ep.name in changes.up and ep.up != changes.up[ep.name]:
         update["up"] = changes.up[ep.name]
     return update

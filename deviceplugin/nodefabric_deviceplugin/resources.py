@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import chain
 
+from nodefabric_devicemanager import names
 from nodefabric_devicemanager.models import DevicesSpec, Endpoint, Interface, LinkState
 from nodefabric_devicemanager.numbers import numa_node
 from nodefabric_devicemanager.pci import bus_key, is_bus_id
@@ -55,9 +56,7 @@ class PluginConfig:
         if self.shared:
             check_shared_count(self.shared_count)
         # The resource name's prefix, device.<domain>, must be a DNS subdomain (253 characters at most).
-        if len(self.domain) > 253 - len("device.") or not re.fullmatch(
-            r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", self.domain
-        ):
+        if not names.dns_subdomain(f"device.{self.domain}"):
             raise ValueError(f"the domain must be a DNS subdomain such as gpustack.ai, got {self.domain!r}")
 
     def families(self) -> list[Family]:

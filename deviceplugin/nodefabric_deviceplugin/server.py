@@ -285,8 +285,14 @@ class FamilyServer:
         rpc.add_device_plugin_servicer(self.servicer, server)
         server.add_insecure_port(f"unix://{self.path}")
         await server.start()
+        socket = _identity(self.path)
+        if socket is None:
+            # Deleted between bind and this look (kubelet restarting): "serving, no file" would equal
+            # "no file" forever and the resource would never be registered again. Retry instead.
+            await server.stop(grace=None)
+            raise OSError(f"{self.path} was removed as soon as it was bound")
         self._server = server
-        self._socket = _identity(self.path)
+        self._socket = socket
         self.registration = _Registration()
         log.info("serving", extra={"resource": self.servicer.resource, "socket": self.path})
 

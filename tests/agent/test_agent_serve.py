@@ -73,3 +73,26 @@ def test_a_busy_port_is_an_error_at_start():
             )  # fmt: skip
     finally:
         busy.close()
+
+
+def test_a_client_that_trickles_its_request_is_dropped_too(served):
+    """The idle timeout bounds each read; a byte every 0.3 s (under the 0.5 s idle timeout of `served`)
+    would hold its thread forever. The whole exchange is bounded at two idle timeouts."""
+    conn = socket.create_connection(("127.0.0.1", served))
+    conn.settimeout(0.3)
+    started = time.monotonic()
+    try:
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: agent\r\n":  # 36 bytes: about 11 s unbounded
+            conn.sendall(bytes([byte]))
+            try:
+                assert conn.recv(1) == b"", "the server said something to half a request"
+                break
+            except TimeoutError:
+                continue  # still open: send the next byte
+        held = time.monotonic() - started
+    except (BrokenPipeError, ConnectionResetError):
+        held = time.monotonic() - started
+    finally:
+        conn.close()
+    assert held < 30 * 0.3, f"held for {held:.1f} s"
+    assert _get(served, "/healthz")[0] == 200

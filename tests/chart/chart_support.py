@@ -99,3 +99,61 @@ def load_hack(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def user_info(username: str, node_claim: list[str] | None = None) -> dict[str, Any]:
+    """request.userInfo of a service account, with the node claim a pod-bound token carries (None: none)."""
+    info: dict[str, Any] = {"username": username}
+    if node_claim is not None:
+        info["extra"] = {NODE_CLAIM: node_claim}
+    return info
+
+
+class CelPolicy:
+    """Evaluates a rendered ValidatingAdmissionPolicy the way the API server does for one request: its
+    matchConditions, then its variables in order (each may read those before it), then its validations;
+    the message of the first that fails (messageExpression, else message). cel-python, not the API
+    server's CEL: a test skips where it is not installed."""
+
+    def __init__(self, policy: dict[str, Any]) -> None:
+        import pytest
+
+        self.celpy = pytest.importorskip(
+            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
+        )
+        self.env = self.celpy.Environment()
+        self.spec = policy["spec"]
+
+    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
+        return self.env.program(self.env.compile(expr)).evaluate(activation)
+
+    def admit(
+        self, request: dict[str, Any], new: dict[str, Any] | None = None, old: dict[str, Any] | None = None
+    ) -> tuple[bool, str]:
+        """(allowed, why): "not matched", "allowed", or the refusal's message."""
+        activation: dict[str, Any] = {
+            "request": self.celpy.json_to_cel(request),
+            "object": self.celpy.json_to_cel(new),
+            "oldObject": self.celpy.json_to_cel(old),
+        }
+        if not all(
+            bool(self._eval(c["expression"], activation)) for c in self.spec.get("matchConditions", [])
+        ):
+            return True, "not matched"
+        celtypes = self.celpy.celtypes
+        variables = celtypes.MapType()
+        for v in self.spec.get("variables", []):
+            activation["variables"] = variables
+            variables = celtypes.MapType(
+                {**variables, celtypes.StringType(v["name"]): self._eval(v["expression"], activation)}
+            )
+        activation["variables"] = variables
+        for v in self.spec["validations"]:
+            if not bool(self._eval(v["expression"], activation)):
+                if "messageExpression" in v:
+                    return False, str(self._eval(v["messageExpression"], activation))
+                return False, str(v["message"])
+        return True, "allowed"

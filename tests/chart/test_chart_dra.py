@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, RenderError, container, of_kind, one, pod_spec
+from chart_support import NAMESPACE, CelPolicy, Doc, RenderError, container, of_kind, one, pod_spec, user_info
 from test_chart_rbac import CLUSTER, grants_of
 from test_chart_validate import validate_all
 
@@ -34,7 +34,6 @@ DRA = {"dra": {"enabled": True}}
 KUBE = "1.34.0"
 DRIVER = "rdma.gpustack.ai"
 AGENT_SA = f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-agent"
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
 DRA_GRANTS = {
     (CLUSTER, "resource.k8s.io", "resourceslices", ""): {"list", "watch", "create", "patch", "delete"},
     (CLUSTER, "resource.k8s.io", "resourceclaims", ""): {"get"},
@@ -256,15 +255,10 @@ async def driver_requests(tmp_path: Path) -> dict[tuple[str, str, str, str], set
 
 
 class SlicePolicy:
-    """Evaluates the rendered ResourceSlice policy the way the API server does for one request."""
+    """The own-slices policy for one agent request on a ResourceSlice of node `old` / `new` (None: absent)."""
 
     def __init__(self, policy: Doc) -> None:
-        self.celpy = pytest.importorskip("celpy")
-        self.env = self.celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self.env.program(self.env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(
         self,
@@ -276,29 +270,12 @@ class SlicePolicy:
         user: str = AGENT_SA,
         driver: str = DRIVER,
     ) -> tuple[bool, str]:
-        info: dict[str, Any] = {"username": user}
-        if claim is not None:
-            info["extra"] = {NODE_CLAIM: claim}
-        obj = lambda node: None if node is None else {"spec": {"nodeName": node, "driver": driver}}  # noqa: E731
-        activation: dict[str, Any] = {
-            "request": self.celpy.json_to_cel({"operation": operation, "userInfo": info}),
-            "object": self.celpy.json_to_cel(obj(new)),
-            "oldObject": self.celpy.json_to_cel(obj(old)),
-        }
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        celtypes = self.celpy.celtypes
-        variables = celtypes.MapType()
-        for v in self.spec["variables"]:  # each may read the ones before it, as the API server's do
-            activation["variables"] = variables
-            variables = celtypes.MapType(
-                {**variables, celtypes.StringType(v["name"]): self._eval(v["expression"], activation)}
-            )
-        activation["variables"] = variables
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                return False, str(self._eval(v["messageExpression"], activation))
-        return True, "allowed"
+        def obj(node: str | None) -> Doc | None:
+            return None if node is None else {"spec": {"nodeName": node, "driver": driver}}
+
+        return self.cel.admit(
+            {"operation": operation, "userInfo": user_info(user, claim)}, obj(new), obj(old)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -376,3 +353,34 @@ def test_extra_volumes_may_not_clash_with_the_dra_mounts(render: Any) -> None:
              "extraVolumeMounts": [mount]}},
             kube_version=KUBE,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("account", [{"name": "gpu-fabric"}, {"create": False, "name": "preprovisioned"}])
+def test_the_agents_own_account_gets_the_dra_rights_and_is_the_one_confined(
+    render: Any, dra_docs: list[Doc], account: dict[str, Any]
+) -> None:
+    """A named agent account is the one the DRA binding grants and the slice policy confines: granting the
+    default name instead would leave the agent without its rights, and hand them, unconfined by the
+    policy, to whatever account of that name exists."""
+    docs = render({**DRA, "agent": {"serviceAccount": account}}, kube_version=KUBE)
+    name = account["name"]
+    grants, _ = grants_of(docs, name)
+    assert {k: v for k, v in grants.items() if k[1] == "resource.k8s.io"} == DRA_GRANTS
+    assert not grants_of(docs, "nf-nodefabric-agent")[0]
+    policy = one(docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-slices")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert (
+        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{name}"'
+    )
+    default = one(dra_docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-slices")
+    assert default["spec"]["matchConditions"][0]["expression"].endswith(':nf-nodefabric-agent"')
+
+
+def test_a_domain_too_long_for_a_driver_name_is_refused_at_render(render: Any) -> None:
+    """The driver name rdma.<domain> is at most 63 characters (ResourceSlice validation); the agent refuses
+    a longer one at start, so rendering it would crash-loop the agent on every node."""
+    longest = "d" * 55 + ".ai"  # rdma. + 58 = 63
+    render({**DRA, "domain": longest}, kube_version=KUBE)
+    with pytest.raises(RenderError, match=r"dra.enabled needs a domain of at most 58 characters"):
+        render({**DRA, "domain": "d" + longest}, kube_version=KUBE)
+    render({"domain": "d" + longest}, kube_version=KUBE)  # without DRA the label prefixes allow it

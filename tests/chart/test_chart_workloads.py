@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chart_support import NAMESPACE, Doc, RenderError, container, of_kind, one, pod_spec, workloads
+from chart_support import NAMESPACE, Doc, RenderError, container, of_kind, one, pod_spec, refusal, workloads
 
 AGENT = "nf-nodefabric-agent"
 SCHEDULER = "nf-nodefabric-scheduler"
@@ -205,6 +205,26 @@ def test_image_follows_values(render, default_docs: list[Doc]) -> None:
                 assert c["image"] == f"ghcr.io/gpustack/nodefabric@{digest}", w["metadata"]["name"]
 
 
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "ghcr.io/gpustack/nodefabric",  # chart 0.1.0's default, kept in a values file
+        "registry.example.com/mirror/nodefabric",  # a mirror, as chart 0.1.0 took it
+        "localhost/nodefabric",
+    ],
+)
+def test_a_repository_that_names_its_registry_is_refused_not_doubled(render, repository: str) -> None:
+    """Chart 0.1.0's image.repository was the whole reference; under image.registry it would silently pull
+    <registry>/<registry>/...: every pod in ImagePullBackOff, the CRD hook first."""
+    host = repository.split("/", 1)[0]
+    complaint = refusal(render, {"image": {"repository": repository}})
+    assert f'image.repository "{repository}" starts with a registry host ({host})' in complaint
+    assert f"image.registry={host} image.repository={repository.split('/', 1)[1]}" in complaint
+    # Given without a registry, it is the whole reference, as the README says.
+    docs = render({"image": {"registry": "", "repository": repository, "tag": "1.0"}})
+    assert container(agent(docs), "agent")["image"] == f"{repository}:1.0"
+
+
 def test_single_writers_never_overlap(default_docs: list[Doc]) -> None:
     for name in ("nf-nodefabric-operator",):
         d = one(default_docs, "Deployment", name)
@@ -281,7 +301,6 @@ def test_no_scheduler_no_tag_needed(render) -> None:
 def test_bad_scheduler_images_are_refused_naming_the_key(
     render, image: dict[str, Any], complaint: str
 ) -> None:
-    from chart_support import refusal
 
     assert complaint in refusal(render, {"scheduler": {"image": image}})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -99,6 +100,20 @@ def test_cli_refuses_a_nodes_file_with_list_valued_labels(tmp_path: Path):
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
     err = _fails_to_start("--nodes-file", str(path))
     assert "item 3: Node.metadata.labels['topology.kubernetes.io/zone']: must be a string, got list" in err
+
+
+@pytest.mark.parametrize("flag", ["--config", "--nodes-file", "--tls-cert", "--tls-client-ca"])
+def test_cli_refuses_a_fifo_or_a_directory_instead_of_a_file(tmp_path: Path, flag: str):
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps(fleet(per_zone=1)))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading blocks until a writer comes: start-up would hang forever
+    argv = {"--nodes-file": str(nodes), "--tls-cert": str(nodes), "--tls-key": str(nodes)}
+    for bad in (fifo, tmp_path):
+        if flag == "--tls-client-ca":
+            argv["--address"] = "0.0.0.0"
+        err = _fails_to_start(*(x for k, v in {**argv, flag: str(bad)}.items() for x in (k, v)))
+        assert f"{bad} is not a regular file" in err
 
 
 def test_cli_refuses_a_busy_port(tmp_path: Path):

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.extender import decisions
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
@@ -75,12 +76,14 @@ class Running:
 
 
 @asynccontextmanager
-async def extender_on(k: RunningAPI, **serving: Any) -> AsyncIterator[Running]:
+async def extender_on(
+    k: RunningAPI, clock: Callable[[], float] = time.time, **serving: Any
+) -> AsyncIterator[Running]:
     api = load_client(k.kubeconfig)  # as every component reaches the API
     cfg = ExtenderConfig()
     cache = Cache(cfg)
     registry = CollectorRegistry()
-    ext = Extender(cfg, cache, registry=registry)
+    ext = Extender(cfg, cache, registry=registry, clock=clock)
     ext.publisher = KubePublisher(client.CoreV1Api(api), registry)
     watcher = Watcher(cache, ext.book, api)
     watcher.start(asyncio.get_running_loop())
@@ -194,6 +197,36 @@ async def test_a_restart_or_a_new_leader_rebuilds_the_groups_claims_from_the_pod
             third = await c.filter(pods[2], ["us-a-0", "us-a-1", "eu-c-1"])
             assert third["NodeNames"] == ["eu-c-1"]
             assert set(third["FailedNodes"].values()) == {"outside region eu of the group"}
+
+
+async def test_a_pod_let_through_again_renews_its_persisted_claim():
+    pods = [pod(f"train-{i}", gpus=8, **explicit("train", 2, locality="zone")) for i in range(2)]
+    now = [time.time()]
+    async with running_api() as k:
+        seed(k, pods)
+        async with extender_on(k, clock=lambda: now[0]) as a:
+            await a.filter(pods[0], ["us-a-0", "us-a-1"])
+            first = json.loads(annotations(k, "train-0")[CLAIM])["at"]
+            patches = k.count("PATCH", PODS)
+            # Asked again within half the claim's life: the verdict is the same, nothing is written.
+            now[0] += 100
+            await a.filter(pods[0], ["us-a-0", "us-a-1"])
+            assert k.count("PATCH", PODS) == patches
+            # Its binding kept failing; let through again after its claim expired, with the same words.
+            # The claim it holds from now is persisted, not only kept in memory.
+            now[0] += 300
+            await a.filter(pods[0], ["us-a-0", "us-a-1"])
+            assert k.count("PATCH", PODS) == patches + 1
+            assert [e[:3] for e in pod_events(k)] == [("train-0", "Normal", "GroupPlaced")]  # one Event
+            renewed = json.loads(annotations(k, "train-0")[CLAIM])["at"]
+            assert renewed == decisions.timestamp(now[0]) != first
+        # The extender restarts right after: train-0's claim still counts, so train-1 follows it to
+        # us-a (one more pod) instead of the group choosing afresh where two fit.
+        now[0] += 10
+        async with extender_on(k, clock=lambda: now[0]) as b:
+            await b.sees(lambda c: c.pods[pods[0]["metadata"]["uid"]].claim is not None)
+            result = await b.filter(pods[1], ["us-a-1", "eu-b-0", "eu-b-1"])
+            assert result["NodeNames"] == ["us-a-1"]
 
 
 async def test_a_claim_copied_into_another_pod_claims_nothing():

@@ -85,7 +85,25 @@ def test_node_selector_and_required_affinity(spec: dict[str, Any], admitted: boo
     assert needs(**spec).admits(record()) is admitted
 
 
+@pytest.mark.parametrize(
+    ("label", "admitted"),
+    [
+        ("6", True),
+        ("+6", True),  # Go's ParseInt takes a sign and leading zeros too
+        ("006", True),
+        ("-6", False),
+        ("1_000", False),  # int() reads 1000; kube-scheduler reads no integer, so no match
+        ("99999999999999999999", False),  # beyond int64
+        ("9223372036854775807", True),
+        ("", False),
+    ],
+)
+def test_gt_and_lt_read_label_values_as_kube_scheduler_does(label: str, admitted: bool):
+    assert needs(**affinity(term(("rank", "Gt", ["5"])))).admits(record({"rank": label})) is admitted
+
+
 NO_SCHEDULE = Taint("team", "ml", "NoSchedule")
+SLA = Taint("sla", "950", "NoSchedule")
 
 
 @pytest.mark.parametrize(
@@ -101,6 +119,13 @@ NO_SCHEDULE = Taint("team", "ml", "NoSchedule")
         (NO_SCHEDULE, [{"operator": "Exists"}], True),  # no key: every taint
         (NO_SCHEDULE, [{"key": "team", "operator": "Exists", "effect": "NoExecute"}], False),
         (NO_SCHEDULE, [{"key": "team", "operator": "Exists", "effect": "NoSchedule"}], True),
+        # Gt and Lt (Kubernetes 1.35): the taint's value compared with the toleration's.
+        (SLA, [{"key": "sla", "operator": "Gt", "value": "900"}], True),
+        (SLA, [{"key": "sla", "operator": "Gt", "value": "950"}], False),
+        (SLA, [{"key": "sla", "operator": "Lt", "value": "1000"}], True),
+        (SLA, [{"key": "sla", "operator": "Lt", "value": "900", "effect": "NoSchedule"}], False),
+        (SLA, [{"key": "team", "operator": "Gt", "value": "1"}], False),  # another key
+        (Taint("sla", "high", "NoSchedule"), [{"key": "sla", "operator": "Gt", "value": "1"}], False),
         # Conditions of the moment never make a group "never fit".
         (Taint("node.kubernetes.io/not-ready", "", "NoExecute"), [], True),
         (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"), [], True),
@@ -144,6 +169,8 @@ def test_a_pods_requests_as_the_scheduler_counts_them():
         ({"containers": [{"resources": []}]}, "spec.containers[0].resources: must be an object"),
         ({"overhead": {"cpu": "x"}}, "spec.overhead['cpu']: 'x' is not a quantity"),
         ({"tolerations": [{"key": 5}]}, "spec.tolerations[0].key: must be a string, got int"),
+        ({"tolerations": [{"key": "sla", "operator": "Gt", "value": "1_000"}]},
+         "spec.tolerations[0].value: Gt compares integers, got '1_000'"),
         ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}},
          "requiredDuringSchedulingIgnoredDuringExecution: must be an object"),
         (affinity(term(("k", "Near", ["x"])))["affinity"] and affinity(term(("k", "Near", ["x"]))),
@@ -171,6 +198,10 @@ def test_a_pod_the_extender_cannot_read_is_an_error_naming_the_field(spec: dict[
             "Node.metadata.labels['zone']: must be a string",
         ),
         (lambda n: n["metadata"]["labels"].update(zone="z" * 64), "longer than 63 characters"),
+        (
+            lambda n: n["metadata"]["labels"].update(zone="eu a\n"),
+            "Node.metadata.labels['zone']: 'eu a\\n' is not a label value ([A-Za-z0-9_.-])",
+        ),
         (
             lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "1.5"}),
             "'1.5' is not a whole number",

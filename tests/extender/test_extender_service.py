@@ -72,6 +72,27 @@ from nodefabric_operator.extender.wire import parse_args
             "malformed Pod in ExtenderArgs: spec.containers[0].resources.limits['nvidia.com/gpu']:"
             " '1_000' is not a quantity",
         ),
+        (  # a garbage limit beside its request is refused too, not ignored
+            b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
+            b' "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"},'
+            b' "limits": {"nvidia.com/gpu": "1_000"}}}]}}, "NodeNames": []}',
+            "malformed Pod in ExtenderArgs: spec.containers[0].resources.limits['nvidia.com/gpu']:"
+            " '1_000' is not a quantity",
+        ),
+        (
+            b'{"Pod": {"metadata": {"name": "p", "namespace": ["ml"]}}, "NodeNames": []}',
+            "Pod metadata.namespace must be a string, got list",
+        ),
+        (b'{"Pod": {"metadata": {"uid": 7}}, "NodeNames": []}', "Pod metadata.uid must be a string, got int"),
+        (
+            b'{"Pod": {"metadata": {"labels": []}}, "NodeNames": []}',
+            "Pod metadata.labels must map names to strings",
+        ),
+        (  # a job's name is every reason's group name: held to what a label value may be
+            b'{"Pod": {"metadata": {"labels": {"batch.kubernetes.io/job-name": "train\\n0"}}},'
+            b' "NodeNames": []}',
+            "Pod metadata.labels['batch.kubernetes.io/job-name']: 'train\\n0' is not a label value",
+        ),
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
             b' "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "0.5"}}}]}},'
@@ -87,7 +108,7 @@ from nodefabric_operator.extender.wire import parse_args
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'
             b' "spec": {"tolerations": [{"operator": "Maybe"}]}}, "NodeNames": []}',
-            "spec.tolerations[0].operator: must be Equal or Exists, got 'Maybe'",
+            "spec.tolerations[0].operator: must be one of Equal, Exists, Gt, Lt, got 'Maybe'",
         ),
         (
             b'{"Pod": {"metadata": {"labels": {"placement.gpustack.ai/group": "g"}},'

@@ -8,12 +8,16 @@ import time
 from typing import Any
 
 from aiohttp import web
-from extender_fixtures import args, explicit, extender, filter_, fleet, node, pod
+from aiohttp.test_utils import TestClient, TestServer
+from extender_fixtures import Recorder, args, explicit, extender, filter_, fleet, node, pod
+from prometheus_client import CollectorRegistry
 
 from nodefabric_operator.extender import decisions
+from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.placement import Choice
-from nodefabric_operator.extender.server import EXTENDER, Serving, build_app, runner
+from nodefabric_operator.extender.server import EXTENDER, Serving, build_app, make_app, runner
+from nodefabric_operator.extender.service import Extender
 
 
 def with_nodes(p: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -72,6 +76,25 @@ async def test_a_body_past_the_size_limit_is_refused_with_413():
         assert ok.status == 200
         metrics = await (await client.get("/metrics")).text()
         assert 'nodefabric_extender_bad_requests_total{verb="filter"} 1.0' in metrics
+
+
+async def test_a_body_announced_past_the_size_limit_is_refused_before_it_is_sent():
+    app = build_app(ExtenderConfig(), fleet(per_zone=1), serving=Serving(max_body=4096, read_timeout=30))
+    served = runner(app)
+    await served.setup()
+    await web.TCPSite(served, "127.0.0.1", 0).start()
+    port = served.addresses[0][1]
+    try:
+        # The header says 100 MB and the body never comes: the answer is 413 at once, not a 408 after
+        # the read deadline.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{")
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+        assert answer.startswith(b"HTTP/1.1 413")
+        assert b"request body larger than 4096 bytes" in answer
+        writer.close()
+    finally:
+        await served.cleanup()
 
 
 async def test_a_slow_or_partial_body_is_dropped_after_the_read_timeout():
@@ -162,6 +185,27 @@ async def test_a_claim_without_its_decision_text_still_says_where_the_group_goes
         )
 
 
+async def test_before_the_caches_synced_group_pods_wait_and_nothing_is_recorded_or_told():
+    # The extender as started, before its watches listed the cluster: it knows no node, no bound member
+    # and no claim yet. A decision now could split a placed group or call it "never fits".
+    config = ExtenderConfig()
+    told = Recorder()
+    ext = Extender(config, Cache(config), publisher=told, registry=CollectorRegistry())
+    async with TestClient(TestServer(make_app(ext))) as client:
+        assert (await client.get("/readyz")).status == 503
+        for p in (pod("g-0", gpus=8, **explicit("g", 2)), pod("bad-0", **explicit("bad", 0))):
+            result = await filter_(client, p, ["eu-a-0", "eu-a-1"])
+            assert result["NodeNames"] == [] and result["FailedAndUnresolvableNodes"] == {}
+            assert result["FailedNodes"] == dict.fromkeys(
+                ["eu-a-0", "eu-a-1"], "the extender has not listed the cluster's nodes and pods yet"
+            )
+        assert told.events == [] and told.writes == []
+        assert await (await client.get("/debug/groups")).json() == []
+        # A pod of no group needs nothing the caches hold: it passes untouched.
+        result = await filter_(client, pod("web"), ["eu-a-0", "eu-a-1"])
+        assert result["NodeNames"] == ["eu-a-0", "eu-a-1"]
+
+
 async def test_prioritize_changes_nothing():
     nodes = fleet(per_zone=2)
     names = [n["metadata"]["name"] for n in nodes]
@@ -171,3 +215,9 @@ async def test_prioritize_changes_nothing():
             resp = await client.post("/prioritize", json=args(p, names))
             assert resp.status == 200
         assert await (await client.get("/debug/groups")).json() == []
+        # Nor does it change a group's record: a pod of group g claiming another size and policy.
+        await filter_(client, p, names)
+        before = await (await client.get("/debug/groups")).json()
+        other = pod("g-1", gpus=8, **explicit("g", 7, locality="any", rank="first-fit"))
+        assert (await client.post("/prioritize", json=args(other, names))).status == 200
+        assert await (await client.get("/debug/groups")).json() == before

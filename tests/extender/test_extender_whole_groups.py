@@ -8,10 +8,14 @@ FailedAndUnresolvable with "never fits" and the pod gets a Warning Event.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from extender_fixtures import PRODUCT, Recorder, explicit, extender, filter_, node, pod
+
+from nodefabric_operator.extender import decisions
+from nodefabric_operator.extender.placement import Choice
 
 GROUP = "ml/explicit/train"
 OF_ONE = f" of one {PRODUCT}"
@@ -66,6 +70,23 @@ async def test_prefer_never_fits_when_the_whole_cluster_could_never_hold_the_gro
         assert message == f"{reason} (largest holds 3, counting every node the pods may use as empty)"
 
 
+async def test_nodes_the_cache_does_not_know_yet_make_the_group_wait_not_never_fit():
+    nodes = [node(f"n-{i}", zone="z", region="r") for i in range(3)]
+    events = Recorder()
+    async with extender(nodes, publisher=events) as client:
+        # kube-scheduler already knows two nodes that joined a moment ago; the node watch has not
+        # delivered them. They may hold the rest of the group: the extender cannot say "never".
+        result = await filter_(client, group(5)[0], [*names(nodes), "new-0", "new-1"])
+        assert result["NodeNames"] == [] and result["FailedAndUnresolvableNodes"] == {}
+        assert result["FailedNodes"] == {
+            **dict.fromkeys(
+                names(nodes), f"group {GROUP} waits for one set of nodes{OF_ONE} with room for 5 pods"
+            ),
+            **dict.fromkeys(["new-0", "new-1"], "node is not in the extender's node cache yet"),
+        }
+        assert [e[1:3] for e in events.events] == [("Normal", "GroupWaiting")]
+
+
 async def test_two_pods_per_node_count_as_two():
     nodes = [node(f"n-{i}", zone="z") for i in range(3)]
     async with extender(nodes) as client:
@@ -90,6 +111,11 @@ def _unusable_by_rule() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
             {},
         ),
         ("untolerated NoExecute taint", {"taints": [{"key": "t", "effect": "NoExecute"}]}, {}),
+        (
+            "a taint value a Gt toleration does not reach",
+            {"taints": [{"key": "sla", "value": "950", "effect": "NoSchedule"}]},
+            {"tolerations": [{"key": "sla", "operator": "Gt", "value": "990"}]},
+        ),
         ("allocatable below one pod", {"gpus": 4}, {}),
     ]
 
@@ -139,6 +165,9 @@ async def test_never_fits_counts_only_nodes_the_pods_may_use(case: str, carry: A
          {"tolerations": [{"key": "team", "operator": "Equal", "value": "x", "effect": "NoSchedule"}]}),
         ("tolerate everything", {"taints": [{"key": "team", "effect": "NoExecute"}]},
          {"tolerations": [{"operator": "Exists"}]}),
+        ("a Gt toleration below the taint's value", {"taints": [
+            {"key": "sla", "value": "950", "effect": "NoSchedule"}]},
+         {"tolerations": [{"key": "sla", "operator": "Gt", "value": "900"}]}),
         ("PreferNoSchedule never blocks", {"taints": [{"key": "team", "effect": "PreferNoSchedule"}]}, {}),
         ("a condition taint passes with the condition", {"taints": [
             {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}, {}),
@@ -169,6 +198,51 @@ async def test_later_pods_follow_the_groups_claim():
         assert set(second["FailedNodes"].values()) == {"outside zone eu-a of the group"}
         (g,) = await (await client.get("/debug/groups")).json()
         assert g["claims"] == sorted(p["metadata"]["uid"] for p in pods[:2])
+
+
+def two_zones() -> list[dict[str, Any]]:
+    return [node(f"a-{i}", zone="eu-a", region="eu") for i in range(2)] + [
+        node(f"b-{i}", zone="eu-b", region="eu") for i in range(2)
+    ]
+
+
+@pytest.mark.parametrize("locality", ["prefer", "zone"])
+async def test_a_group_whose_claims_expired_unbound_must_fit_whole_again(locality: str):
+    nodes = two_zones()
+    now = [1_800_000_000.0]
+    pods = group(2, locality=locality)
+    # The group's pods are in the cache, as the pod watch shows them: pending, none bound.
+    async with extender([*nodes, *pods], clock=lambda: now[0]) as client:
+        first = await filter_(client, pods[0], names(nodes))
+        assert sorted(first["NodeNames"]) == ["a-0", "a-1"]
+        # train-0 was never bound (kube-scheduler failed it after us) and its claim expired; meanwhile
+        # a-0 was taken. Nothing of the group holds room, so the next pod is its first again: eu-a
+        # holds one pod now, eu-b both, and the pod is not let alone into eu-a.
+        now[0] += 301
+        second = await filter_(client, pods[1], ["a-1", "b-0", "b-1"])
+        assert sorted(second["NodeNames"]) == ["b-0", "b-1"]
+        assert second["FailedNodes"] == {"a-1": "outside zone eu-b of the group"}
+        (g,) = await (await client.get("/debug/groups")).json()
+        assert g["location"] == "eu-b" and g["claims"] == [pods[1]["metadata"]["uid"]]
+
+
+async def test_a_restarted_job_does_not_follow_its_finished_incarnation_into_a_full_zone():
+    nodes = two_zones()
+    # A JobSet restarted: the failed pods of its first run still exist, bound in eu-a and carrying
+    # the claims the extender wrote for them; the new run's pods have the same group. eu-a now holds
+    # one more pod only (a-0 is busy).
+    old = []
+    for i, p in enumerate(group(2, name="train", locality="zone")):
+        p["metadata"]["name"] = f"train-old-{i}"
+        p["spec"]["nodeName"], p["status"]["phase"] = f"a-{i}", "Failed"
+        choice = Choice("zone", "eu-a", (), (("region", "eu"),), "")
+        claim = decisions.claim_text(GROUP, p["metadata"]["uid"], time.time() - 60, choice)
+        p["metadata"]["annotations"]["placement.gpustack.ai/claim"] = claim
+        old.append(p)
+    new = group(2, locality="zone")
+    async with extender([*nodes, *old, *new, busy("a-0")]) as client:
+        result = await filter_(client, new[0], ["a-1", "b-0", "b-1"])
+        assert sorted(result["NodeNames"]) == ["b-0", "b-1"]
 
 
 async def test_an_unknown_value_never_satisfies_a_homogeneity_requirement():

@@ -48,6 +48,13 @@ app.kubernetes.io/component: {{ .component }}
 documentation), else :tag (default appVersion). */}}
 {{- define "nodefabric.image" -}}
 {{- $i := .Values.image -}}
+{{- /* A first component with a dot or a port, or "localhost", is a registry host (Docker's own rule). Chart
+0.1.0's image.repository was the whole reference: under a registry it would silently become
+<registry>/<host>/..., so it is refused, saying both ways to write it. */ -}}
+{{- $first := first (splitList "/" $i.repository) -}}
+{{- if and $i.registry (gt (len (splitList "/" $i.repository)) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- fail (printf "image.repository %q starts with a registry host (%s), and image.registry is %q: the image would be %s/%s. The registry is a value of its own now (the first chart took the whole reference in image.repository): set image.registry=%s image.repository=%s, or image.registry=\"\" to give the whole reference in image.repository" $i.repository $first $i.registry $i.registry $i.repository $first (join "/" (rest (splitList "/" $i.repository)))) -}}
+{{- end -}}
 {{- $repo := ternary (printf "%s/%s" $i.registry $i.repository) $i.repository (ne $i.registry "") -}}
 {{- include "nodefabric.imageRef" (dict "repository" $repo "tag" (default .Chart.AppVersion $i.tag) "digest" $i.digest) -}}
 {{- end -}}
@@ -111,6 +118,14 @@ empty level lists take the defaults, which follow the domain. */}}
   (dict "name" "region" "keys" (default (list "topology.kubernetes.io/region") $e.levels.region))
 -}}
 {{- $cfg := dict "domain" $d "levels" $levels "defaultLocality" $e.defaults.locality "defaultRank" $e.defaults.rank "homogeneousKeys" $e.defaults.homogeneous "homogeneousByResource" $e.defaults.homogeneousByResource "maxGroups" $e.maxGroups -}}
+{{- /* A setting written from a value of the chart's own is refused in extraConfig, naming that value: it
+would otherwise be dropped without a word. */ -}}
+{{- $from := dict "domain" "domain" "levels" "extender.levels" "defaultLocality" "extender.defaults.locality" "defaultRank" "extender.defaults.rank" "homogeneousKeys" "extender.defaults.homogeneous" "homogeneousByResource" "extender.defaults.homogeneousByResource" "maxGroups" "extender.maxGroups" -}}
+{{- range $key, $_ := $e.extraConfig -}}
+{{- if hasKey $from $key -}}
+{{- fail (printf "extender.extraConfig.%s is written from %s: set that instead" $key (get $from $key)) -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml (merge $cfg $e.extraConfig) -}}
 {{- end -}}
 
@@ -249,6 +264,20 @@ agent. Counts the enabled components (the scheduler runs with the extender) and 
 {{- fail (printf "%s and %s.serviceAccount both name the ServiceAccount %q: each component needs its own, or one's rights go to the other's pods" (get $seen $name) $component $name) -}}
 {{- end -}}
 {{- $_ := set $seen $name (printf "%s.serviceAccount" $component) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail when commonLabels or serviceMonitor.labels set a label key the chart writes on every object: the key
+would be written twice (the last one wins), moving pod templates off their selectors and Services and
+ServiceMonitors off what they select. */}}
+{{- define "nodefabric.assertExtraLabels" -}}
+{{- $ours := include "nodefabric.labels" (dict "ctx" (dict "Chart" .Chart "Release" .Release "Values" (dict "nameOverride" .Values.nameOverride)) "component" "any") | fromYaml -}}
+{{- range $what, $labels := dict "commonLabels" .Values.commonLabels "serviceMonitor.labels" .Values.serviceMonitor.labels -}}
+{{- range $key, $_ := $labels -}}
+{{- if hasKey $ours $key -}}
+{{- fail (printf "%s may not set %s: the chart sets it on every object" $what $key) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -393,4 +422,35 @@ and, per container, its own mount paths. */}}
 {{- if ne (len .ports) (len (uniq .ports)) -}}
 {{- fail (printf "%s.metricsPort and %s.healthPort must differ: both are %v" .what .what (index .ports 0)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* A Role and RoleBinding in "default" that let a component create Events there and nowhere else: Events
+about a cluster-scoped object (a Devices record) live in "default", as Kubernetes records them for Nodes,
+and the agent and the operator post no others. Call with (dict "ctx" $ "component" "agent" "values" ...). */}}
+{{- define "nodefabric.eventsRole" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ include "nodefabric.component" . }}-events
+  namespace: default
+  labels:
+    {{- include "nodefabric.labels" . | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ include "nodefabric.component" . }}-events
+  namespace: default
+  labels:
+    {{- include "nodefabric.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ include "nodefabric.component" . }}-events
+subjects:
+  {{- include "nodefabric.serviceAccountSubject" . | nindent 2 }}
 {{- end -}}

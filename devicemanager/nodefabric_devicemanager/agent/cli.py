@@ -16,7 +16,6 @@ import functools
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -25,7 +24,7 @@ from typing import Any
 
 import prometheus_client
 
-from nodefabric_devicemanager import nodeclient
+from nodefabric_devicemanager import names, nodeclient
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
@@ -42,8 +41,6 @@ STOP_GRACE_S = 5.0
 # The parts are told to stop, and waited for this long before being cancelled.
 _PART_STOP_S = 3.0
 _MAX_SECONDS = 7 * 24 * 3600.0
-# A Devices object is named after its Node: a DNS subdomain, as the API server checks it.
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 SERVE = ("deviceplugin", "dra", "both")
 # How the in-process DRA driver's requests name themselves in the API server's audit log.
 DRA_USER_AGENT = "nodefabric-agent-dra"
@@ -193,7 +190,7 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any]:
         raise StartupError(
             "no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)"
         )
-    if len(args.node_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(args.node_name):
+    if not names.dns_subdomain(args.node_name):
         raise StartupError(f"--node-name {args.node_name!r} is not a Kubernetes node name (a DNS subdomain)")
     if not os.path.isdir(args.root):
         raise StartupError(f"--root {args.root} is not a directory")

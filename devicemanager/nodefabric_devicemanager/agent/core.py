@@ -42,7 +42,13 @@ from nodefabric_devicemanager.models import (
     DevicesSpec,
     Interface,
 )
-from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff, owner_reference, resource_version
+from nodefabric_devicemanager.nodeclient import (
+    ApiFailure,
+    Backoff,
+    metadata,
+    owner_reference,
+    resource_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -607,7 +613,7 @@ class Agent:
         agent), so deleting the Node still removes it; None when it already has one."""
         if _has_node_owner(stored):
             return None
-        owners = list((stored.get("metadata") or {}).get("ownerReferences") or [])
+        owners = [o for o in _owner_references(stored) if isinstance(o, dict)]
         uid = await self._api(self.client.node_uid, self.config.node)
         return [*owners, owner_reference(self.config.node, uid)]
 
@@ -724,8 +730,13 @@ class Agent:
         return Probe(True, "ok")
 
 
+def _owner_references(obj: dict[str, Any]) -> list[Any]:
+    owners = metadata(obj).get("ownerReferences")
+    return owners if isinstance(owners, list) else []
+
+
 def _has_node_owner(obj: dict[str, Any]) -> bool:
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    owners = _owner_references(obj)
     return any(
         isinstance(o, dict) and o.get("kind") == "Node" and o.get("apiVersion") == "v1" for o in owners
     )

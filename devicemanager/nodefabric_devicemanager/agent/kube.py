@@ -19,6 +19,7 @@ from nodefabric_devicemanager.nodeclient import (
     Api,
     ApiFailure,
     Cancel,
+    metadata,
     node_uid,
     path_name,
     resource_version,
@@ -55,9 +56,7 @@ class DevicesClient:
             f"list devices {name}", "GET", DEVICES_PATH, query={"fieldSelector": f"metadata.name={name}"}
         )
         items = [
-            i
-            for i in listed.get("items") or []
-            if isinstance(i, dict) and i.get("metadata", {}).get("name") == name
+            i for i in listed.get("items") or [] if isinstance(i, dict) and metadata(i).get("name") == name
         ]
         return (items[0] if items else None), resource_version(listed)
 
@@ -127,7 +126,7 @@ class DevicesClient:
     def post_event(self, node: str, obj: dict[str, Any] | None, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the node's Devices object, from this component (`kubectl describe` shows it)."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        meta = (obj or {}).get("metadata") or {}
+        meta = metadata(obj)
         involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": node}
         if meta.get("uid"):
             involved["uid"] = str(meta["uid"])

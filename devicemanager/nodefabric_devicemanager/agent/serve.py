@@ -7,6 +7,7 @@ only (no host read). Metrics and probes may share a port or use two; port 0 turn
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -61,18 +62,38 @@ def build_app(
     return app
 
 
-# A client that connects and sends nothing (or trickles) is dropped after this long: with the agent on
-# the host network these ports are reachable from the node's network, and each connection holds a thread.
+# A client that connects and sends nothing is dropped after this long: with the agent on the host network
+# these ports are reachable from the node's network, and each connection holds a thread.
 IDLE_TIMEOUT_S = 5.0
+# The idle timeout bounds each read, so a client trickling a byte at a time would never meet it: the whole
+# exchange is bounded too, at this many idle timeouts.
+EXCHANGE_TIMEOUTS = 2
+
+
+def _shut(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)  # a read or write blocked on it returns at once
 
 
 def _serve(app: Callable[..., Iterable[bytes]], host: str, port: int, idle_timeout: float) -> WSGIServer:
     """Bind now (so a busy port is a start-up error), serve on a daemon thread."""
     from prometheus_client.exposition import _SilentHandler
 
+    class _Handler(_SilentHandler):
+        timeout = idle_timeout
+
+        def handle(self) -> None:
+            deadline = threading.Timer(EXCHANGE_TIMEOUTS * idle_timeout, _shut, (self.connection,))
+            deadline.daemon = True
+            deadline.start()
+            try:
+                super().handle()
+            finally:
+                deadline.cancel()
+
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
-    handler_class = type("_Handler", (_SilentHandler,), {"timeout": idle_timeout})
+    handler_class = _Handler
     httpd: WSGIServer = make_server(host, port, app, server_class, handler_class=handler_class)
     threading.Thread(
         target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name=f"http-{port}", daemon=True

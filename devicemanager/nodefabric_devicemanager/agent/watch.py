@@ -5,7 +5,8 @@ hand edit, a delete) arrives here as an event; the agent then decides again agai
 request when nothing of ours changed. One object by field selector, resumed from the last
 resourceVersion seen (bookmarks keep it fresh), so a reconnect replays nothing; when the API server no
 longer holds that version (410 Gone) the object is listed once and the watch resumes from the list.
-The machinery is `nodeclient.ResumableWatch`, shared with the DRA driver's watch of its slices.
+The machinery (resumption, pacing, odd answers) is `nodeclient.ResumableWatch`, shared with the DRA
+driver's watch of its ResourceSlices.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nodefabric_devicemanager.agent.kube import DevicesClient
-from nodefabric_devicemanager.nodeclient import Backoff, ResumableWatch
+from nodefabric_devicemanager.nodeclient import (
+    WATCH_HEALTHY_AFTER_S,
+    Backoff,
+    ResumableWatch,
+    metadata,
+)
 
 
 class ObjectWatch(ResumableWatch):
@@ -27,7 +33,9 @@ class ObjectWatch(ResumableWatch):
         name: str,
         on_event: Callable[[dict[str, Any]], None],
         relist: Callable[[], Awaitable[Any]],
+        *,
         backoff: Backoff | None = None,
+        healthy_after: float = WATCH_HEALTHY_AFTER_S,
     ) -> None:
         super().__init__(
             f"devices {name}",
@@ -35,7 +43,8 @@ class ObjectWatch(ResumableWatch):
             on_event,
             relist,
             # An API server that ignored the field selector must not hand us another node's object.
-            keep=lambda obj: (obj.get("metadata") or {}).get("name") == name,
+            keep=lambda obj: metadata(obj).get("name") == name,
             backoff=backoff,
+            healthy_after=healthy_after,
         )
         self.name = name

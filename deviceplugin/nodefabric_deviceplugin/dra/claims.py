@@ -8,17 +8,14 @@ and are skipped; a result of ours from another pool cannot be served on this nod
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from nodefabric_devicemanager import names
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"
 PLURAL = "resourceclaims"
-
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class ClaimError(Exception):
@@ -35,11 +32,11 @@ class ClaimRef:
 
     def check(self) -> None:
         """Refuse a reference no API server could have produced (the uid also names a file on disk)."""
-        if not _UID.match(self.uid):
+        if not names.uid(self.uid):
             raise ClaimError(f"invalid claim uid {self.uid!r}")
-        if not _DNS_LABEL.match(self.namespace):
+        if not names.dns_label(self.namespace):
             raise ClaimError(f"invalid claim namespace {self.namespace!r}")
-        if not _DNS_SUBDOMAIN.match(self.name):
+        if not names.dns_subdomain(self.name):
             raise ClaimError(f"invalid claim name {self.name!r}")
 
     def __str__(self) -> str:
@@ -83,7 +80,7 @@ def allocated_devices(claim: Any, ref: ClaimRef, *, driver: str, pool: str) -> l
         if result.get("driver") != driver:
             continue  # another driver's device: that driver prepares it
         request, rpool, device = result.get("request"), result.get("pool"), result.get("device")
-        if not isinstance(device, str) or not _DNS_LABEL.match(device):
+        if not isinstance(device, str) or not names.dns_label(device):
             raise ClaimError(f"claim {ref}: allocation result {i} names no valid device ({device!r})")
         if rpool != pool:
             raise ClaimError(

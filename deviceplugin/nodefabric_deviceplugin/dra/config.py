@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
+
+from nodefabric_devicemanager.names import dns_subdomain
 
 DEFAULT_DOMAIN = "gpustack.ai"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins"
@@ -18,12 +19,6 @@ MAX_SOCKET_PATH = 107
 STANDARD_DOMAIN = "resource.kubernetes.io"
 # Which functions the driver offers: whole PCI functions ("pf") and SR-IOV virtual functions ("vf").
 FUNCTION_TYPES = ("pf", "vf")
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def dns_subdomain(text: str, limit: int = 253) -> bool:
-    return len(text) <= limit and bool(_DNS_SUBDOMAIN.match(text))
 
 
 @dataclass(frozen=True, slots=True)

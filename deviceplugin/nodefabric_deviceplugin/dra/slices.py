@@ -213,6 +213,10 @@ def live_slice(obj: Mapping[str, Any]) -> LiveSlice | None:
     )
 
 
+# pool.generation is an int64 in the API.
+MAX_GENERATION = 2**63 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class SlicePlan:
     generation: int
@@ -242,6 +246,10 @@ def plan(desired: Sequence[DesiredSlice], live: Sequence[LiveSlice]) -> SlicePla
     if same:
         return SlicePlan(generation=next(iter(generations), 0))
     generation = max(generations, default=0) + 1
+    if generation > MAX_GENERATION:
+        # Someone set a generation at the int64 limit: the next one is a number no API server stores, and
+        # every write of the pool would be refused forever. Start the pool over; every slice is rewritten.
+        generation = 1
     wanted = {d.name for d in desired}
     return SlicePlan(
         generation=generation,

@@ -33,13 +33,18 @@ class GroupRecord:
     level: str = ""
     summary: str = ""
     updated: float = 0.0
-    told: OrderedDict[str, str] = field(default_factory=OrderedDict)  # pod uid -> last message sent
+    # pod uid -> the last message sent, and when the claim sent with it was made (None: no claim)
+    told: OrderedDict[str, tuple[str, float | None]] = field(default_factory=OrderedDict)
 
-    def tell(self, uid: str, message: str) -> bool:
-        """Remember the message for the pod; False when it was already told exactly this."""
-        if self.told.get(uid) == message:
-            return False
-        self.told[uid] = message
+    def tell(self, uid: str, message: str, claimed: float | None = None, renew_after: float = 0.0) -> bool:
+        """Remember the message (and claim time) for the pod; False when it was already told exactly
+        this, with a claim made less than `renew_after` seconds before `claimed`."""
+        last = self.told.get(uid)
+        if last is not None and last[0] == message:
+            made = last[1]
+            if claimed is None or (made is not None and claimed - made < renew_after):
+                return False
+        self.told[uid] = (message, claimed)
         self.told.move_to_end(uid)
         while len(self.told) > TOLD_CAP:
             self.told.popitem(last=False)

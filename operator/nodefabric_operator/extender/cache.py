@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from nodefabric_operator.extender import decisions
-from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.decisions import Claim
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of, pod_name, pod_namespace, pod_uid
 from nodefabric_operator.extender.index import Index, NodeView
@@ -244,7 +244,7 @@ class Cache(Snapshot):
     def load_file(self, path: Path) -> None:
         """A static snapshot: a JSON or YAML List (or a plain list) of Node, Pod and PodGroup objects."""
         try:
-            text = path.read_text()
+            text = regular_file(path).read_text()
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (OSError, ValueError, yaml.YAMLError, RecursionError) as exc:
             raise SnapshotError(f"cannot read nodes file {path}: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -169,12 +170,20 @@ class ExtenderConfig(BaseModel):
         return tuple(out)
 
 
+def regular_file(path: Path) -> Path:
+    """The path, when it is a regular file (or a link to one, as a mounted ConfigMap's keys are).
+    Opening a FIFO for reading blocks until a writer comes: start-up would hang instead of failing."""
+    if not stat.S_ISREG(path.stat().st_mode):  # a missing file is the OSError stat() raises
+        raise OSError(f"{path} is not a regular file")
+    return path
+
+
 def load_config(path: Path | None) -> ExtenderConfig:
     """Read the YAML file (camelCase or snake_case keys); no file gives the defaults."""
     if path is None:
         return ExtenderConfig()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(regular_file(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read extender config {path}: {exc}") from exc
     if not isinstance(data, dict):

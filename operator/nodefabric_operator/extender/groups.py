@@ -13,6 +13,7 @@ from typing import Any
 
 from nodefabric_devicemanager.numbers import BadNumber, Quantity, parse
 from nodefabric_operator.extender.config import RANKS, ExtenderConfig, canonical
+from nodefabric_operator.extender.nodes import is_label_value
 
 # (family, label carrying the group name, annotation or label carrying the size or "")
 # Order matters: a pod carrying several (a Kueue pod group made of a JobSet) belongs to the most
@@ -30,8 +31,6 @@ LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 # ASCII digits only: int() also takes "1_000", " 8" and "٨", which no controller writes. The bound keeps a
 # typo of a few extra digits a clear error instead of a group that waits forever.
 GROUP_SIZE = Quantity("group size", 1, 100_000)
-# A group's name appears in every reason and summary: it is held to what a label value may be.
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", re.ASCII)
 _LABEL_KEY = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
     re.ASCII,
@@ -108,7 +107,9 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     size_text: str | None = None
     size_key = ""
     explicit = lookup(prefix + "group")
-    if explicit and (len(explicit) > 63 or not _LABEL_VALUE.fullmatch(explicit)):
+    # A group's name appears in every reason and summary: it is held to what a label value may be (the
+    # API server holds the job controllers' labels to that already).
+    if explicit and not is_label_value(explicit):
         shown = explicit if len(explicit) <= 63 else f"{explicit[:63]}..."
         raise InvalidPlacement(
             f"{prefix}group {shown!r} is not a label value (63 characters, [A-Za-z0-9_.-])"

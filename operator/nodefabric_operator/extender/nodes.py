@@ -19,6 +19,8 @@ INT64 = 2**63 - 1
 # A real API server refuses label values longer than this; a longer one is not a node it sent.
 MAX_LABEL_VALUE = 63
 MAX_NAME = 253
+# What the API server admits as a label value: 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends.
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", re.ASCII)
 # A node's name is a DNS subdomain (RFC 1123), as the API server requires.
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
@@ -28,6 +30,10 @@ _parse_quantity = cast(Callable[[object], Decimal], parse_quantity)
 _QUANTITY = re.compile(
     r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", re.ASCII
 )
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= MAX_LABEL_VALUE and _LABEL_VALUE.fullmatch(value) is not None
 
 
 class NodeError(ValueError):
@@ -103,6 +109,8 @@ def _labels(value: object, where: str) -> dict[str, str]:
             raise NodeError(f"{where}[{key!r}]: must be a string, got {type(val).__name__}")
         if len(val) > MAX_LABEL_VALUE:
             raise NodeError(f"{where}[{key!r}]: longer than {MAX_LABEL_VALUE} characters")
+        if not is_label_value(val):
+            raise NodeError(f"{where}[{key!r}]: {val!r} is not a label value ([A-Za-z0-9_.-])")
     return dict(labels)
 
 

@@ -168,10 +168,13 @@ def name_nodes(names: Sequence[str]) -> str:
 class _Ctx:
     """What one decision reads over and over, computed once."""
 
-    def __init__(self, config: ExtenderConfig, group: GroupRequest, snap: Snapshot) -> None:
+    def __init__(
+        self, config: ExtenderConfig, group: GroupRequest, snap: Snapshot, complete: bool = True
+    ) -> None:
         self.config = config
         self.group = group
         self.snap = snap
+        self.complete = complete  # every node kube-scheduler passed is in the snapshot
         self.index = snap.index
         self.names = config.level_names
         self.titles = tuple(lv.label for lv in config.levels)
@@ -292,15 +295,22 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
 
 
 def decide(
-    group: GroupRequest | None, feasible: AbstractSet[str], snap: Snapshot, config: ExtenderConfig
+    group: GroupRequest | None,
+    feasible: AbstractSet[str],
+    snap: Snapshot,
+    config: ExtenderConfig,
+    *,
+    complete: bool = True,
 ) -> Decision:
     """Where this pod may go.
 
-    `feasible`: the names of the nodes kube-scheduler passed, each one a node of `snap`.
+    `feasible`: the names of the nodes kube-scheduler passed, each one a node of `snap`. `complete`:
+    False when kube-scheduler passed nodes the snapshot does not have; they may hold the group, so it
+    then waits rather than "never fits".
     """
     if group is None:
         return Decision("pass-through", tuple(feasible), {}, False, "none", "not part of a group")
-    ctx = _Ctx(config, group, snap)
+    ctx = _Ctx(config, group, snap, complete)
     if group.choice is None and group.members:
         group = replace(group, choice=derive_choice(group, snap, config))
         ctx.group = group
@@ -443,7 +453,7 @@ def _wait_or_never(ctx: _Ctx, feasible: AbstractSet[str], skipped: list[str]) ->
     bucket = ctx.bucket_name(level)
     largest = _ever_holds(ctx, level)
     ordered = sorted(feasible)
-    if largest < group.size:
+    if largest < group.size and ctx.complete:
         reason = f"never fits: no {bucket} can hold the {group.size} pods of group {group.key}"
         summary = f"{reason} (largest holds {largest}, counting every node the pods may use as empty)"
         return Decision("never-fits", (), {reason: ordered}, True, level, summary)

@@ -11,11 +11,19 @@ A field the extender cannot read is a `PodError` naming it; a real API server ne
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_operator.extender.nodes import NodeRecord, QuantityError, Taint, is_extended, quantity
+from nodefabric_operator.extender.nodes import (
+    INT64,
+    NodeRecord,
+    QuantityError,
+    Taint,
+    is_extended,
+    quantity,
+)
 
 # Taints the node lifecycle controller and cloud controllers put on and take off as conditions come and
 # go (not-ready, unreachable, memory-pressure, unschedulable, uninitialized): a state of the moment, like
@@ -23,6 +31,20 @@ from nodefabric_operator.extender.nodes import NodeRecord, QuantityError, Taint,
 TRANSIENT_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+# Gt and Lt tolerations (Kubernetes 1.35, TaintTolerationComparisonOperators) compare the taint's value.
+TOLERATION_OPERATORS = ("Equal", "Exists", "Gt", "Lt")
+# What Go's strconv.ParseInt(s, 10, 64) takes, which kube-scheduler compares Gt and Lt values with:
+# Python's int() also takes "1_000", " 8", "٨" and numbers beyond int64, which would match where
+# kube-scheduler does not.
+_INT = re.compile(r"[+-]?[0-9]{1,19}", re.ASCII)
+
+
+def int64(text: str) -> int | None:
+    """The value as kube-scheduler reads a Gt/Lt operand, or None where it fails to (no match)."""
+    if not _INT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -INT64 - 1 <= value <= INT64 else None
 
 
 class PodError(ValueError):
@@ -46,11 +68,8 @@ class Requirement:
         if op == "DoesNotExist":
             return value is None
         # Gt / Lt: both sides integers, as the API server requires of the one value.
-        if value is None:
-            return False
-        try:
-            have, want = int(value), int(self.values[0])
-        except ValueError:
+        have, want = int64(value or ""), int64(self.values[0])
+        if have is None or want is None:
             return False
         return have > want if op == "Gt" else have < want
 
@@ -82,6 +101,12 @@ class Toleration:
             return False
         if self.key and self.key != taint.key:
             return False
+        if self.operator in ("Gt", "Lt"):
+            # The taint's value against the toleration's; a taint value that is no integer never matches.
+            have, want = int64(taint.value), int64(self.value)
+            if have is None or want is None:
+                return False
+            return have > want if self.operator == "Gt" else have < want
         return self.operator == "Exists" or self.value == taint.value
 
 
@@ -142,6 +167,9 @@ def _container(c: object, where: str) -> tuple[dict[str, int], int, int]:
     limits = _obj(res.get("limits"), f"{where}.resources.limits")
     requests = _obj(res.get("requests"), f"{where}.resources.requests")
     # The API server copies a limit to a missing request (extended resources may only be given as limits).
+    # A limit beside its request counts for nothing, but it is still read: the API server never admits a
+    # pod whose limit is not a quantity.
+    _amounts(limits, dict.fromkeys(limits, f"{where}.resources.limits"))
     merged = {**limits, **requests}
     at = {name: f"{where}.resources.{'requests' if name in requests else 'limits'}" for name in merged}
     return _amounts(merged, at)
@@ -237,13 +265,16 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
         where = f"spec.tolerations[{i}]"
         t = _obj(raw, where)
         op = _str(t.get("operator"), f"{where}.operator", default="Equal") or "Equal"
-        if op not in ("Equal", "Exists"):
-            raise PodError(f"{where}.operator: must be Equal or Exists, got {op!r}")
+        if op not in TOLERATION_OPERATORS:
+            raise PodError(f"{where}.operator: must be one of {', '.join(TOLERATION_OPERATORS)}, got {op!r}")
+        value = _str(t.get("value"), f"{where}.value")
+        if op in ("Gt", "Lt") and int64(value) is None:
+            raise PodError(f"{where}.value: {op} compares integers, got {value[:80]!r}")
         out.append(
             Toleration(
                 key=_str(t.get("key"), f"{where}.key"),
                 operator=op,
-                value=_str(t.get("value"), f"{where}.value"),
+                value=value,
                 effect=_str(t.get("effect"), f"{where}.effect"),
             )
         )

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from nodefabric_operator.extender.cache import Cache
-from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.pods import PodError
 from nodefabric_operator.extender.service import Extender, Publisher
 from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, WireError, parse_args
@@ -78,6 +78,8 @@ def _verb(
         ext, serving = request.app[EXTENDER], request.app[SERVING]
         started = time.perf_counter()
         try:
+            if (request.content_length or 0) > serving.max_body:  # said up front: not worth waiting for
+                return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
             try:
                 async with asyncio.timeout(serving.read_timeout):
                     raw = await request.read()
@@ -182,6 +184,9 @@ def group_summary(app: web.Application, group_key: str) -> str | None:
 def tls_context(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:
     """Server TLS; with `client_ca`, only clients presenting a certificate that CA signed get through
     (kube-scheduler's extender `tlsConfig` sends one with certFile/keyFile)."""
+    for path in (cert, key, client_ca):
+        if path is not None:
+            regular_file(path)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 10.0
 NOT_CACHED = "node is not in the extender's node cache yet"
+NOT_SYNCED = "the extender has not listed the cluster's nodes and pods yet"
 EVENT_REASONS = {
     "placed": ("Normal", "GroupPlaced"),
     "wait": ("Normal", "GroupWaiting"),
@@ -141,13 +142,26 @@ class Extender:
         return choice, live
 
     def _request(
-        self, spec: GroupSpec, pod: Mapping[str, Any], needs: PodNeeds, now: float, rec: GroupRecord | None
+        self,
+        spec: GroupSpec,
+        pod: Mapping[str, Any],
+        needs: PodNeeds,
+        now: float,
+        rec: GroupRecord | None,
+        *,
+        record: bool,
     ) -> placement.GroupRequest:
         uid = pod_uid(pod)
         bound = self.cache.bound_members(spec.key, uid)
         choice, claims = self._state(spec.key, uid, rec, now, {p.uid for p in bound})
+        if not bound and not claims:
+            # Nothing of the group holds room any more (its claims expired unbound, or its pods were
+            # re-created after a restart of the job): this pod is its first again, and the group must
+            # fit whole anew. Following the old bucket would let pods through one by one into a bucket
+            # that may no longer hold them all.
+            choice = None
         size, source = self._size(spec, pod, len(bound), len(claims))
-        if rec is not None:
+        if rec is not None and record:  # prioritize reads the record, never writes it
             rec.size, rec.size_source, rec.locality, rec.rank = size, source, spec.locality, spec.rank
         keys = spec.homogeneous_keys
         return placement.GroupRequest(
@@ -192,12 +206,24 @@ class Extender:
         needs = pod_needs(args.pod)
         now = self.clock()
         rec = self.book.get(spec.key) if record else self.book.peek(spec.key)
-        group = self._request(spec, args.pod, needs, now, rec)
-        return placement.decide(group, feasible, snap, self.config), group, missing
+        group = self._request(spec, args.pod, needs, now, rec, record=record)
+        decision = placement.decide(group, feasible, snap, self.config, complete=not missing)
+        return decision, group, missing
 
     # --- verbs -----------------------------------------------------------------------------------
 
     def filter(self, args: ExtenderArgs) -> FilterResult:
+        if not self.cache.synced:
+            # Before the first full list of nodes and pods, a group's bound members and claims are not
+            # known yet: a decision now could split a placed group or call a group "never fits" over an
+            # empty cache. Its pods wait (nothing recorded, nothing told); other pods pass untouched.
+            try:
+                grouped = group_of(args.pod, self.config) is not None
+            except InvalidPlacement:
+                grouped = True
+            if grouped:
+                self.metrics.decisions.labels("wait", "none").inc()
+                return filter_result(args, [], {NOT_SYNCED: args.node_names}, {})
         now = self.clock()
         if now - self._swept > SWEEP_EVERY_S:
             self._swept = now
@@ -213,7 +239,7 @@ class Extender:
                 invalid = self.book.get(exc.group)
                 invalid.outcome, invalid.level, invalid.summary = "invalid", "none", reason
                 invalid.updated = now
-            self._tell(invalid, args.pod, "invalid", reason, None)
+            self._tell(invalid, args.pod, "invalid", reason, None, now=now)
             return filter_result(args, [], {}, {reason: args.node_names})
         if group is None:
             self.metrics.decisions.labels("pass-through", "none").inc()
@@ -241,7 +267,7 @@ class Extender:
             if decision.outcome == "never-fits" and not repeated:
                 # kube-scheduler retries every pod of the group: one line per verdict.
                 log.warning("group never fits", extra={"group": group.key, "summary": decision.summary})
-        self._tell(rec, args.pod, decision.outcome, decision.summary, claim)
+        self._tell(rec, args.pod, decision.outcome, decision.summary, claim, now=now)
         self.metrics.decisions.labels(decision.outcome, decision.level).inc()
         missing_by = {NOT_CACHED: missing} if missing else {}
         if decision.unresolvable:
@@ -266,22 +292,41 @@ class Extender:
     # --- explanations ----------------------------------------------------------------------------
 
     def _tell(
-        self, rec: GroupRecord | None, pod: Mapping[str, Any], outcome: str, summary: str, claim: str | None
+        self,
+        rec: GroupRecord | None,
+        pod: Mapping[str, Any],
+        outcome: str,
+        summary: str,
+        claim: str | None,
+        *,
+        now: float,
     ) -> None:
-        """One Event and one annotation write per pod and distinct verdict, not per retry."""
+        """One Event and one annotation write per pod and distinct verdict, not per retry. A pod let
+        through again in the same words gets its persisted claim renewed (no Event) once that is half
+        its life old, so a restart or an evicted record never finds expired the claim of a pod that is
+        still being let through."""
         if self.publisher is None:
             return
         uid = pod_uid(pod)
         text = decisions.decision_text(outcome, summary)
+        renew_after = self.config.claim_ttl_seconds / 2
         cached = self.cache.pods.get(uid)
-        if rec is not None and not rec.tell(uid, text):
+        last = rec.told.get(uid) if rec is not None else None
+        if rec is not None and not rec.tell(uid, text, now if claim else None, renew_after):
             return
-        if cached is not None and cached.decision == text and (claim is None) == (cached.claim is None):
+        persisted = cached is not None and cached.decision == text
+        if (
+            persisted
+            and cached is not None
+            and (claim is None) == (cached.claim is None)
+            and (cached.claim is None or now - cached.claim.at < renew_after)
+        ):
             return  # persisted by an earlier run of the extender: already told
-        type_, reason = EVENT_REASONS[outcome]
         decision_key, claim_key = self._keys
         try:
-            self.publisher.event(pod, type_, reason, summary)
+            if not persisted and (last is None or last[0] != text):
+                type_, reason = EVENT_REASONS[outcome]
+                self.publisher.event(pod, type_, reason, summary)
             self.publisher.annotate(pod, {decision_key: text, claim_key: claim})
         except Exception:
             log.exception("could not record a verdict on the pod", extra={"pod": uid})

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodefabric_operator.extender.nodes import NodeError, NodeRecord, parse_node
+from nodefabric_operator.extender.nodes import NodeError, NodeRecord, is_label_value, parse_node
 
 
 class WireError(ValueError):
@@ -55,10 +55,21 @@ def parse_args(body: object) -> ExtenderArgs:
         raise WireError("Pod must be a Pod object with metadata")
     if not isinstance(pod.get("spec", {}), dict):
         raise WireError("Pod spec must be an object")
+    meta = pod["metadata"]
+    for field in ("name", "namespace", "uid"):
+        if not isinstance(meta.get(field, ""), str):
+            raise WireError(f"Pod metadata.{field} must be a string, got {type(meta[field]).__name__}")
     for field in ("labels", "annotations"):
-        value = pod["metadata"].get(field) or {}
+        value = meta.get(field)
+        if value is None:
+            continue
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise WireError(f"Pod metadata.{field} must map names to strings")
+    # Labels name the pod's group, which every reason and summary repeats: held to what the API server
+    # admits, as the nodes' are.
+    for key, value in (meta.get("labels") or {}).items():
+        if not is_label_value(value):
+            raise WireError(f"Pod metadata.labels[{key!r}]: {value[:80]!r} is not a label value")
     names = fields.get("nodenames")
     nodes = fields.get("nodes")
     if names is not None:
