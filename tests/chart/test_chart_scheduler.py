@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import NAMESPACE, Doc, RenderError, configmap_yaml, container, of_kind, one, pod_spec
+from chart_support import (
+    NAMESPACE,
+    CelPolicy,
+    Doc,
+    RenderError,
+    configmap_yaml,
+    container,
+    of_kind,
+    one,
+    pod_spec,
+    refusal,
+)
 from test_chart_validate import validate_all
 
 SCHEDULER = "nf-nodefabric-scheduler"
@@ -189,7 +200,7 @@ def test_extender_configuration_follows_values(render) -> None:
                     },
                 },
                 "maxGroups": 500,
-                "extraConfig": {"claimTTLSeconds": 120, "defaultRank": "first-fit"},
+                "extraConfig": {"claimTTLSeconds": 120},
             }
         }
     )
@@ -205,8 +216,75 @@ def test_extender_configuration_follows_values(render) -> None:
         500,
     )
     assert cfg["claimTTLSeconds"] == 120
-    # extraConfig adds settings; it does not override the ones the chart has values for.
     assert cfg["defaultRank"] == "most_free_memory"
+
+
+# The settings the chart writes from values of its own; extraConfig may add the others, never these.
+CHART_WRITES = {
+    "domain": "domain",
+    "levels": "extender.levels",
+    "defaultLocality": "extender.defaults.locality",
+    "defaultRank": "extender.defaults.rank",
+    "homogeneousKeys": "extender.defaults.homogeneous",
+    "homogeneousByResource": "extender.defaults.homogeneousByResource",
+    "maxGroups": "extender.maxGroups",
+}
+
+
+def extender_settings() -> set[str]:
+    """Every key the extender's configuration file may hold, as its loader names them."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    return {f.alias or name for name, f in ExtenderConfig.model_fields.items()}
+
+
+def test_extra_config_takes_every_setting_the_chart_does_not_write(render, tmp_path) -> None:
+    from nodefabric_operator.extender.config import load_config
+
+    assert set(CHART_WRITES) <= extender_settings()
+    extra = {
+        "acceleratorResources": ["nvidia.com/gpu", "example.com/npu"],
+        "acceleratorMemoryLabel": "example.com/npu.memory",
+        "claimTTLSeconds": 90.5,
+        "reasonsWhenPlaced": False,
+    }
+    assert set(extra) == extender_settings() - set(CHART_WRITES), "a setting the test does not try"
+    path = tmp_path / "extender.yaml"
+    path.write_text(
+        one(render({"extender": {"extraConfig": extra}}), "ConfigMap", EXTENDER)["data"]["extender.yaml"]
+    )
+    loaded = load_config(path)
+    assert loaded.accelerator_resources == ("nvidia.com/gpu", "example.com/npu")
+    assert (loaded.accelerator_memory_label, loaded.claim_ttl_seconds, loaded.reasons_when_placed) == (
+        "example.com/npu.memory",
+        90.5,
+        False,
+    )
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(CHART_WRITES.items()))
+def test_extra_config_never_silently_loses_to_a_value(render, key: str, value: str) -> None:
+    """A setting the chart writes from a value of its own, given in extraConfig, is refused naming that
+    value: it used to be dropped without a word."""
+    complaint = refusal(render, {"extender": {"extraConfig": {key: "x"}}})
+    assert f"extender.extraConfig.{key} is written from {value}: set that instead" in complaint
+
+
+@pytest.mark.parametrize(
+    ("extra", "complaint"),
+    [
+        ({"claimTTL": 300}, "invalid propertyName 'claimTTL'"),  # the extender refuses unknown keys at start
+        ({"claimTTLSeconds": "5m"}, "/extender/extraConfig/claimTTLSeconds"),
+        ({"claimTTLSeconds": 0}, "/extender/extraConfig/claimTTLSeconds"),
+        ({"reasonsWhenPlaced": "no"}, "/extender/extraConfig/reasonsWhenPlaced"),
+        ({"acceleratorResources": "nvidia.com/gpu"}, "/extender/extraConfig/acceleratorResources"),
+        ({"acceleratorMemoryLabel": ["a"]}, "/extender/extraConfig/acceleratorMemoryLabel"),
+    ],
+)
+def test_extra_config_the_extender_would_refuse_is_refused_at_render(
+    render, extra: dict[str, Any], complaint: str
+) -> None:
+    assert complaint in refusal(render, {"extender": {"extraConfig": extra}})
 
 
 @pytest.mark.parametrize("variant", ["default", "custom"])
@@ -339,50 +417,13 @@ def test_the_policy_is_optional(render) -> None:
 
 
 class PodPolicy:
-    """Evaluates the rendered policy's CEL the way the API server does for one pod UPDATE."""
+    """The extender's annotation policy for one pod UPDATE by `username`."""
 
     def __init__(self, policy: Doc) -> None:
-        celpy = pytest.importorskip(
-            "celpy", reason="cel-python is not installed: the policy's CEL is not evaluated"
-        )
-        self._env = celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        return self._env.program(self._env.compile(expr)).evaluate(activation)
+        self.cel = CelPolicy(policy)
 
     def admit(self, username: str, old: Doc, new: Doc) -> tuple[bool, str]:
-        from celpy import json_to_cel
-
-        activation: dict[str, Any] = {
-            "request": json_to_cel({"userInfo": {"username": username}}),
-            "object": json_to_cel(new),
-            "oldObject": json_to_cel(old),
-        }
-        if not all(bool(self._eval(c["expression"], activation)) for c in self.spec["matchConditions"]):
-            return True, "not matched"
-        variables: dict[str, Any] = {}
-        for v in self.spec["variables"]:
-            activation["variables"] = json_to_cel(variables)
-            variables[v["name"]] = self._eval(v["expression"], activation)
-        activation["variables"] = json_to_cel({k: _plain(v) for k, v in variables.items()})
-        for v in self.spec["validations"]:
-            if not bool(self._eval(v["expression"], activation)):
-                message = (
-                    self._eval(v["messageExpression"], activation)
-                    if "messageExpression" in v
-                    else v["message"]
-                )
-                return False, str(message)
-        return True, "allowed"
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return str(value) if isinstance(value, str) else value
+        return self.cel.admit({"operation": "UPDATE", "userInfo": {"username": username}}, new, old)
 
 
 @pytest.fixture(scope="module")
@@ -503,3 +544,15 @@ def test_the_rendered_policy_is_yaml_a_cluster_accepts(default_docs: list[Doc]) 
     policy, binding = policy_parts(default_docs)
     validate_all([policy, binding])
     assert yaml.safe_dump(policy)  # round-trips
+
+
+def test_a_status_update_changes_nothing_but_the_status(pod_policy: PodPolicy) -> None:
+    """kube-scheduler's own status writes (PodScheduled, nominatedNodeName) pass; a label, annotation or
+    finalizer smuggled into a pods/status patch, which the API server would keep, does not."""
+    scheduled = changed(
+        lambda p: p.update(status={"conditions": [{"type": "PodScheduled", "status": "False"}]})
+    )
+    assert pod_policy.admit(SCHEDULER_USER, POD, scheduled) == (True, "allowed")
+    relabelled = copy.deepcopy(scheduled)
+    relabelled["metadata"]["labels"]["placement.gpustack.ai/group"] = "other"
+    assert pod_policy.admit(SCHEDULER_USER, POD, relabelled)[0] is False
