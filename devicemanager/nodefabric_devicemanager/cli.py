@@ -147,11 +147,12 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, command = build_parser(argv)
-    args = parser.parse_args(argv)
-    logs.configure(json_output=args.log_format == "json", level=args.log_level)
-    assert command is not None  # argparse already refused an unknown or missing command
     try:
+        # The command's module is imported here (seconds on a loaded machine): Ctrl-C may land in it.
+        parser, command = build_parser(argv)
+        args = parser.parse_args(argv)
+        logs.configure(json_output=args.log_format == "json", level=args.log_level)
+        assert command is not None  # argparse already refused an unknown or missing command
         return command.run(args)
     except KeyboardInterrupt:
         return 130  # Ctrl-C: the shell's own code for SIGINT, without a traceback

@@ -80,6 +80,36 @@ def distance(a: Coordinates, b: Coordinates) -> Distance:
 
 
 def closest(left: Iterable[Coordinates], right: Iterable[Coordinates]) -> Distance:
-    """The best distance between any member of `left` and any of `right`; UNK when no pair is known."""
-    rights = list(right)
-    return min((distance(a, b) for a in left for b in rights), default=Distance.UNK)
+    """The best distance between any member of `left` and any of `right`; UNK when no pair is known.
+
+    Equal to the minimum of `distance` over every pair, found without visiting the pairs: each level is
+    a question whether the two sides share something (a bridge path, a root port, a host bridge, a NUMA
+    node), answered by intersecting sets. A record is written by whatever holds the agent's token, and a
+    pairwise minimum over a schema-valid record of 5,000 NICs and 5,000 accelerators is 25 million
+    comparisons: minutes of the operator's event loop, during which no node's labels move."""
+    lefts = [c for c in left if c.pci_bus_id]
+    rights = [c for c in right if c.pci_bus_id]
+    if not lefts or not rights:
+        return Distance.UNK
+    up_l = [tuple(reversed(c.pci_switches)) for c in lefts]
+    up_r = [tuple(reversed(c.pci_switches)) for c in rights]
+    # Rule 3: the same whole bridge path. Rule 4: a shared prefix of two or more bridges with each side
+    # at most one bridge below it, i.e. the path itself or its parent, when that is two bridges long.
+    if {p for p in up_l if p} & {p for p in up_r if p} or _pix_prefixes(up_l) & _pix_prefixes(up_r):
+        return Distance.PIX
+    if {p[0] for p in up_l if p} & {p[0] for p in up_r if p}:
+        return Distance.PXB
+    # From here no pair shares a bridge, so each remaining rule holds for a pair exactly as it reads.
+    if {c.pci_host_bridge for c in lefts if c.pci_host_bridge} & {
+        c.pci_host_bridge for c in rights if c.pci_host_bridge
+    }:
+        return Distance.PHB
+    numa_l = {c.numa_affinity for c in lefts if c.numa_affinity}
+    numa_r = {c.numa_affinity for c in rights if c.numa_affinity}
+    if numa_l & numa_r:
+        return Distance.NODE
+    return Distance.SYS if numa_l and numa_r else Distance.UNK
+
+
+def _pix_prefixes(paths: Iterable[tuple[str, ...]]) -> set[tuple[str, ...]]:
+    return {p[:k] for p in paths for k in (len(p), len(p) - 1) if k >= 2}

@@ -190,21 +190,38 @@ async def serve(
                     "server": startup.server(api),
                 },
             )
-            await kopf.operator(
-                registry=registry,
-                settings=settings(opts),
-                clusterwide=True,
-                standalone=opts.standalone,
-                peering_name=None if opts.standalone else opts.peering,
-                priority=opts.priority,
-                memo=kopf.Memo(reconciler=reconciler),
-                stop_flag=stop_flag,
-                ready_flag=ready_flag,
-            )
+            while True:
+                try:
+                    await kopf.operator(
+                        registry=registry,
+                        settings=settings(opts),
+                        clusterwide=True,
+                        standalone=opts.standalone,
+                        peering_name=None if opts.standalone else opts.peering,
+                        priority=opts.priority,
+                        memo=kopf.Memo(reconciler=reconciler),
+                        stop_flag=stop_flag,
+                        ready_flag=ready_flag,
+                    )
+                    break
+                except Exception as err:
+                    if getattr(err, "status", None) != 404 or _stopping(stop_flag):
+                        raise
+                    gone = startup.first_line(err)
+                # A CRD deleted under a watch (the Devices CRD reinstalled, NFD uninstalled): kopf
+                # re-opens the watch before it learns the resource is gone, and fails whole on the
+                # 404. Started again, it waits for the CRD; the reconciler keeps what it handled, so
+                # the relist costs no request per record.
+                log.warning("a watched resource disappeared, restarting the watches", extra={"error": gone})
+                await asyncio.sleep(1)
         finally:
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:
+    return flag is not None and flag.is_set()
 
 
 def run(args: argparse.Namespace) -> int:

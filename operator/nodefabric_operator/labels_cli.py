@@ -35,9 +35,30 @@ def _read(path: str) -> str:
         return f.read()
 
 
+MAX_NODES = 2_000_000  # values in a document once YAML aliases are expanded; a 3 MiB record has ~300k
+
+
+def expanded_size(doc: Any, limit: int = MAX_NODES) -> int:
+    """How many values `doc` holds with every YAML alias expanded, refused beyond `limit`. The loader
+    shares an aliased value instead of copying it, so a 1 KB file of nested aliases (a "billion
+    laughs") loads at once and then hangs whatever walks it: validation, here for ever."""
+    count, stack = 0, [doc]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limit:
+            raise ValueError(f"the document expands to more than {limit:,} values (YAML aliases)")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
+
+
 def load(text: str) -> Devices:
     """A Devices object from JSON or YAML text (YAML is a superset of JSON)."""
     doc: Any = yaml.safe_load(text)
+    expanded_size(doc)
     if not isinstance(doc, dict):
         raise ValueError("expected one Devices object (a mapping), got " + type(doc).__name__)
     if doc.get("kind") not in (None, "Devices"):

@@ -61,6 +61,13 @@ class Metrics:
             ["family"],
             registry=self.registry,
         )
+        self.events = Counter(
+            "nodefabric_operator_events",
+            "Events about Devices records, by action: created, counted (a repeat raised an existing "
+            "Event's count), dropped (spam filter: 25 per record at once, then one per 5 min), failed",
+            ["action"],
+            registry=self.registry,
+        )
         self.records = Gauge(
             "nodefabric_operator_records",
             "Devices records the operator holds labels for",

@@ -40,10 +40,11 @@ def _now() -> datetime:
 
 
 def transient(err: BaseException) -> bool:
-    """Worth retrying: the API was unreachable, overloaded or answered a server error."""
+    """Worth retrying: the API was unreachable, overloaded or answered a server error, or the NodeFeature
+    API is missing (NFD is being installed or upgraded): each ends without the record changing."""
     if isinstance(err, kubernetes.client.ApiException):
         return int(err.status or 0) in (429, 500, 502, 503, 504) or not err.status
-    return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict)
+    return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict | sinks.NfdMissing)
 
 
 class Superseded(Exception):
@@ -84,8 +85,11 @@ class NodeRecord:
 
 
 def node_owner_uid(body: Mapping[str, Any]) -> str | None:
+    """The uid of the record's own Node among its owners. An owner that is another Node (a hand edit, a
+    record copied from another node) says nothing about whether this one exists."""
+    name = part(body, "metadata").get("name")
     for ref in items(body, "metadata", "ownerReferences"):
-        if ref.get("kind") == "Node" and ref.get("apiVersion") == "v1":
+        if ref.get("kind") == "Node" and ref.get("apiVersion") == "v1" and ref.get("name") == name:
             uid = ref.get("uid")
             return str(uid) if uid else None
     return None

@@ -8,14 +8,18 @@ own poster writes the operator's namespace into the involvedObject, so describe 
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import kubernetes
 
 from nodefabric_operator import events
+from nodefabric_operator.correlator import Correlator, Posted
 from nodefabric_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -26,7 +30,7 @@ NAMESPACE = "default"  # where every Event about a cluster-scoped object lives
 def event_body(
     involved: Mapping[str, Any], notice: events.Notice, instance: str, now: datetime
 ) -> dict[str, Any]:
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = _stamp(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -47,19 +51,50 @@ def event_body(
 
 
 class Recorder:
-    def __init__(self, api: kubernetes.client.ApiClient, instance: str, metrics: Metrics) -> None:
+    """Posts Events as client-go's recorder does (see correlator): a repeat of an Event raises its count,
+    and a burst about one object beyond the spam filter's allowance is dropped and counted."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        instance: str,
+        metrics: Metrics,
+        correlator: Correlator | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.instance = instance
         self.metrics = metrics
+        self.correlator = correlator or Correlator()
+        self.clock = clock
+        self._lock = threading.Lock()  # posts run in worker threads
 
     def post(self, involved: Mapping[str, Any], notice: events.Notice) -> None:
-        """One Event; a failure is logged, never raised: an Event is a courtesy, not the work."""
-        body = event_body(involved, notice, self.instance, datetime.now(UTC))
-        self.metrics.api_requests.labels(verb="create", resource="events").inc()
+        """One Event, or one more count of the same Event; a failure is logged, never raised: an Event
+        is a courtesy, not the work."""
+        source = str(involved.get("uid") or involved.get("name"))
+        key = (source, str(involved.get("name")), notice.type, notice.reason, notice.message)
+        with self._lock:
+            if not self.correlator.admit(source, self.clock()):
+                self.metrics.events.labels(action="dropped").inc()
+                log.debug(
+                    "event dropped by the spam filter", extra={"reason": notice.reason, "object": key[1]}
+                )
+                return
+            posted = self.correlator.posted(key)
+        now = datetime.now(UTC)
         try:
+            if posted is not None and self._count(posted, now):
+                with self._lock:
+                    self.correlator.record(key, Posted(posted.name, posted.count + 1, posted.first))
+                self.metrics.events.labels(action="counted").inc()
+                return
+            body = event_body(involved, notice, self.instance, now)
+            self.metrics.api_requests.labels(verb="create", resource="events").inc()
             # The client turns the mapping into its Event model (and refuses one it would not send).
-            self.core.create_namespaced_event(NAMESPACE, cast(Any, body), _preload_content=False)
+            answer = self.core.create_namespaced_event(NAMESPACE, cast(Any, body), _preload_content=False)
         except Exception as err:
+            self.metrics.events.labels(action="failed").inc()
             status = getattr(err, "status", None)
             log.warning(
                 "could not post event",
@@ -69,3 +104,41 @@ class Recorder:
                     "error": f"HTTP {status}" if status else type(err).__name__,
                 },
             )
+            return
+        self.metrics.events.labels(action="created").inc()
+        name = _created_name(answer)
+        with self._lock:
+            if name is None:
+                self.correlator.forget(key)
+            else:
+                self.correlator.record(key, Posted(name, 1, body["firstTimestamp"]))
+
+    def _count(self, posted: Posted, now: datetime) -> bool:
+        """Raise an existing Event's count; False when it is gone (expired, deleted): post a new one."""
+        patch = {"count": posted.count + 1, "lastTimestamp": _stamp(now), "firstTimestamp": posted.first}
+        self.metrics.api_requests.labels(verb="patch", resource="events").inc()
+        try:
+            self.core.patch_namespaced_event(
+                posted.name,
+                NAMESPACE,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        except kubernetes.client.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+
+def _stamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _created_name(answer: Any) -> str | None:
+    try:
+        name = json.loads(answer.data)["metadata"]["name"]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None

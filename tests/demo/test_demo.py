@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
+import signal
 import subprocess
 import sys
 
@@ -103,3 +105,34 @@ def test_dra_driver_publishes_hgx_slices_and_prepares_a_gpu_nic_claim(demo):
     assert '"NCCL_IB_HCA==mlx5_0"' in dra and '"path": "/dev/infiniband/uverbs0"' in dra
     assert "same answer True, spec files 1" in dra
     assert "NodeUnprepareResources: ok; spec files left: 0" in dra
+
+
+async def test_ctrl_c_while_the_operator_starts_stops_everything_without_a_traceback(tmp_path):
+    # The operator runs in a thread against the API served from the demo's loop. Stopping it used to
+    # block that loop while joining it, so the operator's requests went unanswered: a traceback from its
+    # thread, a 15 s wait, and sometimes the fixture hosts left behind.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nodefabric_devicemanager.cli",
+        "demo",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.stdout is not None
+    try:
+        seen = ""
+        while "=== 3." not in seen:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+            assert line, "the demo ended before the operator started"
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        rest, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130
+    assert "Traceback" not in rest.decode() + err.decode(), err.decode()[-3000:]
+    assert os.listdir(tmp_path) == [], "the fixture hosts are gone with it"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -177,3 +178,39 @@ def test_walked_function_coordinates(scenario):
     walked = pci.walk(scenario("gpu8"))
     coords = distance.of(walked["0000:18:00.0"])
     assert coords.pci_host_bridge == "pci0000:15" and coords.numa_affinity == "0"
+
+
+def test_closest_is_the_minimum_over_every_pair_on_random_layouts():
+    # `closest` answers per level by set intersection instead of visiting pairs; this holds it to the
+    # pairwise definition on layouts drawn from a small alphabet, so shared bridges, host bridges and
+    # NUMA nodes (and blanks) are frequent, at every depth.
+    rnd = random.Random(20261201)
+    bridges, roots, numas = ["a", "b", "c"], ["", "pci0000:00", "pci0000:80"], ["", "0", "1"]
+
+    def coords() -> BusCoordinates:
+        path = tuple(rnd.choice(bridges) for _ in range(rnd.randint(0, 4)))
+        bus = rnd.choice(["", "0000:01:00.0", "0000:02:00.0"])
+        return BusCoordinates(bus, path, rnd.choice(roots), rnd.choice(numas))
+
+    seen: set[Distance] = set()
+    for _ in range(3000):
+        left = [coords() for _ in range(rnd.randint(0, 3))]
+        right = [coords() for _ in range(rnd.randint(0, 3))]
+        want = min((distance.distance(a, b) for a in left for b in right), default=Distance.UNK)
+        assert distance.closest(left, right) is want, (left, right)
+        seen.add(want)
+    assert seen == {Distance.PIX, Distance.PXB, Distance.PHB, Distance.NODE, Distance.SYS, Distance.UNK}
+
+
+def test_closest_over_thousands_of_distinct_paths_does_not_visit_the_pairs(monkeypatch):
+    # A schema-valid record can hold thousands of NICs and accelerators, each behind its own bridges.
+    # The answer must not cost a comparison per pair (25 million here): `distance` is never called.
+    def pairwise(a: object, b: object) -> Distance:
+        raise AssertionError("closest compared a pair")
+
+    monkeypatch.setattr(distance, "distance", pairwise)
+    gpus = [BusCoordinates(f"0001:{i:05x}", (f"g{i}", f"r{i}"), f"pci{i}", "0") for i in range(5000)]
+    nics = [BusCoordinates(f"0002:{i:05x}", (f"n{i}", f"s{i}"), f"pci-{i}", "1") for i in range(5000)]
+    assert distance.closest(gpus, nics) is Distance.SYS
+    nics.append(BusCoordinates("0002:fffff", ("x", "r4999"), "", "1"))  # meets one GPU at its root port
+    assert distance.closest(gpus, nics) is Distance.PXB

@@ -15,10 +15,12 @@ from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import LinkState
 from nodefabric_operator import labels, sinks
+from nodefabric_operator.correlator import Correlator, Posted
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.reconcile import Reconciler
 
 N = 12
+CAPABLE = labels.key(labels.DEFAULT_DOMAIN, labels.RDMA_CAPABLE)
 EVENTS = "v1/events"
 NODES = "v1/nodes"
 # Every (verb, resource) the operator could spend per record; discovery requests are not among them.
@@ -314,3 +316,81 @@ async def test_an_outage_longer_than_the_backoffs_is_retried_without_a_new_event
         )
         cond = {x["type"]: x for x in (await c.devices("n0"))["status"]["conditions"]}
         assert cond[models.LABELS_PUBLISHED]["status"] == "True"
+
+
+def test_the_spam_filter_allows_a_burst_per_object_then_one_every_five_minutes():
+    c = Correlator(burst=3, refill_s=300.0, max_keys=2)
+    assert [c.admit("a", 0.0) for _ in range(4)] == [True, True, True, False]
+    assert c.admit("b", 0.0)  # each object has its own allowance
+    assert not c.admit("a", 299.0)
+    assert c.admit("a", 300.0) and not c.admit("a", 301.0)
+    assert [c.admit("a", 1e6) for _ in range(4)] == [True, True, True, False]  # refilled to the burst only
+    c.admit("c", 1e6)  # a third object: the least recently used ("b") is forgotten, with its spent token
+    assert [c.admit("b", 1e6) for _ in range(4)] == [True, True, True, False]
+    key = ("uid", "n0", "Warning", "RdmaCapabilityLost", "m")
+    assert c.posted(key) is None
+    c.record(key, Posted("n0-x", 1, "t"))
+    assert c.posted(key) == Posted("n0-x", 1, "t")
+
+
+async def test_a_flapping_link_counts_events_up_instead_of_creating_one_per_flap():
+    """A link that fails and recovers on every pass changes the labels each time. Each change still has
+    its Event, but a repeat of the same Event raises its count (as client-go's recorder does), so the
+    node holds one Event per distinct change, and beyond 25 at once the spam filter drops the rest."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 1)
+        flaps = 16
+        async with running_operator(k) as metrics:
+            await eventually(lambda: k.count("POST", EVENTS) == 1)
+            for _ in range(flaps):
+                for link, capable in ((LinkState.FAILED, None), (LinkState.OK, "true")):
+                    await c.put_devices(
+                        devices(
+                            "n0",
+                            interfaces=[nic(link=link)],
+                            groups=[group("nvidia", gpu(0, fabric=nvlink()))],
+                        )
+                    )
+
+                    async def shows(capable: str | None = capable) -> bool:
+                        nf = await c.nodefeature("n0") or {}
+                        return nf.get("spec", {}).get("labels", {}).get(CAPABLE) == capable
+
+                    await eventually(shows)
+            await settle(k)
+            assert reconciled(metrics, "published") == 1 + 2 * flaps
+            actions = {
+                a: metrics.events.labels(action=a)._value.get() for a in ("created", "counted", "dropped")
+            }
+        # First sync, lost, regained: three Events, whatever the number of flaps.
+        assert k.count("POST", EVENTS) == 3 == actions["created"]
+        assert actions["created"] + actions["counted"] == k.count("POST", EVENTS) + k.count("PATCH", EVENTS)
+        assert actions["dropped"] >= 1 + 2 * flaps - 25 - 1  # one token back at most, on a slow machine
+        assert actions["created"] + actions["counted"] + actions["dropped"] == 1 + 2 * flaps
+        listed = await asyncio.to_thread(c.core.list_namespaced_event, "default")
+        about = sorted((e.reason, e.count) for e in listed.items if e.involved_object.name == "n0")
+        lost = [n for reason, n in about if reason == "RdmaCapabilityLost"]
+        assert len(about) == 3 and len(lost) == 1 and lost[0] >= 12
+        assert sum(n for _, n in about) == actions["created"] + actions["counted"]
+
+
+async def test_labels_are_published_once_nfd_is_installed_without_a_record_change():
+    """The NodeFeature API is missing (NFD not installed yet, or its CRD deleted and installed again): the
+    failure says so, and the records are tried again until it exists, like an outage. It used to be
+    tried once, so a cluster where NFD came back published nothing until a record changed."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = await fleet(k, 1)
+        proxy.refuse("POST", f"/apis/{sinks.NFD_GROUP}/", 404)
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+
+            async def failed() -> str:
+                conds = (await c.devices("n0")).get("status", {}).get("conditions", [])
+                return next((x["message"] for x in conds if x["type"] == models.LABELS_PUBLISHED), "")
+
+            assert "install NFD" in await eventually(failed)
+            errors = reconciled(metrics, "error")
+            await eventually(lambda: reconciled(metrics, "error") > errors)  # tried again, unprompted
+            proxy.allow()
+            await eventually(lambda: reconciled(metrics, "published") == 1)
+            await settle(k)
+        assert CAPABLE in (await c.nodefeature("n0"))["spec"]["labels"]

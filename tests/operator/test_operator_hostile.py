@@ -12,7 +12,7 @@ from operator_harness import NF, NS, Client, eventually, running_operator, settl
 from operator_records import devices, gpu, group, nic, nvlink
 from watch_breaker import watch_breaker
 
-from nodefabric_devicemanager import crd
+from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
@@ -20,6 +20,7 @@ from nodefabric_operator.reconcile import Reconciler
 
 P = "feature.gpustack.ai/"
 CAPABLE = P + "rdma.capable"
+DEVICES_PATH = (models.GROUP, models.VERSION, models.PLURAL)
 NF_PATH = (sinks.NFD_GROUP, sinks.NFD_VERSION, NS, sinks.NFD_PLURAL)
 
 
@@ -151,3 +152,58 @@ async def test_a_devices_record_of_the_wrong_shape_publishes_and_removes_nothing
         assert outcome.outcome in ("invalid", "unchanged")
         assert k.count() == before or outcome.outcome == "unchanged"
         assert k.count("POST", NF) == 0
+
+
+async def test_a_record_owned_by_another_node_is_not_taken_for_proof_that_its_own_node_exists():
+    """The NodeFeature sink trusts a Node owner as proof that the node exists (the agent sets it, and
+    deleting the Node deletes the record). An owner reference to a different Node proves nothing about
+    this one: the record's own node is read, and a missing one is reported, not published for."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        other = await c.node("n2")
+        await c.put_devices(gpu_record("n1"), node_owner=False)
+        owner = {"apiVersion": "v1", "kind": "Node", "name": "n2", "uid": other["uid"]}
+        await asyncio.to_thread(
+            c.custom.patch_cluster_custom_object,
+            *DEVICES_PATH,
+            "n1",
+            {"metadata": {"ownerReferences": [owner]}},
+        )
+        async with running_operator(k):
+
+            async def reported() -> bool:
+                conds = (await c.devices("n1")).get("status", {}).get("conditions", [])
+                return any(x["type"] == "LabelsPublished" and x["reason"] == "NodeNotFound" for x in conds)
+
+            await eventually(reported)
+            await settle(k)
+        assert await c.nodefeature("n1") is None
+        assert k.count("POST", NF) == 0
+
+
+async def test_the_devices_crd_deleted_and_created_again_does_not_stop_the_operator():
+    """Deleting the CRD deletes every record (and their NodeFeatures with them) and ends the watch; kopf
+    re-opened it before it learnt the resource was gone and failed whole on the 404. The operator keeps
+    running, and publishes the records written once the CRD is back."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        record = gpu_record("n0")
+        await c.put_devices(record)
+        ext = kubernetes.client.ApiextensionsV1Api(c.core.api_client)
+        async with running_operator(k):
+            await eventually(lambda: c.nodefeature("n0"))
+            await settle(k)
+            await asyncio.to_thread(
+                ext.delete_custom_resource_definition, crd.devices_crd()["metadata"]["name"]
+            )
+            await eventually(lambda: k.api.stored(NF, "n0", NS) is None)
+            await settle(k)
+            await asyncio.to_thread(ext.create_custom_resource_definition, crd.devices_crd())
+            await c.put_devices(record)
+
+            async def capable() -> str | None:
+                nf = await c.nodefeature("n0") or {}
+                return nf.get("spec", {}).get("labels", {}).get(CAPABLE)
+
+            assert await eventually(capable, timeout=90) == "true"

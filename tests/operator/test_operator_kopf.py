@@ -389,7 +389,9 @@ async def test_without_nfd_the_failure_says_what_to_do():
         c = Client(k.kubeconfig)
         await c.node("n1")
         await c.put_devices(gpu_node())
-        k.api.fail_next(1, 404)  # what an API server without NFD's CRDs answers the NodeFeature create
+        # What an API server without NFD's CRDs answers the NodeFeature create: retried like an outage
+        # (NFD may be on its way), so the failure is reported once the backoffs (0.05, 0.1) are spent.
+        k.api.fail_next(3, 404)
         async with running_operator(k) as metrics:
             await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() == 1)
             await eventually(lambda: any(r == "PublishFailed" for r, _ in events(k)))

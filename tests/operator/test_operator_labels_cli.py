@@ -67,3 +67,18 @@ def test_bad_domain_is_refused(tmp_path, capsys):
     path.write_text(json.dumps(record()))
     assert main(["labels", "-f", str(path), "--domain", "Not_A_Domain"]) == 2
     assert "label domain 'Not_A_Domain'" in capsys.readouterr().err
+
+
+def test_a_yaml_alias_bomb_is_refused_not_a_hang(tmp_path, capsys):
+    # 1 KB of nested aliases that expands to a billion values: it loaded at once (the loader shares
+    # aliased values) and then hung the record's validation for ever.
+    lines = ["a0: &a0 [x, x]"] + [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 30)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(["metadata: {name: n1}", "spec:", *("  " + line for line in lines)]) + "\n")
+    assert main(["labels", "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nodefabric labels: cannot read {path}: the document expands to more than")
+    # Anchors a person writes stay fine.
+    ok = tmp_path / "anchors.yaml"
+    ok.write_text("kind: Devices\nmetadata: {name: &n n1}\nspec: {}\nextra: *n\n")
+    assert main(["labels", "-f", str(ok)]) == 0

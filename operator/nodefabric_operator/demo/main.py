@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -184,22 +184,32 @@ def _section(out: TextIO, title: str) -> None:
     out.write(f"\n=== {title} {'=' * max(0, 96 - len(title))}\n")
 
 
-@contextlib.contextmanager
-def operator_running(kubeconfig: str) -> Iterator[None]:
-    """The real kopf operator in its own thread and event loop, as it runs in its own pod."""
+@contextlib.asynccontextmanager
+async def operator_running(kubeconfig: str) -> AsyncIterator[None]:
+    """The real kopf operator in its own thread and event loop, as it runs in its own pod. It is stopped
+    and joined without blocking this loop: the embedded API is served from it, and an operator that is
+    stopped mid-request (Ctrl-C while it starts) needs its answers to stop at all."""
     stop, ready = threading.Event(), threading.Event()
     opts = operator_cli.Options(
         sink="nodefeature", namespace=NAMESPACE, domain=DOMAIN, kubeconfig=kubeconfig, standalone=True
     )
-    thread = threading.Thread(
-        target=asyncio.run, args=(operator_cli.serve(opts, stop_flag=stop, ready_flag=ready),), daemon=True
-    )
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(operator_cli.serve(opts, stop_flag=stop, ready_flag=ready))
+        except BaseException as err:  # reported by the demo, not as a thread's traceback
+            failure.append(err)
+
+    thread = threading.Thread(target=main, name="operator", daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
-        thread.join(timeout=15)
+        await asyncio.to_thread(thread.join, 15)
+    if failure:
+        raise RuntimeError(f"the operator stopped: {failure[0]}") from failure[0]
 
 
 async def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -340,7 +350,7 @@ async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | N
                 f"  {node.name:8} first pass: {outcome.result}; second pass: {again.result} (no write)\n"
             )
 
-        with operator_running(k.kubeconfig):
+        async with operator_running(k.kubeconfig):
             _section(out, "3. The operator derives each node's labels and publishes them through NFD")
 
             def published() -> bool:

@@ -92,13 +92,17 @@ def _warning_headers(warnings: list[str]) -> CIMultiDict[str]:
 
 @attrs.define(kw_only=True)
 class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
-    """The embedded API server. Knobs: `history` (requests kept for `requests()`), `event_window`
+    """The embedded API server. Knobs: `history` (requests kept for `requests()`), `history_bytes`
+    (request bodies those may hold in all: the oldest are forgotten first), `event_window`
     (events each resource keeps for resuming watches), `bookmark_interval` (seconds between watch
     bookmarks), `watch_capacity` (events queued for one slow watch before it is closed),
     `require_namespaces` (refuse objects in a namespace that does not exist, as a real server does;
     off by default, since most tests never create the namespaces they write to)."""
 
     history: int = 4096
+    # A kept request holds its body and its decoded JSON (about 7 times the body in memory): 150
+    # requests of 2 MiB held 2 GiB, so 4,096 of them (kubectl apply in a loop) would exhaust a machine.
+    history_bytes: int = 32 * 2**20
     event_window: int = 10_000
     bookmark_interval: float = 60.0
     watch_capacity: int = 100_000
@@ -112,6 +116,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     _seq: int = attrs.field(default=0, init=False)
     _faults: list[int] = attrs.field(factory=list, init=False)
     _counts: collections.Counter[tuple[str, str, str]] = attrs.field(factory=collections.Counter, init=False)
+    _sizes: collections.deque[int] = attrs.field(factory=collections.deque, init=False)
+    _kept_bytes: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -119,7 +125,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         # later with kmock's DSL still answers first.
         self._payloads.clear()
         # kmock's fields, replaced: a bounded request history, and event buses that are our watch hubs.
-        object.__setattr__(self, "_requests", collections.deque(maxlen=self.history))
+        object.__setattr__(self, "_requests", collections.deque())
         object.__setattr__(self, "_buses", Buses(self))
         for rt in builtin_types():
             self.catalogue.add(rt)
@@ -268,8 +274,22 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             and (verb is None or v == verb)
         )
 
+    def _remember(self, request: Any, size: int) -> None:
+        """Keep `request` in the history, forgetting the oldest beyond `history` requests or
+        `history_bytes` of bodies (a body larger than the whole budget is not kept at all)."""
+        while self._requests and (
+            len(self._requests) >= self.history or self._kept_bytes + size > self.history_bytes
+        ):
+            self._requests.popleft()
+            self._kept_bytes -= self._sizes.popleft()
+        if size <= self.history_bytes and self.history > 0:
+            self._requests.append(request)
+            self._sizes.append(size)
+            self._kept_bytes += size
+
     def requests(self, method: str | None = None, resource: str | None = None) -> list[Any]:
-        """The most recent requests (the last `history`), by HTTP method and resource."""
+        """The most recent requests (the last `history`, within `history_bytes`), by HTTP method and
+        resource."""
         wanted = None if resource is None else kmock.resource(resource_key(resource))
         out = []
         for req in list(self._requests):
@@ -313,7 +333,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._seq += 1
         # The history keeps what a test asserts on, not aiohttp's request (its transport, its buffers),
         # unless kmock's DSL has reactions: it finds a request in the history by identity.
-        self._requests.append(request if self._payloads else attrs.evolve(request, raw_request=None))
+        self._remember(request if self._payloads else attrs.evolve(request, raw_request=None), len(body))
         try:
             return await self._handle(request)
         except ApiError as err:

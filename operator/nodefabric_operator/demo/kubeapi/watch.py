@@ -56,8 +56,8 @@ class WatchStream:
         if self.table:
             response.headers["Content-Type"] = TABLE_TYPE
         response.enable_chunked_encoding()
-        await response.prepare(raw)
         try:
+            await response.prepare(raw)  # the client may be gone already (kubectl -w interrupted)
             if expired is not None:
                 await self._send("ERROR", expired.status())
             else:
