@@ -12,7 +12,9 @@ On a generated 8 PF x 128 VF tree (1,032 RDMA devices, each with a netdev):
 3. Resident memory of a real `nodefabric agent` process on that tree with the device plugin in-process
    and a kubelet registered (target <= 64 MiB), beside the memory `import kubernetes` alone costs; and with
    `--serve both` (the DRA driver in-process too: registered with kubelet's plugin watcher, slices
-   published) beside `--serve deviceplugin` on the same tree; and the idle CPU of both on the typical node.
+   published) beside `--serve deviceplugin` on the same tree; each tree and serve mode beside the agent
+   before its memory work (`--before-ref`, run from its own sources); and the idle CPU of both on the
+   typical node.
 """
 
 from __future__ import annotations
@@ -312,28 +314,40 @@ async def _agent_rss(
             await kubelet.stop()
 
 
-async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: str, idle: float) -> None:
+async def resident_memory(
+    trees: dict[str, Path], settle: float, baseline_ref: str, before_ref: str, idle: float
+) -> None:
     print(
         "resident memory of `nodefabric agent` with the device plugin in-process and registered with kubelet"
     )
-    with tempfile.TemporaryDirectory(prefix="nf-bench-old-") as old_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="nf-bench-old-") as old_dir,
+        tempfile.TemporaryDirectory(prefix="nf-bench-before-") as before_dir,
+    ):
         old_env = _old_agent(baseline_ref, Path(old_dir))
-        plugin_only: dict[str, float] = {}
-        for name, root in trees.items():
-            rss, peak, _ = await _agent_rss(root, settle, None)
-            plugin_only[name] = rss
-            line = f"  {name:20} agent {rss:5.1f} MiB (peak {peak:5.1f}, {rss / BUDGET_MIB:4.0%} of budget)"
-            if old_env is not None:
-                old_rss, _, _ = await _agent_rss(root, settle, old_env)
-                line += f"   old agent ({baseline_ref}) {old_rss:5.1f} MiB: {rss / old_rss:.2f}x"
-            print(line)
-        # The DRA driver in the same process (it offers the whole functions, the device plugin the VFs).
-        for name, root in trees.items():
-            both, peak, _ = await _agent_rss(root, settle, None, serve="both")
+        # The agent before the memory work of issue 15, beside this one on each tree and in each serve mode.
+        before_env = _old_agent(before_ref, Path(before_dir))
+        now: dict[tuple[str, str], float] = {}
+        for serve in ("deviceplugin", "both"):
+            for name, root in trees.items():
+                rss, peak, _ = await _agent_rss(root, settle, None, serve=serve)
+                now[serve, name] = rss
+                line = (
+                    f"  {name:20} --serve {serve:12} {rss:5.1f} MiB (peak {peak:5.1f}, "
+                    f"{rss / BUDGET_MIB:4.0%} of budget)"
+                )
+                if before_env is not None:
+                    before, _, _ = await _agent_rss(root, settle, before_env, serve=serve)
+                    line += f"   before ({before_ref}) {before:5.1f} MiB: {rss - before:+.1f} MiB"
+                if old_env is not None and serve == "deviceplugin":
+                    old_rss, _, _ = await _agent_rss(root, settle, old_env)
+                    line += f"   old agent ({baseline_ref}) {old_rss:5.1f} MiB: {rss / old_rss:.2f}x"
+                print(line)
+        for name in trees:
+            # The DRA driver in the same process (it offers the whole functions, the device plugin the VFs).
             print(
-                f"  {name:20} --serve both {both:5.1f} MiB (peak {peak:5.1f}, {both / BUDGET_MIB:4.0%} of "
-                f"budget)   beside --serve deviceplugin {plugin_only[name]:5.1f} MiB: "
-                f"{both - plugin_only[name]:+.1f} MiB"
+                f"  {name:20} --serve both costs {now['both', name] - now['deviceplugin', name]:+.1f} MiB "
+                "beside --serve deviceplugin"
             )
     # Idle: no pass due (an hour's interval), kubelet's sockets watched with inotify on both sides.
     typical = next(iter(trees.values()))
@@ -341,7 +355,8 @@ async def resident_memory(trees: dict[str, Path], settle: float, baseline_ref: s
     _, _, both_cpu = await _agent_rss(typical, 2.0, None, serve="both", interval=3600, idle=idle)
     print(
         f"  idle CPU over {idle:.0f} s, {next(iter(trees))}: --serve both {both_cpu:.3%} of a core, "
-        f"--serve deviceplugin {plugin_cpu:.3%} ({both_cpu / max(plugin_cpu, 1e-9):.1f}x)"
+        f"--serve deviceplugin {plugin_cpu:.3%}"
+        + (f" ({both_cpu / plugin_cpu:.1f}x)" if plugin_cpu else " (none measurable: no ratio)")
     )
     # VmRSS, not ru_maxrss: a child inherits its parent's high-water mark across exec.
     rss_of = "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
@@ -364,6 +379,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=8.0, help="steady seconds before reading RSS")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--baseline-ref", default="3482377", help="git revision of the agent before issue 15")
+    parser.add_argument(
+        "--before-ref", default="ad950a8", help="git revision of the agent before its memory work (issue 15)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nf-bench-agent-") as tmp:
         root, typical = Path(tmp) / "big", Path(tmp) / "gpu8"
@@ -373,7 +391,7 @@ def main() -> None:
         host_pass(root, args.rounds)
         asyncio.run(api_traffic(root, args.passes))
         trees = {"8 GPU, 5 NIC node": typical, f"{args.pfs} PF x {args.vfs} VF node": root}
-        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref, args.idle))
+        asyncio.run(resident_memory(trees, args.settle, args.baseline_ref, args.before_ref, args.idle))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ from nodefabric_devicemanager.hostroot import (
     SysDir,
     recorded_name,
 )
-from nodefabric_devicemanager.models import Interface, VirtualFunction
+from nodefabric_devicemanager.models import Interface, VirtualFunction, share_fields_sets
 from nodefabric_devicemanager.pci import PciFunction
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,19 @@ def is_up(operstate: str | None, flags: str | None) -> bool:
 
 
 def _placement(fn: PciFunction) -> dict[str, Any]:
+    # Interned: a PF's VFs repeat its bridges, ids, NUMA node and CPUs, and the record is kept between
+    # walks; on 8 PFs x 128 VFs one copy of each instead of 1,024 is ~0.3 MiB.
     return {
         "bus": "pci",
         "pci_bus_id": fn.bus_id,
-        "pci_root_id": fn.root_id,
-        "pci_switches": list(fn.switches),
-        "pci_host_bridge": fn.host_bridge,
-        "pci_vendor": fn.vendor,
-        "pci_device": fn.device,
-        "numa_affinity": fn.numa,
-        "cpu_affinity": fn.cpus,
-        "physical_function": fn.physfn,
+        "pci_root_id": sys.intern(fn.root_id),
+        "pci_switches": [sys.intern(b) for b in fn.switches],
+        "pci_host_bridge": sys.intern(fn.host_bridge),
+        "pci_vendor": sys.intern(fn.vendor),
+        "pci_device": sys.intern(fn.device),
+        "numa_affinity": sys.intern(fn.numa),
+        "cpu_affinity": sys.intern(fn.cpus),
+        "physical_function": sys.intern(fn.physfn),
     }
 
 
@@ -252,4 +255,5 @@ def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
     ]
     out = _bind_by_name(host, out, found)
     out.sort(key=lambda i: i.name)
+    share_fields_sets(out)
     return out

@@ -271,6 +271,28 @@ class DevicesSpec(_Model):
         return out
 
 
+def share_fields_sets(interfaces: list[Interface]) -> None:
+    """Give every endpoint (and link verdict) of a reading one set of field names per class, in place.
+
+    pydantic keeps per instance the names of the fields set at construction: 728 bytes for an endpoint,
+    more than its values, and a third of a big node's record, which the agent keeps between walks.
+    Nothing here asks which fields were set (no exclude_unset: the wire leaves out None), a copy gets a
+    set of its own, and an assignment adds a name the shared set already holds, so sharing changes no
+    answer. Each set names every field: as if each were given.
+    """
+    shared: dict[type[BaseModel], set[str]] = {}
+
+    def share(model: BaseModel) -> None:
+        names = shared.setdefault(type(model), set(type(model).model_fields))
+        object.__setattr__(model, "__pydantic_fields_set__", names)
+
+    for iface in interfaces:
+        for ep in (iface, *iface.virtual_functions):
+            share(ep)
+            if ep.link is not None:
+                share(ep.link)
+
+
 # Condition types. A False condition means the matching part of the spec is the last good reading,
 # kept because a failed read is not an empty host.
 INTERFACES_ENUMERATED = "InterfacesEnumerated"

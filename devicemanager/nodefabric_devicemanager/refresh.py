@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,19 +47,36 @@ Value = bytes | int
 class _Device:
     name: str
     dir: SysDir
-    files: tuple[str, ...]  # each judged port's state and phys_state, absolute
+    # Each watched port directory: its name under ports/ (shared, "1"), or its absolute path where it
+    # resolved elsewhere. File paths are built per refresh: kept, they were a third of a big node's plan.
+    port_dirs: tuple[str, ...]
     # The ports judged, and the interface they ride on, for a device bound by name (a platform engine
     # split across netdevs, soft RoCE); None and "": every port, for every endpoint that names the device.
     ports: frozenset[str] | None = None
     netdev: str = ""
+
+    @property
+    def files(self) -> list[str]:
+        """Each judged port's state and phys_state, absolute."""
+        out: list[str] = []
+        for port in self.port_dirs:
+            base = port if port.startswith("/") else f"{self.dir.path}/ports/{port}"
+            out += (f"{base}/state", f"{base}/phys_state")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class _Netdev:
     name: str
     dir: SysDir
-    operstate: str
-    flags: str
+
+    @property
+    def operstate(self) -> str:
+        return f"{self.dir.path}/operstate"
+
+    @property
+    def flags(self) -> str:
+        return f"{self.dir.path}/flags"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +124,14 @@ def _device(host: HostRoot, name: str, netdev: str) -> _Device:
     riding = rdmaclass.ports_on(host, name, netdev)
     only = None if riding is None else frozenset(riding)
     ports = d.child("ports")
-    files: list[str] = []
+    found: list[str] = []
     for port in sorted(ports.list()):
         if only is not None and port not in only:
             continue
         port_dir = ports.child(port)
-        files += [os.path.join(port_dir.path, "state"), os.path.join(port_dir.path, "phys_state")]
-    return _Device(name, d, tuple(files), only, netdev if only is not None else "")
+        plain = port_dir.path == f"{d.path}/ports/{port}"
+        found.append(sys.intern(port) if plain else port_dir.path)
+    return _Device(name, d, tuple(found), only, netdev if only is not None else "")
 
 
 def plan(host: HostRoot, interfaces: Sequence[Interface]) -> Plan:
@@ -141,9 +160,7 @@ def plan(host: HostRoot, interfaces: Sequence[Interface]) -> Plan:
                 unresolved.append(ep.name)
                 log.debug("interface not refreshed", extra={"interface": ep.name, "error": str(exc)})
                 continue
-            netdevs.append(
-                _Netdev(ep.name, d, os.path.join(d.path, "operstate"), os.path.join(d.path, "flags"))
-            )
+            netdevs.append(_Netdev(ep.name, d))
     return Plan(tuple(devices), tuple(netdevs), tuple(unresolved))
 
 
@@ -163,10 +180,15 @@ def _read(path: str) -> Value:
 def snapshot(p: Plan) -> Snapshot:
     """Every watched file's bytes now. Never blocks on a file, never raises for host trouble."""
     values: list[Value | tuple[Value, Value]] = []
+    # One object per distinct value: a snapshot is kept until the next, and on a big node nearly every
+    # port reads the same few bytes.
+    seen: dict[Value, Value] = {}
     for device in p.devices:
-        values.append(b"".join(v if isinstance(v, bytes) else b"\0%d" % v for v in map(_read, device.files)))
+        value = b"".join(v if isinstance(v, bytes) else b"\0%d" % v for v in map(_read, device.files))
+        values.append(seen.setdefault(value, value))
     for netdev in p.netdevs:
         operstate = _read(netdev.operstate)
+        operstate = seen.setdefault(operstate, operstate)
         # operstate "unknown" (lo, many virtual drivers) falls back to IFF_UP, so flags matter then only.
         values.append((operstate, _read(netdev.flags)) if operstate == _UNKNOWN_OPERSTATE else operstate)
     return Snapshot(tuple(values))

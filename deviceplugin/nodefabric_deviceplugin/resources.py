@@ -89,8 +89,6 @@ class RdmaEndpoint:
     numa: int | None  # None when neither the endpoint nor, for a VF, its parent gave a valid node
     healthy: bool
     reason: str  # why unhealthy; "" when healthy
-    # natural_key(rdma_device), once: the order NCCL_IB_HCA lists granted devices in.
-    name_order: tuple[tuple[int, int | str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def numa_affinity(self) -> str:
@@ -218,7 +216,6 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
                 numa=numa,
                 healthy=healthy,
                 reason="" if healthy else _unhealthy_reason(eps, device),
-                name_order=natural_key(device),
             )
         )
     # Two devices on one PCI function would collide on the bus id: name both by device as well.

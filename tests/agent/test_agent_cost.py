@@ -163,3 +163,34 @@ async def test_a_fifo_where_a_port_state_belongs_is_refused_between_walks_withou
             assert interface(stored(k), "ens1f0")["link"]["state"] == "ok"
             assert agent.last_outcome is not None and agent.last_outcome.ok, "refused, not stuck"
             assert passes(agent, "walk") == 1
+
+
+async def test_the_heap_is_given_back_after_a_walk_or_a_write_not_a_quiet_refresh(tmp_path, monkeypatch):
+    """glibc keeps freed memory in the process unless asked; the agent asks after a pass that allocated
+    a record's worth (a walk, a write). The C library's call is the edge faked here, counted."""
+    from nodefabric_devicemanager.agent import heap
+
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "_trim", lambda: lambda pad: trims.append(pad) or 1)
+    b = two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path, interval=0.05, walk_interval=3600)
+        async with running(agent):
+            await until(lambda: watched(k) and passes(agent, "refresh") >= 3, what="quiet refreshes")
+            assert trims == [0], "once, after the first walk and its writes; not after quiet refreshes"
+            set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
+            await until(lambda: len(trims) == 2, what="the refresh that wrote")
+            assert passes(agent, "walk") == 1
+
+
+def test_release_asks_the_c_library_where_it_can():
+    """On glibc (this suite's Linux) the call exists and is made; the answer is a bool either way."""
+    import platform
+
+    from nodefabric_devicemanager.agent import heap
+
+    assert isinstance(heap.release(), bool)
+    assert isinstance(heap.one_arena(), bool)
+    if platform.libc_ver()[0] == "glibc":
+        assert heap._trim() is not None
+        assert heap.one_arena(), "glibc accepts M_ARENA_MAX"

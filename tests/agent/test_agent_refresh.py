@@ -130,3 +130,32 @@ def test_a_record_naming_what_the_host_lacks(tmp_path):
     plan = refresh.plan(host, [*interfaces, ghost])
     assert plan.unresolved == ("mlx5_9",), "an rdma device without ports is left as walked"
     assert refresh.snapshot(plan).gone, "a netdev that is not there asks for a walk"
+
+
+def test_a_port_directory_that_is_a_link_inside_the_root_is_read_where_it_lands(tmp_path):
+    """The plan keeps port names, not file paths; a port directory the kernel never makes a link, but a
+    tree might, is kept by its resolved path and still read and re-judged."""
+    b = two_nic_host(tmp_path)
+    ports = b.functions["0000:17:00.1"] / "infiniband" / "mlx5_1" / "ports"
+    moved = tmp_path / "elsewhere" / "port1"
+    moved.parent.mkdir()
+    shutil.move(ports / "1", moved)
+    (ports / "1").symlink_to(moved)
+    _, plan, before = _walked(tmp_path)
+    device = next(d for d in plan.devices if d.name == "mlx5_1")
+    assert device.files == [str(moved / "state"), str(moved / "phys_state")]
+    assert next(d for d in plan.devices if d.name == "mlx5_0").port_dirs == ("1",)
+    (moved / "state").write_text("1: DOWN\n")
+    changes = refresh.judge(plan, before, refresh.snapshot(plan))
+    assert set(changes.links) == {"mlx5_1"}
+    assert changes.links["mlx5_1"].state is LinkState.FAILED
+
+
+def test_a_snapshot_holds_one_object_per_distinct_value(tmp_path):
+    """Kept between refreshes: on a big node nearly every port reads the same bytes, held once."""
+    b = two_nic_host(tmp_path)
+    _, _, snap = _walked(tmp_path)
+    assert snap.values[0] == snap.values[1] and snap.values[0] is snap.values[1]
+    set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
+    _, _, again = _walked(tmp_path)
+    assert again.values[0] != again.values[1], "different bytes stay different"

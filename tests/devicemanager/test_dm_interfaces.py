@@ -53,6 +53,38 @@ def test_vfs_nest_under_their_pf_in_bus_order_not_string_order(scenario):
     assert not vf.sriov
 
 
+def test_vfs_of_one_pf_hold_one_copy_of_what_they_repeat(scenario):
+    """The record is kept between walks: what every VF of a PF repeats (bridges, ids, NUMA node, CPUs,
+    the PF's address) is one string object, not one per VF; what differs stays its own."""
+    (pf,) = read(scenario("sriov"))
+    first, second = pf.virtual_functions[0], pf.virtual_functions[1]
+    for field in ("pci_root_id", "pci_host_bridge", "pci_vendor", "pci_device", "numa_affinity",
+                  "cpu_affinity", "physical_function"):  # fmt: skip
+        assert getattr(first, field) is getattr(second, field), field
+    assert all(a is b for a, b in zip(first.pci_switches, second.pci_switches, strict=True))
+    assert first.pci_switches is not second.pci_switches, "each VF has a list of its own to change"
+    assert first.pci_bus_id != second.pci_bus_id
+
+
+def test_a_readings_endpoints_share_one_fields_set_and_nothing_answers_differently(scenario):
+    """pydantic's per-instance set of given field names is shared per class across a reading (a third of a
+    big node's record); the wire form, equality, copies and assignment behave as before."""
+    (pf,) = read(scenario("sriov"))
+    first, second = pf.virtual_functions[0], pf.virtual_functions[1]
+    assert first.model_fields_set is second.model_fields_set
+    assert first.link is not None and second.link is not None
+    assert first.link.model_fields_set is second.link.model_fields_set
+    assert first.model_fields_set == set(type(first).model_fields)
+    parsed = DevicesSpec.model_validate(DevicesSpec(interfaces=[pf]).wire())
+    assert parsed.interfaces[0] == pf, "equal to the same record read back from its wire form"
+    assert parsed.wire() == DevicesSpec(interfaces=[pf]).wire()
+    copied = first.model_copy(update={"up": not first.up})
+    assert copied.up != first.up and copied.model_fields_set is not first.model_fields_set
+    assert second.up == first.up, "a copy's change touches no other endpoint"
+    first.mtu = 1234
+    assert first.model_fields_set == second.model_fields_set == set(type(first).model_fields)
+
+
 def test_vf_only_rdma_node_still_shows_its_rdma_devices(scenario):
     (pf,) = read(scenario("vf-only-rdma"))
     assert not pf.rdma and pf.link is None

@@ -25,6 +25,7 @@ from typing import Any
 import prometheus_client
 
 from nodefabric_devicemanager import names, nodeclient
+from nodefabric_devicemanager.agent import heap
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
@@ -207,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
         return EXIT_USAGE
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    heap.one_arena()  # before any of the agent's threads start (see heap.py)
     metrics = AgentMetrics()
     metrics.count_api(api)
     config = AgentConfig(

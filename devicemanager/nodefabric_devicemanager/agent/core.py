@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nodefabric_devicemanager import refresh
-from nodefabric_devicemanager.agent import notices, publish, workers
+from nodefabric_devicemanager.agent import heap, notices, publish, workers
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe
@@ -413,6 +413,10 @@ class Agent:
             self._last_success = time.monotonic()
             self.metrics.last_success.set_to_current_time()
         self.last_outcome = outcome
+        if kind is PassKind.WALK or outcome.wrote:
+            # The walk's and the written object's garbage is freed by now: give its pages back (a few ms at
+            # most, on a heap this size; once per walk or write).
+            heap.release()
         fields = {
             "node": self.config.node,
             "pass": self.passes,
