@@ -341,13 +341,15 @@ class DevicesStatus(_Model):
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
-    def failed(self, type_: str) -> bool:
+    def unread(self, type_: str) -> bool:
+        """The part was not read (False) or its reader cannot say (Unknown): what is recorded of it is
+        no news of absence. No condition at all is a record from before conditions, read whole."""
         cond = self.condition(type_)
-        return cond is not None and cond.status == "False"
+        return cond is not None and cond.status != "True"
 
-    def fabric_read_failed(self) -> bool:
-        return self.failed(ACCELERATORS_ENUMERATED) or any(
-            c.type.endswith(FABRIC_READ_SUFFIX) and c.status == "False" for c in self.conditions
+    def fabric_unread(self) -> bool:
+        return self.unread(ACCELERATORS_ENUMERATED) or any(
+            c.type.endswith(FABRIC_READ_SUFFIX) and c.status != "True" for c in self.conditions
         )
 
 

@@ -637,17 +637,19 @@ def _merged(paths: list[str]) -> tuple[dict[str, Any], str]:
     """kubectl's merge of several kubeconfig files: the first file to set a value wins."""
     import yaml  # only a kubeconfig needs it; in a cluster it is never imported
 
+    from nodefabric_devicemanager import yamldoc
+
     merged: dict[str, Any] = {"clusters": {}, "users": {}, "contexts": {}, "current-context": ""}
     base_dir = ""
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f:
-                doc = yaml.safe_load(f)
+                doc = yamldoc.load(f.read())
         except FileNotFoundError as exc:
             if len(paths) == 1:
                 raise ConfigError(f"kubeconfig {path} does not exist") from exc
             continue
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:
             raise ConfigError(f"kubeconfig {path} cannot be read: {str(exc).splitlines()[0]}") from exc
         if not isinstance(doc, dict):
             raise ConfigError(f"kubeconfig {path} is not a kubeconfig (not a mapping)")

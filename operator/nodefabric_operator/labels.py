@@ -170,11 +170,12 @@ def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
 
 
 def frozen_families(status: models.DevicesStatus) -> frozenset[str]:
-    """Families whose removal is skipped: deleting on a failed read claims what the read cannot support."""
+    """Families whose removal is skipped: deleting on a failed (or Unknown) read claims what the read cannot
+    support."""
     out: set[str] = set()
-    if status.failed(models.INTERFACES_ENUMERATED):
+    if status.unread(models.INTERFACES_ENUMERATED):
         out.add(RDMA)
-    if status.fabric_read_failed():
+    if status.fabric_unread():
         out.add(FABRIC)
     return frozenset(out)
 

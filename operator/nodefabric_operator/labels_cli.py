@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import pydantic
 import yaml
 
+from nodefabric_devicemanager import yamldoc
 from nodefabric_devicemanager.commands import output
-from nodefabric_devicemanager.models import Devices
 from nodefabric_operator import labels
 
 
@@ -28,44 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_output(parser, default="text", extra=["text"])
 
 
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
-MAX_NODES = 2_000_000  # values in a document once YAML aliases are expanded; a 3 MiB record has ~300k
-
-
-def expanded_size(doc: Any, limit: int = MAX_NODES) -> int:
-    """How many values `doc` holds with every YAML alias expanded, refused beyond `limit`. The loader
-    shares an aliased value instead of copying it, so a 1 KB file of nested aliases (a "billion
-    laughs") loads at once and then hangs whatever walks it: validation, here for ever."""
-    count, stack = 0, [doc]
-    while stack:
-        node = stack.pop()
-        count += 1
-        if count > limit:
-            raise ValueError(f"the document expands to more than {limit:,} values (YAML aliases)")
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return count
-
-
-def load(text: str) -> Devices:
-    """A Devices object from JSON or YAML text (YAML is a superset of JSON)."""
-    doc: Any = yaml.safe_load(text)
-    expanded_size(doc)
-    if not isinstance(doc, dict):
-        raise ValueError("expected one Devices object (a mapping), got " + type(doc).__name__)
-    if doc.get("kind") not in (None, "Devices"):
-        raise ValueError(f"expected kind Devices, got {doc.get('kind')!r}")
-    return Devices.from_wire(doc)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         domain = labels.check_domain(args.domain)
@@ -73,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nodefabric labels: {err}", file=sys.stderr)
         return 2
     try:
-        devices = load(_read(args.filename))
+        devices = yamldoc.load_devices(yamldoc.read_text(args.filename))
     except (OSError, ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as err:
         # One line, whatever the parser's message looks like (pydantic's spans several).
         print(

@@ -18,8 +18,8 @@ from typing import Any, cast
 
 import kubernetes
 
+from nodefabric_devicemanager.correlator import Correlator, Posted
 from nodefabric_operator import events
-from nodefabric_operator.correlator import Correlator, Posted
 from nodefabric_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)

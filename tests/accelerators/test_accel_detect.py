@@ -155,7 +155,7 @@ def test_library_missing_lists_accelerators_without_fabric(b, caplog):
     assert cond(reading, ACCELERATORS_ENUMERATED).status == "True"
     assert "could not read the accelerator fabric" in caplog.text
     # The operator reads this as "could not read": fabric-label removal is skipped.
-    assert DevicesStatus(conditions=reading.conditions).fabric_read_failed()
+    assert DevicesStatus(conditions=reading.conditions).fabric_unread()
 
 
 def test_pynvml_not_importable_is_library_unavailable(b):
@@ -250,7 +250,7 @@ def test_failed_walk_reading_says_so():
     reading = failed_reading("/sys/bus/pci/devices: Permission denied")
     c = cond(reading, ACCELERATORS_ENUMERATED)
     assert (c.status, c.reason) == ("False", "ReadFailed")
-    assert DevicesStatus(conditions=reading.conditions).fabric_read_failed()
+    assert DevicesStatus(conditions=reading.conditions).fabric_unread()
 
 
 # --- AMD ------------------------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ from agent_fixtures import (
     DEVICES,
     NODE,
     api_with_node,
+    break_interface_enumeration,
     conditions,
     interface,
     make_agent,
+    restore_interface_enumeration,
     set_port,
     stored,
     two_nic_host,
@@ -150,3 +152,23 @@ async def test_nvml_missing_is_one_warning_and_one_event_with_the_remedy(tmp_pat
         restarted.reader = reader
         assert (await restarted.run_pass()).wrote == ()
         assert len(k.requests("POST", EVENTS)) == 2, "told again after a restart, and only then"
+
+
+async def test_a_flapping_condition_posts_a_bounded_number_of_events(tmp_path):
+    """Interfaces that cannot be listed every other pass: each change is news, but the record's Events
+    are client-go's budget (25 at once, then one per 5 minutes), not one per flap; the rest are counted."""
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        assert (await agent.run_pass()).result is Result.CREATED
+        for _ in range(20):
+            break_interface_enumeration(tmp_path)
+            await agent.run_pass()
+            restore_interface_enumeration(tmp_path)
+            await agent.run_pass()
+        # The record follows every flap; the Events stop at the budget.
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "True"
+        reasons = [r.data["reason"] for r in k.requests("POST", EVENTS)]
+        assert len(reasons) == 25, reasons
+        dropped = agent.metrics.registry.get_sample_value("nodefabric_agent_events_dropped_total")
+        assert dropped == 40 - 25

@@ -131,15 +131,15 @@ def test_set_condition_leaves_other_writers_conditions():
     assert [c.type for c in out] == [models.INTERFACES_ENUMERATED, models.LABELS_PUBLISHED]
 
 
-def test_fabric_read_failed_reads_every_manufacturer():
+def test_fabric_unread_reads_every_manufacturer():
     status = models.DevicesStatus(
         conditions=[
             models.Condition(type="NvidiaFabricRead", status="True"),
             models.Condition(type="AscendFabricRead", status="False", reason="LibraryError"),
         ]
     )
-    assert status.fabric_read_failed()
-    assert not status.failed(models.INTERFACES_ENUMERATED)
+    assert status.fabric_unread()
+    assert not status.unread(models.INTERFACES_ENUMERATED)
 
 
 def test_kubectl_get_device_works_through_short_names():

@@ -100,7 +100,7 @@ def devices(
     *,
     interfaces: list[Interface] | None = None,
     groups: list[AcceleratorGroup] | None = None,
-    conditions: dict[str, bool] | None = None,
+    conditions: dict[str, bool | str] | None = None,
 ) -> Devices:
     record = Devices(
         metadata=ObjectMeta(name=name),
@@ -108,7 +108,9 @@ def devices(
     )
     for type_, ok in (conditions or {}).items():
         record.status.conditions.append(
-            models.Condition(type=type_, status="True" if ok else "False", reason="Test")
+            models.Condition(
+                type=type_, status=ok if isinstance(ok, str) else "True" if ok else "False", reason="Test"
+            )
         )
     return record
 

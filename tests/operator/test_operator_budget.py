@@ -12,10 +12,10 @@ from operator_records import devices, gpu, group, nic, nvlink
 from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager.correlator import Correlator, Posted
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import LinkState
 from nodefabric_operator import labels, sinks
-from nodefabric_operator.correlator import Correlator, Posted
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.reconcile import Reconciler
 

@@ -265,6 +265,9 @@ def test_frozen_families_follow_the_agent_conditions():
         "fabric"
     }
     assert labels.frozen_families(devices(conditions={"NvidiaFabricRead": False}).status) == {"fabric"}
+    # Unknown is not a read either: a hand-edited (or future) Unknown freezes removal as False does.
+    unknown = {models.INTERFACES_ENUMERATED: "Unknown", "NvidiaFabricRead": "Unknown"}
+    assert labels.frozen_families(devices(conditions=unknown).status) == {"rdma", "fabric"}
     assert (
         labels.frozen_families(devices(conditions={models.INTERFACES_ENUMERATED: True}).status) == frozenset()
     )

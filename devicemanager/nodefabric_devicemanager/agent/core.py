@@ -33,6 +33,7 @@ from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe
 from nodefabric_devicemanager.agent.watch import ObjectWatch
+from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import (
     ACCELERATORS_ENUMERATED,
@@ -186,6 +187,7 @@ class Agent:
         self._settled: tuple[int, str] | None = None  # (generation, resourceVersion) last decided on
         self._told: dict[str, tuple[str, str]] = {}  # conditions last logged
         self._posted: dict[str, tuple[str, str]] = {}  # conditions last posted as Events
+        self.spam = Correlator()  # a condition that flaps posts 25 Events at once, then one per 5 minutes
         self._sinks: list[RecordSink] = []
         self._walk_wanted = True
         self._last_walk: float | None = None
@@ -542,6 +544,13 @@ class Agent:
             return
         for cond in publish.reported_conditions(reading):
             for notice in notices.notices(self._posted, [cond]):
+                if not self.spam.admit(self.config.node, time.monotonic()):
+                    self.metrics.events_dropped.inc()
+                    log.debug(
+                        "event dropped: this record's Events are over budget",
+                        extra={"node": self.config.node, "reason": notice.reason},
+                    )
+                    continue
                 try:
                     await self._api(
                         self.client.post_event,

@@ -73,6 +73,11 @@ class AgentMetrics:
             ["type"],
             registry=r,
         )
+        self.events_dropped = Counter(
+            "nodefabric_agent_events_dropped",
+            "Events not posted: a flapping condition spent the record's budget (25, then 1 per 5 min).",
+            registry=r,
+        )
         self.api_writes = Counter(
             "nodefabric_agent_api_writes",
             "Writes to the Devices object (create, spec, status).",

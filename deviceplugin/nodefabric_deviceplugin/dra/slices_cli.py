@@ -19,7 +19,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import inventory, yamldoc
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import Devices, DevicesSpec
 from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN, DriverConfig
@@ -47,18 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
 
-def _load(path: str) -> Devices:
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    doc: Any = yaml.safe_load(text)
-    if not isinstance(doc, dict) or doc.get("kind") not in (None, "Devices"):
-        raise ValueError("expected one Devices object")
-    return Devices.from_wire(doc)
-
-
 def slice_list(spec: DevicesSpec, config: DriverConfig, layers: dict[str, str]) -> dict[str, Any]:
     desired = desired_slices(spec, config, layers) or []
     return {"apiVersion": "v1", "kind": "List", "items": [resource_slice(d, 1) for d in desired]}
@@ -68,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
     devices: Devices | None = None
     if args.filename:
         try:
-            devices = _load(args.filename)
-        except (OSError, ValueError, yaml.YAMLError, pydantic.ValidationError) as exc:
-            print(f"{PROG}: cannot read {args.filename}: {exc}", file=sys.stderr)
+            devices = yamldoc.load_devices(yamldoc.read_text(args.filename))
+        except (OSError, ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as exc:
+            # One line, whatever the parser's message looks like (pydantic's spans several).
+            print(f"{PROG}: cannot read {args.filename}: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
     node = args.node_name or (devices.metadata.name if devices is not None else "")
     if not node:

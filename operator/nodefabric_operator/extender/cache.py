@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from nodefabric_devicemanager import yamldoc
 from nodefabric_operator.extender import decisions
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.decisions import Claim
@@ -245,7 +246,7 @@ class Cache(Snapshot):
         """A static snapshot: a JSON or YAML List (or a plain list) of Node, Pod and PodGroup objects."""
         try:
             text = regular_file(path).read_text()
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+            data = json.loads(text) if path.suffix == ".json" else yamldoc.load(text)
         except (OSError, ValueError, yaml.YAMLError, RecursionError) as exc:
             raise SnapshotError(f"cannot read nodes file {path}: {exc}") from exc
         items = data.get("items") if isinstance(data, dict) else data

@@ -10,6 +10,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nodefabric_devicemanager import yamldoc
+
 Locality = str  # "prefer", "any", or the name of a configured level
 Rank = Literal["spread", "first-fit", "most-free-memory"]
 RANKS: tuple[str, ...] = ("spread", "first-fit", "most-free-memory")
@@ -183,8 +185,8 @@ def load_config(path: Path | None) -> ExtenderConfig:
     if path is None:
         return ExtenderConfig()
     try:
-        data = yaml.safe_load(regular_file(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        data = yamldoc.load(regular_file(path).read_text()) or {}
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read extender config {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"extender config {path} must be a mapping, got {type(data).__name__}")

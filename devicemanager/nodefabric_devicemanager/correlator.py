@@ -1,12 +1,14 @@
 """Which Events to create, count or drop: client-go's event correlation, as a pure decision.
 
-A record whose link flaps loses and regains `rdma.capable` on every agent pass, and each reconcile that
-changed labels has an Event. Posted as new objects, a flapping node fills etcd with Events (the API
-server keeps each for an hour) and pages `kubectl describe` with the same two lines. client-go's recorder,
-which every Kubernetes controller uses, bounds this in two ways, kept here with its defaults:
+A record whose link flaps loses and regains `rdma.capable` on every agent pass: the operator has an Event
+for each reconcile that changed labels, the agent one for each condition change. Posted as new objects, a
+flapping node fills etcd with Events (the API server keeps each for an hour) and pages `kubectl describe`
+with the same two lines. client-go's recorder, which every Kubernetes controller uses, bounds this in two
+ways, kept here with its defaults:
 - an Event identical to one already posted (same object, type, reason and message) raises that Event's
   `count` and `lastTimestamp` instead of creating another;
 - a token bucket per involved object (25 at once, then one every 5 minutes) drops the rest.
+The operator does both; the agent, whose role may only create Events, uses the token bucket.
 """
 
 from __future__ import annotations
