@@ -40,7 +40,7 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.scenarios import bench, gpu8
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
-from nodefabric_operator.demo.dra import SLICES, serve_dra_resources
+from nodefabric_operator.demo.dra import SLICES
 from nodefabric_operator.demo.kubeapi import running_api
 
 NODE = "bench-node"
@@ -286,7 +286,6 @@ async def _agent_rss(
     dra_flags = ["--serve", serve, "--dra-plugin-dir", f"{base}/p", "--dra-registry-dir", f"{base}/r",
                  "--dra-cdi-dir", f"{base}/c"] if serve != "deviceplugin" else []  # fmt: skip
     async with running_api([crd.devices_crd()]) as k:
-        serve_dra_resources(k)
         k.api.put_object("v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubelet, dra_kubelet = KubeletEmulator(plugin_dir), DraKubelet(f"{base}/r")
         await kubelet.start()

@@ -8,9 +8,12 @@ Figures:
   prepare (answered from the checkpoint), and NodeUnprepareResources, each against an empty
   NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first prepare, against a
   bare GET of the claim (the API floor). Target: the first prepare adds at most 20 ms (p50) to the GET.
-- A steady-state ResourceSlice sync of a large pool (`--pfs` PFs with `--vfs` VFs each): build the
-  desired slices, read the link layers, list the live slices and compare, writing nothing; against a bare
-  LIST of the same slices. The ratio is what deciding "nothing changed" costs beyond reading.
+- What keeping a large pool's ResourceSlices (`--pfs` PFs with `--vfs` VFs each) right costs the API
+  server per node-hour in the steady state: requests and response bytes. Before: a LIST of the node's
+  slices every 60 s (the driver's old resync), each LIST measured here. After: the driver's own requests,
+  counted by its client over many syncs (record re-deliveries, kubelet pokes, resyncs), plus the watch's
+  own cost: a re-open every 300-600 s (450 s on average) and a bookmark about once a minute (a real API
+  server's pace), each measured here by ending the watch and by advancing the API's resourceVersion.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraClient, DraKubelet
-from nodefabric_operator.demo.dra import serve_dra_resources
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 
 NODE = "bench-0"
@@ -55,8 +57,13 @@ def report(name: str, samples: list[float], baseline: list[float], floor: str) -
     print(f"{name:<34} p50 {p50:8.3f} ms  p99 {p99:8.3f} ms  {floor} p50 {b50:7.3f} ms  x{p50 / b50:.1f}")
 
 
-def declare(k: RunningAPI) -> None:
-    serve_dra_resources(k)
+HOUR_S = 3600.0
+OLD_RESYNC_S = 60.0  # the driver listed its slices this often before it held a watch
+WATCH_REOPEN_S = 450.0  # the mean of the watch's random 300-600 s timeout
+BOOKMARK_S = 60.0  # a real API server's bookmark pace on an idle watch
+
+
+def put_node(k: RunningAPI) -> None:
     k.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
 
 
@@ -102,18 +109,91 @@ async def bench_prepare(k: RunningAPI, api: DraApi, plugin: DraClient, device: s
     print(f"target: the first prepare adds <= 20 ms to the claim GET (p50 adds {added * 1e3:.1f} ms)")
 
 
-async def bench_sync(driver: DraDriver, api: DraApi, rounds: int) -> None:
-    syncs: list[float] = []
-    lists: list[float] = []
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def _cost(client: nodeclient.Api) -> tuple[int, int]:
+    return client.requests, client.bytes_received
+
+
+async def bench_steady(k: RunningAPI, driver: DraDriver, baseline: DraApi, rounds: int) -> None:
+    """Requests and bytes per node-hour of keeping the slices right, before (LIST every 60 s) and after."""
+    ours = driver.publisher.api
+    assert isinstance(ours, DraApi)
+    publisher, source = driver.publisher, driver.source
+    # Before: the LIST the old driver made every resync.
+    start = _cost(baseline.api)
     for _ in range(rounds):
-        start = time.perf_counter()
-        decided = await asyncio.to_thread(driver.publisher.sync)
-        syncs.append(time.perf_counter() - start)
-        assert decided is not None and decided.writes == 0
-        start = time.perf_counter()
-        await asyncio.to_thread(api.list_slices)
-        lists.append(time.perf_counter() - start)
-    report("slice sync, nothing changed", syncs, lists, "bare LIST")
+        await asyncio.to_thread(baseline.list_slices)
+    requests, received = (b - a for a, b in zip(start, _cost(baseline.api), strict=True))
+    list_bytes = received / rounds
+    assert requests == rounds
+    # After, the syncs: every agent pass re-delivers the record, kubelet pokes, the resync comes.
+    start, syncs = _cost(ours.api), publisher.syncs
+    publisher.resync = 0.01
+    for _ in range(rounds):
+        spec = source.spec
+        assert spec is not None
+        source.update(spec.model_copy(deep=True))
+        publisher.poke()
+        await asyncio.sleep(0)
+    await _until(lambda: publisher.syncs >= syncs + 2 * rounds, "the syncs")
+    publisher.resync = 3600
+    sync_requests, sync_bytes = (b - a for a, b in zip(start, _cost(ours.api), strict=True))
+    assert publisher.last_plan is not None and publisher.last_plan.writes == 0
+    # After, the watch: re-opened where it was when the server ends it (after 300-600 s; here after a
+    # moment, so the watch is told a moment is healthy, or it would pace its re-opens as failures)...
+    publisher.watch.healthy_after = 0.1
+    start = _cost(ours.api)
+    for _ in range(rounds):
+        connects = publisher.watch.connects
+        await asyncio.sleep(0.15)
+        k.api.close_watches()
+        await _until(lambda c=connects: publisher.watch.connects > c, "the watch to re-open")  # type: ignore[misc]
+    await asyncio.sleep(0.2)
+    reopen_requests, reopen_bytes = (b - a for a, b in zip(start, _cost(ours.api), strict=True))
+    # ...and a bookmark whenever the API's resourceVersion moved on (other objects change all the time).
+    k.api.bookmark_interval = 0.05
+    connects = publisher.watch.connects
+    await asyncio.sleep(0.15)
+    k.api.close_watches()
+    await _until(lambda: publisher.watch.connects > connects, "the watch to re-open")
+    await asyncio.sleep(0.3)
+    start = _cost(ours.api)
+    for i in range(rounds):
+        received = ours.api.bytes_received
+        k.api.put_object("v1/nodes", {"metadata": {"name": f"tick-{i}"}})
+        await _until(lambda r=received: ours.api.bytes_received > r, "a bookmark")  # type: ignore[misc]
+        await asyncio.sleep(0.1)
+    bookmark_bytes = (ours.api.bytes_received - start[1]) / rounds
+    k.api.bookmark_interval = 60.0
+    # Per node-hour.
+    per_reopen = reopen_bytes / rounds
+    before = (HOUR_S / OLD_RESYNC_S, HOUR_S / OLD_RESYNC_S * list_bytes)
+    after = (
+        HOUR_S / WATCH_REOPEN_S * reopen_requests / rounds,
+        HOUR_S / WATCH_REOPEN_S * per_reopen + HOUR_S / BOOKMARK_S * bookmark_bytes,
+    )
+    print(
+        f"steady state, {2 * rounds} syncs: {sync_requests} requests, {sync_bytes} bytes;"
+        f" a LIST {list_bytes / 1024:.1f} KiB, a watch re-open {per_reopen:.0f} B, a bookmark"
+        f" {bookmark_bytes:.0f} B"
+    )
+    print(f"per node-hour, LIST every 60 s (before): {before[0]:6.1f} requests {before[1] / 1024:9.1f} KiB")
+    print(
+        f"per node-hour, watch (after):            {after[0]:6.1f} requests {after[1] / 1024:9.1f} KiB"
+        f"  x{before[0] / after[0]:.1f} fewer requests, x{before[1] / max(after[1], 1):.0f} fewer bytes"
+    )
+    fleet = 5000 / HOUR_S
+    print(
+        f"5,000 nodes: {before[0] * fleet:.1f} LIST/s, {before[1] * fleet / 2**20:.1f} MiB/s before;"
+        f" {after[0] * fleet:.1f} watch re-opens/s, {after[1] * fleet / 1024:.1f} KiB/s after"
+    )
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -129,22 +209,29 @@ async def main(args: argparse.Namespace) -> int:
             node_name=NODE, plugin_dir=f"{work}/p", registry_dir=f"{work}/r", cdi_dir=f"{work}/c"
         )
         async with running_api(directory=str(work)) as k:
-            declare(k)
-            api = DraApi(nodeclient.load(k.kubeconfig), config)
-            driver = DraDriver(config, RecordSource(reading.spec()), b.host, api, resync=3600)
+            put_node(k)
+            api = DraApi(nodeclient.load(k.kubeconfig), config)  # the benchmark's own requests
+            driver = DraDriver(
+                config,
+                RecordSource(reading.spec()),
+                b.host,
+                DraApi(nodeclient.load(k.kubeconfig), config),
+                resync=3600,
+            )
             kubelet = DraKubelet(config.registry_dir)
             stop = asyncio.Event()
             task = asyncio.create_task(driver.run(stop))
             try:
                 plugin = await kubelet.wait_registered(DRIVER)
-                while driver.publisher.syncs < 1:
-                    await asyncio.sleep(0.05)
-                slices = await asyncio.to_thread(api.list_slices)
+                await _until(
+                    lambda: driver.publisher.syncs >= 1 and driver.publisher.watch.connects >= 1, "a sync"
+                )
+                slices, _ = await asyncio.to_thread(api.list_slices)
                 devices = sum(len(s["spec"]["devices"]) for s in slices)
                 print(f"pool: {args.pfs} PFs x {args.vfs} VFs: {devices} devices in {len(slices)} slices")
                 device = "pci-0000-11-00-1"
                 await bench_prepare(k, api, plugin, device, args.claims)
-                await bench_sync(driver, api, max(5, args.claims // 20))
+                await bench_steady(k, driver, api, max(5, args.claims // 20))
             finally:
                 await kubelet.stop()
                 stop.set()

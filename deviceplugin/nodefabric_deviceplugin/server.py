@@ -488,7 +488,9 @@ class DevicePluginManager:
         try:
             await server.register(stub)
         except grpc.aio.AioRpcError as exc:
-            reg.failures += 1
+            # A new kubelet starts a fresh backoff: failures against the ones a restart loop left behind
+            # say nothing about this one.
+            reg.failures = reg.failures + 1 if reg.failed_for == kubelet else 1
             backoff = min(self.retry_base * 2**reg.failures, MAX_BACKOFF_S)
             reg.kubelet, reg.failed_for = None, kubelet
             reg.next_try = time.monotonic() + backoff

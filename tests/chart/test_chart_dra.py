@@ -35,7 +35,7 @@ KUBE = "1.34.0"
 DRIVER = "rdma.gpustack.ai"
 AGENT_SA = f"system:serviceaccount:{NAMESPACE}:nf-nodefabric-agent"
 DRA_GRANTS = {
-    (CLUSTER, "resource.k8s.io", "resourceslices", ""): {"list", "create", "patch", "delete"},
+    (CLUSTER, "resource.k8s.io", "resourceslices", ""): {"list", "watch", "create", "patch", "delete"},
     (CLUSTER, "resource.k8s.io", "resourceclaims", ""): {"get"},
 }
 
@@ -177,12 +177,6 @@ async def driver_requests(tmp_path: Path) -> dict[tuple[str, str, str, str], set
         node_name="hgx-0", plugin_dir=f"{base}/p", registry_dir=f"{base}/r", cdi_dir=f"{base}/c"
     )
     async with running_api(directory=str(tmp_path)) as k:
-        for key, kind, namespaced in (
-            ("resource.k8s.io/v1/resourceslices", "ResourceSlice", False),
-            ("resource.k8s.io/v1/resourceclaims", "ResourceClaim", True),
-        ):
-            if key not in k.api.resources:
-                k.api.declare(key, kind=kind, namespaced=namespaced)
         k.api.put_object("v1/nodes", {"metadata": {"name": "hgx-0"}})
         # A slice of an older run, to delete.
         for index in (7,):
@@ -227,7 +221,9 @@ async def driver_requests(tmp_path: Path) -> dict[tuple[str, str, str, str], set
         try:
             plugin = await kubelet.wait_registered(DRIVER)
             async with asyncio.timeout(20):
-                while driver.publisher.syncs < 1:
+                while driver.publisher.syncs < 1 or driver.publisher.watch.connects < 1:
+                    await asyncio.sleep(0.05)
+                while not k.requests("GET", "resource.k8s.io/v1/resourceslices")[-1].params.get("watch"):
                     await asyncio.sleep(0.05)
             # A link fails: the pool is rewritten without that device.
             broken = spec.model_copy(deep=True)
@@ -248,7 +244,8 @@ async def driver_requests(tmp_path: Path) -> dict[tuple[str, str, str, str], set
             if req.resource is None:
                 continue
             method = str(getattr(req.method, "value", req.method)).upper()
-            verb = VERBS.get(method) or ("get" if req.name else "list")
+            watch = str(req.params.get("watch", "")).lower() in ("true", "1")
+            verb = VERBS.get(method) or ("get" if req.name else "watch" if watch else "list")
             scope = CLUSTER
             used.setdefault((scope, req.resource.group, req.resource.plural, ""), set()).add(verb)
         return used

@@ -1,5 +1,6 @@
-"""Fixtures of the DRA tests: short socket directories, the embedded API serving resource.k8s.io/v1,
-and the HGX fixture host with its record."""
+"""Fixtures of the DRA tests: short socket directories, the embedded API (it serves resource.k8s.io/v1
+as a Kubernetes >= 1.34 API server does) with this node's Node, and the HGX fixture host with its
+record."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from dra_helpers import Dirs, declare_dra, hgx, put_node, read
+from dra_helpers import Dirs, hgx, put_node, read
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -28,7 +29,6 @@ def dirs() -> Iterator[Dirs]:
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[RunningAPI]:
     async with running_api(directory=str(tmp_path)) as k:
-        declare_dra(k)
         put_node(k)
         yield k
 

@@ -24,7 +24,6 @@ from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
-from nodefabric_operator.demo.dra import serve_dra_resources
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 NODE = "hgx-0"
@@ -56,10 +55,6 @@ def read(b: SysfsBuilder, libraries: Libraries = NO_LIBRARIES) -> DevicesSpec:
 def gpu_pcie_roots(spec: DevicesSpec) -> dict[str, str]:
     """GPU bus id -> its host bridge, as another driver (the GPU vendor's) would publish pcieRoot."""
     return {a.id: a.topology.pci_host_bridge for g in spec.groups for a in g.accelerators}
-
-
-def declare_dra(k: RunningAPI) -> None:
-    serve_dra_resources(k)
 
 
 def put_node(k: RunningAPI, name: str = NODE) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dra_helpers import DRIVER, NODE, declare_dra, hgx, live_slices, put_claim, put_node, result
+from dra_helpers import DRIVER, NODE, hgx, live_slices, put_claim, put_node, result
 
 from nodefabric_devicemanager import crd, nodeclient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
@@ -59,7 +59,6 @@ async def test_both_splits_the_endpoints_between_dra_and_the_device_plugin(tmp_p
     base = tempfile.mkdtemp(prefix="nfag", dir="/tmp")
     dp_dir, registry, plugins, cdi_dir = (f"{base}/{d}" for d in ("dp", "reg", "plugins", "cdi"))
     async with running_api([crd.devices_crd()], directory=str(tmp_path)) as k:
-        declare_dra(k)
         k.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
         kubelet, dra_kubelet = KubeletEmulator(dp_dir), DraKubelet(registry)
         await kubelet.start()

@@ -28,4 +28,7 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     ]
     assert "claim GET p50" in lines[1] and "empty call p50" in lines[2]
     assert lines[5].startswith("target: the first prepare adds <= 20 ms to the claim GET")
-    assert lines[6].startswith("slice sync, nothing changed") and "bare LIST p50" in lines[6]
+    assert lines[6].startswith("steady state, 10 syncs: 0 requests, 0 bytes; a LIST ")
+    assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
+    assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")
+    assert "fewer requests" in lines[8] and lines[9].startswith("5,000 nodes: 83.3 LIST/s")

@@ -129,12 +129,14 @@ async def test_publishes_the_pool_once_and_then_costs_no_writes(
     assert len(spec["devices"]) == 11
     writes = slice_writes(api)
     assert writes == 1
-    # The same record again (every agent pass delivers it), and a resync: lists, no writes.
+    # The same record again (every agent pass delivers it), and a poke: decided in memory, no request.
+    requests = api.count()
     running.source.update(hgx_spec.model_copy(deep=True))
     running.driver.publisher.poke()
     await wait_until(lambda: running.driver.publisher.syncs >= 2)
     assert slice_writes(api) == writes
-    assert api.count("GET", SLICES) >= 2
+    assert api.count() == requests
+    assert api.count("GET", SLICES, "list") == 1
 
 
 async def test_a_failed_link_leaves_the_pool_at_the_next_generation(
@@ -163,10 +165,12 @@ async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_unto
         },
     }
     api.api.put_object(SLICES, other)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=0.2)
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
     try:
         await wait_until(lambda: any(o["spec"]["nodeName"] == NODE for o in live_slices(api)))
-        # What kubelet does when it starts, or when the driver was gone for a while.
+        await wait_until(lambda: r.driver.publisher.watch.connects >= 1)
+        # What kubelet does when it starts, or when the driver was gone for a while: the watch tells us
+        # (no resync comes within the test).
         name = f"{NODE}-{DRIVER}-0"
         await asyncio.to_thread(client(api).request, "DELETE", f"/apis/{SLICES}/{name}")
         assert not any(o["metadata"]["name"] == name for o in live_slices(api))
@@ -505,9 +509,10 @@ async def test_stopping_removes_both_sockets(
 async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_uid(
     api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=0.2)
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
     try:
         await wait_until(lambda: len(live_slices(api)) == 1)
+        await wait_until(lambda: r.driver.publisher.watch.connects >= 1)
         await asyncio.to_thread(client(api).request, "DELETE", f"/api/v1/nodes/{NODE}")
         await wait_until(lambda: live_slices(api) == [])  # collected with their owner
 
@@ -517,7 +522,8 @@ async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_
             )
 
         before = skipped()
-        await wait_until(lambda: skipped() >= before + 2)  # resyncs find no Node...
+        # The watch sees the slices collected; the sync and its backed-off retries find no Node...
+        await wait_until(lambda: skipped() >= before + 2)
         assert live_slices(api) == []  # ...and publish nothing for it
         node = api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
         await wait_until(lambda: len(live_slices(api)) == 1)

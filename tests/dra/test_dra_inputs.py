@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -399,16 +399,22 @@ async def test_a_sync_that_does_not_return_stalls_one_thread_not_the_publisher(
         def node_owner(self) -> dict[str, Any]:
             return {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
 
-        def list_slices(self) -> list[dict[str, Any]]:
+        def list_slices(self) -> tuple[list[dict[str, Any]], str]:
             hold.wait(30)  # an API server that accepted the connection and went silent
             calls.append("list")
-            return []
+            return [], "1"
 
-        def create_slice(self, body: dict[str, Any]) -> None:
+        def watch_slices(self, since: str, cancel: Any = None) -> Iterator[dict[str, Any]]:
+            hold.wait(30)
+            return iter(())
+
+        def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
             calls.append("create")
+            return body
 
-        def update_slice(self, body: dict[str, Any], resource_version: str) -> None:
+        def update_slice(self, body: dict[str, Any], version: str) -> dict[str, Any]:
             calls.append("update")
+            return body
 
         def delete_slice(self, name: str, resource_version: str) -> None:
             calls.append("delete")

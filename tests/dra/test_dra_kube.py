@@ -3,6 +3,7 @@ every answer a broken or hostile API server could give turned into an `ApiFailur
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import socket
@@ -42,17 +43,27 @@ async def test_each_request_against_the_embedded_api(api: RunningAPI, dirs: Dirs
 
     api.api.put_object(SLICES, _slice("gpu-9-x", node="gpu-9"))  # another node's
     api.api.put_object(SLICES, _slice("other-driver", driver="gpu.example.com"))
-    await to_thread(dra.create_slice, _slice("ours"))
-    (listed,) = await to_thread(dra.list_slices)
+    created = await to_thread(dra.create_slice, _slice("ours"))
+    assert (
+        created["metadata"]["resourceVersion"]
+        == api.api.stored(SLICES, "ours")["metadata"]["resourceVersion"]
+    )
+    (listed,), version = await to_thread(dra.list_slices)
     assert listed["metadata"]["name"] == "ours"
+    assert version  # the list's resourceVersion: where the watch resumes
 
     with pytest.raises(ApiFailure) as exists:
-        await to_thread(dra.create_slice, _slice("ours"))
+        created = await to_thread(dra.create_slice, _slice("ours"))
+    assert (
+        created["metadata"]["resourceVersion"]
+        == api.api.stored(SLICES, "ours")["metadata"]["resourceVersion"]
+    )
     assert (exists.value.kind, exists.value.status) == ("conflict", 409)
     assert str(exists.value).startswith("create resourceslice ours: ")
 
     rv = listed["metadata"]["resourceVersion"]
-    await to_thread(dra.update_slice, _slice("ours", devices=2), rv)
+    updated = await to_thread(dra.update_slice, _slice("ours", devices=2), rv)
+    assert updated["metadata"]["resourceVersion"] != rv and len(updated["spec"]["devices"]) == 2
     assert len(api.api.stored(SLICES, "ours")["spec"]["devices"]) == 2
     with pytest.raises(ApiFailure) as stale:  # the version we compared with is gone: list again
         await to_thread(dra.update_slice, _slice("ours", devices=3), rv)
@@ -177,12 +188,16 @@ def test_a_well_formed_answer_without_what_we_need_is_rejected(
     assert failed.value.kind == "rejected"
 
 
-def test_list_items_that_are_not_ours_or_not_objects_are_dropped(hostile: Any, dirs: Dirs) -> None:
-    # A server that ignores the field selector, and one that sends junk among the items.
-    items = [_slice("ours"), _slice("theirs", node="gpu-9"), _slice("x", driver="gpu.example.com"), 7, "s"]
-    hostile.answer = (200, json.dumps({"items": items}).encode())
+def test_list_items_that_are_not_objects_are_dropped_and_both_fields_are_selected(
+    hostile: Any, dirs: Dirs
+) -> None:
+    # Junk among the items is dropped. Items are not filtered by node or driver again: a resource.k8s.io/v1
+    # API server selects by both fields (and refuses a field it cannot select by with 400).
+    items = [_slice("ours"), 7, "s"]
+    hostile.answer = (200, json.dumps({"items": items, "metadata": {"resourceVersion": "42"}}).encode())
     dra = DraApi(nodeclient.Api(nodeclient.Credentials(hostile.url)), dirs.config())
-    assert [s["metadata"]["name"] for s in dra.list_slices()] == ["ours"]
+    listed, version = dra.list_slices()
+    assert ([s["metadata"]["name"] for s in listed], version) == (["ours"], "42")
     ((method, path, _),) = hostile.seen
     assert method == "GET"
     assert path == (
@@ -212,3 +227,41 @@ def test_no_api_server_at_all_is_unavailable(dirs: Dirs) -> None:
         with pytest.raises(ApiFailure) as failed:
             call(dra)
         assert (failed.value.kind, failed.value.status) == ("unavailable", 0)
+
+
+def test_the_watch_selects_both_fields_resumes_and_says_gone_for_a_410(hostile: Any, dirs: Dirs) -> None:
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+    hostile.answer = (200, json.dumps({"type": "ERROR", "object": expired}).encode() + b"\n")
+    dra = DraApi(nodeclient.Api(nodeclient.Credentials(hostile.url)), dirs.config())
+    with pytest.raises(ApiFailure) as failed:
+        list(dra.watch_slices("7"))
+    assert (failed.value.kind, failed.value.status) == ("gone", 410)
+    assert "watch resourceslices: too old resource version" in str(failed.value)
+    ((method, path, _),) = hostile.seen
+    query = dict(p.split("=", 1) for p in path.split("?", 1)[1].split("&"))
+    assert method == "GET" and path.startswith("/apis/resource.k8s.io/v1/resourceslices?")
+    assert query["fieldSelector"] == "spec.nodeName%3Dhgx-0%2Cspec.driver%3Drdma.gpustack.ai"
+    assert (query["watch"], query["allowWatchBookmarks"], query["resourceVersion"]) == ("true", "true", "7")
+    assert 300 <= int(query["timeoutSeconds"]) <= 600
+
+
+async def test_a_server_that_ends_every_watch_at_once_is_backed_off_not_hammered(
+    hostile: Any, dirs: Dirs
+) -> None:
+    # 200 and an empty body, every time (a broken proxy): without a backoff it would reconnect in a loop.
+    hostile.answer = (200, b"")
+    dra = DraApi(nodeclient.Api(nodeclient.Credentials(hostile.url)), dirs.config())
+
+    async def relist() -> None:
+        watch.resume_from("7")
+
+    watch = nodeclient.ResumableWatch(
+        "test", dra.watch_slices, lambda event: None, relist, backoff=nodeclient.Backoff(base=0.2, cap=0.4)
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    # 0.1-0.2 s, then 0.2-0.4 s between attempts: a handful, not thousands.
+    assert 2 <= len(hostile.seen) <= 10

@@ -27,6 +27,7 @@ from nodefabric_deviceplugin.dra.slices import (
     DesiredSlice,
     LiveSlice,
     canonical,
+    content,
     desired_slices,
     live_slice,
     plan,
@@ -340,11 +341,11 @@ def test_slices_no_longer_needed_are_deleted_after_the_new_generation_is_written
 def test_mixed_generations_or_garbage_in_a_live_slice_are_rewritten() -> None:
     desired = desired_pair()
     live = live_from(desired, 2)
-    mixed = [live[0], LiveSlice(live[1].name, live[1].resource_version, 1, live[1].spec)]
+    mixed = [live[0], LiveSlice(live[1].name, live[1].resource_version, 1, live[1].content)]
     assert plan(desired, mixed).generation == 3
-    broken = [live[0], LiveSlice(live[1].name, "9", 2, {"pool": "nonsense", "devices": 7})]
+    broken = [live[0], LiveSlice(live[1].name, "9", 2, content({"pool": "nonsense", "devices": 7}))]
     assert plan(desired, broken).writes == 2
-    assert canonical("garbage") is None
+    assert canonical("garbage") is None and content("garbage") is None
     assert live_slice({"metadata": "x"}) is None
     assert live_slice({"metadata": {"name": "s"}, "spec": {"pool": {"generation": True}}}).generation == 0  # type: ignore[union-attr]
 

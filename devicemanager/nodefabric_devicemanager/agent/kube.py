@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import http
 import logging
-import random
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from nodefabric_devicemanager import nodeclient
 from nodefabric_devicemanager.models import GROUP, KIND, PLURAL, VERSION
 from nodefabric_devicemanager.nodeclient import (
     Api,
-    ApiError,
     ApiFailure,
     Cancel,
-    classify,
     metadata,
     node_uid,
     path_name,
@@ -34,8 +32,6 @@ MERGE_PATCH = "application/merge-patch+json"
 # Events about a cluster-scoped object live in "default", as the API server's own Node events do.
 EVENT_NAMESPACE = "default"
 COMPONENT = "nodefabric-agent"
-# The API server ends a watch after timeoutSeconds; a random length spreads a fleet's reconnects.
-WATCH_SECONDS = (300, 600)
 
 
 class DevicesClient:
@@ -118,25 +114,14 @@ class DevicesClient:
     def watch(self, name: str, since: str, cancel: Cancel | None = None) -> Iterator[dict[str, Any]]:
         """Events of the one object `name` after resourceVersion `since`, with bookmarks, until the API
         server ends the watch. Raises ApiFailure ("gone" when `since` is too old to resume from)."""
-        seconds = random.randint(*WATCH_SECONDS)
-        query = {
-            "watch": "true",
-            "fieldSelector": f"metadata.name={name}",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(seconds),
-        }
-        if since:
-            query["resourceVersion"] = since
-        try:
-            for event in self.api.stream(DEVICES_PATH, query, timeout=seconds + 30, cancel=cancel):
-                if event.get("type") == "ERROR":
-                    status = event.get("object")
-                    status = status if isinstance(status, dict) else {}
-                    code = int(status.get("code") or 0) if str(status.get("code") or "").isdigit() else 0
-                    raise ApiError(code, f"watch devices {name}: {status.get('message') or status}")
-                yield event
-        except ApiError as exc:
-            raise classify(exc) from exc
+        return nodeclient.watch(
+            self.api,
+            DEVICES_PATH,
+            f"watch devices {name}",
+            f"metadata.name={name}",
+            since=since,
+            cancel=cancel,
+        )
 
     def post_event(self, node: str, obj: dict[str, Any] | None, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the node's Devices object, from this component (`kubectl describe` shows it)."""

@@ -57,7 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_seconds,
         default=DEFAULT_RESYNC_S,
         metavar="SECONDS",
-        help=f"compare the live ResourceSlices with the record this often (default {DEFAULT_RESYNC_S:g})",
+        help=(
+            "compare the ResourceSlices (as the watch last told them) with the record this often; costs no"
+            f" API request (default {DEFAULT_RESYNC_S:g})"
+        ),
     )
     parser.add_argument(
         "--metrics-port",

@@ -35,3 +35,7 @@ POOL_DEVICES = Gauge(
     "Devices of this node's pool, by state (published, left_out: a failed link).",
     ["state"],
 )
+SLICE_EVENTS = Counter(
+    "nodefabric_dra_slice_changes_total",
+    "Changes to this node's ResourceSlices by someone else (kubelet, a human), seen on the watch.",
+)

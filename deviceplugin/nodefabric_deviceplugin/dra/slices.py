@@ -13,6 +13,7 @@ already say what the record says (the same rule as the Devices record: steady st
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -177,12 +178,21 @@ def canonical(spec: Any) -> Any:
     }
 
 
+def content(spec: Any) -> str | None:
+    """A digest of `canonical(spec)`; None for garbage. The driver keeps its live slices as this: a big
+    pool's slices are megabytes as dicts, and only their equality with the desired ones matters."""
+    shape = canonical(spec)
+    if shape is None:
+        return None
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class LiveSlice:
     name: str
     resource_version: str
     generation: int
-    spec: Any
+    content: str | None  # `content(spec)`
 
 
 def live_slice(obj: Mapping[str, Any]) -> LiveSlice | None:
@@ -199,17 +209,7 @@ def live_slice(obj: Mapping[str, Any]) -> LiveSlice | None:
         name=name,
         resource_version=str(meta.get("resourceVersion") or ""),
         generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else 0,
-        spec=spec,
-    )
-
-
-def ours(obj: Mapping[str, Any], config: DriverConfig) -> bool:
-    """A slice of this driver for this node (the list's field selector is not trusted to have filtered)."""
-    spec = obj.get("spec")
-    return (
-        isinstance(spec, dict)
-        and spec.get("driver") == config.driver
-        and spec.get("nodeName") == config.node_name
+        content=content(spec),
     )
 
 
@@ -238,7 +238,10 @@ def plan(desired: Sequence[DesiredSlice], live: Sequence[LiveSlice]) -> SlicePla
     same = (
         set(by_name) == {d.name for d in desired}
         and len(generations) <= 1
-        and all(canonical(by_name[d.name].spec) == canonical(d.spec) for d in desired)
+        and all(
+            by_name[d.name].content is not None and by_name[d.name].content == content(d.spec)
+            for d in desired
+        )
     )
     if same:
         return SlicePlan(generation=next(iter(generations), 0))

@@ -27,22 +27,7 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 
 SLICES = "resource.k8s.io/v1/resourceslices"
 CLAIMS = "resource.k8s.io/v1/resourceclaims"
-DEVICECLASSES = "resource.k8s.io/v1/deviceclasses"
 GPU_DRIVER = "gpu.nvidia.com"
-
-
-def serve_dra_resources(k: RunningAPI) -> None:
-    """The resource.k8s.io/v1 resources the driver uses, where the embedded API does not serve them yet
-    (an API server of Kubernetes >= 1.34 serves them all)."""
-    for key, kind, namespaced in (
-        (SLICES, "ResourceSlice", False),
-        (CLAIMS, "ResourceClaim", True),
-        (DEVICECLASSES, "DeviceClass", False),
-    ):
-        if key not in k.api.resources:
-            k.api.declare(
-                key, kind=kind, namespaced=namespaced, subresources=("status",) if key == CLAIMS else ()
-            )
 
 
 def _published(k: RunningAPI) -> list[dict[str, Any]]:
@@ -108,7 +93,6 @@ async def _prepare(
 
 
 async def dra_driver(agent: Agent, root: Path, k: RunningAPI) -> str:
-    serve_dra_resources(k)
     base = tempfile.mkdtemp(prefix="dp-dra-", dir="/tmp")  # unix socket paths are short
     config = DriverConfig(
         node_name=agent.config.node,
