@@ -31,6 +31,7 @@ from nodefabric_devicemanager.testing.accelerators import FakeNvml, nvswitch_nod
 from nodefabric_devicemanager.testing.sysfs import Port, SysfsBuilder
 
 EVENTS = "v1/events"
+NAMESPACES = "v1/namespaces"
 
 
 async def test_duplicate_conditions_are_merged_once_then_nothing_is_written(tmp_path):
@@ -161,6 +162,8 @@ async def test_a_flapping_condition_posts_a_bounded_number_of_events(tmp_path):
     async with api_with_node() as k:
         agent = make_agent(k, tmp_path)
         assert (await agent.run_pass()).result is Result.CREATED
+        now = [0.0]
+        agent.spam_clock = lambda: now[0]
         for _ in range(20):
             break_interface_enumeration(tmp_path)
             await agent.run_pass()
@@ -168,7 +171,58 @@ async def test_a_flapping_condition_posts_a_bounded_number_of_events(tmp_path):
             await agent.run_pass()
         # The record follows every flap; the Events stop at the budget.
         assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "True"
-        reasons = [r.data["reason"] for r in k.requests("POST", EVENTS)]
-        assert len(reasons) == 25, reasons
+        types = [r.data["type"] for r in k.requests("POST", EVENTS)]
+        assert len(types) == 25 and types[-1] == "Warning", types
+        # The 25th Event said False; from then on only each return to True was news against it (a flap
+        # back to False repeats what was posted), and each was dropped.
         dropped = agent.metrics.registry.get_sample_value("nodefabric_agent_events_dropped_total")
-        assert dropped == 40 - 25
+        assert dropped == 8
+        await agent.run_pass()
+        assert len(k.requests("POST", EVENTS)) == 25, "no token yet: still dropped"
+        # Five minutes on, a token: the recovery the budget held back is posted, so the newest Event
+        # says what the condition says (not the Warning of a failure that is over).
+        now[0] += 300.0
+        await agent.run_pass()
+        posted = k.requests("POST", EVENTS)
+        assert len(posted) == 26 and posted[-1].data["type"] == "Normal", [r.data["reason"] for r in posted]
+        now[0] += 300.0
+        await agent.run_pass()
+        assert len(k.requests("POST", EVENTS)) == 26, "told once"
+
+
+def stored_events(k):
+    """The Events the API server holds (what `kubectl describe` shows), oldest first."""
+    return [obj for _, obj in k.api.store.items() if obj.get("kind") == "Event"]
+
+
+async def test_an_event_that_could_not_be_posted_is_posted_on_a_later_pass(tmp_path):
+    """An Event refused by the API (here: its namespace is missing) is not taken as told: the next pass
+    posts it, so a failure is not left without its Warning (nor a recovery without its Normal)."""
+    two_nic_host(tmp_path)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        await agent.run_pass()
+        k.api.require_namespaces = True
+        k.api.remove_object(NAMESPACES, "default")
+        break_interface_enumeration(tmp_path)
+        await agent.run_pass()
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "False"
+        assert len(k.requests("POST", EVENTS)) == 1 and stored_events(k) == []
+        await agent.run_pass()
+        assert len(k.requests("POST", EVENTS)) == 2, "tried again on the next pass"
+        k.api.put_object(NAMESPACES, dict(namespace))
+        await agent.run_pass()
+        assert [e["type"] for e in stored_events(k)] == ["Warning"]
+        await agent.run_pass()
+        assert len(k.requests("POST", EVENTS)) == 3, "once posted, not again"
+        # A recovery whose post fails is tried again as well.
+        k.api.remove_object(NAMESPACES, "default")
+        restore_interface_enumeration(tmp_path)
+        await agent.run_pass()
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "True"
+        k.api.put_object(NAMESPACES, dict(namespace))
+        await agent.run_pass()
+        # (The namespace took its Events with it when it went.)
+        assert [e["type"] for e in stored_events(k)] == ["Normal"]
+        assert len(k.requests("POST", EVENTS)) == 5

@@ -188,6 +188,7 @@ class Agent:
         self._told: dict[str, tuple[str, str]] = {}  # conditions last logged
         self._posted: dict[str, tuple[str, str]] = {}  # conditions last posted as Events
         self.spam = Correlator()  # a condition that flaps posts 25 Events at once, then one per 5 minutes
+        self.spam_clock: Callable[[], float] = time.monotonic  # the budget's clock (seconds)
         self._sinks: list[RecordSink] = []
         self._walk_wanted = True
         self._last_walk: float | None = None
@@ -539,35 +540,41 @@ class Agent:
         return degraded
 
     async def _post_notices(self, reading: publish.ReadingLike) -> None:
-        """One Event per condition change on the Devices object; a failed post is tried again next pass."""
+        """One Event per condition change on the Devices object. A change is remembered as told only once
+        its Event is in the API: one dropped by the budget or refused by the API is posted by a later
+        pass (the budget refilled, the API back) if the condition still differs from the last Event."""
         if self.live is None:
             return
         for cond in publish.reported_conditions(reading):
-            for notice in notices.notices(self._posted, [cond]):
-                if not self.spam.admit(self.config.node, time.monotonic()):
-                    self.metrics.events_dropped.inc()
-                    log.debug(
-                        "event dropped: this record's Events are over budget",
-                        extra={"node": self.config.node, "reason": notice.reason},
-                    )
-                    continue
-                try:
-                    await self._api(
-                        self.client.post_event,
-                        self.config.node,
-                        self.live,
-                        notice.event_type,
-                        notice.reason,
-                        notice.message,
-                    )
-                except ApiFailure as exc:
-                    log.warning(
-                        "could not post an event",
-                        extra={"node": self.config.node, "reason": notice.reason, "error": str(exc)},
-                    )
-                    continue
-                self.metrics.events.labels(type=notice.event_type).inc()
-            self._posted = notices.remember(self._posted, [cond])
+            if all([await self._post_notice(notice) for notice in notices.notices(self._posted, [cond])]):
+                self._posted = notices.remember(self._posted, [cond])
+
+    async def _post_notice(self, notice: notices.Notice) -> bool:
+        """Whether the Event is posted."""
+        if not self.spam.admit(self.config.node, self.spam_clock()):
+            self.metrics.events_dropped.inc()
+            log.debug(
+                "event dropped: this record's Events are over budget",
+                extra={"node": self.config.node, "reason": notice.reason},
+            )
+            return False
+        try:
+            await self._api(
+                self.client.post_event,
+                self.config.node,
+                self.live,
+                notice.event_type,
+                notice.reason,
+                notice.message,
+            )
+        except ApiFailure as exc:
+            log.warning(
+                "could not post an event; trying again on the next pass",
+                extra={"node": self.config.node, "reason": notice.reason, "error": str(exc)},
+            )
+            return False
+        self.metrics.events.labels(type=notice.event_type).inc()
+        return True
 
     async def _apply(
         self, stored: dict[str, Any] | None, plan: publish.Plan, parsed: DevicesSpec | None
