@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import binascii
 import os
+import stat
 
 import yaml
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
+
+from nodefabric_devicemanager import yamldoc
 
 # What the kubernetes library's kubeconfig loader lets escape on a file that is not a kubeconfig: it walks
 # the parsed YAML assuming the documented shape, so a list where a map belongs, a number where a string
@@ -46,6 +49,8 @@ def load_client(kubeconfig: str | os.PathLike[str] | None = None) -> client.ApiC
 
 def _load_kubeconfig(path: str, cfg: client.Configuration) -> None:
     """Load one kubeconfig (or a KUBECONFIG list of them) into cfg; ConfigException on any problem."""
+    for one in filter(None, path.split(os.pathsep)):
+        _refuse_bombs(os.path.expanduser(one))
     try:
         config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
     except ConfigException as exc:
@@ -54,6 +59,26 @@ def _load_kubeconfig(path: str, cfg: client.Configuration) -> None:
         raise ConfigException(f"kubeconfig {path}: cannot read it: {_one_line(exc)}") from exc
     except _MALFORMED as exc:
         raise ConfigException(f"kubeconfig {path} is malformed: {_what(exc)}") from exc
+
+
+def _refuse_bombs(path: str) -> None:
+    """The check every YAML file we read gets (yamldoc), before the library reads the file: its loader
+    formats each entry into a string, so an alias bomb (a billion values in 1 KB) hangs it, and a
+    document nested thousands deep is a RecursionError. Any other problem the library reports. A pipe
+    (`--kubeconfig <(...)`) can be read once only: the library reads it unchecked."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return
+    try:
+        yamldoc.load(text)
+    except yaml.YAMLError:
+        return
+    except ValueError as exc:
+        raise ConfigException(f"kubeconfig {path} is malformed: {exc}") from exc
 
 
 def _what(exc: BaseException) -> str:

@@ -33,9 +33,16 @@ def expanded_size(doc: Any, limit: int = MAX_VALUES) -> int:
     return count
 
 
+NESTED_TOO_DEEP = "the document is nested too deep (a list or mapping in another, thousands of times)"
+
+
 def load(text: str) -> Any:
-    """One YAML (or JSON) document; yaml.YAMLError when it does not parse, ValueError for a bomb."""
-    doc: Any = yaml.safe_load(text)
+    """One YAML (or JSON) document; yaml.YAMLError when it does not parse, ValueError for a bomb or a
+    document nested too deep for the loader (it recurses once per level: RecursionError)."""
+    try:
+        doc: Any = yaml.safe_load(text)
+    except RecursionError:
+        raise ValueError(NESTED_TOO_DEEP) from None
     expanded_size(doc)
     return doc
 
