@@ -43,6 +43,9 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 5.0
+# A socket of ours gone sooner than this after it was served is not a kubelet restart's routine cleanup
+# (systemd restarts a crashed kubelet after seconds): its serve counts as failed, and the next backs off.
+QUICK_LOSS_S = 1.0
 RETRY_BASE_S = 0.1
 SAFETY_POLL_S = 30.0  # with inotify: a look now and then in case an event was missed
 FALLBACK_POLL_S = 1.0  # without inotify
@@ -275,6 +278,7 @@ class FamilyServer:
         self.serve_failures = 0
         self.serve_retry_at = 0.0
         self.serve_error = ""
+        self.served_at: float | None = None  # when the socket now expected was served (monotonic)
 
     async def serve(self) -> None:
         """(Re)start serving on a fresh socket file."""
@@ -439,21 +443,22 @@ class DevicePluginManager:
         for server in self.servers:
             if not server.needs_serving() or server.serve_retry_at > now:
                 continue
+            lost, server.served_at = server.served_at, None
+            if lost is not None and now - lost < QUICK_LOSS_S:
+                # Gone as soon as it was served (something deletes it on sight, another plugin on this
+                # directory): a serve that cannot stand is a failed one, or the retries spin hot.
+                self._serve_failed(server, now, "our socket was removed as soon as it was served")
+                continue
+            if lost is not None:
+                server.serve_failures = 0  # it stood: whatever deleted it (a kubelet restart) is routine
             if server.registration.kubelet is not None:
                 # Routine when kubelet restarts; anything else deleting it is worth a look.
                 log.info("our socket was removed; serving again", extra={"socket": server.path})
             try:
                 await server.serve()
-                server.serve_failures, server.serve_retry_at, server.serve_error = 0, 0.0, ""
+                server.serve_retry_at, server.serve_error, server.served_at = 0.0, "", now
             except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
-                server.serve_failures += 1
-                backoff = min(self.retry_base * 2**server.serve_failures, MAX_BACKOFF_S)
-                server.serve_retry_at = now + backoff
-                server.serve_error = f"cannot serve on {server.path}: {exc}"
-                log.error(
-                    "cannot serve; will retry",
-                    extra={"socket": server.path, "why": str(exc), "retry_in_s": round(backoff, 2)},
-                )
+                self._serve_failed(server, now, str(exc))
         if kubelet is None:
             return
         due = [s for s in self.servers if not s.needs_serving() and s.registration.due(kubelet, now)]
@@ -465,6 +470,16 @@ class DevicePluginManager:
                 await asyncio.gather(*(self._register(s, stub, kubelet) for s in due))
         if all(s.registration.kubelet is not None for s in self.servers):
             self.serving.set()
+
+    def _serve_failed(self, server: FamilyServer, now: float, why: str) -> None:
+        server.serve_failures += 1
+        backoff = min(self.retry_base * 2**server.serve_failures, MAX_BACKOFF_S)
+        server.serve_retry_at = now + backoff
+        server.serve_error = f"cannot serve on {server.path}: {why}"
+        log.error(
+            "cannot serve; will retry",
+            extra={"socket": server.path, "why": why, "retry_in_s": round(backoff, 2)},
+        )
 
     def _follow_kubelet(self, kubelet: Identity | None, now: float) -> None:
         path = os.path.join(self.plugin_dir, KUBELET_SOCKET)

@@ -6,9 +6,11 @@ file", which equals "no file" forever: that resource stayed unregistered until t
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 
+import pytest
 from dp_helpers import ALL_RESOURCES, FixtureHost, eventually, shutdown, start_plugin, two_nics_and_vfs
 
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
@@ -67,5 +69,40 @@ async def test_kubelet_restarting_in_a_loop_ends_with_every_resource_registered(
         for resource in ALL_RESOURCES:
             assert await r.kubelet.wait_devices(resource, lambda devices: len(devices) > 0, timeout=20)
         await eventually(lambda: r.manager.readiness()[0], timeout=20)
+    finally:
+        await shutdown(r)
+
+
+async def test_a_socket_deleted_for_ever_is_served_again_with_backoff_not_in_a_hot_loop(
+    plugin_dir: str, fixture_host: FixtureHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something deleting our socket the instant it appears (a second plugin on the same directory, a
+    cleaner gone wrong): each serve that succeeded reset the backoff, so the plugin re-served and tried
+    to register in a hot loop (about 90 serves and 90 ERROR lines a second, a core spent). A socket lost
+    right after it was served counts as a failed serve: the retries back off to the 5 s cap."""
+    r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs())
+    try:
+        await eventually(lambda: r.manager.readiness()[0], timeout=20)
+        resource = ALL_RESOURCES[0]
+        path = os.path.join(plugin_dir, f"nodefabric-{resource.split('/')[1]}.sock")
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
+        done = threading.Event()
+        cleaner = delete_on_sight(path, 10**9, done)
+        await asyncio.sleep(3)  # the length of the attack, not a wait for a result
+        done.set()
+        await asyncio.to_thread(cleaner.join, 10)
+        ours = [
+            rec
+            for rec in caplog.records
+            if getattr(rec, "socket", None) == path or getattr(rec, "resource", None) == resource
+        ]
+        serves = [rec for rec in ours if rec.getMessage() == "serving"]
+        # Backoff 0.2, 0.4, 0.8, 1.6 s...: a handful of serves in 3 s however fast the machine is.
+        assert len(serves) <= 8, len(serves)
+        assert len(ours) <= 30, [rec.getMessage() for rec in ours]
+        # Once the deletions stop, the resource is served and registered again.
+        await eventually(lambda: os.path.exists(path) and r.manager.readiness()[0], timeout=20)
+        assert (await r.kubelet.plugin(resource).options()).get_preferred_allocation_available
     finally:
         await shutdown(r)
