@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.2
 MAX_RETRY_S = 5.0
+# A socket gone sooner than this after it was served is not a kubelet's routine cleanup: something
+# deletes it on sight. Its serve counts as failed, so the retries back off instead of spinning.
+QUICK_LOSS_S = 1.0
 
 
 def _refs(request: Any) -> list[ClaimRef]:
@@ -128,6 +131,7 @@ class UnixServer:
         self._socket: tuple[int, int, int] | None = None
         self.failures = 0
         self.retry_at = 0.0
+        self.served_at: float | None = None  # when the socket now expected was served
 
     def needs_serving(self) -> bool:
         return self._server is None or _identity(self.path) != self._socket
@@ -141,8 +145,13 @@ class UnixServer:
         self.register(server)
         server.add_insecure_port(f"unix://{self.path}")
         await server.start()
+        socket = _identity(self.path)
+        if socket is None:
+            # Deleted between bind and this look: "serving, no file" would equal "no file" for ever.
+            await server.stop(grace=None)
+            raise OSError(f"{self.path} was removed as soon as it was bound")
         self._server = server
-        self._socket = _identity(self.path)
+        self._socket = socket
         log.info("serving", extra={"what": self.what, "socket": self.path})
 
     async def stop(self) -> None:
@@ -178,9 +187,14 @@ class DraServers:
                 return  # never advertise an endpoint that is not answering
             if not server.needs_serving() or server.retry_at > now:
                 continue
+            lost, server.served_at = server.served_at, None
             try:
+                if lost is not None and now - lost < QUICK_LOSS_S:
+                    raise OSError(f"{server.path} was removed as soon as it was served")
+                if lost is not None:
+                    server.failures = 0  # it stood: whatever removed it is routine
                 await server.serve()
-                server.failures, server.retry_at = 0, 0.0
+                server.retry_at, server.served_at = 0.0, now
             except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
                 server.failures += 1
                 delay = min(retry_base * 2**server.failures, MAX_RETRY_S)

@@ -1,0 +1,75 @@
+"""The DRA driver's two sockets deleted at the worst moments, as the device plugin's are in
+tests/deviceplugin/test_deviceplugin_socket_races.py: whenever the deletions stop, both are served again,
+and while they go on the retries back off instead of spinning."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from typing import Any
+
+import pytest
+from dra_helpers import DRIVER, Dirs, shutdown, start_driver
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+
+def delete_on_sight(path: str, times: int, done: threading.Event) -> threading.Thread:
+    """A thread that deletes `path` the instant it appears, `times` times (or until `done`)."""
+
+    def run() -> None:
+        left = times
+        while left and not done.is_set():
+            try:
+                os.unlink(path)
+                left -= 1
+            except FileNotFoundError:
+                pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+async def eventually(predicate: Any, timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("times", [5, 10**9])
+async def test_a_dra_socket_deleted_on_sight_is_served_again_with_backoff(
+    *,
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    caplog: pytest.LogCaptureFixture,
+    times: int,
+) -> None:
+    """Deleted 5 times as soon as it appears (a socket gone between bind and the driver's look read as
+    "serving, no file", equal to "no file" for ever), or for 3 s on end (each successful serve reset the
+    backoff: a hot loop)."""
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        path = r.driver.config.dra_socket
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
+        done = threading.Event()
+        cleaner = delete_on_sight(path, times, done)
+        await asyncio.to_thread(cleaner.join, 3)  # the length of the attack, not a wait for a result
+        done.set()
+        await asyncio.to_thread(cleaner.join, 10)
+        ours = [rec for rec in caplog.records if getattr(rec, "socket", "") == path]
+        serves = [rec for rec in ours if rec.getMessage() == "serving"]
+        assert len(serves) <= 8 or times == 5, len(serves)
+        await eventually(lambda: os.path.exists(path) and not r.driver.servers.dra.needs_serving())
+        await eventually(lambda: os.path.exists(r.driver.config.registration_socket))
+    finally:
+        await shutdown(r)
