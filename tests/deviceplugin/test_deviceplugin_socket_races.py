@@ -14,23 +14,7 @@ import pytest
 from dp_helpers import ALL_RESOURCES, FixtureHost, eventually, shutdown, start_plugin, two_nics_and_vfs
 
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
-
-
-def delete_on_sight(path: str, times: int, done: threading.Event) -> threading.Thread:
-    """A thread that deletes `path` the instant it appears, `times` times (or until `done`)."""
-
-    def run() -> None:
-        left = times
-        while left and not done.is_set():
-            try:
-                os.unlink(path)
-                left -= 1
-            except FileNotFoundError:
-                pass
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+from nodefabric_deviceplugin.testing.sockets import delete_on_sight
 
 
 async def test_sockets_deleted_as_soon_as_they_are_bound_are_served_and_registered_again(

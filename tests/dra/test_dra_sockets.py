@@ -16,24 +16,8 @@ from dra_helpers import DRIVER, Dirs, shutdown, start_driver
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.testing.sockets import delete_on_sight
 from nodefabric_operator.demo.kubeapi import RunningAPI
-
-
-def delete_on_sight(path: str, times: int, done: threading.Event) -> threading.Thread:
-    """A thread that deletes `path` the instant it appears, `times` times (or until `done`)."""
-
-    def run() -> None:
-        left = times
-        while left and not done.is_set():
-            try:
-                os.unlink(path)
-                left -= 1
-            except FileNotFoundError:
-                pass
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 async def eventually(predicate: Any, timeout: float = 20.0) -> None:
