@@ -35,6 +35,7 @@ from nodefabric_deviceplugin.preferred import preferred
 from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.startup import DEFAULT_PLUGIN_DIR, socket_name
+from nodefabric_deviceplugin.unixserver import MAX_BACKOFF_S, Identity, UnixServer, identity
 from nodefabric_deviceplugin.verbs import DEFAULT_READ_BUDGET_S, VerbsCache, VerbsUnresolvable
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,6 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT_S = 5.0
-MAX_BACKOFF_S = 5.0
-# A socket of ours gone sooner than this after it was served is not a kubelet restart's routine cleanup
-# (systemd restarts a crashed kubelet after seconds): its serve counts as failed, and the next backs off.
-QUICK_LOSS_S = 1.0
 RETRY_BASE_S = 0.1
 SAFETY_POLL_S = 30.0  # with inotify: a look now and then in case an event was missed
 FALLBACK_POLL_S = 1.0  # without inotify
@@ -238,18 +235,6 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-Identity = tuple[int, int, int]
-
-
-def _identity(path: str) -> Identity | None:
-    """Which file is at `path` now (inode numbers are reused on tmpfs, so the ctime is part of it)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
 @dataclass
 class _Registration:
     kubelet: Identity | None = None  # the kubelet.sock we registered with
@@ -263,7 +248,7 @@ class _Registration:
         return self.kubelet != kubelet and (self.failed_for != kubelet or self.next_try <= now)
 
 
-class FamilyServer:
+class FamilyServer(UnixServer):
     """One family's gRPC server on `<plugin dir>/nodefabric-<family>.sock`."""
 
     def __init__(self, servicer: DevicePluginServicer, plugin_dir: str) -> None:
@@ -271,38 +256,20 @@ class FamilyServer:
         self.family = servicer.family
         self.plugin_dir = plugin_dir
         self.endpoint = socket_name(servicer.family)
-        self.path = os.path.join(plugin_dir, self.endpoint)
-        self._server: grpc.aio.Server | None = None
-        self._socket: Identity | None = None
+        super().__init__(
+            os.path.join(plugin_dir, self.endpoint),
+            lambda server: rpc.add_device_plugin_servicer(servicer, server),
+            servicer.resource,
+            grace=None,
+        )
         self.registration = _Registration()
-        self.serve_failures = 0
-        self.serve_retry_at = 0.0
-        self.serve_error = ""
-        self.served_at: float | None = None  # when the socket now expected was served (monotonic)
 
     async def serve(self) -> None:
-        """(Re)start serving on a fresh socket file."""
-        await self.stop()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a stale socket from a previous run refuses the bind
-        server = grpc.aio.server()
-        rpc.add_device_plugin_servicer(self.servicer, server)
-        server.add_insecure_port(f"unix://{self.path}")
-        await server.start()
-        socket = _identity(self.path)
-        if socket is None:
-            # Deleted between bind and this look (kubelet restarting): "serving, no file" would equal
-            # "no file" forever and the resource would never be registered again. Retry instead.
-            await server.stop(grace=None)
-            raise OSError(f"{self.path} was removed as soon as it was bound")
-        self._server = server
-        self._socket = socket
-        self.registration = _Registration()
-        log.info("serving", extra={"resource": self.servicer.resource, "socket": self.path})
-
-    def needs_serving(self) -> bool:
-        """Not serving yet, or our socket file was deleted or replaced (kubelet restarts delete it)."""
-        return self._server is None or _identity(self.path) != self._socket
+        if self.registration.kubelet is not None:
+            # Routine when kubelet restarts; anything else deleting it is worth a look.
+            log.info("our socket was removed; serving again", extra={"socket": self.path})
+        await super().serve()
+        self.registration = _Registration()  # a fresh socket is registered afresh
 
     async def register(self, kubelet: rpc.RegistrationStub) -> None:
         """Register with kubelet; raises grpc.aio.AioRpcError when kubelet refuses or cannot be reached."""
@@ -315,16 +282,6 @@ class FamilyServer:
             ),
             timeout=REGISTER_TIMEOUT_S,
         )
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace=None)
-            # Only our own socket file: kubelet may already have put something else there.
-            if _identity(self.path) == self._socket:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
-        self._socket = None
 
 
 class DevicePluginManager:
@@ -425,8 +382,8 @@ class DevicePluginManager:
         now = time.monotonic()
         due = [self.safety_poll if self.watching else self.fallback_poll]
         for server in self.servers:
-            if server.serve_retry_at > now:
-                due.append(server.serve_retry_at - now)
+            if server.retry_at > now:
+                due.append(server.retry_at - now)
             reg = server.registration
             if reg.failed_for is not None and reg.failed_for == self._kubelet:
                 due.append(reg.next_try - now)
@@ -437,28 +394,12 @@ class DevicePluginManager:
     async def reconcile(self) -> None:
         """One look at the directory: re-serve a deleted socket, (re-)register with a new kubelet."""
         self.reconciles += 1
-        kubelet = _identity(os.path.join(self.plugin_dir, KUBELET_SOCKET))
+        kubelet = identity(os.path.join(self.plugin_dir, KUBELET_SOCKET))
         now = time.monotonic()
         self._follow_kubelet(kubelet, now)
         for server in self.servers:
-            if not server.needs_serving() or server.serve_retry_at > now:
-                continue
-            lost, server.served_at = server.served_at, None
-            if lost is not None and now - lost < QUICK_LOSS_S:
-                # Gone as soon as it was served (something deletes it on sight, another plugin on this
-                # directory): a serve that cannot stand is a failed one, or the retries spin hot.
-                self._serve_failed(server, now, "our socket was removed as soon as it was served")
-                continue
-            if lost is not None:
-                server.serve_failures = 0  # it stood: whatever deleted it (a kubelet restart) is routine
-            if server.registration.kubelet is not None:
-                # Routine when kubelet restarts; anything else deleting it is worth a look.
-                log.info("our socket was removed; serving again", extra={"socket": server.path})
-            try:
-                await server.serve()
-                server.serve_retry_at, server.serve_error, server.served_at = 0.0, "", now
-            except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
-                self._serve_failed(server, now, str(exc))
+            if server.due(now):
+                await server.serve_again(now, self.retry_base)
         if kubelet is None:
             return
         due = [s for s in self.servers if not s.needs_serving() and s.registration.due(kubelet, now)]
@@ -470,16 +411,6 @@ class DevicePluginManager:
                 await asyncio.gather(*(self._register(s, stub, kubelet) for s in due))
         if all(s.registration.kubelet is not None for s in self.servers):
             self.serving.set()
-
-    def _serve_failed(self, server: FamilyServer, now: float, why: str) -> None:
-        server.serve_failures += 1
-        backoff = min(self.retry_base * 2**server.serve_failures, MAX_BACKOFF_S)
-        server.serve_retry_at = now + backoff
-        server.serve_error = f"cannot serve on {server.path}: {why}"
-        log.error(
-            "cannot serve; will retry",
-            extra={"socket": server.path, "why": why, "retry_in_s": round(backoff, 2)},
-        )
 
     def _follow_kubelet(self, kubelet: Identity | None, now: float) -> None:
         path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
@@ -544,7 +475,7 @@ class DevicePluginManager:
         pending = []
         for server in self.servers:
             if server.registration.kubelet != self._kubelet:
-                why = server.serve_error or server.registration.error or "registering"
+                why = server.error or server.registration.error or "registering"
                 pending.append(f"{server.servicer.resource} ({why})")
         if pending:
             return False, "device plugin: not registered with kubelet: " + "; ".join(pending)

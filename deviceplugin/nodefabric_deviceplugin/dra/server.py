@@ -12,9 +12,7 @@ deleted or replaced under us (a cleanup, a kubelet that wipes its directories) i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,14 +23,11 @@ from nodefabric_deviceplugin.dra.api import pluginregistration_pb2 as reg_pb
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import PLUGIN_TYPE, SERVICES, DriverConfig
 from nodefabric_deviceplugin.dra.prepare import Preparer
+from nodefabric_deviceplugin.unixserver import UnixServer
 
 log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.2
-MAX_RETRY_S = 5.0
-# A socket gone sooner than this after it was served is not a kubelet's routine cleanup: something
-# deletes it on sight. Its serve counts as failed, so the retries back off instead of spinning.
-QUICK_LOSS_S = 1.0
 
 
 def _refs(request: Any) -> list[ClaimRef]:
@@ -111,60 +106,6 @@ class RegistrationService(rpc.RegistrationServicer):
         return reg_pb.RegistrationStatusResponse()
 
 
-def _identity(path: str) -> tuple[int, int, int] | None:
-    """Which file is at `path` now (inode numbers are reused on tmpfs, so the ctime is part of it)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-class UnixServer:
-    """One gRPC server on one unix socket, served again when its socket file goes away."""
-
-    def __init__(self, path: str, register: Callable[[grpc.aio.Server], None], what: str) -> None:
-        self.path = path
-        self.register = register
-        self.what = what
-        self._server: grpc.aio.Server | None = None
-        self._socket: tuple[int, int, int] | None = None
-        self.failures = 0
-        self.retry_at = 0.0
-        self.served_at: float | None = None  # when the socket now expected was served
-
-    def needs_serving(self) -> bool:
-        return self._server is None or _identity(self.path) != self._socket
-
-    async def serve(self) -> None:
-        await self.stop()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a stale socket from a previous run refuses the bind
-        server = grpc.aio.server()
-        self.register(server)
-        server.add_insecure_port(f"unix://{self.path}")
-        await server.start()
-        socket = _identity(self.path)
-        if socket is None:
-            # Deleted between bind and this look: "serving, no file" would equal "no file" for ever.
-            await server.stop(grace=None)
-            raise OSError(f"{self.path} was removed as soon as it was bound")
-        self._server = server
-        self._socket = socket
-        log.info("serving", extra={"what": self.what, "socket": self.path})
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace=1.0)
-            # Only our own socket file: something else may already be there.
-            if _identity(self.path) == self._socket:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
-        self._socket = None
-
-
 class DraServers:
     """The DRA socket and the registration socket, kept served in that order."""
 
@@ -176,8 +117,10 @@ class DraServers:
         def add_registration(server: grpc.aio.Server) -> None:
             rpc.add_registration_servicer(registration, server)
 
-        self.dra = UnixServer(config.dra_socket, add_dra, "DRA plugin")
-        self.registration = UnixServer(config.registration_socket, add_registration, "plugin registration")
+        self.dra = UnixServer(config.dra_socket, add_dra, "DRA plugin", grace=1.0)
+        self.registration = UnixServer(
+            config.registration_socket, add_registration, "plugin registration", grace=1.0
+        )
 
     async def reconcile(self, now: float, retry_base: float = RETRY_BASE_S) -> None:
         """Serve each socket that is not served (or was deleted or replaced), the DRA socket first; one
@@ -185,24 +128,8 @@ class DraServers:
         for server in (self.dra, self.registration):
             if server is self.registration and self.dra.needs_serving():
                 return  # never advertise an endpoint that is not answering
-            if not server.needs_serving() or server.retry_at > now:
-                continue
-            lost, server.served_at = server.served_at, None
-            try:
-                if lost is not None and now - lost < QUICK_LOSS_S:
-                    raise OSError(f"{server.path} was removed as soon as it was served")
-                if lost is not None:
-                    server.failures = 0  # it stood: whatever removed it is routine
-                await server.serve()
-                server.retry_at, server.served_at = 0.0, now
-            except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
-                server.failures += 1
-                delay = min(retry_base * 2**server.failures, MAX_RETRY_S)
-                server.retry_at = now + delay
-                log.error(
-                    "cannot serve; will retry",
-                    extra={"what": server.what, "socket": server.path, "why": str(exc), "retry_in_s": delay},
-                )
+            if server.due(now):
+                await server.serve_again(now, retry_base)
 
     def next_retry(self, now: float) -> float | None:
         """Seconds until a socket that failed to serve is tried again; None when none waits."""
