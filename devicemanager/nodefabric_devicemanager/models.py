@@ -262,6 +262,22 @@ class DevicesSpec(_Model):
         default_factory=list, description="One group per accelerator manufacturer on the node."
     )
 
+    def wire(self) -> dict[str, Any]:
+        """As stored, except that a list never read is left out rather than written empty: one that was
+        neither given when this spec was built nor present in the stored object it was parsed from. A
+        failure to enumerate is not an empty inventory, so a new node whose first pass could not read
+        its interfaces (or has no /sys/bus/pci) gets no `interfaces` (`groups`) key until a pass reads it;
+        a merge patch without the key leaves whatever is stored."""
+        out = super().wire()
+        for key in ("interfaces", "groups"):
+            if key not in self.model_fields_set:
+                out.pop(key, None)
+        return out
+
+    def has(self, key: str) -> bool:
+        """Whether `key` ("interfaces", "groups") was read, i.e. is part of this spec's wire form."""
+        return key in self.model_fields_set
+
     def endpoints(self) -> list[Endpoint]:
         """Every endpoint: each interface followed by its virtual functions."""
         out: list[Endpoint] = []

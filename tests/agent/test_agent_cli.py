@@ -191,3 +191,51 @@ async def test_the_console_script_once_against_the_emulator(tmp_path):
         _, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, err.decode()
         assert [i["name"] for i in stored(k)["spec"]["interfaces"]] == ["ens1f0", "ens1f1"]
+
+
+# --- a failed enumeration is not an empty inventory, and --once says it failed --------------------------
+
+
+async def test_once_on_a_new_node_with_a_dangling_net_entry_leaves_interfaces_out_and_exits_1(tmp_path):
+    two_nic_host(tmp_path)
+    os.symlink("../../devices/pci0000:16/0000:99:00.0/net/ens9", tmp_path / "sys/class/net/ens9")
+    async with api_with_node() as k:
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 1
+        obj = stored(k)
+        assert obj is not None, "what could be read is still published"
+        assert "interfaces" not in obj["spec"], obj["spec"]  # not read is not "no interfaces"
+        assert "groups" in obj["spec"]  # the accelerators were read (none here), so that list is written
+        cond = conditions(obj)["InterfacesEnumerated"]
+        assert (cond["status"], cond["reason"]) == ("False", "EnumerationFailed")
+        # The entry goes away: the next pass reads the interfaces and writes them, exit 0.
+        (tmp_path / "sys/class/net/ens9").unlink()
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 0
+        assert [i["name"] for i in stored(k)["spec"]["interfaces"]] == ["ens1f0", "ens1f1"]
+        assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "True"
+
+
+async def test_once_on_a_new_node_without_a_pci_bus_leaves_groups_out_and_exits_1(tmp_path):
+    two_nic_host(tmp_path)
+    shutil.rmtree(tmp_path / "sys/bus/pci")
+    async with api_with_node() as k:
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 1
+        obj = stored(k)
+        assert "groups" not in obj["spec"], obj["spec"]  # so nobody reads "this node has no GPUs"
+        assert [i["name"] for i in obj["spec"]["interfaces"]] == ["ens1f0", "ens1f1"]
+        accelerators = conditions(obj)["AcceleratorsEnumerated"]
+        assert (accelerators["status"], accelerators["reason"]) == ("False", "PciBusAbsent")
+        # A second failing pass writes no empty list either (a spec patch leaves the key out).
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 1
+        assert "groups" not in stored(k)["spec"]
+
+
+async def test_a_pass_that_enumerated_and_found_none_writes_the_empty_lists(tmp_path):
+    two_nic_host(tmp_path)
+    os.symlink("../../devices/pci0000:16/0000:99:00.0/net/ens9", tmp_path / "sys/class/net/ens9")
+    async with api_with_node() as k:
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 1
+        assert "interfaces" not in stored(k)["spec"]
+        for entry in (tmp_path / "sys/class/net").iterdir():
+            entry.unlink()
+        assert await run_once(k.kubeconfig, str(tmp_path)) == 0
+        assert stored(k)["spec"]["interfaces"] == []  # read, and none: a fact, written

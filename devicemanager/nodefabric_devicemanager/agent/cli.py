@@ -30,6 +30,7 @@ from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe, Servers
 from nodefabric_devicemanager.agent.uevents import UeventWatch
+from nodefabric_devicemanager.models import ACCELERATORS_ENUMERATED, INTERFACES_ENUMERATED
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.once:
             outcome = asyncio.run(agent.run_pass())
-            return EXIT_OK if outcome.ok else EXIT_PASS_FAILED
+            # A part of the host that could not be enumerated is a failed pass for --once (as for
+            # `inventory`), even though the record was published with what could be read.
+            unread = {INTERFACES_ENUMERATED, ACCELERATORS_ENUMERATED} & set(outcome.degraded)
+            return EXIT_OK if outcome.ok and not unread else EXIT_PASS_FAILED
         return asyncio.run(serve(agent, args, plugin_config, dra_config))
     except OSError as exc:  # a port that cannot be bound: in use, or an address not on this node
         log.error("cannot start the agent: %s", exc.strerror or exc, extra={"node": args.node_name})

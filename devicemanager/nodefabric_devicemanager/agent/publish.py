@@ -118,6 +118,7 @@ def carry_first_seen(
 def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime) -> DevicesSpec:
     """The spec to publish. A failed read keeps what is recorded: the interface list when enumeration
     failed, and a failed manufacturer's groups; a pass that enumerated and found nothing yields []."""
+    # No stored object: nothing was ever read (`DevicesSpec()` has neither list set).
     stored = stored or DevicesSpec()
     if reading.interfaces is None:
         interfaces = list(stored.interfaces)
@@ -132,10 +133,14 @@ def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime
     # group as read (accelerators without what could not be read) is better than no group at all.
     groups = [kept.pop(g.id, g) for g in reading.groups]
     groups += kept.values()
-    return DevicesSpec(
-        interfaces=sorted(interfaces, key=lambda i: i.name),
-        groups=sorted(groups, key=lambda g: (g.manufacturer, g.id)),
-    )
+    # A list no pass has read yet (not read now, not in the stored object) stays out of the spec, so it
+    # is not written as an empty list: the one built here leaves it unset and `wire()` drops it.
+    parts: dict[str, Any] = {}
+    if reading.interfaces is not None or stored.has("interfaces"):
+        parts["interfaces"] = sorted(interfaces, key=lambda i: i.name)
+    if not unread or stored.has("groups") or groups:
+        parts["groups"] = sorted(groups, key=lambda g: (g.manufacturer, g.id))
+    return DevicesSpec(**parts)
 
 
 def _canonical_endpoint(ep: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +177,10 @@ def canonical(spec: DevicesSpec) -> dict[str, Any]:
 
 def same_spec(a: DevicesSpec, b: DevicesSpec) -> bool:
     # Equal models are equal specs; only specs that differ as models (order, firstSeenTime) are compared
-    # in canonical form, which costs a copy of both as dicts.
+    # in canonical form, which costs a copy of both as dicts. A list read for the first time is a change
+    # even when it is empty: the key appears (an enumerated host with no interfaces writes []).
+    if any(a.has(key) != b.has(key) for key in ("interfaces", "groups")):
+        return False
     return a == b or canonical(a) == canonical(b)
 
 
