@@ -315,6 +315,9 @@ INTERFACES_ENUMERATED = "InterfacesEnumerated"
 ACCELERATORS_ENUMERATED = "AcceleratorsEnumerated"
 FABRIC_READ_SUFFIX = "FabricRead"  # one per manufacturer: "NvidiaFabricRead", "AmdFabricRead", ...
 LABELS_PUBLISHED = "LabelsPublished"
+# The agent's roll-up: True when every part of the host was read and the record holding it is published,
+# so `kubectl wait devices/<node> --for=condition=Ready` waits for a complete record.
+READY = "Ready"
 
 
 class Condition(_Model):
@@ -322,7 +325,8 @@ class Condition(_Model):
     reading, kept because a failed read is not an empty host."""
 
     type: str = Field(
-        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, LabelsPublished."
+        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, Ready (the agent's "
+        "roll-up: every part read and the record published), LabelsPublished."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="One CamelCase word saying why.")
@@ -352,6 +356,23 @@ class DevicesStatus(_Model):
     )
     fabric_domain: str = Field(
         default="", description="The scale-up fabric domain every accelerator shares, if any."
+    )
+    # Written by the agent with its conditions (the three above are the operator's).
+    rdma_served: int = Field(
+        default=0,
+        ge=0,
+        le=INT32,
+        description="RDMA endpoints the device plugin serves: whole functions (not a PF with VFs "
+        "configured) and VFs, each with a bound RDMA device; what kubelet's RDMA keys draw on.",
+    )
+    failed_links: int = Field(
+        default=0, ge=0, le=INT32, description="Endpoints (VFs included) whose RDMA link verdict is Failed."
+    )
+    not_read: str = Field(
+        default="",
+        max_length=1024,
+        description="The parts of the host the last pass could not read, comma-joined (interfaces, "
+        "accelerators, <vendor>-fabric); empty when every part was read.",
     )
 
     def condition(self, type_: str) -> Condition | None:

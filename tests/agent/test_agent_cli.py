@@ -239,3 +239,59 @@ async def test_a_pass_that_enumerated_and_found_none_writes_the_empty_lists(tmp_
             entry.unlink()
         assert await run_once(k.kubeconfig, str(tmp_path)) == 0
         assert stored(k)["spec"]["interfaces"] == []  # read, and none: a fact, written
+
+
+# --- what kubectl shows: the Ready roll-up and the agent's printer columns --------------------------------
+
+
+async def _kubectl(kubeconfig: str, cache: Path, *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl", "--kubeconfig", kubeconfig, "--cache-dir", str(cache), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed here")
+async def test_kubectl_wait_for_ready_and_the_columns_for_failed_links_and_unread_parts(tmp_path):
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    b = two_nic_host(root)
+    # One PF with two VFs configured: served as its two VFs, never whole (what kubelet gets).
+    b.bridge("0000:18:01.0", host_bridge="pci0000:18")
+    b.nic("0000:19:00.0", "ens2f0", parent="0000:18:01.0", numa=0, rdma="mlx5_2", verbs=2)
+    b.sriov("0000:19:00.0", vfs=2, rdma_prefix="mlx5_", first_rdma=3, first_verbs=3)
+    set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
+    os.symlink("../../devices/pci0000:16/0000:99:00.0/net/ens9", root / "sys/class/net/ens9")
+    async with api_with_node() as k:
+        assert await run_once(k.kubeconfig, str(root)) == 1
+        ready = conditions(stored(k))["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "NotRead")
+        assert "InterfacesEnumerated" in ready["message"]
+        rc, out = await _kubectl(
+            k.kubeconfig, cache, "wait", f"devices/{NODE}", "--for=condition=Ready", "--timeout=2s"
+        )
+        assert rc != 0, out
+        rc, out = await _kubectl(k.kubeconfig, cache, "get", "devices")
+        assert rc == 0, out
+        header, row = out.splitlines()
+        assert header.split() == ["NAME", "RDMA", "DISTANCE", "FABRIC", "FAILED", "UNREAD", "AGE"]
+        # Nothing was read yet, so nothing is served; the unread part is named.
+        assert row.split()[1] == "0" and row.split()[2:4] == ["0", "interfaces"], row
+
+        (root / "sys/class/net/ens9").unlink()
+        assert await run_once(k.kubeconfig, str(root)) == 0
+        rc, out = await _kubectl(
+            k.kubeconfig, cache, "wait", f"devices/{NODE}", "--for=condition=Ready", "--timeout=20s"
+        )
+        assert rc == 0, out
+        ready = conditions(stored(k))["Ready"]
+        assert (ready["status"], ready["reason"]) == ("True", "Published")
+        rc, out = await _kubectl(k.kubeconfig, cache, "get", "devices", "-o", "wide")
+        header, row = out.splitlines()
+        assert header.split()[:2] == ["NAME", "RDMA"] and "USABLE" in header.split()
+        # Served: ens1f0, ens1f1 (down: Unhealthy, still served) and the two VFs; not the PF with VFs.
+        assert row.split()[1] == "4", row
+        status = stored(k)["status"]
+        assert (status["rdmaServed"], status["failedLinks"], status["notRead"]) == (4, 1, "")

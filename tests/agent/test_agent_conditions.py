@@ -65,6 +65,7 @@ async def test_duplicate_conditions_are_merged_once_then_nothing_is_written(tmp_
             "AcceleratorsEnumerated",
             "InterfacesEnumerated",
             "LabelsPublished",
+            "Ready",
         ]
         assert conditions(stored(k))["InterfacesEnumerated"] == ours, "the first entry kept, time and all"
         assert conditions(stored(k))["LabelsPublished"] == theirs
@@ -86,7 +87,7 @@ async def test_first_seen_time_is_when_a_pass_saw_the_failure_not_when_the_write
         # The API keeps times to the second: let the clock move well past the observation.
         await asyncio.sleep(2.1)
         written_at = datetime.now(UTC).replace(microsecond=0)
-        assert (await agent.run_pass()).wrote == ("spec",)
+        assert (await agent.run_pass()).wrote == ("spec", "status")  # the verdict, then the FAILED count
         first_seen = datetime.fromisoformat(interface(stored(k), "ens1f1")["link"]["firstSeenTime"])
         assert seen_by <= first_seen < written_at
 

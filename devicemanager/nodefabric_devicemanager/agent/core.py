@@ -620,9 +620,11 @@ class Agent:
                 self._set_live(obj, final)
                 self.metrics.api_writes.labels(kind="spec").inc()
                 wrote.append("spec")
-        if plan.conditions is not None:
+        if plan.conditions is not None or plan.summary is not None:
             # Status is written after spec, preconditioned on the version that write returned.
-            obj = await self._api(self.client.patch_status, node, resource_version(obj), plan.conditions)
+            obj = await self._api(
+                self.client.patch_status, node, resource_version(obj), plan.conditions, plan.summary
+            )
             self._set_live(obj, final)
             self.metrics.api_writes.labels(kind="status").inc()
             wrote.append("status")
