@@ -333,6 +333,7 @@ class DevicePluginManager:
         self._kubelet: Identity | None = None
         self._kubelet_absent_since: float | None = None
         self._absent_warned = False
+        self._absent_counted_at: float | None = None
         self._watch: DirWatch | None = None
 
     @property
@@ -389,6 +390,8 @@ class DevicePluginManager:
                 due.append(reg.next_try - now)
         if self._kubelet_absent_since is not None and not self._absent_warned:
             due.append(self._kubelet_absent_since + self.kubelet_absent_warning - now)
+        if self._absent_counted_at is not None:
+            due.append(self._absent_counted_at + self.kubelet_absent_warning - now)
         return max(0.0, min(due))
 
     async def reconcile(self) -> None:
@@ -417,16 +420,28 @@ class DevicePluginManager:
         if kubelet is not None:
             if self._kubelet_absent_since is not None and self._absent_warned:
                 log.info("kubelet.sock is back", extra={"path": path})
-            self._kubelet_absent_since, self._absent_warned = None, False
+            self._kubelet_absent_since, self._absent_warned, self._absent_counted_at = None, False, None
         elif self._kubelet_absent_since is None:
             self._kubelet_absent_since = now
-        elif not self._absent_warned and now - self._kubelet_absent_since >= self.kubelet_absent_warning:
-            self._absent_warned = True
-            log.warning(
-                "kubelet.sock has been absent; is kubelet running, and is its device-plugin directory "
-                "mounted here?",
-                extra={"path": path, "absent_s": round(now - self._kubelet_absent_since, 1)},
-            )
+        elif now - self._kubelet_absent_since >= self.kubelet_absent_warning:
+            if not self._absent_warned:
+                self._absent_warned = True
+                log.warning(
+                    "kubelet.sock has been absent; is kubelet running, and is its device-plugin directory "
+                    "mounted here?",
+                    extra={"path": path, "absent_s": round(now - self._kubelet_absent_since, 1)},
+                )
+            # No Register can be sent: count it failed, once per family per warning interval while kubelet
+            # stays away, so the registrations_total{outcome="failed"} alert fires for an absent kubelet
+            # (a start-up race of a few seconds is never counted).
+            if (
+                self._absent_counted_at is None
+                or now - self._absent_counted_at >= self.kubelet_absent_warning
+            ):
+                self._absent_counted_at = now
+                for server in self.servers:
+                    if server.registration.kubelet is None or server.registration.kubelet != kubelet:
+                        metrics.REGISTRATIONS.labels(server.family.value, "failed").inc()
         self._kubelet = kubelet
 
     async def _register(self, server: FamilyServer, stub: rpc.RegistrationStub, kubelet: Identity) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from nodefabric_devicemanager import buildinfo
+
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -23,6 +25,7 @@ class Metrics:
         prometheus_client.ProcessCollector(registry=self.registry)
         prometheus_client.PlatformCollector(registry=self.registry)
         prometheus_client.GCCollector(registry=self.registry)
+        buildinfo.register("operator", self.registry)
         self.reconciles = Counter(
             "nodefabric_operator_reconciles",
             "Reconciles of one node's labels, by outcome "

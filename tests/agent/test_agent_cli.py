@@ -4,6 +4,7 @@ endpoints, kernel-uevent trigger, in-process device plugin and SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import shutil
@@ -150,6 +151,11 @@ async def test_the_daemon_serves_probes_metrics_the_plugin_and_stops_on_sigterm(
             endpoints = {s.labels["verdict"]: s.value for s in families["nodefabric_agent_endpoints"].samples}
             assert endpoints["ok"] == 2
             assert "nodefabric_deviceplugin_devices" in families, "the plugin's metrics are served too"
+            build = {s.labels["component"]: s for s in families["nodefabric_build_info"].samples}
+            assert {"agent", "deviceplugin"} <= set(build), build
+            assert build["agent"].value == 1 and build["agent"].labels[
+                "version"
+            ] == importlib.metadata.version("nodefabric")
             assert "process_resident_memory_bytes" in families, "process metrics are served"
             assert "nodefabric_agent_api_response_bytes" in families
             assert not [line for line in text.splitlines() if "_created" in line], "no _created series"
@@ -176,6 +182,9 @@ async def test_the_daemon_serves_probes_metrics_the_plugin_and_stops_on_sigterm(
             json.loads(line) for line in (await proc.stderr.read()).decode().splitlines() if line.strip()
         ]
         assert any(line["msg"] == "published the devices record" and line["node"] == NODE for line in lines)
+        # Every line names the node, the device plugin's and the uevent listener's too: grep node= works.
+        assert [line for line in lines if line.get("node") != NODE] == []
+        assert any(line["msg"] == "registered with kubelet" for line in lines)
         assert lines[-1]["msg"] == "stopped"
         assert conditions(stored(k))["InterfacesEnumerated"]["status"] == "True"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import prometheus_client
 
-from nodefabric_devicemanager import flags, names, nodeclient
+from nodefabric_devicemanager import buildinfo, flags, logs, names, nodeclient
 from nodefabric_devicemanager.agent import heap
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
@@ -189,6 +189,7 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    logs.default_fields(node=args.node_name)
     try:
         plugin_config, dra_config = _check(args)
         api = nodeclient.load(args.kubeconfig)
@@ -196,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
         return EXIT_USAGE
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    buildinfo.register("agent")
     heap.one_arena()  # before any of the agent's threads start (see heap.py)
     metrics = AgentMetrics()
     metrics.count_api(api)
