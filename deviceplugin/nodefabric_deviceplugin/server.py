@@ -32,7 +32,16 @@ from nodefabric_deviceplugin.dirwatch import DirWatch
 from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
 from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
-from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
+from nodefabric_deviceplugin.resources import (
+    Family,
+    FamilyView,
+    PluginConfig,
+    RdmaEndpoint,
+    partition_endpoints,
+    view,
+    whole_function_endpoints,
+)
+from nodefabric_deviceplugin.selection import read_host_facts
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.startup import DEFAULT_PLUGIN_DIR, socket_name
 from nodefabric_deviceplugin.unixserver import MAX_BACKOFF_S, Identity, UnixServer, identity
@@ -76,8 +85,16 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         version, spec = self.source.snapshot()
         cached = self._cached
         if cached is None or cached[0] != version:
-            current = view(spec, self.family, self.config.shared_count)
-            if self.family is Family.SHARED and current.shared_count < self.config.shared_count:
+            selection = self.config.selection
+            facts = None
+            if selection.needs_host and spec is not None:
+                # Only a selector naming drivers or linkLayers costs this read, once per record version:
+                # capped, non-blocking attribute reads through the host root, as the inventory's.
+                endpoints = [*whole_function_endpoints(spec), *partition_endpoints(spec)]
+                facts = read_host_facts(self.verbs.host, [(e.rdma_device, e.pci_bus_id) for e in endpoints])
+            current = view(spec, self.family, self.config.shared_count, selection, facts)
+            wanted = selection.max_shared_count(self.config.shared_count)
+            if self.family is Family.SHARED and current.shared_count < wanted:
                 log.error(
                     "the rdma.shared device list would exceed kubelet's 4 MiB message limit; serving "
                     "fewer tokens per endpoint",
