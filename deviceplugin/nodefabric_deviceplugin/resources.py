@@ -238,7 +238,9 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
                 reason="" if healthy else _unhealthy_reason(eps, device),
                 pci_vendor=first.pci_vendor,
                 pci_device=first.pci_device,
-                pf_name=next((p.name for e, p in eps if p is not None and p.name), "") or first.name,
+                # A VF's PF netdev (none when the record does not hold its PF); a whole function's own.
+                pf_name=next((p.name for e, p in eps if p is not None and p.name), "")
+                or ("" if first.physical_function else first.name),
             )
         )
     # Two devices on one PCI function would collide on the bus id: name both by device as well.

@@ -198,3 +198,14 @@ def test_a_selection_with_an_unread_host_fact_matches_nothing() -> None:
     assert view(spec, Family.EXCLUSIVE, 4, selection).tokens == (), "a fact not read is not a match"
     # Nothing was claimed, so the family without selectors serves both whole functions.
     assert [e.rdma_device for e in view(spec, Family.SHARED, 4, selection).endpoints] == ["mlx5_0", "mlx5_1"]
+
+
+def test_pf_names_select_a_pfs_vfs_and_a_whole_function_itself() -> None:
+    spec = two_nics_and_vfs()
+    vfs = parse({"partitioned": [{"pfNames": ["ens3f0"]}]})
+    assert [e.rdma_device for e in view(spec, Family.PARTITIONED, 4, vfs).endpoints] == ["mlx5_3", "mlx5_4"]
+    none = parse({"partitioned": [{"pfNames": ["ens1f0"]}]})
+    assert view(spec, Family.PARTITIONED, 4, none).endpoints == ()
+    whole = parse({"exclusive": [{"pfNames": ["ens1f0"]}], "shared": [{"pfNames": ["ens2f0"]}]})
+    assert [e.rdma_device for e in view(spec, Family.EXCLUSIVE, 4, whole).endpoints] == ["mlx5_0"]
+    assert [e.rdma_device for e in view(spec, Family.SHARED, 4, whole).endpoints] == ["mlx5_1"]
