@@ -32,7 +32,6 @@ NIC in both would be exactly the sharing the file is there to prevent.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from nodefabric_devicemanager import yamldoc
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
 from nodefabric_deviceplugin.limits import check_shared_count
 
@@ -220,10 +220,13 @@ def load(path: str) -> Selection:
     if len(data) > MAX_FILE_BYTES:
         raise SelectionError(f"--rdma-selectors {path}: larger than {MAX_FILE_BYTES} bytes")
     try:
-        doc = yaml.safe_load(data) if not path.endswith(".json") else json.loads(data)
-    except (yaml.YAMLError, ValueError) as exc:
+        # yamldoc refuses alias bombs and documents nested too deep before anything walks them.
+        doc = yamldoc.load(data.decode("utf-8"))
+    except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SelectionError(f"--rdma-selectors {path}: not YAML: {first}") from None
+    except ValueError as exc:  # a bomb, too deep, or not UTF-8
+        raise SelectionError(f"--rdma-selectors {path}: {str(exc).splitlines()[0]}") from None
     return parse(doc, f"--rdma-selectors {path}")
 
 

@@ -209,3 +209,15 @@ def test_pf_names_select_a_pfs_vfs_and_a_whole_function_itself() -> None:
     whole = parse({"exclusive": [{"pfNames": ["ens1f0"]}], "shared": [{"pfNames": ["ens2f0"]}]})
     assert [e.rdma_device for e in view(spec, Family.EXCLUSIVE, 4, whole).endpoints] == ["mlx5_0"]
     assert [e.rdma_device for e in view(spec, Family.SHARED, 4, whole).endpoints] == ["mlx5_1"]
+
+
+def test_an_alias_bomb_or_bytes_that_are_not_text_are_one_line(tmp_path: Path) -> None:
+    lines = ["x0: &a0 [x, x]"] + [f"x{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 30)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join([*lines, "exclusive: *a29"]) + "\n")
+    with pytest.raises(SelectionError, match="expands to more than 2,000,000 values"):
+        load(str(bomb))
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SelectionError, match=rf"--rdma-selectors {binary}: "):
+        load(str(binary))
