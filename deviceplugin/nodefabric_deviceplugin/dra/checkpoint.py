@@ -242,7 +242,7 @@ class Checkpoint:
         """Each claim of the whole-file checkpoint into its own file, then the old file removed. A crash
         before the removal migrates again on the next start; rewriting a claim's file is idempotent."""
         try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            self._ensure_directory()
             count = 0
             for claim in claims:
                 self._write(claim, sync=False)
@@ -267,6 +267,14 @@ class Checkpoint:
         if sync:
             sync_directory(self.directory)  # the rename itself survives a power loss
 
+    def _ensure_directory(self) -> None:
+        """Create the directory when missing, its own entry synced in the parent (the first claim ever
+        written must not vanish with a directory a power loss forgot)."""
+        if os.path.isdir(self.directory):
+            return
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        sync_directory(os.path.dirname(self.directory) or ".")
+
     def get(self, uid: str) -> PreparedClaim | None:
         return self.claims.get(uid)
 
@@ -276,7 +284,7 @@ class Checkpoint:
         before = self.claims.get(claim.uid)
         if before == claim and before.spec == claim.spec:
             return  # already recorded exactly so
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._ensure_directory()
         self._write(claim)
         self.claims[claim.uid] = claim
 
