@@ -304,3 +304,27 @@ async def test_kubectl_wait_for_ready_and_the_columns_for_failed_links_and_unrea
         assert row.split()[1] == "4", row
         status = stored(k)["status"]
         assert (status["rdmaServed"], status["failedLinks"], status["notRead"]) == (4, 1, "")
+
+
+@pytest.mark.parametrize("serve", ["deviceplugin", "dra"])
+async def test_an_overlapping_rdma_selection_stops_the_agent_at_start(tmp_path, serve, caplog):
+    two_nic_host(tmp_path)
+    selectors = tmp_path / "sel.yaml"
+    selectors.write_text("exclusive:\n  - vendors: ['15b3']\nshared:\n  - ifNames: [ens1f1]\n")
+    dra = tempfile.mkdtemp(prefix="nfsel", dir="/tmp")
+    try:
+        async with api_with_node() as k:
+            extra = ["--rdma-selectors", str(selectors), "--serve", serve, "--plugin-dir", f"{dra}/dp"]
+            extra += [
+                "--dra-plugin-dir",
+                f"{dra}/p",
+                "--dra-registry-dir",
+                f"{dra}/r",
+                "--dra-cdi-dir",
+                f"{dra}/c",
+            ]
+            assert await run_once(k.kubeconfig, str(tmp_path), *extra) == 2
+            assert stored(k) is None, "nothing is published by an agent that refused to start"
+        assert any("exclusive[0] and shared[0] overlap" in r.getMessage() for r in caplog.records)
+    finally:
+        shutil.rmtree(dra, ignore_errors=True)
