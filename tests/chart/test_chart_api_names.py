@@ -130,6 +130,15 @@ def test_object_causes_name_the_field_as_the_api_server_does() -> None:
     assert len(fields) == 3
 
 
+def test_a_job_name_must_fit_the_label_its_pods_get() -> None:
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j" * 64}, "spec": {"template": {}}}
+    assert [(c.field, c.message) for c in object_causes(job)] == [
+        ("spec.template.labels", f'Invalid value: "{"j" * 64}": must be no more than 63 bytes')
+    ]
+    job["metadata"]["name"] = "j" * 63
+    assert object_causes(job) == []
+
+
 # --- the hook -------------------------------------------------------------------------------------------
 
 

@@ -358,9 +358,13 @@ def spec_causes(group: str, kind: str, obj: Mapping[str, Any]) -> list[Cause]:
     if (group, kind) in _WORKLOADS:
         return _workload_causes(kind, spec)
     if (group, kind) == ("batch", "Job"):
-        return selector_causes(spec.get("selector"), "spec.selector") + pod_template_causes(
-            spec.get("template"), "spec.template"
-        )
+        causes = selector_causes(spec.get("selector"), "spec.selector")
+        name = _map(obj.get("metadata")).get("name")
+        if isinstance(name, str) and name and not spec.get("manualSelector"):
+            # The API server labels the Job's pods with its name (batch.kubernetes.io/job-name): a name
+            # that is no label value (over 63 bytes) is refused there.
+            causes += _each("spec.template.labels", name, label_value_errors(name))
+        return causes + pod_template_causes(spec.get("template"), "spec.template")
     if (group, kind) == ("", "Pod"):
         return pod_spec_causes(spec, "spec")
     if (group, kind) == ("", "Service"):
@@ -368,12 +372,12 @@ def spec_causes(group: str, kind: str, obj: Mapping[str, Any]) -> list[Cause]:
     if (group, kind) == ("policy", "PodDisruptionBudget"):
         return selector_causes(spec.get("selector"), "spec.selector")
     if (group, kind) in (("", "ConfigMap"), ("", "Secret")):
-        causes: list[Cause] = []
+        keys: list[Cause] = []
         for data in ("data", "binaryData", "stringData"):
             for key in _map(obj.get(data)):
                 if isinstance(key, str):
-                    causes += _each(f"{data}[{key}]", key, config_key_errors(key))
-        return causes
+                    keys += _each(f"{data}[{key}]", key, config_key_errors(key))
+        return keys
     return []
 
 
