@@ -10,7 +10,7 @@
 #   - an 8-pod group scheduled by the chart's scheduler lands where the extender said (its claim
 #     annotation on every pod names one location; every pod's node is in it).
 #
-# Needs docker (with buildx), kind, kubectl and Python >= 3.10; helm is taken from PATH or fetched by
+# Needs bash >= 4.4, docker (with buildx), kind, kubectl and Python >= 3.10; helm is taken from PATH or fetched by
 # hack/fetch_helm.py. Five kind nodes need more inotify instances than many distributions allow: see the
 # README ("Test on kind").
 #
@@ -37,6 +37,8 @@ HOST_ROOT=/opt/nodefabric/host         # where each kind worker sees its generat
 step() { printf '\n=== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
 
+((BASH_VERSINFO[0] > 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] >= 4))) \
+  || fail "bash >= 4.4 is needed (mapfile -d); this is $BASH_VERSION"
 [[ "$CLUSTER" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || fail "CLUSTER '$CLUSTER' is not a valid kind cluster name"
 [[ "$IMAGE" =~ ^[a-z0-9._-]+(:[0-9]+/[a-z0-9._-]+)?(/[a-z0-9._-]+)*:[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] \
   || fail "IMAGE '$IMAGE' is not REPOSITORY:TAG"
@@ -98,8 +100,9 @@ done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodefabric-e2e.XXXXXX")
 ARTIFACTS=${ARTIFACTS:-$WORK/artifacts}
-# The host trees outlive this run when the cluster does: a kept cluster's nodes mount them.
-HOSTS=${HOSTS:-${TMPDIR:-/tmp}/nodefabric-e2e-$CLUSTER-hosts}
+# The host trees outlive this run when the cluster does: a kept cluster's nodes mount them. Not a
+# setting: the script deletes and rebuilds this directory.
+HOSTS=${TMPDIR:-/tmp}/nodefabric-e2e-$CLUSTER-hosts
 # A kubeconfig of this run's own: a re-run reaches its cluster whatever the current context is.
 export KUBECONFIG="$WORK/kubeconfig"
 CREATED=0   # this run created the cluster (only such a cluster is ever deleted)
@@ -140,7 +143,7 @@ cleanup() {
   if ((CREATED)) && [[ "${KEEP_CLUSTER:-0}" != 1 ]]; then
     kind delete cluster --name "$CLUSTER" || true
     ((rc != 0)) || rm -rf "$HOSTS"
-  else
+  elif ((CREATED || REUSED)); then
     printf '\nCluster %s kept: kind export kubeconfig --name %s; delete it with kind delete cluster --name %s\n' \
       "$CLUSTER" "$CLUSTER" "$CLUSTER"
   fi

@@ -406,3 +406,12 @@ def test_an_old_python_is_refused_before_anything_is_built(tmp_path: Path) -> No
     assert done.returncode == 1
     assert "needs Python >= 3.10" in done.stderr and "Python 3.9.18" in done.stderr
     assert calls == []
+
+
+def test_keep_cluster_keeps_the_cluster_it_created_even_on_failure(tmp_path: Path) -> None:
+    done, calls = fake_run(tmp_path, KEEP_CLUSTER="1")
+    assert done.returncode != 0
+    assert any(c.startswith("kind create cluster") for c in calls)
+    assert any(c.startswith("kind export logs") for c in calls)
+    assert not any(c.startswith("kind delete") for c in calls), calls
+    assert "Cluster nodefabric-e2e kept: kind export kubeconfig --name nodefabric-e2e" in done.stdout
