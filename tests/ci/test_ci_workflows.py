@@ -171,3 +171,5 @@ def test_the_kind_workflow_runs_the_script_on_every_change_and_keeps_its_artifac
     python = step(doc, job, "actions/setup-python")["with"]["python-version"]
     assert tuple(int(p) for p in python.split(".")) >= (3, 10), "the fixture builder needs 3.10"
     assert step(doc, job, "docker/setup-buildx-action"), "the script builds with buildx --load"
+    kind = step(doc, job, "helm/kind-action")["with"]
+    assert kind["install_only"] is True, "the script makes its own cluster"
