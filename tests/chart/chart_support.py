@@ -123,6 +123,27 @@ def dangling_ports(docs: list[Doc]) -> list[str]:
                     f"Service {svc['metadata']['name']}: targetPort {target!r} is no port of the pods it "
                     f"selects ({sorted(declared)})"
                 )
+    return out + _dangling_monitors(docs)
+
+
+def _dangling_monitors(docs: list[Doc]) -> list[str]:
+    """A ServiceMonitor that selects no Service of the render, or scrapes a port name none of them has:
+    Prometheus then has nothing to scrape, and nothing says so."""
+    services = of_kind(docs, "Service")
+    if not services:
+        return []
+    out = []
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        name = monitor["metadata"]["name"]
+        match = (monitor["spec"].get("selector") or {}).get("matchLabels") or {}
+        selected = [s for s in services if match.items() <= (s["metadata"].get("labels") or {}).items()]
+        if not selected:
+            out.append(f"ServiceMonitor {name}: selects no Service ({match})")
+            continue
+        ports = {p.get("name") for s in selected for p in s["spec"].get("ports") or []}
+        for endpoint in monitor["spec"].get("endpoints") or []:
+            if isinstance(endpoint.get("port"), str) and endpoint["port"] not in ports:
+                out.append(f"ServiceMonitor {name}: port {endpoint['port']!r} is no port of {sorted(ports)}")
     return out
 
 

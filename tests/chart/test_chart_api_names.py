@@ -171,6 +171,18 @@ def test_a_half_done_port_rename_is_caught(render) -> None:
     ), found
 
 
+def test_a_service_monitor_scraping_a_port_no_service_has_is_caught(render) -> None:
+    docs = render(merged(EXTENDER_ON, {"serviceMonitor": {"enabled": True}}))
+    assert api_refusals(docs) == []
+    monitor = one(docs, "ServiceMonitor", "nf-nodefabric-extender")
+    monitor["spec"]["endpoints"][0]["port"] = "ext-metrics"
+    assert api_refusals(docs) == [
+        "ServiceMonitor nf-nodefabric-extender: port 'ext-metrics' is no port of ['metrics']"
+    ]
+    monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "nothing"
+    assert "ServiceMonitor nf-nodefabric-extender: selects no Service" in api_refusals(docs)[0]
+
+
 # --- the variants ---------------------------------------------------------------------------------------
 
 
