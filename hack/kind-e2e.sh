@@ -10,25 +10,67 @@
 #   - an 8-pod group scheduled by the chart's scheduler lands where the extender said (its claim
 #     annotation on every pod names one location; every pod's node is in it).
 #
-# Needs docker, kind, kubectl and python3; helm is taken from PATH or fetched by hack/fetch_helm.py.
-# Usage: hack/kind-e2e.sh            (KEEP_CLUSTER=1 keeps the cluster for poking around)
+# Needs bash >= 4.4, docker (with buildx), kind, kubectl and Python >= 3.10; helm is taken from PATH or fetched by
+# hack/fetch_helm.py. Five kind nodes need more inotify instances than many distributions allow: see the
+# README ("Test on kind").
+#
+# Usage: hack/kind-e2e.sh              run it; the cluster is deleted at the end unless KEEP_CLUSTER=1
+#        KEEP_CLUSTER=1 hack/kind-e2e.sh    keep the cluster; a re-run finds it and runs on it again
+#        hack/kind-e2e.sh --helm-args       print the nodefabric chart's flags (NUL-separated) and exit
+#                                           (tests/chart/test_chart_kind_e2e.py renders exactly these)
+# On failure, kind's logs, the events, pods' logs and the objects go to $ARTIFACTS (default: artifacts/
+# in the work directory, which is then kept) before anything is cleaned up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER=${CLUSTER:-nodefabric-e2e}
-IMAGE=${IMAGE:-nodefabric:e2e}
+IMAGE=${IMAGE:-nodefabric:e2e}         # REPOSITORY:TAG
 NS=${NS:-nodefabric}
 NFD_VERSION=${NFD_VERSION:-0.18.3}
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-}   # empty: kind's default; Kubernetes >= 1.30 is required
-HELM=${HELM:-$(command -v helm || python3 hack/fetch_helm.py)}
+PYTHON=${PYTHON:-python3}
 DOMAIN=gpustack.ai
 WORKERS=4
 GROUP_SIZE=8
 HOST_ROOT=/opt/nodefabric/host         # where each kind worker sees its generated host tree
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodefabric-e2e.XXXXXX")
 
 step() { printf '\n=== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+((BASH_VERSINFO[0] > 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] >= 4))) \
+  || fail "bash >= 4.4 is needed (mapfile -d); this is $BASH_VERSION"
+[[ "$CLUSTER" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || fail "CLUSTER '$CLUSTER' is not a valid kind cluster name"
+[[ "$IMAGE" =~ ^[a-z0-9._-]+(:[0-9]+/[a-z0-9._-]+)?(/[a-z0-9._-]+)*:[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] \
+  || fail "IMAGE '$IMAGE' is not REPOSITORY:TAG"
+
+# The nodefabric chart's values, one flag each; strings with --set-string (`--set image.tag=2` is a
+# number, which the schema refuses). An empty list or map is set with --set-json, never
+# --set (`--set 'k={}'` is [""] to helm, which the chart's schema refuses), or not at all when the
+# chart's default already is one: extender.defaults.homogeneous is [], so kind's nodes, which carry no GPU
+# product label, need no homogeneity key for the group to be placed.
+# IMAGE's registry host (a first component with a dot or a port, or localhost: Docker's rule) goes to
+# image.registry, the rest to image.repository, as the chart's schema wants them.
+nodefabric_values() {
+  local ref=${IMAGE%:*} registry="" repository=${IMAGE%:*}
+  local first=${ref%%/*}
+  if [[ "$ref" == */* && ("$first" == *.* || "$first" == *:* || "$first" == localhost) ]]; then
+    registry=$first repository=${ref#*/}
+  fi
+  printf '%s\0' \
+    --set extender.enabled=true \
+    --set-json "image.registry=\"$registry\"" \
+    --set-string "image.repository=$repository" \
+    --set-string "image.tag=${IMAGE##*:}" \
+    --set image.pullPolicy=Never \
+    --set-string "agent.hostRoot=$HOST_ROOT" \
+    --set-string "scheduler.image.tag=$SCHEDULER_TAG"
+}
+
+if [[ "${1:-}" == --helm-args ]]; then
+  SCHEDULER_TAG=${SCHEDULER_TAG:?set SCHEDULER_TAG to the Kubernetes version of the cluster, e.g. v1.33.1}
+  nodefabric_values
+  exit 0
+fi
 
 # retry SECONDS CMD...: run CMD every 5 s until it succeeds or SECONDS pass.
 retry() {
@@ -39,30 +81,108 @@ retry() {
   done
 }
 
-cleanup() {
-  if [[ "${KEEP_CLUSTER:-0}" != 1 ]]; then
-    kind delete cluster --name "$CLUSTER" || true
-    rm -rf "$WORK"
+for tool in docker kind kubectl "$PYTHON"; do
+  command -v "$tool" >/dev/null || fail "$tool is not on PATH"
+done
+# The fixture builder uses dataclass(slots=True): Python 3.10 or newer.
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || fail "the fixture builder needs Python >= 3.10; $PYTHON is $("$PYTHON" -V 2>&1) (set PYTHON=...)"
+HELM=${HELM:-$(command -v helm || "$PYTHON" hack/fetch_helm.py | tail -n 1)}
+# kind's known issue: each node runs a kubelet and a containerd that watch files; the usual defaults
+# (128 instances) run out with five nodes, and pods then fail with "too many open files".
+for limit in max_user_watches:524288 max_user_instances:512; do
+  have=$(cat "/proc/sys/fs/inotify/${limit%%:*}" 2>/dev/null || true)
+  if [[ -n "$have" ]] && ((have < ${limit##*:})); then
+    printf 'WARNING: fs.inotify.%s is %s; kind needs %s: sudo sysctl fs.inotify.%s=%s\n' \
+      "${limit%%:*}" "$have" "${limit##*:}" "${limit%%:*}" "${limit##*:}" >&2
   fi
+done
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodefabric-e2e.XXXXXX")
+ARTIFACTS=${ARTIFACTS:-$WORK/artifacts}
+# The host trees outlive this run when the cluster does: a kept cluster's nodes mount them. Not a
+# setting: the script deletes and rebuilds this directory.
+HOSTS=${TMPDIR:-/tmp}/nodefabric-e2e-$CLUSTER-hosts
+# A kubeconfig of this run's own: a re-run reaches its cluster whatever the current context is.
+export KUBECONFIG="$WORK/kubeconfig"
+CREATED=0   # this run created the cluster (only such a cluster is ever deleted)
+REUSED=0    # a cluster kept by an earlier run (KEEP_CLUSTER=1), found and reused
+
+# Not grep -q: it stops reading at the first match, and under pipefail kind's SIGPIPE would then say "no".
+cluster_exists() { kind get clusters 2>/dev/null | grep -x "$CLUSTER" >/dev/null; }
+
+# Everything worth reading after a failure, gathered while the cluster still exists.
+collect_artifacts() {
+  mkdir -p "$ARTIFACTS/logs"
+  cluster_exists || return 0
+  kind export logs "$ARTIFACTS/kind" --name "$CLUSTER" || true
+  kubectl get events -A -o wide --sort-by=.lastTimestamp >"$ARTIFACTS/events.txt" 2>&1 || true
+  kubectl get pods -A -o wide >"$ARTIFACTS/pods.txt" 2>&1 || true
+  kubectl get nodes -o yaml >"$ARTIFACTS/nodes.yaml" 2>&1 || true
+  kubectl get devices -o yaml >"$ARTIFACTS/devices.yaml" 2>&1 || true
+  kubectl get nodefeatures -A -o yaml >"$ARTIFACTS/nodefeatures.yaml" 2>&1 || true
+  "$HELM" -n "$NS" status nodefabric >"$ARTIFACTS/helm-status.txt" 2>&1 || true
+  local ns pod
+  for ns in "$NS" node-feature-discovery e2e-placement; do
+    kubectl -n "$ns" describe pods >"$ARTIFACTS/logs/$ns.describe.txt" 2>&1 || true
+    for pod in $(kubectl -n "$ns" get pods -o name 2>/dev/null); do
+      kubectl -n "$ns" logs "$pod" --all-containers --prefix >"$ARTIFACTS/logs/$ns.${pod#pod/}.log" 2>&1 || true
+      kubectl -n "$ns" logs "$pod" --all-containers --prefix --previous \
+        >"$ARTIFACTS/logs/$ns.${pod#pod/}.previous.log" 2>/dev/null || true
+    done
+  done
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  if ((rc != 0)); then
+    collect_artifacts
+    printf '\nFAILED (exit %s). Artifacts: %s; work directory kept: %s\n' "$rc" "$ARTIFACTS" "$WORK" >&2
+  fi
+  if ((CREATED)) && [[ "${KEEP_CLUSTER:-0}" != 1 ]]; then
+    kind delete cluster --name "$CLUSTER" || true
+    ((rc != 0)) || rm -rf "$HOSTS"
+  elif ((CREATED || REUSED)); then
+    printf '\nCluster %s kept: kind export kubeconfig --name %s; delete it with kind delete cluster --name %s\n' \
+      "$CLUSTER" "$CLUSTER" "$CLUSTER"
+  fi
+  ((rc != 0)) || rm -rf "$WORK"
+  exit "$rc"
 }
 
 trap cleanup EXIT
 
-step "a generated host tree per worker (fixture builder, gpu8 layout)"
-for i in $(seq 1 "$WORKERS"); do
-  PYTHONPATH=devicemanager python3 hack/kind_e2e.py host "$WORK/hosts/worker-$i"
-done
-ls "$WORK/hosts/worker-1/sys/class/infiniband"
-
-step "kind cluster $CLUSTER (1 control plane, $WORKERS workers, each with its host tree at $HOST_ROOT)"
-{
-  printf 'kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnodes:\n  - role: control-plane\n'
+if cluster_exists; then
+  step "kind cluster $CLUSTER exists (kept by an earlier run): reusing it"
+  REUSED=1
   for i in $(seq 1 "$WORKERS"); do
-    printf '  - role: worker\n    extraMounts:\n      - hostPath: %s\n        containerPath: %s\n        readOnly: true\n' \
-      "$WORK/hosts/worker-$i" "$HOST_ROOT"
+    [[ -d "$HOSTS/worker-$i/sys/class/infiniband" ]] \
+      || fail "cluster $CLUSTER exists but its host tree $HOSTS/worker-$i is gone: kind delete cluster --name $CLUSTER"
   done
-} >"$WORK/kind.yaml"
-kind create cluster --name "$CLUSTER" ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} --wait 120s --config "$WORK/kind.yaml"
+  kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG"
+else
+  step "a generated host tree per worker (fixture builder, gpu8 layout)"
+  rm -rf "$HOSTS"
+  mkdir -p "$HOSTS"
+  for i in $(seq 1 "$WORKERS"); do
+    # The builder makes every file readable by all, whatever the umask (the agent is not their owner).
+    PYTHONPATH=devicemanager "$PYTHON" hack/kind_e2e.py host "$HOSTS/worker-$i"
+  done
+  chmod a+rx "$HOSTS"
+  ls "$HOSTS/worker-1/sys/class/infiniband"
+
+  step "kind cluster $CLUSTER (1 control plane, $WORKERS workers, each with its host tree at $HOST_ROOT)"
+  {
+    printf 'kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnodes:\n  - role: control-plane\n'
+    for i in $(seq 1 "$WORKERS"); do
+      printf '  - role: worker\n    extraMounts:\n      - hostPath: %s\n        containerPath: %s\n        readOnly: true\n' \
+        "$HOSTS/worker-$i" "$HOST_ROOT"
+    done
+  } >"$WORK/kind.yaml"
+  CREATED=1
+  kind create cluster --name "$CLUSTER" ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} --wait 120s --config "$WORK/kind.yaml"
+fi
 kubectl version
 
 # The agent tolerates GPU taints only, so it runs on the workers, not on the tainted control plane.
@@ -74,25 +194,37 @@ for idx in "${!NODES[@]}"; do
 done
 
 step "image $IMAGE"
-make image IMAGE="$IMAGE"
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+# --load: a buildx builder other than the default one keeps its result in its own cache, not in Docker.
+make image IMAGE="$IMAGE" DOCKER_BUILD="docker buildx build --load"
+# `kind load docker-image` fails with "content digest ... not found" where Docker uses the containerd
+# image store (the default of recent Docker; kind issue #3795): then a single-platform archive is loaded.
+if ! kind load docker-image "$IMAGE" --name "$CLUSTER"; then
+  echo "kind load docker-image failed: loading a single-platform archive (docker save | kind load image-archive)"
+  platform=$(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$IMAGE")
+  docker image save --platform "$platform" -o "$WORK/image.tar" "$IMAGE" \
+    || docker image save -o "$WORK/image.tar" "$IMAGE"
+  kind load image-archive "$WORK/image.tar" --name "$CLUSTER"
+fi
 
 step "Node Feature Discovery $NFD_VERSION"
-"$HELM" install nfd oci://registry.k8s.io/nfd/charts/node-feature-discovery --version "$NFD_VERSION" \
+"$HELM" upgrade --install nfd oci://registry.k8s.io/nfd/charts/node-feature-discovery --version "$NFD_VERSION" \
   --namespace node-feature-discovery --create-namespace \
   --set "master.config.extraLabelNs={feature.$DOMAIN}" --wait --timeout 5m
 
 step "nodefabric chart"
 # The second scheduler runs the cluster's own kube-scheduler version (the chart never guesses it).
-SCHEDULER_TAG=$(kubectl version -o json | python3 -c \
+SCHEDULER_TAG=$(kubectl version -o json | "$PYTHON" -c \
   'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
-# No GPU product labels on kind nodes: the group needs no homogeneity key to be placed.
-"$HELM" install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
-  --set image.registry= --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
-  --set image.pullPolicy=Never --set agent.hostRoot="$HOST_ROOT" \
-  --set scheduler.image.tag="$SCHEDULER_TAG" \
-  --set 'extender.defaults.homogeneous={}' \
-  --wait --timeout 5m
+mapfile -d '' -t VALUES < <(nodefabric_values)
+"$HELM" upgrade --install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
+  "${VALUES[@]}" --wait --timeout 5m
+if ((REUSED)); then
+  # Same image tag as the last run, rebuilt: restart the pods so they run what was just loaded.
+  for workload in $(kubectl -n "$NS" get daemonsets,deployments -l app.kubernetes.io/instance=nodefabric -o name); do
+    kubectl -n "$NS" rollout restart "$workload"
+    kubectl -n "$NS" rollout status "$workload" --timeout 5m
+  done
+fi
 kubectl -n "$NS" get pods -o wide
 
 step "the CRD upgrade hook applied the Devices CRD of this version"
@@ -106,7 +238,7 @@ for node in "${NODES[@]}"; do
   kubectl wait --for=condition=LabelsPublished "devices/$node" --timeout=180s
   # The operator's NodeFeature for the node, in the release namespace, tagged for nfd-master.
   kubectl -n "$NS" get nodefeature "$node" -o jsonpath='{.metadata.labels.nfd\.node\.kubernetes\.io/node-name}' \
-    | grep -qx "$node" || fail "no NodeFeature for $node"
+    | grep -x "$node" >/dev/null || fail "no NodeFeature for $node"
 done
 kubectl get devices -o wide
 
@@ -118,10 +250,10 @@ label_is() {
 for node in "${NODES[@]}"; do
   retry 120 label_is "$node" rdma.capable true || fail "no feature.$DOMAIN/rdma.capable=true on $node"
   # gpu8's NICs sit on NUMA nodes 0 and 1.
-  label_is "$node" rdma.numa 0_1 || fail "feature.$DOMAIN/rdma.numa on $node is not 0_1"
+  retry 60 label_is "$node" rdma.numa 0_1 || fail "feature.$DOMAIN/rdma.numa on $node is not 0_1"
   # nfd-master, not the operator, put them there: it lists the labels it manages on the Node.
   kubectl get node "$node" -o jsonpath='{.metadata.annotations.nfd\.node\.kubernetes\.io/feature-labels}' \
-    | grep -q "feature.$DOMAIN/rdma.capable" || fail "rdma.capable on $node was not set by NFD"
+    | grep "feature.$DOMAIN/rdma.capable" >/dev/null || fail "rdma.capable on $node was not set by NFD"
 done
 kubectl get nodes -L "feature.$DOMAIN/rdma.capable,feature.$DOMAIN/rdma.numa,feature.$DOMAIN/rdma.distance"
 
@@ -135,10 +267,13 @@ for node in "${NODES[@]}"; do
   # One exclusive token per usable whole-function endpoint: the record's RDMA column (gpu8 has no VFs).
   endpoints=$(kubectl get devices "$node" -o jsonpath='{.status.rdmaEndpoints}')
   ((endpoints > 0)) || fail "the record of $node counts no usable RDMA endpoint"
+  # Each family registers with kubelet on its own: every one gets the same time to show up.
   retry 60 allocatable_is "$node" rdma "$endpoints" \
     || fail "device.$DOMAIN/rdma on $node is '$(allocatable "$node" rdma)', not $endpoints"
-  allocatable_is "$node" rdma.shared "$((endpoints * 64))" || fail "rdma.shared on $node"
-  allocatable_is "$node" rdma.partitioned 0 || fail "rdma.partitioned on $node"
+  retry 60 allocatable_is "$node" rdma.shared "$((endpoints * 64))" \
+    || fail "device.$DOMAIN/rdma.shared on $node is '$(allocatable "$node" rdma.shared)', not $((endpoints * 64))"
+  retry 60 allocatable_is "$node" rdma.partitioned 0 \
+    || fail "device.$DOMAIN/rdma.partitioned on $node is '$(allocatable "$node" rdma.partitioned)', not 0"
 done
 
 step "an agent may write only its own node's Devices object"
@@ -175,6 +310,8 @@ grep -q "forbidden" <<<"$out" || fail "unexpected refusal: $out"
 echo "refused as expected: $out"
 
 step "an $GROUP_SIZE-pod group placed through the extender lands where it said"
+# A re-run on a kept cluster starts from an empty namespace: the last run's group is already placed.
+kubectl delete namespace e2e-placement --ignore-not-found --wait=true --timeout=120s
 kubectl create namespace e2e-placement
 for i in $(seq 0 $((GROUP_SIZE - 1))); do
   kubectl -n e2e-placement apply -f - <<EOF
@@ -196,7 +333,7 @@ kubectl -n e2e-placement wait --for=condition=PodScheduled pod --all --timeout=1
 kubectl -n e2e-placement get pods -o wide
 kubectl get pods -n e2e-placement -o json >"$WORK/pods.json"
 kubectl get nodes -o json >"$WORK/nodes.json"
-python3 hack/kind_e2e.py placement "$WORK/pods.json" "$WORK/nodes.json" --domain "$DOMAIN" --size "$GROUP_SIZE" \
+"$PYTHON" hack/kind_e2e.py placement "$WORK/pods.json" "$WORK/nodes.json" --domain "$DOMAIN" --size "$GROUP_SIZE" \
   || fail "the group is not where the extender said"
 kubectl -n e2e-placement get pod worker-0 -o jsonpath="{.metadata.annotations.placement\.${DOMAIN//./\\.}/decision}"
 echo

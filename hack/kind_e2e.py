@@ -4,7 +4,9 @@
 
     PYTHONPATH=devicemanager python3 hack/kind_e2e.py host DIR
         Lay out a fixture host (the builder's gpu8 scenario: 8 GPUs, 5 ConnectX NICs with RDMA, NUMA
-        nodes 0 and 1) under DIR, to be mounted into a kind worker as the agent's host root.
+        nodes 0 and 1) under DIR, to be mounted into a kind worker as the agent's host root. Every
+        directory and file is made readable by all, whatever the umask: the agent runs as uid 0 with every
+        capability dropped (no CAP_DAC_OVERRIDE), so it is not their owner in the permission check.
 
     python3 hack/kind_e2e.py placement PODS.json NODES.json --domain gpustack.ai --size 8
         Check that the group's pods (kubectl get pods -o json) are all bound, each carries the
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,21 @@ def host(directory: Path) -> None:
     from nodefabric_devicemanager.testing.scenarios import SCENARIOS
 
     SCENARIOS[SCENARIO](directory)
+    readable_by_all(directory)
+
+
+def readable_by_all(directory: Path) -> None:
+    """a+r on files, a+rx on directories (chmod -R a+rX); symbolic links are left alone, as chmod leaves
+    them (their mode means nothing on Linux, and following one could leave the tree)."""
+    for root, dirs, files in os.walk(directory):
+        for name in [*dirs, *files]:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            extra = 0o555 if stat.S_ISDIR(st.st_mode) else 0o444
+            os.chmod(path, stat.S_IMODE(st.st_mode) | extra)
+    os.chmod(directory, stat.S_IMODE(os.stat(directory).st_mode) | 0o555)
 
 
 def level_keys(domain: str) -> dict[str, str]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from nodefabric_operator.demo.kubeapi.naming import object_causes
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "nodefabric"
 NAMESPACE = "nodefabric"
@@ -51,7 +53,107 @@ def run_helm(
         vf = tmp / "values.yaml"
         vf.write_text(yaml.safe_dump(values))
         cmd += ["-f", str(vf)]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    if args and args[0] == "template" and done.returncode == 0:
+        check_render([d for d in yaml.safe_load_all(done.stdout) if d])
+    return done
+
+
+# Every successful `helm template` of the chart tests passes through check_render (from run_helm, which
+# the render fixture uses too): the count lets a test prove the hook is on the path.
+RENDERS_CHECKED = [0]
+
+
+class ApiRefusal(AssertionError):
+    """A render holds an object a real API server would refuse, or a reference it would accept but that
+    breaks the pod (a probe or targetPort naming no container port)."""
+
+
+def api_refusals(docs: list[Doc]) -> list[str]:
+    """What a real API server would refuse in these manifests: the embedded API's own naming rules
+    (nodefabric_operator.demo.kubeapi.naming), one line per cause, "Kind name: field: message"."""
+    out = []
+    for d in docs:
+        name = (d.get("metadata") or {}).get("name") if isinstance(d.get("metadata"), dict) else None
+        out += [f"{d.get('kind')} {name}: {c.text()}" for c in object_causes(d)]
+    return out + dangling_ports(docs)
+
+
+def _named_ports(template: dict[str, Any]) -> set[str]:
+    spec = template.get("spec") or {}
+    return {
+        p["name"]
+        for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
+        for p in c.get("ports") or []
+        if p.get("name")
+    }
+
+
+def dangling_ports(docs: list[Doc]) -> list[str]:
+    """Port names the API server accepts but nothing answers on: a named probe port its container does
+    not declare (the probe fails for ever), a Service's targetPort no pod it selects declares (no
+    endpoints). A Service whose pods are not in this render (`helm template -s`) is not judged."""
+    out = []
+    templates = [(d, d["spec"]["template"]) for d in workloads(docs) if "template" in d.get("spec", {})]
+    for d, template in templates:
+        for c in template["spec"].get("containers") or []:
+            own = {p.get("name") for p in c.get("ports") or []}
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                for handler in ("httpGet", "tcpSocket"):
+                    port = ((c.get(probe) or {}).get(handler) or {}).get("port")
+                    if isinstance(port, str) and port not in own:
+                        out.append(
+                            f"{d['kind']} {d['metadata']['name']}: container {c.get('name')}: "
+                            f"{probe}.{handler}.port {port!r} is no port of the container"
+                        )
+    for svc in of_kind(docs, "Service"):
+        selector = svc["spec"].get("selector") or {}
+        selected = [
+            t
+            for _, t in templates
+            if selector and selector.items() <= (t["metadata"].get("labels") or {}).items()
+        ]
+        if not selected:
+            continue
+        declared = set().union(*(_named_ports(t) for t in selected))
+        for port in svc["spec"].get("ports") or []:
+            target = port.get("targetPort")
+            if isinstance(target, str) and target not in declared:
+                out.append(
+                    f"Service {svc['metadata']['name']}: targetPort {target!r} is no port of the pods it "
+                    f"selects ({sorted(declared)})"
+                )
+    return out + _dangling_monitors(docs)
+
+
+def _dangling_monitors(docs: list[Doc]) -> list[str]:
+    """A ServiceMonitor that selects no Service of the render, or scrapes a port name none of them has:
+    Prometheus then has nothing to scrape, and nothing says so."""
+    services = of_kind(docs, "Service")
+    if not services:
+        return []
+    out = []
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        name = monitor["metadata"]["name"]
+        match = (monitor["spec"].get("selector") or {}).get("matchLabels") or {}
+        selected = [s for s in services if match.items() <= (s["metadata"].get("labels") or {}).items()]
+        if not selected:
+            out.append(f"ServiceMonitor {name}: selects no Service ({match})")
+            continue
+        ports = {p.get("name") for s in selected for p in s["spec"].get("ports") or []}
+        for endpoint in monitor["spec"].get("endpoints") or []:
+            if isinstance(endpoint.get("port"), str) and endpoint["port"] not in ports:
+                out.append(f"ServiceMonitor {name}: port {endpoint['port']!r} is no port of {sorted(ports)}")
+    return out
+
+
+def check_render(docs: list[Doc]) -> None:
+    RENDERS_CHECKED[0] += 1
+    refused = api_refusals(docs)
+    if refused:
+        raise ApiRefusal(
+            "a real API server would refuse (or never serve) this render:\n" + "\n".join(refused)
+        )
 
 
 def of_kind(docs: list[Doc], kind: str) -> list[Doc]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,7 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_support import ROOT, container, load_hack, one, pod_spec
+import yaml
+from chart_support import (
+    CHART,
+    KUBE_VERSION,
+    ROOT,
+    configmap_yaml,
+    container,
+    load_hack,
+    one,
+    pod_spec,
+    run_helm,
+)
 
 from nodefabric_devicemanager import cli
 
@@ -31,37 +43,141 @@ def test_the_script_parses() -> None:
 def test_the_script_passes_shellcheck() -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
-        pytest.skip("shellcheck is not installed")
-    done = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck); bash -n still runs")
+    done = subprocess.run([shellcheck, "-x", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout
 
 
-def test_the_chart_values_the_script_sets_render(render) -> None:
-    """Every --set of the script's helm install is a chart value (the schema refuses unknown ones)."""
-    text = SCRIPT.read_text()
-    install = text[text.index('"$HELM" install nodefabric') :].split("--wait")[0]
-    sets = re.findall(r"--set '?([\w.]+)=", install)
-    assert {
-        "image.registry",
-        "image.repository",
-        "agent.hostRoot",
-        "extender.defaults.homogeneous",
-        "scheduler.image.tag",
-    } <= set(sets)
-    docs = render(
-        {
-            "image": {"registry": "", "repository": "nodefabric", "tag": "e2e", "pullPolicy": "Never"},
-            "agent": {"hostRoot": "/opt/nodefabric/host"},
-            "extender": {"defaults": {"homogeneous": []}},
-            "scheduler": {"image": {"tag": "v1.33.1"}},
-        },
-        scheduler_tag=False,
+SCHEDULER_TAG = "v1.33.1"
+
+
+def script_helm_args(**env: str) -> list[str]:
+    """The nodefabric chart's flags as the script itself gives them (`--helm-args`, NUL-separated)."""
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--helm-args"],
+        env={"PATH": os.environ["PATH"], "SCHEDULER_TAG": SCHEDULER_TAG, **env},
+        capture_output=True,
+        check=False,
     )
-    agent = one(docs, "DaemonSet", "nf-nodefabric-agent")
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode().split("\0")
+    assert out[-1] == "", "each flag ends with a NUL"
+    return out[:-1]
+
+
+def template(helm: Path, tmp_path: Path, flags: list[str]) -> subprocess.CompletedProcess[str]:
+    """`helm template` with exactly these flags after the chart (run_helm checks the render against the
+    API server's naming rules, as every chart test render is)."""
+    args = ["template", "nodefabric", str(CHART), "--namespace", "nodefabric", "--kube-version", KUBE_VERSION]
+    return run_helm(helm, *args, *flags, values=None, tmp=tmp_path, kube_version=None)
+
+
+def test_the_scripts_own_helm_values_render_what_it_asserts(helm: Path, tmp_path: Path) -> None:
+    flags = script_helm_args()
+    done = template(helm, tmp_path, flags)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    agent = one(docs, "DaemonSet", "nodefabric-agent")
     assert container(agent, "agent")["image"] == "nodefabric:e2e"
+    assert container(agent, "agent")["imagePullPolicy"] == "Never"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod_spec(agent)["volumes"] if "hostPath" in v}
     assert (paths["host-sys"], paths["host-dev"]) == ("/opt/nodefabric/host/sys", "/opt/nodefabric/host/dev")
-    assert "HOST_ROOT=/opt/nodefabric/host" in text
+    # The extender runs (whatever the chart's default), with no homogeneity key: kind nodes have no GPU label.
+    scheduler = one(docs, "Deployment", "nodefabric-scheduler")
+    assert container(scheduler, "kube-scheduler")["image"].endswith(f":{SCHEDULER_TAG}")
+    config = configmap_yaml(docs, "nodefabric-extender", "extender.yaml")
+    assert config["homogeneousKeys"] == []
+    # The script installs with exactly these flags.
+    text = SCRIPT.read_text()
+    assert "mapfile -d '' -t VALUES < <(nodefabric_values)" in text
+    install = text[text.index('"$HELM" upgrade --install nodefabric') :].split("--wait")[0]
+    assert '"${VALUES[@]}"' in install and "--set" not in install
+
+
+def test_the_image_flags_follow_IMAGE(helm: Path, tmp_path: Path) -> None:
+    """A local registry's host goes to image.registry (the schema refuses a host in image.repository)."""
+    for image in (
+        "localhost:5001/team/nodefabric:dev-1",
+        "registry.local/nf:e2e",
+        "localhost/nf:1",
+        "team/nf:2",
+    ):
+        done = template(helm, tmp_path, script_helm_args(IMAGE=image))
+        assert done.returncode == 0, done.stderr
+        agent = one([d for d in yaml.safe_load_all(done.stdout) if d], "DaemonSet", "nodefabric-agent")
+        assert container(agent, "agent")["image"] == image
+
+
+@pytest.mark.parametrize(
+    "image", ["nodefabric", "localhost:5001/nf", "localhost:5001:dev", "nf@sha256:abc", "a:b c", "a,b:c", ""]
+)
+def test_an_image_without_a_tag_is_refused_before_anything_runs(image: str) -> None:
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--helm-args"],
+        env={"PATH": os.environ["PATH"], "SCHEDULER_TAG": SCHEDULER_TAG, "IMAGE": image},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if image == "":
+        # Empty is unset: the default image.
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 1 and "is not REPOSITORY:TAG" in done.stderr
+
+
+def test_an_empty_list_by_set_is_what_the_chart_refuses(helm: Path, tmp_path: Path) -> None:
+    """Why the script sets no empty list with --set: helm makes `{}` a list of one empty string."""
+    old = [*script_helm_args(), "--set", "extender.defaults.homogeneous={}"]
+    done = template(helm, tmp_path, old)
+    assert done.returncode != 0 and "does not match pattern" in done.stderr, done.stderr
+    new = [*script_helm_args(), "--set-json", "extender.defaults.homogeneous=[]"]
+    done = template(helm, tmp_path, new)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert configmap_yaml(docs, "nodefabric-extender", "extender.yaml")["homogeneousKeys"] == []
+
+
+def test_the_script_sets_no_empty_list_or_map_with_set() -> None:
+    code = "\n".join(line for line in SCRIPT.read_text().splitlines() if not line.lstrip().startswith("#"))
+    assert "--set" in code
+    assert not re.search(r"--set(-string)?\s+['\"]?[\w.]+=(\{\s*\}|\[\s*\])", code)
+
+
+def test_every_label_and_allocatable_check_is_retried() -> None:
+    """Labels and each device-plugin family reach the Node on their own time: none is read only once."""
+    checks = [
+        line
+        for line in SCRIPT.read_text().splitlines()
+        if re.search(r'\b(allocatable_is|label_is) "\$node"', line)
+    ]
+    assert len(checks) >= 5, checks  # rdma, rdma.shared, rdma.partitioned, rdma.capable, rdma.numa
+    assert all(re.match(r"\s*retry \d+ ", line) for line in checks), checks
+    families = {re.search(r'allocatable_is "\$node" (\S+)', c).group(1) for c in checks if "allocatable" in c}
+    assert families == {"rdma", "rdma.shared", "rdma.partitioned"}
+
+
+def test_the_host_tree_is_readable_by_all_whatever_the_umask(tmp_path: Path) -> None:
+    """The agent runs as uid 0 with every capability dropped: it reads the tree as "others"."""
+    done = subprocess.run(
+        ["bash", "-c", f'umask 077 && "{sys.executable}" hack/kind_e2e.py host "{tmp_path}/h/worker-1"'],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": "devicemanager"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / "h" / "worker-1"
+    seen = 0
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        want = 0o555 if path.is_dir() else 0o444
+        assert mode & want == want, f"{path} is {oct(mode)}"
+        seen += 1
+    assert seen > 100
 
 
 def test_the_mounted_host_yields_what_the_script_asserts(tmp_path: Path, capsys) -> None:
@@ -188,3 +304,114 @@ def test_the_placement_command_exits_1_with_the_reason(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 1 and done.stderr.startswith("FAIL: worker-3 is on w3")
+
+
+# The run's life cycle (cluster found or created, artifacts before cleanup, what is kept), with docker,
+# kind, kubectl and helm replaced by recorders at their command-line edge: the script is real bash.
+
+FAKES = {
+    "kind": """
+state="$(dirname "$0")/clusters"
+case "$1 $2" in
+  "get clusters") printf '%s\\n' ${FAKE_CLUSTERS:-}; cat "$state" 2>/dev/null || true ;;
+  "create cluster") echo "$4" >>"$state" ;;
+  "export logs") mkdir -p "$3" && echo node-logs >"$3/kind.log" ;;
+  "get kubeconfig") echo "apiVersion: v1" ;;
+esac
+""",
+    "kubectl": """
+[ "$1" = version ] && exit 1
+echo "kubectl output"
+""",
+    "docker": "",
+    "helm": "",
+}
+
+
+def fake_run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls.log"
+    for name, body in FAKES.items():
+        tool = bin_dir / name
+        tool.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"{log}"\n{body}')
+        tool.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "TMPDIR": str(tmp_path),
+            "PYTHON": sys.executable,
+            "HELM": str(bin_dir / "helm"),
+            "HOME": str(tmp_path),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+def kept_work(stderr: str) -> Path:
+    found = re.search(r"work directory kept: (\S+)", stderr)
+    assert found, stderr
+    return Path(found.group(1))
+
+
+def test_a_failed_run_saves_the_artifacts_before_deleting_the_cluster_it_created(tmp_path: Path) -> None:
+    done, calls = fake_run(tmp_path)
+    assert done.returncode != 0
+    assert "kind create cluster --name nodefabric-e2e --wait 120s --config" in "\n".join(calls)
+    export = next(i for i, c in enumerate(calls) if c.startswith("kind export logs"))
+    delete = next(i for i, c in enumerate(calls) if c == "kind delete cluster --name nodefabric-e2e")
+    assert export < delete, "the logs are exported before the cluster is deleted"
+    assert any(c.startswith("kubectl get events -A") for c in calls[export:delete])
+    work = kept_work(done.stderr)
+    assert (work / "artifacts" / "kind" / "kind.log").is_file()
+    assert (work / "artifacts" / "events.txt").read_text() == "kubectl output\n"
+    # The host trees were built (readable by all) and are kept with the work directory on failure.
+    hosts = tmp_path / "nodefabric-e2e-nodefabric-e2e-hosts"
+    assert sorted(p.name for p in hosts.iterdir()) == [f"worker-{i}" for i in range(1, 5)]
+    assert (work / "kind.yaml").read_text().count(f"hostPath: {hosts}/worker-") == 4
+
+
+def test_a_rerun_reuses_a_kept_cluster_and_never_deletes_it(tmp_path: Path) -> None:
+    hosts = tmp_path / "nodefabric-e2e-nodefabric-e2e-hosts"
+    for i in range(1, 5):
+        (hosts / f"worker-{i}" / "sys/class/infiniband").mkdir(parents=True)
+    done, calls = fake_run(tmp_path, FAKE_CLUSTERS="other nodefabric-e2e")
+    assert done.returncode != 0  # the fake cluster's kubectl version fails
+    assert "reusing it" in done.stdout
+    assert not any(c.startswith("kind create") for c in calls)
+    assert "kind get kubeconfig --name nodefabric-e2e" in calls
+    assert any(c.startswith("kind export logs") for c in calls)
+    assert not any(c.startswith("kind delete") for c in calls), calls
+    assert (hosts / "worker-1" / "sys/class/infiniband").is_dir(), "a kept cluster's host trees stay"
+
+
+def test_a_kept_cluster_without_its_host_trees_is_not_used(tmp_path: Path) -> None:
+    done, calls = fake_run(tmp_path, FAKE_CLUSTERS="nodefabric-e2e")
+    assert done.returncode == 1
+    assert "its host tree" in done.stderr and "kind delete cluster --name nodefabric-e2e" in done.stderr
+    assert not any(c.startswith(("kind create", "kind delete")) for c in calls)
+
+
+def test_an_old_python_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    old = tmp_path / "python3.9"
+    old.write_text("#!/usr/bin/env bash\n[ \"$1\" = -V ] && echo 'Python 3.9.18' && exit 0\nexit 1\n")
+    old.chmod(0o755)
+    done, calls = fake_run(tmp_path, PYTHON=str(old))
+    assert done.returncode == 1
+    assert "needs Python >= 3.10" in done.stderr and "Python 3.9.18" in done.stderr
+    assert calls == []
+
+
+def test_keep_cluster_keeps_the_cluster_it_created_even_on_failure(tmp_path: Path) -> None:
+    done, calls = fake_run(tmp_path, KEEP_CLUSTER="1")
+    assert done.returncode != 0
+    assert any(c.startswith("kind create cluster") for c in calls)
+    assert any(c.startswith("kind export logs") for c in calls)
+    assert not any(c.startswith("kind delete") for c in calls), calls
+    assert "Cluster nodefabric-e2e kept: kind export kubeconfig --name nodefabric-e2e" in done.stdout

@@ -93,6 +93,16 @@ def pod(
             }
         ],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        # The service account admission adds the mount and its volume together: a mount of no volume is
+        # refused by the API server (and by the embedded one).
+        "volumes": [
+            {
+                "name": "kube-api-access",
+                "projected": {
+                    "sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]
+                },
+            }
+        ],
         "priority": 0,
         "enableServiceLinks": True,
         "preemptionPolicy": "PreemptLowerPriority",

@@ -17,6 +17,7 @@ from typing import Any
 from nodefabric_operator.demo.kubeapi import errors
 from nodefabric_operator.demo.kubeapi.catalogue import ResourceType
 from nodefabric_operator.demo.kubeapi.errors import Cause
+from nodefabric_operator.demo.kubeapi.naming import name_rule, spec_causes
 from nodefabric_operator.demo.kubeapi.patches import media_type
 from nodefabric_operator.demo.kubeapi.store import meta
 from nodefabric_operator.demo.kubeapi.structural import Structural
@@ -118,11 +119,14 @@ def admit(
         raise errors.bad_request("strict decoding error: " + ", ".join(warnings))
     if validation == "Ignore":
         warnings = []
-    causes = meta_causes(m, dns_label_names=rt.key == NAMESPACES)
+    causes = meta_causes(m, name_errors=name_rule(rt.group, rt.kind))
     if rt.namespaced and not m.get("namespace"):
         causes.append(required("metadata.namespace"))
     if rt.schema is not None:
         causes += rt.schema.causes(candidate, old)
+    elif not rt.crd:
+        # A built-in kind's own rules (pod specs' names, Service ports, selectors); a CRD's are its schema.
+        causes += spec_causes(rt.group, rt.kind, candidate)
     if rt.key == CRDS:
         causes += crd_causes(candidate)
     if causes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nodefabric_operator.demo.kubeapi.errors import Cause, bad_request
@@ -276,8 +276,7 @@ def labels_causes(labels: Mapping[str, str], field: str = "metadata.labels") -> 
     return causes
 
 
-def annotations_causes(annotations: Mapping[str, str]) -> list[Cause]:
-    field = "metadata.annotations"
+def annotations_causes(annotations: Mapping[str, str], field: str = "metadata.annotations") -> list[Cause]:
     causes = []
     for key in annotations:
         # Annotation keys are qualified names in which case does not matter.
@@ -293,9 +292,15 @@ def _mask_trailing_dash(name: str) -> str:
     return name[:-2] + "a" if len(name) > 1 and name.endswith("-") else name
 
 
-def meta_causes(meta: Mapping[str, Any], *, dns_label_names: bool = False) -> list[Cause]:
-    """ValidateObjectMeta: name or generateName, labels, annotations, owner references, finalizers."""
-    check = dns_label_errors if dns_label_names else subdomain_errors
+def meta_causes(
+    meta: Mapping[str, Any],
+    *,
+    dns_label_names: bool = False,
+    name_errors: Callable[[str], list[str]] | None = None,
+) -> list[Cause]:
+    """ValidateObjectMeta: name or generateName, labels, annotations, owner references, finalizers.
+    The name's rule is the kind's (`name_errors`; a DNS label where `dns_label_names`, else a subdomain)."""
+    check = name_errors or (dns_label_errors if dns_label_names else subdomain_errors)
     causes: list[Cause] = []
     generate = meta.get("generateName") or ""
     if generate:

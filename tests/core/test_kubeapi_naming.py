@@ -1,0 +1,171 @@
+"""The embedded API refuses the names a real API server refuses in built-in kinds' specs (the rules of
+nodefabric_operator.demo.kubeapi.naming, which the chart tests apply to every render too): 422 Invalid,
+one cause per field with its path, nothing stored. Over real HTTP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from nodefabric_operator.demo.kubeapi import running_api
+
+C0 = "spec.containers[0]."
+PODS = "/api/v1/namespaces/default/pods"
+TOO_LONG = 'Invalid value: "extender-metrics": must be no more than 15 bytes'
+
+
+async def post(k: Any, path: str, body: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(k.url + path, data=json.dumps(body), headers={"Content-Type": "application/json"}) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+def causes(status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(c["reason"], c["field"], c["message"]) for c in status["details"]["causes"]]
+
+
+def pod(pod_name: str = "p1", **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name},
+        "spec": {"containers": [{"name": "c", "image": "x", **container}]},
+    }
+
+
+@pytest.fixture
+async def k():
+    async with running_api() as api:
+        api.api.declare("v1/services", kind="Service", namespaced=True)
+        api.api.declare("apps/v1/deployments", kind="Deployment", namespaced=True)
+        yield api
+
+
+async def test_a_pod_with_a_16_character_port_name_is_refused_with_each_field(k) -> None:
+    probe = {"httpGet": {"path": "/healthz", "port": "extender-metrics"}}
+    body = pod(ports=[{"name": "extender-metrics", "containerPort": 9102}], livenessProbe=probe)
+    code, status = await post(k, PODS, body)
+    assert code == 422 and status["reason"] == "Invalid"
+    assert causes(status) == [
+        ("FieldValueInvalid", C0 + "ports[0].name", TOO_LONG),
+        ("FieldValueInvalid", C0 + "livenessProbe.httpGet.port", TOO_LONG),
+    ]
+    assert status["message"].startswith('Pod "p1" is invalid: [spec.containers[0].ports[0].name: ')
+    assert k.api.stored("v1/pods", "p1", "default") is None
+
+    body = pod(ports=[{"name": "ext-metrics", "containerPort": 9102}], livenessProbe=probe | {})
+    body["spec"]["containers"][0]["livenessProbe"] = {"httpGet": {"path": "/", "port": "ext-metrics"}}
+    code, status = await post(k, PODS, body)
+    assert code == 201, status
+
+
+@pytest.mark.parametrize(
+    ("container", "field", "says"),
+    [
+        ({"env": [{"name": "1BAD", "value": "x"}]}, C0 + "env[0].name", "must not start with a digit"),
+        ({"env": [{"name": "", "value": "x"}]}, C0 + "env[0].name", "Required value"),
+        (
+            {"envFrom": [{"prefix": "A=", "configMapRef": {"name": "c"}}]},
+            C0 + "envFrom[0].prefix",
+            "environment variable",
+        ),
+        ({"ports": [{"name": "9102", "containerPort": 1}]}, C0 + "ports[0].name", "at least one letter"),
+        (
+            {"ports": [{"name": "m", "containerPort": 70000}]},
+            C0 + "ports[0].containerPort",
+            "between 1 and 65535",
+        ),
+        (
+            {"readinessProbe": {"tcpSocket": {"port": 0}}},
+            C0 + "readinessProbe.tcpSocket.port",
+            "between 1 and 65535",
+        ),
+        ({"name": "Bad_Name"}, C0 + "name", "RFC 1123 label"),
+        (
+            {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]},
+            C0 + "volumeMounts[0].name",
+            'Not found: "nope"',
+        ),
+    ],
+)
+async def test_pod_spec_names(k, container: dict[str, Any], field: str, says: str) -> None:
+    code, status = await post(k, PODS, pod(**container))
+    assert code == 422, status
+    assert [c[1] for c in causes(status)] == [field] and says in causes(status)[0][2]
+
+
+async def test_duplicate_names_in_a_pod(k) -> None:
+    body = pod(ports=[{"name": "m", "containerPort": 1}, {"name": "m", "containerPort": 2}])
+    body["spec"]["containers"].append({"name": "c", "image": "y"})
+    code, status = await post(k, PODS, body)
+    assert code == 422
+    assert causes(status) == [
+        ("FieldValueDuplicate", C0 + "ports[1].name", 'Duplicate value: "m"'),
+        ("FieldValueDuplicate", "spec.containers[1].name", 'Duplicate value: "c"'),
+    ]
+
+
+async def test_a_service_name_is_a_dns_1035_label_and_its_target_port_a_port_name(k) -> None:
+    svc = {
+        "metadata": {"name": "1-metrics"},
+        "spec": {"selector": {"app": "x"}, "ports": [{"port": 9102, "targetPort": "extender-metrics"}]},
+    }
+    code, status = await post(k, "/api/v1/namespaces/default/services", svc)
+    assert code == 422
+    fields = [c[1] for c in causes(status)]
+    assert fields == ["metadata.name", "spec.ports[0].targetPort"]
+    assert "DNS-1035 label" in causes(status)[0][2] and causes(status)[1][2] == TOO_LONG
+    svc["metadata"]["name"] = "metrics"
+    svc["spec"]["ports"] = [{"port": 9102, "targetPort": 9102}, {"port": 1, "name": "Web"}]
+    code, status = await post(k, "/api/v1/namespaces/default/services", svc)
+    assert code == 422
+    assert [c[:2] for c in causes(status)] == [
+        ("FieldValueRequired", "spec.ports[0].name"),
+        ("FieldValueInvalid", "spec.ports[1].name"),
+    ]
+
+
+async def test_a_deployment_selector_must_select_its_template(k) -> None:
+    deployment = {
+        "metadata": {"name": "d"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "x"}},
+            "template": {
+                "metadata": {"labels": {"app": "y"}, "annotations": {"bad key": "1"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    code, status = await post(k, "/apis/apps/v1/namespaces/default/deployments", deployment)
+    assert code == 422
+    assert [c[1] for c in causes(status)] == [
+        "spec.template.metadata.labels",
+        "spec.template.metadata.annotations",
+    ]
+    assert "`selector` does not match template `labels`" in causes(status)[0][2]
+
+
+async def test_wrong_types_are_refused_not_crashed_on(k) -> None:
+    """Garbage where names go: each is a refusal or ignored as the decoder's business, never a 500."""
+    for i, spec in enumerate(
+        (
+            {"containers": "nope"},
+            {"containers": [{"name": 5, "ports": [{"name": ["x"], "containerPort": "80"}]}]},
+            {
+                "containers": [
+                    {"name": "c", "env": [None, 3, {"name": None}], "livenessProbe": {"httpGet": []}}
+                ]
+            },
+            {
+                "containers": [{"name": "c", "readinessProbe": {"httpGet": {"port": True}}}],
+                "nodeSelector": {"a": 1},
+            },
+        )
+    ):
+        code, _ = await post(k, PODS, {"metadata": {"name": f"g{i}"}, "spec": spec})
+        assert code in (201, 422), spec
