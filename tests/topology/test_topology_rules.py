@@ -3,6 +3,7 @@ against the targets' schema facts and CEL rules (crds/)."""
 
 from __future__ import annotations
 
+import pathlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -408,3 +409,10 @@ def test_the_report_validates_against_its_crd_and_keeps_transition_times() -> No
     )
     assert later == st  # nothing changed: nothing to write
     assert report.camel("network-group") == "NetworkGroup"
+
+
+@pytest.mark.parametrize("where", ["crds", "charts/nodefabric/crds"])
+def test_the_committed_fabric_topology_crd_is_current(where: str) -> None:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    path = root / where / report.CRD_FILE
+    assert path.read_text() == report.render_crd(), f"{path} is stale: run `make crds`"

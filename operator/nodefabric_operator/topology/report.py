@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import yaml
+
 from nodefabric_operator import events
 from nodefabric_operator.topology import project
 from nodefabric_operator.topology.nesting import Hierarchy, Violation
@@ -225,3 +227,15 @@ def crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+class _NoAliases(yaml.SafeDumper):
+    """The shared sub-schemas are written out in full: anchors are legal YAML but unreadable in a CRD."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render_crd() -> str:
+    header = "# Generated from nodefabric_operator.topology.report by hack/gen_crds.py. Do not edit.\n"
+    return header + yaml.dump(crd(), Dumper=_NoAliases, sort_keys=False, width=110)
