@@ -254,3 +254,21 @@ async def test_kueue_v1beta1_only_foreign_objects_and_disabled_targets() -> None
             assert levels(_all(k, KAI_T)["nodefabric"]) == [ZONE]  # not ours: left alone
             # No FabricTopology CRD here: the operator goes on without its report.
             assert _writes(k, KAI_T) == 0
+
+
+async def test_failed_writes_are_retried_and_deleted_objects_come_back_on_resync(api: RunningAPI) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    k.api.fail_next(3, 503)  # the first writes meet an outage
+    async with running_operator(k, sink="node", topology=options(resync=1.0)):
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and len(_all(k, HN)) == 10)
+        await eventually(lambda: "nodefabric" in _all(k, KAI_T) and "nodefabric" in _all(k, FT))
+        failed = [e for e in _all(k, "v1/events").values() if e["reason"] == report.WRITE_FAILED]
+        assert failed and "HTTP 503" in failed[0]["message"]
+        # Someone deletes what we wrote: the next resync reads the targets again and writes it back.
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        k.api.remove_object(HN, "leaf.leaf-1")
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and "leaf.leaf-1" in _all(k, HN))
+        await settle(k)
+        assert_valid(k)

@@ -13,7 +13,6 @@ Uninstall: every object carries an ownerReference to the operator's ClusterRole 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -36,6 +35,7 @@ from nodefabric_operator.topology.nesting import Hierarchy, check
 log = logging.getLogger(__name__)
 
 ACTION = "ProjectTopology"  # the Events' action
+RETRY_FIRST = 5.0  # seconds before the first retry of a failed write
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class Projector:
         self._cleaned = False
         self._dirty = asyncio.Event()
         self._retry = False
+        self._failures = 0
 
     def prime(self, page: int = 500) -> None:
         """Read the fleet once before kopf starts (one paged list of Nodes), so the first pass sees every
@@ -130,8 +131,11 @@ class Projector:
         self._dirty.set()  # the first pass, once kopf's listing has delivered the fleet
         loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._dirty.wait(), self.options.resync)
+            except TimeoutError:
+                # A resync reads every target again: an object someone deleted or edited is rewritten.
+                self._forget()
             first = loop.time()
             while True:
                 self._dirty.clear()
@@ -147,8 +151,14 @@ class Projector:
                 self._forget()
                 self._retry = True
             if self._retry:
+                # A failed write is retried, backing off to the resync period (an API server that keeps
+                # refusing is asked every few minutes, not every few seconds).
                 self._retry = False
-                loop.call_later(max(self.options.debounce, 5.0), self._dirty.set)
+                self._failures += 1
+                delay = min(RETRY_FIRST * 2 ** min(self._failures - 1, 16), self.options.resync)
+                loop.call_later(max(self.options.debounce, delay), self._dirty.set)
+            else:
+                self._failures = 0
 
     def _forget(self) -> None:
         self._known.clear()
@@ -323,8 +333,10 @@ class Projector:
         action = project.topology_action(
             self._known[target], desired, mutable_with_hostname=target == project.KUEUE
         )
+        # The state names the result, not the action, so the report does not change back and forth.
+        state = f"{body['kind']} {name}: {len(desired)} levels"
         if action == project.NONE:
-            return f"{body['kind']} {name} current"
+            return state
         if action == project.UPDATE:
             patch = {"spec": {"levels": body["spec"]["levels"]}}
             self._call("patch", target, self.custom.patch_cluster_custom_object, g, v, p, name, patch)
@@ -342,7 +354,8 @@ class Projector:
                 self._known[target] = None
             self._call("create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body))
         self._known[target] = desired
-        return f"{body['kind']} {name} written ({action})"
+        log.info("topology written", extra={"target": target, "object": name, "action": action})
+        return state
 
     def _write_hypernodes(self, desired: Mapping[str, dict[str, Any]]) -> str:
         target = project.VOLCANO
@@ -396,7 +409,9 @@ class Projector:
                     raise
             del known[name]
             written += 1
-        return f"{len(desired)} HyperNodes ({written} written)"
+        if written:
+            log.info("hypernodes written", extra={"objects": len(desired), "written": written})
+        return f"{len(desired)} HyperNodes"
 
     def _list_managed(self, target: str) -> dict[str, Any]:
         g, v, p = self._gvp(target)
