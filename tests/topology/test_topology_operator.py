@@ -1,5 +1,5 @@
 """End to end: the real operator (kopf) against the embedded API serving the Kueue, KAI and Volcano CRDs
-(their schema facts, crds/), a fleet with nodefabric, Topograph and cloud zone labels. Every object it
+(their schema facts, demo/targets/), a fleet with nodefabric, Topograph and cloud zone labels. Every object it
 writes is checked against the targets' schemas and CEL rules; the fleet changes under it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The pure topology rules as tables: levels, the nesting check over fleets, and each projection checked
-against the targets' schema facts and CEL rules (crds/)."""
+against the targets' schema facts and CEL rules (demo/targets/)."""
 
 from __future__ import annotations
 

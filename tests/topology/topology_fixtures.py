@@ -1,24 +1,18 @@
-"""The targets' schema facts (crds/*.yaml) and a checker that applies them as the API server would:
-the openAPIV3Schema by jsonschema, then every x-kubernetes-validations rule by a CEL evaluator, with
-oldSelf for an update."""
+"""The targets' schema facts (nodefabric_operator/demo/targets/*.yaml) and a checker that applies them
+as the API server would: the openAPIV3Schema by jsonschema, then every x-kubernetes-validations rule by a
+CEL evaluator, with oldSelf for an update."""
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Mapping
 from typing import Any
 
 import celpy
 import jsonschema
-import yaml
 
-HERE = pathlib.Path(__file__).resolve().parent
-CRDS = HERE / "crds"
+from nodefabric_operator.demo.targets import KAI, KUEUE, KUEUE_V1BETA1_ONLY, VOLCANO, load
 
-KUEUE = "kueue.yaml"
-KUEUE_V1BETA1_ONLY = "kueue-v1beta1-only.yaml"
-KAI = "kai.yaml"
-VOLCANO = "volcano.yaml"
+__all__ = ["KAI", "KUEUE", "KUEUE_V1BETA1_ONLY", "VOLCANO"]
 
 HOST = "kubernetes.io/hostname"
 FABRIC = "feature.gpustack.ai/fabric.domain"
@@ -31,8 +25,7 @@ REGION = "topology.kubernetes.io/region"
 
 
 def crd(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((CRDS / name).read_text())
-    return doc
+    return load(name)
 
 
 def schema_of(crd_doc: Mapping[str, Any], version: str) -> dict[str, Any]:
