@@ -11,13 +11,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGETS = [ROOT / "crds" / crd.CRD_FILE, ROOT / "charts" / "nodefabric" / "crds" / crd.CRD_FILE]
 
 
-
 def fabric_topology() -> None:
     """The FabricTopology CRD the operator's --topology report is written to (issue 21)."""
     from nodefabric_operator.topology import report
 
     text = report.render_crd()
-    for target in (ROOT / "crds" / report.CRD_FILE, ROOT / "charts" / "nodefabric" / "crds" / report.CRD_FILE):
+    for target in (
+        ROOT / "crds" / report.CRD_FILE,
+        ROOT / "charts" / "nodefabric" / "crds" / report.CRD_FILE,
+    ):
         target.write_text(text)
         print(f"wrote {target.relative_to(ROOT)}")
 
