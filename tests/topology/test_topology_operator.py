@@ -272,3 +272,22 @@ async def test_failed_writes_are_retried_and_deleted_objects_come_back_on_resync
         await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and "leaf.leaf-1" in _all(k, HN))
         await settle(k)
         assert_valid(k)
+
+
+def test_the_benchmark_runs_and_reports_its_figures() -> None:
+    import subprocess
+
+    bench = Path(__file__).resolve().parents[2] / "hack" / "bench_topology.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--nodes", "400"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "projected fabric, leaf, spine, zone, region" in out
+    assert "a label no level reads changes                0 writes" in out
+    joined = next(line for line in out.splitlines() if "joins an existing domain" in line)
+    assert "1 writes {'report': 1}" in joined
