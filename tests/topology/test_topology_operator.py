@@ -291,3 +291,26 @@ def test_the_benchmark_runs_and_reports_its_figures() -> None:
     assert "a label no level reads changes                0 writes" in out
     joined = next(line for line in out.splitlines() if "joins an existing domain" in line)
     assert "1 writes {'report': 1}" in joined
+
+
+async def test_a_kueue_topology_without_hostname_last_is_replaced_and_said(api: RunningAPI) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    old = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": "nodefabric", "labels": {"app.kubernetes.io/managed-by": "nodefabric"}},
+        "spec": {"levels": [{"nodeLabel": ZONE}]},
+    }
+    before = k.api.put_object(KUEUE_T, old)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",))):
+        await eventually(lambda: levels(_all(k, KUEUE_T).get("nodefabric"))[-1:] == [HOST])
+        await settle(k)
+    new = _all(k, KUEUE_T)["nodefabric"]
+    assert new["metadata"]["uid"] != before["metadata"]["uid"]
+    assert problems(new, KUEUE, old=before) != []  # an update would have been refused: hence the replace
+    (said,) = [e for e in _all(k, "v1/events").values() if e["reason"] == report.REPLACED]
+    assert said["message"].startswith("kueue Topology nodefabric replaced") and ZONE in said["message"]
+    # Nothing of a target the configuration leaves out is written.
+    assert not _all(k, KAI_T) and not _all(k, HN)

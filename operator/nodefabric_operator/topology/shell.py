@@ -57,6 +57,13 @@ def _status(err: BaseException) -> int:
     return int(getattr(err, "status", 0) or 0)
 
 
+def _brief(err: BaseException) -> str:
+    status = _status(err)
+    if status:
+        return f"HTTP {status} {getattr(err, 'reason', '') or ''}".strip()
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
 class Projector:
     def __init__(
         self,
@@ -173,7 +180,14 @@ class Projector:
         before, self.hierarchy = self.hierarchy, hierarchy
         for level, count in hierarchy.violations_by_level().items():
             self.metrics.topology_violations.labels(level=level).set(count)
-        self._discover()
+        try:
+            self._discover()
+        except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
+            # Retried with backoff; the last answer stands meanwhile, and with none nothing is written.
+            self._retry = True
+            log.warning("topology discovery failed", extra={"error": _brief(err)})
+            if not self.served:
+                return hierarchy
         self._read_owner()
         if not self._cleaned:
             self._clean_disabled()
@@ -293,11 +307,7 @@ class Projector:
         except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
             self._known.pop(target, None)  # read the server again next time
             self._retry = True
-            reason = (
-                f"HTTP {_status(err)} {getattr(err, 'reason', '') or ''}".strip()
-                if _status(err)
-                else str(err)
-            )
+            reason = _brief(err)
             self._event(events.for_failure(report.WRITE_FAILED, f"{target}: {reason}"))
             log.warning("topology write failed", extra={"target": target, "error": reason[:300]})
             return f"write failed: {reason[:200]}"
@@ -448,7 +458,7 @@ class Projector:
             except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
                 log.warning(
                     "cannot remove a disabled target's objects",
-                    extra={"target": target, "error": str(err)[:300]},
+                    extra={"target": target, "error": _brief(err)},
                 )
 
     # --- the report -----------------------------------------------------------------------------------------
@@ -483,7 +493,7 @@ class Projector:
         except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
             self._report_known = False
             self._retry = True
-            log.warning("cannot write the topology report", extra={"error": str(err)[:300]})
+            log.warning("cannot write the topology report", extra={"error": _brief(err)})
 
     def _event(self, notice: events.Notice) -> None:
         if self.recorder is None:
