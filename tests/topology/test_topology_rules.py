@@ -373,14 +373,15 @@ def test_hypernodes_form_a_tree_that_holds_each_domain_exactly() -> None:
     ]
 
 
-@pytest.mark.parametrize("value", ["Rack_1", "rack.1", "rack-1", "A" * 63, "x" + "_" * 61 + "y", "9"])
+VALUES = ["Rack_1", "rack.1", "rack-1", "A" * 63, "a" * 63, "x" + "_" * 61 + "y", "9", "", "x"]
+
+
+@pytest.mark.parametrize("value", VALUES)
 def test_hypernode_names_are_dns_subdomains_and_never_shared(value: str) -> None:
-    name = project.hypernode_name("leaf", value)
+    name = project.hypernode_name("network-group", value)
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name), name
-    assert len(name) <= 253
-    others = {
-        project.hypernode_name("leaf", v) for v in ["Rack_1", "rack.1", "rack-1", "A" * 63, "9"] if v != value
-    }
+    assert len(name) <= 253 and all(len(part) <= 63 for part in name.split("."))
+    others = {project.hypernode_name("network-group", v) for v in VALUES if v != value}
     assert name not in others
 
 
