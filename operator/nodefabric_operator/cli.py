@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="levels, tightest first, as a YAML/JSON list of {name, keys, title} (default: fabric, leaf, "
         "spine, core, zone, region)",
     )
+    topo.add_argument(
+        "--topology-level-keys",
+        help="label keys replacing those of named levels, as a YAML/JSON mapping {level: [keys]}",
+    )
     topo.add_argument("--topology-name", default="nodefabric", help="Kueue/KAI Topology name")
     topo.add_argument(
         "--topology-owner", help="ClusterRole owning every object written, so uninstalling removes them"
@@ -143,6 +147,8 @@ def topology_options(args: argparse.Namespace, domain: str) -> TopologyOptions |
             levels = topology_levels.default_levels(domain)
         else:
             levels = topology_levels.parse_levels(yamldoc.load(args.topology_levels))
+        if args.topology_level_keys is not None:
+            levels = topology_levels.with_keys(levels, yamldoc.load(args.topology_level_keys))
     except (ValueError, yaml.YAMLError) as err:
         raise startup.StartupError(f"--topology: {startup.first_line(err)}") from err
     if not labels.is_dns_label(args.topology_name):

@@ -77,3 +77,16 @@ def test_levels_the_schema_lets_through_but_the_operator_refuses_stop_it_at_star
     levels = [{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}]
     with pytest.raises(cli.startup.StartupError, match="is in levels a and b"):
         operator_options(render({"operator": {"topology": {"levels": levels}}}))
+
+
+def test_the_extenders_level_keys_are_the_topologys_too(render: Any) -> None:
+    values = {"extender": {"levels": {"networkGroup": ["example.com/rack"], "zone": ["example.com/zone"]}}}
+    opts = operator_options(render(values))
+    assert opts is not None
+    keys = {lv.name: lv.keys for lv in opts.levels}
+    assert keys["leaf"] == ("example.com/rack",) and keys["zone"] == ("example.com/zone",)
+    assert keys["fabric"][0] == "feature.gpustack.ai/fabric.domain"  # not overridden: the default
+    # Levels of its own replace the defaults whole; the extender's keys are then not applied.
+    own = [{"name": "rack", "keys": ["example.com/rack"]}]
+    opts = operator_options(render({**values, "operator": {"topology": {"levels": own}}}))
+    assert opts is not None and [lv.name for lv in opts.levels] == ["rack"]

@@ -97,6 +97,17 @@ def test_bad_level_configuration_is_refused_with_the_reason(data: Any, fragment:
         lv.parse_levels(data)
 
 
+def test_named_levels_take_other_keys() -> None:
+    changed = lv.with_keys(LEVELS, {"leaf": ["example.com/rack"], "zone": []})
+    assert [x.keys for x in changed][1:] == [("example.com/rack",), *(x.keys for x in LEVELS[2:])]
+    with pytest.raises(lv.LevelsError, match=r"level keys for \['rack'\]: no such level"):
+        lv.with_keys(LEVELS, {"rack": ["k"]})
+    with pytest.raises(lv.LevelsError, match="is in levels fabric and leaf"):
+        lv.with_keys(LEVELS, {"leaf": [FABRIC]})
+    with pytest.raises(lv.LevelsError, match="invalid level keys"):
+        lv.with_keys(LEVELS, ["leaf"])
+
+
 def test_levels_are_renamed_and_reordered_by_configuration() -> None:
     custom = lv.parse_levels(
         [

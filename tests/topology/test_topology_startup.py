@@ -29,6 +29,8 @@ def one_line(err: str) -> str:
         (["--topology-levels", "[]"], "at least one topology level"),
         (["--topology-levels", "[" * 5000], "--topology:"),
         (["--topology-name", "Bad_Name"], "--topology-name 'Bad_Name' is not a DNS label"),
+        (["--topology-level-keys", "{rack: [k]}"], "level keys for ['rack']: no such level"),
+        (["--topology-level-keys", "[leaf]"], "invalid level keys"),
     ],
 )
 def test_bad_topology_configuration_is_one_line_and_exit_2(args: list[str], message: str, capsys) -> None:

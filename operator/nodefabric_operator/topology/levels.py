@@ -8,7 +8,7 @@ and reorder levels with the same YAML shape as the extender's `levels:` (name, k
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -97,6 +97,25 @@ def parse_levels(data: Any) -> tuple[Level, ...]:
         raise LevelsError(f"invalid topology levels: {exc}") from exc
     check(levels)
     return levels
+
+
+_KEYS = TypeAdapter(dict[str, tuple[str, ...]])
+
+
+def with_keys(levels: Sequence[Level], overrides: Any) -> tuple[Level, ...]:
+    """`levels` with the keys of the named ones replaced ({level name: [keys]}; an empty list keeps the
+    level's keys): how the chart hands the extender's per-level keys to the same levels here."""
+    try:
+        keys: Mapping[str, tuple[str, ...]] = _KEYS.validate_python(overrides)
+    except ValidationError as exc:
+        raise LevelsError(f"invalid level keys: {exc}") from exc
+    names = {lv.name for lv in levels}
+    unknown = sorted(set(keys) - names)
+    if unknown:
+        raise LevelsError(f"level keys for {unknown}: no such level (levels: {', '.join(sorted(names))})")
+    out = tuple(lv.model_copy(update={"keys": keys[lv.name]}) if keys.get(lv.name) else lv for lv in levels)
+    check(out)
+    return out
 
 
 def check(levels: Sequence[Level]) -> None:

@@ -125,7 +125,8 @@ def same_report(live: Mapping[str, Any] | None, status_: Mapping[str, Any]) -> b
 
 def notices(before: Hierarchy | None, after: Hierarchy) -> list[events.Notice]:
     """Events for violations that appeared (Warning, naming the level, value and a few nodes) and levels
-    that nest again (Normal). Nothing for an unchanged hierarchy, so a restart repeats nothing it said."""
+    that nest again (Normal). Nothing for an unchanged hierarchy; after a start (`before` None) every
+    standing violation is said once."""
     old = {(v.level, v.value, v.against) for v in (before.violations if before else ())}
     new_ones = [v for v in after.violations if (v.level, v.value, v.against) not in old]
     out = [events.Notice(events.WARNING, NOT_NESTED, v.message()[: events.MAX_MESSAGE]) for v in new_ones]
