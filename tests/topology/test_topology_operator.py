@@ -314,3 +314,19 @@ async def test_a_kueue_topology_without_hostname_last_is_replaced_and_said(api: 
     assert said["message"].startswith("kueue Topology nodefabric replaced") and ZONE in said["message"]
     # Nothing of a target the configuration leaves out is written.
     assert not _all(k, KAI_T) and not _all(k, HN)
+
+
+async def test_a_hypernode_deleted_behind_our_back_is_created_when_it_next_changes(api: RunningAPI) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options()):
+        await eventually(lambda: "leaf.leaf-1" in _all(k, HN))
+        await settle(k)
+        k.api.remove_object(HN, "leaf.leaf-1")
+        await client.node("gpu-5", node_labels(5, fabric="nvl-z", leaf="leaf-1", spine="sp-1", zone="eu-1a"))
+        await eventually(lambda: "leaf.leaf-1" in _all(k, HN))
+        await settle(k)
+    members = _all(k, HN)["leaf.leaf-1"]["spec"]["members"]
+    assert {m["selector"]["exactMatch"]["name"] for m in members} == {"fabric.nvl-a", "fabric.nvl-z"}
+    assert not [e for e in _all(k, "v1/events").values() if e["reason"] == report.WRITE_FAILED]

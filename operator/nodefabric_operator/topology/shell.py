@@ -397,16 +397,24 @@ class Projector:
                         {"spec": body["spec"]},
                     )
             elif known[name] != body["spec"]:
-                self._call(
-                    "patch",
-                    target,
-                    self.custom.patch_cluster_custom_object,
-                    g,
-                    v,
-                    p,
-                    name,
-                    {"spec": body["spec"]},
-                )
+                try:
+                    self._call(
+                        "patch",
+                        target,
+                        self.custom.patch_cluster_custom_object,
+                        g,
+                        v,
+                        p,
+                        name,
+                        {"spec": body["spec"]},
+                    )
+                except kubernetes.client.ApiException as err:
+                    if _status(err) != 404:
+                        raise
+                    # Deleted since we wrote it: written again.
+                    self._call(
+                        "create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body)
+                    )
             else:
                 continue
             known[name] = body["spec"]
