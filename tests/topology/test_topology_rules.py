@@ -428,3 +428,91 @@ def test_the_committed_fabric_topology_crd_is_current(where: str) -> None:
     root = pathlib.Path(__file__).resolve().parents[2]
     path = root / where / report.CRD_FILE
     assert path.read_text() == report.render_crd(), f"{path} is stale: run `make crds`"
+
+
+# --- random fleets against the definition, checked the slow way --------------------------------------------
+
+
+def brute_violations(levels: tuple[Level, ...], fleet: Fleet) -> set[tuple[str, str, str]]:
+    keys = [next((k for k in x.keys if any(k in labs for labs in fleet.values())), None) for x in levels]
+    out = set()
+    for i, tight in enumerate(levels):
+        for j in range(i + 1, len(levels)):
+            ki, kj = keys[i], keys[j]
+            if ki is None or kj is None:
+                continue
+            for a in fleet.values():
+                for b in fleet.values():
+                    if ki in a and ki in b and kj in a and kj in b and a[ki] == b[ki] and a[kj] != b[kj]:
+                        out.add((tight.name, a[ki], levels[j].name))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_fleets_match_the_definition_and_project_to_exact_hypernodes(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    fleet: Fleet = {}
+    for n in range(40):
+        fabric = rng.randrange(12)
+        leaf = fabric // 3
+        spine = leaf // 2
+        labs = {
+            FABRIC: f"d{fabric}",
+            LEAF: f"l{leaf}",
+            SPINE: f"s{spine}",
+            ZONE: f"z{spine // 1}",
+            REGION: "r",
+        }
+        for key in list(labs):
+            if rng.random() < 0.2:
+                del labs[key]  # missing labels are fine
+        fleet[f"n{n}"] = labs
+    complete = seed % 4 == 0
+    if complete:  # a quarter of the fleets carry every label
+        fleet = {n: {k: f"{k}-{v}" for k, v in labs.items()} for n, labs in fleet.items()}
+        for n in range(40):
+            fabric = n % 12
+            fleet[f"n{n}"] = {
+                FABRIC: f"d{fabric}",
+                LEAF: f"l{fabric // 3}",
+                SPINE: f"s{fabric // 6}",
+                ZONE: f"z{fabric // 6}",
+                REGION: "r",
+            }
+    elif seed % 2:  # a few conflicting values
+        for _ in range(rng.randrange(1, 4)):
+            node = fleet[f"n{rng.randrange(40)}"]
+            node[rng.choice([LEAF, SPINE, ZONE])] = f"x{rng.randrange(3)}"
+    h = check(LEVELS, fleet)
+    assert {(v.level, v.value, v.against) for v in h.violations} == brute_violations(LEVELS, fleet)
+    hns = project.hypernodes(h, fleet)
+    key_of = {c.name: c.key for c in h.projected}
+    for name, body in hns.items():
+        assert problems(body, VOLCANO) == []
+        level = body["spec"]["tierName"]
+        want = {
+            n
+            for n, labs in fleet.items()
+            if key_of[level] in labs and project.hypernode_name(level, labs[key_of[level]]) == name
+        }
+        got = nodes_under(name, hns, fleet)
+        # Never a node outside the domain; the whole domain when every node carries every label.
+        assert got <= want and (got == want or not complete), name
+    parents: dict[str, int] = {}
+    for body in hns.values():
+        for m in body["spec"]["members"]:
+            if m["type"] == "HyperNode":
+                parents[m["selector"]["exactMatch"]["name"]] = (
+                    parents.get(m["selector"]["exactMatch"]["name"], 0) + 1
+                )
+    assert all(count == 1 for count in parents.values())
+    for tier in {b["spec"]["tier"] for b in hns.values()}:  # a node in at most one HyperNode per tier
+        seen: list[str] = []
+        for name, body in hns.items():
+            if body["spec"]["tier"] == tier:
+                seen += nodes_under(name, hns, fleet)
+        assert len(seen) == len(set(seen))
+    kueue, _ = project.kueue_topology(h, "nodefabric", "v1beta2")
+    assert problems(kueue, KUEUE) == []

@@ -33,7 +33,8 @@ def _items(k: RunningAPI, key: str) -> list[dict[str, Any]]:
 async def show_topology(
     k: RunningAPI, out: TextIO, operator_running: OperatorRunning, nodefeatures: str, namespace: str
 ) -> None:
-    out.write(f"\n=== 7. Topology for other schedulers: Kueue, KAI, Volcano {'=' * 41}\n")
+    title = "7. Topology for other schedulers: Kueue, KAI, Volcano"
+    out.write(f"\n=== {title} {'=' * max(0, 96 - len(title))}\n")  # as main._section writes it
     for name in (targets.KUEUE, targets.KAI, targets.VOLCANO):
         k.api.declare_crd(targets.load(name))
     k.api.declare_crd(report.crd())

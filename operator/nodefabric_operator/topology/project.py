@@ -134,8 +134,11 @@ def hypernode_name(level: str, value: str) -> str:
 def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, Any]]:
     """Every HyperNode, by name. `fleet` is the same node labels the hierarchy was checked over.
 
-    A HyperNode's parent is the HyperNode of the nearest looser tier its nodes carry (one value: the
-    levels nest), so a domain whose nodes lack the next tier still hangs under the one above."""
+    A HyperNode's parent is the HyperNode of the nearest looser tier that every one of its nodes carries
+    (one value: the levels nest), so a domain whose nodes lack the next tier still hangs under the one
+    above. Where only some of its nodes carry a tier, it does not hang under that tier's HyperNode: a
+    HyperNode never holds a node that lacks its label (a domain may look smaller to Volcano than it is,
+    never larger, so a job asked to stay in one never spans two)."""
     tiers: Sequence[CheckedLevel] = hierarchy.projected
     keys = [lv.key or "" for lv in tiers]
     nodes_of: list[dict[str, list[Mapping[str, str]]]] = [{} for _ in tiers]
@@ -153,9 +156,8 @@ def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> 
     for t in range(len(tiers)):
         for value, members in nodes_of[t].items():
             for u in range(t + 1, len(tiers)):
-                parent = next((m[keys[u]] for m in members if keys[u] in m), None)
-                if parent is not None:
-                    children[u][parent].append(hypernode_name(tiers[t].name, value))
+                if all(keys[u] in m for m in members):
+                    children[u][members[0][keys[u]]].append(hypernode_name(tiers[t].name, value))
                     break
     out: dict[str, dict[str, Any]] = {}
     for t, lv in enumerate(tiers):
@@ -163,11 +165,14 @@ def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> 
             spec_members: list[dict[str, Any]] = [
                 {"type": "HyperNode", "selector": {"exactMatch": {"name": child}}}
                 for child in sorted(children[t][value])
+                if child in out  # tighter tiers are built first; one left out is not a member
             ]
             if value in direct[t]:
                 spec_members.append(
                     {"type": "Node", "selector": {"labelMatch": _node_match(keys[t], value, keys[:t])}}
                 )
+            if not spec_members:
+                continue  # every node sits in a tighter domain that cannot hang here: nothing to hold
             name = hypernode_name(lv.name, value)
             out[name] = {
                 "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
