@@ -330,3 +330,16 @@ async def test_a_hypernode_deleted_behind_our_back_is_created_when_it_next_chang
     members = _all(k, HN)["leaf.leaf-1"]["spec"]["members"]
     assert {m["selector"]["exactMatch"]["name"] for m in members} == {"fabric.nvl-a", "fabric.nvl-z"}
     assert not [e for e in _all(k, "v1/events").values() if e["reason"] == report.WRITE_FAILED]
+
+
+async def test_a_missing_owner_is_said_and_the_objects_are_written_unowned(api: RunningAPI, caplog) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(owner="no-such-role")):
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and len(_all(k, HN)) == 10)
+        await settle(k)
+    assert all(
+        "ownerReferences" not in o["metadata"] for key in (KUEUE_T, KAI_T, HN) for o in _all(k, key).values()
+    )
+    assert any("cannot read the owner ClusterRole" in r.getMessage() for r in caplog.records)
