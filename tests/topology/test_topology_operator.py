@@ -343,3 +343,20 @@ async def test_a_missing_owner_is_said_and_the_objects_are_written_unowned(api: 
         "ownerReferences" not in o["metadata"] for key in (KUEUE_T, KAI_T, HN) for o in _all(k, key).values()
     )
     assert any("cannot read the owner ClusterRole" in r.getMessage() for r in caplog.records)
+
+
+async def test_with_the_nodefeature_sink_the_operator_watches_nodes_for_the_topology_alone(
+    api: RunningAPI,
+) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="nodefeature", topology=options()):
+        await eventually(lambda: len(_all(k, HN)) == 10 and "nodefabric" in _all(k, KAI_T))
+        await client.label_node("gpu-3", {FABRIC: "nvl-d"})
+        await eventually(lambda: "fabric.nvl-d" in _all(k, HN))
+        await settle(k)
+    assert_valid(k)
+    # The Node watch reads; nothing of ours writes a Node or a NodeFeature without a Devices record.
+    assert _writes(k, "v1/nodes") == len(FLEET) + 1  # the test's own creates and its one label
+    assert _writes(k, "nfd.k8s-sigs.io/v1alpha1/nodefeatures") == 0
