@@ -43,6 +43,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_agent.py
 	$(BIN)/python hack/bench_operator.py
 	$(BIN)/python hack/bench_kubeapi.py
+	$(BIN)/python hack/bench_topology.py
 
 # The image every component runs, tagged as the chart's default (image.registry/repository:appVersion).
 # Needs Docker with BuildKit. For both architectures and a registry:

@@ -24,13 +24,15 @@ import kubernetes
 import yaml
 from kubernetes.config.config_exception import ConfigException
 
-from nodefabric_devicemanager import flags
+from nodefabric_devicemanager import flags, yamldoc
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events, handlers, labels, sinks, startup
 from nodefabric_operator.endpoints import Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 from nodefabric_operator.recorder import Recorder
+from nodefabric_operator.topology import levels as topology_levels
+from nodefabric_operator.topology.shell import Projector, TopologyOptions, parse_targets
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class Options:
     priority: int = 0
     backoffs: Sequence[float] = DEFAULT_BACKOFFS
     startup_timeout: float = 10.0
+    topology: TopologyOptions | None = None  # None: no hierarchy check, no projections
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +88,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="how long to wait for the API server at start before exiting 2 (default: %(default)s s)",
     )
+    topo = parser.add_argument_group(
+        "topology (the checked hierarchy and its Kueue, KAI, Volcano projections)"
+    )
+    topo.add_argument(
+        "--topology", action="store_true", help="watch Nodes, check the hierarchy, write the projections"
+    )
+    topo.add_argument(
+        "--topology-targets",
+        default="kueue,kai,volcano",
+        help="targets allowed, each written only when its CRD is served (default: %(default)s)",
+    )
+    topo.add_argument(
+        "--topology-levels",
+        help="levels, tightest first, as a YAML/JSON list of {name, keys, title} (default: fabric, leaf, "
+        "spine, core, zone, region)",
+    )
+    topo.add_argument(
+        "--topology-level-keys",
+        help="label keys replacing those of named levels, as a YAML/JSON mapping {level: [keys]}",
+    )
+    topo.add_argument("--topology-name", default="nodefabric", help="Kueue/KAI Topology name")
+    topo.add_argument(
+        "--topology-owner", help="ClusterRole owning every object written, so uninstalling removes them"
+    )
+    topo.add_argument(
+        "--topology-debounce",
+        type=flags.seconds(most=600, zero=True),
+        default=2.0,
+        help="quiet time after a Node change before a pass (default: %(default)s s)",
+    )
 
 
 def options(args: argparse.Namespace) -> Options:
@@ -101,6 +134,31 @@ def options(args: argparse.Namespace) -> Options:
         peering=args.peering,
         priority=args.priority,
         startup_timeout=args.startup_timeout,
+        topology=topology_options(args, labels.check_domain(args.domain)),
+    )
+
+
+def topology_options(args: argparse.Namespace, domain: str) -> TopologyOptions | None:
+    if not args.topology:
+        return None
+    try:
+        targets = parse_targets(args.topology_targets)
+        if args.topology_levels is None:
+            levels = topology_levels.default_levels(domain)
+        else:
+            levels = topology_levels.parse_levels(yamldoc.load(args.topology_levels))
+        if args.topology_level_keys is not None:
+            levels = topology_levels.with_keys(levels, yamldoc.load(args.topology_level_keys))
+    except (ValueError, yaml.YAMLError) as err:
+        raise startup.StartupError(f"--topology: {startup.first_line(err)}") from err
+    if not labels.is_dns_label(args.topology_name):
+        raise startup.StartupError(f"--topology-name {args.topology_name!r} is not a DNS label")
+    return TopologyOptions(
+        levels=levels,
+        targets=targets,
+        name=args.topology_name,
+        owner=args.topology_owner or None,
+        debounce=args.topology_debounce,
     )
 
 
@@ -159,14 +217,21 @@ async def serve(
             recorder=Recorder(api, instance(), metrics),
             backoffs=opts.backoffs,
         )
+        projector = (
+            None
+            if opts.topology is None
+            else Projector(api, opts.topology, metrics, Recorder(api, instance(), metrics))
+        )
         endpoints = Endpoints(
             metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port
         )
         await endpoints.start()
         try:
             await startup.prime(reconciler, opts.sink, opts.namespace)
+            if projector is not None:
+                await startup.prime_topology(projector)
             registry = kopf.OperatorRegistry()
-            handlers.register(registry, sink)
+            handlers.register(registry, sink, topology=projector is not None)
             log.info(
                 "operator starting",
                 extra={
@@ -186,7 +251,7 @@ async def serve(
                         standalone=opts.standalone,
                         peering_name=None if opts.standalone else opts.peering,
                         priority=opts.priority,
-                        memo=kopf.Memo(reconciler=reconciler),
+                        memo=kopf.Memo(reconciler=reconciler, projector=projector),
                         stop_flag=stop_flag,
                         ready_flag=ready_flag,
                     )

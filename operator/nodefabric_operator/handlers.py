@@ -12,6 +12,8 @@ worker waits on one shared condition woken once per object, which costs time qua
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -20,6 +22,7 @@ import kopf
 from nodefabric_devicemanager import models
 from nodefabric_operator import kopflog, sinks
 from nodefabric_operator.reconcile import Reconciler
+from nodefabric_operator.topology.shell import Projector
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,29 @@ async def on_sink_object(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     await rec.sink_event(event["object"])
 
 
-def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
+def _projector(memo: Any) -> Projector:
+    proj: Projector = memo.projector
+    return proj
+
+
+async def topology_start(memo: Any, **_: Any) -> None:
+    """The topology loop runs beside kopf's workers; kopf cancels it when the operator stops."""
+    memo.topology_task = asyncio.create_task(_projector(memo).run(), name="topology")
+
+
+async def topology_stop(memo: Any, **_: Any) -> None:
+    task: asyncio.Task[None] | None = getattr(memo, "topology_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def on_node_topology(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    _projector(memo).node_event(event.get("type"), event["object"])
+
+
+def register(registry: kopf.OperatorRegistry, sink: sinks.Sink, *, topology: bool = False) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -78,3 +103,8 @@ def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
         where: dict[str, Any] = {"labels": {sinks.NFD_NODE_NAME: kopf.PRESENT}, "when": in_our_namespace}
         nodefeatures = (sinks.NFD_GROUP, sinks.NFD_VERSION, sinks.NFD_PLURAL)
         kopf.on.event(*nodefeatures, registry=registry, **where)(on_sink_object)
+    if topology:
+        # The hierarchy is read from the Node watch alone: no request per Devices record.
+        kopf.on.startup(registry=registry)(topology_start)
+        kopf.on.cleanup(registry=registry)(topology_stop)
+        kopf.on.event("", "v1", "nodes", registry=registry)(on_node_topology)

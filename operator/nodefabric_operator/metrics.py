@@ -82,6 +82,25 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.topology_violations = Gauge(
+            "nodefabric_topology_level_violations",
+            "Values of a topology level that span several values of a looser level (the level is left out "
+            "of the Kueue, KAI and Volcano projections while above 0), by level",
+            ["level"],
+            registry=self.registry,
+        )
+        self.topology_writes = Counter(
+            "nodefabric_topology_objects_written",
+            "Projected topology objects written, by target (kueue, kai, volcano) and verb",
+            ["target", "verb"],
+            registry=self.registry,
+        )
+        self.topology_duration = Histogram(
+            "nodefabric_topology_reconcile_duration_seconds",
+            "Time of one topology pass: the nesting check, the projections and their writes",
+            registry=self.registry,
+        )
+
     def exposition(self, accept: str) -> tuple[bytes, str]:
         """The registry in the format the scraper asked for (OpenMetrics or the text format)."""
         encoder, content_type = prometheus_client.exposition.choose_encoder(accept)

@@ -28,7 +28,11 @@ NAMESPACE = "default"  # where every Event about a cluster-scoped object lives
 
 
 def event_body(
-    involved: Mapping[str, Any], notice: events.Notice, instance: str, now: datetime
+    involved: Mapping[str, Any],
+    notice: events.Notice,
+    instance: str,
+    now: datetime,
+    action: str = "PublishLabels",
 ) -> dict[str, Any]:
     stamp = _stamp(now)
     return {
@@ -40,7 +44,7 @@ def event_body(
         "type": notice.type,
         "reason": notice.reason,
         "message": notice.message,
-        "action": "PublishLabels",
+        "action": action,
         "source": {"component": events.COMPONENT},
         "reportingComponent": events.COMPONENT,
         "reportingInstance": instance,
@@ -69,7 +73,7 @@ class Recorder:
         self.clock = clock
         self._lock = threading.Lock()  # posts run in worker threads
 
-    def post(self, involved: Mapping[str, Any], notice: events.Notice) -> None:
+    def post(self, involved: Mapping[str, Any], notice: events.Notice, action: str = "PublishLabels") -> None:
         """One Event, or one more count of the same Event; a failure is logged, never raised: an Event
         is a courtesy, not the work."""
         source = str(involved.get("uid") or involved.get("name"))
@@ -89,7 +93,7 @@ class Recorder:
                     self.correlator.record(key, Posted(posted.name, posted.count + 1, posted.first))
                 self.metrics.events.labels(action="counted").inc()
                 return
-            body = event_body(involved, notice, self.instance, now)
+            body = event_body(involved, notice, self.instance, now, action)
             self.metrics.api_requests.labels(verb="create", resource="events").inc()
             # The client turns the mapping into its Event model (and refuses one it would not send).
             answer = self.core.create_namespaced_event(NAMESPACE, cast(Any, body), _preload_content=False)

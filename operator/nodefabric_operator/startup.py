@@ -3,6 +3,7 @@ the API server reached and serving the Devices CRD, and the sink objects listed.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from urllib.parse import urlsplit
 
@@ -12,6 +13,7 @@ import urllib3
 from nodefabric_devicemanager import models
 from nodefabric_operator import sinks
 from nodefabric_operator.reconcile import Reconciler
+from nodefabric_operator.topology.shell import Projector
 
 PROBE_TIMEOUT = 5.0  # one discovery request at start
 
@@ -87,6 +89,17 @@ async def prime(reconciler: Reconciler, sink: str, namespace: str) -> None:
         raise StartupError(f"cannot list {where}: {reason}{hint}") from err
     except (urllib3.exceptions.HTTPError, OSError) as err:
         raise StartupError(f"cannot list the sink objects: {cause(err)}") from err
+
+
+async def prime_topology(projector: Projector) -> None:
+    """The Node listing the topology check starts from; a refusal (RBAC) is a start-up error."""
+    try:
+        await asyncio.to_thread(projector.prime)
+    except kubernetes.client.ApiException as err:
+        reason = f"HTTP {err.status} {err.reason or ''}".strip()
+        raise StartupError(f"--topology: cannot list Nodes: {reason}") from err
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        raise StartupError(f"--topology: cannot list Nodes: {cause(err)}") from err
 
 
 def first_line(err: BaseException) -> str:

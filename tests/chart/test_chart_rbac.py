@@ -34,6 +34,17 @@ OPERATOR_NODEFEATURE: Grants = {
     (CLUSTER, "", "nodes", ""): {"get"},
 }
 OPERATOR_NODE: Grants = {**OPERATOR_COMMON, (CLUSTER, "", "nodes", ""): {"get", "list", "watch", "patch"}}
+# operator.topology (on by default): the Node watch, its owner's uid, the report and the three targets.
+OPERATOR_TOPOLOGY: Grants = {
+    (CLUSTER, "rbac.authorization.k8s.io", "clusterroles", "nf-nodefabric-operator"): {"get"},
+    (CLUSTER, "placement.gpustack.ai", "fabrictopologies", ""): {"create"},
+    (CLUSTER, "placement.gpustack.ai", "fabrictopologies", "nodefabric"): {"get", "patch"},
+    (CLUSTER, "kueue.x-k8s.io", "topologies", ""): {"create"},
+    (CLUSTER, "kueue.x-k8s.io", "topologies", "nodefabric"): {"get", "patch", "delete"},
+    (CLUSTER, "kai.scheduler", "topologies", ""): {"create"},
+    (CLUSTER, "kai.scheduler", "topologies", "nodefabric"): {"get", "patch", "delete"},
+    (CLUSTER, "topology.volcano.sh", "hypernodes", ""): {"get", "list", "create", "patch", "delete"},
+}
 # The extender runs in the scheduler's pod, as the scheduler's ServiceAccount: these it adds.
 EXTENDER: Grants = {
     (CLUSTER, "", "nodes", ""): {"list", "watch"},
@@ -126,7 +137,10 @@ def test_agent_may_do_exactly_what_it_needs(default_docs: list[Doc]) -> None:
 def test_operator_may_do_exactly_what_its_sink_needs(render, sink: str, expected: Grants) -> None:
     docs = render({"labelSink": sink})
     grants, builtin = grants_of(docs, sa_of(docs, "Deployment", "nf-nodefabric-operator"))
-    assert grants == expected
+    nodes = (CLUSTER, "", "nodes", "")
+    assert grants == {**expected, **OPERATOR_TOPOLOGY, nodes: expected[nodes] | {"list", "watch"}}
+    without = render({"labelSink": sink, "operator": {"topology": {"enabled": False}}})
+    assert grants_of(without, sa_of(without, "Deployment", "nf-nodefabric-operator"))[0] == expected
     assert builtin == set()
     args = pod_spec(one(docs, "Deployment", "nf-nodefabric-operator"))["containers"][0]["args"]
     assert args[args.index("--sink") + 1] == sink

@@ -137,3 +137,20 @@ async def test_ctrl_c_while_the_operator_starts_stops_everything_without_a_trace
     assert proc.returncode == 130
     assert "Traceback" not in rest.decode() + err.decode(), err.decode()[-3000:]
     assert os.listdir(tmp_path) == [], "the fixture hosts are gone with it"
+
+
+def test_topology_projections_for_kueue_kai_and_volcano(demo):
+    topology = _section(demo[1], 7)
+    assert "violations: 0" in topology
+    levels = [line.split("nodeLabel: ")[1] for line in topology.splitlines() if "nodeLabel: " in line]
+    assert levels == [
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+        "network.topology.nvidia.com/leaf",
+        "feature.gpustack.ai/fabric.domain",
+        "kubernetes.io/hostname",
+    ]
+    # nvl-7's NVLink domain is a tier-0 HyperNode inside its leaf.
+    assert "fabric.nvlink-5b0e112233445566778899aabbccddef-1" in topology
+    leaf = next(line for line in topology.splitlines() if line.strip().startswith("leaf.leaf-us-east-1a"))
+    assert "HyperNode fabric.nvlink-5b0e112233445566778899aabbccddef-1" in leaf

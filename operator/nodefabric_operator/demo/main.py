@@ -48,6 +48,8 @@ from nodefabric_operator import cli as operator_cli
 from nodefabric_operator.demo.dra import dra_driver
 from nodefabric_operator.demo.fleet import place_group
 from nodefabric_operator.demo.kubeapi import RunningAPI, as_table, running_api
+from nodefabric_operator.demo.topology import show_topology
+from nodefabric_operator.topology.shell import TopologyOptions
 
 DEVICES = f"{models.GROUP}/{models.VERSION}/{models.PLURAL}"
 NODEFEATURES = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
@@ -185,13 +187,18 @@ def _section(out: TextIO, title: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def operator_running(kubeconfig: str) -> AsyncIterator[None]:
+async def operator_running(kubeconfig: str, topology: TopologyOptions | None = None) -> AsyncIterator[None]:
     """The real kopf operator in its own thread and event loop, as it runs in its own pod. It is stopped
     and joined without blocking this loop: the embedded API is served from it, and an operator that is
     stopped mid-request (Ctrl-C while it starts) needs its answers to stop at all."""
     stop, ready = threading.Event(), threading.Event()
     opts = operator_cli.Options(
-        sink="nodefeature", namespace=NAMESPACE, domain=DOMAIN, kubeconfig=kubeconfig, standalone=True
+        sink="nodefeature",
+        namespace=NAMESPACE,
+        domain=DOMAIN,
+        kubeconfig=kubeconfig,
+        standalone=True,
+        topology=topology,
     )
     failure: list[BaseException] = []
 
@@ -318,7 +325,10 @@ async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
     out.write(await dra_driver(agent, root, k))
 
 
-async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None) -> None:
+# One statement per step of the story, read top to bottom; each step's work is in its own function.
+async def demo(  # noqa: PLR0915
+    workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None
+) -> None:
     _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
     nodes = lay_out_hosts(workdir)
     for node in nodes:
@@ -400,3 +410,6 @@ async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | N
         _section(out, "5. The scheduler extender places an 8-pod training group")
         out.write(await place_group(k))
         await _dra(out, agents["hgx-0"], workdir / "hgx-0", k)
+        await show_topology(
+            k, out, functools.partial(operator_running, k.kubeconfig), NODEFEATURES, NAMESPACE
+        )

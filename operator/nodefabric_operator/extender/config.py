@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nodefabric_devicemanager import yamldoc
+from nodefabric_operator import labels
 
 Locality = str  # "prefer", "any", or the name of a configured level
 Rank = Literal["spread", "first-fit", "most-free-memory"]
@@ -60,7 +61,7 @@ def default_levels(domain: str) -> tuple[Level, ...]:
         Level(
             name="fabric",
             title="fabric domain",
-            keys=(f"feature.{domain}/fabric.domain", "nvidia.com/gpu.clique"),
+            keys=(labels.key(domain, labels.FABRIC_DOMAIN), "nvidia.com/gpu.clique"),
         ),
         Level(
             name="network-group",

@@ -1,0 +1,223 @@
+"""The thin shell: keeps the fleet's level labels from the Node watch, and after a quiet moment (the
+debounce) checks the hierarchy and has the writer (topology.writer) write what changed.
+
+Request budget: nothing per Devices record and nothing per Node event; a pass reads each target once when
+it first meets it (and after a failed write), then compares with what it last wrote and writes only a
+difference, like the agent. A pass also runs every `resync` seconds, so a target whose CRD is installed
+later is picked up; discovery is re-read at most every `discovery_ttl` seconds.
+
+Uninstall: every object carries an ownerReference to the operator's ClusterRole when `owner` names it
+(the chart does), so deleting the release lets the garbage collector remove them; no finalizer is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kubernetes
+
+from nodefabric_operator import events
+from nodefabric_operator.extender.config import Level
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.recorder import Recorder
+from nodefabric_operator.topology import project, report
+from nodefabric_operator.topology.levels import default_levels
+from nodefabric_operator.topology.nesting import Hierarchy, check
+from nodefabric_operator.topology.writer import API_ERRORS, Writer, brief
+
+log = logging.getLogger(__name__)
+
+ACTION = "ProjectTopology"  # the Events' action
+RETRY_FIRST = 5.0  # seconds before the first retry of a failed write
+
+
+@dataclass(frozen=True)
+class TopologyOptions:
+    levels: tuple[Level, ...] = field(default_factory=default_levels)
+    targets: tuple[str, ...] = project.TARGETS  # what the chart allows; each also needs its CRD served
+    name: str = report.NAME  # the Kueue and KAI Topology's name
+    owner: str | None = None  # the ClusterRole that owns every object written (uninstall removes them)
+    debounce: float = 2.0
+    resync: float = 300.0
+    discovery_ttl: float = 60.0
+
+
+class Projector:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        options: TopologyOptions,
+        metrics: Metrics,
+        recorder: Recorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.options = options
+        self.metrics = metrics
+        self.recorder = recorder
+        self.clock = clock
+        self.keys = frozenset(k for lv in options.levels for k in lv.keys)
+        self.fleet: dict[str, dict[str, str]] = {}
+        self.hierarchy: Hierarchy | None = None
+        self.writer = Writer(
+            api,
+            metrics,
+            targets=options.targets,
+            name=options.name,
+            owner=options.owner,
+            discovery_ttl=options.discovery_ttl,
+            event=self._event,
+            clock=clock,
+        )
+        self._cleaned = False
+        self._dirty = asyncio.Event()
+        self._retry = False
+        self._failures = 0
+
+    def prime(self, page: int = 500) -> None:
+        """Read the fleet once before kopf starts (one paged list of Nodes), so the first pass sees every
+        node: a pass over the part kopf had delivered so far would write, and for KAI replace, a
+        projection of a smaller fleet."""
+        core = kubernetes.client.CoreV1Api(self.api)
+        token: str | None = None
+        while True:
+            self.metrics.api_requests.labels(verb="list", resource="nodes").inc()
+            answer: Any = core.list_node(limit=page, _continue=token, _preload_content=False)
+            data = json.loads(answer.data)
+            for item in data.get("items") or ():
+                self.node_event("ADDED", item)
+            token = (data.get("metadata") or {}).get("continue") or None
+            if not token:
+                return
+
+    # --- the Node watch -------------------------------------------------------------------------------------
+
+    def node_event(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Keep the node's level labels; True when they changed (a pass is then due)."""
+        meta = body.get("metadata")
+        if not isinstance(meta, Mapping) or not meta.get("name"):
+            return False
+        name = str(meta["name"])
+        if event_type == "DELETED":
+            changed = self.fleet.pop(name, None) is not None
+        else:
+            got = meta.get("labels")
+            ours = {k: str(v) for k, v in got.items() if k in self.keys} if isinstance(got, Mapping) else {}
+            changed = self.fleet.get(name) != ours
+            self.fleet[name] = ours
+        if changed:
+            self._dirty.set()
+        return changed
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Pass once changes have been quiet for `debounce` seconds (a burst waits at most ten times that),
+        and every `resync` seconds."""
+        self._dirty.set()  # the first pass, once kopf's listing has delivered the fleet
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(self._dirty.wait(), self.options.resync)
+            except TimeoutError:
+                # A resync reads every target again: an object someone deleted or edited is rewritten.
+                self._forget()
+            first = loop.time()
+            while True:
+                self._dirty.clear()
+                await asyncio.sleep(self.options.debounce)
+                if not self._dirty.is_set() or loop.time() - first >= 10 * self.options.debounce:
+                    break
+            self._dirty.clear()
+            fleet = {n: dict(labs) for n, labs in self.fleet.items()}
+            try:
+                await asyncio.to_thread(self.reconcile, fleet)
+            except Exception:  # a pass never ends the loop; the next one starts from what the server holds
+                log.exception("topology pass failed")
+                self._forget()
+                self._retry = True
+            if self._retry:
+                # A failed write is retried, backing off to the resync period (an API server that keeps
+                # refusing is asked every few minutes, not every few seconds).
+                self._retry = False
+                self._failures += 1
+                delay = min(RETRY_FIRST * 2 ** min(self._failures - 1, 16), self.options.resync)
+                loop.call_later(max(self.options.debounce, delay), self._dirty.set)
+            else:
+                self._failures = 0
+
+    def _forget(self) -> None:
+        self.writer.forget()
+
+    # --- one pass -------------------------------------------------------------------------------------------
+
+    def reconcile(self, fleet: Mapping[str, Mapping[str, str]]) -> Hierarchy:
+        started = time.perf_counter()
+        hierarchy = check(self.options.levels, fleet)
+        before = self.hierarchy  # what Events were last said against; kept when this pass writes nothing
+        for level, count in hierarchy.violations_by_level().items():
+            self.metrics.topology_violations.labels(level=level).set(count)
+        w = self.writer
+        try:
+            w.discover()
+            w.read_owner()
+        except API_ERRORS as err:
+            # Retried with backoff; the last discovery stands meanwhile, and with none nothing is written.
+            self._retry = True
+            log.warning("topology discovery failed", extra={"error": brief(err)})
+            if not w.served or not w.owner_ready:
+                return hierarchy
+        if not self._cleaned:
+            w.clean_disabled()
+            self._cleaned = True
+        states: dict[str, str] = {}
+        for target in project.TARGETS:
+            if target not in self.options.targets:
+                states[target] = "disabled by configuration"
+            elif w.served.get(target) is None:
+                states[target] = "CRD not served"
+            else:
+                states[target] = w.write_target(target, hierarchy, fleet)
+        w.write_report(hierarchy, states)
+        if w.retry:
+            w.retry = False
+            self._retry = True
+        for notice in report.notices(before, hierarchy):
+            self._event(notice)
+        self.hierarchy = hierarchy
+        if before is None or before.projected != hierarchy.projected or before.violations:
+            log.info(
+                "topology checked",
+                extra={
+                    "nodes": hierarchy.nodes,
+                    "projected": ",".join(lv.name for lv in hierarchy.projected),
+                    "violations": len(hierarchy.violations),
+                    "targets": "; ".join(f"{t}: {s}" for t, s in states.items()),
+                },
+            )
+        self.metrics.topology_duration.observe(time.perf_counter() - started)
+        return hierarchy
+
+    def _event(self, notice: events.Notice) -> None:
+        if self.recorder is None:
+            return
+        involved = {"apiVersion": report.API_VERSION, "kind": report.KIND, "name": report.NAME}
+        self.recorder.post(involved, notice, action=ACTION)
+
+    def health(self) -> dict[str, int]:
+        return {"topologyNodes": len(self.fleet)}
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """`kueue,kai,volcano` (any subset; empty: none)."""
+    out = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in out if t not in project.TARGETS]
+    if bad:
+        raise ValueError(f"unknown topology targets {bad}: choose from {', '.join(project.TARGETS)}")
+    return out

@@ -1,0 +1,92 @@
+"""operator.topology: the operator's --topology arguments as the chart renders them, read back by the
+operator's own parser, and the values the schema refuses."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+from chart_support import Doc, of_kind, one, pod_spec, refusal
+
+from nodefabric_operator import cli
+from nodefabric_operator.topology import report
+from nodefabric_operator.topology.shell import TopologyOptions
+
+OPERATOR = "nf-nodefabric-operator"
+
+
+def operator_options(docs: list[Doc]) -> TopologyOptions | None:
+    args = pod_spec(one(docs, "Deployment", OPERATOR))["containers"][0]["args"]
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    ns = parser.parse_args([str(a) for a in args[args.index("operator") + 1 :]])
+    return cli.topology_options(ns, "gpustack.ai")
+
+
+def test_by_default_every_target_is_allowed_and_the_objects_are_owned_by_the_operators_role(
+    default_docs: list[Doc],
+) -> None:
+    opts = operator_options(default_docs)
+    assert opts is not None
+    assert opts.targets == ("kueue", "kai", "volcano")
+    assert opts.name == "nodefabric" and opts.debounce == 2.0
+    assert [lv.name for lv in opts.levels] == ["fabric", "leaf", "spine", "core", "zone", "region"]
+    # The owner is the ClusterRole the release creates (and uninstall deletes).
+    assert opts.owner == OPERATOR
+    assert OPERATOR in {r["metadata"]["name"] for r in of_kind(default_docs, "ClusterRole")}
+    # The report's CRD ships in crds/.
+    crd = one(default_docs, "CustomResourceDefinition", report.CRD_NAME)
+    assert crd == report.crd()
+
+
+def test_targets_levels_and_name_reach_the_operator(render: Any) -> None:
+    levels = [
+        {"name": "nvl", "keys": ["feature.gpustack.ai/fabric.domain"]},
+        {"name": "zone", "keys": ["z/k"]},
+    ]
+    values = {"operator": {"topology": {"kai": {"enabled": False}, "name": "gpus", "levels": levels}}}
+    opts = operator_options(render(values))
+    assert opts is not None
+    assert opts.targets == ("kueue", "volcano") and opts.name == "gpus"
+    assert [(lv.name, lv.keys) for lv in opts.levels] == [
+        ("nvl", ("feature.gpustack.ai/fabric.domain",)),
+        ("zone", ("z/k",)),
+    ]
+    assert operator_options(render({"operator": {"topology": {"enabled": False}}})) is None
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"name": "Not_A_Name"}, "name"),
+        ({"levels": [{"name": "a"}]}, "keys"),
+        ({"levels": [{"name": "a", "keys": []}]}, "keys"),
+        ({"levels": [{"name": "A", "keys": ["k"]}]}, "name"),
+        ({"kueue": True}, "kueue"),
+        ({"debounceSeconds": -1}, "debounceSeconds"),
+        ({"extra": 1}, "extra"),
+    ],
+)
+def test_bad_topology_values_are_refused(render: Any, values: dict[str, Any], fragment: str) -> None:
+    assert fragment in refusal(render, {"operator": {"topology": values}})
+
+
+def test_levels_the_schema_lets_through_but_the_operator_refuses_stop_it_at_start(render: Any) -> None:
+    """Duplicate keys across levels pass the schema; the operator refuses them before it starts."""
+    levels = [{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}]
+    with pytest.raises(cli.startup.StartupError, match="is in levels a and b"):
+        operator_options(render({"operator": {"topology": {"levels": levels}}}))
+
+
+def test_the_extenders_level_keys_are_the_topologys_too(render: Any) -> None:
+    values = {"extender": {"levels": {"networkGroup": ["example.com/rack"], "zone": ["example.com/zone"]}}}
+    opts = operator_options(render(values))
+    assert opts is not None
+    keys = {lv.name: lv.keys for lv in opts.levels}
+    assert keys["leaf"] == ("example.com/rack",) and keys["zone"] == ("example.com/zone",)
+    assert keys["fabric"][0] == "feature.gpustack.ai/fabric.domain"  # not overridden: the default
+    # Levels of its own replace the defaults whole; the extender's keys are then not applied.
+    own = [{"name": "rack", "keys": ["example.com/rack"]}]
+    opts = operator_options(render({**values, "operator": {"topology": {"levels": own}}}))
+    assert opts is not None and [lv.name for lv in opts.levels] == ["rack"]
