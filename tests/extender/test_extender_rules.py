@@ -189,7 +189,8 @@ def test_quantities_read_once_per_spelling_refuse_the_same_values_every_time():
     ok = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": 1, "cpu": "500m"}}}]}
     for _ in range(2):
         assert dict(pod_needs({"metadata": {}, "spec": ok}).extended) == {"nvidia.com/gpu": 1}
-    for value, message in [(True, "got bool"), ("1.5", "not a whole number"), (["1"], "got list")]:
+    huge = ("9" * 100_000, r"'9{64}\.\.\.' is not a quantity")  # refused before anything hashes it
+    for value, message in [(True, "got bool"), ("1.5", "not a whole number"), (["1"], "got list"), huge]:
         spec = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": value}}}]}
         for _ in range(2):
             with pytest.raises(PodError, match=message):
