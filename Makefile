@@ -36,6 +36,7 @@ protos: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_inventory.py
+	$(BIN)/python hack/bench_walk.py
 	$(BIN)/python hack/bench_pick.py
 	$(BIN)/python hack/bench_deviceplugin.py
 	$(BIN)/python hack/bench_extender.py

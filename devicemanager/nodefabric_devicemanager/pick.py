@@ -11,6 +11,12 @@ up every completion of a partial choice at once, lane by lane. 8 of 16 devices w
 well under a millisecond, where a branch and bound took up to 11 (hack/bench_pick.py measures both).
 The rank matrix of a link matrix is computed once per topology and cached.
 
+Past 20 devices an exact search is exponential (16 of 32 with random links took a minute), so `choose`
+works to a budget of search steps (`SEARCH_BUDGET`, counted, never timed, so the same request always
+gets the same answer): a greedy walk from every start, improved by swaps, gives a set at once; the
+clique and branch-and-bound searches then try to prove it best, or better it, within what is left. An
+answer the searches finished is exact; one they did not is the best set found, and says so.
+
 The core, `best_set`, is generic over a "rank of a pair" function (bigger is faster) so the device plugin
 can reuse it for NICs; `pick` applies it to a link matrix in the distance vocabulary (NV<n>, PIX, ... SYS).
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -94,9 +101,48 @@ def _check_count(count: int, free: int) -> None:
 MEET_IN_THE_MIDDLE_LIMIT = 20
 
 
+# The most devices one pick chooses among: twice the largest machine there is (16 GPUs). The rank
+# matrix, the greedy walk and the swaps grow with its square and cube; past it they alone would outgrow
+# the time bound (hack/bench_pick.py), so `pick` refuses more.
+MAX_DEVICES = 32
+
+# Search steps one `choose` may take: a greedy candidate weighed, a swap tried, a node of the clique or
+# branch-and-bound search. Counted rather than timed, so a request's answer never depends on the load.
+# hack/bench_pick.py times the worst layouts it knows at this budget (README, "Choosing GPUs").
+SEARCH_BUDGET = 100_000
+
+
+class _OutOfBudget(Exception):
+    """The search spent its steps: what it found so far is the best found, not proven best."""
+
+
+class _Steps:
+    __slots__ = ("left",)
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def spend(self, steps: int = 1) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise _OutOfBudget
+
+
+_UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A search's answer: the positions chosen, ascending, and whether the search proved them best
+    (exact) or ran out of steps first (the best set it found)."""
+
+    positions: list[int]
+    exact: bool
+
+
 def search(r: Sequence[Sequence[int]], count: int) -> list[int]:
     """The exact choice over a symmetric rank matrix (positions 0..n-1) for `2 <= count <= n`:
-    the positions, ascending."""
+    the positions, ascending. Unbounded: past MEET_IN_THE_MIDDLE_LIMIT devices it can take minutes."""
     n = len(r)
     if count >= n:
         return list(range(n))
@@ -105,22 +151,185 @@ def search(r: Sequence[Sequence[int]], count: int) -> list[int]:
     return _most_total(r, count, slowest_link(r, count))
 
 
+def search_within(r: Sequence[Sequence[int]], count: int, budget: int = SEARCH_BUDGET) -> Found:
+    """The choice `search` makes, within `budget` steps: exact when the searches finish in it, otherwise
+    the best set found (the greedy walk's, bettered by swaps and by whatever the searches reached).
+
+    Where the lane search is small (`lane_work`, at most LANE_WORK_LIMIT) it runs, and only the clique
+    search for the slowest link is counted; where every set can be weighed within the budget, every set
+    is; otherwise the greedy set comes first and seeds the searches, which then prove it best or better
+    it.
+    """
+    n = len(r)
+    if count >= n:
+        return Found(list(range(n)), True)
+    if count <= 1:
+        return Found(list(range(count)), True)
+    if n <= MEET_IN_THE_MIDDLE_LIMIT and lane_work(n, count) <= LANE_WORK_LIMIT:
+        try:
+            threshold, _ = _slowest(r, count, _Steps(budget))
+        except _OutOfBudget:
+            return Found(_swaps(r, _greedy(r, count, _Steps(budget // 2)), _Steps(budget // 2)), False)
+        return Found(_most_total(r, count, threshold), True)
+    # Where every set can be weighed within the budget, weigh them: exact, whatever the layout.
+    if math.comb(n, count) * count * count <= budget:
+        return Found(_every_set(r, count), True)
+    # A quarter of the steps for the greedy walks, a quarter for the swaps, the rest (and what those
+    # left) for the searches that prove the set best or better it.
+    steps = _Steps(budget // 4)
+    best = _greedy(r, count, steps)
+    steps.left += budget // 4
+    best = _swaps(r, best, steps)
+    steps.left += budget - 2 * (budget // 4)
+    slowest, total = _key(r, best)
+    bb: _BranchAndBound | None = None
+    try:
+        threshold, clique = _slowest(r, count, steps, floor=slowest)
+        if clique is not None:
+            best = sorted(clique)
+            slowest, total = _key(r, best)
+        # Every set at the threshold with at least the best total, the lowest of the most total first:
+        # the best set itself qualifies, so a finished search always has one.
+        bb = _BranchAndBound(r, count, threshold, steps, total - 1)
+        bb.run()
+    except _OutOfBudget:
+        # The branch and bound's best so far may still beat the greedy set.
+        if bb is not None and bb.best is not None and _better(r, bb.best, best):
+            best = bb.best
+        return Found(best, False)
+    assert bb.best is not None
+    return Found(bb.best, True)
+
+
+# The most lane work (`lane_work`) a bounded pick spends on the lane search: 9 of 18 or 5 of 20 (about
+# 300,000, a few ms), where 10 of 20 (a million, 20-70 ms on a loaded 2-core machine) takes the bounded
+# route instead.
+LANE_WORK_LIMIT = 320_000
+
+
+def lane_work(n: int, count: int) -> int:
+    """The size of the lane search for `count` of `n` devices: subsets of A times lanes per subset."""
+    na = n * 3 // 8
+    nb = n - na
+    return (1 << na) * sum(math.comb(nb, c) for c in range(max(0, count - na), min(count, nb) + 1))
+
+
+def _every_set(r: Sequence[Sequence[int]], count: int) -> list[int]:
+    """The best set by weighing every one (in lexicographic order, so only a strictly better one
+    replaces the best)."""
+    best: list[int] = []
+    best_key = (-2, -1)
+    for combo in itertools.combinations(range(len(r)), count):
+        key = _key(r, combo)
+        if key > best_key:
+            best, best_key = list(combo), key
+    return best
+
+
+def _better(r: Sequence[Sequence[int]], a: list[int], b: list[int]) -> bool:
+    """Whether set a beats set b: slowest link, then total, then lower indices."""
+    ka, kb = _key(r, a), _key(r, b)
+    return ka > kb or (ka == kb and a < b)
+
+
+def _key(r: Sequence[Sequence[int]], chosen: Sequence[int]) -> tuple[int, int]:
+    """(slowest pair rank, total rank) of a set of positions."""
+    pairs = [r[a][b] for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+    return (min(pairs) if pairs else -1, sum(pairs))
+
+
+def _greedy(r: Sequence[Sequence[int]], count: int, steps: _Steps) -> list[int]:
+    """From each start (the best-connected first, while steps last), add the device whose slowest link to
+    the set is fastest, then most total, then lowest; keep the best set by the pick's own order. Never
+    raises: the first walk always runs to the end (about 3 x count x n steps)."""
+    n = len(r)
+    top = max(max(row) for row in r) + 1
+    scale = top * n  # above any total of one device's links to the set, so the slowest link decides first
+    starts = sorted(range(n), key=lambda i: (-sorted(r[i])[n - count], -sum(r[i]), i))
+    best: list[int] = []
+    for start in starts:
+        if best and steps.left <= 0:
+            break
+        steps.left -= 3 * count * n  # three passes over a row per device added
+        chosen = [start]
+        slow = list(r[start])
+        total = list(r[start])
+        value = [x * scale + x for x in slow]
+        value[start] = -1
+        for _ in range(count - 1):
+            pick = value.index(max(value))  # the first maximum: the lowest index among equals
+            chosen.append(pick)
+            row = r[pick]
+            slow = [a if a < b else b for a, b in zip(slow, row, strict=True)]
+            total = [a + b for a, b in zip(total, row, strict=True)]
+            value = [s * scale + t for s, t in zip(slow, total, strict=True)]
+            for c in chosen:
+                value[c] = -1
+        chosen.sort()
+        if not best or _better(r, chosen, best):
+            best = chosen
+    return best
+
+
+def _swaps(r: Sequence[Sequence[int]], chosen: list[int], steps: _Steps) -> list[int]:
+    """Swap one member for one outsider while that betters the set (slowest, then total, then lower
+    indices) and steps last: the best swap of each round."""
+    n = len(r)
+    current = sorted(chosen)
+    slowest, total = _key(r, current)
+    while steps.left > 0:
+        k = len(current)
+        steps.left -= k * k * (n - k)  # every swap weighs the member's row against the rest
+        members = set(current)
+        outside = [v for v in range(n) if v not in members]
+        to_set = [sum(r[x][w] for w in current) for x in range(n)]
+        pairs = sorted((r[a][b], a, b) for i, a in enumerate(current) for b in current[i + 1 :])
+        better: tuple[int, int, int, int] | None = None  # (slowest, total, u - v, ...) of the best swap
+        swap = (0, 0)
+        for u in current:
+            # The slowest pair the set keeps without u.
+            kept = next((p[0] for p in pairs if u != p[1] and u != p[2]), _UNBOUNDED)
+            rest = [w for w in current if w != u]
+            for v in outside:
+                row = r[v]
+                worst = min(kept, *(row[w] for w in rest))
+                # u - v > 0: the swap lowers the indices, the last tie-break.
+                new = (worst, total - to_set[u] + to_set[v] - row[u], u - v, -u)
+                if new[:3] > (slowest, total, 0) and (better is None or new > better):
+                    better, swap = new, (u, v)
+        if better is None:
+            break
+        slowest, total = better[0], better[1]
+        u, v = swap
+        current = sorted([*(w for w in current if w != u), v])
+    return current
+
+
 def branch_and_bound(r: Sequence[Sequence[int]], count: int) -> list[int]:
     """The same choice by branch and bound, threshold by threshold: what `search` did before the lanes,
     and still does past MEET_IN_THE_MIDDLE_LIMIT devices (hack/bench_pick.py times it as the baseline)."""
     n = len(r)
-    matrix = [list(row) for row in r]
     for threshold in sorted({r[i][j] for i in range(n) for j in range(i + 1, n)}, reverse=True):
-        found = _best_clique(matrix, n, count, threshold)
-        if found is not None:
-            return found
+        bb = _BranchAndBound(r, count, threshold, _Steps(_UNBOUNDED))
+        bb.run()
+        if bb.best is not None:
+            return bb.best
     raise AssertionError("the lowest threshold always admits a set")  # pragma: no cover
 
 
 def slowest_link(r: Sequence[Sequence[int]], count: int) -> int:
     """The highest rank t such that `count` devices are pairwise linked at t or faster (a clique of the
-    graph of links >= t). The graphs of fast links are sparse: most thresholds are refuted by dropping,
-    repeatedly, every device with fewer than count-1 such links."""
+    graph of links >= t)."""
+    return _slowest(r, count, _Steps(_UNBOUNDED))[0]
+
+
+def _slowest(
+    r: Sequence[Sequence[int]], count: int, steps: _Steps, floor: int | None = None
+) -> tuple[int, list[int] | None]:
+    """`slowest_link` and a clique there, counting steps; only ranks above `floor` (a set already found
+    has it) are searched, and (floor, None) is the answer when none of them admits a set. The graphs of
+    fast links are sparse: most thresholds are refuted by dropping, repeatedly, every device with fewer
+    than count-1 such links."""
     n = len(r)
     by_rank: dict[int, list[int]] = {}
     for i in range(n):
@@ -133,10 +342,15 @@ def slowest_link(r: Sequence[Sequence[int]], count: int) -> int:
             masks[j] |= 1 << i
     adj = [0] * n
     for t in sorted(by_rank, reverse=True):
+        if floor is not None and t <= floor:
+            return floor, None
         adj = [a | b for a, b in zip(adj, by_rank[t], strict=True)]
+        steps.spend(4 * n)
         alive = _core(adj, (1 << n) - 1, count - 1)
-        if alive.bit_count() >= count and _clique_in(adj, alive, count):
-            return t
+        if alive.bit_count() >= count:
+            clique = _clique(adj, alive, count, steps)
+            if clique is not None:
+                return t, clique
     raise AssertionError("the lowest rank admits every set")  # pragma: no cover
 
 
@@ -154,15 +368,19 @@ def _core(adj: list[int], alive: int, degree: int) -> int:
     return alive
 
 
-def _clique_in(adj: list[int], cand: int, need: int) -> bool:
+def _clique(adj: list[int], cand: int, need: int, steps: _Steps) -> list[int] | None:
+    """`need` members of `cand`, pairwise adjacent, or None."""
     if need == 0:
-        return True
+        return []
     while cand.bit_count() >= need:
+        steps.spend(4)
         low = cand & -cand
         cand ^= low
-        if _clique_in(adj, cand & adj[low.bit_length() - 1], need - 1):
-            return True
-    return False
+        v = low.bit_length() - 1
+        rest = _clique(adj, cand & adj[v], need - 1, steps)
+        if rest is not None:
+            return [v, *rest]
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,56 +531,69 @@ def _sweep(
     return best, reaching
 
 
-def _best_clique(r: list[list[int]], n: int, count: int, threshold: int) -> list[int] | None:
-    """Among `count`-sets with every pair ranked >= threshold: the highest total, then the lowest indices.
-    The branch and bound used past MEET_IN_THE_MIDDLE_LIMIT devices.
+class _BranchAndBound:
+    """Among `count`-sets with every pair ranked >= threshold and a total above `floor`: the highest
+    total, then the lowest indices (`best`, None when no set qualifies). The search past
+    MEET_IN_THE_MIDDLE_LIMIT devices; each node is a step, and `best` holds the best so far when the
+    steps run out.
 
     Depth-first in increasing index order, so the first set found at a given total is the lowest one;
     a branch is cut when even its optimistic bound cannot beat the best total strictly.
     """
-    adj = [0] * n
-    row_max = [0] * n
-    for i in range(n):
-        for j in range(n):
-            if i != j and r[i][j] >= threshold:
-                adj[i] |= 1 << j
-                row_max[i] = max(row_max[i], r[i][j])
-    best_total = -(1 << 62)  # below any total, so a first set is always taken
-    best: list[int] | None = None
-    chosen: list[int] = []
 
-    def bound(cand: int, to_chosen: list[int], need: int) -> int:
+    def __init__(
+        self, r: Sequence[Sequence[int]], count: int, threshold: int, steps: _Steps, floor: int = -(1 << 62)
+    ) -> None:
+        n = len(r)
+        self.r = r
+        self.n = n
+        self.count = count
+        self.steps = steps
+        self.adj = [0] * n
+        self.row_max = [0] * n
+        for i in range(n):
+            for j in range(n):
+                if i != j and r[i][j] >= threshold:
+                    self.adj[i] |= 1 << j
+                    self.row_max[i] = max(self.row_max[i], r[i][j])
+        self.best_total = floor  # only a set above it is taken
+        self.best: list[int] | None = None
+        self.chosen: list[int] = []
+        self.ceiling = max(self.row_max) * count * (count - 1) // 2
+
+    def run(self) -> None:
+        self._search((1 << self.n) - 1, 0, [0] * self.n)
+
+    def _bound(self, cand: int, to_chosen: list[int], need: int) -> int:
         # Each future member adds its links to the chosen set (take the best `need` of those), and each
         # pair of future members at most the fastest link any candidate has.
-        members = [v for v in range(n) if cand >> v & 1]
+        members = [v for v in range(self.n) if cand >> v & 1]
         gains = sorted((to_chosen[v] for v in members), reverse=True)[:need]
-        top = max(row_max[v] for v in members)
+        top = max(self.row_max[v] for v in members)
         return sum(gains) + top * need * (need - 1) // 2
 
-    def search(cand: int, total: int, to_chosen: list[int]) -> None:
-        nonlocal best_total, best
-        need = count - len(chosen)
+    def _search(self, cand: int, total: int, to_chosen: list[int]) -> None:
+        self.steps.spend(4 * self.n)  # the bound reads and sorts a row
+        chosen = self.chosen
+        need = self.count - len(chosen)
         if need == 0:
-            if total > best_total:
-                best_total, best = total, list(chosen)
+            if total > self.best_total:
+                self.best_total, self.best = total, list(chosen)
             return
-        if cand.bit_count() < need or total + bound(cand, to_chosen, need) <= best_total:
+        if cand.bit_count() < need or total + self._bound(cand, to_chosen, need) <= self.best_total:
             return
-        for v in [v for v in range(n) if cand >> v & 1]:
-            if best_total >= ceiling:
+        r = self.r
+        for v in [v for v in range(self.n) if cand >> v & 1]:
+            if self.best_total >= self.ceiling:
                 return  # nothing can beat a set whose every pair is the fastest link there is
             # Only later indices stay candidates, so every set is visited once and in lexicographic order.
-            rest = cand & adj[v] & ~((1 << (v + 1)) - 1)
+            rest = cand & self.adj[v] & ~((1 << (v + 1)) - 1)
             if rest.bit_count() < need - 1:
                 continue
             chosen.append(v)
-            nxt = [to_chosen[w] + r[v][w] for w in range(n)]
-            search(rest, total + to_chosen[v], nxt)
+            row = r[v]
+            self._search(rest, total + to_chosen[v], [a + b for a, b in zip(to_chosen, row, strict=True)])
             chosen.pop()
-
-    ceiling = max(row_max) * count * (count - 1) // 2
-    search((1 << n) - 1, 0, [0] * n)
-    return best
 
 
 def matrix_rank(links: LinkMatrix) -> RankFn:
@@ -415,19 +646,43 @@ def rank_matrix(key: Topology) -> RankMatrix:
     return RankMatrix(devices, {d: i for i, d in enumerate(devices)}, tuple(tuple(row) for row in rows))
 
 
-def pick(links: LinkMatrix, free: Iterable[int], count: int) -> list[int]:
-    """The free set of `count` devices whose slowest link is fastest, then most total speed, then lowest.
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """A pick's answer: the devices, ascending, and whether the search proved them the best set (exact)
+    or spent its budget first (the best set it found; see `SEARCH_BUDGET`)."""
 
-    One device, or no link data at all, keeps the lowest free indices.
+    indices: list[int]
+    exact: bool
+
+
+def choose(links: LinkMatrix, free: Iterable[int], count: int, budget: int = SEARCH_BUDGET) -> Picked:
+    """The free set of `count` devices whose slowest link is fastest, then most total speed, then lowest,
+    within `budget` search steps, and whether it is proven best.
+
+    One device, or no link data at all, keeps the lowest free indices. Raises ValueError for a count the
+    free devices cannot meet, a negative index, or more than MAX_DEVICES devices (free or in `links`).
     """
     free_sorted = sorted(set(free))
     if any(i < 0 for i in free_sorted):
         raise ValueError(f"device indices are never negative: {free_sorted}")
     _check_count(count, len(free_sorted))
+    _check_size(len(free_sorted), "free devices")
     if count <= 1 or not any(links.get(i) for i in free_sorted):
-        return free_sorted[:count]
+        return Picked(free_sorted[:count], True)
+    _check_size(len(links), "devices in the link matrix")
     r = rank_matrix(topology(links)).among(free_sorted)
-    return [free_sorted[i] for i in search(r, count)]
+    found = search_within(r, count, budget)
+    return Picked([free_sorted[i] for i in found.positions], found.exact)
+
+
+def _check_size(devices: int, what: str) -> None:
+    if devices > MAX_DEVICES:
+        raise ValueError(f"{devices} {what}: a pick chooses among at most {MAX_DEVICES} devices")
+
+
+def pick(links: LinkMatrix, free: Iterable[int], count: int) -> list[int]:
+    """`choose`'s devices, for callers that do not ask whether they are proven best."""
+    return choose(links, free, count).indices
 
 
 def lowest(free: Iterable[int], count: int) -> list[int]:

@@ -9,7 +9,20 @@ import random
 import pytest
 
 from nodefabric_devicemanager.accelerators import topo
-from nodefabric_devicemanager.pick import best_set, link_rank, lowest, matrix_rank, pick, rank_matrix, score
+from nodefabric_devicemanager.pick import (
+    MAX_DEVICES,
+    Picked,
+    best_set,
+    branch_and_bound,
+    choose,
+    link_rank,
+    lowest,
+    matrix_rank,
+    pick,
+    rank_matrix,
+    score,
+    topology,
+)
 
 LINKS = ["NV1", "NV2", "NV4", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"]
 
@@ -202,3 +215,109 @@ def test_the_pick_command_chooses_the_exact_set(tmp_path, capsys):
     assert main(["pick", "--links", str(path), "--free", "0-5,9-15", "--count", "8", "--json"]) == 0
     free = [*range(6), *range(9, 16)]
     assert json.loads(capsys.readouterr().out)["chosen"] == brute_force(links, free, 8)
+
+
+# -- past the lanes: a bounded search that says whether it is exact ----------------------------------------
+
+
+def test_past_twenty_devices_the_bounded_search_matches_the_unbounded_one_where_it_finishes():
+    # Sets of a handful from 24 and 32 devices: the branch and bound finishes within the budget, and its
+    # answer is the unbounded search's (checked against branch_and_bound, the exact search it bounds).
+    for n, count, seed in [(24, 5, 0), (24, 8, 1), (32, 6, 2), (32, 8, 1), (21, 8, 3)]:
+        links = random_matrix(random.Random(seed), n, ["NV2", "NV4", "PIX", "NODE", "SYS"])
+        found = choose(links, range(n), count)
+        r = rank_matrix(topology(links)).among(list(range(n)))
+        assert found.exact, (n, count, seed)
+        assert found.indices == branch_and_bound(r, count)
+
+
+def test_small_choices_among_many_devices_weigh_every_set():
+    rng = random.Random(23)
+    links = random_matrix(rng, 23, ["NV4", "PIX", "SYS"])
+    found = choose(links, range(23), 3)
+    assert found == Picked(brute_force(links, range(23), 3), True)
+
+
+def test_sixteen_of_thirty_two_random_devices_answers_and_says_best_found():
+    links = random_matrix(random.Random(32), 32, ["NV4", "SYS"])
+    found = choose(links, range(32), 16)
+    assert not found.exact
+    assert len(found.indices) == 16 and found.indices == sorted(set(found.indices))
+    assert set(found.indices) <= set(range(32))
+    # Steps are counted, not timed: the same request gets the same answer.
+    assert choose(links, range(32), 16) == found
+    # The greedy walk and swaps beat the lowest indices by the pick's own order.
+    rank = matrix_rank(links)
+    mine, base = score(found.indices, rank), score(list(range(16)), rank)
+    assert (mine.slowest, mine.total) >= (base.slowest, base.total)
+
+
+def test_clusters_past_twenty_devices_take_whole_clusters():
+    # 32 devices in clusters of 8 (NV12 inside, SYS across): 12 is one whole cluster and half another.
+    links = {i: {j: "NV12" if i // 8 == j // 8 else "SYS" for j in range(32) if j != i} for i in range(32)}
+    assert choose(links, range(32), 12).indices == list(range(12))
+    assert choose(links, [*range(3), *range(8, 32)], 8).indices == list(range(8, 16))
+    nvswitch = {i: {j: "NV18" for j in range(32) if j != i} for i in range(32)}
+    assert choose(nvswitch, range(32), 16) == Picked(list(range(16)), True)
+
+
+def test_a_spent_budget_still_answers_a_valid_set_and_says_so():
+    links = bench_layout(4)
+    found = choose(links, range(16), 8, budget=0)
+    assert not found.exact and len(found.indices) == 8
+    exact = choose(links, range(16), 8)
+    assert exact.exact and exact.indices == brute_force(links, range(16), 8)
+    big = random_matrix(random.Random(5), 32, ["NV4", "PIX", "SYS"])
+    spent = choose(big, range(32), 20, budget=0)
+    assert not spent.exact and len(set(spent.indices)) == 20
+
+
+def test_more_devices_than_a_pick_serves_are_refused():
+    links = {i: {j: "NV4" for j in range(MAX_DEVICES + 1) if j != i} for i in range(MAX_DEVICES + 1)}
+    with pytest.raises(ValueError, match=f"at most {MAX_DEVICES}"):
+        choose(links, range(MAX_DEVICES + 1), 2)
+    with pytest.raises(ValueError, match=f"at most {MAX_DEVICES}"):
+        choose(links, range(4), 2)  # four free, but the matrix itself is too big to rank
+    with pytest.raises(ValueError, match=f"at most {MAX_DEVICES}"):
+        pick({}, range(MAX_DEVICES + 1), 2)
+
+
+def _matrix_file(tmp_path, links):
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps({str(a): {str(b): v for b, v in row.items()} for a, row in links.items()}))
+    return path
+
+
+def test_the_pick_command_says_exact_or_best_found(tmp_path, capsys):
+    from nodefabric_devicemanager.cli import main
+
+    path = _matrix_file(tmp_path, random_matrix(random.Random(32), 32, ["NV4", "SYS"]))
+    assert main(["pick", "--links", str(path), "--count", "16"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out[0].split(",")) == 16
+    assert out[1].endswith("(best found: the search spent its budget before proving no set beats it)")
+    assert main(["pick", "--links", str(path), "--count", "16", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["search"] == "best-found"
+    assert main(["pick", "--links", str(path), "--count", "3", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["search"] == "exact"
+    assert main(["pick", "--links", str(_matrix_file(tmp_path, bench_layout(1))), "--count", "8"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("(exact)")
+
+
+@pytest.mark.parametrize("shape", ["dict", "rows"])
+def test_the_pick_command_refuses_more_devices_than_it_serves_in_one_line(tmp_path, capsys, shape):
+    from nodefabric_devicemanager.cli import main
+
+    n = MAX_DEVICES + 1
+    if shape == "dict":
+        path = _matrix_file(tmp_path, {i: {(i + 1) % n: "NV4"} for i in range(n)})
+    else:
+        path = tmp_path / "rows.json"
+        path.write_text(json.dumps([["X" if i == j else "SYS" for j in range(n)] for i in range(n)]))
+    assert main(["pick", "--links", str(path), "--count", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"nodefabric pick: the link matrix has {n} devices; pick chooses among at most {MAX_DEVICES} "
+        "(the search's time bound holds up to there)\n"
+    )

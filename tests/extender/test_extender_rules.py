@@ -183,6 +183,23 @@ def test_a_pod_the_extender_cannot_read_is_an_error_naming_the_field(spec: dict[
     assert message in str(refused.value)
 
 
+def test_quantities_read_once_per_spelling_refuse_the_same_values_every_time():
+    """The parse of each spelling is kept: a value refused once is refused again, a bool stays apart from
+    the 1 it equals, and a value that cannot be kept (a list) is still refused, not crashed on."""
+    ok = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": 1, "cpu": "500m"}}}]}
+    for _ in range(2):
+        assert dict(pod_needs({"metadata": {}, "spec": ok}).extended) == {"nvidia.com/gpu": 1}
+    huge = ("9" * 100_000, r"'9{64}\.\.\.' is not a quantity")  # refused before anything hashes it
+    for value, message in [(True, "got bool"), ("1.5", "not a whole number"), (["1"], "got list"), huge]:
+        spec = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": value}}}]}
+        for _ in range(2):
+            with pytest.raises(PodError, match=message):
+                pod_needs({"metadata": {}, "spec": spec})
+    # "1.5" is a whole-number refusal for a GPU but a fine cpu: the flag is part of what is kept.
+    half = {"containers": [{"resources": {"requests": {"cpu": "1.5"}}}]}
+    assert pod_needs({"metadata": {}, "spec": half}).cpu == 1500
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

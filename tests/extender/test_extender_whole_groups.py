@@ -355,3 +355,45 @@ async def test_pods_asking_no_accelerator_are_counted_by_cpu_memory_and_pod_slot
         assert set(result["FailedNodes"].values()) == {
             "group ml/explicit/cpu waits for one set of nodes with room for 8 pods"
         }
+
+
+def _expected_reason(labels: dict[str, str], homog: list[tuple[str, str]], zone: str) -> str:
+    """The reason a node outside the group's bucket gets, worked out node by node: the first homogeneity
+    key whose value differs, else its zone."""
+    for k, v in homog:
+        if labels.get(k, "") != v:
+            return f"the group needs {k}={v}"
+    return f"outside zone {zone} of the group"
+
+
+@pytest.mark.parametrize("homogeneous", [f"{PRODUCT},example.com/rev", "kubernetes.io/hostname"])
+async def test_nodes_off_the_groups_values_get_the_same_reasons_in_a_mixed_fleet(homogeneous: str):
+    """Three GPU models and a second key some nodes lack (and some nodes lack the model): every node
+    turned away gets the reason a node-by-node walk gives, whether the reasons go by value tuple (many
+    nodes per tuple) or node by node (a key as many-valued as the nodes)."""
+    products = ["H100", "A100", "L40S"]
+    nodes = []
+    for i in range(60):
+        labels = {"example.com/rev": f"r{i % 2}"} if i % 7 else {}
+        n = node(f"n-{i:02d}", zone=f"z{i % 3}", region="r", product=products[i % 3], labels=labels)
+        if i % 11 == 0:
+            del n["metadata"]["labels"][PRODUCT]
+        nodes.append(n)
+    by_name = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+    keys = homogeneous.split(",")
+    async with extender(nodes) as client:
+        size = 1 if homogeneous == "kubernetes.io/hostname" else 2
+        first = pod("g-0", gpus=8, **explicit("g", size, homogeneous=homogeneous, locality="zone"))
+        result = await filter_(client, first, names(nodes))
+        allowed = result["NodeNames"]
+        assert allowed
+        sample = by_name[allowed[0]]
+        homog = [(k, sample[k]) for k in keys]
+        zone = sample["topology.kubernetes.io/zone"]
+        expected = {
+            name: _expected_reason(labels, homog, zone)
+            for name, labels in by_name.items()
+            if name not in allowed
+        }
+        assert result["FailedNodes"] == expected
+        assert {r for r in expected.values() if r.startswith("the group needs")}, "no homogeneity reason"

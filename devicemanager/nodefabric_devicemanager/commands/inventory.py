@@ -11,7 +11,6 @@ from nodefabric_devicemanager import inventory, summary
 from nodefabric_devicemanager.commands import output
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import ACCELERATORS_ENUMERATED, Accelerator, Condition, Endpoint
-from nodefabric_devicemanager.pick import link_rank
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +76,8 @@ def links_summary(acc: Accelerator) -> str:
     """How many peers each kind of link reaches (`link:peers`), fastest first: "NV18:7", or
     "PIX:1,NODE:2,SYS:4" on a PCIe board."""
     counts = Counter(acc.topology.links.values())
+    from nodefabric_devicemanager.pick import link_rank  # here: only the table needs it
+
     ordered = sorted(counts, key=lambda name: (-link_rank(name), name))
     return ",".join(f"{name}:{counts[name]}" for name in ordered) or "-"
 

@@ -12,8 +12,6 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-import yaml
-
 FORMATS = ("json", "yaml", "table")
 
 
@@ -49,6 +47,8 @@ def table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
 def document(doc: Any, fmt: str, out: TextIO) -> None:
     """A JSON or YAML document."""
     if fmt == "yaml":
+        import yaml  # here, not at the top: every command's start-up paid for it
+
         yaml.safe_dump(doc, out, sort_keys=False, allow_unicode=True)
     else:
         json.dump(doc, out, indent=2)

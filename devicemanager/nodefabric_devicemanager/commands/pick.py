@@ -2,7 +2,9 @@
 
 FILE is `nvidia-smi topo -m` output, or JSON: a Devices object (`kubectl get devices NODE -o json`), one
 of its groups, `{"0": {"1": "NV18", ...}, ...}`, or a list of rows with "X" on the diagonal.
-The first line printed is the chosen indices, comma-joined (CUDA_VISIBLE_DEVICES form).
+The first line printed is the chosen indices, comma-joined (CUDA_VISIBLE_DEVICES form); the second
+says whether the search proved the set best (exact) or spent its budget first (best found). A matrix
+of more than `pick.MAX_DEVICES` devices is refused.
 """
 
 from __future__ import annotations
@@ -114,8 +116,8 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
             matrix[i] = {j: str(v) for p, v in (row or {}).items() if (j := _index(p, shape)) != i}
         return matrix
     if isinstance(doc, list):
-        if len(doc) > numbers.DEVICE_INDEX.hi + 1:
-            raise InputError(f"the JSON matrix has {len(doc)} rows, more devices than a node has")
+        if len(doc) > picking.MAX_DEVICES:
+            raise InputError(_too_many(len(doc)))
         rows: Matrix = {}
         for i, row in enumerate(doc):
             if not isinstance(row, list) or len(row) != len(doc):
@@ -138,11 +140,21 @@ def load_matrix(text: str, group_id: str | None = None) -> Matrix:
             matrix = topo.parse(text).links
         except topo.TopoParseError as exc:
             raise InputError(f"not nvidia-smi topo -m output: {exc}") from exc
+    devices = len(set(matrix) | {p for row in matrix.values() for p in row})
+    if devices > picking.MAX_DEVICES:
+        raise InputError(_too_many(devices))
     for i, row in matrix.items():
         for j, link in row.items():
             if not picking.known_link(link):
                 raise InputError(f"link {i}-{j} is {link!r}, not one of NV<n> LINK PIX PXB PHB NODE SYS UNK")
     return matrix
+
+
+def _too_many(devices: int) -> str:
+    return (
+        f"the link matrix has {devices} devices; pick chooses among at most {picking.MAX_DEVICES} "
+        "(the search's time bound holds up to there)"
+    )
 
 
 def _slowest_name(matrix: Matrix, chosen: list[int]) -> str:
@@ -155,12 +167,15 @@ def _slowest_name(matrix: Matrix, chosen: list[int]) -> str:
 
 
 def explain(matrix: Matrix, free: list[int], count: int) -> dict[str, Any]:
-    chosen = picking.pick(matrix, free, count)
+    picked = picking.choose(matrix, free, count)
+    chosen = picked.indices
     base = picking.lowest(free, count)
     rank = picking.matrix_rank(matrix)
     mine, theirs = picking.score(chosen, rank), picking.score(base, rank)
     return {
         "chosen": chosen,
+        # exact: no set beats it; best-found: the search spent its step budget before it could say so.
+        "search": "exact" if picked.exact else "best-found",
         "slowestLink": _slowest_name(matrix, chosen),
         "totalRank": mine.total,
         "lowestFree": base,
@@ -200,7 +215,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(",".join(str(i) for i in result["chosen"]))
     if args.count > 1:
-        print(f"slowest link {result['slowestLink']}, total link rank {result['totalRank']}")
+        how = (
+            "exact"
+            if result["search"] == "exact"
+            else "best found: the search spent its budget before proving no set beats it"
+        )
+        print(f"slowest link {result['slowestLink']}, total link rank {result['totalRank']} ({how})")
         if result["lowestFree"] != result["chosen"]:
             print(
                 f"lowest free {','.join(map(str, result['lowestFree']))} would have slowest link "

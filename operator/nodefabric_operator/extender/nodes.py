@@ -7,6 +7,7 @@ it (`Nodes.items[3].metadata.labels["a"]`), never a silent zero or a half-read n
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,9 +58,19 @@ def quantity(value: object, *, scale: int = 1, whole: bool = False) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise QuantityError(f"must be a quantity string or number, got {type(value).__name__}")
-    if isinstance(value, str) and (len(value) > 64 or not _QUANTITY.fullmatch(value)):
-        shown = value if len(value) <= 64 else f"{value[:64]}..."
+    if isinstance(value, str) and len(value) > 64:  # refused before the cache would hash all of it
+        shown = f"{value[:64]}..."
         raise QuantityError(f"{shown!r} is not a quantity")
+    return _quantity(value, scale, whole)
+
+
+# Every pod kube-scheduler asks about spells its requests anew ("4", "32Gi"), and a Decimal parse was most
+# of reading a pod: the same few spellings come back request after request. Only strings and numbers get
+# here (hashable); typed=True keeps 1 and 1.0 apart; a refused value raises, which is never cached.
+@functools.lru_cache(maxsize=1024, typed=True)
+def _quantity(value: str | int | float, scale: int, whole: bool) -> int:
+    if isinstance(value, str) and not _QUANTITY.fullmatch(value):
+        raise QuantityError(f"{value!r} is not a quantity")
     try:
         parsed = _parse_quantity(value) * scale
     except (ValueError, TypeError, InvalidOperation, ArithmeticError):

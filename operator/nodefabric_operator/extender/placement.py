@@ -267,11 +267,9 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
         out: dict[str, list[str]] = {}
         if rest and good is not None:
             bad = rest - good
-            for name in bad:  # which key differs can vary by node; rare, so per node
-                labels = ctx.snap.views[name].labels
-                k, v = next((k, v) for k, v in choice.homogeneity if labels.get(k, "") != v)
-                out.setdefault(f"the group needs {k}={v}", []).append(name)
-            rest = rest - bad
+            _off_values(ctx, choice, index.homogeneity(keys), bad, out)
+            if choice.level != ANY:  # read by the location reasons below only
+                rest = rest - bad
         if rest and choice.level != ANY:
             unlab = rest & index.unlabelled[li]
             if unlab:
@@ -289,6 +287,35 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
             if value is not None and bucket <= index.by_location[j].get(value, _NONE):
                 enclosing.append((ctx.names[j], value))
     return _Answer(list(bucket), _Lazy(rejected), tuple(enclosing))
+
+
+def _off_values(
+    ctx: _Ctx, choice: Choice, h: HomogIndex, bad: AbstractSet[str], out: dict[str, list[str]]
+) -> None:
+    """Give each node of `bad` (outside the group's homogeneity values) its reason: the first key whose
+    value differs from the group's.
+
+    In a fleet of two GPU products half the nodes land here on every request, so nodes sharing a value
+    tuple share their reason in one set operation per distinct tuple (a handful), not one Python step
+    per node; with one other tuple and no node missing a key, every node of `bad` has it, and no set
+    operation is needed at all. Only nodes missing one of the keys, whose first differing key can vary,
+    go node by node, as does everything when the tuples are as many as the nodes.
+    """
+    pairs = choice.homogeneity
+    want = tuple(v for _, v in pairs)
+    each: AbstractSet[str] = bad
+    if len(h.by_values) <= len(bad):
+        others = [(values, names) for values, names in h.by_values.items() if values != want]
+        each = bad & h.missing if h.missing else _NONE
+        for values, names in others:
+            hit: AbstractSet[str] = bad if len(others) == 1 and not each else names & bad
+            if hit:
+                k, v = next((k, v) for (k, v), have in zip(pairs, values, strict=True) if have != v)
+                out.setdefault(f"the group needs {k}={v}", []).extend(hit)
+    for name in each:
+        labels = ctx.snap.views[name].labels
+        k, v = next((k, v) for k, v in pairs if labels.get(k, "") != v)
+        out.setdefault(f"the group needs {k}={v}", []).append(name)
 
 
 # --- the decision -------------------------------------------------------------------------------

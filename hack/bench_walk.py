@@ -1,0 +1,172 @@
+"""Benchmark: the full host walk (`nodefabric inventory`'s pass) against a floor over exactly the files it
+opens, in the same run, interleaved.
+
+    .venv/bin/python hack/bench_walk.py [--pfs 8] [--vfs 16,128,512] [--rounds 7] [--profile]
+
+The floor is recorded, not written by hand: one pass runs with os.listdir, os.open and os.readlink
+watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed, an
+os.open/os.read/os.close of each attribute it read, an os.readlink of each link it named (resolution by
+the kernel, /proc/self/fd, is left out: it is the safety the floor does not pay for). Figures:
+- in process: inventory.read() against the replay, medians over interleaved rounds;
+- whole command: `nodefabric inventory --root R -o json` as a process against a Python process that
+  replays the same list (both pay the interpreter's start-up; .pyc files written, as an install has).
+All figures are CPU time (user and system), not wall time: the machine is shared.
+Target: each <= 1.5x its floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.testing.scenarios import bench
+
+TARGET = 1.5
+REPLAY = """
+import os, sys, json
+ops = json.load(open(sys.argv[1]))
+for d in ops["dirs"]:
+    with os.scandir(d) as it:
+        for _ in it:
+            pass
+for f in ops["files"]:
+    fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.read(fd, 65537)
+    finally:
+        os.close(fd)
+for link in ops["links"]:
+    try:
+        os.readlink(link)
+    except OSError:
+        pass
+"""
+
+
+def record(root: str) -> dict[str, list[str]]:
+    """What one pass lists, opens to read, and reads links of."""
+    ops: dict[str, list[str]] = {"dirs": [], "files": [], "links": []}
+    real = os.listdir, os.open, os.readlink
+
+    def listdir(path: str = ".") -> list[str]:
+        ops["dirs"].append(os.fspath(path))
+        return real[0](path)
+
+    def open_(path: str, flags: int, *args: object, **kw: object) -> int:
+        if not flags & getattr(os, "O_PATH", 0):  # O_PATH: resolution, not a read
+            ops["files"].append(os.fspath(path))
+        return real[1](path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    def readlink(path: str, *args: object, **kw: object) -> str:
+        if not os.fspath(path).startswith("/proc/self/fd/"):
+            ops["links"].append(os.fspath(path))
+        return real[2](path, *args, **kw)  # type: ignore[arg-type]
+
+    os.listdir, os.open, os.readlink = listdir, open_, readlink  # type: ignore[assignment]
+    try:
+        inventory.read(HostRoot.at(root))
+    finally:
+        os.listdir, os.open, os.readlink = real
+    return ops
+
+
+def replay(ops: dict[str, list[str]]) -> None:
+    for d in ops["dirs"]:
+        with os.scandir(d) as it:
+            for _ in it:
+                pass
+    for f in ops["files"]:
+        fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.read(fd, 65537)
+        finally:
+            os.close(fd)
+    for link in ops["links"]:
+        with contextlib.suppress(OSError):  # an absent link fails in the walk too
+            os.readlink(link)
+
+
+def walk(root: str) -> None:
+    inventory.read(HostRoot.at(root))
+
+
+def seconds(fn, *args: object) -> float:
+    """CPU seconds (user and system) of this process: on a machine shared with other work, wall time
+    would add their turns."""
+    start = time.process_time()
+    fn(*args)
+    return time.process_time() - start
+
+
+def child_seconds(cmd: list[str], env: dict[str, str]) -> float:
+    """CPU seconds (user and system) of one command run to its end."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def one_tree(pfs: int, vfs: int, rounds: int, profile: bool) -> bool:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = str(Path(tmp) / "root")
+        bench(Path(root), pfs=pfs, vfs=vfs)
+        walk(root)  # warm the page and dentry caches
+        ops = record(root)
+        plan = Path(tmp) / "ops.json"
+        plan.write_text(json.dumps(ops))
+        if profile:
+            prof = cProfile.Profile()
+            prof.runcall(walk, root)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+        walks, floors = [], []
+        for _ in range(rounds):
+            floors.append(seconds(replay, ops))
+            walks.append(seconds(walk, root))
+        cli = "nodefabric_devicemanager.cli"
+        cmd = [sys.executable, "-m", cli, "inventory", "--root", root, "-o", "json"]
+        floor_cmd = [sys.executable, "-c", REPLAY, str(plan)]
+        # As installed, modules are compiled once (pip writes the .pyc files): let both write theirs.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        child_seconds(cmd, env), child_seconds(floor_cmd, env)
+        procs, floor_procs = [], []
+        for _ in range(rounds):
+            floor_procs.append(child_seconds(floor_cmd, env))
+            procs.append(child_seconds(cmd, env))
+    w, f = statistics.median(walks), statistics.median(floors)
+    p, fp = statistics.median(procs), statistics.median(floor_procs)
+    counts = f"{len(ops['dirs'])} dirs, {len(ops['files'])} files, {len(ops['links'])} links"
+    print(f"{pfs} PF x {vfs:>3} VF ({counts}):")
+    print(f"  in process:    walk {w * 1e3:7.1f} ms  floor {f * 1e3:7.1f} ms  ratio {w / f:5.2f}x")
+    print(f"  whole command: walk {p * 1e3:7.1f} ms  floor {fp * 1e3:7.1f} ms  ratio {p / fp:5.2f}x")
+    return w <= TARGET * f and p <= TARGET * fp
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--pfs", type=int, default=8)
+    ap.add_argument("--vfs", default="16,128,512")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    ok = True
+    for vfs in (int(v) for v in args.vfs.split(",")):
+        ok &= one_tree(args.pfs, vfs, args.rounds, args.profile)
+    print(f"target: each <= {TARGET}x its floor: {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
