@@ -87,6 +87,15 @@ def kai_topology(hierarchy: Hierarchy, name: str) -> tuple[dict[str, Any], Level
     return topology_body(f"{KAI_GROUP}/{KAI_VERSION}", name, levels.node_labels), levels
 
 
+def held_by(obj: Mapping[str, Any] | None) -> str | None:
+    """The finalizers keeping a live object that is being deleted (as text), or None when it is not."""
+    meta = obj.get("metadata") if obj is not None else None
+    if not isinstance(meta, Mapping) or not meta.get("deletionTimestamp"):
+        return None
+    got = meta.get("finalizers")
+    return ", ".join(str(f) for f in got) if isinstance(got, list) and got else "[]"
+
+
 def levels_of(obj: Mapping[str, Any] | None) -> tuple[str, ...] | None:
     """The nodeLabels a live Topology lists, or None for no object."""
     if obj is None:

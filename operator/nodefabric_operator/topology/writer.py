@@ -42,6 +42,10 @@ def brief(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
+def _held(kind: str, name: str, finalizers: str) -> str:
+    return f"{kind} {name} is being deleted, held by finalizers {finalizers}: written once it is gone"
+
+
 class Writer:
     def __init__(
         self,
@@ -68,6 +72,7 @@ class Writer:
         self.retry = False  # a write failed: the shell passes again after a backoff
         self._discovered_at: float | None = None
         self._known: dict[str, Any] = {}  # target -> what the server holds as far as we know
+        self._replacing: dict[str, tuple[str, ...]] = {}  # target -> levels of the one deleted to be replaced
         self._report_status: dict[str, Any] | None = None
         self._report_known = False
         self._exists = False
@@ -213,6 +218,12 @@ class Writer:
             live = self._get(target, name)
             if live is not None and not project.is_managed(live):
                 return f"{p} {name} exists and is not managed by nodefabric: left alone"
+            held = project.held_by(live)
+            if held is not None:
+                # Being deleted (by us to replace it, or by someone), kept by its finalizers (Kueue's while a
+                # ResourceFlavor names it): nothing can be written under its name until it is gone.
+                self.retry = True
+                return _held(body["kind"], name, held)
             self._known[target] = project.levels_of(live)
         action = project.topology_action(
             self._known[target], desired, mutable_with_hostname=target == project.KUEUE
@@ -227,16 +238,40 @@ class Writer:
         else:
             if action == project.REPLACE:
                 self._call("delete", target, self.custom.delete_cluster_custom_object, g, v, p, name)
+                self._replacing[target] = tuple(self._known[target] or ())
+                self._known[target] = None
+            try:
+                self._call(
+                    "create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body)
+                )
+            except kubernetes.client.ApiException as err:
+                if status_of(err) != 409 or target not in self._replacing:
+                    raise
+                # The delete was accepted but the object stays until its finalizers go: said once, and
+                # the create is retried (the next pass reads it again) rather than the delete repeated.
+                self._known.pop(target, None)
+                self.retry = True
+                live = self._get(target, name)
+                held = project.held_by(live) or "[]"
+                self.event(
+                    events.Notice(
+                        events.WARNING,
+                        report.REPLACE_PENDING,
+                        f"{target} {body['kind']} {name} deleted to be replaced (its levels cannot change "
+                        f"in place) but held by finalizers {held}: written once it is gone",
+                    )
+                )
+                return _held(body["kind"], name, held)
+            old = self._replacing.pop(target, None)
+            if old is not None:
                 self.event(
                     events.Notice(
                         events.NORMAL,
                         report.REPLACED,
                         f"{target} {body['kind']} {name} replaced: its levels cannot change in place "
-                        f"({', '.join(self._known[target] or ())} -> {', '.join(desired)})",
+                        f"({', '.join(old)} -> {', '.join(desired)})",
                     )
                 )
-                self._known[target] = None
-            self._call("create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body))
         self._known[target] = desired
         log.info("topology written", extra={"target": target, "object": name, "action": action})
         return state
