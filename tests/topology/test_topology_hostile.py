@@ -28,7 +28,9 @@ from test_topology_operator import (
 from topology_fixtures import HOST, ZONE
 
 from nodefabric_operator.demo.kubeapi import RunningAPI
-from nodefabric_operator.topology import report
+from nodefabric_operator.topology import project, report
+from nodefabric_operator.topology.levels import default_levels
+from nodefabric_operator.topology.nesting import check
 
 __all__ = ["api"]
 
@@ -85,3 +87,55 @@ async def test_a_kueue_topology_held_by_its_finalizer_is_replaced_once_it_is_gon
         (said,) = _events(k, report.REPLACED)
         assert said["message"].startswith("kueue Topology nodefabric replaced") and ZONE in said["message"]
         assert _writes(k, HN) == 0
+
+
+def _hn_parents(hns: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    parents: dict[str, list[str]] = {}
+    for name, body in hns.items():
+        for m in body["spec"]["members"]:
+            if m["type"] == "HyperNode":
+                parents.setdefault(m["selector"]["exactMatch"]["name"], []).append(name)
+    return parents
+
+
+def test_a_hypernode_name_someone_else_holds_is_neither_written_nor_named_by_a_parent() -> None:
+    fleet = {n: dict(labs) for n, labs in FLEET.items()}
+    h = check(default_levels(), fleet)
+    hns = project.hypernodes(h, fleet, taken=frozenset({"fabric.nvl-a"}))
+    assert "fabric.nvl-a" not in hns and "fabric.nvl-b" in hns
+    # Volcano allows one parent per HyperNode: naming theirs would give it a second one.
+    assert "fabric.nvl-a" not in _hn_parents(hns)
+    # leaf-1 held only nvl-a, whose nodes carry the fabric level: it has nothing left to hold.
+    assert "leaf.leaf-1" not in hns and "leaf.leaf-1" not in _hn_parents(hns)
+
+
+async def test_a_foreign_hypernode_of_our_name_is_left_alone_and_named_by_none_of_ours(
+    api: RunningAPI,
+) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": "fabric.nvl-a"},  # e.g. Volcano's own discovery
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-0"}}}]},
+    }
+    k.api.put_object(HN, theirs)
+    async with running_operator(k, sink="node", topology=options(targets=("volcano",))):
+        await eventually(lambda: "fabric.nvl-b" in _all(k, HN) and "nodefabric" in _all(k, FT))
+        await settle(k)
+        hns = _all(k, HN)
+        assert (
+            hns["fabric.nvl-a"]["spec"] == theirs["spec"] and "labels" not in hns["fabric.nvl-a"]["metadata"]
+        )
+        ours = {n: b for n, b in hns.items() if n != "fabric.nvl-a"}
+        assert "fabric.nvl-a" not in _hn_parents(ours)
+        assert_valid(k, ())
+        state = {t["name"]: t["state"] for t in _all(k, FT)["nodefabric"]["status"]["targets"]}["volcano"]
+        assert "fabric.nvl-a" in state and "not managed by nodefabric" in state, state
+        # Nothing more is written while nothing changes: no create of their name on every pass.
+        writes = _writes(k, HN)
+        await client.label_node("gpu-3", {"example.com/unrelated": "x"})
+        await settle(k)
+        assert _writes(k, HN) == writes

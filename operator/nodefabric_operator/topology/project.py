@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,8 +141,12 @@ def hypernode_name(level: str, value: str) -> str:
     return f"{level}.{value_part(value)}"
 
 
-def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, Any]]:
-    """Every HyperNode, by name. `fleet` is the same node labels the hierarchy was checked over.
+def hypernodes(
+    hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]], taken: AbstractSet[str] = frozenset()
+) -> dict[str, dict[str, Any]]:
+    """Every HyperNode, by name. `fleet` is the same node labels the hierarchy was checked over; `taken`
+    are names HyperNodes nodefabric does not manage hold: those domains are not written and no parent
+    names them (Volcano allows a HyperNode one parent, and theirs may hold anything).
 
     A HyperNode's parent is the HyperNode of the nearest looser tier that every one of its nodes carries
     (one value: the levels nest), so a domain whose nodes lack the next tier still hangs under the one
@@ -180,9 +185,10 @@ def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> 
                 spec_members.append(
                     {"type": "Node", "selector": {"labelMatch": _node_match(keys[t], value, keys[:t])}}
                 )
-            if not spec_members:
-                continue  # every node sits in a tighter domain that cannot hang here: nothing to hold
             name = hypernode_name(lv.name, value)
+            if not spec_members or name in taken:
+                continue  # nothing to hold (every node sits in a tighter domain that cannot hang here), or
+                # the name is someone else's: its nodes are then in no HyperNode of ours
             out[name] = {
                 "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
                 "kind": "HyperNode",

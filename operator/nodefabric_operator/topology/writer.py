@@ -72,6 +72,7 @@ class Writer:
         self.retry = False  # a write failed: the shell passes again after a backoff
         self._discovered_at: float | None = None
         self._known: dict[str, Any] = {}  # target -> what the server holds as far as we know
+        self._taken: frozenset[str] = frozenset()  # HyperNode names held by HyperNodes we do not manage
         self._replacing: dict[str, tuple[str, ...]] = {}  # target -> levels of the one deleted to be replaced
         self._report_status: dict[str, Any] | None = None
         self._report_known = False
@@ -174,7 +175,7 @@ class Writer:
     def write_target(self, target: str, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
         try:
             if target == project.VOLCANO:
-                return self._write_hypernodes(project.hypernodes(hierarchy, fleet))
+                return self._write_volcano(hierarchy, fleet)
             if target == project.KUEUE:
                 body, levels = project.kueue_topology(hierarchy, self.name, self.served[target] or "")
             else:
@@ -276,11 +277,43 @@ class Writer:
         log.info("topology written", extra={"target": target, "object": name, "action": action})
         return state
 
+    def _write_volcano(self, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
+        target = project.VOLCANO
+        if target not in self._known:
+            self._known[target], self._taken = self._list_hypernodes()
+        taken = set(self._taken)
+        state = self._write_hypernodes(project.hypernodes(hierarchy, fleet, taken=self._taken))
+        if self._taken != taken:
+            # A name met taken on create: its parent was built naming it, so build once more without it.
+            state = self._write_hypernodes(project.hypernodes(hierarchy, fleet, taken=self._taken))
+        if self._taken:
+            wanted = project.hypernodes(hierarchy, fleet)
+            held = sorted(n for n in self._taken if n in wanted)
+            if held:
+                shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+                state += f"; left out, their names held by HyperNodes not managed by nodefabric: {shown}"
+        return state
+
+    def _list_hypernodes(self) -> tuple[dict[str, Any], frozenset[str]]:
+        """Ours (name -> spec) and the names every other HyperNode holds."""
+        target = project.VOLCANO
+        g, v, p = self._gvp(target)
+        got = self._call("list", target, self.custom.list_cluster_custom_object, g, v, p)
+        ours: dict[str, Any] = {}
+        theirs: set[str] = set()
+        for i in got.get("items", []):
+            if not isinstance(i, dict):
+                continue
+            name = str(i["metadata"]["name"])
+            if project.is_managed(i):
+                ours[name] = i.get("spec")
+            else:
+                theirs.add(name)
+        return ours, frozenset(theirs)
+
     def _write_hypernodes(self, desired: Mapping[str, dict[str, Any]]) -> str:
         target = project.VOLCANO
         g, v, p = self._gvp(target)
-        if target not in self._known:
-            self._known[target] = self._list_managed(target)
         known: dict[str, Any] = self._known[target]
         written = 0
         for name, body in desired.items():
@@ -294,7 +327,8 @@ class Writer:
                         raise
                     live = self._get(target, name)
                     if live is not None and not project.is_managed(live):
-                        continue  # someone else's HyperNode of that name
+                        self._taken = self._taken | {name}  # someone else's HyperNode of that name
+                        continue
                     self._call(
                         "patch",
                         target,
