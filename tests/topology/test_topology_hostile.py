@@ -25,7 +25,7 @@ from test_topology_operator import (
     running_operator,
     settle,
 )
-from topology_fixtures import HOST, ZONE
+from topology_fixtures import HOST, LEAF, ZONE
 
 from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.topology import project, report
@@ -139,3 +139,25 @@ async def test_a_foreign_hypernode_of_our_name_is_left_alone_and_named_by_none_o
         await client.label_node("gpu-3", {"example.com/unrelated": "x"})
         await settle(k)
         assert _writes(k, HN) == writes
+
+
+def test_a_hypernode_tier_is_its_level_and_never_shifts_when_a_tighter_level_is_left_out() -> None:
+    """A Volcano job asks for `highestTierAllowed`: a number. When the fabric level is left out for a
+    violation, tier 0 must hold nothing (the job waits, as Kueue's and KAI's would for a level their
+    Topology lacks), not become the leaf (the job would be packed across NVLink domains)."""
+    fleet = {n: dict(labs) for n, labs in FLEET.items()}
+    levels = default_levels()
+    position = {lv.name: i for i, lv in enumerate(levels)}
+    clean = project.hypernodes(check(levels, fleet), fleet)
+    assert {b["spec"]["tierName"]: b["spec"]["tier"] for b in clean.values()} == {
+        name: position[name] for name in ("fabric", "leaf", "spine", "zone", "region")
+    }
+    fleet["gpu-1"][LEAF] = "leaf-2"  # nvl-a now spans two leaves: the fabric level is left out
+    h = check(levels, fleet)
+    assert "fabric" not in [lv.name for lv in h.projected]
+    split = project.hypernodes(h, fleet)
+    tiers = {b["spec"]["tierName"]: b["spec"]["tier"] for b in split.values()}
+    assert 0 not in tiers.values()
+    assert tiers == {name: position[name] for name in ("leaf", "spine", "zone", "region")}
+    # The looser levels' HyperNodes are not rewritten for it.
+    assert split["zone.eu-1a"] == clean["zone.eu-1a"] and split["region.eu-1"] == clean["region.eu-1"]

@@ -5,9 +5,10 @@
   Hostname last makes Kueue's levels mutable (its rule: levels may change only when hostname is the last
   level before and after) and lets both place pods on nodes within the lowest domain.
 - Volcano `HyperNode`s (topology.volcano.sh/v1alpha1): one per value per projected level, `spec.tier`
-  0 for the tightest. A HyperNode holds the HyperNodes of the next tighter level by exact name, and the
-  nodes that carry its level but no tighter projected level by a label match; the tightest tier holds its
-  nodes by label match alone.
+  the level's place among the configured levels (0 for the tightest; a level left out leaves its tier
+  empty rather than renumbering the others). A HyperNode holds the HyperNodes of the next tighter level
+  by exact name, and the nodes that carry its level but no tighter projected level by a label match; the
+  tightest tier holds its nodes by label match alone.
 
 Only levels the check passed (`Hierarchy.projected`) appear in any of them.
 """
@@ -173,6 +174,9 @@ def hypernodes(
                 if all(keys[u] in m for m in members):
                     children[u][members[0][keys[u]]].append(hypernode_name(tiers[t].name, value))
                     break
+    # A tier is the level's place among the configured levels, whatever the fleet carries: a job asking
+    # Volcano for a tier number keeps its meaning when a tighter level is left out (that tier is empty).
+    position = {c.name: i for i, c in enumerate(hierarchy.levels)}
     out: dict[str, dict[str, Any]] = {}
     for t, lv in enumerate(tiers):
         for value in sorted(nodes_of[t]):
@@ -193,7 +197,7 @@ def hypernodes(
                 "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
                 "kind": "HyperNode",
                 "metadata": {"name": name, "labels": {**managed_labels(), LEVEL_LABEL: lv.name}},
-                "spec": {"tier": t, "tierName": lv.name, "members": spec_members},
+                "spec": {"tier": position[lv.name], "tierName": lv.name, "members": spec_members},
             }
     return out
 
