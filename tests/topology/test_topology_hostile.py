@@ -5,9 +5,11 @@ someone else's."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import kubernetes
+import pytest
 from test_topology_operator import (
     FLEET,
     FT,
@@ -161,3 +163,21 @@ def test_a_hypernode_tier_is_its_level_and_never_shifts_when_a_tighter_level_is_
     assert tiers == {name: position[name] for name in ("leaf", "spine", "zone", "region")}
     # The looser levels' HyperNodes are not rewritten for it.
     assert split["zone.eu-1a"] == clean["zone.eu-1a"] and split["region.eu-1"] == clean["region.eu-1"]
+
+
+# Volcano's admission webhook checks a member's exactMatch.name with IsQualifiedName: a name part of 63
+# characters at most, so a HyperNode named longer can exist but no parent can name it.
+QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+LONG_VALUES = ["a" * 63, "A" * 63, "a" * 62 + "b", "x" * 56, "x" * 55, "nvlink-" + "f" * 56]
+
+
+@pytest.mark.parametrize("level", ["fabric", "network-group", "l" * 63])
+def test_hypernode_names_fit_what_a_parent_can_name(level: str) -> None:
+    names = {project.hypernode_name(level, v) for v in LONG_VALUES}
+    assert len(names) == len(LONG_VALUES)
+    for name in names:
+        assert len(name) <= 63 and QUALIFIED_NAME.fullmatch(name), name
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name), name
+    # Names that fit already are kept as they were.
+    assert project.hypernode_name("fabric", "nvl-a") == "fabric.nvl-a"
+    assert project.hypernode_name("leaf", "x" * 58) == "leaf." + "x" * 58

@@ -136,10 +136,18 @@ def value_part(value: str) -> str:
     return part
 
 
+NAME_MAX = 63  # Volcano's webhook checks a member's exactMatch.name as a qualified name: 63 at most
+
+
 def hypernode_name(level: str, value: str) -> str:
     """`<level>.<value>`: the level name is a DNS label without dots (levels.check), so no two levels'
-    names meet, and the whole is a DNS-1123 subdomain of 127 characters at most."""
-    return f"{level}.{value_part(value)}"
+    names meet. Longer than 63 characters, it is cut and a hash of level and value added, so a parent can
+    still name it: a DNS-1123 subdomain and a qualified name."""
+    name = f"{level}.{value_part(value)}"
+    if len(name) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(f"{level}/{value}".encode()).hexdigest()[:10]
+    return f"{name[: NAME_MAX - 11].rstrip('-.')}-{digest}"
 
 
 def hypernodes(
