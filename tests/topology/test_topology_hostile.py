@@ -5,6 +5,7 @@ someone else's."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 from typing import Any
 
@@ -14,6 +15,7 @@ from test_topology_operator import (
     FLEET,
     FT,
     HN,
+    KAI_T,
     KUEUE_T,
     Client,
     _all,
@@ -27,9 +29,10 @@ from test_topology_operator import (
     running_operator,
     settle,
 )
-from topology_fixtures import HOST, LEAF, ZONE
+from topology_fixtures import FABRIC, HOST, KAI, LEAF, ZONE, crd
 
-from nodefabric_operator.demo.kubeapi import RunningAPI
+from nodefabric_devicemanager import crd as devices_crd
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import check
@@ -181,3 +184,45 @@ def test_hypernode_names_fit_what_a_parent_can_name(level: str) -> None:
     # Names that fit already are kept as they were.
     assert project.hypernode_name("fabric", "nvl-a") == "fabric.nvl-a"
     assert project.hypernode_name("leaf", "x" * 58) == "leaf." + "x" * 58
+
+
+async def test_a_restarted_operator_writes_nothing_when_nothing_changed(api: RunningAPI) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options()):
+        await eventually(lambda: len(_all(k, HN)) == 10 and "nodefabric" in _all(k, FT))
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and "nodefabric" in _all(k, KAI_T))
+        await settle(k)
+    # Kueue marks the Topology a ResourceFlavor names; that is no reason to write it again.
+    k.api.put_object(
+        KUEUE_T,
+        {
+            **_all(k, KUEUE_T)["nodefabric"],
+            "metadata": {**_all(k, KUEUE_T)["nodefabric"]["metadata"], "finalizers": [IN_USE]},
+        },
+    )
+    before = {key: _writes(k, key) for key in (KUEUE_T, KAI_T, HN, FT, "v1/events")}
+    async with running_operator(k, sink="node", topology=options()):
+        await asyncio.sleep(1.0)
+        await settle(k)
+    assert {key: _writes(k, key) for key in (KUEUE_T, KAI_T, HN, FT, "v1/events")} == before
+
+
+async def test_a_kai_topology_crd_serving_only_v1_gets_a_v1_topology() -> None:
+    # KAI's Topology has a v1 (its storage version from the release that added it); a cluster whose CRD no
+    # longer serves v1alpha1 must not read as "CRD not served".
+    kai_v1 = copy.deepcopy(crd(KAI))
+    (version,) = kai_v1["spec"]["versions"]
+    version["name"] = "v1"
+    async with running_api([devices_crd.devices_crd(), kai_v1, report.crd()]) as k:
+        client = Client(k.kubeconfig)
+        await add_nodes(client, FLEET)
+        async with running_operator(k, sink="node", topology=options(targets=("kai",))):
+            await eventually(lambda: "nodefabric" in _all(k, "kai.scheduler/v1/topologies"))
+            await settle(k)
+        topo = _all(k, "kai.scheduler/v1/topologies")["nodefabric"]
+        assert topo["apiVersion"] == "kai.scheduler/v1"
+        assert levels(topo)[-2:] == [FABRIC, HOST]
+        state = {t["name"]: t["state"] for t in _all(k, FT)["nodefabric"]["status"]["targets"]}["kai"]
+        assert state.startswith("Topology nodefabric"), state

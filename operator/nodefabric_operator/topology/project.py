@@ -1,7 +1,8 @@
 """Projections of the checked hierarchy into what other schedulers read: pure functions to object bodies.
 
 - Kueue `Topology` (kueue.x-k8s.io v1beta2, or v1beta1 where only that is served) and KAI `Topology`
-  (kai.scheduler/v1alpha1): `spec.levels[].nodeLabel`, loosest first, `kubernetes.io/hostname` last.
+  (kai.scheduler v1, or v1alpha1 where only that is served): `spec.levels[].nodeLabel`, loosest first,
+  `kubernetes.io/hostname` last.
   Hostname last makes Kueue's levels mutable (its rule: levels may change only when hostname is the last
   level before and after) and lets both place pods on nodes within the lowest domain.
 - Volcano `HyperNode`s (topology.volcano.sh/v1alpha1): one per value per projected level, `spec.tier`
@@ -32,7 +33,8 @@ LEVEL_LABEL = "topology.gpustack.ai/level"  # which level a HyperNode stands for
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # preferred first
 KUEUE_MAX_LEVELS = {"v1beta2": 16, "v1beta1": 8}
-KAI_GROUP, KAI_VERSION = "kai.scheduler", "v1alpha1"
+KAI_GROUP = "kai.scheduler"
+KAI_VERSIONS = ("v1", "v1alpha1")  # preferred first: v1 is stored from the release that added it
 KAI_MAX_LEVELS = 16
 VOLCANO_GROUP, VOLCANO_VERSION = "topology.volcano.sh", "v1alpha1"
 
@@ -84,9 +86,11 @@ def kueue_topology(hierarchy: Hierarchy, name: str, version: str) -> tuple[dict[
     return topology_body(f"{KUEUE_GROUP}/{version}", name, levels.node_labels), levels
 
 
-def kai_topology(hierarchy: Hierarchy, name: str) -> tuple[dict[str, Any], LevelList]:
+def kai_topology(
+    hierarchy: Hierarchy, name: str, version: str = KAI_VERSIONS[-1]
+) -> tuple[dict[str, Any], LevelList]:
     levels = level_list(hierarchy, KAI_MAX_LEVELS)
-    return topology_body(f"{KAI_GROUP}/{KAI_VERSION}", name, levels.node_labels), levels
+    return topology_body(f"{KAI_GROUP}/{version}", name, levels.node_labels), levels
 
 
 def held_by(obj: Mapping[str, Any] | None) -> str | None:

@@ -95,11 +95,12 @@ class Writer:
         kueue = next(
             (v for v in project.KUEUE_VERSIONS if self._serves(project.KUEUE_GROUP, v, "topologies")), None
         )
+        kai = next(
+            (v for v in project.KAI_VERSIONS if self._serves(project.KAI_GROUP, v, "topologies")), None
+        )
         self.served = {
             project.KUEUE: kueue,
-            project.KAI: project.KAI_VERSION
-            if self._serves(project.KAI_GROUP, project.KAI_VERSION, "topologies")
-            else None,
+            project.KAI: kai,
             project.VOLCANO: project.VOLCANO_VERSION
             if self._serves(project.VOLCANO_GROUP, project.VOLCANO_VERSION, "hypernodes")
             else None,
@@ -169,7 +170,7 @@ class Writer:
         if target == project.KUEUE:
             return project.KUEUE_GROUP, self.served[target] or project.KUEUE_VERSIONS[0], "topologies"
         if target == project.KAI:
-            return project.KAI_GROUP, project.KAI_VERSION, "topologies"
+            return project.KAI_GROUP, self.served[target] or project.KAI_VERSIONS[-1], "topologies"
         return project.VOLCANO_GROUP, project.VOLCANO_VERSION, "hypernodes"
 
     def write_target(self, target: str, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
@@ -179,7 +180,7 @@ class Writer:
             if target == project.KUEUE:
                 body, levels = project.kueue_topology(hierarchy, self.name, self.served[target] or "")
             else:
-                body, levels = project.kai_topology(hierarchy, self.name)
+                body, levels = project.kai_topology(hierarchy, self.name, self.served[target] or "")
             state = self._write_topology(target, body)
             if levels.dropped:
                 state += f"; left out for the level limit: {', '.join(levels.dropped)}"
