@@ -226,3 +226,21 @@ async def test_a_kai_topology_crd_serving_only_v1_gets_a_v1_topology() -> None:
         assert levels(topo)[-2:] == [FABRIC, HOST]
         state = {t["name"]: t["state"] for t in _all(k, FT)["nodefabric"]["status"]["targets"]}["kai"]
         assert state.startswith("Topology nodefabric"), state
+
+
+async def test_a_kueue_topology_deleted_behind_our_back_is_created_when_its_levels_next_change(
+    api: RunningAPI,
+) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KUEUE_T).get("nodefabric")))
+        await settle(k)
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: the levels change
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T))
+        await settle(k)
+    assert FABRIC not in levels(_all(k, KUEUE_T)["nodefabric"])
+    assert_valid(k, (KUEUE_T,))
+    assert not _events(k, report.WRITE_FAILED)

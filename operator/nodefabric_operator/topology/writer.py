@@ -236,7 +236,15 @@ class Writer:
             return state
         if action == project.UPDATE:
             patch = {"spec": {"levels": body["spec"]["levels"]}}
-            self._call("patch", target, self.custom.patch_cluster_custom_object, g, v, p, name, patch)
+            try:
+                self._call("patch", target, self.custom.patch_cluster_custom_object, g, v, p, name, patch)
+            except kubernetes.client.ApiException as err:
+                if status_of(err) != 404:
+                    raise
+                # Deleted since we wrote it: written again, as a HyperNode is.
+                self._call(
+                    "create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body)
+                )
         else:
             if action == project.REPLACE:
                 self._call("delete", target, self.custom.delete_cluster_custom_object, g, v, p, name)
