@@ -244,3 +244,23 @@ async def test_a_kueue_topology_deleted_behind_our_back_is_created_when_its_leve
     assert FABRIC not in levels(_all(k, KUEUE_T)["nodefabric"])
     assert_valid(k, (KUEUE_T,))
     assert not _events(k, report.WRITE_FAILED)
+
+
+async def test_a_fleet_that_never_goes_quiet_still_resyncs(api: RunningAPI) -> None:
+    """Nodes flapping more often than the resync period must not starve it: an object deleted behind the
+    operator's back comes back within about one period all the same."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",), resync=1.0)):
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T))
+        await settle(k)
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        back = False
+        for i in range(30):  # a level label changes every 0.2 s; the levels themselves stay as they are
+            await client.label_node("gpu-3", {LEAF: f"leaf-{3 if i % 2 else 9}"})
+            await asyncio.sleep(0.2)
+            if "nodefabric" in _all(k, KUEUE_T):
+                back = True
+                break
+        assert back, "the resync never ran while the fleet kept changing"

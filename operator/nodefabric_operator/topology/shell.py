@@ -13,6 +13,7 @@ Uninstall: every object carries an ownerReference to the operator's ClusterRole 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -122,12 +123,17 @@ class Projector:
         and every `resync` seconds."""
         self._dirty.set()  # the first pass, once kopf's listing has delivered the fleet
         loop = asyncio.get_running_loop()
+        resynced = loop.time()
         while True:
-            try:
-                await asyncio.wait_for(self._dirty.wait(), self.options.resync)
-            except TimeoutError:
-                # A resync reads every target again: an object someone deleted or edited is rewritten.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._dirty.wait(), max(self.options.resync - (loop.time() - resynced), 0.0)
+                )
+            if loop.time() - resynced >= self.options.resync:
+                # A resync reads every target again: an object someone deleted or edited is rewritten. It
+                # is due by the clock, so a fleet whose labels keep changing does not put it off forever.
                 self._forget()
+                resynced = loop.time()
             first = loop.time()
             while True:
                 self._dirty.clear()
