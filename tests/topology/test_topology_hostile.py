@@ -5,6 +5,7 @@ someone else's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import re
 from typing import Any
@@ -32,10 +33,13 @@ from test_topology_operator import (
 from topology_fixtures import FABRIC, HOST, KAI, LEAF, ZONE, crd
 
 from nodefabric_devicemanager import crd as devices_crd
+from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import check
+from nodefabric_operator.topology.shell import Projector
 
 __all__ = ["api"]
 
@@ -264,3 +268,31 @@ async def test_a_fleet_that_never_goes_quiet_still_resyncs(api: RunningAPI) -> N
                 back = True
                 break
         assert back, "the resync never ran while the fleet kept changing"
+
+
+async def test_a_node_deleted_between_the_start_listing_and_kopfs_is_dropped_at_the_first_resync(
+    api: RunningAPI,
+) -> None:
+    """The fleet is read once before kopf starts; a node deleted before kopf's own listing is never
+    reported gone by kopf. Left in, its old labels could hold a level out as violating forever."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    proj = Projector(load_client(k.kubeconfig), options(targets=("kueue",), resync=0.5), Metrics())
+    await asyncio.to_thread(proj.prime)
+    assert set(proj.fleet) == set(FLEET)
+    await asyncio.to_thread(client.core.delete_node, "gpu-3")
+    # kopf's listing: every node still there, none of them changed.
+    for name in FLEET:
+        if name != "gpu-3":
+            node = await asyncio.to_thread(client.core.read_node, name)
+            proj.node_event(None, {"metadata": {"name": name, "labels": node.metadata.labels}})
+    task = asyncio.create_task(proj.run())
+    try:
+        await eventually(lambda: "gpu-3" not in proj.fleet, timeout=10)
+        await eventually(lambda: ZONE in levels(_all(k, KUEUE_T).get("nodefabric")))
+        await eventually(lambda: proj.hierarchy is not None and proj.hierarchy.nodes == len(FLEET) - 1)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
