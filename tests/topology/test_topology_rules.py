@@ -357,7 +357,13 @@ def test_hypernodes_form_a_tree_that_holds_each_domain_exactly() -> None:
         assert problems(body, VOLCANO) == [], body
         assert body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "nodefabric"
     tiers = {b["spec"]["tierName"]: b["spec"]["tier"] for b in hns.values()}
-    assert tiers == {"fabric": 0, "leaf": 1, "spine": 2, "zone": 3, "region": 4}
+    assert tiers == {
+        "fabric": 0,
+        "leaf": 1,
+        "spine": 2,
+        "zone": 4,
+        "region": 5,
+    }  # core absent: its tier empty
     parents: dict[str, list[str]] = {}
     for name, body in hns.items():
         for m in body["spec"]["members"]:

@@ -1,13 +1,15 @@
 """Projections of the checked hierarchy into what other schedulers read: pure functions to object bodies.
 
 - Kueue `Topology` (kueue.x-k8s.io v1beta2, or v1beta1 where only that is served) and KAI `Topology`
-  (kai.scheduler/v1alpha1): `spec.levels[].nodeLabel`, loosest first, `kubernetes.io/hostname` last.
+  (kai.scheduler v1, or v1alpha1 where only that is served): `spec.levels[].nodeLabel`, loosest first,
+  `kubernetes.io/hostname` last.
   Hostname last makes Kueue's levels mutable (its rule: levels may change only when hostname is the last
   level before and after) and lets both place pods on nodes within the lowest domain.
 - Volcano `HyperNode`s (topology.volcano.sh/v1alpha1): one per value per projected level, `spec.tier`
-  0 for the tightest. A HyperNode holds the HyperNodes of the next tighter level by exact name, and the
-  nodes that carry its level but no tighter projected level by a label match; the tightest tier holds its
-  nodes by label match alone.
+  the level's place among the configured levels (0 for the tightest; a level left out leaves its tier
+  empty rather than renumbering the others). A HyperNode holds the HyperNodes of the next tighter level
+  by exact name, and the nodes that carry its level but no tighter projected level by a label match; the
+  tightest tier holds its nodes by label match alone.
 
 Only levels the check passed (`Hierarchy.projected`) appear in any of them.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +33,8 @@ LEVEL_LABEL = "topology.gpustack.ai/level"  # which level a HyperNode stands for
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # preferred first
 KUEUE_MAX_LEVELS = {"v1beta2": 16, "v1beta1": 8}
-KAI_GROUP, KAI_VERSION = "kai.scheduler", "v1alpha1"
+KAI_GROUP = "kai.scheduler"
+KAI_VERSIONS = ("v1", "v1alpha1")  # preferred first: v1 is stored from the release that added it
 KAI_MAX_LEVELS = 16
 VOLCANO_GROUP, VOLCANO_VERSION = "topology.volcano.sh", "v1alpha1"
 
@@ -82,9 +86,20 @@ def kueue_topology(hierarchy: Hierarchy, name: str, version: str) -> tuple[dict[
     return topology_body(f"{KUEUE_GROUP}/{version}", name, levels.node_labels), levels
 
 
-def kai_topology(hierarchy: Hierarchy, name: str) -> tuple[dict[str, Any], LevelList]:
+def kai_topology(
+    hierarchy: Hierarchy, name: str, version: str = KAI_VERSIONS[-1]
+) -> tuple[dict[str, Any], LevelList]:
     levels = level_list(hierarchy, KAI_MAX_LEVELS)
-    return topology_body(f"{KAI_GROUP}/{KAI_VERSION}", name, levels.node_labels), levels
+    return topology_body(f"{KAI_GROUP}/{version}", name, levels.node_labels), levels
+
+
+def held_by(obj: Mapping[str, Any] | None) -> str | None:
+    """The finalizers keeping a live object that is being deleted (as text), or None when it is not."""
+    meta = obj.get("metadata") if obj is not None else None
+    if not isinstance(meta, Mapping) or not meta.get("deletionTimestamp"):
+        return None
+    got = meta.get("finalizers")
+    return ", ".join(str(f) for f in got) if isinstance(got, list) and got else "[]"
 
 
 def levels_of(obj: Mapping[str, Any] | None) -> tuple[str, ...] | None:
@@ -125,14 +140,26 @@ def value_part(value: str) -> str:
     return part
 
 
+NAME_MAX = 63  # Volcano's webhook checks a member's exactMatch.name as a qualified name: 63 at most
+
+
 def hypernode_name(level: str, value: str) -> str:
     """`<level>.<value>`: the level name is a DNS label without dots (levels.check), so no two levels'
-    names meet, and the whole is a DNS-1123 subdomain of 127 characters at most."""
-    return f"{level}.{value_part(value)}"
+    names meet. Longer than 63 characters, it is cut and a hash of level and value added, so a parent can
+    still name it: a DNS-1123 subdomain and a qualified name."""
+    name = f"{level}.{value_part(value)}"
+    if len(name) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(f"{level}/{value}".encode()).hexdigest()[:10]
+    return f"{name[: NAME_MAX - 11].rstrip('-.')}-{digest}"
 
 
-def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, Any]]:
-    """Every HyperNode, by name. `fleet` is the same node labels the hierarchy was checked over.
+def hypernodes(
+    hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]], taken: AbstractSet[str] = frozenset()
+) -> dict[str, dict[str, Any]]:
+    """Every HyperNode, by name. `fleet` is the same node labels the hierarchy was checked over; `taken`
+    are names HyperNodes nodefabric does not manage hold: those domains are not written and no parent
+    names them (Volcano allows a HyperNode one parent, and theirs may hold anything).
 
     A HyperNode's parent is the HyperNode of the nearest looser tier that every one of its nodes carries
     (one value: the levels nest), so a domain whose nodes lack the next tier still hangs under the one
@@ -159,6 +186,9 @@ def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> 
                 if all(keys[u] in m for m in members):
                     children[u][members[0][keys[u]]].append(hypernode_name(tiers[t].name, value))
                     break
+    # A tier is the level's place among the configured levels, whatever the fleet carries: a job asking
+    # Volcano for a tier number keeps its meaning when a tighter level is left out (that tier is empty).
+    position = {c.name: i for i, c in enumerate(hierarchy.levels)}
     out: dict[str, dict[str, Any]] = {}
     for t, lv in enumerate(tiers):
         for value in sorted(nodes_of[t]):
@@ -171,14 +201,15 @@ def hypernodes(hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> 
                 spec_members.append(
                     {"type": "Node", "selector": {"labelMatch": _node_match(keys[t], value, keys[:t])}}
                 )
-            if not spec_members:
-                continue  # every node sits in a tighter domain that cannot hang here: nothing to hold
             name = hypernode_name(lv.name, value)
+            if not spec_members or name in taken:
+                continue  # nothing to hold (every node sits in a tighter domain that cannot hang here), or
+                # the name is someone else's: its nodes are then in no HyperNode of ours
             out[name] = {
                 "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
                 "kind": "HyperNode",
                 "metadata": {"name": name, "labels": {**managed_labels(), LEVEL_LABEL: lv.name}},
-                "spec": {"tier": t, "tierName": lv.name, "members": spec_members},
+                "spec": {"tier": position[lv.name], "tierName": lv.name, "members": spec_members},
             }
     return out
 

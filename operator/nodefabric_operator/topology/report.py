@@ -34,6 +34,7 @@ NESTED = "Nested"
 NOT_NESTED = "LevelNotNested"
 NESTED_AGAIN = "LevelNestedAgain"
 REPLACED = "TopologyReplaced"
+REPLACE_PENDING = "TopologyReplacePending"
 WRITE_FAILED = "TopologyWriteFailed"
 
 

@@ -13,6 +13,7 @@ Uninstall: every object carries an ownerReference to the operator's ClusterRole 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -77,6 +78,7 @@ class Projector:
         )
         self._cleaned = False
         self._dirty = asyncio.Event()
+        self._unconfirmed: set[str] = set()  # listed by prime, not yet reported by kopf
         self._retry = False
         self._failures = 0
 
@@ -86,14 +88,19 @@ class Projector:
         projection of a smaller fleet."""
         core = kubernetes.client.CoreV1Api(self.api)
         token: str | None = None
+        listed: set[str] = set()
         while True:
             self.metrics.api_requests.labels(verb="list", resource="nodes").inc()
             answer: Any = core.list_node(limit=page, _continue=token, _preload_content=False)
             data = json.loads(answer.data)
             for item in data.get("items") or ():
                 self.node_event("ADDED", item)
+                listed.add(str((item.get("metadata") or {}).get("name") or ""))
             token = (data.get("metadata") or {}).get("continue") or None
             if not token:
+                # kopf lists again when it starts and reports nothing of a node deleted in between:
+                # what it has not reported by the first resync is dropped then.
+                self._unconfirmed = listed - {""}
                 return
 
     # --- the Node watch -------------------------------------------------------------------------------------
@@ -104,6 +111,7 @@ class Projector:
         if not isinstance(meta, Mapping) or not meta.get("name"):
             return False
         name = str(meta["name"])
+        self._unconfirmed.discard(name)
         if event_type == "DELETED":
             changed = self.fleet.pop(name, None) is not None
         else:
@@ -122,12 +130,18 @@ class Projector:
         and every `resync` seconds."""
         self._dirty.set()  # the first pass, once kopf's listing has delivered the fleet
         loop = asyncio.get_running_loop()
+        resynced = loop.time()
         while True:
-            try:
-                await asyncio.wait_for(self._dirty.wait(), self.options.resync)
-            except TimeoutError:
-                # A resync reads every target again: an object someone deleted or edited is rewritten.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._dirty.wait(), max(self.options.resync - (loop.time() - resynced), 0.0)
+                )
+            if loop.time() - resynced >= self.options.resync:
+                # A resync reads every target again: an object someone deleted or edited is rewritten. It
+                # is due by the clock, so a fleet whose labels keep changing does not put it off forever.
                 self._forget()
+                self._drop_unconfirmed()
+                resynced = loop.time()
             first = loop.time()
             while True:
                 self._dirty.clear()
@@ -154,6 +168,15 @@ class Projector:
 
     def _forget(self) -> None:
         self.writer.forget()
+
+    def _drop_unconfirmed(self) -> None:
+        gone = sorted(n for n in self._unconfirmed if self.fleet.pop(n, None) is not None)
+        self._unconfirmed = set()
+        if gone:
+            log.info(
+                "nodes listed at start but never reported by the watch are dropped",
+                extra={"nodes": len(gone), "first": ", ".join(gone[:3])},
+            )
 
     # --- one pass -------------------------------------------------------------------------------------------
 

@@ -42,6 +42,10 @@ def brief(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
+def _held(kind: str, name: str, finalizers: str) -> str:
+    return f"{kind} {name} is being deleted, held by finalizers {finalizers}: written once it is gone"
+
+
 class Writer:
     def __init__(
         self,
@@ -68,6 +72,8 @@ class Writer:
         self.retry = False  # a write failed: the shell passes again after a backoff
         self._discovered_at: float | None = None
         self._known: dict[str, Any] = {}  # target -> what the server holds as far as we know
+        self._taken: frozenset[str] = frozenset()  # HyperNode names held by HyperNodes we do not manage
+        self._replacing: dict[str, tuple[str, ...]] = {}  # target -> levels of the one deleted to be replaced
         self._report_status: dict[str, Any] | None = None
         self._report_known = False
         self._exists = False
@@ -89,11 +95,12 @@ class Writer:
         kueue = next(
             (v for v in project.KUEUE_VERSIONS if self._serves(project.KUEUE_GROUP, v, "topologies")), None
         )
+        kai = next(
+            (v for v in project.KAI_VERSIONS if self._serves(project.KAI_GROUP, v, "topologies")), None
+        )
         self.served = {
             project.KUEUE: kueue,
-            project.KAI: project.KAI_VERSION
-            if self._serves(project.KAI_GROUP, project.KAI_VERSION, "topologies")
-            else None,
+            project.KAI: kai,
             project.VOLCANO: project.VOLCANO_VERSION
             if self._serves(project.VOLCANO_GROUP, project.VOLCANO_VERSION, "hypernodes")
             else None,
@@ -163,17 +170,17 @@ class Writer:
         if target == project.KUEUE:
             return project.KUEUE_GROUP, self.served[target] or project.KUEUE_VERSIONS[0], "topologies"
         if target == project.KAI:
-            return project.KAI_GROUP, project.KAI_VERSION, "topologies"
+            return project.KAI_GROUP, self.served[target] or project.KAI_VERSIONS[-1], "topologies"
         return project.VOLCANO_GROUP, project.VOLCANO_VERSION, "hypernodes"
 
     def write_target(self, target: str, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
         try:
             if target == project.VOLCANO:
-                return self._write_hypernodes(project.hypernodes(hierarchy, fleet))
+                return self._write_volcano(hierarchy, fleet)
             if target == project.KUEUE:
                 body, levels = project.kueue_topology(hierarchy, self.name, self.served[target] or "")
             else:
-                body, levels = project.kai_topology(hierarchy, self.name)
+                body, levels = project.kai_topology(hierarchy, self.name, self.served[target] or "")
             state = self._write_topology(target, body)
             if levels.dropped:
                 state += f"; left out for the level limit: {', '.join(levels.dropped)}"
@@ -213,6 +220,12 @@ class Writer:
             live = self._get(target, name)
             if live is not None and not project.is_managed(live):
                 return f"{p} {name} exists and is not managed by nodefabric: left alone"
+            held = project.held_by(live)
+            if held is not None:
+                # Being deleted (by us to replace it, or by someone), kept by its finalizers (Kueue's while a
+                # ResourceFlavor names it): nothing can be written under its name until it is gone.
+                self.retry = True
+                return _held(body["kind"], name, held)
             self._known[target] = project.levels_of(live)
         action = project.topology_action(
             self._known[target], desired, mutable_with_hostname=target == project.KUEUE
@@ -223,29 +236,93 @@ class Writer:
             return state
         if action == project.UPDATE:
             patch = {"spec": {"levels": body["spec"]["levels"]}}
-            self._call("patch", target, self.custom.patch_cluster_custom_object, g, v, p, name, patch)
+            try:
+                self._call("patch", target, self.custom.patch_cluster_custom_object, g, v, p, name, patch)
+            except kubernetes.client.ApiException as err:
+                if status_of(err) != 404:
+                    raise
+                # Deleted since we wrote it: written again, as a HyperNode is.
+                self._call(
+                    "create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body)
+                )
         else:
             if action == project.REPLACE:
                 self._call("delete", target, self.custom.delete_cluster_custom_object, g, v, p, name)
+                self._replacing[target] = tuple(self._known[target] or ())
+                self._known[target] = None
+            try:
+                self._call(
+                    "create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body)
+                )
+            except kubernetes.client.ApiException as err:
+                if status_of(err) != 409 or target not in self._replacing:
+                    raise
+                # The delete was accepted but the object stays until its finalizers go: said once, and
+                # the create is retried (the next pass reads it again) rather than the delete repeated.
+                self._known.pop(target, None)
+                self.retry = True
+                live = self._get(target, name)
+                held = project.held_by(live) or "[]"
+                self.event(
+                    events.Notice(
+                        events.WARNING,
+                        report.REPLACE_PENDING,
+                        f"{target} {body['kind']} {name} deleted to be replaced (its levels cannot change "
+                        f"in place) but held by finalizers {held}: written once it is gone",
+                    )
+                )
+                return _held(body["kind"], name, held)
+            old = self._replacing.pop(target, None)
+            if old is not None:
                 self.event(
                     events.Notice(
                         events.NORMAL,
                         report.REPLACED,
                         f"{target} {body['kind']} {name} replaced: its levels cannot change in place "
-                        f"({', '.join(self._known[target] or ())} -> {', '.join(desired)})",
+                        f"({', '.join(old)} -> {', '.join(desired)})",
                     )
                 )
-                self._known[target] = None
-            self._call("create", target, self.custom.create_cluster_custom_object, g, v, p, self._owned(body))
         self._known[target] = desired
         log.info("topology written", extra={"target": target, "object": name, "action": action})
         return state
 
+    def _write_volcano(self, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
+        target = project.VOLCANO
+        if target not in self._known:
+            self._known[target], self._taken = self._list_hypernodes()
+        taken = set(self._taken)
+        state = self._write_hypernodes(project.hypernodes(hierarchy, fleet, taken=self._taken))
+        if self._taken != taken:
+            # A name met taken on create: its parent was built naming it, so build once more without it.
+            state = self._write_hypernodes(project.hypernodes(hierarchy, fleet, taken=self._taken))
+        if self._taken:
+            wanted = project.hypernodes(hierarchy, fleet)
+            held = sorted(n for n in self._taken if n in wanted)
+            if held:
+                shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+                state += f"; left out, their names held by HyperNodes not managed by nodefabric: {shown}"
+        return state
+
+    def _list_hypernodes(self) -> tuple[dict[str, Any], frozenset[str]]:
+        """Ours (name -> spec) and the names every other HyperNode holds."""
+        target = project.VOLCANO
+        g, v, p = self._gvp(target)
+        got = self._call("list", target, self.custom.list_cluster_custom_object, g, v, p)
+        ours: dict[str, Any] = {}
+        theirs: set[str] = set()
+        for i in got.get("items", []):
+            if not isinstance(i, dict):
+                continue
+            name = str(i["metadata"]["name"])
+            if project.is_managed(i):
+                ours[name] = i.get("spec")
+            else:
+                theirs.add(name)
+        return ours, frozenset(theirs)
+
     def _write_hypernodes(self, desired: Mapping[str, dict[str, Any]]) -> str:
         target = project.VOLCANO
         g, v, p = self._gvp(target)
-        if target not in self._known:
-            self._known[target] = self._list_managed(target)
         known: dict[str, Any] = self._known[target]
         written = 0
         for name, body in desired.items():
@@ -259,7 +336,8 @@ class Writer:
                         raise
                     live = self._get(target, name)
                     if live is not None and not project.is_managed(live):
-                        continue  # someone else's HyperNode of that name
+                        self._taken = self._taken | {name}  # someone else's HyperNode of that name
+                        continue
                     self._call(
                         "patch",
                         target,

@@ -1,0 +1,298 @@
+"""Hostile cases against the real operator and the embedded API: what the targets' own controllers do to
+the objects (Kueue's finalizer on a Topology a ResourceFlavor names), and objects of our names that are
+someone else's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import re
+from typing import Any
+
+import kubernetes
+import pytest
+from test_topology_operator import (
+    FLEET,
+    FT,
+    HN,
+    KAI_T,
+    KUEUE_T,
+    Client,
+    _all,
+    _writes,
+    add_nodes,
+    api,
+    assert_valid,
+    eventually,
+    levels,
+    options,
+    running_operator,
+    settle,
+)
+from topology_fixtures import FABRIC, HOST, KAI, LEAF, ZONE, crd
+
+from nodefabric_devicemanager import crd as devices_crd
+from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.topology import project, report
+from nodefabric_operator.topology.levels import default_levels
+from nodefabric_operator.topology.nesting import check
+from nodefabric_operator.topology.shell import Projector
+
+__all__ = ["api"]
+
+IN_USE = "kueue.x-k8s.io/resource-in-use"  # Kueue's finalizer while a ResourceFlavor names the Topology
+
+
+def _events(k: RunningAPI, reason: str) -> list[dict[str, Any]]:
+    return [e for e in _all(k, "v1/events").values() if e["reason"] == reason]
+
+
+async def test_a_kueue_topology_held_by_its_finalizer_is_replaced_once_it_is_gone(api: RunningAPI) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    # Ours from an older release, without hostname last (so only a delete and a create change it), and
+    # held by Kueue's finalizer: a ResourceFlavor names it.
+    k.api.put_object(
+        KUEUE_T,
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Topology",
+            "metadata": {
+                "name": "nodefabric",
+                "labels": {"app.kubernetes.io/managed-by": "nodefabric"},
+                "finalizers": [IN_USE],
+            },
+            "spec": {"levels": [{"nodeLabel": ZONE}]},
+        },
+    )
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",), resync=1.0)):
+        await eventually(lambda: _all(k, KUEUE_T)["nodefabric"]["metadata"].get("deletionTimestamp"))
+        await asyncio.sleep(3)  # a few retries meet the object still held
+        ft = _all(k, FT)["nodefabric"]
+        state = {t["name"]: t["state"] for t in ft["status"]["targets"]}["kueue"]
+        assert "being deleted" in state and IN_USE in state, state
+        # Deleted once, not once per retry; no Event says it was replaced while it still stands.
+        assert k.count("DELETE", KUEUE_T) == 1
+        assert not _events(k, report.REPLACED)
+        (pending,) = _events(k, report.REPLACE_PENDING)
+        assert IN_USE in pending["message"] and pending["type"] == "Warning"
+        # Kueue lets it go (the ResourceFlavor no longer names it): the new one is written.
+        custom = kubernetes.client.CustomObjectsApi(client.core.api_client)
+        await asyncio.to_thread(
+            custom.patch_cluster_custom_object,
+            "kueue.x-k8s.io",
+            "v1beta2",
+            "topologies",
+            "nodefabric",
+            {"metadata": {"finalizers": []}},
+        )
+        await eventually(lambda: levels(_all(k, KUEUE_T).get("nodefabric"))[-1:] == [HOST])
+        await settle(k)
+        assert_valid(k, (KUEUE_T,))
+        (said,) = _events(k, report.REPLACED)
+        assert said["message"].startswith("kueue Topology nodefabric replaced") and ZONE in said["message"]
+        assert _writes(k, HN) == 0
+
+
+def _hn_parents(hns: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    parents: dict[str, list[str]] = {}
+    for name, body in hns.items():
+        for m in body["spec"]["members"]:
+            if m["type"] == "HyperNode":
+                parents.setdefault(m["selector"]["exactMatch"]["name"], []).append(name)
+    return parents
+
+
+def test_a_hypernode_name_someone_else_holds_is_neither_written_nor_named_by_a_parent() -> None:
+    fleet = {n: dict(labs) for n, labs in FLEET.items()}
+    h = check(default_levels(), fleet)
+    hns = project.hypernodes(h, fleet, taken=frozenset({"fabric.nvl-a"}))
+    assert "fabric.nvl-a" not in hns and "fabric.nvl-b" in hns
+    # Volcano allows one parent per HyperNode: naming theirs would give it a second one.
+    assert "fabric.nvl-a" not in _hn_parents(hns)
+    # leaf-1 held only nvl-a, whose nodes carry the fabric level: it has nothing left to hold.
+    assert "leaf.leaf-1" not in hns and "leaf.leaf-1" not in _hn_parents(hns)
+
+
+async def test_a_foreign_hypernode_of_our_name_is_left_alone_and_named_by_none_of_ours(
+    api: RunningAPI,
+) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": "fabric.nvl-a"},  # e.g. Volcano's own discovery
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-0"}}}]},
+    }
+    k.api.put_object(HN, theirs)
+    async with running_operator(k, sink="node", topology=options(targets=("volcano",))):
+        await eventually(lambda: "fabric.nvl-b" in _all(k, HN) and "nodefabric" in _all(k, FT))
+        await settle(k)
+        hns = _all(k, HN)
+        assert (
+            hns["fabric.nvl-a"]["spec"] == theirs["spec"] and "labels" not in hns["fabric.nvl-a"]["metadata"]
+        )
+        ours = {n: b for n, b in hns.items() if n != "fabric.nvl-a"}
+        assert "fabric.nvl-a" not in _hn_parents(ours)
+        assert_valid(k, ())
+        state = {t["name"]: t["state"] for t in _all(k, FT)["nodefabric"]["status"]["targets"]}["volcano"]
+        assert "fabric.nvl-a" in state and "not managed by nodefabric" in state, state
+        # Nothing more is written while nothing changes: no create of their name on every pass.
+        writes = _writes(k, HN)
+        await client.label_node("gpu-3", {"example.com/unrelated": "x"})
+        await settle(k)
+        assert _writes(k, HN) == writes
+
+
+def test_a_hypernode_tier_is_its_level_and_never_shifts_when_a_tighter_level_is_left_out() -> None:
+    """A Volcano job asks for `highestTierAllowed`: a number. When the fabric level is left out for a
+    violation, tier 0 must hold nothing (the job waits, as Kueue's and KAI's would for a level their
+    Topology lacks), not become the leaf (the job would be packed across NVLink domains)."""
+    fleet = {n: dict(labs) for n, labs in FLEET.items()}
+    levels = default_levels()
+    position = {lv.name: i for i, lv in enumerate(levels)}
+    clean = project.hypernodes(check(levels, fleet), fleet)
+    assert {b["spec"]["tierName"]: b["spec"]["tier"] for b in clean.values()} == {
+        name: position[name] for name in ("fabric", "leaf", "spine", "zone", "region")
+    }
+    fleet["gpu-1"][LEAF] = "leaf-2"  # nvl-a now spans two leaves: the fabric level is left out
+    h = check(levels, fleet)
+    assert "fabric" not in [lv.name for lv in h.projected]
+    split = project.hypernodes(h, fleet)
+    tiers = {b["spec"]["tierName"]: b["spec"]["tier"] for b in split.values()}
+    assert 0 not in tiers.values()
+    assert tiers == {name: position[name] for name in ("leaf", "spine", "zone", "region")}
+    # The looser levels' HyperNodes are not rewritten for it.
+    assert split["zone.eu-1a"] == clean["zone.eu-1a"] and split["region.eu-1"] == clean["region.eu-1"]
+
+
+# Volcano's admission webhook checks a member's exactMatch.name with IsQualifiedName: a name part of 63
+# characters at most, so a HyperNode named longer can exist but no parent can name it.
+QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+LONG_VALUES = ["a" * 63, "A" * 63, "a" * 62 + "b", "x" * 56, "x" * 55, "nvlink-" + "f" * 56]
+
+
+@pytest.mark.parametrize("level", ["fabric", "network-group", "l" * 63])
+def test_hypernode_names_fit_what_a_parent_can_name(level: str) -> None:
+    names = {project.hypernode_name(level, v) for v in LONG_VALUES}
+    assert len(names) == len(LONG_VALUES)
+    for name in names:
+        assert len(name) <= 63 and QUALIFIED_NAME.fullmatch(name), name
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name), name
+    # Names that fit already are kept as they were.
+    assert project.hypernode_name("fabric", "nvl-a") == "fabric.nvl-a"
+    assert project.hypernode_name("leaf", "x" * 58) == "leaf." + "x" * 58
+
+
+async def test_a_restarted_operator_writes_nothing_when_nothing_changed(api: RunningAPI) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options()):
+        await eventually(lambda: len(_all(k, HN)) == 10 and "nodefabric" in _all(k, FT))
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and "nodefabric" in _all(k, KAI_T))
+        await settle(k)
+    # Kueue marks the Topology a ResourceFlavor names; that is no reason to write it again.
+    k.api.put_object(
+        KUEUE_T,
+        {
+            **_all(k, KUEUE_T)["nodefabric"],
+            "metadata": {**_all(k, KUEUE_T)["nodefabric"]["metadata"], "finalizers": [IN_USE]},
+        },
+    )
+    before = {key: _writes(k, key) for key in (KUEUE_T, KAI_T, HN, FT, "v1/events")}
+    async with running_operator(k, sink="node", topology=options()):
+        await asyncio.sleep(1.0)
+        await settle(k)
+    assert {key: _writes(k, key) for key in (KUEUE_T, KAI_T, HN, FT, "v1/events")} == before
+
+
+async def test_a_kai_topology_crd_serving_only_v1_gets_a_v1_topology() -> None:
+    # KAI's Topology has a v1 (its storage version from the release that added it); a cluster whose CRD no
+    # longer serves v1alpha1 must not read as "CRD not served".
+    kai_v1 = copy.deepcopy(crd(KAI))
+    (version,) = kai_v1["spec"]["versions"]
+    version["name"] = "v1"
+    async with running_api([devices_crd.devices_crd(), kai_v1, report.crd()]) as k:
+        client = Client(k.kubeconfig)
+        await add_nodes(client, FLEET)
+        async with running_operator(k, sink="node", topology=options(targets=("kai",))):
+            await eventually(lambda: "nodefabric" in _all(k, "kai.scheduler/v1/topologies"))
+            await settle(k)
+        topo = _all(k, "kai.scheduler/v1/topologies")["nodefabric"]
+        assert topo["apiVersion"] == "kai.scheduler/v1"
+        assert levels(topo)[-2:] == [FABRIC, HOST]
+        state = {t["name"]: t["state"] for t in _all(k, FT)["nodefabric"]["status"]["targets"]}["kai"]
+        assert state.startswith("Topology nodefabric"), state
+
+
+async def test_a_kueue_topology_deleted_behind_our_back_is_created_when_its_levels_next_change(
+    api: RunningAPI,
+) -> None:
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KUEUE_T).get("nodefabric")))
+        await settle(k)
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: the levels change
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T))
+        await settle(k)
+    assert FABRIC not in levels(_all(k, KUEUE_T)["nodefabric"])
+    assert_valid(k, (KUEUE_T,))
+    assert not _events(k, report.WRITE_FAILED)
+
+
+async def test_a_fleet_that_never_goes_quiet_still_resyncs(api: RunningAPI) -> None:
+    """Nodes flapping more often than the resync period must not starve it: an object deleted behind the
+    operator's back comes back within about one period all the same."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",), resync=1.0)):
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T))
+        await settle(k)
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        back = False
+        for i in range(30):  # a level label changes every 0.2 s; the levels themselves stay as they are
+            await client.label_node("gpu-3", {LEAF: f"leaf-{3 if i % 2 else 9}"})
+            await asyncio.sleep(0.2)
+            if "nodefabric" in _all(k, KUEUE_T):
+                back = True
+                break
+        assert back, "the resync never ran while the fleet kept changing"
+
+
+async def test_a_node_deleted_between_the_start_listing_and_kopfs_is_dropped_at_the_first_resync(
+    api: RunningAPI,
+) -> None:
+    """The fleet is read once before kopf starts; a node deleted before kopf's own listing is never
+    reported gone by kopf. Left in, its old labels could hold a level out as violating forever."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    proj = Projector(load_client(k.kubeconfig), options(targets=("kueue",), resync=0.5), Metrics())
+    await asyncio.to_thread(proj.prime)
+    assert set(proj.fleet) == set(FLEET)
+    await asyncio.to_thread(client.core.delete_node, "gpu-3")
+    # kopf's listing: every node still there, none of them changed.
+    for name in FLEET:
+        if name != "gpu-3":
+            node = await asyncio.to_thread(client.core.read_node, name)
+            proj.node_event(None, {"metadata": {"name": name, "labels": node.metadata.labels}})
+    task = asyncio.create_task(proj.run())
+    try:
+        await eventually(lambda: "gpu-3" not in proj.fleet, timeout=10)
+        await eventually(lambda: ZONE in levels(_all(k, KUEUE_T).get("nodefabric")))
+        await eventually(lambda: proj.hierarchy is not None and proj.hierarchy.nodes == len(FLEET) - 1)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
