@@ -27,7 +27,7 @@ from kubernetes.config.config_exception import ConfigException
 from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events, handlers, labels, sinks, startup
-from nodefabric_operator.endpoints import Endpoints, PortUnavailable
+from nodefabric_operator.endpoints import IDLE_TIMEOUT_S, Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 from nodefabric_operator.recorder import Recorder
@@ -45,6 +45,8 @@ class Options:
     kubeconfig: str | None = None
     metrics_port: int | None = None
     health_port: int | None = None
+    bind_address: str = "0.0.0.0"
+    idle_timeout: float = IDLE_TIMEOUT_S
     standalone: bool = False
     peering: str = "nodefabric"
     priority: int = 0
@@ -73,6 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-port", type=flags.port_on, help="serve the liveness probe /healthz on this port"
     )
     parser.add_argument(
+        "--bind-address",
+        default="0.0.0.0",
+        help="address of the metrics and health ports (default: %(default)s; 127.0.0.1 keeps them local)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=flags.seconds(most=3600),
+        default=IDLE_TIMEOUT_S,
+        help="seconds a metrics or health connection may go without a complete request (silent, or "
+        "trickling its headers) before it is closed (default: %(default)g)",
+    )
+    parser.add_argument(
         "--standalone", action="store_true", help="no peering: the caller guarantees one replica"
     )
     parser.add_argument(
@@ -90,6 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options(args: argparse.Namespace) -> Options:
     if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
         raise startup.StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
+    if not args.bind_address.strip():
+        raise startup.StartupError("--bind-address is empty: give an address (0.0.0.0 for every one)")
     return Options(
         sink=args.sink,
         namespace=args.namespace,
@@ -97,6 +113,8 @@ def options(args: argparse.Namespace) -> Options:
         kubeconfig=args.kubeconfig,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
+        bind_address=args.bind_address,
+        idle_timeout=args.idle_timeout,
         standalone=args.standalone,
         peering=args.peering,
         priority=args.priority,
@@ -160,7 +178,12 @@ async def serve(
             backoffs=opts.backoffs,
         )
         endpoints = Endpoints(
-            metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port
+            metrics,
+            reconciler.health,
+            metrics_port=opts.metrics_port,
+            health_port=opts.health_port,
+            host=opts.bind_address,
+            idle_timeout=opts.idle_timeout,
         )
         await endpoints.start()
         try:
