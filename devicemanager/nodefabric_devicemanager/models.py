@@ -299,6 +299,7 @@ INTERFACES_ENUMERATED = "InterfacesEnumerated"
 ACCELERATORS_ENUMERATED = "AcceleratorsEnumerated"
 FABRIC_READ_SUFFIX = "FabricRead"  # one per manufacturer: "NvidiaFabricRead", "AmdFabricRead", ...
 LABELS_PUBLISHED = "LabelsPublished"
+LABELS_ON_NODE = "LabelsOnNode"  # the published labels are on the Node itself (NFD applied them)
 
 
 class Condition(_Model):
@@ -306,7 +307,8 @@ class Condition(_Model):
     reading, kept because a failed read is not an empty host."""
 
     type: str = Field(
-        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, LabelsPublished."
+        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, LabelsPublished, "
+        "LabelsOnNode."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="One CamelCase word saying why.")

@@ -189,7 +189,7 @@ async def serve(
         try:
             await startup.prime(reconciler, opts.sink, opts.namespace)
             registry = kopf.OperatorRegistry()
-            handlers.register(registry, sink)
+            handlers.register(registry, sink, watch_nodes=reconciler.watches_nodes)
             log.info(
                 "operator starting",
                 extra={

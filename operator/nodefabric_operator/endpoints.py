@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +75,12 @@ class Endpoints:
                         for n, p in (("metrics", self.metrics_port), ("health", self.health_port))
                         if p == port
                     )
-                    # getaddrinfo's errors (an address that is no address) carry their text in strerror.
-                    why = err.strerror or (os.strerror(err.errno) if err.errno else str(err))
+                    # aiohttp wraps a bind error's text; getaddrinfo's (an address that is no address)
+                    # have a negative errno of their own, and their text in strerror.
+                    if isinstance(err, socket.gaierror) or not err.errno:
+                        why = err.strerror or str(err)
+                    else:
+                        why = os.strerror(err.errno)
                     raise PortUnavailable(f"cannot serve {what} on {self.host} port {port}: {why}") from err
         except BaseException:
             await self.stop()

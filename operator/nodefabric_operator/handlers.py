@@ -62,7 +62,16 @@ async def on_sink_object(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     await rec.sink_event(event["object"])
 
 
-def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
+async def on_node(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Nodes, watched beside a NodeFeature sink only to say whether nfd-master applied the labels."""
+    rec = _reconciler(memo)
+    if event.get("type") == "DELETED":
+        rec.node_deleted(event["object"])
+        return
+    await rec.node_event(event["object"])
+
+
+def register(registry: kopf.OperatorRegistry, sink: sinks.Sink, *, watch_nodes: bool = False) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -78,3 +87,5 @@ def register(registry: kopf.OperatorRegistry, sink: sinks.Sink) -> None:
         where: dict[str, Any] = {"labels": {sinks.NFD_NODE_NAME: kopf.PRESENT}, "when": in_our_namespace}
         nodefeatures = (sinks.NFD_GROUP, sinks.NFD_VERSION, sinks.NFD_PLURAL)
         kopf.on.event(*nodefeatures, registry=registry, **where)(on_sink_object)
+        if watch_nodes:
+            kopf.on.event("", "v1", "nodes", registry=registry)(on_node)

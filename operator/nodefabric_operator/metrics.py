@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from nodefabric_devicemanager import buildinfo
+
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -23,6 +25,7 @@ class Metrics:
         prometheus_client.ProcessCollector(registry=self.registry)
         prometheus_client.PlatformCollector(registry=self.registry)
         prometheus_client.GCCollector(registry=self.registry)
+        self.build_info = buildinfo.register(self.registry, "nodefabric_operator")
         self.reconciles = Counter(
             "nodefabric_operator_reconciles",
             "Reconciles of one node's labels, by outcome "
@@ -71,6 +74,12 @@ class Metrics:
         self.records = Gauge(
             "nodefabric_operator_records",
             "Devices records the operator holds labels for",
+            registry=self.registry,
+        )
+        self.not_on_node = Gauge(
+            "nodefabric_operator_labels_not_on_node",
+            "Devices records whose published labels are not (all) on their Node (LabelsOnNode=False): "
+            "nfd-master has not applied them, or a label no longer published is still there",
             registry=self.registry,
         )
         self.duration = Histogram(
