@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import events, handlers, labels, sinks, startup
+from nodefabric_operator import events, handlers, labels, prune, sinks, startup
 from nodefabric_operator.endpoints import IDLE_TIMEOUT_S, Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
@@ -93,6 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering", default="nodefabric", help="ClusterKopfPeering name (default: %(default)s)"
     )
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="instead of running: take back what the operator published (delete its NodeFeatures, or "
+        "remove its keys from Nodes), then exit (the chart's post-delete hook)",
+    )
+    parser.add_argument(
+        "--prune-timeout",
+        type=flags.seconds(most=3600),
+        default=120.0,
+        help="--prune: give up (exit 1) when things keep coming back this long (default: %(default)g s)",
+    )
+    parser.add_argument(
+        "--prune-settle",
+        type=flags.seconds(most=600, zero=True),
+        default=5.0,
+        help="--prune: seconds between passes; it ends after one that finds nothing (default: %(default)g)",
+    )
     parser.add_argument(
         "--startup-timeout",
         type=flags.seconds(most=3600, zero=True),
@@ -230,6 +249,35 @@ async def serve(
         api.close()  # type: ignore[no-untyped-call]
 
 
+def run_prune(opts: Options, *, timeout: float, settle: float) -> int:
+    """`--prune`: what the sink holds of ours, taken back (prune.py); 2 for an unusable kubeconfig."""
+    try:
+        api = load_client(opts.kubeconfig)
+    except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
+        log.error(
+            "prune cannot start", extra={"error": f"cannot use the kubeconfig: {startup.first_line(err)}"}
+        )
+        return 2
+    try:
+        if opts.sink == "node":
+            return prune.run(
+                lambda: prune.node_labels(api, opts.domain),
+                "node labels",
+                timeout=timeout,
+                settle=settle,
+                sleep=time.sleep,
+            )
+        return prune.run(
+            lambda: prune.nodefeatures(api, opts.namespace),
+            f"nodefeatures in {opts.namespace}",
+            timeout=timeout,
+            settle=settle,
+            sleep=time.sleep,
+        )
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
 def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:
     return flag is not None and flag.is_set()
 
@@ -240,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
     except (labels.InvalidDomain, startup.StartupError) as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
+    if getattr(args, "prune", False):
+        return run_prune(opts, timeout=args.prune_timeout, settle=args.prune_settle)
     try:
         asyncio.run(serve(opts))
     except (startup.StartupError, PortUnavailable) as err:
