@@ -377,6 +377,12 @@ Call with (dict "what" "agent.extraVolumes" "key" "name" "items" $list). */}}
 {{- end -}}
 
 {{/* Annotations of the CRD upgrade hook's objects; call with the hook weight as a string. */}}
+{{- define "nodefabric.pruneHook" -}}
+helm.sh/hook: post-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
 {{- define "nodefabric.crdHook" -}}
 helm.sh/hook: pre-install,pre-upgrade
 helm.sh/hook-weight: {{ . | quote }}
