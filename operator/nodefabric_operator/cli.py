@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import events, handlers, labels, prune, sinks, startup
+from nodefabric_operator import events, handlers, labels, leader, prune, sinks, startup
 from nodefabric_operator.endpoints import IDLE_TIMEOUT_S, Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
@@ -53,6 +54,9 @@ class Options:
     priority: int = 0
     backoffs: Sequence[float] = DEFAULT_BACKOFFS
     startup_timeout: float = 10.0
+    leader_elect: bool = False
+    lease_name: str = "nodefabric-operator"
+    lease_timing: tuple[float, float, float] = (15.0, 10.0, 2.0)  # duration, renew deadline, retry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +99,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
     parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: only the holder of a Lease in --namespace publishes, the "
+        "others wait to take over (implies no kopf peering)",
+    )
+    parser.add_argument(
+        "--lease-name",
+        default="nodefabric-operator",
+        help="--leader-elect: the Lease's name (default: %(default)s)",
+    )
+    parser.add_argument(
         "--prune",
         action="store_true",
         help="instead of running: take back what the operator published (delete its NodeFeatures, or "
@@ -133,6 +148,8 @@ def options(args: argparse.Namespace) -> Options:
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         bind_address=args.bind_address,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
         idle_timeout=args.idle_timeout,
         standalone=args.standalone,
         peering=args.peering,
@@ -205,7 +222,19 @@ async def serve(
             idle_timeout=opts.idle_timeout,
         )
         await endpoints.start()
+        elector: leader.Elector | None = None
         try:
+            if opts.leader_elect:
+                cfg = leader.LeaseConfig(opts.namespace, opts.lease_name, identity(), *opts.lease_timing)
+                elector = leader.Elector(api, cfg)
+                try:
+                    if not await elector.acquire(lambda: _stopping(stop_flag)):
+                        return  # stopped while standing by
+                except kubernetes.client.ApiException as err:
+                    raise startup.StartupError(
+                        f"cannot take the lease {opts.namespace}/{opts.lease_name}: "
+                        f"HTTP {err.status} {err.reason or ''}".strip()
+                    ) from err
             await startup.prime(reconciler, opts.sink, opts.namespace)
             registry = kopf.OperatorRegistry()
             handlers.register(registry, sink, watch_nodes=reconciler.watches_nodes)
@@ -219,19 +248,22 @@ async def serve(
                     "server": startup.server(api),
                 },
             )
+            halt, lost = _halting(stop_flag, elector)
             while True:
                 try:
                     await kopf.operator(
                         registry=registry,
                         settings=settings(opts),
                         clusterwide=True,
-                        standalone=opts.standalone,
-                        peering_name=None if opts.standalone else opts.peering,
+                        standalone=opts.standalone or elector is not None,
+                        peering_name=None if opts.standalone or elector else opts.peering,
                         priority=opts.priority,
                         memo=kopf.Memo(reconciler=reconciler),
-                        stop_flag=stop_flag,
+                        stop_flag=halt,
                         ready_flag=ready_flag,
                     )
+                    if lost.is_set():
+                        raise LeadershipLost(f"lost the lease {opts.namespace}/{opts.lease_name}")
                     break
                 except Exception as err:
                     if getattr(err, "status", None) != 404 or _stopping(stop_flag):
@@ -244,6 +276,8 @@ async def serve(
                 log.warning("a watched resource disappeared, restarting the watches", extra={"error": gone})
                 await asyncio.sleep(1)
         finally:
+            if elector is not None:
+                await asyncio.to_thread(elector.release)
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
@@ -278,6 +312,46 @@ def run_prune(opts: Options, *, timeout: float, settle: float) -> int:
         api.close()  # type: ignore[no-untyped-call]
 
 
+class LeadershipLost(RuntimeError):
+    """The lease could not be renewed: this replica stopped publishing (exit 1, the pod restarts)."""
+
+
+def identity() -> str:
+    """This replica in the Lease: the pod, and a random part (a restarted pod is another candidate)."""
+    return f"{instance()}_{uuid.uuid4().hex[:8]}"
+
+
+def _halting(
+    stop_flag: asyncio.Event | threading.Event | None, elector: leader.Elector | None
+) -> tuple[asyncio.Event | threading.Event | None, asyncio.Event]:
+    """kopf's stop flag: the caller's, or (leading) one also set when the lease is lost. `lost` tells
+    which happened."""
+    lost = asyncio.Event()
+    if elector is None:
+        return stop_flag, lost
+    halt = asyncio.Event()
+
+    async def watch() -> None:
+        holding = asyncio.ensure_future(elector.hold())
+        try:
+            while not _stopping(stop_flag):
+                if holding.done():
+                    lost.set()
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            holding.cancel()
+            halt.set()
+
+    task = asyncio.ensure_future(watch())
+    _watchers.add(task)
+    task.add_done_callback(_watchers.discard)
+    return halt, lost
+
+
+_watchers: set[asyncio.Future[None]] = set()
+
+
 def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:
     return flag is not None and flag.is_set()
 
@@ -295,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
     except (startup.StartupError, PortUnavailable) as err:
         log.error("operator cannot start", extra={"error": startup.first_line(err)})
         return 2
+    except LeadershipLost:
+        return 1  # said when it was lost; the pod restarts and stands by
     except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
         return 130
     return 0
