@@ -460,3 +460,26 @@ roleRef:
 subjects:
   {{- include "nodefabric.serviceAccountSubject" . | nindent 2 }}
 {{- end -}}
+
+{{/* A component's extraArgs, appended after the chart's own flags (for a flag given twice the last wins):
+call with (dict "what" "agent.extraArgs" "args" $list). Each must be a string: a number or a map would
+reach the command as Go's rendering of it. */}}
+{{- define "nodefabric.extraArgs" -}}
+{{- range $i, $a := .args }}
+{{- if not (kindIs "string" $a) }}
+{{- fail (printf "%s[%d]: must be a string (quote numbers: \"%v\")" $.what $i $a) }}
+{{- end }}
+- {{ $a | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* A probe: the chart's httpGet and the timings from values (call with (dict "path" "/healthz" "port"
+"health" "timings" $values.livenessProbe)). */}}
+{{- define "nodefabric.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: {{ .port }}
+{{- with .timings }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
