@@ -223,18 +223,14 @@ async def serve(
         )
         await endpoints.start()
         elector: leader.Elector | None = None
+        watcher: asyncio.Future[None] | None = None
         try:
             if opts.leader_elect:
-                cfg = leader.LeaseConfig(opts.namespace, opts.lease_name, identity(), *opts.lease_timing)
-                elector = leader.Elector(api, cfg)
-                try:
-                    if not await elector.acquire(lambda: _stopping(stop_flag)):
-                        return  # stopped while standing by
-                except kubernetes.client.ApiException as err:
-                    raise startup.StartupError(
-                        f"cannot take the lease {opts.namespace}/{opts.lease_name}: "
-                        f"HTTP {err.status} {err.reason or ''}".strip()
-                    ) from err
+                elector = leader.Elector(
+                    api, leader.LeaseConfig(opts.namespace, opts.lease_name, identity(), *opts.lease_timing)
+                )
+                if not await _lead(elector, stop_flag):
+                    return  # stopped while standing by
             await startup.prime(reconciler, opts.sink, opts.namespace)
             registry = kopf.OperatorRegistry()
             handlers.register(registry, sink, watch_nodes=reconciler.watches_nodes)
@@ -248,7 +244,7 @@ async def serve(
                     "server": startup.server(api),
                 },
             )
-            halt, lost = _halting(stop_flag, elector)
+            halt, lost, watcher = _halting(stop_flag, elector)
             while True:
                 try:
                     await kopf.operator(
@@ -276,6 +272,8 @@ async def serve(
                 log.warning("a watched resource disappeared, restarting the watches", extra={"error": gone})
                 await asyncio.sleep(1)
         finally:
+            if watcher is not None:
+                watcher.cancel()  # no renewal after this (and the elector refuses one in flight)
             if elector is not None:
                 await asyncio.to_thread(elector.release)
             await endpoints.stop()
@@ -312,6 +310,18 @@ def run_prune(opts: Options, *, timeout: float, settle: float) -> int:
         api.close()  # type: ignore[no-untyped-call]
 
 
+async def _lead(elector: leader.Elector, stop_flag: asyncio.Event | threading.Event | None) -> bool:
+    """Stand by until this replica holds the lease (True) or it is stopped (False); a refusal of the
+    Lease (RBAC) is a start-up error."""
+    try:
+        return await elector.acquire(lambda: _stopping(stop_flag))
+    except kubernetes.client.ApiException as err:
+        cfg = elector.cfg
+        raise startup.StartupError(
+            f"cannot take the lease {cfg.namespace}/{cfg.name}: HTTP {err.status} {err.reason or ''}".strip()
+        ) from err
+
+
 class LeadershipLost(RuntimeError):
     """The lease could not be renewed: this replica stopped publishing (exit 1, the pod restarts)."""
 
@@ -323,12 +333,12 @@ def identity() -> str:
 
 def _halting(
     stop_flag: asyncio.Event | threading.Event | None, elector: leader.Elector | None
-) -> tuple[asyncio.Event | threading.Event | None, asyncio.Event]:
+) -> tuple[asyncio.Event | threading.Event | None, asyncio.Event, asyncio.Future[None] | None]:
     """kopf's stop flag: the caller's, or (leading) one also set when the lease is lost. `lost` tells
-    which happened."""
+    which happened; the task renewing the lease comes back to be cancelled when the operator stops."""
     lost = asyncio.Event()
     if elector is None:
-        return stop_flag, lost
+        return stop_flag, lost, None
     halt = asyncio.Event()
 
     async def watch() -> None:
@@ -343,13 +353,7 @@ def _halting(
             holding.cancel()
             halt.set()
 
-    task = asyncio.ensure_future(watch())
-    _watchers.add(task)
-    task.add_done_callback(_watchers.discard)
-    return halt, lost
-
-
-_watchers: set[asyncio.Future[None]] = set()
+    return halt, lost, asyncio.ensure_future(watch())
 
 
 def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,9 @@ class Elector:
         self.cfg = cfg
         self.clock = clock
         self.leading = False
+        # Renewals run in worker threads: once released, no renewal still in flight may take it back.
+        self._lock = threading.Lock()
+        self._released = False
 
     def _body(self, current: dict[str, Any] | None, now: float) -> dict[str, Any]:
         spec = dict((current or {}).get("spec") or {})
@@ -110,6 +114,12 @@ class Elector:
     def try_once(self) -> bool:
         """One attempt to acquire or renew; True while this replica holds the lease. Transient failures
         and a lost race (409) are False; a refusal (403) raises."""
+        with self._lock:
+            if self._released:
+                return False
+            return self._try_once()
+
+    def _try_once(self) -> bool:
         try:
             current = self._read()
             now = self.clock()
@@ -172,10 +182,16 @@ class Elector:
                 return
 
     def release(self) -> None:
-        """Give the lease up (holder cleared, one-second duration) so a standby need not wait it out."""
-        if not self.leading:
-            return
-        self.leading = False
+        """Give the lease up (holder cleared, one-second duration) so a standby need not wait it out; no
+        later renewal takes it back."""
+        with self._lock:
+            self._released = True
+            if not self.leading:
+                return
+            self.leading = False
+            self._give_up()
+
+    def _give_up(self) -> None:
         try:
             current = self._read()
             if current is None or (current.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
