@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from nodefabric_operator.recorder import Recorder
 log = logging.getLogger(__name__)
 
 SINKS = ("nodefeature", "node")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options(args: argparse.Namespace) -> Options:
     if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
         raise startup.StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
+    if args.leader_elect and (len(args.lease_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(args.lease_name)):
+        raise startup.StartupError(f"--lease-name {args.lease_name!r} is not a Lease name (a DNS subdomain)")
     if not args.bind_address.strip():
         raise startup.StartupError("--bind-address is empty: give an address (0.0.0.0 for every one)")
     return Options(

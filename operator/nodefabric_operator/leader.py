@@ -140,9 +140,10 @@ class Elector:
                 )
             return True
         except kubernetes.client.ApiException as err:
-            if sinks.status_of(err) in (401, 403):
+            status = sinks.status_of(err)
+            if status in (400, 401, 403, 404, 422):  # refused as asked: asking again changes nothing
                 raise
-            return False
+            return False  # a lost race (409), an overloaded or unreachable API server: try again
         except (urllib3.exceptions.HTTPError, OSError):
             return False
 

@@ -145,3 +145,12 @@ async def test_without_the_right_to_the_lease_it_is_one_line_and_exit_2(caplog):
         assert await asyncio.to_thread(cli.run, args) == 2
         (line,) = [r for r in caplog.records if r.getMessage() == "operator cannot start"]
         assert line.error == f"cannot take the lease {NS}/nodefabric-operator: HTTP 403 Forbidden"
+
+
+def test_a_lease_name_the_api_would_refuse_is_refused_at_start(caplog):
+    parser = __import__("argparse").ArgumentParser()
+    cli.add_arguments(parser)
+    for bad in ("Operator", "a_b", "-x", "x" * 254):
+        args = parser.parse_args(["--leader-elect", f"--lease-name={bad}"])
+        assert cli.run(args) == 2
+        assert "is not a Lease name" in caplog.records[-1].error
