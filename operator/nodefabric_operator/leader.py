@@ -141,7 +141,7 @@ class Elector:
             return True
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
-            if status in (400, 401, 403, 404, 422):  # refused as asked: asking again changes nothing
+            if status in (400, 401, 403, 422):  # refused as asked: asking again changes nothing
                 raise
             return False  # a lost race (409), an overloaded or unreachable API server: try again
         except (urllib3.exceptions.HTTPError, OSError):
