@@ -8,6 +8,11 @@ Figures:
   prepare (answered from the checkpoint), and NodeUnprepareResources, each against an empty
   NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first prepare, against a
   bare GET of the claim (the API floor). Target: the first prepare adds at most 20 ms (p50) to the GET.
+- What a prepare costs as the number of claims already held grows (`--held`, default 1,500, against 10):
+  the real NodePrepareResources (and its unprepare) with that many claims in the driver's checkpoint,
+  against the same call with the whole-file checkpoint it replaced (every change rewrote and fsynced every
+  claim; git 7626f9d), both in the same run. Target: the per-claim checkpoint costs the same at 1,500 held
+  as at 10 (ratio about 1.0).
 - What keeping a large pool's ResourceSlices (`--pfs` PFs with `--vfs` VFs each) right costs the API
   server per node-hour in the steady state: requests and response bytes. Before: a LIST of the node's
   slices every 60 s (the driver's old resync), each LIST measured here. After: the driver's own requests,
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import sys
 import tempfile
@@ -34,9 +40,11 @@ from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia
 from nodefabric_devicemanager.testing import scenarios
+from nodefabric_deviceplugin.dra.checkpoint import KIND, Checkpoint, PreparedClaim, PreparedDevice, _checksum
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
+from nodefabric_deviceplugin.dra.files import write_atomically
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraClient, DraKubelet
@@ -107,6 +115,87 @@ async def bench_prepare(k: RunningAPI, api: DraApi, plugin: DraClient, device: s
     report("unprepare (spec + fsync)", figures["gone"], figures["empty"], "empty call")
     added = percentile(figures["first"], 0.5) - percentile(figures["get"], 0.5)
     print(f"target: the first prepare adds <= 20 ms to the claim GET (p50 adds {added * 1e3:.1f} ms)")
+
+
+class WholeFileCheckpoint(Checkpoint):
+    """The baseline: the checkpoint before per-claim files (git 7626f9d), which rewrote and fsynced one
+    JSON file holding every claim on every change."""
+
+    def put(self, claim: PreparedClaim) -> None:
+        self.claims[claim.uid] = claim
+        self._save()
+
+    def remove(self, uid: str) -> None:
+        if self.claims.pop(uid, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        claims = {uid: c.wire() for uid, c in sorted(self.claims.items())}
+        doc = {"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)}
+        write_atomically(self.path, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", mode=0o600)
+
+
+def held_claim(i: int, device: str) -> PreparedClaim:
+    """A prepared claim as the driver records one (one device, its CDI spec), held by someone else."""
+    uid = str(uuid.UUID(int=i))
+    ids = (f"{DRIVER}/nic={uid}-{device}",)
+    spec = {
+        "cdiVersion": "0.6.0",
+        "kind": f"{DRIVER}/nic",
+        "devices": [
+            {
+                "name": f"{uid}-{device}",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/infiniband/uverbs9"}]},
+            }
+        ],
+        "containerEdits": {
+            "env": ["NCCL_IB_HCA=mlx5_9"],
+            "deviceNodes": [{"path": "/dev/infiniband/rdma_cm"}],
+        },
+    }
+    return PreparedClaim(
+        uid, "held", f"h{i}", (PreparedDevice(("nic",), NODE, device, ids),), f"/cdi/{uid}.json", spec
+    )
+
+
+async def bench_held(
+    k: RunningAPI, driver: DraDriver, plugin: DraClient, device: str, *, held: int, rounds: int, work: Path
+) -> None:
+    """NodePrepareResources + NodeUnprepareResources of one claim with 10 and `held` claims already held,
+    with the per-claim checkpoint and with the whole-file one; each figure interleaved with the others."""
+    preparer = driver.preparer
+    own = preparer.checkpoint
+    kinds: dict[str, Checkpoint] = {}
+    for counted in (10, held):
+        for name, cls in (("per-claim", Checkpoint), ("whole-file", WholeFileCheckpoint)):
+            cp = cls(str(work / f"held-{name}-{counted}" / "checkpoint.json"))
+            for i in range(counted):
+                if cls is Checkpoint:
+                    cp.put(held_claim(i, device))
+                else:
+                    cp.claims[held_claim(i, device).uid] = held_claim(i, device)
+            kinds[f"{name} {counted}"] = cp
+    refs = [claim(k, f"held{i}", device) for i in range(rounds)]
+    figures: dict[str, list[float]] = {name: [] for name in kinds}
+    try:
+        for r in refs:
+            for name, cp in kinds.items():
+                preparer.checkpoint = cp
+
+                async def cycle(r: ClaimRef = r) -> None:
+                    answer = (await plugin.prepare(r))[r.uid]
+                    assert answer.error == "", answer.error
+                    await plugin.unprepare(r)
+
+                figures[name].append(await _time(cycle))
+    finally:
+        preparer.checkpoint = own
+    for name in ("per-claim", "whole-file"):
+        few, many = figures[f"{name} 10"], figures[f"{name} {held}"]
+        label = f"prepare+unprepare, {held:,} held, {name}"
+        report(label, many, few, "10 held")
+    ratio = percentile(figures[f"whole-file {held}"], 0.5) / percentile(figures[f"per-claim {held}"], 0.5)
+    print(f"at {held:,} held the whole-file checkpoint costs x{ratio:.1f} the per-claim one (p50)")
 
 
 async def _until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -232,6 +321,9 @@ async def main(args: argparse.Namespace) -> int:
                 device = "pci-0000-11-00-1"
                 await bench_prepare(k, api, plugin, device, args.claims)
                 await bench_steady(k, driver, api, max(5, args.claims // 20))
+                await bench_held(
+                    k, driver, plugin, device, held=args.held, rounds=max(5, args.claims // 10), work=work
+                )
             finally:
                 await kubelet.stop()
                 stop.set()
@@ -248,5 +340,6 @@ if __name__ == "__main__":
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--pfs", type=int, default=8)
     parser.add_argument("--vfs", type=int, default=128)
+    parser.add_argument("--held", type=int, default=1500, help="claims held while a prepare is timed")
     parsed: Any = parser.parse_args()
     sys.exit(asyncio.run(main(parsed)))

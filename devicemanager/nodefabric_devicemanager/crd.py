@@ -17,10 +17,12 @@ SHORT_NAMES = ["device", "dev"]
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
+        # What kubelet's RDMA keys draw on, so it matches allocatable: a PF with VFs configured is not
+        # counted (its VFs are). `rdmaEndpoints`, what rdma.capable counts, is the -o wide USABLE column.
         "name": "RDMA",
         "type": "integer",
-        "jsonPath": ".status.rdmaEndpoints",
-        "description": "Usable RDMA endpoints (virtual functions included)",
+        "jsonPath": ".status.rdmaServed",
+        "description": "RDMA endpoints the device plugin serves: whole functions without VFs, and VFs",
     },
     {
         "name": "Distance",
@@ -33,6 +35,25 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "jsonPath": ".status.fabricDomain",
         "description": "Scale-up fabric domain shared by every accelerator, if any",
+    },
+    {
+        "name": "Failed",
+        "type": "integer",
+        "jsonPath": ".status.failedLinks",
+        "description": "Endpoints whose RDMA link verdict is Failed",
+    },
+    {
+        "name": "Unread",
+        "type": "string",
+        "jsonPath": ".status.notRead",
+        "description": "Parts of the host the last pass could not read (the recorded data is kept)",
+    },
+    {
+        "name": "Usable",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.rdmaEndpoints",
+        "description": "Usable RDMA endpoints, what rdma.capable counts (a PF with VFs and its VFs each)",
     },
     {
         "name": "Interfaces",

@@ -9,11 +9,19 @@ The rules, each with the reason a reader should not "simplify" it:
 4. Lowest common bridge is a switch port (not the root port) and each device is at most one bridge below
    it: PIX. That is two sibling downstream ports of one PCIe switch, which nvidia-smi reports as PIX.
 5. Any other shared bridge: PXB. Traffic crosses several bridges but never the host bridge.
-6. No shared bridge, same recorded host bridge (`pciDDDD:BB`): PHB. Traffic turns at that host bridge.
-7. Otherwise NUMA decides: same node NODE, different nodes SYS. When the host bridges were not recorded,
-   PHB and NODE cannot be told apart and NODE (the further) is reported: overclaiming closeness is the
-   error nothing downstream can catch.
-8. NUMA needed but blank on either side: UNK, never a guess at node 0.
+6. No shared bridge, NUMA read on both sides and different: SYS. The kernel says the traffic crosses the
+   SMP interconnect, whatever the bus shows; one host bridge with the two sides on different NUMA nodes
+   is SYS, not PHB.
+7. No shared bridge and either side has no recorded root port (a device directly on the root bus, as on
+   a VM's flat bus): UNK. pciRootId is the missing coordinate, and the seed's rule is that a missing
+   coordinate yields UNK, never a distance; "same host bridge" alone cannot tell PHB from NODE.
+8. No shared bridge, both with a root port under the same recorded host bridge (`pciDDDD:BB`) and on the
+   same read NUMA node: PHB. Traffic turns at that host bridge. This is the one level kept beyond the
+   seed (which never produces PHB), where every fact it needs was read; it matches `nvidia-smi topo -m`.
+9. Otherwise, both rooted on one read NUMA node: NODE. When the host bridges were not recorded, PHB and
+   NODE cannot be told apart and NODE (the further) is reported: overclaiming closeness is the error
+   nothing downstream can catch.
+10. NUMA needed but blank on either side: UNK, never a guess at node 0.
 """
 
 from __future__ import annotations
@@ -72,11 +80,15 @@ def distance(a: Coordinates, b: Coordinates) -> Distance:
         if shared >= 2 and below_a <= 1 and below_b <= 1:
             return Distance.PIX
         return Distance.PXB
-    if a.pci_host_bridge and a.pci_host_bridge == b.pci_host_bridge:
-        return Distance.PHB
     if not a.numa_affinity or not b.numa_affinity:
         return Distance.UNK
-    return Distance.NODE if a.numa_affinity == b.numa_affinity else Distance.SYS
+    if a.numa_affinity != b.numa_affinity:
+        return Distance.SYS
+    if not a.pci_switches or not b.pci_switches:
+        return Distance.UNK
+    if a.pci_host_bridge and a.pci_host_bridge == b.pci_host_bridge:
+        return Distance.PHB
+    return Distance.NODE
 
 
 def closest(left: Iterable[Coordinates], right: Iterable[Coordinates]) -> Distance:
@@ -91,6 +103,13 @@ def closest(left: Iterable[Coordinates], right: Iterable[Coordinates]) -> Distan
     rights = [c for c in right if c.pci_bus_id]
     if not lefts or not rights:
         return Distance.UNK
+    # Sides with no numa read are UNK against everything (rule 10); sides without a root port can only be
+    # SYS (rule 6) or UNK (rule 7), so PHB and NODE are asked of the rooted sides alone.
+    numa_l = {c.numa_affinity for c in lefts if c.numa_affinity}
+    numa_r = {c.numa_affinity for c in rights if c.numa_affinity}
+    differ = bool(numa_l and numa_r) and not (len(numa_l) == 1 and numa_l == numa_r)
+    lefts = [c for c in lefts if c.pci_switches]
+    rights = [c for c in rights if c.pci_switches]
     up_l = [tuple(reversed(c.pci_switches)) for c in lefts]
     up_r = [tuple(reversed(c.pci_switches)) for c in rights]
     # Rule 3: the same whole bridge path. Rule 4: a shared prefix of two or more bridges with each side
@@ -100,15 +119,16 @@ def closest(left: Iterable[Coordinates], right: Iterable[Coordinates]) -> Distan
     if {p[0] for p in up_l if p} & {p[0] for p in up_r if p}:
         return Distance.PXB
     # From here no pair shares a bridge, so each remaining rule holds for a pair exactly as it reads.
-    if {c.pci_host_bridge for c in lefts if c.pci_host_bridge} & {
-        c.pci_host_bridge for c in rights if c.pci_host_bridge
+    # PHB needs the same host bridge and the same read NUMA node on both sides of one pair (rule 7).
+    if {(c.pci_host_bridge, c.numa_affinity) for c in lefts if c.pci_host_bridge and c.numa_affinity} & {
+        (c.pci_host_bridge, c.numa_affinity) for c in rights if c.pci_host_bridge and c.numa_affinity
     }:
         return Distance.PHB
-    numa_l = {c.numa_affinity for c in lefts if c.numa_affinity}
-    numa_r = {c.numa_affinity for c in rights if c.numa_affinity}
-    if numa_l & numa_r:
+    if {c.numa_affinity for c in lefts if c.numa_affinity} & {
+        c.numa_affinity for c in rights if c.numa_affinity
+    }:
         return Distance.NODE
-    return Distance.SYS if numa_l and numa_r else Distance.UNK
+    return Distance.SYS if differ else Distance.UNK
 
 
 def _pix_prefixes(paths: Iterable[tuple[str, ...]]) -> set[tuple[str, ...]]:

@@ -56,3 +56,23 @@ def configure(*, json_output: bool = False, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class _DefaultFields(logging.Filter):
+    def __init__(self, values: dict[str, Any]) -> None:
+        super().__init__()
+        self.values = values
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self.values.items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
+
+
+def default_fields(**values: Any) -> None:
+    """Give every line our handlers write these fields unless the line names its own: the agent's `node`,
+    so `grep node=<name>` finds every line of one node's agent, its device plugin's and gRPC's included."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, KeyValueFormatter | JsonFormatter):
+            handler.addFilter(_DefaultFields(values))

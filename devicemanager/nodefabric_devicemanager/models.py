@@ -262,6 +262,22 @@ class DevicesSpec(_Model):
         default_factory=list, description="One group per accelerator manufacturer on the node."
     )
 
+    def wire(self) -> dict[str, Any]:
+        """As stored, except that a list never read is left out rather than written empty: one that was
+        neither given when this spec was built nor present in the stored object it was parsed from. A
+        failure to enumerate is not an empty inventory, so a new node whose first pass could not read
+        its interfaces (or has no /sys/bus/pci) gets no `interfaces` (`groups`) key until a pass reads it;
+        a merge patch without the key leaves whatever is stored."""
+        out = super().wire()
+        for key in ("interfaces", "groups"):
+            if key not in self.model_fields_set:
+                out.pop(key, None)
+        return out
+
+    def has(self, key: str) -> bool:
+        """Whether `key` ("interfaces", "groups") was read, i.e. is part of this spec's wire form."""
+        return key in self.model_fields_set
+
     def endpoints(self) -> list[Endpoint]:
         """Every endpoint: each interface followed by its virtual functions."""
         out: list[Endpoint] = []
@@ -300,6 +316,9 @@ ACCELERATORS_ENUMERATED = "AcceleratorsEnumerated"
 FABRIC_READ_SUFFIX = "FabricRead"  # one per manufacturer: "NvidiaFabricRead", "AmdFabricRead", ...
 LABELS_PUBLISHED = "LabelsPublished"
 LABELS_ON_NODE = "LabelsOnNode"  # the published labels are on the Node itself (NFD applied them)
+# The agent's roll-up: True when every part of the host was read and the record holding it is published,
+# so `kubectl wait devices/<node> --for=condition=Ready` waits for a complete record.
+READY = "Ready"
 
 
 class Condition(_Model):
@@ -307,8 +326,9 @@ class Condition(_Model):
     reading, kept because a failed read is not an empty host."""
 
     type: str = Field(
-        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, LabelsPublished, "
-        "LabelsOnNode."
+        description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, Ready (the agent's "
+        "roll-up: every part read and the record published), LabelsPublished, LabelsOnNode (the operator's: "
+        "the published labels are on the Node)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="One CamelCase word saying why.")
@@ -338,6 +358,23 @@ class DevicesStatus(_Model):
     )
     fabric_domain: str = Field(
         default="", description="The scale-up fabric domain every accelerator shares, if any."
+    )
+    # Written by the agent with its conditions (the three above are the operator's).
+    rdma_served: int = Field(
+        default=0,
+        ge=0,
+        le=INT32,
+        description="RDMA endpoints the device plugin serves: whole functions (not a PF with VFs "
+        "configured) and VFs, each with a bound RDMA device; what kubelet's RDMA keys draw on.",
+    )
+    failed_links: int = Field(
+        default=0, ge=0, le=INT32, description="Endpoints (VFs included) whose RDMA link verdict is Failed."
+    )
+    not_read: str = Field(
+        default="",
+        max_length=1024,
+        description="The parts of the host the last pass could not read, comma-joined (interfaces, "
+        "accelerators, <vendor>-fabric); empty when every part was read.",
     )
 
     def condition(self, type_: str) -> Condition | None:

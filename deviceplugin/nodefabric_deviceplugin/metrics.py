@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from nodefabric_devicemanager import buildinfo
+
 ALLOCATIONS = Counter(
     "nodefabric_deviceplugin_allocations_total",
     "Allocate calls per container, by resource family and outcome "
@@ -25,3 +27,5 @@ DEVICES = Gauge(
     "Tokens last advertised to kubelet, by resource family and health.",
     ["family", "health"],
 )
+
+buildinfo.register("deviceplugin")

@@ -25,6 +25,7 @@ from nodefabric_devicemanager.numbers import numa_node
 from nodefabric_devicemanager.pci import bus_key, is_bus_id
 from nodefabric_devicemanager.summary import usable
 from nodefabric_deviceplugin.limits import MAX_ID_LENGTH, Shape, check_shared_count, fitting_shared_count
+from nodefabric_deviceplugin.selection import EndpointFacts, HostFacts, Selection
 
 DEFAULT_DOMAIN = "gpustack.ai"
 DEFAULT_SHARED_COUNT = 64
@@ -51,6 +52,9 @@ class PluginConfig:
     shared_count: int = DEFAULT_SHARED_COUNT
     shared: bool = True
     partitioned: bool = True
+    # Which endpoints each family serves (`--rdma-selectors`); the default serves every whole function
+    # in both exclusive and shared, every VF in partitioned.
+    selection: Selection = field(default_factory=Selection)
 
     def __post_init__(self) -> None:
         if self.shared:
@@ -89,6 +93,22 @@ class RdmaEndpoint:
     numa: int | None  # None when neither the endpoint nor, for a VF, its parent gave a valid node
     healthy: bool
     reason: str  # why unhealthy; "" when healthy
+    # What an operator's selectors match (selection.py): the PCI ids, and the PF's netdev (a whole
+    # function's own).
+    pci_vendor: str = ""
+    pci_device: str = ""
+    pf_name: str = ""
+
+    def facts(self, host: HostFacts | None = None) -> EndpointFacts:
+        return EndpointFacts(
+            vendor=self.pci_vendor,
+            device=self.pci_device,
+            if_names=self.netdevs,
+            pf_name=self.pf_name,
+            rdma_device=self.rdma_device,
+            driver=host.drivers.get(self.rdma_device, "") if host is not None else "",
+            link_layer=host.link_layers.get(self.rdma_device, "") if host is not None else "",
+        )
 
     @property
     def numa_affinity(self) -> str:
@@ -216,6 +236,11 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
                 numa=numa,
                 healthy=healthy,
                 reason="" if healthy else _unhealthy_reason(eps, device),
+                pci_vendor=first.pci_vendor,
+                pci_device=first.pci_device,
+                # A VF's PF netdev (none when the record does not hold its PF); a whole function's own.
+                pf_name=next((p.name for e, p in eps if p is not None and p.name), "")
+                or ("" if first.physical_function else first.name),
             )
         )
     # Two devices on one PCI function would collide on the bus id: name both by device as well.
@@ -268,16 +293,41 @@ def served_shared_count(endpoints: Iterable[RdmaEndpoint], wanted: int) -> int:
     return fitting_shared_count(shapes, wanted)
 
 
-def view(spec: DevicesSpec | None, family: Family, shared_count: int = DEFAULT_SHARED_COUNT) -> FamilyView:
-    """The tokens one family advertises from one record, in listing order (lowest ids first)."""
+_SELECTION_NAMES = {
+    Family.EXCLUSIVE: "exclusive",
+    Family.SHARED: "shared",
+    Family.PARTITIONED: "partitioned",
+}
+
+
+def view(
+    spec: DevicesSpec | None,
+    family: Family,
+    shared_count: int = DEFAULT_SHARED_COUNT,
+    selection: Selection | None = None,
+    host: HostFacts | None = None,
+) -> FamilyView:
+    """The tokens one family advertises from one record, in listing order (lowest ids first): the
+    endpoints `selection` gives the family (all of its kind by default), `host` the facts it may name."""
     pick = partition_endpoints if family is Family.PARTITIONED else whole_function_endpoints
     endpoints = pick(spec)
-    count = served_shared_count(endpoints, shared_count) if family is Family.SHARED else 1
+    counts: dict[str, int] = {}
+    if selection is not None and not selection.default:
+        name = _SELECTION_NAMES[family]
+        endpoints = [e for e in endpoints if selection.serves(name, e.facts(host))]
+        if family is Family.SHARED:
+            counts = {e.key: selection.shared_count(e.facts(host), shared_count) for e in endpoints}
+    count = 1
+    if family is Family.SHARED:
+        # Fitted to kubelet's message limit at the largest count asked; no endpoint gets more than that.
+        wanted = max([shared_count, *counts.values()])
+        count = served_shared_count(endpoints, wanted)
     tokens: list[Token] = []
     for ep in endpoints:
         base = len(tokens)
         if family is Family.SHARED:
-            tokens.extend(Token(shared_token_id(ep, i), ep, base + i) for i in range(count))
+            own = min(counts.get(ep.key, shared_count), count)
+            tokens.extend(Token(shared_token_id(ep, i), ep, base + i) for i in range(own))
         else:
             tokens.append(Token(ep.key, ep, base))
     return FamilyView(family, tuple(endpoints), tuple(tokens), {t.id: t for t in tokens}, count)

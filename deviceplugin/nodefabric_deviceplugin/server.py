@@ -32,7 +32,16 @@ from nodefabric_deviceplugin.dirwatch import DirWatch
 from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
 from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
-from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig, RdmaEndpoint, view
+from nodefabric_deviceplugin.resources import (
+    Family,
+    FamilyView,
+    PluginConfig,
+    RdmaEndpoint,
+    partition_endpoints,
+    view,
+    whole_function_endpoints,
+)
+from nodefabric_deviceplugin.selection import read_host_facts
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.startup import DEFAULT_PLUGIN_DIR, socket_name
 from nodefabric_deviceplugin.unixserver import MAX_BACKOFF_S, Identity, UnixServer, identity
@@ -76,8 +85,16 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         version, spec = self.source.snapshot()
         cached = self._cached
         if cached is None or cached[0] != version:
-            current = view(spec, self.family, self.config.shared_count)
-            if self.family is Family.SHARED and current.shared_count < self.config.shared_count:
+            selection = self.config.selection
+            facts = None
+            if selection.needs_host and spec is not None:
+                # Only a selector naming drivers or linkLayers costs this read, once per record version:
+                # capped, non-blocking attribute reads through the host root, as the inventory's.
+                endpoints = [*whole_function_endpoints(spec), *partition_endpoints(spec)]
+                facts = read_host_facts(self.verbs.host, [(e.rdma_device, e.pci_bus_id) for e in endpoints])
+            current = view(spec, self.family, self.config.shared_count, selection, facts)
+            wanted = selection.max_shared_count(self.config.shared_count)
+            if self.family is Family.SHARED and current.shared_count < wanted:
                 log.error(
                     "the rdma.shared device list would exceed kubelet's 4 MiB message limit; serving "
                     "fewer tokens per endpoint",
@@ -333,6 +350,7 @@ class DevicePluginManager:
         self._kubelet: Identity | None = None
         self._kubelet_absent_since: float | None = None
         self._absent_warned = False
+        self._absent_counted_at: float | None = None
         self._watch: DirWatch | None = None
 
     @property
@@ -389,6 +407,8 @@ class DevicePluginManager:
                 due.append(reg.next_try - now)
         if self._kubelet_absent_since is not None and not self._absent_warned:
             due.append(self._kubelet_absent_since + self.kubelet_absent_warning - now)
+        if self._absent_counted_at is not None:
+            due.append(self._absent_counted_at + self.kubelet_absent_warning - now)
         return max(0.0, min(due))
 
     async def reconcile(self) -> None:
@@ -417,16 +437,28 @@ class DevicePluginManager:
         if kubelet is not None:
             if self._kubelet_absent_since is not None and self._absent_warned:
                 log.info("kubelet.sock is back", extra={"path": path})
-            self._kubelet_absent_since, self._absent_warned = None, False
+            self._kubelet_absent_since, self._absent_warned, self._absent_counted_at = None, False, None
         elif self._kubelet_absent_since is None:
             self._kubelet_absent_since = now
-        elif not self._absent_warned and now - self._kubelet_absent_since >= self.kubelet_absent_warning:
-            self._absent_warned = True
-            log.warning(
-                "kubelet.sock has been absent; is kubelet running, and is its device-plugin directory "
-                "mounted here?",
-                extra={"path": path, "absent_s": round(now - self._kubelet_absent_since, 1)},
-            )
+        elif now - self._kubelet_absent_since >= self.kubelet_absent_warning:
+            if not self._absent_warned:
+                self._absent_warned = True
+                log.warning(
+                    "kubelet.sock has been absent; is kubelet running, and is its device-plugin directory "
+                    "mounted here?",
+                    extra={"path": path, "absent_s": round(now - self._kubelet_absent_since, 1)},
+                )
+            # No Register can be sent: count it failed, once per family per warning interval while kubelet
+            # stays away, so the registrations_total{outcome="failed"} alert fires for an absent kubelet
+            # (a start-up race of a few seconds is never counted).
+            if (
+                self._absent_counted_at is None
+                or now - self._absent_counted_at >= self.kubelet_absent_warning
+            ):
+                self._absent_counted_at = now
+                for server in self.servers:
+                    if server.registration.kubelet is None or server.registration.kubelet != kubelet:
+                        metrics.REGISTRATIONS.labels(server.family.value, "failed").inc()
         self._kubelet = kubelet
 
     async def _register(self, server: FamilyServer, stub: rpc.RegistrationStub, kubelet: Identity) -> None:

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from nodefabric_devicemanager import flags
+from nodefabric_deviceplugin import selection
 from nodefabric_deviceplugin.resources import DEFAULT_DOMAIN, DEFAULT_SHARED_COUNT, Family, PluginConfig
 
 # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL.
@@ -78,16 +79,25 @@ def add_plugin_arguments(parser: argparse.ArgumentParser | Any) -> None:
     parser.add_argument(
         "--domain", default=DEFAULT_DOMAIN, help=f"resource domain (default {DEFAULT_DOMAIN})"
     )
+    parser.add_argument(
+        "--rdma-selectors",
+        default=None,
+        metavar="FILE",
+        help="YAML file of per-family endpoint selectors (exclusive, shared, partitioned) to dedicate "
+        "NICs to one family; default: every whole function in both exclusive and shared",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """The settings those flags give, checked before anything is served. Raises StartupError (or the
     ValueError PluginConfig raises for a shared count or domain it refuses)."""
+    selectors = getattr(args, "rdma_selectors", None)
     config = PluginConfig(
         domain=args.domain,
         shared_count=args.shared_count,
         shared=not args.no_shared,
         partitioned=not args.no_partitioned,
+        selection=selection.load(selectors) if selectors else selection.Selection(),
     )
     check_startup(config, args.plugin_dir)
     return config

@@ -25,7 +25,7 @@ class Metrics:
         prometheus_client.ProcessCollector(registry=self.registry)
         prometheus_client.PlatformCollector(registry=self.registry)
         prometheus_client.GCCollector(registry=self.registry)
-        self.build_info = buildinfo.register(self.registry, "nodefabric_operator")
+        buildinfo.register("operator", self.registry)
         self.reconciles = Counter(
             "nodefabric_operator_reconciles",
             "Reconciles of one node's labels, by outcome "

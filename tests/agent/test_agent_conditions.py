@@ -65,6 +65,7 @@ async def test_duplicate_conditions_are_merged_once_then_nothing_is_written(tmp_
             "AcceleratorsEnumerated",
             "InterfacesEnumerated",
             "LabelsPublished",
+            "Ready",
         ]
         assert conditions(stored(k))["InterfacesEnumerated"] == ours, "the first entry kept, time and all"
         assert conditions(stored(k))["LabelsPublished"] == theirs
@@ -86,7 +87,7 @@ async def test_first_seen_time_is_when_a_pass_saw_the_failure_not_when_the_write
         # The API keeps times to the second: let the clock move well past the observation.
         await asyncio.sleep(2.1)
         written_at = datetime.now(UTC).replace(microsecond=0)
-        assert (await agent.run_pass()).wrote == ("spec",)
+        assert (await agent.run_pass()).wrote == ("spec", "status")  # the verdict, then the FAILED count
         first_seen = datetime.fromisoformat(interface(stored(k), "ens1f1")["link"]["firstSeenTime"])
         assert seen_by <= first_seen < written_at
 
@@ -226,3 +227,39 @@ async def test_an_event_that_could_not_be_posted_is_posted_on_a_later_pass(tmp_p
         # (The namespace took its Events with it when it went.)
         assert [e["type"] for e in stored_events(k)] == ["Normal"]
         assert len(k.requests("POST", EVENTS)) == 5
+
+
+async def test_a_link_that_fails_and_recovers_is_one_log_line_and_one_event_each(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    b = two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        agent = make_agent(k, tmp_path)
+        await agent.run_pass()
+        assert k.requests("POST", EVENTS) == [], "a healthy first pass is no news"
+
+        set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
+        await agent.run_pass()
+        await agent.run_pass()  # still down: not news again
+        # A restart reads the failure from the record it published: not news either.
+        await make_agent(k, tmp_path).run_pass()
+        failed = [r for r in caplog.records if r.getMessage() == "an RDMA link failed"]
+        assert len(failed) == 1 and failed[0].levelno == logging.WARNING
+        assert failed[0].node == NODE and failed[0].endpoint == "ens1f1" and "DOWN" in failed[0].detail
+        [event] = [e.data for e in k.requests("POST", EVENTS)]
+        assert (event["type"], event["reason"]) == ("Warning", "LinkFailed")
+        assert "ens1f1 (mlx5_1)" in event["message"]
+
+        set_port(b, "0000:17:00.1", "mlx5_1", Port())
+        await agent.run_pass()
+        await agent.run_pass()
+        recovered = [r for r in caplog.records if r.getMessage() == "an RDMA link recovered"]
+        assert len(recovered) == 1 and recovered[0].levelno == logging.INFO
+        assert recovered[0].node == NODE and recovered[0].endpoint == "ens1f1"
+        assert "failed: now ok" in recovered[0].detail
+        events = [e.data for e in k.requests("POST", EVENTS)]
+        assert [(e["type"], e["reason"]) for e in events] == [
+            ("Warning", "LinkFailed"),
+            ("Normal", "LinkRecovered"),
+        ]
+        assert "RDMA link of ens1f1 (mlx5_1) recovered after" in events[1]["message"]
+        assert events[1]["involvedObject"]["name"] == NODE

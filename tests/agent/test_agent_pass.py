@@ -72,24 +72,26 @@ async def test_a_link_going_down_is_written_once_and_its_first_seen_time_holds(t
 
         set_port(b, "0000:17:00.1", "mlx5_1", Port(state="DOWN", phys_state="Disabled"))
         outcome = await agent.run_pass()
-        assert outcome.wrote == ("spec",)
+        assert outcome.wrote == ("spec", "status")  # the verdict, then the failedLinks count beside it
+        assert stored(k)["status"]["failedLinks"] == 1
         link = interface(stored(k), "ens1f1")["link"]
         assert link["state"] == "failed"
         assert "DOWN" in link["reason"] and "Disabled" in link["reason"]
         first_seen = link["firstSeenTime"]
         assert first_seen
         assert interface(stored(k), "ens1f0")["link"]["state"] == "ok"
-        assert len(writes(k)) == before + 1
+        assert len(writes(k)) == before + 2
 
         # The failure persists across passes and across an agent restart: no write, same time.
         for a in (agent, make_agent(k, tmp_path)):
             assert (await a.run_pass()).wrote == ()
         assert interface(stored(k), "ens1f1")["link"]["firstSeenTime"] == first_seen
-        assert len(writes(k)) == before + 1
+        assert len(writes(k)) == before + 2
 
         # Recovery clears the time; a later failure starts a new one.
         set_port(b, "0000:17:00.1", "mlx5_1", Port())
-        assert (await agent.run_pass()).wrote == ("spec",)
+        assert (await agent.run_pass()).wrote == ("spec", "status")
+        assert stored(k)["status"]["failedLinks"] == 0
         assert "firstSeenTime" not in interface(stored(k), "ens1f1")["link"]
         assert interface(stored(k), "ens1f1")["link"]["state"] == "ok"
 
@@ -181,7 +183,7 @@ async def test_conflicts_and_outages_are_retried_within_the_pass(tmp_path):
 
         set_port(b, "0000:17:00.0", "mlx5_0", Port(state="ACTIVE_DEFER", phys_state="LinkUp"))
         k.api.fail_next(1, 500)
-        assert (await agent.run_pass()).wrote == ("spec",)
+        assert (await agent.run_pass()).wrote == ("spec", "status")
         assert interface(stored(k), "ens1f0")["link"]["state"] == "failed"
 
         errors = agent.metrics.registry.get_sample_value

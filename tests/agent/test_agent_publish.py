@@ -132,7 +132,8 @@ def test_plan_creates_patches_or_does_nothing():
     reading = FakeReading(interfaces=[Interface(name="eth0", mtu=1500)])
     first = publish.plan(None, reading, T0)
     assert first.create and first.spec is not None and first.conditions is not None
-    stored = {"spec": first.spec.wire(), "status": {"conditions": first.conditions}}
+    assert first.summary == {"rdmaServed": 0, "failedLinks": 0, "notRead": ""}
+    stored = {"spec": first.spec.wire(), "status": {"conditions": first.conditions, **first.summary}}
     again = publish.plan(stored, reading, T1)
     assert not again.writes
     changed = publish.plan(stored, FakeReading(interfaces=[Interface(name="eth0", mtu=9000)]), T1)

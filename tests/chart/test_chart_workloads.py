@@ -382,3 +382,31 @@ def test_critical_agent_pods_are_admitted_by_a_quota_for_their_class(render, def
     assert int(quota["spec"]["hard"]["pods"]) >= 5000
     assert not of_kind(render({"agent": {"priorityClassName": "gpu-infra"}}), "ResourceQuota")
     assert not of_kind(render({"agent": {"criticalPodsQuota": 0}}), "ResourceQuota")
+
+
+def test_rdma_selectors_reach_the_agent_as_a_file_it_accepts(render, default_docs: list[Doc]) -> None:
+    from chart_support import configmap_yaml
+
+    from nodefabric_deviceplugin.selection import parse
+
+    default = container(agent(default_docs), "agent")
+    assert "--rdma-selectors" not in default["args"], "the default: every whole function in both families"
+    assert not [
+        d for d in of_kind(default_docs, "ConfigMap") if d["metadata"]["name"].endswith("-rdma-selectors")
+    ]
+    selectors = {
+        "exclusive": [{"ifNames": ["ens1f0"]}],
+        "shared": [{"ifNames": ["ens2f0"], "sharedCount": 16}],
+    }
+    docs = render({"agent": {"rdmaSelectors": selectors}})
+    c = container(agent(docs), "agent")
+    path = c["args"][c["args"].index("--rdma-selectors") + 1]
+    assert path == "/etc/nodefabric/rdma-selectors.yaml"
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "rdma-selectors"]
+    assert mount == {"name": "rdma-selectors", "mountPath": "/etc/nodefabric", "readOnly": True}
+    [volume] = [v for v in pod_spec(agent(docs))["volumes"] if v["name"] == "rdma-selectors"]
+    name = volume["configMap"]["name"]
+    doc = configmap_yaml(docs, name, "rdma-selectors.yaml")
+    assert doc == selectors
+    assert not parse(doc).default  # what the agent will parse at start
+    assert "rdmaSelectors" in refusal(render, {"agent": {"rdmaSelectors": {"exclusiv": []}}})

@@ -106,14 +106,14 @@ def test_printer_columns_render_as_a_table():
     item = {
         "metadata": {"name": "gpu-1", "creationTimestamp": "2026-01-01T00:00:00Z"},
         "spec": {"interfaces": [{"name": "eth0"}, {"name": "ib0"}]},
-        "status": {"rdmaEndpoints": 8, "bestDistance": "PIX"},
+        "status": {"rdmaServed": 8, "rdmaEndpoints": 9, "bestDistance": "PIX", "failedLinks": 1},
     }
     table = as_table([item], columns, {})
     names = [c["name"] for c in table["columnDefinitions"]]
-    assert names == ["Name", "RDMA", "Distance", "Fabric", "Interfaces", "Age"]
+    assert names == ["Name", "RDMA", "Distance", "Fabric", "Failed", "Unread", "Usable", "Interfaces", "Age"]
     cells = table["rows"][0]["cells"]
-    assert cells[:5] == ["gpu-1", 8, "PIX", None, "eth0,ib0"]
-    assert cells[5].endswith("d")
+    assert cells[:8] == ["gpu-1", 8, "PIX", None, 1, None, 9, "eth0,ib0"]
+    assert cells[8].endswith("d")
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed on this machine")
@@ -124,7 +124,7 @@ async def test_kubectl_get_devices_shows_the_printer_columns():
             {
                 "metadata": {"name": "gpu-1"},
                 "spec": {},
-                "status": {"rdmaEndpoints": 8, "bestDistance": "PIX"},
+                "status": {"rdmaServed": 8, "bestDistance": "PIX", "failedLinks": 0, "notRead": "x"},
             },
         )
         proc = await asyncio.create_subprocess_exec(
@@ -132,5 +132,5 @@ async def test_kubectl_get_devices_shows_the_printer_columns():
         )
         out, _ = await proc.communicate()
     header, row = out.decode().splitlines()
-    assert header.split() == ["NAME", "RDMA", "DISTANCE", "FABRIC", "AGE"]
-    assert row.split()[:3] == ["gpu-1", "8", "PIX"]
+    assert header.split() == ["NAME", "RDMA", "DISTANCE", "FABRIC", "FAILED", "UNREAD", "AGE"]
+    assert row.split()[:5] == ["gpu-1", "8", "PIX", "0", "x"]

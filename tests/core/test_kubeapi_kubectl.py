@@ -52,7 +52,7 @@ def seed(k: RunningAPI, rdma: int = 8) -> None:
         {
             "metadata": {"name": "gpu-1"},
             "spec": {"interfaces": [{"name": "ib0"}]},
-            "status": {"rdmaEndpoints": rdma, "bestDistance": "PIX"},
+            "status": {"rdmaServed": rdma, "rdmaEndpoints": rdma + 1, "bestDistance": "PIX"},
         },
     )
 
@@ -88,8 +88,11 @@ async def test_custom_resources_by_plural_short_name_and_category_with_printer_c
             assert header[:4] == ["NAME", "RDMA", "DISTANCE", "FABRIC"], name
             assert body[0][:3] in (["gpu-1", "8", "PIX"], ["devices.worker.gpustack.ai/gpu-1", "8", "PIX"])
         rc, out, _ = await kubectl(k, tmp_path, "get", "devices", "-o", "wide")
-        assert rows(out)[0] == ["NAME", "RDMA", "DISTANCE", "FABRIC", "INTERFACES", "AGE"]
-        assert rows(out)[1][3] == "ib0"  # FABRIC is unset: the server's cell is null, printed empty
+        assert rows(out)[0] == [
+            "NAME", "RDMA", "DISTANCE", "FABRIC", "FAILED", "UNREAD", "USABLE", "INTERFACES", "AGE"
+        ]  # fmt: skip
+        # FABRIC, FAILED and UNREAD are unset: the server's cells are null, printed empty.
+        assert rows(out)[1][1:5] == ["8", "PIX", "9", "ib0"]
 
 
 async def test_watch_prints_each_change_as_it_happens(tmp_path):
@@ -119,7 +122,7 @@ async def test_watch_prints_each_change_as_it_happens(tmp_path):
 
             await until("8")
             assert seen[0][:2] == ["NAME", "RDMA"]
-            k.api.put_object(DEVICES, {**k.api.stored(DEVICES, "gpu-1"), "status": {"rdmaEndpoints": 6}})
+            k.api.put_object(DEVICES, {**k.api.stored(DEVICES, "gpu-1"), "status": {"rdmaServed": 6}})
             await until("6")
         finally:
             proc.terminate()

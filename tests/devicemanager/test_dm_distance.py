@@ -214,3 +214,35 @@ def test_closest_over_thousands_of_distinct_paths_does_not_visit_the_pairs(monke
     assert distance.closest(gpus, nics) is Distance.SYS
     nics.append(BusCoordinates("0002:fffff", ("x", "r4999"), "", "1"))  # meets one GPU at its root port
     assert distance.closest(gpus, nics) is Distance.PXB
+
+
+def test_flat_root_bus_without_bridges_is_unk_not_phb():
+    # A VM's flat bus: both devices directly on the root bus of one host bridge, no bridge recorded above
+    # either. pciRootId is the missing coordinate, so the seed's answer is UNK, never a distance.
+    gpu = c("0000:00:05.0", (), "pci0000:00", "0")
+    nic = c("0000:00:06.0", (), "pci0000:00", "0")
+    assert distance.distance(gpu, nic) is Distance.UNK
+    assert distance.closest([gpu], [nic]) is Distance.UNK
+    # One side rooted, the other flat: still a missing coordinate.
+    rooted = c("0000:01:00.0", ("0000:00:01.0",), "pci0000:00", "0")
+    assert distance.distance(rooted, nic) is Distance.UNK
+    assert distance.closest([rooted, gpu], [nic]) is Distance.UNK
+    # NUMA nodes that differ are SYS whatever the bus shows: the far level claims no closeness.
+    far = c("0000:00:07.0", (), "pci0000:00", "1")
+    assert distance.distance(gpu, far) is Distance.SYS
+    assert distance.closest([gpu], [nic, far]) is Distance.SYS
+
+
+def test_one_host_bridge_across_numa_nodes_is_sys_not_phb():
+    gpu = c("0000:18:00.0", ("0000:15:01.0",), "pci0000:15", "0")
+    nic = c("0000:1b:00.0", ("0000:15:02.0",), "pci0000:15", "1")
+    assert distance.distance(gpu, nic) is Distance.SYS
+    assert distance.closest([gpu], [nic]) is Distance.SYS
+    # The same host bridge with NUMA unread on one side cannot be PHB either: the seed's UNK.
+    blank = c("0000:1b:00.0", ("0000:15:02.0",), "pci0000:15", "")
+    assert distance.distance(gpu, blank) is Distance.UNK
+    assert distance.closest([gpu], [blank]) is Distance.UNK
+    # Both facts read and agreeing: the one PHB kept beyond the seed.
+    same = c("0000:1b:00.0", ("0000:15:02.0",), "pci0000:15", "0")
+    assert distance.distance(gpu, same) is Distance.PHB
+    assert distance.closest([gpu], [nic, same]) is Distance.PHB

@@ -107,11 +107,24 @@ def thousand_vfs(pfs: int = 8, per_pf: int = 128) -> DevicesSpec:
     """pfs PFs with per_pf VFs each, the first half of the PFs on NUMA node 0, the rest on node 1."""
     out = []
     for p in range(pfs):
+        # Each PF behind its own root port; its VFs share that bridge path, as the agent records them.
+        root = (f"0000:{p:02x}:01.0",)
         vfs = [
             vf(f"0000:{0x10 + p:02x}:{(i + 1) // 8:02x}.{(i + 1) % 8}", f"mlx5_{100 + p * per_pf + i}")
             for i in range(per_pf)
         ]
-        out.append(nic(f"p{p}", f"0000:{0x10 + p:02x}:00.0", f"mlx5_{p}", numa=str(p * 2 // pfs), vfs=vfs))
+        for f in vfs:
+            f.pci_switches, f.pci_root_id = list(root), root[0]
+        out.append(
+            nic(
+                f"p{p}",
+                f"0000:{0x10 + p:02x}:00.0",
+                f"mlx5_{p}",
+                numa=str(p * 2 // pfs),
+                switches=root,
+                vfs=vfs,
+            )
+        )
     return DevicesSpec(interfaces=out)
 
 

@@ -154,3 +154,37 @@ async def test_an_absent_kubelet_is_a_warning_once(
         assert any(rec.getMessage() == "kubelet.sock is back" for rec in caplog.records)
     finally:
         await shutdown(r)
+
+
+def _failed_registrations() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    return {
+        family: REGISTRY.get_sample_value(
+            "nodefabric_deviceplugin_registrations_total", {"family": family, "outcome": "failed"}
+        )
+        or 0.0
+        for family in ("rdma", "rdma.shared", "rdma.partitioned")
+    }
+
+
+async def test_an_absent_kubelet_counts_failed_registrations_for_the_alert(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    """The README's alert, increase(nodefabric_deviceplugin_registrations_total{outcome="failed"}[15m]),
+    fires for a kubelet that never shows up: a failure per family per warning interval while absent."""
+    kubelet = KubeletEmulator(plugin_dir)
+    before = _failed_registrations()
+    r = await start_plugin(
+        plugin_dir, fixture_host.host, two_nics_and_vfs(), kubelet=kubelet, kubelet_absent_warning=0.2
+    )
+    try:
+        await eventually(lambda: all(_failed_registrations()[f] >= before[f] + 2 for f in before))
+        await kubelet.start()
+        await kubelet.wait_registered(EXCLUSIVE)
+        await wait_all_registered(kubelet, 1)
+        settled = _failed_registrations()
+        await asyncio.sleep(0.5)
+        assert _failed_registrations() == settled, "no more failures once kubelet is back and registered"
+    finally:
+        await shutdown(r)

@@ -133,10 +133,11 @@ async def start_driver(
     *,
     kubelet: DraKubelet | None = None,
     resync: float = 60.0,
+    config: DriverConfig | None = None,
     **options: Any,
 ) -> Running:
     """The driver running on this loop; `options` go to DraDriver (polls, inotify)."""
-    config = dirs.config()
+    config = config or dirs.config()
     source = RecordSource(spec)
     driver = DraDriver(config, source, host, DraApi(client(k), config), resync=resync, **options)
     stop = asyncio.Event()

@@ -11,7 +11,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_benchmark_prints_each_figure_with_its_floor() -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "hack/bench_dra.py"), "--claims", "3", "--pfs", "2", "--vfs", "3"],
+        [
+            sys.executable,
+            str(REPO / "hack/bench_dra.py"),
+            "--claims",
+            "3",
+            "--pfs",
+            "2",
+            "--vfs",
+            "3",
+            "--held",
+            "40",
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -32,3 +43,6 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
     assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")
     assert "fewer requests" in lines[8] and lines[9].startswith("5,000 nodes: 83.3 LIST/s")
+    assert lines[10].startswith("prepare+unprepare, 40 held, per-claim p50") and "10 held p50" in lines[10]
+    assert lines[11].startswith("prepare+unprepare, 40 held, whole-file p50")
+    assert lines[12].startswith("at 40 held the whole-file checkpoint costs x")

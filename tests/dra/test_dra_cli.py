@@ -184,7 +184,9 @@ async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
         assert os.listdir(dirs.registry) == []
-        assert sorted(os.listdir(f"{dirs.plugin}/{DRIVER}")) == ["checkpoint.json"]
+        # The checkpoint directory stays (a claim's file until it is unprepared); the sockets are gone.
+        assert sorted(os.listdir(f"{dirs.plugin}/{DRIVER}")) == ["checkpoint.d"]
+        assert os.listdir(f"{dirs.plugin}/{DRIVER}/checkpoint.d") == []
     finally:
         if proc.returncode is None:
             proc.kill()

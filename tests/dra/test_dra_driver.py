@@ -396,9 +396,10 @@ async def test_a_corrupt_checkpoint_is_set_aside_and_unprepare_still_removes_the
         await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim))
     finally:
         await shutdown(r)
-    checkpoint = Path(r.driver.config.checkpoint_path)
+    uid = claim["metadata"]["uid"]
+    checkpoint = Path(r.driver.config.checkpoint_path).parent / "checkpoint.d" / f"{uid}.json"
     doc = json.loads(checkpoint.read_text())
-    doc["claims"][claim["metadata"]["uid"]]["specPath"] = "/etc/passwd"  # tampered: the checksum catches it
+    doc["claim"]["specPath"] = "/etc/passwd"  # tampered: the checksum catches it
     checkpoint.write_text(json.dumps(doc))
     r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
     try:

@@ -131,15 +131,125 @@ def prepared(uid: str = UID) -> PreparedClaim:
     return PreparedClaim(uid, "ml", "pair", (device,), f"/run/cdi/{DRIVER}-nic_{uid}.json", {"kind": "x"})
 
 
+def claim_file(tmp_path: Path, uid: str = UID) -> Path:
+    return tmp_path / "checkpoint.d" / f"{uid}.json"
+
+
 def test_the_checkpoint_survives_a_restart(tmp_path: Path) -> None:
     path = str(tmp_path / "checkpoint.json")
     Checkpoint(path).put(prepared())
     again = Checkpoint(path)
     assert again.claims == {UID: prepared()}
     assert again.claims[UID].spec == {"kind": "x"}
+    assert oct(os.stat(claim_file(tmp_path)).st_mode & 0o777) == "0o600"
+    assert not os.path.exists(path), "no whole-file checkpoint is written any more"
     again.remove(UID)
     assert Checkpoint(path).claims == {}
-    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert os.listdir(tmp_path / "checkpoint.d") == []
+
+
+def test_one_file_per_claim_so_a_change_never_rewrites_the_others(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
+    uids = [str(uuid.uuid4()) for _ in range(50)]
+    for uid in uids:
+        checkpoint.put(prepared(uid))
+    before = {uid: os.stat(claim_file(tmp_path, uid)).st_ino for uid in uids}
+    checkpoint.put(prepared(UID))
+    checkpoint.remove(uids[0])
+    # Every other claim's file is the very file it was: nothing else was rewritten.
+    assert {uid: os.stat(claim_file(tmp_path, uid)).st_ino for uid in uids[1:]} == {
+        uid: before[uid] for uid in uids[1:]
+    }
+    assert sorted(Checkpoint(str(tmp_path / "checkpoint.json")).claims) == sorted([*uids[1:], UID])
+
+
+def test_putting_the_same_claim_twice_is_idempotent(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
+    checkpoint.put(prepared())
+    inode = os.stat(claim_file(tmp_path)).st_ino
+    checkpoint.put(prepared())
+    assert os.stat(claim_file(tmp_path)).st_ino == inode, "an identical claim is not written again"
+    checkpoint.remove(UID)
+    checkpoint.remove(UID)  # and a second remove is a no-op
+    assert Checkpoint(str(tmp_path / "checkpoint.json")).claims == {}
+
+
+def test_a_uid_that_is_not_plain_names_a_hashed_file_inside_the_directory(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
+    odd = "../../etc/passwd"
+    checkpoint.put(prepared(odd))
+    [name] = os.listdir(tmp_path / "checkpoint.d")
+    assert name.startswith("h-") and "/" not in name
+    assert list(Checkpoint(str(tmp_path / "checkpoint.json")).claims) == [odd]
+
+
+def test_a_torn_write_loses_only_what_was_being_written(tmp_path: Path) -> None:
+    """A crash mid-write: the temporary file of a write that never reached its rename, and a claim file
+    whose content did not reach the disk whole (a filesystem without data ordering). Neither is trusted;
+    every other claim is kept."""
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    other = str(uuid.uuid4())
+    checkpoint.put(prepared())
+    checkpoint.put(prepared(other))
+    directory = tmp_path / "checkpoint.d"
+    whole = claim_file(tmp_path, other).read_bytes()
+    claim_file(tmp_path, other).write_bytes(whole[: len(whole) // 2])  # torn
+    (directory / f".{UID}.json.abc123.tmp").write_bytes(whole[:10])  # a write that crashed before rename
+    again = Checkpoint(path)
+    assert list(again.claims) == [UID]
+    assert (directory / f"{other}.json.corrupt").read_bytes() == whole[: len(whole) // 2]
+    assert sorted(os.listdir(directory)) == sorted([f"{other}.json.corrupt", f"{UID}.json"])
+
+
+def test_a_crash_inside_a_put_leaves_the_claim_unrecorded_and_memory_in_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    checkpoint.put(prepared())
+
+    def crash(src: str, dst: str) -> None:
+        raise OSError(5, "Input/output error")  # the rename never happens
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        checkpoint.put(prepared(str(uuid.uuid4())))
+    monkeypatch.undo()
+    assert list(checkpoint.claims) == [UID]
+    assert list(Checkpoint(path).claims) == [UID]
+    assert sorted(os.listdir(tmp_path / "checkpoint.d")) == [f"{UID}.json"]
+
+
+def test_a_whole_file_checkpoint_is_migrated_on_start(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
+
+    path = tmp_path / "checkpoint.json"
+    others = [str(uuid.uuid4()) for _ in range(3)]
+    claims = {uid: prepared(uid).wire() for uid in [UID, *others]}
+    path.write_text(json.dumps({"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)}))
+    migrated = Checkpoint(str(path))
+    assert sorted(migrated.claims) == sorted([UID, *others])
+    assert migrated.claims[UID] == prepared() and migrated.claims[UID].spec == {"kind": "x"}
+    assert not path.exists(), "the old file is removed once every claim has its own"
+    assert sorted(os.listdir(tmp_path / "checkpoint.d")) == sorted(f"{u}.json" for u in [UID, *others])
+    # Later changes are per claim, and a restart reads them back.
+    migrated.remove(others[0])
+    assert sorted(Checkpoint(str(path)).claims) == sorted([UID, *others[1:]])
+
+
+def test_a_migration_interrupted_before_the_old_file_went_runs_again(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
+
+    path = tmp_path / "checkpoint.json"
+    claims = {UID: prepared().wire()}
+    legacy = json.dumps({"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)})
+    path.write_text(legacy)
+    Checkpoint(str(path))
+    path.write_text(legacy)  # as if the crash came after the claim files, before the unlink
+    again = Checkpoint(str(path))
+    assert list(again.claims) == [UID] and not path.exists()
+    assert os.listdir(tmp_path / "checkpoint.d") == [f"{UID}.json"]
 
 
 @pytest.mark.parametrize(
@@ -152,7 +262,7 @@ def test_the_checkpoint_survives_a_restart(tmp_path: Path) -> None:
         b'{"kind": "nodefabric.dra/checkpoint", "version": 1, "claims": {"u": {}}, "checksum": "0"}',
     ],
 )
-def test_an_unusable_checkpoint_is_set_aside_not_trusted(tmp_path: Path, content: bytes) -> None:
+def test_an_unusable_whole_file_checkpoint_is_set_aside_not_trusted(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_bytes(content)
     assert Checkpoint(str(path)).claims == {}
@@ -160,16 +270,39 @@ def test_an_unusable_checkpoint_is_set_aside_not_trusted(tmp_path: Path, content
     assert not path.exists()
 
 
-def test_a_checkpoint_whose_entries_are_the_wrong_shape_is_set_aside(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    Checkpoint(str(path)).put(prepared())
-    doc = json.loads(path.read_text())
-    doc["claims"][UID]["devices"] = [{"requestNames": "nic"}]
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"\xff\xfe garbage",
+        b"[]",
+        b'{"kind": "nodefabric.dra/prepared-claim", "version": 3}',
+    ],
+)
+def test_an_unusable_claim_file_is_set_aside_and_the_rest_kept(tmp_path: Path, content: bytes) -> None:
+    path = str(tmp_path / "checkpoint.json")
+    Checkpoint(path).put(prepared())
+    bad = tmp_path / "checkpoint.d" / f"{uuid.uuid4()}.json"
+    bad.write_bytes(content)
+    assert list(Checkpoint(path).claims) == [UID]
+    assert Path(f"{bad}.corrupt").read_bytes() == content
+
+
+def test_a_claim_file_whose_entry_is_the_wrong_shape_or_renamed_is_set_aside(tmp_path: Path) -> None:
     from nodefabric_deviceplugin.dra.checkpoint import _checksum
 
-    doc["checksum"] = _checksum(doc["claims"])  # a well-formed file with a bad entry
-    path.write_text(json.dumps(doc))
-    assert Checkpoint(str(path)).claims == {}
+    path = str(tmp_path / "checkpoint.json")
+    Checkpoint(path).put(prepared())
+    file = claim_file(tmp_path)
+    doc = json.loads(file.read_text())
+    doc["claim"]["devices"] = [{"requestNames": "nic"}]
+    doc["checksum"] = _checksum({"uid": doc["uid"], "claim": doc["claim"]})  # well-formed, bad entry
+    file.write_text(json.dumps(doc))
+    assert Checkpoint(path).claims == {}
+    # A good file under another claim's name is not that claim.
+    Checkpoint(path).put(prepared())
+    os.rename(claim_file(tmp_path), claim_file(tmp_path, "other-uid"))
+    assert Checkpoint(path).claims == {}
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "directory", "huge"])

@@ -79,7 +79,10 @@ async def test_metrics_only_on_metrics_health_only_on_healthz():
     assert "nodefabric_operator_labels_not_on_node 1.0" in body  # no nfd-master copies the labels here
     version = importlib.metadata.version("nodefabric")
     python = platform.python_version()
-    assert f'nodefabric_operator_build_info{{python_version="{python}",version="{version}"}} 1.0' in body
+    assert (
+        f'nodefabric_build_info{{component="operator",python_version="{python}",version="{version}"}} 1.0'
+        in body
+    )
     for process in (
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",

@@ -23,13 +23,14 @@ from typing import Any
 
 import prometheus_client
 
-from nodefabric_devicemanager import flags, names, nodeclient
+from nodefabric_devicemanager import buildinfo, flags, logs, names, nodeclient
 from nodefabric_devicemanager.agent import heap
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe, Servers
 from nodefabric_devicemanager.agent.uevents import UeventWatch
+from nodefabric_devicemanager.models import ACCELERATORS_ENUMERATED, INTERFACES_ENUMERATED
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    logs.default_fields(node=args.node_name)
     try:
         plugin_config, dra_config = _check(args)
         api = nodeclient.load(args.kubeconfig)
@@ -195,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
         return EXIT_USAGE
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    buildinfo.register("agent")
     heap.one_arena()  # before any of the agent's threads start (see heap.py)
     metrics = AgentMetrics()
     metrics.count_api(api)
@@ -211,7 +214,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.once:
             outcome = asyncio.run(agent.run_pass())
-            return EXIT_OK if outcome.ok else EXIT_PASS_FAILED
+            # A part of the host that could not be enumerated is a failed pass for --once (as for
+            # `inventory`), even though the record was published with what could be read.
+            unread = {INTERFACES_ENUMERATED, ACCELERATORS_ENUMERATED} & set(outcome.degraded)
+            return EXIT_OK if outcome.ok and not unread else EXIT_PASS_FAILED
         return asyncio.run(serve(agent, args, plugin_config, dra_config))
     except OSError as exc:  # a port that cannot be bound: in use, or an address not on this node
         log.error("cannot start the agent: %s", exc.strerror or exc, extra={"node": args.node_name})

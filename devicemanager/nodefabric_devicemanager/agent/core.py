@@ -467,6 +467,8 @@ class Agent:
                     return Outcome(Result.UNCHANGED, degraded=degraded)
                 plan = publish.plan(stored, reading, _now(), parsed)
                 wrote, final = await self._apply(stored, plan, parsed)
+                if "spec" in wrote and parsed is not None and final is not None:
+                    await self._tell_links(parsed, final)
                 if not host_error:
                     self._settled = (self._generation, resource_version(self.live))
                 # A record whose interfaces were never read says nothing about the endpoints: handing
@@ -538,6 +540,21 @@ class Agent:
             )
         self._told = notices.remember(self._told, reported)
         return degraded
+
+    async def _tell_links(self, before: DevicesSpec, after: DevicesSpec) -> None:
+        """A log line and an Event for each RDMA link the written record says failed or recovered."""
+        for notice in notices.link_notices(before, after, _now()):
+            failed = notice.reason == notices.LINK_FAILED
+            log.log(
+                notice.level,
+                "an RDMA link failed" if failed else "an RDMA link recovered",
+                extra={
+                    "node": self.config.node,
+                    "endpoint": notice.condition.removeprefix("link/"),
+                    "detail": notice.message,
+                },
+            )
+            await self._post_notice(notice)
 
     async def _post_notices(self, reading: publish.ReadingLike) -> None:
         """One Event per condition change on the Devices object. A change is remembered as told only once
@@ -620,9 +637,11 @@ class Agent:
                 self._set_live(obj, final)
                 self.metrics.api_writes.labels(kind="spec").inc()
                 wrote.append("spec")
-        if plan.conditions is not None:
+        if plan.conditions is not None or plan.summary is not None:
             # Status is written after spec, preconditioned on the version that write returned.
-            obj = await self._api(self.client.patch_status, node, resource_version(obj), plan.conditions)
+            obj = await self._api(
+                self.client.patch_status, node, resource_version(obj), plan.conditions, plan.summary
+            )
             self._set_live(obj, final)
             self.metrics.api_writes.labels(kind="status").inc()
             wrote.append("status")

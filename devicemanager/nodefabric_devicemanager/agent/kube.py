@@ -98,11 +98,18 @@ class DevicesClient:
         )
 
     def patch_status(
-        self, name: str, resource_version: str, conditions: list[dict[str, Any]]
+        self,
+        name: str,
+        resource_version: str,
+        conditions: list[dict[str, Any]] | None,
+        summary: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Only status.conditions, preconditioned on resourceVersion: the list is replaced whole, so it must
-        have been merged into the list this resourceVersion carries."""
-        body = {"metadata": {"resourceVersion": resource_version}, "status": {"conditions": conditions}}
+        """status.conditions and the agent's summary fields, preconditioned on resourceVersion: the list
+        is replaced whole, so it must have been merged into the list this resourceVersion carries."""
+        status: dict[str, Any] = dict(summary or {})
+        if conditions is not None:
+            status["conditions"] = conditions
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         return self.api.call(
             f"patch devices {name} status",
             "PATCH",

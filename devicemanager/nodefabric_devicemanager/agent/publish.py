@@ -18,7 +18,9 @@ from pydantic import ValidationError
 
 from nodefabric_devicemanager.models import (
     ACCELERATORS_ENUMERATED,
+    FABRIC_READ_SUFFIX,
     INTERFACES_ENUMERATED,
+    READY,
     AcceleratorGroup,
     Condition,
     DevicesSpec,
@@ -57,10 +59,13 @@ class Plan:
     conditions: list[dict[str, Any]] | None
     # The spec decided on, also when it equals the stored one (then the caller keeps this copy, not both).
     desired: DevicesSpec | None = None
+    # The agent's status summaries (rdmaServed, failedLinks, notRead) when they differ from the stored
+    # ones; written with the conditions, in the one status patch.
+    summary: dict[str, Any] | None = None
 
     @property
     def writes(self) -> bool:
-        return self.create or self.spec is not None or self.conditions is not None
+        return self.create or self.spec is not None or self.conditions is not None or self.summary is not None
 
 
 # --- firstSeenTime ---------------------------------------------------------------------------------
@@ -118,6 +123,7 @@ def carry_first_seen(
 def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime) -> DevicesSpec:
     """The spec to publish. A failed read keeps what is recorded: the interface list when enumeration
     failed, and a failed manufacturer's groups; a pass that enumerated and found nothing yields []."""
+    # No stored object: nothing was ever read (`DevicesSpec()` has neither list set).
     stored = stored or DevicesSpec()
     if reading.interfaces is None:
         interfaces = list(stored.interfaces)
@@ -132,10 +138,14 @@ def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime
     # group as read (accelerators without what could not be read) is better than no group at all.
     groups = [kept.pop(g.id, g) for g in reading.groups]
     groups += kept.values()
-    return DevicesSpec(
-        interfaces=sorted(interfaces, key=lambda i: i.name),
-        groups=sorted(groups, key=lambda g: (g.manufacturer, g.id)),
-    )
+    # A list no pass has read yet (not read now, not in the stored object) stays out of the spec, so it
+    # is not written as an empty list: the one built here leaves it unset and `wire()` drops it.
+    parts: dict[str, Any] = {}
+    if reading.interfaces is not None or stored.has("interfaces"):
+        parts["interfaces"] = sorted(interfaces, key=lambda i: i.name)
+    if not unread or stored.has("groups") or groups:
+        parts["groups"] = sorted(groups, key=lambda g: (g.manufacturer, g.id))
+    return DevicesSpec(**parts)
 
 
 def _canonical_endpoint(ep: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +182,10 @@ def canonical(spec: DevicesSpec) -> dict[str, Any]:
 
 def same_spec(a: DevicesSpec, b: DevicesSpec) -> bool:
     # Equal models are equal specs; only specs that differ as models (order, firstSeenTime) are compared
-    # in canonical form, which costs a copy of both as dicts.
+    # in canonical form, which costs a copy of both as dicts. A list read for the first time is a change
+    # even when it is empty: the key appears (an enumerated host with no interfaces writes []).
+    if any(a.has(key) != b.has(key) for key in ("interfaces", "groups")):
+        return False
     return a == b or canonical(a) == canonical(b)
 
 
@@ -247,6 +260,58 @@ def merge_conditions(
     return sorted([*others.values(), *after], key=lambda c: str(c.get("type", "")))
 
 
+def ready_condition(reported: Sequence[Condition]) -> Condition:
+    """The roll-up: True when every part of the host was read. It is written in the status patch that
+    follows the spec write, so a True one on the object also says the record holding that reading is
+    published (a spec write that fails writes no status)."""
+    unread = [c.type for c in reported if c.status != "True" and c.type != READY]
+    if unread:
+        return Condition(
+            type=READY,
+            status="False",
+            reason="NotRead",
+            message=f"{', '.join(sorted(unread))} not True; the recorded data is kept for what was not read",
+        )
+    return Condition(type=READY, status="True", reason="Published", message="every part of the host read")
+
+
+def _part(condition_type: str) -> str:
+    if condition_type == INTERFACES_ENUMERATED:
+        return "interfaces"
+    if condition_type == ACCELERATORS_ENUMERATED:
+        return "accelerators"
+    if condition_type.endswith(FABRIC_READ_SUFFIX):
+        return f"{condition_type.removesuffix(FABRIC_READ_SUFFIX).lower()}-fabric"
+    return condition_type
+
+
+def served_endpoints(spec: DevicesSpec) -> int:
+    """What kubelet's RDMA keys draw on: whole functions (a PF with VFs configured is not one) and VFs,
+    counted as the device plugin builds its families from the same record."""
+    # Imported here: the device plugin's resource manager is pure (no gRPC), but only this needs it.
+    from nodefabric_deviceplugin.resources import partition_endpoints, whole_function_endpoints
+
+    return len(whole_function_endpoints(spec)) + len(partition_endpoints(spec))
+
+
+def summaries(spec: DevicesSpec, reported: Sequence[Condition]) -> dict[str, Any]:
+    """The status fields the agent owns beside its conditions, as `kubectl get devices` prints them."""
+    failed = sum(1 for ep in spec.endpoints() if ep.link is not None and ep.link.state is LinkState.FAILED)
+    not_read = sorted({_part(c.type) for c in reported if c.status != "True" and c.type != READY})
+    return {"rdmaServed": served_endpoints(spec), "failedLinks": failed, "notRead": ",".join(not_read)}
+
+
+def _summary_change(
+    stored: Mapping[str, Any] | None, spec: DevicesSpec | None, reported: Sequence[Condition]
+) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    want = summaries(spec, reported)
+    status = (stored or {}).get("status") or {}
+    have = {k: status.get(k) for k in want} if isinstance(status, Mapping) else {}
+    return None if have == want else want
+
+
 # --- the decision ----------------------------------------------------------------------------------
 
 
@@ -271,16 +336,22 @@ def plan(
     """Create when there is no object; otherwise patch only the parts that changed. `parsed` is the
     stored spec already parsed (a `DevicesSpec`, or None when it does not parse), when the caller has it."""
     reported = reported_conditions(reading)
+    written = [*reported, ready_condition(reported)]
     if stored is None:
+        created = desired_spec(reading, None, now)
         return Plan(
-            create=True, spec=desired_spec(reading, None, now), conditions=merge_conditions([], reported, now)
+            create=True,
+            spec=created,
+            conditions=merge_conditions([], written, now),
+            summary=summaries(created, reported),
         )
     old = stored_spec(stored) if parsed is _UNPARSED else parsed
-    conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], reported, now)
+    conditions = merge_conditions((stored.get("status") or {}).get("conditions") or [], written, now)
     if old is None and (reading.interfaces is None or reading.failed_manufacturers):
         # Rewriting an unparseable record from a partial read would replace what it holds with an empty
         # list, a failed read published as an empty host: it stays until a pass reads every part.
         return Plan(create=False, spec=None, conditions=conditions)
     desired = desired_spec(reading, old, now)
     spec = None if old is not None and same_spec(desired, old) else desired
-    return Plan(create=False, spec=spec, conditions=conditions, desired=desired)
+    summary = _summary_change(stored, desired, reported)
+    return Plan(create=False, spec=spec, conditions=conditions, desired=desired, summary=summary)

@@ -5,9 +5,23 @@ NodeUnprepareResources after we restarted. The checkpoint makes both exact: a se
 the first did (and rewrites the spec if the runtime directory lost it, e.g. after a reboot), and an
 unprepare removes the spec the prepare wrote, even if `--cdi-dir` changed in between.
 
-The file carries a checksum of its content. One that cannot be read or does not verify is moved aside
-(`<name>.corrupt`) with an Error log, and the driver starts with no prepared claims: unprepare then still
-finds each spec by its deterministic name, so nothing is left behind.
+One file per claim, in a directory beside the socket (`checkpoint.d/<uid>.json`), so what a prepare or
+an unprepare costs does not grow with the number of claims held: the whole-file checkpoint this replaces
+rewrote and synced every claim on every change, and 1,500 claims in one NodePrepareResources call ran
+past kubelet's 45 s deadline. Each write is crash-safe:
+
+- the claim's file is written to a temporary name and fsynced before it is renamed into place, so the
+  name never points at a torn file (a crash leaves the old content, or a `.tmp` that the next start
+  deletes);
+- the directory is fsynced after the rename (or the unlink), so the entry itself survives a power loss:
+  without it a prepare answered to kubelet could come back from a reboot unrecorded, and an unprepared
+  claim could come back recorded.
+
+Each file carries a checksum of its content. One that cannot be read or does not verify is moved aside
+(`<name>.corrupt`) with an Error log, and only that claim is forgotten: unprepare then still finds its
+spec by the spec's deterministic name, so nothing is left behind. A whole-file checkpoint left by an
+older driver (`checkpoint.json`) is migrated on start: each claim is written to its own file, then the
+old file is removed; a crash in between migrates again on the next start (the writes are idempotent).
 """
 
 from __future__ import annotations
@@ -17,6 +31,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +41,15 @@ from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
 log = logging.getLogger(__name__)
 
 KIND = "nodefabric.dra/checkpoint"
-VERSION = 1
-MAX_BYTES = 16 << 20
+VERSION = 1  # the whole-file checkpoint, read only to migrate it
+CLAIM_KIND = "nodefabric.dra/prepared-claim"
+CLAIM_VERSION = 2
+MAX_BYTES = 16 << 20  # the whole-file checkpoint
+MAX_CLAIM_BYTES = 4 << 20  # one claim: its CDI spec names at most a few dozen device nodes
+SUFFIX = ".json"
+# A claim's uid names its file when it is a plain uid (kubelet's are UUIDs); anything else is hashed, so
+# no uid can name a path outside the directory or collide with a temporary or set-aside file.
+_PLAIN_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,69 +116,185 @@ def _strings(value: Any) -> list[str]:
     return [_str(v) for v in value]
 
 
-def _checksum(claims: dict[str, Any]) -> str:
+def _checksum(claims: Any) -> str:
     return hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).hexdigest()
 
 
+def file_name(uid: str) -> str:
+    """The claim's file name in the checkpoint directory."""
+    if _PLAIN_UID.fullmatch(uid):
+        return uid + SUFFIX
+    return "h-" + hashlib.sha256(uid.encode()).hexdigest()[:40] + SUFFIX
+
+
+def encode(claim: PreparedClaim) -> bytes:
+    body = {"uid": claim.uid, "claim": claim.wire()}
+    doc = {"kind": CLAIM_KIND, "version": CLAIM_VERSION, **body, "checksum": _checksum(body)}
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def decode(data: bytes) -> PreparedClaim:
+    """Raises ValueError (TypeError, KeyError, AttributeError) on anything `encode` did not write whole."""
+    doc = json.loads(data)
+    if not isinstance(doc, dict) or doc.get("kind") != CLAIM_KIND or doc.get("version") != CLAIM_VERSION:
+        raise ValueError("not a prepared claim of this version")
+    body = {"uid": doc.get("uid"), "claim": doc.get("claim")}
+    if doc.get("checksum") != _checksum(body):
+        raise ValueError("checksum mismatch")
+    return PreparedClaim.from_wire(_str(body["uid"]), body["claim"])
+
+
+def sync_directory(directory: str) -> None:
+    """Make the directory's entries (a rename, an unlink) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Checkpoint:
-    """The prepared claims by uid, mirrored to one JSON file on every change."""
+    """The prepared claims by uid, each mirrored to its own file on every change.
+
+    `path` is where the whole-file checkpoint of older drivers lives (`<socket dir>/checkpoint.json`);
+    the claims are kept in `<socket dir>/checkpoint.d/`."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.directory = os.path.join(os.path.dirname(path), "checkpoint.d")
         self.claims: dict[str, PreparedClaim] = self._load()
 
+    # --- start -----------------------------------------------------------------------------------------
+
     def _load(self) -> dict[str, PreparedClaim]:
+        claims = self._load_directory()
+        legacy = self._load_legacy()
+        if legacy is not None:
+            claims.update(legacy)
+            self._migrate(legacy.values())
+        if claims or legacy is not None:
+            log.info("loaded prepared claims", extra={"path": self.directory, "claims": len(claims)})
+        return claims
+
+    def _load_directory(self) -> dict[str, PreparedClaim]:
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            # Not a directory, or unreadable: every write fails too, and each prepare says why.
+            log.error(
+                "the checkpoint directory cannot be listed; starting without prepared claims",
+                extra={"path": self.directory, "why": str(exc)},
+            )
+            return {}
+        out: dict[str, PreparedClaim] = {}
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if name.startswith(".") and name.endswith(".tmp"):
+                # A write that crashed before its rename: the claim's file still holds what it held.
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                continue
+            if not name.endswith(SUFFIX):
+                continue  # a set-aside .corrupt file, or something not ours
+            try:
+                data = read_regular(path, MAX_CLAIM_BYTES)
+                if data is None:
+                    continue
+                claim = decode(data)
+                if file_name(claim.uid) != name:
+                    raise ValueError(f"the file of claim {claim.uid!r} is named {name}")
+            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                self._set_aside(path, exc)
+                continue
+            out[claim.uid] = claim
+        return out
+
+    def _load_legacy(self) -> dict[str, PreparedClaim] | None:
+        """The claims of a whole-file checkpoint (None when there is none; {} when it was unusable)."""
         try:
             data = read_regular(self.path, MAX_BYTES)
             if data is None:
-                return {}
+                return None
             doc = json.loads(data)
             if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
                 raise ValueError("not a checkpoint of this version")
             claims = doc.get("claims")
             if not isinstance(claims, dict) or doc.get("checksum") != _checksum(claims):
                 raise ValueError("checksum mismatch")
-            loaded = {uid: PreparedClaim.from_wire(uid, c) for uid, c in claims.items()}
+            return {uid: PreparedClaim.from_wire(uid, c) for uid, c in claims.items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            aside = f"{self.path}.corrupt"
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            log.error(
-                "the checkpoint of prepared claims is unusable; moved aside, starting without it"
-                " (unprepare still finds each CDI spec by its name)",
-                extra={"path": self.path, "moved_to": aside, "why": str(exc)},
-            )
-            return {}
-        log.info("loaded prepared claims", extra={"path": self.path, "claims": len(loaded)})
-        return loaded
+            self._set_aside(self.path, exc)
+            return None
 
-    def _save(self) -> None:
-        claims = {uid: c.wire() for uid, c in sorted(self.claims.items())}
-        doc = {"kind": KIND, "version": VERSION, "claims": claims, "checksum": _checksum(claims)}
-        write_atomically(self.path, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", mode=0o600)
+    def _set_aside(self, path: str, exc: BaseException) -> None:
+        aside = f"{path}.corrupt"
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        log.error(
+            "a checkpoint file of prepared claims is unusable; moved aside, starting without what it held"
+            " (unprepare still finds each CDI spec by its name)",
+            extra={"path": path, "moved_to": aside, "why": str(exc)},
+        )
+
+    def _migrate(self, claims: Iterable[PreparedClaim]) -> None:
+        """Each claim of the whole-file checkpoint into its own file, then the old file removed. A crash
+        before the removal migrates again on the next start; rewriting a claim's file is idempotent."""
+        try:
+            self._ensure_directory()
+            count = 0
+            for claim in claims:
+                self._write(claim, sync=False)
+                count += 1
+            sync_directory(self.directory)  # every migrated entry durable before the old file goes
+            os.unlink(self.path)
+            sync_directory(os.path.dirname(self.path) or ".")
+        except OSError as exc:
+            # The old file stays (and is read again next start); the claims are held in memory.
+            log.error(
+                "could not migrate the whole-file checkpoint; keeping it",
+                extra={"path": self.path, "why": str(exc)},
+            )
+            return
+        log.info("migrated the whole-file checkpoint", extra={"path": self.directory, "claims": count})
+
+    # --- changes -------------------------------------------------------------------------------------------
+
+    def _write(self, claim: PreparedClaim, *, sync: bool = True) -> None:
+        # write_atomically fsyncs the file before its rename: the name never points at a torn file.
+        write_atomically(os.path.join(self.directory, file_name(claim.uid)), encode(claim), mode=0o600)
+        if sync:
+            sync_directory(self.directory)  # the rename itself survives a power loss
+
+    def _ensure_directory(self) -> None:
+        """Create the directory when missing, its own entry synced in the parent (the first claim ever
+        written must not vanish with a directory a power loss forgot)."""
+        if os.path.isdir(self.directory):
+            return
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        sync_directory(os.path.dirname(self.directory) or ".")
 
     def get(self, uid: str) -> PreparedClaim | None:
         return self.claims.get(uid)
 
     def put(self, claim: PreparedClaim) -> None:
-        """Record a prepared claim; the file is written before this returns (raises OSError if it cannot)."""
+        """Record a prepared claim; its file is durable before this returns (raises OSError if it cannot).
+        Costs one file and two fsyncs, however many claims are held."""
         before = self.claims.get(claim.uid)
+        if before == claim and before.spec == claim.spec:
+            return  # already recorded exactly so
+        self._ensure_directory()
+        self._write(claim)
         self.claims[claim.uid] = claim
-        try:
-            self._save()
-        except OSError:
-            if before is None:
-                self.claims.pop(claim.uid, None)
-            else:
-                self.claims[claim.uid] = before
-            raise
 
     def remove(self, uid: str) -> None:
-        before = self.claims.pop(uid, None)
-        if before is None:
-            return
+        """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""
+        # Tried even for a claim not held: a put whose directory sync failed left its file behind.
         try:
-            self._save()
-        except OSError:
-            self.claims[uid] = before
-            raise
+            os.unlink(os.path.join(self.directory, file_name(uid)))
+        except FileNotFoundError:
+            pass
+        else:
+            sync_directory(self.directory)  # the unlink survives a power loss: the claim stays gone
+        self.claims.pop(uid, None)

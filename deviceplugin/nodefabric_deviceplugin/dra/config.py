@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nodefabric_devicemanager.names import dns_subdomain
+from nodefabric_deviceplugin.selection import Selection
 
 DEFAULT_DOMAIN = "gpustack.ai"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins"
@@ -30,6 +31,9 @@ class DriverConfig:
     cdi_dir: str = DEFAULT_CDI_DIR
     # Beside the device plugin the driver offers only whole functions, so no endpoint is offered twice.
     functions: tuple[str, ...] = FUNCTION_TYPES
+    # The device plugin's `--rdma-selectors`: whole functions are offered as its exclusive family selects
+    # them, VFs as its partitioned family does (the default offers every one).
+    selection: Selection = field(default_factory=Selection)
 
     def __post_init__(self) -> None:
         if not self.functions or not set(self.functions) <= set(FUNCTION_TYPES):

@@ -20,6 +20,7 @@ from nodefabric_deviceplugin.resources import (
     partitioned,
     whole_function_endpoints,
 )
+from nodefabric_deviceplugin.selection import HostFacts, Selection
 
 _BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
@@ -114,3 +115,17 @@ def device_plugin_share(spec: DevicesSpec | None) -> DevicesSpec | None:
         return None
     kept = [i for i in spec.interfaces if partitioned(i) or i.physical_function or not i.rdma_device]
     return spec.model_copy(update={"interfaces": kept})
+
+
+def selected(
+    devices: list[PoolDevice], selection: Selection, host: HostFacts | None = None
+) -> list[PoolDevice]:
+    """The devices the operator's selectors offer: whole functions as the device plugin's exclusive family
+    selects them, VFs as its partitioned family does (`selection.py`); every one by default."""
+    if selection.default:
+        return devices
+    return [
+        d
+        for d in devices
+        if selection.serves("exclusive" if d.role is Role.PF else "partitioned", d.endpoint.facts(host))
+    ]

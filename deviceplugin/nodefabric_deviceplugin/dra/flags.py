@@ -13,6 +13,7 @@ from nodefabric_deviceplugin.dra.config import (
     FUNCTION_TYPES,
     DriverConfig,
 )
+from nodefabric_deviceplugin.selection import Selection, load
 from nodefabric_deviceplugin.startup import check_dir
 
 
@@ -35,6 +36,14 @@ def add_driver_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         default=DEFAULT_CDI_DIR,
         help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
     )
+    if not prefix:  # the agent's own --rdma-selectors (the device plugin's) serves both
+        parser.add_argument(
+            "--rdma-selectors",
+            default=None,
+            metavar="FILE",
+            help="YAML file of endpoint selectors, as the device plugin's: whole functions are offered as "
+            "`exclusive` selects them, VFs as `partitioned` does (default: every one)",
+        )
 
 
 def config_from(args: argparse.Namespace, functions: tuple[str, ...] = FUNCTION_TYPES) -> DriverConfig:
@@ -49,6 +58,7 @@ def config_from(args: argparse.Namespace, functions: tuple[str, ...] = FUNCTION_
         registry_dir=args.dra_registry_dir,
         cdi_dir=args.dra_cdi_dir,
         functions=functions,
+        selection=load(selectors) if (selectors := getattr(args, "rdma_selectors", None)) else Selection(),
     )
     # Checked now, so an unusable one is one line and exit 2, not a server that retries its bind forever.
     check_dir(config.socket_dir, "the DRA socket directory")

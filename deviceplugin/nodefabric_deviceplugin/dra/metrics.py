@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from nodefabric_devicemanager import buildinfo
+
 PREPARES = Counter(
     "nodefabric_dra_prepares_total",
     "NodePrepareResources outcomes per claim (prepared, repeated, no_devices, failed).",
@@ -39,3 +41,5 @@ SLICE_EVENTS = Counter(
     "nodefabric_dra_slice_changes_total",
     "Changes to this node's ResourceSlices by someone else (kubelet, a human), seen on the watch.",
 )
+
+buildinfo.register("dra")

@@ -23,11 +23,12 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.nodeclient import ApiFailure, Backoff, Cancel, ResumableWatch
 from nodefabric_deviceplugin.dra import metrics
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published
+from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published, selected
 from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.live import LiveSlices
 from nodefabric_deviceplugin.dra.slices import SlicePlan, desired_slices, plan, resource_slice
 from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
+from nodefabric_deviceplugin.selection import read_host_facts
 from nodefabric_deviceplugin.source import RecordSource
 
 log = logging.getLogger(__name__)
@@ -88,11 +89,19 @@ class SlicePublisher:
         """One sync (blocking). None when there is nothing to publish from yet. Raises ApiFailure."""
         spec = self.source.spec
         devices = offered(pool_devices(spec), self.config.functions)
+        selection = self.config.selection
+        facts = None
+        if selection.needs_host:
+            # Only selectors naming drivers or linkLayers read these, here, off the loop like the rest.
+            facts = read_host_facts(
+                self.host, [(d.endpoint.rdma_device, d.endpoint.pci_bus_id) for d in devices]
+            )
+        devices = selected(devices, selection, facts)
         allocatable = published(devices)
         metrics.POOL_DEVICES.labels("published").set(len(allocatable))
         metrics.POOL_DEVICES.labels("left_out").set(len(devices) - len(allocatable))
         layers = link_layers(self.host, [d.endpoint.rdma_device for d in allocatable])
-        desired = desired_slices(spec, self.config, layers)
+        desired = desired_slices(spec, self.config, layers, facts)
         if desired is None:
             metrics.SLICE_SYNCS.labels("skipped").inc()
             return None

@@ -23,7 +23,8 @@ from typing import Any
 from nodefabric_devicemanager import distance, summary
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.dra.config import STANDARD_DOMAIN, DriverConfig
-from nodefabric_deviceplugin.dra.devices import PoolDevice, Role, offered, pool_devices, published
+from nodefabric_deviceplugin.dra.devices import PoolDevice, Role, offered, pool_devices, published, selected
+from nodefabric_deviceplugin.selection import HostFacts
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +118,19 @@ class DesiredSlice:
 
 
 def desired_slices(
-    spec: DevicesSpec | None, config: DriverConfig, link_layers: Mapping[str, str]
+    spec: DevicesSpec | None,
+    config: DriverConfig,
+    link_layers: Mapping[str, str],
+    host: HostFacts | None = None,
 ) -> list[DesiredSlice] | None:
     """The slices the record yields; [] for a node without allocatable endpoints; None without a record
     (a record not read yet is not an empty node, so nothing is written or deleted then)."""
     if spec is None:
         return None
     domain = summary.node_fabric_domain(spec)
-    pool = published(offered(pool_devices(spec), config.functions))
+    # The operator's selectors (`config.selection`, the device plugin's) decide which are offered, so the
+    # DeviceClasses, which match what is published, follow the same selection.
+    pool = published(selected(offered(pool_devices(spec), config.functions), config.selection, host))
     devices = [slice_device(d, spec, link_layers, domain) for d in pool]
     chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
     return [

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from nodefabric_devicemanager import buildinfo
 from nodefabric_operator.extender import decisions, placement
 from nodefabric_operator.extender.book import Book, GroupRecord
 from nodefabric_operator.extender.cache import POD_GROUP_APIS, VOLCANO_GROUP_ANNOTATION, Cache
@@ -53,6 +54,7 @@ class Metrics:
         self.registry = registry
         prometheus_client.ProcessCollector(registry=registry)
         prometheus_client.PlatformCollector(registry=registry)
+        buildinfo.register("extender", registry)
         self.decisions = Counter(
             "nodefabric_extender_decisions",
             "Filter decisions by outcome (placed, wait, never-fits, pass-through, invalid) and level.",
