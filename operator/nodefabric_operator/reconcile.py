@@ -577,7 +577,7 @@ class Reconciler:
                 self.handled[name] = after.rv  # our own write's echo is skipped, as a publish's is
             log.info(
                 "labels on node" if cond.status == "True" else "labels not on node",
-                extra={"node": name, "reason": cond.reason, "message": cond.message},
+                extra={"node": name, "reason": cond.reason, "detail": cond.message},
             )
             return Outcome("unchanged", status_written=True)
 
