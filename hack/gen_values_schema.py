@@ -36,6 +36,8 @@ ROOTS = (
     "io.k8s.api.core.v1.ResourceRequirements",
     "io.k8s.api.core.v1.SecurityContext",
     "io.k8s.api.core.v1.Toleration",
+    "io.k8s.api.core.v1.TopologySpreadConstraint",
+    "io.k8s.api.networking.v1.NetworkPolicyPeer",
     "io.k8s.api.core.v1.Volume",
     "io.k8s.api.core.v1.VolumeMount",
 )

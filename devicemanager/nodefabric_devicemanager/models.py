@@ -315,6 +315,7 @@ INTERFACES_ENUMERATED = "InterfacesEnumerated"
 ACCELERATORS_ENUMERATED = "AcceleratorsEnumerated"
 FABRIC_READ_SUFFIX = "FabricRead"  # one per manufacturer: "NvidiaFabricRead", "AmdFabricRead", ...
 LABELS_PUBLISHED = "LabelsPublished"
+LABELS_ON_NODE = "LabelsOnNode"  # the published labels are on the Node itself (NFD applied them)
 # The agent's roll-up: True when every part of the host was read and the record holding it is published,
 # so `kubectl wait devices/<node> --for=condition=Ready` waits for a complete record.
 READY = "Ready"
@@ -326,7 +327,8 @@ class Condition(_Model):
 
     type: str = Field(
         description="InterfacesEnumerated, AcceleratorsEnumerated, <Vendor>FabricRead, Ready (the agent's "
-        "roll-up: every part read and the record published), LabelsPublished."
+        "roll-up: every part read and the record published), LabelsPublished, LabelsOnNode (the operator's: "
+        "the published labels are on the Node)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="One CamelCase word saying why.")

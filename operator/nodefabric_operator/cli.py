@@ -14,8 +14,11 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +29,8 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager import flags, yamldoc
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import events, handlers, labels, sinks, startup
-from nodefabric_operator.endpoints import Endpoints, PortUnavailable
+from nodefabric_operator import events, handlers, labels, leader, prune, sinks, startup
+from nodefabric_operator.endpoints import IDLE_TIMEOUT_S, Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 from nodefabric_operator.recorder import Recorder
@@ -37,6 +40,7 @@ from nodefabric_operator.topology.shell import Projector, TopologyOptions, parse
 log = logging.getLogger(__name__)
 
 SINKS = ("nodefeature", "node")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,17 @@ class Options:
     kubeconfig: str | None = None
     metrics_port: int | None = None
     health_port: int | None = None
+    bind_address: str = "0.0.0.0"
+    idle_timeout: float = IDLE_TIMEOUT_S
     standalone: bool = False
     peering: str = "nodefabric"
     priority: int = 0
     backoffs: Sequence[float] = DEFAULT_BACKOFFS
     startup_timeout: float = 10.0
     topology: TopologyOptions | None = None  # None: no hierarchy check, no projections
+    leader_elect: bool = False
+    lease_name: str = "nodefabric-operator"
+    lease_timing: tuple[float, float, float] = (15.0, 10.0, 2.0)  # duration, renew deadline, retry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,12 +85,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-port", type=flags.port_on, help="serve the liveness probe /healthz on this port"
     )
     parser.add_argument(
+        "--bind-address",
+        default="0.0.0.0",
+        help="address of the metrics and health ports (default: %(default)s; 127.0.0.1 keeps them local)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=flags.seconds(most=3600),
+        default=IDLE_TIMEOUT_S,
+        help="seconds a metrics or health connection may go without a complete request (silent, or "
+        "trickling its headers) before it is closed (default: %(default)g)",
+    )
+    parser.add_argument(
         "--standalone", action="store_true", help="no peering: the caller guarantees one replica"
     )
     parser.add_argument(
         "--peering", default="nodefabric", help="ClusterKopfPeering name (default: %(default)s)"
     )
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: only the holder of a Lease in --namespace publishes, the "
+        "others wait to take over (implies no kopf peering)",
+    )
+    parser.add_argument(
+        "--lease-name",
+        default="nodefabric-operator",
+        help="--leader-elect: the Lease's name (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="instead of running: take back what the operator published (delete its NodeFeatures, or "
+        "remove its keys from Nodes), then exit (the chart's post-delete hook)",
+    )
+    parser.add_argument(
+        "--prune-timeout",
+        type=flags.seconds(most=3600),
+        default=120.0,
+        help="--prune: give up (exit 1) when things keep coming back this long (default: %(default)g s)",
+    )
+    parser.add_argument(
+        "--prune-settle",
+        type=flags.seconds(most=600, zero=True),
+        default=5.0,
+        help="--prune: seconds between passes; it ends after one that finds nothing (default: %(default)g)",
+    )
     parser.add_argument(
         "--startup-timeout",
         type=flags.seconds(most=3600, zero=True),
@@ -123,6 +173,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options(args: argparse.Namespace) -> Options:
     if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
         raise startup.StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
+    if args.leader_elect and (len(args.lease_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(args.lease_name)):
+        raise startup.StartupError(f"--lease-name {args.lease_name!r} is not a Lease name (a DNS subdomain)")
+    if not args.bind_address.strip():
+        raise startup.StartupError("--bind-address is empty: give an address (0.0.0.0 for every one)")
     return Options(
         sink=args.sink,
         namespace=args.namespace,
@@ -130,6 +184,10 @@ def options(args: argparse.Namespace) -> Options:
         kubeconfig=args.kubeconfig,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
+        bind_address=args.bind_address,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        idle_timeout=args.idle_timeout,
         standalone=args.standalone,
         peering=args.peering,
         priority=args.priority,
@@ -223,15 +281,30 @@ async def serve(
             else Projector(api, opts.topology, metrics, Recorder(api, instance(), metrics))
         )
         endpoints = Endpoints(
-            metrics, reconciler.health, metrics_port=opts.metrics_port, health_port=opts.health_port
+            metrics,
+            reconciler.health,
+            metrics_port=opts.metrics_port,
+            health_port=opts.health_port,
+            host=opts.bind_address,
+            idle_timeout=opts.idle_timeout,
         )
         await endpoints.start()
+        elector: leader.Elector | None = None
+        watcher: asyncio.Future[None] | None = None
         try:
+            if opts.leader_elect:
+                elector = leader.Elector(
+                    api, leader.LeaseConfig(opts.namespace, opts.lease_name, identity(), *opts.lease_timing)
+                )
+                if not await _lead(elector, stop_flag):
+                    return  # stopped while standing by
             await startup.prime(reconciler, opts.sink, opts.namespace)
             if projector is not None:
                 await startup.prime_topology(projector)
             registry = kopf.OperatorRegistry()
-            handlers.register(registry, sink, topology=projector is not None)
+            handlers.register(
+                registry, sink, topology=projector is not None, watch_nodes=reconciler.watches_nodes
+            )
             log.info(
                 "operator starting",
                 extra={
@@ -242,19 +315,22 @@ async def serve(
                     "server": startup.server(api),
                 },
             )
+            halt, lost, watcher = _halting(stop_flag, elector)
             while True:
                 try:
                     await kopf.operator(
                         registry=registry,
                         settings=settings(opts),
                         clusterwide=True,
-                        standalone=opts.standalone,
-                        peering_name=None if opts.standalone else opts.peering,
+                        standalone=opts.standalone or elector is not None,
+                        peering_name=None if opts.standalone or elector else opts.peering,
                         priority=opts.priority,
                         memo=kopf.Memo(reconciler=reconciler, projector=projector),
-                        stop_flag=stop_flag,
+                        stop_flag=halt,
                         ready_flag=ready_flag,
                     )
+                    if lost.is_set():
+                        raise LeadershipLost(f"lost the lease {opts.namespace}/{opts.lease_name}")
                     break
                 except Exception as err:
                     if getattr(err, "status", None) != 404 or _stopping(stop_flag):
@@ -267,9 +343,88 @@ async def serve(
                 log.warning("a watched resource disappeared, restarting the watches", extra={"error": gone})
                 await asyncio.sleep(1)
         finally:
+            if watcher is not None:
+                watcher.cancel()  # no renewal after this (and the elector refuses one in flight)
+            if elector is not None:
+                await asyncio.to_thread(elector.release)
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def run_prune(opts: Options, *, timeout: float, settle: float) -> int:
+    """`--prune`: what the sink holds of ours, taken back (prune.py); 2 for an unusable kubeconfig."""
+    try:
+        api = load_client(opts.kubeconfig)
+    except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
+        log.error(
+            "prune cannot start", extra={"error": f"cannot use the kubeconfig: {startup.first_line(err)}"}
+        )
+        return 2
+    try:
+        if opts.sink == "node":
+            return prune.run(
+                lambda: prune.node_labels(api, opts.domain),
+                "node labels",
+                timeout=timeout,
+                settle=settle,
+                sleep=time.sleep,
+            )
+        return prune.run(
+            lambda: prune.nodefeatures(api, opts.namespace),
+            f"nodefeatures in {opts.namespace}",
+            timeout=timeout,
+            settle=settle,
+            sleep=time.sleep,
+        )
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+async def _lead(elector: leader.Elector, stop_flag: asyncio.Event | threading.Event | None) -> bool:
+    """Stand by until this replica holds the lease (True) or it is stopped (False); a refusal of the
+    Lease (RBAC) is a start-up error."""
+    try:
+        return await elector.acquire(lambda: _stopping(stop_flag))
+    except kubernetes.client.ApiException as err:
+        cfg = elector.cfg
+        raise startup.StartupError(
+            f"cannot take the lease {cfg.namespace}/{cfg.name}: HTTP {err.status} {err.reason or ''}".strip()
+        ) from err
+
+
+class LeadershipLost(RuntimeError):
+    """The lease could not be renewed: this replica stopped publishing (exit 1, the pod restarts)."""
+
+
+def identity() -> str:
+    """This replica in the Lease: the pod, and a random part (a restarted pod is another candidate)."""
+    return f"{instance()}_{uuid.uuid4().hex[:8]}"
+
+
+def _halting(
+    stop_flag: asyncio.Event | threading.Event | None, elector: leader.Elector | None
+) -> tuple[asyncio.Event | threading.Event | None, asyncio.Event, asyncio.Future[None] | None]:
+    """kopf's stop flag: the caller's, or (leading) one also set when the lease is lost. `lost` tells
+    which happened; the task renewing the lease comes back to be cancelled when the operator stops."""
+    lost = asyncio.Event()
+    if elector is None:
+        return stop_flag, lost, None
+    halt = asyncio.Event()
+
+    async def watch() -> None:
+        holding = asyncio.ensure_future(elector.hold())
+        try:
+            while not _stopping(stop_flag):
+                if holding.done():
+                    lost.set()
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            holding.cancel()
+            halt.set()
+
+    return halt, lost, asyncio.ensure_future(watch())
 
 
 def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:
@@ -282,11 +437,15 @@ def run(args: argparse.Namespace) -> int:
     except (labels.InvalidDomain, startup.StartupError) as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
+    if getattr(args, "prune", False):
+        return run_prune(opts, timeout=args.prune_timeout, settle=args.prune_settle)
     try:
         asyncio.run(serve(opts))
     except (startup.StartupError, PortUnavailable) as err:
         log.error("operator cannot start", extra={"error": startup.first_line(err)})
         return 2
+    except LeadershipLost:
+        return 1  # said when it was lost; the pod restarts and stands by
     except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
         return 130
     return 0

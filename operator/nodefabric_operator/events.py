@@ -32,8 +32,14 @@ class Notice:
     message: str
 
 
-def for_changes(target: str, changes: Sequence[labels.Change], domain: str) -> Notice | None:
-    """The Event for one reconcile's label changes on `target`, or None when nothing changed."""
+LINKS_SHOWN = 5
+
+
+def for_changes(
+    target: str, changes: Sequence[labels.Change], domain: str, failed_links: Sequence[str] = ()
+) -> Notice | None:
+    """The Event for one reconcile's label changes on `target`, or None when nothing changed. Losing
+    `rdma.capable` also says why: the failing links the record names, or that no endpoint is left."""
     if not changes:
         return None
     removed = [c.key for c in changes if c.new is None]
@@ -44,9 +50,19 @@ def for_changes(target: str, changes: Sequence[labels.Change], domain: str) -> N
     else:
         type_, reason = NORMAL, LABELS_CHANGED
     message = f"{target}: " + "; ".join(c.describe() for c in changes)
+    if reason == CAPABILITY_LOST:
+        message += "; " + _why_lost(failed_links)
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 30] + f"... ({len(changes)} changes)"
     return Notice(type_, reason, message)
+
+
+def _why_lost(failed_links: Sequence[str]) -> str:
+    if not failed_links:
+        return "no link failed: no endpoint in the record has a usable RDMA device"
+    shown = "; ".join(failed_links[:LINKS_SHOWN])
+    more = f"; and {len(failed_links) - LINKS_SHOWN} more" if len(failed_links) > LINKS_SHOWN else ""
+    return f"failing links: {shown}{more}"
 
 
 def for_failure(reason: str, message: str) -> Notice:

@@ -87,7 +87,18 @@ async def on_node_topology(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     _projector(memo).node_event(event.get("type"), event["object"])
 
 
-def register(registry: kopf.OperatorRegistry, sink: sinks.Sink, *, topology: bool = False) -> None:
+async def on_node(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Nodes, watched beside a NodeFeature sink only to say whether nfd-master applied the labels."""
+    rec = _reconciler(memo)
+    if event.get("type") == "DELETED":
+        rec.node_deleted(event["object"])
+        return
+    await rec.node_event(event["object"])
+
+
+def register(
+    registry: kopf.OperatorRegistry, sink: sinks.Sink, *, topology: bool = False, watch_nodes: bool = False
+) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -103,6 +114,8 @@ def register(registry: kopf.OperatorRegistry, sink: sinks.Sink, *, topology: boo
         where: dict[str, Any] = {"labels": {sinks.NFD_NODE_NAME: kopf.PRESENT}, "when": in_our_namespace}
         nodefeatures = (sinks.NFD_GROUP, sinks.NFD_VERSION, sinks.NFD_PLURAL)
         kopf.on.event(*nodefeatures, registry=registry, **where)(on_sink_object)
+        if watch_nodes:
+            kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
     if topology:
         # The hierarchy is read from the Node watch alone: no request per Devices record.
         kopf.on.startup(registry=registry)(topology_start)

@@ -96,6 +96,9 @@ class LabelSet:
     rdma_endpoints: int = 0
     best_distance: str = ""
     fabric_domain: str = ""
+    # The RDMA links the record says are down, each "ens1f0 (mlx5_0): <the kernel's port values>": what
+    # an RdmaCapabilityLost Event names, so the person reading it knows which cable or port to look at.
+    failed_links: tuple[str, ...] = ()
 
 
 def _numa_members(endpoints: list[Endpoint]) -> tuple[list[str], list[str]]:
@@ -166,7 +169,24 @@ def compute(devices: Devices, domain: str = DEFAULT_DOMAIN) -> LabelSet:
         rdma_endpoints=len(endpoints),
         best_distance=best,
         fabric_domain=fabric_domain,
+        failed_links=failed_links(devices),
     )
+
+
+SHOWN_REASON = 80  # characters of a link's reason quoted in an Event
+
+
+def failed_links(devices: Devices) -> tuple[str, ...]:
+    """Every endpoint whose RDMA link verdict is failed, named as a person finds it on the host."""
+    out: list[str] = []
+    for ep in devices.spec.endpoints():
+        if ep.rdma_software or ep.link is None or ep.link.state != models.LinkState.FAILED:
+            continue
+        name = ep.name or ep.pci_bus_id or "?"
+        device = f" ({ep.rdma_device})" if ep.rdma_device else ""
+        reason = ep.link.reason.strip().replace("\n", " ")[:SHOWN_REASON]
+        out.append(f"{name}{device}" + (f": {reason}" if reason else ""))
+    return tuple(out)
 
 
 def frozen_families(status: models.DevicesStatus) -> frozenset[str]:

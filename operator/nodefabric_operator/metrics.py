@@ -76,6 +76,12 @@ class Metrics:
             "Devices records the operator holds labels for",
             registry=self.registry,
         )
+        self.not_on_node = Gauge(
+            "nodefabric_operator_labels_not_on_node",
+            "Devices records whose published labels are not (all) on their Node (LabelsOnNode=False): "
+            "nfd-master has not applied them, or a label no longer published is still there",
+            registry=self.registry,
+        )
         self.duration = Histogram(
             "nodefabric_operator_reconcile_duration_seconds",
             "Time to reconcile one node's labels, API calls included",

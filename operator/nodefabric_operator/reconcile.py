@@ -24,7 +24,7 @@ import urllib3
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Condition, Devices, DevicesStatus
-from nodefabric_operator import events, labels, sinks
+from nodefabric_operator import events, labels, onnode, sinks
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.view import SinkObject, SinkView, at_or_below, items, part, version
@@ -150,10 +150,13 @@ def next_status(
     published: sinks.Published | None,
     condition: Condition,
     now: datetime,
+    *,
+    also: Sequence[Condition] = (),
 ) -> DevicesStatus:
     """The status we own merged into the current one; every other writer's conditions are kept as read."""
     new = current.model_copy(deep=True)
-    new.conditions = models.set_condition(current.conditions, condition, now)
+    for cond in (condition, *also):
+        new.conditions = models.set_condition(new.conditions, cond, now)
     new.rdma_endpoints = result.rdma_endpoints
     new.best_distance = result.best_distance
     new.fabric_domain = result.fabric_domain
@@ -206,6 +209,18 @@ class Reconciler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._requeued: dict[str, asyncio.TimerHandle] = {}
         self._retries: set[asyncio.Future[Outcome]] = set()
+        # Our keys on each Node, for LabelsOnNode. The Node sink's view already is the Nodes; a NodeFeature
+        # sink watches Nodes for this alone (None: not allowed to list them, so LabelsOnNode is not said).
+        self.nodes: SinkView | None = SinkView() if isinstance(sink, sinks.NodeFeatureSink) else None
+        self.metrics.not_on_node.set_function(self._not_on_node)
+
+    @property
+    def watches_nodes(self) -> bool:
+        """Whether Node events must reach node_event (the NodeFeature sink, allowed to list Nodes)."""
+        return self.nodes is not None
+
+    def _not_on_node(self) -> float:
+        return float(sum(1 for r in self.records.values() if _on_node_false(r.status)))
 
     # --- what exists before the first reconcile -----------------------------------------------------------
 
@@ -219,10 +234,35 @@ class Reconciler:
             self.view.observe(obj)
         if self.sink.withdraws:
             self.known.update(await asyncio.to_thread(self._record_names))
+        if self.nodes is not None:
+            # The Nodes' labels before the first reconcile, for the same reason as the sink objects: a
+            # restart then finds LabelsOnNode as it left it and writes nothing.
+            try:
+                for node in await asyncio.to_thread(self._node_labels):
+                    self.nodes.observe(node)
+            except kubernetes.client.ApiException as err:
+                if sinks.status_of(err) != 403:
+                    raise
+                log.warning(
+                    "cannot list Nodes, LabelsOnNode is not reported",
+                    extra={"error": f"HTTP 403 {err.reason or ''}".strip()},
+                )
+                self.nodes = None
         log.info(
             "sink objects read",
-            extra={"sink": self.sink.name, "objects": len(self.view), "records": len(self.known)},
+            extra={
+                "sink": self.sink.name,
+                "objects": len(self.view),
+                "records": len(self.known),
+                "nodes": len(self.nodes) if self.nodes is not None else None,
+            },
         )
+
+    def _node_labels(self) -> list[SinkObject]:
+        core = kubernetes.client.CoreV1Api(self.custom.api_client)
+        return [
+            node_snapshot(n, self.domain) for n in sinks._Calls(self.metrics).pages("nodes", core.list_node)
+        ]
 
     def _record_names(self) -> dict[str, str]:
         found = sinks._Calls(self.metrics).pages(
@@ -304,6 +344,23 @@ class Reconciler:
         )
         return await self._reconcile(name)
 
+    async def node_event(self, body: Mapping[str, Any]) -> Outcome | None:
+        """A watched Node changed (NodeFeature sink): say whether the published labels reached it. Costs a
+        request only when LabelsOnNode changes (nfd-master applied, removed, or failed to apply them)."""
+        if self.nodes is None:
+            return None
+        node = node_snapshot(body, self.domain)
+        if not self.nodes.observe(node) and node.rv is not None:
+            self.metrics.skipped.labels(resource="nodes").inc()
+            return None
+        return await self._note_on_node(node.name)
+
+    def node_deleted(self, body: Mapping[str, Any]) -> None:
+        """A Node went: its record goes with it (owned by it), so nothing is written about it."""
+        if self.nodes is not None:
+            node = node_snapshot(body, self.domain)
+            self.nodes.forget(node.name, node.rv, remember=False)
+
     def health(self) -> dict[str, int]:
         return {"nodes": len(self.records), "sinkObjects": len(self.view)}
 
@@ -322,7 +379,11 @@ class Reconciler:
                 started = time.perf_counter()
                 try:
                     applied = await asyncio.to_thread(
-                        self._apply, record, self.view.get(name), self.view.was_deleted(name)
+                        self._apply,
+                        record,
+                        self.view.get(name),
+                        self.view.was_deleted(name),
+                        self._node_seen(name),
                     )
                 except sinks.RecordGone as err:
                     # A late event for a deleted record: its own DELETED event follows and forgets it.
@@ -344,7 +405,10 @@ class Reconciler:
                     self.metrics.duration.observe(time.perf_counter() - started)
                 outcome = self._settle(record, applied)
                 await self._event(
-                    record, events.for_changes(applied.published.target, outcome.changes, self.domain)
+                    record,
+                    events.for_changes(
+                        applied.published.target, outcome.changes, self.domain, record.result.failed_links
+                    ),
                 )
                 return outcome
 
@@ -457,18 +521,91 @@ class Reconciler:
         self.metrics.reconciles.labels(outcome="withdrawn").inc()
         return Outcome("withdrawn", changes)
 
+    # --- LabelsOnNode ------------------------------------------------------------------------------------
+
+    def _node_seen(self, name: str) -> SinkObject | _NotWatched | None:
+        """The Node as watched, taken on the event loop for a worker thread (the views are the loop's)."""
+        if isinstance(self.sink, sinks.NodeSink):
+            return self.view.get(name)
+        if self.nodes is None:
+            return NOT_WATCHED
+        return self.nodes.get(name)
+
+    def _on_node(self, name: str, published: Mapping[str, str], node: SinkObject | None) -> Condition:
+        via = "nfd-master" if isinstance(self.sink, sinks.NodeFeatureSink) else ""
+        return onnode.condition(name, published, None if node is None else node.labels, self.domain, via)
+
+    async def _note_on_node(self, name: str) -> Outcome | None:
+        """Write LabelsOnNode when what the Node now carries changes it; nothing otherwise."""
+        async with self._lock(name):
+            record = self.records.get(name)
+            node = self._node_seen(name)
+            published = record.status.condition(models.LABELS_PUBLISHED) if record else None
+            if (
+                record is None
+                or published is None
+                or published.status != "True"
+                or isinstance(node, _NotWatched)
+            ):
+                return None  # nothing published (yet): the publish says it
+            cond = self._on_node(name, record.status.labels, node)
+            held = record.status.condition(models.LABELS_ON_NODE)
+            if held is not None and (held.status, held.reason, held.message) == (
+                cond.status,
+                cond.reason,
+                cond.message,
+            ):
+                return None
+            new = record.status.model_copy(deep=True)
+            new.conditions = models.set_condition(new.conditions, cond, _now())
+            try:
+                after = await asyncio.to_thread(self._write_status, record, new)
+            except (Superseded, sinks.RecordGone):
+                return None  # a newer version (or the deletion) is on its way, and says it
+            except Exception as err:
+                # The next Node event (kubelet updates its Node every few minutes) tries again.
+                log.warning(
+                    "could not record whether the labels are on the node",
+                    extra={"node": name, "error": _brief(err)},
+                )
+                return None
+            if after is None:
+                return None
+            was_handled = self.handled.get(name) == record.rv
+            self._keep(record, after)
+            if was_handled:
+                self.handled[name] = after.rv  # our own write's echo is skipped, as a publish's is
+            log.info(
+                "labels on node" if cond.status == "True" else "labels not on node",
+                extra={"node": name, "reason": cond.reason, "detail": cond.message},
+            )
+            return Outcome("unchanged", status_written=True)
+
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
             await asyncio.to_thread(self.recorder.post, record.ref(), notice)
 
     # --- the sync core (a worker thread): requests only, no shared state -------------------------------
 
-    def _apply(self, record: NodeRecord, current: SinkObject | None, verify: bool) -> _Applied:
+    def _apply(
+        self,
+        record: NodeRecord,
+        current: SinkObject | None,
+        verify: bool,
+        node: SinkObject | _NotWatched | None,
+    ) -> _Applied:
         published = self.sink.publish(
             record.owner, record.result.labels, record.frozen, current, verify=verify
         )
         condition = condition_for(published, record.result, record.frozen, None)
-        new = next_status(record.status, record.result, published, condition, _now())
+        if isinstance(self.sink, sinks.NodeSink):
+            node = published.now  # the Node as our write left it
+        also = (
+            ()
+            if isinstance(node, _NotWatched)
+            else (self._on_node(record.name, published.plan.managed, node),)
+        )
+        new = next_status(record.status, record.result, published, condition, _now(), also=also)
         try:
             after = self._write_status(record, new)
         except Superseded:
@@ -511,6 +648,26 @@ class Reconciler:
             return self._write_status(record, new)
         except (Superseded, sinks.RecordGone):
             return None
+
+
+class _NotWatched:
+    """Nodes are not watched (no right to list them): LabelsOnNode is not said at all."""
+
+
+NOT_WATCHED = _NotWatched()
+
+
+def node_snapshot(body: Mapping[str, Any], domain: str) -> SinkObject:
+    """A Node as LabelsOnNode needs it: its name, version and our keys among its labels."""
+    meta = part(body, "metadata")
+    return SinkObject(
+        name=str(meta.get("name", "")), rv=version(body), labels=sinks.ours(part(meta, "labels"), domain)
+    )
+
+
+def _on_node_false(status: DevicesStatus) -> bool:
+    cond = status.condition(models.LABELS_ON_NODE)
+    return cond is not None and cond.status == "False"
 
 
 def _brief(err: BaseException) -> str:

@@ -30,8 +30,9 @@ OPERATOR_NODEFEATURE: Grants = {
     **OPERATOR_COMMON,
     (CLUSTER, "nfd.k8s-sigs.io", "nodefeatures", ""): {"list", "watch"},
     (NAMESPACE, "nfd.k8s-sigs.io", "nodefeatures", ""): {"get", "create", "patch"},
-    # A record not owned by its own Node gets that node read by name before its NodeFeature is created.
-    (CLUSTER, "", "nodes", ""): {"get"},
+    # Nodes listed and watched for LabelsOnNode; a record not owned by its own Node gets that node read
+    # by name before its NodeFeature is created.
+    (CLUSTER, "", "nodes", ""): {"get", "list", "watch"},
 }
 OPERATOR_NODE: Grants = {**OPERATOR_COMMON, (CLUSTER, "", "nodes", ""): {"get", "list", "watch", "patch"}}
 # operator.topology (on by default): the Node watch, its owner's uid, the report and the three targets.

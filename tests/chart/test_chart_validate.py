@@ -18,7 +18,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "node-sink": {"labelSink": "node"},
     "everything-on": {
-        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+        "serviceMonitor": {
+            "enabled": True,
+            "interval": "15s",
+            "labels": {"release": "prometheus"},
+            "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}],
+            "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_gc_.*", "action": "drop"}],
+        },
+        "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+        "networkPolicy": {
+            "enabled": True,
+            "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        },
         "scheduler": {"replicas": 2, "image": {"tag": "v1.33.4"}},
         "agent": {
             "families": {"shared": False, "partitioned": False},
@@ -98,6 +109,8 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
                                 "type": "string",
                                 "pattern": PROMETHEUS_DURATION,
                             },
+                            "relabelings": {"type": "array", "items": {"type": "object"}},
+                            "metricRelabelings": {"type": "array", "items": {"type": "object"}},
                         },
                     },
                 },
@@ -105,7 +118,57 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
         },
     },
 }
-CUSTOM_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_SCHEMA}
+# The fields of monitoring.coreos.com/v1 PrometheusRule the chart emits.
+PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "rules"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["alert", "expr"],
+                                    "properties": {
+                                        "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": {"type": "string", "pattern": PROMETHEUS_DURATION},
+                                        "labels": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                        "annotations": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+CUSTOM_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_SCHEMA,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE_SCHEMA,
+}
 
 
 def validate_all(docs: list[Doc], kube_version: str = KUBE_VERSION) -> None:
@@ -284,7 +347,7 @@ def test_values_yaml_documents_every_key() -> None:
     free_form = {
         "resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels", "labels",
         "annotations", "securityContext", "containerSecurityContext", "extraEnv", "extraVolumes",
-        "extraVolumeMounts",
+        "extraVolumeMounts", "livenessProbe", "readinessProbe",
     }  # fmt: skip
     undocumented = []
     path: list[tuple[int, str]] = []

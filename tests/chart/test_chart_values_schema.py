@@ -14,8 +14,8 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 # Declared for Helm's own use (subcharts' globals), never set by this chart.
 NOT_IN_VALUES = {"global"}
-# Kubernetes objects passed into a pod as given; their optional fields need no default.
-KUBERNETES_OBJECTS = {"resources"}
+# Kubernetes objects (and probe timings) passed into a pod as given; their optional fields need no default.
+KUBERNETES_OBJECTS = {"resources", "livenessProbe", "readinessProbe"}
 
 
 def resolve(node: dict[str, Any]) -> tuple[dict[str, Any], bool]:

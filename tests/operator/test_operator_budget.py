@@ -74,16 +74,18 @@ async def test_first_sync_is_three_requests_per_record():
         await fleet(k)
         spent, total = await first_sync(k)
     # Creating each NodeFeature, writing each status, one Event each. Per start, not per record: the
-    # NodeFeatures read once before kopf starts, then kopf's list and watch of both resources. No GET
-    # of a watched NodeFeature, no owner GET, no 409.
+    # NodeFeatures and the Nodes (for LabelsOnNode) read once before kopf starts, then kopf's list and
+    # watch of the three resources. No GET of a watched NodeFeature, no owner GET, no 409. LabelsOnNode
+    # (False here: no nfd-master copies the labels) goes in the same status write as LabelsPublished.
     assert spent == {
         ("POST", NF): N,
         ("PATCH", DEVICES): N,
         ("POST", EVENTS): N,
         ("GET", NF): 3,
         ("GET", DEVICES): 2,
+        ("GET", NODES): 3,
     }
-    per_record = (total - 5 - discovery(total, spent)) / N
+    per_record = (total - 8 - discovery(total, spent)) / N
     assert per_record == 3
 
 
@@ -104,7 +106,8 @@ async def test_a_restart_costs_no_request_per_record():
             await settle(k)
             assert reconciled(metrics, "published") == 0
         spent = delta(spend(k), before)
-        assert spent == {("GET", NF): 3, ("GET", DEVICES): 2}  # the start's lists and watches only
+        # The start's lists and watches only.
+        assert spent == {("GET", NF): 3, ("GET", DEVICES): 2, ("GET", NODES): 3}
         discovery(k.count() - total, spent)
 
 
@@ -118,17 +121,18 @@ async def test_a_watch_replay_costs_no_request_per_record():
             before, total = spend(k), k.count()
             seen_devices, seen_nf = skipped(metrics, "devices"), skipped(metrics, "nodefeature")
 
-            # The Devices and the NodeFeature watch, and kopf's own watch of CRDs.
-            assert proxy.expire_watches() == 3
+            # The Devices, NodeFeature and Node watches, and kopf's own watch of CRDs.
+            assert proxy.expire_watches() == 4
             # kopf lists both again and hands every object over once more; each is skipped unread.
             await eventually(lambda: skipped(metrics, "devices") >= seen_devices + N)
             await eventually(lambda: skipped(metrics, "nodefeature") >= seen_nf + N)
-            await eventually(lambda: proxy.open_watches == 3)
+            await eventually(lambda: proxy.open_watches == 4)
             await settle(k)
             assert reconciled(metrics, "published") == 0
         spent = delta(spend(k), before)
-        assert spent == {("GET", NF): 2, ("GET", DEVICES): 2}  # the relist and the new watch, each
-        assert k.count() - total == 6  # and kopf's relist and watch of CRDs
+        # The relist and the new watch, each.
+        assert spent == {("GET", NF): 2, ("GET", DEVICES): 2, ("GET", NODES): 2}
+        assert k.count() - total == 8  # and kopf's relist and watch of CRDs
 
 
 async def test_one_event_per_reconcile_and_a_warning_when_capability_goes():
@@ -148,9 +152,9 @@ async def test_one_event_per_reconcile_and_a_warning_when_capability_goes():
             involved = first.data["involvedObject"]
             assert "namespace" not in involved and (involved["kind"], involved["name"]) == ("Devices", "n0")
 
-            await c.put_devices(
-                devices("n0", interfaces=[nic(link=LinkState.FAILED)], groups=[group("nvidia", gpu(0))])
-            )
+            down = nic(link=LinkState.FAILED)
+            down.link.reason = "state 1: DOWN\nphys_state 3: Disabled\n"  # as the kernel prints them
+            await c.put_devices(devices("n0", interfaces=[down], groups=[group("nvidia", gpu(0))]))
             await eventually(lambda: k.count("POST", EVENTS) == 2)
             await settle(k)
             assert reconciled(metrics, "published") == 2
@@ -158,6 +162,10 @@ async def test_one_event_per_reconcile_and_a_warning_when_capability_goes():
         assert (second["type"], second["reason"]) == ("Warning", "RdmaCapabilityLost")
         for gone in ("rdma.capable (was true)", "rdma.distance (was PIX)", "fabric.domain (was nvlink-"):
             assert gone in second["message"]
+        # Which link to look at, not only which labels went.
+        assert second["message"].endswith(
+            "; failing links: ens1f0 (mlx5_0): state 1: DOWN phys_state 3: Disabled"
+        )
         assert k.count("POST", EVENTS) == 2
 
 
@@ -235,8 +243,9 @@ async def test_a_record_without_a_node_owner_costs_one_node_read_and_reports_a_m
             await settle(k)
         spent = delta(spend(k), before)
         # A read per version of a record without an owner: n0 once, the ghost twice (its first version,
-        # and the version its failure status made, which retries once in case the node appeared).
-        assert spent[("GET", NODES)] == 3
+        # and the version its failure status made, which retries once in case the node appeared); and
+        # the start's list of Nodes, kopf's list and watch of them (for LabelsOnNode).
+        assert spent[("GET", NODES)] == 3 + 3
         assert spent[("POST", NF)] == 1  # none for the ghost
         assert await c.nodefeature("ghost") is None
         cond = {x["type"]: x for x in (await c.devices("ghost"))["status"]["conditions"]}

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import io
 import json
 import logging
+import platform
 import socket
 import urllib.error
 import urllib.request
@@ -74,6 +76,13 @@ async def test_metrics_only_on_metrics_health_only_on_healthz():
     assert 'nodefabric_operator_api_requests_total{resource="nodefeatures",verb="create"} 1.0' in body
     assert 'nodefabric_operator_api_requests_total{resource="devices/status",verb="patch"} 1.0' in body
     assert "nodefabric_operator_records 1.0" in body
+    assert "nodefabric_operator_labels_not_on_node 1.0" in body  # no nfd-master copies the labels here
+    version = importlib.metadata.version("nodefabric")
+    python = platform.python_version()
+    assert (
+        f'nodefabric_build_info{{component="operator",python_version="{python}",version="{version}"}} 1.0'
+        in body
+    )
     for process in (
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",

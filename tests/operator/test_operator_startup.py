@@ -44,7 +44,7 @@ async def test_a_busy_port_is_one_line_and_exit_2(flag, capsys):
     line = one_line(capsys.readouterr().err)
     what = "metrics" if flag == "--metrics-port" else "health"
     assert '"operator cannot start"' in line
-    assert f'error="cannot serve {what} on port {port}: Address already in use"' in line, line
+    assert f'error="cannot serve {what} on 0.0.0.0 port {port}: Address already in use"' in line, line
 
 
 async def test_an_api_server_nobody_answers_is_one_line_and_exit_2(capsys, tmp_path):

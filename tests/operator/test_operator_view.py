@@ -85,7 +85,28 @@ def test_one_event_per_reconcile_warning_when_something_schedulers_select_on_goe
     notice = events.for_changes("NodeFeature ns/n1", changes, "gpustack.ai")
     assert notice is not None
     assert (notice.type, notice.reason) == (type_, reason)
-    assert notice.message == "NodeFeature ns/n1: " + "; ".join(c.describe() for c in changes)
+    message = "NodeFeature ns/n1: " + "; ".join(c.describe() for c in changes)
+    if reason == "RdmaCapabilityLost":  # it says why, even when no link failed
+        message += "; no link failed: no endpoint in the record has a usable RDMA device"
+    assert notice.message == message
+
+
+def test_losing_rdma_capability_names_the_failing_links_and_no_other_event_does():
+    lost = [labels.Change(CAPABLE, "true", None)]
+    links = [f"ens{i}f0 (mlx5_{i}): state 1: DOWN, phys_state 3: Disabled" for i in range(7)]
+    notice = events.for_changes("Node n1", lost, "gpustack.ai", links[:2])
+    assert notice is not None and notice.message == (
+        "Node n1: removed feature.gpustack.ai/rdma.capable (was true); failing links: "
+        "ens0f0 (mlx5_0): state 1: DOWN, phys_state 3: Disabled; "
+        "ens1f0 (mlx5_1): state 1: DOWN, phys_state 3: Disabled"
+    )
+    notice = events.for_changes("Node n1", lost, "gpustack.ai", links)
+    assert notice is not None and notice.message.endswith(
+        "ens4f0 (mlx5_4): state 1: DOWN, phys_state 3: Disabled; and 2 more"
+    )
+    numa = [labels.Change(NUMA, "0", None)]
+    notice = events.for_changes("Node n1", numa, "gpustack.ai", links)
+    assert notice is not None and "failing" not in notice.message  # only the capability's loss says why
 
 
 def test_no_event_without_changes_and_a_bounded_message():

@@ -377,6 +377,12 @@ Call with (dict "what" "agent.extraVolumes" "key" "name" "items" $list). */}}
 {{- end -}}
 
 {{/* Annotations of the CRD upgrade hook's objects; call with the hook weight as a string. */}}
+{{- define "nodefabric.pruneHook" -}}
+helm.sh/hook: post-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
 {{- define "nodefabric.crdHook" -}}
 helm.sh/hook: pre-install,pre-upgrade
 helm.sh/hook-weight: {{ . | quote }}
@@ -453,4 +459,27 @@ roleRef:
   name: {{ include "nodefabric.component" . }}-events
 subjects:
   {{- include "nodefabric.serviceAccountSubject" . | nindent 2 }}
+{{- end -}}
+
+{{/* A component's extraArgs, appended after the chart's own flags (for a flag given twice the last wins):
+call with (dict "what" "agent.extraArgs" "args" $list). Each must be a string: a number or a map would
+reach the command as Go's rendering of it. */}}
+{{- define "nodefabric.extraArgs" -}}
+{{- range $i, $a := .args }}
+{{- if not (kindIs "string" $a) }}
+{{- fail (printf "%s[%d]: must be a string (quote numbers: \"%v\")" $.what $i $a) }}
+{{- end }}
+- {{ $a | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* A probe: the chart's httpGet and the timings from values (call with (dict "path" "/healthz" "port"
+"health" "timings" $values.livenessProbe)). */}}
+{{- define "nodefabric.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: {{ .port }}
+{{- with .timings }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}

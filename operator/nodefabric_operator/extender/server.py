@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from nodefabric_operator import httpserve
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.pods import PodError
@@ -172,8 +173,8 @@ def build_app(
 
 
 def runner(app: web.Application) -> web.AppRunner:
-    """The runner every listener of the extender uses: its connection limits, no access log."""
-    return web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S, lingering_time=LINGER_S)
+    """The runner every listener of the extender uses: the cluster side's connection limits (httpserve)."""
+    return httpserve.runner(app, idle_timeout=KEEPALIVE_S)
 
 
 def group_summary(app: web.Application, group_key: str) -> str | None:

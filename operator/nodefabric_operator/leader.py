@@ -1,0 +1,209 @@
+"""Leader election on a coordination.k8s.io Lease, as client-go's leaderelection does it, so that more
+than one operator replica may run: one publishes, the others wait to take over.
+
+kopf's own peering is not leader election: replicas of the same priority all pause (every replica of a
+Deployment has the same arguments), so it suits a developer's operator pausing the cluster's, not a
+standby. A Lease needs no CRD of ours, and `kubectl get lease -n <ns> nodefabric-operator` shows who leads.
+
+The holder renews every `retry` seconds; one that could not renew for `renew` seconds stops publishing
+and exits (the pod restarts as a standby), before its lease expires after `duration` seconds and another
+replica may take it: at most one replica writes at a time as long as clocks drift less than
+duration - renew. A replica that stops cleanly releases the lease, so a standby takes over within
+`retry` seconds rather than `duration`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kubernetes
+import urllib3
+
+from nodefabric_operator import sinks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    namespace: str
+    name: str
+    identity: str
+    duration: float = 15.0
+    renew: float = 10.0
+    retry: float = 2.0
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _drain(answer: Any) -> None:
+    """Read an undecoded answer to its end, so its connection goes back to the pool (renewals are
+    frequent: left unread, each would hold a socket)."""
+    answer.read()
+    answer.release_conn()
+
+
+def takeable(spec: dict[str, Any], identity: str, now: float) -> bool:
+    """Whether `identity` may hold a lease with this spec now: it holds it, nobody does, or the holder's
+    renewal is older than its duration (a lease that cannot be read as time is expired)."""
+    holder = spec.get("holderIdentity") or ""
+    if not holder or holder == identity:
+        return True
+    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(duration, int):
+        return True
+    return now > renewed + duration
+
+
+class Elector:
+    def __init__(
+        self, api: kubernetes.client.ApiClient, cfg: LeaseConfig, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.coord = kubernetes.client.CoordinationV1Api(api)
+        self.cfg = cfg
+        self.clock = clock
+        self.leading = False
+        # Renewals run in worker threads: once released, no renewal still in flight may take it back.
+        self._lock = threading.Lock()
+        self._released = False
+
+    def _body(self, current: dict[str, Any] | None, now: float) -> dict[str, Any]:
+        spec = dict((current or {}).get("spec") or {})
+        changed = spec.get("holderIdentity") != self.cfg.identity
+        spec.update(
+            holderIdentity=self.cfg.identity,
+            leaseDurationSeconds=max(1, round(self.cfg.duration)),
+            renewTime=_stamp(now),
+        )
+        if changed:
+            spec["acquireTime"] = _stamp(now)
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if current else 0)
+        meta: dict[str, Any] = {"name": self.cfg.name, "namespace": self.cfg.namespace}
+        if current is not None:
+            meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            raw = self.coord.read_namespaced_lease(self.cfg.name, self.cfg.namespace, _preload_content=False)
+        except kubernetes.client.ApiException as err:
+            if sinks.status_of(err) == 404:
+                return None
+            raise
+        return sinks._decoded(raw)
+
+    def try_once(self) -> bool:
+        """One attempt to acquire or renew; True while this replica holds the lease. Transient failures
+        and a lost race (409) are False; a refusal (403) raises."""
+        with self._lock:
+            if self._released:
+                return False
+            return self._try_once()
+
+    def _try_once(self) -> bool:
+        try:
+            current = self._read()
+            now = self.clock()
+            if current is not None and not takeable(dict(current.get("spec") or {}), self.cfg.identity, now):
+                return False
+            body = self._body(current, now)
+            if current is None:
+                _drain(
+                    self.coord.create_namespaced_lease(
+                        self.cfg.namespace, cast(Any, body), _preload_content=False
+                    )
+                )
+            else:
+                _drain(
+                    self.coord.replace_namespaced_lease(
+                        self.cfg.name, self.cfg.namespace, cast(Any, body), _preload_content=False
+                    )
+                )
+            return True
+        except kubernetes.client.ApiException as err:
+            status = sinks.status_of(err)
+            if status in (400, 401, 403, 422):  # refused as asked: asking again changes nothing
+                raise
+            return False  # a lost race (409), an overloaded or unreachable API server: try again
+        except (urllib3.exceptions.HTTPError, OSError):
+            return False
+
+    async def acquire(self, stopping: Callable[[], bool]) -> bool:
+        """Wait until this replica holds the lease (True) or `stopping()` says to give up (False)."""
+        waiting_logged = False
+        while not stopping():
+            if await asyncio.to_thread(self.try_once):
+                self.leading = True
+                log.info(
+                    "leading",
+                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
+                )
+                return True
+            if not waiting_logged:
+                log.info(
+                    "waiting to lead",
+                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
+                )
+                waiting_logged = True
+            await asyncio.sleep(self.cfg.retry)
+        return False
+
+    async def hold(self) -> None:
+        """Renew every `retry` seconds; return when it could not be renewed for `renew` seconds."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.cfg.retry)
+            if await asyncio.to_thread(self.try_once):
+                last = time.monotonic()
+            elif time.monotonic() - last >= self.cfg.renew:
+                self.leading = False
+                log.error(
+                    "lost the lease, stopping",
+                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
+                )
+                return
+
+    def release(self) -> None:
+        """Give the lease up (holder cleared, one-second duration) so a standby need not wait it out; no
+        later renewal takes it back."""
+        with self._lock:
+            self._released = True
+            if not self.leading:
+                return
+            self.leading = False
+            self._give_up()
+
+    def _give_up(self) -> None:
+        try:
+            current = self._read()
+            if current is None or (current.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
+                return
+            body = self._body(current, self.clock())
+            body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
+            _drain(
+                self.coord.replace_namespaced_lease(
+                    self.cfg.name, self.cfg.namespace, cast(Any, body), _preload_content=False
+                )
+            )
+            log.info("lease released", extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}"})
+        except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
+            log.warning("could not release the lease", extra={"error": type(err).__name__})

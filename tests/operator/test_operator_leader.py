@@ -1,0 +1,156 @@
+"""More than one operator replica: a Lease elects the one that publishes; the others stand by, take
+over when it stops (it releases the lease) or when it cannot renew, and a leader that lost its lease
+stops publishing and exits 1. Real operators against the embedded API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from operator_harness import NS, Client, eventually
+from operator_records import devices, gpu, group, nic, nvlink
+
+from nodefabric_devicemanager import crd
+from nodefabric_operator import cli, leader
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.metrics import Metrics
+
+TIMING = (2.0, 1.0, 0.1)  # duration, renew deadline, retry: seconds, for a quick test
+
+
+def gpu_record(name: str):
+    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+
+
+class Replica:
+    def __init__(self, k: RunningAPI) -> None:
+        self.metrics = Metrics()
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.failure: list[BaseException] = []
+        opts = cli.Options(
+            namespace=NS, kubeconfig=k.kubeconfig, backoffs=(0.05,), leader_elect=True, lease_timing=TIMING
+        )
+
+        def main() -> None:
+            try:
+                asyncio.run(cli.serve(opts, metrics=self.metrics, stop_flag=self.stop, ready_flag=self.ready))
+            except BaseException as err:
+                self.failure.append(err)
+
+        self.thread = threading.Thread(target=main, daemon=True)
+        self.thread.start()
+
+    def published(self) -> float:
+        return sum(self.metrics.reconciles.labels(outcome=o)._value.get() for o in ("published", "unchanged"))
+
+    async def stopped(self) -> None:
+        self.stop.set()
+        await asyncio.to_thread(self.thread.join, 60)
+        assert not self.thread.is_alive()
+
+
+@contextlib.asynccontextmanager
+async def replicas(k: RunningAPI, n: int) -> AsyncIterator[list[Replica]]:
+    started = [Replica(k) for _ in range(n)]
+    try:
+        yield started
+    finally:
+        for r in started:
+            await r.stopped()
+
+
+def lease(k: RunningAPI) -> dict[str, Any] | None:
+    return k.api.stored("coordination.k8s.io/v1/leases", "nodefabric-operator", NS)
+
+
+async def test_one_replica_publishes_and_a_standby_takes_over_when_it_stops():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for n in ("n0", "n1"):
+            await c.node(n)
+            await c.put_devices(gpu_record(n))
+        async with replicas(k, 2) as (a, b):
+            await eventually(lambda: a.published() + b.published() == 2)
+            # (No settle(): the replicas renew and poll the lease every 0.1 s, so the API is never quiet.)
+            leading, standing = (a, b) if a.published() else (b, a)
+            assert standing.published() == 0 and not standing.ready.is_set()
+            holder = lease(k)["spec"]["holderIdentity"]
+            assert holder.startswith(cli.instance() + "_")
+            await asyncio.sleep(TIMING[0] * 1.5)  # past a lease duration: renewed, still one leader
+            assert standing.published() == 0 and lease(k)["spec"]["holderIdentity"] == holder
+
+            started = time.monotonic()
+            await leading.stopped()  # releases the lease: the standby need not wait it out
+            assert not leading.failure
+            await eventually(lambda: standing.published() == 2)
+            assert time.monotonic() - started < 10
+            spec = lease(k)["spec"]
+            assert spec["holderIdentity"] != holder and spec["leaseTransitions"] >= 1
+            assert standing.metrics.reconciles.labels(outcome="published")._value.get() == 0  # already done
+        assert not a.failure and not b.failure
+
+
+async def test_a_leader_that_cannot_renew_stops_publishing_and_exits_1(caplog):
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        await c.put_devices(gpu_record("n0"))
+        async with replicas(k, 1) as (a,):
+            await eventually(lambda: a.published() == 1)
+            # Someone else holds it now, freshly renewed for a minute: a renewal is refused.
+            stolen = lease(k)
+            stolen["spec"].update(
+                holderIdentity="thief", leaseDurationSeconds=60, renewTime=leader._stamp(time.time())
+            )
+            k.api.put_object("coordination.k8s.io/v1/leases", stolen)
+            await asyncio.to_thread(a.thread.join, 30)
+            assert not a.thread.is_alive()
+        (lost,) = a.failure
+        assert isinstance(lost, cli.LeadershipLost)
+        assert any(r.getMessage() == "lost the lease, stopping" for r in caplog.records)
+        assert lease(k)["spec"]["holderIdentity"] == "thief"  # not released: it was not ours any more
+
+
+def test_who_may_take_a_lease():
+    now = 1_000_000.0
+    stamp = leader._stamp
+    assert leader.takeable({}, "me", now)
+    assert leader.takeable(
+        {"holderIdentity": "me", "renewTime": stamp(now), "leaseDurationSeconds": 15}, "me", now
+    )
+    held = {"holderIdentity": "other", "renewTime": stamp(now - 10), "leaseDurationSeconds": 15}
+    assert not leader.takeable(held, "me", now)
+    assert leader.takeable(held, "me", now + 6)  # expired
+    assert leader.takeable(
+        {"holderIdentity": "other", "renewTime": "garbage", "leaseDurationSeconds": 15}, "me", now
+    )
+    assert leader.takeable(
+        {"holderIdentity": "other", "renewTime": stamp(now), "leaseDurationSeconds": "15"}, "me", now
+    )
+
+
+async def test_without_the_right_to_the_lease_it_is_one_line_and_exit_2(caplog):
+    from watch_breaker import watch_breaker
+
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        proxy.refuse("GET", "/apis/coordination.k8s.io/", 403)
+        parser = __import__("argparse").ArgumentParser()
+        cli.add_arguments(parser)
+        args = parser.parse_args(["--kubeconfig", proxy.kubeconfig, "--namespace", NS, "--leader-elect"])
+        assert await asyncio.to_thread(cli.run, args) == 2
+        (line,) = [r for r in caplog.records if r.getMessage() == "operator cannot start"]
+        assert line.error == f"cannot take the lease {NS}/nodefabric-operator: HTTP 403 Forbidden"
+
+
+def test_a_lease_name_the_api_would_refuse_is_refused_at_start(caplog):
+    parser = __import__("argparse").ArgumentParser()
+    cli.add_arguments(parser)
+    for bad in ("Operator", "a_b", "-x", "x" * 254):
+        args = parser.parse_args(["--leader-elect", f"--lease-name={bad}"])
+        assert cli.run(args) == 2
+        assert "is not a Lease name" in caplog.records[-1].error

@@ -1,0 +1,146 @@
+"""`nodefabric operator --prune`, the chart's post-delete hook: what the operator published is taken
+back (its NodeFeatures deleted, or its keys removed from Nodes) and nothing of anyone else's, run as the
+command runs against the embedded API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from operator_harness import NS, Client, eventually, running_operator, settle
+from operator_records import devices, gpu, group, nic, nvlink
+from watch_breaker import watch_breaker
+
+from nodefabric_devicemanager import crd
+from nodefabric_operator import cli, labels, sinks
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+
+D = labels.DEFAULT_DOMAIN
+CAPABLE = labels.key(D, labels.RDMA_CAPABLE)
+NF_KEY = f"{sinks.NFD_GROUP}/{sinks.NFD_VERSION}/{sinks.NFD_PLURAL}"
+
+
+def gpu_record(name: str):
+    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+
+
+def prune_args(k: RunningAPI, *extra: str, kubeconfig: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(
+        [
+            "--prune",
+            "--namespace",
+            NS,
+            "--kubeconfig",
+            kubeconfig or k.kubeconfig,
+            "--prune-settle",
+            "0.2",
+            *extra,
+        ]
+    )
+
+
+async def prune(k: RunningAPI, *extra: str, kubeconfig: str | None = None) -> int:
+    return await asyncio.to_thread(cli.run, prune_args(k, *extra, kubeconfig=kubeconfig))
+
+
+def nodefeature(name: str, namespace: str = NS, *, owned: bool = False) -> dict:
+    meta: dict = {"name": name, "namespace": namespace, "labels": {sinks.NFD_NODE_NAME: name}}
+    if owned:
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-1", "controller": True}
+        ]
+    return {"apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature", "metadata": meta,
+            "spec": {"labels": {"example.com/team": "a"}}}  # fmt: skip
+
+
+async def test_the_operators_nodefeatures_are_deleted_and_no_one_elses(caplog):
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for n in ("n0", "n1", "n2"):
+            await c.node(n)
+            await c.put_devices(gpu_record(n))
+        async with running_operator(k) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 3)
+            await settle(k)
+        k.api.put_object(
+            "v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nfd"}}
+        )
+        k.api.put_object(NF_KEY, nodefeature("n0", "nfd"))  # nfd-worker's own, elsewhere
+        k.api.put_object(NF_KEY, nodefeature("hand"))  # in our namespace, but nobody's record owns it
+        k.api.put_object(NF_KEY, nodefeature("other", owned=True))  # controlled by something else
+        with caplog.at_level(logging.INFO):
+            assert await prune(k) == 0
+        for n in ("n0", "n1", "n2"):
+            assert await c.nodefeature(n) is None
+        for name, ns in (("n0", "nfd"), ("hand", NS), ("other", NS)):
+            assert k.api.stored(NF_KEY, name, ns) is not None, (name, ns)
+        assert k.count("DELETE", "nfd.k8s-sigs.io/v1alpha1/nodefeatures") == 3
+        pruned = [r for r in caplog.records if r.getMessage() == "pruned"]
+        assert [(r.removed, r.passes) for r in pruned] == [(3, 2)]  # a second pass found nothing
+        # Again: nothing left, nothing deleted.
+        assert await prune(k) == 0
+        assert k.count("DELETE", "nfd.k8s-sigs.io/v1alpha1/nodefeatures") == 3
+
+
+async def test_with_the_node_sink_only_the_keys_the_operator_wrote_are_removed():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0", labels={"example.com/rack": "r1", labels.key(D, "rdma.hand"): "x"})
+        await c.put_devices(gpu_record("n0"))
+        async with running_operator(k, sink="node"):
+            await eventually(lambda: _has(c, "n0", CAPABLE))
+            await settle(k)
+        assert await prune(k, "--sink", "node") == 0
+        left = await c.node_labels("n0")
+        assert left == {"example.com/rack": "r1", labels.key(D, "rdma.hand"): "x"}  # a hand-set key stays
+        assert sinks.managed_annotation(D) not in await c.node_annotations("n0")
+
+
+async def _has(c: Client, node: str, key: str) -> bool:
+    return key in await c.node_labels(node)
+
+
+async def test_without_a_nodefeature_api_there_is_nothing_to_prune(caplog):
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        proxy.refuse("GET", f"/apis/{sinks.NFD_GROUP}/", 404)
+        with caplog.at_level(logging.INFO):
+            assert await prune(k, kubeconfig=proxy.kubeconfig) == 0
+        assert any(r.getMessage() == "nothing to prune" for r in caplog.records)
+
+
+async def test_a_refusal_is_one_line_and_exit_1(caplog):
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        proxy.refuse("GET", f"/apis/{sinks.NFD_GROUP}/", 403)
+        assert await prune(k, kubeconfig=proxy.kubeconfig) == 1
+        (line,) = [r for r in caplog.records if r.getMessage() == "prune refused"]
+        assert line.error.startswith("HTTP 403")
+
+
+async def test_an_operator_still_running_recreates_them_and_prune_says_so(caplog):
+    """A terminating operator pod may recreate a NodeFeature just deleted: the passes repeat, and if the
+    operator never stops, prune gives up at its timeout with exit 1 and a reason."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        await c.put_devices(gpu_record("n0"))
+        async with running_operator(k) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            assert await prune(k, "--prune-timeout", "3") == 1
+        (line,) = [r for r in caplog.records if r.getMessage() == "prune did not finish"]
+        assert line.error == f"nodefeatures in {NS} kept coming back: is an operator still running?"
+        assert line.removed >= 2
+        # Once it has stopped, one more prune finishes.
+        assert await prune(k) == 0
+        assert await c.nodefeature("n0") is None
+
+
+def test_an_unusable_kubeconfig_is_exit_2(tmp_path, caplog):
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: 7\n")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--prune", "--kubeconfig", str(bad)])) == 2
+    assert any(r.getMessage() == "prune cannot start" for r in caplog.records)
