@@ -169,3 +169,43 @@ async def test_wrong_types_are_refused_not_crashed_on(k) -> None:
     ):
         code, _ = await post(k, PODS, {"metadata": {"name": f"g{i}"}, "spec": spec})
         assert code in (201, 422), spec
+
+
+async def post_raw(k: Any, path: str, raw: str) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(k.url + path, data=raw, headers={"Content-Type": "application/json"}) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ('"metadata": {"name": "\\ud800"}', "metadata.name"),
+        ('"metadata": {"name": "s", "labels": {"a": "\\udc00x"}}', "metadata.labels"),
+        (
+            '"metadata": {"name": "s"}, "spec": {"containers": [{"name": "c", "image": "x", '
+            '"ports": [{"name": "m\\ud800", "containerPort": 1}]}]}',
+            "spec.containers[0].ports[0].name",
+        ),
+        (
+            '"metadata": {"name": "s"}, "spec": {"containers": [{"name": "c", "image": "x", '
+            '"env": [{"name": "\\udfff"}]}]}',
+            "spec.containers[0].env[0].name",
+        ),
+    ],
+)
+async def test_a_lone_surrogate_is_read_as_go_reads_it_and_refused_never_a_500(
+    k, where: str, field: str
+) -> None:
+    """JSON may escape half a UTF-16 pair ("\\ud800"), which is no character: Go's decoder reads each as
+    U+FFFD, so a real server refuses the name with 422; a Python string keeps the half, which no UTF-8
+    length check can encode."""
+    code, status = await post_raw(k, PODS, '{"apiVersion": "v1", "kind": "Pod", ' + where + "}")
+    assert code == 422, status
+    assert field in [c[1] for c in causes(status)]
+    assert "\ufffd" in status["message"]
+    # A whole pair is one character (U+1F600), no replacement: still no valid name, still a 422.
+    code, status = await post_raw(k, PODS, '{"metadata": {"name": "\\ud83d\\ude00"}}')
+    assert code == 422 and "\U0001f600" in status["message"], status
