@@ -209,3 +209,18 @@ async def test_a_lone_surrogate_is_read_as_go_reads_it_and_refused_never_a_500(
     # A whole pair is one character (U+1F600), no replacement: still no valid name, still a 422.
     code, status = await post_raw(k, PODS, '{"metadata": {"name": "\\ud83d\\ude00"}}')
     assert code == 422 and "\U0001f600" in status["message"], status
+
+
+async def test_selector_values_of_the_wrong_type_are_no_500(k) -> None:
+    deployment = {
+        "metadata": {"name": "d"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "x"}, "matchExpressions": [{"key": "a", "operator": "In"}]},
+            "template": {"metadata": {"labels": {"a": "x"}}, "spec": {"containers": [{"name": "c"}]}},
+        },
+    }
+    for i, values in enumerate((5, "abc", {"x": 1}, True)):
+        deployment["metadata"]["name"] = f"d{i}"
+        deployment["spec"]["selector"]["matchExpressions"][0]["values"] = values
+        code, status = await post(k, "/apis/apps/v1/namespaces/default/deployments", deployment)
+        assert code in (201, 400, 422), (values, status)

@@ -203,8 +203,9 @@ def selector_causes(selector: Any, field: str) -> list[Cause]:
         key = expr.get("key")
         if isinstance(key, str):
             causes += _each(f"{path}.key", key, qualified_name_errors(key))
-        if expr.get("operator") in ("In", "NotIn"):
-            for j, value in enumerate(expr.get("values") or []):
+        values = expr.get("values")
+        if expr.get("operator") in ("In", "NotIn") and isinstance(values, list):
+            for j, value in enumerate(values):
                 if isinstance(value, str):
                     causes += _each(f"{path}.values[{j}]", value, label_value_errors(value))
     return causes
