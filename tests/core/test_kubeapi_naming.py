@@ -224,3 +224,28 @@ async def test_selector_values_of_the_wrong_type_are_no_500(k) -> None:
         deployment["spec"]["selector"]["matchExpressions"][0]["values"] = values
         code, status = await post(k, "/apis/apps/v1/namespaces/default/deployments", deployment)
         assert code in (201, 400, 422), (values, status)
+
+
+async def test_the_same_port_name_in_two_containers_of_a_pod_is_accepted(k) -> None:
+    """Port names are unique within a container (validateContainerPorts' set is per container), not
+    across the pod: a sidecar may name its port "metrics" like the main container does."""
+    body = pod(ports=[{"name": "metrics", "containerPort": 1}])
+    body["spec"]["containers"].append(
+        {"name": "side", "image": "y", "ports": [{"name": "metrics", "containerPort": 2}]}
+    )
+    body["spec"]["initContainers"] = [
+        {"name": "init", "image": "z", "ports": [{"name": "metrics", "containerPort": 3}]}
+    ]
+    code, status = await post(k, PODS, body)
+    assert code == 201, status
+
+
+async def test_an_invalid_port_name_twice_in_a_container_is_not_also_a_duplicate(k) -> None:
+    """validateContainerPorts counts a name as seen only once it is valid: no Duplicate cause for it."""
+    body = pod(ports=[{"name": "a--b", "containerPort": 1}, {"name": "a--b", "containerPort": 2}])
+    code, status = await post(k, PODS, body)
+    assert code == 422
+    assert [c[:2] for c in causes(status)] == [
+        ("FieldValueInvalid", C0 + "ports[0].name"),
+        ("FieldValueInvalid", C0 + "ports[1].name"),
+    ]

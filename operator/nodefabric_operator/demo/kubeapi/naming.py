@@ -228,10 +228,10 @@ def _probe_causes(container: Mapping[str, Any], path: str) -> list[Cause]:
     return causes
 
 
-def _container_causes(
-    container: Mapping[str, Any], path: str, volumes: set[str], port_names: set[str]
-) -> list[Cause]:
+def _container_causes(container: Mapping[str, Any], path: str, volumes: set[str]) -> list[Cause]:
     causes: list[Cause] = []
+    # Unique within the container (validateContainerPorts), not the pod; a name counts once it is valid.
+    port_names: set[str] = set()
     name = container.get("name")
     if isinstance(name, str):
         causes += _each(f"{path}.name", name, dns_label_errors(name) if name else [])
@@ -240,10 +240,12 @@ def _container_causes(
     for j, port in _items(container.get("ports")):
         pname = port.get("name")
         if isinstance(pname, str) and pname:
-            causes += _each(f"{path}.ports[{j}].name", pname, port_name_errors(pname))
-            if pname in port_names:
+            errs = port_name_errors(pname)
+            causes += _each(f"{path}.ports[{j}].name", pname, errs)
+            if not errs and pname in port_names:
                 causes.append(_duplicate(f"{path}.ports[{j}].name", pname))
-            port_names.add(pname)
+            elif not errs:
+                port_names.add(pname)
         number = port.get("containerPort")
         if isinstance(number, int) and not isinstance(number, bool):
             field = f"{path}.ports[{j}].containerPort"
@@ -282,11 +284,10 @@ def pod_spec_causes(spec: Any, path: str) -> list[Cause]:
             causes.append(_duplicate(field, vname))
         volumes.add(vname)
     containers: set[str] = set()
-    port_names: set[str] = set()
     for group in ("initContainers", "containers"):
         for i, container in _items(spec.get(group)):
             cpath = f"{path}.{group}[{i}]"
-            causes += _container_causes(container, cpath, volumes, port_names)
+            causes += _container_causes(container, cpath, volumes)
             cname = container.get("name")
             if isinstance(cname, str) and cname:
                 if cname in containers:
