@@ -286,3 +286,16 @@ def test_named_variants_render_what_an_api_server_accepts(
         assert scheduler, "the extender variant renders the scheduler"
         ports = {p["name"] for p in container(scheduler[0], "extender")["ports"]}
         assert all(not port_name_errors(p) for p in ports)
+
+
+def test_a_toleration_the_api_server_refuses_fails_the_render(render) -> None:
+    """The values schema takes any Toleration-shaped object; the API server refuses a value that is no
+    label value, or an empty key without Exists."""
+    bad = {
+        "agent": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "a100 80gb"}, {"value": "x"}]}
+    }
+    with pytest.raises(ApiRefusal) as refused:
+        render(bad)
+    text = str(refused.value)
+    assert 'spec.template.spec.tolerations[0].operator: Invalid value: "a100 80gb"' in text
+    assert 'spec.template.spec.tolerations[1].operator: Invalid value: "": operator must be Exists' in text

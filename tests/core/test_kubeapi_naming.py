@@ -249,3 +249,54 @@ async def test_an_invalid_port_name_twice_in_a_container_is_not_also_a_duplicate
         ("FieldValueInvalid", C0 + "ports[0].name"),
         ("FieldValueInvalid", C0 + "ports[1].name"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("toleration", "field", "says"),
+    [
+        (
+            {"key": "gpu", "operator": "Equal", "value": "a b"},
+            "operator",
+            'Invalid value: "a b": a valid label',
+        ),
+        ({"key": "gpu", "value": "v" * 64}, "operator", "must be no more than 63 bytes"),
+        ({"operator": "Equal"}, "operator", "operator must be Exists when `key` is empty"),
+        ({"key": "gpu", "operator": "Exists", "value": "x"}, "operator", "value must be empty when"),
+        ({"key": "gpu", "operator": "In"}, "operator", 'Unsupported value: "In"'),
+        ({"key": "gpu", "operator": "Exists", "effect": "NoRun"}, "effect", 'Unsupported value: "NoRun"'),
+        (
+            {"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5},
+            "effect",
+            "effect must be 'NoExecute' when `tolerationSeconds` is set",
+        ),
+    ],
+)
+async def test_a_toleration_the_api_server_refuses(
+    k, toleration: dict[str, Any], field: str, says: str
+) -> None:
+    """ValidateTolerations: the value is a label value (under Equal), an empty key needs Exists, Exists
+    takes no value, the operator and effect are of their enums."""
+    body = pod()
+    body["spec"]["tolerations"] = [{"key": "ok", "operator": "Exists"}, toleration]
+    code, status = await post(k, PODS, body)
+    assert code == 422, status
+    assert [c[1] for c in causes(status)] == [f"spec.tolerations[1].{field}"]
+    assert says in causes(status)[0][2]
+
+
+async def test_the_tolerations_a_real_server_takes_are_taken(k) -> None:
+    body = pod()
+    body["spec"]["tolerations"] = [
+        {"operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "gpu", "value": "a100"},
+        {"key": "gpu", "operator": "Equal", "value": "", "effect": "PreferNoSchedule"},
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        },
+    ]
+    code, status = await post(k, PODS, body)
+    assert code == 201, status

@@ -61,6 +61,7 @@ _WORKLOADS = frozenset(
     {("apps", "Deployment"), ("apps", "DaemonSet"), ("apps", "ReplicaSet"), ("apps", "StatefulSet")}
 )
 _DUPLICATE = "FieldValueDuplicate"
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 # --- syntax (apimachinery's util/validation, message for message) ---------------------------------------
@@ -299,9 +300,44 @@ def pod_spec_causes(spec: Any, path: str) -> list[Cause]:
             causes += _each(f"{path}.{key}", value, subdomain_errors(value))
     causes += _labels(spec.get("nodeSelector"), f"{path}.nodeSelector")
     for i, toleration in _items(spec.get("tolerations")):
-        taint = toleration.get("key")
-        if isinstance(taint, str) and taint:
-            causes += _each(f"{path}.tolerations[{i}].key", taint, qualified_name_errors(taint))
+        causes += _toleration_causes(toleration, f"{path}.tolerations[{i}]")
+    return causes
+
+
+def _not_supported(field: str, value: str, supported: tuple[str, ...]) -> Cause:
+    allowed = ", ".join(f'"{v}"' for v in supported)
+    return Cause(
+        "FieldValueNotSupported", field, f"Unsupported value: {go_value(value)}: supported values: {allowed}"
+    )
+
+
+def _toleration_causes(toleration: Mapping[str, Any], path: str) -> list[Cause]:
+    """ValidateTolerations: a qualified-name key; an empty key only with Exists; Exists with no value;
+    under Equal (or no operator) a label value; tolerationSeconds only with NoExecute; known enums."""
+    key, operator, value, effect = (toleration.get(f, "") for f in ("key", "operator", "value", "effect"))
+    if not all(isinstance(v, str) for v in (key, operator, value, effect)):
+        return []  # the decoder's refusal
+    causes: list[Cause] = []
+    if key:
+        causes += _each(f"{path}.key", key, qualified_name_errors(key))
+    elif operator != "Exists":
+        detail = 'operator must be Exists when `key` is empty, which means "match all values and all keys"'
+        causes.append(invalid(f"{path}.operator", operator, detail))
+    if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
+        detail = "effect must be 'NoExecute' when `tolerationSeconds` is set"
+        causes.append(invalid(f"{path}.effect", effect, detail))
+    if operator in ("", "Equal"):
+        errs = label_value_errors(value)
+        if errs:
+            causes.append(invalid(f"{path}.operator", value, ";".join(errs)))
+    elif operator == "Exists":
+        if value:
+            detail = "value must be empty when `operator` is 'Exists'"
+            causes.append(invalid(f"{path}.operator", dict(toleration), detail))
+    else:
+        causes.append(_not_supported(f"{path}.operator", operator, ("Equal", "Exists")))
+    if effect and effect not in _TAINT_EFFECTS:
+        causes.append(_not_supported(f"{path}.effect", effect, _TAINT_EFFECTS))
     return causes
 
 
