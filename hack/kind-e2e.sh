@@ -10,7 +10,7 @@
 #   - an 8-pod group scheduled by the chart's scheduler lands where the extender said (its claim
 #     annotation on every pod names one location; every pod's node is in it).
 #
-# Needs bash >= 4.4, docker (with buildx), kind, kubectl and Python >= 3.10; helm is taken from PATH or fetched by
+# Needs bash >= 4.4, docker (with buildx), kind, kubectl, make and Python >= 3.10; helm is taken from PATH or fetched by
 # hack/fetch_helm.py. Five kind nodes need more inotify instances than many distributions allow: see the
 # README ("Test on kind").
 #
@@ -81,12 +81,14 @@ retry() {
   done
 }
 
-for tool in docker kind kubectl "$PYTHON"; do
+for tool in docker kind kubectl make "$PYTHON"; do
   command -v "$tool" >/dev/null || fail "$tool is not on PATH"
 done
 # The fixture builder uses dataclass(slots=True): Python 3.10 or newer.
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || fail "the fixture builder needs Python >= 3.10; $PYTHON is $("$PYTHON" -V 2>&1) (set PYTHON=...)"
+# The image is built with `docker buildx build --load`: said now, not after the cluster is up.
+buildx=$(docker buildx version 2>&1) || fail "docker buildx is needed (the docker-buildx plugin): $buildx"
 HELM=${HELM:-$(command -v helm || "$PYTHON" hack/fetch_helm.py | tail -n 1)}
 # kind's known issue: each node runs a kubelet and a containerd that watch files; the usual defaults
 # (128 instances) run out with five nodes, and pods then fail with "too many open files".

@@ -328,11 +328,13 @@ echo "kubectl output"
 }
 
 
-def fake_run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def fake_run(
+    tmp_path: Path, fakes: dict[str, str] | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "calls.log"
-    for name, body in FAKES.items():
+    for name, body in (FAKES | (fakes or {})).items():
         tool = bin_dir / name
         tool.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"{log}"\n{body}')
         tool.chmod(0o755)
@@ -415,3 +417,31 @@ def test_keep_cluster_keeps_the_cluster_it_created_even_on_failure(tmp_path: Pat
     assert any(c.startswith("kind export logs") for c in calls)
     assert not any(c.startswith("kind delete") for c in calls), calls
     assert "Cluster nodefabric-e2e kept: kind export kubeconfig --name nodefabric-e2e" in done.stdout
+
+
+def without(tmp_path: Path, tool: str) -> str:
+    """A PATH of the system's tools less one (links in a directory of their own)."""
+    tools = tmp_path / f"without-{tool}"
+    tools.mkdir()
+    for system in (Path("/bin"), Path("/usr/bin")):
+        for exe in system.iterdir():
+            if exe.name != tool and not (tools / exe.name).exists():
+                (tools / exe.name).symlink_to(exe)
+    return f"{tmp_path / 'bin'}:{tools}"
+
+
+def test_a_missing_make_is_said_before_a_cluster_is_made(tmp_path: Path) -> None:
+    """The image is built with `make image`: without make the run used to fail minutes in, after the
+    cluster was created."""
+    done, calls = fake_run(tmp_path, PATH=without(tmp_path, "make"))
+    assert done.returncode == 1
+    assert "make is not on PATH" in done.stderr
+    assert not any(c.startswith("kind create") for c in calls), calls
+
+
+def test_docker_without_buildx_is_said_before_a_cluster_is_made(tmp_path: Path) -> None:
+    docker = '[ "$1" = buildx ] && { echo "docker: \'buildx\' is not a docker command." >&2; exit 1; }\n'
+    done, calls = fake_run(tmp_path, fakes={"docker": docker})
+    assert done.returncode == 1
+    assert "docker buildx" in done.stderr and "not a docker command" in done.stderr
+    assert not any(c.startswith("kind create") for c in calls), calls
