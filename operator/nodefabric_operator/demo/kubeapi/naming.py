@@ -6,8 +6,10 @@ server's Go validation refuses, for example, a container port name of 16 charact
 has at most 15). One set of rules serves both the embedded API (which refuses such writes with 422
 Invalid, the field path and apimachinery's message) and the chart tests (which apply it to every render).
 
-Environment variable names follow the strict rule (`[-._a-zA-Z][-._a-zA-Z0-9]*`), which every Kubernetes
-the chart admits enforces; newer servers may relax it behind a feature gate.
+Environment variable names follow the strict rule (`[-._a-zA-Z][-._a-zA-Z0-9]*`, IsEnvVarName), on purpose,
+though the server version this API reports (1.34) does not: RelaxedEnvironmentVariableValidation is beta
+and on from 1.32 and locked on from 1.34, taking any printable ASCII but '='. The chart admits 1.30 and
+1.31, which enforce the strict rule, and these rules exist to refuse what any cluster it admits would.
 Only what is well-typed is checked: a field of the wrong JSON type is the decoder's refusal, not these.
 """
 
