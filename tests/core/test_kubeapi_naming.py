@@ -300,3 +300,11 @@ async def test_the_tolerations_a_real_server_takes_are_taken(k) -> None:
     ]
     code, status = await post(k, PODS, body)
     assert code == 201, status
+
+
+@pytest.mark.parametrize("port", [{"name": "m"}, {"name": "m", "containerPort": 0}, {"containerPort": None}])
+async def test_a_container_port_without_its_number_is_required(k, port: dict[str, Any]) -> None:
+    """validateContainerPorts: containerPort 0 (absent, to the decoder) is Required, not out of range."""
+    code, status = await post(k, PODS, pod(ports=[port]))
+    assert code == 422, status
+    assert causes(status) == [("FieldValueRequired", C0 + "ports[0].containerPort", "Required value")]

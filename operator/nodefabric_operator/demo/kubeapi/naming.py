@@ -250,8 +250,10 @@ def _container_causes(container: Mapping[str, Any], path: str, volumes: set[str]
             elif not errs:
                 port_names.add(pname)
         number = port.get("containerPort")
-        if isinstance(number, int) and not isinstance(number, bool):
-            field = f"{path}.ports[{j}].containerPort"
+        field = f"{path}.ports[{j}].containerPort"
+        if number is None or (number == 0 and not isinstance(number, bool)):
+            causes.append(required(field))  # what the decoder makes of an absent number
+        elif isinstance(number, int) and not isinstance(number, bool):
             causes += [invalid(field, number, m) for m in port_number_errors(number)]
     for j, env in _items(container.get("env")):
         ename = env.get("name")
