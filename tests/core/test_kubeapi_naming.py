@@ -308,3 +308,86 @@ async def test_a_container_port_without_its_number_is_required(k, port: dict[str
     code, status = await post(k, PODS, pod(ports=[port]))
     assert code == 422, status
     assert causes(status) == [("FieldValueRequired", C0 + "ports[0].containerPort", "Required value")]
+
+
+def deployment(selector: dict[str, Any], labels: dict[str, str], name: str = "d") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "selector": selector,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+
+
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        {"key": "tier", "operator": "In", "values": ["db"]},
+        {"key": "tier", "operator": "NotIn", "values": ["web"]},
+        {"key": "zone", "operator": "Exists"},
+        {"key": "tier", "operator": "DoesNotExist"},
+    ],
+)
+async def test_a_selector_expression_that_does_not_select_the_template_is_refused(
+    k, expression: dict[str, Any]
+) -> None:
+    """The API server matches the whole selector, expressions included, against the template's labels."""
+    body = deployment(
+        {"matchLabels": {"app": "x"}, "matchExpressions": [expression]}, {"app": "x", "tier": "web"}
+    )
+    code, status = await post(k, DEPLOYMENTS, body)
+    assert code == 422, status
+    assert [c[1] for c in causes(status)] == ["spec.template.metadata.labels"]
+    assert "`selector` does not match template `labels`" in causes(status)[0][2]
+
+
+async def test_a_selector_of_expressions_only_that_selects_the_template_is_taken(k) -> None:
+    body = deployment(
+        {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]}, {"tier": "web"}
+    )
+    code, status = await post(k, DEPLOYMENTS, body)
+    assert code == 201, status
+
+
+@pytest.mark.parametrize(
+    ("expression", "cause"),
+    [
+        (
+            {"key": "tier", "operator": "In", "values": []},
+            (
+                "FieldValueRequired",
+                "values",
+                "Required value: must be specified when `operator` is 'In' or 'NotIn'",
+            ),
+        ),
+        (
+            {"key": "tier", "operator": "Exists", "values": ["web"]},
+            (
+                "FieldValueForbidden",
+                "values",
+                "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            ),
+        ),
+        (
+            {"key": "tier", "operator": "Has"},
+            ("FieldValueInvalid", "operator", 'Invalid value: "Has": not a valid selector operator'),
+        ),
+    ],
+)
+async def test_a_selector_requirement_the_api_server_refuses(
+    k, expression: dict[str, Any], cause: tuple[str, str, str]
+) -> None:
+    body = deployment(
+        {"matchLabels": {"app": "x"}, "matchExpressions": [expression]}, {"app": "x", "tier": "web"}
+    )
+    code, status = await post(k, DEPLOYMENTS, body)
+    assert code == 422, status
+    reason, field, message = cause
+    assert (reason, f"spec.selector.matchExpressions[0].{field}", message) in causes(status)

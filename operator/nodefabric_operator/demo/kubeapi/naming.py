@@ -26,6 +26,7 @@ from nodefabric_operator.demo.kubeapi.validation import (
     annotations_causes,
     check_meta_types,
     dns_label_errors,
+    forbidden,
     go_value,
     invalid,
     label_value_errors,
@@ -203,15 +204,44 @@ def selector_causes(selector: Any, field: str) -> list[Cause]:
     causes = _labels(sel.get("matchLabels"), f"{field}.matchLabels")
     for i, expr in _items(sel.get("matchExpressions")):
         path = f"{field}.matchExpressions[{i}]"
+        operator, values = expr.get("operator"), expr.get("values")
+        values = values if isinstance(values, list) else []  # another type is the decoder's refusal
+        if operator in ("In", "NotIn"):
+            if not values:
+                causes.append(
+                    required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+                )
+        elif operator in ("Exists", "DoesNotExist"):
+            if values:
+                detail = "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+                causes.append(forbidden(f"{path}.values", detail))
+        elif isinstance(operator, str) or operator is None:
+            causes.append(invalid(f"{path}.operator", operator or "", "not a valid selector operator"))
         key = expr.get("key")
         if isinstance(key, str):
             causes += _each(f"{path}.key", key, qualified_name_errors(key))
-        values = expr.get("values")
-        if expr.get("operator") in ("In", "NotIn") and isinstance(values, list):
-            for j, value in enumerate(values):
-                if isinstance(value, str):
-                    causes += _each(f"{path}.values[{j}]", value, label_value_errors(value))
+        for j, value in enumerate(values):
+            if isinstance(value, str):
+                causes += _each(f"{path}.values[{j}]", value, label_value_errors(value))
     return causes
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """LabelSelectorAsSelector(...).Matches(labels): matchLabels and every well-formed expression."""
+    if any(labels.get(k) != v for k, v in _strings(selector.get("matchLabels")).items()):
+        return False
+    for _, expr in _items(selector.get("matchExpressions")):
+        key, operator, values = expr.get("key"), expr.get("operator"), expr.get("values")
+        values = values if isinstance(values, list) else []
+        have = labels.get(key) if isinstance(key, str) else None
+        present = have is not None
+        if operator == "In" and have not in values:
+            return False
+        if operator == "NotIn" and present and have in values:
+            return False
+        if (operator == "Exists" and not present) or (operator == "DoesNotExist" and present):
+            return False
+    return True
 
 
 def _probe_causes(container: Mapping[str, Any], path: str) -> list[Cause]:
@@ -364,7 +394,7 @@ def _workload_causes(kind: str, spec: Mapping[str, Any]) -> list[Cause]:
         causes.append(
             invalid("spec.selector", dict(selector), f"empty selector is invalid for {kind.lower()}")
         )
-    elif any(labels.get(k) != v for k, v in match.items()):
+    elif not _selects(selector, labels):
         causes.append(
             invalid("spec.template.metadata.labels", labels, "`selector` does not match template `labels`")
         )
