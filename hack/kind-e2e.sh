@@ -21,6 +21,7 @@
 # On failure, kind's logs, the events, pods' logs and the objects go to $ARTIFACTS (default: artifacts/
 # in the work directory, which is then kept) before anything is cleaned up.
 set -euo pipefail
+CALLER_DIR=$PWD   # a relative ARTIFACTS is the caller's, not the repository's
 cd "$(dirname "$0")/.."
 
 CLUSTER=${CLUSTER:-nodefabric-e2e}
@@ -102,6 +103,7 @@ done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodefabric-e2e.XXXXXX")
 ARTIFACTS=${ARTIFACTS:-$WORK/artifacts}
+[[ "$ARTIFACTS" == /* ]] || ARTIFACTS=$CALLER_DIR/$ARTIFACTS
 # The host trees outlive this run when the cluster does: a kept cluster's nodes mount them. Not a
 # setting: the script deletes and rebuilds this directory.
 HOSTS=${TMPDIR:-/tmp}/nodefabric-e2e-$CLUSTER-hosts

@@ -329,7 +329,7 @@ echo "kubectl output"
 
 
 def fake_run(
-    tmp_path: Path, fakes: dict[str, str] | None = None, **env: str
+    tmp_path: Path, fakes: dict[str, str] | None = None, cwd: Path | None = None, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -352,6 +352,7 @@ def fake_run(
         text=True,
         check=False,
         timeout=120,
+        cwd=cwd,
     )
     return done, log.read_text().splitlines() if log.exists() else []
 
@@ -445,3 +446,15 @@ def test_docker_without_buildx_is_said_before_a_cluster_is_made(tmp_path: Path) 
     assert done.returncode == 1
     assert "docker buildx" in done.stderr and "not a docker command" in done.stderr
     assert not any(c.startswith("kind create") for c in calls), calls
+
+
+def test_a_relative_artifacts_directory_is_the_callers(tmp_path: Path) -> None:
+    """The script works from the repository root; ARTIFACTS=out given from elsewhere is ./out of the
+    caller, where the last line of a failed run says it is, not the repository's out/."""
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    done, _ = fake_run(tmp_path, cwd=caller, ARTIFACTS="nf-e2e-relative-out")
+    assert done.returncode != 0
+    assert (caller / "nf-e2e-relative-out" / "events.txt").is_file(), done.stderr
+    assert f"Artifacts: {caller / 'nf-e2e-relative-out'}" in done.stderr
+    assert not (ROOT / "nf-e2e-relative-out").exists()
