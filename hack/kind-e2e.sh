@@ -90,6 +90,9 @@ done
   || fail "the fixture builder needs Python >= 3.10; $PYTHON is $("$PYTHON" -V 2>&1) (set PYTHON=...)"
 # The image is built with `docker buildx build --load`: said now, not after the cluster is up.
 buildx=$(docker buildx version 2>&1) || fail "docker buildx is needed (the docker-buildx plugin): $buildx"
+# A daemon that does not answer (Docker Desktop not started) lists no kind cluster: a kept one would be
+# taken for gone and its host trees deleted.
+daemon=$(docker info 2>&1 >/dev/null) || fail "docker cannot reach its daemon: $daemon"
 HELM=${HELM:-$(command -v helm || "$PYTHON" hack/fetch_helm.py | tail -n 1)}
 # kind's known issue: each node runs a kubelet and a containerd that watch files; the usual defaults
 # (128 instances) run out with five nodes, and pods then fail with "too many open files".
@@ -157,7 +160,9 @@ cleanup() {
 
 trap cleanup EXIT
 
-if cluster_exists; then
+# Whether the cluster exists decides what is deleted: a kind that cannot list its clusters stops the run.
+clusters=$(kind get clusters 2>&1) || fail "kind get clusters failed: $clusters"
+if grep -x "$CLUSTER" >/dev/null <<<"$clusters"; then
   step "kind cluster $CLUSTER exists (kept by an earlier run): reusing it"
   REUSED=1
   for i in $(seq 1 "$WORKERS"); do

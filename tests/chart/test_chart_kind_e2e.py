@@ -458,3 +458,39 @@ def test_a_relative_artifacts_directory_is_the_callers(tmp_path: Path) -> None:
     assert (caller / "nf-e2e-relative-out" / "events.txt").is_file(), done.stderr
     assert f"Artifacts: {caller / 'nf-e2e-relative-out'}" in done.stderr
     assert not (ROOT / "nf-e2e-relative-out").exists()
+
+
+def kept_host_trees(tmp_path: Path) -> Path:
+    hosts = tmp_path / "nodefabric-e2e-nodefabric-e2e-hosts"
+    for i in range(1, 5):
+        (hosts / f"worker-{i}" / "sys/class/infiniband").mkdir(parents=True)
+    return hosts
+
+
+def test_a_docker_daemon_that_does_not_answer_is_said_and_a_kept_clusters_trees_stay(tmp_path: Path) -> None:
+    """Docker not started (a laptop's Docker Desktop): `kind get clusters` then lists nothing, and the
+    run used to take a kept cluster for gone, delete its host trees and fail at create."""
+    hosts = kept_host_trees(tmp_path)
+    docker = '[ "$1" = info ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }\nexit 0\n'
+    kind = FAKES["kind"].replace('"get clusters")', '"get clusters") [ -n "${FAKE_KIND_DOWN:-}" ] && exit 1;')
+    done, calls = fake_run(
+        tmp_path, fakes={"docker": docker, "kind": kind}, FAKE_CLUSTERS="nodefabric-e2e", FAKE_KIND_DOWN="1"
+    )
+    assert done.returncode == 1
+    assert "Cannot connect to the Docker daemon" in done.stderr
+    assert not any(c.startswith(("kind create", "kind delete")) for c in calls), calls
+    assert (hosts / "worker-1" / "sys/class/infiniband").is_dir()
+
+
+def test_a_kind_that_cannot_list_its_clusters_stops_the_run_before_anything_is_deleted(
+    tmp_path: Path,
+) -> None:
+    hosts = kept_host_trees(tmp_path)
+    kind = FAKES["kind"].replace(
+        '"get clusters")', '"get clusters") echo "ERROR: failed to list clusters" >&2; exit 1;'
+    )
+    done, calls = fake_run(tmp_path, fakes={"kind": kind}, FAKE_CLUSTERS="nodefabric-e2e")
+    assert done.returncode == 1
+    assert "failed to list clusters" in done.stderr
+    assert not any(c.startswith(("kind create", "kind delete")) for c in calls), calls
+    assert (hosts / "worker-1" / "sys/class/infiniband").is_dir()
