@@ -225,6 +225,12 @@ step "nodefabric chart"
 SCHEDULER_TAG=$(kubectl version -o json | "$PYTHON" -c \
   'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
 mapfile -d '' -t VALUES < <(nodefabric_values)
+# An earlier run stopped during the install (Ctrl-C under --wait) leaves the release pending, and every
+# `helm upgrade --install` after it fails ("another operation is in progress"): it is removed first.
+if "$HELM" -n "$NS" list --pending -q 2>/dev/null | grep -x nodefabric >/dev/null; then
+  echo "the nodefabric release is pending (an interrupted run): uninstalling it before the install"
+  "$HELM" -n "$NS" uninstall nodefabric --wait --timeout 5m
+fi
 "$HELM" upgrade --install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
   "${VALUES[@]}" --wait --timeout 5m
 if ((REUSED)); then

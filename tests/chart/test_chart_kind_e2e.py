@@ -494,3 +494,39 @@ def test_a_kind_that_cannot_list_its_clusters_stops_the_run_before_anything_is_d
     assert "failed to list clusters" in done.stderr
     assert not any(c.startswith(("kind create", "kind delete")) for c in calls), calls
     assert (hosts / "worker-1" / "sys/class/infiniband").is_dir()
+
+
+# A cluster that answers enough for the run to reach the chart's install (and fail after it).
+ANSWERING_KUBECTL = """
+case "$1" in
+  version) [ "${2:-}" = -o ] && echo '{"serverVersion": {"gitVersion": "v1.33.1"}}'; exit 0 ;;
+  get) if [ "$2" = nodes ] && [ "$3" = -l ]; then printf 'w1\\nw2\\nw3\\nw4\\n'; exit 0; fi ;;
+esac
+echo "kubectl output"
+"""
+
+
+def test_a_release_an_interrupted_run_left_pending_is_uninstalled_before_the_install(tmp_path: Path) -> None:
+    """Ctrl-C during `helm upgrade --install --wait` on a kept cluster leaves the release pending-install:
+    every later `helm upgrade --install` then fails ("another operation is in progress")."""
+    kept_host_trees(tmp_path)
+    helm = '[ "$1 $2 $3" = "-n nodefabric list" ] && [ -n "${FAKE_PENDING:-}" ] && echo nodefabric\nexit 0\n'
+    done, calls = fake_run(
+        tmp_path,
+        fakes={"kubectl": ANSWERING_KUBECTL, "helm": helm},
+        FAKE_CLUSTERS="nodefabric-e2e",
+        FAKE_PENDING="1",
+    )
+    assert "the CRD records version" in done.stderr, done.stdout + done.stderr  # got past the install
+    uninstall = [i for i, c in enumerate(calls) if c.startswith("helm -n nodefabric uninstall nodefabric")]
+    install = [i for i, c in enumerate(calls) if c.startswith("helm upgrade --install nodefabric")]
+    assert uninstall and install and uninstall[0] < install[0], calls
+    assert "pending" in done.stdout
+
+
+def test_a_release_not_pending_is_upgraded_in_place(tmp_path: Path) -> None:
+    kept_host_trees(tmp_path)
+    done, calls = fake_run(tmp_path, fakes={"kubectl": ANSWERING_KUBECTL}, FAKE_CLUSTERS="nodefabric-e2e")
+    assert "the CRD records version" in done.stderr, done.stdout + done.stderr
+    assert any(c.startswith("helm upgrade --install nodefabric") for c in calls)
+    assert not any(" uninstall " in c for c in calls), calls
