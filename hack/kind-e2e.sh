@@ -215,7 +215,18 @@ if ! kind load docker-image "$IMAGE" --name "$CLUSTER"; then
   kind load image-archive "$WORK/image.tar" --name "$CLUSTER"
 fi
 
+# unstick RELEASE NAMESPACE: an earlier run stopped during an install (Ctrl-C under --wait) leaves the
+# release pending, and every `helm upgrade --install` after it fails ("another operation is in
+# progress"): such a release is removed first.
+unstick() {
+  if "$HELM" -n "$2" list --pending -q 2>/dev/null | grep -x "$1" >/dev/null; then
+    echo "the $1 release is pending (an interrupted run): uninstalling it before the install"
+    "$HELM" -n "$2" uninstall "$1" --wait --timeout 5m
+  fi
+}
+
 step "Node Feature Discovery $NFD_VERSION"
+unstick nfd node-feature-discovery
 "$HELM" upgrade --install nfd oci://registry.k8s.io/nfd/charts/node-feature-discovery --version "$NFD_VERSION" \
   --namespace node-feature-discovery --create-namespace \
   --set "master.config.extraLabelNs={feature.$DOMAIN}" --wait --timeout 5m
@@ -225,12 +236,7 @@ step "nodefabric chart"
 SCHEDULER_TAG=$(kubectl version -o json | "$PYTHON" -c \
   'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
 mapfile -d '' -t VALUES < <(nodefabric_values)
-# An earlier run stopped during the install (Ctrl-C under --wait) leaves the release pending, and every
-# `helm upgrade --install` after it fails ("another operation is in progress"): it is removed first.
-if "$HELM" -n "$NS" list --pending -q 2>/dev/null | grep -x nodefabric >/dev/null; then
-  echo "the nodefabric release is pending (an interrupted run): uninstalling it before the install"
-  "$HELM" -n "$NS" uninstall nodefabric --wait --timeout 5m
-fi
+unstick nodefabric "$NS"
 "$HELM" upgrade --install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
   "${VALUES[@]}" --wait --timeout 5m
 if ((REUSED)); then

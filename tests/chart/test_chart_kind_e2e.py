@@ -510,7 +510,11 @@ def test_a_release_an_interrupted_run_left_pending_is_uninstalled_before_the_ins
     """Ctrl-C during `helm upgrade --install --wait` on a kept cluster leaves the release pending-install:
     every later `helm upgrade --install` then fails ("another operation is in progress")."""
     kept_host_trees(tmp_path)
-    helm = '[ "$1 $2 $3" = "-n nodefabric list" ] && [ -n "${FAKE_PENDING:-}" ] && echo nodefabric\nexit 0\n'
+    helm = (
+        '[ "$1 $2 $3" = "-n nodefabric list" ] && [ -n "${FAKE_PENDING:-}" ] && echo nodefabric\n'
+        '[ "$1 $2 $3" = "-n node-feature-discovery list" ] && [ -n "${FAKE_PENDING:-}" ] && echo nfd\n'
+        "exit 0\n"
+    )
     done, calls = fake_run(
         tmp_path,
         fakes={"kubectl": ANSWERING_KUBECTL, "helm": helm},
@@ -521,7 +525,12 @@ def test_a_release_an_interrupted_run_left_pending_is_uninstalled_before_the_ins
     uninstall = [i for i, c in enumerate(calls) if c.startswith("helm -n nodefabric uninstall nodefabric")]
     install = [i for i, c in enumerate(calls) if c.startswith("helm upgrade --install nodefabric")]
     assert uninstall and install and uninstall[0] < install[0], calls
-    assert "pending" in done.stdout
+    nfd_uninstall = [
+        i for i, c in enumerate(calls) if c.startswith("helm -n node-feature-discovery uninstall nfd")
+    ]
+    nfd_install = [i for i, c in enumerate(calls) if c.startswith("helm upgrade --install nfd")]
+    assert nfd_uninstall and nfd_install and nfd_uninstall[0] < nfd_install[0], calls
+    assert "the nodefabric release is pending" in done.stdout
 
 
 def test_a_release_not_pending_is_upgraded_in_place(tmp_path: Path) -> None:
