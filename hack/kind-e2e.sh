@@ -10,7 +10,7 @@
 #   - an 8-pod group scheduled by the chart's scheduler lands where the extender said (its claim
 #     annotation on every pod names one location; every pod's node is in it).
 #
-# Needs bash >= 4.4, docker (with buildx), kind, kubectl and Python >= 3.10; helm is taken from PATH or fetched by
+# Needs bash >= 4.4, docker (with buildx), kind, kubectl, make and Python >= 3.10; helm is taken from PATH or fetched by
 # hack/fetch_helm.py. Five kind nodes need more inotify instances than many distributions allow: see the
 # README ("Test on kind").
 #
@@ -21,6 +21,7 @@
 # On failure, kind's logs, the events, pods' logs and the objects go to $ARTIFACTS (default: artifacts/
 # in the work directory, which is then kept) before anything is cleaned up.
 set -euo pipefail
+CALLER_DIR=$PWD   # a relative ARTIFACTS is the caller's, not the repository's
 cd "$(dirname "$0")/.."
 
 CLUSTER=${CLUSTER:-nodefabric-e2e}
@@ -81,12 +82,17 @@ retry() {
   done
 }
 
-for tool in docker kind kubectl "$PYTHON"; do
+for tool in docker kind kubectl make "$PYTHON"; do
   command -v "$tool" >/dev/null || fail "$tool is not on PATH"
 done
 # The fixture builder uses dataclass(slots=True): Python 3.10 or newer.
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || fail "the fixture builder needs Python >= 3.10; $PYTHON is $("$PYTHON" -V 2>&1) (set PYTHON=...)"
+# The image is built with `docker buildx build --load`: said now, not after the cluster is up.
+buildx=$(docker buildx version 2>&1) || fail "docker buildx is needed (the docker-buildx plugin): $buildx"
+# A daemon that does not answer (Docker Desktop not started) lists no kind cluster: a kept one would be
+# taken for gone and its host trees deleted.
+daemon=$(docker info 2>&1 >/dev/null) || fail "docker cannot reach its daemon: $daemon"
 HELM=${HELM:-$(command -v helm || "$PYTHON" hack/fetch_helm.py | tail -n 1)}
 # kind's known issue: each node runs a kubelet and a containerd that watch files; the usual defaults
 # (128 instances) run out with five nodes, and pods then fail with "too many open files".
@@ -100,6 +106,7 @@ done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodefabric-e2e.XXXXXX")
 ARTIFACTS=${ARTIFACTS:-$WORK/artifacts}
+[[ "$ARTIFACTS" == /* ]] || ARTIFACTS=$CALLER_DIR/$ARTIFACTS
 # The host trees outlive this run when the cluster does: a kept cluster's nodes mount them. Not a
 # setting: the script deletes and rebuilds this directory.
 HOSTS=${TMPDIR:-/tmp}/nodefabric-e2e-$CLUSTER-hosts
@@ -153,7 +160,9 @@ cleanup() {
 
 trap cleanup EXIT
 
-if cluster_exists; then
+# Whether the cluster exists decides what is deleted: a kind that cannot list its clusters stops the run.
+clusters=$(kind get clusters 2>&1) || fail "kind get clusters failed: $clusters"
+if grep -x "$CLUSTER" >/dev/null <<<"$clusters"; then
   step "kind cluster $CLUSTER exists (kept by an earlier run): reusing it"
   REUSED=1
   for i in $(seq 1 "$WORKERS"); do
@@ -206,7 +215,18 @@ if ! kind load docker-image "$IMAGE" --name "$CLUSTER"; then
   kind load image-archive "$WORK/image.tar" --name "$CLUSTER"
 fi
 
+# unstick RELEASE NAMESPACE: an earlier run stopped during an install (Ctrl-C under --wait) leaves the
+# release pending, and every `helm upgrade --install` after it fails ("another operation is in
+# progress"): such a release is removed first.
+unstick() {
+  if "$HELM" -n "$2" list --pending -q 2>/dev/null | grep -x "$1" >/dev/null; then
+    echo "the $1 release is pending (an interrupted run): uninstalling it before the install"
+    "$HELM" -n "$2" uninstall "$1" --wait --timeout 5m
+  fi
+}
+
 step "Node Feature Discovery $NFD_VERSION"
+unstick nfd node-feature-discovery
 "$HELM" upgrade --install nfd oci://registry.k8s.io/nfd/charts/node-feature-discovery --version "$NFD_VERSION" \
   --namespace node-feature-discovery --create-namespace \
   --set "master.config.extraLabelNs={feature.$DOMAIN}" --wait --timeout 5m
@@ -216,6 +236,7 @@ step "nodefabric chart"
 SCHEDULER_TAG=$(kubectl version -o json | "$PYTHON" -c \
   'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
 mapfile -d '' -t VALUES < <(nodefabric_values)
+unstick nodefabric "$NS"
 "$HELM" upgrade --install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
   "${VALUES[@]}" --wait --timeout 5m
 if ((REUSED)); then

@@ -286,3 +286,50 @@ def test_named_variants_render_what_an_api_server_accepts(
         assert scheduler, "the extender variant renders the scheduler"
         ports = {p["name"] for p in container(scheduler[0], "extender")["ports"]}
         assert all(not port_name_errors(p) for p in ports)
+
+
+def test_a_toleration_the_api_server_refuses_fails_the_render(render) -> None:
+    """The values schema takes any Toleration-shaped object; the API server refuses a value that is no
+    label value, or an empty key without Exists."""
+    bad = {
+        "agent": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "a100 80gb"}, {"value": "x"}]}
+    }
+    with pytest.raises(ApiRefusal) as refused:
+        render(bad)
+    text = str(refused.value)
+    assert 'spec.template.spec.tolerations[0].operator: Invalid value: "a100 80gb"' in text
+    assert 'spec.template.spec.tolerations[1].operator: Invalid value: "": operator must be Exists' in text
+
+
+@pytest.mark.parametrize(
+    ("release", "values"),
+    [
+        ("1nf", None),
+        ("nf.v1", None),
+        ("nf", {"fullnameOverride": "9lives"}),
+        ("2nodefabric", None),
+    ],
+    ids=[
+        "digit-first-release",
+        "dotted-release",
+        "digit-first-fullnameOverride",
+        "digit-first-containing-name",
+    ],
+)
+def test_a_name_helm_takes_but_no_service_could_have_is_refused_at_render(
+    helm, tmp_path, release: str, values: dict[str, Any] | None
+) -> None:
+    """Helm takes a release name that starts with a digit or holds a dot, and the values schema such a
+    fullnameOverride; the Services the chart names after it must be DNS-1035 labels, so the API server
+    would refuse them mid-install. The chart says so before anything is sent."""
+    args = ["template", release, str(CHART), "--namespace", "nf", "--set", "scheduler.image.tag=v1.33.4"]
+    done = run_helm(helm, *args, values=values, tmp=tmp_path)
+    assert done.returncode != 0
+    assert "DNS-1035" in done.stderr and "fullnameOverride" in done.stderr, done.stderr
+
+
+def test_a_release_name_every_service_can_carry_renders(helm, tmp_path) -> None:
+    for release, values in (("a", None), ("nf-2", None), ("1nf", {"fullnameOverride": "nf"})):
+        args = ["template", release, str(CHART), "--namespace", "nf", "--set", "scheduler.image.tag=v1.33.4"]
+        done = run_helm(helm, *args, values=values, tmp=tmp_path)
+        assert done.returncode == 0, done.stderr

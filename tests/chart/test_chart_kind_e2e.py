@@ -328,11 +328,13 @@ echo "kubectl output"
 }
 
 
-def fake_run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def fake_run(
+    tmp_path: Path, fakes: dict[str, str] | None = None, cwd: Path | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "calls.log"
-    for name, body in FAKES.items():
+    for name, body in (FAKES | (fakes or {})).items():
         tool = bin_dir / name
         tool.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"{log}"\n{body}')
         tool.chmod(0o755)
@@ -350,6 +352,7 @@ def fake_run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[st
         text=True,
         check=False,
         timeout=120,
+        cwd=cwd,
     )
     return done, log.read_text().splitlines() if log.exists() else []
 
@@ -415,3 +418,124 @@ def test_keep_cluster_keeps_the_cluster_it_created_even_on_failure(tmp_path: Pat
     assert any(c.startswith("kind export logs") for c in calls)
     assert not any(c.startswith("kind delete") for c in calls), calls
     assert "Cluster nodefabric-e2e kept: kind export kubeconfig --name nodefabric-e2e" in done.stdout
+
+
+def without(tmp_path: Path, tool: str) -> str:
+    """A PATH of the system's tools less one (links in a directory of their own)."""
+    tools = tmp_path / f"without-{tool}"
+    tools.mkdir()
+    for system in (Path("/bin"), Path("/usr/bin")):
+        for exe in system.iterdir():
+            if exe.name != tool and not (tools / exe.name).exists():
+                (tools / exe.name).symlink_to(exe)
+    return f"{tmp_path / 'bin'}:{tools}"
+
+
+def test_a_missing_make_is_said_before_a_cluster_is_made(tmp_path: Path) -> None:
+    """The image is built with `make image`: without make the run used to fail minutes in, after the
+    cluster was created."""
+    done, calls = fake_run(tmp_path, PATH=without(tmp_path, "make"))
+    assert done.returncode == 1
+    assert "make is not on PATH" in done.stderr
+    assert not any(c.startswith("kind create") for c in calls), calls
+
+
+def test_docker_without_buildx_is_said_before_a_cluster_is_made(tmp_path: Path) -> None:
+    docker = '[ "$1" = buildx ] && { echo "docker: \'buildx\' is not a docker command." >&2; exit 1; }\n'
+    done, calls = fake_run(tmp_path, fakes={"docker": docker})
+    assert done.returncode == 1
+    assert "docker buildx" in done.stderr and "not a docker command" in done.stderr
+    assert not any(c.startswith("kind create") for c in calls), calls
+
+
+def test_a_relative_artifacts_directory_is_the_callers(tmp_path: Path) -> None:
+    """The script works from the repository root; ARTIFACTS=out given from elsewhere is ./out of the
+    caller, where the last line of a failed run says it is, not the repository's out/."""
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    done, _ = fake_run(tmp_path, cwd=caller, ARTIFACTS="nf-e2e-relative-out")
+    assert done.returncode != 0
+    assert (caller / "nf-e2e-relative-out" / "events.txt").is_file(), done.stderr
+    assert f"Artifacts: {caller / 'nf-e2e-relative-out'}" in done.stderr
+    assert not (ROOT / "nf-e2e-relative-out").exists()
+
+
+def kept_host_trees(tmp_path: Path) -> Path:
+    hosts = tmp_path / "nodefabric-e2e-nodefabric-e2e-hosts"
+    for i in range(1, 5):
+        (hosts / f"worker-{i}" / "sys/class/infiniband").mkdir(parents=True)
+    return hosts
+
+
+def test_a_docker_daemon_that_does_not_answer_is_said_and_a_kept_clusters_trees_stay(tmp_path: Path) -> None:
+    """Docker not started (a laptop's Docker Desktop): `kind get clusters` then lists nothing, and the
+    run used to take a kept cluster for gone, delete its host trees and fail at create."""
+    hosts = kept_host_trees(tmp_path)
+    docker = '[ "$1" = info ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }\nexit 0\n'
+    kind = FAKES["kind"].replace('"get clusters")', '"get clusters") [ -n "${FAKE_KIND_DOWN:-}" ] && exit 1;')
+    done, calls = fake_run(
+        tmp_path, fakes={"docker": docker, "kind": kind}, FAKE_CLUSTERS="nodefabric-e2e", FAKE_KIND_DOWN="1"
+    )
+    assert done.returncode == 1
+    assert "Cannot connect to the Docker daemon" in done.stderr
+    assert not any(c.startswith(("kind create", "kind delete")) for c in calls), calls
+    assert (hosts / "worker-1" / "sys/class/infiniband").is_dir()
+
+
+def test_a_kind_that_cannot_list_its_clusters_stops_the_run_before_anything_is_deleted(
+    tmp_path: Path,
+) -> None:
+    hosts = kept_host_trees(tmp_path)
+    kind = FAKES["kind"].replace(
+        '"get clusters")', '"get clusters") echo "ERROR: failed to list clusters" >&2; exit 1;'
+    )
+    done, calls = fake_run(tmp_path, fakes={"kind": kind}, FAKE_CLUSTERS="nodefabric-e2e")
+    assert done.returncode == 1
+    assert "failed to list clusters" in done.stderr
+    assert not any(c.startswith(("kind create", "kind delete")) for c in calls), calls
+    assert (hosts / "worker-1" / "sys/class/infiniband").is_dir()
+
+
+# A cluster that answers enough for the run to reach the chart's install (and fail after it).
+ANSWERING_KUBECTL = """
+case "$1" in
+  version) [ "${2:-}" = -o ] && echo '{"serverVersion": {"gitVersion": "v1.33.1"}}'; exit 0 ;;
+  get) if [ "$2" = nodes ] && [ "$3" = -l ]; then printf 'w1\\nw2\\nw3\\nw4\\n'; exit 0; fi ;;
+esac
+echo "kubectl output"
+"""
+
+
+def test_a_release_an_interrupted_run_left_pending_is_uninstalled_before_the_install(tmp_path: Path) -> None:
+    """Ctrl-C during `helm upgrade --install --wait` on a kept cluster leaves the release pending-install:
+    every later `helm upgrade --install` then fails ("another operation is in progress")."""
+    kept_host_trees(tmp_path)
+    helm = (
+        '[ "$1 $2 $3" = "-n nodefabric list" ] && [ -n "${FAKE_PENDING:-}" ] && echo nodefabric\n'
+        '[ "$1 $2 $3" = "-n node-feature-discovery list" ] && [ -n "${FAKE_PENDING:-}" ] && echo nfd\n'
+        "exit 0\n"
+    )
+    done, calls = fake_run(
+        tmp_path,
+        fakes={"kubectl": ANSWERING_KUBECTL, "helm": helm},
+        FAKE_CLUSTERS="nodefabric-e2e",
+        FAKE_PENDING="1",
+    )
+    assert "the CRD records version" in done.stderr, done.stdout + done.stderr  # got past the install
+    uninstall = [i for i, c in enumerate(calls) if c.startswith("helm -n nodefabric uninstall nodefabric")]
+    install = [i for i, c in enumerate(calls) if c.startswith("helm upgrade --install nodefabric")]
+    assert uninstall and install and uninstall[0] < install[0], calls
+    nfd_uninstall = [
+        i for i, c in enumerate(calls) if c.startswith("helm -n node-feature-discovery uninstall nfd")
+    ]
+    nfd_install = [i for i, c in enumerate(calls) if c.startswith("helm upgrade --install nfd")]
+    assert nfd_uninstall and nfd_install and nfd_uninstall[0] < nfd_install[0], calls
+    assert "the nodefabric release is pending" in done.stdout
+
+
+def test_a_release_not_pending_is_upgraded_in_place(tmp_path: Path) -> None:
+    kept_host_trees(tmp_path)
+    done, calls = fake_run(tmp_path, fakes={"kubectl": ANSWERING_KUBECTL}, FAKE_CLUSTERS="nodefabric-e2e")
+    assert "the CRD records version" in done.stderr, done.stdout + done.stderr
+    assert any(c.startswith("helm upgrade --install nodefabric") for c in calls)
+    assert not any(" uninstall " in c for c in calls), calls

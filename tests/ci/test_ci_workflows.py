@@ -8,8 +8,10 @@ from GitHub when built, so it cannot be a dev dependency of a project tested off
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +175,63 @@ def test_the_kind_workflow_runs_the_script_on_every_change_and_keeps_its_artifac
     assert step(doc, job, "docker/setup-buildx-action"), "the script builds with buildx --load"
     kind = step(doc, job, "helm/kind-action")["with"]
     assert kind["install_only"] is True, "the script makes its own cluster"
+
+
+def test_the_release_notes_install_command_pulls_the_image_that_was_pushed(tmp_path: Path) -> None:
+    """The notes step, run as GitHub runs it (gh recorded at its command line), for a repository whose
+    owner is not the chart's default (a fork): its install command, rendered by `helm template` with
+    exactly its flags, must pull ghcr.io/<owner>/nodefabric@<digest>, what the build pushed."""
+    doc = load("release.yml")
+    (job,) = doc["jobs"]
+    (notes,) = [s for s in steps(doc, job) if s.get("name") == "release notes with the digest"]
+    (version,) = [s for s in steps(doc, job) if s.get("id") == "version"]
+    out = tmp_path / "out"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GITHUB_REF_NAME": "v" + _version(),
+        "GITHUB_REPOSITORY_OWNER": "Some-Fork",
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-c", version["run"]], cwd=ROOT, env={**env, "GITHUB_OUTPUT": str(out)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    digest = "sha256:" + "ab" * 32
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text('#!/usr/bin/env bash\n[ "$2" = view ] && exit 1\nexit 0\n')
+    (bin_dir / "gh").chmod(0o755)
+    step_env = {"IMAGE": outputs["image"], "VERSION": outputs["version"], "DIGEST": digest}
+    done = subprocess.run(
+        ["bash", "-e", "-c", notes["run"]], cwd=tmp_path,
+        env={**env, "PATH": f"{bin_dir}:/usr/bin:/bin", **step_env},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "notes.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    argv = shlex.split(block.replace("\\\n", " "), comments=True)
+    assert argv[:3] == ["helm", "install", "nodefabric"] and argv[3] == "charts/nodefabric"
+    helm = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "fetch_helm.py")], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[-1]
+    done = subprocess.run(
+        [helm, "template", "nodefabric", str(ROOT / "charts" / "nodefabric"), *argv[4:]],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    images = {
+        c["image"]
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d.get("kind") in ("DaemonSet", "Deployment", "Job")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if "kube-scheduler" not in c["image"]
+    }
+    assert images == {f"ghcr.io/some-fork/nodefabric@{digest}"}
+
+
+def _version() -> str:
+    found = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), flags=re.M)
+    assert found is not None
+    return found.group(1)

@@ -5,16 +5,23 @@
 
 {{/* Object-name prefix; the longest suffix added to it is 22 characters ("-scheduler-auth-reader"), so trim to 40. */}}
 {{- define "nodefabric.fullname" -}}
+{{- $full := "" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- $full = .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- $full = .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- $full = printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
+{{- /* Services are named after it, and a Service's name is a DNS-1035 label: helm takes a release name
+that starts with a digit or holds a dot, and the API server would then refuse them mid-install. */ -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) -}}
+{{- fail (printf "the names of this release's objects start with %q, and its Services' names must be DNS-1035 labels (a lowercase letter first, then lowercase letters, digits or '-', no dots), which the API server would refuse otherwise: choose another release name, or set fullnameOverride to one" $full) -}}
+{{- end -}}
+{{- $full -}}
 {{- end -}}
 
 {{- define "nodefabric.chart" -}}

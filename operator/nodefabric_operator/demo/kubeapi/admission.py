@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +50,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# An escaped backslash (kept, so the `\\u` after it is no escape), a surrogate pair (kept: one character)
+# or half of one: Go's decoder reads the half as U+FFFD, where Python's would keep a string no UTF-8
+# length check can encode. Rewritten in the text, so no walk of a deeply nested body is needed.
+_ESCAPES = re.compile(
+    r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}(\\u[dD][c-fC-F][0-9a-fA-F]{2})?|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _go_surrogates(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        token = m.group()
+        return token if token == "\\\\" or m.group(1) else "\\ufffd"
+
+    return _ESCAPES.sub(one, text) if "\\u" in text else text
+
+
 def header(request: Any, name: str) -> str:
     """A request header, case-insensitively (clients differ in how they spell header names)."""
     raw = getattr(request, "_raw_request", None)
@@ -67,7 +84,7 @@ def parse_body(request: Any) -> Any:
     if not text.strip():
         raise errors.bad_request("the body of the request is empty")
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(_go_surrogates(text), parse_constant=_reject_constant, parse_float=_finite_float)
     except ValueError as err:
         raise errors.bad_request(f"json: {err}") from None
     except RecursionError:

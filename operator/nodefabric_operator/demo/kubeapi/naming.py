@@ -6,8 +6,10 @@ server's Go validation refuses, for example, a container port name of 16 charact
 has at most 15). One set of rules serves both the embedded API (which refuses such writes with 422
 Invalid, the field path and apimachinery's message) and the chart tests (which apply it to every render).
 
-Environment variable names follow the strict rule (`[-._a-zA-Z][-._a-zA-Z0-9]*`), which every Kubernetes
-the chart admits enforces; newer servers may relax it behind a feature gate.
+Environment variable names follow the strict rule (`[-._a-zA-Z][-._a-zA-Z0-9]*`, IsEnvVarName), on purpose,
+though the server version this API reports (1.34) does not: RelaxedEnvironmentVariableValidation is beta
+and on from 1.32 and locked on from 1.34, taking any printable ASCII but '='. The chart admits 1.30 and
+1.31, which enforce the strict rule, and these rules exist to refuse what any cluster it admits would.
 Only what is well-typed is checked: a field of the wrong JSON type is the decoder's refusal, not these.
 """
 
@@ -24,6 +26,7 @@ from nodefabric_operator.demo.kubeapi.validation import (
     annotations_causes,
     check_meta_types,
     dns_label_errors,
+    forbidden,
     go_value,
     invalid,
     label_value_errors,
@@ -61,6 +64,7 @@ _WORKLOADS = frozenset(
     {("apps", "Deployment"), ("apps", "DaemonSet"), ("apps", "ReplicaSet"), ("apps", "StatefulSet")}
 )
 _DUPLICATE = "FieldValueDuplicate"
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 # --- syntax (apimachinery's util/validation, message for message) ---------------------------------------
@@ -200,14 +204,44 @@ def selector_causes(selector: Any, field: str) -> list[Cause]:
     causes = _labels(sel.get("matchLabels"), f"{field}.matchLabels")
     for i, expr in _items(sel.get("matchExpressions")):
         path = f"{field}.matchExpressions[{i}]"
+        operator, values = expr.get("operator"), expr.get("values")
+        values = values if isinstance(values, list) else []  # another type is the decoder's refusal
+        if operator in ("In", "NotIn"):
+            if not values:
+                causes.append(
+                    required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+                )
+        elif operator in ("Exists", "DoesNotExist"):
+            if values:
+                detail = "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+                causes.append(forbidden(f"{path}.values", detail))
+        elif isinstance(operator, str) or operator is None:
+            causes.append(invalid(f"{path}.operator", operator or "", "not a valid selector operator"))
         key = expr.get("key")
         if isinstance(key, str):
             causes += _each(f"{path}.key", key, qualified_name_errors(key))
-        if expr.get("operator") in ("In", "NotIn"):
-            for j, value in enumerate(expr.get("values") or []):
-                if isinstance(value, str):
-                    causes += _each(f"{path}.values[{j}]", value, label_value_errors(value))
+        for j, value in enumerate(values):
+            if isinstance(value, str):
+                causes += _each(f"{path}.values[{j}]", value, label_value_errors(value))
     return causes
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """LabelSelectorAsSelector(...).Matches(labels): matchLabels and every well-formed expression."""
+    if any(labels.get(k) != v for k, v in _strings(selector.get("matchLabels")).items()):
+        return False
+    for _, expr in _items(selector.get("matchExpressions")):
+        key, operator, values = expr.get("key"), expr.get("operator"), expr.get("values")
+        values = values if isinstance(values, list) else []
+        have = labels.get(key) if isinstance(key, str) else None
+        present = have is not None
+        if operator == "In" and have not in values:
+            return False
+        if operator == "NotIn" and present and have in values:
+            return False
+        if (operator == "Exists" and not present) or (operator == "DoesNotExist" and present):
+            return False
+    return True
 
 
 def _probe_causes(container: Mapping[str, Any], path: str) -> list[Cause]:
@@ -227,10 +261,10 @@ def _probe_causes(container: Mapping[str, Any], path: str) -> list[Cause]:
     return causes
 
 
-def _container_causes(
-    container: Mapping[str, Any], path: str, volumes: set[str], port_names: set[str]
-) -> list[Cause]:
+def _container_causes(container: Mapping[str, Any], path: str, volumes: set[str]) -> list[Cause]:
     causes: list[Cause] = []
+    # Unique within the container (validateContainerPorts), not the pod; a name counts once it is valid.
+    port_names: set[str] = set()
     name = container.get("name")
     if isinstance(name, str):
         causes += _each(f"{path}.name", name, dns_label_errors(name) if name else [])
@@ -239,13 +273,17 @@ def _container_causes(
     for j, port in _items(container.get("ports")):
         pname = port.get("name")
         if isinstance(pname, str) and pname:
-            causes += _each(f"{path}.ports[{j}].name", pname, port_name_errors(pname))
-            if pname in port_names:
+            errs = port_name_errors(pname)
+            causes += _each(f"{path}.ports[{j}].name", pname, errs)
+            if not errs and pname in port_names:
                 causes.append(_duplicate(f"{path}.ports[{j}].name", pname))
-            port_names.add(pname)
+            elif not errs:
+                port_names.add(pname)
         number = port.get("containerPort")
-        if isinstance(number, int) and not isinstance(number, bool):
-            field = f"{path}.ports[{j}].containerPort"
+        field = f"{path}.ports[{j}].containerPort"
+        if number is None or (number == 0 and not isinstance(number, bool)):
+            causes.append(required(field))  # what the decoder makes of an absent number
+        elif isinstance(number, int) and not isinstance(number, bool):
             causes += [invalid(field, number, m) for m in port_number_errors(number)]
     for j, env in _items(container.get("env")):
         ename = env.get("name")
@@ -281,11 +319,10 @@ def pod_spec_causes(spec: Any, path: str) -> list[Cause]:
             causes.append(_duplicate(field, vname))
         volumes.add(vname)
     containers: set[str] = set()
-    port_names: set[str] = set()
     for group in ("initContainers", "containers"):
         for i, container in _items(spec.get(group)):
             cpath = f"{path}.{group}[{i}]"
-            causes += _container_causes(container, cpath, volumes, port_names)
+            causes += _container_causes(container, cpath, volumes)
             cname = container.get("name")
             if isinstance(cname, str) and cname:
                 if cname in containers:
@@ -297,9 +334,44 @@ def pod_spec_causes(spec: Any, path: str) -> list[Cause]:
             causes += _each(f"{path}.{key}", value, subdomain_errors(value))
     causes += _labels(spec.get("nodeSelector"), f"{path}.nodeSelector")
     for i, toleration in _items(spec.get("tolerations")):
-        taint = toleration.get("key")
-        if isinstance(taint, str) and taint:
-            causes += _each(f"{path}.tolerations[{i}].key", taint, qualified_name_errors(taint))
+        causes += _toleration_causes(toleration, f"{path}.tolerations[{i}]")
+    return causes
+
+
+def _not_supported(field: str, value: str, supported: tuple[str, ...]) -> Cause:
+    allowed = ", ".join(f'"{v}"' for v in supported)
+    return Cause(
+        "FieldValueNotSupported", field, f"Unsupported value: {go_value(value)}: supported values: {allowed}"
+    )
+
+
+def _toleration_causes(toleration: Mapping[str, Any], path: str) -> list[Cause]:
+    """ValidateTolerations: a qualified-name key; an empty key only with Exists; Exists with no value;
+    under Equal (or no operator) a label value; tolerationSeconds only with NoExecute; known enums."""
+    key, operator, value, effect = (toleration.get(f, "") for f in ("key", "operator", "value", "effect"))
+    if not all(isinstance(v, str) for v in (key, operator, value, effect)):
+        return []  # the decoder's refusal
+    causes: list[Cause] = []
+    if key:
+        causes += _each(f"{path}.key", key, qualified_name_errors(key))
+    elif operator != "Exists":
+        detail = 'operator must be Exists when `key` is empty, which means "match all values and all keys"'
+        causes.append(invalid(f"{path}.operator", operator, detail))
+    if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
+        detail = "effect must be 'NoExecute' when `tolerationSeconds` is set"
+        causes.append(invalid(f"{path}.effect", effect, detail))
+    if operator in ("", "Equal"):
+        errs = label_value_errors(value)
+        if errs:
+            causes.append(invalid(f"{path}.operator", value, ";".join(errs)))
+    elif operator == "Exists":
+        if value:
+            detail = "value must be empty when `operator` is 'Exists'"
+            causes.append(invalid(f"{path}.operator", dict(toleration), detail))
+    else:
+        causes.append(_not_supported(f"{path}.operator", operator, ("Equal", "Exists")))
+    if effect and effect not in _TAINT_EFFECTS:
+        causes.append(_not_supported(f"{path}.effect", effect, _TAINT_EFFECTS))
     return causes
 
 
@@ -322,7 +394,7 @@ def _workload_causes(kind: str, spec: Mapping[str, Any]) -> list[Cause]:
         causes.append(
             invalid("spec.selector", dict(selector), f"empty selector is invalid for {kind.lower()}")
         )
-    elif any(labels.get(k) != v for k, v in match.items()):
+    elif not _selects(selector, labels):
         causes.append(
             invalid("spec.template.metadata.labels", labels, "`selector` does not match template `labels`")
         )
