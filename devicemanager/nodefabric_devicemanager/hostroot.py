@@ -257,17 +257,17 @@ class SysDir:
         if not _HAVE_FD_LINKS:
             return self.child(name)
         try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            # O_DIRECTORY: the kernel refuses what is not a directory, so no fstat is needed to ask.
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return self.child(name)
         try:
             resolved = os.readlink(f"{_FD_LINKS}/{fd}")
-            mode = os.fstat(fd).st_mode
         except OSError:
             return self.child(name)
         finally:
             os.close(fd)
-        if stat.S_ISDIR(mode) and self.host.contains(resolved):
+        if self.host.contains(resolved):
             return SysDir(self.host, resolved)
         return self.child(name)
 
