@@ -91,6 +91,7 @@ def recorded_name(name: str) -> str:
 
 _NOT_COMPONENTS = frozenset({"", ".", ".."})
 _FD_LINKS = "/proc/self/fd"
+_DELETED = " (deleted)"  # what the kernel appends to /proc/self/fd/N of a removed directory
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
 
 
@@ -267,7 +268,8 @@ class SysDir:
             return self.child(name)
         finally:
             os.close(fd)
-        if self.host.contains(resolved):
+        # " (deleted)": the directory went away after the open (hot-unplug); child() says it is gone.
+        if self.host.contains(resolved) and not resolved.endswith(_DELETED):
             return SysDir(self.host, resolved)
         return self.child(name)
 

@@ -249,3 +249,15 @@ def test_child_link_answers_as_child_does(tree, links, method, caplog):
 def test_child_link_through_a_link_into_the_root_itself(tree):
     os.symlink("../../..", tree / "sys/class/net/top")
     assert HostRoot.at(tree).dir("/sys/class/net").child_link("top").shown == "/"
+
+
+def test_child_link_of_a_directory_named_like_a_removed_one_is_still_read(tree):
+    # /proc/self/fd/N of a removed directory ends in " (deleted)": child_link hands such an answer to
+    # child(), which must still find a directory that is merely named so.
+    real = tree / "sys/devices/pci0000:00/0000:00:01.0/x (deleted)"
+    real.mkdir()
+    (real / "mtu").write_text("1500\n")
+    os.symlink("../../devices/pci0000:00/0000:00:01.0/x (deleted)", tree / "sys/class/net/gone")
+    net = HostRoot.at(tree).dir("/sys/class/net")
+    assert net.child_link("gone").read("mtu") == "1500"
+    assert net.child_link("gone") == net.child("gone")
