@@ -20,7 +20,7 @@ import errno
 import logging
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,9 @@ def recorded_name(name: str) -> str:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+_NOT_COMPONENTS = frozenset({"", ".", ".."})
 _FD_LINKS = "/proc/self/fd"
+_DELETED = " (deleted)"  # what the kernel appends to /proc/self/fd/N of a removed directory
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
 
 
@@ -180,21 +182,26 @@ class SysDir:
 
     host: HostRoot
     path: str
+    # "<path>/", computed once: every attribute of a pass is spelled from it.
+    _prefix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_prefix", self.path if self.path.endswith("/") else self.path + "/")
 
     @property
     def name(self) -> str:
-        return os.path.basename(self.path)
+        return self.path.rpartition("/")[2]
 
     @property
     def shown(self) -> str:
         return self.host.display(self.path)
 
     def _child_path(self, name: str) -> str:
-        if "/" in name or name in ("", ".", ".."):
+        if "/" in name or name in _NOT_COMPONENTS:
             raise ValueError(f"not a single path component: {name!r}")
-        # Plain concatenation: the path is resolved (absolute, no trailing slash but "/"), and this runs
-        # for every attribute of a pass, where os.path.join's generality is a measurable cost.
-        return f"{self.path}{name}" if self.path.endswith("/") else f"{self.path}/{name}"
+        # Plain concatenation onto the resolved path: this runs for every attribute of a pass, where
+        # os.path.join's generality is a measurable cost.
+        return self._prefix + name
 
     def _follow(self, path: str) -> tuple[str, os.stat_result]:
         """The entry at `path`, through its symlink if it is one: (where it lands, its stat).
@@ -241,6 +248,37 @@ class SysDir:
         except FileNotFoundError:
             return None
 
+    def child_link(self, name: str) -> SysDir:
+        """`child` for an entry the kernel makes a symlink (`/sys/bus/pci/devices/<bdf>`, `/sys/class/net/
+        <if>`, `device`): the kernel resolves it at once, without the lstat `child` pays to learn whether
+        it is a link. The same checks hold (inside the root, a directory); anything else (absent,
+        dangling, looping, outside the root, not a directory, no /proc) takes `child` for its exact
+        answer and refusal."""
+        path = self._child_path(name)
+        if not _HAVE_FD_LINKS:
+            return self.child(name)
+        try:
+            # O_DIRECTORY: the kernel refuses what is not a directory, so no fstat is needed to ask.
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return self.child(name)
+        try:
+            resolved = os.readlink(f"{_FD_LINKS}/{fd}")
+        except OSError:
+            return self.child(name)
+        finally:
+            os.close(fd)
+        # " (deleted)": the directory went away after the open (hot-unplug); child() says it is gone.
+        if self.host.contains(resolved) and not resolved.endswith(_DELETED):
+            return SysDir(self.host, resolved)
+        return self.child(name)
+
+    def child_link_opt(self, name: str) -> SysDir | None:
+        try:
+            return self.child_link(name)
+        except FileNotFoundError:
+            return None
+
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
 
@@ -257,7 +295,7 @@ class SysDir:
     def link_name(self, name: str) -> str | None:
         """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it."""
         try:
-            return os.path.basename(os.readlink(self._child_path(name)))
+            return os.readlink(self._child_path(name)).rpartition("/")[2]
         except FileNotFoundError:
             return None
         except OSError as exc:

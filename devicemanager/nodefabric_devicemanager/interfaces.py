@@ -208,7 +208,7 @@ def _entries(net: SysDir, pci: Mapping[str, PciFunction]) -> list[_Entry]:
     found: list[_Entry] = []
     for name in net.list():
         try:
-            d = net.child(name)
+            d = net.child_link(name)
         except FileNotFoundError:
             # Removed between listing and reading (hot-unplug, a veth torn down): it is gone, not unreadable.
             log.debug("interface vanished during the pass", extra={"interface": recorded_name(name)})
@@ -221,7 +221,7 @@ def _entries(net: SysDir, pci: Mapping[str, PciFunction]) -> list[_Entry]:
             raise HostReadError(
                 f"{net.shown}/{recorded_name(name)}", f"links to {d.shown}, another interface"
             )
-        device = d.child_opt("device")
+        device = d.child_link_opt("device")
         found.append(_Entry(d, device, None if device is None else _function_of(device, pci)))
     return found
 

@@ -142,7 +142,7 @@ def walk(host: HostRoot) -> dict[str, PciFunction]:
         if not is_bus_id(name):
             raise HostReadError(f"{bus.shown}/{name!r}", "not a PCI address")
         try:
-            d = bus.child(name)
+            d = bus.child_link(name)
         except FileNotFoundError:
             # Removed between listing and reading (hot-unplug, VFs torn down): gone, not unreadable.
             log.debug("pci function vanished during the walk", extra={"pci_bus_id": name})

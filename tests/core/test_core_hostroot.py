@@ -198,3 +198,66 @@ def test_names_that_are_not_utf8_are_recorded_escaped():
     assert recorded_name(raw) == "eth\\xff0"
     assert recorded_name("ens1f0") == "ens1f0"
     recorded_name(raw).encode("utf-8")  # what an API object can carry
+
+
+# --- child_link: the kernel resolves a link at once, with exactly child()'s checks and refusals ------
+
+
+@pytest.fixture
+def links(tree: pathlib.Path) -> pathlib.Path:
+    net = tree / "sys/class/net"
+    os.symlink("../../devices/pci0000:00/0000:00:01.0/numa_node", net / "afile")
+    os.symlink("../../devices/absent", net / "dangling")
+    os.symlink("selfloop", net / "selfloop")
+    (net / "realdir").mkdir()
+    (tree.parent / "outside/sub").mkdir()
+    # Escapes through an intermediate link, so the spelled path looks inside the root.
+    os.symlink("../../devices/pci0000:00/0000:00:01.0/out", net / "via")
+    os.symlink("../../../../../outside", tree / "sys/devices/pci0000:00/0000:00:01.0/out")
+    os.mkfifo(net / "pipe")
+    return net
+
+
+@pytest.mark.parametrize("method", ["child", "child_link"])
+def test_child_link_answers_as_child_does(tree, links, method, caplog):
+    net = HostRoot.at(tree).dir("/sys/class/net")
+    get = getattr(net, method)
+    assert get("eth0").shown == "/sys/devices/pci0000:00/0000:00:01.0"
+    assert get("realdir").shown == "/sys/class/net/realdir"
+    with pytest.raises(PathEscapesRoot):
+        get("evil")
+    with pytest.raises(PathEscapesRoot):
+        get("via")
+    assert "outside the host root" in caplog.text
+    with pytest.raises(NotADirectory, match="is a regular file, not a directory"):
+        get("afile")
+    with pytest.raises(NotADirectory, match="is a FIFO, not a directory"):
+        returns(get, "pipe")
+    for broken in ("dangling", "selfloop"):
+        with pytest.raises(HostReadError, match="symlink does not resolve") as err:
+            get(broken)
+        assert not isinstance(err.value, FileNotFoundError)
+    with pytest.raises(FileNotFoundError):
+        get("absent")
+    with pytest.raises(ValueError, match="single path component"):
+        get("..")
+    opt = getattr(net, f"{method}_opt")
+    assert opt("absent") is None
+    assert opt("eth0").name == "0000:00:01.0"
+
+
+def test_child_link_through_a_link_into_the_root_itself(tree):
+    os.symlink("../../..", tree / "sys/class/net/top")
+    assert HostRoot.at(tree).dir("/sys/class/net").child_link("top").shown == "/"
+
+
+def test_child_link_of_a_directory_named_like_a_removed_one_is_still_read(tree):
+    # /proc/self/fd/N of a removed directory ends in " (deleted)": child_link hands such an answer to
+    # child(), which must still find a directory that is merely named so.
+    real = tree / "sys/devices/pci0000:00/0000:00:01.0/x (deleted)"
+    real.mkdir()
+    (real / "mtu").write_text("1500\n")
+    os.symlink("../../devices/pci0000:00/0000:00:01.0/x (deleted)", tree / "sys/class/net/gone")
+    net = HostRoot.at(tree).dir("/sys/class/net")
+    assert net.child_link("gone").read("mtu") == "1500"
+    assert net.child_link("gone") == net.child("gone")
