@@ -132,7 +132,7 @@ def admit(
 
 
 def assign(
-    gated: Sequence[Member], decision: Decision, snap: Snapshot, shape: Shape
+    gated: Sequence[Member], decision: Decision, snap: Snapshot, shape: Shape, rank: str = "spread"
 ) -> dict[str, str] | None:
     """Members (by name) onto the planned nodes in rank order, each node filled to its slots; None when
     the nodes hold fewer. A placement that only narrowed the nodes (members already bound) fills the
