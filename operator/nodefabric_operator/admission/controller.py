@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter as Tally
@@ -704,13 +705,28 @@ class Controller:
         try:
             await asyncio.to_thread(self.core.create_namespaced_pod_eviction, name, ns, body)
             self.metrics.evictions.inc()
+            return
         except ApiException as exc:
-            if exc.status == 404:
-                return  # gone already
-            log.warning(
-                "could not evict a pod of a timed-out group",
-                extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
+            if exc.status != 404 or _names_object(exc, name):
+                if exc.status != 404:  # 429: a PodDisruptionBudget says not now; the next pass tries again
+                    log.warning(
+                        "could not evict a pod of a timed-out group",
+                        extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
+                    )
+                return
+        # A 404 naming no pod: this API server does not serve pods/eviction. Delete, on the same uid.
+        log.warning("pods/eviction is not served; deleting instead", extra={"pod": f"{ns}/{name}"})
+        try:
+            await asyncio.to_thread(
+                self.core.delete_namespaced_pod, name, ns, body={"preconditions": {"uid": uid}}
             )
+            self.metrics.evictions.inc()
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                log.warning(
+                    "could not delete a pod of a timed-out group",
+                    extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
+                )
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -800,6 +816,15 @@ class Controller:
                 continue
             self.annotated[uid] = text
             self.publisher.annotate(pod, {self.decision_key: text[:4096]})
+
+
+def _names_object(exc: ApiException, name: str) -> bool:
+    """A 404 Status about the object itself (its details name it), not about a path the server lacks."""
+    try:
+        details = json.loads(exc.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(details, dict) and details.get("name") == name
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
