@@ -168,3 +168,60 @@ async def test_a_group_not_bound_in_time_is_evicted_and_admitted_afresh():
             await w.create(*job_pods("train", 2))  # the owner recreates them, gated
             await eventually(lambda: w.status(KEY).get("attempts") == 2, what="admitted afresh")
             assert w.status(KEY)["phase"] == "Admitted"
+
+
+async def test_interleaved_groups_with_room_for_one_never_split():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("a", 6), job("b", 6))  # 8 nodes of 8 GPUs: room for one group of 6
+        async with placement(k):
+            a, b = job_pods("a", 6), job_pods("b", 6)
+            for pa, pb in zip(a, b, strict=True):  # pod by pod
+                await w.create(pa, pb)
+            admitted = await eventually(
+                lambda: [g for g in ("a", "b") if w.status(f"{NS}/job/{g}").get("phase") == "Admitted"],
+                what="one admitted",
+            )
+            assert len(admitted) == 1
+            (winner,) = admitted
+            loser = "b" if winner == "a" else "a"
+            await eventually(
+                lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Waiting", what="other waits"
+            )
+            nodes = [m["node"] for m in w.status(f"{NS}/job/{winner}")["members"]]
+            assert len(set(nodes)) == 6
+            await eventually(
+                lambda: all(GATE not in w.gates(f"{winner}-{i}") for i in range(6)), what="ungated"
+            )
+            for i in range(6):
+                assert GATE in w.gates(f"{loser}-{i}") and not w.pinned(f"{loser}-{i}")
+            for i in range(6):
+                await w.bind_and_ready(f"{winner}-{i}")
+            await eventually(lambda: w.status(f"{NS}/job/{winner}").get("phase") == "Bound", what="Bound")
+            assert w.status(f"{NS}/job/{loser}")["phase"] == "Waiting"
+            assert "waits for one" in w.status(f"{NS}/job/{loser}")["decision"]
+            for i in range(6):  # the winner finishes: the loser gets the whole fleet
+                await w.delete(f"{winner}-{i}")
+            await eventually(
+                lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Admitted", what="loser admitted"
+            )
+
+
+async def test_a_fleet_without_gpu_product_labels_still_places():
+    """Helper 20edge makes a homogeneity key no node carries skipped (extender/placement.py, index.py);
+    until that lands on this branch, such a group "never fits"."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(product=None), job("train", 2))
+        async with placement(k):
+            await w.create(*job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") in ("Admitted", "NeverFits"), what="decided")
+            status = w.status(KEY)
+            if status["phase"] == "NeverFits" and "skipped: no node has it" not in status["decision"]:
+                import pytest
+
+                pytest.xfail(f"homogeneity skip not merged yet (h/20edge): {status['decision']}")
+            assert status["phase"] == "Admitted"
+            assert "nvidia.com/gpu.product skipped" in status["decision"]
