@@ -35,7 +35,7 @@ import attrs
 import kmock
 from multidict import CIMultiDict
 
-from nodefabric_operator.demo.kubeapi import discovery, errors
+from nodefabric_operator.demo.kubeapi import discovery, errors, pods
 from nodefabric_operator.demo.kubeapi.admission import (
     CRDS,
     NAMESPACES,
@@ -68,7 +68,15 @@ MAX_BODY = 3 * 1024 * 1024  # the API server's request size limit
 SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")  # every cluster has them
 _WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 _SERVER_OWNED = ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds")
-_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the API server draws generateName suffixes from
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+PODS = "v1/pods"
+_SUCCESS = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Success",
+    "code": 201,
+}  # what the API server draws generateName suffixes from
 log = logging.getLogger(__name__)
 
 
@@ -77,6 +85,10 @@ def _loose_json(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def _uid_mismatch(wanted: object, obj: Mapping[str, Any]) -> str:
+    return f"Precondition failed: UID in precondition: {wanted}, UID in object meta: {meta(obj).get('uid')}"
 
 
 def _table_wanted(request: Any) -> bool:
@@ -214,6 +226,9 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         m.pop("resourceVersion", None)
         if validate:
             body, _ = admit(rt, body, namespace=m.get("namespace"), params={}, old=old)
+            causes = pods.create_causes(body) if rt.key == PODS and old is None else []
+            if causes:
+                raise errors.invalid(rt.kind, rt.group, m["name"], causes)
         else:
             body.update({"apiVersion": rt.group_version, "kind": rt.kind})
         stored = self._commit(rt, body, old)
@@ -401,6 +416,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         if action == "create":
             if route.sub == "binding":
                 return self._bind(rt, route, request)
+            if route.sub == "eviction":
+                return self._evict(rt, route, request)
             if route.name:
                 raise errors.method_not_allowed()
             return self._create(rt, route, request)
@@ -638,6 +655,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         if "status" in rt.subresources:
             body.pop("status", None)  # status is written through its subresource only
         obj, warnings = admit(rt, body, namespace=route.namespace, params=request.params)
+        if rt.key == PODS:
+            obj = self._admit_pod(obj)
         m = meta(obj)
         if self.store.get(rt.key, m.get("namespace"), m["name"]) is not None:
             raise errors.already_exists(rt.plural, rt.group, m["name"])
@@ -696,6 +715,10 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             if "status" in old:
                 candidate["status"] = old["status"]
         obj, warnings = admit(rt, candidate, namespace=route.namespace, params=request.params, old=old)
+        if rt.key == PODS and route.sub is None:
+            causes = pods.update_causes(obj, old)
+            if causes:
+                raise errors.invalid(rt.kind, rt.group, route.name, causes)
         if request.params.get("dryRun") == "All":
             return self._respond(obj, 200, warnings)
         return self._respond(self._commit(rt, obj, old), 200, warnings)
@@ -769,12 +792,70 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         target = (body.get("target") or {}).get("name") if isinstance(body, dict) else None
         if not target:
             raise errors.invalid("Binding", "", route.name, [required("target.name")])
+        expected_uid = (body.get("metadata") or {}).get("uid") if isinstance(body, dict) else None
+        if expected_uid and expected_uid != meta(pod).get("uid"):
+            raise errors.conflict(rt.plural, rt.group, route.name, _uid_mismatch(expected_uid, pod))
         current = (pod.get("spec") or {}).get("nodeName")
         if current:
             raise errors.conflict(
-                rt.plural, rt.group, route.name, f"pod {route.name} is already assigned to node {current!r}"
+                "pods/binding", "", route.name, f'pod {route.name} is already assigned to node "{current}"'
             )
-        self._commit(rt, {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": target}}, pod)
-        return self._respond(
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
-        )
+        if pods.gates(pod):
+            raise errors.conflict(
+                "pods/binding", "", route.name, f"pod {route.name} has non-empty .spec.schedulingGates"
+            )
+        status = dict(pod.get("status") or {})
+        kept = [
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") != "PodScheduled"
+        ]
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "True",
+            "lastProbeTime": None,
+            "lastTransitionTime": now(),
+        }
+        status["conditions"] = [*kept, scheduled]
+        spec = {**(pod.get("spec") or {}), "nodeName": target}
+        self._commit(rt, {**pod, "spec": spec, "status": status}, pod)
+        return self._respond(_SUCCESS, 201)
+
+    def _evict(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
+        """POST pods/<name>/eviction (policy/v1 Eviction): the pod is deleted (no PodDisruptionBudget
+        is emulated, so every eviction is allowed)."""
+        assert route.name is not None
+        body = parse_body(request)
+        if not isinstance(body, dict):
+            raise errors.bad_request("Object 'Kind' is missing in the body: it is not a JSON object")
+        for field, allowed in (("apiVersion", ("policy/v1", "policy/v1beta1")), ("kind", ("Eviction",))):
+            if body.get(field) not in allowed:
+                have = body.get(field)
+                raise errors.bad_request(
+                    f"the {field} of an eviction must be one of {', '.join(allowed)}, got {have!r}"
+                )
+        name = (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
+        if name != route.name:
+            raise errors.bad_request("name in URL does not match name in Eviction object")
+        pod = self.store.get(rt.key, route.namespace, route.name)
+        if pod is None:
+            raise errors.not_found(rt.plural, rt.group, route.name)
+        options = body.get("deleteOptions") or {}
+        if not isinstance(options, dict):
+            raise errors.bad_request("deleteOptions of an eviction must be an object")
+        wanted = (options.get("preconditions") or {}).get("uid")
+        if wanted and wanted != meta(pod).get("uid"):
+            raise errors.conflict(rt.plural, rt.group, route.name, _uid_mismatch(wanted, pod))
+        if request.params.get("dryRun") != "All" and options.get("dryRun") != ["All"]:
+            if meta(pod).get("finalizers"):
+                self._mark_deleted(rt, pod)
+            else:
+                self._remove(rt, pod, "Background")
+        return self._respond(_SUCCESS, 201)
+
+    def _admit_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The pod's own rules at creation (gates, nodeName), and the status the API server gives it."""
+        causes = pods.create_causes(pod)
+        if causes:
+            raise errors.invalid("Pod", "", meta(pod).get("name", ""), causes)
+        return {**pod, "status": pods.created_status(pod, now())}
