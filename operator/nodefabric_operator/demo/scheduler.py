@@ -369,7 +369,8 @@ class StandInScheduler:
                 if node is not None:
                     done.append((pod_ref(pod), node))
             if self.kubelet:
-                await self._mark_ready(pods, room)
+                # Read again: a kubelet sees the pod as the binding left it (its PodScheduled condition).
+                await self._mark_ready(await self.kube.items("/api/v1/pods") if done else pods, room)
             return done
 
     async def _schedule(self, pod: dict[str, Any], room: dict[str, Room]) -> str | None:
