@@ -188,7 +188,8 @@ async def test_a_cycle_binds_what_fits_and_marks_it_ready(k: RunningAPI) -> None
         [cond] = b["status"]["conditions"]
         assert (cond["reason"], cond["message"]) == (
             "Unschedulable",
-            "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.",
+            "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, "
+            "2 node(s) didn't match Pod's node affinity/selector.",
         )
         assert "nodeName" not in stored(k, "gated")["spec"]
         assert await scheduler.cycle() == []  # nothing changed: nothing bound, no rewrite

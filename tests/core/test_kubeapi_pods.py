@@ -403,5 +403,6 @@ async def test_eviction_with_a_stale_uid_is_a_conflict(k: RunningAPI) -> None:
 
 async def test_eviction_is_in_discovery(k: RunningAPI) -> None:
     status, doc = await call(k, "GET", "/api/v1")
+    assert status == 200
     entry = next(r for r in doc["resources"] if r["name"] == "pods/eviction")
     assert (entry["kind"], entry["verbs"]) == ("Eviction", ["create"])
