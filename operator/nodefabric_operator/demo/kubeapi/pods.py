@@ -39,7 +39,7 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def gates(pod: Mapping[str, Any]) -> list[str]:
+def gates(pod: Mapping[str, Any]) -> list[Any]:
     return [g.get("name") if isinstance(g, dict) else g for g in _list(_spec(pod).get("schedulingGates"))]
 
 
@@ -183,11 +183,11 @@ def update_causes(new_pod: Mapping[str, Any], old_pod: Mapping[str, Any]) -> lis
     if gates(old_pod):
         causes += _node_selector(munged, old) + _node_affinity(munged, old)
         _same(munged, old, "nodeSelector")
-        have = dict(munged["affinity"]) if isinstance(munged.get("affinity"), dict) else {}
-        had = old["affinity"] if isinstance(old.get("affinity"), dict) else {}
-        _same(have, had, "nodeAffinity")
-        if have or "affinity" in old:
-            munged["affinity"] = have
+        now_affinity = dict(munged["affinity"]) if isinstance(munged.get("affinity"), dict) else {}
+        old_affinity = old["affinity"] if isinstance(old.get("affinity"), dict) else {}
+        _same(now_affinity, old_affinity, "nodeAffinity")
+        if now_affinity or "affinity" in old:
+            munged["affinity"] = now_affinity
         else:
             munged.pop("affinity", None)
     if munged != old and not causes:
