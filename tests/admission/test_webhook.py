@@ -300,3 +300,84 @@ def test_a_pair_that_does_not_load_at_start_is_an_error(certs: dict[str, Path]) 
         ReloadingTLS(certs["cert"], certs["key2"])
     with pytest.raises(OSError):
         ReloadingTLS(certs["cert"], certs["cert"].parent / "missing.key")
+
+
+# --- end to end: the embedded API calls the webhook -----------------------------------------------------
+
+
+def webhook_configuration(base: str, ca: Path) -> dict[str, Any]:
+    """The two webhooks a cluster is given: opted-in namespaces, and pods naming a nodefabric group."""
+    bundle = base64.b64encode(ca.read_bytes()).decode()
+    rules = [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
+    not_disabled = {"key": "placement.gpustack.ai/admission", "operator": "NotIn", "values": ["disabled"]}
+    enabled = {"matchLabels": {"placement.gpustack.ai/admission": "enabled"}}
+    common = {
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Ignore",
+        "rules": rules,
+    }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "nodefabric-placement"},
+        "webhooks": [
+            {
+                **common,
+                "name": "namespaces.placement.gpustack.ai",
+                "clientConfig": {"url": base + "/mutate-pods", "caBundle": bundle},
+                "namespaceSelector": enabled,
+                "objectSelector": {"matchExpressions": [not_disabled]},
+            },
+            {
+                **common,
+                "name": "groups.placement.gpustack.ai",
+                "clientConfig": {"url": base + "/mutate-pods/explicit", "caBundle": bundle},
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "placement.gpustack.ai/admission", "operator": "NotIn", "values": ["enabled"]}
+                    ]
+                },
+                "objectSelector": {"matchExpressions": [not_disabled, {"key": GATE, "operator": "Exists"}]},
+            },
+        ],
+    }
+
+
+async def test_pods_created_through_the_embedded_api_are_gated_by_the_webhook(certs: dict[str, Path]) -> None:
+    from nodefabric_operator.demo.kubeapi import running_api
+
+    async with serving_webhook(CONFIG, certs["cert"], certs["key"]) as base, running_api() as k:
+        k.api.put_object(
+            "v1/namespaces",
+            {"metadata": {"name": "ml", "labels": {"placement.gpustack.ai/admission": "enabled"}}},
+        )
+        k.api.put_object("v1/namespaces", {"metadata": {"name": "plain"}})
+        k.api.put_object(
+            "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            webhook_configuration(base, certs["ca"]),
+        )
+
+        async def create(ns: str, name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+            body = pod(labels, **spec)
+            body["metadata"] = {"name": name, "labels": labels}
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{k.url}/api/v1/namespaces/{ns}/pods", json=body) as resp,
+            ):
+                out: dict[str, Any] = await resp.json()
+                assert resp.status == 201, out
+                return out
+
+        def gates(out: dict[str, Any]) -> list[str]:
+            return [g["name"] for g in out["spec"].get("schedulingGates", [])]
+
+        assert gates(await create("ml", "job-0", JOB)) == [GATE]
+        assert gates(await create("ml", "solo", {})) == []
+        assert gates(await create("ml", "out", {**JOB, "placement.gpustack.ai/admission": "disabled"})) == []
+        assert gates(await create("ml", "bound", JOB, nodeName="n1")) == []
+        assert gates(await create("plain", "job-0", JOB)) == []  # a plain Job never waits on nodefabric
+        assert gates(await create("plain", "named", {GATE: "g"})) == [GATE]
+        kept = await create("ml", "two", JOB, schedulingGates=[{"name": "example.com/other"}])
+        assert gates(kept) == ["example.com/other", GATE]
+        assert kept["status"]["conditions"][0]["reason"] == "SchedulingGated"

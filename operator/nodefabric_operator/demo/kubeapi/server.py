@@ -14,6 +14,10 @@ What it does as a real API server does, because our parts or kubectl depend on i
 - validation of metadata (names, labels, annotations...) and of custom resources against their CRD's
   structural schema, with pruning, defaulting, `fieldValidation` and the 422 causes a server sends;
 - label and field selectors, `limit`/`continue` pages, server-side Tables for kubectl;
+- pods: scheduling gates only at creation, never beside `nodeName`, removable in any order; a gated
+  pod may only add to its node selector, narrow its required node affinity and add tolerations, other
+  spec changes are refused as the API server refuses them (`pods`); binding a gated pod is refused;
+  `pods/eviction`; MutatingWebhookConfigurations called on a pod's creation (`webhooks`);
 - watches: from "now" with the current state, or resuming from a resourceVersion (410 Expired once
   it left the event window), bookmarks, `sendInitialEvents`, `timeoutSeconds`, Table watches.
 """
@@ -35,7 +39,7 @@ import attrs
 import kmock
 from multidict import CIMultiDict
 
-from nodefabric_operator.demo.kubeapi import discovery, errors, pods
+from nodefabric_operator.demo.kubeapi import discovery, errors, pods, webhooks
 from nodefabric_operator.demo.kubeapi.admission import (
     CRDS,
     NAMESPACES,
@@ -70,6 +74,8 @@ _WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 _SERVER_OWNED = ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 PODS = "v1/pods"
+MUTATING_WEBHOOKS = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+_PINNED = ("name", "namespace", "uid", "creationTimestamp", "generation")
 _SUCCESS = {
     "kind": "Status",
     "apiVersion": "v1",
@@ -109,7 +115,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     (events each resource keeps for resuming watches), `bookmark_interval` (seconds between watch
     bookmarks), `watch_capacity` (events queued for one slow watch before it is closed),
     `require_namespaces` (refuse objects in a namespace that does not exist, as a real server does;
-    off by default, since most tests never create the namespaces they write to)."""
+    off by default, since most tests never create the namespaces they write to), `services` (where a
+    mutating webhook's `clientConfig.service` is served: "namespace/name" -> "host:port")."""
 
     history: int = 4096
     # A kept request holds its body and its decoded JSON (about 7 times the body in memory): 150
@@ -119,6 +126,9 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     bookmark_interval: float = 60.0
     watch_capacity: int = 100_000
     require_namespaces: bool = False
+    # Where a webhook's `clientConfig.service` is served ("namespace/name" -> "host:port"): no Service
+    # routes traffic here.
+    services: dict[str, str] = attrs.field(factory=dict)
 
     catalogue: Catalogue = attrs.field(factory=Catalogue, init=False)
     store: Store = attrs.field(factory=Store, init=False)
@@ -420,7 +430,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
                 return self._evict(rt, route, request)
             if route.name:
                 raise errors.method_not_allowed()
-            return self._create(rt, route, request)
+            return await self._create(rt, route, request)
         if action in ("update", "patch"):
             return self._update(rt, route, request, action)
         if action == "delete":
@@ -639,7 +649,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         m = {**meta(obj), "deletionTimestamp": now(), "deletionGracePeriodSeconds": 0}
         return self._commit(rt, {**obj, "metadata": m}, obj)
 
-    def _create(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
+    async def _create(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
         body = parse_body(request)
         if not isinstance(body, dict):
             raise errors.bad_request("Object 'Kind' is missing in the body: it is not a JSON object")
@@ -656,6 +666,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             body.pop("status", None)  # status is written through its subresource only
         obj, warnings = admit(rt, body, namespace=route.namespace, params=request.params)
         if rt.key == PODS:
+            obj, more = await self._mutate(rt, obj, request)
+            warnings += more
             obj = self._admit_pod(obj)
         m = meta(obj)
         if self.store.get(rt.key, m.get("namespace"), m["name"]) is not None:
@@ -852,6 +864,36 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             else:
                 self._remove(rt, pod, "Background")
         return self._respond(_SUCCESS, 201)
+
+    async def _mutate(
+        self, rt: ResourceType, obj: dict[str, Any], request: Any
+    ) -> tuple[dict[str, Any], list[str]]:
+        """The mutating webhooks' turn (see `webhooks`), then the object validated again as changed."""
+        configurations = list(self.store.select(MUTATING_WEBHOOKS))
+        if not configurations:
+            return obj, []
+        m = meta(obj)
+        namespace = m.get("namespace", "")
+        ns_labels = {
+            **(meta(self.store.get(NAMESPACES, None, namespace) or {}).get("labels") or {}),
+            "kubernetes.io/metadata.name": namespace,
+        }
+        target = webhooks.Target(
+            rt.group,
+            rt.version,
+            rt.kind,
+            rt.plural,
+            namespace,
+            m.get("name", ""),
+            dry_run=request.params.get("dryRun") == "All",
+        )
+        outcome = await webhooks.admit_through_webhooks(configurations, target, obj, ns_labels, self.services)
+        if not outcome.called:
+            return obj, []
+        # A webhook may not rename or move the object; whatever else it changed is validated as sent.
+        changed = {**outcome.obj, "metadata": {**meta(outcome.obj), **{k: m[k] for k in _PINNED if k in m}}}
+        obj, more = admit(rt, changed, namespace=namespace, params=request.params)
+        return obj, outcome.warnings + more
 
     def _admit_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The pod's own rules at creation (gates, nodeName), and the status the API server gives it."""
