@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import hmac
 import json
 import logging
 import random
@@ -116,7 +117,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     bookmarks), `watch_capacity` (events queued for one slow watch before it is closed),
     `require_namespaces` (refuse objects in a namespace that does not exist, as a real server does;
     off by default, since most tests never create the namespaces they write to), `services` (where a
-    mutating webhook's `clientConfig.service` is served: "namespace/name" -> "host:port")."""
+    mutating webhook's `clientConfig.service` is served: "namespace/name" -> "host:port"), `token`
+    (the bearer token every request but the probes must carry: 401 without it)."""
 
     history: int = 4096
     # A kept request holds its body and its decoded JSON (about 7 times the body in memory): 150
@@ -129,6 +131,9 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     # Where a webhook's `clientConfig.service` is served ("namespace/name" -> "host:port"): no Service
     # routes traffic here.
     services: dict[str, str] = attrs.field(factory=dict)
+    # The bearer token every request must carry (None: no authentication, as most tests want). The
+    # probes answer without it, as a real API server's do to anonymous requests.
+    token: str | None = attrs.field(default=None, repr=False)
 
     catalogue: Catalogue = attrs.field(factory=Catalogue, init=False)
     store: Store = attrs.field(factory=Store, init=False)
@@ -331,6 +336,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         """The HTTP entry point (kmock's, without its parsing of Kubernetes URLs, which cannot read
         `/api/v1/namespaces`): record the request in the bounded history, then answer it."""
         raw_request._client_max_size = MAX_BODY
+        if self.token is not None and not self._authenticated(raw_request):
+            return self._error(errors.unauthorized())
         try:
             body = await raw_request.read()
             text = body.decode("utf-8")
@@ -374,6 +381,14 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
                     f"an error on the server ({exc!r}) has prevented the request from succeeding",
                 )
             )
+
+    def _authenticated(self, raw_request: aiohttp.web.BaseRequest) -> bool:
+        if "/" + raw_request.path.strip("/") in discovery.HEALTH:
+            return True
+        scheme, _, given = raw_request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), str(self.token).encode()
+        )
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         if self._payloads:
