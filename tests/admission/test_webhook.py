@@ -381,3 +381,14 @@ async def test_pods_created_through_the_embedded_api_are_gated_by_the_webhook(ce
         kept = await create("ml", "two", JOB, schedulingGates=[{"name": "example.com/other"}])
         assert gates(kept) == ["example.com/other", GATE]
         assert kept["status"]["conditions"][0]["reason"] == "SchedulingGated"
+
+
+async def test_the_placement_configuration_alone_builds_the_app(certs: dict[str, Path]) -> None:
+    """`nodefabric placement` hands its configuration file's model over: the gate follows its domain."""
+    config = ExtenderConfig(domain="example.org")
+    async with serving_webhook(config, certs["cert"], certs["key"]) as base:
+        body = json.dumps(review(pod({"placement.example.org/group": "g"}))).encode()
+        _, out = await post(base + "/mutate-pods/explicit", certs["ca"], body)
+    assert json.loads(base64.b64decode(out["response"]["patch"]))[0]["value"] == [
+        {"name": "placement.example.org/group"}
+    ]

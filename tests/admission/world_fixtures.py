@@ -14,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from nodefabric_operator.admission.webhook import WebhookConfig, build_webhook_app, ssl_context
+from nodefabric_operator.extender.config import ExtenderConfig
 
 
 def _openssl(*args: str) -> None:
@@ -47,7 +48,7 @@ def free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def serving_webhook(
-    config: WebhookConfig, cert: Path, key: Path, port: int | None = None
+    config: WebhookConfig | ExtenderConfig, cert: Path, key: Path, port: int | None = None
 ) -> AsyncIterator[str]:
     """The webhook on https://127.0.0.1:<port>; yields its base URL."""
     runner = web.AppRunner(build_webhook_app(config), access_log=None)

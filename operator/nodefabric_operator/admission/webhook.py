@@ -252,9 +252,12 @@ def _handler(namespace_opted_in: bool) -> Any:
     return handle
 
 
-def build_webhook_app(config: WebhookConfig) -> web.Application:
+def build_webhook_app(config: WebhookConfig | ExtenderConfig) -> web.Application:
     """POST /mutate-pods (the namespace opted in: the configuration's namespaceSelector vouches for it) and
-    POST /mutate-pods/explicit (only pods that name a nodefabric group are gated)."""
+    POST /mutate-pods/explicit (only pods that name a nodefabric group are gated). Given the placement
+    configuration alone, only default-scheduler's pods are gated."""
+    if isinstance(config, ExtenderConfig):
+        config = WebhookConfig(placement=config)
     app = web.Application(client_max_size=config.max_body)
     app[CONFIG] = config
     app.router.add_post("/mutate-pods", _handler(True))
