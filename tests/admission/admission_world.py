@@ -20,6 +20,7 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.extender.config import ExtenderConfig
 
 GATE = "placement.gpustack.ai/group"
+OTHER_GATE = "example.com/other"  # someone else's gate, which ours must never disturb
 ZONE = "topology.kubernetes.io/zone"
 REGION = "topology.kubernetes.io/region"
 PRODUCT = "nvidia.com/gpu.product"
@@ -58,6 +59,7 @@ def gpod(
     scheduler: str = "default-scheduler",
     affinity: dict[str, Any] | None = None,
     owner: dict[str, Any] | None = None,
+    other_gate: bool = False,
 ) -> dict[str, Any]:
     resources = {
         "requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)},
@@ -68,7 +70,7 @@ def gpod(
         "containers": [{"name": "trainer", "image": "trainer:1", "resources": resources}],
     }
     if gated:
-        spec["schedulingGates"] = [{"name": "example.com/other"}, {"name": GATE}]
+        spec["schedulingGates"] = [{"name": OTHER_GATE}] * other_gate + [{"name": GATE}]
     if affinity:
         spec["affinity"] = affinity
     meta: dict[str, Any] = {
@@ -193,6 +195,13 @@ class World:
         )
         status = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         await asyncio.to_thread(self.core.patch_namespaced_pod_status, name, NS, status)
+
+    async def remove_other_gate(self, name: str) -> None:
+        """What the other gate's owner does when it is done with the pod."""
+        gates = self.gates(name)
+        i = gates.index(OTHER_GATE)
+        patch = [{"op": "remove", "path": f"/spec/schedulingGates/{i}"}]
+        await asyncio.to_thread(self.core.patch_namespaced_pod, name, NS, patch)
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self.core.delete_namespaced_pod, name, NS)

@@ -18,7 +18,7 @@ async def test_a_complete_group_is_pinned_ungated_and_recorded():
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(), job("train", 4, completions=4))
         async with placement(k):
-            await w.create(*job_pods("train", 4))
+            await w.create(*job_pods("train", 4, other_gate=True))
             await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(4)), what="ungated")
             status = w.status(KEY)
             assert status["phase"] == "Admitted"
@@ -34,6 +34,7 @@ async def test_a_complete_group_is_pinned_ungated_and_recorded():
             cond = {c["type"]: c["status"] for c in status["conditions"]}
             assert cond == {"Admitted": "True", "AllBound": "False"}
             for i in range(4):
+                await w.remove_other_gate(f"train-{i}")
                 await w.bind_and_ready(f"train-{i}")
             await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
             status = w.status(KEY)
@@ -75,7 +76,7 @@ async def test_unknown_size_waits_gated_never_a_group_of_one():
             assert "group size unknown: Job ml/train not found" in status["decision"]
             passes = ctl.passes
             await eventually(lambda: ctl.passes > passes + 2)
-            assert w.gates("train-0") == ["example.com/other", GATE]
+            assert w.gates("train-0") == [GATE]
 
 
 async def test_members_declaring_different_sizes_wait_and_an_owner_count_wins():

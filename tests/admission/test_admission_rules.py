@@ -323,7 +323,7 @@ def test_pinning_narrows_every_term_and_touches_nothing_else(aff: dict[str, Any]
 
 
 def test_ungating_removes_only_our_gate_and_fails_if_the_list_moved() -> None:
-    p = gpod("p")
+    p = gpod("p", other_gate=True)
     p["metadata"]["uid"] = "u1"
     patch = pins.ungate_patch(p, GATE)
     assert [g["name"] for g in jsonpatch.apply_patch(p, patch)["spec"]["schedulingGates"]] == [
