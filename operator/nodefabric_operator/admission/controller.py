@@ -219,6 +219,7 @@ class Controller:
                     "uid",
                     "creationTimestamp",
                     "deletionTimestamp",
+                    "resourceVersion",
                     "ownerReferences",
                 )
                 if k in meta
@@ -246,6 +247,9 @@ class Controller:
     def _upsert_pod(self, obj: dict[str, Any]) -> None:
         slim = self._slim(obj)
         uid = str(slim["metadata"].get("uid"))
+        old = self.pods.get(uid)
+        if old is not None and _rv(old) > _rv(slim) > 0:
+            return  # an event older than the answer to our own patch, which is already here
         self.pods[uid] = slim
         if slim["spec"].get("nodeName"):
             self.held.pop(uid, None)  # bound: the cache counts it where it runs
@@ -578,24 +582,21 @@ class Controller:
                 continue
             ns, name = str(pod["metadata"].get("namespace")), m.pod
             try:
-                pin = pins.pin_patch(pod, m.node)
-                if pin is not None:
-                    await asyncio.to_thread(
+                for patch in (pins.pin_patch(pod, m.node), pins.ungate_patch(pod, self.gate)):
+                    if patch is None:
+                        continue
+                    resp = await asyncio.to_thread(
                         self.core.patch_namespaced_pod,
                         name,
                         ns,
-                        pin,
+                        patch,
                         _content_type="application/json-patch+json",
+                        _preload_content=False,
                     )
-                ungate = pins.ungate_patch(pod, self.gate)
-                if ungate is not None:
-                    await asyncio.to_thread(
-                        self.core.patch_namespaced_pod,
-                        name,
-                        ns,
-                        ungate,
-                        _content_type="application/json-patch+json",
-                    )
+                    # What we wrote is what the next pass reads, though the watch has not shown it yet: a
+                    # second pin of a pod ungated since would be refused.
+                    self._upsert_pod(json.loads(resp.data))
+                    pod = self.pods[m.uid]
             except ApiException as exc:
                 ok = False
                 # 404: gone (the owner makes another); 422/409: changed under us, next pass reads it again.
