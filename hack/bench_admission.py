@@ -86,7 +86,7 @@ async def run_size(n: int, rounds: int) -> tuple[float, float]:
             for r in range(rounds):
                 name = f"j{r}"
                 await w.create(job(name, GROUP))
-                pods = job_pods(name, GROUP)
+                pods = w.job_pods(name, GROUP)
                 for p in pods:
                     await w.create(p)
                 started = time.perf_counter()

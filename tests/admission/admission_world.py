@@ -196,6 +196,20 @@ class World:
         status = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         await asyncio.to_thread(self.core.patch_namespaced_pod_status, name, NS, status)
 
+    def job_pods(self, job: str, n: int, **kw: Any) -> list[dict[str, Any]]:
+        """The Job's pods as the Job controller makes them: controlled by the Job (its uid)."""
+        stored = self.k.api.stored("batch/v1/jobs", job, NS)
+        assert stored is not None, job
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job,
+            "uid": stored["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        return job_pods(job, n, owner=owner, **kw)
+
     async def remove_other_gate(self, name: str) -> None:
         """What the other gate's owner does when it is done with the pod."""
         gates = self.gates(name)

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from admission_world import GATE, NS, World, eventually, fleet, job, job_pods
+from admission_world import GATE, NS, World, eventually, fleet, job
 
 from nodefabric_operator.admission import model
 from nodefabric_operator.demo.kubeapi import running_api
@@ -83,7 +83,7 @@ async def test_two_replicas_one_leader_admits_and_a_lost_leader_is_replaced(tmp_
                 return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
 
             leader = await eventually(holder, what="a leader")
-            await w.create(*job_pods("a", 2))
+            await w.create(*w.job_pods("a", 2))
             await eventually(lambda: all(GATE not in w.gates(f"a-{i}") for i in range(2)), what="a ungated")
             first = int(leader[1])
             metrics = (await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[first]}/metrics"))[1]
@@ -96,7 +96,7 @@ async def test_two_replicas_one_leader_admits_and_a_lost_leader_is_replaced(tmp_
             procs[first].kill()  # no release: the other waits out the Lease
             await asyncio.to_thread(procs[first].wait, 10)
             await eventually(lambda: holder() == f"r{1 - first}", timeout=20, what="the other replica leads")
-            await w.create(*job_pods("b", 2))
+            await w.create(*w.job_pods("b", 2))
             await eventually(lambda: all(GATE not in w.gates(f"b-{i}") for i in range(2)), what="b ungated")
             assert w.status(f"{NS}/job/b")["phase"] == "Admitted"
         finally:

@@ -18,11 +18,20 @@ async def test_a_complete_group_is_pinned_ungated_and_recorded():
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(), job("train", 4, completions=4))
         async with placement(k):
-            await w.create(*job_pods("train", 4, other_gate=True))
+            await w.create(*w.job_pods("train", 4, other_gate=True))
             await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(4)), what="ungated")
             status = w.status(KEY)
             assert status["phase"] == "Admitted"
             assert status["size"] == 4 and status["sizeSource"] == "Job train: completions"
+            pg = w.pg(KEY)
+            assert pg["metadata"]["labels"] == {
+                "app.kubernetes.io/managed-by": "nodefabric",
+                "placement.gpustack.ai/family": "job",
+            }
+            job_uid = k.api.stored("batch/v1/jobs", "train", NS)["metadata"]["uid"]
+            assert [(o["kind"], o["name"], o["uid"]) for o in pg["metadata"]["ownerReferences"]] == [
+                ("Job", "train", job_uid)
+            ]
             nodes = {m["pod"]: m["node"] for m in status["members"]}
             assert sorted(nodes) == [f"train-{i}" for i in range(4)]
             # One zone, one node per pod (8 GPUs each), each pod pinned to exactly its node.
@@ -53,7 +62,7 @@ async def test_an_incomplete_group_stays_gated_with_a_reason_then_goes_when_whol
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(), job("train", 4))
         async with placement(k):
-            pods = job_pods("train", 4)
+            pods = w.job_pods("train", 4)
             await w.create(*pods[:3])
             await eventually(lambda: w.status(KEY).get("phase") == "Waiting", what="Waiting")
             assert "3 of 4 exist" in w.status(KEY)["decision"]
@@ -107,17 +116,21 @@ async def test_forged_claims_and_other_schedulers_pods_change_nothing():
         }
         label = {"batch.kubernetes.io/job-name": "train"}
         async with placement(k):
-            # 20 pods of another scheduler carrying the Job's label, and an attacker's pod with forged
-            # annotations under a different group name.
+            # 20 pods of another scheduler carrying the Job's label; the attacker's own pods of the same
+            # scheduler with the label and forged annotations, gated and not, created before the Job's
+            # pods and not controlled by the Job.
             await w.create(
                 *[gpod(f"x-{i}", labels=label, gated=False, scheduler="other", gpus=1) for i in range(20)]
             )
             await w.create(gpod("attacker", labels=label, annotations=forged, gated=False, scheduler="other"))
-            await w.create(*[gpod(f"train-{i}", labels=label, annotations=forged) for i in range(2)])
+            await w.create(gpod("attacker-gated", labels=label, annotations=forged))
+            await w.create(gpod("attacker-loose", labels=label, annotations=forged, gated=False))
+            await w.create(*w.job_pods("train", 2, annotations=forged))
             await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
             status = w.status(KEY)
             assert [m["pod"] for m in status["members"]] == ["train-0", "train-1"]
             assert "attacker" not in status["decision"] and "nowhere" not in status["decision"]
+            assert GATE in w.gates("attacker-gated") and not w.pinned("attacker-gated")
             assert status["location"] != "nowhere" and status["level"] == "zone"
             assert (
                 w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
@@ -137,7 +150,7 @@ async def test_a_restart_mid_admission_carries_on_from_the_placement_group():
                 raise RuntimeError("killed")
 
             ctl._release = crash_before_release  # type: ignore[method-assign]
-            await w.create(*job_pods("train", 2))
+            await w.create(*w.job_pods("train", 2))
             await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
             ctl._release = original  # type: ignore[method-assign]
         assert all(GATE in w.gates(f"train-{i}") for i in range(2))
@@ -157,7 +170,7 @@ async def test_a_group_not_bound_in_time_is_evicted_and_admitted_afresh():
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(), job("train", 2))
         async with placement(k, cfg, backoff_base=0.5):
-            await w.create(*job_pods("train", 2))
+            await w.create(*w.job_pods("train", 2))
             await eventually(lambda: GATE not in w.gates("train-0"), what="ungated")
             await w.bind_and_ready("train-0")  # one of two binds; the other never does
             await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
@@ -166,7 +179,7 @@ async def test_a_group_not_bound_in_time_is_evicted_and_admitted_afresh():
             assert {c["type"]: c["status"] for c in status["conditions"]}["TimedOut"] == "True"
             await eventually(lambda: not w.pods(), what="pods evicted")
             assert ("PlacementGroup", model.object_name(KEY), "GroupTimedOut") in {e[:3] for e in w.events()}
-            await w.create(*job_pods("train", 2))  # the owner recreates them, gated
+            await w.create(*w.job_pods("train", 2))  # the owner recreates them, gated
             await eventually(lambda: w.status(KEY).get("attempts") == 2, what="admitted afresh")
             assert w.status(KEY)["phase"] == "Admitted"
 
@@ -177,7 +190,7 @@ async def test_interleaved_groups_with_room_for_one_never_split():
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(), job("a", 6), job("b", 6))  # 8 nodes of 8 GPUs: room for one group of 6
         async with placement(k):
-            a, b = job_pods("a", 6), job_pods("b", 6)
+            a, b = w.job_pods("a", 6), w.job_pods("b", 6)
             for pa, pb in zip(a, b, strict=True):  # pod by pod
                 await w.create(pa, pb)
             admitted = await eventually(
@@ -217,7 +230,7 @@ async def test_a_fleet_without_gpu_product_labels_still_places():
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(product=None), job("train", 2))
         async with placement(k):
-            await w.create(*job_pods("train", 2))
+            await w.create(*w.job_pods("train", 2))
             await eventually(lambda: w.status(KEY).get("phase") in ("Admitted", "NeverFits"), what="decided")
             status = w.status(KEY)
             if status["phase"] == "NeverFits" and "skipped: no node has it" not in status["decision"]:

@@ -217,20 +217,55 @@ def test_size_unknown_waits_with_the_reason() -> None:
     assert (v.outcome, v.reason) == ("wait", "group size unknown: Job ml/t not found")
 
 
-@pytest.mark.parametrize(
-    ("n", "size", "words"),
-    [(3, 4, "3 of 4 exist"), (5, 4, "has 5 members for a size of 4")],
-)
-def test_too_few_or_too_many_members_wait(n: int, size: int, words: str) -> None:
-    v = admit(SPEC, Size(size, "Job t: parallelism"), members(n), cache(fleet()), CFG)
-    assert v.outcome == "wait" and words in v.reason and not v.assignments
+def test_too_few_members_wait() -> None:
+    v = admit(SPEC, Size(4, "Job t: parallelism"), members(3), cache(fleet()), CFG)
+    assert v.outcome == "wait" and "3 of 4 exist (Job t: parallelism)" in v.reason and not v.assignments
 
 
-def test_a_member_neither_gated_nor_bound_makes_the_group_wait() -> None:
-    ms = members(2)
+def test_with_more_gated_pods_than_places_the_oldest_are_the_group() -> None:
+    ms = [Member(m.name, m.uid, m.needs, True, created=float(10 - i)) for i, m in enumerate(members(5))]
+    v = admit(SPEC, Size(4, "s"), ms, cache(fleet()), CFG)
+    assert v.outcome == "admitted" and sorted(v.assignments) == ["t-1", "t-2", "t-3", "t-4"]
+
+
+def test_a_member_neither_gated_nor_bound_does_not_count_and_holds_nothing_back() -> None:
+    ms = members(3)
     ms[1] = Member(ms[1].name, ms[1].uid, ms[1].needs, gated=False)
+    v = admit(SPEC, Size(3, "s"), ms, cache(fleet()), CFG)
+    assert v.outcome == "wait" and "2 of 3 exist" in v.reason
     v = admit(SPEC, Size(2, "s"), ms, cache(fleet()), CFG)
-    assert v.outcome == "wait" and "neither gated nor bound (t-1)" in v.reason
+    assert v.outcome == "admitted" and sorted(v.assignments) == ["t-0", "t-2"]
+
+
+def test_a_complete_bound_group_admits_no_extra_pod() -> None:
+    ms = members(3)
+    ms = [Member(m.name, m.uid, m.needs, False, node=f"eu-a-{i}") for i, m in enumerate(ms[:2])] + ms[2:]
+    v = admit(SPEC, Size(2, "s"), ms, cache(fleet()), CFG)
+    assert v.outcome == "wait" and "has its 2 pods bound" in v.reason and not v.assignments
+
+
+def test_a_replacement_pod_joins_its_bound_members_location() -> None:
+    ms = members(3)
+    ms = [Member(m.name, m.uid, m.needs, False, node=f"eu-b-{i}") for i, m in enumerate(ms[:2])] + ms[2:]
+    v = admit(SPEC, Size(3, "s"), ms, cache(fleet()), CFG)
+    assert v.outcome == "admitted" and v.assignments["t-2"].startswith("eu-b-")
+
+
+def test_only_pods_the_owner_controls_count() -> None:
+    owner = owners.Owner(OwnerRef("batch", "v1", "jobs", "Job", "ml", "t"), (2, "Job t"), "", "job-uid")
+    mine = gpod(
+        "t-0",
+        owner={"apiVersion": "batch/v1", "kind": "Job", "name": "t", "uid": "job-uid", "controller": True},
+    )
+    copied = gpod("t-x", labels={"batch.kubernetes.io/job-name": "t"})
+    forged = gpod("t-y", owner={"kind": "Job", "name": "t", "uid": "other", "controller": True})
+    assert owners.controls(owner, mine)
+    assert not owners.controls(owner, copied) and not owners.controls(owner, forged)
+    assert owners.controls(None, copied)  # no owner read: nothing to hold them to
+    jobset = owners.Owner(
+        OwnerRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", "ml", "s"), None, "", "u"
+    )
+    assert owners.controls(jobset, copied)  # its Jobs control its pods, not the JobSet
 
 
 def test_admitted_assignments_fill_the_planned_nodes_by_slots_deterministically() -> None:

@@ -32,6 +32,7 @@ class Member:
     needs: PodNeeds
     gated: bool  # carries our gate
     node: str = ""  # bound to, "" while not
+    created: float = 0.0  # creation time: the oldest gated pods are the group when there are too many
 
 
 @dataclass(frozen=True)
@@ -81,26 +82,24 @@ def admit(
     if size.value is None:
         return Verdict("wait", size.reason or "group size unknown")
     total = size.value
+    # Pods neither gated nor bound are kube-scheduler's already (their gate went some other way): not
+    # ours to place, so they never count, and cannot hold a group back.
     bound = sorted(m.node for m in members if m.node)
-    gated = sorted((m for m in members if m.gated and not m.node), key=lambda m: m.name)
-    loose = [m.name for m in members if not m.gated and not m.node]
-    if loose:
-        shown = ", ".join(sorted(loose)[:5])
+    gated = sorted((m for m in members if m.gated and not m.node), key=lambda m: (m.created, m.name))
+    have = len(bound) + len(gated)
+    if have < total:
         return Verdict(
-            "wait", f"{len(loose)} member(s) neither gated nor bound ({shown}): the group is not whole"
+            "wait", f"group {spec.key} waits for its members: {have} of {total} exist ({size.source})"
         )
-    if len(members) < total:
-        return Verdict(
-            "wait", f"group {spec.key} waits for its members: {len(members)} of {total} exist ({size.source})"
-        )
-    if len(members) > total:
+    if len(bound) >= total:
         return Verdict(
             "wait",
-            f"group {spec.key} has {len(members)} members for a size of {total} ({size.source}): "
-            "it waits until the extra pods are gone",
+            f"group {spec.key} has its {total} pods bound ({size.source}); "
+            f"{len(gated)} more gated pod(s) wait until some of them are gone",
         )
-    if not gated:
-        return Verdict("wait", f"group {spec.key} has no gated member to admit")
+    # More gated pods than places: the oldest are the group, the rest wait (a pod made later, by anyone
+    # who can create pods with the group's labels, never displaces one already waiting).
+    gated = sorted(gated[: total - len(bound)], key=lambda m: m.name)
     needs = group_needs(gated)
     keys = spec.homogeneous_keys
     if keys is None:

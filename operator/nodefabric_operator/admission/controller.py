@@ -36,7 +36,15 @@ from nodefabric_operator.admission import model, pins
 from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
-from nodefabric_operator.admission.owners import OwnerFetcher, OwnerRef, Size, owner_ref, resolve
+from nodefabric_operator.admission.owners import (
+    Owner,
+    OwnerFetcher,
+    OwnerRef,
+    Size,
+    controls,
+    owner_ref,
+    resolve,
+)
 from nodefabric_operator.extender.cache import TERMINAL, Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
@@ -88,6 +96,7 @@ class GroupView:
     scheduler: str
     members: list[dict[str, Any]]  # same namespace, key and scheduler; not terminal, not being deleted
     invalid: str = ""  # an InvalidPlacement on one of its pods
+    owner: Owner | None = None  # once read: what states the size (and owns the PlacementGroup)
 
 
 class Controller:
@@ -118,7 +127,7 @@ class Controller:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
-        self.sizes: dict[OwnerRef, tuple[float, tuple[int, str] | None, str]] = {}
+        self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
         self.annotated: dict[str, str] = {}  # uid -> decision text last copied onto the pod
         self.spam = Correlator()
         self.wake = asyncio.Event()
@@ -397,9 +406,12 @@ class Controller:
             await self._follow(group, pg, status, now)
             return
         gated = [p for p in group.members if self._gated(p)]
+        if status.phase == "Bound":
+            bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+            if not gated or (status.size is not None and bound >= status.size):
+                await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
+                return
         if not gated:
-            if status.phase == "Bound":
-                await self._refresh_members(group, pg, status)
             return
         next_at = _ts(status.next_attempt_time)
         if status.phase == "TimedOut" and next_at is not None and now < next_at:
@@ -410,7 +422,10 @@ class Controller:
             )
             self._events(group, gated, "Warning", "InvalidPlacement", group.invalid)
             return
-        size = await self._size(group)
+        size, owner = await self._size(group)
+        group.owner = owner
+        # A pod the owner does not control never counts, whatever labels it copied.
+        group.members = [p for p in group.members if controls(owner, p)]
         members = []
         for p in group.members:
             try:
@@ -426,6 +441,7 @@ class Controller:
                     needs=needs,
                     gated=self._gated(p),
                     node=str(p["spec"].get("nodeName") or ""),
+                    created=_created(p),
                 )
             )
         verdict = admit(group.spec, size, members, self.cache, self.config)
@@ -475,7 +491,7 @@ class Controller:
         )
         return new
 
-    async def _size(self, group: GroupView) -> Size:
+    async def _size(self, group: GroupView) -> tuple[Size, Owner | None]:
         spec = group.spec
         declared: list[tuple[int | None, str]] = []
         for p in group.members:
@@ -485,16 +501,16 @@ class Controller:
                 s = None
             declared.append((s.size if s else None, str(p["metadata"].get("name"))))
         ref = owner_ref(spec, group.members[0]) if group.members else None
-        owner: tuple[int, str] | None = None
-        problem = ""
+        owner: Owner | None = None
         if ref is not None:
             cached = self.sizes.get(ref)
             now = self.clock()
             if cached is None or now - cached[0] > SIZE_TTL_S:
-                found, why = await asyncio.to_thread(self.owners.size, ref)
-                cached = self.sizes[ref] = (now, found, why)
-            owner, problem = cached[1], cached[2]
-        return resolve(owner, problem, declared)
+                cached = self.sizes[ref] = (now, await asyncio.to_thread(self.owners.read, ref))
+            owner = cached[1]
+        if owner is None:
+            return resolve(None, "", declared), None
+        return resolve(owner.count, owner.problem, declared), owner
 
     async def _admit(
         self,
@@ -521,6 +537,8 @@ class Controller:
                 ready=_ready(p),
             )
             for p in sorted(group.members, key=lambda p: str(p["metadata"].get("name")))
+            # The group is its bound pods and those given a node; extra gated pods stay out, gated.
+            if p["spec"].get("nodeName") or str(p["metadata"].get("name")) in verdict.assignments
         ]
         if choice is not None:
             new.level = choice.level
@@ -740,12 +758,24 @@ class Controller:
         if pg is not None and (pg.get("status") or {}) == body_status:
             return False
         if pg is None:
+            meta: dict[str, Any] = {
+                "name": name,
+                "namespace": ns,
+                "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
+            }
+            owner = group.owner
+            if owner is not None and owner.uid:
+                # Garbage-collected with the Job (JobSet, ...) it describes.
+                meta["ownerReferences"] = [
+                    {
+                        "apiVersion": owner.api_version,
+                        "kind": owner.ref.kind,
+                        "name": owner.ref.name,
+                        "uid": owner.uid,
+                    }
+                ]
             obj = model.PlacementGroup(
-                metadata={
-                    "name": name,
-                    "namespace": ns,
-                    "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
-                },
+                metadata=meta,
                 spec=model.PlacementGroupSpec(key=spec.key, family=spec.family, name=spec.name),
             ).model_dump(by_alias=True, mode="json", exclude={"status"})
             try:
