@@ -29,6 +29,17 @@ SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:{SCHEDULER}"
 DECISION, CLAIM = "placement.gpustack.ai/decision", "placement.gpustack.ai/claim"
 
 
+@pytest.fixture(scope="session")
+def render(render_extender):  # type: ignore[no-untyped-def]
+    """Every render of this module runs the optional second scheduler and its extender."""
+    return render_extender
+
+
+@pytest.fixture(scope="session")
+def default_docs(extender_docs: list[Doc]) -> list[Doc]:
+    return extender_docs
+
+
 def scheduler(docs: list[Doc]) -> Doc:
     return one(docs, "Deployment", SCHEDULER)
 

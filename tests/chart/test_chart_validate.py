@@ -20,6 +20,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "everything-on": {
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
         "scheduler": {"replicas": 2, "image": {"tag": "v1.33.4"}},
+        "extender": {"enabled": True},
         "agent": {
             "families": {"shared": False, "partitioned": False},
             "runtimeClassName": "nvidia",
@@ -47,6 +48,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "custom-domain-and-levels": {
         "domain": "example.com",
         "extender": {
+            "enabled": True,
             "levels": {"networkGroup": ["example.com/rack"], "zone": ["example.com/zone"]},
             "defaults": {"locality": "zone", "rank": "first-fit", "homogeneous": []},
             "weight": 10,
@@ -190,13 +192,12 @@ def test_the_default_render_holds_each_component(default_docs: list[Doc]) -> Non
         ("CustomResourceDefinition", "devices.worker.gpustack.ai"),
         ("DaemonSet", "nf-nodefabric-agent"),
         ("Deployment", "nf-nodefabric-operator"),
-        ("Deployment", "nf-nodefabric-scheduler"),  # kube-scheduler with the extender beside it
-        ("Service", "nf-nodefabric-extender-metrics"),
         ("ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-node"),
         ("ValidatingAdmissionPolicyBinding", "nf-nodefabric-agent-own-node"),
     ]:
         assert expected in kinds
-    # Opt-in or only useful with a standby replica.
+    # Opt-in or only useful with a standby replica: the second scheduler and its extender are optional.
+    assert not [n for k, n in kinds if "scheduler" in n or "extender" in n]
     assert not of_kind(default_docs, "ServiceMonitor")
     assert not of_kind(default_docs, "PodDisruptionBudget")
 
@@ -243,7 +244,9 @@ def test_servicemonitors_select_a_service_port_that_exists(render) -> None:
 
 
 def test_pdb_only_with_a_standby_scheduler(render) -> None:
-    (pdb,) = of_kind(render({"scheduler": {"replicas": 2}}), "PodDisruptionBudget")
+    (pdb,) = of_kind(
+        render({"scheduler": {"replicas": 2}, "extender": {"enabled": True}}), "PodDisruptionBudget"
+    )
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
 
