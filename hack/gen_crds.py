@@ -1,17 +1,19 @@
-"""Regenerate the Devices CRD from the pydantic models, into crds/ and the chart's crds/."""
+"""Regenerate the CRDs (Devices, PlacementGroup) from the pydantic models into crds/ and the chart."""
 
 from __future__ import annotations
 
 import pathlib
 
 from nodefabric_devicemanager import crd
+from nodefabric_operator.admission import model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TARGETS = [ROOT / "crds" / crd.CRD_FILE, ROOT / "charts" / "nodefabric" / "crds" / crd.CRD_FILE]
+RENDERS = {crd.CRD_FILE: crd.render, model.CRD_FILE: model.render}
 
 if __name__ == "__main__":
-    text = crd.render()
-    for target in TARGETS:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        print(f"wrote {target.relative_to(ROOT)}")
+    for name, render in RENDERS.items():
+        text = render()
+        for target in (ROOT / "crds" / name, ROOT / "charts" / "nodefabric" / "crds" / name):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            print(f"wrote {target.relative_to(ROOT)}")

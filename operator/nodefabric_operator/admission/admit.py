@@ -1,0 +1,156 @@
+"""The admission rule: may this group go now, and to which node does each member go? Pure.
+
+Given the group's members (gated pods of its namespace using the same scheduler, not terminal, as the
+caller found them), its expected size, and a snapshot of the nodes whose load already counts the groups
+admitted but not yet bound, the answer is one of: wait (with the reason), never fits, or admitted with a
+node for every gated member. The placement itself is `extender.placement.decide` with every gated member
+still to place, so the explanation is the extender's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nodefabric_operator.admission.owners import Size
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.groups import GroupSpec
+from nodefabric_operator.extender.index import Shape
+from nodefabric_operator.extender.placement import Decision, GroupRequest, Snapshot, decide
+from nodefabric_operator.extender.pods import PodNeeds
+
+Outcome = Literal["wait", "never-fits", "admitted"]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One pod of the group, as the admission reads it."""
+
+    name: str
+    uid: str
+    needs: PodNeeds
+    gated: bool  # carries our gate
+    node: str = ""  # bound to, "" while not
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    reason: str  # the decision's summary, or why the group waits before any decision
+    decision: Decision | None = None
+    assignments: Mapping[str, str] = field(default_factory=dict)  # gated member name -> node
+
+
+def group_needs(members: Sequence[Member]) -> PodNeeds:
+    """What one pod of the group asks: each resource's largest request among the gated members (a
+    leader asking less than its workers is held to the workers' room), the first member's node rules."""
+    gated = sorted((m for m in members if m.gated and not m.node), key=lambda m: m.name)
+    if not gated:
+        return PodNeeds()
+    first = gated[0].needs
+    extended: dict[str, int] = {}
+    for m in gated:
+        for k, v in m.needs.extended.items():
+            extended[k] = max(extended.get(k, 0), v)
+    return PodNeeds(
+        extended=extended,
+        cpu=max(m.needs.cpu for m in gated),
+        memory=max(m.needs.memory for m in gated),
+        selector=first.selector,
+        terms=first.terms,
+        tolerations=first.tolerations,
+    )
+
+
+def feasible(snap: Snapshot, needs: PodNeeds, shape: Shape) -> set[str]:
+    """The nodes one pod of the group could go to now: its node rules hold and the node has room."""
+    out = set()
+    for name, view in snap.views.items():
+        if view.record is not None and not needs.admits(view.record):
+            continue
+        if snap.index.slots(view, shape) <= 0:
+            continue
+        out.add(name)
+    return out
+
+
+def admit(
+    spec: GroupSpec, size: Size, members: Sequence[Member], snap: Snapshot, config: ExtenderConfig
+) -> Verdict:
+    if size.value is None:
+        return Verdict("wait", size.reason or "group size unknown")
+    total = size.value
+    bound = sorted(m.node for m in members if m.node)
+    gated = sorted((m for m in members if m.gated and not m.node), key=lambda m: m.name)
+    loose = [m.name for m in members if not m.gated and not m.node]
+    if loose:
+        shown = ", ".join(sorted(loose)[:5])
+        return Verdict(
+            "wait", f"{len(loose)} member(s) neither gated nor bound ({shown}): the group is not whole"
+        )
+    if len(members) < total:
+        return Verdict(
+            "wait", f"group {spec.key} waits for its members: {len(members)} of {total} exist ({size.source})"
+        )
+    if len(members) > total:
+        return Verdict(
+            "wait",
+            f"group {spec.key} has {len(members)} members for a size of {total} ({size.source}): "
+            "it waits until the extra pods are gone",
+        )
+    if not gated:
+        return Verdict("wait", f"group {spec.key} has no gated member to admit")
+    needs = group_needs(gated)
+    keys = spec.homogeneous_keys
+    if keys is None:
+        keys = config.homogeneity_for(needs.extended)
+    request = GroupRequest(
+        key=spec.key,
+        size=total,
+        remaining=len(gated),
+        locality=spec.locality,
+        rank=spec.rank,
+        homogeneous_keys=keys,
+        needs=needs,
+        members=tuple(bound),
+    )
+    decision = decide(request, feasible(snap, needs, request.shape), snap, config)
+    if decision.outcome == "never-fits":
+        return Verdict("never-fits", decision.summary, decision)
+    if decision.outcome != "placed":
+        return Verdict("wait", decision.summary, decision)
+    assignments = assign(gated, decision, snap, request.shape, spec.rank)
+    if assignments is None:
+        return Verdict(
+            "wait",
+            f"group {spec.key} waits: its location has room for fewer than "
+            f"{len(gated)} pods now ({decision.summary})",
+            decision,
+        )
+    return Verdict("admitted", decision.summary, decision, assignments)
+
+
+def assign(
+    gated: Sequence[Member], decision: Decision, snap: Snapshot, shape: Shape, rank: str = "spread"
+) -> dict[str, str] | None:
+    """Members (by name) onto the planned nodes in rank order, each node filled to its slots; None when
+    the nodes hold fewer. A placement that only narrowed the nodes (members already bound) fills the
+    allowed nodes in the rank's order."""
+    nodes = list(decision.planned)
+    if not nodes:
+        allowed = set(decision.allowed)
+        nodes = [v.name for v in snap.ranked(rank) if v.name in allowed]
+    out: dict[str, str] = {}
+    pending = list(gated)
+    for name in nodes:
+        view = snap.views.get(name)
+        if view is None:
+            continue
+        room = snap.index.slots(view, shape)
+        while room > 0 and pending:
+            out[pending.pop(0).name] = name
+            room -= 1
+        if not pending:
+            return out
+    return None
