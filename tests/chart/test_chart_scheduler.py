@@ -106,14 +106,14 @@ def test_no_service_and_no_container_port_reach_filter_and_prioritize(default_do
     labels = scheduler(default_docs)["spec"]["template"]["metadata"]["labels"]
     assert metrics["spec"]["selector"].items() <= labels.items()
     assert metrics["spec"]["ports"] == [
-        {"name": "metrics", "port": 9102, "targetPort": "extender-metrics", "protocol": "TCP"}
+        {"name": "metrics", "port": 9102, "targetPort": "ext-metrics", "protocol": "TCP"}
     ]
 
 
 def test_probes_and_metrics_use_the_probe_listener(default_docs: list[Doc]) -> None:
     extender = container(scheduler(default_docs), "extender")
-    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "extender-metrics"}
-    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "extender-metrics"}
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ext-metrics"}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ext-metrics"}
     assert extender["securityContext"]["readOnlyRootFilesystem"] is True
     assert extender["resources"]["limits"]["memory"]
 

@@ -208,7 +208,7 @@ logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
     {{- toYaml . | nindent 4 }}
   {{- end }}
   ports:
-    - name: extender-metrics
+    - name: ext-metrics
       containerPort: {{ $e.metricsPort }}
       protocol: TCP
   # Alive while its node and pod watches work (a watch broken longer than unhealthyAfter restarts it);
@@ -216,13 +216,13 @@ logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: extender-metrics
+      port: ext-metrics
     initialDelaySeconds: 5
     periodSeconds: 20
   readinessProbe:
     httpGet:
       path: /readyz
-      port: extender-metrics
+      port: ext-metrics
     periodSeconds: 5
   {{- include "nodefabric.containerSecurityContext" . | nindent 2 }}
   {{- with $e.resources }}
