@@ -591,3 +591,69 @@ def test_the_policies_follow_the_domain_and_are_optional(render) -> None:
     assert not [
         d for d in docs if d["metadata"]["name"].startswith(f"{PLACEMENT}-") and "Policy" in d["kind"]
     ]
+
+
+# The homogeneity default: helm merges maps, so the default is a list a given value replaces whole.
+
+GPU_DEFAULT = {"nvidia.com/gpu": ["nvidia.com/gpu.product"], "amd.com/gpu": ["amd.com/gpu.product-name"]}
+
+
+@pytest.mark.parametrize(
+    ("given", "written"),
+    [
+        ("absent", GPU_DEFAULT),
+        ({}, {}),
+        (None, {}),
+        ([], {}),
+        ({"nvidia.com/gpu": ["example.com/model"]}, {"nvidia.com/gpu": ["example.com/model"]}),
+        (
+            [{"resource": "example.com/npu", "keys": ["example.com/npu.model"]}],
+            {"example.com/npu": ["example.com/npu.model"]},
+        ),
+    ],
+)
+def test_homogeneity_by_resource_can_be_turned_off_or_replaced(
+    render, tmp_path: Path, given: Any, written: dict[str, list[str]]
+) -> None:
+    """Through `helm template`: `{}` and `null` both clear the default (a map default would survive `{}`),
+    and the file always names the key, so the process never falls back to its own built-in default."""
+    from nodefabric_operator.extender.config import load_config
+
+    values = {} if given == "absent" else {"extender": {"defaults": {"homogeneousByResource": given}}}
+    docs = render(values)
+    text = one(docs, "ConfigMap", CONFIG)["data"]["extender.yaml"]
+    assert yaml.safe_load(text)["homogeneousByResource"] == written
+    path = tmp_path / "extender.yaml"
+    path.write_text(text)
+    assert load_config(path).homogeneous_by_resource == {k: tuple(v) for k, v in written.items()}
+
+
+def test_homogeneity_by_resource_is_off_through_a_values_file_with_null(helm, tmp_path: Path) -> None:
+    """The literal `homogeneousByResource: null` and `{}` in a -f file, as a user writes them."""
+    from chart_support import CHART, run_helm
+
+    for literal in ("null", "{}", "[]"):
+        (tmp_path / "mine.yaml").write_text(f"extender:\n  defaults:\n    homogeneousByResource: {literal}\n")
+        args = ["template", "nf", str(CHART), "-n", NAMESPACE, "-s", "templates/placement-config.yaml"]
+        done = run_helm(
+            helm, *args, "-f", str(tmp_path / "mine.yaml"), values=None, tmp=tmp_path, kube_version=None
+        )
+        assert done.returncode == 0, done.stderr
+        (doc,) = [d for d in yaml.safe_load_all(done.stdout) if d]
+        assert yaml.safe_load(doc["data"]["extender.yaml"])["homogeneousByResource"] == {}, literal
+
+
+@pytest.mark.parametrize(
+    ("given", "complaint"),
+    [
+        (
+            [{"resource": "nvidia.com/gpu", "keys": []}, {"resource": "nvidia.com/gpu", "keys": ["a"]}],
+            "names nvidia.com/gpu twice",
+        ),
+        ([{"resource": "nvidia.com/gpu"}], "homogeneousByResource"),
+        ([{"resource": "nvidia.com/gpu", "keys": ["not a label!"]}], "homogeneousByResource"),
+        ("nvidia.com/gpu.product", "homogeneousByResource"),
+    ],
+)
+def test_bad_homogeneity_values_are_refused(render, given: Any, complaint: str) -> None:
+    assert complaint in refusal(render, {"extender": {"defaults": {"homogeneousByResource": given}}})
