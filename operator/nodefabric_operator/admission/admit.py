@@ -111,6 +111,7 @@ def admit(
         locality=spec.locality,
         rank=spec.rank,
         homogeneous_keys=keys,
+        default_keys=spec.homogeneous_keys is None,
         needs=needs,
         members=tuple(bound),
     )
