@@ -4,6 +4,7 @@ probes answer, a lost leader is replaced, bad flags are one line and exit 2."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from admission_world import GATE, NS, World, eventually, fleet, job
+from test_webhook import certs, post, review  # noqa: F401 (certs: the fixture, shared)
 
 from nodefabric_operator.admission import model
 from nodefabric_operator.demo.kubeapi import running_api
@@ -109,3 +111,33 @@ async def test_two_replicas_one_leader_admits_and_a_lost_leader_is_replaced(tmp_
                     raise AssertionError(err.decode()[-2000:])
         logs = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
         assert any(rec.get("message", rec.get("msg", "")) == "placement started" for rec in logs), logs[:5]
+
+
+async def test_every_replica_serves_the_webhook_over_https(certs: dict[str, Path]) -> None:  # noqa: F811
+    """The webhook (admission/webhook.py) mounted by `nodefabric placement`: a pod of a Job in an
+    opted-in namespace gets the gate, over TLS with the given certificate, leader or not."""
+    async with running_api([model.placement_crd()]) as k:
+        metrics, hook = _free_port(), _free_port()
+        proc = _placement(
+            "--kubeconfig", k.kubeconfig, "--namespace", "nodefabric", "--metrics-address", "127.0.0.1",
+            "--metrics-port", str(metrics), "--webhook-port", str(hook),
+            "--tls-cert-file", str(certs["cert"]), "--tls-private-key-file", str(certs["key"]),
+        )  # fmt: skip
+        try:
+            status, out = 0, {}
+            for _ in range(300):
+                try:
+                    status, out = await post(
+                        f"https://127.0.0.1:{hook}/mutate-pods", certs["ca"], json.dumps(review()).encode()
+                    )
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+            assert status == 200
+            assert out["response"]["allowed"] is True and out["response"]["patchType"] == "JSONPatch"
+            patch = json.loads(base64.b64decode(out["response"]["patch"]))
+            assert patch == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+        finally:
+            proc.terminate()
+            _, err = await asyncio.to_thread(proc.communicate, None, 20)
+        assert proc.returncode == 0, err.decode()[-2000:]
