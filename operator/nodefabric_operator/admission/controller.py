@@ -424,8 +424,11 @@ class Controller:
             return
         size, owner = await self._size(group)
         group.owner = owner
-        # A pod the owner does not control never counts, whatever labels it copied.
-        group.members = [p for p in group.members if controls(owner, p)]
+        # Once the owner controls some member (a real Job controller sets its reference on every pod),
+        # a pod it does not control never counts, whatever labels it copied.
+        controlled = [p for p in group.members if controls(owner, p)]
+        if controlled and owner is not None and owner.uid:
+            group.members = controlled
         members = []
         for p in group.members:
             try:
