@@ -50,9 +50,12 @@ async def test_a_complete_group_is_pinned_ungated_and_recorded():
             assert all(m["bound"] and m["ready"] for m in status["members"])
             assert {c["type"]: c["status"] for c in status["conditions"]}["AllBound"] == "True"
             assert ("PlacementGroup", model.object_name(KEY), "GroupAdmitted") in {e[:3] for e in w.events()}
-            assert (
-                w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
-                == status["decision"]
+            await eventually(  # the copy is written after the admission, without blocking it
+                lambda: (
+                    w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
+                    == status["decision"]
+                ),
+                what="the decision copied onto the pod",
             )
 
 
@@ -64,8 +67,8 @@ async def test_an_incomplete_group_stays_gated_with_a_reason_then_goes_when_whol
         async with placement(k):
             pods = w.job_pods("train", 4)
             await w.create(*pods[:3])
-            await eventually(lambda: w.status(KEY).get("phase") == "Waiting", what="Waiting")
-            assert "3 of 4 exist" in w.status(KEY)["decision"]
+            await eventually(lambda: "3 of 4 exist" in w.status(KEY).get("decision", ""), what="3 of 4")
+            assert w.status(KEY)["phase"] == "Waiting"
             assert all(GATE in w.gates(f"train-{i}") for i in range(3))
             assert not w.pinned("train-0")
             await w.create(pods[3])
@@ -132,9 +135,12 @@ async def test_forged_claims_and_other_schedulers_pods_change_nothing():
             assert "attacker" not in status["decision"] and "nowhere" not in status["decision"]
             assert GATE in w.gates("attacker-gated") and not w.pinned("attacker-gated")
             assert status["location"] != "nowhere" and status["level"] == "zone"
-            assert (
-                w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
-                == status["decision"]
+            await eventually(  # the copy is written after the admission, without blocking it
+                lambda: (
+                    w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
+                    == status["decision"]
+                ),
+                what="the decision copied onto the pod",
             )
 
 
@@ -239,3 +245,25 @@ async def test_a_fleet_without_gpu_product_labels_still_places():
                 pytest.xfail(f"homogeneity skip not merged yet (h/20edge): {status['decision']}")
             assert status["phase"] == "Admitted"
             assert "nvidia.com/gpu.product skipped" in status["decision"]
+
+
+async def test_after_a_restart_admitted_groups_hold_their_nodes_before_any_group_is_decided():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(zones=("eu-a",), per_zone=4), job("a", 4), job("b", 4))
+        b = w.job_pods("b", 4)
+        async with placement(k):
+            await w.create(*b[:3])  # b is older, but incomplete
+            await eventually(lambda: w.status(f"{NS}/job/b").get("phase") == "Waiting", what="b waits")
+            await w.create(*w.job_pods("a", 4))
+            await eventually(lambda: all(GATE not in w.gates(f"a-{i}") for i in range(4)), what="a ungated")
+        # A new process; a's pods are pinned, not bound: nothing but a's PlacementGroup says their nodes
+        # are taken, and b (older, so decided first) becomes complete.
+        async with placement(k) as ctl:
+            await w.create(b[3])
+            passes = ctl.passes
+            await eventually(lambda: ctl.passes > passes + 3)
+            status = w.status(f"{NS}/job/b")
+            assert status["phase"] == "Waiting", status["decision"]
+            assert all(GATE in w.gates(f"b-{i}") for i in range(4))

@@ -129,6 +129,11 @@ class Controller:
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
         self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
         self.annotated: dict[str, str] = {}  # uid -> decision text last copied onto the pod
+        self.group_cache: dict[str, tuple[dict[str, Any], tuple[GroupSpec | None, str, str]]] = {}
+        # Bumped by every watch event: a waiting group is decided again only when something changed
+        # (or its owner may have, every SIZE_TTL_S).
+        self.generation = 0
+        self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
         self.spam = Correlator()
         self.wake = asyncio.Event()
         self.watcher = Watcher(self.cache, None, api, feeds=self._feeds())
@@ -140,6 +145,7 @@ class Controller:
         def poke(f: Callable[..., None]) -> Callable[..., None]:
             def wrapped(*args: Any) -> None:
                 f(*args)
+                self.generation += 1
                 self.wake.set()
 
             return wrapped
@@ -266,6 +272,7 @@ class Controller:
 
     def _delete_pod(self, uid: str) -> None:
         self.pods.pop(uid, None)
+        self.group_cache.pop(uid, None)
         self.held.pop(uid, None)
         self.annotated.pop(uid, None)
         self.cache.delete_pod(uid)
@@ -324,12 +331,11 @@ class Controller:
         """Every group with a gated pod or a PlacementGroup to follow, oldest first."""
         by_key: dict[str, list[tuple[GroupSpec | None, dict[str, Any], str]]] = {}
         specs: dict[str, GroupSpec] = {}
-        for pod in self.pods.values():
-            try:
-                spec = group_of(pod, self.config)
-            except InvalidPlacement as exc:
-                if exc.group and self._gated(pod):
-                    by_key.setdefault(exc.group, []).append((None, pod, str(exc)))
+        for uid, pod in self.pods.items():
+            spec, key, error = self._group_of(uid, pod)
+            if error:
+                if key and self._gated(pod):
+                    by_key.setdefault(key, []).append((None, pod, error))
                 continue
             if spec is None:
                 continue
@@ -363,6 +369,19 @@ class Controller:
         out.sort(key=lambda g: (min((_created(p) for p in g.members), default=0.0), g.spec.key))
         return out
 
+    def _group_of(self, uid: str, pod: dict[str, Any]) -> tuple[GroupSpec | None, str, str]:
+        """The pod's group (spec, key, error), worked out once per version of the pod."""
+        cached = self.group_cache.get(uid)
+        if cached is not None and cached[0] is pod:
+            return cached[1]
+        try:
+            spec = group_of(pod, self.config)
+            found: tuple[GroupSpec | None, str, str] = (spec, spec.key if spec else "", "")
+        except InvalidPlacement as exc:
+            found = (None, exc.group or "", str(exc))
+        self.group_cache[uid] = (pod, found)
+        return found
+
     def _scheduler_of(self, pods: list[dict[str, Any]]) -> str:
         """The scheduler the group's gated pods ask for: the most common, then the first by name."""
         names = Tally(p["spec"].get("schedulerName") or "default-scheduler" for p in pods)
@@ -371,9 +390,30 @@ class Controller:
     def _gated(self, pod: Mapping[str, Any]) -> bool:
         return pins.gate_index(pod, self.gate) is not None
 
+    def _restore_holds(self) -> None:
+        """Every admitted group's unbound members hold their nodes before any group is decided: after a
+        restart or a change of leader the PlacementGroups are the state, whatever order groups come in."""
+        for pg in self.pgs.values():
+            status = pg.get("status") or {}
+            if status.get("phase") != "Admitted":
+                continue
+            for m in status.get("members") or []:
+                uid, node = m.get("uid"), m.get("node")
+                pod = self.pods.get(uid) if isinstance(uid, str) else None
+                if pod is None or not isinstance(node, str) or not node or pod["spec"].get("nodeName"):
+                    continue
+                if self.held.get(uid) != node:
+                    self.held[uid] = node
+                    self._feed_cache(uid)
+
     async def reconcile_all(self) -> None:
         self.passes += 1
-        for group in self.groups():
+        self._restore_holds()
+        groups = self.groups()
+        keys = {g.spec.key for g in groups}
+        for key in [k for k in self.evaluated if k not in keys]:
+            del self.evaluated[key]
+        for group in groups:
             try:
                 await self.reconcile(group)
             except ApiException as exc:
@@ -416,6 +456,10 @@ class Controller:
         next_at = _ts(status.next_attempt_time)
         if status.phase == "TimedOut" and next_at is not None and now < next_at:
             return
+        seen = self.evaluated.get(group.spec.key)
+        if pg is not None and seen is not None and seen[0] == self.generation and now - seen[1] < SIZE_TTL_S:
+            return  # nothing changed since this group was last decided
+        self.evaluated[group.spec.key] = (self.generation, now)
         if group.invalid:
             await self._write(
                 group, pg, self._outcome(status, group, "Waiting", f"InvalidPlacement: {group.invalid}")
