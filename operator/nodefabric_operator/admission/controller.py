@@ -66,7 +66,8 @@ TICK_S = 1.0  # timeouts and backoffs are looked at this often even when nothing
 
 
 def _now_dt(now: float) -> datetime:
-    return datetime.fromtimestamp(int(now), UTC)
+    # Milliseconds kept: a timeout of a few seconds must not lose up to one of them to rounding.
+    return datetime.fromtimestamp(round(now, 3), UTC)
 
 
 def _ts(value: datetime | None) -> float | None:
