@@ -372,3 +372,18 @@ def test_ungating_removes_only_our_gate_and_fails_if_the_list_moved() -> None:
         jsonpatch.apply_patch(recreated, patch)
     assert pins.ungate_patch(gpod("q", gated=False), GATE) is None
     assert pins.ungate_patch({"spec": {"schedulingGates": "garbage"}}, GATE) is None
+
+
+def test_cordoned_and_momentarily_tainted_nodes_are_not_given_now() -> None:
+    nodes = fleet(zones=("eu-a",), per_zone=3)
+    nodes[1]["spec"] = {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]}
+    v = admit(SPEC, Size(2, "s"), members(2), cache(nodes), CFG, unschedulable={"eu-a-0"})
+    assert v.outcome == "wait" and not v.assignments  # one node of three is usable now
+    v = admit(SPEC, Size(1, "s"), members(1), cache(nodes), CFG, unschedulable={"eu-a-0"})
+    assert v.assignments == {"t-0": "eu-a-2"}
+    tolerant = job_pods("t", 2)
+    for p in tolerant:
+        p["spec"]["tolerations"] = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}]
+    ms = [Member(p["metadata"]["name"], p["metadata"]["name"], pod_needs(p), True) for p in tolerant]
+    v = admit(SPEC, Size(2, "s"), ms, cache(nodes), CFG, unschedulable={"eu-a-0"})
+    assert sorted(v.assignments.values()) == ["eu-a-1", "eu-a-2"]

@@ -128,6 +128,7 @@ class Controller:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
+        self.cordoned: set[str] = set()  # nodes with spec.unschedulable
         self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
         self.annotated: dict[str, str] = {}  # uid -> decision text last copied onto the pod
         self.group_cache: dict[str, tuple[dict[str, Any], tuple[GroupSpec | None, str, str]]] = {}
@@ -163,6 +164,12 @@ class Controller:
         ]
 
     def _upsert_node(self, obj: dict[str, Any]) -> None:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        name = str(meta.get("name"))
+        if isinstance(spec, Mapping) and spec.get("unschedulable") is True:
+            self.cordoned.add(name)
+        else:
+            self.cordoned.discard(name)
         try:
             self.cache.upsert_node(obj)
         except NodeError as exc:
@@ -170,6 +177,7 @@ class Controller:
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         keep = {str((i.get("metadata") or {}).get("name")) for i in items}
+        self.cordoned &= keep
         for name in set(self.cache.nodes) - keep:
             self.cache.delete_node(name)
         for item in items:
@@ -177,6 +185,7 @@ class Controller:
 
     def _apply_node(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
+            self.cordoned.discard(str((obj.get("metadata") or {}).get("name")))
             self.cache.delete_node(str((obj.get("metadata") or {}).get("name")))
         elif kind in ("ADDED", "MODIFIED"):
             self._upsert_node(obj)
@@ -492,7 +501,7 @@ class Controller:
                     created=_created(p),
                 )
             )
-        verdict = admit(group.spec, size, members, self.cache, self.config)
+        verdict = admit(group.spec, size, members, self.cache, self.config, unschedulable=self.cordoned)
         if verdict.outcome != "admitted":
             phase: Phase = "NeverFits" if verdict.outcome == "never-fits" else "Waiting"
             if size.value is None:
