@@ -483,6 +483,7 @@ class Controller:
         controlled = [p for p in group.members if controls(owner, p)]
         if controlled and owner is not None and owner.uid:
             group.members = controlled
+            gated = [p for p in group.members if self._gated(p)]  # Events and copies go to these only
         members = []
         for p in group.members:
             try:
@@ -701,8 +702,15 @@ class Controller:
             ):
                 self.held[m.uid] = m.node
                 self._feed_cache(m.uid)
-        await self._release(group, status)
+        still_gated = any(
+            m.node and m.uid in self.pods and self._gated(self.pods[m.uid]) for m in status.members
+        )
+        released = await self._release(group, status)
         new = self._with_flags(status)
+        if still_gated and released:
+            # Gates this process had to remove (a restart mid-admission, a patch refused once): the pods
+            # could not bind before, through no fault of the group's, so its clock starts now.
+            new.admitted_time = _now_dt(now)
         everyone = bool(new.members) and all(m.bound and m.ready for m in new.members)
         at = _now_dt(now)
         if everyone:
@@ -714,7 +722,7 @@ class Controller:
                 self.held.pop(m.uid, None)
             await self._write(group, pg, new)
             return
-        admitted = _ts(status.admitted_time) or now
+        admitted = _ts(new.admitted_time) or now
         if now - admitted <= self.config.group_ready_timeout_seconds:
             await self._write(group, pg, new)
             return
