@@ -1,33 +1,21 @@
-"""Regenerate the Devices CRD from the pydantic models, and the FabricTopology CRD, into crds/ and the
-chart's crds/."""
+"""Regenerate the CRDs (Devices, PlacementGroup, FabricTopology) from the pydantic models into crds/ and
+the chart's crds/."""
 
 from __future__ import annotations
 
 import pathlib
 
 from nodefabric_devicemanager import crd
+from nodefabric_operator.admission import model
+from nodefabric_operator.topology import report
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TARGETS = [ROOT / "crds" / crd.CRD_FILE, ROOT / "charts" / "nodefabric" / "crds" / crd.CRD_FILE]
-
-
-def fabric_topology() -> None:
-    """The FabricTopology CRD the operator's --topology report is written to (issue 21)."""
-    from nodefabric_operator.topology import report
-
-    text = report.render_crd()
-    for target in (
-        ROOT / "crds" / report.CRD_FILE,
-        ROOT / "charts" / "nodefabric" / "crds" / report.CRD_FILE,
-    ):
-        target.write_text(text)
-        print(f"wrote {target.relative_to(ROOT)}")
-
+RENDERS = {crd.CRD_FILE: crd.render, model.CRD_FILE: model.render, report.CRD_FILE: report.render_crd}
 
 if __name__ == "__main__":
-    text = crd.render()
-    for target in TARGETS:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        print(f"wrote {target.relative_to(ROOT)}")
-    fabric_topology()
+    for name, render in RENDERS.items():
+        text = render()
+        for target in (ROOT / "crds" / name, ROOT / "charts" / "nodefabric" / "crds" / name):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            print(f"wrote {target.relative_to(ROOT)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from nodefabric_devicemanager import models
 
@@ -108,7 +109,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def _schema(model: type[models._Model]) -> dict[str, Any]:
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    """A pydantic model's serialization schema as a CRD's structural schema (other CRDs use it too)."""
     raw = model.model_json_schema(by_alias=True, mode="serialization")
     result: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
     result.pop("required", None)  # every field of spec and status has a meaning when absent
@@ -116,7 +118,7 @@ def _schema(model: type[models._Model]) -> dict[str, Any]:
 
 
 def _status_schema() -> dict[str, Any]:
-    status = _schema(models.DevicesStatus)
+    status = schema_of(models.DevicesStatus)
     # One condition per type, merged by the API server as a map: two writers (agent, operator) each own
     # their types, and a duplicate type is refused rather than stored twice.
     status["properties"]["conditions"].update(
@@ -163,7 +165,7 @@ def devices_crd() -> dict[str, Any]:
                                     "type": "object",
                                     "description": "Named after the node, and owned by it.",
                                 },
-                                "spec": _schema(models.DevicesSpec),
+                                "spec": schema_of(models.DevicesSpec),
                                 "status": _status_schema(),
                             },
                         }
@@ -181,6 +183,11 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+def dump(crd: dict[str, Any], source: str) -> str:
+    """A CRD as the committed YAML: a header naming its source, no anchors, fields in schema order."""
+    header = f"# Generated from {source} by hack/gen_crds.py. Do not edit.\n"
+    return header + yaml.dump(crd, Dumper=_NoAliases, sort_keys=False, width=110)
+
+
 def render() -> str:
-    header = "# Generated from nodefabric_devicemanager.models by hack/gen_crds.py. Do not edit.\n"
-    return header + yaml.dump(devices_crd(), Dumper=_NoAliases, sort_keys=False, width=110)
+    return dump(devices_crd(), "nodefabric_devicemanager.models")

@@ -110,6 +110,11 @@ class ExtenderConfig(BaseModel):
     # Groups the extender keeps a record of (least recently used go first; what a group needs to go on
     # is persisted on its pods, so a dropped record is rebuilt from them).
     max_groups: int = Field(10_000, ge=1, le=1_000_000, alias="maxGroups")
+    # Group admission (`nodefabric placement`): an admitted group not entirely bound and Ready this long
+    # after its admission has its pods evicted and is admitted afresh.
+    group_ready_timeout_seconds: float = Field(
+        600.0, gt=0, le=7 * 24 * 3600, alias="groupReadyTimeoutSeconds"
+    )
 
     @field_validator("default_locality", "default_rank", mode="before")
     @classmethod

@@ -90,6 +90,28 @@ def _size(text: str, where: str) -> int:
     return size
 
 
+def _workload_group(pod: Mapping[str, Any]) -> str | None:
+    """The native Workload API's PodGroup a pod joins: `spec.schedulingGroup.podGroupName`, or in the
+    first alpha `spec.workloadRef.podGroup` (with its replica key, each replica being its own gang)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    sg = spec.get("schedulingGroup")
+    if isinstance(sg, Mapping):
+        name = sg.get("podGroupName")
+        if isinstance(name, str) and is_label_value(name) and name:
+            return name
+    ref = spec.get("workloadRef")
+    if isinstance(ref, Mapping):
+        group = ref.get("podGroup")
+        replica = ref.get("podGroupReplicaKey")
+        if isinstance(group, str) and is_label_value(group) and group:
+            if isinstance(replica, str) and replica and is_label_value(replica):
+                return f"{group}-{replica}"
+            return group
+    return None
+
+
 def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None:
     """The pod's group, or None for a pod that is not part of a distributed group.
 
@@ -116,6 +138,8 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
         )
     if explicit:
         family, name = "explicit", explicit
+    elif workload := _workload_group(pod):
+        family, name = "workload", workload
     else:
         for fam, label, size_at in FAMILIES:
             value = labels.get(label)
