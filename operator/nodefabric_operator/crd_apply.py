@@ -38,6 +38,7 @@ from kubernetes.config.config_exception import ConfigException
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model as placement_model
+from nodefabric_operator.topology import report as topology_report
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ NAME = f"{models.PLURAL}.{models.GROUP}"
 CRDS: dict[str, Callable[[], dict[str, Any]]] = {
     "devices": crd.devices_crd,
     "placementgroups": placement_model.placement_crd,
+    "fabrictopologies": topology_report.crd,
 }
 # Which nodefabric release wrote the CRD: what `apply` compares to refuse a downgrade.
 VERSION_ANNOTATION = "nodefabric.gpustack.ai/version"

@@ -18,10 +18,12 @@ from nodefabric_operator import crd_apply
 from nodefabric_operator.admission import model as placement_model
 from nodefabric_operator.crd_apply import NAME, VERSION_ANNOTATION, desired, plan, release
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.topology import report as topology_report
 
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 OURS = crd_apply.this_version()
 PLG = placement_model.CRD_NAME
+FTP = topology_report.crd()["metadata"]["name"]
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -227,7 +229,11 @@ def test_print_writes_the_crds_apply_would_write(capsys) -> None:
     code, out, _ = run_cli(["crd", "print"], capsys)
     assert code == 0
     assert "&id" not in out and "*id" not in out  # no YAML anchors in a file people read
-    assert list(yaml.safe_load_all(out)) == [desired(OURS), desired(OURS, "placementgroups")]
+    assert list(yaml.safe_load_all(out)) == [
+        desired(OURS),
+        desired(OURS, "placementgroups"),
+        desired(OURS, "fabrictopologies"),
+    ]
     code, out, _ = run_cli(["crd", "print", "--crd", "placementgroups"], capsys)
     assert (code, yaml.safe_load(out)) == (0, desired(OURS, "placementgroups"))
 
@@ -239,12 +245,14 @@ async def test_by_default_every_crd_is_applied_one_line_each(capsys) -> None:
         assert out == (
             f"created CustomResourceDefinition {NAME} (nodefabric {OURS})\n"
             f"created CustomResourceDefinition {PLG} (nodefabric {OURS})\n"
+            f"created CustomResourceDefinition {FTP} (nodefabric {OURS})\n"
         )
         assert k.api.stored(CRDS, PLG)["spec"] == placement_model.placement_crd()["spec"]
+        assert k.api.stored(CRDS, FTP)["spec"] == topology_report.crd()["spec"]
         code, out, _ = await asyncio.to_thread(
             run_cli, ["--log-level", "WARNING", "crd", "apply", "--kubeconfig", k.kubeconfig], capsys
         )
-        assert (code, out.count("unchanged")) == (0, 2)
+        assert (code, out.count("unchanged")) == (0, 3)
 
 
 def test_an_unknown_crd_is_a_usage_error(capsys) -> None:
@@ -336,6 +344,7 @@ HOOK = "nf-nodefabric-crd-upgrade"
 HOOK_GRANTS = {
     (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", NAME): {"get", "patch"},
     (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", PLG): {"get", "patch"},
+    (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", FTP): {"get", "patch"},
     # create cannot be narrowed to a name: RBAC checks it before the object has one.
     (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", ""): {"create"},
 }
