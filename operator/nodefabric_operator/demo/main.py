@@ -1,9 +1,10 @@
 """`nodefabric demo`: the whole product end to end on an embedded default, no cluster needed.
 
 Every part runs as it does in a cluster and talks over its real interface: the agent and the operator
-reach an in-process Kubernetes API over HTTP through a kubeconfig, the device plugin registers with a
-test kubelet over unix sockets, and kube-scheduler's requests reach the extender over HTTP. Only the
-outside world is simulated: the nodes' /sys trees, the NVIDIA driver's answers and the API server.
+reach an in-process Kubernetes API over HTTPS through a kubeconfig (its token required), the device
+plugin registers with a test kubelet over unix sockets, and the training group goes through the admission
+webhook and the placement controller to a kube-scheduler stand-in. Only the outside world is simulated:
+the nodes' /sys trees, the NVIDIA driver's answers, the API server and kube-scheduler.
 """
 
 from __future__ import annotations
