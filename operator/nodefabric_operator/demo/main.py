@@ -264,7 +264,8 @@ async def _kubectl_get(
             row.insert(0, item.get("metadata", {}).get("namespace", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return (
-        "(kubectl not installed: the same table)\n"
+        shown
+        + "(kubectl not installed: the same table)\n"
         + "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
         + "\n"
     )
@@ -344,6 +345,14 @@ async def _served_after(k: RunningAPI, out: TextIO, *, serve: bool) -> AsyncIter
         await serve_until_stopped(k, out)
 
 
+def _sigterm_as_sigint() -> None:
+    """Inside the event loop, SIGTERM gets what Ctrl-C gets: asyncio's own handler, which cancels the
+    story where it is waiting, so every context manager closes in order."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 async def _admission(out: TextIO, k: RunningAPI) -> None:
     _section(out, "5. Group admission: an 8-pod training group placed whole through the scheduling gate")
     out.write(await place_group(k))
@@ -356,6 +365,7 @@ async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
 
 
 async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None) -> None:
+    _sigterm_as_sigint()
     _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
     nodes = lay_out_hosts(workdir)
     for node in nodes:
