@@ -30,7 +30,12 @@ def helm() -> Path:
 
 
 @pytest.fixture(scope="session")
-def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
+def render(helm_render: Render) -> Render:
+    return helm_render
+
+
+@pytest.fixture(scope="session")
+def helm_render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
     """`helm template` of the chart with the given values; the manifests, CRDs included. Renders are
     memoised for the session (each caller gets its own copy), so repeated variants cost one helm run."""
     seen: dict[str, list[Doc] | RenderError] = {}
@@ -89,3 +94,27 @@ def render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
 @pytest.fixture(scope="session")
 def default_docs(render: Render) -> list[Doc]:
     return render()
+
+
+def with_extender(values: dict[str, Any] | None) -> dict[str, Any]:
+    """The values with the optional second scheduler and its extender on, unless they say otherwise."""
+    merged = copy.deepcopy(values) if values else {}
+    extender = merged.setdefault("extender", {})
+    if isinstance(extender, dict):
+        extender.setdefault("enabled", True)
+    return merged
+
+
+@pytest.fixture(scope="session")
+def render_extender(helm_render: Render) -> Render:
+    """`render`, with extender.enabled=true unless the values set it (the extender is off by default)."""
+
+    def _render(values: dict[str, Any] | None = None, **kwargs: Any) -> list[Doc]:
+        return helm_render(with_extender(values), **kwargs)
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def extender_docs(render_extender: Render) -> list[Doc]:
+    return render_extender()

@@ -54,6 +54,18 @@ SCHEDULER_BUILTIN = {
 }
 
 
+# The optional second scheduler and its extender are off by default; this module covers them among the
+# other components, so its renders turn them on (unless a test's values say otherwise).
+@pytest.fixture(scope="session")
+def render(render_extender):  # type: ignore[no-untyped-def]
+    return render_extender
+
+
+@pytest.fixture(scope="session")
+def default_docs(extender_docs: list[Doc]) -> list[Doc]:
+    return extender_docs
+
+
 def grants_of(docs: list[Doc], sa: str) -> tuple[Grants, set[tuple[str, str, str]]]:
     """What the ServiceAccount may do through the rendered bindings, and the built-in roles it is bound to."""
     roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d for d in docs}

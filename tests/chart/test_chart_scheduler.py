@@ -24,9 +24,23 @@ from test_chart_validate import validate_all
 
 SCHEDULER = "nf-nodefabric-scheduler"
 EXTENDER = "nf-nodefabric-extender"
+# The configuration file the extender and the placement process share.
+CONFIG = "nf-nodefabric-placement-config"
+PLACEMENT = "nf-nodefabric-placement"
 POLICY = "nf-nodefabric-extender-annotations"
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:{SCHEDULER}"
 DECISION, CLAIM = "placement.gpustack.ai/decision", "placement.gpustack.ai/claim"
+
+
+@pytest.fixture(scope="session")
+def render(render_extender):  # type: ignore[no-untyped-def]
+    """Every render of this module runs the optional second scheduler and its extender."""
+    return render_extender
+
+
+@pytest.fixture(scope="session")
+def default_docs(extender_docs: list[Doc]) -> list[Doc]:
+    return extender_docs
 
 
 def scheduler(docs: list[Doc]) -> Doc:
@@ -39,7 +53,7 @@ def scheduler_config(docs: list[Doc]) -> dict[str, Any]:
 
 
 def extender_config(docs: list[Doc]) -> dict[str, Any]:
-    cfg: dict[str, Any] = configmap_yaml(docs, EXTENDER, "extender.yaml")
+    cfg: dict[str, Any] = configmap_yaml(docs, CONFIG, "extender.yaml")
     return cfg
 
 
@@ -92,14 +106,14 @@ def test_no_service_and_no_container_port_reach_filter_and_prioritize(default_do
     labels = scheduler(default_docs)["spec"]["template"]["metadata"]["labels"]
     assert metrics["spec"]["selector"].items() <= labels.items()
     assert metrics["spec"]["ports"] == [
-        {"name": "metrics", "port": 9102, "targetPort": "extender-metrics", "protocol": "TCP"}
+        {"name": "metrics", "port": 9102, "targetPort": "ext-metrics", "protocol": "TCP"}
     ]
 
 
 def test_probes_and_metrics_use_the_probe_listener(default_docs: list[Doc]) -> None:
     extender = container(scheduler(default_docs), "extender")
-    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "extender-metrics"}
-    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "extender-metrics"}
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ext-metrics"}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ext-metrics"}
     assert extender["securityContext"]["readOnlyRootFilesystem"] is True
     assert extender["resources"]["limits"]["memory"]
 
@@ -138,7 +152,7 @@ def test_every_replica_runs_its_own_extender_and_one_leads(render) -> None:
     assert [c["name"] for c in pod_spec(d)["containers"]] == ["kube-scheduler", "extender"]
     election = scheduler_config(docs)["leaderElection"]
     assert election["leaderElect"] is True and election["resourceNamespace"] == NAMESPACE
-    (pdb,) = of_kind(docs, "PodDisruptionBudget")
+    pdb = one(docs, "PodDisruptionBudget", SCHEDULER)
     assert pdb["spec"]["maxUnavailable"] == 1
 
 
@@ -157,7 +171,7 @@ def test_both_containers_restart_on_a_configuration_change(render, default_docs:
         "readOnly": True,
     }
     (vol,) = [v for v in pod_spec(d)["volumes"] if v["name"] == "extender-config"]
-    assert vol["configMap"]["name"] == EXTENDER
+    assert vol["configMap"]["name"] == CONFIG
 
 
 # The extender's configuration file.
@@ -228,6 +242,7 @@ CHART_WRITES = {
     "homogeneousKeys": "extender.defaults.homogeneous",
     "homogeneousByResource": "extender.defaults.homogeneousByResource",
     "maxGroups": "extender.maxGroups",
+    "groupReadyTimeoutSeconds": "placement.groupReadyTimeoutSeconds",
 }
 
 
@@ -251,7 +266,7 @@ def test_extra_config_takes_every_setting_the_chart_does_not_write(render, tmp_p
     assert set(extra) == extender_settings() - set(CHART_WRITES), "a setting the test does not try"
     path = tmp_path / "extender.yaml"
     path.write_text(
-        one(render({"extender": {"extraConfig": extra}}), "ConfigMap", EXTENDER)["data"]["extender.yaml"]
+        one(render({"extender": {"extraConfig": extra}}), "ConfigMap", CONFIG)["data"]["extender.yaml"]
     )
     loaded = load_config(path)
     assert loaded.accelerator_resources == ("nvidia.com/gpu", "example.com/npu")
@@ -305,7 +320,7 @@ def test_the_extender_accepts_the_rendered_configuration(render, tmp_path, varia
         },
     }  # fmt: skip
     path = tmp_path / "extender.yaml"
-    path.write_text(one(render(values), "ConfigMap", EXTENDER)["data"]["extender.yaml"])
+    path.write_text(one(render(values), "ConfigMap", CONFIG)["data"]["extender.yaml"])
     loaded = load_config(path)
     if variant == "default":
         assert loaded.levels == default_levels("gpustack.ai")
@@ -380,7 +395,8 @@ def test_only_the_scheduler_account_may_patch_pods(default_docs: list[Doc]) -> N
     for role in of_kind(default_docs, "ClusterRole") + of_kind(default_docs, "Role"):
         if any("pods" in r["resources"] and "patch" in r["verbs"] for r in role["rules"]):
             holders.append(role["metadata"]["name"])
-    assert holders == [EXTENDER]
+    # The extender's annotation and the placement process's pinning, each confined by its own policy.
+    assert sorted(holders) == [EXTENDER, PLACEMENT]
     (binding,) = [b for b in of_kind(default_docs, "ClusterRoleBinding") if b["roleRef"]["name"] == EXTENDER]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCHEDULER, "namespace": NAMESPACE}]
     assert pod_spec(scheduler(default_docs))["serviceAccountName"] == SCHEDULER

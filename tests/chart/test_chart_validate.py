@@ -20,6 +20,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "everything-on": {
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
         "scheduler": {"replicas": 2, "image": {"tag": "v1.33.4"}},
+        "extender": {"enabled": True},
         "agent": {
             "families": {"shared": False, "partitioned": False},
             "runtimeClassName": "nvidia",
@@ -42,11 +43,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "commonLabels": {"team": "gpu-platform"},
         "operator": {"priorityClassName": "system-cluster-critical", "podAnnotations": {"a": "b"}},
     },
-    "agent-only": {"operator": {"enabled": False}, "extender": {"enabled": False}},
+    "agent-only": {
+        "operator": {"enabled": False},
+        "extender": {"enabled": False},
+        "placement": {"enabled": False},
+    },
     "no-admission-policy": {"agent": {"admissionPolicy": {"enabled": False}}},
     "custom-domain-and-levels": {
         "domain": "example.com",
         "extender": {
+            "enabled": True,
             "levels": {"networkGroup": ["example.com/rack"], "zone": ["example.com/zone"]},
             "defaults": {"locality": "zone", "rank": "first-fit", "homogeneous": []},
             "weight": 10,
@@ -190,15 +196,21 @@ def test_the_default_render_holds_each_component(default_docs: list[Doc]) -> Non
         ("CustomResourceDefinition", "devices.worker.gpustack.ai"),
         ("DaemonSet", "nf-nodefabric-agent"),
         ("Deployment", "nf-nodefabric-operator"),
-        ("Deployment", "nf-nodefabric-scheduler"),  # kube-scheduler with the extender beside it
-        ("Service", "nf-nodefabric-extender-metrics"),
         ("ValidatingAdmissionPolicy", "nf-nodefabric-agent-own-node"),
         ("ValidatingAdmissionPolicyBinding", "nf-nodefabric-agent-own-node"),
+        # The placement process and its webhook (tests/chart/test_chart_placement.py).
+        ("CustomResourceDefinition", "placementgroups.placement.gpustack.ai"),
+        ("Deployment", "nf-nodefabric-placement"),
+        ("MutatingWebhookConfiguration", "nf-nodefabric-placement"),
     ]:
         assert expected in kinds
-    # Opt-in or only useful with a standby replica.
+    # Opt-in or only useful with a standby replica: the second scheduler and its extender are optional.
+    assert not [n for k, n in kinds if "scheduler" in n or "extender" in n]
     assert not of_kind(default_docs, "ServiceMonitor")
-    assert not of_kind(default_docs, "PodDisruptionBudget")
+    # The placement process runs two replicas (its webhook answers through a drain): its budget only.
+    assert [p["metadata"]["name"] for p in of_kind(default_docs, "PodDisruptionBudget")] == [
+        "nf-nodefabric-placement"
+    ]
 
 
 def test_the_chart_ships_the_devices_crd_generated_from_the_models(default_docs: list[Doc]) -> None:
@@ -216,8 +228,11 @@ def test_the_chart_ships_the_devices_crd_generated_from_the_models(default_docs:
 
 def test_disabled_components_render_nothing_of_theirs(render) -> None:
     docs = render(VARIANTS["agent-only"])
-    names = [d["metadata"]["name"] for d in docs]
-    assert not [n for n in names if "operator" in n or "extender" in n or "scheduler" in n]
+    # The CRDs (crds/) are installed whatever the values say.
+    names = [d["metadata"]["name"] for d in docs if d["kind"] != "CustomResourceDefinition"]
+    assert not [
+        n for n in names if "operator" in n or "extender" in n or "scheduler" in n or "placement" in n
+    ]
     assert of_kind(docs, "DaemonSet")
     no_agent = render({"agent": {"enabled": False}})
     assert not [d for d in no_agent if "agent" in d["metadata"]["name"]]
@@ -243,7 +258,10 @@ def test_servicemonitors_select_a_service_port_that_exists(render) -> None:
 
 
 def test_pdb_only_with_a_standby_scheduler(render) -> None:
-    (pdb,) = of_kind(render({"scheduler": {"replicas": 2}}), "PodDisruptionBudget")
+    (pdb,) = of_kind(
+        render({"scheduler": {"replicas": 2}, "extender": {"enabled": True}, "placement": {"replicas": 1}}),
+        "PodDisruptionBudget",
+    )
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
 

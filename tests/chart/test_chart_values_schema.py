@@ -13,7 +13,8 @@ from chart_support import CHART, load_hack
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 # Declared for Helm's own use (subcharts' globals), never set by this chart.
-NOT_IN_VALUES = {"global"}
+# issuerRef: empty by default (a self-signed Issuer); its keys are documented in its comment.
+NOT_IN_VALUES = {"global", "placement.webhook.certManager.issuerRef"}
 # Kubernetes objects passed into a pod as given; their optional fields need no default.
 KUBERNETES_OBJECTS = {"resources"}
 

@@ -11,6 +11,18 @@ AGENT = "nf-nodefabric-agent"
 SCHEDULER = "nf-nodefabric-scheduler"
 
 
+# The optional second scheduler and its extender are off by default; this module covers them among the
+# other components, so its renders turn them on (unless a test's values say otherwise).
+@pytest.fixture(scope="session")
+def render(render_extender):  # type: ignore[no-untyped-def]
+    return render_extender
+
+
+@pytest.fixture(scope="session")
+def default_docs(extender_docs: list[Doc]) -> list[Doc]:
+    return extender_docs
+
+
 def agent(docs: list[Doc]) -> Doc:
     return one(docs, "DaemonSet", AGENT)
 
@@ -268,13 +280,18 @@ def test_the_scheduler_image_without_helms_idea_of_a_version(helm, tmp_path) -> 
     from chart_support import CHART, run_helm
 
     args = ["template", "nf", str(CHART), "-n", "nodefabric", "-s", "templates/scheduler.yaml"]
-    done = run_helm(helm, *args, values=None, tmp=tmp_path, kube_version=None)
+    on = {"extender": {"enabled": True}}
+    done = run_helm(helm, *args, values=on, tmp=tmp_path, kube_version=None)
     assert done.returncode != 0 and TAG_REQUIRED in done.stderr, done.stdout + done.stderr
     done = run_helm(
-        helm, *args, values={"scheduler": {"image": {"tag": "v1.30.2"}}}, tmp=tmp_path, kube_version=None
+        helm,
+        *args,
+        values={**on, "scheduler": {"image": {"tag": "v1.30.2"}}},
+        tmp=tmp_path,
+        kube_version=None,
     )
     assert done.returncode == 0, done.stderr
-    assert "image: registry.k8s.io/kube-scheduler:v1.30.2\n" in done.stdout
+    assert 'image: "registry.k8s.io/kube-scheduler:v1.30.2"\n' in done.stdout
 
 
 def test_the_scheduler_image_by_digest_or_from_a_mirror(render) -> None:

@@ -117,10 +117,25 @@ empty level lists take the defaults, which follow the domain. */}}
   (dict "name" "zone" "keys" (default (list "topology.kubernetes.io/zone") $e.levels.zone))
   (dict "name" "region" "keys" (default (list "topology.kubernetes.io/region") $e.levels.region))
 -}}
-{{- $cfg := dict "domain" $d "levels" $levels "defaultLocality" $e.defaults.locality "defaultRank" $e.defaults.rank "homogeneousKeys" $e.defaults.homogeneous "homogeneousByResource" $e.defaults.homogeneousByResource "maxGroups" $e.maxGroups -}}
+{{- /* homogeneousByResource is a list by default so that a user's value replaces it whole (helm merges
+maps key by key: a map default could not be cleared with {}); a map, {}, [] or null are taken too, and the
+file always carries the key (an absent key would give the extender its own built-in default). */ -}}
+{{- $hbr := dict -}}
+{{- $given := $e.defaults.homogeneousByResource -}}
+{{- if kindIs "slice" $given -}}
+{{- range $given -}}
+{{- if hasKey $hbr .resource -}}
+{{- fail (printf "extender.defaults.homogeneousByResource names %s twice" .resource) -}}
+{{- end -}}
+{{- $_ := set $hbr .resource .keys -}}
+{{- end -}}
+{{- else if kindIs "map" $given -}}
+{{- $hbr = $given -}}
+{{- end -}}
+{{- $cfg := dict "domain" $d "levels" $levels "defaultLocality" $e.defaults.locality "defaultRank" $e.defaults.rank "homogeneousKeys" $e.defaults.homogeneous "homogeneousByResource" $hbr "maxGroups" $e.maxGroups "groupReadyTimeoutSeconds" .Values.placement.groupReadyTimeoutSeconds -}}
 {{- /* A setting written from a value of the chart's own is refused in extraConfig, naming that value: it
 would otherwise be dropped without a word. */ -}}
-{{- $from := dict "domain" "domain" "levels" "extender.levels" "defaultLocality" "extender.defaults.locality" "defaultRank" "extender.defaults.rank" "homogeneousKeys" "extender.defaults.homogeneous" "homogeneousByResource" "extender.defaults.homogeneousByResource" "maxGroups" "extender.maxGroups" -}}
+{{- $from := dict "domain" "domain" "levels" "extender.levels" "defaultLocality" "extender.defaults.locality" "defaultRank" "extender.defaults.rank" "homogeneousKeys" "extender.defaults.homogeneous" "homogeneousByResource" "extender.defaults.homogeneousByResource" "maxGroups" "extender.maxGroups" "groupReadyTimeoutSeconds" "placement.groupReadyTimeoutSeconds" -}}
 {{- range $key, $_ := $e.extraConfig -}}
 {{- if hasKey $from $key -}}
 {{- fail (printf "extender.extraConfig.%s is written from %s: set that instead" $key (get $from $key)) -}}
@@ -193,7 +208,7 @@ logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
     {{- toYaml . | nindent 4 }}
   {{- end }}
   ports:
-    - name: extender-metrics
+    - name: ext-metrics
       containerPort: {{ $e.metricsPort }}
       protocol: TCP
   # Alive while its node and pod watches work (a watch broken longer than unhealthyAfter restarts it);
@@ -201,13 +216,13 @@ logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: extender-metrics
+      port: ext-metrics
     initialDelaySeconds: 5
     periodSeconds: 20
   readinessProbe:
     httpGet:
       path: /readyz
-      port: extender-metrics
+      port: ext-metrics
     periodSeconds: 5
   {{- include "nodefabric.containerSecurityContext" . | nindent 2 }}
   {{- with $e.resources }}
@@ -257,7 +272,7 @@ agent. Counts the enabled components (the scheduler runs with the extender) and 
 {{- if .Values.crds.upgradeJob.enabled -}}
 {{- $_ := set $seen (include "nodefabric.component" (dict "ctx" . "component" "crd-upgrade")) "the CRD upgrade hook's account" -}}
 {{- end -}}
-{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" .Values.extender.enabled -}}
+{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" .Values.extender.enabled "placement" .Values.placement.enabled -}}
 {{- if $enabled -}}
 {{- $name := include "nodefabric.serviceAccountName" (dict "ctx" $ "component" $component "values" (index $.Values $component)) -}}
 {{- if hasKey $seen $name -}}

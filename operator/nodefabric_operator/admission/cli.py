@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import signal
@@ -26,15 +25,14 @@ from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission.controller import Controller
 from nodefabric_operator.admission.leader import LEASE_NAME, LeaderElector
 from nodefabric_operator.admission.metrics import PlacementMetrics
+from nodefabric_operator.admission.webhook import build_webhook_app, ssl_context
 from nodefabric_operator.extender.config import ConfigError, ExtenderConfig, load_config
-from nodefabric_operator.extender.server import runner, tls_context
+from nodefabric_operator.extender.server import runner
 from nodefabric_operator.probes import add_probes
 
 log = logging.getLogger(__name__)
 kube_config: Any = _kube_config  # untyped in the client
 SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-# helper 20world writes it: `build_webhook_app(config) -> aiohttp.web.Application`.
-WEBHOOK_MODULE = "nodefabric_operator.admission.webhook"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--namespace",
         help="namespace of the Lease (default: $POD_NAMESPACE, the service account's, else nodefabric)",
     )
-    parser.add_argument("--identity", help="this replica's name in the Lease (default: hostname and pid)")
+    parser.add_argument(
+        "--identity", help="this replica's name in the Lease (default: $POD_NAME, else hostname and pid)"
+    )
     parser.add_argument(
         "--lease-duration",
         type=flags.seconds(3600),
@@ -94,16 +94,6 @@ def _namespace(args: argparse.Namespace) -> str:
         return "nodefabric"
 
 
-def webhook_app(config: ExtenderConfig) -> web.Application | None:
-    """The mutating webhook (helper 20world's admission/webhook.py), when this build has it."""
-    try:
-        module = importlib.import_module(WEBHOOK_MODULE)
-    except ModuleNotFoundError:
-        return None
-    app: web.Application = module.build_webhook_app(config)
-    return app
-
-
 def check(args: argparse.Namespace) -> str | None:
     if (args.tls_cert_file is None) != (args.tls_private_key_file is None):
         return "--tls-cert-file and --tls-private-key-file go together"
@@ -122,7 +112,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = PlacementMetrics()
-    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+    identity = args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     elector = LeaderElector(
         api,
         _namespace(args),
@@ -142,7 +132,8 @@ async def serve(
             registry=lambda: metrics.registry,
         )
         runners.append(runner(probe))
-    hook = webhook_app(cfg) if tls is not None else None
+    # The webhook serves on every replica (the API server calls any of them); only the leader admits.
+    hook = build_webhook_app(cfg) if tls is not None else None
     if hook is not None:
         runners.append(runner(hook))
     try:
@@ -193,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         api = load_client(args.kubeconfig)
-        tls = tls_context(args.tls_cert_file, args.tls_private_key_file) if args.tls_cert_file else None
+        # Follows the files as cert-manager or the chart rotates them.
+        tls = ssl_context(args.tls_cert_file, args.tls_private_key_file) if args.tls_cert_file else None
     except (ConfigError, kube_config.ConfigException, OSError, ssl.SSLError) as exc:
         log.error("placement cannot start", extra={"error": str(exc)})
         return 2

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter as Tally
@@ -35,7 +36,15 @@ from nodefabric_operator.admission import model, pins
 from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
-from nodefabric_operator.admission.owners import OwnerFetcher, OwnerRef, Size, owner_ref, resolve
+from nodefabric_operator.admission.owners import (
+    Owner,
+    OwnerFetcher,
+    OwnerRef,
+    Size,
+    controls,
+    owner_ref,
+    resolve,
+)
 from nodefabric_operator.extender.cache import TERMINAL, Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
@@ -57,7 +66,8 @@ TICK_S = 1.0  # timeouts and backoffs are looked at this often even when nothing
 
 
 def _now_dt(now: float) -> datetime:
-    return datetime.fromtimestamp(int(now), UTC)
+    # Milliseconds kept: a timeout of a few seconds must not lose up to one of them to rounding.
+    return datetime.fromtimestamp(round(now, 3), UTC)
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -87,6 +97,7 @@ class GroupView:
     scheduler: str
     members: list[dict[str, Any]]  # same namespace, key and scheduler; not terminal, not being deleted
     invalid: str = ""  # an InvalidPlacement on one of its pods
+    owner: Owner | None = None  # once read: what states the size (and owns the PlacementGroup)
 
 
 class Controller:
@@ -117,8 +128,14 @@ class Controller:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
-        self.sizes: dict[OwnerRef, tuple[float, tuple[int, str] | None, str]] = {}
+        self.cordoned: set[str] = set()  # nodes with spec.unschedulable
+        self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
         self.annotated: dict[str, str] = {}  # uid -> decision text last copied onto the pod
+        self.group_cache: dict[str, tuple[dict[str, Any], tuple[GroupSpec | None, str, str]]] = {}
+        # Bumped by every watch event: a waiting group is decided again only when something changed
+        # (or its owner may have, every SIZE_TTL_S).
+        self.generation = 0
+        self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
         self.spam = Correlator()
         self.wake = asyncio.Event()
         self.watcher = Watcher(self.cache, None, api, feeds=self._feeds())
@@ -130,6 +147,7 @@ class Controller:
         def poke(f: Callable[..., None]) -> Callable[..., None]:
             def wrapped(*args: Any) -> None:
                 f(*args)
+                self.generation += 1
                 self.wake.set()
 
             return wrapped
@@ -146,6 +164,12 @@ class Controller:
         ]
 
     def _upsert_node(self, obj: dict[str, Any]) -> None:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        name = str(meta.get("name"))
+        if isinstance(spec, Mapping) and spec.get("unschedulable") is True:
+            self.cordoned.add(name)
+        else:
+            self.cordoned.discard(name)
         try:
             self.cache.upsert_node(obj)
         except NodeError as exc:
@@ -153,6 +177,7 @@ class Controller:
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         keep = {str((i.get("metadata") or {}).get("name")) for i in items}
+        self.cordoned &= keep
         for name in set(self.cache.nodes) - keep:
             self.cache.delete_node(name)
         for item in items:
@@ -160,6 +185,7 @@ class Controller:
 
     def _apply_node(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
+            self.cordoned.discard(str((obj.get("metadata") or {}).get("name")))
             self.cache.delete_node(str((obj.get("metadata") or {}).get("name")))
         elif kind in ("ADDED", "MODIFIED"):
             self._upsert_node(obj)
@@ -218,6 +244,7 @@ class Controller:
                     "uid",
                     "creationTimestamp",
                     "deletionTimestamp",
+                    "resourceVersion",
                     "ownerReferences",
                 )
                 if k in meta
@@ -245,6 +272,9 @@ class Controller:
     def _upsert_pod(self, obj: dict[str, Any]) -> None:
         slim = self._slim(obj)
         uid = str(slim["metadata"].get("uid"))
+        old = self.pods.get(uid)
+        if old is not None and _rv(old) > _rv(slim) > 0:
+            return  # an event older than the answer to our own patch, which is already here
         self.pods[uid] = slim
         if slim["spec"].get("nodeName"):
             self.held.pop(uid, None)  # bound: the cache counts it where it runs
@@ -252,6 +282,7 @@ class Controller:
 
     def _delete_pod(self, uid: str) -> None:
         self.pods.pop(uid, None)
+        self.group_cache.pop(uid, None)
         self.held.pop(uid, None)
         self.annotated.pop(uid, None)
         self.cache.delete_pod(uid)
@@ -310,12 +341,11 @@ class Controller:
         """Every group with a gated pod or a PlacementGroup to follow, oldest first."""
         by_key: dict[str, list[tuple[GroupSpec | None, dict[str, Any], str]]] = {}
         specs: dict[str, GroupSpec] = {}
-        for pod in self.pods.values():
-            try:
-                spec = group_of(pod, self.config)
-            except InvalidPlacement as exc:
-                if exc.group and self._gated(pod):
-                    by_key.setdefault(exc.group, []).append((None, pod, str(exc)))
+        for uid, pod in self.pods.items():
+            spec, key, error = self._group_of(uid, pod)
+            if error:
+                if key and self._gated(pod):
+                    by_key.setdefault(key, []).append((None, pod, error))
                 continue
             if spec is None:
                 continue
@@ -349,6 +379,19 @@ class Controller:
         out.sort(key=lambda g: (min((_created(p) for p in g.members), default=0.0), g.spec.key))
         return out
 
+    def _group_of(self, uid: str, pod: dict[str, Any]) -> tuple[GroupSpec | None, str, str]:
+        """The pod's group (spec, key, error), worked out once per version of the pod."""
+        cached = self.group_cache.get(uid)
+        if cached is not None and cached[0] is pod:
+            return cached[1]
+        try:
+            spec = group_of(pod, self.config)
+            found: tuple[GroupSpec | None, str, str] = (spec, spec.key if spec else "", "")
+        except InvalidPlacement as exc:
+            found = (None, exc.group or "", str(exc))
+        self.group_cache[uid] = (pod, found)
+        return found
+
     def _scheduler_of(self, pods: list[dict[str, Any]]) -> str:
         """The scheduler the group's gated pods ask for: the most common, then the first by name."""
         names = Tally(p["spec"].get("schedulerName") or "default-scheduler" for p in pods)
@@ -357,9 +400,30 @@ class Controller:
     def _gated(self, pod: Mapping[str, Any]) -> bool:
         return pins.gate_index(pod, self.gate) is not None
 
+    def _restore_holds(self) -> None:
+        """Every admitted group's unbound members hold their nodes before any group is decided: after a
+        restart or a change of leader the PlacementGroups are the state, whatever order groups come in."""
+        for pg in self.pgs.values():
+            status = pg.get("status") or {}
+            if status.get("phase") != "Admitted":
+                continue
+            for m in status.get("members") or []:
+                uid, node = m.get("uid"), m.get("node")
+                pod = self.pods.get(uid) if isinstance(uid, str) else None
+                if pod is None or not isinstance(node, str) or not node or pod["spec"].get("nodeName"):
+                    continue
+                if self.held.get(uid) != node:
+                    self.held[uid] = node
+                    self._feed_cache(uid)
+
     async def reconcile_all(self) -> None:
         self.passes += 1
-        for group in self.groups():
+        self._restore_holds()
+        groups = self.groups()
+        keys = {g.spec.key for g in groups}
+        for key in [k for k in self.evaluated if k not in keys]:
+            del self.evaluated[key]
+        for group in groups:
             try:
                 await self.reconcile(group)
             except ApiException as exc:
@@ -392,20 +456,33 @@ class Controller:
             await self._follow(group, pg, status, now)
             return
         gated = [p for p in group.members if self._gated(p)]
+        if status.phase == "Bound":
+            bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+            if not gated or (status.size is not None and bound >= status.size):
+                await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
+                return
         if not gated:
-            if status.phase == "Bound":
-                await self._refresh_members(group, pg, status)
             return
         next_at = _ts(status.next_attempt_time)
         if status.phase == "TimedOut" and next_at is not None and now < next_at:
             return
+        seen = self.evaluated.get(group.spec.key)
+        if pg is not None and seen is not None and seen[0] == self.generation and now - seen[1] < SIZE_TTL_S:
+            return  # nothing changed since this group was last decided
+        self.evaluated[group.spec.key] = (self.generation, now)
         if group.invalid:
             await self._write(
                 group, pg, self._outcome(status, group, "Waiting", f"InvalidPlacement: {group.invalid}")
             )
             self._events(group, gated, "Warning", "InvalidPlacement", group.invalid)
             return
-        size = await self._size(group)
+        size, owner = await self._size(group)
+        group.owner = owner
+        # Once the owner controls some member (a real Job controller sets its reference on every pod),
+        # a pod it does not control never counts, whatever labels it copied.
+        controlled = [p for p in group.members if controls(owner, p)]
+        if controlled and owner is not None and owner.uid:
+            group.members = controlled
         members = []
         for p in group.members:
             try:
@@ -421,9 +498,10 @@ class Controller:
                     needs=needs,
                     gated=self._gated(p),
                     node=str(p["spec"].get("nodeName") or ""),
+                    created=_created(p),
                 )
             )
-        verdict = admit(group.spec, size, members, self.cache, self.config)
+        verdict = admit(group.spec, size, members, self.cache, self.config, unschedulable=self.cordoned)
         if verdict.outcome != "admitted":
             phase: Phase = "NeverFits" if verdict.outcome == "never-fits" else "Waiting"
             if size.value is None:
@@ -470,7 +548,7 @@ class Controller:
         )
         return new
 
-    async def _size(self, group: GroupView) -> Size:
+    async def _size(self, group: GroupView) -> tuple[Size, Owner | None]:
         spec = group.spec
         declared: list[tuple[int | None, str]] = []
         for p in group.members:
@@ -480,16 +558,16 @@ class Controller:
                 s = None
             declared.append((s.size if s else None, str(p["metadata"].get("name"))))
         ref = owner_ref(spec, group.members[0]) if group.members else None
-        owner: tuple[int, str] | None = None
-        problem = ""
+        owner: Owner | None = None
         if ref is not None:
             cached = self.sizes.get(ref)
             now = self.clock()
             if cached is None or now - cached[0] > SIZE_TTL_S:
-                found, why = await asyncio.to_thread(self.owners.size, ref)
-                cached = self.sizes[ref] = (now, found, why)
-            owner, problem = cached[1], cached[2]
-        return resolve(owner, problem, declared)
+                cached = self.sizes[ref] = (now, await asyncio.to_thread(self.owners.read, ref))
+            owner = cached[1]
+        if owner is None:
+            return resolve(None, "", declared), None
+        return resolve(owner.count, owner.problem, declared), owner
 
     async def _admit(
         self,
@@ -516,6 +594,8 @@ class Controller:
                 ready=_ready(p),
             )
             for p in sorted(group.members, key=lambda p: str(p["metadata"].get("name")))
+            # The group is its bound pods and those given a node; extra gated pods stay out, gated.
+            if p["spec"].get("nodeName") or str(p["metadata"].get("name")) in verdict.assignments
         ]
         if choice is not None:
             new.level = choice.level
@@ -577,24 +657,21 @@ class Controller:
                 continue
             ns, name = str(pod["metadata"].get("namespace")), m.pod
             try:
-                pin = pins.pin_patch(pod, m.node)
-                if pin is not None:
-                    await asyncio.to_thread(
+                for patch in (pins.pin_patch(pod, m.node), pins.ungate_patch(pod, self.gate)):
+                    if patch is None:
+                        continue
+                    resp = await asyncio.to_thread(
                         self.core.patch_namespaced_pod,
                         name,
                         ns,
-                        pin,
+                        patch,
                         _content_type="application/json-patch+json",
+                        _preload_content=False,
                     )
-                ungate = pins.ungate_patch(pod, self.gate)
-                if ungate is not None:
-                    await asyncio.to_thread(
-                        self.core.patch_namespaced_pod,
-                        name,
-                        ns,
-                        ungate,
-                        _content_type="application/json-patch+json",
-                    )
+                    # What we wrote is what the next pass reads, though the watch has not shown it yet: a
+                    # second pin of a pod ungated since would be refused.
+                    self._upsert_pod(json.loads(resp.data))
+                    pod = self.pods[m.uid]
             except ApiException as exc:
                 ok = False
                 # 404: gone (the owner makes another); 422/409: changed under us, next pass reads it again.
@@ -704,13 +781,28 @@ class Controller:
         try:
             await asyncio.to_thread(self.core.create_namespaced_pod_eviction, name, ns, body)
             self.metrics.evictions.inc()
+            return
         except ApiException as exc:
-            if exc.status == 404:
-                return  # gone already
-            log.warning(
-                "could not evict a pod of a timed-out group",
-                extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
+            if exc.status != 404 or _names_object(exc, name):
+                if exc.status != 404:  # 429: a PodDisruptionBudget says not now; the next pass tries again
+                    log.warning(
+                        "could not evict a pod of a timed-out group",
+                        extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
+                    )
+                return
+        # A 404 naming no pod: this API server does not serve pods/eviction. Delete, on the same uid.
+        log.warning("pods/eviction is not served; deleting instead", extra={"pod": f"{ns}/{name}"})
+        try:
+            await asyncio.to_thread(
+                self.core.delete_namespaced_pod, name, ns, body={"preconditions": {"uid": uid}}
             )
+            self.metrics.evictions.inc()
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                log.warning(
+                    "could not delete a pod of a timed-out group",
+                    extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
+                )
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -723,12 +815,24 @@ class Controller:
         if pg is not None and (pg.get("status") or {}) == body_status:
             return False
         if pg is None:
+            meta: dict[str, Any] = {
+                "name": name,
+                "namespace": ns,
+                "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
+            }
+            owner = group.owner
+            if owner is not None and owner.uid:
+                # Garbage-collected with the Job (JobSet, ...) it describes.
+                meta["ownerReferences"] = [
+                    {
+                        "apiVersion": owner.api_version,
+                        "kind": owner.ref.kind,
+                        "name": owner.ref.name,
+                        "uid": owner.uid,
+                    }
+                ]
             obj = model.PlacementGroup(
-                metadata={
-                    "name": name,
-                    "namespace": ns,
-                    "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
-                },
+                metadata=meta,
                 spec=model.PlacementGroupSpec(key=spec.key, family=spec.family, name=spec.name),
             ).model_dump(by_alias=True, mode="json", exclude={"status"})
             try:
@@ -800,6 +904,15 @@ class Controller:
                 continue
             self.annotated[uid] = text
             self.publisher.annotate(pod, {self.decision_key: text[:4096]})
+
+
+def _names_object(exc: ApiException, name: str) -> bool:
+    """A 404 Status about the object itself (its details name it), not about a path the server lacks."""
+    try:
+        details = json.loads(exc.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(details, dict) and details.get("name") == name
 
 
 def _rv(obj: Mapping[str, Any]) -> int:

@@ -192,6 +192,9 @@ class Index:
         self.homog: OrderedDict[Keys, HomogIndex] = OrderedDict(
             (k, HomogIndex(k, levels)) for k in self.pinned
         )
+        # Nodes carrying each configured homogeneity key: whether a default key is carried at all is
+        # read on every decision, so it is counted as nodes come and go rather than scanned.
+        self.carriers: dict[str, int] = {key: 0 for keys in self.pinned for key in keys}
         self._slots: dict[tuple[FreeKey, FreeKey], int] = {}
 
     @classmethod
@@ -216,6 +219,16 @@ class Index:
                 self.by_location[i].setdefault(value, set()).add(view.name)
         for h in self.homog.values():
             h.add(view)
+        for key in self.carriers:
+            if view.labels.get(key):
+                self.carriers[key] += 1
+
+    def carries(self, key: str) -> bool:
+        """Whether any indexed node has the label `key` with a value."""
+        count = self.carriers.get(key)
+        if count is not None:
+            return count > 0
+        return any(v.labels.get(key) for v in self.views.values())
 
     def remove(self, view: NodeView) -> None:
         if self.views.get(view.name) is not view:
@@ -237,6 +250,9 @@ class Index:
                     del self.by_location[i][value]
         for h in self.homog.values():
             h.remove(view)
+        for key in self.carriers:
+            if view.labels.get(key):
+                self.carriers[key] -= 1
 
     def homogeneity(self, keys: Keys) -> HomogIndex:
         """The index of `keys`, built on first use (one pass over the nodes) and kept current after."""

@@ -70,6 +70,9 @@ class GroupRequest:
     needs: PodNeeds = field(default_factory=PodNeeds)  # one pod's requests and node rules
     choice: Choice | None = None
     members: tuple[str, ...] = ()  # nodes the group's bound pods run on
+    # The homogeneity keys are the configuration's defaults, not the group's own `homogeneous`
+    # annotation: a default key no node carries is skipped (and said), a group's own is a requirement.
+    default_keys: bool = False
 
     @property
     def request(self) -> Mapping[str, int]:
@@ -112,6 +115,12 @@ class Snapshot:
         # Every node the "could it ever fit" question counts; the indexed views unless told otherwise.
         self.cluster: Mapping[str, NodeView] = cluster if cluster is not None else index.views
         self._ranked: dict[str, list[NodeView]] = {}
+
+    def carries(self, key: str) -> bool:
+        """Whether any node of the cluster has the label `key` (with a value)."""
+        if self.cluster is self.index.views:
+            return self.index.carries(key)
+        return self.index.carries(key) or any(v.labels.get(key) for v in self.cluster.values())
 
     def ranked(self, rank: str) -> Sequence[NodeView]:
         """Every node in the rank policy's order (the cache overrides this with a standing order)."""
@@ -310,6 +319,19 @@ def decide(
     """
     if group is None:
         return Decision("pass-through", tuple(feasible), {}, False, "none", "not part of a group")
+    absent = _absent_default_keys(group, snap)
+    if absent:
+        kept = tuple(k for k in group.homogeneous_keys if k not in absent)
+        return _noted(
+            decide(
+                replace(group, homogeneous_keys=kept, default_keys=False),
+                feasible,
+                snap,
+                config,
+                complete=complete,
+            ),
+            "; ".join(f"homogeneity on {k} skipped: no node has it" for k in absent),
+        )
     ctx = _Ctx(config, group, snap, complete)
     if group.choice is None and group.members:
         group = replace(group, choice=derive_choice(group, snap, config))
@@ -317,6 +339,23 @@ def decide(
     if group.choice is not None:
         return _follow(ctx, group.choice, feasible)
     return _choose(ctx, feasible)
+
+
+def _absent_default_keys(group: GroupRequest, snap: Snapshot) -> Keys:
+    """The default homogeneity keys no node of the cluster carries (the NVIDIA device plugin without GPU
+    feature discovery publishes no product label): requiring them would make every group "never fit"."""
+    if not group.default_keys or not group.homogeneous_keys:
+        return ()
+    return tuple(k for k in group.homogeneous_keys if not snap.carries(k))
+
+
+def _noted(decision: Decision, note: str) -> Decision:
+    """The decision with `note` added to its summary (and to its choice's, which later pods repeat)."""
+    summary = f"{decision.summary}; {note}"
+    choice = decision.choice
+    if choice is not None and choice.summary == decision.summary:
+        choice = replace(choice, summary=summary)
+    return replace(decision, summary=summary, choice=choice)
 
 
 def derive_choice(group: GroupRequest, snap: Snapshot, config: ExtenderConfig) -> Choice:

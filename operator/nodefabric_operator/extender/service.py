@@ -171,6 +171,7 @@ class Extender:
             locality=spec.locality,
             rank=spec.rank,
             homogeneous_keys=keys if keys is not None else self.config.homogeneity_for(needs.extended),
+            default_keys=keys is None,
             needs=needs,
             choice=choice,
             members=tuple(sorted({p.node for p in bound})),
