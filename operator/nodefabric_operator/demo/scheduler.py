@@ -37,6 +37,7 @@ from nodefabric_operator.extender.pods import BLOCKING_EFFECTS, PodError, PodNee
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULER = "default-scheduler"
+REQUEST_TIMEOUT_S = 30.0  # a request the API does not answer fails the pass, never holds it
 TERMINAL = frozenset({"Succeeded", "Failed"})
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
@@ -82,7 +83,13 @@ class Kube:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         async with self._http().request(
-            method, self.server + path, data=data, params=params, headers=headers, ssl=self._ssl
+            method,
+            self.server + path,
+            data=data,
+            params=params,
+            headers=headers,
+            ssl=self._ssl,
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
         ) as resp:
             text = await resp.text()
             try:
@@ -338,7 +345,7 @@ class StandInScheduler:
             try:
                 async for _ in self.kube.watch(path):
                     self._wake.set()
-            except (aiohttp.ClientError, KubeError, ValueError) as exc:
+            except (aiohttp.ClientError, KubeError, ValueError, TimeoutError) as exc:
                 log.debug("stand-in watch of %s ended: %s", path, exc)
             await asyncio.sleep(self.interval)
 
@@ -346,7 +353,7 @@ class StandInScheduler:
         while True:
             try:
                 await self.cycle()
-            except (aiohttp.ClientError, KubeError) as exc:
+            except (aiohttp.ClientError, KubeError, TimeoutError) as exc:
                 log.warning("stand-in scheduler pass failed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
