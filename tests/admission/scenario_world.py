@@ -242,6 +242,11 @@ class World:
             assert self.bound(group) in (0, owner.size), f"{group} ends partly bound\n{self.describe()}"
 
 
+def _phase(what: str) -> None:
+    if os.environ.get("SCENARIO_PHASES"):
+        print(f"{time.monotonic():.1f} {what}", flush=True)
+
+
 @contextlib.asynccontextmanager
 async def world(
     tmp_path: Path, nodes: list[dict[str, Any]], *, timeout_s: float = TIMEOUT_S, scheduling: bool = True
@@ -262,13 +267,17 @@ async def world(
         try:
             yield w
         finally:
+            _phase("teardown")
             for task in w._tasks:
                 task.cancel()
             for task in w._tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            _phase("tasks stopped")
             await w.scheduler.stop()
+            _phase("scheduler stopped")
             await w.foreign.close()
             await w.stop_placement()
+            _phase("placement stopped")
             if os.environ.get("SHOW_PLACEMENT_LOG"):
                 print(w.log.read_text())

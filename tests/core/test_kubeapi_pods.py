@@ -135,11 +135,20 @@ async def test_gates_are_removed_in_any_order(k: RunningAPI) -> None:
     status, out = await call(k, "PATCH", f"{PODS}/w0", remove, JSON_PATCH)
     assert status == 200, out
     assert [g["name"] for g in out["spec"]["schedulingGates"]] == ["a.example/one", "c.example/three"]
+    assert (
+        out["status"]["conditions"][0]["reason"] == "SchedulingGated"
+    )  # kube-scheduler updates it, not the API
     status, out = await call(
         k, "PATCH", f"{PODS}/w0", [{"op": "remove", "path": "/spec/schedulingGates/0"}], JSON_PATCH
     )
     assert status == 200, out
-    status, out = await call(k, "PATCH", f"{PODS}/w0", {"spec": {"schedulingGates": None}}, MERGE)
+    status, out = await call(
+        k, "PATCH", f"{PODS}/w0", [{"op": "remove", "path": "/spec/schedulingGates/0"}], JSON_PATCH
+    )
+    assert status == 200, out
+    assert "schedulingGates" not in out["spec"], "an empty list is not stored (omitempty)"
+    await create(k, pod("w1", gates=[GATE]))
+    status, out = await call(k, "PATCH", f"{PODS}/w1", {"spec": {"schedulingGates": None}}, MERGE)
     assert status == 200, out
     assert "schedulingGates" not in out["spec"]
 

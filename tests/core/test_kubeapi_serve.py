@@ -186,15 +186,18 @@ async def test_serve_refuses_requests_without_the_kubeconfigs_token(tmp_path):
     assert os.listdir(tmp) == []
 
 
-@pytest.mark.parametrize("marker", ["=== 1.", "=== 3.", "=== 5."])
-async def test_sigterm_mid_story_leaves_no_temp_dir(tmp_path, marker):
+@pytest.mark.parametrize("when", ["=== 1.", "=== 3.", "=== 5.", 3.5])
+async def test_sigterm_mid_story_leaves_no_temp_dir(tmp_path, when):
     """SIGTERM at any moment (the issue saw it 3-4 s after start, while the operator starts) stops the
     demo as Ctrl-C does: exit 130, no traceback, its temporary directory gone."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = await _start_demo(tmp)
     try:
-        await _read_until(proc, marker)
+        if isinstance(when, str):
+            await _read_until(proc, when)
+        else:
+            await asyncio.sleep(when)
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     finally:

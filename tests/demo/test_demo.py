@@ -89,12 +89,38 @@ def test_training_group_lands_in_one_zone_with_its_reasons(demo):
     placement = _section(demo[1], 5)
     assert placement.count("-> us-east-1b-") == 8
     assert "the group landed in 1 zone(s): us-east-1b" in placement
-    assert "outcome placed at level zone (us-east-1b)" in placement
+    assert "phase Bound at level zone (us-east-1b)" in placement
     assert "fabric level skipped: largest fabric domain holds 4 now" in placement
     assert (
         "placement.gpustack.ai/decision:" in placement
-        and "placed: 8 of 8 pods of group ml/explicit/train" in placement
+        and "8 of 8 pods of group ml/explicit/train go to zone us-east-1b" in placement
     )
+
+
+def test_the_group_goes_through_the_gate(demo):
+    """The webhook gated each pod at creation; the placement controller released them whole."""
+    placement = _section(demo[1], 5)
+    assert "namespace ml opted in (label placement.gpustack.ai/admission=enabled)" in placement
+    assert (
+        "train-worker-0 created; the webhook gave it the gates ['placement.gpustack.ai/group']" in placement
+    )
+    assert (
+        "train-worker-7 created; the webhook gave it the gates ['placement.gpustack.ai/group']" in placement
+    )
+    assert (
+        "the placement controller admitted the whole group, pinned each pod and removed the gates"
+        in placement
+    )
+
+
+def test_kubectl_get_placementgroups_shows_the_group(demo):
+    placement = _section(demo[1], 5)
+    table = placement[placement.index("$ kubectl get placementgroups -A") :].splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("NAMESPACE"))
+    columns = table[header].split()
+    assert columns == ["NAMESPACE", "NAME", "SIZE", "ADMITTED", "BOUND", "LEVEL", "LOCATION", "PHASE", "AGE"]
+    row = table[header + 1].split()
+    assert row[:8] == ["ml", "explicit-train", "8", "True", "True", "zone", "us-east-1b", "Bound"]
 
 
 def test_dra_driver_publishes_hgx_slices_and_prepares_a_gpu_nic_claim(demo):

@@ -1,31 +1,42 @@
-"""The demo's scheduling half: a simulated GPU fleet, and kube-scheduler's side of the extender protocol.
+"""The demo's scheduling half: a simulated GPU fleet, and an 8-pod training group admitted whole through
+the scheduling gate.
 
-The extender runs exactly as deployed (its caches fed by list+watch from the API, its verdicts written
-back as pod Events and annotations), and each pod of the training group goes through what kube-scheduler
-does with an extender: the pod exists (Pending), kube-scheduler's own feasibility filter (free GPUs),
-POST /filter and /prioritize with the full Pod in PascalCase, the best-scored node, a bind.
+Every part runs as deployed and talks over its real interface: the job controller's pods are created
+through the API; the API server calls nodefabric's mutating webhook (HTTPS, trusting the configuration's
+caBundle), which gives each pod the gate `placement.gpustack.ai/group`; the placement controller sees the
+whole group, records the assignment in a PlacementGroup, pins each pod to its node and removes the gate;
+the kube-scheduler stand-in binds them through `pods/binding` and, as kubelets, marks them Ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import socket
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import aiohttp
 import kmock
 from aiohttp import web
 
 from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_operator.admission.controller import Controller
+from nodefabric_operator.admission.model import placement_crd
+from nodefabric_operator.admission.webhook import WebhookConfig, build_webhook_app, ssl_context
 from nodefabric_operator.demo.kubeapi import RunningAPI
-from nodefabric_operator.extender.cache import Cache
-from nodefabric_operator.extender.cli import serving_app
+from nodefabric_operator.demo.kubeapi.tls import self_signed
+from nodefabric_operator.demo.scheduler import Kube, StandInScheduler, is_ready
 from nodefabric_operator.extender.config import ExtenderConfig
-from nodefabric_operator.extender.events import KubePublisher
 
 GPU = "nvidia.com/gpu"
 PODS, NODES = kmock.resource("v1/pods"), kmock.resource("v1/nodes")
+MWC = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+PLACEMENT_GROUPS = "placement.gpustack.ai/v1alpha1/placementgroups"
+GATE = "placement.gpustack.ai/group"
+PLACED_WITHIN_S = 60.0
 GROUP = "train"
 NAMESPACE = "ml"
 SIZE = 8
@@ -115,25 +126,117 @@ def _seed_fleet(k: RunningAPI) -> dict[str, str]:
     return zones
 
 
-async def _schedule(
-    http: aiohttp.ClientSession, base: str, k: RunningAPI, pod: dict[str, Any], writes: KubePublisher
-) -> str | None:
-    """One scheduling cycle as kube-scheduler runs it with a nodeCacheCapable extender; the bound node."""
-    k.api.put_object("v1/pods", pod)  # created by the job controller, Pending
-    args = {"Pod": pod, "Nodes": None, "NodeNames": _feasible(k)}
-    async with http.post(f"{base}/filter", json=args) as resp:
-        allowed = (await resp.json())["NodeNames"] or []
-    await writes.drain()  # the extender's annotations are on the pod before it is bound
-    if not allowed:
-        return None
-    args["NodeNames"] = allowed
-    async with http.post(f"{base}/prioritize", json=args) as resp:
-        scores = {p["Host"]: p["Score"] for p in await resp.json()}
-    chosen: str = min(allowed, key=lambda n: (-scores.get(n, 0), n))
-    stored = k.api.stored("v1/pods", pod["metadata"]["name"], NAMESPACE) or pod
-    bound = {**stored, "spec": {**stored["spec"], "nodeName": chosen}, "status": {"phase": "Running"}}
-    k.api.put_object("v1/pods", bound)  # the bind: same pod (same uid), now on a node
-    return chosen
+def _worker(index: int) -> dict[str, Any]:
+    """A training pod as its job controller creates it: no gate (the webhook adds it), default-scheduler."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"train-worker-{index}",
+            "namespace": NAMESPACE,
+            "labels": {GATE: GROUP},
+            "annotations": {"placement.gpustack.ai/group-size": str(SIZE)},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "nvcr.io/nvidia/pytorch:24.10-py3",
+                    "resources": {"requests": {GPU: "8"}, "limits": {GPU: "8"}},
+                }
+            ]
+        },
+    }
+
+
+def _webhook_configuration(url: str, ca: bytes) -> dict[str, Any]:
+    """What the chart installs: pods of opted-in namespaces go to the webhook; failurePolicy Ignore."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "nodefabric-placement"},
+        "webhooks": [
+            {
+                "name": "namespaces.placement.gpustack.ai",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 5,
+                "clientConfig": {"url": url, "caBundle": base64.b64encode(ca).decode()},
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"placement.gpustack.ai/admission": "enabled"}},
+                "objectSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "placement.gpustack.ai/admission",
+                            "operator": "NotIn",
+                            "values": ["disabled"],
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def _webhook(k: RunningAPI, directory: str) -> AsyncIterator[None]:
+    """nodefabric's mutating webhook on 127.0.0.1 over HTTPS, registered with the API."""
+    cert = self_signed(directory, name="webhook")
+    runner = web.AppRunner(build_webhook_app(WebhookConfig()), access_log=None)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(
+        runner, "127.0.0.1", port, ssl_context=ssl_context(cert.cert_file, cert.key_file)
+    ).start()
+    k.api.put_object(MWC, _webhook_configuration(f"https://127.0.0.1:{port}/mutate-pods", cert.pem))
+    try:
+        yield
+    finally:
+        k.api.remove_object(MWC, "nodefabric-placement")
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _placement(k: RunningAPI) -> AsyncIterator[Controller]:
+    """The placement controller, as `nodefabric placement` runs it once it holds the Lease."""
+    controller = Controller(ExtenderConfig(), load_client(k.kubeconfig))
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        yield controller
+    finally:
+        stop.set()
+        controller.wake.set()
+        await asyncio.wait_for(task, 15)
+
+
+def _workers(k: RunningAPI) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in k.api.store.select("v1/pods", NAMESPACE)
+        if (p["metadata"].get("labels") or {}).get(GATE) == GROUP
+    ]
+
+
+async def _until(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + PLACED_WITHIN_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what} after {PLACED_WITHIN_S:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+def placement_group_row(k: RunningAPI) -> dict[str, Any]:
+    groups = list(k.api.store.select(PLACEMENT_GROUPS, NAMESPACE))
+    return dict(groups[0]) if groups else {}
 
 
 async def place_group(k: RunningAPI) -> str:
@@ -141,50 +244,48 @@ async def place_group(k: RunningAPI) -> str:
     free = len(_feasible(k))
     lines = [
         f"  fleet: {len(zones)} simulated H100 nodes in {len(ZONES)} zones of 2 regions, {free} free",
-        f"  us-east-1a is one NVLink domain ({RACK_DOMAIN}), but 4 of its 8 nodes are busy\n",
+        f"  us-east-1a is one NVLink domain ({RACK_DOMAIN}), but 4 of its 8 nodes are busy",
+        f"  namespace {NAMESPACE} opted in (label placement.gpustack.ai/admission=enabled)\n",
     ]
-    app, extender = serving_app(
-        ExtenderConfig(), Cache(ExtenderConfig()), load_client(k.kubeconfig), watch=True
-    )
-    writes = extender.publisher
-    assert isinstance(writes, KubePublisher)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    base = f"http://127.0.0.1:{port}"
-    labels = {"placement.gpustack.ai/group": GROUP}
-    annotations = {"placement.gpustack.ai/group-size": str(SIZE)}
-    bound_to: list[str] = []
-    try:
-        async with aiohttp.ClientSession() as http:
-            while (await http.get(f"{base}/readyz")).status != 200:
-                await asyncio.sleep(0.05)
-            for i in range(SIZE):
-                pod = _pod(f"train-worker-{i}", None, labels, annotations)
-                pod["metadata"]["uid"] = f"00000000-0000-0000-0000-{i:012d}"
-                chosen = await _schedule(http, base, k, pod, writes)
-                if chosen is None:
-                    lines.append(f"  {pod['metadata']['name']}: waits")
-                    break
-                bound_to.append(chosen)
-                lines.append(f"  {pod['metadata']['name']} -> {chosen} ({zones[chosen]})")
-            async with http.get(f"{base}/debug/groups") as resp:
-                groups: list[dict[str, Any]] = await resp.json()
-    finally:
-        await runner.cleanup()
-    record = next((g for g in groups if g.get("group") == f"{NAMESPACE}/explicit/{GROUP}"), {})
-    placed = sorted({zones[node] for node in bound_to})
-    lines.append(f"\n  the group landed in {len(placed)} zone(s): {', '.join(placed)}")
-    lines.append("  the extender's explanation (GET /debug/groups, and an Event on each pod):")
+    k.api.declare_crd(placement_crd())  # what `helm install` applies first
+    labels = {"placement.gpustack.ai/admission": "enabled"}
+    k.api.put_object("v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": labels}})
+    kube = Kube(k.kubeconfig, user_agent="job-controller")
+    with tempfile.TemporaryDirectory(prefix="nodefabric-webhook-") as certs:
+        async with (
+            _webhook(k, certs),
+            _placement(k),
+            StandInScheduler(k.kubeconfig, interval=0.2) as scheduler,
+        ):
+            try:
+                for i in range(SIZE):
+                    created = await kube.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", _worker(i))
+                    gates = [g["name"] for g in created["spec"].get("schedulingGates") or []]
+                    if i in (0, SIZE - 1):
+                        lines.append(f"  train-worker-{i} created; the webhook gave it the gates {gates}")
+                await _until(
+                    lambda: sum(1 for p in _workers(k) if is_ready(p)) == SIZE, "the group bound and Ready"
+                )
+            finally:
+                await kube.close()
+            bound = list(scheduler.bound)
     lines.append(
-        f"    outcome {record.get('outcome')} at level {record.get('level')} ({record.get('location')})"
+        "  the placement controller admitted the whole group, pinned each pod and removed the gates;"
     )
-    lines += ["    " + part.strip() for part in str(record.get("summary", "")).split(";")]
+    lines.append("  the scheduler stand-in bound them (pods/binding) and, as kubelets, marked them Ready:")
+    by_pod = {ref.split("/", 1)[1]: node for ref, node in bound}
+    for i in range(SIZE):
+        node = by_pod.get(f"train-worker-{i}", "?")
+        lines.append(f"  train-worker-{i} -> {node} ({zones.get(node, '?')})")
+    placed = sorted({zones[node] for node in by_pod.values() if node in zones})
+    lines.append(f"\n  the group landed in {len(placed)} zone(s): {', '.join(placed)}")
+    status = placement_group_row(k).get("status") or {}
+    lines.append("  the PlacementGroup (written only by nodefabric) explains it:")
+    lines.append(f"    phase {status.get('phase')} at level {status.get('level')} ({status.get('location')})")
+    lines += ["    " + part.strip() for part in str(status.get("decision", "")).split(";")]
     stored = k.api.stored("v1/pods", "train-worker-0", NAMESPACE) or {}
-    annotations = stored.get("metadata", {}).get("annotations", {})
-    decision = annotations.get("placement.gpustack.ai/decision", "")
-    lines.append("  kubectl describe pod train-worker-0 shows it, after the Events expire too:")
+    decision = (stored.get("metadata", {}).get("annotations") or {}).get("placement.gpustack.ai/decision", "")
+    lines.append("  kubectl describe pod train-worker-0 shows a copy:")
     lines.append("    Annotations:  placement.gpustack.ai/decision:")
     lines += [f"                    {line}" for line in decision.splitlines()]
     return "\n".join(lines) + "\n"

@@ -1,9 +1,10 @@
 """`nodefabric demo`: the whole product end to end on an embedded default, no cluster needed.
 
 Every part runs as it does in a cluster and talks over its real interface: the agent and the operator
-reach an in-process Kubernetes API over HTTP through a kubeconfig, the device plugin registers with a
-test kubelet over unix sockets, and kube-scheduler's requests reach the extender over HTTP. Only the
-outside world is simulated: the nodes' /sys trees, the NVIDIA driver's answers and the API server.
+reach an in-process Kubernetes API over HTTPS through a kubeconfig (its token required), the device
+plugin registers with a test kubelet over unix sockets, and the training group goes through the admission
+webhook and the placement controller to a kube-scheduler stand-in. Only the outside world is simulated:
+the nodes' /sys trees, the NVIDIA driver's answers, the API server and kube-scheduler.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator import cli as operator_cli
+from nodefabric_operator.admission.model import placement_crd
 from nodefabric_operator.demo.dra import dra_driver
-from nodefabric_operator.demo.fleet import place_group
+from nodefabric_operator.demo.fleet import PLACEMENT_GROUPS, place_group
 from nodefabric_operator.demo.kubeapi import RunningAPI, as_table, running_api
 from nodefabric_operator.demo.topology import show_topology
 from nodefabric_operator.topology.shell import TopologyOptions
@@ -232,36 +234,59 @@ async def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> Non
         await asyncio.sleep(0.1)
 
 
-async def _kubectl_get_devices(k: RunningAPI) -> str:
+async def _kubectl_get(
+    k: RunningAPI,
+    args: list[str],
+    resource: str,
+    columns: list[dict[str, Any]],
+    *,
+    all_namespaces: bool = False,
+) -> str:
+    """`kubectl get ...` against the embedded API; without kubectl, the same server-side table printed
+    the way kubectl prints it."""
+    shown = "$ kubectl " + " ".join(args) + "\n"
     kubectl = shutil.which("kubectl")
     if kubectl:
         proc = await asyncio.create_subprocess_exec(
             kubectl,
             "--kubeconfig",
             k.kubeconfig,
-            "get",
-            "devices",
-            "-o",
-            "wide",
+            *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
         out, _ = await proc.communicate()
-        return "$ kubectl get devices -o wide\n" + out.decode()
-    # Without kubectl, the same server-side table, printed the way kubectl prints it.
-    columns = crd.devices_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+        return shown + out.decode()
     items = [
-        obj.raw for key, obj in k.api.objects.items() if key[0] == kmock.resource(DEVICES) and not obj.deleted
+        obj.raw
+        for key, obj in k.api.objects.items()
+        if key[0] == kmock.resource(resource) and not obj.deleted
     ]
     table = as_table(items, columns, {})
     rows = [[c["name"].upper() for c in table["columnDefinitions"]]]
     rows += [["<none>" if v is None else str(v) for v in r["cells"]] for r in table["rows"]]
+    if all_namespaces:
+        rows[0].insert(0, "NAMESPACE")
+        for row, item in zip(rows[1:], items, strict=True):
+            row.insert(0, item.get("metadata", {}).get("namespace", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return (
-        "(kubectl not installed: the same table)\n"
+        shown
+        + "(kubectl not installed: the same table)\n"
         + "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
         + "\n"
     )
+
+
+async def _kubectl_get_devices(k: RunningAPI) -> str:
+    columns = crd.devices_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    return await _kubectl_get(k, ["get", "devices", "-o", "wide"], DEVICES, columns)
+
+
+async def _kubectl_get_placementgroups(k: RunningAPI) -> str:
+    columns = placement_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    args = ["get", "placementgroups", "-A"]
+    return await _kubectl_get(k, args, PLACEMENT_GROUPS, columns, all_namespaces=True)
 
 
 def _describe_allocation(family: str, ids: list[str], response: Any) -> str:
@@ -327,6 +352,20 @@ async def _served_after(k: RunningAPI, out: TextIO, *, serve: bool) -> AsyncIter
         await serve_until_stopped(k, out)
 
 
+def _sigterm_as_sigint() -> None:
+    """Inside the event loop, SIGTERM gets what Ctrl-C gets: asyncio's own handler, which cancels the
+    story where it is waiting, so every context manager closes in order."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+async def _admission(out: TextIO, k: RunningAPI) -> None:
+    _section(out, "5. Group admission: an 8-pod training group placed whole through the scheduling gate")
+    out.write(await place_group(k))
+    out.write("\n" + await _kubectl_get_placementgroups(k))
+
+
 async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
     _section(out, "6. The DRA driver on hgx-0: its ResourceSlices, and a GPU + NIC claim prepared")
     out.write(await dra_driver(agent, root, k))
@@ -336,6 +375,7 @@ async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
 async def demo(  # noqa: PLR0915
     workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None
 ) -> None:
+    _sigterm_as_sigint()
     _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
     nodes = lay_out_hosts(workdir)
     for node in nodes:
@@ -419,8 +459,7 @@ async def demo(  # noqa: PLR0915
         finally:
             shutil.rmtree(plugin_dir, ignore_errors=True)
 
-        _section(out, "5. The scheduler extender places an 8-pod training group")
-        out.write(await place_group(k))
+        await _admission(out, k)
         await _dra(out, agents["hgx-0"], workdir / "hgx-0", k)
         await show_topology(
             k, out, functools.partial(operator_running, k.kubeconfig), NODEFEATURES, NAMESPACE

@@ -37,6 +37,8 @@ from nodefabric_operator.extender.pods import BLOCKING_EFFECTS, PodError, PodNee
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULER = "default-scheduler"
+REQUEST_TIMEOUT_S = 30.0  # a request the API does not answer fails the pass, never holds it
+STOP_TIMEOUT_S = 5.0
 TERMINAL = frozenset({"Succeeded", "Failed"})
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
@@ -82,7 +84,13 @@ class Kube:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         async with self._http().request(
-            method, self.server + path, data=data, params=params, headers=headers, ssl=self._ssl
+            method,
+            self.server + path,
+            data=data,
+            params=params,
+            headers=headers,
+            ssl=self._ssl,
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
         ) as resp:
             text = await resp.text()
             try:
@@ -325,11 +333,13 @@ class StandInScheduler:
         ]
 
     async def stop(self) -> None:
+        """Stop the loop and the watches; bounded, whatever a task is doing."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+            for task in stuck:
+                log.warning("stand-in task %s did not stop within %g s", task.get_name(), STOP_TIMEOUT_S)
         self._tasks = []
         await self.kube.close()
 
@@ -338,7 +348,7 @@ class StandInScheduler:
             try:
                 async for _ in self.kube.watch(path):
                     self._wake.set()
-            except (aiohttp.ClientError, KubeError, ValueError) as exc:
+            except (aiohttp.ClientError, KubeError, ValueError, TimeoutError) as exc:
                 log.debug("stand-in watch of %s ended: %s", path, exc)
             await asyncio.sleep(self.interval)
 
@@ -346,10 +356,13 @@ class StandInScheduler:
         while True:
             try:
                 await self.cycle()
-            except (aiohttp.ClientError, KubeError) as exc:
+            except (aiohttp.ClientError, KubeError, TimeoutError) as exc:
                 log.warning("stand-in scheduler pass failed: %s", exc)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+            # arrives as its timeout fires, and stop() would then wait for a loop that never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def cycle(self) -> list[tuple[str, str]]:

@@ -70,6 +70,14 @@ def create_causes(pod: Mapping[str, Any]) -> list[Cause]:
     return causes
 
 
+def without_empty_gates(pod: dict[str, Any]) -> dict[str, Any]:
+    """An empty gate list is not stored (the field is `omitempty`): a pod whose last gate went has none."""
+    spec = pod.get("spec")
+    if isinstance(spec, dict) and spec.get("schedulingGates") == []:
+        return {**pod, "spec": {k: v for k, v in spec.items() if k != "schedulingGates"}}
+    return pod
+
+
 def created_status(pod: Mapping[str, Any], now: str) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": "Pending"}
     if _spec(pod).get("schedulingGates"):

@@ -746,6 +746,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             causes = pods.update_causes(obj, old)
             if causes:
                 raise errors.invalid(rt.kind, rt.group, route.name, causes)
+            obj = pods.without_empty_gates(obj)
         if request.params.get("dryRun") == "All":
             return self._respond(obj, 200, warnings)
         return self._respond(self._commit(rt, obj, old), 200, warnings)
@@ -915,4 +916,4 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         causes = pods.create_causes(pod)
         if causes:
             raise errors.invalid("Pod", "", meta(pod).get("name", ""), causes)
-        return {**pod, "status": pods.created_status(pod, now())}
+        return {**pods.without_empty_gates(pod), "status": pods.created_status(pod, now())}

@@ -8,6 +8,7 @@ with ages as `duration.HumanDuration` writes them.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,24 +35,49 @@ class Column:
         }
 
 
+_SEGMENT = re.compile(
+    r"""\.(?P<name>[^.\[]+)|\[(?P<index>\*|-?\d+)\]|\[\?\(@\.(?P<field>[^=!)]+?)\s*(?P<op>==|!=)\s*(?P<quote>["'])(?P<value>.*?)(?P=quote)\)\]"""
+)
+
+
 def jsonpath(obj: Any, path: str) -> list[Any]:
-    """The simple JSONPath subset printer columns use: `.a.b`, `.a[*].b`, `.a[0]`."""
+    """The JSONPath subset printer columns use: `.a.b`, `.a[*].b`, `.a[0]`, and filters
+    `.a[?(@.type=="Ready")].status` (CRDs' condition columns)."""
     values = [obj]
-    for part in path.strip().lstrip(".").split("."):
-        name, _, index = part.partition("[")
-        nxt: list[Any] = [v[name] for v in values if isinstance(v, dict) and name in v]
-        if index:
-            index = index.rstrip("]")
-            flat: list[Any] = []
-            for value in nxt:
-                if isinstance(value, list):
-                    if index == "*":
-                        flat.extend(value)
-                    elif index.lstrip("-").isdigit():
-                        flat.extend(value[int(index) : int(index) + 1 or None])
-            nxt = flat
-        values = nxt
+    text = path.strip()
+    if not text.startswith("."):
+        text = "." + text
+    pos = 0
+    while pos < len(text):
+        m = _SEGMENT.match(text, pos)
+        if m is None:
+            return []  # not a path this subset reads: no value, as kubectl shows <none>
+        pos = m.end()
+        if m.group("name") is not None:
+            values = [v[m.group("name")] for v in values if isinstance(v, dict) and m.group("name") in v]
+            continue
+        items = [item for v in values if isinstance(v, list) for item in v]
+        index = m.group("index")
+        if index == "*":
+            values = items
+        elif index is not None:
+            values = [
+                item for v in values if isinstance(v, list) for item in v[int(index) : int(index) + 1 or None]
+            ]
+        else:
+            keys = m.group("field").split(".")
+            values = [
+                item for item in items if (_get(item, keys) == m.group("value")) == (m.group("op") == "==")
+            ]
     return values
+
+
+def _get(value: Any, keys: list[str]) -> Any:
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
 
 
 def human_duration(seconds: float) -> str:
