@@ -40,6 +40,7 @@ EXTENDER: Grants = {
     (CLUSTER, "", "pods", ""): {"list", "watch", "patch"},
     (CLUSTER, "scheduling.x-k8s.io", "podgroups", ""): {"list", "watch"},
     (CLUSTER, "scheduling.volcano.sh", "podgroups", ""): {"list", "watch"},
+    (CLUSTER, "placement.gpustack.ai", "placementgroups", ""): {"list", "watch"},
     (CLUSTER, "", "events", ""): {"create"},
 }
 SCHEDULER: Grants = {

@@ -471,7 +471,6 @@ def changed(edit: Any) -> Doc:
     ("case", "edit"),
     [
         ("writes its decision", lambda p: p["metadata"]["annotations"].update({DECISION: "placed: ..."})),
-        ("writes both", lambda p: p["metadata"]["annotations"].update({DECISION: "x", CLAIM: "{}"})),
         ("changes nothing", lambda p: None),
     ],
 )  # fmt: skip
@@ -479,16 +478,20 @@ def test_the_extender_may_write_its_own_annotations(pod_policy: PodPolicy, case:
     assert pod_policy.admit(SCHEDULER_USER, POD, changed(edit)) == (True, "allowed"), case
 
 
-def test_the_extender_may_remove_its_claim(pod_policy: PodPolicy) -> None:
+def test_the_extender_writes_no_claim_any_more(pod_policy: PodPolicy) -> None:
+    """Claims are neither written nor read back: a claim (even one a user wrote) is not the extender's
+    to add, change or remove."""
+    write = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "x", CLAIM: "{}"}))
+    assert pod_policy.admit(SCHEDULER_USER, POD, write) == (False, ANNOTATIONS_ONLY)
     old = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "placed", CLAIM: "{}"}))
     new = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "wait"}))
-    assert pod_policy.admit(SCHEDULER_USER, old, new) == (True, "allowed")
+    assert pod_policy.admit(SCHEDULER_USER, old, new) == (False, ANNOTATIONS_ONLY)
     bare = copy.deepcopy(POD)
     del bare["metadata"]["annotations"]
     assert pod_policy.admit(SCHEDULER_USER, bare, changed(lambda p: None)) == (False, ANNOTATIONS_ONLY)
 
 
-ANNOTATIONS_ONLY = f"the nodefabric extender may change only the annotations {DECISION}, {CLAIM} of a pod"
+ANNOTATIONS_ONLY = f"the nodefabric extender may change only the annotation {DECISION} of a pod"
 
 
 @pytest.mark.parametrize(

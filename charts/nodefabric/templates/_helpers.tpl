@@ -144,9 +144,10 @@ would otherwise be dropped without a word. */ -}}
 {{- toYaml (merge $cfg $e.extraConfig) -}}
 {{- end -}}
 
-{{/* The extender's annotations on a pod: the only change the scheduler's account may make to one. */}}
+{{/* The extender's annotation on a pod (a copy of its verdict for `kubectl describe pod`): the only change
+the scheduler's account may make to one. It writes no claim any more, and reads none back. */}}
 {{- define "nodefabric.extenderAnnotations" -}}
-{{- printf "['placement.%s/decision', 'placement.%s/claim']" .Values.domain .Values.domain -}}
+{{- printf "['placement.%s/decision']" .Values.domain -}}
 {{- end -}}
 
 {{/* The second scheduler's configuration: the stock kube-scheduler with one profile that calls the
