@@ -273,7 +273,7 @@ agent. Counts the enabled components (the scheduler runs with the extender) and 
 {{- if .Values.crds.upgradeJob.enabled -}}
 {{- $_ := set $seen (include "nodefabric.component" (dict "ctx" . "component" "crd-upgrade")) "the CRD upgrade hook's account" -}}
 {{- end -}}
-{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" .Values.extender.enabled "placement" .Values.placement.enabled -}}
+{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" (and .Values.extender.enabled (eq .Values.extender.mode "sidecar")) "extender" (and .Values.extender.enabled (eq .Values.extender.mode "service")) "placement" .Values.placement.enabled -}}
 {{- if $enabled -}}
 {{- $name := include "nodefabric.serviceAccountName" (dict "ctx" $ "component" $component "values" (index $.Values $component)) -}}
 {{- if hasKey $seen $name -}}
