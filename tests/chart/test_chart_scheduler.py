@@ -29,6 +29,7 @@ CONFIG = "nf-nodefabric-placement-config"
 PLACEMENT = "nf-nodefabric-placement"
 POLICY = "nf-nodefabric-extender-annotations"
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:{SCHEDULER}"
+EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:{EXTENDER}"
 DECISION, CLAIM = "placement.gpustack.ai/decision", "placement.gpustack.ai/claim"
 
 
@@ -398,7 +399,8 @@ def test_only_the_scheduler_account_may_patch_pods(default_docs: list[Doc]) -> N
     # The extender's annotation and the placement process's pinning, each confined by its own policy.
     assert sorted(holders) == [EXTENDER, PLACEMENT]
     (binding,) = [b for b in of_kind(default_docs, "ClusterRoleBinding") if b["roleRef"]["name"] == EXTENDER]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCHEDULER, "namespace": NAMESPACE}]
+    # The extender's own account (its container uses that account's token), not kube-scheduler's.
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": EXTENDER, "namespace": NAMESPACE}]
     assert pod_spec(scheduler(default_docs))["serviceAccountName"] == SCHEDULER
 
 
@@ -422,7 +424,8 @@ def test_the_policy_binds_denying_fails_closed_and_matches_every_pod_update(defa
         "resources": ["pods", "pods/status"],
     }
     (cond,) = policy["spec"]["matchConditions"]
-    assert cond["expression"] == f'request.userInfo.username == "{SCHEDULER_USER}"'
+    # The extender's own account, and kube-scheduler's (its pod status writes are held to the same rule).
+    assert cond["expression"] == f'request.userInfo.username in ["{EXTENDER_USER}","{SCHEDULER_USER}"]'
 
 
 def test_the_policy_is_optional(render) -> None:

@@ -36,7 +36,7 @@ WATCH_TIMEOUT_S = 300
 REQUEST_TIMEOUT = (10, WATCH_TIMEOUT_S + 30)
 # Objects per LIST page: one unpaged list of every pod would be decoded whole at once (600 pods with
 # 250 KB annotations each: 515 MiB at start and at every relist); a page at a time bounds that.
-PAGE = 500
+PAGE = 100
 PLACEMENT_GROUPS = ("placement.gpustack.ai", "v1alpha1", "placementgroups")
 
 
