@@ -39,6 +39,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_pick.py
 	$(BIN)/python hack/bench_deviceplugin.py
 	$(BIN)/python hack/bench_extender.py
+	$(BIN)/python hack/bench_admission.py
 	$(BIN)/python hack/bench_dra.py
 	$(BIN)/python hack/bench_agent.py
 	$(BIN)/python hack/bench_operator.py

@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "labels": ("nodefabric_operator.labels_cli", "print the node labels a Devices record yields"),
     "operator": ("nodefabric_operator.cli", "publish node labels from Devices objects (kopf)"),
     "extender": ("nodefabric_operator.extender.cli", "serve the kube-scheduler extender"),
+    "placement": (
+        "nodefabric_operator.admission.cli",
+        "admit whole groups by scheduling gates (PlacementGroups; leader-elected)",
+    ),
     "crd": ("nodefabric_operator.crd_apply", "apply (or print) this version's Devices CRD: the upgrade hook"),
     "demo": ("nodefabric_operator.demo.main", "run the whole product on an embedded default"),
 }

@@ -1,4 +1,4 @@
-"""`nodefabric crd apply | print`: bring the cluster's Devices CRD to the schema of this build.
+"""`nodefabric crd apply | print`: bring the cluster's CRDs (Devices, PlacementGroup) to this build's schema.
 
 Helm installs a chart's `crds/` on first install and never upgrades them, so a release that adds a field
 to the Devices record would leave the old schema on the cluster, and the API server would prune the new
@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO, cast
 
@@ -36,10 +37,16 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_operator.admission import model as placement_model
 
 log = logging.getLogger(__name__)
 
 NAME = f"{models.PLURAL}.{models.GROUP}"
+# Every CRD this build ships, applied in this order (each one line of output): `--crd` picks some.
+CRDS: dict[str, Callable[[], dict[str, Any]]] = {
+    "devices": crd.devices_crd,
+    "placementgroups": placement_model.placement_crd,
+}
 # Which nodefabric release wrote the CRD: what `apply` compares to refuse a downgrade.
 VERSION_ANNOTATION = "nodefabric.gpustack.ai/version"
 # A black-holed API server must not hold a Helm upgrade for long: (connect, read) seconds.
@@ -63,9 +70,9 @@ def this_version() -> str:
         return "0+unknown"
 
 
-def desired(version: str) -> dict[str, Any]:
-    """This build's CRD, stamped with the nodefabric version that wrote it."""
-    body = copy.deepcopy(crd.devices_crd())  # it shares module-level lists (printer columns)
+def desired(version: str, which: str = "devices") -> dict[str, Any]:
+    """This build's CRD (`which`, a key of CRDS), stamped with the nodefabric version that wrote it."""
+    body = copy.deepcopy(CRDS[which]())  # it shares module-level lists (printer columns)
     body["metadata"].setdefault("annotations", {})[VERSION_ANNOTATION] = version
     return body
 
@@ -219,8 +226,9 @@ class ApplyError(Exception):
 class CrdApi:
     """The three requests `apply` makes on the one CRD: get, create, patch (exactly the chart hook's RBAC)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, name: str = NAME) -> None:
         self._api = client.ApiextensionsV1Api(api_client)
+        self.name = name
 
     # Bodies are read as JSON, never through the client's models: those drop fields they do not know and
     # refuse a CRD whose status has no conditions yet.
@@ -228,18 +236,20 @@ class CrdApi:
     def get(self) -> dict[str, Any] | None:
         try:
             response: Any = self._api.read_custom_resource_definition(
-                NAME, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+                self.name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
             )
         except ApiException as exc:
             if exc.status == http.HTTPStatus.NOT_FOUND:
                 return None
-            raise _failure(exc, f"read CustomResourceDefinition {NAME}") from exc
+            raise _failure(exc, f"read CustomResourceDefinition {self.name}", self.name) from exc
         try:
             body = json.loads(response.data)
         except ValueError as exc:
-            raise ApplyError(f"read CustomResourceDefinition {NAME}: the answer is not JSON ({exc})") from exc
+            raise ApplyError(
+                f"read CustomResourceDefinition {self.name}: the answer is not JSON ({exc})"
+            ) from exc
         if not isinstance(body, dict):
-            raise ApplyError(f"read CustomResourceDefinition {NAME}: the answer is not an object")
+            raise ApplyError(f"read CustomResourceDefinition {self.name}: the answer is not an object")
         return body
 
     def create(self, body: dict[str, Any]) -> None:
@@ -248,12 +258,12 @@ class CrdApi:
                 cast(Any, body), _request_timeout=REQUEST_TIMEOUT, _preload_content=False
             )
         except ApiException as exc:
-            raise _failure(exc, f"create CustomResourceDefinition {NAME}") from exc
+            raise _failure(exc, f"create CustomResourceDefinition {self.name}", self.name) from exc
 
     def patch(self, body: dict[str, Any]) -> None:
         try:
             self._api.patch_custom_resource_definition(
-                NAME,
+                self.name,
                 body,
                 _request_timeout=REQUEST_TIMEOUT,
                 _content_type="application/merge-patch+json",
@@ -261,21 +271,21 @@ class CrdApi:
             )
         except ApiException as exc:
             if exc.status == http.HTTPStatus.NOT_FOUND:  # deleted since our read: read again, create it
-                raise Conflict(f"patch CustomResourceDefinition {NAME}") from exc
-            raise _failure(exc, f"patch CustomResourceDefinition {NAME}") from exc
+                raise Conflict(f"patch CustomResourceDefinition {self.name}") from exc
+            raise _failure(exc, f"patch CustomResourceDefinition {self.name}", self.name) from exc
 
 
 class Conflict(Exception):
     """The CRD changed (or appeared) between our read and our write: read again and decide again."""
 
 
-def _failure(exc: ApiException, what: str) -> Exception:
+def _failure(exc: ApiException, what: str, name: str = NAME) -> Exception:
     status = int(exc.status or 0)
     if status == http.HTTPStatus.CONFLICT:
         return Conflict(what)
     message = _api_message(exc)
     if status == http.HTTPStatus.FORBIDDEN:
-        return ApplyError(f"{what}: forbidden ({message}); the hook's ClusterRole grants get/patch on {NAME}")
+        return ApplyError(f"{what}: forbidden ({message}); the hook's ClusterRole grants get/patch on {name}")
     return ApplyError(f"{what}: HTTP {status} {message}".rstrip())
 
 
@@ -291,10 +301,11 @@ def _api_message(exc: ApiException) -> str:
 
 def apply(api: CrdApi, wanted: dict[str, Any], *, allow_downgrade: bool, dry_run: bool, out: TextIO) -> int:
     """Read, decide, write; one line on `out` per outcome. Returns the exit status."""
+    name = str(wanted["metadata"]["name"])
     for _ in range(ATTEMPTS):
         live = api.get()
         step = plan(live, wanted, allow_downgrade)
-        subject = f"CustomResourceDefinition {NAME}"
+        subject = f"CustomResourceDefinition {name}"
         if step.action == "refuse":
             print(f"refused to update {subject} {step.detail}", file=out)
             return EXIT_FAILED
@@ -311,20 +322,29 @@ def apply(api: CrdApi, wanted: dict[str, Any], *, allow_downgrade: bool, dry_run
             else:
                 api.patch(step.body)
         except Conflict:
-            log.info("the CRD changed since it was read; reading it again", extra={"crd": NAME})
+            log.info("the CRD changed since it was read; reading it again", extra={"crd": name})
             continue
         print(f"{step.action}d {subject} {step.detail}", file=out)
         return EXIT_OK
-    raise ApplyError(f"{NAME} kept changing under {ATTEMPTS} attempts to update it; try again")
+    raise ApplyError(f"{name} kept changing under {ATTEMPTS} attempts to update it; try again")
+
+
+def _which(text: str) -> list[str]:
+    """`--crd all` or one name of CRDS."""
+    if text == "all":
+        return list(CRDS)
+    if text not in CRDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of all, {', '.join(CRDS)}")
+    return [text]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="crd_action", metavar="ACTION", required=True)
     apply_parser = actions.add_parser(
         "apply",
-        help="create or update the cluster's Devices CRD to this version's schema (the chart's upgrade hook)",
-        description="Create or update the cluster's Devices CRD to this version's schema. Refuses to "
-        "downgrade a CRD a newer nodefabric wrote. Prints what it did.",
+        help="create or update the cluster's CRDs to this version's schema (the chart's upgrade hook)",
+        description="Create or update the cluster's CRDs (Devices, PlacementGroup) to this version's schema. "
+        "Refuses to downgrade a CRD a newer nodefabric wrote. Prints what it did, one line per CRD.",
     )
     apply_parser.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
@@ -333,37 +353,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-downgrade", action="store_true", help="replace a CRD written by a newer nodefabric"
     )
     apply_parser.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
-    actions.add_parser(
+    print_parser = actions.add_parser(
         "print",
-        help="print this version's Devices CRD as YAML (to apply it by hand)",
-        description="Print this version's Devices CRD as YAML, as `apply` would write it.",
+        help="print this version's CRDs as YAML (to apply them by hand)",
+        description="Print this version's CRDs as YAML documents, as `apply` would write them.",
     )
+    for sub in (apply_parser, print_parser):
+        sub.add_argument(
+            "--crd",
+            type=_which,
+            default=list(CRDS),
+            help=f"which CRD: all (default) or one of {', '.join(CRDS)}",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
-    wanted = desired(this_version())
+    version = this_version()
+    wanted = [desired(version, which) for which in args.crd]
     if args.crd_action == "print":
         # Through JSON: no shared sub-objects, so no YAML anchors in a file people read.
-        sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(wanted)), sort_keys=False, width=110))
+        sys.stdout.write(
+            "---\n".join(
+                yaml.safe_dump(json.loads(json.dumps(body)), sort_keys=False, width=110) for body in wanted
+            )
+        )
         return EXIT_OK
     try:
         api_client = load_client(args.kubeconfig)
     except (ConfigException, OSError, yaml.YAMLError) as exc:
         log.error("cannot reach the kubernetes api", extra={"error": " ".join(str(exc).split())})
         return EXIT_USAGE
+    worst = EXIT_OK
     try:
-        return apply(
-            CrdApi(api_client),
-            wanted,
-            allow_downgrade=args.allow_downgrade,
-            dry_run=args.dry_run,
-            out=sys.stdout,
-        )
-    except ApplyError as exc:
-        log.error("the CRD was not applied", extra={"crd": NAME, "error": str(exc)})
-        return EXIT_FAILED
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        log.error("the kubernetes api did not answer", extra={"crd": NAME, "error": str(exc)})
-        return EXIT_FAILED
+        for body in wanted:
+            name = str(body["metadata"]["name"])
+            try:
+                code = apply(
+                    CrdApi(api_client, name),
+                    body,
+                    allow_downgrade=args.allow_downgrade,
+                    dry_run=args.dry_run,
+                    out=sys.stdout,
+                )
+            except ApplyError as exc:
+                log.error("the CRD was not applied", extra={"crd": name, "error": str(exc)})
+                code = EXIT_FAILED
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                log.error("the kubernetes api did not answer", extra={"crd": name, "error": str(exc)})
+                return EXIT_FAILED  # the next CRD would only say the same
+            worst = max(worst, code)
+        return worst
     finally:
         api_client.close()  # type: ignore[no-untyped-call]

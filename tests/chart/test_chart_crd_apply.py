@@ -15,11 +15,13 @@ from test_chart_rbac import CLUSTER, grants_of
 
 from nodefabric_devicemanager import cli, crd
 from nodefabric_operator import crd_apply
+from nodefabric_operator.admission import model as placement_model
 from nodefabric_operator.crd_apply import NAME, VERSION_ANNOTATION, desired, plan, release
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 OURS = crd_apply.this_version()
+PLG = placement_model.CRD_NAME
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -31,7 +33,8 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 async def apply(k: RunningAPI, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
     # The client blocks; the emulator serves on this loop, so the command runs in a worker thread. At
     # WARNING, stderr holds what the command says, not the emulator's access log (same process).
-    args = ["--log-level", "WARNING", "crd", "apply", "--kubeconfig", k.kubeconfig, *extra]
+    crds = () if "--crd" in extra else ("--crd", "devices")  # the Devices CRD alone, unless told
+    args = ["--log-level", "WARNING", "crd", "apply", "--kubeconfig", k.kubeconfig, *crds, *extra]
     return await asyncio.to_thread(run_cli, args, capsys)
 
 
@@ -220,11 +223,35 @@ def test_a_bad_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path: Path, content
     assert err.count("\n") == 1 and "cannot reach the kubernetes api" in err and "Traceback" not in err
 
 
-def test_print_writes_the_crd_apply_would_write(capsys) -> None:
+def test_print_writes_the_crds_apply_would_write(capsys) -> None:
     code, out, _ = run_cli(["crd", "print"], capsys)
     assert code == 0
     assert "&id" not in out and "*id" not in out  # no YAML anchors in a file people read
-    assert yaml.safe_load(out) == desired(OURS)
+    assert list(yaml.safe_load_all(out)) == [desired(OURS), desired(OURS, "placementgroups")]
+    code, out, _ = run_cli(["crd", "print", "--crd", "placementgroups"], capsys)
+    assert (code, yaml.safe_load(out)) == (0, desired(OURS, "placementgroups"))
+
+
+async def test_by_default_every_crd_is_applied_one_line_each(capsys) -> None:
+    async with running_api() as k:
+        code, out, err = await apply(k, capsys, "--crd", "all")
+        assert (code, err) == (0, "")
+        assert out == (
+            f"created CustomResourceDefinition {NAME} (nodefabric {OURS})\n"
+            f"created CustomResourceDefinition {PLG} (nodefabric {OURS})\n"
+        )
+        assert k.api.stored(CRDS, PLG)["spec"] == placement_model.placement_crd()["spec"]
+        code, out, _ = await asyncio.to_thread(
+            run_cli, ["--log-level", "WARNING", "crd", "apply", "--kubeconfig", k.kubeconfig], capsys
+        )
+        assert (code, out.count("unchanged")) == (0, 2)
+
+
+def test_an_unknown_crd_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["crd", "print", "--crd", "nodes"])
+    assert exited.value.code == 2
+    assert "'nodes' is not one of all, devices, placementgroups" in capsys.readouterr().err
 
 
 def test_an_unknown_action_is_a_usage_error(capsys) -> None:
@@ -308,6 +335,7 @@ def test_ten_is_newer_than_nine() -> None:
 HOOK = "nf-nodefabric-crd-upgrade"
 HOOK_GRANTS = {
     (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", NAME): {"get", "patch"},
+    (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", PLG): {"get", "patch"},
     # create cannot be narrowed to a name: RBAC checks it before the object has one.
     (CLUSTER, "apiextensions.k8s.io", "customresourcedefinitions", ""): {"create"},
 }

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import signal
 import socket
+import ssl
+import stat
 import subprocess
 import sys
 
@@ -80,3 +83,124 @@ def test_a_port_in_use_is_one_line_and_exit_2():
     assert result.stdout == ""
     bad = subprocess.run([*DEMO, "--port", "70000"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "not a port number" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --- a token: only who can read the kubeconfig uses the API --------------------------------------------
+
+
+async def test_with_a_token_every_request_but_the_probes_needs_it(tmp_path):
+    import aiohttp
+    import yaml
+
+    from nodefabric_devicemanager import nodeclient
+    from nodefabric_operator.demo.kubeapi import running_api
+
+    async with running_api(directory=str(tmp_path), token="s3cret") as k:
+        assert stat.S_IMODE(os.stat(k.kubeconfig).st_mode) == 0o600
+        with open(k.kubeconfig) as f:
+            assert yaml.safe_load(f)["users"][0]["user"]["token"] == "s3cret"
+        async with aiohttp.ClientSession() as http:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+                for method, path in (
+                    ("GET", "/api/v1/nodes"),
+                    ("DELETE", "/api/v1/nodes/n1"),
+                    ("GET", "/api"),
+                ):
+                    async with http.request(method, k.url + path, headers=headers) as resp:
+                        assert resp.status == 401, (method, path, headers)
+                        assert await resp.json() == {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "metadata": {},
+                            "status": "Failure",
+                            "message": "Unauthorized",
+                            "reason": "Unauthorized",
+                            "code": 401,
+                        }
+            for probe in ("/healthz", "/readyz", "/livez"):
+                async with http.get(k.url + probe) as resp:
+                    assert resp.status == 200
+            async with http.get(k.url + "/api/v1/nodes", headers={"Authorization": "Bearer s3cret"}) as resp:
+                assert resp.status == 200
+        assert k.count(resource="v1/nodes") == 1, "a refused request reaches nothing"
+        # Every component reads the token from the kubeconfig, as from a cluster's.
+        api = nodeclient.load(k.kubeconfig)
+        listed = await asyncio.to_thread(api.call, "list nodes", "GET", "/api/v1/nodes")
+        assert listed["kind"] == "NodeList"
+
+
+async def _start_demo(tmp, *args):
+    return await asyncio.create_subprocess_exec(
+        *DEMO,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+
+
+async def _read_until(proc, marker: str) -> str:
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        assert line, (await proc.stderr.read()).decode()[-3000:]
+        if marker in line:
+            return line
+
+
+async def test_serve_refuses_requests_without_the_kubeconfigs_token(tmp_path):
+    import aiohttp
+    import yaml
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = await _start_demo(tmp, "--serve")
+    try:
+        kubeconfig = (await _read_until(proc, "export KUBECONFIG=")).strip().partition("=")[2]
+        assert stat.S_IMODE(os.stat(kubeconfig).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(kubeconfig)).st_mode) == 0o700
+        with open(kubeconfig) as f:
+            config = yaml.safe_load(f)
+        cluster, token = config["clusters"][0]["cluster"], config["users"][0]["user"]["token"]
+        url = cluster["server"]
+        assert url.startswith("https://127.0.0.1:")
+        assert len(token) >= 32
+        ca = ssl.create_default_context(
+            cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
+        )
+        devices = f"{url}/apis/worker.gpustack.ai/v1alpha1/devices/hgx-0"
+        async with aiohttp.ClientSession() as http:
+            async with http.delete(devices, ssl=ca) as resp:
+                assert resp.status == 401
+            async with http.delete(devices, ssl=ca, headers={"Authorization": "Bearer guess"}) as resp:
+                assert resp.status == 401
+            async with http.get(devices, ssl=ca, headers={"Authorization": f"Bearer {token}"}) as resp:
+                assert resp.status == 200, "the anonymous DELETE deleted nothing"
+        proc.send_signal(signal.SIGTERM)
+        rest, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert "stopping the embedded API" in rest.decode()
+    assert os.listdir(tmp) == []
+
+
+@pytest.mark.parametrize("marker", ["=== 1.", "=== 3.", "=== 5."])
+async def test_sigterm_mid_story_leaves_no_temp_dir(tmp_path, marker):
+    """SIGTERM at any moment (the issue saw it 3-4 s after start, while the operator starts) stops the
+    demo as Ctrl-C does: exit 130, no traceback, its temporary directory gone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = await _start_demo(tmp)
+    try:
+        await _read_until(proc, marker)
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode in (0, 130), err.decode()[-3000:]  # 0: the story ended before the signal landed
+    assert "Traceback" not in err.decode()
+    assert os.listdir(tmp) == []

@@ -10,6 +10,7 @@ still to place, so the explanation is the extender's text.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,8 +18,9 @@ from nodefabric_operator.admission.owners import Size
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import GroupSpec
 from nodefabric_operator.extender.index import Shape
+from nodefabric_operator.extender.nodes import NodeRecord
 from nodefabric_operator.extender.placement import Decision, GroupRequest, Snapshot, decide
-from nodefabric_operator.extender.pods import PodNeeds
+from nodefabric_operator.extender.pods import BLOCKING_EFFECTS, TRANSIENT_TAINT_PREFIXES, PodNeeds
 
 Outcome = Literal["wait", "never-fits", "admitted"]
 
@@ -32,6 +34,7 @@ class Member:
     needs: PodNeeds
     gated: bool  # carries our gate
     node: str = ""  # bound to, "" while not
+    created: float = 0.0  # creation time: the oldest gated pods are the group when there are too many
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,27 @@ def group_needs(members: Sequence[Member]) -> PodNeeds:
     )
 
 
-def feasible(snap: Snapshot, needs: PodNeeds, shape: Shape) -> set[str]:
-    """The nodes one pod of the group could go to now: its node rules hold and the node has room."""
+def _blocked_now(record: NodeRecord, needs: PodNeeds) -> bool:
+    """A taint of the moment (not-ready, unreachable, unschedulable: the ones "never fits" forgives)
+    that the pod does not tolerate: kube-scheduler would not bind it there now."""
+    for taint in record.taints:
+        if taint.effect not in BLOCKING_EFFECTS or not taint.key.startswith(TRANSIENT_TAINT_PREFIXES):
+            continue
+        if not any(t.tolerates(taint) for t in needs.tolerations):
+            return True
+    return False
+
+
+def feasible(
+    snap: Snapshot, needs: PodNeeds, shape: Shape, unschedulable: AbstractSet[str] = frozenset()
+) -> set[str]:
+    """The nodes one pod of the group could go to now: its node rules hold, the node is neither cordoned
+    nor tainted for the moment against it, and it has room."""
     out = set()
     for name, view in snap.views.items():
-        if view.record is not None and not needs.admits(view.record):
+        if name in unschedulable:
+            continue
+        if view.record is not None and (not needs.admits(view.record) or _blocked_now(view.record, needs)):
             continue
         if snap.index.slots(view, shape) <= 0:
             continue
@@ -76,31 +95,36 @@ def feasible(snap: Snapshot, needs: PodNeeds, shape: Shape) -> set[str]:
 
 
 def admit(
-    spec: GroupSpec, size: Size, members: Sequence[Member], snap: Snapshot, config: ExtenderConfig
+    spec: GroupSpec,
+    size: Size,
+    members: Sequence[Member],
+    snap: Snapshot,
+    config: ExtenderConfig,
+    *,
+    unschedulable: AbstractSet[str] = frozenset(),
 ) -> Verdict:
+    """`unschedulable`: the cordoned nodes (spec.unschedulable), which the snapshot does not carry."""
     if size.value is None:
         return Verdict("wait", size.reason or "group size unknown")
     total = size.value
+    # Pods neither gated nor bound are kube-scheduler's already (their gate went some other way): not
+    # ours to place, so they never count, and cannot hold a group back.
     bound = sorted(m.node for m in members if m.node)
-    gated = sorted((m for m in members if m.gated and not m.node), key=lambda m: m.name)
-    loose = [m.name for m in members if not m.gated and not m.node]
-    if loose:
-        shown = ", ".join(sorted(loose)[:5])
+    gated = sorted((m for m in members if m.gated and not m.node), key=lambda m: (m.created, m.name))
+    have = len(bound) + len(gated)
+    if have < total:
         return Verdict(
-            "wait", f"{len(loose)} member(s) neither gated nor bound ({shown}): the group is not whole"
+            "wait", f"group {spec.key} waits for its members: {have} of {total} exist ({size.source})"
         )
-    if len(members) < total:
-        return Verdict(
-            "wait", f"group {spec.key} waits for its members: {len(members)} of {total} exist ({size.source})"
-        )
-    if len(members) > total:
+    if len(bound) >= total:
         return Verdict(
             "wait",
-            f"group {spec.key} has {len(members)} members for a size of {total} ({size.source}): "
-            "it waits until the extra pods are gone",
+            f"group {spec.key} has its {total} pods bound ({size.source}); "
+            f"{len(gated)} more gated pod(s) wait until some of them are gone",
         )
-    if not gated:
-        return Verdict("wait", f"group {spec.key} has no gated member to admit")
+    # More gated pods than places: the oldest are the group, the rest wait (a pod made later, by anyone
+    # who can create pods with the group's labels, never displaces one already waiting).
+    gated = sorted(gated[: total - len(bound)], key=lambda m: m.name)
     needs = group_needs(gated)
     keys = spec.homogeneous_keys
     if keys is None:
@@ -116,7 +140,7 @@ def admit(
         needs=needs,
         members=tuple(bound),
     )
-    decision = decide(request, feasible(snap, needs, request.shape), snap, config)
+    decision = decide(request, feasible(snap, needs, request.shape, unschedulable), snap, config)
     if decision.outcome == "never-fits":
         return Verdict("never-fits", decision.summary, decision)
     if decision.outcome != "placed":

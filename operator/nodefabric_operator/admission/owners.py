@@ -233,25 +233,61 @@ def resolve(
     return Size(None, "", reason)
 
 
+@dataclass(frozen=True)
+class Owner:
+    """What was read of a group's owner: its count (or why none) and its uid ("" when not read)."""
+
+    ref: OwnerRef
+    count: tuple[int, str] | None
+    problem: str = ""
+    uid: str = ""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.ref.group}/{self.ref.version}" if self.ref.group else self.ref.version
+
+
+# Owners whose own controller reference is on every pod of the group (a JobSet's pods are controlled by
+# its Jobs, a LeaderWorkerSet's by its StatefulSets; a PodGroup controls nothing).
+_INDIRECT = frozenset({"JobSet", "LeaderWorkerSet", "PodGroup"})
+
+
+def controls(owner: Owner | None, pod: Mapping[str, Any]) -> bool:
+    """Whether the pod may be a member: a pod of a Job (or a Kubeflow job) names it as its controller by
+    uid. Anyone who can create pods can copy a Job's label, but not have the Job control their pod
+    without also reading the Job's uid; a pod the owner does not control never counts."""
+    if owner is None or not owner.uid or owner.ref.kind in _INDIRECT:
+        return True
+    ref = _controller(pod)
+    return ref is not None and ref.get("uid") == owner.uid
+
+
 class OwnerFetcher:
     """Reads a group's owner through the API (any group/version, as a custom object)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api)
 
-    def size(self, ref: OwnerRef) -> tuple[tuple[int, str] | None, str]:
-        """(the owner's count, "") or (None, why not)."""
+    def read(self, ref: OwnerRef) -> Owner:
+        """The owner's count and uid, or why there is no count."""
         try:
             obj: Any = self.custom.get_namespaced_custom_object(
                 ref.group, ref.version, ref.namespace, ref.plural, ref.name, _request_timeout=(5, 15)
             )
         except ApiException as exc:
             if exc.status == 404:
-                return None, f"{ref.kind} {ref.namespace}/{ref.name} not found"
-            return None, f"{ref.kind} {ref.namespace}/{ref.name} could not be read (HTTP {exc.status})"
+                return Owner(ref, None, f"{ref.kind} {ref.namespace}/{ref.name} not found")
+            return Owner(
+                ref, None, f"{ref.kind} {ref.namespace}/{ref.name} could not be read (HTTP {exc.status})"
+            )
         except Exception as exc:
-            return None, f"{ref.kind} {ref.namespace}/{ref.name} could not be read ({type(exc).__name__})"
+            return Owner(
+                ref, None, f"{ref.kind} {ref.namespace}/{ref.name} could not be read ({type(exc).__name__})"
+            )
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+        uid = uid if isinstance(uid, str) else ""
         try:
-            return owner_size(ref, obj), ""
+            return Owner(ref, owner_size(ref, obj), "", uid)
         except OwnerError as exc:
-            return None, f"{ref.kind} {ref.namespace}/{ref.name}: {exc}"
+            return Owner(ref, None, f"{ref.kind} {ref.namespace}/{ref.name}: {exc}", uid)

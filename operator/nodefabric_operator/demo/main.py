@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -116,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"nodefabric demo: cannot listen on 127.0.0.1:{args.port}: {taken}", file=sys.stderr)
         return 2
     started = time.monotonic()
+    # SIGTERM stops the demo as Ctrl-C does (KeyboardInterrupt, caught by the CLI): everything it
+    # started is stopped and its temporary directory removed, at any moment (the default action would
+    # end the process on the spot and leave the directory behind).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.ExitStack() as stack:
         workdir = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="nodefabric-demo-"))
         asyncio.run(demo(Path(workdir), sys.stdout, serve=args.serve, port=args.port or None))
@@ -283,7 +288,8 @@ async def serve_until_stopped(k: RunningAPI, out: TextIO) -> None:
     """Keep the embedded API up for kubectl until SIGINT or SIGTERM, then return cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in before:
         loop.add_signal_handler(signum, stop.set)
     _section(out, "The embedded API stays up: explore it with kubectl (Ctrl-C stops it)")
     out.write(f"  API server  {k.url}\n  kubeconfig  {k.kubeconfig}\n\n")
@@ -300,8 +306,9 @@ async def serve_until_stopped(k: RunningAPI, out: TextIO) -> None:
     try:
         await stop.wait()
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum, handler in before.items():
             loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)  # a second signal while stopping still stops cleanly
     out.write("\n  stopping the embedded API\n")
 
 
@@ -324,7 +331,12 @@ async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | N
     for node in nodes:
         out.write(f"  {node.name:8} {node.zone:11} {node.what}\n")
 
-    async with running_api(directory=str(workdir), port=port) as k, _served_after(k, out, serve=serve):
+    # Only who can read the kubeconfig (0600, in a 0700 directory) can use the API: any other local user
+    # gets 401. Over https, since kubectl sends a kubeconfig's token only over TLS.
+    async with (
+        running_api(directory=str(workdir), port=port, tls=True, token=secrets.token_urlsafe(32)) as k,
+        _served_after(k, out, serve=serve),
+    ):
         api = load_client(k.kubeconfig)
         # What `helm install` does first: the CRD, through the API like any other object.
         body: Any = crd.devices_crd()  # the client takes a plain dict as readily as its model class

@@ -102,9 +102,6 @@ class ExtenderConfig(BaseModel):
     accelerator_memory_label: str = Field("nvidia.com/gpu.memory", alias="acceleratorMemoryLabel")
     # A pod let through but not seen bound stops counting for its group after this long.
     claim_ttl_seconds: float = Field(300.0, gt=0, alias="claimTTLSeconds")
-    # An admitted group not entirely bound and Ready within this long has its bound pods evicted (the
-    # placement process; CONTRACT_20.md).
-    group_ready_timeout_seconds: float = Field(600.0, gt=0, alias="groupReadyTimeoutSeconds")
     # kube-scheduler reads FailedNodes only when no node is left (its "0/N nodes are available" and
     # preemption); with thousands of nodes, false saves encoding reasons it discards once a pod fits.
     # Summaries, Events and /debug/groups explain every decision either way.
@@ -112,6 +109,11 @@ class ExtenderConfig(BaseModel):
     # Groups the extender keeps a record of (least recently used go first; what a group needs to go on
     # is persisted on its pods, so a dropped record is rebuilt from them).
     max_groups: int = Field(10_000, ge=1, le=1_000_000, alias="maxGroups")
+    # Group admission (`nodefabric placement`): an admitted group not entirely bound and Ready this long
+    # after its admission has its pods evicted and is admitted afresh.
+    group_ready_timeout_seconds: float = Field(
+        600.0, gt=0, le=7 * 24 * 3600, alias="groupReadyTimeoutSeconds"
+    )
 
     @field_validator("default_locality", "default_rank", mode="before")
     @classmethod

@@ -24,7 +24,15 @@ MAX_MESSAGE = 1024  # the API server refuses longer Event messages
 MAX_PENDING = 1024
 
 
-def event_body(pod: Mapping[str, Any], type_: str, reason: str, message: str) -> dict[str, Any]:
+def event_body(
+    pod: Mapping[str, Any],
+    type_: str,
+    reason: str,
+    message: str,
+    *,
+    component: str = COMPONENT,
+) -> dict[str, Any]:
+    """An Event about `pod` (or any object: its apiVersion and kind are read, a Pod when absent)."""
     meta = pod.get("metadata") or {}
     now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     return {
@@ -36,8 +44,8 @@ def event_body(pod: Mapping[str, Any], type_: str, reason: str, message: str) ->
             "namespace": meta.get("namespace", "default"),
         },
         "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
+            "apiVersion": pod.get("apiVersion") or "v1",
+            "kind": pod.get("kind") or "Pod",
             "name": meta.get("name", ""),
             "namespace": meta.get("namespace", "default"),
             "uid": meta.get("uid", ""),
@@ -45,9 +53,9 @@ def event_body(pod: Mapping[str, Any], type_: str, reason: str, message: str) ->
         "type": type_,
         "reason": reason,
         "message": message[:MAX_MESSAGE],
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": COMPONENT,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": component,
         "firstTimestamp": now,
         "lastTimestamp": now,
         "count": 1,
@@ -64,18 +72,26 @@ def annotation_patch(pod: Mapping[str, Any], annotations: Mapping[str, str | Non
 class KubePublisher:
     """Writes pod Events and the extender's pod annotations through the API."""
 
-    def __init__(self, api: client.CoreV1Api, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        api: client.CoreV1Api,
+        registry: CollectorRegistry | None = None,
+        *,
+        component: str = COMPONENT,
+        metric: str = "nodefabric_extender_writes_failed",
+    ) -> None:
         self.api = api
+        self.component = component
         self.pending: set[asyncio.Task[None]] = set()
         self.failed = Counter(
-            "nodefabric_extender_writes_failed",
+            metric,
             "Pod Event and annotation writes that failed or were dropped, by kind (event, annotation).",
             ["kind"],
             registry=registry,
         )
 
     def event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        body = event_body(pod, type_, reason, message)
+        body = event_body(pod, type_, reason, message, component=self.component)
         ns = body["metadata"]["namespace"]
         create: Any = self.api.create_namespaced_event  # takes the body as a plain dict too
         self._start("event", f"{ns}/{body['involvedObject']['name']}", lambda: create(ns, body))

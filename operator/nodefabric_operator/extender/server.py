@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.pods import PodError
 from nodefabric_operator.extender.service import Extender, Publisher
 from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, WireError, parse_args
+from nodefabric_operator.probes import add_probes
 
 log = logging.getLogger(__name__)
 
@@ -108,32 +109,16 @@ async def _groups(request: web.Request) -> web.Response:
     return _json(request.app[EXTENDER].groups())
 
 
-async def _healthz(request: web.Request) -> web.Response:
-    problems = request.app[SERVING].health()
-    if problems:
-        return web.Response(text="\n".join(problems) + "\n", status=503)
-    return web.Response(text="ok")
-
-
-async def _readyz(request: web.Request) -> web.Response:
-    if request.app[EXTENDER].cache.synced:
-        return web.Response(text="ok")
-    return web.Response(text="node and pod caches not synced yet", status=503)
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[EXTENDER].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def _base(extender: Extender, serving: Serving) -> web.Application:
     app = web.Application(client_max_size=serving.max_body)
     app[EXTENDER] = extender
     app[SERVING] = serving
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
-    return app
+    return add_probes(
+        app,
+        health=serving.health,
+        ready=lambda: None if app[EXTENDER].cache.synced else "node and pod caches not synced yet",
+        registry=lambda: app[EXTENDER].metrics.registry,
+    )
 
 
 def make_app(extender: Extender, serving: Serving | None = None) -> web.Application:

@@ -164,10 +164,21 @@ def _admission_feed(cache: Cache, custom: client.CustomObjectsApi) -> Feed:
 
 class Watcher:
     def __init__(
-        self, cache: Cache, book: Book, api: client.ApiClient, clock: Callable[[], float] = time.monotonic
+        self,
+        cache: Cache,
+        book: Book | None,
+        api: client.ApiClient,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        feeds: list[Feed] | None = None,
     ) -> None:
+        """The extender's feeds (nodes, pods, PodGroups into the cache and `book`), or `feeds` given by
+        another process (the placement controller) that watches through the same machinery."""
         self.cache = cache
-        self.feeds = _feeds(cache, book, api)
+        if feeds is None:
+            assert book is not None, "the extender's feeds need its book"
+            feeds = _feeds(cache, book, api)
+        self.feeds = feeds
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.clock = clock

@@ -18,8 +18,13 @@ from nodefabric_operator.demo.kubeapi.structural import Structural
 from nodefabric_operator.demo.kubeapi.tables import AGE, BUILTIN_COLUMNS, Column, crd_columns
 
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-_SUB_VERBS = {"status": ["get", "patch", "update"], "binding": ["create"], "finalize": ["update"]}
-_SUB_KINDS = {"binding": "Binding"}
+_SUB_VERBS = {
+    "status": ["get", "patch", "update"],
+    "binding": ["create"],
+    "eviction": ["create"],
+    "finalize": ["update"],
+}
+_SUB_KINDS = {"binding": "Binding", "eviction": "Eviction"}
 
 _EVENT_FIELDS = (
     "involvedObject.kind",
@@ -138,7 +143,7 @@ def builtin_types() -> list[ResourceType]:
             "v1/pods",
             "Pod",
             True,
-            ("status", "binding"),
+            ("status", "binding", "eviction"),
             short=("po",),
             categories=("all",),
             fields=(
@@ -177,6 +182,11 @@ def builtin_types() -> list[ResourceType]:
             ),
         ),
         _builtin("coordination.k8s.io/v1/leases", "Lease", True),
+        _builtin(
+            "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+            False,
+        ),
         _builtin(
             "apiextensions.k8s.io/v1/customresourcedefinitions",
             "CustomResourceDefinition",

@@ -143,6 +143,10 @@ def too_large(limit: int) -> ApiError:
     return ApiError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {limit}", {})
 
 
+def unauthorized() -> ApiError:
+    return ApiError(401, "Unauthorized", "Unauthorized", {})
+
+
 def expired(wanted: str, oldest: int) -> ApiError:
     return ApiError(410, "Expired", f"too old resource version: {wanted} ({oldest})", {})
 

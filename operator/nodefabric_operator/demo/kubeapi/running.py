@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import ssl
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp.test_utils
 import kmock
 import yaml
 
@@ -33,17 +36,25 @@ class RunningAPI:
         return self.api.count(method, resource, verb)
 
 
-def write_kubeconfig(url: str, directory: str) -> str:
+def write_kubeconfig(url: str, directory: str, token: str = "emulator", ca: bytes | None = None) -> str:
+    """A kubeconfig for `url` with `token` (and the CA to trust, for https), readable by its owner only
+    (it holds the credential)."""
     path = os.path.join(directory, "kubeconfig")
+    cluster: dict[str, Any] = {"server": url}
+    if ca is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca).decode()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-        "users": [{"name": "emulator", "user": {"token": "emulator"}}],
+        "clusters": [{"name": "emulator", "cluster": cluster}],
+        "users": [{"name": "emulator", "user": {"token": token}}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}],
         "current-context": "emulator",
     }
-    with open(path, "w") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a file left by an earlier run keeps its mode under O_CREAT: start afresh
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
         yaml.safe_dump(config, f)
     return path
 
@@ -54,18 +65,39 @@ async def running_api(
     directory: str | None = None,
     *,
     port: int | None = None,
+    tls: bool = False,
     **options: Any,
 ) -> AsyncIterator[RunningAPI]:
     """Serve a fresh API on 127.0.0.1 (`port`, or any free one) with the given CRDs applied and a
-    kubeconfig pointing at it; `options` are KubeAPI's knobs (history, event_window, ...)."""
+    kubeconfig pointing at it; `options` are KubeAPI's knobs (history, event_window, token, ...).
+    `tls`: serve https with a self-signed certificate the kubeconfig trusts (kubectl sends a token
+    only over TLS)."""
     with contextlib.ExitStack() as stack:
         if directory is None:
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="nodefabric-api-"))
-        async with KubeAPI(**options) as api, kmock.Server(api, port=port) as server:
+        cert = None
+        server_options: dict[str, Any] = {}
+        if tls:
+            from nodefabric_operator.demo.kubeapi.tls import self_signed  # cryptography: only for https
+
+            cert = self_signed(directory)
+            server_options["server_cls"] = _tls_server(cert.server_context())
+        async with KubeAPI(**options) as api, kmock.Server(api, port=port, **server_options) as server:
             for crd in crds:
                 api.declare_crd(crd)
             url = str(server.url).rstrip("/")
-            yield RunningAPI(api=api, server=server, url=url, kubeconfig=write_kubeconfig(url, directory))
+            kubeconfig = write_kubeconfig(
+                url, directory, api.token or "emulator", None if cert is None else cert.pem
+            )
+            yield RunningAPI(api=api, server=server, url=url, kubeconfig=kubeconfig)
+
+
+def _tls_server(context: ssl.SSLContext) -> type[aiohttp.test_utils.RawTestServer]:
+    class TLSServer(aiohttp.test_utils.RawTestServer):
+        async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
+            await super().start_server(loop=loop, ssl=context, **kwargs)
+
+    return TLSServer
 
 
 def load_crds(paths: Iterable[str]) -> list[dict[str, Any]]:

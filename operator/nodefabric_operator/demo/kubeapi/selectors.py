@@ -263,3 +263,44 @@ def field_selector(params: Mapping[str, str], selectable: frozenset[str]) -> lis
         return parse_field_selector(params.get("fieldSelector", ""), selectable)
     except SelectorError as err:
         raise ApiError(400, "BadRequest", str(err), {}) from None
+
+
+_OBJECT_OPERATORS = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "absent"}
+
+
+def object_selector(selector: object) -> list[Requirement]:
+    """A `metav1.LabelSelector` object (matchLabels, matchExpressions), as requirements; None or {} selects
+    everything. SelectorError names what a real API server refuses in it."""
+    if selector is None:
+        return []
+    if not isinstance(selector, Mapping):
+        raise SelectorError(f"a label selector must be an object, got {type(selector).__name__}")
+    out: list[Requirement] = []
+    labels = selector.get("matchLabels") or {}
+    if not isinstance(labels, Mapping):
+        raise SelectorError("matchLabels must be an object")
+    for key, value in labels.items():
+        if not isinstance(value, str):
+            raise SelectorError(f"matchLabels[{key!r}] must be a string")
+        out.append(Requirement(_check_key(str(key)), "in", frozenset({_check_value(value)})))
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise SelectorError("matchExpressions must be a list")
+    for i, expr in enumerate(expressions):
+        if not isinstance(expr, Mapping):
+            raise SelectorError(f"matchExpressions[{i}] must be an object")
+        op = _OBJECT_OPERATORS.get(str(expr.get("operator")))
+        values = expr.get("values") or []
+        if op is None:
+            raise SelectorError(
+                f"matchExpressions[{i}].operator: {expr.get('operator')!r} is not a valid operator"
+            )
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise SelectorError(f"matchExpressions[{i}].values must be a list of strings")
+        if (op in ("in", "notin")) != bool(values):
+            raise SelectorError(
+                f"matchExpressions[{i}].values: must be non-empty for In and NotIn and empty otherwise"
+            )
+        key = _check_key(str(expr.get("key", "")))
+        out.append(Requirement(key, op, frozenset(_check_value(v) for v in values)))
+    return out

@@ -14,6 +14,10 @@ What it does as a real API server does, because our parts or kubectl depend on i
 - validation of metadata (names, labels, annotations...) and of custom resources against their CRD's
   structural schema, with pruning, defaulting, `fieldValidation` and the 422 causes a server sends;
 - label and field selectors, `limit`/`continue` pages, server-side Tables for kubectl;
+- pods: scheduling gates only at creation, never beside `nodeName`, removable in any order; a gated
+  pod may only add to its node selector, narrow its required node affinity and add tolerations, other
+  spec changes are refused as the API server refuses them (`pods`); binding a gated pod is refused;
+  `pods/eviction`; MutatingWebhookConfigurations called on a pod's creation (`webhooks`);
 - watches: from "now" with the current state, or resuming from a resourceVersion (410 Expired once
   it left the event window), bookmarks, `sendInitialEvents`, `timeoutSeconds`, Table watches.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import hmac
 import json
 import logging
 import random
@@ -35,7 +40,7 @@ import attrs
 import kmock
 from multidict import CIMultiDict
 
-from nodefabric_operator.demo.kubeapi import discovery, errors
+from nodefabric_operator.demo.kubeapi import discovery, errors, pods, webhooks
 from nodefabric_operator.demo.kubeapi.admission import (
     CRDS,
     NAMESPACES,
@@ -68,7 +73,17 @@ MAX_BODY = 3 * 1024 * 1024  # the API server's request size limit
 SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")  # every cluster has them
 _WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 _SERVER_OWNED = ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds")
-_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the API server draws generateName suffixes from
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+PODS = "v1/pods"
+MUTATING_WEBHOOKS = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+_PINNED = ("name", "namespace", "uid", "creationTimestamp", "generation")
+_SUCCESS = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Success",
+    "code": 201,
+}  # what the API server draws generateName suffixes from
 log = logging.getLogger(__name__)
 
 
@@ -77,6 +92,10 @@ def _loose_json(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def _uid_mismatch(wanted: object, obj: Mapping[str, Any]) -> str:
+    return f"Precondition failed: UID in precondition: {wanted}, UID in object meta: {meta(obj).get('uid')}"
 
 
 def _table_wanted(request: Any) -> bool:
@@ -97,7 +116,9 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     (events each resource keeps for resuming watches), `bookmark_interval` (seconds between watch
     bookmarks), `watch_capacity` (events queued for one slow watch before it is closed),
     `require_namespaces` (refuse objects in a namespace that does not exist, as a real server does;
-    off by default, since most tests never create the namespaces they write to)."""
+    off by default, since most tests never create the namespaces they write to), `services` (where a
+    mutating webhook's `clientConfig.service` is served: "namespace/name" -> "host:port"), `token`
+    (the bearer token every request but the probes must carry: 401 without it)."""
 
     history: int = 4096
     # A kept request holds its body and its decoded JSON (about 7 times the body in memory): 150
@@ -107,6 +128,12 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
     bookmark_interval: float = 60.0
     watch_capacity: int = 100_000
     require_namespaces: bool = False
+    # Where a webhook's `clientConfig.service` is served ("namespace/name" -> "host:port"): no Service
+    # routes traffic here.
+    services: dict[str, str] = attrs.field(factory=dict)
+    # The bearer token every request must carry (None: no authentication, as most tests want). The
+    # probes answer without it, as a real API server's do to anonymous requests.
+    token: str | None = attrs.field(default=None, repr=False)
 
     catalogue: Catalogue = attrs.field(factory=Catalogue, init=False)
     store: Store = attrs.field(factory=Store, init=False)
@@ -214,6 +241,9 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         m.pop("resourceVersion", None)
         if validate:
             body, _ = admit(rt, body, namespace=m.get("namespace"), params={}, old=old)
+            causes = pods.create_causes(body) if rt.key == PODS and old is None else []
+            if causes:
+                raise errors.invalid(rt.kind, rt.group, m["name"], causes)
         else:
             body.update({"apiVersion": rt.group_version, "kind": rt.kind})
         stored = self._commit(rt, body, old)
@@ -306,6 +336,8 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         """The HTTP entry point (kmock's, without its parsing of Kubernetes URLs, which cannot read
         `/api/v1/namespaces`): record the request in the bounded history, then answer it."""
         raw_request._client_max_size = MAX_BODY
+        if self.token is not None and not self._authenticated(raw_request):
+            return self._error(errors.unauthorized())
         try:
             body = await raw_request.read()
             text = body.decode("utf-8")
@@ -349,6 +381,14 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
                     f"an error on the server ({exc!r}) has prevented the request from succeeding",
                 )
             )
+
+    def _authenticated(self, raw_request: aiohttp.web.BaseRequest) -> bool:
+        if "/" + raw_request.path.strip("/") in discovery.HEALTH:
+            return True
+        scheme, _, given = raw_request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), str(self.token).encode()
+        )
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         if self._payloads:
@@ -401,9 +441,11 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         if action == "create":
             if route.sub == "binding":
                 return self._bind(rt, route, request)
+            if route.sub == "eviction":
+                return self._evict(rt, route, request)
             if route.name:
                 raise errors.method_not_allowed()
-            return self._create(rt, route, request)
+            return await self._create(rt, route, request)
         if action in ("update", "patch"):
             return self._update(rt, route, request, action)
         if action == "delete":
@@ -622,7 +664,7 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         m = {**meta(obj), "deletionTimestamp": now(), "deletionGracePeriodSeconds": 0}
         return self._commit(rt, {**obj, "metadata": m}, obj)
 
-    def _create(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
+    async def _create(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
         body = parse_body(request)
         if not isinstance(body, dict):
             raise errors.bad_request("Object 'Kind' is missing in the body: it is not a JSON object")
@@ -638,6 +680,10 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         if "status" in rt.subresources:
             body.pop("status", None)  # status is written through its subresource only
         obj, warnings = admit(rt, body, namespace=route.namespace, params=request.params)
+        if rt.key == PODS:
+            obj, more = await self._mutate(rt, obj, request)
+            warnings += more
+            obj = self._admit_pod(obj)
         m = meta(obj)
         if self.store.get(rt.key, m.get("namespace"), m["name"]) is not None:
             raise errors.already_exists(rt.plural, rt.group, m["name"])
@@ -696,6 +742,10 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
             if "status" in old:
                 candidate["status"] = old["status"]
         obj, warnings = admit(rt, candidate, namespace=route.namespace, params=request.params, old=old)
+        if rt.key == PODS and route.sub is None:
+            causes = pods.update_causes(obj, old)
+            if causes:
+                raise errors.invalid(rt.kind, rt.group, route.name, causes)
         if request.params.get("dryRun") == "All":
             return self._respond(obj, 200, warnings)
         return self._respond(self._commit(rt, obj, old), 200, warnings)
@@ -769,12 +819,100 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
         target = (body.get("target") or {}).get("name") if isinstance(body, dict) else None
         if not target:
             raise errors.invalid("Binding", "", route.name, [required("target.name")])
+        expected_uid = (body.get("metadata") or {}).get("uid") if isinstance(body, dict) else None
+        if expected_uid and expected_uid != meta(pod).get("uid"):
+            raise errors.conflict(rt.plural, rt.group, route.name, _uid_mismatch(expected_uid, pod))
         current = (pod.get("spec") or {}).get("nodeName")
         if current:
             raise errors.conflict(
-                rt.plural, rt.group, route.name, f"pod {route.name} is already assigned to node {current!r}"
+                "pods/binding", "", route.name, f'pod {route.name} is already assigned to node "{current}"'
             )
-        self._commit(rt, {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": target}}, pod)
-        return self._respond(
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+        if pods.gates(pod):
+            raise errors.conflict(
+                "pods/binding", "", route.name, f"pod {route.name} has non-empty .spec.schedulingGates"
+            )
+        status = dict(pod.get("status") or {})
+        kept = [
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") != "PodScheduled"
+        ]
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "True",
+            "lastProbeTime": None,
+            "lastTransitionTime": now(),
+        }
+        status["conditions"] = [*kept, scheduled]
+        spec = {**(pod.get("spec") or {}), "nodeName": target}
+        self._commit(rt, {**pod, "spec": spec, "status": status}, pod)
+        return self._respond(_SUCCESS, 201)
+
+    def _evict(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
+        """POST pods/<name>/eviction (policy/v1 Eviction): the pod is deleted (no PodDisruptionBudget
+        is emulated, so every eviction is allowed)."""
+        assert route.name is not None
+        body = parse_body(request)
+        if not isinstance(body, dict):
+            raise errors.bad_request("Object 'Kind' is missing in the body: it is not a JSON object")
+        for field, allowed in (("apiVersion", ("policy/v1", "policy/v1beta1")), ("kind", ("Eviction",))):
+            if body.get(field) not in allowed:
+                have = body.get(field)
+                raise errors.bad_request(
+                    f"the {field} of an eviction must be one of {', '.join(allowed)}, got {have!r}"
+                )
+        name = (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
+        if name != route.name:
+            raise errors.bad_request("name in URL does not match name in Eviction object")
+        pod = self.store.get(rt.key, route.namespace, route.name)
+        if pod is None:
+            raise errors.not_found(rt.plural, rt.group, route.name)
+        options = body.get("deleteOptions") or {}
+        if not isinstance(options, dict):
+            raise errors.bad_request("deleteOptions of an eviction must be an object")
+        wanted = (options.get("preconditions") or {}).get("uid")
+        if wanted and wanted != meta(pod).get("uid"):
+            raise errors.conflict(rt.plural, rt.group, route.name, _uid_mismatch(wanted, pod))
+        if request.params.get("dryRun") != "All" and options.get("dryRun") != ["All"]:
+            if meta(pod).get("finalizers"):
+                self._mark_deleted(rt, pod)
+            else:
+                self._remove(rt, pod, "Background")
+        return self._respond(_SUCCESS, 201)
+
+    async def _mutate(
+        self, rt: ResourceType, obj: dict[str, Any], request: Any
+    ) -> tuple[dict[str, Any], list[str]]:
+        """The mutating webhooks' turn (see `webhooks`), then the object validated again as changed."""
+        configurations = list(self.store.select(MUTATING_WEBHOOKS))
+        if not configurations:
+            return obj, []
+        m = meta(obj)
+        namespace = m.get("namespace", "")
+        ns_labels = {
+            **(meta(self.store.get(NAMESPACES, None, namespace) or {}).get("labels") or {}),
+            "kubernetes.io/metadata.name": namespace,
+        }
+        target = webhooks.Target(
+            rt.group,
+            rt.version,
+            rt.kind,
+            rt.plural,
+            namespace,
+            m.get("name", ""),
+            dry_run=request.params.get("dryRun") == "All",
         )
+        outcome = await webhooks.admit_through_webhooks(configurations, target, obj, ns_labels, self.services)
+        if not outcome.called:
+            return obj, []
+        # A webhook may not rename or move the object; whatever else it changed is validated as sent.
+        changed = {**outcome.obj, "metadata": {**meta(outcome.obj), **{k: m[k] for k in _PINNED if k in m}}}
+        obj, more = admit(rt, changed, namespace=namespace, params=request.params)
+        return obj, outcome.warnings + more
+
+    def _admit_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The pod's own rules at creation (gates, nodeName), and the status the API server gives it."""
+        causes = pods.create_causes(pod)
+        if causes:
+            raise errors.invalid("Pod", "", meta(pod).get("name", ""), causes)
+        return {**pod, "status": pods.created_status(pod, now())}

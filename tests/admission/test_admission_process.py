@@ -1,0 +1,269 @@
+"""The placement controller against the embedded API over real HTTP: whole groups are pinned and ungated,
+incomplete or unsized groups wait gated with a reason, forgeries change nothing, a restart carries on from
+the PlacementGroup, and a group not bound in time is evicted and admitted afresh."""
+
+from __future__ import annotations
+
+from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, placement
+
+from nodefabric_operator.admission import model
+from nodefabric_operator.demo.kubeapi import running_api
+
+KEY = f"{NS}/job/train"
+
+
+async def test_a_complete_group_is_pinned_ungated_and_recorded():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 4, completions=4))
+        async with placement(k):
+            await w.create(*w.job_pods("train", 4, other_gate=True))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(4)), what="ungated")
+            status = w.status(KEY)
+            assert status["phase"] == "Admitted"
+            assert status["size"] == 4 and status["sizeSource"] == "Job train: completions"
+            pg = w.pg(KEY)
+            assert pg["metadata"]["labels"] == {
+                "app.kubernetes.io/managed-by": "nodefabric",
+                "placement.gpustack.ai/family": "job",
+            }
+            job_uid = k.api.stored("batch/v1/jobs", "train", NS)["metadata"]["uid"]
+            assert [(o["kind"], o["name"], o["uid"]) for o in pg["metadata"]["ownerReferences"]] == [
+                ("Job", "train", job_uid)
+            ]
+            nodes = {m["pod"]: m["node"] for m in status["members"]}
+            assert sorted(nodes) == [f"train-{i}" for i in range(4)]
+            # One zone, one node per pod (8 GPUs each), each pod pinned to exactly its node.
+            assert len(set(nodes.values())) == 4 and len({n.rsplit("-", 1)[0] for n in nodes.values()}) == 1
+            for pod, n in nodes.items():
+                assert w.pinned(pod) == [n]
+                assert w.gates(pod) == ["example.com/other"]  # only our gate went
+            assert status["level"] == "zone" and status["location"] in ("eu-a", "eu-b")
+            cond = {c["type"]: c["status"] for c in status["conditions"]}
+            assert cond == {"Admitted": "True", "AllBound": "False"}
+            for i in range(4):
+                await w.remove_other_gate(f"train-{i}")
+                await w.bind_and_ready(f"train-{i}")
+            await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
+            status = w.status(KEY)
+            assert all(m["bound"] and m["ready"] for m in status["members"])
+            assert {c["type"]: c["status"] for c in status["conditions"]}["AllBound"] == "True"
+            assert ("PlacementGroup", model.object_name(KEY), "GroupAdmitted") in {e[:3] for e in w.events()}
+            await eventually(  # the copy is written after the admission, without blocking it
+                lambda: (
+                    w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
+                    == status["decision"]
+                ),
+                what="the decision copied onto the pod",
+            )
+
+
+async def test_an_incomplete_group_stays_gated_with_a_reason_then_goes_when_whole():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 4))
+        async with placement(k):
+            pods = w.job_pods("train", 4)
+            await w.create(*pods[:3])
+            await eventually(lambda: "3 of 4 exist" in w.status(KEY).get("decision", ""), what="3 of 4")
+            assert w.status(KEY)["phase"] == "Waiting"
+            assert all(GATE in w.gates(f"train-{i}") for i in range(3))
+            assert not w.pinned("train-0")
+            await w.create(pods[3])
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+
+
+async def test_unknown_size_waits_gated_never_a_group_of_one():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet())
+        async with placement(k) as ctl:
+            await w.create(*job_pods("train", 1))  # no Job object, no declared size
+            await eventually(lambda: w.status(KEY).get("phase") == "Pending", what="Pending")
+            status = w.status(KEY)
+            assert status["size"] is None
+            assert "group size unknown: Job ml/train not found" in status["decision"]
+            passes = ctl.passes
+            await eventually(lambda: ctl.passes > passes + 2)
+            assert w.gates("train-0") == [GATE]
+
+
+async def test_members_declaring_different_sizes_wait_and_an_owner_count_wins():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        await w.create(*fleet())
+        lab = {"placement.gpustack.ai/group": "g"}
+        async with placement(k):
+            await w.create(
+                gpod("g-0", labels=lab, annotations={"placement.gpustack.ai/group-size": "2"}),
+                gpod("g-1", labels=lab, annotations={"placement.gpustack.ai/group-size": "3"}),
+            )
+            key = f"{NS}/explicit/g"
+            await eventually(lambda: w.status(key).get("phase") == "Pending", what="Pending")
+            assert "members declare different group sizes (g-0: 2, g-1: 3)" in w.status(key)["decision"]
+
+
+async def test_forged_claims_and_other_schedulers_pods_change_nothing():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        forged = {
+            "placement.gpustack.ai/claim": (
+                '{"group":"ml/job/train","level":"any","location":"nowhere","expires":"9999"}'
+            ),
+            "placement.gpustack.ai/decision": "placed by the attacker",
+        }
+        label = {"batch.kubernetes.io/job-name": "train"}
+        async with placement(k):
+            # 20 pods of another scheduler carrying the Job's label; the attacker's own pods of the same
+            # scheduler with the label and forged annotations, gated and not, created before the Job's
+            # pods and not controlled by the Job.
+            await w.create(
+                *[gpod(f"x-{i}", labels=label, gated=False, scheduler="other", gpus=1) for i in range(20)]
+            )
+            await w.create(gpod("attacker", labels=label, annotations=forged, gated=False, scheduler="other"))
+            await w.create(gpod("attacker-gated", labels=label, annotations=forged))
+            await w.create(gpod("attacker-loose", labels=label, annotations=forged, gated=False))
+            await w.create(*w.job_pods("train", 2, annotations=forged))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+            status = w.status(KEY)
+            assert [m["pod"] for m in status["members"]] == ["train-0", "train-1"]
+            assert "attacker" not in status["decision"] and "nowhere" not in status["decision"]
+            assert GATE in w.gates("attacker-gated") and not w.pinned("attacker-gated")
+            assert status["location"] != "nowhere" and status["level"] == "zone"
+            await eventually(  # the copy is written after the admission, without blocking it
+                lambda: (
+                    w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
+                    == status["decision"]
+                ),
+                what="the decision copied onto the pod",
+            )
+
+
+async def test_a_restart_mid_admission_carries_on_from_the_placement_group():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k) as ctl:
+            original = ctl._release
+
+            async def crash_before_release(group, status):  # the process dies after the status write
+                raise RuntimeError("killed")
+
+            ctl._release = crash_before_release  # type: ignore[method-assign]
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+            ctl._release = original  # type: ignore[method-assign]
+        assert all(GATE in w.gates(f"train-{i}") for i in range(2))
+        planned = {m["pod"]: m["node"] for m in w.status(KEY)["members"]}
+        async with placement(k):  # a new process: nothing in memory
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            assert {p: w.pinned(p)[0] for p in planned} == planned
+            assert w.status(KEY)["attempts"] == 1
+
+
+async def test_a_group_not_bound_in_time_is_evicted_and_admitted_afresh():
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=1.5)
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k, cfg, backoff_base=0.5):
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: GATE not in w.gates("train-0"), what="ungated")
+            await w.bind_and_ready("train-0")  # one of two binds; the other never does
+            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+            status = w.status(KEY)
+            assert "was not bound and Ready within 1.5s" in status["decision"]
+            assert {c["type"]: c["status"] for c in status["conditions"]}["TimedOut"] == "True"
+            await eventually(lambda: not w.pods(), what="pods evicted")
+            assert ("PlacementGroup", model.object_name(KEY), "GroupTimedOut") in {e[:3] for e in w.events()}
+            await w.create(*w.job_pods("train", 2))  # the owner recreates them, gated
+            await eventually(lambda: w.status(KEY).get("attempts") == 2, what="admitted afresh")
+            assert w.status(KEY)["phase"] == "Admitted"
+
+
+async def test_interleaved_groups_with_room_for_one_never_split():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("a", 6), job("b", 6))  # 8 nodes of 8 GPUs: room for one group of 6
+        async with placement(k):
+            a, b = w.job_pods("a", 6), w.job_pods("b", 6)
+            for pa, pb in zip(a, b, strict=True):  # pod by pod
+                await w.create(pa, pb)
+            admitted = await eventually(
+                lambda: [g for g in ("a", "b") if w.status(f"{NS}/job/{g}").get("phase") == "Admitted"],
+                what="one admitted",
+            )
+            assert len(admitted) == 1
+            (winner,) = admitted
+            loser = "b" if winner == "a" else "a"
+            await eventually(
+                lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Waiting", what="other waits"
+            )
+            nodes = [m["node"] for m in w.status(f"{NS}/job/{winner}")["members"]]
+            assert len(set(nodes)) == 6
+            await eventually(
+                lambda: all(GATE not in w.gates(f"{winner}-{i}") for i in range(6)), what="ungated"
+            )
+            for i in range(6):
+                assert GATE in w.gates(f"{loser}-{i}") and not w.pinned(f"{loser}-{i}")
+            for i in range(6):
+                await w.bind_and_ready(f"{winner}-{i}")
+            await eventually(lambda: w.status(f"{NS}/job/{winner}").get("phase") == "Bound", what="Bound")
+            assert w.status(f"{NS}/job/{loser}")["phase"] == "Waiting"
+            assert "waits for one" in w.status(f"{NS}/job/{loser}")["decision"]
+            for i in range(6):  # the winner finishes: the loser gets the whole fleet
+                await w.delete(f"{winner}-{i}")
+            await eventually(
+                lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Admitted", what="loser admitted"
+            )
+
+
+async def test_a_fleet_without_gpu_product_labels_still_places():
+    """Helper 20edge makes a homogeneity key no node carries skipped (extender/placement.py, index.py);
+    until that lands on this branch, such a group "never fits"."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(product=None), job("train", 2))
+        async with placement(k):
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") in ("Admitted", "NeverFits"), what="decided")
+            status = w.status(KEY)
+            if status["phase"] == "NeverFits" and "skipped: no node has it" not in status["decision"]:
+                import pytest
+
+                pytest.xfail(f"homogeneity skip not merged yet (h/20edge): {status['decision']}")
+            assert status["phase"] == "Admitted"
+            assert "nvidia.com/gpu.product skipped" in status["decision"]
+
+
+async def test_after_a_restart_admitted_groups_hold_their_nodes_before_any_group_is_decided():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(zones=("eu-a",), per_zone=4), job("a", 4), job("b", 4))
+        b = w.job_pods("b", 4)
+        async with placement(k):
+            await w.create(*b[:3])  # b is older, but incomplete
+            await eventually(lambda: w.status(f"{NS}/job/b").get("phase") == "Waiting", what="b waits")
+            await w.create(*w.job_pods("a", 4))
+            await eventually(lambda: all(GATE not in w.gates(f"a-{i}") for i in range(4)), what="a ungated")
+        # A new process; a's pods are pinned, not bound: nothing but a's PlacementGroup says their nodes
+        # are taken, and b (older, so decided first) becomes complete.
+        async with placement(k) as ctl:
+            await w.create(b[3])
+            passes = ctl.passes
+            await eventually(lambda: ctl.passes > passes + 3)
+            status = w.status(f"{NS}/job/b")
+            assert status["phase"] == "Waiting", status["decision"]
+            assert all(GATE in w.gates(f"b-{i}") for i in range(4))
