@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -46,17 +47,26 @@ class Feed:
 
     name: str
     list_call: Callable[..., Any]
+    # The full list after a (re)list, all pages held at once; None with key/known/forget below.
+    replace: Callable[[list[dict[str, Any]]], None] | None
     apply: Callable[[str, dict[str, Any]], None]  # one watch event (ADDED, MODIFIED, DELETED)
-    key: Callable[[dict[str, Any]], str]  # an object's identity in the cache
-    known: Callable[[], set[str]]  # the identities the cache holds
-    forget: Callable[[str], None]  # drop one the last list no longer had
     optional: bool = False  # a CRD that may not be installed (PodGroup, PlacementGroup)
+    # Given all three, each page goes to the cache before the next is read, then what the list no
+    # longer had is dropped: only one page is ever held.
+    key: Callable[[dict[str, Any]], str] | None = None  # an object's identity in the cache
+    known: Callable[[], set[str]] | None = None  # the identities the cache holds
+    forget: Callable[[str], None] | None = None  # drop one the last list no longer had
+
+    @property
+    def streamed(self) -> bool:
+        return self.key is not None and self.known is not None and self.forget is not None
 
     def upsert_page(self, items: list[dict[str, Any]]) -> None:
         for item in items:
             self.apply("ADDED", item)
 
     def prune(self, seen: set[str]) -> None:
+        assert self.known is not None and self.forget is not None
         for key in self.known() - seen:
             self.forget(key)
 
@@ -102,14 +112,23 @@ def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
             cache.upsert_pod(obj)
 
     feeds = [
-        Feed("nodes", core.list_node, apply_node, _name, lambda: set(cache.nodes), cache.delete_node),
+        Feed(
+            "nodes",
+            core.list_node,
+            None,
+            apply_node,
+            key=_name,
+            known=lambda: set(cache.nodes),
+            forget=cache.delete_node,
+        ),
         Feed(
             "pods",
             core.list_pod_for_all_namespaces,
+            None,
             apply_pod,
-            lambda obj: str((obj.get("metadata") or {}).get("uid")),
-            lambda: set(cache.pods),
-            delete_pod,
+            key=lambda obj: str((obj.get("metadata") or {}).get("uid")),
+            known=lambda: set(cache.pods),
+            forget=delete_pod,
         ),
     ]
     versions = {"scheduling.x-k8s.io": "v1alpha1", "scheduling.volcano.sh": "v1beta1"}
@@ -133,7 +152,14 @@ def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
 
         feeds.append(
             Feed(
-                f"{group} podgroups", list_groups, apply_group, _namespaced, known_groups, forget_group, True
+                f"{group} podgroups",
+                list_groups,
+                None,
+                apply_group,
+                optional=True,
+                key=_namespaced,
+                known=known_groups,
+                forget=forget_group,
             )
         )
     feeds.append(_admission_feed(cache, custom))
@@ -159,7 +185,9 @@ def _admission_feed(cache: Cache, custom: client.CustomObjectsApi) -> Feed:
     def list_call(**kw: Any) -> Any:
         return custom.list_cluster_custom_object(*PLACEMENT_GROUPS, **kw)
 
-    return Feed("placementgroups", list_call, apply, _namespaced, known, forget, optional=True)
+    return Feed(
+        "placementgroups", list_call, None, apply, optional=True, key=_namespaced, known=known, forget=forget
+    )
 
 
 class Watcher:
@@ -275,6 +303,7 @@ class Watcher:
         is read, then what the list no longer has is dropped. The list's resourceVersion to watch from;
         None when the watcher stopped. An expired continue token (410) makes the caller list again."""
         seen: set[str] = set()
+        held: list[dict[str, Any]] = []  # a feed without key/known/forget: its whole list
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {
@@ -286,14 +315,22 @@ class Watcher:
                 kwargs["_continue"] = token
             data = json.loads(feed.list_call(**kwargs).data)
             items: list[dict[str, Any]] = data.get("items") or []
-            seen.update(feed.key(i) for i in items)
-            if not self._on_loop(loop, lambda items=items: feed.upsert_page(items)):  # type: ignore[misc]
-                return None
+            if feed.key is not None and feed.streamed:
+                seen.update(feed.key(i) for i in items)
+                if not self._on_loop(loop, lambda items=items: feed.upsert_page(items)):  # type: ignore[misc]
+                    return None
+            else:
+                held.extend(items)
             meta = data.get("metadata") or {}
             del data, items
             token = meta.get("continue") or None
             if not token:
-                if not self._on_loop(loop, lambda: feed.prune(seen)):
+                if feed.streamed:
+                    done = self._on_loop(loop, lambda: feed.prune(seen))
+                else:
+                    assert feed.replace is not None
+                    done = self._on_loop(loop, functools.partial(feed.replace, held))
+                if not done:
                     return None
                 version = meta.get("resourceVersion")
                 return str(version) if version else None
