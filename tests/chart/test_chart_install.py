@@ -71,6 +71,10 @@ def test_helm_install_needs_no_value(helm: Path, tmp_path: Path, render: Any) ->
     and off by default, so nothing is left for the operator to fill in."""
     notes = dry_install(helm, tmp_path, render, {}, scheduler_tag=False)
     assert f"nodefabric 0.1.0 is installed in namespace {NAMESPACE}" in notes
+    # What it runs by default, and how a namespace opts in to group admission.
+    assert "kubectl label namespace <ns> placement.gpustack.ai/admission=enabled" in notes
+    assert "kubectl get placementgroups -A" in notes
+    assert "spec.schedulerName" not in notes  # no second scheduler unless extender.enabled
 
 
 @pytest.mark.parametrize(
