@@ -347,6 +347,12 @@ def test_cert_manager_issues_the_certificate_instead(render) -> None:
         cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{PLACEMENT}-webhook"
     )
     assert all("caBundle" not in w["clientConfig"] for w in cfg["webhooks"])
+    # A kind without a name names no issuer: the self-signed one is made and used.
+    docs = render(
+        {"placement": {"webhook": {"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer"}}}}}
+    )
+    assert one(docs, "Certificate", f"{PLACEMENT}-webhook")["spec"]["issuerRef"]["kind"] == "Issuer"
+    assert one(docs, "Issuer", f"{PLACEMENT}-webhook")
     # A named issuer is used, and none is made.
     ref = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
     docs = render({"placement": {"webhook": {"certManager": {"enabled": True, "issuerRef": ref}}}})
