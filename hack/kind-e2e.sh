@@ -90,7 +90,7 @@ SCHEDULER_TAG=$(kubectl version -o json | python3 -c \
 "$HELM" install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
   --set image.registry= --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
   --set image.pullPolicy=Never --set agent.hostRoot="$HOST_ROOT" \
-  --set scheduler.image.tag="$SCHEDULER_TAG" \
+  --set extender.enabled=true --set scheduler.image.tag="$SCHEDULER_TAG" \
   --set 'extender.defaults.homogeneous={}' \
   --wait --timeout 5m
 kubectl -n "$NS" get pods -o wide
