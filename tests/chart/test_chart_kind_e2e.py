@@ -46,19 +46,22 @@ def test_the_chart_values_the_script_sets_render(render) -> None:
         "image.repository",
         "agent.hostRoot",
         "extender.defaults.homogeneous",
+        "extender.enabled",
         "scheduler.image.tag",
     } <= set(sets)
     docs = render(
         {
             "image": {"registry": "", "repository": "nodefabric", "tag": "e2e", "pullPolicy": "Never"},
             "agent": {"hostRoot": "/opt/nodefabric/host"},
-            "extender": {"defaults": {"homogeneous": []}},
+            "extender": {"enabled": True, "defaults": {"homogeneous": []}},
             "scheduler": {"image": {"tag": "v1.33.1"}},
         },
         scheduler_tag=False,
     )
     agent = one(docs, "DaemonSet", "nf-nodefabric-agent")
     assert container(agent, "agent")["image"] == "nodefabric:e2e"
+    # The script's group goes through the optional second scheduler: the install turns it on.
+    assert one(docs, "Deployment", "nf-nodefabric-scheduler")
     paths = {v["name"]: v["hostPath"]["path"] for v in pod_spec(agent)["volumes"] if "hostPath" in v}
     assert (paths["host-sys"], paths["host-dev"]) == ("/opt/nodefabric/host/sys", "/opt/nodefabric/host/dev")
     assert "HOST_ROOT=/opt/nodefabric/host" in text
