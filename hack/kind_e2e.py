@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -61,11 +62,28 @@ def level_keys(domain: str) -> dict[str, str]:
     }
 
 
+TITLES = {"fabric domain": "fabric", "network group": "network-group", "zone": "zone", "region": "region"}
+WHERE = re.compile(
+    r"(?:go to|goes to|widened to) (any location|(fabric domain|network group|zone|region) (\S+?))(?=[ ;(]|$)"
+)
+
+
+def where_decided(text: str) -> tuple[str, str | None]:
+    """(level, location) the extender's decision text names ("... go to zone eu-a of region eu ...");
+    the extender writes no claim any more, so the words people read are what the check reads."""
+    found = WHERE.search(text.replace("\n", " "))
+    if found is None:
+        raise AssertionError(f"the decision names no location: {text!r}")
+    if found.group(1) == "any location":
+        return "any", None
+    return TITLES[found.group(2)], found.group(3)
+
+
 def placement(pods: list[dict[str, Any]], nodes: list[dict[str, Any]], domain: str, size: int) -> list[str]:
     """One line per pod on success; raises AssertionError naming the first thing that is wrong."""
     labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
     keys = level_keys(domain)
-    decision_key, claim_key = f"placement.{domain}/decision", f"placement.{domain}/claim"
+    decision_key = f"placement.{domain}/decision"
     if len(pods) != size:
         raise AssertionError(f"{len(pods)} pods, not {size}")
     given: set[tuple[str, str | None]] = set()
@@ -77,10 +95,7 @@ def placement(pods: list[dict[str, Any]], nodes: list[dict[str, Any]], domain: s
             raise AssertionError(f"{name} is not bound to a node")
         if decision_key not in notes:
             raise AssertionError(f"{name} carries no {decision_key}: the extender did not decide it")
-        if claim_key not in notes:
-            raise AssertionError(f"{name} carries no {claim_key}")
-        claim = json.loads(notes[claim_key])
-        level, location = claim["level"], claim.get("location")
+        level, location = where_decided(str(notes[decision_key]))
         given.add((level, location))
         if level != "any":
             got = labels.get(node, {}).get(keys[level])

@@ -229,8 +229,8 @@ async def test_interleaved_groups_with_room_for_one_never_split():
 
 
 async def test_a_fleet_without_gpu_product_labels_still_places():
-    """Helper 20edge makes a homogeneity key no node carries skipped (extender/placement.py, index.py);
-    until that lands on this branch, such a group "never fits"."""
+    """A default homogeneity key no node carries is skipped and said (extender/placement.py, index.py),
+    so such a group is admitted rather than "never fits"."""
     async with running_api([model.placement_crd()]) as k:
         w = World(k)
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
@@ -239,11 +239,7 @@ async def test_a_fleet_without_gpu_product_labels_still_places():
             await w.create(*w.job_pods("train", 2))
             await eventually(lambda: w.status(KEY).get("phase") in ("Admitted", "NeverFits"), what="decided")
             status = w.status(KEY)
-            if status["phase"] == "NeverFits" and "skipped: no node has it" not in status["decision"]:
-                import pytest
-
-                pytest.xfail(f"homogeneity skip not merged yet (h/20edge): {status['decision']}")
-            assert status["phase"] == "Admitted"
+            assert status["phase"] == "Admitted", status["decision"]
             assert "nvidia.com/gpu.product skipped" in status["decision"]
 
 

@@ -71,6 +71,10 @@ def test_helm_install_needs_no_value(helm: Path, tmp_path: Path, render: Any) ->
     and off by default, so nothing is left for the operator to fill in."""
     notes = dry_install(helm, tmp_path, render, {}, scheduler_tag=False)
     assert f"nodefabric 0.1.0 is installed in namespace {NAMESPACE}" in notes
+    # What it runs by default, and how a namespace opts in to group admission.
+    assert "kubectl label namespace <ns> placement.gpustack.ai/admission=enabled" in notes
+    assert "kubectl get placementgroups -A" in notes
+    assert "spec.schedulerName" not in notes  # no second scheduler unless extender.enabled
 
 
 @pytest.mark.parametrize(
@@ -89,3 +93,53 @@ def test_the_notes_name_what_this_install_serves(
     assert ("status.allocatable" in notes) is expected["allocatable"]
     slices = "kubectl get resourceslices --field-selector spec.driver=rdma.gpustack.ai"
     assert (slices in notes) is expected["slices"]
+
+
+def test_the_webhook_certificate_is_kept_across_upgrades(helm: Path, tmp_path: Path, render: Any) -> None:
+    """`lookup` reads the Secret an earlier release wrote (helm --dry-run=server reads the cluster): the
+    same CA and certificate are rendered again, so the webhook's caBundle never changes under the pods."""
+    import base64
+
+    docs: list[Doc] = render({}, kube_version=KUBE, scheduler_tag=False)
+    secret_name = "nf-nodefabric-placement-webhook-tls"
+    earlier = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        # As the earlier release left it: helm's ownership marks, so this install takes it over.
+        "metadata": {
+            "name": secret_name,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {
+                "meta.helm.sh/release-name": RELEASE,
+                "meta.helm.sh/release-namespace": NAMESPACE,
+            },
+        },
+        "type": "kubernetes.io/tls",
+        "data": {
+            k: base64.b64encode(f"earlier {k}".encode()).decode() for k in ("tls.crt", "tls.key", "ca.crt")
+        },
+    }
+
+    async def run() -> subprocess.CompletedProcess[str]:
+        async with running_api(directory=str(tmp_path)) as k:
+            for d in docs:
+                key = f"{d['apiVersion']}/{plural(d['kind'])}"
+                if key not in k.api.resources:
+                    k.api.declare(key, kind=d["kind"], namespaced="namespace" in d["metadata"])
+            k.api.put_object("v1/secrets", earlier, validate=False)
+            cmd = [str(helm), "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=server"]
+            cmd += ["--kubeconfig", k.kubeconfig, "--disable-openapi-validation"]
+            env = {**os.environ, "HOME": str(tmp_path)}
+            return await asyncio.to_thread(
+                subprocess.run, cmd, capture_output=True, text=True, timeout=60, env=env
+            )
+
+    done = asyncio.run(run())
+    assert done.returncode == 0, done.stderr
+    manifest = done.stdout.split("\nMANIFEST:\n", 1)[1].split("\nNOTES:\n", 1)[0]
+    rendered = [d for d in yaml.safe_load_all(manifest) if d]
+    (secret,) = [d for d in rendered if d["kind"] == "Secret" and d["metadata"]["name"] == secret_name]
+    assert secret["data"] == earlier["data"]
+    (hooks,) = [d for d in rendered if d["kind"] == "MutatingWebhookConfiguration"]
+    assert {w["clientConfig"]["caBundle"] for w in hooks["webhooks"]} == {earlier["data"]["ca.crt"]}

@@ -85,7 +85,7 @@ def test_the_scripts_own_helm_values_render_what_it_asserts(helm: Path, tmp_path
     # The extender runs (whatever the chart's default), with no homogeneity key: kind nodes have no GPU label.
     scheduler = one(docs, "Deployment", "nodefabric-scheduler")
     assert container(scheduler, "kube-scheduler")["image"].endswith(f":{SCHEDULER_TAG}")
-    config = configmap_yaml(docs, "nodefabric-extender", "extender.yaml")
+    config = configmap_yaml(docs, "nodefabric-placement-config", "extender.yaml")
     assert config["homogeneousKeys"] == []
     # The script installs with exactly these flags.
     text = SCRIPT.read_text()
@@ -135,7 +135,7 @@ def test_an_empty_list_by_set_is_what_the_chart_refuses(helm: Path, tmp_path: Pa
     done = template(helm, tmp_path, new)
     assert done.returncode == 0, done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    assert configmap_yaml(docs, "nodefabric-extender", "extender.yaml")["homogeneousKeys"] == []
+    assert configmap_yaml(docs, "nodefabric-placement-config", "extender.yaml")["homogeneousKeys"] == []
 
 
 def test_the_script_sets_no_empty_list_or_map_with_set() -> None:
@@ -232,15 +232,13 @@ def nodes() -> list[dict[str, Any]]:
 def pods(on: list[str], location: str = "zone-0", level: str = "zone") -> list[dict[str, Any]]:
     out = []
     for i, node in enumerate(on):
-        claim = {"group": "e2e/e2e-job", "uid": f"u{i}", "level": level, "location": location}
+        where = "any location" if level == "any" else f"{level} {location}"
+        text = f"placed: 8 of 8 pods of group e2e/job/e2e-job go to {where} (nodes w1, w2,\nw3)"
         out.append(
             {
                 "metadata": {
                     "name": f"worker-{i}",
-                    "annotations": {
-                        f"placement.{DOMAIN}/decision": f"placed: 8 of 8 pods in {level} {location}",
-                        f"placement.{DOMAIN}/claim": json.dumps(claim),
-                    },
+                    "annotations": {f"placement.{DOMAIN}/decision": text},
                 },
                 "spec": {"nodeName": node},
             }
@@ -255,10 +253,6 @@ def test_a_group_where_the_extender_said_passes() -> None:
 
 def test_a_group_placed_anywhere_passes_when_the_extender_said_any() -> None:
     group = pods(["w1", "w3"] * 4, level="any")
-    for p in group:
-        p["metadata"]["annotations"][f"placement.{DOMAIN}/claim"] = json.dumps(
-            {"level": "any", "location": None}
-        )
     assert len(load_hack("kind_e2e").placement(group, nodes(), DOMAIN, 8)) == 8
 
 

@@ -3,6 +3,7 @@ values do, and a value Kubernetes would refuse is refused at render time with th
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -395,7 +396,11 @@ def references_to(docs: list[Doc], component: str) -> dict[str, str]:
         refs["flowschema"] = names[0] if component == "agent" else names[1]
     if component in POLICIES:
         policy = one(docs, "ValidatingAdmissionPolicy", POLICIES[component])
-        refs["policy"] = policy["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1].rstrip('"')
+        expression = policy["spec"]["matchConditions"][0]["expression"]
+        if " in [" in expression:  # the extender's policy: [extender account, scheduler account]
+            users = json.loads(expression.split(" in ", 1)[1])
+            expression = users[1] if component == "scheduler" else users[0]
+        refs["policy"] = expression.rsplit(":", 1)[1].rstrip('"')
     return refs
 
 
@@ -771,7 +776,6 @@ def test_common_labels_reach_every_object_once(render) -> None:
         ({"scheduler": {"logLevel": "debug"}}, "logLevel"),
         ({"extender": {"extraVolumes": []}}, "extraVolumes"),
         ({"extender": {"securityContext": {}}}, "securityContext"),
-        ({"extender": {"serviceAccount": {"create": True, "name": ""}}}, "serviceAccount"),
         (
             {"scheduler": {"extraVolumes": [{"name": "extender-config", "emptyDir": {}}]}},
             'scheduler.extraVolumes: name "extender-config" is used twice',

@@ -347,6 +347,12 @@ def test_cert_manager_issues_the_certificate_instead(render) -> None:
         cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{PLACEMENT}-webhook"
     )
     assert all("caBundle" not in w["clientConfig"] for w in cfg["webhooks"])
+    # A kind without a name names no issuer: the self-signed one is made and used.
+    docs = render(
+        {"placement": {"webhook": {"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer"}}}}}
+    )
+    assert one(docs, "Certificate", f"{PLACEMENT}-webhook")["spec"]["issuerRef"]["kind"] == "Issuer"
+    assert one(docs, "Issuer", f"{PLACEMENT}-webhook")
     # A named issuer is used, and none is made.
     ref = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
     docs = render({"placement": {"webhook": {"certManager": {"enabled": True, "issuerRef": ref}}}})
@@ -657,3 +663,18 @@ def test_homogeneity_by_resource_is_off_through_a_values_file_with_null(helm, tm
 )
 def test_bad_homogeneity_values_are_refused(render, given: Any, complaint: str) -> None:
     assert complaint in refusal(render, {"extender": {"defaults": {"homogeneousByResource": given}}})
+
+
+def test_the_placement_process_accepts_the_rendered_arguments(default_docs: list[Doc]) -> None:
+    """The real `nodefabric placement` parser reads the Deployment's arguments."""
+    from nodefabric_devicemanager.cli import build_parser
+
+    args = container(deployment(default_docs), "placement")["args"]
+    parser, command = build_parser(args)
+    assert command is not None, args
+    ns = parser.parse_args(args)
+    assert (str(ns.config), ns.metrics_port, ns.webhook_port) == ("/etc/nodefabric/extender.yaml", 9103, 9443)
+    assert (str(ns.tls_cert_file), str(ns.tls_private_key_file)) == (
+        "/etc/nodefabric/tls/tls.crt",
+        "/etc/nodefabric/tls/tls.key",
+    )

@@ -52,6 +52,7 @@ EXTENDER: Grants = {
     (CLUSTER, "", "pods", ""): {"list", "watch", "patch"},
     (CLUSTER, "scheduling.x-k8s.io", "podgroups", ""): {"list", "watch"},
     (CLUSTER, "scheduling.volcano.sh", "podgroups", ""): {"list", "watch"},
+    (CLUSTER, "placement.gpustack.ai", "placementgroups", ""): {"list", "watch"},
     (CLUSTER, "", "events", ""): {"create"},
 }
 SCHEDULER: Grants = {
@@ -132,6 +133,26 @@ def test_no_binding_to_broad_builtin_roles_or_non_serviceaccount_subjects(defaul
 def test_one_serviceaccount_per_component(default_docs: list[Doc]) -> None:
     accounts = {sa["metadata"]["name"] for sa in of_kind(default_docs, "ServiceAccount")}
     used = [pod_spec(w)["serviceAccountName"] for w in workloads(default_docs)]
+    # The extender container of the scheduler pod acts as its own account, through that account's token
+    # Secret mounted where the in-cluster client reads one (kubelet then mounts no other token there).
+    (token,) = [
+        s for s in of_kind(default_docs, "Secret") if s["type"] == "kubernetes.io/service-account-token"
+    ]
+    extender = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert extender == "nf-nodefabric-extender"
+    scheduler = one(default_docs, "Deployment", "nf-nodefabric-scheduler")
+    (mount,) = [
+        m
+        for c in pod_spec(scheduler)["containers"]
+        if c["name"] == "extender"
+        for m in c["volumeMounts"]
+        if m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    ]
+    (vol,) = [v for v in pod_spec(scheduler)["volumes"] if v["name"] == mount["name"]]
+    assert vol["secret"]["secretName"] == token["metadata"]["name"] and mount["readOnly"]
+    kube = next(c for c in pod_spec(scheduler)["containers"] if c["name"] == "kube-scheduler")
+    assert not [m for m in kube["volumeMounts"] if "serviceaccount" in m["mountPath"]]
+    used.append(extender)
     assert sorted(used) == sorted(accounts), "every workload has its own account and every account a workload"
     assert len(set(used)) == len(used)
     for w in workloads(default_docs):
@@ -166,8 +187,11 @@ def test_scheduler_holds_the_stock_scheduler_roles_its_own_lease_and_the_extende
     default_docs: list[Doc],
 ) -> None:
     grants, builtin = grants_of(default_docs, sa_of(default_docs, "Deployment", "nf-nodefabric-scheduler"))
-    assert grants == {**SCHEDULER, **EXTENDER}
+    assert grants == SCHEDULER
     assert builtin == SCHEDULER_BUILTIN
+    # The extender's rights are its own account's, not kube-scheduler's.
+    grants, builtin = grants_of(default_docs, "nf-nodefabric-extender")
+    assert grants == EXTENDER and builtin == set()
     # Nobody else holds the scheduler's roles.
     for name in ("nf-nodefabric-agent", "nf-nodefabric-operator"):
         assert not grants_of(default_docs, name)[1]

@@ -29,6 +29,7 @@ CONFIG = "nf-nodefabric-placement-config"
 PLACEMENT = "nf-nodefabric-placement"
 POLICY = "nf-nodefabric-extender-annotations"
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:{SCHEDULER}"
+EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:{EXTENDER}"
 DECISION, CLAIM = "placement.gpustack.ai/decision", "placement.gpustack.ai/claim"
 
 
@@ -398,7 +399,8 @@ def test_only_the_scheduler_account_may_patch_pods(default_docs: list[Doc]) -> N
     # The extender's annotation and the placement process's pinning, each confined by its own policy.
     assert sorted(holders) == [EXTENDER, PLACEMENT]
     (binding,) = [b for b in of_kind(default_docs, "ClusterRoleBinding") if b["roleRef"]["name"] == EXTENDER]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCHEDULER, "namespace": NAMESPACE}]
+    # The extender's own account (its container uses that account's token), not kube-scheduler's.
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": EXTENDER, "namespace": NAMESPACE}]
     assert pod_spec(scheduler(default_docs))["serviceAccountName"] == SCHEDULER
 
 
@@ -422,7 +424,8 @@ def test_the_policy_binds_denying_fails_closed_and_matches_every_pod_update(defa
         "resources": ["pods", "pods/status"],
     }
     (cond,) = policy["spec"]["matchConditions"]
-    assert cond["expression"] == f'request.userInfo.username == "{SCHEDULER_USER}"'
+    # The extender's own account, and kube-scheduler's (its pod status writes are held to the same rule).
+    assert cond["expression"] == f'request.userInfo.username in ["{EXTENDER_USER}","{SCHEDULER_USER}"]'
 
 
 def test_the_policy_is_optional(render) -> None:
@@ -471,7 +474,6 @@ def changed(edit: Any) -> Doc:
     ("case", "edit"),
     [
         ("writes its decision", lambda p: p["metadata"]["annotations"].update({DECISION: "placed: ..."})),
-        ("writes both", lambda p: p["metadata"]["annotations"].update({DECISION: "x", CLAIM: "{}"})),
         ("changes nothing", lambda p: None),
     ],
 )  # fmt: skip
@@ -479,16 +481,20 @@ def test_the_extender_may_write_its_own_annotations(pod_policy: PodPolicy, case:
     assert pod_policy.admit(SCHEDULER_USER, POD, changed(edit)) == (True, "allowed"), case
 
 
-def test_the_extender_may_remove_its_claim(pod_policy: PodPolicy) -> None:
+def test_the_extender_writes_no_claim_any_more(pod_policy: PodPolicy) -> None:
+    """Claims are neither written nor read back: a claim (even one a user wrote) is not the extender's
+    to add, change or remove."""
+    write = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "x", CLAIM: "{}"}))
+    assert pod_policy.admit(SCHEDULER_USER, POD, write) == (False, ANNOTATIONS_ONLY)
     old = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "placed", CLAIM: "{}"}))
     new = changed(lambda p: p["metadata"]["annotations"].update({DECISION: "wait"}))
-    assert pod_policy.admit(SCHEDULER_USER, old, new) == (True, "allowed")
+    assert pod_policy.admit(SCHEDULER_USER, old, new) == (False, ANNOTATIONS_ONLY)
     bare = copy.deepcopy(POD)
     del bare["metadata"]["annotations"]
     assert pod_policy.admit(SCHEDULER_USER, bare, changed(lambda p: None)) == (False, ANNOTATIONS_ONLY)
 
 
-ANNOTATIONS_ONLY = f"the nodefabric extender may change only the annotations {DECISION}, {CLAIM} of a pod"
+ANNOTATIONS_ONLY = f"the nodefabric extender may change only the annotation {DECISION} of a pod"
 
 
 @pytest.mark.parametrize(

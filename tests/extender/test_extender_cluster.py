@@ -1,6 +1,7 @@
 """The extender against the embedded Kubernetes API over real HTTP: watches feed the cache, verdicts
-become pod Events and pod annotations, a restarted (or newly leading) extender rebuilds its claims from
-those annotations, and /healthz tells broken watches."""
+become pod Events and a copy in the pod's decision annotation, nothing a pod carries is read back as
+state (forged claims and decisions change nothing), an admitted PlacementGroup is followed, and /healthz
+tells broken watches."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -19,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
-from nodefabric_operator.extender import decisions
+from nodefabric_operator.demo.kubeapi.running import load_crds
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
@@ -27,6 +29,7 @@ from nodefabric_operator.extender.server import Serving, make_app
 from nodefabric_operator.extender.service import Extender
 from nodefabric_operator.extender.watch import Watcher
 
+ROOT = Path(__file__).resolve().parents[2]
 DECISION = "placement.gpustack.ai/decision"
 CLAIM = "placement.gpustack.ai/claim"
 PODS = "v1/pods"
@@ -147,11 +150,8 @@ async def test_watches_feed_the_cache_and_verdicts_are_persisted_on_the_pod():
             assert decision.replace("\n", " ") == "placed: " + events[0][3]
             # ... written so that `kubectl describe pod` shows it whole (it cuts lines past 140 chars).
             assert all(len(line) <= 120 for line in decision.splitlines())
-            claim = json.loads(annotations(k, "pg-0")[CLAIM])
-            assert claim["group"] == "ml/scheduler-plugins/pg" and claim["uid"] == pods[0]["metadata"]["uid"]
-            assert (claim["level"], claim["location"], claim["homogeneity"]) == (
-                "zone", "eu-b", {PRODUCT: "NVIDIA-H100-80GB-HBM3"},
-            )  # fmt: skip
+            # Only the decision: no claim is written on a pod any more (nor read back).
+            assert CLAIM not in annotations(k, "pg-0")
             # ... not per retry: kube-scheduler asks again, nothing is written.
             await ext.filter(pods[0], names)
             assert (k.count("PATCH", PODS), k.count("POST", "v1/events")) == (patches + 1, creates + 1)
@@ -168,99 +168,146 @@ async def test_watches_feed_the_cache_and_verdicts_are_persisted_on_the_pod():
             assert await eventually(lambda: "ml/scheduler-plugins/pg" not in ext.ext.book.groups)
 
 
-async def test_a_restart_or_a_new_leader_rebuilds_the_groups_claims_from_the_pods():
-    pods = [pod(f"train-{i}", gpus=8, **explicit("train", 3)) for i in range(3)]
-    async with running_api() as k:
-        seed(k, pods)
-        names = [n["metadata"]["name"] for n in fleet(per_zone=2) if n["metadata"]["name"] != "eu-a-0"]
-        # Extender A (the leader's) lets the first pod through: the group goes to one region (no zone
-        # here holds 3), and the claim is persisted on the pod.
-        async with extender_on(k) as a:
-            first = await a.filter(pods[0], names)
-            assert sorted(first["NodeNames"]) == ["eu-a-1", "eu-b-0", "eu-b-1", "eu-c-0", "eu-c-1"]
-            summary = a.ext.summary("ml/explicit/train")
-            assert summary is not None
-            # Extender B (a standby beside the other scheduler replica) only watched so far ...
-            async with extender_on(k) as b:
-                await b.sees(lambda c: c.pods[pods[0]["metadata"]["uid"]].claim is not None)
-                assert b.ext.book.peek("ml/explicit/train") is None
-                # ... then becomes the leader's: the next pod follows A's bucket and counts A's claim.
-                second = await b.filter(pods[1], [*names[:2], "us-a-0", "us-a-1", "us-b-0", "us-b-1"])
-                assert sorted(second["NodeNames"]) == ["eu-a-1", "eu-b-0"]
-                (g,) = await (await b.http.get("/debug/groups")).json()
-                assert g["claims"] == sorted(p["metadata"]["uid"] for p in pods[:2])
-                assert (g["level"], g["location"]) == ("region", "eu")
-                # The decision it wrote on the second pod names the same bucket A chose.
-                assert annotations(k, "train-1")[DECISION].replace("\n", " ") == f"placed: {summary}"
-        # Both gone; a fresh extender starts: the third pod still goes to region eu.
-        async with extender_on(k) as c:
-            third = await c.filter(pods[2], ["us-a-0", "us-a-1", "eu-c-1"])
-            assert third["NodeNames"] == ["eu-c-1"]
-            assert set(third["FailedNodes"].values()) == {"outside region eu of the group"}
+PLG = "placement.gpustack.ai/v1alpha1/placementgroups"
+# The PlacementGroup CRD as the chart installs it: the embedded API serves and validates it.
+PLG_CRDS = load_crds([str(ROOT / "crds" / "placement.gpustack.ai_placementgroups.yaml")])
 
 
-async def test_a_pod_let_through_again_renews_its_persisted_claim():
-    pods = [pod(f"train-{i}", gpus=8, **explicit("train", 2, locality="zone")) for i in range(2)]
-    now = [time.time()]
-    async with running_api() as k:
-        seed(k, pods)
-        async with extender_on(k, clock=lambda: now[0]) as a:
-            await a.filter(pods[0], ["us-a-0", "us-a-1"])
-            first = json.loads(annotations(k, "train-0")[CLAIM])["at"]
-            patches = k.count("PATCH", PODS)
-            # Asked again within half the claim's life: the verdict is the same, nothing is written.
-            now[0] += 100
-            await a.filter(pods[0], ["us-a-0", "us-a-1"])
-            assert k.count("PATCH", PODS) == patches
-            # Its binding kept failing; let through again after its claim expired, with the same words.
-            # The claim it holds from now is persisted, not only kept in memory.
-            now[0] += 300
-            await a.filter(pods[0], ["us-a-0", "us-a-1"])
-            assert k.count("PATCH", PODS) == patches + 1
-            assert [e[:3] for e in pod_events(k)] == [("train-0", "Normal", "GroupPlaced")]  # one Event
-            renewed = json.loads(annotations(k, "train-0")[CLAIM])["at"]
-            assert renewed == decisions.timestamp(now[0]) != first
-        # The extender restarts right after: train-0's claim still counts, so train-1 follows it to
-        # us-a (one more pod) instead of the group choosing afresh where two fit.
-        now[0] += 10
-        async with extender_on(k, clock=lambda: now[0]) as b:
-            await b.sees(lambda c: c.pods[pods[0]["metadata"]["uid"]].claim is not None)
-            result = await b.filter(pods[1], ["us-a-1", "eu-b-0", "eu-b-1"])
-            assert result["NodeNames"] == ["us-a-1"]
+def placement_group(key: str, phase: str, nodes: dict[str, str], decision: str) -> dict[str, Any]:
+    ns, family, name = key.split("/")
+    return {
+        "apiVersion": "placement.gpustack.ai/v1alpha1",
+        "kind": "PlacementGroup",
+        "metadata": {"name": f"{family}-{name}", "namespace": ns, "uid": f"plg-{name}"},
+        "spec": {"key": key, "family": family, "name": name},
+        "status": {
+            "phase": phase,
+            "decision": decision,
+            "members": [
+                {"pod": f"pod-{uid}", "uid": uid, "node": node, "bound": False, "ready": False}
+                for uid, node in nodes.items()
+            ],
+        },
+    }
 
 
-async def test_a_claim_copied_into_another_pod_claims_nothing():
+async def test_a_member_of_an_admitted_group_is_allowed_only_its_assigned_node():
     pods = [pod(f"train-{i}", gpus=8, **explicit("train", 2)) for i in range(2)]
-    async with running_api() as k:
+    uids = [p["metadata"]["uid"] for p in pods]
+    text = "2 of 2 pods of group ml/explicit/train go to zone us-a of region us (nodes us-a-0, us-a-1)"
+    async with running_api(crds=PLG_CRDS) as k:
         seed(k, pods)
-        async with extender_on(k) as a:
-            await a.filter(pods[0], ["us-a-0", "us-a-1"])
-            stored = k.api.stored(PODS, "train-0", "ml")
-            assert stored is not None
-        # Someone re-creates the pod from its YAML (annotations and all) under a new uid.
-        copy = {**stored, "metadata": {**stored["metadata"], "name": "copy-0", "uid": "another-uid"}}
-        copy["metadata"]["annotations"] = dict(stored["metadata"]["annotations"])
-        k.api.objects[kmock.resource(PODS), "ml", "train-0"].delete()
-        k.api.put_object(PODS, copy)
-        async with extender_on(k) as b:
-            await b.sees(lambda c: "another-uid" in c.pods)
-            assert b.ext.cache.pods["another-uid"].claim is None
-            # The group starts afresh: the copy's zone is not a bucket the group was given.
-            result = await b.filter(pods[1], ["eu-b-0", "eu-b-1", "us-a-0"])
+        k.api.put_object(
+            PLG,
+            placement_group("ml/explicit/train", "Admitted", {uids[0]: "us-a-1", uids[1]: "us-a-0"}, text),
+        )
+        async with extender_on(k) as ext:
+            await ext.sees(lambda c: "ml/explicit/train" in c.admissions)
+            names = sorted(n for n in ext.ext.cache.nodes if n != "eu-a-0")
+            first = await ext.filter(pods[0], names)
+            assert first["NodeNames"] == ["us-a-1"]
+            assert set(first["FailedNodes"]) == set(names) - {"us-a-1"}
+            # The PlacementGroup's own words, once, as the Event and the annotation (no doubled prefix).
+            assert annotations(k, "train-0")[DECISION].replace("\n", " ") == f"placed: {text}"
+            assert [e[2:] for e in pod_events(k)] == [("GroupPlaced", text)]
+            second = await ext.filter(pods[1], ["us-a-1", "eu-b-0"])
+            # Its node is taken by nobody else's choice: it waits for us-a-0 rather than go elsewhere.
+            assert second["NodeNames"] == [] and second["Error"] == ""
+            assert set(second["FailedNodes"].values()) == {
+                "group ml/explicit/train is admitted to node us-a-0, which is not feasible for this pod now"
+            }
+            assert (await ext.filter(pods[1], ["us-a-0", "us-a-1"]))["NodeNames"] == ["us-a-0"]
+            # A PlacementGroup not admitted (waiting) leaves the group to the extender's own rule.
+            k.api.put_object(PLG, placement_group("ml/explicit/train", "Waiting", {}, "waits"))
+            await k.api._buses[kmock.resource(PLG)].put(
+                {"type": "MODIFIED", "object": placement_group("ml/explicit/train", "Waiting", {}, "waits")}
+            )
+            await ext.sees(lambda c: not c.admissions["ml/explicit/train"].admitted)
+            result = await ext.filter(pods[1], ["eu-b-0", "eu-b-1"])
             assert sorted(result["NodeNames"]) == ["eu-b-0", "eu-b-1"]
 
 
-async def test_a_waiting_pod_loses_its_stale_claim_and_is_told_why():
+async def test_a_placement_group_in_another_namespace_admits_nothing():
+    pods = [pod(f"train-{i}", gpus=8, **explicit("train", 2)) for i in range(2)]
+    async with running_api(crds=PLG_CRDS) as k:
+        seed(k, pods)
+        forged = placement_group("ml/explicit/train", "Admitted", {pods[0]["metadata"]["uid"]: "us-b-0"}, "x")
+        forged["metadata"]["namespace"] = "attacker"
+        k.api.put_object(PLG, forged)
+        async with extender_on(k) as ext:
+            await ext.sees(lambda c: c.synced)
+            result = await ext.filter(pods[0], ["eu-b-0", "eu-b-1", "us-b-0"])
+            assert sorted(result["NodeNames"]) == ["eu-b-0", "eu-b-1"]
+
+
+FORGED_CLAIM = json.dumps(
+    {
+        "group": "ml/explicit/train",
+        "uid": "",  # filled per pod
+        "at": "9999-12-31T23:59:59Z",
+        "level": "any",
+        "location": None,
+        "homogeneity": {},
+        "enclosing": [],
+    }
+)
+
+
+async def test_forged_claims_and_decisions_on_pods_change_nothing():
+    """An attacker's own pod in the group (its label, a claim dated 9999 on no location, a decision in
+    their words), and the same on the victim's pods: the group is placed exactly as without them."""
+    victims = [pod(f"train-{i}", gpus=8, **explicit("train", 2, locality="zone")) for i in range(2)]
+    attacker = pod("evil-0", gpus=8, **explicit("train", 2, locality="zone"))
+    for p in [*victims, attacker]:
+        claim = json.loads(FORGED_CLAIM)
+        claim["uid"] = p["metadata"]["uid"]
+        p["metadata"]["annotations"][CLAIM] = json.dumps(claim)
+        p["metadata"]["annotations"][DECISION] = "placed: attacker's words (nodes us-b-0)"
+    async with running_api() as k:
+        seed(k, [*victims, attacker])
+        async with extender_on(k) as ext:
+            result = await ext.filter(victims[0], ["us-a-0", "us-a-1", "us-b-0"])
+            # The group's own rule: one zone that holds both pods (us-a), not "anywhere", not us-b-0.
+            assert sorted(result["NodeNames"]) == ["us-a-0", "us-a-1"]
+            (g,) = await (await ext.http.get("/debug/groups")).json()
+            assert g["claims"] == [victims[0]["metadata"]["uid"]]
+            assert "attacker" not in g["summary"]
+            events = pod_events(k)
+            assert [e[:3] for e in events] == [("train-0", "Normal", "GroupPlaced")]
+            assert "attacker" not in events[0][3]
+            assert "attacker" not in annotations(k, "train-0")[DECISION]
+
+
+async def test_twenty_pods_of_another_scheduler_with_a_jobs_label_never_count():
+    """Pods of another scheduler carrying the Job's job-name label are not members: the Job's group is
+    sized and placed from its own pods, as without them."""
+    job = [pod(f"train-{i}", gpus=8, labels={"batch.kubernetes.io/job-name": "train"}) for i in range(2)]
+    foreign = []
+    for i in range(20):
+        f = pod(f"foreign-{i}", gpus=8, labels={"batch.kubernetes.io/job-name": "train"})
+        f["spec"]["schedulerName"] = "someone-else"
+        foreign.append(f)
+    async with running_api() as k:
+        seed(k, [*job, *foreign])
+        async with extender_on(k) as ext:
+            await ext.sees(lambda c: len(c.pods) == 23)
+            result = await ext.filter(job[0], ["us-a-0", "us-a-1", "us-b-0"])
+            assert sorted(result["NodeNames"]) == ["us-a-0", "us-a-1"], result
+            summary = ext.ext.summary("ml/job/train")
+            assert summary is not None and summary.startswith("2 of 2 pods of group ml/job/train"), summary
+
+
+async def test_a_waiting_pod_releases_its_claim_and_is_told_why():
     pods = [pod(f"train-{i}", gpus=8, **explicit("train", 2, locality="zone")) for i in range(2)]
     async with running_api() as k:
         seed(k, pods)
         async with extender_on(k) as ext:
             await ext.filter(pods[0], ["us-a-0", "us-a-1"])
-            assert CLAIM in annotations(k, "train-0")
+            assert ext.ext.book.groups["ml/explicit/train"].claims
             # Its binding failed and both us-a nodes filled up meanwhile: asked again, it waits.
             result = await ext.filter(pods[0], ["us-b-0"])
             assert result["NodeNames"] == []
-            assert CLAIM not in annotations(k, "train-0")
+            assert not ext.ext.book.groups["ml/explicit/train"].claims
             assert annotations(k, "train-0")[DECISION].startswith("wait: group ml/explicit/train waits")
             assert [e[1:3] for e in pod_events(k)] == [("Normal", "GroupPlaced"), ("Normal", "GroupWaiting")]
 
@@ -287,7 +334,8 @@ async def test_never_fits_is_a_warning_event_on_the_pod():
             events = pod_events(k)
             assert [e[:3] for e in events] == [("big-0", "Warning", "GroupNeverFits")]
             assert events[0][3].startswith(f"never fits: no zone of one {PRODUCT} can hold the 3 pods")
-            assert annotations(k, "big-0")[DECISION].startswith("never-fits: never fits: no zone")
+            # Said once: "never-fits: never fits:" was the outcome written twice.
+            assert annotations(k, "big-0")[DECISION].startswith("never fits: no zone")
 
 
 async def test_writes_that_fail_are_counted_and_lose_no_decision():
@@ -331,3 +379,18 @@ async def test_healthz_fails_once_the_watches_stay_broken_past_the_grace():
                 assert "refused" in text
         finally:
             watcher.stop()
+
+
+async def test_lists_are_paged(monkeypatch):
+    """LIST in pages of PAGE (limit/continue): a cluster's pods are never decoded in one response."""
+    from nodefabric_operator.extender import watch
+
+    monkeypatch.setattr(watch, "PAGE", 3)
+    pods = [pod(f"p-{i}", gpus=1) for i in range(10)]
+    async with running_api() as k:
+        seed(k, pods)
+        async with extender_on(k) as ext:
+            assert len(ext.ext.cache.pods) == 11 and len(ext.ext.cache.nodes) == 10
+            # 11 pods in pages of 3: four list requests (then the watch); 10 nodes: four too.
+            assert k.count("GET", PODS) >= 4, k.count("GET", PODS)
+            assert k.count("GET", "v1/nodes") >= 4

@@ -3,7 +3,6 @@ and the capacity index against a count done the slow way."""
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
@@ -14,7 +13,6 @@ from nodefabric_operator.extender import decisions
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.index import Index, NodeView, Shape, homog_values
 from nodefabric_operator.extender.nodes import NodeError, NodeRecord, Taint, parse_node
-from nodefabric_operator.extender.placement import ANY, Choice
 from nodefabric_operator.extender.pods import PodError, pod_needs
 
 CONFIG = ExtenderConfig()
@@ -250,65 +248,35 @@ def test_a_node_as_read():
     assert got.taints == (Taint("k", "", "NoSchedule"),)
 
 
-# Persisted claims.
-
-UID, GROUP = "00000000-0000-4000-8000-000000000042", "ml/explicit/train"
-CHOICE = Choice("zone", "eu-a", (("nvidia.com/gpu.product", "H100"),), (("region", "eu"),), "")
+# The decision annotation: a copy for `kubectl describe pod`, never read back.
 
 
-def claimed(text: str | None, decision: str | None = None) -> dict[str, str]:
-    out = {}
-    if text is not None:
-        out["placement.gpustack.ai/claim"] = text
-    if decision is not None:
-        out["placement.gpustack.ai/decision"] = decision
-    return out
-
-
-def test_a_claim_reads_back_as_written():
-    text = decisions.claim_text(GROUP, UID, 1_800_000_000.0, CHOICE)
+def test_the_decision_text_is_wrapped_for_kubectl_describe():
     summary = (
         "2 of 2 pods of group ml/explicit/train go to zone eu-a (nodes " + ", ".join(["gpu-node"] * 60) + ")"
     )
     decision = decisions.decision_text("placed", summary)
-    got = decisions.parse_claim(claimed(text, decision), uid=UID, group=GROUP, config=CONFIG)
-    assert got is not None
-    assert (got.group, got.uid, got.at) == (GROUP, UID, 1_800_000_000.0)
-    assert got.choice == Choice(CHOICE.level, CHOICE.location, CHOICE.homogeneity, CHOICE.enclosing, summary)
     assert all(len(line) <= decisions.LINE for line in decision.splitlines())
-    anywhere = Choice(ANY, None, (), ())
-    back = decisions.parse_claim(
-        claimed(decisions.claim_text(GROUP, UID, 0.0, anywhere)), uid=UID, group=GROUP, config=CONFIG
-    )
-    assert back is not None and back.choice == anywhere
-
-
-def _edit(**changes: Any) -> str:
-    body = json.loads(decisions.claim_text(GROUP, UID, 1_800_000_000.0, CHOICE))
-    body.update(changes)
-    return json.dumps(body)
+    assert decision.replace("\n", " ") == f"placed: {summary}"
+    assert len(decisions.decision_text("wait", "x " * 5000)) <= decisions.MAX_TEXT + 20
 
 
 @pytest.mark.parametrize(
-    ("text", "why"),
+    ("outcome", "summary", "text"),
     [
-        (None, "no claim"),
-        ("{not json", "not JSON"),
-        ("[]", "not an object"),
-        (_edit(uid="another"), "copied into another pod"),
-        (_edit(group="ml/explicit/other"), "another group"),
-        (_edit(level="rack"), "a level the configuration does not have"),
-        (_edit(location=None), "a level without a location"),
-        (_edit(level="any"), "any location with a location"),
-        (_edit(homogeneity={"k": ""}), "an empty homogeneity value"),
-        (_edit(enclosing=[["rack", "r1"]]), "an enclosing level the configuration does not have"),
-        (_edit(at="yesterday"), "an unreadable time"),
-        (_edit(homogeneity="x" * 5000), "too long"),
-        ("[" * 100_000, "nested past the decoder's depth"),
+        ("never-fits", "never fits: no zone can hold the 8 pods", "never fits: no zone can hold the 8 pods"),
+        ("wait", "group g waits for one zone", "wait: group g waits for one zone"),
+        ("placed", "8 of 8 pods of group g go to zone a", "placed: 8 of 8 pods of group g go to zone a"),
+        ("invalid", "bad locality", "invalid: bad locality"),
     ],
 )
-def test_claims_the_extender_did_not_write_for_this_pod_are_ignored(text: str | None, why: str):
-    assert decisions.parse_claim(claimed(text), uid=UID, group=GROUP, config=CONFIG) is None, why
+def test_the_outcome_is_never_said_twice(outcome: str, summary: str, text: str):
+    assert decisions.decision_text(outcome, summary) == text
+
+
+def test_the_extender_writes_only_the_decision_annotation():
+    assert decisions.key(CONFIG) == "placement.gpustack.ai/decision"
+    assert not hasattr(decisions, "parse_claim"), "claims are never read back from pods"
 
 
 # The capacity index against the slow count.

@@ -10,7 +10,7 @@ from extender_fixtures import args, explicit, extender, filter_, fleet, node, po
 
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
-from nodefabric_operator.extender.service import Extender
+from nodefabric_operator.extender.service import Extender, scheduler_of
 from nodefabric_operator.extender.wire import parse_args
 
 
@@ -214,8 +214,8 @@ def test_claims_count_until_they_expire_or_the_pod_is_seen_bound():
     assert len(rec.claims) == 2
 
     def live() -> int:
-        bound = {p.uid for p in cache.bound_members("ml/explicit/g", "")}
-        return len(ext._state("ml/explicit/g", "", rec, now[0], bound)[1])
+        bound = {p.uid for p in cache.bound_members("ml/explicit/g", "", scheduler_of(pods[0]))}
+        return len(ext._state("", rec, now[0], bound)[1])
 
     # The first pod is bound: it counts as a member, its claim no longer double-counts.
     cache.upsert_pod({**pods[0], "spec": {**pods[0]["spec"], "nodeName": "eu-a-0"}})

@@ -8,14 +8,10 @@ FailedAndUnresolvable with "never fits" and the pod gets a Warning Event.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from extender_fixtures import PRODUCT, Recorder, explicit, extender, filter_, node, pod
-
-from nodefabric_operator.extender import decisions
-from nodefabric_operator.extender.placement import Choice
 
 GROUP = "ml/explicit/train"
 OF_ONE = f" of one {PRODUCT}"
@@ -228,16 +224,12 @@ async def test_a_group_whose_claims_expired_unbound_must_fit_whole_again(localit
 
 async def test_a_restarted_job_does_not_follow_its_finished_incarnation_into_a_full_zone():
     nodes = two_zones()
-    # A JobSet restarted: the failed pods of its first run still exist, bound in eu-a and carrying
-    # the claims the extender wrote for them; the new run's pods have the same group. eu-a now holds
-    # one more pod only (a-0 is busy).
+    # A JobSet restarted: the failed pods of its first run still exist, bound in eu-a; the new run's
+    # pods have the same group. eu-a now holds one more pod only (a-0 is busy).
     old = []
     for i, p in enumerate(group(2, name="train", locality="zone")):
         p["metadata"]["name"] = f"train-old-{i}"
         p["spec"]["nodeName"], p["status"]["phase"] = f"a-{i}", "Failed"
-        choice = Choice("zone", "eu-a", (), (("region", "eu"),), "")
-        claim = decisions.claim_text(GROUP, p["metadata"]["uid"], time.time() - 60, choice)
-        p["metadata"]["annotations"]["placement.gpustack.ai/claim"] = claim
         old.append(p)
     new = group(2, locality="zone")
     async with extender([*nodes, *old, *new, busy("a-0")]) as client:

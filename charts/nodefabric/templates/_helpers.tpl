@@ -151,9 +151,10 @@ would otherwise be dropped without a word. */ -}}
 {{- toYaml (merge $cfg $e.extraConfig) -}}
 {{- end -}}
 
-{{/* The extender's annotations on a pod: the only change the scheduler's account may make to one. */}}
+{{/* The extender's annotation on a pod (a copy of its verdict for `kubectl describe pod`): the only change
+the scheduler's account may make to one. It writes no claim any more, and reads none back. */}}
 {{- define "nodefabric.extenderAnnotations" -}}
-{{- printf "['placement.%s/decision', 'placement.%s/claim']" .Values.domain .Values.domain -}}
+{{- printf "['placement.%s/decision']" .Values.domain -}}
 {{- end -}}
 
 {{/* The second scheduler's configuration: the stock kube-scheduler with one profile that calls the
@@ -242,6 +243,12 @@ logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
       readOnly: true
     - name: extender-tmp
       mountPath: /tmp
+    # Its own account's token where the in-cluster client reads one: the extender acts as
+    # <fullname>-extender, not as kube-scheduler (kubelet mounts the pod's own token only in containers
+    # that mount nothing at this path).
+    - name: extender-token
+      mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+      readOnly: true
     {{- with $e.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -279,7 +286,7 @@ agent. Counts the enabled components (the scheduler runs with the extender) and 
 {{- if .Values.crds.upgradeJob.enabled -}}
 {{- $_ := set $seen (include "nodefabric.component" (dict "ctx" . "component" "crd-upgrade")) "the CRD upgrade hook's account" -}}
 {{- end -}}
-{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" .Values.extender.enabled "placement" .Values.placement.enabled -}}
+{{- range $component, $enabled := dict "agent" .Values.agent.enabled "operator" .Values.operator.enabled "scheduler" (and .Values.extender.enabled (eq .Values.extender.mode "sidecar")) "extender" .Values.extender.enabled "placement" .Values.placement.enabled -}}
 {{- if $enabled -}}
 {{- $name := include "nodefabric.serviceAccountName" (dict "ctx" $ "component" $component "values" (index $.Values $component)) -}}
 {{- if hasKey $seen $name -}}

@@ -3,7 +3,9 @@
 Every change rebuilds the touched node's view and updates the index at once, so a decision only looks
 things up. Load is what the API server already knows: the extended resources (GPUs, RDMA endpoints)
 requested by the non-terminal pods bound to a node, against the node's allocatable. A request's own
-content never reaches here.
+content never reaches here. A pod is kept as the few fields placement reads (bounded in size); no
+annotation value is kept, and none is read back as state. Admitted groups come from their
+PlacementGroups, which only nodefabric's placement process writes.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ from typing import Any
 import yaml
 
 from nodefabric_devicemanager import yamldoc
-from nodefabric_operator.extender import decisions
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
-from nodefabric_operator.extender.decisions import Claim
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of, pod_name, pod_namespace, pod_uid
 from nodefabric_operator.extender.index import Index, NodeView
 from nodefabric_operator.extender.nodes import NodeError, NodeRecord, QuantityError, parse_node, quantity
@@ -33,6 +33,12 @@ TERMINAL = frozenset({"Succeeded", "Failed"})
 # PodGroup kinds whose minMember is a group's size: API group -> how its pods name it.
 POD_GROUP_APIS = ("scheduling.x-k8s.io", "scheduling.volcano.sh")
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+DEFAULT_SCHEDULER = "default-scheduler"
+# PlacementGroup phases in which its members' nodes are assigned.
+ADMITTED_PHASES = frozenset({"Admitted", "Bound"})
+# Bounds on what one PlacementGroup may make the cache hold (the CRD's own limits are tighter).
+MAX_MEMBERS = 10_000
+MAX_DECISION = 4096
 
 
 class SnapshotError(ValueError):
@@ -50,8 +56,48 @@ class PodRecord:
     memory: int
     group: str | None
     cpu: int = 0  # millicores
-    claim: Claim | None = None  # what the extender persisted when it let the pod through
-    decision: str | None = None  # the pod's decision annotation as the API last showed it
+    scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: only pods of one scheduler are one group
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """An admitted group as its PlacementGroup records it: each member's assigned node, and the text."""
+
+    key: str
+    phase: str
+    nodes: Mapping[str, str]  # pod uid -> assigned node
+    decision: str
+
+    @property
+    def admitted(self) -> bool:
+        return self.phase in ADMITTED_PHASES
+
+
+def parse_admission(obj: Mapping[str, Any]) -> Admission | None:
+    """A PlacementGroup as the extender reads it; None when it names no group of its own namespace."""
+    meta, spec, status = (obj.get(k) for k in ("metadata", "spec", "status"))
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return None
+    key, ns = spec.get("key"), meta.get("namespace")
+    if not isinstance(key, str) or not isinstance(ns, str) or not key.startswith(f"{ns}/") or len(key) > 1024:
+        return None
+    status = status if isinstance(status, Mapping) else {}
+    phase = status.get("phase")
+    decision = status.get("decision")
+    members = status.get("members")
+    nodes: dict[str, str] = {}
+    if isinstance(members, list):
+        for m in members[:MAX_MEMBERS]:
+            if isinstance(m, Mapping):
+                uid, node = m.get("uid"), m.get("node")
+                if isinstance(uid, str) and uid and isinstance(node, str) and node:
+                    nodes[uid] = node[:253]
+    return Admission(
+        key=key,
+        phase=phase if isinstance(phase, str) else "",
+        nodes=nodes,
+        decision=decision[:MAX_DECISION] if isinstance(decision, str) else "",
+    )
 
 
 class Cache(Snapshot):
@@ -64,6 +110,9 @@ class Cache(Snapshot):
         self.members: dict[str, set[str]] = {}  # group key -> pod uids
         # (api group, namespace, name) -> minMember
         self.pod_group_sizes: dict[tuple[str, str, str], int] = {}
+        # group key -> its PlacementGroup; (namespace, object name) -> group key, for deletions
+        self.admissions: dict[str, Admission] = {}
+        self._admission_keys: dict[tuple[str, str], str] = {}
         self.synced = False
         # Every node in each rank order, re-sorted only when a view changed (then nearly sorted: cheap).
         self._standing: dict[str, list[NodeView]] = {}
@@ -102,13 +151,10 @@ class Cache(Snapshot):
             # The API server admitted it, so this is ours to tolerate: keep what was known of the pod.
             log.warning("could not read a pod's requests", extra={"pod": uid, "error": str(exc)})
             requests, memory, cpu = (dict(old.requests), old.memory, old.cpu) if old else ({}, 0, 0)
-        meta = obj.get("metadata")
-        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-        annotations = annotations if isinstance(annotations, Mapping) else {}
-        decided = annotations.get(decisions.keys(self.config)[0])
         spec_ = obj.get("spec")
         status = obj.get("status")
         node = spec_.get("nodeName") if isinstance(spec_, Mapping) else None
+        scheduler = spec_.get("schedulerName") if isinstance(spec_, Mapping) else None
         record = PodRecord(
             uid=uid,
             namespace=pod_namespace(obj),
@@ -119,8 +165,7 @@ class Cache(Snapshot):
             memory=memory,
             cpu=cpu,
             group=group,
-            claim=decisions.parse_claim(annotations, uid=uid, group=group, config=self.config),
-            decision=decided if isinstance(decided, str) else None,
+            scheduler=scheduler[:253] if isinstance(scheduler, str) and scheduler else DEFAULT_SCHEDULER,
         )
         self._drop_pod(uid)
         self.pods[uid] = record
@@ -152,6 +197,24 @@ class Cache(Snapshot):
 
     def delete_pod_group(self, api_group: str, namespace: str, name: str) -> None:
         self.pod_group_sizes.pop((api_group, namespace, name), None)
+
+    def upsert_placement_group(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        ref = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        self.delete_placement_group(*ref)
+        admission = parse_admission(obj)
+        if admission is not None:
+            self.admissions[admission.key] = admission
+            self._admission_keys[ref] = admission.key
+
+    def admission_refs(self) -> list[tuple[str, str]]:
+        """(namespace, name) of every PlacementGroup the cache holds."""
+        return list(self._admission_keys)
+
+    def delete_placement_group(self, namespace: str, name: str) -> None:
+        key = self._admission_keys.pop((namespace, name), None)
+        if key is not None:
+            self.admissions.pop(key, None)
 
     def _drop_pod(self, uid: str) -> PodRecord | None:
         old = self.pods.pop(uid, None)
@@ -229,18 +292,28 @@ class Cache(Snapshot):
             self._stale.discard(rank)
         return order
 
-    def bound_members(self, group: str, except_uid: str) -> list[PodRecord]:
+    # A group's members are its pods that use the same scheduler and are not terminal: pods of another
+    # scheduler carrying the same labels (a Job's job-name, say) never count.
+
+    def bound_members(self, group: str, except_uid: str, scheduler: str) -> list[PodRecord]:
         return [
             p
             for uid in self.members.get(group, ())
-            if uid != except_uid and (p := self.pods[uid]).node and not p.terminal
+            if uid != except_uid
+            and (p := self.pods[uid]).node
+            and not p.terminal
+            and p.scheduler == scheduler
         ]
 
-    def group_pods(self, group: str) -> list[PodRecord]:
-        return [self.pods[uid] for uid in self.members.get(group, ())]
+    def group_pods(self, group: str, scheduler: str) -> list[PodRecord]:
+        return [p for uid in self.members.get(group, ()) if (p := self.pods[uid]).scheduler == scheduler]
 
-    def group_pod_count(self, group: str) -> int:
-        return sum(1 for uid in self.members.get(group, ()) if not self.pods[uid].terminal)
+    def group_pod_count(self, group: str, scheduler: str) -> int:
+        return sum(
+            1
+            for uid in self.members.get(group, ())
+            if not (p := self.pods[uid]).terminal and p.scheduler == scheduler
+        )
 
     def load_file(self, path: Path) -> None:
         """A static snapshot: a JSON or YAML List (or a plain list) of Node, Pod and PodGroup objects."""
@@ -262,11 +335,15 @@ class Cache(Snapshot):
                     self.upsert_node(obj)
                 elif kind == "Pod":
                     self.upsert_pod(obj)
+                elif kind == "PlacementGroup":
+                    self.upsert_placement_group(obj)
                 elif kind == "PodGroup":
                     api = str(obj.get("apiVersion", "scheduling.x-k8s.io/")).split("/")[0]
                     self.upsert_pod_group(api, obj)
                 else:
-                    raise SnapshotError(f"{source}: item {i} is not a Node, Pod or PodGroup object")
+                    raise SnapshotError(
+                        f"{source}: item {i} is not a Node, Pod, PodGroup or PlacementGroup object"
+                    )
             except NodeError as exc:
                 raise SnapshotError(f"{source}: item {i}: {exc}") from None
         self.synced = True

@@ -1,8 +1,11 @@
 """Filter and prioritize: resolve the pod's group from the cache and the book, decide, record, explain.
 
-State changes only through filter's own verdicts (the group's bucket and the claim for the pod it let
-through); a request's content is read for that request alone. Each verdict is told once per pod and
-message: a pod Event, and the `decision` (and `claim`) annotations persisted on the pod.
+A group with an admitted PlacementGroup (the placement process admitted it whole) is followed: each
+member may go only to the node the PlacementGroup assigns it, and is told the PlacementGroup's decision.
+Any other group follows the placement rule with the extender's own in-memory book (the bucket each
+group was given and the pods let through); state changes only through filter's own verdicts, and
+nothing a pod carries (annotations included) is read back as state. Each verdict is told once per pod
+and message: a pod Event, and a copy in the pod's `decision` annotation for `kubectl describe pod`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from nodefabric_devicemanager import buildinfo
 from nodefabric_operator.extender import decisions, placement
 from nodefabric_operator.extender.book import Book, GroupRecord
-from nodefabric_operator.extender.cache import POD_GROUP_APIS, VOLCANO_GROUP_ANNOTATION, Cache
+from nodefabric_operator.extender.cache import (
+    DEFAULT_SCHEDULER,
+    POD_GROUP_APIS,
+    VOLCANO_GROUP_ANNOTATION,
+    Admission,
+    Cache,
+)
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of, pod_namespace, pod_uid
 from nodefabric_operator.extender.index import Index
@@ -103,7 +112,7 @@ class Extender:
         self.book.on_evict = self.metrics.evicted.inc
         self.clock = clock
         self._swept = clock()
-        self._keys = decisions.keys(config)
+        self._decision_key = decisions.key(config)
         # (index names version, NodeNames, the known ones as a set, the unknown ones) of the last request
         self._last_names: tuple[int, tuple[str, ...], set[str], list[str]] | None = None
 
@@ -121,25 +130,18 @@ class Extender:
             ref = (POD_GROUP_APIS[1], ns, str(ann.get(VOLCANO_GROUP_ANNOTATION) or spec.name))
         if ref is not None and ref in self.cache.pod_group_sizes:
             return self.cache.pod_group_sizes[ref], "PodGroup minMember"
-        # No declared size: the group's pods the cache knows (a job controller creates them together).
-        return max(self.cache.group_pod_count(spec.key), bound + claims + 1), "pods seen"
+        # No declared size: the group's pods the cache knows (a job controller creates them together),
+        # of this pod's scheduler only.
+        count = self.cache.group_pod_count(spec.key, scheduler_of(pod))
+        return max(count, bound + claims + 1), "pods seen"
 
     def _state(
-        self, key: str, uid: str, rec: GroupRecord | None, now: float, bound: set[str]
+        self, uid: str, rec: GroupRecord | None, now: float, bound: set[str]
     ) -> tuple[placement.Choice | None, dict[str, float]]:
-        """The group's bucket and live claims (pod uid -> expiry): made here, or persisted on its pods
-        by this or another extender (a restart, a leader change); the latest bucket wins."""
-        choice, at = (rec.choice, rec.chosen_at) if rec is not None else (None, 0.0)
-        claims = dict(rec.claims) if rec is not None else {}
-        ttl = self.config.claim_ttl_seconds
-        for pod in self.cache.group_pods(key):
-            if pod.claim is None:
-                continue
-            if pod.claim.at > at:
-                choice, at = pod.claim.choice, pod.claim.at
-            if not pod.node and not pod.terminal:
-                # Clamped: a clock ahead of ours must not make a claim outlive its TTL.
-                claims[pod.uid] = max(claims.get(pod.uid, 0.0), min(pod.claim.at, now) + ttl)
+        """The group's bucket and live claims (pod uid -> expiry), as this extender made them: a pod's
+        annotations are anyone's to write, so none is read back."""
+        choice = rec.choice if rec is not None else None
+        claims = rec.claims if rec is not None else {}
         live = {u: e for u, e in claims.items() if e > now and u != uid and u not in bound}
         return choice, live
 
@@ -154,8 +156,8 @@ class Extender:
         record: bool,
     ) -> placement.GroupRequest:
         uid = pod_uid(pod)
-        bound = self.cache.bound_members(spec.key, uid)
-        choice, claims = self._state(spec.key, uid, rec, now, {p.uid for p in bound})
+        bound = self.cache.bound_members(spec.key, uid, scheduler_of(pod))
+        choice, claims = self._state(uid, rec, now, {p.uid for p in bound})
         if not bound and not claims:
             # Nothing of the group holds room any more (its claims expired unbound, or its pods were
             # re-created after a restart of the job): this pod is its first again, and the group must
@@ -206,12 +208,32 @@ class Extender:
         snap, feasible, missing = self._snapshot(args)
         if spec is None:
             return placement.decide(None, feasible, snap, self.config), None, missing
+        admission = self.cache.admissions.get(spec.key)
+        if admission is not None and admission.admitted:
+            return self._follow_admission(admission, args, feasible), None, missing
         needs = pod_needs(args.pod)
         now = self.clock()
         rec = self.book.get(spec.key) if record else self.book.peek(spec.key)
         group = self._request(spec, args.pod, needs, now, rec, record=record)
         decision = placement.decide(group, feasible, snap, self.config, complete=not missing)
         return decision, group, missing
+
+    def _follow_admission(
+        self, admission: Admission, args: ExtenderArgs, feasible: set[str]
+    ) -> placement.Decision:
+        """A member of an admitted group goes only to the node its PlacementGroup assigns it."""
+        node = admission.nodes.get(pod_uid(args.pod))
+        key = admission.key
+        text = admission.decision or f"group {key} admitted"
+        if node is None:
+            reason = f"group {key} was admitted without this pod: it waits for the group's next admission"
+            return placement.Decision("wait", (), {reason: sorted(feasible)}, False, "none", reason)
+        rejected = sorted(n for n in feasible if n != node)
+        if node not in feasible:
+            reason = f"group {key} is admitted to node {node}, which is not feasible for this pod now"
+            return placement.Decision("wait", (), {reason: sorted(feasible)}, False, "none", reason)
+        others = {f"group {key} is admitted to node {node}": rejected} if rejected else {}
+        return placement.Decision("placed", (node,), others, False, "admitted", text)
 
     # --- verbs -----------------------------------------------------------------------------------
 
@@ -242,12 +264,14 @@ class Extender:
                 invalid = self.book.get(exc.group)
                 invalid.outcome, invalid.level, invalid.summary = "invalid", "none", reason
                 invalid.updated = now
-            self._tell(invalid, args.pod, "invalid", reason, None, now=now)
+            self._tell(invalid, args.pod, "invalid", reason, now=now)
             return filter_result(args, [], {}, {reason: args.node_names})
-        if group is None:
+        if group is None and decision.outcome == "pass-through":
             self.metrics.decisions.labels("pass-through", "none").inc()
             return filter_result(args, args.node_names, {}, {})
-        rec = self.book.get(group.key)
+        spec = group_of(args.pod, self.config)
+        assert spec is not None
+        rec = self.book.get(spec.key)
         repeated = (rec.outcome, rec.summary) == (decision.outcome, decision.summary)
         rec.outcome, rec.level, rec.summary, rec.updated = (
             decision.outcome,
@@ -256,21 +280,18 @@ class Extender:
             now,
         )
         uid = pod_uid(args.pod)
-        claim: str | None = None
-        if decision.outcome == "placed":
-            assert decision.choice is not None
+        if decision.outcome == "placed" and decision.choice is not None:
             if decision.choice != rec.choice:
                 rec.choice, rec.chosen_at = decision.choice, now
             if decision.planned:
-                log.info("group placed", extra={"group": group.key, "summary": decision.summary})
-            self.book.claim(group.key, uid, now)
-            claim = decisions.claim_text(group.key, uid, now, decision.choice)
-        else:
-            self.book.release(group.key, uid)
+                log.info("group placed", extra={"group": spec.key, "summary": decision.summary})
+            self.book.claim(spec.key, uid, now)
+        elif decision.outcome != "placed":
+            self.book.release(spec.key, uid)
             if decision.outcome == "never-fits" and not repeated:
                 # kube-scheduler retries every pod of the group: one line per verdict.
-                log.warning("group never fits", extra={"group": group.key, "summary": decision.summary})
-        self._tell(rec, args.pod, decision.outcome, decision.summary, claim, now=now)
+                log.warning("group never fits", extra={"group": spec.key, "summary": decision.summary})
+        self._tell(rec, args.pod, decision.outcome, decision.summary, now=now)
         self.metrics.decisions.labels(decision.outcome, decision.level).inc()
         missing_by = {NOT_CACHED: missing} if missing else {}
         if decision.unresolvable:
@@ -300,37 +321,21 @@ class Extender:
         pod: Mapping[str, Any],
         outcome: str,
         summary: str,
-        claim: str | None,
         *,
         now: float,
     ) -> None:
-        """One Event and one annotation write per pod and distinct verdict, not per retry. A pod let
-        through again in the same words gets its persisted claim renewed (no Event) once that is half
-        its life old, so a restart or an evicted record never finds expired the claim of a pod that is
-        still being let through."""
+        """One Event and one annotation write per pod and distinct verdict, not per retry. The
+        annotation is only a copy for `kubectl describe pod`: it is never read back."""
         if self.publisher is None:
             return
         uid = pod_uid(pod)
         text = decisions.decision_text(outcome, summary)
-        renew_after = self.config.claim_ttl_seconds / 2
-        cached = self.cache.pods.get(uid)
-        last = rec.told.get(uid) if rec is not None else None
-        if rec is not None and not rec.tell(uid, text, now if claim else None, renew_after):
+        if rec is not None and not rec.tell(uid, text):
             return
-        persisted = cached is not None and cached.decision == text
-        if (
-            persisted
-            and cached is not None
-            and (claim is None) == (cached.claim is None)
-            and (cached.claim is None or now - cached.claim.at < renew_after)
-        ):
-            return  # persisted by an earlier run of the extender: already told
-        decision_key, claim_key = self._keys
         try:
-            if not persisted and (last is None or last[0] != text):
-                type_, reason = EVENT_REASONS[outcome]
-                self.publisher.event(pod, type_, reason, summary)
-            self.publisher.annotate(pod, {decision_key: text, claim_key: claim})
+            type_, reason = EVENT_REASONS[outcome]
+            self.publisher.event(pod, type_, reason, summary)
+            self.publisher.annotate(pod, {self._decision_key: text})
         except Exception:
             log.exception("could not record a verdict on the pod", extra={"pod": uid})
 
@@ -339,10 +344,17 @@ class Extender:
         out = []
         for key in sorted(self.book.groups):
             rec = self.book.groups[key]
-            _, claims = self._state(key, "", rec, now, set())
+            _, claims = self._state("", rec, now, set())
             out.append(rec.view(now, claims))
         return out
 
     def summary(self, group_key: str) -> str | None:
         rec = self.book.groups.get(group_key)
         return rec.summary if rec else None
+
+
+def scheduler_of(pod: Mapping[str, Any]) -> str:
+    """The pod's spec.schedulerName (the API server's default when unset)."""
+    spec = pod.get("spec")
+    name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) and name else DEFAULT_SCHEDULER

@@ -8,7 +8,9 @@ broken (a list or watch that failed and has not succeeded again), which `/health
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -33,17 +35,49 @@ WATCH_TIMEOUT_S = 300
 # A watch connection that stays silent past its own server-side timeout is dead (a vanished API server
 # or a cut network): the client gives up on it then, so the feed is seen broken instead of hanging.
 REQUEST_TIMEOUT = (10, WATCH_TIMEOUT_S + 30)
+# Objects per LIST page: one unpaged list of every pod would be decoded whole at once (600 pods with
+# 250 KB annotations each: 515 MiB at start and at every relist); a page at a time bounds that.
+PAGE = 100
+PLACEMENT_GROUPS = ("placement.gpustack.ai", "v1alpha1", "placementgroups")
 
 
 @dataclass
 class Feed:
-    """One watched resource: how to list it and what to do with what comes back."""
+    """One watched resource: how to list it, how to name an object, and what to do with each."""
 
     name: str
     list_call: Callable[..., Any]
-    replace: Callable[[list[dict[str, Any]]], None]  # the full list after a (re)list
-    apply: Callable[[str, dict[str, Any]], None]  # one watch event
-    optional: bool = False  # a CRD that may not be installed (PodGroup)
+    # The full list after a (re)list, all pages held at once; None with key/known/forget below.
+    replace: Callable[[list[dict[str, Any]]], None] | None
+    apply: Callable[[str, dict[str, Any]], None]  # one watch event (ADDED, MODIFIED, DELETED)
+    optional: bool = False  # a CRD that may not be installed (PodGroup, PlacementGroup)
+    # Given all three, each page goes to the cache before the next is read, then what the list no
+    # longer had is dropped: only one page is ever held.
+    key: Callable[[dict[str, Any]], str] | None = None  # an object's identity in the cache
+    known: Callable[[], set[str]] | None = None  # the identities the cache holds
+    forget: Callable[[str], None] | None = None  # drop one the last list no longer had
+
+    @property
+    def streamed(self) -> bool:
+        return self.key is not None and self.known is not None and self.forget is not None
+
+    def upsert_page(self, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            self.apply("ADDED", item)
+
+    def prune(self, seen: set[str]) -> None:
+        assert self.known is not None and self.forget is not None
+        for key in self.known() - seen:
+            self.forget(key)
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name"))
+
+
+def _namespaced(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
@@ -57,27 +91,13 @@ def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
             # The API server admitted it, so it is ours to tolerate: keep what was known of the node.
             log.warning("could not read a node, kept what was known of it", extra={"error": str(exc)})
 
-    def replace_nodes(items: list[dict[str, Any]]) -> None:
-        keep = {str((i.get("metadata") or {}).get("name")) for i in items}
-        for name in set(cache.nodes) - keep:
-            cache.delete_node(name)
-        for item in items:
-            upsert_node(item)
-
     def apply_node(kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
-            cache.delete_node(str(obj["metadata"]["name"]))
+            cache.delete_node(_name(obj))
         elif kind in ("ADDED", "MODIFIED"):
             upsert_node(obj)
 
-    def replace_pods(items: list[dict[str, Any]]) -> None:
-        keep = {str(i["metadata"].get("uid")) for i in items}
-        for uid in set(cache.pods) - keep:
-            _delete_pod(uid)
-        for item in items:
-            cache.upsert_pod(item)
-
-    def _delete_pod(uid: str) -> None:
+    def delete_pod(uid: str) -> None:
         old = cache.pods.get(uid)
         if old is not None and old.group:
             book.release(old.group, uid)  # a pod deleted before it was bound holds no room any more
@@ -87,22 +107,32 @@ def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
 
     def apply_pod(kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
-            _delete_pod(str(obj["metadata"].get("uid")))
+            delete_pod(str(obj["metadata"].get("uid")))
         elif kind in ("ADDED", "MODIFIED"):
             cache.upsert_pod(obj)
 
     feeds = [
-        Feed("nodes", core.list_node, replace_nodes, apply_node),
-        Feed("pods", core.list_pod_for_all_namespaces, replace_pods, apply_pod),
+        Feed(
+            "nodes",
+            core.list_node,
+            None,
+            apply_node,
+            key=_name,
+            known=lambda: set(cache.nodes),
+            forget=cache.delete_node,
+        ),
+        Feed(
+            "pods",
+            core.list_pod_for_all_namespaces,
+            None,
+            apply_pod,
+            key=lambda obj: str((obj.get("metadata") or {}).get("uid")),
+            known=lambda: set(cache.pods),
+            forget=delete_pod,
+        ),
     ]
     versions = {"scheduling.x-k8s.io": "v1alpha1", "scheduling.volcano.sh": "v1beta1"}
     for group in POD_GROUP_APIS:
-
-        def replace_groups(items: list[dict[str, Any]], g: str = group) -> None:
-            for key in [k for k in cache.pod_group_sizes if k[0] == g]:
-                cache.delete_pod_group(*key)
-            for item in items:
-                cache.upsert_pod_group(g, item)
 
         def apply_group(kind: str, obj: dict[str, Any], g: str = group) -> None:
             meta = obj.get("metadata") or {}
@@ -111,11 +141,53 @@ def _feeds(cache: Cache, book: Book, api: client.ApiClient) -> list[Feed]:
             elif kind in ("ADDED", "MODIFIED"):
                 cache.upsert_pod_group(g, obj)
 
+        def known_groups(g: str = group) -> set[str]:
+            return {f"{ns}/{name}" for api, ns, name in cache.pod_group_sizes if api == g}
+
+        def forget_group(key: str, g: str = group) -> None:
+            cache.delete_pod_group(g, *key.split("/", 1))
+
         def list_groups(g: str = group, **kw: Any) -> Any:
             return custom.list_cluster_custom_object(g, versions[g], "podgroups", **kw)
 
-        feeds.append(Feed(f"{group} podgroups", list_groups, replace_groups, apply_group, optional=True))
+        feeds.append(
+            Feed(
+                f"{group} podgroups",
+                list_groups,
+                None,
+                apply_group,
+                optional=True,
+                key=_namespaced,
+                known=known_groups,
+                forget=forget_group,
+            )
+        )
+    feeds.append(_admission_feed(cache, custom))
     return feeds
+
+
+def _admission_feed(cache: Cache, custom: client.CustomObjectsApi) -> Feed:
+    """PlacementGroups: optional, since without the CRD (no placement process) every group follows the
+    extender's own rule."""
+
+    def apply(kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            cache.delete_placement_group(*_namespaced(obj).split("/", 1))
+        elif kind in ("ADDED", "MODIFIED"):
+            cache.upsert_placement_group(obj)
+
+    def known() -> set[str]:
+        return {f"{ns}/{name}" for ns, name in cache.admission_refs()}
+
+    def forget(key: str) -> None:
+        cache.delete_placement_group(*key.split("/", 1))
+
+    def list_call(**kw: Any) -> Any:
+        return custom.list_cluster_custom_object(*PLACEMENT_GROUPS, **kw)
+
+    return Feed(
+        "placementgroups", list_call, None, apply, optional=True, key=_namespaced, known=known, forget=forget
+    )
 
 
 class Watcher:
@@ -209,12 +281,64 @@ class Watcher:
                 log.warning("watch failed, listing again", extra={"resource": feed.name, "error": str(exc)})
                 self.stop_event.wait(RETRY_S)
 
+    def _on_loop(self, loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> bool:
+        """Run `call` on the event loop (the only thread that touches the cache) and wait for it, so
+        at most one page is held at a time; False when the watcher stops meanwhile."""
+
+        async def run() -> None:
+            call()
+
+        done = asyncio.run_coroutine_threadsafe(run(), loop)
+        while True:
+            try:
+                done.result(timeout=1.0)
+                return True
+            except concurrent.futures.TimeoutError:
+                if self.stop_event.is_set():
+                    done.cancel()
+                    return False
+
+    def _list(self, feed: Feed, loop: asyncio.AbstractEventLoop) -> str | None:
+        """Every object, PAGE at a time (limit/continue), each page handed to the cache before the next
+        is read, then what the list no longer has is dropped. The list's resourceVersion to watch from;
+        None when the watcher stopped. An expired continue token (410) makes the caller list again."""
+        seen: set[str] = set()
+        held: list[dict[str, Any]] = []  # a feed without key/known/forget: its whole list
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "limit": PAGE,
+                "_preload_content": False,
+                "_request_timeout": REQUEST_TIMEOUT,
+            }
+            if token:
+                kwargs["_continue"] = token
+            data = json.loads(feed.list_call(**kwargs).data)
+            items: list[dict[str, Any]] = data.get("items") or []
+            if feed.key is not None and feed.streamed:
+                seen.update(feed.key(i) for i in items)
+                if not self._on_loop(loop, lambda items=items: feed.upsert_page(items)):  # type: ignore[misc]
+                    return None
+            else:
+                held.extend(items)
+            meta = data.get("metadata") or {}
+            del data, items
+            token = meta.get("continue") or None
+            if not token:
+                if feed.streamed:
+                    done = self._on_loop(loop, lambda: feed.prune(seen))
+                else:
+                    assert feed.replace is not None
+                    done = self._on_loop(loop, functools.partial(feed.replace, held))
+                if not done:
+                    return None
+                version = meta.get("resourceVersion")
+                return str(version) if version else None
+
     def _list_and_watch(self, feed: Feed, loop: asyncio.AbstractEventLoop) -> None:
-        resp = feed.list_call(_preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        data = json.loads(resp.data)
-        items = data.get("items") or []
-        version = (data.get("metadata") or {}).get("resourceVersion")
-        loop.call_soon_threadsafe(feed.replace, items)
+        version = self._list(feed, loop)
+        if self.stop_event.is_set():
+            return
         loop.call_soon_threadsafe(self._listed_once, feed)
         self._ok(feed)
         while not self.stop_event.is_set():
