@@ -7,8 +7,18 @@
 #   - the device plugin's three resources are in each Node's allocatable, with the record's counts;
 #   - an agent may write only its own node's Devices object, and post Events only about it, in "default"
 #     (its RBAC and the admission policies);
-#   - an 8-pod group scheduled by the chart's scheduler lands where the extender said (its claim
-#     annotation on every pod names one location; every pod's node is in it).
+#   - an 8-pod group scheduled by the chart's optional second scheduler lands where the extender said
+#     (its claim annotation on every pod names one location; every pod's node is in it);
+#   - an 8-pod indexed Job asking for device.<domain>/rdma, in a namespace opted in to group admission, is
+#     gated by the webhook, admitted whole by `nodefabric placement` (its PlacementGroup Admitted and
+#     AllBound) and bound by the stock kube-scheduler: every pod Running on the node its PlacementGroup
+#     assigned, all in one zone;
+#   - after `helm upgrade` with dra.enabled and dra.devicePlugin: each node's ResourceSlice pool of the
+#     driver rdma.<domain> holds its endpoints, and a ResourceClaim of the DeviceClass rdma.<domain> is
+#     allocated one device on its pod's node, whose container sees that device's NCCL_IB_HCA and one
+#     verbs device (the CDI spec the driver wrote).
+# kind workers have no /dev/infiniband: the script makes the fixture's verbs and rdma_cm nodes there
+# (mknod, numbers from the fixture's sysfs), since a container runtime refuses a device it cannot stat.
 #
 # Needs bash >= 4.4, docker (with buildx), kind, kubectl, make and Python >= 3.10; helm is taken from PATH or fetched by
 # hack/fetch_helm.py. Five kind nodes need more inotify instances than many distributions allow: see the
@@ -17,6 +27,8 @@
 # Usage: hack/kind-e2e.sh              run it; the cluster is deleted at the end unless KEEP_CLUSTER=1
 #        KEEP_CLUSTER=1 hack/kind-e2e.sh    keep the cluster; a re-run finds it and runs on it again
 #        hack/kind-e2e.sh --helm-args       print the nodefabric chart's flags (NUL-separated) and exit
+#        hack/kind-e2e.sh --helm-args-dra   the same for the DRA upgrade (the first install's plus DRA's)
+#        hack/kind-e2e.sh --manifests       print the objects it creates (YAML) and exit
 #                                           (tests/chart/test_chart_kind_e2e.py renders exactly these)
 # On failure, kind's logs, the events, pods' logs and the objects go to $ARTIFACTS (default: artifacts/
 # in the work directory, which is then kept) before anything is cleaned up.
@@ -28,11 +40,17 @@ CLUSTER=${CLUSTER:-nodefabric-e2e}
 IMAGE=${IMAGE:-nodefabric:e2e}         # REPOSITORY:TAG
 NS=${NS:-nodefabric}
 NFD_VERSION=${NFD_VERSION:-0.18.3}
-KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-}   # empty: kind's default; Kubernetes >= 1.30 is required
+# Kubernetes >= 1.34 (resource.k8s.io/v1 for DRA): kind v0.30.0's own node image, pinned by digest.
+KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a}
 PYTHON=${PYTHON:-python3}
 DOMAIN=gpustack.ai
 WORKERS=4
 GROUP_SIZE=8
+DRIVER=rdma.$DOMAIN                    # the DRA driver, and its DeviceClass of every endpoint
+BUSYBOX=registry.k8s.io/e2e-test-images/busybox:1.36.1-1   # printenv and ls, for the DRA claim's pod
+GATE_NS=e2e-gate                       # opted in to group admission
+GROUP=job-e2e-gate                     # the PlacementGroup of the Job e2e-gate: <family>-<name>
+DRA_NS=e2e-dra
 HOST_ROOT=/opt/nodefabric/host         # where each kind worker sees its generated host tree
 
 step() { printf '\n=== %s\n' "$*"; }
@@ -67,9 +85,96 @@ nodefabric_values() {
     --set-string "scheduler.image.tag=$SCHEDULER_TAG"
 }
 
-if [[ "${1:-}" == --helm-args ]]; then
-  SCHEDULER_TAG=${SCHEDULER_TAG:?set SCHEDULER_TAG to the Kubernetes version of the cluster, e.g. v1.33.1}
+# The DRA upgrade's flags on top: the driver rdma.<domain> serves the whole functions, the device plugin
+# stays for the SR-IOV VFs (device.<domain>/rdma.partitioned).
+dra_values() {
+  printf '%s\0' --set dra.enabled=true --set dra.devicePlugin=true
+}
+
+# The objects the script creates, one function each (`--manifests` prints them for the test).
+# A pod that names a group: the webhook gates it in any namespace. Only ever created with --dry-run=server.
+webhook_probe_manifest() {
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: webhook-probe
+  labels:
+    placement.$DOMAIN/group: webhook-probe
+    placement.$DOMAIN/group-size: "1"
+spec:
+  containers:
+    - name: pause
+      image: registry.k8s.io/pause:3.10
+EOF
+}
+
+# One endpoint per pod (gpu8 has 5 per node): the group needs both nodes of a zone. It names no group
+# itself: gated because its namespace opted in, sized from the Job (completions = parallelism).
+gate_job_manifest() {
+  cat <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: ${GROUP#job-}
+spec:
+  completionMode: Indexed
+  completions: $GROUP_SIZE
+  parallelism: $GROUP_SIZE
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: pause
+          image: registry.k8s.io/pause:3.10
+          resources:
+            limits:
+              device.$DOMAIN/rdma: 1
+EOF
+}
+
+# A claim for one device of the DeviceClass of every endpoint, and a pod that runs with it.
+dra_manifests() {
+  cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: nic
+spec:
+  devices:
+    requests:
+      - name: nic
+        exactly:
+          deviceClassName: $DRIVER
+          count: 1
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: nic-user
+spec:
+  resourceClaims:
+    - name: nic
+      resourceClaimName: nic
+  containers:
+    - name: app
+      image: $BUSYBOX
+      command: [sleep, "3600"]
+      resources:
+        claims:
+          - name: nic
+EOF
+}
+
+if [[ "${1:-}" == --manifests ]]; then
+  webhook_probe_manifest; echo ---; gate_job_manifest; echo ---; dra_manifests
+  exit 0
+fi
+
+if [[ "${1:-}" == --helm-args || "${1:-}" == --helm-args-dra ]]; then
+  SCHEDULER_TAG=${SCHEDULER_TAG:?set SCHEDULER_TAG to the Kubernetes version of the cluster, e.g. v1.34.0}
   nodefabric_values
+  [[ "$1" == --helm-args ]] || dra_values
   exit 0
 fi
 
@@ -128,9 +233,11 @@ collect_artifacts() {
   kubectl get nodes -o yaml >"$ARTIFACTS/nodes.yaml" 2>&1 || true
   kubectl get devices -o yaml >"$ARTIFACTS/devices.yaml" 2>&1 || true
   kubectl get nodefeatures -A -o yaml >"$ARTIFACTS/nodefeatures.yaml" 2>&1 || true
+  kubectl get placementgroups -A -o yaml >"$ARTIFACTS/placementgroups.yaml" 2>&1 || true
+  kubectl get resourceslices,resourceclaims -A -o yaml >"$ARTIFACTS/dra.yaml" 2>&1 || true
   "$HELM" -n "$NS" status nodefabric >"$ARTIFACTS/helm-status.txt" 2>&1 || true
   local ns pod
-  for ns in "$NS" node-feature-discovery e2e-placement; do
+  for ns in "$NS" node-feature-discovery e2e-placement e2e-gate e2e-dra; do
     kubectl -n "$ns" describe pods >"$ARTIFACTS/logs/$ns.describe.txt" 2>&1 || true
     for pod in $(kubectl -n "$ns" get pods -o name 2>/dev/null); do
       kubectl -n "$ns" logs "$pod" --all-containers --prefix >"$ARTIFACTS/logs/$ns.${pod#pod/}.log" 2>&1 || true
@@ -193,6 +300,12 @@ else
   kind create cluster --name "$CLUSTER" ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} --wait 120s --config "$WORK/kind.yaml"
 fi
 kubectl version
+# DRA's resource.k8s.io/v1 is served from 1.34 (a kept cluster or KIND_NODE_IMAGE may be older).
+server=$(kubectl version -o json | "$PYTHON" -c \
+  'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
+IFS=. read -r server_major server_minor _ <<<"${server#v}"
+((server_major > 1 || (server_major == 1 && server_minor >= 34))) \
+  || fail "the cluster runs Kubernetes $server; the DRA step needs >= 1.34 (KIND_NODE_IMAGE, or delete a kept cluster)"
 
 # The agent tolerates GPU taints only, so it runs on the workers, not on the tainted control plane.
 mapfile -t NODES < <(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' | sort)
@@ -200,6 +313,18 @@ mapfile -t NODES < <(kubectl get nodes -l '!node-role.kubernetes.io/control-plan
 # Two zones of two nodes: the extender has a location level to place the group in.
 for idx in "${!NODES[@]}"; do
   kubectl label node "${NODES[$idx]}" "topology.kubernetes.io/zone=zone-$((idx / 2))" --overwrite
+done
+
+step "the fixture's verbs device nodes on every worker"
+# A device-plugin grant and a CDI spec name /dev/infiniband/uverbsN and rdma_cm; the container runtime
+# stats each one on the node. Character devices with the fixture's numbers stand in for the kernel's.
+mapfile -t DEVNODES < <("$PYTHON" hack/kind_e2e.py devnodes "$HOSTS/worker-1")
+((${#DEVNODES[@]} > 0)) || fail "the fixture host $HOSTS/worker-1 has no device nodes"
+for node in "${NODES[@]}"; do
+  for entry in "${DEVNODES[@]}"; do
+    read -r name major minor <<<"$entry"
+    docker exec "$node" sh -c "mkdir -p /dev/infiniband && { [ -c /dev/infiniband/$name ] || mknod -m 666 /dev/infiniband/$name c $major $minor; }"
+  done
 done
 
 step "image $IMAGE"
@@ -231,10 +356,9 @@ unstick nfd node-feature-discovery
   --namespace node-feature-discovery --create-namespace \
   --set "master.config.extraLabelNs={feature.$DOMAIN}" --wait --timeout 5m
 
-step "nodefabric chart"
+step "nodefabric chart (device plugin; placement and its webhook, the chart's default; the extender)"
 # The second scheduler runs the cluster's own kube-scheduler version (the chart never guesses it).
-SCHEDULER_TAG=$(kubectl version -o json | "$PYTHON" -c \
-  'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
+SCHEDULER_TAG=$server
 mapfile -d '' -t VALUES < <(nodefabric_values)
 unstick nodefabric "$NS"
 "$HELM" upgrade --install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
@@ -358,5 +482,63 @@ kubectl get nodes -o json >"$WORK/nodes.json"
   || fail "the group is not where the extender said"
 kubectl -n e2e-placement get pod worker-0 -o jsonpath="{.metadata.annotations.placement\.${DOMAIN//./\\.}/decision}"
 echo
+
+step "an $GROUP_SIZE-pod indexed Job admitted whole through the gate, bound by the stock kube-scheduler"
+kubectl delete namespace "$GATE_NS" --ignore-not-found --wait=true --timeout=120s
+kubectl create namespace "$GATE_NS"
+kubectl label namespace "$GATE_NS" "placement.$DOMAIN/admission=enabled"
+# The webhook's failure policy is Ignore: a pod created before it answers is not gated. A server-side
+# dry run shows whether it gates now (it has no side effects).
+webhook_gates() {
+  webhook_probe_manifest \
+    | kubectl -n "$GATE_NS" create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - \
+    | grep -w "placement.$DOMAIN/group" >/dev/null
+}
+retry 120 webhook_gates || fail "the placement webhook does not gate pods in $GATE_NS"
+gate_job_manifest | kubectl -n "$GATE_NS" apply -f -
+retry 120 kubectl -n "$GATE_NS" get placementgroup "$GROUP" -o name || fail "no PlacementGroup $GROUP"
+kubectl -n "$GATE_NS" wait --for=condition=Admitted "placementgroup/$GROUP" --timeout=180s \
+  || fail "PlacementGroup $GROUP was not admitted: $(kubectl -n "$GATE_NS" get placementgroup "$GROUP" -o jsonpath='{.status.decision}')"
+kubectl -n "$GATE_NS" wait --for=condition=AllBound "placementgroup/$GROUP" --timeout=300s \
+  || fail "PlacementGroup $GROUP is not AllBound"
+kubectl get placementgroups -A
+kubectl -n "$GATE_NS" get pods -o wide
+kubectl -n "$GATE_NS" get placementgroup "$GROUP" -o json >"$WORK/group.json"
+kubectl -n "$GATE_NS" get pods -o json >"$WORK/gate-pods.json"
+kubectl get nodes -o json >"$WORK/nodes.json"
+"$PYTHON" hack/kind_e2e.py gate "$WORK/group.json" "$WORK/gate-pods.json" "$WORK/nodes.json" --domain "$DOMAIN" \
+  --size "$GROUP_SIZE" || fail "the group is not where its PlacementGroup assigned it"
+echo "decision: $(kubectl -n "$GATE_NS" get placementgroup "$GROUP" -o jsonpath='{.status.decision}')"
+# The Job holds endpoints the DRA driver is about to offer as its own: it goes before the upgrade.
+kubectl delete namespace "$GATE_NS" --wait=true --timeout=180s
+
+step "DRA: helm upgrade with dra.enabled and dra.devicePlugin; the pools of $DRIVER"
+mapfile -d '' -t DRA_VALUES < <(nodefabric_values; dra_values)
+"$HELM" upgrade nodefabric charts/nodefabric --namespace "$NS" "${DRA_VALUES[@]}" --wait --timeout 5m
+kubectl get deviceclass "$DRIVER" "pf.$DRIVER" "vf.$DRIVER"
+# pool_holds NODE COUNT: the driver publishes COUNT devices in NODE's pool.
+pool_holds() {
+  kubectl get resourceslices -o json >"$WORK/slices.json" \
+    && "$PYTHON" hack/kind_e2e.py slices "$WORK/slices.json" --driver "$DRIVER" --node "$1" --count "$2"
+}
+for node in "${NODES[@]}"; do
+  endpoints=$(kubectl get devices "$node" -o jsonpath='{.status.rdmaEndpoints}')
+  retry 120 pool_holds "$node" "$endpoints" || fail "the pool of $node does not hold its $endpoints endpoints"
+done
+kubectl get resourceslices -o wide
+
+step "DRA: a ResourceClaim of the DeviceClass $DRIVER, prepared for its pod"
+kubectl delete namespace "$DRA_NS" --ignore-not-found --wait=true --timeout=120s
+kubectl create namespace "$DRA_NS"
+dra_manifests | kubectl -n "$DRA_NS" apply -f -
+kubectl -n "$DRA_NS" wait --for=condition=Ready pod/nic-user --timeout=180s || fail "the claim's pod is not Ready"
+kubectl -n "$DRA_NS" get resourceclaim nic -o json >"$WORK/claim.json"
+kubectl -n "$DRA_NS" get pod nic-user -o json >"$WORK/dra-pod.json"
+kubectl get resourceslices -o json >"$WORK/slices.json"
+hca=$(kubectl -n "$DRA_NS" exec nic-user -- printenv NCCL_IB_HCA) || fail "the container has no NCCL_IB_HCA"
+dev=$(kubectl -n "$DRA_NS" exec nic-user -- ls /dev/infiniband) || fail "the container has no /dev/infiniband"
+"$PYTHON" hack/kind_e2e.py dra "$WORK/claim.json" "$WORK/dra-pod.json" "$WORK/slices.json" --driver "$DRIVER" \
+  --hca "$hca" --dev "$dev" || fail "the claim is not what its container sees"
+kubectl -n "$DRA_NS" get resourceclaims -o wide
 
 step "PASS"

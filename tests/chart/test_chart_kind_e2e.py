@@ -18,19 +18,35 @@ import pytest
 import yaml
 from chart_support import (
     CHART,
-    KUBE_VERSION,
     ROOT,
     configmap_yaml,
     container,
     load_hack,
+    of_kind,
     one,
     pod_spec,
     run_helm,
 )
 
 from nodefabric_devicemanager import cli
+from nodefabric_operator.admission import model, owners
+from nodefabric_operator.admission.webhook import WebhookConfig, gate_patch
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.groups import group_of
 
 SCRIPT = ROOT / "hack" / "kind-e2e.sh"
+
+
+def script_setting(name: str) -> str:
+    """A NAME=value line of the script (the value after ${NAME:-...} defaults is the default)."""
+    found = re.search(rf"^{name}=(?:\$\{{{name}:-)?([^}}\s]+)", SCRIPT.read_text(), re.M)
+    assert found, name
+    return found.group(1)
+
+
+# The Kubernetes version of the kind node image the script pins: the renders below are for it.
+NODE_IMAGE = script_setting("KIND_NODE_IMAGE")
+NODE_VERSION = re.search(r"^kindest/node:v(\d+\.\d+\.\d+)@sha256:[0-9a-f]{64}$", NODE_IMAGE)
 
 
 def test_the_script_parses() -> None:
@@ -48,13 +64,21 @@ def test_the_script_passes_shellcheck() -> None:
     assert done.returncode == 0, done.stdout
 
 
-SCHEDULER_TAG = "v1.33.1"
+assert NODE_VERSION, f"KIND_NODE_IMAGE {NODE_IMAGE} is not a kindest/node image pinned by digest"
+KIND_KUBE = NODE_VERSION.group(1)
+SCHEDULER_TAG = f"v{KIND_KUBE}"
 
 
-def script_helm_args(**env: str) -> list[str]:
+def test_the_pinned_node_image_serves_dra() -> None:
+    """resource.k8s.io/v1 is served from Kubernetes 1.34: the default node image must be at least that."""
+    major, minor, _ = (int(x) for x in KIND_KUBE.split("."))
+    assert (major, minor) >= (1, 34), NODE_IMAGE
+
+
+def script_helm_args(mode: str = "--helm-args", **env: str) -> list[str]:
     """The nodefabric chart's flags as the script itself gives them (`--helm-args`, NUL-separated)."""
     done = subprocess.run(
-        ["bash", str(SCRIPT), "--helm-args"],
+        ["bash", str(SCRIPT), mode],
         env={"PATH": os.environ["PATH"], "SCHEDULER_TAG": SCHEDULER_TAG, **env},
         capture_output=True,
         check=False,
@@ -68,7 +92,7 @@ def script_helm_args(**env: str) -> list[str]:
 def template(helm: Path, tmp_path: Path, flags: list[str]) -> subprocess.CompletedProcess[str]:
     """`helm template` with exactly these flags after the chart (run_helm checks the render against the
     API server's naming rules, as every chart test render is)."""
-    args = ["template", "nodefabric", str(CHART), "--namespace", "nodefabric", "--kube-version", KUBE_VERSION]
+    args = ["template", "nodefabric", str(CHART), "--namespace", "nodefabric", "--kube-version", KIND_KUBE]
     return run_helm(helm, *args, *flags, values=None, tmp=tmp_path, kube_version=None)
 
 
@@ -92,6 +116,129 @@ def test_the_scripts_own_helm_values_render_what_it_asserts(helm: Path, tmp_path
     assert "mapfile -d '' -t VALUES < <(nodefabric_values)" in text
     install = text[text.index('"$HELM" upgrade --install nodefabric') :].split("--wait")[0]
     assert '"${VALUES[@]}"' in install and "--set" not in install
+    # Group admission stays on (the chart's default): the webhook that gates, the process that admits.
+    placement = one(docs, "Deployment", "nodefabric-placement")
+    assert container(placement, "placement")["image"] == "nodefabric:e2e"
+    webhook = one(docs, "MutatingWebhookConfiguration", "nodefabric-placement")
+    opted_in = webhook["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    assert {"key": "placement.gpustack.ai/admission", "operator": "In", "values": ["enabled"]} in opted_in
+    # The first install serves the device plugin alone: the allocatable checks count its resources.
+    assert not of_kind(docs, "DeviceClass")
+    assert "--serve" not in container(agent, "agent")["args"]
+
+
+def test_the_dra_upgrade_renders_the_driver_beside_the_device_plugin(helm: Path, tmp_path: Path) -> None:
+    """The upgrade's flags are the install's plus dra.enabled and dra.devicePlugin, rendered for the
+    pinned node image's Kubernetes: the DeviceClasses the claim names, the agent serving both."""
+    install, flags = script_helm_args(), script_helm_args("--helm-args-dra")
+    assert flags[: len(install)] == install
+    assert flags[len(install) :] == ["--set", "dra.enabled=true", "--set", "dra.devicePlugin=true"]
+    done = template(helm, tmp_path, flags)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    classes = {d["metadata"]["name"]: d for d in of_kind(docs, "DeviceClass")}
+    assert set(classes) == {"rdma.gpustack.ai", "pf.rdma.gpustack.ai", "vf.rdma.gpustack.ai"}
+    args = container(one(docs, "DaemonSet", "nodefabric-agent"), "agent")["args"]
+    assert args[args.index("--serve") + 1] == "both"
+    assert args[args.index("--dra-cdi-dir") + 1] == "/var/run/cdi"
+    # The upgrade keeps what the install set: admission, the extender, the image.
+    one(docs, "Deployment", "nodefabric-placement")
+    one(docs, "MutatingWebhookConfiguration", "nodefabric-placement")
+    one(docs, "Deployment", "nodefabric-scheduler")
+    # The claim's class is one the chart installs, in the API version the chart writes.
+    claim = next(d for d in script_manifests() if d["kind"] == "ResourceClaim")
+    wanted = claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+    assert wanted in classes and claim["apiVersion"] == classes[wanted]["apiVersion"] == "resource.k8s.io/v1"
+    text = SCRIPT.read_text()
+    upgrade = text[text.index('"$HELM" upgrade nodefabric') :].split("--wait")[0]
+    assert '"${DRA_VALUES[@]}"' in upgrade and "--set" not in upgrade
+    assert "mapfile -d '' -t DRA_VALUES < <(nodefabric_values; dra_values)" in text
+
+
+def test_the_dra_upgrade_is_refused_below_1_34(helm: Path, tmp_path: Path) -> None:
+    """Why the script pins a 1.34 node image and checks the server's version before it installs."""
+    args = ["template", "nodefabric", str(CHART), "--namespace", "nodefabric", "--kube-version", "1.33.4"]
+    done = run_helm(
+        helm, *args, *script_helm_args("--helm-args-dra"), values=None, tmp=tmp_path, kube_version=None
+    )
+    assert done.returncode != 0 and "dra.enabled needs Kubernetes >= 1.34" in done.stderr
+
+
+def script_manifests() -> list[dict[str, Any]]:
+    """The objects the script creates, as it prints them (`--manifests`)."""
+    env = {"PATH": os.environ["PATH"]}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--manifests"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def job_pod(job: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """A pod of the Job as the Job controller creates it (its labels and controller reference)."""
+    name = job["metadata"]["name"]
+    meta = {
+        "name": f"{name}-0-abcde",
+        "namespace": namespace,
+        "labels": {
+            "batch.kubernetes.io/job-name": name,
+            "job-name": name,
+            "batch.kubernetes.io/job-completion-index": "0",
+        },
+        "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "j1", "controller": True}
+        ],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": copy.deepcopy(job["spec"]["template"]["spec"]),
+    }
+
+
+def test_the_gated_job_is_gated_only_in_its_opted_in_namespace_and_sized_by_the_job() -> None:
+    """The Job the script creates, through the webhook's own rule and the admission's own sizing and
+    naming: gated because its namespace opted in (not otherwise), a group of GROUP_SIZE from the Job,
+    and its PlacementGroup is the one the script waits for."""
+    job = next(d for d in script_manifests() if d["kind"] == "Job")
+    namespace, group = script_setting("GATE_NS"), script_setting("GROUP")
+    pod = job_pod(job, namespace)
+    config = WebhookConfig()
+    gated = gate_patch(pod, config, namespace_opted_in=True)
+    gate = {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "placement.gpustack.ai/group"}]}
+    assert gated.patch == (gate,), gated
+    assert gate_patch(pod, config, namespace_opted_in=False).patch == ()
+    spec = group_of(pod, ExtenderConfig())
+    assert spec is not None and spec.key == f"{namespace}/job/{job['metadata']['name']}"
+    assert model.object_name(spec.key) == group
+    size, source = owners.job_size(job)
+    assert size == int(script_setting("GROUP_SIZE")) == 8 and source.endswith("completions")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"device.gpustack.ai/rdma": 1}
+    text = SCRIPT.read_text()
+    assert 'kubectl label namespace "$GATE_NS" "placement.$DOMAIN/admission=enabled"' in text
+    assert '--for=condition=AllBound "placementgroup/$GROUP"' in text
+
+
+def test_the_webhook_probe_is_gated_in_any_namespace_and_only_dry_run() -> None:
+    probe = next(d for d in script_manifests() if d["metadata"]["name"] == "webhook-probe")
+    probe["metadata"]["namespace"] = "anywhere"
+    assert gate_patch(probe, WebhookConfig(), namespace_opted_in=False).patch
+    text = SCRIPT.read_text()
+    assert text.count("webhook_probe_manifest") == 3  # defined, printed by --manifests, used in one dry run
+    assert 'webhook_probe_manifest \\\n    | kubectl -n "$GATE_NS" create --dry-run=server' in text
+
+
+def test_the_claims_pod_consumes_the_claim() -> None:
+    docs = script_manifests()
+    claim = next(d for d in docs if d["kind"] == "ResourceClaim")
+    pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "nic-user")
+    (ref,) = pod["spec"]["resourceClaims"]
+    assert ref == {"name": "nic", "resourceClaimName": claim["metadata"]["name"]}
+    assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "nic"}]
+    # printenv and ls: the image is not pause.
+    assert "busybox" in pod["spec"]["containers"][0]["image"]
 
 
 def test_the_image_flags_follow_IMAGE(helm: Path, tmp_path: Path) -> None:
@@ -300,6 +447,247 @@ def test_the_placement_command_exits_1_with_the_reason(tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stderr.startswith("FAIL: worker-3 is on w3")
 
 
+# The device nodes made on each worker.
+
+
+def test_devnodes_names_every_node_the_fixture_host_has_with_its_sysfs_numbers(tmp_path: Path) -> None:
+    kind_e2e = load_hack("kind_e2e")
+    kind_e2e.host(tmp_path / "h")
+    nodes = kind_e2e.devnodes(tmp_path / "h")
+    assert nodes == [("rdma_cm", 10, 58), *((f"uverbs{i}", 231, 192 + i) for i in range(5))]
+    assert [n for n, _, _ in nodes] == sorted(p.name for p in (tmp_path / "h/dev/infiniband").iterdir())
+
+
+@pytest.mark.parametrize("spoil", ["no dev", "empty", "no number", "garbage number"])
+def test_devnodes_refuses_a_tree_it_cannot_number(tmp_path: Path, spoil: str) -> None:
+    kind_e2e = load_hack("kind_e2e")
+    kind_e2e.host(tmp_path / "h")
+    dev, verbs = tmp_path / "h/dev/infiniband", tmp_path / "h/sys/class/infiniband_verbs/uverbs0/dev"
+    if spoil == "no dev":
+        shutil.rmtree(dev)
+    elif spoil == "empty":
+        for path in dev.iterdir():
+            path.unlink()
+    elif spoil == "no number":
+        verbs.chmod(0o644)
+        verbs.unlink()
+    else:
+        verbs.chmod(0o644)
+        verbs.write_text("231:x\n")
+    with pytest.raises(ValueError, match=r"not a directory|is empty|no device number for uverbs0"):
+        kind_e2e.devnodes(tmp_path / "h")
+
+
+# The group admitted through the gate.
+
+GATE_NODES = {"w1": "zone-0", "w2": "zone-0", "w3": "zone-1", "w4": "zone-1"}
+
+
+def pinned_pod(name: str, node: str) -> dict[str, Any]:
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {f"placement.{DOMAIN}/decision": "placed: 8 of 8 pods in zone"},
+        },
+        "spec": {
+            "nodeName": node,
+            "schedulerName": "default-scheduler",
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                }
+            },
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def admitted(on: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    members = [
+        {"pod": f"e2e-gate-{i}", "node": node, "bound": True, "ready": True} for i, node in enumerate(on)
+    ]
+    group = {
+        "metadata": {"name": "job-e2e-gate"},
+        "status": {
+            "size": len(on),
+            "members": members,
+            "level": "zone",
+            "location": GATE_NODES[on[0]],
+            "conditions": [{"type": "Admitted", "status": "True"}, {"type": "AllBound", "status": "True"}],
+        },
+    }
+    pods = [pinned_pod(m["pod"], m["node"]) for m in members]
+    nodes = [
+        {"metadata": {"name": n, "labels": {"topology.kubernetes.io/zone": z}}} for n, z in GATE_NODES.items()
+    ]
+    return group, pods, nodes
+
+
+def test_a_group_on_its_assigned_nodes_in_one_zone_passes() -> None:
+    lines = load_hack("kind_e2e").gate(*admitted(["w1", "w2"] * 4), DOMAIN, 8)
+    assert len(lines) == 8 and lines[0] == "e2e-gate-0: w1, topology.kubernetes.io/zone=zone-0"
+
+
+def spoil_gate(how: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    group, pods, nodes = admitted(["w1", "w2"] * 4)
+    status = group["status"]
+    if how == "not all bound":
+        status["conditions"][1]["status"] = "False"
+    elif how == "size":
+        status["size"] = 7
+    elif how == "unassigned":
+        status["members"][2]["node"] = ""
+    elif how == "elsewhere":
+        pods[3]["spec"]["nodeName"] = "w1"
+    elif how == "second scheduler":
+        pods[4]["spec"]["schedulerName"] = "nodefabric-scheduler"
+    elif how == "still gated":
+        pods[1]["spec"]["schedulingGates"] = [{"name": f"placement.{DOMAIN}/group"}]
+    elif how == "never pinned":
+        del pods[6]["spec"]["affinity"]
+    elif how == "pending":
+        pods[0]["status"]["phase"] = "Pending"
+    elif how == "two zones":
+        status["members"][7]["node"] = "w3"
+        pods[7] = pinned_pod("e2e-gate-7", "w3")
+    elif how == "stranger":
+        pods.append(pinned_pod("intruder", "w1"))
+    elif how == "zone said":
+        status["location"] = "zone-1"
+    elif how == "no zone":
+        del nodes[1]["metadata"]["labels"]["topology.kubernetes.io/zone"]
+    return group, pods, nodes
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("not all bound", "is not AllBound"),
+        ("size", "has size 7, not 8"),
+        ("unassigned", "not 8 pods each to a node"),
+        ("elsewhere", "e2e-gate-3 is on w1, but PlacementGroup job-e2e-gate assigned w2"),
+        ("second scheduler", "e2e-gate-4 names the scheduler nodefabric-scheduler"),
+        ("still gated", "e2e-gate-1 still carries the scheduling gate"),
+        ("never pinned", "e2e-gate-6 was not pinned to w1"),
+        ("pending", "e2e-gate-0 is Pending, not Running"),
+        ("two zones", "spans the zones ['zone-0', 'zone-1']"),
+        ("stranger", "are not the members"),
+        ("zone said", "says zone zone-1"),
+        ("no zone", "e2e-gate-1's node w2 has no topology.kubernetes.io/zone label"),
+    ],
+)
+def test_a_group_not_where_its_placementgroup_said_fails(how: str, says: str) -> None:
+    with pytest.raises(AssertionError, match=re.escape(says)):
+        load_hack("kind_e2e").gate(*spoil_gate(how), DOMAIN, 8)
+
+
+def test_the_gate_command_exits_1_with_the_reason(tmp_path: Path) -> None:
+    group, pods, nodes = spoil_gate("elsewhere")
+    (tmp_path / "g.json").write_text(json.dumps(group))
+    (tmp_path / "p.json").write_text(json.dumps({"items": pods}))
+    (tmp_path / "n.json").write_text(json.dumps({"items": nodes}))
+    args = [
+        sys.executable,
+        str(ROOT / "hack" / "kind_e2e.py"),
+        "gate",
+        *(str(tmp_path / f) for f in ("g.json", "p.json", "n.json")),
+    ]
+    done = subprocess.run([*args, "--size", "8"], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stderr.startswith("FAIL: e2e-gate-3 is on w1"), done.stderr
+    (tmp_path / "g.json").write_text("not json")
+    done = subprocess.run([*args, "--size", "8"], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stderr.startswith("FAIL: "), done.stderr
+
+
+# The DRA claim.
+
+DRIVER = "rdma.gpustack.ai"
+
+
+def resource_slices(node: str = "w1", count: int = 5) -> list[dict[str, Any]]:
+    devices = [
+        {"name": f"pci-0000-{i:02x}-00-0", "attributes": {"rdmaDevice": {"string": f"mlx5_{i}"}}}
+        for i in range(count)
+    ]
+    other = {
+        "spec": {"driver": "gpu.example.com", "nodeName": node, "pool": {"name": node}, "devices": devices}
+    }
+    ours = {"spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node}, "devices": devices}}
+    return [other, ours]
+
+
+def claim_and_pod(device: str = "pci-0000-02-00-0") -> tuple[dict[str, Any], dict[str, Any]]:
+    claim = {
+        "metadata": {"name": "nic"},
+        "status": {
+            "allocation": {
+                "devices": {"results": [{"request": "nic", "driver": DRIVER, "pool": "w1", "device": device}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": "nic-user", "uid": "p1"}],
+        },
+    }
+    pod = {"metadata": {"name": "nic-user", "uid": "p1"}, "spec": {"nodeName": "w1"}}
+    return claim, pod
+
+
+def test_slices_counts_the_drivers_devices_in_the_nodes_pool() -> None:
+    kind_e2e = load_hack("kind_e2e")
+    assert len(kind_e2e.slices(resource_slices(), DRIVER, "w1", 5)) == 5
+    with pytest.raises(AssertionError, match="publishes 5 devices in the pool of w1, not 4"):
+        kind_e2e.slices(resource_slices(), DRIVER, "w1", 4)
+    with pytest.raises(AssertionError, match="publishes 0 devices in the pool of w2"):
+        kind_e2e.slices(resource_slices(), DRIVER, "w2", 5)
+
+
+def test_a_claim_allocated_on_its_pods_node_and_seen_by_its_container_passes() -> None:
+    claim, pod = claim_and_pod()
+    (line,) = load_hack("kind_e2e").dra(
+        claim, pod, resource_slices(), driver=DRIVER, hca="=mlx5_2\n", dev="rdma_cm\nuverbs2\n"
+    )
+    assert (
+        line
+        == "nic: rdma.gpustack.ai w1/pci-0000-02-00-0 (mlx5_2), NCCL_IB_HCA==mlx5_2, /dev/infiniband/uverbs2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("unallocated", "allocated 0 devices, not 1"),
+        ("other driver", "allocated by gpu.example.com, not rdma.gpustack.ai"),
+        ("other pool", "from the pool w9, not the pod's node w1"),
+        ("not reserved", "not reserved for nic-user"),
+        ("unknown device", "pci-0000-99-00-0 is not a device"),
+        ("other hca", "NCCL_IB_HCA is '=mlx5_0', not '=mlx5_2'"),
+        ("no verbs", "the verbs devices [], not exactly one"),
+        ("unbound", "nic-user is not bound"),
+    ],
+)
+def test_a_claim_not_prepared_as_allocated_fails(how: str, says: str) -> None:
+    claim, pod = claim_and_pod()
+    hca, dev = "=mlx5_2", "rdma_cm uverbs2"
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    if how == "unallocated":
+        del claim["status"]["allocation"]
+    elif how == "other driver":
+        result["driver"] = "gpu.example.com"
+    elif how == "other pool":
+        result["pool"] = "w9"
+    elif how == "not reserved":
+        claim["status"]["reservedFor"] = []
+    elif how == "unknown device":
+        result["device"] = "pci-0000-99-00-0"
+    elif how == "other hca":
+        hca = "=mlx5_0"
+    elif how == "no verbs":
+        dev = "rdma_cm"
+    else:
+        del pod["spec"]["nodeName"]
+    with pytest.raises(AssertionError, match=re.escape(says)):
+        load_hack("kind_e2e").dra(claim, pod, resource_slices(), driver=DRIVER, hca=hca, dev=dev)
+
+
 # The run's life cycle (cluster found or created, artifacts before cleanup, what is kept), with docker,
 # kind, kubectl and helm replaced by recorders at their command-line edge: the script is real bash.
 
@@ -360,7 +748,10 @@ def kept_work(stderr: str) -> Path:
 def test_a_failed_run_saves_the_artifacts_before_deleting_the_cluster_it_created(tmp_path: Path) -> None:
     done, calls = fake_run(tmp_path)
     assert done.returncode != 0
-    assert "kind create cluster --name nodefabric-e2e --wait 120s --config" in "\n".join(calls)
+    assert (
+        f"kind create cluster --name nodefabric-e2e --image {NODE_IMAGE} --wait 120s --config"
+        in "\n".join(calls)
+    )
     export = next(i for i, c in enumerate(calls) if c.startswith("kind export logs"))
     delete = next(i for i, c in enumerate(calls) if c == "kind delete cluster --name nodefabric-e2e")
     assert export < delete, "the logs are exported before the cluster is deleted"
@@ -455,8 +846,11 @@ def test_a_relative_artifacts_directory_is_the_callers(tmp_path: Path) -> None:
 
 
 def kept_host_trees(tmp_path: Path) -> Path:
+    """A kept cluster's host trees: worker-1 a real fixture host (its device nodes are read), the others
+    only what the reuse check looks at."""
     hosts = tmp_path / "nodefabric-e2e-nodefabric-e2e-hosts"
-    for i in range(1, 5):
+    load_hack("kind_e2e").host(hosts / "worker-1")
+    for i in range(2, 5):
         (hosts / f"worker-{i}" / "sys/class/infiniband").mkdir(parents=True)
     return hosts
 
@@ -493,7 +887,8 @@ def test_a_kind_that_cannot_list_its_clusters_stops_the_run_before_anything_is_d
 # A cluster that answers enough for the run to reach the chart's install (and fail after it).
 ANSWERING_KUBECTL = """
 case "$1" in
-  version) [ "${2:-}" = -o ] && echo '{"serverVersion": {"gitVersion": "v1.33.1"}}'; exit 0 ;;
+  version) [ "${2:-}" = -o ] && printf '{"serverVersion": {"gitVersion": "%s"}}\\n' "${FAKE_SERVER:-v1.34.0}"
+    exit 0 ;;
   get) if [ "$2" = nodes ] && [ "$3" = -l ]; then printf 'w1\\nw2\\nw3\\nw4\\n'; exit 0; fi ;;
 esac
 echo "kubectl output"
@@ -533,3 +928,42 @@ def test_a_release_not_pending_is_upgraded_in_place(tmp_path: Path) -> None:
     assert "the CRD records version" in done.stderr, done.stdout + done.stderr
     assert any(c.startswith("helm upgrade --install nodefabric") for c in calls)
     assert not any(" uninstall " in c for c in calls), calls
+
+
+def test_a_cluster_older_than_1_34_is_refused_before_anything_is_installed(tmp_path: Path) -> None:
+    """A kept cluster (or a KIND_NODE_IMAGE) older than 1.34 serves no resource.k8s.io/v1: said at once,
+    not after the install and the group."""
+    kept_host_trees(tmp_path)
+    done, calls = fake_run(
+        tmp_path, fakes={"kubectl": ANSWERING_KUBECTL}, FAKE_CLUSTERS="nodefabric-e2e", FAKE_SERVER="v1.33.4"
+    )
+    assert done.returncode == 1
+    assert "the cluster runs Kubernetes v1.33.4; the DRA step needs >= 1.34" in done.stderr
+    assert not any(c.startswith(("helm upgrade", "docker exec", "make")) for c in calls), calls
+
+
+def test_a_new_cluster_gets_the_pinned_node_image(tmp_path: Path) -> None:
+    _, calls = fake_run(tmp_path)
+    create = next(c for c in calls if c.startswith("kind create cluster"))
+    assert f"--image {NODE_IMAGE} " in create
+    (tmp_path / "other").mkdir()
+    _, calls = fake_run(tmp_path / "other", KIND_NODE_IMAGE="kindest/node:v1.35.0")
+    assert "--image kindest/node:v1.35.0 " in next(c for c in calls if c.startswith("kind create cluster"))
+
+
+def test_every_worker_gets_the_fixtures_device_nodes_before_the_install(tmp_path: Path) -> None:
+    """What a grant or a CDI spec names must exist on the node: a character device per entry of the
+    fixture's dev/infiniband, with its sysfs numbers, on each of the four workers, before the chart."""
+    kept_host_trees(tmp_path)
+    done, calls = fake_run(tmp_path, fakes={"kubectl": ANSWERING_KUBECTL}, FAKE_CLUSTERS="nodefabric-e2e")
+    assert "the CRD records version" in done.stderr, done.stdout + done.stderr
+    made = [c for c in calls if c.startswith("docker exec")]
+    assert len(made) == 4 * 6, made
+    assert (
+        "docker exec w3 sh -c mkdir -p /dev/infiniband && { [ -c /dev/infiniband/uverbs4 ] || "
+        "mknod -m 666 /dev/infiniband/uverbs4 c 231 196; }" in made
+    )
+    assert {c.split()[2] for c in made} == {"w1", "w2", "w3", "w4"}
+    assert calls.index(made[-1]) < next(
+        i for i, c in enumerate(calls) if c.startswith("helm upgrade --install nfd")
+    )
