@@ -158,6 +158,10 @@ def test_the_release_refuses_a_tag_the_chart_would_not_pull(tmp_path: Path) -> N
     assert lines[-1] == "image=ghcr.io/gpustack/nodefabric"
 
 
+def kind_script() -> str:
+    return (ROOT / "hack" / "kind-e2e.sh").read_text()
+
+
 def test_the_kind_workflow_runs_the_script_on_every_change_and_keeps_its_artifacts() -> None:
     doc = load("kind-e2e.yml")
     assert {"push", "pull_request"} <= set(doc["on"])
@@ -175,6 +179,14 @@ def test_the_kind_workflow_runs_the_script_on_every_change_and_keeps_its_artifac
     assert step(doc, job, "docker/setup-buildx-action"), "the script builds with buildx --load"
     kind = step(doc, job, "helm/kind-action")["with"]
     assert kind["install_only"] is True, "the script makes its own cluster"
+    # The kind release whose node image the script pins (v0.30.0: Kubernetes 1.34, DRA's v1 API), and a
+    # kubectl of that version.
+    pinned = re.search(
+        r"^KIND_NODE_IMAGE=\$\{KIND_NODE_IMAGE:-kindest/node:v(\d+)\.(\d+)\.\d+@", kind_script(), re.M
+    )
+    assert pinned and (int(pinned.group(1)), int(pinned.group(2))) >= (1, 34)
+    assert kind["version"] == "v0.30.0"
+    assert kind["kubectl_version"].startswith(f"v{pinned.group(1)}.{pinned.group(2)}.")
 
 
 def test_the_release_notes_install_command_pulls_the_image_that_was_pushed(tmp_path: Path) -> None:
