@@ -8,7 +8,7 @@
 #   - an agent may write only its own node's Devices object, and post Events only about it, in "default"
 #     (its RBAC and the admission policies);
 #   - an 8-pod group scheduled by the chart's optional second scheduler lands where the extender said
-#     (its claim annotation on every pod names one location; every pod's node is in it);
+#     (its decision on every pod names one location; every pod's node is in it);
 #   - an 8-pod indexed Job asking for device.<domain>/rdma, in a namespace opted in to group admission, is
 #     gated by the webhook, admitted whole by `nodefabric placement` (its PlacementGroup Admitted and
 #     AllBound) and bound by the stock kube-scheduler: every pod Running on the node its PlacementGroup

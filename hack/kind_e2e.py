@@ -10,7 +10,7 @@
 
     python3 hack/kind_e2e.py placement PODS.json NODES.json --domain gpustack.ai --size 8
         Check that the group's pods (kubectl get pods -o json) are all bound, each carries the
-        extender's decision, they were all given one location (the claim annotation), and every pod's
+        extender's decision, its text names one location for them all, and every pod's
         node (kubectl get nodes -o json) is in that location. Exit 1 with the reason otherwise.
 
     python3 hack/kind_e2e.py devnodes DIR
@@ -300,7 +300,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     h = sub.add_parser("host", help="lay out a fixture host tree")
     h.add_argument("directory", type=Path)
-    p = sub.add_parser("placement", help="check a group's placement against the extender's claims")
+    p = sub.add_parser("placement", help="check a group's placement against the extender's decisions")
     p.add_argument("pods", type=Path)
     p.add_argument("nodes", type=Path)
     p.add_argument("--domain", default="gpustack.ai")
