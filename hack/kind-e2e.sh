@@ -301,11 +301,11 @@ else
 fi
 kubectl version
 # DRA's resource.k8s.io/v1 is served from 1.34 (a kept cluster or KIND_NODE_IMAGE may be older).
-server=$(kubectl version -o json | "$PYTHON" -c \
+KUBE_VERSION=$(kubectl version -o json | "$PYTHON" -c \
   'import json, re, sys; print(re.match(r"v\d+\.\d+\.\d+", json.load(sys.stdin)["serverVersion"]["gitVersion"]).group())')
-IFS=. read -r server_major server_minor _ <<<"${server#v}"
+IFS=. read -r server_major server_minor _ <<<"${KUBE_VERSION#v}"
 ((server_major > 1 || (server_major == 1 && server_minor >= 34))) \
-  || fail "the cluster runs Kubernetes $server; the DRA step needs >= 1.34 (KIND_NODE_IMAGE, or delete a kept cluster)"
+  || fail "the cluster runs Kubernetes $KUBE_VERSION; the DRA step needs >= 1.34 (KIND_NODE_IMAGE, or delete a kept cluster)"
 
 # The agent tolerates GPU taints only, so it runs on the workers, not on the tainted control plane.
 mapfile -t NODES < <(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' | sort)
@@ -358,7 +358,7 @@ unstick nfd node-feature-discovery
 
 step "nodefabric chart (device plugin; placement and its webhook, the chart's default; the extender)"
 # The second scheduler runs the cluster's own kube-scheduler version (the chart never guesses it).
-SCHEDULER_TAG=$server
+SCHEDULER_TAG=$KUBE_VERSION
 mapfile -d '' -t VALUES < <(nodefabric_values)
 unstick nodefabric "$NS"
 "$HELM" upgrade --install nodefabric charts/nodefabric --namespace "$NS" --create-namespace \
