@@ -32,7 +32,9 @@ NIC in both would be exactly the sharing the file is there to prevent.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,7 +215,12 @@ def parse(doc: Any, source: str = "the RDMA selectors") -> Selection:
 def load(path: str) -> Selection:
     """The selection in a YAML (or JSON) file; raises SelectionError naming the file."""
     try:
-        with open(path, "rb") as f:
+        # Opened without blocking and read only when a regular file: a plain open of a FIFO waits for a
+        # writer for good, and start would hang saying nothing.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SelectionError(f"--rdma-selectors {path}: not a regular file")
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SelectionError(f"--rdma-selectors {path}: {exc.strerror or exc}") from None

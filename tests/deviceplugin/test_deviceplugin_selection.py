@@ -3,6 +3,7 @@ select nothing, and served through the real gRPC device plugin as the operator s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,13 @@ def test_an_alias_bomb_or_bytes_that_are_not_text_are_one_line(tmp_path: Path) -
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(SelectionError, match=rf"--rdma-selectors {binary}: "):
         load(str(binary))
+
+
+def test_a_fifo_as_the_file_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    # A plain open of a FIFO blocks until a writer comes: start would hang for good, saying nothing.
+    fifo = tmp_path / "sel.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SelectionError, match=rf"--rdma-selectors {fifo}: not a regular file"):
+        load(str(fifo))
+    with pytest.raises(SelectionError, match=rf"--rdma-selectors {tmp_path}: Is a directory"):
+        load(str(tmp_path))
