@@ -25,7 +25,8 @@ Fields, each a non-empty list of strings: `vendors` and `devices` (PCI ids, 4 he
 The last two are read from the host, not the record.
 
 Refused at start, in one line: an unknown key, a wrong type, an empty selector or list, a malformed id,
-a `sharedCount` outside a shared selector or out of range, and an overlap: a selector of `exclusive` and
+a link layer other than `InfiniBand` or `Ethernet` (as sysfs spells them: any other matches nothing), a
+`sharedCount` outside a shared selector or out of range, and an overlap: a selector of `exclusive` and
 one of `shared` that could both match one endpoint (they must differ on a field both name), since one
 NIC in both would be exactly the sharing the file is there to prevent.
 """
@@ -60,6 +61,7 @@ HOST_FIELDS = frozenset({"drivers", "linkLayers"})
 MAX_FILE_BYTES = 1 << 20
 PCI_DEVICES = "/sys/bus/pci/devices"
 _HEX4 = re.compile(r"[0-9a-f]{4}")
+LINK_LAYERS = ("InfiniBand", "Ethernet")  # what dra.linklayer.link_layer reports
 
 
 class SelectionError(ValueError):
@@ -164,6 +166,13 @@ def _selector(where: str, family: str, raw: Any) -> Selector:
             bad = sorted(v for v in accepted if not _HEX4.fullmatch(v))
             if bad:
                 raise SelectionError(f"{where}.{key}: {bad[0]!r} is not a PCI id (4 lowercase hex digits)")
+        if key == "linkLayers":
+            # Only what a port's link_layer reports can match: any other spelling would match nothing.
+            bad = sorted(accepted.difference(LINK_LAYERS))
+            if bad:
+                raise SelectionError(
+                    f"{where}.{key}: {bad[0]!r} is not a link layer ({' or '.join(LINK_LAYERS)})"
+                )
         values.append((key, accepted))
     if not values:
         raise SelectionError(

@@ -232,3 +232,10 @@ def test_a_fifo_as_the_file_is_refused_at_once_not_waited_on(tmp_path: Path) -> 
         load(str(fifo))
     with pytest.raises(SelectionError, match=rf"--rdma-selectors {tmp_path}: Is a directory"):
         load(str(tmp_path))
+
+
+@pytest.mark.parametrize("layer", ["IB", "infiniband", "RoCE", "ethernet"])
+def test_a_link_layer_no_port_reports_is_refused_not_left_to_match_nothing(layer: str) -> None:
+    with pytest.raises(SelectionError) as err:
+        parse({"exclusive": [{"linkLayers": [layer], "ifNames": ["ens1f0"]}]})
+    assert f"{layer!r} is not a link layer (InfiniBand or Ethernet)" in str(err.value), str(err.value)
