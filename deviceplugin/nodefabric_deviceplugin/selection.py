@@ -28,7 +28,9 @@ Refused at start, in one line: an unknown key, a wrong type, an empty selector o
 a link layer other than `InfiniBand` or `Ethernet` (as sysfs spells them: any other matches nothing), a
 `sharedCount` outside a shared selector or out of range, and an overlap: a selector of `exclusive` and
 one of `shared` that could both match one endpoint (they must differ on a field both name), since one
-NIC in both would be exactly the sharing the file is there to prevent.
+NIC in both would be exactly the sharing the file is there to prevent. An endpoint with several netdevs
+(a RoCE LAG's bond) can still match an exclusive selector by one and a shared one by another: it is
+served as exclusive only.
 """
 
 from __future__ import annotations
@@ -120,6 +122,11 @@ class Selection:
     def serves(self, family: str, facts: EndpointFacts) -> bool:
         own = self.selectors(family)
         if own is not None:
+            if family == "shared" and any(s.matches(facts) for s in self.selectors("exclusive") or ()):
+                # Exclusive wins: selectors that pass the start-up check (different netdevs named) still
+                # both match an endpoint with several netdevs (a RoCE LAG's bond), and a dedicated NIC
+                # also shared is what the file is there to prevent.
+                return False
             return any(s.matches(facts) for s in own)
         # Without selectors of its own, a family serves what no other family's selectors claim. The
         # partitioned family serves VFs, which whole-function selectors never see, and vice versa.

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dp_helpers import FixtureHost, shutdown, start_plugin, two_nics_and_vfs
+from dp_helpers import FixtureHost, nic, shutdown, start_plugin, two_nics_and_vfs
 
 from nodefabric_devicemanager.cli import main
+from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.resources import Family, PluginConfig, view
 from nodefabric_deviceplugin.selection import Selection, SelectionError, load, parse
 
@@ -239,3 +240,18 @@ def test_a_link_layer_no_port_reports_is_refused_not_left_to_match_nothing(layer
     with pytest.raises(SelectionError) as err:
         parse({"exclusive": [{"linkLayers": [layer], "ifNames": ["ens1f0"]}]})
     assert f"{layer!r} is not a link layer (InfiniBand or Ethernet)" in str(err.value), str(err.value)
+
+
+def test_an_endpoint_matched_by_both_an_exclusive_and_a_shared_selector_is_exclusive_only() -> None:
+    # A RoCE LAG: one RDMA device over two netdevs. The selectors name different netdevs, so they pass
+    # the start-up overlap check, yet both match the one endpoint: it must not be shared while exclusive.
+    spec = DevicesSpec(
+        interfaces=[
+            nic("ens1f0", "0000:19:00.0", "mlx5_bond_0", numa="0"),
+            nic("ens1f1", "0000:19:00.1", "mlx5_bond_0", numa="0"),
+            nic("ens2f0", "0000:5e:00.0", "mlx5_1", numa="1"),
+        ]
+    )
+    selection = parse({"exclusive": [{"ifNames": ["ens1f0"]}], "shared": [{"ifNames": ["ens1f1", "ens2f0"]}]})
+    assert [e.rdma_device for e in view(spec, Family.EXCLUSIVE, 4, selection).endpoints] == ["mlx5_bond_0"]
+    assert [e.rdma_device for e in view(spec, Family.SHARED, 4, selection).endpoints] == ["mlx5_1"]
