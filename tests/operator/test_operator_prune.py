@@ -14,7 +14,7 @@ from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import cli, labels, sinks
-from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api, write_kubeconfig
 
 D = labels.DEFAULT_DOMAIN
 CAPABLE = labels.key(D, labels.RDMA_CAPABLE)
@@ -144,3 +144,29 @@ def test_an_unusable_kubeconfig_is_exit_2(tmp_path, caplog):
     cli.add_arguments(parser)
     assert cli.run(parser.parse_args(["--prune", "--kubeconfig", str(bad)])) == 2
     assert any(r.getMessage() == "prune cannot start" for r in caplog.records)
+
+
+async def test_an_api_server_that_never_answers_is_given_up_at_the_timeout(tmp_path, caplog):
+    """A request no answer comes to (an overloaded API server, a black-holed load balancer) must not
+    hold the hook past --prune-timeout: the Job's deadline would kill it later, saying nothing."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read the request, answer nothing, keep the connection open
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--prune", "--kubeconfig", kubeconfig, "--prune-timeout", "2"])
+    try:
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(asyncio.to_thread(cli.run, args), 30) == 1
+        assert asyncio.get_running_loop().time() - started < 10
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+    (line,) = [r for r in caplog.records if r.getMessage() == "prune did not finish"]
+    assert "did not answer" in line.error, line.error
