@@ -240,3 +240,14 @@ def test_the_network_policy_admits_only_the_metrics_and_probe_ports(
         assert "from" not in rule and len(rule["ports"]) == 2  # any source, those ports only
     with pytest.raises(Exception, match="from"):
         render({"networkPolicy": {"enabled": True, "from": [{"podSelektor": {}}]}})
+
+
+@pytest.mark.parametrize("component", ["operator", "agent"])
+def test_a_liveness_success_threshold_other_than_1_is_refused(render: Any, component: str) -> None:
+    # The API server refuses the pod template (validateProbe: "must be 1" for liveness and startup), so
+    # the install would fail half-way; a readiness probe may ask for more successes.
+    with pytest.raises(Exception, match="livenessProbe"):
+        render({component: {"livenessProbe": {"successThreshold": 2}}})
+    docs = render({component: {"readinessProbe": {"successThreshold": 2}}})
+    which = OPERATOR if component == "operator" else AGENT
+    assert ctr(docs, which)["readinessProbe"]["successThreshold"] == 2
