@@ -251,3 +251,35 @@ def test_a_liveness_success_threshold_other_than_1_is_refused(render: Any, compo
     docs = render({component: {"readinessProbe": {"successThreshold": 2}}})
     which = OPERATOR if component == "operator" else AGENT
     assert ctr(docs, which)["readinessProbe"]["successThreshold"] == 2
+
+
+SPREAD = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"maxSkew": 0},
+        {"maxSkew": -1},
+        {"whenUnsatisfiable": "Sometimes"},
+        {"topologyKey": ""},
+        {"minDomains": 0},
+        {"minDomains": 2, "whenUnsatisfiable": "ScheduleAnyway"},
+        {"nodeAffinityPolicy": "Always"},
+        {"nodeTaintsPolicy": "honor"},
+    ],
+)
+def test_a_topology_spread_constraint_the_api_server_refuses_is_refused(
+    render: Any, bad: dict[str, Any]
+) -> None:
+    # ValidateTopologySpreadConstraints: maxSkew and minDomains at least 1, minDomains only with
+    # DoNotSchedule, the two policies Honor or Ignore, a topology key.
+    with pytest.raises(Exception, match="topologySpreadConstraints"):
+        render({"operator": {"topologySpreadConstraints": [{**SPREAD, **bad}]}})
+
+
+def test_a_topology_spread_constraint_the_api_server_takes_renders(render: Any) -> None:
+    fine = {**SPREAD, "minDomains": 2, "nodeAffinityPolicy": "Honor", "nodeTaintsPolicy": "Ignore"}
+    docs = render({"operator": {"topologySpreadConstraints": [fine]}})
+    assert pod_spec(one(docs, "Deployment", "nf-nodefabric-operator"))["topologySpreadConstraints"] == [fine]
+    validate_all(docs)
