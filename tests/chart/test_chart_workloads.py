@@ -274,7 +274,20 @@ def test_the_scheduler_image_without_helms_idea_of_a_version(helm, tmp_path) -> 
         helm, *args, values={"scheduler": {"image": {"tag": "v1.30.2"}}}, tmp=tmp_path, kube_version=None
     )
     assert done.returncode == 0, done.stderr
-    assert "image: registry.k8s.io/kube-scheduler:v1.30.2\n" in done.stdout
+    assert 'image: "registry.k8s.io/kube-scheduler:v1.30.2"\n' in done.stdout
+
+
+def test_helm_lint_with_the_charts_own_values_passes_and_never_sees_broken_yaml(helm, tmp_path) -> None:
+    """helm lint turns the tag rule's `fail` into an [INFO] line and renders on: the image was then
+    `registry.k8s.io/kube-scheduler:` unquoted, which is no YAML, so lint failed with a parse error at
+    a line of scheduler.yaml beside the rule's own message. The rule stays for template and install."""
+    from chart_support import CHART, run_helm
+
+    for strict in ([], ["--strict"]):
+        done = run_helm(helm, "lint", *strict, str(CHART), values=None, tmp=tmp_path, kube_version=None)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "unable to parse YAML" not in done.stdout + done.stderr
+        assert TAG_REQUIRED in done.stdout + done.stderr, "the rule is still said, as lint's [INFO]"
 
 
 def test_the_scheduler_image_by_digest_or_from_a_mirror(render) -> None:
