@@ -283,3 +283,13 @@ def test_a_topology_spread_constraint_the_api_server_takes_renders(render: Any) 
     docs = render({"operator": {"topologySpreadConstraints": [fine]}})
     assert pod_spec(one(docs, "Deployment", "nf-nodefabric-operator"))["topologySpreadConstraints"] == [fine]
     validate_all(docs)
+
+
+def test_the_link_alert_says_what_its_value_counts(render: Any) -> None:
+    # nodefabric_deviceplugin_devices counts the tokens a family advertises: one failed NIC is 1 in rdma
+    # and --shared-count (16 by default) in rdma.shared, so "{{ $value }} RDMA endpoints failed" told
+    # the on-call 16 NICs were down. The summary names the family and counts its devices.
+    (rule,) = of_kind(render({"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    (alert,) = [r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "NodefabricRdmaLinkUnhealthy"]
+    summary = alert["annotations"]["summary"]
+    assert "{{ $labels.family }}" in summary and "endpoints" not in summary, summary
