@@ -15,7 +15,7 @@ from operator_harness import NS, Client, eventually
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd
-from nodefabric_operator import cli, leader
+from nodefabric_operator import cli, leader, sinks
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.metrics import Metrics
 
@@ -27,13 +27,17 @@ def gpu_record(name: str):
 
 
 class Replica:
-    def __init__(self, k: RunningAPI) -> None:
+    def __init__(self, k: RunningAPI, kubeconfig: str | None = None) -> None:
         self.metrics = Metrics()
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.failure: list[BaseException] = []
         opts = cli.Options(
-            namespace=NS, kubeconfig=k.kubeconfig, backoffs=(0.05,), leader_elect=True, lease_timing=TIMING
+            namespace=NS,
+            kubeconfig=kubeconfig or k.kubeconfig,
+            backoffs=(0.05,),
+            leader_elect=True,
+            lease_timing=TIMING,
         )
 
         def main() -> None:
@@ -170,3 +174,28 @@ def test_a_holder_is_gone_once_its_record_went_unchanged_for_a_lease_duration():
     assert leader.takeable({**held, "holderIdentity": "me"}, "me", seen=100.0, now=100.0)
     assert leader.takeable({**held, "holderIdentity": ""}, "me", seen=100.0, now=100.0)
     assert leader.takeable({**held, "leaseDurationSeconds": "15"}, "me", seen=100.0, now=100.0)
+
+
+async def test_the_lease_is_renewed_while_the_new_leader_lists_what_it_starts_from():
+    """Between taking the lease and starting its watches the leader lists the records and the sink's
+    objects (seconds on a large or slow cluster). Unrenewed meanwhile, the lease expired under it: a
+    standby took it while this replica went on to publish, two writers until its renewal failed."""
+    from watch_breaker import watch_breaker
+
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        await c.put_devices(gpu_record("n0"))
+        # The listing of the NodeFeatures takes twice the lease's duration.
+        proxy.delay("GET", f"/apis/{sinks.NFD_GROUP}/", TIMING[0] * 2)
+        a = Replica(k, kubeconfig=proxy.kubeconfig)
+        try:
+            first = await eventually(lambda: (lease(k) or {}).get("spec", {}).get("renewTime"))
+            await asyncio.sleep(TIMING[0] * 1.5)
+            assert a.published() == 0, "still listing"
+            assert lease(k)["spec"]["renewTime"] != first, "not renewed while listing"
+            proxy.allow()
+            await eventually(lambda: a.published() == 1)
+        finally:
+            await a.stopped()
+        assert not a.failure
