@@ -185,19 +185,34 @@ class Elector:
         return False
 
     async def hold(self) -> None:
-        """Renew every `retry` seconds; return when it could not be renewed for `renew` seconds."""
+        """Renew every `retry` seconds; return when it could not be renewed for `renew` seconds, or at
+        once when a renewal is refused (403), saying why."""
         last = time.monotonic()
         while True:
             await asyncio.sleep(self.cfg.retry)
-            if await asyncio.to_thread(self.try_once):
+            try:
+                renewed = await asyncio.to_thread(self.try_once)
+            except kubernetes.client.ApiException as err:
+                # Refused (RBAC taken away): asking again changes nothing. Said here, since the caller
+                # only sees that the holding ended.
+                self._lost(f"HTTP {err.status} {err.reason or ''}".strip())
+                return
+            if renewed:
                 last = time.monotonic()
             elif time.monotonic() - last >= self.cfg.renew:
-                self.leading = False
-                log.error(
-                    "lost the lease, stopping",
-                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
-                )
+                self._lost(f"not renewed for {self.cfg.renew:g} s")
                 return
+
+    def _lost(self, why: str) -> None:
+        self.leading = False
+        log.error(
+            "lost the lease, stopping",
+            extra={
+                "lease": f"{self.cfg.namespace}/{self.cfg.name}",
+                "identity": self.cfg.identity,
+                "error": why,
+            },
+        )
 
     def release(self) -> None:
         """Give the lease up (holder cleared, one-second duration) so a standby need not wait it out; no

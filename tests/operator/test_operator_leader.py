@@ -199,3 +199,27 @@ async def test_the_lease_is_renewed_while_the_new_leader_lists_what_it_starts_fr
         finally:
             await a.stopped()
         assert not a.failure
+
+
+async def test_a_leader_refused_its_lease_stops_and_says_why(caplog):
+    """RBAC taken away mid-run (the Role edited, the binding deleted): a renewal answered 403 ends the
+    leadership at once. It stopped with exit 1 and no word of why (the renewal task's error was never
+    read); now the error is logged."""
+    from watch_breaker import watch_breaker
+
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        await c.put_devices(gpu_record("n0"))
+        a = Replica(k, kubeconfig=proxy.kubeconfig)
+        try:
+            await eventually(lambda: a.published() == 1)
+            proxy.refuse("PUT", "/apis/coordination.k8s.io/", 403)
+            await asyncio.to_thread(a.thread.join, 30)
+            assert not a.thread.is_alive()
+        finally:
+            await a.stopped()
+        (lost,) = a.failure
+        assert isinstance(lost, cli.LeadershipLost)
+        (line,) = [r for r in caplog.records if r.getMessage() == "lost the lease, stopping"]
+        assert line.error.startswith("HTTP 403"), line.error
