@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from typing import Any
 
 from operator_harness import NS, Client, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
@@ -170,3 +171,49 @@ async def test_an_api_server_that_never_answers_is_given_up_at_the_timeout(tmp_p
         server.close()
     (line,) = [r for r in caplog.records if r.getMessage() == "prune did not finish"]
     assert "did not answer" in line.error, line.error
+
+
+async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_over(caplog):
+    """Installed in NFD's namespace, the operator finds nfd-worker's NodeFeature: also named after the
+    node, with the node-name label, controlled by the worker's Pod. It was patched as if it were ours (our
+    labels and a second controller, which the API server refuses; without the Pod reference it was
+    adopted, and the next prune or the record's deletion deleted nfd-worker's object). Now it is left as
+    it is, and LabelsPublished says whose it is and what to do."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        worker = {
+            "apiVersion": f"{sinks.NFD_GROUP}/{sinks.NFD_VERSION}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": "n0",
+                "namespace": NS,
+                "labels": {sinks.NFD_NODE_NAME: "n0"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "nfd-worker-x7",
+                        "uid": "p-1",
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"labels": {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}},
+        }
+        k.api.put_object(NF_KEY, worker)
+        before = k.api.stored(NF_KEY, "n0", NS)
+        await c.put_devices(gpu_record("n0"))
+        async with running_operator(k):
+
+            async def refused() -> Any:
+                conditions = (await c.devices("n0")).get("status", {}).get("conditions", [])
+                return next((x for x in conditions if x["type"] == "LabelsPublished"), None)
+
+            cond = await eventually(refused)
+            await settle(k)
+        assert cond["status"] == "False", cond
+        assert "belongs to Pod nfd-worker-x7" in cond["message"], cond["message"]
+        assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
+        assert await prune(k) == 0
+        assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
