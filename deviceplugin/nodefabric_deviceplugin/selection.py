@@ -24,13 +24,13 @@ Fields, each a non-empty list of strings: `vendors` and `devices` (PCI ids, 4 he
 `drivers` (the kernel driver bound to the PCI function) and `linkLayers` (`InfiniBand`, `Ethernet`).
 The last two are read from the host, not the record.
 
-Refused at start, in one line: an unknown key, a wrong type, an empty selector or list, a malformed id,
-a link layer other than `InfiniBand` or `Ethernet` (as sysfs spells them: any other matches nothing), a
-`sharedCount` outside a shared selector or out of range, and an overlap: a selector of `exclusive` and
-one of `shared` that could both match one endpoint (they must differ on a field both name), since one
-NIC in both would be exactly the sharing the file is there to prevent. An endpoint with several netdevs
-(a RoCE LAG's bond) can still match an exclusive selector by one and a shared one by another: it is
-served as exclusive only.
+Refused at start, in one line: an unknown key, a key given twice, a wrong type, an empty selector or
+list, a malformed id, a link layer other than `InfiniBand` or `Ethernet` (as sysfs spells them: any other
+matches nothing), a `sharedCount` outside a shared selector or out of range, and an overlap: a selector
+of `exclusive` and one of `shared` that could both match one endpoint (they must differ on a field both
+name), since one NIC in both would be exactly the sharing the file is there to prevent. An endpoint
+with several netdevs (a RoCE LAG's bond) can still match an exclusive selector by one and a shared one
+by another: it is served as exclusive only.
 """
 
 from __future__ import annotations
@@ -244,13 +244,43 @@ def load(path: str) -> Selection:
         raise SelectionError(f"--rdma-selectors {path}: larger than {MAX_FILE_BYTES} bytes")
     try:
         # yamldoc refuses alias bombs and documents nested too deep before anything walks them.
-        doc = yamldoc.load(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        doc = yamldoc.load(text)
+        twice = _repeated_key(text)
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SelectionError(f"--rdma-selectors {path}: not YAML: {first}") from None
     except ValueError as exc:  # a bomb, too deep, or not UTF-8
         raise SelectionError(f"--rdma-selectors {path}: {str(exc).splitlines()[0]}") from None
+    if twice is not None:
+        # A loader keeps the last of a repeated key: a first `exclusive` list would vanish, and the NIC
+        # it dedicates be shared again. The API server's YAML reading refuses one too.
+        raise SelectionError(f"--rdma-selectors {path}: the key {twice!r} is given twice in one mapping")
     return parse(doc, f"--rdma-selectors {path}")
+
+
+def _repeated_key(text: str) -> str | None:
+    """The first key a mapping of the document repeats, or None. Walks the node graph once per node (an
+    alias shares its node), so a document the bomb check passed costs no more here."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    seen: set[int] = set()
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in keys:
+                        return str(key.value)
+                    keys.add(key.value)
+                stack.extend((key, value))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
 
 
 @dataclass

@@ -255,3 +255,20 @@ def test_an_endpoint_matched_by_both_an_exclusive_and_a_shared_selector_is_exclu
     selection = parse({"exclusive": [{"ifNames": ["ens1f0"]}], "shared": [{"ifNames": ["ens1f1", "ens2f0"]}]})
     assert [e.rdma_device for e in view(spec, Family.EXCLUSIVE, 4, selection).endpoints] == ["mlx5_bond_0"]
     assert [e.rdma_device for e in view(spec, Family.SHARED, 4, selection).endpoints] == ["mlx5_1"]
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        ("exclusive:\n  - ifNames: [ens1f0]\nexclusive:\n  - ifNames: [ens2f0]\n", "exclusive"),
+        ("shared:\n  - ifNames: [ens1f0]\n    ifNames: [ens2f0]\n", "ifNames"),
+    ],
+)
+def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path: Path, content: str, key: str) -> None:
+    # YAML loaders keep the last of a repeated key: the first exclusive list vanished, and the NIC it
+    # dedicated was shared again. The API server's own YAML reading refuses a repeated key; so does this.
+    path = tmp_path / "sel.yaml"
+    path.write_text(content)
+    with pytest.raises(SelectionError) as err:
+        load(str(path))
+    assert f"--rdma-selectors {path}: the key {key!r} is given twice" in str(err.value), str(err.value)
