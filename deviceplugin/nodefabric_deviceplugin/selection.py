@@ -24,15 +24,20 @@ Fields, each a non-empty list of strings: `vendors` and `devices` (PCI ids, 4 he
 `drivers` (the kernel driver bound to the PCI function) and `linkLayers` (`InfiniBand`, `Ethernet`).
 The last two are read from the host, not the record.
 
-Refused at start, in one line: an unknown key, a wrong type, an empty selector or list, a malformed id,
-a `sharedCount` outside a shared selector or out of range, and an overlap: a selector of `exclusive` and
-one of `shared` that could both match one endpoint (they must differ on a field both name), since one
-NIC in both would be exactly the sharing the file is there to prevent.
+Refused at start, in one line: an unknown key, a key given twice, a wrong type, an empty selector or
+list, a malformed id, a link layer other than `InfiniBand` or `Ethernet` (as sysfs spells them: any other
+matches nothing), a `sharedCount` outside a shared selector or out of range, and an overlap: a selector
+of `exclusive` and one of `shared` that could both match one endpoint (they must differ on a field both
+name), since one NIC in both would be exactly the sharing the file is there to prevent. An endpoint
+with several netdevs (a RoCE LAG's bond) can still match an exclusive selector by one and a shared one
+by another: it is served as exclusive only.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +63,7 @@ HOST_FIELDS = frozenset({"drivers", "linkLayers"})
 MAX_FILE_BYTES = 1 << 20
 PCI_DEVICES = "/sys/bus/pci/devices"
 _HEX4 = re.compile(r"[0-9a-f]{4}")
+LINK_LAYERS = ("InfiniBand", "Ethernet")  # what dra.linklayer.link_layer reports
 
 
 class SelectionError(ValueError):
@@ -116,6 +122,11 @@ class Selection:
     def serves(self, family: str, facts: EndpointFacts) -> bool:
         own = self.selectors(family)
         if own is not None:
+            if family == "shared" and any(s.matches(facts) for s in self.selectors("exclusive") or ()):
+                # Exclusive wins: selectors that pass the start-up check (different netdevs named) still
+                # both match an endpoint with several netdevs (a RoCE LAG's bond), and a dedicated NIC
+                # also shared is what the file is there to prevent.
+                return False
             return any(s.matches(facts) for s in own)
         # Without selectors of its own, a family serves what no other family's selectors claim. The
         # partitioned family serves VFs, which whole-function selectors never see, and vice versa.
@@ -162,6 +173,13 @@ def _selector(where: str, family: str, raw: Any) -> Selector:
             bad = sorted(v for v in accepted if not _HEX4.fullmatch(v))
             if bad:
                 raise SelectionError(f"{where}.{key}: {bad[0]!r} is not a PCI id (4 lowercase hex digits)")
+        if key == "linkLayers":
+            # Only what a port's link_layer reports can match: any other spelling would match nothing.
+            bad = sorted(accepted.difference(LINK_LAYERS))
+            if bad:
+                raise SelectionError(
+                    f"{where}.{key}: {bad[0]!r} is not a link layer ({' or '.join(LINK_LAYERS)})"
+                )
         values.append((key, accepted))
     if not values:
         raise SelectionError(
@@ -213,7 +231,12 @@ def parse(doc: Any, source: str = "the RDMA selectors") -> Selection:
 def load(path: str) -> Selection:
     """The selection in a YAML (or JSON) file; raises SelectionError naming the file."""
     try:
-        with open(path, "rb") as f:
+        # Opened without blocking and read only when a regular file: a plain open of a FIFO waits for a
+        # writer for good, and start would hang saying nothing.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SelectionError(f"--rdma-selectors {path}: not a regular file")
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SelectionError(f"--rdma-selectors {path}: {exc.strerror or exc}") from None
@@ -221,13 +244,43 @@ def load(path: str) -> Selection:
         raise SelectionError(f"--rdma-selectors {path}: larger than {MAX_FILE_BYTES} bytes")
     try:
         # yamldoc refuses alias bombs and documents nested too deep before anything walks them.
-        doc = yamldoc.load(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        doc = yamldoc.load(text)
+        twice = _repeated_key(text)
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SelectionError(f"--rdma-selectors {path}: not YAML: {first}") from None
     except ValueError as exc:  # a bomb, too deep, or not UTF-8
         raise SelectionError(f"--rdma-selectors {path}: {str(exc).splitlines()[0]}") from None
+    if twice is not None:
+        # A loader keeps the last of a repeated key: a first `exclusive` list would vanish, and the NIC
+        # it dedicates be shared again. The API server's YAML reading refuses one too.
+        raise SelectionError(f"--rdma-selectors {path}: the key {twice!r} is given twice in one mapping")
     return parse(doc, f"--rdma-selectors {path}")
+
+
+def _repeated_key(text: str) -> str | None:
+    """The first key a mapping of the document repeats, or None. Walks the node graph once per node (an
+    alias shares its node), so a document the bomb check passed costs no more here."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    seen: set[int] = set()
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in keys:
+                        return str(key.value)
+                    keys.add(key.value)
+                stack.extend((key, value))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
 
 
 @dataclass

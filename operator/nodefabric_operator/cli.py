@@ -298,6 +298,9 @@ async def serve(
                 )
                 if not await _lead(elector, stop_flag):
                     return  # stopped while standing by
+            # Renewing from now on: the listings below may take longer than the lease lasts, and a
+            # lease left unrenewed meanwhile would be taken by a standby while this replica publishes.
+            halt, lost, watcher = _halting(stop_flag, elector)
             await startup.prime(reconciler, opts.sink, opts.namespace)
             if projector is not None:
                 await startup.prime_topology(projector)
@@ -315,7 +318,6 @@ async def serve(
                     "server": startup.server(api),
                 },
             )
-            halt, lost, watcher = _halting(stop_flag, elector)
             while True:
                 try:
                     await kopf.operator(

@@ -7,9 +7,10 @@ standby. A Lease needs no CRD of ours, and `kubectl get lease -n <ns> nodefabric
 
 The holder renews every `retry` seconds; one that could not renew for `renew` seconds stops publishing
 and exits (the pod restarts as a standby), before its lease expires after `duration` seconds and another
-replica may take it: at most one replica writes at a time as long as clocks drift less than
-duration - renew. A replica that stops cleanly releases the lease, so a standby takes over within
-`retry` seconds rather than `duration`.
+replica may take it. Expiry is judged by each replica's own clock, from when it saw the record last
+change (as client-go does), never from the holder's renewTime: clocks of different machines may differ
+by any amount, and a Lease edited by hand may say anything. A replica that stops cleanly releases the
+lease, so a standby takes over within `retry` seconds rather than `duration`.
 """
 
 from __future__ import annotations
@@ -45,15 +46,6 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(text: object) -> float | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _drain(answer: Any) -> None:
     """Read an undecoded answer to its end, so its connection goes back to the pool (renewals are
     frequent: left unread, each would hold a socket)."""
@@ -61,17 +53,22 @@ def _drain(answer: Any) -> None:
     answer.release_conn()
 
 
-def takeable(spec: dict[str, Any], identity: str, now: float) -> bool:
-    """Whether `identity` may hold a lease with this spec now: it holds it, nobody does, or the holder's
-    renewal is older than its duration (a lease that cannot be read as time is expired)."""
+def takeable(spec: dict[str, Any], identity: str, *, seen: float, now: float) -> bool:
+    """Whether `identity` may hold a lease with this spec now: it holds it, nobody does, or the holder
+    has not changed the record for its duration (one that is no number of seconds is expired).
+
+    `seen` (when this replica first read the record as it is) and `now` are of this replica's own
+    monotonic clock, as client-go's observedTime: the holder's renewTime is of another machine's clock,
+    and read against ours a lease renewed from a clock running ahead (or edited by hand to a time years
+    away) would never expire, and one renewed from a clock running behind would be taken from a live
+    holder."""
     holder = spec.get("holderIdentity") or ""
     if not holder or holder == identity:
         return True
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
     duration = spec.get("leaseDurationSeconds")
-    if renewed is None or not isinstance(duration, int):
+    if not isinstance(duration, int) or isinstance(duration, bool):
         return True
-    return now > renewed + duration
+    return now > seen + duration
 
 
 class Elector:
@@ -80,7 +77,11 @@ class Elector:
     ) -> None:
         self.coord = kubernetes.client.CoordinationV1Api(api)
         self.cfg = cfg
-        self.clock = clock
+        self.clock = clock  # the stamps written (renewTime, acquireTime)
+        # The record last read and when (time.monotonic) it was first read so: a holder that stops
+        # renewing leaves it unchanged.
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
         self.leading = False
         # Renewals run in worker threads: once released, no renewal still in flight may take it back.
         self._lock = threading.Lock()
@@ -123,7 +124,7 @@ class Elector:
         try:
             current = self._read()
             now = self.clock()
-            if current is not None and not takeable(dict(current.get("spec") or {}), self.cfg.identity, now):
+            if current is not None and not self._takeable(dict(current.get("spec") or {})):
                 return False
             body = self._body(current, now)
             if current is None:
@@ -147,6 +148,22 @@ class Elector:
         except (urllib3.exceptions.HTTPError, OSError):
             return False
 
+    def _takeable(self, spec: dict[str, Any]) -> bool:
+        record = tuple(
+            repr(spec.get(k))
+            for k in (
+                "holderIdentity",
+                "renewTime",
+                "acquireTime",
+                "leaseDurationSeconds",
+                "leaseTransitions",
+            )
+        )
+        seen = time.monotonic()
+        if record != self._observed:
+            self._observed, self._observed_at = record, seen
+        return takeable(spec, self.cfg.identity, seen=self._observed_at, now=seen)
+
     async def acquire(self, stopping: Callable[[], bool]) -> bool:
         """Wait until this replica holds the lease (True) or `stopping()` says to give up (False)."""
         waiting_logged = False
@@ -168,19 +185,34 @@ class Elector:
         return False
 
     async def hold(self) -> None:
-        """Renew every `retry` seconds; return when it could not be renewed for `renew` seconds."""
+        """Renew every `retry` seconds; return when it could not be renewed for `renew` seconds, or at
+        once when a renewal is refused (403), saying why."""
         last = time.monotonic()
         while True:
             await asyncio.sleep(self.cfg.retry)
-            if await asyncio.to_thread(self.try_once):
+            try:
+                renewed = await asyncio.to_thread(self.try_once)
+            except kubernetes.client.ApiException as err:
+                # Refused (RBAC taken away): asking again changes nothing. Said here, since the caller
+                # only sees that the holding ended.
+                self._lost(f"HTTP {err.status} {err.reason or ''}".strip())
+                return
+            if renewed:
                 last = time.monotonic()
             elif time.monotonic() - last >= self.cfg.renew:
-                self.leading = False
-                log.error(
-                    "lost the lease, stopping",
-                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
-                )
+                self._lost(f"not renewed for {self.cfg.renew:g} s")
                 return
+
+    def _lost(self, why: str) -> None:
+        self.leading = False
+        log.error(
+            "lost the lease, stopping",
+            extra={
+                "lease": f"{self.cfg.namespace}/{self.cfg.name}",
+                "identity": self.cfg.identity,
+                "error": why,
+            },
+        )
 
     def release(self) -> None:
         """Give the lease up (holder cleared, one-second duration) so a standby need not wait it out; no

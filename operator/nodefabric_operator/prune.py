@@ -8,12 +8,14 @@ labels from the Nodes. With the Node sink it removes from each Node the keys the
 written (its managed-labels annotation, and the annotation itself); a hand-set label stays.
 
 A terminating operator pod may still recreate what was just deleted, so passes repeat, `settle` seconds
-apart, until one finds nothing; past `timeout` seconds the command gives up with exit status 1.
+apart, until one finds nothing; past `timeout` seconds the command gives up with exit status 1, also
+when a request is still unanswered then.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -111,6 +113,30 @@ def node_labels(api: kubernetes.client.ApiClient, domain: str) -> Pass:
     return Pass(removed)
 
 
+def _within(one_pass: Callable[[], Pass], seconds: float) -> Pass | None:
+    """The pass's result, or None when it has not returned after `seconds`. The API client has no
+    request timeout of its own, so a request no answer ever comes to (an overloaded API server, a
+    black-holed load balancer) would hold the hook until the Job's deadline killed it, saying nothing;
+    the pass runs in a daemon thread, left behind when the command gives up."""
+    outcome: list[Pass] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(one_pass())
+        except BaseException as err:  # handed to the caller, as if the pass ran in its thread
+            failure.append(err)
+
+    thread = threading.Thread(target=target, name="prune-pass", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        return None
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
 def run(
     one_pass: Callable[[], Pass], what: str, *, timeout: float, settle: float, sleep: Callable[[float], None]
 ) -> int:
@@ -120,8 +146,18 @@ def run(
     while True:
         passes += 1
         try:
-            done = one_pass()
+            done = _within(one_pass, max(deadline - time.monotonic(), 1.0))
             error = None
+            if done is None:
+                log.error(
+                    "prune did not finish",
+                    extra={
+                        "what": what,
+                        "removed": total,
+                        "error": f"the API server did not answer within {timeout:g} s",
+                    },
+                )
+                return 1
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) in (401, 403):
                 log.error(

@@ -169,6 +169,15 @@ class NodeFeatureSink:
             labels=ours(part(obj, "spec", "labels"), self.domain),
             owners=frozenset(str(r.get("uid", "")) for r in items(obj, "metadata", "ownerReferences")),
             tagged=part(meta, "labels").get(NFD_NODE_NAME) == meta.get("name"),
+            foreign=next(
+                (
+                    f"{r.get('kind')} {r.get('name')}"
+                    for r in items(obj, "metadata", "ownerReferences")
+                    if r.get("controller") is True
+                    and (r.get("apiVersion"), r.get("kind")) != (models.API_VERSION, models.KIND)
+                ),
+                "",
+            ),
         )
 
     def existing(self) -> Iterator[SinkObject]:
@@ -208,6 +217,12 @@ class NodeFeatureSink:
             plan = labels.plan(current.labels if current else {}, desired, domain=self.domain, frozen=frozen)
             if current is None:
                 return Published(target, plan, True, self._create(owner, plan, verify=verify))
+            if current.foreign:
+                # Never ours to write (a second controller is refused anyway) nor, adopted, ours to delete.
+                raise SinkError(
+                    f"{target} belongs to {current.foreign}, not to nodefabric: nfd-worker names its own "
+                    "NodeFeature after the node, so run the operator in a namespace of its own, not NFD's"
+                )
             if not self.drifted(owner, desired, frozen, current):
                 return Published(target, plan, False, current)
             try:

@@ -168,3 +168,23 @@ def test_the_agent_may_not_post_as_the_operator_or_anyone_else(event_policy, fie
         False,
         f"the nodefabric agent may post Events only as nodefabric-agent, not as {said}",
     )
+
+
+@pytest.mark.parametrize(
+    ("case", "arrange"),
+    [
+        ("the operator's two in the other order", lambda cs: list(reversed(cs))),
+    ],
+)
+def test_the_agents_write_passes_whatever_order_the_stored_list_is_in(
+    record_policy, case: str, arrange: Any
+) -> None:
+    # A list edited by hand (kubectl edit) or merged by another writer need not be sorted; the agent's
+    # merge sorts it by type, the operator's entries verbatim. Refusing that would refuse every later
+    # status write of the agent: Ready and its columns stuck for good.
+    old = _stored()
+    old["status"]["conditions"] = arrange(old["status"]["conditions"])
+    failed = Condition(type=models.INTERFACES_ENUMERATED, status="False", reason="EnumerationFailed")
+    merged = merge_conditions(old["status"]["conditions"], [failed], T1)
+    assert merged is not None
+    assert _status_write(record_policy, old, _record(merged)) == (True, "allowed"), case

@@ -240,3 +240,56 @@ def test_the_network_policy_admits_only_the_metrics_and_probe_ports(
         assert "from" not in rule and len(rule["ports"]) == 2  # any source, those ports only
     with pytest.raises(Exception, match="from"):
         render({"networkPolicy": {"enabled": True, "from": [{"podSelektor": {}}]}})
+
+
+@pytest.mark.parametrize("component", ["operator", "agent"])
+def test_a_liveness_success_threshold_other_than_1_is_refused(render: Any, component: str) -> None:
+    # The API server refuses the pod template (validateProbe: "must be 1" for liveness and startup), so
+    # the install would fail half-way; a readiness probe may ask for more successes.
+    with pytest.raises(Exception, match="livenessProbe"):
+        render({component: {"livenessProbe": {"successThreshold": 2}}})
+    docs = render({component: {"readinessProbe": {"successThreshold": 2}}})
+    which = OPERATOR if component == "operator" else AGENT
+    assert ctr(docs, which)["readinessProbe"]["successThreshold"] == 2
+
+
+SPREAD = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"maxSkew": 0},
+        {"maxSkew": -1},
+        {"whenUnsatisfiable": "Sometimes"},
+        {"topologyKey": ""},
+        {"minDomains": 0},
+        {"minDomains": 2, "whenUnsatisfiable": "ScheduleAnyway"},
+        {"nodeAffinityPolicy": "Always"},
+        {"nodeTaintsPolicy": "honor"},
+    ],
+)
+def test_a_topology_spread_constraint_the_api_server_refuses_is_refused(
+    render: Any, bad: dict[str, Any]
+) -> None:
+    # ValidateTopologySpreadConstraints: maxSkew and minDomains at least 1, minDomains only with
+    # DoNotSchedule, the two policies Honor or Ignore, a topology key.
+    with pytest.raises(Exception, match="topologySpreadConstraints"):
+        render({"operator": {"topologySpreadConstraints": [{**SPREAD, **bad}]}})
+
+
+def test_a_topology_spread_constraint_the_api_server_takes_renders(render: Any) -> None:
+    fine = {**SPREAD, "minDomains": 2, "nodeAffinityPolicy": "Honor", "nodeTaintsPolicy": "Ignore"}
+    docs = render({"operator": {"topologySpreadConstraints": [fine]}})
+    assert pod_spec(one(docs, "Deployment", "nf-nodefabric-operator"))["topologySpreadConstraints"] == [fine]
+    validate_all(docs)
+
+
+def test_the_link_alert_says_what_its_value_counts(render: Any) -> None:
+    # nodefabric_deviceplugin_devices counts the tokens a family advertises: one failed NIC is 1 in rdma
+    # and --shared-count (16 by default) in rdma.shared, so "{{ $value }} RDMA endpoints failed" told
+    # the on-call 16 NICs were down. The summary names the family and counts its devices.
+    (rule,) = of_kind(render({"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    (alert,) = [r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "NodefabricRdmaLinkUnhealthy"]
+    summary = alert["annotations"]["summary"]
+    assert "{{ $labels.family }}" in summary and "endpoints" not in summary, summary

@@ -3,13 +3,15 @@ select nothing, and served through the real gRPC device plugin as the operator s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dp_helpers import FixtureHost, shutdown, start_plugin, two_nics_and_vfs
+from dp_helpers import FixtureHost, nic, shutdown, start_plugin, two_nics_and_vfs
 
 from nodefabric_devicemanager.cli import main
+from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.resources import Family, PluginConfig, view
 from nodefabric_deviceplugin.selection import Selection, SelectionError, load, parse
 
@@ -221,3 +223,52 @@ def test_an_alias_bomb_or_bytes_that_are_not_text_are_one_line(tmp_path: Path) -
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(SelectionError, match=rf"--rdma-selectors {binary}: "):
         load(str(binary))
+
+
+def test_a_fifo_as_the_file_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    # A plain open of a FIFO blocks until a writer comes: start would hang for good, saying nothing.
+    fifo = tmp_path / "sel.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SelectionError, match=rf"--rdma-selectors {fifo}: not a regular file"):
+        load(str(fifo))
+    with pytest.raises(SelectionError, match=rf"--rdma-selectors {tmp_path}: Is a directory"):
+        load(str(tmp_path))
+
+
+@pytest.mark.parametrize("layer", ["IB", "infiniband", "RoCE", "ethernet"])
+def test_a_link_layer_no_port_reports_is_refused_not_left_to_match_nothing(layer: str) -> None:
+    with pytest.raises(SelectionError) as err:
+        parse({"exclusive": [{"linkLayers": [layer], "ifNames": ["ens1f0"]}]})
+    assert f"{layer!r} is not a link layer (InfiniBand or Ethernet)" in str(err.value), str(err.value)
+
+
+def test_an_endpoint_matched_by_both_an_exclusive_and_a_shared_selector_is_exclusive_only() -> None:
+    # A RoCE LAG: one RDMA device over two netdevs. The selectors name different netdevs, so they pass
+    # the start-up overlap check, yet both match the one endpoint: it must not be shared while exclusive.
+    spec = DevicesSpec(
+        interfaces=[
+            nic("ens1f0", "0000:19:00.0", "mlx5_bond_0", numa="0"),
+            nic("ens1f1", "0000:19:00.1", "mlx5_bond_0", numa="0"),
+            nic("ens2f0", "0000:5e:00.0", "mlx5_1", numa="1"),
+        ]
+    )
+    selection = parse({"exclusive": [{"ifNames": ["ens1f0"]}], "shared": [{"ifNames": ["ens1f1", "ens2f0"]}]})
+    assert [e.rdma_device for e in view(spec, Family.EXCLUSIVE, 4, selection).endpoints] == ["mlx5_bond_0"]
+    assert [e.rdma_device for e in view(spec, Family.SHARED, 4, selection).endpoints] == ["mlx5_1"]
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        ("exclusive:\n  - ifNames: [ens1f0]\nexclusive:\n  - ifNames: [ens2f0]\n", "exclusive"),
+        ("shared:\n  - ifNames: [ens1f0]\n    ifNames: [ens2f0]\n", "ifNames"),
+    ],
+)
+def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path: Path, content: str, key: str) -> None:
+    # YAML loaders keep the last of a repeated key: the first exclusive list vanished, and the NIC it
+    # dedicated was shared again. The API server's own YAML reading refuses a repeated key; so does this.
+    path = tmp_path / "sel.yaml"
+    path.write_text(content)
+    with pytest.raises(SelectionError) as err:
+        load(str(path))
+    assert f"--rdma-selectors {path}: the key {key!r} is given twice" in str(err.value), str(err.value)

@@ -570,3 +570,22 @@ async def test_a_sync_that_does_not_return_stalls_one_thread_not_the_publisher(
         hold.set()
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no_spec(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The CDI spec is written first, then the claim's checkpoint file. When the second write fails (a
+    full or read-only directory; here a file where the directory belongs), the claim is refused, and the
+    spec just written must go too: kubelet may never unprepare a claim whose prepare failed, and the
+    spec would stay in the runtime's directory for good."""
+    config = dirs.config()
+    checkpoint = Checkpoint(config.checkpoint_path)
+    Path(checkpoint.directory).parent.mkdir(parents=True, exist_ok=True)
+    Path(checkpoint.directory).write_text("not a directory")
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), hgx_host[0].host, api, checkpoint)
+    out = await preparer.prepare([REF])
+    assert "writing the CDI spec or the checkpoint failed" in out[UID].error and not out[UID].devices
+    assert checkpoint.claims == {}
+    assert os.listdir(config.cdi_dir) == [], "the spec of a claim not prepared is not left behind"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from typing import Any
 
 from operator_harness import NS, Client, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
@@ -14,7 +15,7 @@ from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import cli, labels, sinks
-from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api, write_kubeconfig
 
 D = labels.DEFAULT_DOMAIN
 CAPABLE = labels.key(D, labels.RDMA_CAPABLE)
@@ -144,3 +145,75 @@ def test_an_unusable_kubeconfig_is_exit_2(tmp_path, caplog):
     cli.add_arguments(parser)
     assert cli.run(parser.parse_args(["--prune", "--kubeconfig", str(bad)])) == 2
     assert any(r.getMessage() == "prune cannot start" for r in caplog.records)
+
+
+async def test_an_api_server_that_never_answers_is_given_up_at_the_timeout(tmp_path, caplog):
+    """A request no answer comes to (an overloaded API server, a black-holed load balancer) must not
+    hold the hook past --prune-timeout: the Job's deadline would kill it later, saying nothing."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read the request, answer nothing, keep the connection open
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--prune", "--kubeconfig", kubeconfig, "--prune-timeout", "2"])
+    try:
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(asyncio.to_thread(cli.run, args), 30) == 1
+        assert asyncio.get_running_loop().time() - started < 10
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+    (line,) = [r for r in caplog.records if r.getMessage() == "prune did not finish"]
+    assert "did not answer" in line.error, line.error
+
+
+async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_over(caplog):
+    """Installed in NFD's namespace, the operator finds nfd-worker's NodeFeature: also named after the
+    node, with the node-name label, controlled by the worker's Pod. It was patched as if it were ours (our
+    labels and a second controller, which the API server refuses; without the Pod reference it was
+    adopted, and the next prune or the record's deletion deleted nfd-worker's object). Now it is left as
+    it is, and LabelsPublished says whose it is and what to do."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        worker = {
+            "apiVersion": f"{sinks.NFD_GROUP}/{sinks.NFD_VERSION}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": "n0",
+                "namespace": NS,
+                "labels": {sinks.NFD_NODE_NAME: "n0"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "nfd-worker-x7",
+                        "uid": "p-1",
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"labels": {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}},
+        }
+        k.api.put_object(NF_KEY, worker)
+        before = k.api.stored(NF_KEY, "n0", NS)
+        await c.put_devices(gpu_record("n0"))
+        async with running_operator(k):
+
+            async def refused() -> Any:
+                conditions = (await c.devices("n0")).get("status", {}).get("conditions", [])
+                return next((x for x in conditions if x["type"] == "LabelsPublished"), None)
+
+            cond = await eventually(refused)
+            await settle(k)
+        assert cond["status"] == "False", cond
+        assert "belongs to Pod nfd-worker-x7" in cond["message"], cond["message"]
+        assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
+        assert await prune(k) == 0
+        assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"

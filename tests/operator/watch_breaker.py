@@ -45,15 +45,22 @@ class WatchBreaker:
     bytes_down: int = 0  # response bodies (watch events included) sent back
     _open: set[asyncio.Event] = field(default_factory=set)
     _refusals: list[tuple[str, str, int]] = field(default_factory=list)
+    _delays: list[tuple[str, str, float]] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
 
     def refuse(self, method: str, path: str, status: int) -> None:
         """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403)."""
         self._refusals.append((method, path, status))
 
+    def delay(self, method: str, path: str, seconds: float) -> None:
+        """Hold every `method` request (not a watch) whose path starts with `path` for `seconds` before
+        forwarding it (a slow API server, a list of many objects)."""
+        self._delays.append((method, path, seconds))
+
     def allow(self) -> None:
-        """Refuse nothing any more."""
+        """Refuse and delay nothing any more."""
         self._refusals.clear()
+        self._delays.clear()
 
     @property
     def open_watches(self) -> int:
@@ -76,6 +83,9 @@ class WatchBreaker:
         self.bytes_up += len(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         is_watch = request.query.get("watch") in ("true", "1")
+        for method, path, seconds in self._delays:
+            if not is_watch and request.method == method and request.path.startswith(path):
+                await asyncio.sleep(seconds)
         timeout = aiohttp.ClientTimeout(total=None if is_watch else 60)
         # Forward the request as sent: aiohttp would label a body without a Content-Type (the Python
         # client sends some so) as application/octet-stream, which an API server refuses (415).

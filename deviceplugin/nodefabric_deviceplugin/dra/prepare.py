@@ -18,6 +18,7 @@ and forgets the claim; a claim never prepared here unprepares successfully.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -158,7 +159,14 @@ class Preparer:
             for device, reqs in requests.items()
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
-        await asyncio.to_thread(self.checkpoint.put, prepared)  # synced to disk: off the loop
+        try:
+            await asyncio.to_thread(self.checkpoint.put, prepared)  # synced to disk: off the loop
+        except OSError:
+            # The claim is refused, and kubelet need never unprepare a claim whose prepare failed: the
+            # spec just written goes too, or it would stay in the runtime's directory for good.
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(cdi.remove_spec, path)
+            raise
         metrics.PREPARES.labels("prepared").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
