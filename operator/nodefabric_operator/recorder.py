@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes
 
 from nodefabric_devicemanager.correlator import Correlator, Posted
-from nodefabric_operator import events
+from nodefabric_operator import events, rawcall
 from nodefabric_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -132,21 +132,8 @@ class Recorder:
         return True
 
     def _send(self, method: str, path: str, params: Mapping[str, str], body: Any, content_type: str) -> bytes:
-        """One request through the ApiClient (its auth, TLS and pool); the answer's bytes. Raises
-        ApiException for an answer outside 2xx, as the generated calls do."""
-        request = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            path_params={"namespace": NAMESPACE, **params},
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*request)
-        data: bytes = response.read()  # type: ignore[no-untyped-call]
-        if not 200 <= response.status <= 299:
-            raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
-        return data
+        params = {**params, "namespace": NAMESPACE}
+        return rawcall.send(self.api, method, path, params, body, content_type=content_type)
 
 
 def _stamp(now: datetime) -> str:

@@ -20,13 +20,14 @@ from typing import Any, Protocol, TypeVar, cast
 import kubernetes
 
 from nodefabric_devicemanager import models
-from nodefabric_operator import labels
+from nodefabric_operator import labels, rawcall
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.view import SinkObject, items, part, version
 
 log = logging.getLogger(__name__)
 
 NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
+NFD_PATH = f"/apis/{NFD_GROUP}/{NFD_VERSION}/namespaces/{{ns}}/{NFD_PLURAL}"
 NFD_NODE_NAME = "nfd.node.kubernetes.io/node-name"
 CONFLICT_RETRIES = 5
 PAGE = 500  # objects per page when listing at start, so a large fleet is never decoded at once
@@ -243,11 +244,11 @@ class NodeFeatureSink:
             created = self.call(
                 "create",
                 NFD_PLURAL,
-                self.custom.create_namespaced_custom_object,
-                NFD_GROUP,
-                NFD_VERSION,
-                self.namespace,
-                NFD_PLURAL,
+                rawcall.send_json,
+                self.api,
+                "POST",
+                NFD_PATH,
+                {"ns": self.namespace},
                 body,
             )
         except kubernetes.client.ApiException as err:
@@ -257,7 +258,7 @@ class NodeFeatureSink:
                     "is missing (install NFD, or run with --sink node)"
                 ) from err
             raise
-        return self.snapshot(cast(dict[str, Any], created))
+        return self.snapshot(created)
 
     def _patch(self, owner: Owner, plan: labels.Plan, current: SinkObject) -> SinkObject:
         node = owner.name
