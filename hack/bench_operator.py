@@ -20,8 +20,16 @@ Baselines measured in the same run: a no-op kopf operator (the same watches, han
 over the same fleet, for seconds and memory; and the operator as it was before issue 15 (`--before`, a
 git revision; its package is run from `git archive`) at a smaller size, for requests and log bytes.
 
+Side by side (`--versus 500,2000,5000 [--rounds 3]`, only these figures): for each size, the operator
+and the no-op kopf operator each over a fresh copy of the same records, a first sync (the operator: every
+record published and its Event posted; the no-op: every record seen) and a restart over the records as a
+first sync leaves them, pass by pass interleaved; the medians of seconds and process CPU, their ratios,
+the operator's requests per record, and the embedded API's CPU in this process for each side (on a 2-core
+machine it competes with the operator for wall time; a real API server is elsewhere).
+
 Usage: hack/bench_operator.py [--records 5000] [--sync-records 5000] [--before-records 500]
                               [--before 3482377] [--changes 100]
+       hack/bench_operator.py --versus 500,2000,5000 [--rounds 3]
 """
 
 from __future__ import annotations
