@@ -44,6 +44,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python hack/bench_dra.py
 	$(BIN)/python hack/bench_agent.py
 	$(BIN)/python hack/bench_operator.py
+	$(BIN)/python hack/bench_operator.py --versus 500,2000,5000
 	$(BIN)/python hack/bench_kubeapi.py
 	$(BIN)/python hack/bench_topology.py
 

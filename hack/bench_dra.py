@@ -4,7 +4,7 @@
 
 Figures:
 - NodePrepareResources of one claim (one device): the first prepare (reads the ResourceClaim from the
-  API, resolves the verbs device, writes the CDI spec and the checkpoint, both synced to disk), a repeated
+  API, resolves the verbs device, writes the CDI spec and the checkpoint entry, the entry synced), a repeated
   prepare (answered from the checkpoint), and NodeUnprepareResources, each against an empty
   NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first prepare, against a
   bare GET of the claim (the API floor). Target: the first prepare adds at most 20 ms (p50) to the GET.

@@ -20,8 +20,16 @@ Baselines measured in the same run: a no-op kopf operator (the same watches, han
 over the same fleet, for seconds and memory; and the operator as it was before issue 15 (`--before`, a
 git revision; its package is run from `git archive`) at a smaller size, for requests and log bytes.
 
+Side by side (`--versus 500,2000,5000 [--rounds 3]`, only these figures): for each size, the operator
+and the no-op kopf operator each over a fresh copy of the same records, a first sync (the operator: every
+record published and its Event posted; the no-op: every record seen) and a restart over the records as a
+first sync leaves them, pass by pass interleaved; the medians of seconds and process CPU, their ratios,
+the operator's requests per record, and the embedded API's CPU in this process for each side (on a 2-core
+machine it competes with the operator for wall time; a real API server is elsewhere).
+
 Usage: hack/bench_operator.py [--records 5000] [--sync-records 5000] [--before-records 500]
                               [--before 3482377] [--changes 100]
+       hack/bench_operator.py --versus 500,2000,5000 [--rounds 3]
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -496,8 +505,77 @@ async def run_before(rev: str, n: int, workdir: Path, out: Figures) -> bool:
     return True
 
 
+async def _noop_pass(n: int, workdir: Path, published: bool) -> tuple[float, float, float]:
+    """The do-nothing kopf operator over a fresh fleet: (seconds until it saw every record, CPU, the
+    embedded API's CPU meanwhile)."""
+    script = workdir / "noop.py"
+    script.write_text(NOOP)
+    async with fleet(n, published=published) as (_k, proxy):
+        env = dict(os.environ, KUBECONFIG=proxy.kubeconfig)
+        op = Process([sys.executable, str(script), str(n)], env, workdir / "noop.log")
+        api_cpu = time.process_time()
+        await op.start()
+        try:
+            await op.wait_line("DONE", 3600)
+            return time.monotonic() - op.started, op.cpu_s(), time.process_time() - api_cpu
+        finally:
+            await op.stop()
+
+
+async def _operator_pass(n: int, workdir: Path, published: bool) -> tuple[float, float, float, float]:
+    """The operator over a fresh fleet, a first sync (`published` False: every record published and its
+    Event posted) or a restart (every record found unchanged): (seconds, CPU, the embedded API's CPU
+    meanwhile, requests per record)."""
+    async with fleet(n, published=published) as (k, proxy):
+        port = free_port()
+        env = dict(os.environ, POD_NAME="bench")
+        op = Process(operator_argv(port, proxy.kubeconfig), env, workdir / "versus.log", port)
+        before, api_cpu = spend(k), time.process_time()
+        await op.start()
+        try:
+            if published:
+                await until(lambda: _at_least(op, RECONCILES, n, outcome="unchanged"), 3600, "restart")
+            else:
+                await until(lambda: _at_least(op, RECONCILES, n, outcome="published"), 3600, "sync")
+                events = ("POST", "v1/events")
+                await until(lambda: k.count(*events) - before[events] >= n, 600, "events")
+            seconds, cpu, api = time.monotonic() - op.started, op.cpu_s(), time.process_time() - api_cpu
+            await quiet(k)
+            return seconds, cpu, api, per_record(spend(k), before, n)
+        finally:
+            await op.stop()
+
+
+async def versus(sizes: list[int], rounds: int, workdir: Path) -> None:
+    """The operator against the do-nothing kopf operator over the same records, first sync and restart,
+    interleaved pass by pass so a machine shared with other work slows both alike; medians printed."""
+    for n in sizes:
+        for phase, published in (("first sync", False), ("restart", True)):
+            ours: list[tuple[float, float, float, float]] = []
+            noop: list[tuple[float, float, float]] = []
+            for _ in range(rounds):
+                ours.append(await _operator_pass(n, workdir, published))
+                noop.append(await _noop_pass(n, workdir, published))
+            s, c = statistics.median(o[0] for o in ours), statistics.median(o[1] for o in ours)
+            ns, nc = statistics.median(o[0] for o in noop), statistics.median(o[1] for o in noop)
+            a, na = statistics.median(o[2] for o in ours), statistics.median(o[2] for o in noop)
+            requests = max(o[3] for o in ours)
+            print(
+                f"  {n:>6} {phase:<10}  operator {s:7.2f} s {c:7.2f} s CPU   no-op kopf {ns:7.2f} s"
+                f" {nc:7.2f} s CPU   x{s / ns:.2f} time  x{c / nc:.2f} CPU   {requests:.2f} requests/record"
+                f"   (the embedded API's CPU: {a:.2f} s, {na:.2f} s)",
+                flush=True,
+            )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--versus",
+        default="",
+        help="only the side-by-side figures: comma-separated fleet sizes (e.g. 500,2000,5000)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="passes of each side per size (--versus)")
     parser.add_argument("--records", type=int, default=5000, help="restart, replay and memory")
     parser.add_argument("--sync-records", type=int, default=5000, help="first sync, steady state, changes")
     parser.add_argument("--before-records", type=int, default=500, help="0: no figures before")
@@ -508,6 +586,13 @@ async def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="nf-bench-op-"))
     out = Figures()
     v = out.values
+    if args.versus:
+        print(f"the operator against a do-nothing kopf operator, medians of {args.rounds} interleaved passes")
+        try:
+            await versus([int(x) for x in args.versus.split(",")], args.rounds, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
     try:
         print(f"the operator, a first sync of {args.sync_records} records (the embedded API in this process)")
         await run_sync(args.sync_records, args.changes, workdir, out)

@@ -239,6 +239,7 @@ def settings(opts: Options) -> kopf.OperatorSettings:
     out.posting.reporting_instance = instance()
     out.posting.event_name_prefix = f"{events.COMPONENT}-"
     out.watching.server_timeout = 300
+    out.persistence.diffbase_storage = handlers.NoDiffBase()  # only event handlers: no diffs to take
     if opts.sink == "nodefeature":
         # Only our namespace's NodeFeatures, filtered by the API server: nfd-worker keeps a larger one
         # per node in its own namespace, and listing those too would double what a restart reads.

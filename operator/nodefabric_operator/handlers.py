@@ -8,6 +8,11 @@ The sink objects are read once before kopf starts (Reconciler.prime), rather tha
 kopf holds an indexed operator's handlers until every listed object was indexed, and each object's
 worker waits on one shared condition woken once per object, which costs time quadratic in the fleet
 (minutes of CPU at 5,000 records).
+
+kopf builds a diff base (a deep copy of the body less its status) for every event it delivers, and
+clears its progress marks from it, even for an operator with no change handlers, whose only consumer it
+is. `NoDiffBase` builds nothing: a fifth of a first sync's CPU (three events per record) went there.
+`register` is the one place handlers are added, and it adds only event handlers.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -25,6 +30,19 @@ from nodefabric_operator.reconcile import Reconciler
 from nodefabric_operator.topology.shell import Projector
 
 log = logging.getLogger(__name__)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """The diff base of an operator without change handlers: nothing to build, fetch or store."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kubernetes
 import pydantic
@@ -24,7 +24,7 @@ import urllib3
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Condition, Devices, DevicesStatus
-from nodefabric_operator import events, labels, onnode, sinks
+from nodefabric_operator import events, labels, onnode, rawcall, sinks
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.view import SinkObject, SinkView, at_or_below, items, part, version
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFFS: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
 SHOWN = 80  # characters of a withheld value quoted in a log line
+STATUS_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}/{{name}}/status"
 
 
 def _now() -> datetime:
@@ -196,6 +197,7 @@ class Reconciler:
         recorder: Recorder | None = None,
         backoffs: Sequence[float] = DEFAULT_BACKOFFS,
     ) -> None:
+        self.api = api
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.sink = sink
         self.domain = domain
@@ -623,11 +625,8 @@ class Reconciler:
         body = {"metadata": {"resourceVersion": record.rv}, "status": patch}
         self.metrics.api_requests.labels(verb="patch", resource="devices/status").inc()
         try:
-            answer = cast(
-                dict[str, Any],
-                self.custom.patch_cluster_custom_object_status(
-                    models.GROUP, models.VERSION, models.PLURAL, record.name, body
-                ),
+            answer = rawcall.send_json(
+                self.api, "PATCH", STATUS_PATH, {"name": record.name}, body, content_type=rawcall.MERGE_PATCH
             )
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) == 409:

@@ -14,17 +14,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kubernetes
 
 from nodefabric_devicemanager.correlator import Correlator, Posted
-from nodefabric_operator import events
+from nodefabric_operator import events, rawcall
 from nodefabric_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "default"  # where every Event about a cluster-scoped object lives
+EVENTS = "/api/v1/namespaces/{namespace}/events"
+EVENT = "/api/v1/namespaces/{namespace}/events/{name}"
 
 
 def event_body(
@@ -66,7 +68,7 @@ class Recorder:
         correlator: Correlator | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.core = kubernetes.client.CoreV1Api(api)
+        self.api = api
         self.instance = instance
         self.metrics = metrics
         self.correlator = correlator or Correlator()
@@ -96,7 +98,7 @@ class Recorder:
             body = event_body(involved, notice, self.instance, now, action)
             self.metrics.api_requests.labels(verb="create", resource="events").inc()
             # The client turns the mapping into its Event model (and refuses one it would not send).
-            answer = self.core.create_namespaced_event(NAMESPACE, cast(Any, body), _preload_content=False)
+            answer = self._send("POST", EVENTS, {}, body, "application/json")
         except Exception as err:
             self.metrics.events.labels(action="failed").inc()
             status = getattr(err, "status", None)
@@ -122,27 +124,25 @@ class Recorder:
         patch = {"count": posted.count + 1, "lastTimestamp": _stamp(now), "firstTimestamp": posted.first}
         self.metrics.api_requests.labels(verb="patch", resource="events").inc()
         try:
-            self.core.patch_namespaced_event(
-                posted.name,
-                NAMESPACE,
-                patch,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
+            self._send("PATCH", EVENT, {"name": posted.name}, patch, "application/merge-patch+json")
         except kubernetes.client.ApiException as err:
             if err.status == 404:
                 return False
             raise
         return True
 
+    def _send(self, method: str, path: str, params: Mapping[str, str], body: Any, content_type: str) -> bytes:
+        params = {**params, "namespace": NAMESPACE}
+        return rawcall.send(self.api, method, path, params, body, content_type=content_type)
+
 
 def _stamp(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _created_name(answer: Any) -> str | None:
+def _created_name(answer: bytes) -> str | None:
     try:
-        name = json.loads(answer.data)["metadata"]["name"]
+        name = json.loads(answer)["metadata"]["name"]
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     return name if isinstance(name, str) else None

@@ -115,3 +115,30 @@ def test_no_event_without_changes_and_a_bounded_message():
     notice = events.for_changes("Node n1", many, "gpustack.ai")
     assert notice is not None and len(notice.message) <= events.MAX_MESSAGE
     assert notice.message.endswith("(100 changes)")
+
+
+@pytest.mark.parametrize("kind", ["change", "failure"])
+def test_the_event_body_is_a_valid_v1_event(kind):
+    """The recorder posts event_body's mapping as it is (not through CoreV1Api, which would first turn
+    it into a CoreV1Event and refuse a malformed one): the same check, held here."""
+    from datetime import UTC, datetime
+
+    import kubernetes
+
+    from nodefabric_operator import recorder
+
+    changes = [labels.Change(f"{P}rdma.capable", "true", None)]
+    notice = (
+        events.for_changes("NodeFeature ns/n1", changes, "gpustack.ai")
+        if kind == "change"
+        else events.for_failure(events.PUBLISH_FAILED, "x" * 5000)
+    )
+    assert notice is not None
+    involved = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "Devices", "name": "n1", "uid": "u-1"}
+    body = recorder.event_body(involved, notice, "pod-1", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    event = kubernetes.client.CoreV1Event.model_validate(body)
+    assert event.involved_object.namespace is None and event.metadata.namespace == recorder.NAMESPACE
+    assert event.first_timestamp == event.last_timestamp and event.count == 1
+    assert (event.type, event.reason, event.message) == (notice.type, notice.reason, notice.message)
+    assert (event.involved_object.kind, event.involved_object.uid) == ("Devices", "u-1")
+    assert (event.reporting_component, event.reporting_instance) == (events.COMPONENT, "pod-1")

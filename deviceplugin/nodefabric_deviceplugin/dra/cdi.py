@@ -82,10 +82,15 @@ def read_spec(path: str) -> Any:
 
 
 def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
-    """Write the spec unless the same one is already there; returns whether it wrote."""
+    """Write the spec unless the same one is already there; returns whether it wrote.
+
+    Not fsynced: the checkpoint entry written next holds the same spec and is durable before kubelet
+    hears of the claim, and kubelet prepares every claim again after it restarts (a reboot too), which
+    rewrites a spec a power loss took or tore (`read_spec` finds it absent or different). Atomic all the
+    same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
         return False
-    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n")
+    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n", sync=False)
     return True
 
 

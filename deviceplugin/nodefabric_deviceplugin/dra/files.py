@@ -41,8 +41,10 @@ def read_regular(path: str, limit: int) -> bytes | None:
     return data
 
 
-def write_atomically(path: str, content: bytes, mode: int = 0o644) -> None:
-    """Write `content` to `path` so a reader sees the old file or the new one, never a part."""
+def write_atomically(path: str, content: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
+    """Write `content` to `path` so a reader sees the old file or the new one, never a part. `sync`:
+    the content is on disk before the rename (a power loss cannot leave the name on a torn file);
+    without it the rename is still atomic for every reader while the machine stays up."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     # A dot-name without the final suffix: a directory watcher (the runtime's CDI cache) ignores it.
@@ -51,7 +53,8 @@ def write_atomically(path: str, content: bytes, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -148,7 +148,6 @@ class Preparer:
         nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in members}
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
-        await asyncio.to_thread(cdi.write_spec, path, spec)
         devices = tuple(
             PreparedDevice(
                 request_names=tuple(reqs),
@@ -159,14 +158,9 @@ class Preparer:
             for device, reqs in requests.items()
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
-        try:
-            await asyncio.to_thread(self.checkpoint.put, prepared)  # synced to disk: off the loop
-        except OSError:
-            # The claim is refused, and kubelet need never unprepare a claim whose prepare failed: the
-            # spec just written goes too, or it would stay in the runtime's directory for good.
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(cdi.remove_spec, path)
-            raise
+        # One thread hop for both files: the spec first, then the checkpoint entry, which is durable
+        # before kubelet is answered and holds the spec (see cdi.write_spec).
+        await asyncio.to_thread(self._record, path, prepared)
         metrics.PREPARES.labels("prepared").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
@@ -180,6 +174,17 @@ class Preparer:
             },
         )
         return devices
+
+    def _record(self, path: str, prepared: PreparedClaim) -> None:
+        cdi.write_spec(path, prepared.spec)
+        try:
+            self.checkpoint.put(prepared)
+        except OSError:
+            # The claim is refused, and kubelet need never unprepare a claim whose prepare failed: the
+            # spec just written goes too, or it would stay in the runtime's directory for good.
+            with contextlib.suppress(OSError):
+                cdi.remove_spec(path)
+            raise
 
     def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
         version, spec = self.source.snapshot()
@@ -208,6 +213,14 @@ class Preparer:
                     extra={"claim": str(ref), "device": d.name, "why": d.endpoint.reason},
                 )
         return version, members
+
+    def _forget(self, paths: list[str], uid: str) -> bool:
+        """Remove the claim's specs, then its checkpoint entry (durably); whether a spec was there."""
+        removed = False
+        for path in paths:
+            removed = cdi.remove_spec(path) or removed
+        self.checkpoint.remove(uid)
+        return removed
 
     # --- unprepare --------------------------------------------------------------------------------------
 
@@ -239,10 +252,7 @@ class Preparer:
         # ever name this claim's own file, so a tampered checkpoint cannot make us delete anything else.
         if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
             paths.insert(0, done.spec_path)
-        removed = False
-        for path in dict.fromkeys(paths):
-            removed = await asyncio.to_thread(cdi.remove_spec, path) or removed
-        await asyncio.to_thread(self.checkpoint.remove, ref.uid)
+        removed = await asyncio.to_thread(self._forget, list(dict.fromkeys(paths)), ref.uid)
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
