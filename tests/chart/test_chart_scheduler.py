@@ -69,6 +69,29 @@ def parse(args: list[str]) -> Any:
 # Nobody else can reach it.
 
 
+def test_the_profile_and_plugin_config_are_the_operators_to_shape(render) -> None:
+    """scheduler.profile's fields go over the chart's (its name stays scheduler.name) and pluginConfig is
+    passed as given, so a fleet can turn a score plugin off or set NodeResourcesFit's strategy."""
+    plugins = {"score": {"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}}
+    fit = {
+        "name": "NodeResourcesFit",
+        "args": {"scoringStrategy": {"type": "MostAllocated", "resources": [{"name": "cpu", "weight": 1}]}},
+    }
+    docs = render({"scheduler": {"profile": {"plugins": plugins}, "pluginConfig": [fit]}})
+    (profile,) = scheduler_config(docs)["profiles"]
+    assert profile == {
+        "schedulerName": "nodefabric-scheduler",
+        "percentageOfNodesToScore": 100,
+        "plugins": plugins,
+        "pluginConfig": [fit],
+    }
+    docs = render({"scheduler": {"profile": {"percentageOfNodesToScore": 50}}})
+    assert scheduler_config(docs)["profiles"][0]["percentageOfNodesToScore"] == 50
+    for bad in ({"profile": {"schedulerName": "default-scheduler"}}, {"pluginConfig": [{"args": {}}]}):
+        with pytest.raises(RenderError):
+            render({"scheduler": bad})
+
+
 def test_the_scheduler_calls_its_own_extender_on_127_0_0_1(default_docs: list[Doc]) -> None:
     cfg = scheduler_config(default_docs)
     assert (

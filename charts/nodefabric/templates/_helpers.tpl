@@ -169,11 +169,16 @@ leaderElection:
   resourceLock: leases
   resourceName: {{ include "nodefabric.component" (dict "ctx" . "component" "scheduler") }}
   resourceNamespace: {{ .Release.Namespace }}
+# The profile: scheduler.profile's fields (plugins, ...) over the chart's, under the chart's own name;
+# scheduler.pluginConfig as given. The extender judges a group's locality over every feasible node, so
+# percentageOfNodesToScore is 100 unless the profile says otherwise: sampling would hide the zone that
+# holds the whole group.
+{{- $profile := merge (dict "schedulerName" .Values.scheduler.name) (deepCopy .Values.scheduler.profile) (dict "percentageOfNodesToScore" 100) }}
+{{- with .Values.scheduler.pluginConfig }}
+{{- $_ := set $profile "pluginConfig" . }}
+{{- end }}
 profiles:
-  - schedulerName: {{ .Values.scheduler.name }}
-    # The extender judges a group's locality over every feasible node: sampling would hide the
-    # zone that holds the whole group.
-    percentageOfNodesToScore: 100
+  - {{- toYaml $profile | nindent 4 }}
 extenders:
   - urlPrefix: http://127.0.0.1:{{ .Values.extender.port }}
     filterVerb: filter
