@@ -60,6 +60,18 @@ def test_the_operators_flags_reach_its_command_line(render: Any) -> None:
     assert (got.idle_timeout, got.bind_address) == (5.0, "10.1.2.3")
 
 
+def test_the_placement_and_extender_flags_reach_their_command_lines(render: Any) -> None:
+    placement = ("Deployment", "nf-nodefabric-placement", "placement")
+    args = ctr(render({"placement": {"extraArgs": ["--lease-duration", "30"]}}), placement)["args"]
+    assert args[-2:] == ["--lease-duration", "30"] and parsed(args).lease_duration == 30.0
+    scheduler = ("Deployment", "nf-nodefabric-scheduler", "extender")
+    sidecar = render({"extender": {"enabled": True, "extraArgs": ["--unhealthy-after", "300"]}})
+    args = ctr(sidecar, scheduler)["args"]
+    assert args[-2:] == ["--unhealthy-after", "300"] and parsed(args).unhealthy_after == 300.0
+    with pytest.raises(Exception, match="/placement/extraArgs/0"):
+        render({"placement": {"extraArgs": [30]}})
+
+
 @pytest.mark.parametrize(
     "bad",
     [[300], ["--debounce", 5], [{"a": "b"}], "--no-uevents", [None]],

@@ -216,6 +216,7 @@ logFormat) are the extender's; the pod-level ones are the scheduler's. */}}
     - {{ $e.metricsPort | quote }}
     - --unhealthy-after
     - {{ $e.unhealthyAfter | quote }}
+    {{- include "nodefabric.extraArgs" (dict "what" "extender.extraArgs" "args" $e.extraArgs) | nindent 4 }}
   {{- with $e.extraEnv }}
   env:
     {{- toYaml . | nindent 4 }}
