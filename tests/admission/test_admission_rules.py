@@ -387,3 +387,18 @@ def test_cordoned_and_momentarily_tainted_nodes_are_not_given_now() -> None:
     ms = [Member(p["metadata"]["name"], p["metadata"]["name"], pod_needs(p), True) for p in tolerant]
     v = admit(SPEC, Size(2, "s"), ms, cache(nodes), CFG, unschedulable={"eu-a-0"})
     assert sorted(v.assignments.values()) == ["eu-a-1", "eu-a-2"]
+
+
+def test_each_member_is_given_only_a_node_its_own_rules_admit() -> None:
+    """Members whose node rules differ (a leader with its own selector, or any pod of a group without an
+    owner): each gets a node its own selector, affinity and tolerations admit, or the group waits. A pin
+    to a node the pod itself refuses never binds: it would only time out, be evicted and come back."""
+    pods = job_pods("t", 2)
+    pods[1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "eu-b-3"}
+    ms = [Member(p["metadata"]["name"], p["metadata"]["name"], pod_needs(p), True) for p in pods]
+    snap = cache(fleet())
+    v = admit(SPEC, Size(2, "s"), ms, snap, CFG)
+    for m in ms:
+        if m.name in v.assignments:
+            assert m.needs.admits(snap.views[v.assignments[m.name]].record), (m.name, v.assignments)
+    assert v.outcome == "wait" and "each pod's own node rules admit" in v.reason, v
