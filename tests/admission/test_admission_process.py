@@ -4,6 +4,8 @@ the PlacementGroup, and a group not bound in time is evicted and admitted afresh
 
 from __future__ import annotations
 
+import asyncio
+
 from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, placement
 
 from nodefabric_operator.admission import model
@@ -267,3 +269,43 @@ async def test_after_a_restart_admitted_groups_hold_their_nodes_before_any_group
             status = w.status(f"{NS}/job/b")
             assert status["phase"] == "Waiting", status["decision"]
             assert all(GATE in w.gates(f"b-{i}") for i in range(4))
+
+
+async def test_more_gated_pods_of_another_scheduler_do_not_take_the_group_over():
+    """Gated pods carrying the Job's label, of a scheduler of their own, outnumbering the Job's pods and
+    made before them: they never become the group; the Job's pods are admitted as it."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        label = {"batch.kubernetes.io/job-name": "train"}
+        async with placement(k):
+            await w.create(*[gpod(f"evil-{i}", labels=label, scheduler="evil") for i in range(3)])
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+            status = w.status(KEY)
+            assert [m["pod"] for m in status["members"]] == ["train-0", "train-1"]
+            assert all(GATE in w.gates(f"evil-{i}") and not w.pinned(f"evil-{i}") for i in range(3))
+            assert all(GATE not in w.gates(f"train-{i}") for i in range(2))
+
+
+async def test_older_gated_pods_of_another_scheduler_do_not_take_an_ownerless_group_over():
+    """A group named by label alone (no owner to hold pods to): pods of another scheduler made later, even
+    more of them, never displace the group's first pods."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        await w.create(*fleet())
+        lab = {"placement.gpustack.ai/group": "g"}
+        size = {"placement.gpustack.ai/group-size": "2"}
+        key = f"{NS}/explicit/g"
+        async with placement(k):
+            await w.create(gpod("g-0", labels=lab, annotations=size))
+            await eventually(lambda: "1 of 2 exist" in w.status(key).get("decision", ""), what="1 of 2")
+            await asyncio.sleep(1.1)  # creation times are in whole seconds
+            await w.create(
+                *[gpod(f"evil-{i}", labels=lab, annotations=size, scheduler="evil") for i in range(3)]
+            )
+            await w.create(gpod("g-1", labels=lab, annotations=size))
+            await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+            assert [m["pod"] for m in w.status(key)["members"]] == ["g-0", "g-1"]
+            assert all(GATE in w.gates(f"evil-{i}") for i in range(3))

@@ -22,9 +22,8 @@ import contextlib
 import json
 import logging
 import time
-from collections import Counter as Tally
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -98,6 +97,8 @@ class GroupView:
     members: list[dict[str, Any]]  # same namespace, key and scheduler; not terminal, not being deleted
     invalid: str = ""  # an InvalidPlacement on one of its pods
     owner: Owner | None = None  # once read: what states the size (and owns the PlacementGroup)
+    # Every live pod of the key, whatever its scheduler: the owner's pods are picked from these.
+    candidates: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Controller:
@@ -367,15 +368,14 @@ class Controller:
             if spec is None:
                 _ns, family, name = ([*key.split("/", 2), "", ""])[:3]
                 spec = GroupSpec(key, family, name, None, "prefer", "spread", None)
-            scheduler = self._scheduler_of(gated or pods)
-            members = [
+            live = [
                 p
                 for p in pods
-                if (p["spec"].get("schedulerName") or "default-scheduler") == scheduler
-                and (p["status"].get("phase") not in TERMINAL)
-                and not p["metadata"].get("deletionTimestamp")
+                if (p["status"].get("phase") not in TERMINAL) and not p["metadata"].get("deletionTimestamp")
             ]
-            out.append(GroupView(spec, scheduler, members, invalid))
+            scheduler = self._scheduler_of(gated or pods)
+            members = [p for p in live if _scheduler(p) == scheduler]
+            out.append(GroupView(spec, scheduler, members, invalid, candidates=live))
         out.sort(key=lambda g: (min((_created(p) for p in g.members), default=0.0), g.spec.key))
         return out
 
@@ -393,9 +393,10 @@ class Controller:
         return found
 
     def _scheduler_of(self, pods: list[dict[str, Any]]) -> str:
-        """The scheduler the group's gated pods ask for: the most common, then the first by name."""
-        names = Tally(p["spec"].get("schedulerName") or "default-scheduler" for p in pods)
-        return sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+        """The scheduler the group's oldest (gated) pod asks for. Not the most common one: pods of another
+        scheduler made later with the group's labels, however many, must not become the group."""
+        oldest = min(pods, key=lambda p: (_created(p), str(p["metadata"].get("name"))))
+        return _scheduler(oldest)
 
     def _gated(self, pod: Mapping[str, Any]) -> bool:
         return pins.gate_index(pod, self.gate) is not None
@@ -480,9 +481,13 @@ class Controller:
         group.owner = owner
         # Once the owner controls some member (a real Job controller sets its reference on every pod),
         # a pod it does not control never counts, whatever labels it copied.
-        controlled = [p for p in group.members if controls(owner, p)]
+        controlled = [p for p in group.candidates if controls(owner, p)]
         if controlled and owner is not None and owner.uid:
-            group.members = controlled
+            # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
+            # owner's labels, made earlier or more numerous, never pick the group's scheduler.
+            scheduler = self._scheduler_of([p for p in controlled if self._gated(p)] or controlled)
+            group.scheduler = scheduler
+            group.members = [p for p in controlled if _scheduler(p) == scheduler]
             gated = [p for p in group.members if self._gated(p)]  # Events and copies go to these only
         members = []
         for p in group.members:
@@ -921,6 +926,10 @@ def _names_object(exc: ApiException, name: str) -> bool:
     except (ValueError, AttributeError):
         return False
     return isinstance(details, dict) and details.get("name") == name
+
+
+def _scheduler(pod: Mapping[str, Any]) -> str:
+    return str(pod["spec"].get("schedulerName") or "default-scheduler")
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
