@@ -11,6 +11,7 @@ from admission_world import GATE, fleet, gpod, job_pods
 
 from nodefabric_operator.admission import owners, pins
 from nodefabric_operator.admission.admit import Member, admit
+from nodefabric_operator.admission.controller import BACKOFF_CAP_S, backoff_s
 from nodefabric_operator.admission.owners import OwnerError, OwnerRef, Size, owner_size, resolve
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
@@ -402,3 +403,11 @@ def test_each_member_is_given_only_a_node_its_own_rules_admit() -> None:
         if m.name in v.assignments:
             assert m.needs.admits(snap.views[v.assignments[m.name]].record), (m.name, v.assignments)
     assert v.outcome == "wait" and "each pod's own node rules admit" in v.reason, v
+
+
+def test_backoff_doubles_is_capped_and_cheap_for_any_attempt_count() -> None:
+    assert [backoff_s(n, 5.0) for n in (-3, 0, 1, 2, 3)] == [5.0, 5.0, 5.0, 10.0, 20.0]
+    assert backoff_s(7, 5.0) == BACKOFF_CAP_S
+    # A count read back from a PlacementGroup (int64 in its schema): the cap, at once.
+    assert backoff_s(2**62, 5.0) == BACKOFF_CAP_S
+    assert backoff_s(10**18, 0.001) == BACKOFF_CAP_S

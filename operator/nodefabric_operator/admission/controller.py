@@ -756,7 +756,7 @@ class Controller:
             f"({len(missing)} of {len(status.members)} not: {', '.join(missing[:8])}); its pods are evicted "
             "and the group is admitted afresh"
         )
-        backoff = min(BACKOFF_CAP_S, self.backoff_base * 2 ** max(0, status.attempts - 1))
+        backoff = backoff_s(status.attempts, self.backoff_base)
         at = _now_dt(now)
         new = status.model_copy(deep=True)
         new.phase = "TimedOut"
@@ -917,6 +917,13 @@ class Controller:
                 continue
             self.annotated[uid] = text
             self.publisher.annotate(pod, {self.decision_key: text[:4096]})
+
+
+def backoff_s(attempts: int, base: float = BACKOFF_BASE_S) -> float:
+    """Seconds before a timed-out group is admitted again: doubling per admission, capped. The exponent
+    is bounded first: `attempts` is read back from the PlacementGroup, and 2 ** (a huge count) would take
+    the process's memory and time before the cap applied."""
+    return float(min(BACKOFF_CAP_S, base * 2 ** min(max(0, attempts - 1), 32)))
 
 
 def _names_object(exc: ApiException, name: str) -> bool:
