@@ -309,3 +309,39 @@ async def test_older_gated_pods_of_another_scheduler_do_not_take_an_ownerless_gr
             await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
             assert [m["pod"] for m in w.status(key)["members"]] == ["g-0", "g-1"]
             assert all(GATE in w.gates(f"evil-{i}") for i in range(3))
+
+
+async def test_a_placement_group_deleted_by_hand_mid_admission_is_written_again_and_still_times_out():
+    """The PlacementGroup of an admitted group deleted by someone (a cluster admin; the chart's policy
+    lets no one else): the process writes it again from what it last wrote, owner included, and the
+    group is still held to the timeout rather than left partly bound."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=2)
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k, cfg, backoff_base=0.5):
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            before = w.pg(KEY)
+            members = [(m["pod"], m["node"]) for m in before["status"]["members"]]
+            await w.bind_and_ready("train-0")  # one of two binds; the other never does
+            await asyncio.to_thread(
+                w.custom.delete_namespaced_custom_object,
+                model.GROUP,
+                model.VERSION,
+                NS,
+                model.PLURAL,
+                model.object_name(KEY),
+            )
+            await eventually(
+                lambda: w.pg(KEY) is not None and w.pg(KEY)["metadata"]["uid"] != before["metadata"]["uid"],
+                what="written again",
+            )
+            again = w.pg(KEY)
+            assert again["metadata"]["ownerReferences"] == before["metadata"]["ownerReferences"]
+            assert [(m["pod"], m["node"]) for m in again["status"]["members"]] == members
+            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+            await eventually(lambda: not w.pods(), what="pods evicted")

@@ -128,6 +128,9 @@ class Controller:
         )
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
+        # PlacementGroups of admitted or timed-out groups deleted by someone else, as last seen: written
+        # again from this while the group has pods, so a hand deletion never frees a group from its timeout.
+        self.lost: dict[tuple[str, str], dict[str, Any]] = {}
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
         self.cordoned: set[str] = set()  # nodes with spec.unschedulable
         self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
@@ -306,16 +309,27 @@ class Controller:
         return str(meta.get("namespace")), str(meta.get("name"))
 
     def _replace_pgs(self, items: list[dict[str, Any]]) -> None:
-        self.pgs = {self._pg_key(i): i for i in items}
+        fresh = {self._pg_key(i): i for i in items}
+        for key, old in self.pgs.items():
+            if key not in fresh:
+                self._lose(key, old)
+        for key in fresh:
+            self.lost.pop(key, None)
+        self.pgs = fresh
 
     def _apply_pg(self, kind: str, obj: dict[str, Any]) -> None:
         key = self._pg_key(obj)
         if kind == "DELETED":
-            self.pgs.pop(key, None)
+            self._lose(key, self.pgs.pop(key, None) or obj)
         elif kind in ("ADDED", "MODIFIED"):
             old = self.pgs.get(key)
             if old is None or _rv(obj) >= _rv(old):
                 self.pgs[key] = obj
+            self.lost.pop(key, None)
+
+    def _lose(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        if (obj.get("status") or {}).get("phase") in ("Admitted", "TimedOut"):
+            self.lost[key] = obj
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -354,7 +368,7 @@ class Controller:
             by_key.setdefault(spec.key, []).append((spec, pod, ""))
         followed = {
             (pg.get("spec") or {}).get("key")
-            for pg in self.pgs.values()
+            for pg in [*self.pgs.values(), *self.lost.values()]
             if (pg.get("status") or {}).get("phase") in ("Admitted", "TimedOut")
         }
         out = []
@@ -442,6 +456,12 @@ class Controller:
         ns = spec.key.split("/", 1)[0]
         pg = self.pgs.get((ns, model.object_name(spec.key)))
         if pg is None:
+            lost = self.lost.get((ns, model.object_name(spec.key)))
+            if lost is None or (lost.get("spec") or {}).get("key") != spec.key:
+                return None, PlacementGroupStatus()
+            # Deleted by someone else: carried on from what we last wrote, and written again (_write).
+            with contextlib.suppress(ValueError):
+                return None, PlacementGroupStatus.model_validate(lost.get("status") or {})
             return None, PlacementGroupStatus()
         try:
             return pg, PlacementGroupStatus.model_validate(pg.get("status") or {})
@@ -453,6 +473,8 @@ class Controller:
     async def reconcile(self, group: GroupView) -> None:
         pg, status = self._pg(group.spec)
         now = self.clock()
+        if pg is None and self._gone(group, status):
+            return
         if status.phase == "Admitted":
             await self._follow(group, pg, status, now)
             return
@@ -521,6 +543,17 @@ class Controller:
                 self._annotate(gated, verdict.reason)
             return
         await self._admit(group=group, pg=pg, status=status, size=size, verdict=verdict, now=now)
+
+    def _gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
+        """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
+        if status.phase not in ("Admitted", "TimedOut"):
+            return False
+        live = {str(p["metadata"].get("uid")) for p in group.candidates}
+        if any(m.uid in live for m in status.members) or any(self._gated(p) for p in group.members):
+            return False
+        ns = group.spec.key.split("/", 1)[0]
+        self.lost.pop((ns, model.object_name(group.spec.key)), None)
+        return True
 
     def _outcome(
         self,
@@ -834,7 +867,11 @@ class Controller:
                 "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
             }
             owner = group.owner
-            if owner is not None and owner.uid:
+            lost = self.lost.get((ns, name))
+            refs = (lost.get("metadata") or {}).get("ownerReferences") if lost is not None else None
+            if owner is None and isinstance(refs, list) and refs:
+                meta["ownerReferences"] = refs  # written again as it was: still goes with its owner
+            elif owner is not None and owner.uid:
                 # Garbage-collected with the Job (JobSet, ...) it describes.
                 meta["ownerReferences"] = [
                     {
