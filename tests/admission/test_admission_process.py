@@ -281,11 +281,15 @@ async def test_more_gated_pods_of_another_scheduler_do_not_take_the_group_over()
         label = {"batch.kubernetes.io/job-name": "train"}
         async with placement(k):
             await w.create(*[gpod(f"evil-{i}", labels=label, scheduler="evil") for i in range(3)])
+            # Of the same scheduler too, made before the Job's pods exist: not the Job's, never its group.
+            await w.create(*[gpod(f"early-{i}", labels=label) for i in range(2)])
+            await eventually(lambda: "0 of 2 exist" in w.status(KEY).get("decision", ""), what="0 of 2")
             await w.create(*w.job_pods("train", 2))
             await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
             status = w.status(KEY)
             assert [m["pod"] for m in status["members"]] == ["train-0", "train-1"]
             assert all(GATE in w.gates(f"evil-{i}") and not w.pinned(f"evil-{i}") for i in range(3))
+            assert all(GATE in w.gates(f"early-{i}") and not w.pinned(f"early-{i}") for i in range(2))
             assert all(GATE not in w.gates(f"train-{i}") for i in range(2))
 
 

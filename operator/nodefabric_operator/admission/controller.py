@@ -501,15 +501,16 @@ class Controller:
             return
         size, owner = await self._size(group)
         group.owner = owner
-        # Once the owner controls some member (a real Job controller sets its reference on every pod),
-        # a pod it does not control never counts, whatever labels it copied.
-        controlled = [p for p in group.candidates if controls(owner, p)]
-        if controlled and owner is not None and owner.uid:
+        # An owner that was read (a real Job controller sets its reference on every pod it makes): a pod
+        # it does not control never counts, whatever labels it copied, even before the owner's own pods
+        # exist (pods made ahead of them with its label would otherwise be admitted as the group).
+        if owner is not None and owner.uid:
+            controlled = [p for p in group.candidates if controls(owner, p)]
             # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
             # owner's labels, made earlier or more numerous, never pick the group's scheduler.
-            scheduler = self._scheduler_of([p for p in controlled if self._gated(p)] or controlled)
-            group.scheduler = scheduler
-            group.members = [p for p in controlled if _scheduler(p) == scheduler]
+            if controlled:
+                group.scheduler = self._scheduler_of([p for p in controlled if self._gated(p)] or controlled)
+            group.members = [p for p in controlled if _scheduler(p) == group.scheduler]
             gated = [p for p in group.members if self._gated(p)]  # Events and copies go to these only
         members = []
         for p in group.members:
