@@ -350,3 +350,36 @@ async def test_a_placement_group_deleted_by_hand_mid_admission_is_written_again_
             await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
             await eventually(lambda: not w.pods(), what="pods evicted")
 
+
+async def test_a_job_scaled_up_after_its_group_is_bound_admits_its_new_pods():
+    """The Job's parallelism raised once its group is Bound: the new pods are admitted beside the bound
+    ones, not left gated for ever under the size the group had."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k):
+            pods = w.job_pods("train", 4)
+            await w.create(*pods[:2])
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            for i in range(2):
+                await w.bind_and_ready(f"train-{i}")
+            await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
+            await asyncio.to_thread(
+                w.custom.patch_namespaced_custom_object,
+                "batch",
+                "v1",
+                NS,
+                "jobs",
+                "train",
+                {"spec": {"parallelism": 4}},
+            )
+            await w.create(*pods[2:])
+            await eventually(
+                lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2, 4)),
+                timeout=30,
+                what="the new pods ungated",
+            )
+            status = w.status(KEY)
+            assert status["size"] == 4 and status["attempts"] == 2
+            assert sorted(m["pod"] for m in status["members"]) == [f"train-{i}" for i in range(4)]

@@ -479,11 +479,9 @@ class Controller:
             await self._follow(group, pg, status, now)
             return
         gated = [p for p in group.members if self._gated(p)]
-        if status.phase == "Bound":
-            bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
-            if not gated or (status.size is not None and bound >= status.size):
-                await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
-                return
+        if status.phase == "Bound" and await self._full(group, status, gated):
+            await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
+            return
         if not gated:
             return
         next_at = _ts(status.next_attempt_time)
@@ -544,6 +542,20 @@ class Controller:
                 self._annotate(gated, verdict.reason)
             return
         await self._admit(group=group, pg=pg, status=status, size=size, verdict=verdict, now=now)
+
+    async def _full(
+        self, group: GroupView, status: PlacementGroupStatus, gated: list[dict[str, Any]]
+    ) -> bool:
+        """A Bound group with as many pods bound as its size: gated pods are extra and wait."""
+        bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+        if not gated:
+            return True
+        if status.size is None or bound < status.size:
+            return False
+        # The owner may have grown since (a Job's parallelism raised): its count, read again every
+        # SIZE_TTL_S, decides whether the gated pods are extra or new members.
+        size, _owner = await self._size(group)
+        return size.value is None or bound >= size.value
 
     def _gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
         """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
