@@ -383,3 +383,29 @@ async def test_a_job_scaled_up_after_its_group_is_bound_admits_its_new_pods():
             status = w.status(KEY)
             assert status["size"] == 4 and status["attempts"] == 2
             assert sorted(m["pod"] for m in status["members"]) == [f"train-{i}" for i in range(4)]
+
+
+async def test_the_process_keeps_only_the_labels_a_group_is_named_by():
+    """Labels and owner references have no total bound but the object's (about 1.5 MB): anyone who can
+    create pods anywhere could fill the process's memory through them. It keeps only the labels that
+    name and size a group and the controller reference, and the group is still found."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        filler = {f"example.com/filler-{i}": "x" * 63 for i in range(2000)}  # ~150 KB of labels
+        async with placement(k) as ctl:
+            pods = w.job_pods("train", 2)
+            refs = [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": f"c{i}", "uid": f"u{i}"} for i in range(500)
+            ]
+            for p in pods:
+                p["metadata"]["labels"] |= filler
+                p["metadata"]["ownerReferences"] += refs
+            await w.create(*pods)
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            kept = {uid: p["metadata"]["labels"] for uid, p in ctl.pods.items()}
+            assert kept and all(
+                labels == {"batch.kubernetes.io/job-name": "train"} for labels in kept.values()
+            )
+            assert all(len(p["metadata"]["ownerReferences"]) == 1 for p in ctl.pods.values())

@@ -36,6 +36,7 @@ from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
 from nodefabric_operator.admission.owners import (
+    LWS_NAME,
     Owner,
     OwnerFetcher,
     OwnerRef,
@@ -47,7 +48,13 @@ from nodefabric_operator.admission.owners import (
 from nodefabric_operator.extender.cache import TERMINAL, Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
-from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of
+from nodefabric_operator.extender.groups import (
+    FAMILIES,
+    LWS_GROUP_INDEX,
+    GroupSpec,
+    InvalidPlacement,
+    group_of,
+)
 from nodefabric_operator.extender.nodes import NodeError
 from nodefabric_operator.extender.pods import PodError, pod_needs
 from nodefabric_operator.extender.watch import Feed, Watcher
@@ -61,6 +68,12 @@ MAX_KEPT = 1024
 SIZE_TTL_S = 5.0  # an owner's count is read again after this long while its group waits
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
+# The labels a pod's group is named and sized by (besides the placement.<domain>/ keys kept as annotations).
+GROUP_LABELS = frozenset(
+    [label for _, label, _ in FAMILIES]
+    + [size for _, _, size in FAMILIES if size]
+    + [LWS_GROUP_INDEX, LWS_NAME]
+)
 TICK_S = 1.0  # timeouts and backoffs are looked at this often even when nothing changes
 
 
@@ -207,7 +220,13 @@ class Controller:
         kept_keys.add("kueue.x-k8s.io/pod-group-total-count")
         kept = {k: str(v)[:MAX_KEPT] for k, v in annotations.items() if k in kept_keys}
         raw_labels = meta.get("labels")
-        labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
+        # Labels likewise: only those that name and size a group (group_of, owner_ref); the rest, however
+        # many (a pod's labels have no bound but the object's size), are not kept.
+        labels = {
+            k: str(v)[:MAX_KEPT]
+            for k, v in (raw_labels.items() if isinstance(raw_labels, Mapping) else ())
+            if k in kept_keys or k in GROUP_LABELS
+        }
 
         def containers(key: str) -> Any:
             raw = spec.get(key)
@@ -239,6 +258,13 @@ class Controller:
         if "initContainers" in spec:
             slim_spec["initContainers"] = containers("initContainers")
         conditions = status.get("conditions")
+        refs = meta.get("ownerReferences")
+        # Only the controller reference is read (controls, owner_ref); a pod may carry thousands of others.
+        controller = [
+            {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+            for r in (refs if isinstance(refs, list) else [])
+            if isinstance(r, Mapping) and r.get("controller") is True
+        ][:1]
         return {
             "metadata": {
                 k: meta[k]
@@ -249,11 +275,10 @@ class Controller:
                     "creationTimestamp",
                     "deletionTimestamp",
                     "resourceVersion",
-                    "ownerReferences",
                 )
                 if k in meta
             }
-            | {"labels": dict(labels), "annotations": kept},
+            | {"labels": labels, "annotations": kept, "ownerReferences": controller},
             "spec": slim_spec,
             "status": {
                 "phase": status.get("phase"),
