@@ -345,7 +345,7 @@ class Controller:
     def _apply_pg(self, kind: str, obj: dict[str, Any]) -> None:
         key = self._pg_key(obj)
         if kind == "DELETED":
-            self._lose(key, self.pgs.pop(key, None) or obj)
+            self._lose(key, self.pgs.pop(key, obj))
         elif kind in ("ADDED", "MODIFIED"):
             old = self.pgs.get(key)
             if old is None or _rv(obj) >= _rv(old):
