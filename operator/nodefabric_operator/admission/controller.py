@@ -464,6 +464,8 @@ class Controller:
         for key in [k for k in self.evaluated if k not in keys]:
             del self.evaluated[key]
         for group in groups:
+            if not self.leading():
+                return  # lost the Lease mid-pass: another replica may be admitting already
             try:
                 await self.reconcile(group)
             except ApiException as exc:
