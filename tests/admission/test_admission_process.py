@@ -409,3 +409,36 @@ async def test_the_process_keeps_only_the_labels_a_group_is_named_by():
                 labels == {"batch.kubernetes.io/job-name": "train"} for labels in kept.values()
             )
             assert all(len(p["metadata"]["ownerReferences"]) == 1 for p in ctl.pods.values())
+
+
+async def test_a_timed_out_groups_pods_a_disruption_budget_keeps_are_evicted_later():
+    """Evictions refused for a while (429: a PodDisruptionBudget says not now) are tried again on later
+    passes until they go, even when no pod of the group is gated to wake it: a timed-out group is never
+    left partly bound."""
+    from kubernetes.client.exceptions import ApiException
+
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=1.5)
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k, cfg, backoff_base=0.5) as ctl:
+            real = ctl.core.create_namespaced_pod_eviction
+            refused = []
+
+            def budget(name, ns, body, **kw):  # the API server's answer while the budget is spent
+                if len(refused) < 4:
+                    refused.append(name)
+                    raise ApiException(status=429, reason="Too Many Requests")
+                return real(name, ns, body, **kw)
+
+            ctl.core.create_namespaced_pod_eviction = budget
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            await w.bind_and_ready("train-0")  # one of two binds; the other never does
+            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+            await eventually(lambda: not w.pods(), what="pods evicted once the budget allows")
+            assert len(refused) == 4
+            await eventually(lambda: w.status(KEY).get("members") == [], what="nothing left to evict")

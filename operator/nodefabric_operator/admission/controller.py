@@ -505,6 +505,8 @@ class Controller:
         if status.phase == "Admitted":
             await self._follow(group, pg, status, now)
             return
+        if status.phase == "TimedOut" and status.members:
+            await self._evict_left(group, status)  # refused before (a PodDisruptionBudget): again
         gated = [p for p in group.members if self._gated(p)]
         if status.phase == "Bound" and await self._full(group, status, gated):
             await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
@@ -845,17 +847,34 @@ class Controller:
             new.conditions, "AllBound", status="False", reason="GroupTimedOut", message="", now=at
         )
         evict = [m for m in status.members if m.uid in self.pods]
-        new.members = []
-        await self._write(group, pg, new)  # the reason is recorded before anything is evicted
+        # The members still listed while timed out are the pods still to evict (the reason is recorded
+        # before anything is evicted); those a PodDisruptionBudget keeps are tried again on later passes.
+        new.members = evict
+        await self._write(group, pg, new)
         log.warning("group timed out, evicting its pods", extra={"group": group.spec.key, "pods": len(evict)})
         pods = [self.pods[m.uid] for m in evict]
         self._events(group, pods, "Warning", "GroupTimedOut", reason, pg_too=True)
         for m in evict:
             self.held.pop(m.uid, None)
             self._feed_cache(m.uid)
-            await self._evict(self.pods[m.uid])
+        await self._evict_left(group, new)
 
-    async def _evict(self, pod: Mapping[str, Any]) -> None:
+    async def _evict_left(self, group: GroupView, status: PlacementGroupStatus) -> None:
+        """Evict the timed-out group's pods still listed; keep listed only those still refused."""
+        left = []
+        for m in status.members:
+            pod = self.pods.get(m.uid)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if not await self._evict(pod):
+                left.append(m)
+        if left != status.members:
+            new = status.model_copy(deep=True)
+            new.members = left
+            await self._write(group, self._pg(group.spec)[0], new)
+
+    async def _evict(self, pod: Mapping[str, Any]) -> bool:
+        """Evict (or, where eviction is not served, delete) the pod. False when it was refused for now."""
         meta = pod["metadata"]
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), meta.get("uid")
         body = {
@@ -867,7 +886,7 @@ class Controller:
         try:
             await asyncio.to_thread(self.core.create_namespaced_pod_eviction, name, ns, body)
             self.metrics.evictions.inc()
-            return
+            return True
         except ApiException as exc:
             if exc.status != 404 or _names_object(exc, name):
                 if exc.status != 404:  # 429: a PodDisruptionBudget says not now; the next pass tries again
@@ -875,7 +894,8 @@ class Controller:
                         "could not evict a pod of a timed-out group",
                         extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
                     )
-                return
+                    return False
+                return True
         # A 404 naming no pod: this API server does not serve pods/eviction. Delete, on the same uid.
         log.warning("pods/eviction is not served; deleting instead", extra={"pod": f"{ns}/{name}"})
         try:
@@ -889,6 +909,8 @@ class Controller:
                     "could not delete a pod of a timed-out group",
                     extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
                 )
+                return False
+        return True
 
     # --- writes ----------------------------------------------------------------------------------
 
