@@ -442,3 +442,28 @@ async def test_a_timed_out_groups_pods_a_disruption_budget_keeps_are_evicted_lat
             await eventually(lambda: not w.pods(), what="pods evicted once the budget allows")
             assert len(refused) == 4
             await eventually(lambda: w.status(KEY).get("members") == [], what="nothing left to evict")
+
+
+async def test_what_the_process_keeps_per_group_goes_with_the_group():
+    """Owners' counts and deleted PlacementGroups are not kept for ever: a cluster running many Jobs
+    over weeks must not grow the process's memory with every Job it ever saw."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k) as ctl:
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            assert ctl.sizes
+            await asyncio.to_thread(
+                w.custom.delete_namespaced_custom_object,
+                model.GROUP,
+                model.VERSION,
+                NS,
+                model.PLURAL,
+                model.object_name(KEY),
+            )
+            for i in range(2):
+                await w.delete(f"train-{i}")
+            await eventually(lambda: not ctl.pods, what="pods gone")
+            await eventually(lambda: not ctl.sizes and not ctl.lost, timeout=15, what="nothing kept")

@@ -463,6 +463,11 @@ class Controller:
         keys = {g.spec.key for g in groups}
         for key in [k for k in self.evaluated if k not in keys]:
             del self.evaluated[key]
+        # What is kept per group goes with it: owners' counts past their TTL (read again when needed) and
+        # deleted PlacementGroups of groups that have no pod left.
+        now = self.clock()
+        self.sizes = {r: v for r, v in self.sizes.items() if now - v[0] <= SIZE_TTL_S}
+        self.lost = {k: v for k, v in self.lost.items() if (v.get("spec") or {}).get("key") in keys}
         for group in groups:
             if not self.leading():
                 return  # lost the Lease mid-pass: another replica may be admitting already
