@@ -9,7 +9,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 from scenario_world import GPU, NS, TIMEOUT_S, World, gpu_node, world
 
 FORGED_DECISION = "placed: attacker says so"
@@ -208,9 +207,6 @@ async def test_foreign_pods_with_a_jobs_label_change_nothing(tmp_path: Path) -> 
         w.whole_or_nothing()
 
 
-@pytest.mark.xfail(
-    reason="needs the homogeneity skip (h/20edge): a default key no node carries is skipped", strict=True
-)
 async def test_a_fleet_without_gpu_product_labels_places(tmp_path: Path) -> None:
     async with world(tmp_path, fleet(10, product=None)) as w:
         w.own("a", 8)
