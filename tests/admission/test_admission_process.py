@@ -467,3 +467,20 @@ async def test_what_the_process_keeps_per_group_goes_with_the_group():
                 await w.delete(f"train-{i}")
             await eventually(lambda: not ctl.pods, what="pods gone")
             await eventually(lambda: not ctl.sizes and not ctl.lost, timeout=15, what="nothing kept")
+
+
+async def test_an_invalid_pod_that_is_not_the_owners_does_not_hold_the_group_back():
+    """A gated pod with a Job's label and an unusable placement annotation, made by someone else (not
+    controlled by the Job): the Job's group is admitted; the invalid pod stays gated."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        label = {"batch.kubernetes.io/job-name": "train"}
+        async with placement(k):
+            bad = {"placement.gpustack.ai/locality": "nowhere-at-all"}
+            await w.create(gpod("spoiler", labels=label, annotations=bad))
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+            assert [m["pod"] for m in w.status(KEY)["members"]] == ["train-0", "train-1"]
+            assert GATE in w.gates("spoiler")

@@ -108,10 +108,11 @@ class GroupView:
     spec: GroupSpec
     scheduler: str
     members: list[dict[str, Any]]  # same namespace, key and scheduler; not terminal, not being deleted
-    invalid: str = ""  # an InvalidPlacement on one of its pods
+    invalid: str = ""  # an InvalidPlacement on one of its members (worked out once the owner is known)
     owner: Owner | None = None  # once read: what states the size (and owns the PlacementGroup)
     # Every live pod of the key, whatever its scheduler: the owner's pods are picked from these.
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # uid -> the InvalidPlacement of a gated pod
 
 
 class Controller:
@@ -402,7 +403,7 @@ class Controller:
             gated = [p for p in pods if self._gated(p)]
             if not gated and key not in followed:
                 continue
-            invalid = next((err for _, _, err in entries if err), "")
+            errors = {str(p["metadata"].get("uid")): err for _, p, err in entries if err}
             spec = specs.get(key)
             if spec is None:
                 _ns, family, name = ([*key.split("/", 2), "", ""])[:3]
@@ -414,7 +415,7 @@ class Controller:
             ]
             scheduler = self._scheduler_of(gated or pods)
             members = [p for p in live if _scheduler(p) == scheduler]
-            out.append(GroupView(spec, scheduler, members, invalid, candidates=live))
+            out.append(GroupView(spec, scheduler, members, candidates=live, errors=errors))
         out.sort(key=lambda g: (min((_created(p) for p in g.members), default=0.0), g.spec.key))
         return out
 
@@ -525,25 +526,21 @@ class Controller:
         if pg is not None and seen is not None and seen[0] == self.generation and now - seen[1] < SIZE_TTL_S:
             return  # nothing changed since this group was last decided
         self.evaluated[group.spec.key] = (self.generation, now)
+        size, owner = await self._size(group)
+        owned = self._own(group, owner)
+        gated = gated if owned is None else owned
+        # Only a member's unusable annotation holds the group back: a pod the owner does not control
+        # (anyone's, with the owner's label) never does.
+        group.invalid = next(
+            (group.errors[u] for p in group.members if (u := str(p["metadata"].get("uid"))) in group.errors),
+            "",
+        )
         if group.invalid:
             await self._write(
                 group, pg, self._outcome(status, group, "Waiting", f"InvalidPlacement: {group.invalid}")
             )
             self._events(group, gated, "Warning", "InvalidPlacement", group.invalid)
             return
-        size, owner = await self._size(group)
-        group.owner = owner
-        # An owner that was read (a real Job controller sets its reference on every pod it makes): a pod
-        # it does not control never counts, whatever labels it copied, even before the owner's own pods
-        # exist (pods made ahead of them with its label would otherwise be admitted as the group).
-        if owner is not None and owner.uid:
-            controlled = [p for p in group.candidates if controls(owner, p)]
-            # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
-            # owner's labels, made earlier or more numerous, never pick the group's scheduler.
-            if controlled:
-                group.scheduler = self._scheduler_of([p for p in controlled if self._gated(p)] or controlled)
-            group.members = [p for p in controlled if _scheduler(p) == group.scheduler]
-            gated = [p for p in group.members if self._gated(p)]  # Events and copies go to these only
         members = []
         for p in group.members:
             try:
@@ -590,6 +587,23 @@ class Controller:
         # SIZE_TTL_S, decides whether the gated pods are extra or new members.
         size, _owner = await self._size(group)
         return size.value is None or bound >= size.value
+
+    def _own(self, group: GroupView, owner: Owner | None) -> list[dict[str, Any]] | None:
+        """Narrow the group to its owner's pods; their gated ones (None when no owner was read).
+
+        An owner that was read (a real Job controller sets its reference on every pod it makes): a pod
+        it does not control never counts, whatever labels it copied, even before the owner's own pods
+        exist (pods made ahead of them with its label would otherwise be admitted as the group)."""
+        group.owner = owner
+        if owner is None or not owner.uid:
+            return None
+        controlled = [p for p in group.candidates if controls(owner, p)]
+        # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
+        # owner's labels, made earlier or more numerous, never pick the group's scheduler.
+        if controlled:
+            group.scheduler = self._scheduler_of([p for p in controlled if self._gated(p)] or controlled)
+        group.members = [p for p in controlled if _scheduler(p) == group.scheduler]
+        return [p for p in group.members if self._gated(p)]  # Events and copies go to these only
 
     def _gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
         """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
