@@ -484,3 +484,20 @@ async def test_an_invalid_pod_that_is_not_the_owners_does_not_hold_the_group_bac
             await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
             assert [m["pod"] for m in w.status(KEY)["members"]] == ["train-0", "train-1"]
             assert GATE in w.gates("spoiler")
+
+
+async def test_a_members_unusable_annotation_holds_its_group_back_with_the_reason():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k):
+            pods = w.job_pods("train", 2)
+            pods[1]["metadata"]["annotations"]["placement.gpustack.ai/locality"] = "nowhere-at-all"
+            await w.create(*pods)
+            await eventually(
+                lambda: w.status(KEY).get("decision", "").startswith("InvalidPlacement: "), what="invalid"
+            )
+            assert w.status(KEY)["phase"] == "Waiting"
+            assert all(GATE in w.gates(f"train-{i}") for i in range(2))
+            await eventually(lambda: w.events("InvalidPlacement"), what="the Event")
