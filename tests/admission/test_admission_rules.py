@@ -187,6 +187,10 @@ def test_workload_ref_names_a_group_per_replica() -> None:
     p["spec"]["workloadRef"] = {"name": "wl", "podGroup": "workers", "podGroupReplicaKey": "1"}
     spec = group_of(p, CFG)
     assert spec is not None and spec.key == "ml/workload/workers-1"
+    # Each replica is its own gang, sized by the one PodGroup `workers` they all name.
+    assert owners.owner_ref(spec, p) == OwnerRef(
+        "scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", "ml", "workers"
+    )
     p["spec"]["workloadRef"] = {"podGroup": 7}  # garbage: not a group
     assert group_of(p, CFG) is None
 
