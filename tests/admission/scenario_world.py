@@ -75,6 +75,9 @@ def group_pod(
     }
 
 
+JOB_NAME = "batch.kubernetes.io/job-name"
+
+
 @dataclass
 class Owner:
     """A job controller for one group: `size` pods, each recreated (gated, a new name) once it is gone."""
@@ -157,6 +160,10 @@ class World:
             label=owner.label,
             **more,
         )
+        job = self.k.api.stored("batch/v1/jobs", group, NS) if owner.label[0] == JOB_NAME else None
+        if job is not None:  # a Job's pods carry its controller reference, as the Job controller sets it
+            ref = {"apiVersion": "batch/v1", "kind": "Job", "name": group, "controller": True}
+            pod["metadata"]["ownerReferences"] = [{**ref, "uid": job["metadata"]["uid"]}]
         self.k.api.put_object("v1/pods", pod)
         owner.current[index] = pod["metadata"]["name"]
         owner.extras[index] = more

@@ -4,6 +4,8 @@ the PlacementGroup, and a group not bound in time is evicted and admitted afresh
 
 from __future__ import annotations
 
+import asyncio
+
 from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, placement
 
 from nodefabric_operator.admission import model
@@ -263,3 +265,235 @@ async def test_after_a_restart_admitted_groups_hold_their_nodes_before_any_group
             status = w.status(f"{NS}/job/b")
             assert status["phase"] == "Waiting", status["decision"]
             assert all(GATE in w.gates(f"b-{i}") for i in range(4))
+
+
+async def test_more_gated_pods_of_another_scheduler_do_not_take_the_group_over():
+    """Gated pods carrying the Job's label, of a scheduler of their own, outnumbering the Job's pods and
+    made before them: they never become the group; the Job's pods are admitted as it."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        label = {"batch.kubernetes.io/job-name": "train"}
+        async with placement(k):
+            await w.create(*[gpod(f"evil-{i}", labels=label, scheduler="evil") for i in range(3)])
+            # Of the same scheduler too, made before the Job's pods exist: not the Job's, never its group.
+            await w.create(*[gpod(f"early-{i}", labels=label) for i in range(2)])
+            await eventually(lambda: "0 of 2 exist" in w.status(KEY).get("decision", ""), what="0 of 2")
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+            status = w.status(KEY)
+            assert [m["pod"] for m in status["members"]] == ["train-0", "train-1"]
+            assert all(GATE in w.gates(f"evil-{i}") and not w.pinned(f"evil-{i}") for i in range(3))
+            assert all(GATE in w.gates(f"early-{i}") and not w.pinned(f"early-{i}") for i in range(2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+
+
+async def test_older_gated_pods_of_another_scheduler_do_not_take_an_ownerless_group_over():
+    """A group named by label alone (no owner to hold pods to): pods of another scheduler made later, even
+    more of them, never displace the group's first pods."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        await w.create(*fleet())
+        lab = {"placement.gpustack.ai/group": "g"}
+        size = {"placement.gpustack.ai/group-size": "2"}
+        key = f"{NS}/explicit/g"
+        async with placement(k):
+            await w.create(gpod("g-0", labels=lab, annotations=size))
+            await eventually(lambda: "1 of 2 exist" in w.status(key).get("decision", ""), what="1 of 2")
+            await asyncio.sleep(1.1)  # creation times are in whole seconds
+            await w.create(
+                *[gpod(f"evil-{i}", labels=lab, annotations=size, scheduler="evil") for i in range(3)]
+            )
+            await w.create(gpod("g-1", labels=lab, annotations=size))
+            await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+            assert [m["pod"] for m in w.status(key)["members"]] == ["g-0", "g-1"]
+            assert all(GATE in w.gates(f"evil-{i}") for i in range(3))
+
+
+async def test_a_placement_group_deleted_by_hand_mid_admission_is_written_again_and_still_times_out():
+    """The PlacementGroup of an admitted group deleted by someone (a cluster admin; the chart's policy
+    lets no one else): the process writes it again from what it last wrote, owner included, and the
+    group is still held to the timeout rather than left partly bound."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=2)
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k, cfg, backoff_base=0.5):
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            before = w.pg(KEY)
+            members = [(m["pod"], m["node"]) for m in before["status"]["members"]]
+            await w.bind_and_ready("train-0")  # one of two binds; the other never does
+            await asyncio.to_thread(
+                w.custom.delete_namespaced_custom_object,
+                model.GROUP,
+                model.VERSION,
+                NS,
+                model.PLURAL,
+                model.object_name(KEY),
+            )
+            await eventually(
+                lambda: w.pg(KEY) is not None and w.pg(KEY)["metadata"]["uid"] != before["metadata"]["uid"],
+                what="written again",
+            )
+            again = w.pg(KEY)
+            assert again["metadata"]["ownerReferences"] == before["metadata"]["ownerReferences"]
+            assert [(m["pod"], m["node"]) for m in again["status"]["members"]] == members
+            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+            await eventually(lambda: not w.pods(), what="pods evicted")
+
+
+async def test_a_job_scaled_up_after_its_group_is_bound_admits_its_new_pods():
+    """The Job's parallelism raised once its group is Bound: the new pods are admitted beside the bound
+    ones, not left gated for ever under the size the group had."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k):
+            pods = w.job_pods("train", 4)
+            await w.create(*pods[:2])
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            for i in range(2):
+                await w.bind_and_ready(f"train-{i}")
+            await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
+            await asyncio.to_thread(
+                w.custom.patch_namespaced_custom_object,
+                "batch",
+                "v1",
+                NS,
+                "jobs",
+                "train",
+                {"spec": {"parallelism": 4}},
+            )
+            await w.create(*pods[2:])
+            await eventually(
+                lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2, 4)),
+                timeout=30,
+                what="the new pods ungated",
+            )
+            status = w.status(KEY)
+            assert status["size"] == 4 and status["attempts"] == 2
+            assert sorted(m["pod"] for m in status["members"]) == [f"train-{i}" for i in range(4)]
+
+
+async def test_the_process_keeps_only_the_labels_a_group_is_named_by():
+    """Labels and owner references have no total bound but the object's (about 1.5 MB): anyone who can
+    create pods anywhere could fill the process's memory through them. It keeps only the labels that
+    name and size a group and the controller reference, and the group is still found."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        filler = {f"example.com/filler-{i}": "x" * 63 for i in range(2000)}  # ~150 KB of labels
+        async with placement(k) as ctl:
+            pods = w.job_pods("train", 2)
+            refs = [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": f"c{i}", "uid": f"u{i}"} for i in range(500)
+            ]
+            for p in pods:
+                p["metadata"]["labels"] |= filler
+                p["metadata"]["ownerReferences"] += refs
+            await w.create(*pods)
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            kept = {uid: p["metadata"]["labels"] for uid, p in ctl.pods.items()}
+            assert kept and all(
+                labels == {"batch.kubernetes.io/job-name": "train"} for labels in kept.values()
+            )
+            assert all(len(p["metadata"]["ownerReferences"]) == 1 for p in ctl.pods.values())
+
+
+async def test_a_timed_out_groups_pods_a_disruption_budget_keeps_are_evicted_later():
+    """Evictions refused for a while (429: a PodDisruptionBudget says not now) are tried again on later
+    passes until they go, even when no pod of the group is gated to wake it: a timed-out group is never
+    left partly bound."""
+    from kubernetes.client.exceptions import ApiException
+
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=1.5)
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k, cfg, backoff_base=0.5) as ctl:
+            real = ctl.core.create_namespaced_pod_eviction
+            refused = []
+
+            def budget(name, ns, body, **kw):  # the API server's answer while the budget is spent
+                if len(refused) < 4:
+                    refused.append(name)
+                    raise ApiException(status=429, reason="Too Many Requests")
+                return real(name, ns, body, **kw)
+
+            ctl.core.create_namespaced_pod_eviction = budget
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            await w.bind_and_ready("train-0")  # one of two binds; the other never does
+            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+            await eventually(lambda: not w.pods(), what="pods evicted once the budget allows")
+            assert len(refused) == 4
+            await eventually(lambda: w.status(KEY).get("members") == [], what="nothing left to evict")
+
+
+async def test_what_the_process_keeps_per_group_goes_with_the_group():
+    """Owners' counts and deleted PlacementGroups are not kept for ever: a cluster running many Jobs
+    over weeks must not grow the process's memory with every Job it ever saw."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k) as ctl:
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+            assert ctl.sizes
+            await asyncio.to_thread(
+                w.custom.delete_namespaced_custom_object,
+                model.GROUP,
+                model.VERSION,
+                NS,
+                model.PLURAL,
+                model.object_name(KEY),
+            )
+            for i in range(2):
+                await w.delete(f"train-{i}")
+            await eventually(lambda: not ctl.pods, what="pods gone")
+            await eventually(lambda: not ctl.sizes and not ctl.lost, timeout=15, what="nothing kept")
+
+
+async def test_an_invalid_pod_that_is_not_the_owners_does_not_hold_the_group_back():
+    """A gated pod with a Job's label and an unusable placement annotation, made by someone else (not
+    controlled by the Job): the Job's group is admitted; the invalid pod stays gated."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        label = {"batch.kubernetes.io/job-name": "train"}
+        async with placement(k):
+            bad = {"placement.gpustack.ai/locality": "nowhere-at-all"}
+            await w.create(gpod("spoiler", labels=label, annotations=bad))
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+            assert [m["pod"] for m in w.status(KEY)["members"]] == ["train-0", "train-1"]
+            assert GATE in w.gates("spoiler")
+
+
+async def test_a_members_unusable_annotation_holds_its_group_back_with_the_reason():
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2))
+        async with placement(k):
+            pods = w.job_pods("train", 2)
+            pods[1]["metadata"]["annotations"]["placement.gpustack.ai/locality"] = "nowhere-at-all"
+            await w.create(*pods)
+            await eventually(
+                lambda: w.status(KEY).get("decision", "").startswith("InvalidPlacement: "), what="invalid"
+            )
+            assert w.status(KEY)["phase"] == "Waiting"
+            assert all(GATE in w.gates(f"train-{i}") for i in range(2))
+            await eventually(lambda: w.events("InvalidPlacement"), what="the Event")

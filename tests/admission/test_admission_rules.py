@@ -11,6 +11,7 @@ from admission_world import GATE, fleet, gpod, job_pods
 
 from nodefabric_operator.admission import owners, pins
 from nodefabric_operator.admission.admit import Member, admit
+from nodefabric_operator.admission.controller import BACKOFF_CAP_S, backoff_s
 from nodefabric_operator.admission.owners import OwnerError, OwnerRef, Size, owner_size, resolve
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig
@@ -186,6 +187,10 @@ def test_workload_ref_names_a_group_per_replica() -> None:
     p["spec"]["workloadRef"] = {"name": "wl", "podGroup": "workers", "podGroupReplicaKey": "1"}
     spec = group_of(p, CFG)
     assert spec is not None and spec.key == "ml/workload/workers-1"
+    # Each replica is its own gang, sized by the one PodGroup `workers` they all name.
+    assert owners.owner_ref(spec, p) == OwnerRef(
+        "scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", "ml", "workers"
+    )
     p["spec"]["workloadRef"] = {"podGroup": 7}  # garbage: not a group
     assert group_of(p, CFG) is None
 
@@ -387,3 +392,26 @@ def test_cordoned_and_momentarily_tainted_nodes_are_not_given_now() -> None:
     ms = [Member(p["metadata"]["name"], p["metadata"]["name"], pod_needs(p), True) for p in tolerant]
     v = admit(SPEC, Size(2, "s"), ms, cache(nodes), CFG, unschedulable={"eu-a-0"})
     assert sorted(v.assignments.values()) == ["eu-a-1", "eu-a-2"]
+
+
+def test_each_member_is_given_only_a_node_its_own_rules_admit() -> None:
+    """Members whose node rules differ (a leader with its own selector, or any pod of a group without an
+    owner): each gets a node its own selector, affinity and tolerations admit, or the group waits. A pin
+    to a node the pod itself refuses never binds: it would only time out, be evicted and come back."""
+    pods = job_pods("t", 2)
+    pods[1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "eu-b-3"}
+    ms = [Member(p["metadata"]["name"], p["metadata"]["name"], pod_needs(p), True) for p in pods]
+    snap = cache(fleet())
+    v = admit(SPEC, Size(2, "s"), ms, snap, CFG)
+    for m in ms:
+        if m.name in v.assignments:
+            assert m.needs.admits(snap.views[v.assignments[m.name]].record), (m.name, v.assignments)
+    assert v.outcome == "wait" and "each pod's own node rules admit" in v.reason, v
+
+
+def test_backoff_doubles_is_capped_and_cheap_for_any_attempt_count() -> None:
+    assert [backoff_s(n, 5.0) for n in (-3, 0, 1, 2, 3)] == [5.0, 5.0, 5.0, 10.0, 20.0]
+    assert backoff_s(7, 5.0) == BACKOFF_CAP_S
+    # A count read back from a PlacementGroup (int64 in its schema): the cap, at once.
+    assert backoff_s(2**62, 5.0) == BACKOFF_CAP_S
+    assert backoff_s(10**18, 0.001) == BACKOFF_CAP_S

@@ -415,3 +415,16 @@ async def test_eviction_is_in_discovery(k: RunningAPI) -> None:
     assert status == 200
     entry = next(r for r in doc["resources"] if r["name"] == "pods/eviction")
     assert (entry["kind"], entry["verbs"]) == ("Eviction", ["create"])
+
+
+async def test_an_existing_tolerations_seconds_may_change_as_the_api_server_allows(k: RunningAPI) -> None:
+    # validateOnlyAddedTolerations: each old toleration must still be there, its tolerationSeconds aside.
+    base = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+    await create(k, pod(gates=[GATE], tolerations=[{**base, "tolerationSeconds": 300}]))
+    status, out = await call(
+        k, "PATCH", f"{PODS}/w0", {"spec": {"tolerations": [{**base, "tolerationSeconds": 30}]}}, MERGE
+    )
+    assert status == 200, out
+    changed = [{**base, "key": "node.kubernetes.io/not-ready", "tolerationSeconds": 30}]
+    status, out = await call(k, "PATCH", f"{PODS}/w0", {"spec": {"tolerations": changed}}, MERGE)
+    assert status == 422, out

@@ -17,7 +17,7 @@ from typing import Literal
 from nodefabric_operator.admission.owners import Size
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import GroupSpec
-from nodefabric_operator.extender.index import Shape
+from nodefabric_operator.extender.index import NodeView, Shape
 from nodefabric_operator.extender.nodes import NodeRecord
 from nodefabric_operator.extender.placement import Decision, GroupRequest, Snapshot, decide
 from nodefabric_operator.extender.pods import BLOCKING_EFFECTS, TRANSIENT_TAINT_PREFIXES, PodNeeds
@@ -150,7 +150,8 @@ def admit(
         return Verdict(
             "wait",
             f"group {spec.key} waits: its location has room for fewer than "
-            f"{len(gated)} pods now ({decision.summary})",
+            f"{len(gated)} pods now, counting only nodes each pod's own node rules admit "
+            f"({decision.summary})",
             decision,
         )
     return Verdict("admitted", decision.summary, decision, assignments)
@@ -159,23 +160,33 @@ def admit(
 def assign(
     gated: Sequence[Member], decision: Decision, snap: Snapshot, shape: Shape, rank: str = "spread"
 ) -> dict[str, str] | None:
-    """Members (by name) onto the planned nodes in rank order, each node filled to its slots; None when
-    the nodes hold fewer. A placement that only narrowed the nodes (members already bound) fills the
-    allowed nodes in the rank's order."""
+    """Members onto the planned nodes in rank order, each node filled to its slots; None when the nodes
+    hold fewer. A placement that only narrowed the nodes (members already bound) fills the allowed nodes
+    in the rank's order. The placement was decided with one member's node rules: each member goes only
+    to a node its own rules admit (a pin to a node the pod refuses would never bind), the members with
+    the fewest such nodes first, then by name."""
     nodes = list(decision.planned)
     if not nodes:
         allowed = set(decision.allowed)
         nodes = [v.name for v in snap.ranked(rank) if v.name in allowed]
+    views = [v for v in (snap.views.get(n) for n in nodes) if v is not None]
+
+    def fits(m: Member, view: NodeView) -> bool:
+        record = view.record
+        return record is None or (m.needs.admits(record) and not _blocked_now(record, m.needs))
+
+    options = {m.name: sum(1 for v in views if fits(m, v)) for m in gated}
+    pending = sorted(gated, key=lambda m: (options[m.name], m.name))
     out: dict[str, str] = {}
-    pending = list(gated)
-    for name in nodes:
-        view = snap.views.get(name)
-        if view is None:
-            continue
+    for view in views:
         room = snap.index.slots(view, shape)
-        while room > 0 and pending:
-            out[pending.pop(0).name] = name
-            room -= 1
+        for m in list(pending):
+            if room <= 0:
+                break
+            if fits(m, view):
+                out[m.name] = view.name
+                pending.remove(m)
+                room -= 1
         if not pending:
             return out
     return None

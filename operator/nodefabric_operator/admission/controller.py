@@ -22,9 +22,8 @@ import contextlib
 import json
 import logging
 import time
-from collections import Counter as Tally
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +36,7 @@ from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
 from nodefabric_operator.admission.owners import (
+    LWS_NAME,
     Owner,
     OwnerFetcher,
     OwnerRef,
@@ -48,7 +48,13 @@ from nodefabric_operator.admission.owners import (
 from nodefabric_operator.extender.cache import TERMINAL, Cache
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
-from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of
+from nodefabric_operator.extender.groups import (
+    FAMILIES,
+    LWS_GROUP_INDEX,
+    GroupSpec,
+    InvalidPlacement,
+    group_of,
+)
 from nodefabric_operator.extender.nodes import NodeError
 from nodefabric_operator.extender.pods import PodError, pod_needs
 from nodefabric_operator.extender.watch import Feed, Watcher
@@ -62,6 +68,12 @@ MAX_KEPT = 1024
 SIZE_TTL_S = 5.0  # an owner's count is read again after this long while its group waits
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
+# The labels a pod's group is named and sized by (besides the placement.<domain>/ keys kept as annotations).
+GROUP_LABELS = frozenset(
+    [label for _, label, _ in FAMILIES]
+    + [size for _, _, size in FAMILIES if size]
+    + [LWS_GROUP_INDEX, LWS_NAME]
+)
 TICK_S = 1.0  # timeouts and backoffs are looked at this often even when nothing changes
 
 
@@ -96,8 +108,11 @@ class GroupView:
     spec: GroupSpec
     scheduler: str
     members: list[dict[str, Any]]  # same namespace, key and scheduler; not terminal, not being deleted
-    invalid: str = ""  # an InvalidPlacement on one of its pods
+    invalid: str = ""  # an InvalidPlacement on one of its members (worked out once the owner is known)
     owner: Owner | None = None  # once read: what states the size (and owns the PlacementGroup)
+    # Every live pod of the key, whatever its scheduler: the owner's pods are picked from these.
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # uid -> the InvalidPlacement of a gated pod
 
 
 class Controller:
@@ -127,6 +142,9 @@ class Controller:
         )
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
+        # PlacementGroups of admitted or timed-out groups deleted by someone else, as last seen: written
+        # again from this while the group has pods, so a hand deletion never frees a group from its timeout.
+        self.lost: dict[tuple[str, str], dict[str, Any]] = {}
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
         self.cordoned: set[str] = set()  # nodes with spec.unschedulable
         self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
@@ -203,7 +221,13 @@ class Controller:
         kept_keys.add("kueue.x-k8s.io/pod-group-total-count")
         kept = {k: str(v)[:MAX_KEPT] for k, v in annotations.items() if k in kept_keys}
         raw_labels = meta.get("labels")
-        labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
+        # Labels likewise: only those that name and size a group (group_of, owner_ref); the rest, however
+        # many (a pod's labels have no bound but the object's size), are not kept.
+        labels = {
+            k: str(v)[:MAX_KEPT]
+            for k, v in (raw_labels.items() if isinstance(raw_labels, Mapping) else ())
+            if k in kept_keys or k in GROUP_LABELS
+        }
 
         def containers(key: str) -> Any:
             raw = spec.get(key)
@@ -235,6 +259,13 @@ class Controller:
         if "initContainers" in spec:
             slim_spec["initContainers"] = containers("initContainers")
         conditions = status.get("conditions")
+        refs = meta.get("ownerReferences")
+        # Only the controller reference is read (controls, owner_ref); a pod may carry thousands of others.
+        controller = [
+            {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+            for r in (refs if isinstance(refs, list) else [])
+            if isinstance(r, Mapping) and r.get("controller") is True
+        ][:1]
         return {
             "metadata": {
                 k: meta[k]
@@ -245,11 +276,10 @@ class Controller:
                     "creationTimestamp",
                     "deletionTimestamp",
                     "resourceVersion",
-                    "ownerReferences",
                 )
                 if k in meta
             }
-            | {"labels": dict(labels), "annotations": kept},
+            | {"labels": labels, "annotations": kept, "ownerReferences": controller},
             "spec": slim_spec,
             "status": {
                 "phase": status.get("phase"),
@@ -305,16 +335,27 @@ class Controller:
         return str(meta.get("namespace")), str(meta.get("name"))
 
     def _replace_pgs(self, items: list[dict[str, Any]]) -> None:
-        self.pgs = {self._pg_key(i): i for i in items}
+        fresh = {self._pg_key(i): i for i in items}
+        for key, old in self.pgs.items():
+            if key not in fresh:
+                self._lose(key, old)
+        for key in fresh:
+            self.lost.pop(key, None)
+        self.pgs = fresh
 
     def _apply_pg(self, kind: str, obj: dict[str, Any]) -> None:
         key = self._pg_key(obj)
         if kind == "DELETED":
-            self.pgs.pop(key, None)
+            self._lose(key, self.pgs.pop(key, obj))
         elif kind in ("ADDED", "MODIFIED"):
             old = self.pgs.get(key)
             if old is None or _rv(obj) >= _rv(old):
                 self.pgs[key] = obj
+            self.lost.pop(key, None)
+
+    def _lose(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        if (obj.get("status") or {}).get("phase") in ("Admitted", "TimedOut"):
+            self.lost[key] = obj
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -353,7 +394,7 @@ class Controller:
             by_key.setdefault(spec.key, []).append((spec, pod, ""))
         followed = {
             (pg.get("spec") or {}).get("key")
-            for pg in self.pgs.values()
+            for pg in [*self.pgs.values(), *self.lost.values()]
             if (pg.get("status") or {}).get("phase") in ("Admitted", "TimedOut")
         }
         out = []
@@ -362,20 +403,19 @@ class Controller:
             gated = [p for p in pods if self._gated(p)]
             if not gated and key not in followed:
                 continue
-            invalid = next((err for _, _, err in entries if err), "")
+            errors = {str(p["metadata"].get("uid")): err for _, p, err in entries if err}
             spec = specs.get(key)
             if spec is None:
                 _ns, family, name = ([*key.split("/", 2), "", ""])[:3]
                 spec = GroupSpec(key, family, name, None, "prefer", "spread", None)
-            scheduler = self._scheduler_of(gated or pods)
-            members = [
+            live = [
                 p
                 for p in pods
-                if (p["spec"].get("schedulerName") or "default-scheduler") == scheduler
-                and (p["status"].get("phase") not in TERMINAL)
-                and not p["metadata"].get("deletionTimestamp")
+                if (p["status"].get("phase") not in TERMINAL) and not p["metadata"].get("deletionTimestamp")
             ]
-            out.append(GroupView(spec, scheduler, members, invalid))
+            scheduler = self._scheduler_of(gated or pods)
+            members = [p for p in live if _scheduler(p) == scheduler]
+            out.append(GroupView(spec, scheduler, members, candidates=live, errors=errors))
         out.sort(key=lambda g: (min((_created(p) for p in g.members), default=0.0), g.spec.key))
         return out
 
@@ -393,9 +433,10 @@ class Controller:
         return found
 
     def _scheduler_of(self, pods: list[dict[str, Any]]) -> str:
-        """The scheduler the group's gated pods ask for: the most common, then the first by name."""
-        names = Tally(p["spec"].get("schedulerName") or "default-scheduler" for p in pods)
-        return sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+        """The scheduler the group's oldest (gated) pod asks for. Not the most common one: pods of another
+        scheduler made later with the group's labels, however many, must not become the group."""
+        oldest = min(pods, key=lambda p: (_created(p), str(p["metadata"].get("name"))))
+        return _scheduler(oldest)
 
     def _gated(self, pod: Mapping[str, Any]) -> bool:
         return pins.gate_index(pod, self.gate) is not None
@@ -423,7 +464,14 @@ class Controller:
         keys = {g.spec.key for g in groups}
         for key in [k for k in self.evaluated if k not in keys]:
             del self.evaluated[key]
+        # What is kept per group goes with it: owners' counts past their TTL (read again when needed) and
+        # deleted PlacementGroups of groups that have no pod left.
+        now = self.clock()
+        self.sizes = {r: v for r, v in self.sizes.items() if now - v[0] <= SIZE_TTL_S}
+        self.lost = {k: v for k, v in self.lost.items() if (v.get("spec") or {}).get("key") in keys}
         for group in groups:
+            if not self.leading():
+                return  # lost the Lease mid-pass: another replica may be admitting already
             try:
                 await self.reconcile(group)
             except ApiException as exc:
@@ -441,6 +489,12 @@ class Controller:
         ns = spec.key.split("/", 1)[0]
         pg = self.pgs.get((ns, model.object_name(spec.key)))
         if pg is None:
+            lost = self.lost.get((ns, model.object_name(spec.key)))
+            if lost is None or (lost.get("spec") or {}).get("key") != spec.key:
+                return None, PlacementGroupStatus()
+            # Deleted by someone else: carried on from what we last wrote, and written again (_write).
+            with contextlib.suppress(ValueError):
+                return None, PlacementGroupStatus.model_validate(lost.get("status") or {})
             return None, PlacementGroupStatus()
         try:
             return pg, PlacementGroupStatus.model_validate(pg.get("status") or {})
@@ -452,15 +506,17 @@ class Controller:
     async def reconcile(self, group: GroupView) -> None:
         pg, status = self._pg(group.spec)
         now = self.clock()
+        if pg is None and self._gone(group, status):
+            return
         if status.phase == "Admitted":
             await self._follow(group, pg, status, now)
             return
+        if status.phase == "TimedOut" and status.members:
+            await self._evict_left(group, status)  # refused before (a PodDisruptionBudget): again
         gated = [p for p in group.members if self._gated(p)]
-        if status.phase == "Bound":
-            bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
-            if not gated or (status.size is not None and bound >= status.size):
-                await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
-                return
+        if status.phase == "Bound" and await self._full(group, status, gated):
+            await self._refresh_members(group, pg, status)  # extra gated pods wait, unadmitted
+            return
         if not gated:
             return
         next_at = _ts(status.next_attempt_time)
@@ -470,20 +526,21 @@ class Controller:
         if pg is not None and seen is not None and seen[0] == self.generation and now - seen[1] < SIZE_TTL_S:
             return  # nothing changed since this group was last decided
         self.evaluated[group.spec.key] = (self.generation, now)
+        size, owner = await self._size(group)
+        owned = self._own(group, owner)
+        gated = gated if owned is None else owned
+        # Only a member's unusable annotation holds the group back: a pod the owner does not control
+        # (anyone's, with the owner's label) never does.
+        group.invalid = next(
+            (group.errors[u] for p in group.members if (u := str(p["metadata"].get("uid"))) in group.errors),
+            "",
+        )
         if group.invalid:
             await self._write(
                 group, pg, self._outcome(status, group, "Waiting", f"InvalidPlacement: {group.invalid}")
             )
             self._events(group, gated, "Warning", "InvalidPlacement", group.invalid)
             return
-        size, owner = await self._size(group)
-        group.owner = owner
-        # Once the owner controls some member (a real Job controller sets its reference on every pod),
-        # a pod it does not control never counts, whatever labels it copied.
-        controlled = [p for p in group.members if controls(owner, p)]
-        if controlled and owner is not None and owner.uid:
-            group.members = controlled
-            gated = [p for p in group.members if self._gated(p)]  # Events and copies go to these only
         members = []
         for p in group.members:
             try:
@@ -516,6 +573,48 @@ class Controller:
                 self._annotate(gated, verdict.reason)
             return
         await self._admit(group=group, pg=pg, status=status, size=size, verdict=verdict, now=now)
+
+    async def _full(
+        self, group: GroupView, status: PlacementGroupStatus, gated: list[dict[str, Any]]
+    ) -> bool:
+        """A Bound group with as many pods bound as its size: gated pods are extra and wait."""
+        bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+        if not gated:
+            return True
+        if status.size is None or bound < status.size:
+            return False
+        # The owner may have grown since (a Job's parallelism raised): its count, read again every
+        # SIZE_TTL_S, decides whether the gated pods are extra or new members.
+        size, _owner = await self._size(group)
+        return size.value is None or bound >= size.value
+
+    def _own(self, group: GroupView, owner: Owner | None) -> list[dict[str, Any]] | None:
+        """Narrow the group to its owner's pods; their gated ones (None when no owner was read).
+
+        An owner that was read (a real Job controller sets its reference on every pod it makes): a pod
+        it does not control never counts, whatever labels it copied, even before the owner's own pods
+        exist (pods made ahead of them with its label would otherwise be admitted as the group)."""
+        group.owner = owner
+        if owner is None or not owner.uid:
+            return None
+        controlled = [p for p in group.candidates if controls(owner, p)]
+        # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
+        # owner's labels, made earlier or more numerous, never pick the group's scheduler.
+        if controlled:
+            group.scheduler = self._scheduler_of([p for p in controlled if self._gated(p)] or controlled)
+        group.members = [p for p in controlled if _scheduler(p) == group.scheduler]
+        return [p for p in group.members if self._gated(p)]  # Events and copies go to these only
+
+    def _gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
+        """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
+        if status.phase not in ("Admitted", "TimedOut"):
+            return False
+        live = {str(p["metadata"].get("uid")) for p in group.candidates}
+        if any(m.uid in live for m in status.members) or any(self._gated(p) for p in group.members):
+            return False
+        ns = group.spec.key.split("/", 1)[0]
+        self.lost.pop((ns, model.object_name(group.spec.key)), None)
+        return True
 
     def _outcome(
         self,
@@ -751,7 +850,7 @@ class Controller:
             f"({len(missing)} of {len(status.members)} not: {', '.join(missing[:8])}); its pods are evicted "
             "and the group is admitted afresh"
         )
-        backoff = min(BACKOFF_CAP_S, self.backoff_base * 2 ** max(0, status.attempts - 1))
+        backoff = backoff_s(status.attempts, self.backoff_base)
         at = _now_dt(now)
         new = status.model_copy(deep=True)
         new.phase = "TimedOut"
@@ -767,17 +866,34 @@ class Controller:
             new.conditions, "AllBound", status="False", reason="GroupTimedOut", message="", now=at
         )
         evict = [m for m in status.members if m.uid in self.pods]
-        new.members = []
-        await self._write(group, pg, new)  # the reason is recorded before anything is evicted
+        # The members still listed while timed out are the pods still to evict (the reason is recorded
+        # before anything is evicted); those a PodDisruptionBudget keeps are tried again on later passes.
+        new.members = evict
+        await self._write(group, pg, new)
         log.warning("group timed out, evicting its pods", extra={"group": group.spec.key, "pods": len(evict)})
         pods = [self.pods[m.uid] for m in evict]
         self._events(group, pods, "Warning", "GroupTimedOut", reason, pg_too=True)
         for m in evict:
             self.held.pop(m.uid, None)
             self._feed_cache(m.uid)
-            await self._evict(self.pods[m.uid])
+        await self._evict_left(group, new)
 
-    async def _evict(self, pod: Mapping[str, Any]) -> None:
+    async def _evict_left(self, group: GroupView, status: PlacementGroupStatus) -> None:
+        """Evict the timed-out group's pods still listed; keep listed only those still refused."""
+        left = []
+        for m in status.members:
+            pod = self.pods.get(m.uid)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if not await self._evict(pod):
+                left.append(m)
+        if left != status.members:
+            new = status.model_copy(deep=True)
+            new.members = left
+            await self._write(group, self._pg(group.spec)[0], new)
+
+    async def _evict(self, pod: Mapping[str, Any]) -> bool:
+        """Evict (or, where eviction is not served, delete) the pod. False when it was refused for now."""
         meta = pod["metadata"]
         ns, name, uid = str(meta.get("namespace")), str(meta.get("name")), meta.get("uid")
         body = {
@@ -789,7 +905,7 @@ class Controller:
         try:
             await asyncio.to_thread(self.core.create_namespaced_pod_eviction, name, ns, body)
             self.metrics.evictions.inc()
-            return
+            return True
         except ApiException as exc:
             if exc.status != 404 or _names_object(exc, name):
                 if exc.status != 404:  # 429: a PodDisruptionBudget says not now; the next pass tries again
@@ -797,7 +913,8 @@ class Controller:
                         "could not evict a pod of a timed-out group",
                         extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
                     )
-                return
+                    return False
+                return True
         # A 404 naming no pod: this API server does not serve pods/eviction. Delete, on the same uid.
         log.warning("pods/eviction is not served; deleting instead", extra={"pod": f"{ns}/{name}"})
         try:
@@ -811,6 +928,8 @@ class Controller:
                     "could not delete a pod of a timed-out group",
                     extra={"pod": f"{ns}/{name}", "status": exc.status, "error": str(exc.reason)},
                 )
+                return False
+        return True
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -829,7 +948,11 @@ class Controller:
                 "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
             }
             owner = group.owner
-            if owner is not None and owner.uid:
+            lost = self.lost.get((ns, name))
+            refs = (lost.get("metadata") or {}).get("ownerReferences") if lost is not None else None
+            if owner is None and isinstance(refs, list) and refs:
+                meta["ownerReferences"] = refs  # written again as it was: still goes with its owner
+            elif owner is not None and owner.uid:
                 # Garbage-collected with the Job (JobSet, ...) it describes.
                 meta["ownerReferences"] = [
                     {
@@ -914,6 +1037,13 @@ class Controller:
             self.publisher.annotate(pod, {self.decision_key: text[:4096]})
 
 
+def backoff_s(attempts: int, base: float = BACKOFF_BASE_S) -> float:
+    """Seconds before a timed-out group is admitted again: doubling per admission, capped. The exponent
+    is bounded first: `attempts` is read back from the PlacementGroup, and 2 ** (a huge count) would take
+    the process's memory and time before the cap applied."""
+    return float(min(BACKOFF_CAP_S, base * 2 ** min(max(0, attempts - 1), 32)))
+
+
 def _names_object(exc: ApiException, name: str) -> bool:
     """A 404 Status about the object itself (its details name it), not about a path the server lacks."""
     try:
@@ -921,6 +1051,10 @@ def _names_object(exc: ApiException, name: str) -> bool:
     except (ValueError, AttributeError):
         return False
     return isinstance(details, dict) and details.get("name") == name
+
+
+def _scheduler(pod: Mapping[str, Any]) -> str:
+    return str(pod["spec"].get("schedulerName") or "default-scheduler")
 
 
 def _rv(obj: Mapping[str, Any]) -> int:

@@ -22,6 +22,8 @@ from kubernetes.client.exceptions import ApiException
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "nodefabric-placement"
+RENEW_DEADLINE = 2 / 3  # of the Lease duration
+REQUEST_TIMEOUT = (5, 10)  # connect, read: a hung call must not outlive the renew deadline by much
 
 
 def _now_text(now: float) -> str:
@@ -52,8 +54,20 @@ class LeaderElector:
         self.api: Any = client.CoordinationV1Api(api)  # takes plain dicts as readily as its models
         self.namespace, self.identity, self.name = namespace, identity, name
         self.lease_s, self.renew_s, self.clock = lease_s, renew_s, clock
-        self.leading = False
+        self._leading = False
+        self.renewed = float("-inf")  # when the Lease was last written as ours (our clock)
         self.changed = asyncio.Event()
+
+    @property
+    def leading(self) -> bool:
+        """Holding the Lease, renewed within the renew deadline (two thirds of the Lease, as client-go's
+        15 s / 10 s): a holder whose renewals hang or fail stops admitting before the Lease runs out and
+        another replica may take it."""
+        return self._leading and self.clock() - self.renewed < self.lease_s * RENEW_DEADLINE
+
+    @leading.setter
+    def leading(self, value: bool) -> None:
+        self._leading = value
 
     def _spec(self, now: float, acquired: str | None, transitions: int) -> dict[str, Any]:
         return {
@@ -68,7 +82,9 @@ class LeaderElector:
         """One read and at most one write: True while this replica holds the Lease."""
         now = self.clock()
         try:
-            resp = self.api.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+            resp = self.api.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
             lease = json.loads(resp.data)
         except ApiException as exc:
             if exc.status != 404:
@@ -80,11 +96,12 @@ class LeaderElector:
                 "spec": self._spec(now, None, 0),
             }
             try:
-                self.api.create_namespaced_lease(self.namespace, body)
+                self.api.create_namespaced_lease(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
             except ApiException as exc2:
                 if exc2.status == 409:
                     return False
                 raise
+            self.renewed = now
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -100,11 +117,14 @@ class LeaderElector:
             now, spec.get("acquireTime") if mine else None, transitions if mine else transitions + 1
         )
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, lease, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as exc:
             if exc.status == 409:  # someone else wrote it since we read it
                 return False
             raise
+        self.renewed = now
         return True
 
     def release(self) -> None:

@@ -186,6 +186,18 @@ def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _pod_group(pod: Mapping[str, Any]) -> str:
+    """The Workload API PodGroup a pod names (`spec.schedulingGroup.podGroupName`, or the first alpha's
+    `spec.workloadRef.podGroup`), without a replica key; "" when none."""
+    spec = _spec(pod)
+    for field, key in (("schedulingGroup", "podGroupName"), ("workloadRef", "podGroup")):
+        holder = spec.get(field)
+        name = holder.get(key) if isinstance(holder, Mapping) else None
+        if isinstance(name, str) and name:
+            return name
+    return ""
+
+
 def owner_ref(spec: GroupSpec, pod: Mapping[str, Any]) -> OwnerRef | None:
     """Where the owner that states the group's size lives, None for a family that has none (Kueue pod
     groups and explicit groups state their size on the pods)."""
@@ -203,7 +215,11 @@ def owner_ref(spec: GroupSpec, pod: Mapping[str, Any]) -> OwnerRef | None:
     if fam == "scheduler-plugins":
         return OwnerRef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", ns, spec.name)
     if fam == "workload":
-        return OwnerRef("scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", ns, spec.name)
+        # The PodGroup the pod names: with a replica key the group is "<podGroup>-<replica>" (each
+        # replica its own gang), but its size is the one PodGroup's.
+        return OwnerRef(
+            "scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", ns, _pod_group(pod) or spec.name
+        )
     if fam == "kubeflow":
         ref = _controller(pod)
         api, kind = (ref.get("apiVersion"), ref.get("kind")) if ref else (None, None)

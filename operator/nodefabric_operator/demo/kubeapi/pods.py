@@ -162,9 +162,13 @@ def _node_affinity(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[Cause
 
 
 def _only_added_tolerations(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[Cause]:
-    after = _list(new.get("tolerations"))
+    # As validateOnlyAddedTolerations: an old toleration still there, whatever its tolerationSeconds now.
+    def sans_seconds(t: Any) -> Any:
+        return {k: v for k, v in t.items() if k != "tolerationSeconds"} if isinstance(t, dict) else t
+
+    after = [sans_seconds(t) for t in _list(new.get("tolerations"))]
     for toleration in _list(old.get("tolerations")):
-        if toleration not in after:
+        if sans_seconds(toleration) not in after:
             return [
                 forbidden(
                     "spec.tolerations", "existing toleration can not be modified except its tolerationSeconds"
