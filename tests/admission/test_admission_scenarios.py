@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from scenario_world import GPU, NS, TIMEOUT_S, World, gpu_node, world
 
 # A scenario waits up to 45 s for what it expects (and says what it saw when it gives up), then stops
