@@ -14,6 +14,14 @@ from nodefabric_operator.demo.kubeapi import running_api
 KEY = f"{NS}/job/train"
 
 
+async def decision_copied(w: World, pod: str, decision: str) -> None:
+    """The copy is written after the admission, without blocking it: wait for it on the pod."""
+    await eventually(
+        lambda: w.pod(pod)["metadata"]["annotations"]["placement.gpustack.ai/decision"] == decision,
+        what="the decision copied onto the pod",
+    )
+
+
 async def test_a_complete_group_is_pinned_ungated_and_recorded():
     async with running_api([model.placement_crd()]) as k:
         w = World(k)
@@ -52,13 +60,7 @@ async def test_a_complete_group_is_pinned_ungated_and_recorded():
             assert all(m["bound"] and m["ready"] for m in status["members"])
             assert {c["type"]: c["status"] for c in status["conditions"]}["AllBound"] == "True"
             assert ("PlacementGroup", model.object_name(KEY), "GroupAdmitted") in {e[:3] for e in w.events()}
-            await eventually(  # the copy is written after the admission, without blocking it
-                lambda: (
-                    w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
-                    == status["decision"]
-                ),
-                what="the decision copied onto the pod",
-            )
+            await decision_copied(w, "train-0", status["decision"])
 
 
 async def test_an_incomplete_group_stays_gated_with_a_reason_then_goes_when_whole():
@@ -137,13 +139,7 @@ async def test_forged_claims_and_other_schedulers_pods_change_nothing():
             assert "attacker" not in status["decision"] and "nowhere" not in status["decision"]
             assert GATE in w.gates("attacker-gated") and not w.pinned("attacker-gated")
             assert status["location"] != "nowhere" and status["level"] == "zone"
-            await eventually(  # the copy is written after the admission, without blocking it
-                lambda: (
-                    w.pod("train-0")["metadata"]["annotations"]["placement.gpustack.ai/decision"]
-                    == status["decision"]
-                ),
-                what="the decision copied onto the pod",
-            )
+            await decision_copied(w, "train-0", status["decision"])
 
 
 async def test_a_restart_mid_admission_carries_on_from_the_placement_group():
