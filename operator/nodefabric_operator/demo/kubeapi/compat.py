@@ -1,25 +1,46 @@
 """kmock's surfaces over our store, for tests written against kmock: `objects` (resource, namespace,
-name -> kmock Object) and `_buses` (resource -> the event bus watches read)."""
+name -> kmock Object) and `_buses` (resource -> the event bus watches read).
+
+They hold the API as a `Backend`, the few methods they call, so this module needs nothing of the server
+that builds them (which imports it)."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import kmock
 
+from nodefabric_operator.demo.kubeapi.catalogue import Catalogue
 from nodefabric_operator.demo.kubeapi.routes import resource_key
-from nodefabric_operator.demo.kubeapi.store import Hub, key_of
+from nodefabric_operator.demo.kubeapi.store import Hub, Store, key_of
 
-if TYPE_CHECKING:
-    from nodefabric_operator.demo.kubeapi.server import KubeAPI
+
+class Backend(Protocol):
+    """What the kmock surfaces use of the API (`server.KubeAPI`)."""
+
+    @property
+    def catalogue(self) -> Catalogue: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    def hub(self, resource: str) -> Hub: ...
+
+    def declare(self, key: str, *, kind: str, namespaced: bool, subresources: Any = ()) -> None: ...
+
+    def put_object(self, key: str, obj: dict[str, Any], *, validate: bool = True) -> dict[str, Any]: ...
+
+    def remove_object(self, key: str, name: str, namespace: str | None = None) -> None: ...
+
+    def clear_objects(self) -> None: ...
 
 
 class Buses(dict[Any, Hub]):
     """kmock's `_buses` (resource -> event bus), for tests that put events on a resource's bus."""
 
-    def __init__(self, api: KubeAPI) -> None:
+    def __init__(self, api: Backend) -> None:
         super().__init__()
         self._api = api
 
@@ -31,7 +52,7 @@ class ResourcesView(Mapping[Any, Any]):
     """kmock's `resources` (resource -> ResourceInfo) over our catalogue: what is served, by key; an
     assignment declares a resource, as with kmock."""
 
-    def __init__(self, api: KubeAPI) -> None:
+    def __init__(self, api: Backend) -> None:
         self._api = api
 
     def __getitem__(self, key: Any) -> Any:
@@ -75,7 +96,7 @@ class LiveObject(kmock.Object):  # type: ignore[misc]
     """A copy of a stored object whose API-like methods act on the store: `delete()` deletes it (watches
     see DELETED), `patch(changes)` merges into it. Item assignment changes only the copy."""
 
-    def __init__(self, api: KubeAPI, resource: str, obj: Mapping[str, Any]) -> None:
+    def __init__(self, api: Backend, resource: str, obj: Mapping[str, Any]) -> None:
         super().__init__(copy.deepcopy(dict(obj)))
         self._api, self._resource, self._key = api, resource, key_of(obj)
 
@@ -92,7 +113,7 @@ class LiveObject(kmock.Object):  # type: ignore[misc]
 class ObjectsView:
     """kmock's `objects` array over our store: `items()`, `[resource, namespace, name]`, assignment."""
 
-    def __init__(self, api: KubeAPI) -> None:
+    def __init__(self, api: Backend) -> None:
         self._api = api
 
     def _ref(self, resource: str) -> Any:
