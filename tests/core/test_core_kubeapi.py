@@ -10,11 +10,14 @@ import pytest
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator.demo.kubeapi import (
+    KubeAPI,
     as_table,
     parse_label_selector,
     running_api,
     selector_matches,
 )
+from nodefabric_operator.demo.kubeapi.compat import Backend
+from nodefabric_operator.demo.kubeapi.knobs import Knobs
 
 G, V, P = "worker.gpustack.ai", "v1alpha1", "devices"
 
@@ -134,3 +137,12 @@ async def test_kubectl_get_devices_shows_the_printer_columns():
     header, row = out.decode().splitlines()
     assert header.split() == ["NAME", "RDMA", "DISTANCE", "FABRIC", "FAILED", "UNREAD", "AGE"]
     assert row.split()[:5] == ["gpu-1", "8", "PIX", "0", "x"]
+
+
+def test_the_api_has_what_its_parts_hold_it_as():
+    # kmock's views and the request handlers hold the API under small protocols, so that none of them
+    # imports the server; mypy cannot check KubeAPI against them (kmock is untyped), so this does.
+    api = KubeAPI()
+    assert isinstance(api, Backend)
+    assert isinstance(api, Knobs)
+    assert not isinstance(object(), Backend) and not isinstance(object(), Knobs)

@@ -156,7 +156,7 @@ def nodefabric(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 @pytest.mark.parametrize(
     ("command", "case", "says"),
     [
-        # The node side reads its kubeconfig with its own small client (nodeclient.py), held to the same
+        # The node side reads its kubeconfig with its own small client (nodeclient/), held to the same
         # outcome: the agent and the standalone DRA driver.
         (["agent", "--node-name", "gpu-1", "--root", "{tmp}", "--once"], "bad YAML", "cannot be read"),
         (

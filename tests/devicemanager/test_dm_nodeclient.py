@@ -1,4 +1,4 @@
-"""The node side's API connection (`nodeclient.py`): credentials from a kubeconfig or a service account, over
+"""The node side's API connection (`nodeclient/`): credentials from a kubeconfig or a service account, over
 real TLS to a real HTTPS server, and every kubeconfig it cannot use refused with one line."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import kmock
 
@@ -17,6 +17,7 @@ from nodefabric_operator.demo.kubeapi.routes import resource_key
 from nodefabric_operator.demo.kubeapi.store import Hub, Store, key_of
 
 
+@runtime_checkable
 class Backend(Protocol):
     """What the kmock surfaces use of the API (`server.KubeAPI`)."""
 

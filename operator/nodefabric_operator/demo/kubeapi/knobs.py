@@ -6,9 +6,10 @@ request sees, and no part imports the server it serves."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable
 class Knobs(Protocol):
     history: int  # requests kept for `requests()`
     history_bytes: int  # request bodies those may hold in all

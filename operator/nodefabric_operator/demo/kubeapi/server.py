@@ -95,26 +95,22 @@ class KubeAPI(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     catalogue: Catalogue = attrs.field(factory=Catalogue, init=False)
     store: Store = attrs.field(factory=Store, init=False)
-    # The parts read the knobs above from this object (`knobs.Knobs`) when they need them.
-    _objects: Objects = attrs.field(
-        default=attrs.Factory(lambda self: Objects(self.catalogue, self.store, self), takes_self=True),
-        init=False,
-    )
-    _history: RequestHistory = attrs.field(default=attrs.Factory(RequestHistory, takes_self=True), init=False)
-    _reads: Reads = attrs.field(
-        default=attrs.Factory(lambda self: Reads(self._objects, self), takes_self=True), init=False
-    )
-    _writes: Writes = attrs.field(
-        default=attrs.Factory(lambda self: Writes(self._objects, self), takes_self=True), init=False
-    )
-    _subresources: PodSubresources = attrs.field(
-        default=attrs.Factory(lambda self: PodSubresources(self._objects), takes_self=True), init=False
-    )
+    # The parts, built at start; they read the knobs above from this object (`knobs.Knobs`) as they go.
+    _objects: Objects = attrs.field(init=False)
+    _history: RequestHistory = attrs.field(init=False)
+    _reads: Reads = attrs.field(init=False)
+    _writes: Writes = attrs.field(init=False)
+    _subresources: PodSubresources = attrs.field(init=False)
     _seq: int = attrs.field(default=0, init=False)
     _faults: list[int] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self._objects = Objects(self.catalogue, self.store, self)
+        self._history = RequestHistory(self)
+        self._reads = Reads(self._objects, self)
+        self._writes = Writes(self._objects, self)
+        self._subresources = PodSubresources(self._objects)
         # kmock's own fallback reactions are replaced by our request path; what a test registers
         # later with kmock's DSL still answers first.
         self._payloads.clear()
