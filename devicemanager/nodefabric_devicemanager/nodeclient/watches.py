@@ -17,7 +17,8 @@ from nodefabric_devicemanager.nodeclient.client import Api, Cancel
 from nodefabric_devicemanager.nodeclient.errors import ApiError, ApiFailure, classify
 from nodefabric_devicemanager.nodeclient.objects import metadata, resource_version
 
-log = logging.getLogger(__name__)
+# Named for the package, as before it was cut in modules: log readers select the node client's lines by it.
+log = logging.getLogger(__package__)
 
 # The API server ends a watch after timeoutSeconds; a random length spreads a fleet's reconnects.
 WATCH_SECONDS = (300, 600)
