@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.testing.scenarios import SCENARIOS
+from nodefabric_operator.console import main
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def host_root(tmp_path):
 
 def script(*args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "nodefabric_devicemanager.cli", *args],
+        [sys.executable, "-m", "nodefabric_operator.console", *args],
         capture_output=True,
         text=True,
         timeout=60,
