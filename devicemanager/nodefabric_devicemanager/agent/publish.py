@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from nodefabric_devicemanager import summary
 from nodefabric_devicemanager.models import (
     ACCELERATORS_ENUMERATED,
     FABRIC_READ_SUFFIX,
@@ -285,20 +286,15 @@ def _part(condition_type: str) -> str:
     return condition_type
 
 
-def served_endpoints(spec: DevicesSpec) -> int:
-    """What kubelet's RDMA keys draw on: whole functions (a PF with VFs configured is not one) and VFs,
-    counted as the device plugin builds its families from the same record."""
-    # Imported here: the device plugin's resource manager is pure (no gRPC), but only this needs it.
-    from nodefabric_deviceplugin.resources import partition_endpoints, whole_function_endpoints
-
-    return len(whole_function_endpoints(spec)) + len(partition_endpoints(spec))
-
-
 def summaries(spec: DevicesSpec, reported: Sequence[Condition]) -> dict[str, Any]:
     """The status fields the agent owns beside its conditions, as `kubectl get devices` prints them."""
     failed = sum(1 for ep in spec.endpoints() if ep.link is not None and ep.link.state is LinkState.FAILED)
     not_read = sorted({_part(c.type) for c in reported if c.status != "True" and c.type != READY})
-    return {"rdmaServed": served_endpoints(spec), "failedLinks": failed, "notRead": ",".join(not_read)}
+    return {
+        "rdmaServed": summary.served_endpoints(spec),
+        "failedLinks": failed,
+        "notRead": ",".join(not_read),
+    }
 
 
 def _summary_change(
