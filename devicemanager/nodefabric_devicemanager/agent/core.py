@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from nodefabric_devicemanager import refresh
-from nodefabric_devicemanager.agent import heap, notices, publish, workers
+from nodefabric_devicemanager import hostpoll, refresh, workers
+from nodefabric_devicemanager.agent import heap, notices, publish
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe
@@ -194,7 +194,7 @@ class Agent:
         self._last_walk: float | None = None
         self._uevent = asyncio.Event()
         self._synced = asyncio.Event()
-        self._host_lane = workers.Lane("host-read")
+        self._host_reads = hostpoll.HostReads(config.read_timeout)
         self._api_lane = workers.Lane("api")
         self._api_turn = asyncio.Lock()
         self._last_pass_started = time.monotonic()
@@ -265,7 +265,7 @@ class Agent:
             extra={
                 "node": self.config.node,
                 "read": what,
-                "stuck_s": round(self._host_lane.stuck_for(), 1),
+                "stuck_s": round(self._host_reads.stuck_for(), 1),
                 "budget_s": self.config.read_timeout,
                 "detail": str(exc),
             },
@@ -277,7 +277,7 @@ class Agent:
         """A full host read; returns what went wrong when it failed (the observation then stays as it was)."""
         observed_at = _now()
         try:
-            observed, plan, snap = await self._host_lane.call(
+            observed, plan, snap = await self._host_reads.read(
                 self._walk_blocking, deadline=self.config.read_timeout
             )
         except workers.Overdue as exc:
@@ -302,7 +302,7 @@ class Agent:
             return await self._walk()
         observed_at = _now()
         try:
-            after, changes = await self._host_lane.call(
+            after, changes = await self._host_reads.read(
                 self._refresh_blocking, plan, before, deadline=self.config.read_timeout
             )
         except workers.Overdue as exc:
@@ -755,7 +755,7 @@ class Agent:
         stalled = time.monotonic() - self._last_pass_started
         if stalled > limit:
             return Probe(False, f"no pass started for {stalled:.0f}s (limit {limit:.0f}s)")
-        stuck = self._host_lane.stuck_for()
+        stuck = self._host_reads.stuck_for()
         if stuck > max(limit, self.config.read_timeout):
             return Probe(False, f"a host read is stuck for {stuck:.0f}s (limit {limit:.0f}s)")
         return Probe(True, "ok")
