@@ -1,4 +1,4 @@
-"""The agent: passes (read the host, decide, write what changed) and the loop that schedules them.
+"""The agent: passes (read the host, decide, write what changed), their consumers and the probes.
 
 Three kinds of pass:
 - walk: the whole host (PCI bus, interfaces, RDMA bindings, accelerators), on start, after kernel
