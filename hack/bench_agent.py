@@ -51,7 +51,7 @@ BOOKMARKS_PER_HOUR = 60
 BUDGET_MIB = 64.0
 DRIVER = "rdma.gpustack.ai"
 # The console script's body, so the old agent runs from its own unpacked sources through PYTHONPATH.
-MAIN = "import sys; from nodefabric_devicemanager.cli import main; sys.exit(main())"
+MAIN = "import sys; from nodefabric_operator.console import main; sys.exit(main())"
 
 
 def median_time(fn: Callable[[], object], rounds: int) -> float:

@@ -295,7 +295,7 @@ def operator_argv(metrics_port: int, kubeconfig: str, *, health: bool = True) ->
     15 served it from kopf on a port of its own)."""
     command = ["operator", "--standalone", "--namespace", NS, "--kubeconfig", kubeconfig]
     ports = ["--metrics-port", str(metrics_port)] + (["--health-port", str(metrics_port)] if health else [])
-    return [sys.executable, "-m", "nodefabric_devicemanager.cli", *command, *ports]
+    return [sys.executable, "-m", "nodefabric_operator.console", *command, *ports]
 
 
 @contextlib.asynccontextmanager

@@ -124,7 +124,7 @@ def one_tree(pfs: int, vfs: int, rounds: int, profile: bool) -> bool:
         for _ in range(rounds):
             floors.append(seconds(replay, ops))
             walks.append(seconds(walk, root))
-        cli = "nodefabric_devicemanager.cli"
+        cli = "nodefabric_operator.console"
         cmd = [sys.executable, "-m", cli, "inventory", "--root", root, "-o", "json"]
         floor_cmd = [sys.executable, "-c", floor_script(), str(plan)]
         # As installed, modules are compiled once (pip writes the .pyc files): let both write theirs.

@@ -7,7 +7,9 @@ for it and `inventory`/`preflight` say what failed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from nodefabric_devicemanager import interfaces as interfacesmod
 from nodefabric_devicemanager import pci as pcimod
@@ -16,6 +18,7 @@ from nodefabric_devicemanager.accelerators import Libraries, detect, failed_read
 from nodefabric_devicemanager.accelerators.nvidia import Nvml
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
 from nodefabric_devicemanager.models import (
+    ACCELERATORS_ENUMERATED,
     INTERFACES_ENUMERATED,
     AcceleratorGroup,
     Condition,
@@ -29,6 +32,57 @@ log = logging.getLogger(__name__)
 
 # AcceleratorsEnumerated reason when the root has no /sys/bus/pci at all.
 PCI_BUS_ABSENT = "PciBusAbsent"
+
+
+class ReadingLike(Protocol):
+    """What one pass yields: a `Reading`, or the agent's observation (the last walk, links refreshed)."""
+
+    @property
+    def interfaces(self) -> list[Interface] | None: ...  # None: enumeration FAILED, not an empty host
+
+    @property
+    def groups(self) -> list[AcceleratorGroup]: ...
+
+    @property
+    def failed_manufacturers(self) -> set[str]: ...  # group ids ("nvidia"): their recorded groups are kept
+
+    @property
+    def conditions(self) -> list[Condition]: ...
+
+
+def keep_recorded(
+    reading: ReadingLike, recorded: DevicesSpec | None, *, interfaces: Sequence[Interface] | None = None
+) -> DevicesSpec:
+    """The record a reading yields. A failed read keeps what is recorded: the interface list when
+    enumeration failed, a failed manufacturer's groups, and every recorded group when the accelerators
+    were not enumerated at all (no /sys/bus/pci, a failed walk); a pass that enumerated and found nothing
+    yields []. Groups are sorted by manufacturer and id, interfaces by name.
+
+    `interfaces` stands in for the reading's own when they were read (the agent's, each failed link's
+    first-seen time carried from the record). Used by the agent and by the DRA driver's standalone reader.
+    """
+    # No record: nothing was ever read (`DevicesSpec()` has neither list set).
+    recorded = recorded or DevicesSpec()
+    if reading.interfaces is None:
+        fresh = list(recorded.interfaces)
+    else:
+        fresh = list(reading.interfaces if interfaces is None else interfaces)
+    # Manufacturers are named by group id (their key, "nvidia"), as the accelerator reading names them.
+    unread = any(c.type == ACCELERATORS_ENUMERATED and c.status == "False" for c in reading.conditions)
+    failed = reading.failed_manufacturers
+    kept = {g.id: g for g in recorded.groups if unread or g.id in failed}
+    # A failed manufacturer the host still lists keeps its recorded group; with none recorded yet, the
+    # group as read (accelerators without what could not be read) is better than no group at all.
+    groups = [kept.pop(g.id, g) for g in reading.groups]
+    groups += kept.values()
+    # A list no pass has read yet (not read now, not in the record) stays out of the spec, so it is not
+    # written as an empty list: the one built here leaves it unset and `wire()` drops it.
+    parts: dict[str, Any] = {}
+    if reading.interfaces is not None or recorded.has("interfaces"):
+        parts["interfaces"] = sorted(fresh, key=lambda i: i.name)
+    if not unread or recorded.has("groups") or groups:
+        parts["groups"] = sorted(groups, key=lambda g: (g.manufacturer, g.id))
+    return DevicesSpec(**parts)
 
 
 @dataclass

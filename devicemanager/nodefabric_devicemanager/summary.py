@@ -8,7 +8,11 @@ One definition serves the operator (labels and the `kubectl get devices` columns
 from __future__ import annotations
 
 from nodefabric_devicemanager import distance
-from nodefabric_devicemanager.models import DevicesSpec, Distance, Endpoint, Fabric, LinkState
+from nodefabric_devicemanager.models import DevicesSpec, Distance, Endpoint, Fabric, Interface, LinkState
+
+# Amazon's PCI vendor: the only RDMA device bound to one of its functions is EFA, which AWS's own plugin
+# allocates under vpc.amazonaws.com/efa; advertising it here too would hand one adapter out twice.
+AMAZON_VENDOR = "1d0f"
 
 
 def usable(ep: Endpoint) -> bool:
@@ -58,3 +62,40 @@ def node_fabric_domain(spec: DevicesSpec) -> str | None:
     naming one of several domains would advertise co-location the hardware does not offer."""
     domains = {fabric_domain(a.topology.fabric) for g in spec.groups for a in g.accelerators}
     return domains.pop() if len(domains) == 1 else None
+
+
+# --- what kubelet's RDMA keys draw on (the device plugin builds its families by the same rules) ---------
+
+
+def partitioned(iface: Interface) -> bool:
+    """A PF with VFs configured serves only the partitioned family. Both facts are read."""
+    return iface.sriov and iface.sriov_num_vfs > 0
+
+
+def top_level_vf(iface: Interface) -> bool:
+    """A VF listed at top level because its PF has no host netdev (moved into a pod, bound to vfio)."""
+    return bool(iface.physical_function)
+
+
+def servable(ep: Endpoint) -> bool:
+    """Whether an endpoint can be handed out at all. Without a device name there is nothing an allocation
+    could hand over. Software RDMA (rxe, siw) is not served: the node is not RDMA capable by `usable`'s
+    rule, and a token would hand a job CPU-emulated RDMA under a resource that promises a NIC."""
+    return bool(ep.rdma_device) and ep.pci_vendor != AMAZON_VENDOR and not ep.rdma_software
+
+
+def served_endpoints(spec: DevicesSpec) -> int:
+    """What kubelet's RDMA keys draw on: whole functions (a PF with VFs configured is not one) and VFs,
+    one per RDMA device (two netdevs can share one, e.g. a bond over a LAG)."""
+    whole = {
+        i.rdma_device for i in spec.interfaces if not partitioned(i) and not top_level_vf(i) and servable(i)
+    }
+    vfs = {
+        vf.rdma_device
+        for i in spec.interfaces
+        if partitioned(i)
+        for vf in i.virtual_functions
+        if servable(vf)
+    }
+    top = {i.rdma_device for i in spec.interfaces if top_level_vf(i) and servable(i)}
+    return len(whole) + len(vfs | top)

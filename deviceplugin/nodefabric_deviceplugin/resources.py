@@ -20,10 +20,11 @@ from enum import StrEnum
 from itertools import chain
 
 from nodefabric_devicemanager import names
-from nodefabric_devicemanager.models import DevicesSpec, Endpoint, Interface, LinkState
+from nodefabric_devicemanager.models import DevicesSpec, Endpoint, LinkState
 from nodefabric_devicemanager.numbers import numa_node
 from nodefabric_devicemanager.pci import bus_key, is_bus_id
-from nodefabric_devicemanager.summary import usable
+from nodefabric_devicemanager.summary import partitioned, servable, usable
+from nodefabric_devicemanager.summary import top_level_vf as _top_level_vf
 from nodefabric_deviceplugin.limits import MAX_ID_LENGTH, Shape, check_shared_count, fitting_shared_count
 from nodefabric_deviceplugin.selection import EndpointFacts, HostFacts, Selection
 
@@ -33,9 +34,6 @@ DEFAULT_SHARED_COUNT = 64
 STEM_BUDGET = MAX_ID_LENGTH - 7
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# Amazon's PCI vendor: the only RDMA device bound to one of its functions is EFA, which AWS's own plugin
-# allocates under vpc.amazonaws.com/efa; advertising it here too would hand one adapter out twice.
-AMAZON_VENDOR = "1d0f"
 
 
 class Family(StrEnum):
@@ -164,11 +162,6 @@ def is_healthy(ep: Endpoint) -> bool:
     return usable(ep)
 
 
-def partitioned(iface: Interface) -> bool:
-    """A PF with VFs configured serves only the partitioned family. Both facts are read."""
-    return iface.sriov and iface.sriov_num_vfs > 0
-
-
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"([0-9]+)", text) if p)
 
@@ -213,10 +206,7 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
     """Group by RDMA device (two netdevs can share one, e.g. a bond over a LAG), one endpoint each."""
     groups: dict[str, list[tuple[Endpoint, Endpoint | None]]] = {}
     for ep, parent in members:
-        # Without a device name there is nothing an allocation could hand over. Software RDMA (rxe, siw)
-        # is not served: the node is not RDMA capable by the operator's rule (summary.usable), and a
-        # token would hand a job CPU-emulated RDMA under a resource that promises a NIC.
-        if ep.rdma_device and ep.pci_vendor != AMAZON_VENDOR and not ep.rdma_software:
+        if servable(ep):
             groups.setdefault(ep.rdma_device, []).append((ep, parent))
     out: list[RdmaEndpoint] = []
     for device, eps in groups.items():
@@ -253,11 +243,6 @@ def _endpoints(members: Iterable[tuple[Endpoint, Endpoint | None]]) -> list[Rdma
     return sorted(
         out, key=lambda e: (0, bus_key(e.pci_bus_id), ()) if e.pci_bus_id else (1, (), natural_key(e.key))
     )
-
-
-def _top_level_vf(iface: Interface) -> bool:
-    """A VF listed at top level because its PF has no host netdev (moved into a pod, bound to vfio)."""
-    return bool(iface.physical_function)
 
 
 def whole_function_endpoints(spec: DevicesSpec | None) -> list[RdmaEndpoint]:

@@ -5,21 +5,21 @@ Two sources feed a `RecordSource`:
 - standalone: `poll_host` reads the host itself every few seconds through the inventory.
 
 A failed read is not an empty host: when enumeration fails the last record is kept and the servers go on
-answering from it. So is a read that does not finish: it runs off the event loop (`offloop`) within a
-budget, and one stuck on a blocking file is waited for, never started again on top of itself.
+answering from it. So is a read that does not finish: it runs off the event loop through the one host
+poll (`nodefabric_devicemanager.hostpoll`) with a deadline, and one stuck on a blocking file is never
+started again on top of itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
 
+from nodefabric_devicemanager import hostpoll
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface
-from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def read_interfaces(host: HostRoot) -> list[Interface] | None:
     return inventory.read(host).interfaces
 
 
-HOST_READ_BUDGET_S = 30.0
+HOST_READ_BUDGET_S = hostpoll.DEFAULT_DEADLINE_S
 
 
 async def poll_host(
@@ -122,40 +122,23 @@ async def poll_host(
     stop: asyncio.Event | None = None,
     budget: float = HOST_READ_BUDGET_S,
 ) -> None:
-    """Standalone mode: read the host every `interval` seconds and feed the source until `stop` is set."""
-    stop = stop or asyncio.Event()
-    flight: SingleFlight[list[Interface] | None] = SingleFlight(f"the host at {host.root}", budget)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        while not stop.is_set():
-            read = asyncio.ensure_future(flight.run(lambda: reader(host)))
-            # SIGTERM must not wait out a read stuck in its thread: the thread is a daemon, left behind.
-            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():
-                read.cancel()
-                break
-            _record(source, host, read)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(stopped), timeout=interval)
-    finally:
-        stopped.cancel()
+    """Standalone mode: read the host every `interval` seconds and feed the source until `stop` is set,
+    through the one host poll (`hostpoll.poll`: a deadline on each read, SIGTERM never waits on one)."""
 
-
-def _record(source: RecordSource, host: HostRoot, read: asyncio.Future[list[Interface] | None]) -> None:
-    """Feed one finished read to the source, or say why it changes nothing."""
-    try:
-        interfaces = read.result()
-    except ReadTimeout as exc:
-        log.error(
-            "reading the host is taking too long; serving the last record",
-            extra={"root": host.root, "why": str(exc)},
-        )
-    except Exception:
-        log.exception("reading the host failed; serving the last record", extra={"root": host.root})
-    else:
+    def feed(interfaces: list[Interface] | None) -> None:
         if interfaces is None:
             log.error("could not enumerate interfaces; serving the last record", extra={"root": host.root})
         elif source.update(DevicesSpec(interfaces=interfaces)):
             log.info(
                 "device record changed", extra={"interfaces": len(interfaces), "version": source.version}
             )
+
+    await hostpoll.poll(
+        lambda: reader(host),
+        feed,
+        root=host.root,
+        interval=interval,
+        stop=stop or asyncio.Event(),
+        log=log,
+        deadline=budget,
+    )

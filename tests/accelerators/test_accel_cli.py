@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.models import Accelerator, AcceleratorGroup, AcceleratorTopology
+from nodefabric_operator.console import main
 
 DATA = Path(__file__).parent / "data"
 
@@ -103,7 +103,7 @@ def test_console_script_reads_stdin(topo_text):
         [
             sys.executable,
             "-m",
-            "nodefabric_devicemanager.cli",
+            "nodefabric_operator.console",
             "pick",
             "--links",
             "-",

@@ -71,7 +71,7 @@ def driver_root(tmp_path):
 
 def inventory_command(host, *args, env=None):
     proc = subprocess.run(
-        [sys.executable, "-m", "nodefabric_devicemanager.cli", "inventory", "--root", str(host), *args],
+        [sys.executable, "-m", "nodefabric_operator.console", "inventory", "--root", str(host), *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -204,7 +204,7 @@ def test_the_rank_matrix_is_computed_once_per_topology():
 
 
 def test_the_pick_command_chooses_the_exact_set(tmp_path, capsys):
-    from nodefabric_devicemanager.cli import main
+    from nodefabric_operator.console import main
 
     links = bench_layout(16)
     path = tmp_path / "links.json"
@@ -289,7 +289,7 @@ def _matrix_file(tmp_path, links):
 
 
 def test_the_pick_command_says_exact_or_best_found(tmp_path, capsys):
-    from nodefabric_devicemanager.cli import main
+    from nodefabric_operator.console import main
 
     path = _matrix_file(tmp_path, random_matrix(random.Random(32), 32, ["NV4", "SYS"]))
     assert main(["pick", "--links", str(path), "--count", "16"]) == 0
@@ -306,7 +306,7 @@ def test_the_pick_command_says_exact_or_best_found(tmp_path, capsys):
 
 @pytest.mark.parametrize("shape", ["dict", "rows"])
 def test_the_pick_command_refuses_more_devices_than_it_serves_in_one_line(tmp_path, capsys, shape):
-    from nodefabric_devicemanager.cli import main
+    from nodefabric_operator.console import main
 
     n = MAX_DEVICES + 1
     if shape == "dict":

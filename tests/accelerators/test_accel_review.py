@@ -11,10 +11,10 @@ from nodefabric_devicemanager.accelerators import Libraries, detect, topo
 from nodefabric_devicemanager.accelerators.ascend import Dcmi
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.accelerators import amd_gpu, kfd_topology, npu_function
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_operator.console import main
 
 HIVE = 0x5A5A5A5A12345678
 MI300 = ["0000:0c:00.0", "0000:22:00.0"]

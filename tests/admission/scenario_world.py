@@ -120,7 +120,7 @@ class World:
 
     async def start_placement(self) -> None:
         args = [
-            sys.executable, "-m", "nodefabric_devicemanager.cli", "placement",
+            sys.executable, "-m", "nodefabric_operator.console", "placement",
             "--kubeconfig", self.k.kubeconfig, "--config", str(self.config),
             "--namespace", "nodefabric", "--lease-duration", "2", "--metrics-port", "0",
             "--identity", f"placement-{self.restarts}",

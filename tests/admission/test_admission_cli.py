@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 
 def _placement(*argv: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "nodefabric_devicemanager.cli", "--log-format", "json", "placement", *argv]
+    cmd = [sys.executable, "-m", "nodefabric_operator.console", "--log-format", "json", "placement", *argv]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -31,9 +31,9 @@ from agent_fixtures import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodefabric_devicemanager.cli import build_parser
 from nodefabric_devicemanager.testing.sysfs import Port
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+from nodefabric_operator.console import build_parser
 
 
 async def run_once(kubeconfig: str, root: str, *extra: str) -> int:

@@ -27,7 +27,7 @@ from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 HANGING_NVML = (
     "import sys, threading, pynvml\n"
     "pynvml.nvmlInit = lambda *a, **k: threading.Event().wait()\n"
-    "from nodefabric_devicemanager.cli import main\n"
+    "from nodefabric_operator.console import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 

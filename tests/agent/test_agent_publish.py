@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from nodefabric_devicemanager import inventory, summary
 from nodefabric_devicemanager.agent import publish
+from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import (
     Accelerator,
     AcceleratorGroup,
@@ -16,6 +20,8 @@ from nodefabric_devicemanager.models import (
     LinkVerdict,
     VirtualFunction,
 )
+from nodefabric_devicemanager.testing.scenarios import SCENARIOS
+from nodefabric_deviceplugin.resources import partition_endpoints, whole_function_endpoints
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=3)
@@ -140,3 +146,25 @@ def test_plan_creates_patches_or_does_nothing():
     assert changed.spec is not None and changed.conditions is None and not changed.create
     garbage = publish.plan({"spec": {"interfaces": "nonsense"}, "status": {}}, reading, T1)
     assert garbage.spec is not None, "a spec that does not parse is rewritten whole"
+
+
+# --- rdmaServed counts what the device plugin serves -------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_served_count_is_what_the_device_plugin_builds_its_families_from(tmp_path, scenario):
+    # The count lives below the device plugin (the agent may not import it); the plugin's own family
+    # builders are the reference, on every fixture host (VFs, top-level VFs, soft RDMA, platform NICs).
+    SCENARIOS[scenario](tmp_path)
+    spec = inventory.read(HostRoot.at(tmp_path)).spec()
+    expected = len(whole_function_endpoints(spec)) + len(partition_endpoints(spec))
+    assert summary.served_endpoints(spec) == expected
+    assert publish.summaries(spec, [])["rdmaServed"] == expected
+
+
+def test_the_served_count_leaves_out_efa_and_counts_a_bond_once():
+    efa = Interface(name="efa0", pci_bus_id="0000:10:1c.0", rdma_device="rdmap16s28", pci_vendor="1d0f")
+    bond_a = Interface(name="ens1f0", pci_bus_id="0000:19:00.0", rdma_device="mlx5_bond_0")
+    bond_b = Interface(name="ens1f1", pci_bus_id="0000:19:00.1", rdma_device="mlx5_bond_0")
+    spec = DevicesSpec(interfaces=[efa, bond_a, bond_b])
+    assert summary.served_endpoints(spec) == 1 == len(whole_function_endpoints(spec))

@@ -13,8 +13,8 @@ import yaml
 from chart_support import CHART, Doc, of_kind, one, pod_spec
 from test_chart_rbac import CLUSTER, grants_of
 
-from nodefabric_devicemanager import cli, crd
-from nodefabric_operator import crd_apply
+from nodefabric_devicemanager import crd
+from nodefabric_operator import console, crd_apply
 from nodefabric_operator.admission import model as placement_model
 from nodefabric_operator.crd_apply import NAME, VERSION_ANNOTATION, desired, plan, release
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
@@ -27,7 +27,7 @@ FTP = topology_report.crd()["metadata"]["name"]
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(args)
+    code = console.main(args)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -257,14 +257,14 @@ async def test_by_default_every_crd_is_applied_one_line_each(capsys) -> None:
 
 def test_an_unknown_crd_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
-        cli.main(["crd", "print", "--crd", "nodes"])
+        console.main(["crd", "print", "--crd", "nodes"])
     assert exited.value.code == 2
     assert "'nodes' is not one of all, devices, placementgroups" in capsys.readouterr().err
 
 
 def test_an_unknown_action_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
-        cli.main(["crd", "delete"])
+        console.main(["crd", "delete"])
     assert exited.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
 

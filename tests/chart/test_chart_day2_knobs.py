@@ -14,7 +14,7 @@ from chart_support import NAMESPACE, ROOT, Doc, container, of_kind, one, pod_spe
 from test_chart_rbac import grants_of
 from test_chart_validate import validate_all
 
-from nodefabric_devicemanager import cli
+from nodefabric_operator import console
 
 AGENT = ("DaemonSet", "nf-nodefabric-agent", "agent")
 OPERATOR = ("Deployment", "nf-nodefabric-operator", "operator")
@@ -28,7 +28,7 @@ def parsed(args: list[str]) -> Any:
     """The container's arguments as `nodefabric` parses them ($(NODE_NAME) and $(HOST_IP) as kubelet
     would expand them)."""
     argv = [a.replace("$(NODE_NAME)", "gpu-7").replace("$(HOST_IP)", "10.0.0.7") for a in args]
-    parser, command = cli.build_parser(argv)
+    parser, command = console.build_parser(argv)
     assert command is not None
     return parser.parse_args(argv)
 

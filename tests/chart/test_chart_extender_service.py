@@ -25,7 +25,7 @@ def docs(render) -> list[Doc]:  # type: ignore[no-untyped-def]
 
 
 def parse(args: list[str]) -> Any:
-    from nodefabric_devicemanager.cli import build_parser
+    from nodefabric_operator.console import build_parser
 
     parser, command = build_parser(args)
     assert command is not None, args

@@ -28,7 +28,7 @@ from chart_support import (
     run_helm,
 )
 
-from nodefabric_devicemanager import cli
+from nodefabric_operator import console
 from nodefabric_operator.admission import model, owners
 from nodefabric_operator.admission.webhook import WebhookConfig, gate_patch
 from nodefabric_operator.extender.config import ExtenderConfig
@@ -332,7 +332,8 @@ def test_the_mounted_host_yields_what_the_script_asserts(tmp_path: Path, capsys)
     rdma.capable=true, rdma.numa=0_1, and usable endpoints (the allocatable the script expects)."""
     load_hack("kind_e2e").host(tmp_path / "host")
     assert (
-        cli.main(["--log-level", "ERROR", "inventory", "--root", str(tmp_path / "host"), "-o", "json"]) == 0
+        console.main(["--log-level", "ERROR", "inventory", "--root", str(tmp_path / "host"), "-o", "json"])
+        == 0
     )
     record = json.loads(capsys.readouterr().out)
     assert record["status"]["rdmaEndpoints"] == 5
@@ -344,7 +345,7 @@ def test_the_mounted_host_yields_what_the_script_asserts(tmp_path: Path, capsys)
     }
     path = tmp_path / "devices.json"
     path.write_text(json.dumps(devices))
-    assert cli.main(["labels", "-f", str(path), "-o", "json"]) == 0
+    assert console.main(["labels", "-f", str(path), "-o", "json"]) == 0
     labels = json.loads(capsys.readouterr().out)
     assert labels["feature.gpustack.ai/rdma.capable"] == "true"
     assert labels["feature.gpustack.ai/rdma.numa"] == "0_1"

@@ -167,7 +167,7 @@ def test_a_command_whose_optional_dependency_the_image_lacks_is_one_line_not_a_t
 
     program = (
         "import sys; sys.modules['kmock'] = None\n"  # as absent as in the image: importing it fails
-        "from nodefabric_devicemanager.cli import main\n"
+        "from nodefabric_operator.console import main\n"
         "sys.exit(main(['demo']))\n"
     )
     done = subprocess.run(

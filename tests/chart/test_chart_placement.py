@@ -667,7 +667,7 @@ def test_bad_homogeneity_values_are_refused(render, given: Any, complaint: str) 
 
 def test_the_placement_process_accepts_the_rendered_arguments(default_docs: list[Doc]) -> None:
     """The real `nodefabric placement` parser reads the Deployment's arguments."""
-    from nodefabric_devicemanager.cli import build_parser
+    from nodefabric_operator.console import build_parser
 
     args = container(deployment(default_docs), "placement")["args"]
     parser, command = build_parser(args)

@@ -56,10 +56,10 @@ def test_the_hook_prunes_its_sink_with_exactly_the_rights_it_needs(render: Any, 
 
 def test_the_command_the_hook_runs_parses(render: Any) -> None:
     """The Job's arguments are the real command line of `nodefabric`: parsed, they ask for a prune."""
-    from nodefabric_devicemanager import cli
+    from nodefabric_operator import console
 
     (container,) = pod_spec(one(render(), "Job", JOB))["containers"]
-    parser, command = cli.build_parser(container["args"])
+    parser, command = console.build_parser(container["args"])
     args = parser.parse_args(container["args"])
     assert command is not None and args.prune and args.prune_timeout == 120.0 and args.sink == "nodefeature"
 

@@ -59,7 +59,7 @@ def extender_config(docs: list[Doc]) -> dict[str, Any]:
 
 
 def parse(args: list[str]) -> Any:
-    from nodefabric_devicemanager.cli import build_parser
+    from nodefabric_operator.console import build_parser
 
     parser, command = build_parser(args)
     assert command is not None, args

@@ -361,7 +361,7 @@ def test_metrics_services_select_their_pods(default_docs: list[Doc]) -> None:
 
 
 def parse(args: list[str]) -> Any:
-    from nodefabric_devicemanager.cli import build_parser
+    from nodefabric_operator.console import build_parser
 
     parser, command = build_parser(args)
     assert command is not None, args

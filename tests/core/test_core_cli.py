@@ -12,8 +12,9 @@ import sys
 import pytest
 import yaml
 
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.testing.scenarios import SCENARIOS
+from nodefabric_operator import console
+from nodefabric_operator.console import main
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def host_root(tmp_path):
 
 def script(*args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "nodefabric_devicemanager.cli", *args],
+        [sys.executable, "-m", "nodefabric_operator.console", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -209,3 +210,38 @@ def test_a_json_nested_deeper_than_the_parser_goes_is_bad_input(tmp_path):
         proc = script(*args)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+# --- the dispatcher names every subcommand's module -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(console.COMMANDS))
+def test_every_subcommand_loads_a_module_with_arguments_and_run(name):
+    loader, help_ = console.COMMANDS[name]
+    module = loader()
+    assert help_ and callable(module.add_arguments) and callable(module.run)
+    _, command = console.build_parser([name])
+    assert command is module
+
+
+def test_a_missing_third_party_package_is_one_line_naming_it(monkeypatch, capsys):
+    def needs_kmock():
+        raise ModuleNotFoundError("No module named 'kmock'", name="kmock")
+
+    monkeypatch.setitem(console.COMMANDS, "demo", (needs_kmock, "run the demo"))
+    with pytest.raises(SystemExit) as exited:
+        console.main(["demo"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "needs the Python package kmock" in err
+
+
+def test_a_missing_module_of_ours_is_a_bug_not_a_usage_error(monkeypatch):
+    def broken():
+        raise ModuleNotFoundError(
+            "No module named 'nodefabric_operator.gone'", name="nodefabric_operator.gone"
+        )
+
+    monkeypatch.setitem(console.COMMANDS, "demo", (broken, "run the demo"))
+    with pytest.raises(ModuleNotFoundError):
+        console.main(["demo"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodefabric_devicemanager import cli
+from nodefabric_operator import console
 
 # (command, flag, lowest accepted) for every TCP port flag of every command.
 PORTS = [
@@ -57,7 +57,7 @@ NOT_SECONDS = ["", " 5", "5 ", "5\n", "+5", "1_0", "\u0665", "0x10", "nan", "inf
 def parse(capsys: pytest.CaptureFixture[str], command: str, flag: str, value: str) -> tuple[object, str]:
     """The value the command's parser gives the flag, or the one line it refuses it with (exit 2)."""
     argv = [command, f"{flag}={value}"]  # "=": a value starting with "-" is not taken for a flag
-    parser, _ = cli.build_parser(argv)
+    parser, _ = console.build_parser(argv)
     try:
         return getattr(parser.parse_args(argv), flag[2:].replace("-", "_")), ""
     except SystemExit as exit_:

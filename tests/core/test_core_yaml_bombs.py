@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodefabric_devicemanager import yamldoc
-from nodefabric_devicemanager.cli import main
+from nodefabric_operator.console import main
 
 
 def bomb(path: Path, under: str) -> Path:

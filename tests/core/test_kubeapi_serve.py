@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-DEMO = [sys.executable, "-m", "nodefabric_devicemanager.cli", "demo"]
+DEMO = [sys.executable, "-m", "nodefabric_operator.console", "demo"]
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed here")

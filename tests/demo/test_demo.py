@@ -17,7 +17,7 @@ def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], str]:
     tmp = str(tmp_path_factory.mktemp("demo-tmp"))
     sockets_before = set(glob.glob("/tmp/dp-*"))
     result = subprocess.run(
-        [sys.executable, "-m", "nodefabric_devicemanager.cli", "demo"],
+        [sys.executable, "-m", "nodefabric_operator.console", "demo"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -141,7 +141,7 @@ async def test_ctrl_c_while_the_operator_starts_stops_everything_without_a_trace
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "nodefabric_devicemanager.cli",
+        "nodefabric_operator.console",
         "demo",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

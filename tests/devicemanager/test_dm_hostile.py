@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 
 from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.testing.scenarios import SCENARIOS
 from nodefabric_devicemanager.testing.sysfs import Port, SysfsBuilder
+from nodefabric_operator.console import main
 
 NIC = "/sys/devices/pci0000:16/0000:17:00.0"
 NETDEV = f"{NIC}/net/ens1np0"
@@ -39,7 +39,7 @@ def conditions(doc):
 def command(root, *args, timeout=60):
     """The console script in a child process: a read that blocks shows as a timeout, not a hung suite."""
     return subprocess.run(
-        [sys.executable, "-m", "nodefabric_devicemanager.cli", *args, "--root", str(root)],
+        [sys.executable, "-m", "nodefabric_operator.console", *args, "--root", str(root)],
         capture_output=True,
         text=True,
         timeout=timeout,

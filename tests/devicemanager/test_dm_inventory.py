@@ -4,11 +4,12 @@ import json
 
 import yaml
 
-from nodefabric_devicemanager import cli, inventory
+from nodefabric_devicemanager import inventory
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import INTERFACES_ENUMERATED, Devices, LinkState
+from nodefabric_operator import console
 
 
 class NoNvml:
@@ -71,7 +72,7 @@ def test_status_counts_unverified_endpoints_with_or_without_a_device(scenario):
 
 
 def run(capsys, *argv):
-    code = cli.main(list(argv))
+    code = console.main(list(argv))
     out = capsys.readouterr().out
     return code, out
 

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.scenarios import SCENARIOS
 from nodefabric_devicemanager.testing.sysfs import Port, SysfsBuilder
+from nodefabric_operator.console import main
 
 CAPABLE = "feature.gpustack.ai/rdma.capable"
 

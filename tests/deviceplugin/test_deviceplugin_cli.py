@@ -17,11 +17,11 @@ import aiohttp
 import grpc
 import pytest
 
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.testing.sysfs import Port, SysfsBuilder
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
+from nodefabric_operator.console import main
 
-NODEFABRIC = (sys.executable, "-m", "nodefabric_devicemanager.cli")
+NODEFABRIC = (sys.executable, "-m", "nodefabric_operator.console")
 
 
 @contextlib.asynccontextmanager

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from dp_helpers import FixtureHost, nic, shutdown, start_plugin, two_nics_and_vfs
 
-from nodefabric_devicemanager.cli import main
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.resources import Family, PluginConfig, view
 from nodefabric_deviceplugin.selection import Selection, SelectionError, load, parse
+from nodefabric_operator.console import main
 
 EXCLUSIVE, SHARED, PARTITIONED = (f"device.gpustack.ai/{f.value}" for f in Family)
 

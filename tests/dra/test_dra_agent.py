@@ -25,7 +25,7 @@ from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator.demo.kubeapi import running_api
 
-NODEFABRIC = (sys.executable, "-m", "nodefabric_devicemanager.cli")
+NODEFABRIC = (sys.executable, "-m", "nodefabric_operator.console")
 VFS = {"0000:e0:00.1", "0000:e0:00.2", "0000:e0:00.3", "0000:e0:00.4"}
 
 

@@ -21,7 +21,7 @@ from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
-NODEFABRIC = (sys.executable, "-m", "nodefabric_devicemanager.cli")
+NODEFABRIC = (sys.executable, "-m", "nodefabric_operator.console")
 
 
 def nodefabric(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

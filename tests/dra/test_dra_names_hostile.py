@@ -20,7 +20,7 @@ UID = "6f1c2a4e-2b0d-4d43-9a55-0c7f1b2b9e10"
 
 def nodefabric(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nodefabric_devicemanager.cli", *args],
+        [sys.executable, "-m", "nodefabric_operator.console", *args],
         capture_output=True,
         text=True,
         check=False,

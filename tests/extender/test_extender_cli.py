@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 
 def _extender(*argv: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "nodefabric_devicemanager.cli", "extender", *argv]
+    cmd = [sys.executable, "-m", "nodefabric_operator.console", "extender", *argv]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

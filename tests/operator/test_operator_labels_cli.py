@@ -8,7 +8,7 @@ import json
 import yaml
 from operator_records import devices, gpu, group, nic, nvlink
 
-from nodefabric_devicemanager.cli import main
+from nodefabric_operator.console import main
 
 
 def record() -> dict:

@@ -9,8 +9,8 @@ from operator_harness import Client, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.cli import main
 from nodefabric_operator import cli, labels, sinks
+from nodefabric_operator.console import main
 from nodefabric_operator.demo.kubeapi import running_api
 
 NUMA = "feature.gpustack.ai/rdma.numa"

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from nodefabric_devicemanager import crd
-from nodefabric_devicemanager.cli import main
+from nodefabric_operator.console import main
 from nodefabric_operator.demo.kubeapi import running_api, write_kubeconfig
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodefabric_devicemanager.cli import main
+from nodefabric_operator.console import main
 
 
 def one_line(err: str) -> str:

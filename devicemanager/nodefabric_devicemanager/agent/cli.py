@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -19,12 +18,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import prometheus_client
 
 from nodefabric_devicemanager import buildinfo, flags, logs, names, nodeclient
-from nodefabric_devicemanager.agent import heap
+from nodefabric_devicemanager.agent import heap, wiring
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
@@ -42,9 +40,6 @@ STOP_GRACE_S = 5.0
 # The parts are told to stop, and waited for this long before being cancelled.
 _PART_STOP_S = 3.0
 _seconds = flags.seconds(most=7 * 24 * 3600.0)
-SERVE = ("deviceplugin", "dra", "both")
-# How the in-process DRA driver's requests name themselves in the API server's audit log.
-DRA_USER_AGENT = "nodefabric-agent-dra"
 
 
 class StartupError(Exception):
@@ -114,54 +109,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     plugin = parser.add_argument_group("device plugin (served in-process from the agent's latest record)")
     plugin.add_argument("--no-device-plugin", action="store_true", help="do not serve the RDMA resources")
-    from nodefabric_deviceplugin.startup import add_plugin_arguments  # no grpc: flags and checks only
-
-    add_plugin_arguments(plugin)
-    from nodefabric_deviceplugin.dra.flags import add_driver_arguments  # no grpc either
-
+    wiring.add_plugin_arguments(plugin)  # no grpc: flags and checks only
     dra = parser.add_argument_group(
         "DRA driver rdma.<domain> (served in-process beside or instead of the plugin)"
     )
     dra.add_argument(
         "--serve",
-        choices=SERVE,
+        choices=wiring.SERVE,
         default="deviceplugin",
         help="kubelet APIs to serve: the device plugin, the DRA driver, or both (DRA then offers the whole"
         " functions and the device plugin the VFs, so no endpoint is offered twice; default: deviceplugin)",
     )
-    add_driver_arguments(dra, prefix="dra-")
+    wiring.add_driver_arguments(dra)
 
 
 # --- start-up checks ---------------------------------------------------------------------------------
-
-
-def _plugin_config(args: argparse.Namespace) -> Any:
-    """The device plugin's settings, checked before anything starts (the shared count against kubelet's
-    message limit, the domain); None when the plugin is off."""
-    if args.no_device_plugin or args.serve == "dra":
-        return None
-    from nodefabric_deviceplugin.startup import config_from_args
-
-    try:
-        return config_from_args(args)
-    except ValueError as exc:  # the device plugin's StartupError is one
-        raise StartupError(str(exc)) from exc
-
-
-def _dra_config(args: argparse.Namespace) -> Any:
-    """The DRA driver's settings, checked before anything starts (the domain, the paths, their
-    directories); None when the driver is not served."""
-    if args.serve == "deviceplugin":
-        return None
-    if args.serve == "both" and args.no_device_plugin:
-        raise StartupError("--serve both and --no-device-plugin contradict each other (use --serve dra)")
-    from nodefabric_deviceplugin.dra.flags import config_from
-
-    try:
-        # Beside the device plugin the driver offers the whole functions; the VFs are the device plugin's.
-        return config_from(args, functions=("pf",)) if args.serve == "both" else config_from(args)
-    except ValueError as exc:
-        raise StartupError(str(exc)) from exc
 
 
 def reader_for(driver_root: str) -> Reader:
@@ -173,8 +135,9 @@ def reader_for(driver_root: str) -> Reader:
     return functools.partial(inventory.read, driver_root=driver_root)
 
 
-def _check(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The device plugin's and the DRA driver's settings (None for one not served). Raises StartupError."""
+def _check(args: argparse.Namespace) -> wiring.Serving:
+    """What the node serves to kubelet: the device plugin's and the DRA driver's settings (None for one
+    not served). Raises StartupError."""
     if not args.node_name:
         raise StartupError(
             "no node name: pass --node-name or set NODE_NAME (the downward API's spec.nodeName)"
@@ -185,13 +148,16 @@ def _check(args: argparse.Namespace) -> tuple[Any, Any]:
         raise StartupError(f"--root {args.root} is not a directory")
     if args.driver_root and not os.path.isdir(args.driver_root):
         raise StartupError(f"--driver-root {args.driver_root} is not a directory")
-    return _plugin_config(args), _dra_config(args)
+    try:
+        return wiring.serving(args)
+    except wiring.ConfigError as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def run(args: argparse.Namespace) -> int:
     logs.default_fields(node=args.node_name)
     try:
-        plugin_config, dra_config = _check(args)
+        serving = _check(args)
         api = nodeclient.load(args.kubeconfig)
     except (StartupError, nodeclient.ConfigError) as exc:
         log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
@@ -218,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             # `inventory`), even though the record was published with what could be read.
             unread = {INTERFACES_ENUMERATED, ACCELERATORS_ENUMERATED} & set(outcome.degraded)
             return EXIT_OK if outcome.ok and not unread else EXIT_PASS_FAILED
-        return asyncio.run(serve(agent, args, plugin_config, dra_config))
+        return asyncio.run(serve(agent, args, serving))
     except OSError as exc:  # a port that cannot be bound: in use, or an address not on this node
         log.error("cannot start the agent: %s", exc.strerror or exc, extra={"node": args.node_name})
         return EXIT_USAGE
@@ -229,43 +195,7 @@ def run(args: argparse.Namespace) -> int:
 # --- the long-running process --------------------------------------------------------------------------
 
 
-def _plugin(agent: Agent, args: argparse.Namespace, plugin_config: Any) -> Any:
-    """The in-process device plugin fed by every pass, or None when it is turned off."""
-    if plugin_config is None:
-        return None
-    from nodefabric_deviceplugin.server import DevicePluginManager
-    from nodefabric_deviceplugin.source import RecordSource
-
-    source = RecordSource()
-    if args.serve == "both":
-        from nodefabric_deviceplugin.dra.devices import device_plugin_share
-
-        # Beside the DRA driver (whole functions) the device plugin serves only the VFs.
-        agent.subscribe(lambda spec: source.update(device_plugin_share(spec) or spec))
-    else:
-        agent.subscribe(source.update)
-    return DevicePluginManager(source, agent.host, config=plugin_config, plugin_dir=args.plugin_dir)
-
-
-def _dra(agent: Agent, args: argparse.Namespace, dra_config: Any) -> Any:
-    """The in-process DRA driver fed by every pass, or None when it is not served."""
-    if dra_config is None:
-        return None
-    from nodefabric_deviceplugin.dra.driver import DraDriver
-    from nodefabric_deviceplugin.dra.kube import DraApi
-    from nodefabric_deviceplugin.source import RecordSource
-
-    # Its own connection, with the agent's credentials: a prepare that kubelet waits on never queues
-    # behind the agent's requests. Counted with them in the agent's API metrics.
-    credentials = dataclasses.replace(agent.client.api.credentials, user_agent=DRA_USER_AGENT)
-    api = nodeclient.Api(credentials)
-    agent.metrics.count_api(api)
-    source = RecordSource()
-    agent.subscribe(source.update)
-    return DraDriver(dra_config, source, agent.host, DraApi(api, dra_config))
-
-
-def _ready(agent: Agent, *servers: Any) -> Callable[[], Probe]:
+def _ready(agent: Agent, servers: wiring.NodeServers) -> Callable[[], Probe]:
     """The agent's readiness, and that of the kubelet-facing servers in process (the device plugin, the
     DRA driver): kubelet accepted each."""
 
@@ -273,7 +203,7 @@ def _ready(agent: Agent, *servers: Any) -> Callable[[], Probe]:
         probe = agent.readiness()
         if not probe.ok:
             return probe
-        for server in servers:
+        for server in (servers.plugin, servers.dra):
             if server is not None:
                 ok, message = server.readiness()  # from memory, no I/O: safe on the probe's thread
                 if not ok:
@@ -309,8 +239,7 @@ def _force_exit_later(node: str) -> None:
 async def serve(
     agent: Agent,
     args: argparse.Namespace,
-    plugin_config: Any,
-    dra_config: Any = None,
+    serving: wiring.Serving,
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop`): passes, uevents, metrics and probes, the device plugin and
@@ -328,17 +257,17 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
             loop.add_signal_handler(sig, on_signal, sig)
-    plugin = _plugin(agent, args, plugin_config)
-    dra = _dra(agent, args, dra_config)
-    servers = Servers()
+    servers = wiring.build(agent, serving)
+    plugin, dra = servers.plugin, servers.dra
+    http = Servers()
     # Before anything runs: a port that cannot be bound is a start-up error (OSError, exit 2).
-    servers.start(
+    http.start(
         host=args.bind_address,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         registries=(agent.metrics.registry, prometheus_client.REGISTRY),
         live=agent.liveness,
-        ready=_ready(agent, plugin, dra),
+        ready=_ready(agent, servers),
     )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []
@@ -379,7 +308,7 @@ async def serve(
         return EXIT_PASS_FAILED if failed else EXIT_OK
     finally:
         watch.stop(loop)
-        servers.stop()
+        http.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)

@@ -12,16 +12,16 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import ValidationError
 
+from nodefabric_devicemanager import inventory, summary
 from nodefabric_devicemanager.models import (
     ACCELERATORS_ENUMERATED,
     FABRIC_READ_SUFFIX,
     INTERFACES_ENUMERATED,
     READY,
-    AcceleratorGroup,
     Condition,
     DevicesSpec,
     Endpoint,
@@ -34,20 +34,8 @@ from nodefabric_devicemanager.pci import bus_key
 log = logging.getLogger(__name__)
 
 
-class ReadingLike(Protocol):
-    """What one inventory pass yields (`nodefabric_devicemanager.inventory.Reading`)."""
-
-    @property
-    def interfaces(self) -> list[Interface] | None: ...  # None: enumeration FAILED, not an empty host
-
-    @property
-    def groups(self) -> list[AcceleratorGroup]: ...
-
-    @property
-    def failed_manufacturers(self) -> set[str]: ...  # group ids ("nvidia"): their recorded groups are kept
-
-    @property
-    def conditions(self) -> list[Condition]: ...
+# What one pass yields; the agent's observation is one too.
+ReadingLike = inventory.ReadingLike
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,31 +109,14 @@ def carry_first_seen(
 
 
 def desired_spec(reading: ReadingLike, stored: DevicesSpec | None, now: datetime) -> DevicesSpec:
-    """The spec to publish. A failed read keeps what is recorded: the interface list when enumeration
-    failed, and a failed manufacturer's groups; a pass that enumerated and found nothing yields []."""
-    # No stored object: nothing was ever read (`DevicesSpec()` has neither list set).
-    stored = stored or DevicesSpec()
-    if reading.interfaces is None:
-        interfaces = list(stored.interfaces)
-    else:
-        interfaces = carry_first_seen(reading.interfaces, stored.interfaces, now)
-    # Manufacturers are named by group id (their key, "nvidia"), as the accelerator reading names them.
-    # Accelerators not enumerated at all (no /sys/bus/pci, a failed walk) keep every recorded group.
-    unread = any(c.type == ACCELERATORS_ENUMERATED and c.status == "False" for c in reading.conditions)
-    failed = reading.failed_manufacturers
-    kept = {g.id: g for g in stored.groups if unread or g.id in failed}
-    # A failed manufacturer the host still lists keeps its recorded group; with none recorded yet, the
-    # group as read (accelerators without what could not be read) is better than no group at all.
-    groups = [kept.pop(g.id, g) for g in reading.groups]
-    groups += kept.values()
-    # A list no pass has read yet (not read now, not in the stored object) stays out of the spec, so it
-    # is not written as an empty list: the one built here leaves it unset and `wire()` drops it.
-    parts: dict[str, Any] = {}
-    if reading.interfaces is not None or stored.has("interfaces"):
-        parts["interfaces"] = sorted(interfaces, key=lambda i: i.name)
-    if not unread or stored.has("groups") or groups:
-        parts["groups"] = sorted(groups, key=lambda g: (g.manufacturer, g.id))
-    return DevicesSpec(**parts)
+    """The spec to publish: `inventory.keep_recorded` (a failed read keeps what is recorded), with each
+    failed link's firstSeenTime carried from the stored spec."""
+    carried = (
+        carry_first_seen(reading.interfaces, stored.interfaces if stored else [], now)
+        if reading.interfaces is not None
+        else None
+    )
+    return inventory.keep_recorded(reading, stored, interfaces=carried)
 
 
 def _canonical_endpoint(ep: dict[str, Any]) -> dict[str, Any]:
@@ -285,20 +256,15 @@ def _part(condition_type: str) -> str:
     return condition_type
 
 
-def served_endpoints(spec: DevicesSpec) -> int:
-    """What kubelet's RDMA keys draw on: whole functions (a PF with VFs configured is not one) and VFs,
-    counted as the device plugin builds its families from the same record."""
-    # Imported here: the device plugin's resource manager is pure (no gRPC), but only this needs it.
-    from nodefabric_deviceplugin.resources import partition_endpoints, whole_function_endpoints
-
-    return len(whole_function_endpoints(spec)) + len(partition_endpoints(spec))
-
-
 def summaries(spec: DevicesSpec, reported: Sequence[Condition]) -> dict[str, Any]:
     """The status fields the agent owns beside its conditions, as `kubectl get devices` prints them."""
     failed = sum(1 for ep in spec.endpoints() if ep.link is not None and ep.link.state is LinkState.FAILED)
     not_read = sorted({_part(c.type) for c in reported if c.status != "True" and c.type != READY})
-    return {"rdmaServed": served_endpoints(spec), "failedLinks": failed, "notRead": ",".join(not_read)}
+    return {
+        "rdmaServed": summary.served_endpoints(spec),
+        "failedLinks": failed,
+        "notRead": ",".join(not_read),
+    }
 
 
 def _summary_change(

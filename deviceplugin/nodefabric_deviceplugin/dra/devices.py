@@ -14,12 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from nodefabric_devicemanager.models import DevicesSpec, Endpoint
-from nodefabric_deviceplugin.resources import (
-    RdmaEndpoint,
-    partition_endpoints,
-    partitioned,
-    whole_function_endpoints,
-)
+from nodefabric_devicemanager.summary import partitioned
+from nodefabric_deviceplugin.resources import RdmaEndpoint, partition_endpoints, whole_function_endpoints
 from nodefabric_deviceplugin.selection import HostFacts, Selection
 
 _BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

@@ -2,17 +2,17 @@
 
 Unlike the device plugin's standalone reader it needs the accelerators too (the fabric domain and each
 endpoint's distance to its closest accelerator are attributes), so it runs the whole inventory pass. A
-part that could not be read keeps its last reading: a failed read is not an empty host.
+failed read keeps what is recorded, by the agent's rule (`inventory.keep_recorded`): a failed read is
+not an empty host. Reads go through the one host poll (`hostpoll.poll`), with its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
-from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager import hostpoll, inventory
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.source import RecordSource
@@ -22,15 +22,12 @@ log = logging.getLogger(__name__)
 Reader = Callable[[HostRoot], inventory.Reading]
 
 
-def record(reading: inventory.Reading, last: DevicesSpec | None) -> DevicesSpec | None:
-    """The record a reading yields, merged with the last one where the reading failed; None when there
-    is nothing to go on (interfaces never read)."""
-    interfaces = reading.interfaces if reading.interfaces is not None else (last.interfaces if last else None)
-    if interfaces is None:
+def record(reading: inventory.ReadingLike, last: DevicesSpec | None) -> DevicesSpec | None:
+    """The record a reading yields, the last one kept where the reading failed; None when there is
+    nothing to go on (interfaces never read)."""
+    if reading.interfaces is None and last is None:
         return None
-    kept = [g for g in (last.groups if last else []) if g.id in reading.failed_manufacturers]
-    fresh = [g for g in reading.groups if g.id not in reading.failed_manufacturers]
-    return DevicesSpec(interfaces=interfaces, groups=sorted([*fresh, *kept], key=lambda g: g.id))
+    return inventory.keep_recorded(reading, last)
 
 
 async def poll_record(
@@ -40,23 +37,26 @@ async def poll_record(
     interval: float,
     stop: asyncio.Event,
     reader: Reader = inventory.read,
+    deadline: float = hostpoll.DEFAULT_DEADLINE_S,
 ) -> None:
     """Read the host every `interval` seconds and feed the source until `stop` is set."""
-    while not stop.is_set():
-        try:
-            reading = await asyncio.to_thread(reader, host)
-        except Exception:
-            log.exception("reading the host failed; serving the last record", extra={"root": host.root})
-        else:
-            if reading.interfaces is None:
-                log.error(
-                    "could not enumerate interfaces; serving the last record", extra={"root": host.root}
-                )
-            spec = record(reading, source.spec)
-            if spec is not None and source.update(spec):
-                log.info(
-                    "device record changed",
-                    extra={"interfaces": len(spec.interfaces), "version": source.version},
-                )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    def feed(reading: inventory.Reading) -> None:
+        if reading.interfaces is None:
+            log.error("could not enumerate interfaces; serving the last record", extra={"root": host.root})
+        spec = record(reading, source.spec)
+        if spec is not None and source.update(spec):
+            log.info(
+                "device record changed",
+                extra={"interfaces": len(spec.interfaces), "version": source.version},
+            )
+
+    await hostpoll.poll(
+        lambda: reader(host),
+        feed,
+        root=host.root,
+        interval=interval,
+        stop=stop,
+        log=log,
+        deadline=deadline,
+    )

@@ -15,13 +15,11 @@ from typing import Any
 import kmock
 
 from nodefabric_devicemanager import nodeclient
+from nodefabric_devicemanager.agent import wiring
 from nodefabric_devicemanager.agent.core import Agent
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.driver import DraDriver
-from nodefabric_deviceplugin.dra.kube import DraApi
-from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraClient, DraKubelet
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
@@ -100,9 +98,7 @@ async def dra_driver(agent: Agent, root: Path, k: RunningAPI) -> str:
         registry_dir=f"{base}/registry",
         cdi_dir=f"{base}/cdi",
     )
-    source = RecordSource()
-    agent.subscribe(source.update)
-    driver = DraDriver(config, source, HostRoot.at(root), DraApi(nodeclient.load(k.kubeconfig), config))
+    driver = wiring.dra_driver(agent.subscribe, HostRoot.at(root), config, nodeclient.load(k.kubeconfig))
     kubelet = DraKubelet(config.registry_dir)
     stop = asyncio.Event()
     task = asyncio.create_task(driver.run(stop))

@@ -35,6 +35,7 @@ from nodefabric_devicemanager import crd, inventory, models, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
+from nodefabric_devicemanager.agent import wiring
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -43,8 +44,6 @@ from nodefabric_devicemanager.testing import scenarios
 from nodefabric_devicemanager.testing.accelerators import FakeNvml, RecordedGpu, nvml_bus_id, nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.resources import PluginConfig
-from nodefabric_deviceplugin.server import DevicePluginManager
-from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator import cli as operator_cli
 from nodefabric_operator.admission.model import placement_crd
@@ -301,11 +300,8 @@ def _describe_allocation(family: str, ids: list[str], response: Any) -> str:
 async def device_plugin(agent: Agent, root: Path, plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
     kubelet = KubeletEmulator(plugin_dir)
     await kubelet.start()
-    source = RecordSource()
-    agent.subscribe(source.update)
-    manager = DevicePluginManager(
-        source, HostRoot.at(root), config=PluginConfig(domain=DOMAIN), plugin_dir=str(plugin_dir)
-    )
+    config = PluginConfig(domain=DOMAIN)
+    manager = wiring.device_plugin(agent.subscribe, HostRoot.at(root), config, str(plugin_dir))
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run(stop))
     try:

@@ -10,48 +10,122 @@ to a component's own arguments). A usage error is one line on stderr and exit 2,
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
-from collections.abc import Sequence
-from typing import NoReturn, Protocol, cast
+from collections.abc import Callable, Sequence
+from typing import NoReturn, Protocol
 
 from nodefabric_devicemanager import logs
-
-# name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "inventory": (
-        "nodefabric_devicemanager.commands.inventory",
-        "read this host and print its Devices record",
-    ),
-    "preflight": (
-        "nodefabric_devicemanager.commands.preflight",
-        "one verdict per RDMA endpoint of this host",
-    ),
-    "pick": ("nodefabric_devicemanager.commands.pick", "choose the best-connected set of free GPUs"),
-    "agent": ("nodefabric_devicemanager.agent.cli", "publish this node's Devices record (DaemonSet)"),
-    "deviceplugin": ("nodefabric_deviceplugin.cli", "serve the RDMA device-plugin resources to kubelet"),
-    "draplugin": ("nodefabric_deviceplugin.dra.cli", "serve RDMA endpoints as a DRA driver"),
-    "slices": ("nodefabric_deviceplugin.dra.slices_cli", "print the ResourceSlices this host would publish"),
-    "labels": ("nodefabric_operator.labels_cli", "print the node labels a Devices record yields"),
-    "operator": ("nodefabric_operator.cli", "publish node labels from Devices objects (kopf)"),
-    "extender": ("nodefabric_operator.extender.cli", "serve the kube-scheduler extender"),
-    "placement": (
-        "nodefabric_operator.admission.cli",
-        "admit whole groups by scheduling gates (PlacementGroups; leader-elected)",
-    ),
-    "crd": ("nodefabric_operator.crd_apply", "apply (or print) this version's Devices CRD: the upgrade hook"),
-    "demo": ("nodefabric_operator.demo.main", "run the whole product on an embedded default"),
-}
-
-LOG_FORMATS = ("text", "json")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class Command(Protocol):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
     def run(self, args: argparse.Namespace) -> int: ...
+
+
+# One function per subcommand, each importing its module by name so the import contracts (and a reader)
+# see what the console depends on; the import runs only when that command is chosen. A module is a
+# Command by duck typing (it has add_arguments and run), which mypy checks through the Protocol.
+
+
+def _inventory() -> Command:
+    from nodefabric_devicemanager.commands import inventory
+
+    return inventory
+
+
+def _preflight() -> Command:
+    from nodefabric_devicemanager.commands import preflight
+
+    return preflight
+
+
+def _pick() -> Command:
+    from nodefabric_devicemanager.commands import pick
+
+    return pick
+
+
+def _agent() -> Command:
+    from nodefabric_devicemanager.agent import cli
+
+    return cli
+
+
+def _deviceplugin() -> Command:
+    from nodefabric_deviceplugin import cli
+
+    return cli
+
+
+def _draplugin() -> Command:
+    from nodefabric_deviceplugin.dra import cli
+
+    return cli
+
+
+def _slices() -> Command:
+    from nodefabric_deviceplugin.dra import slices_cli
+
+    return slices_cli
+
+
+def _labels() -> Command:
+    from nodefabric_operator import labels_cli
+
+    return labels_cli
+
+
+def _operator() -> Command:
+    from nodefabric_operator import cli
+
+    return cli
+
+
+def _extender() -> Command:
+    from nodefabric_operator.extender import cli
+
+    return cli
+
+
+def _placement() -> Command:
+    from nodefabric_operator.admission import cli
+
+    return cli
+
+
+def _crd() -> Command:
+    from nodefabric_operator import crd_apply
+
+    return crd_apply
+
+
+def _demo() -> Command:
+    from nodefabric_operator.demo import main
+
+    return main
+
+
+# name -> (loader, one-line help)
+COMMANDS: dict[str, tuple[Callable[[], Command], str]] = {
+    "inventory": (_inventory, "read this host and print its Devices record"),
+    "preflight": (_preflight, "one verdict per RDMA endpoint of this host"),
+    "pick": (_pick, "choose the best-connected set of free GPUs"),
+    "agent": (_agent, "publish this node's Devices record (DaemonSet)"),
+    "deviceplugin": (_deviceplugin, "serve the RDMA device-plugin resources to kubelet"),
+    "draplugin": (_draplugin, "serve RDMA endpoints as a DRA driver"),
+    "slices": (_slices, "print the ResourceSlices this host would publish"),
+    "labels": (_labels, "print the node labels a Devices record yields"),
+    "operator": (_operator, "publish node labels from Devices objects (kopf)"),
+    "extender": (_extender, "serve the kube-scheduler extender"),
+    "placement": (_placement, "admit whole groups by scheduling gates (PlacementGroups; leader-elected)"),
+    "crd": (_crd, "apply (or print) this version's Devices CRD: the upgrade hook"),
+    "demo": (_demo, "run the whole product on an embedded default"),
+}
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class Parser(argparse.ArgumentParser):
@@ -123,11 +197,11 @@ def _extra_providing(package: str) -> str | None:
     return None
 
 
-def _import(name: str, module: str) -> object:
+def _load(name: str, loader: Callable[[], Command]) -> Command:
     """A subcommand's module. A third-party package it needs that is not installed (the image carries no
     extras, so `demo` finds no kmock there) is one line and exit 2, not an ImportError traceback."""
     try:
-        return importlib.import_module(module)
+        return loader()
     except ModuleNotFoundError as exc:
         package = (exc.name or "").split(".")[0]
         if not package or package.startswith("nodefabric_"):
@@ -151,10 +225,10 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if a in COMMANDS), None)
     command: Command | None = None
-    for name, (module, help_) in COMMANDS.items():
+    for name, (loader, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
-            command = cast(Command, _import(name, module))
+            command = _load(name, loader)
             command.add_arguments(p)
             _log_options(p, default=False)
     return parser, command
