@@ -38,6 +38,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodefabric_devicemanager.backoff import Backoff as Backoff  # noqa: PLC0414 (re-exported)
+
 log = logging.getLogger(__name__)
 
 # A black-holed API server must not hold a request for long.
@@ -96,19 +98,6 @@ def classify(exc: ApiError, what: str = "") -> ApiFailure:
     if status in (0, http.HTTPStatus.TOO_MANY_REQUESTS) or status >= 500:
         return ApiFailure("unavailable", message, status)
     return ApiFailure("rejected", message, status)
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: attempt n waits between half and all of min(cap, base * 2**n),
-    so nodes that failed together do not all come back together."""
-
-    base: float = 0.5
-    cap: float = 30.0
-
-    def delay(self, attempt: int) -> float:
-        ceiling = min(self.cap, self.base * (2 ** min(attempt, 32)))
-        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
 
 
 def path_name(name: str) -> str:
