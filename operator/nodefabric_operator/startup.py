@@ -11,15 +11,13 @@ import kubernetes
 import urllib3
 
 from nodefabric_devicemanager import models
+from nodefabric_devicemanager.shell.errors import StartupError as StartupError  # noqa: PLC0414 (the one)
+from nodefabric_devicemanager.shell.errors import first_line as first_line  # noqa: PLC0414
 from nodefabric_operator import sinks
 from nodefabric_operator.reconcile import Reconciler
 from nodefabric_operator.topology.shell import Projector
 
 PROBE_TIMEOUT = 5.0  # one discovery request at start
-
-
-class StartupError(RuntimeError):
-    """A reason the operator cannot start, phrased for the one log line it becomes."""
 
 
 def server(api: kubernetes.client.ApiClient) -> str:
@@ -100,8 +98,3 @@ async def prime_topology(projector: Projector) -> None:
         raise StartupError(f"--topology: cannot list Nodes: {reason}") from err
     except (urllib3.exceptions.HTTPError, OSError) as err:
         raise StartupError(f"--topology: cannot list Nodes: {cause(err)}") from err
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__

@@ -31,7 +31,6 @@ from nodefabric_devicemanager import refresh
 from nodefabric_devicemanager.agent import heap, notices, publish, workers
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
-from nodefabric_devicemanager.agent.serve import Probe
 from nodefabric_devicemanager.agent.watch import ObjectWatch
 from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -50,6 +49,7 @@ from nodefabric_devicemanager.nodeclient import (
     owner_reference,
     resource_version,
 )
+from nodefabric_devicemanager.shell.probe import Probe
 
 log = logging.getLogger(__name__)
 

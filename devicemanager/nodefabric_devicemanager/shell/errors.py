@@ -8,7 +8,7 @@ from typing import Any
 
 EXIT_USAGE = 2
 # A reason longer than this is cut: it is one log line, and an exception's text can be a whole document.
-MAX_REASON_CHARS = 300
+MAX_REASON_CHARS = 2000
 
 
 class StartupError(ValueError):
@@ -18,17 +18,28 @@ class StartupError(ValueError):
 
 
 def first_line(err: BaseException | str) -> str:
-    """The first line of an error's text (at most MAX_REASON_CHARS), or its type when it has none."""
+    """The first line of an error's text (at most 300 characters), or its type when it has none: for
+    errors whose later lines are noise (an HTTP response body, a traceback in a message)."""
     text = str(err).strip()
     if not text:
         return type(err).__name__ if isinstance(err, BaseException) else "no reason given"
-    return text.splitlines()[0][:MAX_REASON_CHARS]
+    return text.splitlines()[0][:300]
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error's whole text on one line (its lines joined by "; "), at most MAX_REASON_CHARS: a
+    validation error names the field on its second line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return first_line(err)
+    text = "; ".join(lines)
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
 def refuse(log: logging.Logger, command: str, err: BaseException | str, **fields: Any) -> int:
     """Log why `command` cannot start, as one line, and return the exit status that says so (2)."""
-    log.error(f"{command} cannot start", extra={"error": first_line(err), **fields})
+    log.error(f"{command} cannot start", extra={"error": one_line(err), **fields})
     return EXIT_USAGE
 
 
-__all__ = ["EXIT_USAGE", "StartupError", "first_line", "refuse"]
+__all__ = ["EXIT_USAGE", "StartupError", "first_line", "one_line", "refuse"]

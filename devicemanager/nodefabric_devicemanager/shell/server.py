@@ -20,7 +20,6 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import prometheus_client
 from aiohttp import web
@@ -28,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from nodefabric_devicemanager.shell.errors import StartupError
 from nodefabric_devicemanager.shell.flags import Listen
+from nodefabric_devicemanager.shell.probe import Probe, ProbeFn, alive, readiness
 
 log = logging.getLogger(__name__)
 
@@ -40,34 +40,8 @@ LINGER_S = 1.0
 METRICS_BUDGET_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """A probe's answer: ok (200, else 503), and the body an operator reads from `kubectl describe pod`
-    (a one-line reason, or the operator's JSON health)."""
-
-    ok: bool
-    reason: str
-    content_type: str = "text/plain"
-
-
 # The Accept header -> the body and its Content-Type (which may carry a charset).
 Exposition = Callable[[str], tuple[bytes, str]]
-ProbeFn = Callable[[], Probe]
-
-
-def alive() -> Probe:
-    """The liveness of a process whose loop answers at all: the answer itself is the proof."""
-    return Probe(True, "ok\n")
-
-
-def readiness(check: Callable[[], tuple[bool, str]]) -> ProbeFn:
-    """A probe from a `(ready, why)` check (the device plugin's and the DRA driver's `readiness()`)."""
-
-    def probe() -> Probe:
-        ok, why = check()
-        return Probe(ok, f"{why}\n")
-
-    return probe
 
 
 def exposition(*registries: CollectorRegistry) -> Exposition:
@@ -105,7 +79,10 @@ def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web
 def _probe_handler(probe: ProbeFn) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def answer(_: web.Request) -> web.Response:
         got = probe()
-        response = web.Response(body=got.reason.encode(), status=200 if got.ok else 503)
+        text = got.reason
+        if got.content_type == "text/plain" and not text.endswith("\n"):
+            text += "\n"  # a reason is one line, for `curl` and `kubectl describe pod` alike
+        response = web.Response(body=text.encode(), status=200 if got.ok else 503)
         response.headers["Content-Type"] = got.content_type  # may carry a charset, which aiohttp refuses
         return response
 
@@ -237,6 +214,7 @@ __all__ = [
     "Exposition",
     "PortUnavailable",
     "Probe",
+    "ProbeFn",
     "ProbeServer",
     "add_routes",
     "alive",
