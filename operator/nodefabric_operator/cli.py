@@ -34,6 +34,7 @@ from nodefabric_devicemanager.shell import server as shell
 from nodefabric_devicemanager.shell.errors import refuse
 from nodefabric_devicemanager.shell.flags import Listen, add_serving_arguments
 from nodefabric_devicemanager.shell.server import IDLE_TIMEOUT_S
+from nodefabric_devicemanager.shell.signals import stop_on_signals
 from nodefabric_operator import events, handlers, labels, leader, prune, sinks, startup
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
@@ -261,7 +262,8 @@ async def serve(
         # The client's kubeconfig loader lets a file of the wrong shape through as whatever it hit.
         raise startup.StartupError(f"cannot use the kubeconfig: {startup.first_line(err)}") from err
     try:
-        await asyncio.to_thread(startup.check_api, api, opts.startup_timeout)
+        if not await _reach(api, opts.startup_timeout, stop_flag):
+            return  # stopped while waiting for it
         metrics = metrics or Metrics()
         sink = make_sink(opts, api, metrics)
         reconciler = Reconciler(
@@ -347,6 +349,15 @@ async def serve(
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+async def _reach(
+    api: kubernetes.client.ApiClient, timeout: float, stop_flag: asyncio.Event | threading.Event | None
+) -> bool:
+    """The API server reached and serving the Devices CRD (startup.check_api, in a thread); False when
+    stopped first. Raises StartupError."""
+    log.debug("checking the API server", extra={"server": startup.server(api)})
+    return await asyncio.to_thread(startup.check_api, api, timeout, lambda: _stopping(stop_flag))
 
 
 def health(reconciler: Reconciler) -> shell.Probe:
@@ -442,11 +453,20 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "prune", False):
         return run_prune(opts, timeout=args.prune_timeout, settle=args.prune_settle)
     try:
-        asyncio.run(serve(opts))
+        asyncio.run(_main(opts))
     except startup.StartupError as err:  # a busy port (shell.server.PortUnavailable) is one too
         return refuse(log, "operator", startup.first_line(err))
     except LeadershipLost:
         return 1  # said when it was lost; the pod restarts and stands by
-    except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
+    except KeyboardInterrupt:  # Ctrl-C before the loop ran (kopf stops cleanly after)
         return 130
     return 0
+
+
+async def _main(opts: Options) -> None:
+    """The operator under the shell's signals: SIGTERM during the start-up checks or while standing by
+    for the lease stops it (within STOP_GRACE_S, whatever a check is stuck in). While kopf runs, kopf
+    owns SIGTERM and SIGINT and stops itself."""
+    stop = asyncio.Event()
+    with stop_on_signals(stop):
+        await serve(opts, stop_flag=stop)

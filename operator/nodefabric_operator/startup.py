@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import kubernetes
@@ -25,9 +26,12 @@ def server(api: kubernetes.client.ApiClient) -> str:
     return urlsplit(host).netloc or host
 
 
-def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
-    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`.
-    Raises StartupError with the reason an operator can act on."""
+def check_api(
+    api: kubernetes.client.ApiClient, timeout: float, stopping: Callable[[], bool] = lambda: False
+) -> bool:
+    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`:
+    True once it answers, False when `stopping` says so first (SIGTERM while waiting for it). Raises
+    StartupError with the reason an operator can act on."""
     custom = kubernetes.client.CustomObjectsApi(api)
     where = server(api)
     deadline = time.monotonic() + timeout
@@ -41,7 +45,7 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
                 _request_timeout=max(0.5, min(PROBE_TIMEOUT, left)),  # a black hole costs the budget, no more
                 _preload_content=False,
             )
-            return
+            return True
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
             if status == 404:
@@ -58,6 +62,8 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
             reason = cause(err)
         if time.monotonic() >= deadline:
             raise StartupError(f"cannot reach the API server at {where} (for {timeout:g} s): {reason}")
+        if stopping():
+            return False
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
