@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_PASS_FAILED = 1
 EXIT_USAGE = 2
+# A connection to the metrics or probe port that sends no complete request within this long is closed.
+IDLE_TIMEOUT_S = 5.0
 # The parts are told to stop, and waited for this long before being cancelled.
 _PART_STOP_S = 3.0
 _seconds = flags.seconds(most=7 * 24 * 3600.0)
@@ -285,6 +287,8 @@ async def serve(
         metrics=shell_server.exposition(agent.metrics.registry, prometheus_client.REGISTRY),
         live=agent.liveness,
         ready=_ready(agent, plugin, dra),
+        # On the host network these ports are reachable from the node's network: silent clients go sooner.
+        idle_timeout=IDLE_TIMEOUT_S,
     )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []

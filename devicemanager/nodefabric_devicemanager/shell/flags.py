@@ -40,7 +40,13 @@ def add_serving_arguments(
     """Add the three flags with this command's defaults: a port of 0 (or None) is off, and SAME serves
     the probes on the metrics port. With `zero_is_off` False a port must be 1-65535 when given."""
     port = flags.port if zero_is_off else flags.port_on
-    off = "0: off" if zero_is_off else "off unless given"
+    off = "; 0: off" if zero_is_off else ""
+
+    def default(value: int | None) -> str:
+        if value == SAME:
+            return "default: the metrics port"
+        return f"default {value}" if value else ("default 0" if zero_is_off else "off unless given")
+
     parser.add_argument(
         "--bind-address",
         "--metrics-address",
@@ -54,15 +60,14 @@ def add_serving_arguments(
         type=port,
         default=metrics_port,
         metavar="PORT",
-        help=f"port of /metrics (default {metrics_port or 'off'}; {off})",
+        help=f"port of /metrics ({default(metrics_port)}{off})",
     )
-    where = "the metrics port" if health_port == SAME else (health_port or "off")
     parser.add_argument(
         "--health-port",
         type=port,
         default=health_port,
         metavar="PORT",
-        help=f"port of /healthz and /readyz (default {where}; {off})",
+        help=f"port of /healthz and /readyz ({default(health_port)}{off})",
     )
 
 
