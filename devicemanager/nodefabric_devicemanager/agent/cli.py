@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_PASS_FAILED = 1
-EXIT_USAGE = 2
 # A connection to the metrics or probe port that sends no complete request within this long is closed.
 IDLE_TIMEOUT_S = 5.0
 # The parts are told to stop, and waited for this long before being cancelled.
