@@ -2,7 +2,8 @@
 
 Inside `nodefabric agent` the same servers run fed by the agent's record; this command is for debugging
 a node without the API server: it reads the host at --root every --interval seconds and serves until
-SIGTERM or SIGINT. With --metrics-port it also serves /metrics, /healthz and /readyz on that port.
+SIGTERM or SIGINT. With --metrics-port it also serves /metrics, /healthz and /readyz on that port (the
+probes on --health-port instead when given). Start-up problems are one log line and exit 2.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 
 from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_deviceplugin import probes
+from nodefabric_devicemanager.shell import flags as shell_flags
+from nodefabric_devicemanager.shell import server
+from nodefabric_devicemanager.shell.errors import StartupError, refuse
+from nodefabric_devicemanager.shell.flags import add_serving_arguments
+from nodefabric_devicemanager.shell.signals import stop_on_signals
 from nodefabric_deviceplugin.resources import PluginConfig
 from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource, poll_host
@@ -23,9 +27,9 @@ from nodefabric_deviceplugin.startup import add_plugin_arguments, config_from_ar
 
 log = logging.getLogger(__name__)
 
-EXIT_USAGE = 2
+COMMAND = "deviceplugin"
 # SIGTERM to exit: the servers stop at once (grace None) and a host read stuck in its thread is left to
-# die with the process, so the command ends within about a second whatever the host does.
+# die with the process (shell.signals ends it STOP_GRACE_S after the signal at the latest).
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,65 +42,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="host re-read interval (default 10)",
     )
-    parser.add_argument(
-        "--bind-address", default="0.0.0.0", help="address of the metrics and probe port (default 0.0.0.0)"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=flags.port,
-        default=0,
-        metavar="PORT",
-        help="serve /metrics, /healthz and /readyz here (0: off)",
-    )
+    add_serving_arguments(parser, metrics_port=0)
 
 
 async def serve(args: argparse.Namespace, config: PluginConfig, stop: asyncio.Event) -> int:
     host = HostRoot.at(args.root)
     source = RecordSource()
     manager = DevicePluginManager(source, host, config=config, plugin_dir=args.plugin_dir)
-    http = None
-    if args.metrics_port:
+    # Bound before anything is served: a busy port is a start-up error (StartupError).
+    async with server.ProbeServer(
+        shell_flags.listen(args),
+        metrics=server.exposition(),
+        live=server.alive,
+        ready=server.readiness(manager.readiness),
+    ):
+        poller = asyncio.create_task(poll_host(source, host, interval=args.interval, stop=stop))
         try:
-            http = await probes.serve(args.bind_address, args.metrics_port, manager.readiness)
-        except OSError as exc:
-            log.error(
-                "cannot serve metrics and probes",
-                extra={
-                    "address": f"{args.bind_address}:{args.metrics_port}",
-                    "why": exc.strerror or str(exc),
-                },
-            )
-            return EXIT_USAGE
-    poller = asyncio.create_task(poll_host(source, host, interval=args.interval, stop=stop))
-    try:
-        await manager.run(stop)
-    finally:
-        stop.set()
-        await poller
-        if http is not None:
-            await http.cleanup()
+            await manager.run(stop)
+        finally:
+            stop.set()
+            await poller
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if not os.path.isdir(args.root):
-            raise ValueError(f"the host root {args.root} is not a directory")
+            raise StartupError(f"the host root {args.root} is not a directory")
+        shell_flags.listen(args)  # an empty --bind-address
         config = config_from_args(args)
-    except ValueError as exc:
-        log.error("cannot start", extra={"why": str(exc)})
-        return EXIT_USAGE
-    probes.no_created_series()
+    except ValueError as exc:  # StartupError, and what PluginConfig refuses
+        return refuse(log, COMMAND, exc)
+    server.no_created_series()
 
     async def main() -> int:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        log.info(
-            "device plugin starting",
-            extra={"root": args.root, "plugin_dir": args.plugin_dir, "domain": args.domain},
-        )
-        return await serve(args, config, stop)
+        with stop_on_signals(stop):
+            log.info(
+                "device plugin starting",
+                extra={"root": args.root, "plugin_dir": args.plugin_dir, "domain": args.domain},
+            )
+            return await serve(args, config, stop)
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except StartupError as exc:  # a metrics or probe port that cannot be bound
+        return refuse(log, COMMAND, exc)

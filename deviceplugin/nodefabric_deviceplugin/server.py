@@ -24,6 +24,7 @@ from typing import NoReturn
 
 import grpc
 
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin import metrics, rpc, wire
 from nodefabric_deviceplugin.allocate import UnknownToken, endpoints_for, first_few, grant
@@ -469,7 +470,7 @@ class DevicePluginManager:
             # A new kubelet starts a fresh backoff: failures against the ones a restart loop left behind
             # say nothing about this one.
             reg.failures = reg.failures + 1 if reg.failed_for == kubelet else 1
-            backoff = min(self.retry_base * 2**reg.failures, MAX_BACKOFF_S)
+            backoff = Backoff(self.retry_base, MAX_BACKOFF_S, jitter=False).delay(reg.failures)
             reg.kubelet, reg.failed_for = None, kubelet
             reg.next_try = time.monotonic() + backoff
             reg.error = f"{exc.code().name}: {exc.details()}"

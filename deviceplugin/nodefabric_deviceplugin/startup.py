@@ -10,16 +10,13 @@ import os
 from typing import Any
 
 from nodefabric_devicemanager import flags
+from nodefabric_devicemanager.shell.errors import StartupError
 from nodefabric_deviceplugin import selection
 from nodefabric_deviceplugin.resources import DEFAULT_DOMAIN, DEFAULT_SHARED_COUNT, Family, PluginConfig
 
 # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL.
 MAX_SOCKET_PATH = 107
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-
-
-class StartupError(ValueError):
-    """A setting the plugin cannot start with; the message is one line saying which and why."""
 
 
 def socket_name(family: Family) -> str:

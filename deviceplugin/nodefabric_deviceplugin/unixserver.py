@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import grpc
 
+from nodefabric_devicemanager.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 Identity = tuple[int, int, int]
@@ -69,7 +71,7 @@ class UnixServer:
             await self.serve()
         except (OSError, RuntimeError) as exc:  # grpc reports a failed bind as RuntimeError
             self.failures += 1
-            backoff = min(retry_base * 2**self.failures, MAX_BACKOFF_S)
+            backoff = Backoff(retry_base, MAX_BACKOFF_S, jitter=False).delay(self.failures)
             self.retry_at = now + backoff
             self.error = f"cannot serve on {self.path}: {exc}"
             log.error(

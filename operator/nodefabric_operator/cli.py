@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import re
@@ -29,8 +30,12 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodefabric_devicemanager import flags, yamldoc
 from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_devicemanager.shell import server as shell
+from nodefabric_devicemanager.shell.errors import refuse
+from nodefabric_devicemanager.shell.flags import Listen, add_serving_arguments
+from nodefabric_devicemanager.shell.server import IDLE_TIMEOUT_S
+from nodefabric_devicemanager.shell.signals import stop_on_signals
 from nodefabric_operator import events, handlers, labels, leader, prune, sinks, startup
-from nodefabric_operator.endpoints import IDLE_TIMEOUT_S, Endpoints, PortUnavailable
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 from nodefabric_operator.recorder import Recorder
@@ -78,17 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--domain", default=labels.DEFAULT_DOMAIN, help="label domain (default: %(default)s)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-    parser.add_argument(
-        "--metrics-port", type=flags.port_on, help="serve Prometheus metrics on /metrics on this port"
-    )
-    parser.add_argument(
-        "--health-port", type=flags.port_on, help="serve the liveness probe /healthz on this port"
-    )
-    parser.add_argument(
-        "--bind-address",
-        default="0.0.0.0",
-        help="address of the metrics and health ports (default: %(default)s; 127.0.0.1 keeps them local)",
-    )
+    # Each port is off unless given; /healthz is served only on --health-port (the operator has no
+    # /readyz: kopf peering, not a Service, decides which replica works).
+    add_serving_arguments(parser, metrics_port=None, health_port=None, zero_is_off=False)
     parser.add_argument(
         "--idle-timeout",
         type=flags.seconds(most=3600),
@@ -265,7 +262,8 @@ async def serve(
         # The client's kubeconfig loader lets a file of the wrong shape through as whatever it hit.
         raise startup.StartupError(f"cannot use the kubeconfig: {startup.first_line(err)}") from err
     try:
-        await asyncio.to_thread(startup.check_api, api, opts.startup_timeout)
+        if not await _reach(api, opts.startup_timeout, stop_flag):
+            return  # stopped while waiting for it
         metrics = metrics or Metrics()
         sink = make_sink(opts, api, metrics)
         reconciler = Reconciler(
@@ -281,12 +279,10 @@ async def serve(
             if opts.topology is None
             else Projector(api, opts.topology, metrics, Recorder(api, instance(), metrics))
         )
-        endpoints = Endpoints(
-            metrics,
-            reconciler.health,
-            metrics_port=opts.metrics_port,
-            health_port=opts.health_port,
-            host=opts.bind_address,
+        endpoints = shell.ProbeServer(
+            Listen(opts.bind_address, opts.metrics_port, opts.health_port),
+            metrics=metrics.exposition,
+            live=lambda: health(reconciler),
             idle_timeout=opts.idle_timeout,
         )
         await endpoints.start()
@@ -353,6 +349,20 @@ async def serve(
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+async def _reach(
+    api: kubernetes.client.ApiClient, timeout: float, stop_flag: asyncio.Event | threading.Event | None
+) -> bool:
+    """The API server reached and serving the Devices CRD (startup.check_api, in a thread); False when
+    stopped first. Raises StartupError."""
+    log.debug("checking the API server", extra={"server": startup.server(api)})
+    return await asyncio.to_thread(startup.check_api, api, timeout, lambda: _stopping(stop_flag))
+
+
+def health(reconciler: Reconciler) -> shell.Probe:
+    """/healthz: what the reconciler holds, as JSON (always 200: a loop that answers is alive)."""
+    return shell.Probe(True, json.dumps(dict(reconciler.health()), sort_keys=True), "application/json")
 
 
 def run_prune(opts: Options, *, timeout: float, settle: float) -> int:
@@ -443,12 +453,20 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "prune", False):
         return run_prune(opts, timeout=args.prune_timeout, settle=args.prune_settle)
     try:
-        asyncio.run(serve(opts))
-    except (startup.StartupError, PortUnavailable) as err:
-        log.error("operator cannot start", extra={"error": startup.first_line(err)})
-        return 2
+        asyncio.run(_main(opts))
+    except startup.StartupError as err:  # a busy port (shell.server.PortUnavailable) is one too
+        return refuse(log, "operator", startup.first_line(err))
     except LeadershipLost:
         return 1  # said when it was lost; the pod restarts and stands by
-    except KeyboardInterrupt:  # Ctrl-C before kopf took over the signals (kopf stops cleanly after)
+    except KeyboardInterrupt:  # Ctrl-C before the loop ran (kopf stops cleanly after)
         return 130
     return 0
+
+
+async def _main(opts: Options) -> None:
+    """The operator under the shell's signals: SIGTERM during the start-up checks or while standing by
+    for the lease stops it (within STOP_GRACE_S, whatever a check is stuck in). While kopf runs, kopf
+    owns SIGTERM and SIGINT and stops itself."""
+    stop = asyncio.Event()
+    with stop_on_signals(stop):
+        await serve(opts, stop_flag=stop)

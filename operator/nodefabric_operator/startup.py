@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import kubernetes
 import urllib3
 
 from nodefabric_devicemanager import models
+from nodefabric_devicemanager.shell.errors import StartupError as StartupError  # noqa: PLC0414 (the one)
+from nodefabric_devicemanager.shell.errors import first_line as first_line  # noqa: PLC0414
 from nodefabric_operator import sinks
 from nodefabric_operator.reconcile import Reconciler
 from nodefabric_operator.topology.shell import Projector
@@ -18,18 +21,17 @@ from nodefabric_operator.topology.shell import Projector
 PROBE_TIMEOUT = 5.0  # one discovery request at start
 
 
-class StartupError(RuntimeError):
-    """A reason the operator cannot start, phrased for the one log line it becomes."""
-
-
 def server(api: kubernetes.client.ApiClient) -> str:
     host = str(api.configuration.host)
     return urlsplit(host).netloc or host
 
 
-def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
-    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`.
-    Raises StartupError with the reason an operator can act on."""
+def check_api(
+    api: kubernetes.client.ApiClient, timeout: float, stopping: Callable[[], bool] = lambda: False
+) -> bool:
+    """Reach the API server and see the Devices CRD served, retrying transient failures until `timeout`:
+    True once it answers, False when `stopping` says so first (SIGTERM while waiting for it). Raises
+    StartupError with the reason an operator can act on."""
     custom = kubernetes.client.CustomObjectsApi(api)
     where = server(api)
     deadline = time.monotonic() + timeout
@@ -43,7 +45,7 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
                 _request_timeout=max(0.5, min(PROBE_TIMEOUT, left)),  # a black hole costs the budget, no more
                 _preload_content=False,
             )
-            return
+            return True
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
             if status == 404:
@@ -60,6 +62,8 @@ def check_api(api: kubernetes.client.ApiClient, timeout: float) -> None:
             reason = cause(err)
         if time.monotonic() >= deadline:
             raise StartupError(f"cannot reach the API server at {where} (for {timeout:g} s): {reason}")
+        if stopping():
+            return False
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
@@ -100,8 +104,3 @@ async def prime_topology(projector: Projector) -> None:
         raise StartupError(f"--topology: cannot list Nodes: {reason}") from err
     except (urllib3.exceptions.HTTPError, OSError) as err:
         raise StartupError(f"--topology: cannot list Nodes: {cause(err)}") from err
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__

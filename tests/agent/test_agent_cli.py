@@ -325,6 +325,6 @@ async def test_an_overlapping_rdma_selection_stops_the_agent_at_start(tmp_path, 
             ]
             assert await run_once(k.kubeconfig, str(tmp_path), *extra) == 2
             assert stored(k) is None, "nothing is published by an agent that refused to start"
-        assert any("exclusive[0] and shared[0] overlap" in r.getMessage() for r in caplog.records)
+        assert any("exclusive[0] and shared[0] overlap" in getattr(r, "error", "") for r in caplog.records)
     finally:
         shutil.rmtree(dra, ignore_errors=True)

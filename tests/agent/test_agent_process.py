@@ -18,7 +18,7 @@ import pynvml
 import pytest
 from agent_fixtures import NODE, api_with_node, conditions, free_port, nodefabric_bin, stored, two_nic_host
 
-from nodefabric_devicemanager.agent.cli import STOP_GRACE_S
+from nodefabric_devicemanager.shell.signals import STOP_GRACE_S
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 
@@ -187,7 +187,7 @@ async def test_a_busy_port_is_one_line_and_exit_2(tmp_path, kubeconfig):
         )  # fmt: skip
     finally:
         busy.close()
-    _one_line_exit_2(code, lines, "cannot start the agent", "in use")
+    _one_line_exit_2(code, lines, "agent cannot start", "in use")
 
 
 async def test_a_plugin_dir_under_a_regular_file_is_one_line_and_exit_2(tmp_path, kubeconfig):
@@ -204,7 +204,7 @@ async def test_a_shared_count_kubelet_could_never_receive_is_one_line_and_exit_2
         "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", kubeconfig,
         "--plugin-dir", str(tmp_path / "plugins"), "--shared-count", "1000000",
     )  # fmt: skip
-    _one_line_exit_2(code, lines, "cannot start the agent", "1000000")
+    _one_line_exit_2(code, lines, "agent cannot start", "1000000")
 
 
 @pytest.mark.parametrize(

@@ -169,8 +169,8 @@ def test_a_busy_metrics_port_is_one_line_and_exit_2(
         )  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1].count("cannot serve metrics and probes") == 1 and "Traceback" not in err
-    assert f"127.0.0.1:{port}" in err
+    assert err.splitlines()[-1].count("cannot serve metrics and health") == 1 and "Traceback" not in err
+    assert '"deviceplugin cannot start"' in err.splitlines()[-1] and f"127.0.0.1 port {port}" in err
 
 
 def blocked_on_fifo(pid: int) -> bool:

@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -140,7 +142,8 @@ def test_draplugin_refuses_directories_it_cannot_use_at_start(
         "--registry-dir", dirs.registry, "--cdi-dir", dirs.cdi, flag, path.format(file=file),
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"nodefabric draplugin: {why.format(file=file)}"]
+    (line,) = done.stderr.strip().splitlines()  # one structured line, as every command logs it
+    assert '"draplugin cannot start"' in line and f'error="{why.format(file=file)}"' in line, line
 
 
 def test_draplugin_with_its_metrics_port_taken_is_one_line_and_exit_2(api: RunningAPI, dirs: Dirs) -> None:
@@ -153,9 +156,25 @@ def test_draplugin_with_its_metrics_port_taken_is_one_line_and_exit_2(api: Runni
             "--registry-dir", dirs.registry, "--cdi-dir", dirs.cdi, "--metrics-port", str(port),
         )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        f"nodefabric draplugin: cannot serve metrics on port {port}: Address already in use"
-    ]
+    (line,) = done.stderr.strip().splitlines()
+    assert '"draplugin cannot start"' in line, line
+    assert f'error="cannot serve metrics and health on 0.0.0.0 port {port}: Address already in use"' in line
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""  # not listening yet
 
 
 async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(
@@ -163,14 +182,21 @@ async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(
 ) -> None:
     hgx(tmp_path / "h")
     kubelet = DraKubelet(dirs.registry)
+    port = _free_port()
     proc = await asyncio.create_subprocess_exec(
         *NODEFABRIC, "draplugin", "--root", str(tmp_path / "h"), "--node-name", NODE,
         "--kubeconfig", api.kubeconfig, "--plugin-dir", dirs.plugin, "--registry-dir", dirs.registry,
         "--cdi-dir", dirs.cdi, "--interval", "0.5",
+        "--bind-address", "127.0.0.1", "--metrics-port", str(port),
         stderr=(tmp_path / "stderr").open("w"),
     )  # fmt: skip
     try:
         plugin = await kubelet.wait_registered(DRIVER, timeout=60)
+        async with asyncio.timeout(30):  # ready once kubelet's plugin watcher was told it is registered
+            while (ready := await asyncio.to_thread(_get, port, "/readyz"))[0] != 200:
+                await asyncio.sleep(0.1)
+        assert ready == (200, f"DRA driver: registered as {DRIVER}\n")
+        assert await asyncio.to_thread(_get, port, "/healthz") == (200, "ok\n")
         async with asyncio.timeout(30):
             while not live_slices(api):
                 await asyncio.sleep(0.1)
@@ -181,6 +207,8 @@ async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(
         assert answer[ref.uid].error == ""
         assert os.listdir(dirs.cdi) == [f"{DRIVER}-nic_{ref.uid}.json"]
         assert await plugin.unprepare(ref) == {ref.uid: ""}
+        status, text = await asyncio.to_thread(_get, port, "/metrics")
+        assert status == 200 and "nodefabric_dra_prepares_total" in text
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
         assert os.listdir(dirs.registry) == []

@@ -4,13 +4,16 @@ stderr and exit status 2, before kopf starts, never a traceback."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import sys
 import time
 
 import pytest
 from aiohttp import web
 
 from nodefabric_devicemanager import crd
+from nodefabric_devicemanager.shell.signals import STOP_GRACE_S
 from nodefabric_operator.console import main
 from nodefabric_operator.demo.kubeapi import running_api, write_kubeconfig
 
@@ -195,3 +198,32 @@ async def test_an_api_server_that_never_answers_costs_the_startup_timeout_not_mo
     assert elapsed < 15, elapsed  # one request of at most the time left, not 5 s per attempt forever
     line = one_line(capsys.readouterr().err)
     assert "cannot reach the API server at 127.0.0.1:" in line and "(for 1 s)" in line, line
+
+
+async def test_sigterm_while_waiting_for_the_api_server_stops_it_at_once(tmp_path):
+    """The start-up check retries for --startup-timeout; SIGTERM meanwhile (a rollout, a scale-down) ends
+    it within the shell's grace and cleanly, before kopf ever owns the signals."""
+    with busy_port() as s:
+        port = s.getsockname()[1]  # closed again: nothing listens there any more
+    kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nodefabric_devicemanager.cli", "operator", "--standalone",
+        "--kubeconfig", kubeconfig, "--startup-timeout", "600", "--log-level", "debug",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            while b"checking the API server" not in await proc.stderr.readline():
+                pass
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = await asyncio.wait_for(proc.wait(), STOP_GRACE_S + 5)
+        took = time.monotonic() - sent
+        rest = (await proc.stderr.read()).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 0 and took < STOP_GRACE_S, (code, took, rest)
+    assert "stopping on signal" in rest and "did not stop in time" not in rest

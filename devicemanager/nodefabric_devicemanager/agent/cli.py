@@ -2,21 +2,17 @@
 from it in the same process: the RDMA device-plugin resources, the DRA driver, or both (`--serve`).
 
 Start-up problems (a bad flag value, an unusable plugin directory, a busy port, credentials that cannot
-be loaded) are one line on stderr and exit 2. SIGTERM stops it within `STOP_GRACE_S` seconds, whatever a
-worker thread is stuck in.
+be loaded) are one log line ("agent cannot start") and exit 2. SIGTERM stops it within
+`shell.signals.STOP_GRACE_S` seconds, whatever a worker thread is stuck in.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import logging
 import os
-import signal
-import sys
-import threading
 from collections.abc import Callable
 
 import prometheus_client
@@ -26,24 +22,25 @@ from nodefabric_devicemanager.agent import heap, wiring
 from nodefabric_devicemanager.agent.core import Agent, AgentConfig, Reader, default_reader
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
-from nodefabric_devicemanager.agent.serve import Probe, Servers
 from nodefabric_devicemanager.agent.uevents import UeventWatch
 from nodefabric_devicemanager.models import ACCELERATORS_ENUMERATED, INTERFACES_ENUMERATED
+from nodefabric_devicemanager.shell import flags as shell_flags
+from nodefabric_devicemanager.shell import server as shell_server
+from nodefabric_devicemanager.shell.errors import StartupError, refuse
+from nodefabric_devicemanager.shell.flags import add_serving_arguments
+from nodefabric_devicemanager.shell.probe import Probe
+from nodefabric_devicemanager.shell.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_PASS_FAILED = 1
-EXIT_USAGE = 2
-# After SIGTERM the parts get this long to stop cleanly; then the process exits regardless.
-STOP_GRACE_S = 5.0
+# A connection to the metrics or probe port that sends no complete request within this long is closed.
+IDLE_TIMEOUT_S = 5.0
 # The parts are told to stop, and waited for this long before being cancelled.
 _PART_STOP_S = 3.0
 _seconds = flags.seconds(most=7 * 24 * 3600.0)
-
-
-class StartupError(Exception):
-    """A setting the agent cannot start with; the message is the one line an operator reads."""
+COMMAND = "agent"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,21 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
     )
-    parser.add_argument(
-        "--bind-address", default="0.0.0.0", help="address for metrics and probes (default: 0.0.0.0)"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=flags.port,
-        default=9464,
-        help="Prometheus /metrics port, 0 = off (default: 9464)",
-    )
-    parser.add_argument(
-        "--health-port",
-        type=flags.port,
-        default=8081,
-        help="/healthz and /readyz port, 0 = off (default: 8081)",
-    )
+    add_serving_arguments(parser, metrics_port=9464, health_port=8081)
     parser.add_argument(
         "--no-uevents", action="store_true", help="no walks on kernel uevents; periodic passes only"
     )
@@ -158,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
     logs.default_fields(node=args.node_name)
     try:
         serving = _check(args)
+        shell_flags.listen(args)  # an empty --bind-address
         api = nodeclient.load(args.kubeconfig)
-    except (StartupError, nodeclient.ConfigError) as exc:
-        log.error("cannot start the agent: %s", exc, extra={"node": args.node_name})
-        return EXIT_USAGE
+    except ValueError as exc:  # StartupError, nodeclient.ConfigError
+        return refuse(log, COMMAND, exc, node=args.node_name)
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     buildinfo.register("agent")
     heap.one_arena()  # before any of the agent's threads start (see heap.py)
@@ -185,9 +168,10 @@ def run(args: argparse.Namespace) -> int:
             unread = {INTERFACES_ENUMERATED, ACCELERATORS_ENUMERATED} & set(outcome.degraded)
             return EXIT_OK if outcome.ok and not unread else EXIT_PASS_FAILED
         return asyncio.run(serve(agent, args, serving))
-    except OSError as exc:  # a port that cannot be bound: in use, or an address not on this node
-        log.error("cannot start the agent: %s", exc.strerror or exc, extra={"node": args.node_name})
-        return EXIT_USAGE
+    except StartupError as exc:  # a port that cannot be bound: in use, or an address not on this node
+        return refuse(log, COMMAND, exc, node=args.node_name)
+    except OSError as exc:  # the uevent socket, or another start-up resource this host refuses
+        return refuse(log, COMMAND, exc.strerror or exc, node=args.node_name)
     finally:
         api.close()
 
@@ -205,35 +189,12 @@ def _ready(agent: Agent, servers: wiring.NodeServers) -> Callable[[], Probe]:
             return probe
         for server in (servers.plugin, servers.dra):
             if server is not None:
-                ok, message = server.readiness()  # from memory, no I/O: safe on the probe's thread
+                ok, message = server.readiness()  # from memory, no I/O: safe on the event loop
                 if not ok:
                     return Probe(False, str(message))
         return probe
 
     return ready
-
-
-def _force_exit_later(node: str) -> None:
-    """Arm the last resort: if the process is still here STOP_GRACE_S after SIGTERM, it exits anyway."""
-
-    def force() -> None:
-        log.error(
-            "did not stop in time; exiting now",
-            extra={
-                "node": node,
-                "grace_s": STOP_GRACE_S,
-                "threads": sorted(t.name for t in threading.enumerate()),
-            },
-        )
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_PASS_FAILED)
-
-    timer = threading.Timer(STOP_GRACE_S, force)
-    timer.daemon = True
-    timer.start()
 
 
 async def serve(
@@ -247,72 +208,60 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     node = agent.config.node
-
-    def on_signal(sig: signal.Signals) -> None:
-        if not stop.is_set():
-            log.info("stopping on signal", extra={"node": node, "signal": sig.name})
-            _force_exit_later(node)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(sig, on_signal, sig)
     servers = wiring.build(agent, serving)
     plugin, dra = servers.plugin, servers.dra
-    http = Servers()
-    # Before anything runs: a port that cannot be bound is a start-up error (OSError, exit 2).
-    http.start(
-        host=args.bind_address,
-        metrics_port=args.metrics_port,
-        health_port=args.health_port,
-        registries=(agent.metrics.registry, prometheus_client.REGISTRY),
+    probes = shell_server.ProbeServer(
+        shell_flags.listen(args),
+        metrics=shell_server.exposition(agent.metrics.registry, prometheus_client.REGISTRY),
         live=agent.liveness,
         ready=_ready(agent, servers),
+        # On the host network these ports are reachable from the node's network: silent clients go sooner.
+        idle_timeout=IDLE_TIMEOUT_S,
     )
     watch = UeventWatch(agent.trigger)
     tasks: list[asyncio.Task[None]] = []
-    try:
-        if not args.no_uevents:
-            watch.start(loop)
-        log.info(
-            "agent started",
-            extra={
-                "node": node,
-                "root": agent.host.root,
-                "interval_s": agent.config.interval,
-                "walk_interval_s": agent.config.walk_interval,
-                "device_plugin": plugin is not None,
-                "dra_driver": dra is not None,
-            },
-        )
-        tasks.append(asyncio.create_task(agent.run(stop), name="agent-passes"))
-        if plugin is not None:
-            tasks.append(asyncio.create_task(plugin.run(stop), name="device-plugin"))
-        if dra is not None:
-            tasks.append(asyncio.create_task(dra.run(stop), name="dra-driver"))
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        failed = [t for t in tasks if t.done()]
-        for task in failed:
-            exc = None if task.cancelled() else task.exception()
-            log.error(
-                "a part of the agent ended on its own; stopping so the pod restarts",
-                extra={"node": node, "part": task.get_name(), "error": repr(exc)},
+    with stop_on_signals(stop, node=node):
+        # Before anything runs: a port that cannot be bound is a start-up error (exit 2).
+        await probes.start()
+        try:
+            if not args.no_uevents:
+                watch.start(loop)
+            log.info(
+                "agent started",
+                extra={
+                    "node": node,
+                    "root": agent.host.root,
+                    "interval_s": agent.config.interval,
+                    "walk_interval_s": agent.config.walk_interval,
+                    "device_plugin": plugin is not None,
+                    "dra_driver": dra is not None,
+                },
             )
-        stop.set()
-        _, pending = await asyncio.wait(tasks, timeout=_PART_STOP_S) if tasks else (set(), set())
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return EXIT_PASS_FAILED if failed else EXIT_OK
-    finally:
-        watch.stop(loop)
-        http.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(sig)
-        log.info("stopped", extra={"node": node})
+            tasks.append(asyncio.create_task(agent.run(stop), name="agent-passes"))
+            if plugin is not None:
+                tasks.append(asyncio.create_task(plugin.run(stop), name="device-plugin"))
+            if dra is not None:
+                tasks.append(asyncio.create_task(dra.run(stop), name="dra-driver"))
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            failed = [t for t in tasks if t.done()]
+            for task in failed:
+                exc = None if task.cancelled() else task.exception()
+                log.error(
+                    "a part of the agent ended on its own; stopping so the pod restarts",
+                    extra={"node": node, "part": task.get_name(), "error": repr(exc)},
+                )
+            stop.set()
+            _, pending = await asyncio.wait(tasks, timeout=_PART_STOP_S) if tasks else (set(), set())
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return EXIT_PASS_FAILED if failed else EXIT_OK
+        finally:
+            watch.stop(loop)
+            await probes.stop()
+            log.info("stopped", extra={"node": node})
 
 
 __all__ = ["add_arguments", "run", "serve"]

@@ -43,7 +43,7 @@ from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.liveobject import API_DEADLINE_S, LiveObject
 from nodefabric_devicemanager.agent.loop import Schedule, sleep
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
-from nodefabric_devicemanager.agent.serve import Probe
+from nodefabric_devicemanager.shell.probe import Probe
 from nodefabric_devicemanager.agent.settings import AgentConfig, Outcome, Result
 from nodefabric_devicemanager.agent.tell import Teller
 from nodefabric_devicemanager.agent.watch import ObjectWatch

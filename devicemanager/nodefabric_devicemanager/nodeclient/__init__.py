@@ -24,7 +24,7 @@ Callers import the names from the package.
 
 from __future__ import annotations
 
-from nodefabric_devicemanager.nodeclient.backoff import Backoff
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.nodeclient.client import (
     MAX_BODY_BYTES,
     REQUEST_TIMEOUT_S,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from nodefabric_devicemanager.nodeclient.backoff import Backoff
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.nodeclient.client import Api, Cancel
 from nodefabric_devicemanager.nodeclient.errors import ApiError, ApiFailure, classify
 from nodefabric_devicemanager.nodeclient.objects import metadata, resource_version

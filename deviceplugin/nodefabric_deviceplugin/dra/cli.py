@@ -2,7 +2,9 @@
 
 Inside `nodefabric agent` the same driver runs fed by the agent's record; this command serves a node
 without the agent (or for debugging): it reads the host at --root every --interval seconds, publishes the
-node's ResourceSlices and serves kubelet until SIGTERM or SIGINT.
+node's ResourceSlices and serves kubelet until SIGTERM or SIGINT. With --metrics-port it serves /metrics,
+/healthz and /readyz there (the probes on --health-port instead when given). Start-up problems are one
+log line ("draplugin cannot start") and exit 2.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
-import sys
 
 from nodefabric_devicemanager import flags, nodeclient
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN
+from nodefabric_devicemanager.shell import flags as shell_flags
+from nodefabric_devicemanager.shell import server
+from nodefabric_devicemanager.shell.errors import StartupError, refuse
+from nodefabric_devicemanager.shell.flags import Listen, add_serving_arguments
+from nodefabric_devicemanager.shell.signals import stop_on_signals
+from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN, DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.flags import add_driver_arguments, config_from
 from nodefabric_deviceplugin.dra.kube import DraApi
@@ -26,7 +31,7 @@ from nodefabric_deviceplugin.source import RecordSource
 
 log = logging.getLogger(__name__)
 
-EXIT_USAGE = 2
+COMMAND = "draplugin"
 USER_AGENT = "nodefabric-draplugin"
 _seconds = flags.seconds(most=86400)
 
@@ -62,69 +67,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f" API request (default {DEFAULT_RESYNC_S:g})"
         ),
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=flags.port,
-        default=0,
-        metavar="PORT",
-        help="serve Prometheus metrics here (0: off)",
-    )
+    add_serving_arguments(parser, metrics_port=0)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from(args)
-    except ValueError as exc:
-        print(f"nodefabric draplugin: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if not os.path.isdir(args.root):
-        print(f"nodefabric draplugin: the host root {args.root} is not a directory", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        api = nodeclient.load(args.kubeconfig, user_agent=USER_AGENT)
-    except nodeclient.ConfigError as exc:
-        print(f"nodefabric draplugin: cannot reach the kubernetes api: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.metrics_port:
-        from prometheus_client import start_http_server
-
+        if not os.path.isdir(args.root):
+            raise StartupError(f"the host root {args.root} is not a directory")
+        where = shell_flags.listen(args)
         try:
-            start_http_server(args.metrics_port)
-        except OSError as exc:  # in use, or not ours to bind
-            print(
-                f"nodefabric draplugin: cannot serve metrics on port {args.metrics_port}: "
-                f"{exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            api.close()
-            return EXIT_USAGE
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        host = HostRoot.at(args.root)
-        source = RecordSource()
-        driver = DraDriver(config, source, host, DraApi(api, config), resync=args.resync)
-        log.info(
-            "DRA driver starting",
-            extra={
-                "driver": config.driver,
-                "node": config.node_name,
-                "root": args.root,
-                "cdi_dir": config.cdi_dir,
-            },
-        )
-        poller = asyncio.create_task(poll_record(source, host, interval=args.interval, stop=stop))
-        try:
-            await driver.run(stop)
-        finally:
-            stop.set()
-            await poller
-
+            api = nodeclient.load(args.kubeconfig, user_agent=USER_AGENT)
+        except nodeclient.ConfigError as exc:
+            raise StartupError(f"cannot reach the kubernetes api: {exc}") from exc
+    except ValueError as exc:  # StartupError, and the checks of the driver's configuration
+        return refuse(log, COMMAND, exc)
+    server.no_created_series()
     try:
-        asyncio.run(main())
+        return asyncio.run(serve(args, config, api, where))
+    except StartupError as exc:  # a metrics or probe port that cannot be bound
+        return refuse(log, COMMAND, exc)
     finally:
         api.close()
+
+
+async def serve(args: argparse.Namespace, config: DriverConfig, api: nodeclient.Api, where: Listen) -> int:
+    """Serve until SIGTERM or SIGINT: the host polled into the record, the driver's sockets and slices,
+    /metrics and the probes (ready once kubelet registered the driver)."""
+    stop = asyncio.Event()
+    host = HostRoot.at(args.root)
+    source = RecordSource()
+    driver = DraDriver(config, source, host, DraApi(api, config), resync=args.resync)
+    with stop_on_signals(stop, node=config.node_name):
+        async with server.ProbeServer(
+            where, metrics=server.exposition(), live=server.alive, ready=server.readiness(driver.readiness)
+        ):
+            log.info(
+                "DRA driver starting",
+                extra={
+                    "driver": config.driver,
+                    "node": config.node_name,
+                    "root": args.root,
+                    "cdi_dir": config.cdi_dir,
+                },
+            )
+            poller = asyncio.create_task(poll_record(source, host, interval=args.interval, stop=stop))
+            try:
+                await driver.run(stop)
+            finally:
+                stop.set()
+                await poller
     return 0

@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_operator.admission import model, pins
 from nodefabric_operator.admission.admit import Member, Verdict, admit
@@ -1041,7 +1042,7 @@ def backoff_s(attempts: int, base: float = BACKOFF_BASE_S) -> float:
     """Seconds before a timed-out group is admitted again: doubling per admission, capped. The exponent
     is bounded first: `attempts` is read back from the PlacementGroup, and 2 ** (a huge count) would take
     the process's memory and time before the cap applied."""
-    return float(min(BACKOFF_CAP_S, base * 2 ** min(max(0, attempts - 1), 32)))
+    return Backoff(base, BACKOFF_CAP_S, jitter=False).delay(attempts - 1)
 
 
 def _names_object(exc: ApiException, name: str) -> bool:

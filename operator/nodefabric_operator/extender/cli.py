@@ -2,7 +2,9 @@
 
 Nobody but kube-scheduler may reach the verbs: they listen on 127.0.0.1 (the chart runs the extender
 beside kube-scheduler in one pod), or on another address only with TLS that verifies the client's
-certificate. Start-up problems are one line on stderr and exit status 2.
+certificate. Start-up problems are one log line ("extender cannot start") and exit status 2. /metrics,
+/healthz and /readyz are served on --bind-address:--metrics-port as well (the probes on --health-port
+instead when given).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import signal
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,11 @@ from kubernetes import config as _kube_config
 
 from nodefabric_devicemanager import flags
 from nodefabric_devicemanager.kubeclient import load_client
+from nodefabric_devicemanager.shell import flags as shell_flags
+from nodefabric_devicemanager.shell import server as shell
+from nodefabric_devicemanager.shell.errors import StartupError, refuse
+from nodefabric_devicemanager.shell.flags import add_serving_arguments
+from nodefabric_devicemanager.shell.signals import stop_on_signals
 from nodefabric_operator.extender.cache import Cache, SnapshotError
 from nodefabric_operator.extender.config import ConfigError, ExtenderConfig, load_config
 from nodefabric_operator.extender.events import KubePublisher
@@ -31,8 +37,9 @@ from nodefabric_operator.extender.server import (
     READ_TIMEOUT_S,
     SERVING,
     Serving,
+    health,
     make_app,
-    make_probe_app,
+    ready,
     runner,
     tls_context,
 )
@@ -41,6 +48,7 @@ from nodefabric_operator.extender.watch import Watcher
 
 log = logging.getLogger(__name__)
 kube_config: Any = _kube_config  # untyped in the client
+COMMAND = "extender"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,17 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=flags.port, default=8888, help="port of filter/prioritize (default 8888)"
     )
-    parser.add_argument(
-        "--metrics-address",
-        default="0.0.0.0",
-        help="address of /metrics, /healthz, /readyz (default 0.0.0.0)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=flags.port,
-        default=0,
-        help="port of /metrics, /healthz, /readyz (default 0: none)",
-    )
+    add_serving_arguments(parser, metrics_port=0)
     parser.add_argument(
         "--nodes-file",
         type=Path,
@@ -156,61 +154,70 @@ def serving_app(
 
 
 async def _serve(
-    app: web.Application, probe: web.Application | None, args: argparse.Namespace, tls: ssl.SSLContext | None
+    app: web.Application,
+    probes: shell.ProbeServer,
+    args: argparse.Namespace,
+    tls: ssl.SSLContext | None,
 ) -> int:
-    runners = [runner(app)]
-    if probe is not None:
-        runners.append(runner(probe))
+    verbs = runner(app)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await runners[0].setup()
-        await web.TCPSite(runners[0], args.address, args.port, ssl_context=tls).start()
-        if probe is not None:
-            await runners[1].setup()
-            await web.TCPSite(runners[1], args.metrics_address, args.metrics_port).start()
-    except OSError as exc:
-        log.error("extender cannot start", extra={"error": f"cannot listen: {exc}"})
-        for started in runners:
-            await started.cleanup()
-        return 2
-    log.info(
-        "extender listening",
-        extra={
-            "address": args.address,
-            "port": args.port,
-            "metrics_port": args.metrics_port or None,
-            "tls": tls is not None,
-            "client_certificates": args.tls_client_ca is not None,
-            "cache": str(args.nodes_file) if args.nodes_file else "watch",
-        },
-    )
-    await stop.wait()
-    for started in reversed(runners):
-        await started.cleanup()
+    with stop_on_signals(stop):
+        try:
+            await verbs.setup()
+            try:
+                await web.TCPSite(verbs, args.address, args.port, ssl_context=tls).start()
+            except OSError as exc:
+                raise StartupError(f"cannot listen: {exc}") from exc
+            await probes.start()
+        except StartupError as exc:
+            await verbs.cleanup()
+            return refuse(log, COMMAND, exc)
+        log.info(
+            "extender listening",
+            extra={
+                "address": args.address,
+                "port": args.port,
+                "metrics_port": args.metrics_port or None,
+                "tls": tls is not None,
+                "client_certificates": args.tls_client_ca is not None,
+                "cache": str(args.nodes_file) if args.nodes_file else "watch",
+            },
+        )
+        await stop.wait()
+        await probes.stop()
+        await verbs.cleanup()
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     problem = check(args)
     if problem:
-        log.error("extender cannot start", extra={"error": problem})
-        return 2
+        return refuse(log, COMMAND, problem)
     try:
+        where = shell_flags.listen(args)
         cfg = load_config(args.config)
         cache = Cache(cfg)
         if args.nodes_file is not None:
             cache.load_file(args.nodes_file)
         api = load_client(args.kubeconfig) if args.nodes_file is None or args.kubeconfig is not None else None
         tls = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-    except (ConfigError, SnapshotError, kube_config.ConfigException, OSError, ssl.SSLError) as exc:
-        log.error("extender cannot start", extra={"error": str(exc)})
-        return 2
+    except (
+        ConfigError,
+        SnapshotError,
+        kube_config.ConfigException,
+        OSError,
+        ssl.SSLError,
+        ValueError,
+    ) as exc:
+        return refuse(log, COMMAND, exc)
     serving = Serving(max_body=args.max_request_bytes, read_timeout=args.read_timeout)
     app, extender = serving_app(
         cfg, cache, api, watch=args.nodes_file is None, serving=serving, unhealthy_after=args.unhealthy_after
     )
-    probe = make_probe_app(extender, app[SERVING]) if args.metrics_port else None
-    return asyncio.run(_serve(app, probe, args, tls))
+    probes = shell.ProbeServer(
+        where,
+        metrics=shell.exposition(extender.metrics.registry),
+        live=health(app[SERVING]),
+        ready=ready(extender),
+    )
+    return asyncio.run(_serve(app, probes, args, tls))

@@ -21,13 +21,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nodefabric_operator import httpserve
+from nodefabric_devicemanager.shell import server as shell
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.pods import PodError
 from nodefabric_operator.extender.service import Extender, Publisher
 from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, WireError, parse_args
-from nodefabric_operator.probes import add_probes
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,6 @@ READ_TIMEOUT_S = 5.0
 # kube-scheduler keeps its connection open between requests; one idle longer than this (or one that
 # never finishes its request headers) is closed.
 KEEPALIVE_S = 30.0
-# After refusing a body, aiohttp would read and discard the rest of it for 10 s before closing.
-LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,15 +107,33 @@ async def _groups(request: web.Request) -> web.Response:
     return _json(request.app[EXTENDER].groups())
 
 
+def health(serving: Serving) -> shell.ProbeFn:
+    """/healthz: 503 with one problem per line while a feed has been broken for too long."""
+
+    def probe() -> shell.Probe:
+        problems = serving.health()
+        return shell.Probe(not problems, "\n".join(problems or ["ok"]) + "\n")
+
+    return probe
+
+
+def ready(extender: Extender) -> shell.ProbeFn:
+    """/readyz: 503 until the caches have synced."""
+    return lambda: shell.Probe(extender.cache.synced, "ok\n" if extender.cache.synced else NOT_SYNCED)
+
+
+NOT_SYNCED = "node and pod caches not synced yet\n"
+
+
 def _base(extender: Extender, serving: Serving) -> web.Application:
     app = web.Application(client_max_size=serving.max_body)
     app[EXTENDER] = extender
     app[SERVING] = serving
-    return add_probes(
+    return shell.add_routes(
         app,
-        health=serving.health,
-        ready=lambda: None if app[EXTENDER].cache.synced else "node and pod caches not synced yet",
-        registry=lambda: app[EXTENDER].metrics.registry,
+        metrics=shell.exposition(extender.metrics.registry),
+        live=health(serving),
+        ready=ready(extender),
     )
 
 
@@ -129,11 +144,6 @@ def make_app(extender: Extender, serving: Serving | None = None) -> web.Applicat
     app.router.add_post("/prioritize", _verb("prioritize", Extender.prioritize))
     app.router.add_get("/debug/groups", _groups)
     return app
-
-
-def make_probe_app(extender: Extender, serving: Serving | None = None) -> web.Application:
-    """The probe listener: /healthz, /readyz and /metrics only."""
-    return _base(extender, serving or Serving())
 
 
 def build_app(
@@ -158,8 +168,8 @@ def build_app(
 
 
 def runner(app: web.Application) -> web.AppRunner:
-    """The runner every listener of the extender uses: the cluster side's connection limits (httpserve)."""
-    return httpserve.runner(app, idle_timeout=KEEPALIVE_S)
+    """The runner of the extender's own listener: the product's connection limits (shell.server)."""
+    return shell.runner(app, idle_timeout=KEEPALIVE_S)
 
 
 def group_summary(app: web.Application, group_key: str) -> str | None:

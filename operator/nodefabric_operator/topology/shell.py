@@ -23,6 +23,7 @@ from typing import Any
 
 import kubernetes
 
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_operator import events
 from nodefabric_operator.extender.config import Level
 from nodefabric_operator.metrics import Metrics
@@ -161,7 +162,7 @@ class Projector:
                 # refusing is asked every few minutes, not every few seconds).
                 self._retry = False
                 self._failures += 1
-                delay = min(RETRY_FIRST * 2 ** min(self._failures - 1, 16), self.options.resync)
+                delay = Backoff(RETRY_FIRST, self.options.resync, jitter=False).delay(self._failures - 1)
                 loop.call_later(max(self.options.debounce, delay), self._dirty.set)
             else:
                 self._failures = 0
