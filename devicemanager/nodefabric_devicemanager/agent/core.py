@@ -43,7 +43,6 @@ from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.liveobject import API_DEADLINE_S, LiveObject
 from nodefabric_devicemanager.agent.loop import Schedule, sleep
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
-from nodefabric_devicemanager.shell.probe import Probe
 from nodefabric_devicemanager.agent.settings import AgentConfig, Outcome, Result
 from nodefabric_devicemanager.agent.tell import Teller
 from nodefabric_devicemanager.agent.watch import ObjectWatch
@@ -51,6 +50,7 @@ from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.nodeclient import ApiFailure, resource_version
+from nodefabric_devicemanager.shell.probe import Probe
 
 __all__ = [
     "API_DEADLINE_S",
