@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_operator.admission import model, pins
 from nodefabric_operator.admission.admit import Member, Verdict, admit
@@ -127,8 +128,8 @@ class Controller:
         backoff_base: float = BACKOFF_BASE_S,
     ) -> None:
         self.config = config
-        self.gate = config.annotation_prefix + "group"
-        self.decision_key = config.annotation_prefix + "decision"
+        self.gate = vocabulary.scheduling_gate(config.domain)
+        self.decision_key = vocabulary.placement_key(vocabulary.DECISION, config.domain)
         self.cache = Cache(config)
         self.metrics = metrics or PlacementMetrics()
         self.clock = clock
@@ -217,7 +218,7 @@ class Controller:
         prefix = self.config.annotation_prefix
         raw_annotations = meta.get("annotations")
         annotations: Mapping[str, Any] = raw_annotations if isinstance(raw_annotations, Mapping) else {}
-        kept_keys = {prefix + k for k in ("group", "group-size", "locality", "rank", "homogeneous")}
+        kept_keys = {prefix + k for k in vocabulary.GROUP_ANNOTATIONS}
         kept_keys.add("kueue.x-k8s.io/pod-group-total-count")
         kept = {k: str(v)[:MAX_KEPT] for k, v in annotations.items() if k in kept_keys}
         raw_labels = meta.get("labels")

@@ -15,13 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nodefabric_devicemanager import crd as _crd
+from nodefabric_devicemanager import vocabulary
 
-GROUP = "placement.gpustack.ai"
-VERSION = "v1alpha1"
+GROUP = vocabulary.PLACEMENT_GROUP
+VERSION = vocabulary.VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "PlacementGroup"
-PLURAL = "placementgroups"
-SINGULAR = "placementgroup"
+KIND = vocabulary.PLACEMENT_GROUP_KIND
+PLURAL = vocabulary.PLACEMENT_GROUP_PLURAL
+SINGULAR = vocabulary.PLACEMENT_GROUP_SINGULAR
 SHORT_NAMES = ["plg"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator import labels
 from nodefabric_operator.extender.config import Level
 from nodefabric_operator.extender.config import default_levels as extender_levels
@@ -44,10 +45,10 @@ class LevelsError(ValueError):
     """The configured levels cannot be used; the message says why."""
 
 
-def default_levels(domain: str = labels.DEFAULT_DOMAIN) -> tuple[Level, ...]:
+def default_levels(domain: str = vocabulary.DOMAIN) -> tuple[Level, ...]:
     """Tightest first: fabric domain, leaf, spine, core, zone, region."""
     ext = {lv.name: lv for lv in extender_levels(domain)}
-    fabric_key = labels.key(domain, labels.FABRIC_DOMAIN)
+    fabric_key = vocabulary.fabric_domain_key(domain)
     fabric = ext["fabric"]
     group = ext["network-group"]
     return (
