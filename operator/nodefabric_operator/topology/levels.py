@@ -1,7 +1,8 @@
 """The topology hierarchy's levels: the extender's `Level` configuration, with the switch tiers added.
 
-The fabric domain key comes from `labels` (where the operator computes it) and the leaf tier takes every key
-the extender's network-group level accepts, so the two components read a node the same way. Users rename
+The fabric level is the extender's (the operator's fabric-domain label first, both spelt by `vocabulary`) and
+the leaf tier takes every key the extender's network-group level accepts, so the two components read a
+node the same way. Users rename
 and reorder levels with the same YAML shape as the extender's `levels:` (name, keys, title).
 """
 
@@ -48,15 +49,9 @@ class LevelsError(ValueError):
 def default_levels(domain: str = vocabulary.DOMAIN) -> tuple[Level, ...]:
     """Tightest first: fabric domain, leaf, spine, core, zone, region."""
     ext = {lv.name: lv for lv in extender_levels(domain)}
-    fabric_key = vocabulary.fabric_domain_key(domain)
-    fabric = ext["fabric"]
     group = ext["network-group"]
     return (
-        Level(
-            name="fabric",
-            title=fabric.title,
-            keys=(fabric_key, *(k for k in fabric.keys if k != fabric_key)),
-        ),
+        ext["fabric"],  # the operator's fabric-domain label first (vocabulary.fabric_domain_key)
         Level(
             name="leaf",
             title="leaf switch",
