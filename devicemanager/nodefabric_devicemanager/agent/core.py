@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from nodefabric_devicemanager import refresh
-from nodefabric_devicemanager.agent import heap, notices, publish, workers
+from nodefabric_devicemanager import events, refresh
+from nodefabric_devicemanager.agent import heap, kube, notices, publish, workers
 from nodefabric_devicemanager.agent.kube import DevicesClient
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.serve import Probe
 from nodefabric_devicemanager.agent.watch import ObjectWatch
-from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import (
     ACCELERATORS_ENUMERATED,
@@ -187,7 +186,9 @@ class Agent:
         self._settled: tuple[int, str] | None = None  # (generation, resourceVersion) last decided on
         self._told: dict[str, tuple[str, str]] = {}  # conditions last logged
         self._posted: dict[str, tuple[str, str]] = {}  # conditions last posted as Events
-        self.spam = Correlator()  # a condition that flaps posts 25 Events at once, then one per 5 minutes
+        # A condition that flaps posts 25 Events at once, then one per 5 minutes (the shared spam filter).
+        # spam_clock is read at each decision, not bound now: a test (or a caller) may replace it later.
+        self.spam = events.Writer(kube.COMPONENT, clock=lambda: self.spam_clock())  # noqa: PLW0108
         self.spam_clock: Callable[[], float] = time.monotonic  # the budget's clock (seconds)
         self._sinks: list[RecordSink] = []
         self._walk_wanted = True
@@ -568,7 +569,7 @@ class Agent:
 
     async def _post_notice(self, notice: notices.Notice) -> bool:
         """Whether the Event is posted."""
-        if not self.spam.admit(self.config.node, self.spam_clock()):
+        if not self.spam.admit(self.config.node):
             self.metrics.events_dropped.inc()
             log.debug(
                 "event dropped: this record's Events are over budget",

@@ -31,7 +31,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodefabric_devicemanager import vocabulary
-from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_operator.admission import model, pins
 from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.metrics import PlacementMetrics
@@ -139,7 +138,11 @@ class Controller:
         self.custom: Any = client.CustomObjectsApi(api)
         self.owners = OwnerFetcher(api)
         self.publisher = KubePublisher(
-            self.core, self.metrics.registry, component=COMPONENT, metric="nodefabric_placement_writes_failed"
+            self.core,
+            self.metrics.registry,
+            component=COMPONENT,
+            metric="nodefabric_placement_writes_failed",
+            clock=clock,  # the spam filter runs on the controller's clock
         )
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
@@ -155,7 +158,6 @@ class Controller:
         # (or its owner may have, every SIZE_TTL_S).
         self.generation = 0
         self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
-        self.spam = Correlator()
         self.wake = asyncio.Event()
         self.watcher = Watcher(self.cache, None, api, feeds=self._feeds())
         self.passes = 0
@@ -1015,18 +1017,14 @@ class Controller:
         *,
         pg_too: bool = False,
     ) -> None:
-        now = self.clock()
         targets: list[Mapping[str, Any]] = list(pods)
         if pg_too:
             ns = group.spec.key.split("/", 1)[0]
             pg = self.pgs.get((ns, model.object_name(group.spec.key)))
             if pg is not None:
                 targets.append(pg)
-        for obj in targets:
-            meta = obj.get("metadata") or {}
-            source = f"{obj.get('kind', 'Pod')}/{meta.get('namespace')}/{meta.get('name')}"
-            if self.spam.admit(source, now):
-                self.publisher.event(obj, type_, reason, message)
+        for obj in targets:  # the publisher's spam filter holds back a burst about one object
+            self.publisher.event(obj, type_, reason, message)
 
     def _annotate(self, pods: list[dict[str, Any]], text: str) -> None:
         """The decision copied onto each pod for `kubectl describe pod`; never read back."""
