@@ -46,9 +46,14 @@ FABRIC_DOMAIN = f"{FABRIC}.domain"  # the scale-up fabric a node belongs to: the
 FABRIC_MEMBERS = f"{FABRIC}.members"
 
 
+def feature_subdomain(domain: str = DOMAIN) -> str:
+    """Our node labels' key prefix without its slash, `feature.<domain>`: it must be a DNS subdomain."""
+    return f"feature.{domain}"
+
+
 def feature_prefix(domain: str = DOMAIN) -> str:
     """The prefix of every node label the operator publishes: `feature.<domain>/`."""
-    return f"feature.{domain}/"
+    return feature_subdomain(domain) + "/"
 
 
 def feature_key(name: str, domain: str = DOMAIN) -> str:

@@ -43,7 +43,7 @@ class InvalidDomain(ValueError):
 
 def check_domain(domain: str) -> str:
     """The label domain, refused unless `feature.<domain>` is a valid label-key prefix (a DNS subdomain)."""
-    prefix = vocabulary.feature_prefix(domain).rstrip("/")
+    prefix = vocabulary.feature_subdomain(domain)
     if not domain or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise InvalidDomain(f"label domain {domain!r} does not make a valid label prefix {prefix!r}")
     return domain
