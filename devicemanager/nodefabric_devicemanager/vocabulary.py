@@ -25,6 +25,8 @@ PLACEMENT_GROUP = f"placement.{DOMAIN}"  # the API group of PlacementGroup and F
 PLACEMENT_GROUP_KIND = "PlacementGroup"
 PLACEMENT_GROUP_PLURAL = "placementgroups"
 PLACEMENT_GROUP_SINGULAR = "placementgroup"
+# The label on a PlacementGroup naming its group's family (fixed, as the API group is: not `--domain`'s).
+PLACEMENT_GROUP_FAMILY_LABEL = f"{PLACEMENT_GROUP}/family"
 
 FABRIC_TOPOLOGY_KIND = "FabricTopology"
 FABRIC_TOPOLOGY_PLURAL = "fabrictopologies"

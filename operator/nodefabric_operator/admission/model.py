@@ -27,7 +27,7 @@ SHORT_NAMES = ["plg"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "nodefabric"}
-FAMILY_LABEL = f"{GROUP}/family"
+FAMILY_LABEL = vocabulary.PLACEMENT_GROUP_FAMILY_LABEL
 
 Phase = Literal["Pending", "Waiting", "NeverFits", "Admitted", "Bound", "TimedOut"]
 PHASES: tuple[str, ...] = ("Pending", "Waiting", "NeverFits", "Admitted", "Bound", "TimedOut")
