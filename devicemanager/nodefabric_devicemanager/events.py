@@ -46,8 +46,10 @@ def cap(message: str, limit: int = MAX_MESSAGE) -> str:
 
 
 def stamp(now: datetime) -> str:
-    """An Event timestamp (RFC 3339, whole seconds, UTC as the API server writes it)."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """An Event timestamp (RFC 3339, whole seconds, UTC as the API server writes it). A naive time is
+    taken as UTC (what every caller's clock gives), not as the machine's local time."""
+    utc = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def body(
@@ -110,7 +112,9 @@ class Writer:
         self.instance = instance or component
         self.spam = spam or Correlator()  # 25 Events per object at once, then one per 5 minutes
         self.clock = clock
-        self.lock = threading.Lock()
+        # Reentrant: a caller that decides more under the same lock (the operator's recorder, which also
+        # counts repeats) holds it around admit().
+        self.lock = threading.RLock()
 
     def admit(self, source: str) -> bool:
         """Whether one more Event about `source` (an involved object) may be written now."""

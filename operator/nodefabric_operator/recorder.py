@@ -76,7 +76,7 @@ class Recorder:
         source = str(involved.get("uid") or involved.get("name"))
         key = (source, str(involved.get("name")), notice.type, notice.reason, notice.message)
         with self._lock:
-            if not self.correlator.admit(source, self.writer.clock()):
+            if not self.writer.admit(source):
                 self.metrics.events.labels(action="dropped").inc()
                 log.debug(
                     "event dropped by the spam filter", extra={"reason": notice.reason, "object": key[1]}

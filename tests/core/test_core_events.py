@@ -85,6 +85,10 @@ def test_the_body_is_a_valid_v1_event_about_the_object_it_names() -> None:
     assert _bytes(body["message"]) <= events.MAX_MESSAGE
 
 
+def test_a_naive_time_is_taken_as_utc() -> None:
+    assert events.stamp(datetime(2026, 1, 2, 3, 4, 5)) == "2026-01-02T03:04:05Z"
+
+
 def test_without_action_or_host_neither_is_written() -> None:
     body = events.body(
         {"kind": "Pod", "name": "p"}, namespace="ml", type_="Normal", reason="R", message="m",
