@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from nodefabric_devicemanager import inventory, logs
+from nodefabric_devicemanager import inventory, logs, vocabulary
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -41,9 +41,9 @@ from nodefabric_deviceplugin.server import DevicePluginManager
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 
-EXCLUSIVE = "device.gpustack.ai/rdma"
-SHARED = "device.gpustack.ai/rdma.shared"
-RESOURCES = (EXCLUSIVE, SHARED, "device.gpustack.ai/rdma.partitioned")
+EXCLUSIVE = vocabulary.resource_name(vocabulary.RESOURCE_RDMA)
+SHARED = vocabulary.resource_name(vocabulary.RESOURCE_RDMA_SHARED)
+RESOURCES = (EXCLUSIVE, SHARED, vocabulary.resource_name(vocabulary.RESOURCE_RDMA_PARTITIONED))
 ALLOCATE_TARGET = 1.3
 REREGISTER_TARGET_MS = 20.0
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.demo import targets
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
@@ -29,7 +30,7 @@ from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import check
 from nodefabric_operator.topology.shell import Projector, TopologyOptions
 
-FABRIC = "feature.gpustack.ai/fabric.domain"
+FABRIC = vocabulary.fabric_domain_key()
 LEAF = "network.topology.nvidia.com/leaf"
 SPINE = "network.topology.nvidia.com/spine"
 ZONE = "topology.kubernetes.io/zone"

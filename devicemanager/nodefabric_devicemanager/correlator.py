@@ -8,7 +8,8 @@ ways, kept here with its defaults:
 - an Event identical to one already posted (same object, type, reason and message) raises that Event's
   `count` and `lastTimestamp` instead of creating another;
 - a token bucket per involved object (25 at once, then one every 5 minutes) drops the rest.
-The operator does both; the agent, whose role may only create Events, uses the token bucket.
+The operator does both; the agent (whose role may only create Events), the extender and the placement
+controller use the token bucket, each through its `events.Writer`.
 """
 
 from __future__ import annotations

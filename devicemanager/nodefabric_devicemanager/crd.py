@@ -158,9 +158,9 @@ def devices_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {
                                     "type": "string",
-                                    "description": "worker.gpustack.ai/v1alpha1",
+                                    "description": models.API_VERSION,
                                 },
-                                "kind": {"type": "string", "description": "Devices"},
+                                "kind": {"type": "string", "description": models.KIND},
                                 "metadata": {
                                     "type": "object",
                                     "description": "Named after the node, and owned by it.",

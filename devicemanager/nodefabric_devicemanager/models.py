@@ -13,12 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "worker.gpustack.ai"
-VERSION = "v1alpha1"
+from nodefabric_devicemanager import vocabulary
+
+GROUP = vocabulary.DEVICES_GROUP
+VERSION = vocabulary.VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "Devices"
-PLURAL = "devices"
-SINGULAR = "devices"
+KIND = vocabulary.DEVICES_KIND
+PLURAL = vocabulary.DEVICES_PLURAL
+SINGULAR = vocabulary.DEVICES_SINGULAR
 
 
 class _Model(BaseModel):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import chain
 
-from nodefabric_devicemanager import names
+from nodefabric_devicemanager import names, vocabulary
 from nodefabric_devicemanager.models import DevicesSpec, Endpoint, LinkState
 from nodefabric_devicemanager.numbers import numa_node
 from nodefabric_devicemanager.pci import bus_key, is_bus_id
@@ -28,7 +28,7 @@ from nodefabric_devicemanager.summary import top_level_vf as _top_level_vf
 from nodefabric_deviceplugin.limits import MAX_ID_LENGTH, Shape, check_shared_count, fitting_shared_count
 from nodefabric_deviceplugin.selection import EndpointFacts, HostFacts, Selection
 
-DEFAULT_DOMAIN = "gpustack.ai"
+DEFAULT_DOMAIN = vocabulary.DOMAIN
 DEFAULT_SHARED_COUNT = 64
 # Room for "-<shared index>" (up to 6 digits) after a stem.
 STEM_BUDGET = MAX_ID_LENGTH - 7
@@ -39,9 +39,9 @@ UNHEALTHY = "Unhealthy"
 class Family(StrEnum):
     """The three resource families; the value is the resource name after `device.<domain>/`."""
 
-    EXCLUSIVE = "rdma"
-    SHARED = "rdma.shared"
-    PARTITIONED = "rdma.partitioned"
+    EXCLUSIVE = vocabulary.RESOURCE_RDMA
+    SHARED = vocabulary.RESOURCE_RDMA_SHARED
+    PARTITIONED = vocabulary.RESOURCE_RDMA_PARTITIONED
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +58,10 @@ class PluginConfig:
         if self.shared:
             check_shared_count(self.shared_count)
         # The resource name's prefix, device.<domain>, must be a DNS subdomain (253 characters at most).
-        if not names.dns_subdomain(f"device.{self.domain}"):
-            raise ValueError(f"the domain must be a DNS subdomain such as gpustack.ai, got {self.domain!r}")
+        if not names.dns_subdomain(vocabulary.resource_prefix(self.domain)):
+            raise ValueError(
+                f"the domain must be a DNS subdomain such as {vocabulary.DOMAIN}, got {self.domain!r}"
+            )
 
     def families(self) -> list[Family]:
         """Exclusive is always served; --no-shared and --no-partitioned drop the other two."""
@@ -71,7 +73,7 @@ class PluginConfig:
         return out
 
     def resource_name(self, family: Family) -> str:
-        return f"device.{self.domain}/{family.value}"
+        return vocabulary.resource_name(family.value, self.domain)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager import crd, models, vocabulary
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model as placement_model
 from nodefabric_operator.topology import report as topology_report
@@ -45,12 +45,12 @@ log = logging.getLogger(__name__)
 NAME = f"{models.PLURAL}.{models.GROUP}"
 # Every CRD this build ships, applied in this order (each one line of output): `--crd` picks some.
 CRDS: dict[str, Callable[[], dict[str, Any]]] = {
-    "devices": crd.devices_crd,
-    "placementgroups": placement_model.placement_crd,
-    "fabrictopologies": topology_report.crd,
+    models.PLURAL: crd.devices_crd,
+    placement_model.PLURAL: placement_model.placement_crd,
+    topology_report.PLURAL: topology_report.crd,
 }
 # Which nodefabric release wrote the CRD: what `apply` compares to refuse a downgrade.
-VERSION_ANNOTATION = "nodefabric.gpustack.ai/version"
+VERSION_ANNOTATION = vocabulary.CRD_VERSION_ANNOTATION
 # A black-holed API server must not hold a Helm upgrade for long: (connect, read) seconds.
 REQUEST_TIMEOUT = (5.0, 30.0)
 # Re-reads after a conflict (someone changed the CRD between our read and our write).
@@ -72,7 +72,7 @@ def this_version() -> str:
         return "0+unknown"
 
 
-def desired(version: str, which: str = "devices") -> dict[str, Any]:
+def desired(version: str, which: str = models.PLURAL) -> dict[str, Any]:
     """This build's CRD (`which`, a key of CRDS), stamped with the nodefabric version that wrote it."""
     body = copy.deepcopy(CRDS[which]())  # it shares module-level lists (printer columns)
     body["metadata"].setdefault("annotations", {})[VERSION_ANNOTATION] = version

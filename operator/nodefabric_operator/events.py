@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nodefabric_devicemanager import events as shared
 from nodefabric_operator import labels
 
 COMPONENT = "nodefabric-operator"  # the Event's source: `kubectl describe` shows it under "From"
-NORMAL, WARNING = "Normal", "Warning"
+NORMAL, WARNING = shared.NORMAL, shared.WARNING
 
 LABELS_CHANGED = "LabelsChanged"
 CAPABILITY_LOST = "RdmaCapabilityLost"
@@ -21,8 +22,8 @@ FABRIC_LOST = "FabricLabelsLost"
 PUBLISH_FAILED = "PublishFailed"
 NODE_NOT_FOUND = "NodeNotFound"
 
-# kopf cuts longer messages in the middle; five keys never come near it, a hand-edited sink might.
-MAX_MESSAGE = 1000
+# Five keys never come near the cap; a hand-edited sink might.
+MAX_MESSAGE = shared.MAX_MESSAGE
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,9 @@ def for_changes(
     message = f"{target}: " + "; ".join(c.describe() for c in changes)
     if reason == CAPABILITY_LOST:
         message += "; " + _why_lost(failed_links)
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 30] + f"... ({len(changes)} changes)"
+    count = f" ({len(changes)} changes)"
+    if shared.cap(message) != message:  # cut, and say how many changes the whole message had
+        message = shared.cap(message, MAX_MESSAGE - len(count)) + count
     return Notice(type_, reason, message)
 
 
@@ -66,4 +68,4 @@ def _why_lost(failed_links: Sequence[str]) -> str:
 
 
 def for_failure(reason: str, message: str) -> Notice:
-    return Notice(WARNING, reason, message[:MAX_MESSAGE])
+    return Notice(WARNING, reason, shared.cap(message))

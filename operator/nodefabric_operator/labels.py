@@ -12,22 +12,22 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nodefabric_devicemanager import models, numbers
+from nodefabric_devicemanager import models, numbers, vocabulary
 from nodefabric_devicemanager.models import Devices, Endpoint
 from nodefabric_devicemanager.summary import best_distance, node_fabric_domain, usable_endpoints
 
-DEFAULT_DOMAIN = "gpustack.ai"
+DEFAULT_DOMAIN = vocabulary.DOMAIN
 
-RDMA_CAPABLE = "rdma.capable"
-RDMA_DISTANCE = "rdma.distance"
-RDMA_NUMA = "rdma.numa"
-FABRIC_DOMAIN = "fabric.domain"
-FABRIC_MEMBERS = "fabric.members"
+RDMA_CAPABLE = vocabulary.RDMA_CAPABLE
+RDMA_DISTANCE = vocabulary.RDMA_DISTANCE
+RDMA_NUMA = vocabulary.RDMA_NUMA
+FABRIC_DOMAIN = vocabulary.FABRIC_DOMAIN
+FABRIC_MEMBERS = vocabulary.FABRIC_MEMBERS
 
 # The families whose keys the operator owns; removal is scoped to them and skipped per family.
-RDMA = "rdma"
-FABRIC = "fabric"
-FAMILIES = (RDMA, FABRIC)
+RDMA = vocabulary.RDMA
+FABRIC = vocabulary.FABRIC
+FAMILIES = vocabulary.FAMILIES
 
 # Matched whole (fullmatch): `$` also matches before a trailing newline, so "7\n" would pass a `^...$`
 # check here and make the API server refuse every label of the node in the same write.
@@ -43,7 +43,7 @@ class InvalidDomain(ValueError):
 
 def check_domain(domain: str) -> str:
     """The label domain, refused unless `feature.<domain>` is a valid label-key prefix (a DNS subdomain)."""
-    prefix = f"feature.{domain}"
+    prefix = vocabulary.feature_subdomain(domain)
     if not domain or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise InvalidDomain(f"label domain {domain!r} does not make a valid label prefix {prefix!r}")
     return domain
@@ -55,11 +55,11 @@ def is_dns_label(name: str) -> bool:
 
 
 def prefix(domain: str) -> str:
-    return f"feature.{domain}/"
+    return vocabulary.feature_prefix(domain)
 
 
 def key(domain: str, name: str) -> str:
-    return prefix(domain) + name
+    return vocabulary.feature_key(name, domain)
 
 
 def family(label_key: str, domain: str) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from typing import Any
 
 import kubernetes
 
+from nodefabric_devicemanager import events as shared_events
 from nodefabric_devicemanager.correlator import Correlator, Posted
 from nodefabric_operator import events, rawcall
 from nodefabric_operator.metrics import Metrics
@@ -36,24 +36,19 @@ def event_body(
     now: datetime,
     action: str = "PublishLabels",
 ) -> dict[str, Any]:
-    stamp = _stamp(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        # A generateName must stay a DNS subdomain with the suffix added: "name." is refused (422).
-        "metadata": {"generateName": f"{involved.get('name', 'devices')}-", "namespace": NAMESPACE},
-        "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid") if k in involved},
-        "type": notice.type,
-        "reason": notice.reason,
-        "message": notice.message,
-        "action": action,
-        "source": {"component": events.COMPONENT},
-        "reportingComponent": events.COMPONENT,
-        "reportingInstance": instance,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    # The object is cluster-scoped: whatever namespace a caller's mapping has is not the object's.
+    about = {k: v for k, v in involved.items() if k != "namespace"}
+    return shared_events.body(
+        about,
+        namespace=NAMESPACE,
+        type_=notice.type,
+        reason=notice.reason,
+        message=notice.message,
+        component=events.COMPONENT,
+        instance=instance,
+        now=now,
+        action=action,
+    )
 
 
 class Recorder:
@@ -71,9 +66,9 @@ class Recorder:
         self.api = api
         self.instance = instance
         self.metrics = metrics
-        self.correlator = correlator or Correlator()
-        self.clock = clock
-        self._lock = threading.Lock()  # posts run in worker threads
+        self.writer = shared_events.Writer(events.COMPONENT, instance=instance, spam=correlator, clock=clock)
+        self.correlator = self.writer.spam  # besides the spam filter, which Events are posted (to count)
+        self._lock = self.writer.lock  # posts run in worker threads
 
     def post(self, involved: Mapping[str, Any], notice: events.Notice, action: str = "PublishLabels") -> None:
         """One Event, or one more count of the same Event; a failure is logged, never raised: an Event
@@ -81,7 +76,7 @@ class Recorder:
         source = str(involved.get("uid") or involved.get("name"))
         key = (source, str(involved.get("name")), notice.type, notice.reason, notice.message)
         with self._lock:
-            if not self.correlator.admit(source, self.clock()):
+            if not self.writer.admit(source):
                 self.metrics.events.labels(action="dropped").inc()
                 log.debug(
                     "event dropped by the spam filter", extra={"reason": notice.reason, "object": key[1]}
@@ -121,7 +116,11 @@ class Recorder:
 
     def _count(self, posted: Posted, now: datetime) -> bool:
         """Raise an existing Event's count; False when it is gone (expired, deleted): post a new one."""
-        patch = {"count": posted.count + 1, "lastTimestamp": _stamp(now), "firstTimestamp": posted.first}
+        patch = {
+            "count": posted.count + 1,
+            "lastTimestamp": shared_events.stamp(now),
+            "firstTimestamp": posted.first,
+        }
         self.metrics.api_requests.labels(verb="patch", resource="events").inc()
         try:
             self._send("PATCH", EVENT, {"name": posted.name}, patch, "application/merge-patch+json")
@@ -134,10 +133,6 @@ class Recorder:
     def _send(self, method: str, path: str, params: Mapping[str, str], body: Any, content_type: str) -> bytes:
         params = {**params, "namespace": NAMESPACE}
         return rawcall.send(self.api, method, path, params, body, content_type=content_type)
-
-
-def _stamp(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _created_name(answer: bytes) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import kubernetes
 
-from nodefabric_devicemanager import models
+from nodefabric_devicemanager import models, vocabulary
 from nodefabric_operator import labels, rawcall
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.view import SinkObject, items, part, version
@@ -509,4 +509,4 @@ def _decoded(answer: Any) -> dict[str, Any]:
 
 
 def managed_annotation(domain: str) -> str:
-    return f"nodefabric.{domain}/managed-labels"
+    return vocabulary.managed_labels_annotation(domain)

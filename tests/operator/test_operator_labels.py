@@ -236,7 +236,18 @@ def test_domain_is_configurable():
 
 
 @pytest.mark.parametrize(
-    "domain", ["", "Bad_Domain", "-x.com", "a..b", "gpustack.ai\n", "\ngpustack.ai", "\uff47.ai"]
+    "domain",
+    [
+        "",
+        "Bad_Domain",
+        "-x.com",
+        "a..b",
+        "gpustack.ai\n",
+        "\ngpustack.ai",
+        "\uff47.ai",
+        "gpustack.ai/",
+        "a/b",
+    ],
 )
 def test_invalid_domain_refused(domain):
     with pytest.raises(labels.InvalidDomain):

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from nodefabric_devicemanager import events
 from nodefabric_devicemanager.agent import heap, publish
 from nodefabric_devicemanager.agent.hostview import (
     INVENTORY_ERROR,
@@ -46,7 +47,6 @@ from nodefabric_devicemanager.agent.metrics import AgentMetrics
 from nodefabric_devicemanager.agent.settings import AgentConfig, Outcome, Result
 from nodefabric_devicemanager.agent.tell import Teller
 from nodefabric_devicemanager.agent.watch import ObjectWatch
-from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.nodeclient import ApiFailure, resource_version
@@ -113,7 +113,7 @@ class Agent:
         return self.obj.watch
 
     @property
-    def spam(self) -> Correlator:
+    def spam(self) -> events.Writer:
         return self.teller.spam
 
     @property

@@ -10,10 +10,9 @@ from __future__ import annotations
 import http
 import logging
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
-from nodefabric_devicemanager import nodeclient
+from nodefabric_devicemanager import events, nodeclient
 from nodefabric_devicemanager.models import GROUP, KIND, PLURAL, VERSION
 from nodefabric_devicemanager.nodeclient import (
     Api,
@@ -132,27 +131,20 @@ class DevicesClient:
 
     def post_event(self, node: str, obj: dict[str, Any] | None, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the node's Devices object, from this component (`kubectl describe` shows it)."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         meta = metadata(obj)
         involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": node}
         if meta.get("uid"):
             involved["uid"] = str(meta["uid"])
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            # A generateName must stay a DNS subdomain with the suffix added: "node." is refused (422).
-            "metadata": {"generateName": f"{node}-", "namespace": EVENT_NAMESPACE},
-            "involvedObject": involved,
-            "type": kind,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": COMPONENT, "host": node},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": node,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        body = events.body(
+            involved,
+            namespace=EVENT_NAMESPACE,
+            type_=kind,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            instance=node,
+            host=node,
+        )
         self.api.call(
             f"post event {reason}", "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=body
         )

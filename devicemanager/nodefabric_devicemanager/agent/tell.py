@@ -12,11 +12,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from nodefabric_devicemanager.agent import notices, publish
+from nodefabric_devicemanager import events
+from nodefabric_devicemanager.agent import kube, notices, publish
 from nodefabric_devicemanager.agent.hostview import now
 from nodefabric_devicemanager.agent.liveobject import LiveObject
 from nodefabric_devicemanager.agent.metrics import AgentMetrics
-from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_devicemanager.models import INTERFACES_ENUMERATED, DevicesSpec
 from nodefabric_devicemanager.nodeclient import ApiFailure
 
@@ -30,7 +30,9 @@ class Teller:
         self.metrics = metrics
         self._told: dict[str, tuple[str, str]] = {}  # conditions last logged
         self._posted: dict[str, tuple[str, str]] = {}  # conditions last posted as Events
-        self.spam = Correlator()  # a condition that flaps posts 25 Events at once, then one per 5 minutes
+        # A condition that flaps posts 25 Events at once, then one per 5 minutes (the shared spam filter).
+        # spam_clock is read at each decision, not bound now: a test (or a caller) may replace it later.
+        self.spam = events.Writer(kube.COMPONENT, clock=lambda: self.spam_clock())  # noqa: PLW0108
         self.spam_clock: Callable[[], float] = time.monotonic  # the budget's clock (seconds)
 
     def tell(self, reading: publish.ReadingLike) -> tuple[str, ...]:
@@ -84,7 +86,7 @@ class Teller:
 
     async def _post(self, notice: notices.Notice) -> bool:
         """Whether the Event is posted."""
-        if not self.spam.admit(self.node, self.spam_clock()):
+        if not self.spam.admit(self.node):
             self.metrics.events_dropped.inc()
             log.debug(
                 "event dropped: this record's Events are over budget",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.names import dns_subdomain
 from nodefabric_deviceplugin.selection import Selection
 
-DEFAULT_DOMAIN = "gpustack.ai"
+DEFAULT_DOMAIN = vocabulary.DOMAIN
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_DIR = "/var/run/cdi"
@@ -65,7 +66,7 @@ class DriverConfig:
     @property
     def driver(self) -> str:
         """The driver name: `rdma.<domain>`, as in DeviceClass selectors and ResourceClaim results."""
-        return f"rdma.{self.domain}"
+        return vocabulary.dra_driver(self.domain)
 
     @property
     def pool(self) -> str:

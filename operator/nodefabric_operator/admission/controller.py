@@ -30,8 +30,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.backoff import Backoff
-from nodefabric_devicemanager.correlator import Correlator
 from nodefabric_operator.admission import model, pins
 from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.metrics import PlacementMetrics
@@ -128,8 +128,8 @@ class Controller:
         backoff_base: float = BACKOFF_BASE_S,
     ) -> None:
         self.config = config
-        self.gate = config.annotation_prefix + "group"
-        self.decision_key = config.annotation_prefix + "decision"
+        self.gate = vocabulary.scheduling_gate(config.domain)
+        self.decision_key = vocabulary.placement_key(vocabulary.DECISION, config.domain)
         self.cache = Cache(config)
         self.metrics = metrics or PlacementMetrics()
         self.clock = clock
@@ -139,7 +139,11 @@ class Controller:
         self.custom: Any = client.CustomObjectsApi(api)
         self.owners = OwnerFetcher(api)
         self.publisher = KubePublisher(
-            self.core, self.metrics.registry, component=COMPONENT, metric="nodefabric_placement_writes_failed"
+            self.core,
+            self.metrics.registry,
+            component=COMPONENT,
+            metric="nodefabric_placement_writes_failed",
+            clock=clock,  # the spam filter runs on the controller's clock
         )
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
@@ -155,7 +159,6 @@ class Controller:
         # (or its owner may have, every SIZE_TTL_S).
         self.generation = 0
         self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
-        self.spam = Correlator()
         self.wake = asyncio.Event()
         self.watcher = Watcher(self.cache, None, api, feeds=self._feeds())
         self.passes = 0
@@ -218,7 +221,7 @@ class Controller:
         prefix = self.config.annotation_prefix
         raw_annotations = meta.get("annotations")
         annotations: Mapping[str, Any] = raw_annotations if isinstance(raw_annotations, Mapping) else {}
-        kept_keys = {prefix + k for k in ("group", "group-size", "locality", "rank", "homogeneous")}
+        kept_keys = {prefix + k for k in vocabulary.GROUP_ANNOTATIONS}
         kept_keys.add("kueue.x-k8s.io/pod-group-total-count")
         kept = {k: str(v)[:MAX_KEPT] for k, v in annotations.items() if k in kept_keys}
         raw_labels = meta.get("labels")
@@ -1015,18 +1018,14 @@ class Controller:
         *,
         pg_too: bool = False,
     ) -> None:
-        now = self.clock()
         targets: list[Mapping[str, Any]] = list(pods)
         if pg_too:
             ns = group.spec.key.split("/", 1)[0]
             pg = self.pgs.get((ns, model.object_name(group.spec.key)))
             if pg is not None:
                 targets.append(pg)
-        for obj in targets:
-            meta = obj.get("metadata") or {}
-            source = f"{obj.get('kind', 'Pod')}/{meta.get('namespace')}/{meta.get('name')}"
-            if self.spam.admit(source, now):
-                self.publisher.event(obj, type_, reason, message)
+        for obj in targets:  # the publisher's spam filter holds back a burst about one object
+            self.publisher.event(obj, type_, reason, message)
 
     def _annotate(self, pods: list[dict[str, Any]], text: str) -> None:
         """The decision copied onto each pod for `kubectl describe pod`; never read back."""

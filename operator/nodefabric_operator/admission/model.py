@@ -15,18 +15,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nodefabric_devicemanager import crd as _crd
+from nodefabric_devicemanager import vocabulary
 
-GROUP = "placement.gpustack.ai"
-VERSION = "v1alpha1"
+GROUP = vocabulary.PLACEMENT_GROUP
+VERSION = vocabulary.VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "PlacementGroup"
-PLURAL = "placementgroups"
-SINGULAR = "placementgroup"
+KIND = vocabulary.PLACEMENT_GROUP_KIND
+PLURAL = vocabulary.PLACEMENT_GROUP_PLURAL
+SINGULAR = vocabulary.PLACEMENT_GROUP_SINGULAR
 SHORT_NAMES = ["plg"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "nodefabric"}
-FAMILY_LABEL = f"{GROUP}/family"
+FAMILY_LABEL = vocabulary.PLACEMENT_GROUP_FAMILY_LABEL
 
 Phase = Literal["Pending", "Waiting", "NeverFits", "Admitted", "Bound", "TimedOut"]
 PHASES: tuple[str, ...] = ("Pending", "Waiting", "NeverFits", "Admitted", "Bound", "TimedOut")

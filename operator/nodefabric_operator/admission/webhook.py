@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of
 
@@ -57,7 +58,7 @@ class WebhookConfig:
 
     @property
     def gate(self) -> str:
-        return self.prefix + "group"
+        return vocabulary.scheduling_gate(self.placement.domain)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def gate_patch(pod: Mapping[str, Any], config: WebhookConfig, *, namespace_opted
     """The patch that gates this pod at creation, or none, with the reason."""
     meta = _mapping(pod.get("metadata"))
     spec = _mapping(pod.get("spec"))
-    if _mapping(meta.get("labels")).get(config.prefix + "admission") == "disabled":
+    if _mapping(meta.get("labels")).get(config.prefix + vocabulary.ADMISSION) == "disabled":
         return Verdict((), "opted out")
     if not (namespace_opted_in or names_group(pod, config)):
         return Verdict((), "not opted in")

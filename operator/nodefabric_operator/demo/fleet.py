@@ -22,6 +22,7 @@ from typing import Any
 import kmock
 from aiohttp import web
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission.controller import Controller
 from nodefabric_operator.admission.model import placement_crd
@@ -34,13 +35,16 @@ from nodefabric_operator.extender.config import ExtenderConfig
 GPU = "nvidia.com/gpu"
 PODS, NODES = kmock.resource("v1/pods"), kmock.resource("v1/nodes")
 MWC = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-PLACEMENT_GROUPS = "placement.gpustack.ai/v1alpha1/placementgroups"
-GATE = "placement.gpustack.ai/group"
+PLACEMENT_GROUPS = f"{vocabulary.PLACEMENT_GROUP}/{vocabulary.VERSION}/{vocabulary.PLACEMENT_GROUP_PLURAL}"
+GATE = vocabulary.scheduling_gate()
+GROUP_SIZE = vocabulary.placement_key(vocabulary.GROUP_SIZE)
+ADMISSION = vocabulary.placement_key(vocabulary.ADMISSION)
+DECISION = vocabulary.placement_key(vocabulary.DECISION)
 PLACED_WITHIN_S = 60.0
 GROUP = "train"
 NAMESPACE = "ml"
 SIZE = 8
-FABRIC = "feature.gpustack.ai/fabric.domain"
+FABRIC = vocabulary.fabric_domain_key()
 # zone -> (region, nodes, busy): the seed's fleet shape, 5 zones in 2 regions with about half busy.
 ZONES = {
     "us-east-1a": ("us-east-1", 8, 4),
@@ -135,7 +139,7 @@ def _worker(index: int) -> dict[str, Any]:
             "name": f"train-worker-{index}",
             "namespace": NAMESPACE,
             "labels": {GATE: GROUP},
-            "annotations": {"placement.gpustack.ai/group-size": str(SIZE)},
+            "annotations": {GROUP_SIZE: str(SIZE)},
         },
         "spec": {
             "containers": [
@@ -157,7 +161,7 @@ def _webhook_configuration(url: str, ca: bytes) -> dict[str, Any]:
         "metadata": {"name": "nodefabric-placement"},
         "webhooks": [
             {
-                "name": "namespaces.placement.gpustack.ai",
+                "name": f"namespaces.{vocabulary.PLACEMENT_GROUP}",
                 "admissionReviewVersions": ["v1"],
                 "sideEffects": "None",
                 "failurePolicy": "Ignore",
@@ -171,11 +175,11 @@ def _webhook_configuration(url: str, ca: bytes) -> dict[str, Any]:
                         "resources": ["pods"],
                     }
                 ],
-                "namespaceSelector": {"matchLabels": {"placement.gpustack.ai/admission": "enabled"}},
+                "namespaceSelector": {"matchLabels": {ADMISSION: "enabled"}},
                 "objectSelector": {
                     "matchExpressions": [
                         {
-                            "key": "placement.gpustack.ai/admission",
+                            "key": ADMISSION,
                             "operator": "NotIn",
                             "values": ["disabled"],
                         }
@@ -245,10 +249,10 @@ async def place_group(k: RunningAPI) -> str:
     lines = [
         f"  fleet: {len(zones)} simulated H100 nodes in {len(ZONES)} zones of 2 regions, {free} free",
         f"  us-east-1a is one NVLink domain ({RACK_DOMAIN}), but 4 of its 8 nodes are busy",
-        f"  namespace {NAMESPACE} opted in (label placement.gpustack.ai/admission=enabled)\n",
+        f"  namespace {NAMESPACE} opted in (label {ADMISSION}=enabled)\n",
     ]
     k.api.declare_crd(placement_crd())  # what `helm install` applies first
-    labels = {"placement.gpustack.ai/admission": "enabled"}
+    labels = {ADMISSION: "enabled"}
     k.api.put_object("v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": labels}})
     kube = Kube(k.kubeconfig, user_agent="job-controller")
     with tempfile.TemporaryDirectory(prefix="nodefabric-webhook-") as certs:
@@ -284,8 +288,8 @@ async def place_group(k: RunningAPI) -> str:
     lines.append(f"    phase {status.get('phase')} at level {status.get('level')} ({status.get('location')})")
     lines += ["    " + part.strip() for part in str(status.get("decision", "")).split(";")]
     stored = k.api.stored("v1/pods", "train-worker-0", NAMESPACE) or {}
-    decision = (stored.get("metadata", {}).get("annotations") or {}).get("placement.gpustack.ai/decision", "")
+    decision = (stored.get("metadata", {}).get("annotations") or {}).get(DECISION, "")
     lines.append("  kubectl describe pod train-worker-0 shows a copy:")
-    lines.append("    Annotations:  placement.gpustack.ai/decision:")
+    lines.append(f"    Annotations:  {DECISION}:")
     lines += [f"                    {line}" for line in decision.splitlines()]
     return "\n".join(lines) + "\n"

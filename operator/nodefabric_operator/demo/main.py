@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import kmock
 from kubernetes.client import ApiextensionsV1Api
 
-from nodefabric_devicemanager import crd, inventory, models, nodeclient
+from nodefabric_devicemanager import crd, inventory, models, nodeclient, vocabulary
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia, Nvml
@@ -56,7 +56,7 @@ from nodefabric_operator.topology.shell import TopologyOptions
 DEVICES = f"{models.GROUP}/{models.VERSION}/{models.PLURAL}"
 NODEFEATURES = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
 NAMESPACE = "nodefabric"
-DOMAIN = "gpustack.ai"
+DOMAIN = vocabulary.DOMAIN
 CLIQUE_UUID = bytes.fromhex("5b0e112233445566778899aabbccddef")
 
 
@@ -435,9 +435,12 @@ async def demo(  # noqa: PLR0915
             async with device_plugin(agents["hgx-0"], workdir / "hgx-0", plugin_dir) as kubelet:
                 await agents["hgx-0"].run_pass()
                 families = [
-                    f"device.{DOMAIN}/rdma",
-                    f"device.{DOMAIN}/rdma.shared",
-                    f"device.{DOMAIN}/rdma.partitioned",
+                    vocabulary.resource_name(f, DOMAIN)
+                    for f in (
+                        vocabulary.RESOURCE_RDMA,
+                        vocabulary.RESOURCE_RDMA_SHARED,
+                        vocabulary.RESOURCE_RDMA_PARTITIONED,
+                    )
                 ]
                 for family in families:
                     await kubelet.wait_registered(family)

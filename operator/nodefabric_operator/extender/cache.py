@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from nodefabric_devicemanager import yamldoc
+from nodefabric_devicemanager import vocabulary, yamldoc
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of, pod_name, pod_namespace, pod_uid
 from nodefabric_operator.extender.index import Index, NodeView
@@ -335,7 +335,7 @@ class Cache(Snapshot):
                     self.upsert_node(obj)
                 elif kind == "Pod":
                     self.upsert_pod(obj)
-                elif kind == "PlacementGroup":
+                elif kind == vocabulary.PLACEMENT_GROUP_KIND:
                     self.upsert_placement_group(obj)
                 elif kind == "PodGroup":
                     api = str(obj.get("apiVersion", "scheduling.x-k8s.io/")).split("/")[0]

@@ -10,8 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nodefabric_devicemanager import yamldoc
-from nodefabric_operator import labels
+from nodefabric_devicemanager import vocabulary, yamldoc
 
 Locality = str  # "prefer", "any", or the name of a configured level
 Rank = Literal["spread", "first-fit", "most-free-memory"]
@@ -61,13 +60,13 @@ def default_levels(domain: str) -> tuple[Level, ...]:
         Level(
             name="fabric",
             title="fabric domain",
-            keys=(labels.key(domain, labels.FABRIC_DOMAIN), "nvidia.com/gpu.clique"),
+            keys=(vocabulary.fabric_domain_key(domain), "nvidia.com/gpu.clique"),
         ),
         Level(
             name="network-group",
             title="network group",
             keys=(
-                f"topology.{domain}/network-group",
+                vocabulary.network_group_key(domain),
                 "network.topology.nvidia.com/leaf",
                 "cloud.google.com/gce-topology-subblock",
                 "topology.k8s.aws/network-node-layer-3",
@@ -83,7 +82,7 @@ class ExtenderConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    domain: str = "gpustack.ai"
+    domain: str = vocabulary.DOMAIN
     # Tightest first; "any" is implicit and always last.
     levels: tuple[Level, ...] = ()
     default_locality: Locality = Field("prefer", alias="defaultLocality")
@@ -156,7 +155,7 @@ class ExtenderConfig(BaseModel):
 
     @property
     def annotation_prefix(self) -> str:
-        return f"placement.{self.domain}/"
+        return vocabulary.placement_prefix(self.domain)
 
     def homogeneity_for(self, request: Mapping[str, int]) -> tuple[str, ...]:
         """The label keys a group's nodes must share by default, for pods asking for `request`."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import textwrap
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.extender.config import ExtenderConfig
 
-DECISION = "decision"
+DECISION = vocabulary.DECISION
 # Lines of the decision text; kubectl describe cuts lines longer than 138 characters after the indent.
 LINE = 120
 # Event messages and annotation values the extender writes stay short: the API server caps an Event

@@ -2,25 +2,27 @@
 
 Every write runs in a worker thread; failures are logged and counted, never raised into a decision.
 Writes waiting at once are bounded: beyond the bound a write is dropped (and counted) rather than
-queued without end while the API server is slow.
+queued without end while the API server is slow. Events are shaped and spam-filtered (per involved
+object) by the one Event writer every component shares (nodefabric_devicemanager.events).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter
 
+from nodefabric_devicemanager import events
+
 log = logging.getLogger(__name__)
 
 COMPONENT = "nodefabric-extender"
-MAX_MESSAGE = 1024  # the API server refuses longer Event messages
 MAX_PENDING = 1024
 
 
@@ -33,32 +35,27 @@ def event_body(
     component: str = COMPONENT,
 ) -> dict[str, Any]:
     """An Event about `pod` (or any object: its apiVersion and kind are read, a Pod when absent)."""
-    meta = pod.get("metadata") or {}
-    now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    involved = involved_object(pod)
+    return events.body(
+        involved,
+        namespace=involved["namespace"],
+        type_=type_,
+        reason=reason,
+        message=message,
+        component=component,
+        instance=component,
+    )
+
+
+def involved_object(obj: Mapping[str, Any]) -> dict[str, str]:
+    """The namespaced object an Event is about, as the Event names it (a Pod when the kind is absent)."""
+    meta = obj.get("metadata") or {}
     return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            # A generateName must be a DNS subdomain once a suffix is added: "pod." is refused (422).
-            "generateName": f"{meta.get('name', 'pod')}-",
-            "namespace": meta.get("namespace", "default"),
-        },
-        "involvedObject": {
-            "apiVersion": pod.get("apiVersion") or "v1",
-            "kind": pod.get("kind") or "Pod",
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace", "default"),
-            "uid": meta.get("uid", ""),
-        },
-        "type": type_,
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "source": {"component": component},
-        "reportingComponent": component,
-        "reportingInstance": component,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
+        "apiVersion": obj.get("apiVersion") or "v1",
+        "kind": obj.get("kind") or "Pod",
+        "name": meta.get("name", ""),
+        "namespace": meta.get("namespace", "default"),
+        "uid": meta.get("uid", ""),
     }
 
 
@@ -79,9 +76,11 @@ class KubePublisher:
         *,
         component: str = COMPONENT,
         metric: str = "nodefabric_extender_writes_failed",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.component = component
+        self.writer = events.Writer(component, clock=clock)
         self.pending: set[asyncio.Task[None]] = set()
         self.failed = Counter(
             metric,
@@ -91,6 +90,12 @@ class KubePublisher:
         )
 
     def event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """One Event about `pod` (or a PlacementGroup), unless the spam filter holds that object's back."""
+        about = involved_object(pod)
+        if not self.writer.admit(f"{about['kind']}/{about['namespace']}/{about['name']}"):
+            self.failed.labels("event").inc()
+            log.debug("event dropped by the spam filter", extra={"reason": reason, "object": about["name"]})
+            return
         body = event_body(pod, type_, reason, message, component=self.component)
         ns = body["metadata"]["namespace"]
         create: Any = self.api.create_namespaced_event  # takes the body as a plain dict too

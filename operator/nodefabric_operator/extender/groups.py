@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.numbers import BadNumber, Quantity, parse
 from nodefabric_operator.extender.config import RANKS, ExtenderConfig, canonical
 from nodefabric_operator.extender.nodes import is_label_value
@@ -128,7 +129,7 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     family = name = ""
     size_text: str | None = None
     size_key = ""
-    explicit = lookup(prefix + "group")
+    explicit = lookup(prefix + vocabulary.GROUP)
     # A group's name appears in every reason and summary: it is held to what a label value may be (the
     # API server holds the job controllers' labels to that already).
     if explicit and not is_label_value(explicit):
@@ -154,23 +155,23 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     if not family:
         return None
     key = f"{pod_namespace(pod)}/{family}/{name}"
-    explicit_size = lookup(prefix + "group-size")
+    explicit_size = lookup(prefix + vocabulary.GROUP_SIZE)
     if explicit_size is not None:
-        size_text, size_key = explicit_size, prefix + "group-size"
+        size_text, size_key = explicit_size, prefix + vocabulary.GROUP_SIZE
     try:
         size = _size(size_text, size_key) if size_text is not None else None
     except InvalidPlacement as exc:
         raise InvalidPlacement(str(exc), key) from None
 
-    locality = lookup(prefix + "locality") or config.default_locality
+    locality = lookup(prefix + vocabulary.LOCALITY) or config.default_locality
     if canonical(locality) not in config.localities:
         raise InvalidPlacement(
             f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}", key
         )
-    rank = lookup(prefix + "rank") or config.default_rank
+    rank = lookup(prefix + vocabulary.RANK) or config.default_rank
     if canonical(rank) not in RANKS:
         raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}", key)
-    homog_text = annotations.get(prefix + "homogeneous")
+    homog_text = annotations.get(prefix + vocabulary.HOMOGENEOUS)
     homogeneous = None
     if isinstance(homog_text, str):
         homogeneous = tuple(dict.fromkeys(k.strip() for k in homog_text.split(",") if k.strip()))

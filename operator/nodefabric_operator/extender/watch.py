@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import watch as _watch
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.extender.book import Book
 from nodefabric_operator.extender.cache import POD_GROUP_APIS, Cache
 from nodefabric_operator.extender.nodes import NodeError
@@ -38,7 +39,7 @@ REQUEST_TIMEOUT = (10, WATCH_TIMEOUT_S + 30)
 # Objects per LIST page: one unpaged list of every pod would be decoded whole at once (600 pods with
 # 250 KB annotations each: 515 MiB at start and at every relist); a page at a time bounds that.
 PAGE = 100
-PLACEMENT_GROUPS = ("placement.gpustack.ai", "v1alpha1", "placementgroups")
+PLACEMENT_GROUPS = (vocabulary.PLACEMENT_GROUP, vocabulary.VERSION, vocabulary.PLACEMENT_GROUP_PLURAL)
 
 
 @dataclass

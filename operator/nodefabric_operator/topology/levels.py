@@ -1,7 +1,8 @@
 """The topology hierarchy's levels: the extender's `Level` configuration, with the switch tiers added.
 
-The fabric domain key comes from `labels` (where the operator computes it) and the leaf tier takes every key
-the extender's network-group level accepts, so the two components read a node the same way. Users rename
+The fabric level is the extender's (the operator's fabric-domain label first, both spelt by `vocabulary`) and
+the leaf tier takes every key the extender's network-group level accepts, so the two components read a
+node the same way. Users rename
 and reorder levels with the same YAML shape as the extender's `levels:` (name, keys, title).
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator import labels
 from nodefabric_operator.extender.config import Level
 from nodefabric_operator.extender.config import default_levels as extender_levels
@@ -44,18 +46,12 @@ class LevelsError(ValueError):
     """The configured levels cannot be used; the message says why."""
 
 
-def default_levels(domain: str = labels.DEFAULT_DOMAIN) -> tuple[Level, ...]:
+def default_levels(domain: str = vocabulary.DOMAIN) -> tuple[Level, ...]:
     """Tightest first: fabric domain, leaf, spine, core, zone, region."""
     ext = {lv.name: lv for lv in extender_levels(domain)}
-    fabric_key = labels.key(domain, labels.FABRIC_DOMAIN)
-    fabric = ext["fabric"]
     group = ext["network-group"]
     return (
-        Level(
-            name="fabric",
-            title=fabric.title,
-            keys=(fabric_key, *(k for k in fabric.keys if k != fabric_key)),
-        ),
+        ext["fabric"],  # the operator's fabric-domain label first (vocabulary.fabric_domain_key)
         Level(
             name="leaf",
             title="leaf switch",

@@ -23,12 +23,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.topology.levels import HOSTNAME
 from nodefabric_operator.topology.nesting import CheckedLevel, Hierarchy
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "nodefabric"
-LEVEL_LABEL = "topology.gpustack.ai/level"  # which level a HyperNode stands for
+LEVEL_LABEL = vocabulary.TOPOLOGY_LEVEL_LABEL  # which level a HyperNode stands for
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # preferred first

@@ -14,14 +14,15 @@ from typing import Any
 
 import yaml
 
+from nodefabric_devicemanager import vocabulary
 from nodefabric_operator import events
 from nodefabric_operator.topology import project
 from nodefabric_operator.topology.nesting import Hierarchy, Violation
 
-GROUP = "placement.gpustack.ai"
-VERSION = "v1alpha1"
-PLURAL = "fabrictopologies"
-KIND = "FabricTopology"
+GROUP = vocabulary.PLACEMENT_GROUP
+VERSION = vocabulary.VERSION
+PLURAL = vocabulary.FABRIC_TOPOLOGY_PLURAL
+KIND = vocabulary.FABRIC_TOPOLOGY_KIND
 API_VERSION = f"{GROUP}/{VERSION}"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
