@@ -625,8 +625,15 @@ class Reconciler:
         body = {"metadata": {"resourceVersion": record.rv}, "status": patch}
         self.metrics.api_requests.labels(verb="patch", resource="devices/status").inc()
         try:
-            answer = rawcall.send_json(
-                self.api, "PATCH", STATUS_PATH, {"name": record.name}, body, content_type=rawcall.MERGE_PATCH
+            answer = rawcall.json_object(
+                rawcall.send(
+                    self.api,
+                    "PATCH",
+                    STATUS_PATH,
+                    {"name": record.name},
+                    body,
+                    content_type=rawcall.MERGE_PATCH,
+                )
             )
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) == 409:

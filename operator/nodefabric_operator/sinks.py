@@ -256,15 +256,17 @@ class NodeFeatureSink:
             "spec": {"labels": dict(plan.managed)},
         }
         try:
-            created = self.call(
-                "create",
-                NFD_PLURAL,
-                rawcall.send_json,
-                self.api,
-                "POST",
-                NFD_PATH,
-                {"ns": self.namespace},
-                body,
+            created = rawcall.json_object(
+                self.call(
+                    "create",
+                    NFD_PLURAL,
+                    rawcall.send,
+                    self.api,
+                    "POST",
+                    NFD_PATH,
+                    {"ns": self.namespace},
+                    body,
+                )
             )
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
