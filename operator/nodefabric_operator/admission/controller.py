@@ -169,7 +169,8 @@ class Controller:
         )
         if group.invalid:
             text = f"InvalidPlacement: {group.invalid}"
-            await self.writer.write(group, pg, self._decided(status, group, "Waiting", text))
+            new = transitions.decided(status, group, "Waiting", text, now_dt(self.clock()))
+            await self.writer.write(group, pg, new)
             self.writer.events(group, gated, "Warning", "InvalidPlacement", group.invalid)
             return
         members = []
@@ -178,7 +179,8 @@ class Controller:
                 needs = pod_needs(p)
             except PodError as exc:
                 reason = f"pod {p['metadata'].get('name')}: {exc}"
-                await self.writer.write(group, pg, self._decided(status, group, "Waiting", reason, size=size))
+                new = transitions.decided(status, group, "Waiting", reason, now_dt(self.clock()), size=size)
+                await self.writer.write(group, pg, new)
                 return
             members.append(
                 Member(
@@ -199,26 +201,14 @@ class Controller:
         phase: Phase = "NeverFits" if verdict.outcome == "never-fits" else "Waiting"
         if size.value is None:
             phase = "Pending"
-        new = self._decided(status, group, phase, verdict.reason, size=size, verdict=verdict)
+        at = now_dt(self.clock())
+        new = transitions.decided(status, group, phase, verdict.reason, at, size=size, verdict=verdict)
         changed = await self.writer.write(group, pg, new)
         if changed and new.decision != status.decision:
             kind = "Warning" if phase == "NeverFits" else "Normal"
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
             self.writer.events(group, gated, kind, reason, verdict.reason, pg_too=True)
             self.writer.annotate(gated, verdict.reason)
-
-    def _decided(
-        self,
-        status: PlacementGroupStatus,
-        group: GroupView,
-        phase: Phase,
-        text: str,
-        *,
-        size: Size | None = None,
-        verdict: Verdict | None = None,
-    ) -> PlacementGroupStatus:
-        at = now_dt(self.clock())
-        return transitions.decided(status, group, phase, text, at, size=size, verdict=verdict)
 
     async def _admit(
         self,
