@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes
 
 from nodefabric_devicemanager import models
-from nodefabric_operator import sinks
+from nodefabric_operator import rawcall, sinks
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import Outcome, brief, node_snapshot, now, on_node_false
@@ -59,7 +59,7 @@ class LabelsOnNode:
             for node in await asyncio.to_thread(self._node_labels):
                 self.nodes.observe(node)
         except kubernetes.client.ApiException as err:
-            if sinks.status_of(err) != 403:
+            if rawcall.status_of(err) != 403:
                 raise
             log.warning(
                 "cannot list Nodes, LabelsOnNode is not reported",

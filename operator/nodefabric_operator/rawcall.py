@@ -20,6 +20,12 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
+def status_of(err: BaseException) -> int:
+    """The HTTP status of a refused request (ApiException and its per-status subclasses); 0 for anything
+    else (no answer at all: a connection refused, a timeout)."""
+    return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
+
+
 def send(
     api: kubernetes.client.ApiClient,
     method: str,

@@ -107,8 +107,7 @@ def ours(found: Mapping[str, Any], domain: str) -> dict[str, str]:
     }
 
 
-def status_of(err: BaseException) -> int:
-    return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
+status_of = rawcall.status_of  # one definition, in the request layer; leader, prune and startup read it here
 
 
 def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:

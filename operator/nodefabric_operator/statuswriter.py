@@ -101,9 +101,9 @@ class StatusWriter:
                 )
             )
         except kubernetes.client.ApiException as err:
-            if sinks.status_of(err) == 409:
+            if rawcall.status_of(err) == 409:
                 raise Superseded(record.name) from err
-            if sinks.status_of(err) == 404:
+            if rawcall.status_of(err) == 404:
                 raise sinks.RecordGone(f"devices {record.name} is gone") from err
             raise
         try:

@@ -12,8 +12,9 @@ from typing import Any
 import kubernetes
 
 from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
-from nodefabric_operator.topology.objects import brief, status_of
+from nodefabric_operator.topology.objects import brief
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ from typing import Any
 
 import kubernetes
 
+from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import Objects, status_of
+from nodefabric_operator.topology.objects import Objects
 
 log = logging.getLogger(__name__)
 

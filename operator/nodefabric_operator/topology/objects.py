@@ -12,14 +12,11 @@ import kubernetes
 import urllib3
 
 from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
 
 # What a failed request raises: retried by the shell with backoff.
 API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
-
-
-def status_of(err: BaseException) -> int:
-    return int(getattr(err, "status", 0) or 0)
 
 
 def brief(err: BaseException) -> str:

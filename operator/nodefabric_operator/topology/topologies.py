@@ -10,8 +10,9 @@ from typing import Any
 import kubernetes
 
 from nodefabric_operator import events
+from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
-from nodefabric_operator.topology.objects import Objects, held_state, status_of
+from nodefabric_operator.topology.objects import Objects, held_state
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,12 @@ import kubernetes
 
 from nodefabric_operator import events
 from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.discovery import Discovery
 from nodefabric_operator.topology.hypernodes import HyperNodeWriter
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import API_ERRORS, Objects, brief, status_of
+from nodefabric_operator.topology.objects import API_ERRORS, Objects, brief
 from nodefabric_operator.topology.topologies import TopologyWriter
 
 log = logging.getLogger(__name__)
