@@ -95,7 +95,7 @@ async def run_size(n: int, rounds: int) -> tuple[float, float]:
                 e2e.append(time.perf_counter() - started)
                 for p in pods:
                     await w.delete(p["metadata"]["name"])
-                while any(p["metadata"]["name"] in w.pods() for p in pods) or ctl.held:
+                while any(p["metadata"]["name"] in w.pods() for p in pods) or ctl.tables.held:
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(0.05)
             assert all(w.status(f"{NS}/job/j{r}")["phase"] == "Admitted" for r in range(rounds))

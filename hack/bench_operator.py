@@ -65,7 +65,7 @@ from watch_breaker import WatchBreaker, watch_breaker  # noqa: E402
 
 from nodefabric_devicemanager import crd, models  # noqa: E402
 from nodefabric_devicemanager.models import LinkState  # noqa: E402
-from nodefabric_operator import labels, reconcile, sinks  # noqa: E402
+from nodefabric_operator import labels, noderecord, sinks  # noqa: E402
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api  # noqa: E402
 
 NS = "nodefabric"
@@ -168,8 +168,8 @@ def _published(body: dict[str, Any], status: models.DevicesStatus) -> models.Dev
     result = labels.compute(models.Devices.from_wire(body))
     plan = labels.plan({}, result.labels, domain=labels.DEFAULT_DOMAIN)
     done = sinks.Published(f"NodeFeature {NS}/{body['metadata']['name']}", plan, True, None)
-    condition = reconcile.condition_for(done, result, frozenset(), None)
-    return reconcile.next_status(status, result, done, condition, reconcile._now())
+    condition = noderecord.condition_for(done, result, frozenset(), None)
+    return noderecord.next_status(status, result, done, condition, noderecord.now())
 
 
 def free_port() -> int:

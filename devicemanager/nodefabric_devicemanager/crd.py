@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -127,53 +128,79 @@ def _status_schema() -> dict[str, Any]:
     return status
 
 
-def devices_crd() -> dict[str, Any]:
+def definition(
+    *,
+    group: str,
+    version: str,
+    kind: str,
+    plural: str,
+    singular: str,
+    scope: str,
+    short_names: Sequence[str],
+    categories: Sequence[str] = (),
+    description: str,
+    properties: Mapping[str, Any],
+    columns: Sequence[Mapping[str, Any]],
+    status_subresource: bool,
+    columns_last: bool = False,
+) -> dict[str, Any]:
+    """One CustomResourceDefinition of one served and stored version, from its parts. `columns_last` puts
+    the printer columns after the schema: the order FabricTopology's committed YAML has always had."""
+    names: dict[str, Any] = {
+        "plural": plural,
+        "singular": singular,
+        "kind": kind,
+        "listKind": f"{kind}List",
+        "shortNames": list(short_names),
+    }
+    if categories:
+        names["categories"] = list(categories)
+    served: dict[str, Any] = {"name": version, "served": True, "storage": True}
+    if status_subresource:
+        served["subresources"] = {"status": {}}
+    printed = {"additionalPrinterColumns": [dict(c) for c in columns]}
+    schema = {
+        "schema": {
+            "openAPIV3Schema": {"type": "object", "description": description, "properties": dict(properties)}
+        }
+    }
+    served |= (schema | printed) if columns_last else (printed | schema)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
-        "spec": {
-            "group": models.GROUP,
-            "scope": "Cluster",
-            "names": {
-                "plural": models.PLURAL,
-                "singular": models.SINGULAR,
-                "kind": models.KIND,
-                "listKind": f"{models.KIND}List",
-                "shortNames": SHORT_NAMES,
-                "categories": ["nodefabric"],
-            },
-            "versions": [
-                {
-                    "name": models.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "How one node is wired: network interfaces, RDMA endpoints and "
-                            "their link state, accelerators and their scale-up fabric. Named after the node.",
-                            "properties": {
-                                "apiVersion": {
-                                    "type": "string",
-                                    "description": models.API_VERSION,
-                                },
-                                "kind": {"type": "string", "description": models.KIND},
-                                "metadata": {
-                                    "type": "object",
-                                    "description": "Named after the node, and owned by it.",
-                                },
-                                "spec": schema_of(models.DevicesSpec),
-                                "status": _status_schema(),
-                            },
-                        }
-                    },
-                }
-            ],
-        },
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {"group": group, "scope": scope, "names": names, "versions": [served]},
     }
+
+
+def devices_crd() -> dict[str, Any]:
+    return definition(
+        group=models.GROUP,
+        version=models.VERSION,
+        kind=models.KIND,
+        plural=models.PLURAL,
+        singular=models.SINGULAR,
+        scope="Cluster",
+        short_names=SHORT_NAMES,
+        categories=["nodefabric"],
+        description="How one node is wired: network interfaces, RDMA endpoints and their link state, "
+        "accelerators and their scale-up fabric. Named after the node.",
+        properties={
+            "apiVersion": {
+                "type": "string",
+                "description": models.API_VERSION,
+            },
+            "kind": {"type": "string", "description": models.KIND},
+            "metadata": {
+                "type": "object",
+                "description": "Named after the node, and owned by it.",
+            },
+            "spec": schema_of(models.DevicesSpec),
+            "status": _status_schema(),
+        },
+        columns=PRINTER_COLUMNS,
+        status_subresource=True,
+    )
 
 
 class _NoAliases(yaml.SafeDumper):

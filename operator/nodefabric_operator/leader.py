@@ -31,6 +31,9 @@ from nodefabric_operator import sinks
 
 log = logging.getLogger(__name__)
 
+# connect, read: a hung Lease call must not hold the elector past its renew deadline for long
+REQUEST_TIMEOUT = (5, 10)
+
 
 @dataclass(frozen=True)
 class LeaseConfig:
@@ -73,12 +76,18 @@ def takeable(spec: dict[str, Any], identity: str, *, seen: float, now: float) ->
 
 class Elector:
     def __init__(
-        self, api: kubernetes.client.ApiClient, cfg: LeaseConfig, clock: Callable[[], float] = time.time
+        self,
+        api: kubernetes.client.ApiClient,
+        cfg: LeaseConfig,
+        clock: Callable[[], float] = time.time,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.coord = kubernetes.client.CoordinationV1Api(api)
         self.cfg = cfg
         self.clock = clock  # the stamps written (renewTime, acquireTime)
-        # The record last read and when (time.monotonic) it was first read so: a holder that stops
+        self.monotonic = monotonic  # this replica's own clock, which expiry is judged by
+        # The record last read and when (self.monotonic) it was first read so: a holder that stops
         # renewing leaves it unchanged.
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
@@ -105,7 +114,9 @@ class Elector:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            raw = self.coord.read_namespaced_lease(self.cfg.name, self.cfg.namespace, _preload_content=False)
+            raw = self.coord.read_namespaced_lease(
+                self.cfg.name, self.cfg.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) == 404:
                 return None
@@ -130,13 +141,20 @@ class Elector:
             if current is None:
                 _drain(
                     self.coord.create_namespaced_lease(
-                        self.cfg.namespace, cast(Any, body), _preload_content=False
+                        self.cfg.namespace,
+                        cast(Any, body),
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT,
                     )
                 )
             else:
                 _drain(
                     self.coord.replace_namespaced_lease(
-                        self.cfg.name, self.cfg.namespace, cast(Any, body), _preload_content=False
+                        self.cfg.name,
+                        self.cfg.namespace,
+                        cast(Any, body),
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT,
                     )
                 )
             return True
@@ -159,7 +177,7 @@ class Elector:
                 "leaseTransitions",
             )
         )
-        seen = time.monotonic()
+        seen = self.monotonic()
         if record != self._observed:
             self._observed, self._observed_at = record, seen
         return takeable(spec, self.cfg.identity, seen=self._observed_at, now=seen)
@@ -233,7 +251,11 @@ class Elector:
             body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
             _drain(
                 self.coord.replace_namespaced_lease(
-                    self.cfg.name, self.cfg.namespace, cast(Any, body), _preload_content=False
+                    self.cfg.name,
+                    self.cfg.namespace,
+                    cast(Any, body),
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
                 )
             )
             log.info("lease released", extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}"})

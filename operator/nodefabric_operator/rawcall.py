@@ -20,6 +20,12 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
+def status_of(err: BaseException) -> int:
+    """The HTTP status of a refused request (ApiException and its per-status subclasses); 0 for anything
+    else (no answer at all: a connection refused, a timeout)."""
+    return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
+
+
 def send(
     api: kubernetes.client.ApiClient,
     method: str,
@@ -46,18 +52,10 @@ def send(
     return data
 
 
-def send_json(
-    api: kubernetes.client.ApiClient,
-    method: str,
-    path: str,
-    params: Mapping[str, str],
-    body: Any = None,
-    *,
-    content_type: str = JSON,
-) -> dict[str, Any]:
-    """The answer as a JSON object (what the generated custom-object calls return); ValueError if the
+def json_object(data: bytes) -> dict[str, Any]:
+    """An answer read as a JSON object (what the generated custom-object calls return); ValueError if the
     API server answered anything else."""
-    obj = json.loads(send(api, method, path, params, body, content_type=content_type))
+    obj = json.loads(data)
     if not isinstance(obj, dict):
         raise ValueError(f"the API server answered a {type(obj).__name__}, not an object")
     return obj

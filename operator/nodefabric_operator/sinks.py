@@ -107,8 +107,7 @@ def ours(found: Mapping[str, Any], domain: str) -> dict[str, str]:
     }
 
 
-def status_of(err: BaseException) -> int:
-    return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
+status_of = rawcall.status_of  # one definition, in the request layer; leader, prune and startup read it here
 
 
 def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
@@ -256,15 +255,17 @@ class NodeFeatureSink:
             "spec": {"labels": dict(plan.managed)},
         }
         try:
-            created = self.call(
-                "create",
-                NFD_PLURAL,
-                rawcall.send_json,
-                self.api,
-                "POST",
-                NFD_PATH,
-                {"ns": self.namespace},
-                body,
+            created = rawcall.json_object(
+                self.call(
+                    "create",
+                    NFD_PLURAL,
+                    rawcall.send,
+                    self.api,
+                    "POST",
+                    NFD_PATH,
+                    {"ns": self.namespace},
+                    body,
+                )
             )
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:

@@ -148,15 +148,15 @@ async def test_a_restart_mid_admission_carries_on_from_the_placement_group():
         k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
         await w.create(*fleet(), job("train", 2))
         async with placement(k) as ctl:
-            original = ctl._release
+            original = ctl.releaser.release
 
             async def crash_before_release(group, status):  # the process dies after the status write
                 raise RuntimeError("killed")
 
-            ctl._release = crash_before_release  # type: ignore[method-assign]
+            ctl.releaser.release = crash_before_release  # type: ignore[method-assign]
             await w.create(*w.job_pods("train", 2))
             await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
-            ctl._release = original  # type: ignore[method-assign]
+            ctl.releaser.release = original  # type: ignore[method-assign]
         assert all(GATE in w.gates(f"train-{i}") for i in range(2))
         planned = {m["pod"]: m["node"] for m in w.status(KEY)["members"]}
         async with placement(k):  # a new process: nothing in memory
@@ -396,11 +396,11 @@ async def test_the_process_keeps_only_the_labels_a_group_is_named_by():
                 p["metadata"]["ownerReferences"] += refs
             await w.create(*pods)
             await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
-            kept = {uid: p["metadata"]["labels"] for uid, p in ctl.pods.items()}
+            kept = {uid: p["metadata"]["labels"] for uid, p in ctl.tables.pods.items()}
             assert kept and all(
                 labels == {"batch.kubernetes.io/job-name": "train"} for labels in kept.values()
             )
-            assert all(len(p["metadata"]["ownerReferences"]) == 1 for p in ctl.pods.values())
+            assert all(len(p["metadata"]["ownerReferences"]) == 1 for p in ctl.tables.pods.values())
 
 
 async def test_a_timed_out_groups_pods_a_disruption_budget_keeps_are_evicted_later():
@@ -446,7 +446,7 @@ async def test_what_the_process_keeps_per_group_goes_with_the_group():
         async with placement(k) as ctl:
             await w.create(*w.job_pods("train", 2))
             await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
-            assert ctl.sizes
+            assert ctl.grouping.sizes
             await asyncio.to_thread(
                 w.custom.delete_namespaced_custom_object,
                 model.GROUP,
@@ -457,8 +457,10 @@ async def test_what_the_process_keeps_per_group_goes_with_the_group():
             )
             for i in range(2):
                 await w.delete(f"train-{i}")
-            await eventually(lambda: not ctl.pods, what="pods gone")
-            await eventually(lambda: not ctl.sizes and not ctl.lost, timeout=15, what="nothing kept")
+            await eventually(lambda: not ctl.tables.pods, what="pods gone")
+            await eventually(
+                lambda: not ctl.grouping.sizes and not ctl.tables.lost, timeout=15, what="nothing kept"
+            )
 
 
 async def test_an_invalid_pod_that_is_not_the_owners_does_not_hold_the_group_back():

@@ -296,3 +296,52 @@ async def test_a_node_deleted_between_the_start_listing_and_kopfs_is_dropped_at_
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_hypernodes_of_our_names_made_after_our_listing_are_kept_or_taken_on_create(
+    api: RunningAPI,
+) -> None:
+    """Created between our listing and our create (another replica, Volcano's discovery): ours is brought
+    to what the hierarchy yields through the one write path, someone else's is left alone and named by
+    none of ours, and the pass fails nothing."""
+    from nodefabric_operator.topology.writer import Writer
+
+    k = api
+    said: list[Any] = []
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=("volcano",),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=60,
+        event=said.append,
+    )
+    # The writer's calls are synchronous (the shell runs them in a worker thread); so do these.
+    await asyncio.to_thread(writer.discover)
+    empty = check(default_levels(), {})
+    assert await asyncio.to_thread(writer.write_target, project.VOLCANO, empty, {}) == "0 HyperNodes"
+    hierarchy = check(default_levels(), FLEET)
+    wanted = project.hypernodes(hierarchy, FLEET)
+    stale = copy.deepcopy(wanted["region.eu-1"])
+    stale["spec"]["members"] = stale["spec"]["members"][:1]
+    k.api.put_object(HN, stale)  # ours, as an older pass of another replica left it
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": "fabric.nvl-a"},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-0"}}}]},
+    }
+    k.api.put_object(HN, theirs)
+
+    state = await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, FLEET)
+
+    hns = _all(k, HN)
+    final = project.hypernodes(hierarchy, FLEET, taken=frozenset({"fabric.nvl-a"}))
+    assert hns["region.eu-1"]["spec"] == final["region.eu-1"]["spec"] != stale["spec"]
+    assert hns["fabric.nvl-a"]["spec"] == theirs["spec"] and "labels" not in hns["fabric.nvl-a"]["metadata"]
+    ours = {n: b for n, b in hns.items() if n != "fabric.nvl-a"}
+    assert "fabric.nvl-a" not in _hn_parents(ours)
+    assert "not managed by nodefabric: fabric.nvl-a" in state, state
+    assert not writer.retry and not said
+    assert_valid(k, ())

@@ -163,46 +163,27 @@ def _status_schema() -> dict[str, Any]:
 
 
 def placement_crd() -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "shortNames": list(SHORT_NAMES),
-                "categories": ["nodefabric"],
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "One distributed group's admission: its expected size, members, "
-                            "the location it was given and each member's node. Written only by nodefabric.",
-                            "properties": {
-                                "apiVersion": {"type": "string", "description": API_VERSION},
-                                "kind": {"type": "string", "description": KIND},
-                                "metadata": {"type": "object"},
-                                "spec": _crd.schema_of(PlacementGroupSpec),
-                                "status": _status_schema(),
-                            },
-                        }
-                    },
-                }
-            ],
+    return _crd.definition(
+        group=GROUP,
+        version=VERSION,
+        kind=KIND,
+        plural=PLURAL,
+        singular=SINGULAR,
+        scope="Namespaced",
+        short_names=SHORT_NAMES,
+        categories=["nodefabric"],
+        description="One distributed group's admission: its expected size, members, the location it was "
+        "given and each member's node. Written only by nodefabric.",
+        properties={
+            "apiVersion": {"type": "string", "description": API_VERSION},
+            "kind": {"type": "string", "description": KIND},
+            "metadata": {"type": "object"},
+            "spec": _crd.schema_of(PlacementGroupSpec),
+            "status": _status_schema(),
         },
-    }
+        columns=PRINTER_COLUMNS,
+        status_subresource=True,
+    )
 
 
 def render() -> str:

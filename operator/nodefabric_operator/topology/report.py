@@ -12,8 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import yaml
-
+from nodefabric_devicemanager import crd as _crd
 from nodefabric_devicemanager import vocabulary
 from nodefabric_operator import events
 from nodefabric_operator.topology import project
@@ -175,11 +174,23 @@ def crd() -> dict[str, Any]:
             "lastTransitionTime": {"type": "string", "format": "date-time"},
         },
     }
-    schema = {
-        "type": "object",
-        "description": "nodefabric's checked locality hierarchy and the levels it projects into "
+    columns = [
+        {"name": "Projected", "type": "string", "jsonPath": ".status.projected"},
+        {"name": "Violations", "type": "integer", "jsonPath": ".status.violations"},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return _crd.definition(
+        group=GROUP,
+        version=VERSION,
+        kind=KIND,
+        plural=PLURAL,
+        singular="fabrictopology",
+        scope="Cluster",
+        short_names=["ftopo"],
+        description="nodefabric's checked locality hierarchy and the levels it projects into "
         "Kueue, KAI and Volcano topologies",
-        "properties": {
+        properties={
             "apiVersion": string,
             "kind": string,
             "metadata": {"type": "object"},
@@ -198,47 +209,11 @@ def crd() -> dict[str, Any]:
                 },
             },
         },
-    }
-    columns = [
-        {"name": "Projected", "type": "string", "jsonPath": ".status.projected"},
-        {"name": "Violations", "type": "integer", "jsonPath": ".status.violations"},
-        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "scope": "Cluster",
-            "names": {
-                "plural": PLURAL,
-                "singular": "fabrictopology",
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "shortNames": ["ftopo"],
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
-        },
-    }
-
-
-class _NoAliases(yaml.SafeDumper):
-    """The shared sub-schemas are written out in full: anchors are legal YAML but unreadable in a CRD."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+        columns=columns,
+        status_subresource=False,
+        columns_last=True,
+    )
 
 
 def render_crd() -> str:
-    header = "# Generated from nodefabric_operator.topology.report by hack/gen_crds.py. Do not edit.\n"
-    return header + yaml.dump(crd(), Dumper=_NoAliases, sort_keys=False, width=110)
+    return _crd.dump(crd(), "nodefabric_operator.topology.report")

@@ -31,7 +31,8 @@ from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import Hierarchy, check
-from nodefabric_operator.topology.writer import API_ERRORS, Writer, brief
+from nodefabric_operator.topology.objects import API_ERRORS, brief
+from nodefabric_operator.topology.writer import Writer
 
 log = logging.getLogger(__name__)
 

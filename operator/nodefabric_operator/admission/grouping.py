@@ -1,0 +1,192 @@
+"""Which pods make which group, and how large each group is meant to be.
+
+Pods are grouped by the key their annotations and labels name (group_of); a group's members are its live
+pods of the scheduler its oldest gated pod asks for, narrowed to its owner's pods once the owner is read
+(a real Job controller sets its reference on every pod it makes). The expected size comes from the owner
+(read again after SIZE_TTL_S while the group waits) or what the pods declare (owners.resolve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from nodefabric_operator.admission import podview
+from nodefabric_operator.admission.model import PlacementGroupStatus
+from nodefabric_operator.admission.owners import (
+    Owner,
+    OwnerFetcher,
+    OwnerRef,
+    Size,
+    controls,
+    owner_ref,
+    resolve,
+)
+from nodefabric_operator.admission.state import FOLLOWED, Tables, pg_key
+from nodefabric_operator.extender.cache import TERMINAL
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of
+
+SIZE_TTL_S = 5.0  # an owner's count is read again after this long while its group waits
+
+
+@dataclass
+class GroupView:
+    """One group's pods as this pass sees them."""
+
+    spec: GroupSpec
+    scheduler: str
+    members: list[dict[str, Any]]  # same namespace, key and scheduler; not terminal, not being deleted
+    invalid: str = ""  # an InvalidPlacement on one of its members (worked out once the owner is known)
+    owner: Owner | None = None  # once read: what states the size (and owns the PlacementGroup)
+    # Every live pod of the key, whatever its scheduler: the owner's pods are picked from these.
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # uid -> the InvalidPlacement of a gated pod
+
+
+def scheduler_of(pods: list[dict[str, Any]]) -> str:
+    """The scheduler the group's oldest (gated) pod asks for. Not the most common one: pods of another
+    scheduler made later with the group's labels, however many, must not become the group."""
+    oldest = min(pods, key=lambda p: (podview.created(p), podview.name(p)))
+    return podview.scheduler(oldest)
+
+
+class Grouping:
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        api: client.ApiClient,
+        tables: Tables,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.tables = tables
+        self.clock = clock
+        self.owners = OwnerFetcher(api)
+        self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
+        self.group_cache: dict[str, tuple[dict[str, Any], tuple[GroupSpec | None, str, str]]] = {}
+        tables.per_pod.append(self.group_cache)
+
+    def groups(self) -> list[GroupView]:
+        """Every group with a gated pod or a PlacementGroup to follow, oldest first."""
+        gated_of = self.tables.gated
+        by_key: dict[str, list[tuple[GroupSpec | None, dict[str, Any], str]]] = {}
+        specs: dict[str, GroupSpec] = {}
+        for uid, pod in self.tables.pods.items():
+            spec, key, error = self._group_of(uid, pod)
+            if error:
+                if key and gated_of(pod):
+                    by_key.setdefault(key, []).append((None, pod, error))
+                continue
+            if spec is None:
+                continue
+            specs.setdefault(spec.key, spec)
+            by_key.setdefault(spec.key, []).append((spec, pod, ""))
+        followed = self.tables.followed()
+        out = []
+        for key, entries in by_key.items():
+            pods = [p for _, p, _ in entries]
+            gated = [p for p in pods if gated_of(p)]
+            if not gated and key not in followed:
+                continue
+            errors = {podview.uid(p): err for _, p, err in entries if err}
+            spec = specs.get(key)
+            if spec is None:
+                _ns, family, name = ([*key.split("/", 2), "", ""])[:3]
+                spec = GroupSpec(key, family, name, None, "prefer", "spread", None)
+            live = [
+                p
+                for p in pods
+                if (p["status"].get("phase") not in TERMINAL) and not p["metadata"].get("deletionTimestamp")
+            ]
+            scheduler = scheduler_of(gated or pods)
+            members = [p for p in live if podview.scheduler(p) == scheduler]
+            out.append(GroupView(spec, scheduler, members, candidates=live, errors=errors))
+        out.sort(key=lambda g: (min((podview.created(p) for p in g.members), default=0.0), g.spec.key))
+        return out
+
+    def _group_of(self, uid: str, pod: dict[str, Any]) -> tuple[GroupSpec | None, str, str]:
+        """The pod's group (spec, key, error), worked out once per version of the pod."""
+        cached = self.group_cache.get(uid)
+        if cached is not None and cached[0] is pod:
+            return cached[1]
+        try:
+            spec = group_of(pod, self.config)
+            found: tuple[GroupSpec | None, str, str] = (spec, spec.key if spec else "", "")
+        except InvalidPlacement as exc:
+            found = (None, exc.group or "", str(exc))
+        self.group_cache[uid] = (pod, found)
+        return found
+
+    def forget_stale(self, now: float, keys: set[str]) -> None:
+        """What is kept per group goes with it: owners' counts past their TTL (read again when needed) and
+        deleted PlacementGroups of groups that have no pod left."""
+        self.sizes = {r: v for r, v in self.sizes.items() if now - v[0] <= SIZE_TTL_S}
+        self.tables.lost = {
+            k: v for k, v in self.tables.lost.items() if (v.get("spec") or {}).get("key") in keys
+        }
+
+    def own(self, group: GroupView, owner: Owner | None) -> list[dict[str, Any]] | None:
+        """Narrow the group to its owner's pods; their gated ones (None when no owner was read).
+
+        An owner that was read (a real Job controller sets its reference on every pod it makes): a pod
+        it does not control never counts, whatever labels it copied, even before the owner's own pods
+        exist (pods made ahead of them with its label would otherwise be admitted as the group)."""
+        group.owner = owner
+        if owner is None or not owner.uid:
+            return None
+        controlled = [p for p in group.candidates if controls(owner, p)]
+        # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
+        # owner's labels, made earlier or more numerous, never pick the group's scheduler.
+        if controlled:
+            group.scheduler = scheduler_of([p for p in controlled if self.tables.gated(p)] or controlled)
+        group.members = [p for p in controlled if podview.scheduler(p) == group.scheduler]
+        return [p for p in group.members if self.tables.gated(p)]  # Events and copies go to these only
+
+    async def size(self, group: GroupView) -> tuple[Size, Owner | None]:
+        spec = group.spec
+        declared: list[tuple[int | None, str]] = []
+        for p in group.members:
+            try:
+                s = group_of(p, self.config)
+            except InvalidPlacement:
+                s = None
+            declared.append((s.size if s else None, podview.name(p)))
+        ref = owner_ref(spec, group.members[0]) if group.members else None
+        owner: Owner | None = None
+        if ref is not None:
+            cached = self.sizes.get(ref)
+            now = self.clock()
+            if cached is None or now - cached[0] > SIZE_TTL_S:
+                cached = self.sizes[ref] = (now, await asyncio.to_thread(self.owners.read, ref))
+            owner = cached[1]
+        if owner is None:
+            return resolve(None, "", declared), None
+        return resolve(owner.count, owner.problem, declared), owner
+
+    async def full(self, group: GroupView, status: PlacementGroupStatus, gated: list[dict[str, Any]]) -> bool:
+        """A Bound group with as many pods bound as its size: gated pods are extra and wait."""
+        bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+        if not gated:
+            return True
+        if status.size is None or bound < status.size:
+            return False
+        # The owner may have grown since (a Job's parallelism raised): its count, read again every
+        # SIZE_TTL_S, decides whether the gated pods are extra or new members.
+        size, _owner = await self.size(group)
+        return size.value is None or bound >= size.value
+
+    def gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
+        """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
+        if status.phase not in FOLLOWED:
+            return False
+        live = {podview.uid(p) for p in group.candidates}
+        if any(m.uid in live for m in status.members) or any(self.tables.gated(p) for p in group.members):
+            return False
+        self.tables.lost.pop(pg_key(group.spec), None)
+        return True

@@ -1,0 +1,222 @@
+"""What the placement controller knows of the cluster: nodes, pods and PlacementGroups as its watches
+deliver them, and the nodes admitted pods hold until they are bound.
+
+Every watch event lands here (through `feeds`), bumps `generation` and wakes the loop. Only the loop's
+thread touches these tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nodefabric_devicemanager import vocabulary
+from nodefabric_operator.admission import model, pins, podview
+from nodefabric_operator.admission.model import PlacementGroupStatus
+from nodefabric_operator.extender.cache import Cache
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.groups import GroupSpec
+from nodefabric_operator.extender.nodes import NodeError
+from nodefabric_operator.extender.watch import Feed
+
+log = logging.getLogger(__name__)
+
+# The phases whose PlacementGroup is the state of an admission in progress: written again when deleted.
+FOLLOWED = ("Admitted", "TimedOut")
+
+
+def _pg_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
+
+
+def pg_key(spec: GroupSpec) -> tuple[str, str]:
+    """(namespace, name) of the group's PlacementGroup."""
+    return spec.key.split("/", 1)[0], model.object_name(spec.key)
+
+
+class Tables:
+    def __init__(self, config: ExtenderConfig) -> None:
+        self.gate = vocabulary.scheduling_gate(config.domain)
+        self.prefix = config.annotation_prefix
+        self.cache = Cache(config)
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
+        self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
+        # PlacementGroups of admitted or timed-out groups deleted by someone else, as last seen: written
+        # again from this while the group has pods, so a hand deletion never frees a group from its timeout.
+        self.lost: dict[tuple[str, str], dict[str, Any]] = {}
+        self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
+        self.cordoned: set[str] = set()  # nodes with spec.unschedulable
+        # What others keep per pod uid (its group, the decision copied onto it): dropped with the pod.
+        self.per_pod: list[dict[str, Any]] = []
+        # Bumped by every watch event: a waiting group is decided again only when something changed.
+        self.generation = 0
+        self.wake = asyncio.Event()
+
+    def feeds(self, core: Any, custom: Any) -> list[Feed]:
+        def poke(f: Callable[..., None]) -> Callable[..., None]:
+            def wrapped(*args: Any) -> None:
+                f(*args)
+                self.generation += 1
+                self.wake.set()
+
+            return wrapped
+
+        def list_pgs(**kw: Any) -> Any:
+            return custom.list_cluster_custom_object(model.GROUP, model.VERSION, model.PLURAL, **kw)
+
+        return [
+            Feed("nodes", core.list_node, poke(self.replace_nodes), poke(self.apply_node)),
+            Feed("pods", core.list_pod_for_all_namespaces, poke(self.replace_pods), poke(self.apply_pod)),
+            Feed("placementgroups", list_pgs, poke(self.replace_pgs), poke(self.apply_pg)),
+        ]
+
+    def gated(self, pod: Mapping[str, Any]) -> bool:
+        return pins.gate_index(pod, self.gate) is not None
+
+    # --- nodes -----------------------------------------------------------------------------------
+
+    def _upsert_node(self, obj: dict[str, Any]) -> None:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        name = str(meta.get("name"))
+        if isinstance(spec, Mapping) and spec.get("unschedulable") is True:
+            self.cordoned.add(name)
+        else:
+            self.cordoned.discard(name)
+        try:
+            self.cache.upsert_node(obj)
+        except NodeError as exc:
+            log.warning("could not read a node, kept what was known of it", extra={"error": str(exc)})
+
+    def replace_nodes(self, items: list[dict[str, Any]]) -> None:
+        keep = {str((i.get("metadata") or {}).get("name")) for i in items}
+        self.cordoned &= keep
+        for name in set(self.cache.nodes) - keep:
+            self.cache.delete_node(name)
+        for item in items:
+            self._upsert_node(item)
+
+    def apply_node(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.cordoned.discard(str((obj.get("metadata") or {}).get("name")))
+            self.cache.delete_node(str((obj.get("metadata") or {}).get("name")))
+        elif kind in ("ADDED", "MODIFIED"):
+            self._upsert_node(obj)
+
+    # --- pods and the nodes they hold ------------------------------------------------------------
+
+    def feed_cache(self, uid: str) -> None:
+        """The pod into the node cache; a held pod counts on its assigned node until it is bound."""
+        pod = self.pods.get(uid)
+        if pod is None:
+            return
+        node = self.held.get(uid)
+        if node and not pod["spec"].get("nodeName"):
+            pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+        self.cache.upsert_pod(pod)
+
+    def hold(self, uid: str, node: str) -> None:
+        """An admitted, unbound pod counts on `node` from now on."""
+        self.held[uid] = node
+        self.feed_cache(uid)
+
+    def upsert_pod(self, obj: dict[str, Any]) -> None:
+        slim = podview.slim(obj, self.prefix)
+        uid = podview.uid(slim)
+        old = self.pods.get(uid)
+        if old is not None and podview.rv(old) > podview.rv(slim) > 0:
+            return  # an event older than the answer to our own patch, which is already here
+        self.pods[uid] = slim
+        if slim["spec"].get("nodeName"):
+            self.held.pop(uid, None)  # bound: the cache counts it where it runs
+        self.feed_cache(uid)
+
+    def _delete_pod(self, uid: str) -> None:
+        self.pods.pop(uid, None)
+        for table in self.per_pod:
+            table.pop(uid, None)
+        self.held.pop(uid, None)
+        self.cache.delete_pod(uid)
+
+    def replace_pods(self, items: list[dict[str, Any]]) -> None:
+        keep = {str((i.get("metadata") or {}).get("uid")) for i in items}
+        for uid in set(self.pods) - keep:
+            self._delete_pod(uid)
+        for item in items:
+            self.upsert_pod(item)
+
+    def apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._delete_pod(str((obj.get("metadata") or {}).get("uid")))
+        elif kind in ("ADDED", "MODIFIED"):
+            self.upsert_pod(obj)
+
+    def restore_holds(self) -> None:
+        """Every admitted group's unbound members hold their nodes before any group is decided: after a
+        restart or a change of leader the PlacementGroups are the state, whatever order groups come in."""
+        for pg in self.pgs.values():
+            status = pg.get("status") or {}
+            if status.get("phase") != "Admitted":
+                continue
+            for m in status.get("members") or []:
+                uid, node = m.get("uid"), m.get("node")
+                pod = self.pods.get(uid) if isinstance(uid, str) else None
+                if pod is None or not isinstance(node, str) or not node or pod["spec"].get("nodeName"):
+                    continue
+                if self.held.get(uid) != node:
+                    self.hold(uid, node)
+
+    # --- PlacementGroups -------------------------------------------------------------------------
+
+    def replace_pgs(self, items: list[dict[str, Any]]) -> None:
+        fresh = {_pg_key(i): i for i in items}
+        for key, old in self.pgs.items():
+            if key not in fresh:
+                self._lose(key, old)
+        for key in fresh:
+            self.lost.pop(key, None)
+        self.pgs = fresh
+
+    def apply_pg(self, kind: str, obj: dict[str, Any]) -> None:
+        key = _pg_key(obj)
+        if kind == "DELETED":
+            self._lose(key, self.pgs.pop(key, obj))
+        elif kind in ("ADDED", "MODIFIED"):
+            old = self.pgs.get(key)
+            if old is None or podview.rv(obj) >= podview.rv(old):
+                self.pgs[key] = obj
+            self.lost.pop(key, None)
+
+    def _lose(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        if (obj.get("status") or {}).get("phase") in FOLLOWED:
+            self.lost[key] = obj
+
+    def followed(self) -> set[Any]:
+        """The keys of groups whose PlacementGroup (or its deleted copy) says an admission is under way."""
+        return {
+            (pg.get("spec") or {}).get("key")
+            for pg in [*self.pgs.values(), *self.lost.values()]
+            if (pg.get("status") or {}).get("phase") in FOLLOWED
+        }
+
+    def pg(self, spec: GroupSpec) -> tuple[dict[str, Any] | None, PlacementGroupStatus]:
+        """The group's PlacementGroup (None when there is none) and its status as this process reads it."""
+        key = pg_key(spec)
+        pg = self.pgs.get(key)
+        if pg is None:
+            lost = self.lost.get(key)
+            if lost is None or (lost.get("spec") or {}).get("key") != spec.key:
+                return None, PlacementGroupStatus()
+            # Deleted by someone else: carried on from what we last wrote, and written again (writer).
+            with contextlib.suppress(ValueError):
+                return None, PlacementGroupStatus.model_validate(lost.get("status") or {})
+            return None, PlacementGroupStatus()
+        try:
+            return pg, PlacementGroupStatus.model_validate(pg.get("status") or {})
+        except ValueError:
+            # Only we write it; an unreadable status (an older version, a hand edit) starts over.
+            log.warning("unreadable PlacementGroup status, starting over", extra={"group": spec.key})
+            return pg, PlacementGroupStatus()

@@ -1,0 +1,128 @@
+"""What the placement controller writes besides the pods it releases: the PlacementGroup (created when
+missing, its status only when it changed), Events, and the decision copied onto each pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from nodefabric_operator.admission import model, podview
+from nodefabric_operator.admission.grouping import GroupView
+from nodefabric_operator.admission.model import PlacementGroupStatus
+from nodefabric_operator.admission.state import Tables, pg_key
+from nodefabric_operator.extender.events import KubePublisher
+
+MAX_DECISION = 4096  # the decision as copied onto a pod's annotation
+
+
+class PlacementWriter:
+    def __init__(
+        self,
+        custom: Any,
+        tables: Tables,
+        publisher: KubePublisher,
+        decision_key: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.custom = custom
+        self.tables = tables
+        self.publisher = publisher
+        self.decision_key = decision_key
+        self.clock = clock
+        self.annotated: dict[str, str] = {}  # uid -> decision text last copied onto the pod
+        tables.per_pod.append(self.annotated)
+
+    async def write(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
+        """Create the PlacementGroup when missing and write its status when it changed. True when written."""
+        ns, name = pg_key(group.spec)
+        body_status = status.model_dump(by_alias=True, mode="json")
+        if pg is not None and (pg.get("status") or {}) == body_status:
+            return False
+        if pg is None:
+            pg = await self._create(group)
+            if (pg.get("status") or {}) == body_status:
+                return False
+        patch = [{"op": "add", "path": "/status", "value": body_status}]
+        written = await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object_status,
+            model.GROUP,
+            model.VERSION,
+            ns,
+            model.PLURAL,
+            name,
+            patch,
+            _content_type="application/json-patch+json",
+        )
+        self.tables.apply_pg("MODIFIED", written)
+        return True
+
+    async def _create(self, group: GroupView) -> dict[str, Any]:
+        """The PlacementGroup, without status: created, or as it exists when someone created it first."""
+        spec = group.spec
+        ns, name = pg_key(spec)
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": ns,
+            "labels": {**model.MANAGED_BY, model.FAMILY_LABEL: spec.family},
+        }
+        owner = group.owner
+        lost = self.tables.lost.get((ns, name))
+        refs = (lost.get("metadata") or {}).get("ownerReferences") if lost is not None else None
+        if owner is None and isinstance(refs, list) and refs:
+            meta["ownerReferences"] = refs  # written again as it was: still goes with its owner
+        elif owner is not None and owner.uid:
+            # Garbage-collected with the Job (JobSet, ...) it describes.
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": owner.api_version,
+                    "kind": owner.ref.kind,
+                    "name": owner.ref.name,
+                    "uid": owner.uid,
+                }
+            ]
+        obj = model.PlacementGroup(
+            metadata=meta,
+            spec=model.PlacementGroupSpec(key=spec.key, family=spec.family, name=spec.name),
+        ).model_dump(by_alias=True, mode="json", exclude={"status"})
+        create, get = self.custom.create_namespaced_custom_object, self.custom.get_namespaced_custom_object
+        try:
+            pg = await asyncio.to_thread(create, model.GROUP, model.VERSION, ns, model.PLURAL, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            pg = await asyncio.to_thread(get, model.GROUP, model.VERSION, ns, model.PLURAL, name)
+        assert pg is not None
+        self.tables.apply_pg("ADDED", pg)
+        return dict(pg)
+
+    def events(
+        self,
+        group: GroupView,
+        pods: list[dict[str, Any]],
+        type_: str,
+        reason: str,
+        message: str,
+        *,
+        pg_too: bool = False,
+    ) -> None:
+        targets: list[Mapping[str, Any]] = list(pods)
+        if pg_too:
+            pg = self.tables.pgs.get(pg_key(group.spec))
+            if pg is not None:
+                targets.append(pg)
+        for obj in targets:  # the publisher's spam filter holds back a burst about one object
+            self.publisher.event(obj, type_, reason, message)
+
+    def annotate(self, pods: list[dict[str, Any]], text: str) -> None:
+        """The decision copied onto each pod for `kubectl describe pod`; never read back."""
+        for pod in pods:
+            uid = podview.uid(pod)
+            if self.annotated.get(uid) == text:
+                continue
+            self.annotated[uid] = text
+            self.publisher.annotate(pod, {self.decision_key: text[:MAX_DECISION]})

@@ -1,0 +1,120 @@
+"""The sync core of a reconcile, run in a worker thread: the labels published through the sink, then the
+Devices status written with the version the operator last saw as precondition. Requests only: no state
+shared with the event loop (the caller takes what it needs from the views first and settles after).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import kubernetes
+import pydantic
+
+from nodefabric_devicemanager import models
+from nodefabric_devicemanager.models import Condition, DevicesStatus
+from nodefabric_operator import onnode, rawcall, sinks
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.noderecord import NodeRecord, condition_for, next_status, now, status_patch
+from nodefabric_operator.view import SinkObject, version
+
+STATUS_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}/{{name}}/status"
+
+
+class Superseded(Exception):
+    """The status write met a newer version of the record: the watch delivers that version next, and
+    its reconcile writes the status, so this one stops without reading anything back."""
+
+
+class NotWatched:
+    """Nodes are not watched (no right to list them): LabelsOnNode is not said at all."""
+
+
+NOT_WATCHED = NotWatched()
+
+
+@dataclass(frozen=True)
+class Applied:
+    published: sinks.Published
+    record: NodeRecord  # with the status and version our status write left, when it wrote one
+    status_written: bool
+    superseded: bool
+
+
+class StatusWriter:
+    def __init__(
+        self, api: kubernetes.client.ApiClient, sink: sinks.Sink, domain: str, metrics: Metrics
+    ) -> None:
+        self.api = api
+        self.sink = sink
+        self.domain = domain
+        self.metrics = metrics
+
+    def on_node(self, name: str, published: Mapping[str, str], node: SinkObject | None) -> Condition:
+        """LabelsOnNode: whether the labels published are on the Node as watched."""
+        via = "nfd-master" if isinstance(self.sink, sinks.NodeFeatureSink) else ""
+        return onnode.condition(name, published, None if node is None else node.labels, self.domain, via)
+
+    def apply(
+        self,
+        record: NodeRecord,
+        current: SinkObject | None,
+        verify: bool,
+        node: SinkObject | NotWatched | None,
+    ) -> Applied:
+        published = self.sink.publish(
+            record.owner, record.result.labels, record.frozen, current, verify=verify
+        )
+        condition = condition_for(published, record.result, record.frozen, None)
+        if isinstance(self.sink, sinks.NodeSink):
+            node = published.now  # the Node as our write left it
+        also = (
+            () if isinstance(node, NotWatched) else (self.on_node(record.name, published.plan.managed, node),)
+        )
+        new = next_status(record.status, record.result, published, condition, now(), also=also)
+        try:
+            after = self.write(record, new)
+        except Superseded:
+            return Applied(published, record, status_written=False, superseded=True)
+        if after is None:
+            return Applied(published, record, status_written=False, superseded=False)
+        return Applied(published, after, status_written=True, superseded=False)
+
+    def write(self, record: NodeRecord, new: DevicesStatus) -> NodeRecord | None:
+        """Patch /status with the version the operator last saw as precondition; None when nothing changes.
+        A 409 is not re-read: the newer version is on its way through the watch (Superseded)."""
+        patch = status_patch(record.status, new)
+        if patch is None:
+            return None
+        body = {"metadata": {"resourceVersion": record.rv}, "status": patch}
+        self.metrics.api_requests.labels(verb="patch", resource="devices/status").inc()
+        try:
+            answer = rawcall.json_object(
+                rawcall.send(
+                    self.api,
+                    "PATCH",
+                    STATUS_PATH,
+                    {"name": record.name},
+                    body,
+                    content_type=rawcall.MERGE_PATCH,
+                )
+            )
+        except kubernetes.client.ApiException as err:
+            if rawcall.status_of(err) == 409:
+                raise Superseded(record.name) from err
+            if rawcall.status_of(err) == 404:
+                raise sinks.RecordGone(f"devices {record.name} is gone") from err
+            raise
+        try:
+            status = DevicesStatus.model_validate(answer.get("status") or {})
+        except pydantic.ValidationError:
+            status = new  # another writer's field we cannot read: ours is what we just wrote
+        return dataclasses.replace(record, rv=version(answer), status=status)
+
+    def record_failure(self, record: NodeRecord, condition: Condition) -> NodeRecord | None:
+        new = next_status(record.status, record.result, None, condition, now())
+        try:
+            return self.write(record, new)
+        except (Superseded, sinks.RecordGone):
+            return None

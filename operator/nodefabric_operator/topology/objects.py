@@ -1,0 +1,104 @@
+"""Requests on the projection targets' cluster-scoped objects, each counted (api_requests, and
+topology_writes for a write), with the one way an object we manage is written: its spec patched, or
+created again when it was deleted since. Synchronous: the shell runs a pass in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes
+import urllib3
+
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.rawcall import status_of
+from nodefabric_operator.topology import project
+
+# What a failed request raises: retried by the shell with backoff.
+API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def brief(err: BaseException) -> str:
+    """One short reason: `HTTP 503 Service Unavailable`, or the first line of anything else."""
+    status = status_of(err)
+    if status:
+        return f"HTTP {status} {getattr(err, 'reason', '') or ''}".strip()
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
+def held_state(kind: str, name: str, finalizers: str) -> str:
+    return f"{kind} {name} is being deleted, held by finalizers {finalizers}: written once it is gone"
+
+
+class Objects:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        metrics: Metrics,
+        served: Callable[[], dict[str, str | None]],
+        owned: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.metrics = metrics
+        self.served = served  # target -> version served, as discovery last read it
+        self.owned = owned  # a body with the owner reference added
+        # target -> what the server holds as far as we know (a target absent: read it again)
+        self.known: dict[str, Any] = {}
+
+    def gvp(self, target: str) -> tuple[str, str, str]:
+        served = self.served()
+        if target == project.KUEUE:
+            return project.KUEUE_GROUP, served[target] or project.KUEUE_VERSIONS[0], "topologies"
+        if target == project.KAI:
+            return project.KAI_GROUP, served[target] or project.KAI_VERSIONS[-1], "topologies"
+        return project.VOLCANO_GROUP, project.VOLCANO_VERSION, "hypernodes"
+
+    def _call(self, verb: str, target: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        g, v, p = self.gvp(target)
+        self.metrics.api_requests.labels(verb=verb, resource=p).inc()
+        result = fn(g, v, p, *args, **kwargs)
+        if verb in ("create", "patch", "delete"):
+            self.metrics.topology_writes.labels(target=target, verb=verb).inc()
+        return result
+
+    def get(self, target: str, name: str) -> dict[str, Any] | None:
+        try:
+            got: dict[str, Any] = self._call("get", target, self.custom.get_cluster_custom_object, name)
+        except kubernetes.client.ApiException as err:
+            if status_of(err) == 404:
+                return None
+            raise
+        return got
+
+    def items(self, target: str, **kwargs: Any) -> list[dict[str, Any]]:
+        got = self._call("list", target, self.custom.list_cluster_custom_object, **kwargs)
+        return [i for i in got.get("items", []) if isinstance(i, dict)]
+
+    def managed(self, target: str) -> dict[str, Any]:
+        """Our objects of the target (name -> spec), listed by our label."""
+        selector = f"{project.MANAGED_BY}={project.MANAGER}"
+        return {
+            str(i["metadata"]["name"]): i.get("spec")
+            for i in self.items(target, label_selector=selector)
+            if project.is_managed(i)
+        }
+
+    def create(self, target: str, body: dict[str, Any]) -> None:
+        self._call("create", target, self.custom.create_cluster_custom_object, self.owned(body))
+
+    def update(self, target: str, name: str, body: dict[str, Any]) -> None:
+        """Our object's spec written; created again (with its owner) when it was deleted since."""
+        try:
+            self._call("patch", target, self.custom.patch_cluster_custom_object, name, {"spec": body["spec"]})
+        except kubernetes.client.ApiException as err:
+            if status_of(err) != 404:
+                raise
+            self.create(target, body)
+
+    def delete(self, target: str, name: str, *, gone_ok: bool = False) -> None:
+        try:
+            self._call("delete", target, self.custom.delete_cluster_custom_object, name)
+        except kubernetes.client.ApiException as err:
+            if not gone_ok or status_of(err) != 404:
+                raise
