@@ -207,7 +207,7 @@ async def test_sigterm_while_waiting_for_the_api_server_stops_it_at_once(tmp_pat
         port = s.getsockname()[1]  # closed again: nothing listens there any more
     kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "nodefabric_devicemanager.cli", "operator", "--standalone",
+        sys.executable, "-m", "nodefabric_operator.console", "operator", "--standalone",
         "--kubeconfig", kubeconfig, "--startup-timeout", "600", "--log-level", "debug",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
