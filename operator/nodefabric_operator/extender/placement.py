@@ -292,7 +292,9 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
             _off_values(ctx, choice, index.homogeneity(keys), None if whole else feasible - good, out)
             if choice.level == ANY:
                 return out
-            rest = (good if whole else good & feasible) - split  # the group's values, elsewhere
+            mine = good if whole else good & feasible
+            # The group's values, elsewhere; none when the bucket holds them all (`split` lies in `mine`).
+            rest = mine - split if len(mine) != len(split) else _NONE
         elif choice.level == ANY:
             return out
         else:
