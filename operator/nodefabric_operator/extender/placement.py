@@ -260,26 +260,11 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
     request costs past decoding and encoding it."""
     index = ctx.index
     keys = tuple(k for k, _ in choice.homogeneity)
-    want = tuple(v for _, v in choice.homogeneity)
     li = ctx.li(choice.level)
     loc = choice.location
     # `feasible` is a subset of the indexed nodes, so the same size means the same set.
     whole = len(feasible) == len(index.names)
-    parts: list[AbstractSet[str]] = [] if whole else [feasible]
-    if choice.level != ANY:
-        parts.append(index.by_location[li].get(loc or "", _NONE))
-    good: AbstractSet[str] | None = None
-    if keys:
-        good = index.homogeneity(keys).by_values.get(want, _NONE)
-        parts.append(good)
-        if len(good) == len(index.names):
-            good = None  # every node has these values: nothing to tell apart
-    bucket: AbstractSet[str] = feasible
-    if parts:
-        parts.sort(key=len)
-        bucket = parts[0]
-        for part in parts[1:]:
-            bucket = bucket & part
+    bucket, good = _bucket(ctx, choice, feasible, whole=whole)
     split = bucket
 
     def rejected() -> dict[str, list[str]]:
@@ -316,6 +301,40 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
             if value is not None and bucket <= index.by_location[j].get(value, _NONE):
                 enclosing.append((ctx.names[j], value))
     return _Answer(list(bucket), _Lazy(rejected), tuple(enclosing))
+
+
+def _bucket(
+    ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, whole: bool
+) -> tuple[AbstractSet[str], AbstractSet[str] | None]:
+    """The feasible nodes of the choice's bucket, and the nodes of its homogeneity values (None when
+    there are none to tell apart: no keys, or every node has the values). `whole`: `feasible` is every
+    indexed node, so nothing is cut by it."""
+    index = ctx.index
+    keys = tuple(k for k, _ in choice.homogeneity)
+    want = tuple(v for _, v in choice.homogeneity)
+    li, loc = ctx.li(choice.level), choice.location
+    parts: list[AbstractSet[str]] = [] if whole else [feasible]
+    good: AbstractSet[str] | None = None
+    if keys:
+        h = index.homogeneity(keys)
+        good = h.by_values.get(want, _NONE)
+        if choice.level == ANY:
+            parts.append(good)
+        elif h.members:  # the bucket's nodes as the index keeps them
+            parts.append(h.members[li].get((want, loc), _NONE))
+        else:
+            parts += [good, index.by_location[li].get(loc or "", _NONE)]
+        if len(good) == len(index.names):
+            good = None  # every node has these values: nothing to tell apart
+    elif choice.level != ANY:
+        parts.append(index.by_location[li].get(loc or "", _NONE))
+    if not parts:
+        return feasible, good
+    parts.sort(key=len)  # smallest first: each intersection walks the smaller side
+    bucket = parts[0]
+    for part in parts[1:]:
+        bucket = bucket & part
+    return bucket, good
 
 
 def _off_values(
