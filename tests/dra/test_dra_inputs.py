@@ -462,6 +462,36 @@ def test_a_checkpoint_directory_that_is_a_file_fails_the_write_and_forgets_nothi
 # --- CDI spec files ---------------------------------------------------------------------------------------
 
 
+def test_a_spec_written_through_a_file_made_ahead_appears_whole_or_not_at_all(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra.files import PendingFile
+
+    path = str(tmp_path / "cdi" / "spec.json")
+    with pytest.raises(FileNotFoundError):
+        PendingFile(path, make_directory=False)  # a missing directory is not made
+    assert not (tmp_path / "cdi").exists()
+    pending = PendingFile(path)
+    [tmp] = os.listdir(tmp_path / "cdi")
+    assert tmp.startswith(".spec.json.") and tmp.endswith(".tmp")  # a name the runtime's watcher skips
+    assert not os.path.exists(path)
+    assert cdi.write_spec(path, {"kind": "x"}, pending)
+    assert os.listdir(tmp_path / "cdi") == ["spec.json"]
+    assert json.loads(Path(path).read_text()) == {"kind": "x"}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+    with pytest.raises(ValueError, match="already used"):
+        pending.replace(b"{}")
+    pending.discard()  # a no-op once used
+    # The same spec again: nothing written, the file made ahead given back.
+    again = PendingFile(path)
+    assert not cdi.write_spec(path, {"kind": "x"}, again)
+    assert os.listdir(tmp_path / "cdi") == ["spec.json"]
+    # A directory where the spec goes: the write fails and leaves no temporary file.
+    blocked = str(tmp_path / "cdi" / "blocked.json")
+    os.mkdir(blocked)
+    with pytest.raises(OSError):
+        cdi.write_spec(blocked, {"kind": "x"}, PendingFile(blocked))
+    assert sorted(os.listdir(tmp_path / "cdi")) == ["blocked.json", "spec.json"]
+
+
 def test_a_spec_already_in_place_is_not_rewritten(tmp_path: Path) -> None:
     path = str(tmp_path / f"{DRIVER}-nic_{UID}.json")
     spec = cdi.build_spec(
