@@ -285,11 +285,15 @@ def test_a_commit_that_cannot_sync_leaves_no_claim_behind(
     assert Checkpoint(path).claims == {}
 
 
-@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
-def test_a_reservation_over_something_not_a_file_fails_without_blocking_or_following(
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "hardlink", "directory"])
+def test_a_reservation_over_something_else_replaces_it_without_blocking_or_writing_through(
     tmp_path: Path, kind: str
 ) -> None:
-    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
+    """Under a claim's name, not held: a FIFO, a symlink or a hard link to another file is replaced by
+    a new file (the rename of a put replaces them too), never opened, followed or written through; a
+    directory fails the claim."""
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
     checkpoint.put(prepared())
     other = str(uuid.uuid4())
     target = claim_file(tmp_path, other)
@@ -299,22 +303,29 @@ def test_a_reservation_over_something_not_a_file_fails_without_blocking_or_follo
         os.mkfifo(target)
     elif kind == "symlink":
         target.symlink_to(elsewhere)
+    elif kind == "hardlink":
+        os.link(elsewhere, target)
     else:
         target.mkdir()
-    failed: list[BaseException] = []
+    outcome: list[object] = []
 
     def reserve() -> None:
         try:
-            checkpoint.reserve(other)
+            checkpoint.reserve(other).commit(prepared(other))
+            outcome.append("committed")
         except OSError as exc:
-            failed.append(exc)
+            outcome.append(exc)
 
     worker = threading.Thread(target=reserve, daemon=True)
     worker.start()
     worker.join(timeout=10)
-    assert failed, "the reservation blocked or succeeded"
+    assert outcome, "the reservation blocked"
     assert elsewhere.read_text() == "keep"
-    assert list(checkpoint.claims) == [UID]
+    if kind == "directory":
+        assert isinstance(outcome[0], OSError) and list(checkpoint.claims) == [UID]
+    else:
+        assert outcome == ["committed"] and target.is_file() and not target.is_symlink()
+        assert sorted(Checkpoint(path).claims) == sorted([UID, other])
 
 
 def test_a_reservation_in_a_checkpoint_directory_that_is_a_file_fails(tmp_path: Path) -> None:

@@ -42,12 +42,11 @@ import json
 import logging
 import os
 import re
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_deviceplugin.dra.files import NotRegularFile, read_regular, write_atomically
+from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -372,19 +371,21 @@ class Checkpoint:
         fsync); `Reservation.commit` then writes the claim with one fdatasync. Run while the claim is
         read from the API, so a first prepare waits for one sync after the read, not two. Raises OSError.
 
-        O_TRUNC: a file under this name that is not held is a leftover of a put or a reservation that
-        never finished (a held claim is answered from memory and never reserved)."""
+        The file is always a new one (O_EXCL): whatever is under the name when the claim is not held (a
+        leftover of a put or a reservation that never finished, or a symlink, a FIFO, a hard link
+        planted there) is unlinked first, never written through, as the rename of `put` replaces it."""
         if uid in self.claims:
             raise ValueError(f"claim {uid} is already recorded; a reservation is for a new claim")
         self._ensure_directory()
         path = os.path.join(self.directory, file_name(uid))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            os.unlink(path)  # a directory there stays, and fails the claim (IsADirectoryError)
+            fd = os.open(path, flags, 0o600)
         reservation = Reservation(self, uid, path, fd)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):  # O_NONBLOCK: a FIFO planted there opened without blocking
-                raise NotRegularFile(f"{path} is not a regular file")
             os.fchmod(fd, 0o600)  # whatever the umask
             sync_directory(self.directory)  # the name survives a power loss
         except BaseException:
