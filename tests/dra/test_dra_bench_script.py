@@ -39,6 +39,11 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     ]
     assert "claim GET p50" in lines[1] and "empty call p50" in lines[2]
     assert lines[5].startswith("target: the first prepare adds <= 20 ms to the claim GET")
+    assert lines[6].startswith("prepare, first, before") and "claim GET p50" in lines[6]
+    assert lines[7].startswith("unprepare, before") and "empty call p50" in lines[7]
+    assert lines[8].startswith("prepare, first against a claim GET + an empty call (")
+    assert "(before x" in lines[8]
+    del lines[6:9]
     assert lines[6].startswith("steady state, 10 syncs: 0 requests, 0 bytes; a LIST ")
     assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
     assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")

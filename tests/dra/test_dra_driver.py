@@ -304,6 +304,8 @@ async def test_another_drivers_devices_are_ignored(running: Running, api: Runnin
     assert answer[only_gpu["metadata"]["uid"]].error == ""
     assert not answer[only_gpu["metadata"]["uid"]].devices
     assert spec_files(dirs) == [f"{DRIVER}-nic_{mixed['metadata']['uid']}.json"]
+    # A claim with none of our devices is not recorded: its reserved file is gone.
+    assert os.listdir(running.driver.checkpoint.directory) == [f"{mixed['metadata']['uid']}.json"]
 
 
 async def test_every_claim_gets_an_entry_and_a_bad_one_fails_alone(
@@ -332,6 +334,9 @@ async def test_every_claim_gets_an_entry_and_a_bad_one_fails_alone(
     assert "invalid claim namespace" in errors[hostile[1].uid]
     assert "invalid claim uid" in errors[""]
     assert spec_files(dirs) == [f"{DRIVER}-nic_{good['metadata']['uid']}.json"]
+    # Every claim's checkpoint file was reserved while it was read; only the prepared one's stays.
+    directory = running.driver.checkpoint.directory
+    assert os.listdir(directory) == [f"{good['metadata']['uid']}.json"]
     # The server is still answering.
     assert (await running.kubelet.plugin(DRIVER).unprepare(ref(good))) == {good["metadata"]["uid"]: ""}
 

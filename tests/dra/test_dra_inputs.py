@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -221,6 +222,120 @@ def test_a_crash_inside_a_put_leaves_the_claim_unrecorded_and_memory_in_step(
     assert sorted(os.listdir(tmp_path / "checkpoint.d")) == [f"{UID}.json"]
 
 
+def test_a_reserved_claim_is_durable_once_committed_and_gone_when_released(tmp_path: Path) -> None:
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    other = str(uuid.uuid4())
+    kept = checkpoint.reserve(UID)
+    dropped = checkpoint.reserve(other)
+    # Reserved: the name exists (empty), nothing is recorded yet.
+    assert claim_file(tmp_path).read_bytes() == b"" and checkpoint.claims == {}
+    kept.commit(prepared())
+    dropped.release()
+    dropped.release()  # a second release is a no-op
+    kept.release()  # and releasing a committed reservation keeps the claim
+    assert checkpoint.claims == {UID: prepared()}
+    assert oct(os.stat(claim_file(tmp_path)).st_mode & 0o777) == "0o600"
+    assert os.listdir(tmp_path / "checkpoint.d") == [f"{UID}.json"]
+    assert Checkpoint(path).claims == {UID: prepared()}
+    with pytest.raises(ValueError, match="already used"):
+        kept.commit(prepared())
+    with pytest.raises(ValueError, match="already recorded"):
+        checkpoint.reserve(UID)  # a held claim is answered from memory, never reserved again
+    checkpoint.remove(UID)
+    assert Checkpoint(path).claims == {}
+
+
+def test_an_empty_claim_file_is_an_unfinished_prepare_and_goes_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash between a reservation and its commit: kubelet was never answered, and prepares again."""
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    checkpoint.put(prepared())
+    other = str(uuid.uuid4())
+    checkpoint.reserve(other)  # never committed: the process dies here
+    with caplog.at_level(logging.INFO):
+        again = Checkpoint(path)
+    assert list(again.claims) == [UID]
+    assert os.listdir(tmp_path / "checkpoint.d") == [f"{UID}.json"], "removed, not set aside"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # A reservation over a leftover file of a claim not held starts it empty.
+    claim_file(tmp_path, other).write_bytes(b"leftover")
+    again.reserve(other).commit(prepared(other))
+    assert sorted(Checkpoint(path).claims) == sorted([UID, other])
+
+
+def test_a_commit_that_cannot_sync_leaves_no_claim_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    reservation = checkpoint.reserve(UID)
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        reservation.commit(prepared())
+    monkeypatch.undo()
+    assert checkpoint.claims == {}
+    assert os.listdir(tmp_path / "checkpoint.d") == []
+    assert Checkpoint(path).claims == {}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "hardlink", "directory"])
+def test_a_reservation_over_something_else_replaces_it_without_blocking_or_writing_through(
+    tmp_path: Path, kind: str
+) -> None:
+    """Under a claim's name, not held: a FIFO, a symlink or a hard link to another file is replaced by
+    a new file (the rename of a put replaces them too), never opened, followed or written through; a
+    directory fails the claim."""
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    checkpoint.put(prepared())
+    other = str(uuid.uuid4())
+    target = claim_file(tmp_path, other)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep")
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "symlink":
+        target.symlink_to(elsewhere)
+    elif kind == "hardlink":
+        os.link(elsewhere, target)
+    else:
+        target.mkdir()
+    outcome: list[object] = []
+
+    def reserve() -> None:
+        try:
+            checkpoint.reserve(other).commit(prepared(other))
+            outcome.append("committed")
+        except OSError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=reserve, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert outcome, "the reservation blocked"
+    assert elsewhere.read_text() == "keep"
+    if kind == "directory":
+        assert isinstance(outcome[0], OSError) and list(checkpoint.claims) == [UID]
+    else:
+        assert outcome == ["committed"] and target.is_file() and not target.is_symlink()
+        assert sorted(Checkpoint(path).claims) == sorted([UID, other])
+
+
+def test_a_reservation_in_a_checkpoint_directory_that_is_a_file_fails(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("not a directory")
+    with pytest.raises(OSError):
+        Checkpoint(str(blocker / "checkpoint.json")).reserve(UID)
+    assert blocker.read_text() == "not a directory"
+
+
 def test_a_whole_file_checkpoint_is_migrated_on_start(tmp_path: Path) -> None:
     from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
 
@@ -273,7 +388,7 @@ def test_an_unusable_whole_file_checkpoint_is_set_aside_not_trusted(tmp_path: Pa
 @pytest.mark.parametrize(
     "content",
     [
-        b"",
+        b"\x00",
         b"\xff\xfe garbage",
         b"[]",
         b'{"kind": "nodefabric.dra/prepared-claim", "version": 3}',
@@ -356,6 +471,36 @@ def test_a_checkpoint_directory_that_is_a_file_fails_the_write_and_forgets_nothi
 
 
 # --- CDI spec files ---------------------------------------------------------------------------------------
+
+
+def test_a_spec_written_through_a_file_made_ahead_appears_whole_or_not_at_all(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra.files import PendingFile
+
+    path = str(tmp_path / "cdi" / "spec.json")
+    with pytest.raises(FileNotFoundError):
+        PendingFile(path, make_directory=False)  # a missing directory is not made
+    assert not (tmp_path / "cdi").exists()
+    pending = PendingFile(path)
+    [tmp] = os.listdir(tmp_path / "cdi")
+    assert tmp.startswith(".spec.json.") and tmp.endswith(".tmp")  # a name the runtime's watcher skips
+    assert not os.path.exists(path)
+    assert cdi.write_spec(path, {"kind": "x"}, pending)
+    assert os.listdir(tmp_path / "cdi") == ["spec.json"]
+    assert json.loads(Path(path).read_text()) == {"kind": "x"}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+    with pytest.raises(ValueError, match="already used"):
+        pending.replace(b"{}")
+    pending.discard()  # a no-op once used
+    # The same spec again: nothing written, the file made ahead given back.
+    again = PendingFile(path)
+    assert not cdi.write_spec(path, {"kind": "x"}, again)
+    assert os.listdir(tmp_path / "cdi") == ["spec.json"]
+    # A directory where the spec goes: the write fails and leaves no temporary file.
+    blocked = str(tmp_path / "cdi" / "blocked.json")
+    os.mkdir(blocked)
+    with pytest.raises(OSError):
+        cdi.write_spec(blocked, {"kind": "x"}, PendingFile(blocked))
+    assert sorted(os.listdir(tmp_path / "cdi")) == ["blocked.json", "spec.json"]
 
 
 def test_a_spec_already_in_place_is_not_rewritten(tmp_path: Path) -> None:
@@ -575,10 +720,11 @@ async def test_a_sync_that_does_not_return_stalls_one_thread_not_the_publisher(
 async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no_spec(
     dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:
-    """The CDI spec is written first, then the claim's checkpoint file. When the second write fails (a
-    full or read-only directory; here a file where the directory belongs), the claim is refused, and the
-    spec just written must go too: kubelet may never unprepare a claim whose prepare failed, and the
-    spec would stay in the runtime's directory for good."""
+    """The claim's checkpoint file is reserved while the claim is read; when that fails (a full or
+    read-only directory; here a file where the directory belongs), the claim is refused before any
+    spec is written. When the entry's own write fails after the spec (a sync error), the spec just
+    written must go too: kubelet may never unprepare a claim whose prepare failed, and the spec would
+    stay in the runtime's directory for good."""
     config = dirs.config()
     checkpoint = Checkpoint(config.checkpoint_path)
     Path(checkpoint.directory).parent.mkdir(parents=True, exist_ok=True)
@@ -588,4 +734,23 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
     out = await preparer.prepare([REF])
     assert "writing the CDI spec or the checkpoint failed" in out[UID].error and not out[UID].devices
     assert checkpoint.claims == {}
+    assert not os.path.exists(config.cdi_dir) or os.listdir(config.cdi_dir) == []
+    # The directory is usable again, but the entry's sync fails after the spec was written.
+    os.unlink(checkpoint.directory)
+    synced: list[int] = []
+
+    def failing(fd: int) -> None:
+        synced.append(fd)
+        raise OSError(28, "No space left on device")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fdatasync", failing)
+        out = await preparer.prepare([REF])
+    assert synced, "the entry's sync was reached"
+    assert "No space left on device" in out[UID].error and not out[UID].devices
+    assert checkpoint.claims == {}
     assert os.listdir(config.cdi_dir) == [], "the spec of a claim not prepared is not left behind"
+    assert os.listdir(checkpoint.directory) == [], "nor its checkpoint file"
+    # And the claim prepares once the disk is well again.
+    out = await preparer.prepare([REF])
+    assert out[UID].error == "" and list(Checkpoint(config.checkpoint_path).claims) == [UID]

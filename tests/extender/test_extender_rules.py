@@ -305,7 +305,7 @@ def test_the_capacity_index_counts_what_a_walk_over_every_node_counts(seed: int)
     rng = random.Random(seed)
     keys = ("nvidia.com/gpu.product",)
     views = {f"n-{i}": _view(i, rng) for i in range(60)}
-    index = Index.of(views.values(), 2)
+    index = Index.of(views.values(), 2, [keys])
     # Nodes change as watches deliver: the index follows, and equals one built afresh.
     for _ in range(40):
         changed = _view(rng.randrange(80), rng)
@@ -315,9 +315,18 @@ def test_the_capacity_index_counts_what_a_walk_over_every_node_counts(seed: int)
         else:
             index.add(changed)
             views[changed.name] = changed
-    fresh = Index.of(views.values(), 2)
+    fresh = Index.of(views.values(), 2, [keys])
     h, f = index.homogeneity(keys), fresh.homogeneity(keys)
+    assert h.track and not Index.of(views.values(), 2).homogeneity(keys).members  # configured ones only
     assert h.vectors == f.vectors and h.by_values == f.by_values and h.missing == f.missing
+    assert h.members == f.members
+    for li in range(2):  # each bucket's nodes: a location's nodes of one value tuple, none left out
+        walked: dict[Any, set[str]] = {}
+        for name, v in views.items():
+            values = homog_values(v.labels, keys)
+            if values is not None and v.locations[li] is not None:
+                walked.setdefault((values, v.locations[li]), set()).add(name)
+        assert h.members[li] == walked
     for shape in (Shape({"nvidia.com/gpu": 4}), Shape({"nvidia.com/gpu": 8}), Shape({}, cpu=4000)):
         for share in (1.0, 0.7, 0.2):
             feasible = {n for n in views if rng.random() < share}

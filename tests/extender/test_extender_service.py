@@ -27,6 +27,10 @@ from nodefabric_operator.extender.wire import parse_args
             "NodeNames[1]: 'we\"ird' is not a node name",
         ),
         (b'{"Pod": {"metadata": {}}, "NodeNames": ["Upper"]}', "NodeNames[0]: 'Upper' is not a node name"),
+        # A comma would make two names look like one joined list of others (the last-request key).
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["a", "b,c"]}', "NodeNames[1]: 'b,c' is not a node name"),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["a", ""]}', "NodeNames[1]: '' is not a node name"),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": [","]}', "NodeNames[0]: ',' is not a node name"),
         (
             b'{"Pod": {"metadata": {}}, "NodeNames": null, "Nodes": null}',
             "one of NodeNames or Nodes is required",
@@ -215,7 +219,13 @@ def test_claims_count_until_they_expire_or_the_pod_is_seen_bound():
 
     def live() -> int:
         bound = {p.uid for p in cache.bound_members("ml/explicit/g", "", scheduler_of(pods[0]))}
-        return len(ext._state("", rec, now[0], bound)[1])
+        claims = ext._state("", rec, now[0], bound)[1]
+        # The count a request uses (set operations, no dict built) agrees with the claims listed,
+        # for any pod asking: one of the claimants, a bound member, or another.
+        for uid in ("", *rec.claims, *bound):
+            expected = len({u for u in claims if u != uid})
+            assert ext._live_claims(uid, rec, now[0], bound) == expected, uid
+        return len(claims)
 
     # The first pod is bound: it counts as a member, its claim no longer double-counts.
     cache.upsert_pod({**pods[0], "spec": {**pods[0]["spec"], "nodeName": "eu-a-0"}})
@@ -227,6 +237,31 @@ def test_claims_count_until_they_expire_or_the_pod_is_seen_bound():
     now[0] += 61
     ext.filter(parse_args(args(pod("web"), names)))
     assert "ml/explicit/g" not in ext.book.groups
+
+
+def test_a_request_naming_other_nodes_is_not_answered_from_the_last_ones():
+    """The known and unknown NodeNames of the last request are kept while the next names the same
+    nodes, compared joined: a different list of the same joined length, the same names in another
+    order, or a node joining the cache in between is worked out again."""
+    cfg = ExtenderConfig()
+    cache = Cache(cfg)
+    nodes = fleet(per_zone=3)
+    cache.load_objects(nodes)
+    ext = Extender(cfg, cache)
+    names = [n["metadata"]["name"] for n in nodes]
+
+    def failed(asked: list[str], i: int) -> dict[str, str]:
+        result = ext.filter(parse_args(args(pod(f"p-{i}", gpus=8, **explicit(f"g{i}", 1)), asked)))
+        return {n: r for r, ns in result.failed.items() for n in ns}
+
+    unknown = "node is not in the extender's node cache yet"
+    assert failed([*names, "ghost-1"], 0)["ghost-1"] == unknown
+    assert failed([*names, "ghost-1"], 1)["ghost-1"] == unknown  # the same request again
+    after = failed([*names, "ghost-2"], 2)  # same joined length, another node
+    assert after["ghost-2"] == unknown and "ghost-1" not in after
+    assert failed(["ghost-2", *names], 3)["ghost-2"] == unknown  # reordered
+    cache.load_objects([node("ghost-2", zone="eu-a", region="eu")])
+    assert "ghost-2" not in failed(["ghost-2", *names], 4)
 
 
 async def test_metrics_count_decisions_by_outcome_and_level_and_time_requests():

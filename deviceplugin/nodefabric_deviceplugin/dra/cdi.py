@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nodefabric_deviceplugin.allocate import PERMISSIONS
-from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
+from nodefabric_deviceplugin.dra.files import PendingFile, read_regular
 
 # The lowest version with everything written here (spec-level edits, device nodes with permissions), so
 # every CDI-capable runtime that kubelet's DRA support works with can read it.
@@ -81,16 +81,20 @@ def read_spec(path: str) -> Any:
         return None
 
 
-def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
-    """Write the spec unless the same one is already there; returns whether it wrote.
+def write_spec(path: str, spec: Mapping[str, Any], pending: PendingFile | None = None) -> bool:
+    """Write the spec unless the same one is already there; returns whether it wrote. `pending`: the
+    temporary file to write it through, made ahead (used or discarded here).
 
     Not fsynced: the checkpoint entry written next holds the same spec and is durable before kubelet
     hears of the claim, and kubelet prepares every claim again after it restarts (a reboot too), which
     rewrites a spec a power loss took or tore (`read_spec` finds it absent or different). Atomic all the
     same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
+        if pending is not None:
+            pending.discard()
         return False
-    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n", sync=False)
+    # Compact: `indent` would take Python's pure-Python encoder, for a file only the runtime reads.
+    (pending or PendingFile(path)).replace(json.dumps(spec, sort_keys=True).encode() + b"\n")
     return True
 
 

@@ -45,19 +45,54 @@ def write_atomically(path: str, content: bytes, mode: int = 0o644, *, sync: bool
     """Write `content` to `path` so a reader sees the old file or the new one, never a part. `sync`:
     the content is on disk before the rename (a power loss cannot leave the name on a torn file);
     without it the rename is still atomic for every reader while the machine stays up."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    # A dot-name without the final suffix: a directory watcher (the runtime's CDI cache) ignores it.
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            if sync:
-                os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
+    PendingFile(path, mode).replace(content, sync=sync)
+
+
+class PendingFile:
+    """The temporary file beside `path` that an atomic write renames over it, created ahead of the
+    content: a caller that knows where it will write, but not yet what, creates it while it waits
+    (a first prepare, while the claim is read), and the write itself is then a write and a rename.
+    Exactly one of `replace` and `discard` ends it."""
+
+    def __init__(self, path: str, mode: int = 0o644, *, make_directory: bool = True) -> None:
+        """Raises OSError (FileNotFoundError for a missing directory without `make_directory`)."""
+        directory = os.path.dirname(path)
+        if make_directory:
+            os.makedirs(directory, exist_ok=True)
+        # A dot-name without the final suffix: a directory watcher (the runtime's CDI cache) ignores it.
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        try:
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.path = path
+        self.tmp = tmp
+        self._fd: int | None = fd
+
+    def replace(self, content: bytes, *, sync: bool = False) -> None:
+        """Write `content` and rename the file over `path` (see write_atomically for `sync`)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            raise ValueError(f"the pending file for {self.path} is already used")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                if sync:
+                    os.fsync(f.fileno())
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)
+            raise
+
+    def discard(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        os.close(fd)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+            os.unlink(self.tmp)

@@ -122,11 +122,18 @@ class HomogIndex:
     value_of: dict[str, Values | None] = field(default_factory=dict)
     # Per level (the last one is "any"): bucket -> free vector -> nodes with it.
     vectors: list[dict[Bucket, dict[FreeKey, int]]] = field(default_factory=list)
+    # Per configured level: bucket -> its nodes, for the key tuples the configuration names (`track`;
+    # empty for others). A placed group's every request splits the nodes by its bucket; reading the
+    # bucket here spares intersecting a location's nodes with a value tuple's (both thousands of names
+    # on a large fleet), for about 4 MiB at 20,000 nodes. At "any", a bucket's nodes are `by_values`.
+    track: bool = False
+    members: list[dict[Bucket, set[str]]] = field(default_factory=list)
     version: int = 0
     memo: dict[tuple[int, FreeKey], tuple[int, dict[Bucket, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.vectors = [{} for _ in range(self.levels + 1)]
+        self.members = [{} for _ in range(self.levels)] if self.track else []
 
     def add(self, view: NodeView) -> None:
         self.version += 1
@@ -141,6 +148,8 @@ class HomogIndex:
                 continue
             counts = self.vectors[li].setdefault((values, loc), {})
             counts[view.free_key] = counts.get(view.free_key, 0) + 1
+            if li < self.levels and self.track:
+                self.members[li].setdefault((values, loc), set()).add(view.name)
 
     def remove(self, view: NodeView) -> None:
         self.version += 1
@@ -157,6 +166,12 @@ class HomogIndex:
             if loc is None and li < self.levels:
                 continue
             bucket = (values, loc)
+            if li < self.levels and self.track:
+                names = self.members[li].get(bucket)
+                if names is not None:
+                    names.discard(view.name)
+                    if not names:
+                        del self.members[li][bucket]
             counts = self.vectors[li].get(bucket)
             if counts is None:
                 continue
@@ -189,8 +204,9 @@ class Index:
         self.names_version = 0  # changes when a node comes or goes (not when one changes)
         self.views: dict[str, NodeView] = {}
         self.pinned = tuple(dict.fromkeys(pinned))
+        # The configured tuples keep their buckets' nodes; the empty tuple's would be `by_location`.
         self.homog: OrderedDict[Keys, HomogIndex] = OrderedDict(
-            (k, HomogIndex(k, levels)) for k in self.pinned
+            (k, HomogIndex(k, levels, track=bool(k))) for k in self.pinned
         )
         # Nodes carrying each configured homogeneity key: whether a default key is carried at all is
         # read on every decision, so it is counted as nodes come and go rather than scanned.

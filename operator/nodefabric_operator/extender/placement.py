@@ -253,33 +253,38 @@ class _Answer:
 def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: bool = False) -> _Answer:
     """Split the feasible nodes into the bucket and the rest (set operations over the index), with a
     reason for each of the rest worked out lazily. With `enclose`, also find the looser (level,
-    location) pairs every allowed node shares."""
+    location) pairs every allowed node shares.
+
+    The sets are cut smallest first, and not at all by `feasible` when it holds every indexed node (the
+    usual request of a nodeCacheCapable kube-scheduler): these set operations are most of what a
+    request costs past decoding and encoding it."""
     index = ctx.index
     keys = tuple(k for k, _ in choice.homogeneity)
-    want = tuple(v for _, v in choice.homogeneity)
     li = ctx.li(choice.level)
     loc = choice.location
-    bucket: AbstractSet[str] = feasible
-    if choice.level != ANY:
-        bucket = index.by_location[li].get(loc or "", _NONE) & feasible
-    good: AbstractSet[str] | None = None
-    if keys:
-        good = index.homogeneity(keys).by_values.get(want, _NONE)
-        bucket = bucket & good
-        if len(good) == len(index.names):
-            good = None  # every node has these values: nothing to tell apart
+    # `feasible` is a subset of the indexed nodes, so the same size means the same set.
+    whole = len(feasible) == len(index.names)
+    bucket, good = _bucket(ctx, choice, feasible, whole=whole)
     split = bucket
 
     def rejected() -> dict[str, list[str]]:
         title = ctx.title(choice.level)
-        rest = feasible - split if len(split) != len(feasible) else _NONE
         out: dict[str, list[str]] = {}
-        if rest and good is not None:
-            bad = rest - good
-            _off_values(ctx, choice, index.homogeneity(keys), bad, out)
-            if choice.level != ANY:  # read by the location reasons below only
-                rest = rest - bad
-        if rest and choice.level != ANY:
+        if len(split) == len(feasible):
+            return out  # every feasible node is in the bucket
+        if good is not None:
+            # Turned away for their values: the feasible nodes outside `good` (`split` lies inside it).
+            _off_values(ctx, choice, index.homogeneity(keys), None if whole else feasible - good, out)
+            if choice.level == ANY:
+                return out
+            mine = good if whole else good & feasible
+            # The group's values, elsewhere; none when the bucket holds them all (`split` lies in `mine`).
+            rest = mine - split if len(mine) != len(split) else _NONE
+        elif choice.level == ANY:
+            return out
+        else:
+            rest = feasible - split
+        if rest:
             unlab = rest & index.unlabelled[li]
             if unlab:
                 out[f"no {title} label (the group is in {title} {loc})"] = list(unlab)
@@ -298,29 +303,72 @@ def _answer(ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, enclose: b
     return _Answer(list(bucket), _Lazy(rejected), tuple(enclosing))
 
 
+def _bucket(
+    ctx: _Ctx, choice: Choice, feasible: AbstractSet[str], *, whole: bool
+) -> tuple[AbstractSet[str], AbstractSet[str] | None]:
+    """The feasible nodes of the choice's bucket, and the nodes of its homogeneity values (None when
+    there are none to tell apart: no keys, or every node has the values). `whole`: `feasible` is every
+    indexed node, so nothing is cut by it."""
+    index = ctx.index
+    keys = tuple(k for k, _ in choice.homogeneity)
+    want = tuple(v for _, v in choice.homogeneity)
+    li, loc = ctx.li(choice.level), choice.location
+    parts: list[AbstractSet[str]] = [] if whole else [feasible]
+    good: AbstractSet[str] | None = None
+    if keys:
+        h = index.homogeneity(keys)
+        good = h.by_values.get(want, _NONE)
+        if choice.level == ANY:
+            parts.append(good)
+        elif h.members:  # the bucket's nodes as the index keeps them
+            parts.append(h.members[li].get((want, loc), _NONE))
+        else:
+            parts += [good, index.by_location[li].get(loc or "", _NONE)]
+        if len(good) == len(index.names):
+            good = None  # every node has these values: nothing to tell apart
+    elif choice.level != ANY:
+        parts.append(index.by_location[li].get(loc or "", _NONE))
+    if not parts:
+        return feasible, good
+    parts.sort(key=len)  # smallest first: each intersection walks the smaller side
+    bucket = parts[0]
+    for part in parts[1:]:
+        bucket = bucket & part
+    return bucket, good
+
+
 def _off_values(
-    ctx: _Ctx, choice: Choice, h: HomogIndex, bad: AbstractSet[str], out: dict[str, list[str]]
+    ctx: _Ctx, choice: Choice, h: HomogIndex, bad: AbstractSet[str] | None, out: dict[str, list[str]]
 ) -> None:
     """Give each node of `bad` (outside the group's homogeneity values) its reason: the first key whose
-    value differs from the group's.
+    value differs from the group's. `bad` None: every indexed node outside them (all are feasible).
 
     In a fleet of two GPU products half the nodes land here on every request, so nodes sharing a value
-    tuple share their reason in one set operation per distinct tuple (a handful), not one Python step
-    per node; with one other tuple and no node missing a key, every node of `bad` has it, and no set
-    operation is needed at all. Only nodes missing one of the keys, whose first differing key can vary,
-    go node by node, as does everything when the tuples are as many as the nodes.
+    tuple share their reason in one step per distinct tuple (a handful), not one Python step per node:
+    when every node is feasible, the index's own set of each other tuple is that tuple's share; else
+    one set operation per tuple, none at all with one other tuple and no node missing a key. Only nodes
+    missing one of the keys, whose first differing key can vary, go node by node, as does everything
+    when the tuples are as many as the nodes.
     """
     pairs = choice.homogeneity
     want = tuple(v for _, v in pairs)
-    each: AbstractSet[str] = bad
-    if len(h.by_values) <= len(bad):
-        others = [(values, names) for values, names in h.by_values.items() if values != want]
-        each = bad & h.missing if h.missing else _NONE
-        for values, names in others:
-            hit: AbstractSet[str] = bad if len(others) == 1 and not each else names & bad
-            if hit:
+    each: AbstractSet[str]
+    if bad is None:
+        for values, names in h.by_values.items():
+            if values != want and names:
                 k, v = next((k, v) for (k, v), have in zip(pairs, values, strict=True) if have != v)
-                out.setdefault(f"the group needs {k}={v}", []).extend(hit)
+                out.setdefault(f"the group needs {k}={v}", []).extend(names)
+        each = h.missing
+    else:
+        each = bad
+        if len(h.by_values) <= len(bad):
+            others = [(values, names) for values, names in h.by_values.items() if values != want]
+            each = bad & h.missing if h.missing else _NONE
+            for values, names in others:
+                hit: AbstractSet[str] = bad if len(others) == 1 and not each else names & bad
+                if hit:
+                    k, v = next((k, v) for (k, v), have in zip(pairs, values, strict=True) if have != v)
+                    out.setdefault(f"the group needs {k}={v}", []).extend(hit)
     for name in each:
         labels = ctx.snap.views[name].labels
         k, v = next((k, v) for k, v in pairs if labels.get(k, "") != v)

@@ -113,8 +113,9 @@ class Extender:
         self.clock = clock
         self._swept = clock()
         self._decision_key = decisions.key(config)
-        # (index names version, NodeNames, the known ones as a set, the unknown ones) of the last request
-        self._last_names: tuple[int, tuple[str, ...], set[str], list[str]] | None = None
+        # (index names version, NodeNames as compared, the known ones as a set, the unknown ones) of the
+        # last request
+        self._last_names: tuple[int, str | tuple[str, ...], set[str], list[str]] | None = None
 
     # --- resolving the group ---------------------------------------------------------------------
 
@@ -145,6 +146,19 @@ class Extender:
         live = {u: e for u, e in claims.items() if e > now and u != uid and u not in bound}
         return choice, live
 
+    @staticmethod
+    def _live_claims(uid: str, rec: GroupRecord | None, now: float, bound: set[str]) -> int:
+        """How many of `_state`'s live claims there are, without building them: a placed group's every
+        pod holds one until it binds, and this runs on each of its pods' requests. The usual case, no
+        claim expired, is counted by set operations."""
+        if rec is None or not rec.claims:
+            return 0
+        claims = rec.claims
+        if min(claims.values()) > now:
+            others = claims.keys() & bound if bound else ()
+            return len(claims) - (uid in claims) - len(others) + (uid in others)
+        return sum(1 for u, e in claims.items() if e > now and u != uid and u not in bound)
+
     def _request(
         self,
         spec: GroupSpec,
@@ -157,21 +171,22 @@ class Extender:
     ) -> placement.GroupRequest:
         uid = pod_uid(pod)
         bound = self.cache.bound_members(spec.key, uid, scheduler_of(pod))
-        choice, claims = self._state(uid, rec, now, {p.uid for p in bound})
+        claims = self._live_claims(uid, rec, now, {p.uid for p in bound})
+        choice = rec.choice if rec is not None else None
         if not bound and not claims:
             # Nothing of the group holds room any more (its claims expired unbound, or its pods were
             # re-created after a restart of the job): this pod is its first again, and the group must
             # fit whole anew. Following the old bucket would let pods through one by one into a bucket
             # that may no longer hold them all.
             choice = None
-        size, source = self._size(spec, pod, len(bound), len(claims))
+        size, source = self._size(spec, pod, len(bound), claims)
         if rec is not None and record:  # prioritize reads the record, never writes it
             rec.size, rec.size_source, rec.locality, rec.rank = size, source, spec.locality, spec.rank
         keys = spec.homogeneous_keys
         return placement.GroupRequest(
             key=spec.key,
             size=size,
-            remaining=max(1, size - len(bound) - len(claims)),
+            remaining=max(1, size - len(bound) - claims),
             locality=spec.locality,
             rank=spec.rank,
             homogeneous_keys=keys if keys is not None else self.config.homogeneity_for(needs.extended),
@@ -187,12 +202,14 @@ class Extender:
             index, asked = self.cache.index, args.node_names
             last = self._last_names
             # kube-scheduler sends the same NodeNames request after request while nothing changes:
-            # comparing two lists of names is far cheaper than hashing 5,000 fresh strings again.
-            if last is not None and last[0] == index.names_version and last[1] == asked:
+            # comparing the names joined in one string (parse_args joined them to check them) is far
+            # cheaper than hashing 5,000 fresh strings again, or comparing them one by one.
+            same: str | tuple[str, ...] = args.names_key or asked
+            if last is not None and last[0] == index.names_version and last[1] == same:
                 return self.cache, last[2], last[3]
             known = index.names.intersection(asked)
             missing = [] if len(known) == len(asked) else [n for n in asked if n not in index.names]
-            self._last_names = (index.names_version, asked, known, missing)
+            self._last_names = (index.names_version, same, known, missing)
             return self.cache, known, missing
         # kube-scheduler without nodeCacheCapable sends full Nodes: they count for this request only,
         # against the pods the cache knows; the cache itself never sees them.
@@ -202,9 +219,8 @@ class Extender:
         return placement.Snapshot(index, cluster), set(views), []
 
     def _decide(
-        self, args: ExtenderArgs, *, record: bool
+        self, args: ExtenderArgs, spec: GroupSpec | None, *, record: bool
     ) -> tuple[placement.Decision, placement.GroupRequest | None, list[str]]:
-        spec = group_of(args.pod, self.config)
         snap, feasible, missing = self._snapshot(args)
         if spec is None:
             return placement.decide(None, feasible, snap, self.config), None, missing
@@ -254,7 +270,8 @@ class Extender:
             self._swept = now
             self.book.sweep(now, set(self.cache.members))
         try:
-            decision, group, missing = self._decide(args, record=True)
+            spec = group_of(args.pod, self.config)
+            decision, group, missing = self._decide(args, spec, record=True)
         except InvalidPlacement as exc:
             reason = str(exc)
             self.metrics.decisions.labels("invalid", "none").inc()
@@ -269,7 +286,6 @@ class Extender:
         if group is None and decision.outcome == "pass-through":
             self.metrics.decisions.labels("pass-through", "none").inc()
             return filter_result(args, args.node_names, {}, {})
-        spec = group_of(args.pod, self.config)
         assert spec is not None
         rec = self.book.get(spec.key)
         repeated = (rec.outcome, rec.summary) == (decision.outcome, decision.summary)
@@ -302,7 +318,7 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         try:
-            decision, group, _ = self._decide(args, record=False)
+            decision, group, _ = self._decide(args, group_of(args.pod, self.config), record=False)
         except InvalidPlacement:
             return host_priorities(args.node_names, {})
         rank = group.rank if group else ""

@@ -26,24 +26,38 @@ class ExtenderArgs:
     nodes: tuple[Mapping[str, Any], ...] | None
     # Those nodes as read, for this request only: they never enter the extender's cache.
     records: tuple[NodeRecord, ...] | None = None
+    # NodeNames joined by commas (which no node name holds), "" without them: one string comparison
+    # tells whether a request names the same nodes as the last one.
+    names_key: str = ""
 
 
 # The characters of a DNS subdomain, which every node name is: none needs escaping in JSON.
 _NAME_CHARS = b"abcdefghijklmnopqrstuvwxyz0123456789.-"
 
 
-def _node_names(items: list[Any]) -> None:
+def _node_names(items: list[Any]) -> str:
     """Check that every entry is a string of node-name characters, in a few C-level passes over all of
-    them joined (not a Python loop over 5,000 names), so the answer is assembled from them as they are."""
+    them joined (not a Python loop over 5,000 names), so the answer is assembled from them as they are.
+    Returns them joined by commas."""
+    if not items:
+        return ""
     try:
-        if not "".join(items).encode("ascii").translate(None, _NAME_CHARS) and all(items):
-            return
+        joined = ",".join(items)
+        # Only commas left once every name character is gone, exactly one between each two names
+        # (so no name holds one), and no name empty.
+        if (
+            not joined.encode("ascii").translate(None, _NAME_CHARS + b",")
+            and joined.count(",") == len(items) - 1
+            and all(items)
+        ):
+            return joined
     except (TypeError, UnicodeEncodeError):
         pass
     for i, name in enumerate(items):
         # strip() leaves exactly the run between the first and last character outside the set
         if not isinstance(name, str) or not name or name.strip(_NAME_CHARS.decode()):
             raise WireError(f"NodeNames[{i}]: {str(name)[:80]!r} is not a node name")
+    raise AssertionError("a list the joined check refused has a bad name")  # pragma: no cover
 
 
 def parse_args(body: object) -> ExtenderArgs:
@@ -75,8 +89,7 @@ def parse_args(body: object) -> ExtenderArgs:
     if names is not None:
         if not isinstance(names, list):
             raise WireError("NodeNames must be a list of node names")
-        _node_names(names)
-        return ExtenderArgs(pod, tuple(names), None)
+        return ExtenderArgs(pod, tuple(names), None, names_key=_node_names(names))
     if nodes is None:
         raise WireError("one of NodeNames or Nodes is required")
     items = nodes.get("items") if isinstance(nodes, dict) else None
