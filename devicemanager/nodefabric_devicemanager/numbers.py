@@ -10,15 +10,36 @@ the record, no hint, or no label.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 # fullmatch, not match with `$`: `$` also matches before a trailing newline.
 _DECIMAL = re.compile(r"0|[1-9][0-9]*", re.ASCII)
 _HEX = re.compile(r"0x[0-9a-fA-F]+", re.ASCII)
 # A kernel cpulist ("0-55,112-167"): bitmap_print_to_pagebuf's `%*pbl`, ranges ascending.
 _CPU_LIST = re.compile(r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*", re.ASCII)
+
+_T = TypeVar("_T")
+# What `memo` keeps: a host repeats a few short values thousands of times (every VF of a PF has its
+# NUMA node, CPU list, ids and port states); longer or rarer text is parsed afresh, so a hostile host
+# cannot grow the cache beyond about _MEMO_ENTRIES x _MEMO_CHARS.
+_MEMO_ENTRIES = 256
+_MEMO_CHARS = 128
+
+
+def memo(parse: Callable[[str | None], _T]) -> Callable[[str | None], _T]:
+    """`parse` (a pure function of one attribute's text) with its answers for short text remembered:
+    the same answer, without the regular expressions and int() per VF of a large node."""
+    cached = functools.lru_cache(maxsize=_MEMO_ENTRIES)(parse)
+
+    @functools.wraps(parse)
+    def parse_memo(text: str | None) -> _T:
+        return cached(text) if text is None or len(text) <= _MEMO_CHARS else parse(text)
+
+    return parse_memo
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +137,13 @@ def _opt(parser: Callable[[str, Quantity], int | None], text: str | None, quanti
         return None
 
 
+@memo
 def numa_node(text: str | None) -> int | None:
     """A NUMA node as the record spells it ("" is unknown), the same rule the host reading used."""
     return parse_opt(text, NUMA_NODE)
 
 
+@memo
 def cpu_list(text: str | None) -> str | None:
     """A kernel cpulist ("0-55,112-167") when it is one: ascending, plain decimals, every CPU number in
     range. Returned as read (it is already the canonical form); None for anything else."""

@@ -12,6 +12,7 @@ accelerator detectors both take their coordinates from here so the values compar
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -72,15 +73,21 @@ def placement(path: str) -> tuple[str, tuple[str, ...]]:
     The last `pciDDDD:BB` component is the host bridge (a VM's passthrough hierarchy may hang it below
     other platform directories); BDF-named components after it and before the device are bridges.
     """
-    parts = path.split("/")
+    return _placement_above(path.rpartition("/")[0])
+
+
+# Every VF of a PF (and every function of a card) hangs from the same parent: one answer per parent.
+@functools.lru_cache(maxsize=256)
+def _placement_above(parent: str) -> tuple[str, tuple[str, ...]]:
+    parts = parent.split("/")
     host_at = -1
-    for i in range(len(parts) - 2, -1, -1):
+    for i in range(len(parts) - 1, -1, -1):
         if _HOST_BRIDGE.fullmatch(parts[i]):
             host_at = i
             break
     if host_at < 0:
         return "", ()
-    bridges = [p for p in parts[host_at + 1 : -1] if _BDF.fullmatch(p)]
+    bridges = [p for p in parts[host_at + 1 :] if _BDF.fullmatch(p)]
     bridges.reverse()
     return parts[host_at], tuple(bridges)
 
@@ -89,6 +96,16 @@ def _hex_id(raw: str | None, quantity: numbers.Quantity, width: int) -> str:
     """A config-space id as the record spells it ("15b3"): from the kernel's "0x15b3", else unknown."""
     value = numbers.parse_hex_opt(raw, quantity)
     return "" if value is None else f"{value:0{width}x}"
+
+
+@numbers.memo
+def _pci_id(raw: str | None) -> str:
+    return _hex_id(raw, numbers.PCI_ID, 4)
+
+
+@numbers.memo
+def _pci_class(raw: str | None) -> str:
+    return _hex_id(raw, numbers.PCI_CLASS, 6)
 
 
 def _numa(raw: str | None) -> str:
@@ -116,9 +133,9 @@ def read_function(d: SysDir) -> PciFunction:
         root_id=switches[-1] if switches else "",
         switches=switches,
         host_bridge=host_bridge,
-        vendor=_hex_id(d.value("vendor"), numbers.PCI_ID, 4),
-        device=_hex_id(d.value("device"), numbers.PCI_ID, 4),
-        class_code=_hex_id(d.value("class"), numbers.PCI_CLASS, 6),
+        vendor=_pci_id(d.value("vendor")),
+        device=_pci_id(d.value("device")),
+        class_code=_pci_class(d.value("class")),
         numa=_numa(d.value("numa_node")),
         cpus=numbers.cpu_list(d.value("local_cpulist")) or "",
         dir=d,

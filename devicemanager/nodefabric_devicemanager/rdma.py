@@ -78,11 +78,13 @@ def _known(raw: str | None, table: dict[int, str]) -> str | None:
     return m[2] if code is not None and table.get(code) == m[2] else None
 
 
+@numbers.memo
 def port_state(raw: str | None) -> str | None:
     """A port's `state` as the kernel names it ("ACTIVE"); None for anything the kernel would not print."""
     return _known(raw, STATE_NAMES)
 
 
+@numbers.memo
 def phys_state(raw: str | None) -> str | None:
     """A port's `phys_state` as the kernel names it ("LinkUp"); None for anything else."""
     return _known(raw, PHYS_STATE_NAMES)

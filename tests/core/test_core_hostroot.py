@@ -261,3 +261,19 @@ def test_child_link_of_a_directory_named_like_a_removed_one_is_still_read(tree):
     net = HostRoot.at(tree).dir("/sys/class/net")
     assert net.child_link("gone").read("mtu") == "1500"
     assert net.child_link("gone") == net.child("gone")
+
+
+def test_a_directory_reached_two_ways_is_one_value(tree):
+    """SysDir is a plain slotted class (it is made once per directory of a pass): equality and hashing
+    still follow what it names, so a directory reached by its link and by its path is one key."""
+    host = HostRoot.at(tree)
+    by_link = host.dir("/sys/class/net").child("eth0")
+    by_path = host.dir("/sys/devices/pci0000:00").child("0000:00:01.0")
+    assert by_link == by_path and hash(by_link) == hash(by_path) and len({by_link, by_path}) == 1
+    assert by_link != host.dir("/sys/devices/pci0000:00") and by_link != by_link.path
+    assert by_link.read("numa_node") == "1" and by_link.name == "0000:00:01.0"
+    assert repr(by_link) == f"SysDir(host={host!r}, path={by_path.path!r})"
+    other = HostRoot.at(tree / "sys")
+    assert other.dir("/devices/pci0000:00/0000:00:01.0") != by_path  # the same path under another root
+    with pytest.raises(AttributeError):
+        by_link.extra = 1  # type: ignore[attr-defined]

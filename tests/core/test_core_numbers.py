@@ -115,3 +115,24 @@ def test_a_hive_id_may_use_all_64_bits_because_it_is_published_as_text():
     assert numbers.parse(str(2**64 - 1), numbers.XGMI_HIVE_ID) == 2**64 - 1
     with pytest.raises(BadNumber):
         numbers.parse(str(2**64), numbers.XGMI_HIVE_ID)
+
+
+def test_memo_answers_as_the_parser_does_and_keeps_only_short_text() -> None:
+    calls: list[str | None] = []
+
+    def parse(text: str | None) -> int | None:
+        calls.append(text)
+        return numbers.parse_opt(text, numbers.NUMA_NODE)
+
+    cached = numbers.memo(parse)
+    long = "1" * (numbers._MEMO_CHARS + 1)
+    for text in ("0", "-1", "", None, "x", "1023", "1024", long):
+        assert cached(text) == numbers.parse_opt(text, numbers.NUMA_NODE)
+        assert cached(text) == numbers.parse_opt(text, numbers.NUMA_NODE)
+    # Short text (None included) is parsed once; longer text every time, so it is never kept.
+    assert calls.count("0") == 1 and calls.count(None) == 1
+    assert calls.count(long) == 2
+    # A host with more distinct values than the cache holds still gets the parser's answer for each.
+    for n in range(3 * numbers._MEMO_ENTRIES):
+        assert cached(str(n)) == numbers.parse_opt(str(n), numbers.NUMA_NODE)
+    assert numbers.cpu_list("0-3") == "0-3" and numbers.cpu_list("3-0") is None
