@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -36,8 +37,8 @@ class Console(Protocol):
 def console(monkeypatch: pytest.MonkeyPatch) -> Console:
     """`nodefabric ARGS...` in this process: its exit status, stdout and stderr as a subprocess.run() with
     capture_output=True would give them. `env` is set and `unset` removed for the call only; stdin is
-    `stdin` (empty when None). An exception escaping main() fails the test, as the traceback on stderr of
-    a real process would."""
+    `stdin` (empty when None). The environment and the logging set-up are restored afterwards. An
+    exception escaping main() fails the test, as the traceback on stderr of a real process would."""
 
     def run(
         *args: str,
@@ -56,11 +57,14 @@ def console(monkeypatch: pytest.MonkeyPatch) -> Console:
             for name, value in (env or {}).items():
                 m.setenv(name, value)
             m.setattr(sys, "stdin", feed)
+            environ = dict(os.environ)  # a command may set variables for its own process (KUBECONFIG)
             try:
                 code = main(list(args))
             except SystemExit as exc:
                 code = _exit_status(exc, err)
             finally:
+                os.environ.clear()
+                os.environ.update(environ)
                 root.handlers[:] = handlers
                 root.setLevel(level)
         return subprocess.CompletedProcess(["nodefabric", *args], code, out.getvalue(), err.getvalue())

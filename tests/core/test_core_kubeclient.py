@@ -6,8 +6,6 @@ agent, which has a client of its own, is held to the same outcome)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -141,16 +139,10 @@ def test_a_kubeconfig_from_a_pipe_is_read(tmp_path: Path) -> None:
 # Through the real CLIs: exit 2, one line on stderr naming the file, no traceback.
 
 
-def nodefabric(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("nodefabric")
-    return subprocess.run(
-        [str(script), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        env={**os.environ, "KUBERNETES_SERVICE_HOST": "", **(env or {})},
-    )
+@pytest.fixture
+def nodefabric(console):
+    """`nodefabric` in this process (tests/conftest.py), never inside a cluster."""
+    return lambda *args, env=None: console(*args, env={"KUBERNETES_SERVICE_HOST": "", **(env or {})})
 
 
 @pytest.mark.parametrize(
@@ -182,7 +174,7 @@ def nodefabric(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     ],
 )
 def test_each_cli_refuses_a_malformed_kubeconfig_in_one_line(
-    tmp_path: Path, command: list[str], case: str, says: str
+    nodefabric, tmp_path: Path, command: list[str], case: str, says: str
 ) -> None:
     path = tmp_path / "kubeconfig"
     path.write_bytes(MALFORMED[case][0])
@@ -194,7 +186,7 @@ def test_each_cli_refuses_a_malformed_kubeconfig_in_one_line(
     assert f"kubeconfig {path} {says}" in done.stderr and done.stdout == "", done.stderr
 
 
-def test_a_malformed_default_kubeconfig_is_one_line_too(tmp_path: Path) -> None:
+def test_a_malformed_default_kubeconfig_is_one_line_too(nodefabric, tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_bytes(MALFORMED["binary"][0])
     done = nodefabric("--log-format", "json", "operator", "--standalone", env={"KUBECONFIG": str(path)})
