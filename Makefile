@@ -25,8 +25,13 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy devicemanager/nodefabric_devicemanager deviceplugin/nodefabric_deviceplugin operator/nodefabric_operator
 
+# The suite runs on parallel workers (pytest-xdist), one per core by default; `make unit PYTEST_WORKERS=0`
+# runs it in one process. Tests that share something outside their own temporary directories are marked
+# with one xdist_group each, which --dist loadgroup keeps on one worker.
+PYTEST_WORKERS ?= auto
+
 unit: $(BIN)/.installed
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 crds: $(BIN)/.installed
 	$(BIN)/python hack/gen_crds.py

@@ -15,6 +15,10 @@ import sys
 
 import pytest
 
+# Under parallel workers every demo run stays on one worker: test_demo checks that the demo leaves no
+# /tmp/dp-* directory behind, which another demo running at the same moment would create.
+pytestmark = pytest.mark.xdist_group("demo")
+
 DEMO = [sys.executable, "-m", "nodefabric_operator.console", "demo"]
 
 

@@ -11,6 +11,10 @@ import sys
 
 import pytest
 
+# Under parallel workers every demo run stays on one worker: test_demo checks that the demo leaves no
+# /tmp/dp-* directory behind, which another demo running at the same moment would create.
+pytestmark = pytest.mark.xdist_group("demo")
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], str]:
