@@ -11,8 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from chart_support import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, Doc, RenderError, run_helm
+from chart_support import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    Doc,
+    RenderError,
+    parse_docs,
+    run_helm,
+)
 
 Render = Callable[..., list[Doc]]
 
@@ -86,7 +95,7 @@ def helm_render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
         )
         if done.returncode != 0:
             raise RenderError(done.stderr)
-        return [d for d in yaml.safe_load_all(done.stdout) if d]
+        return parse_docs(done.stdout)
 
     return _render
 
