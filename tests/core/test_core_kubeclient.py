@@ -6,6 +6,8 @@ agent, which has a client of its own, is held to the same outcome)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -186,10 +188,18 @@ def test_each_cli_refuses_a_malformed_kubeconfig_in_one_line(
     assert f"kubeconfig {path} {says}" in done.stderr and done.stdout == "", done.stderr
 
 
-def test_a_malformed_default_kubeconfig_is_one_line_too(nodefabric, tmp_path: Path) -> None:
+def test_a_malformed_default_kubeconfig_is_one_line_too(tmp_path: Path) -> None:
+    """The operator's real-process smoke test: the console script, its JSON log line on stderr, exit 2."""
     path = tmp_path / "config"
     path.write_bytes(MALFORMED["binary"][0])
-    done = nodefabric("--log-format", "json", "operator", "--standalone", env={"KUBECONFIG": str(path)})
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("nodefabric")), "--log-format=json", "operator", "--standalone"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": str(path)},
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.splitlines()
     assert "no API to reach" in line and f"kubeconfig {path} is malformed: not UTF-8 text" in line
