@@ -25,8 +25,14 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy devicemanager/nodefabric_devicemanager deviceplugin/nodefabric_deviceplugin operator/nodefabric_operator
 
+# The suite runs on parallel workers (pytest-xdist): two per core, at most 8, since much of its time is
+# spent waiting (timeouts, leases, subprocess start-ups) rather than computing; `make unit PYTEST_WORKERS=0`
+# runs it in one process. A module whose tests must share one worker (an expensive module fixture) carries
+# an xdist_group mark, which --dist loadgroup honours.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sched_getaffinity(0))))' 2>/dev/null || echo auto)
+
 unit: $(BIN)/.installed
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 crds: $(BIN)/.installed
 	$(BIN)/python hack/gen_crds.py

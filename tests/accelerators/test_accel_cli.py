@@ -118,3 +118,35 @@ def test_console_script_reads_stdin(topo_text):
         check=True,
     )
     assert proc.stdout.splitlines()[0] == "2,3"
+
+
+# --- every bad input is a message and exit 2 ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # A Devices object whose group lacks its id and manufacturer (pydantic refuses it).
+        (
+            json.dumps({"spec": {"groups": [{"accelerators": [{"id": "a"}]}]}}).encode(),
+            "validation error",
+        ),
+        (b"\xff\xfe{not text", "can't decode byte 0xff"),
+        (json.dumps({"-1": {"0": "NV1"}, "0": {"-1": "NV1"}}).encode(), "never negative"),
+    ],
+    ids=["malformed-devices-object", "not-utf8", "negative-index"],
+)
+def test_pick_refuses_bad_input_with_a_message(tmp_path, capsys, content, message):
+    f = tmp_path / "links"
+    f.write_bytes(content)
+    assert main(["pick", "--links", str(f), "--count", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("nodefabric pick: ")
+    assert message in captured.err
+
+
+def test_pick_reads_an_old_driver_matrix(capsys):
+    f = DATA / "topo_old_driver_nic_names.txt"
+    assert main(["pick", "--links", str(f), "--free", "1,2,3", "--count", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "1,2"

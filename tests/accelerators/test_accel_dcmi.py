@@ -6,9 +6,15 @@ import ctypes
 
 import pytest
 
+from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import Dcmi
 from nodefabric_devicemanager.accelerators.fabric import INVALID
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable
+from nodefabric_devicemanager.accelerators.nvidia import NoNvidia
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.testing.accelerators import npu_function
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 
 EID = bytes.fromhex("000000000044030000100000df101500")
 
@@ -111,3 +117,53 @@ def test_init_failure_and_missing_library():
         Dcmi(RecordedDcmi(init=-8020)).read()
     with pytest.raises(LibraryUnavailable, match="cannot load"):
         Dcmi(path="libdcmi-not-here.so").read()
+
+
+# --- a libdcmi without an entry point we call is an unavailable library ------------------------------------
+
+
+@pytest.fixture
+def b(tmp_path):
+    return SysfsBuilder(tmp_path / "root")
+
+
+class OldDcmi:
+    """A driver's libdcmi as ctypes exposes it, from before dcmi_get_mainboard_id: that attribute is
+    missing, exactly as a CDLL raises AttributeError for a symbol the library does not export."""
+
+    def dcmi_init(self) -> int:
+        return 0
+
+    def dcmi_get_card_list(self, count, cards, length) -> int:
+        count._obj.value = 1
+        cards[0] = 0
+        return 0
+
+    def dcmi_get_device_num_in_card(self, card, num) -> int:
+        num._obj.value = 1
+        return 0
+
+    def dcmi_get_device_pcie_info_v2(self, card, device, info) -> int:
+        pcie = info._obj
+        pcie.domain, pcie.bdf_busid, pcie.bdf_deviceid, pcie.bdf_funcid = 0, 0xC1, 0, 0
+        return 0
+
+
+def test_dcmi_missing_an_entry_point_is_library_unavailable():
+    with pytest.raises(LibraryUnavailable, match="dcmi_get_mainboard_id"):
+        Dcmi(OldDcmi()).read()
+
+
+def test_old_dcmi_still_lists_the_npus_and_the_interfaces(b):
+    b.nic("0000:17:00.0", "ens1np0", host_bridge="pci0000:16", numa=0, rdma="mlx5_0")
+    npu_function(b, "0000:c1:00.0", numa=1)
+
+    reading = inventory.read(
+        HostRoot.at(b.root), libraries=Libraries(nvidia=NoNvidia(), ascend=Dcmi(OldDcmi()))
+    )
+
+    assert reading.interfaces is not None and [i.name for i in reading.interfaces] == ["ens1np0"]
+    (group,) = reading.groups
+    assert [a.id for a in group.accelerators] == ["0000:c1:00.0"]
+    cond = next(c for c in reading.conditions if c.type == "AscendFabricRead")
+    assert (cond.status, cond.reason) == ("False", "LibraryUnavailable")

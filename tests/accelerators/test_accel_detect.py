@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pynvml
@@ -31,6 +32,7 @@ from nodefabric_devicemanager.testing.accelerators import (
     spod,
 )
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_operator.console import main
 
 UUID = bytes.fromhex("5b0e112233445566778899aabbccddef")
 COMPLETED = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
@@ -459,3 +461,42 @@ def test_amd_compute_partitions_count_once_per_gpu(b):
     kfd_topology(b, [(MI300[0], HIVE), (MI300[0], HIVE), (MI300[1], HIVE), (MI300[1], HIVE)])
     reading = run(b)
     assert [a.topology.fabric.member_count for a in reading.groups[0].accelerators] == [2, 2]
+
+
+# --- AMD: a KFD node without its properties is a failed fabric read, not a crashed pass ------------------
+
+PAIR = MI300[:2]
+PAIR_HIVE = 0x5A5A5A5A12345678
+
+
+def test_kfd_gpu_node_without_properties_is_a_failed_read(b):
+    for bid in PAIR:
+        amd_gpu(b, bid)
+    kfd_topology(b, [(bid, PAIR_HIVE) for bid in PAIR])
+    b.path("/sys/class/kfd/kfd/topology/nodes/3/properties").unlink()
+    host = HostRoot.at(b.root)
+
+    reading = detect(host, pci.walk(host), Libraries(nvidia=NoNvidia()))
+
+    cond = next(c for c in reading.conditions if c.type == "AmdFabricRead")
+    assert (cond.status, cond.reason) == ("False", "ReadFailed")
+    assert "properties" in cond.message
+    assert reading.failed == ["amd"]
+    # The accelerators are still listed from the PCI walk; only the fabric is unknown.
+    assert [a.id for a in reading.groups[0].accelerators] == PAIR
+    assert all(a.topology.fabric is None for a in reading.groups[0].accelerators)
+
+
+def test_inventory_command_survives_a_kfd_node_without_properties(b, capsys):
+    b.nic("0000:17:00.0", "ens1np0", host_bridge="pci0000:16", numa=0, rdma="mlx5_0")
+    amd_gpu(b, PAIR[0])
+    kfd_topology(b, [(PAIR[0], PAIR_HIVE)])
+    b.path("/sys/class/kfd/kfd/topology/nodes/2/properties").unlink()
+
+    assert main(["inventory", "--root", str(b.root)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [i["name"] for i in doc["spec"]["interfaces"]] == ["ens1np0"]
+    assert [a["id"] for g in doc["spec"]["groups"] for a in g["accelerators"]] == [PAIR[0]]
+    conditions = {c["type"]: c for c in doc["status"]["conditions"]}
+    assert conditions["InterfacesEnumerated"]["status"] == "True"
+    assert conditions["AmdFabricRead"]["status"] == "False"

@@ -72,3 +72,24 @@ def test_single_gpu_and_older_names():
 def test_bad_input_is_refused_with_the_place(text, message):
     with pytest.raises(TopoParseError, match=message):
         parse(text)
+
+
+# A two-socket 4-GPU NVLink box with two ConnectX ports, as drivers of the CUDA 11 era print it: no NICn
+# aliases and no legend, the RDMA device names are the column and row labels, SOC still spelled out.
+
+
+def test_topo_parses_nic_columns_named_by_rdma_device(topo_text):
+    m = parse(topo_text("topo_old_driver_nic_names.txt"))
+    assert m.gpus == [0, 1, 2, 3]
+    assert m.links[0] == {1: "NV4", 2: "NV4", 3: "NV4"}
+    assert m.nic_links[0] == {"mlx5_0": "PXB", "mlx5_1": "SYS"}
+    assert m.nic_links[3] == {"mlx5_0": "SYS", "mlx5_1": "PXB"}
+    assert (m.cpu_affinity[2], m.numa_affinity[2]) == ("16-31", "1")
+
+
+def test_topo_still_refuses_an_unknown_trailing_column(topo_text):
+    text = topo_text("topo_old_driver_nic_names.txt").replace(
+        "NUMA Affinity\n", "NUMA Affinity\tFuture Column\n", 1
+    )
+    with pytest.raises(TopoParseError, match="unexpected header column"):
+        parse(text)

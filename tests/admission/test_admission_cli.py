@@ -41,7 +41,7 @@ def _get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def test_bad_flags_and_configs_are_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_bad_flags_and_configs_are_one_line_and_exit_2(console, tmp_path: Path) -> None:
     bad = tmp_path / "config.yaml"
     bad.write_text("groupReadyTimeoutSeconds: -1\n")
     for argv, words in [
@@ -49,10 +49,9 @@ def test_bad_flags_and_configs_are_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--config", str(bad), "--kubeconfig", "/nonexistent"], "groupReadyTimeoutSeconds"),
         (["--kubeconfig", str(tmp_path / "missing")], "missing"),
     ]:
-        proc = _placement(*argv)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 2, err
-        lines = [line for line in err.decode().splitlines() if line.strip()]
+        done = console("--log-format", "json", "placement", *argv)
+        assert done.returncode == 2, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and words in lines[0], lines
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import fcntl
+import hashlib
 import json
+import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,8 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from chart_support import CHART, KUBE_VERSION, NAMESPACE, RELEASE, ROOT, Doc, RenderError, run_helm
+from chart_support import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    Doc,
+    RenderError,
+    parse_docs,
+    run_helm,
+)
 
 Render = Callable[..., list[Doc]]
 
@@ -52,12 +65,15 @@ def helm_render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
         key = json.dumps([values, kube_version, release, namespace, scheduler_tag], sort_keys=True)
         if key not in seen:
             try:
-                seen[key] = _helm_template(
-                    values,
-                    kube_version=kube_version,
-                    release=release,
-                    namespace=namespace,
-                    scheduler_tag=scheduler_tag,
+                seen[key] = _shared(
+                    key,
+                    lambda: _helm_template(
+                        values,
+                        kube_version=kube_version,
+                        release=release,
+                        namespace=namespace,
+                        scheduler_tag=scheduler_tag,
+                    ),
                 )
             except RenderError as err:
                 seen[key] = err
@@ -65,6 +81,33 @@ def helm_render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
         if isinstance(got, RenderError):
             raise RenderError(str(got))
         return copy.deepcopy(got)
+
+    # Parallel workers (pytest-xdist) share renders through the session's common temporary directory: each
+    # distinct render is one helm run for the whole session, whichever worker asks first; the others wait
+    # on its lock and read its result. A render whose check failed (ApiRefusal) is not stored.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    shared = tmp_path_factory.getbasetemp().parent / "helm-renders" if worker else None
+    if shared is not None:
+        shared.mkdir(exist_ok=True)
+
+    def _shared(key: str, produce: Callable[[], list[Doc]]) -> list[Doc]:
+        if shared is None:
+            return produce()
+        entry = shared / hashlib.sha256(key.encode()).hexdigest()
+        with entry.with_suffix(".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if entry.exists():
+                stored = pickle.loads(entry.read_bytes())
+                if isinstance(stored, RenderError):
+                    raise stored
+                return stored  # type: ignore[no-any-return]
+            try:
+                docs = produce()
+            except RenderError as err:
+                _store(entry, err)
+                raise
+            _store(entry, docs)
+            return docs
 
     def _helm_template(
         values: dict[str, Any] | None,
@@ -86,9 +129,15 @@ def helm_render(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Render:
         )
         if done.returncode != 0:
             raise RenderError(done.stderr)
-        return [d for d in yaml.safe_load_all(done.stdout) if d]
+        return parse_docs(done.stdout)
 
     return _render
+
+
+def _store(entry: Path, value: object) -> None:
+    partial = entry.with_suffix(".partial")
+    partial.write_bytes(pickle.dumps(value))
+    os.replace(partial, entry)
 
 
 @pytest.fixture(scope="session")

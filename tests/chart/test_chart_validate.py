@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +12,11 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils as kvutils
 import pytest
 import yaml
 from chart_support import CHART, KUBE_VERSION, ROOT, Doc, of_kind, one, refusal, run_helm
+from referencing import Registry, Resource
 
 # Values a cluster operator plausibly sets; each must render and validate.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -177,19 +182,90 @@ CUSTOM_SCHEMAS = {
 }
 
 
+@functools.cache
+def kube_validator(kind: str, api_version: str, kube_version: str) -> jsonschema.protocols.Validator:
+    """kubernetes_validate.validate(doc, kube_version, strict=True) for one kind, built once: the library
+    reads the version's 1.4 MB _definitions.json and resolves its references again on every call, a
+    second per render; the chart tests validate hundreds. The same steps as the library's validate():
+    the newest bundled schema version not newer than `kube_version`, its -local-strict directory."""
+    if kvutils.major_minor(kube_version) > kvutils.latest_version():
+        raise kubernetes_validate.VersionNotSupportedError(version=kvutils.major_minor(kube_version))
+    wanted = kvutils.major_minor(kube_version)
+    version = [v for v in kvutils.all_versions() if kvutils.major_minor(v) <= wanted][-1]
+    # rbac.authorization.k8s.io/v1 -> rbac-v1
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    try:
+        schema = kvutils.schema_contents(f"{folder}/{kind.lower()}-{group_version}.json", kube_version)
+    except FileNotFoundError:
+        raise kubernetes_validate.SchemaNotFoundError(
+            version=kvutils.major_minor(kube_version), kind=kind, api_version=api_version
+        ) from None
+    definitions = kvutils.schema_contents(f"{folder}/_definitions.json", kube_version)
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+@functools.cache
+def custom_validator(key: tuple[str, str]) -> jsonschema.protocols.Validator:
+    schema = CUSTOM_SCHEMAS[key]
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 def validate_all(docs: list[Doc], kube_version: str = KUBE_VERSION) -> None:
     for doc in docs:
         key = (doc["apiVersion"], doc["kind"])
         where = f"{doc['kind']}/{doc['metadata']['name']}"
         if key in CUSTOM_SCHEMAS:
-            jsonschema.validate(doc, CUSTOM_SCHEMAS[key])
+            custom_validator(key).validate(doc)
             continue
         try:
-            kubernetes_validate.validate(doc, kube_version, strict=True)
-        except kubernetes_validate.ValidationError as e:
+            kube_validator(doc["kind"], doc["apiVersion"], kube_version).validate(doc)
+        except jsonschema.ValidationError as e:
             pytest.fail(f"{where} is invalid at {'.'.join(map(str, e.path))}: {e.message}")
         except kubernetes_validate.SchemaNotFoundError:
             pytest.fail(f"{where}: no schema, neither bundled nor in CUSTOM_SCHEMAS")
+
+
+def test_the_cached_validator_judges_as_kubernetes_validate_does() -> None:
+    good = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    unknown_field = copy.deepcopy(good)
+    # a field the schema does not name: strict mode refuses it
+    unknown_field["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    wrong_type = copy.deepcopy(good)
+    wrong_type["spec"]["replicas"] = "3"
+    for version in (KUBE_VERSION, "1.30.0", kvutils.latest_version()):
+        kubernetes_validate.validate(good, version, strict=True)
+        kube_validator("Deployment", "apps/v1", version).validate(good)
+        for bad in (unknown_field, wrong_type):
+            with pytest.raises(kubernetes_validate.ValidationError) as theirs:
+                kubernetes_validate.validate(bad, version, strict=True)
+            with pytest.raises(jsonschema.ValidationError) as ours:
+                kube_validator("Deployment", "apps/v1", version).validate(bad)
+            assert list(ours.value.path) == list(theirs.value.path)
+            assert ours.value.message == theirs.value.message
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "r"},
+        "rules": [],
+    }
+    kube_validator("Role", "rbac.authorization.k8s.io/v1", KUBE_VERSION).validate(role)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kube_validator("Gadget", "example.com/v1", KUBE_VERSION)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

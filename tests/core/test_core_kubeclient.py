@@ -141,16 +141,10 @@ def test_a_kubeconfig_from_a_pipe_is_read(tmp_path: Path) -> None:
 # Through the real CLIs: exit 2, one line on stderr naming the file, no traceback.
 
 
-def nodefabric(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("nodefabric")
-    return subprocess.run(
-        [str(script), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        env={**os.environ, "KUBERNETES_SERVICE_HOST": "", **(env or {})},
-    )
+@pytest.fixture
+def nodefabric(console):
+    """`nodefabric` in this process (tests/conftest.py), never inside a cluster."""
+    return lambda *args, env=None: console(*args, env={"KUBERNETES_SERVICE_HOST": "", **(env or {})})
 
 
 @pytest.mark.parametrize(
@@ -182,7 +176,7 @@ def nodefabric(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     ],
 )
 def test_each_cli_refuses_a_malformed_kubeconfig_in_one_line(
-    tmp_path: Path, command: list[str], case: str, says: str
+    nodefabric, tmp_path: Path, command: list[str], case: str, says: str
 ) -> None:
     path = tmp_path / "kubeconfig"
     path.write_bytes(MALFORMED[case][0])
@@ -195,9 +189,17 @@ def test_each_cli_refuses_a_malformed_kubeconfig_in_one_line(
 
 
 def test_a_malformed_default_kubeconfig_is_one_line_too(tmp_path: Path) -> None:
+    """The operator's real-process smoke test: the console script, its JSON log line on stderr, exit 2."""
     path = tmp_path / "config"
     path.write_bytes(MALFORMED["binary"][0])
-    done = nodefabric("--log-format", "json", "operator", "--standalone", env={"KUBECONFIG": str(path)})
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("nodefabric")), "--log-format=json", "operator", "--standalone"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": str(path)},
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.splitlines()
     assert "no API to reach" in line and f"kubeconfig {path} is malformed: not UTF-8 text" in line

@@ -199,11 +199,16 @@ async def test_sigterm_mid_story_leaves_no_temp_dir(tmp_path, when):
         else:
             await asyncio.sleep(when)
         proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert proc.returncode in (0, 130), err.decode()[-3000:]  # 0: the story ended before the signal landed
+    if proc.returncode == -signal.SIGTERM:
+        # On a loaded machine 3.5 s can land while Python still imports, before the demo sets its handler:
+        # the signal's default action, and nothing begun (the handler comes before any output or file).
+        assert when == 3.5 and out == b"", err.decode()[-3000:]
+    else:
+        assert proc.returncode in (0, 130), err.decode()[-3000:]  # 0: the story ended before the signal
     assert "Traceback" not in err.decode()
     assert os.listdir(tmp) == []

@@ -6,7 +6,11 @@ import pytest
 
 from nodefabric_devicemanager import interfaces, pci
 from nodefabric_devicemanager.hostroot import AttributeTooLarge, HostRoot, PathEscapesRoot
-from nodefabric_devicemanager.models import DevicesSpec, LinkState
+from nodefabric_devicemanager.models import (
+    DevicesSpec,
+    LinkState,
+)
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 
 
 def read(host: HostRoot):
@@ -194,3 +198,36 @@ def test_is_up(operstate, flags, up):
 def test_endpoints_lists_each_interface_then_its_vfs(scenario):
     eps = DevicesSpec(interfaces=read(scenario("sriov"))).endpoints()
     assert [e.name for e in eps][:3] == ["ens2f0np0", "ens2f0v0", "ens2f0v1"] and len(eps) == 17
+
+
+# --- switchdev representors: listed, but the card is one RDMA endpoint --------------------------------------
+
+
+def test_switchdev_representors_are_listed_but_the_card_is_one_rdma_endpoint(tmp_path):
+    b = SysfsBuilder(tmp_path)
+    b.nic("0000:17:00.0", "ens1f0np0", host_bridge="pci0000:16", numa=0, rdma="mlx5_0", verbs=0)
+    b.write(b.functions["0000:17:00.0"] / "net/ens1f0np0/phys_port_name", "p0\n")
+    for i in range(3):
+        rep = b.netdev("0000:17:00.0", f"pf0vf{i}")
+        b.write(rep / "phys_port_name", f"pf0vf{i}\n")
+    host = HostRoot.at(tmp_path)
+    found = {i.name: i for i in interfaces.read(host, pci.walk(host))}
+    assert set(found) == {"ens1f0np0", "pf0vf0", "pf0vf1", "pf0vf2"}
+    assert found["ens1f0np0"].rdma_device == "mlx5_0" and found["ens1f0np0"].link is not None
+    for name in ("pf0vf0", "pf0vf1", "pf0vf2"):
+        rep = found[name]
+        assert (rep.bus, rep.pci_bus_id, rep.numa_affinity) == ("pci", "0000:17:00.0", "0")
+        assert not rep.rdma and rep.rdma_device == "" and rep.link is None
+    assert [e.rdma_device for e in DevicesSpec(interfaces=list(found.values())).endpoints() if e.rdma] == [
+        "mlx5_0"
+    ]
+
+
+def test_a_port_name_the_driver_will_not_give_is_no_representor_and_no_failure(tmp_path):
+    b = SysfsBuilder(tmp_path)
+    b.nic("0000:17:00.0", "ens1f0np0", host_bridge="pci0000:16", numa=0, rdma="mlx5_0", verbs=0)
+    # Reading phys_port_name fails (EOPNOTSUPP on a real node; a directory here): not a representor.
+    b.mkdir("/sys/devices/pci0000:16/0000:17:00.0/net/ens1f0np0/phys_port_name")
+    host = HostRoot.at(tmp_path)
+    (iface,) = interfaces.read(host, pci.walk(host))
+    assert iface.rdma_device == "mlx5_0"

@@ -1,14 +1,28 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
+import pynvml
 import yaml
 
 from nodefabric_devicemanager import inventory
-from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.accelerators import Libraries, vendors
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
+from nodefabric_devicemanager.accelerators.nvidia import Nvml
+from nodefabric_devicemanager.agent import publish
+from nodefabric_devicemanager.commands.inventory import document
 from nodefabric_devicemanager.hostroot import HostRoot
-from nodefabric_devicemanager.models import INTERFACES_ENUMERATED, Devices, LinkState
+from nodefabric_devicemanager.models import (
+    INTERFACES_ENUMERATED,
+    Accelerator,
+    AcceleratorGroup,
+    Devices,
+    DevicesSpec,
+    LinkState,
+)
+from nodefabric_devicemanager.testing.accelerators import RecordedFabric, nvswitch_node
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_operator import console
 
 
@@ -161,3 +175,57 @@ def test_preflight_rows_carry_the_verdict_of_the_reading(scenario):
 
 def test_hostroot_default_is_the_real_root():
     assert HostRoot.at("/").root == "/"
+
+
+# --- the node's fabric domain in the printed status; a failed walk keeps every recorded group ---------------
+
+UUID = bytes.fromhex("5b0e112233445566778899aabbccddef")
+
+
+def test_inventory_status_prints_the_node_fabric_domain(builder: SysfsBuilder) -> None:
+    nvml = nvswitch_node(
+        builder, cluster_uuid=UUID, clique_id=3, state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    )
+
+    reading = inventory.read(HostRoot.at(builder.root), libraries=Libraries(nvidia=Nvml(nvml)))
+
+    doc = json.loads(json.dumps(document(reading)))
+    assert doc["status"]["fabricDomain"] == "nvlink-5b0e112233445566778899aabbccddef-3"
+
+
+def test_inventory_status_names_no_domain_when_accelerators_disagree(builder: SysfsBuilder) -> None:
+    nvml = nvswitch_node(
+        builder, cluster_uuid=UUID, clique_id=3, state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    )
+    # One GPU in another clique of the same cluster: the node has no single domain.
+    nvml.gpus[7].fabric = RecordedFabric(cluster_uuid=UUID, clique_id=4)
+
+    reading = inventory.read(HostRoot.at(builder.root), libraries=Libraries(nvidia=Nvml(nvml)))
+
+    assert reading.status().fabric_domain == ""
+
+
+def test_failed_walk_marks_every_manufacturer_failed(scenario) -> None:
+    # The walk read nothing, so no manufacturer's recorded groups may be replaced by this reading's [].
+    reading = inventory.read(scenario("big-attribute"))
+
+    assert reading.groups == []
+    assert reading.failed_manufacturers == {m.key for m in vendors.MANUFACTURERS}
+    assert {"nvidia", "amd", "ascend"} <= reading.failed_manufacturers
+
+
+def test_failed_walk_keeps_the_recorded_groups_when_published(scenario) -> None:
+    recorded = DevicesSpec(
+        groups=[
+            AcceleratorGroup(
+                id="nvidia",
+                manufacturer="NVIDIA",
+                accelerators=[Accelerator(id="0000:17:00.0", index=0)],
+            )
+        ]
+    )
+    reading = inventory.read(scenario("big-attribute"))
+
+    published = publish.desired_spec(reading, recorded, datetime.now(UTC))
+
+    assert published.groups == recorded.groups

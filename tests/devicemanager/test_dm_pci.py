@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from nodefabric_devicemanager import pci
-from nodefabric_devicemanager.hostroot import AttributeTooLarge, HostRoot, PathEscapesRoot
+from nodefabric_devicemanager import inventory, pci
+from nodefabric_devicemanager.hostroot import AttributeTooLarge, HostRoot, PathEscapesRoot, SysDir
+from nodefabric_devicemanager.models import INTERFACES_ENUMERATED
 from nodefabric_devicemanager.testing.scenarios import gpu8_gpus
 
 
@@ -109,3 +110,55 @@ def test_read_function_strips_0x_and_lowercases_ids(builder, host_root):
     builder.function("0000:01:00.0", vendor="10DE", device="ABCD", attrs={"numa_node": "1"})
     fn = pci.read_function(HostRoot.at(host_root).dir("/sys/bus/pci/devices/0000:01:00.0"))
     assert (fn.vendor, fn.device, fn.numa, fn.host_bridge) == ("10de", "abcd", "1", "pci0000:01")
+
+
+# --- a function or VF that vanishes between listing and reading is gone, not a failed walk ------------------
+
+PHANTOM_FUNCTION = "0000:ff:1f.7"
+
+
+def listing_with(monkeypatch, directory_suffix: str, phantom: str) -> None:
+    """Make one directory's listing name an entry that is gone by the time it is read: the window between
+    listdir and lstat that a real teardown opens."""
+    real = SysDir.list
+
+    def listing(self: SysDir) -> list[str]:
+        names = real(self)
+        return sorted([*names, phantom]) if self.path.endswith(directory_suffix) else names
+
+    monkeypatch.setattr(SysDir, "list", listing)
+
+
+def test_walk_skips_a_function_that_vanished_after_listing(scenario, monkeypatch):
+    host = scenario("down-beside-working")
+    listing_with(monkeypatch, "/sys/bus/pci/devices", PHANTOM_FUNCTION)
+
+    functions = pci.walk(host)
+
+    assert PHANTOM_FUNCTION not in functions
+    assert sorted(functions) == ["0000:17:00.0", "0000:18:00.0"]
+
+
+def test_pass_survives_a_function_that_vanished_after_listing(scenario, monkeypatch):
+    host = scenario("down-beside-working")
+    listing_with(monkeypatch, "/sys/bus/pci/devices", PHANTOM_FUNCTION)
+
+    reading = inventory.read(host)
+
+    assert reading.interfaces is not None
+    assert [i.name for i in reading.interfaces] == ["ens1np0", "ens2np0"]
+    assert next(c for c in reading.conditions if c.type == INTERFACES_ENUMERATED).status == "True"
+
+
+def test_vf_torn_down_after_listing_is_left_out_not_a_failure(scenario, monkeypatch):
+    host = scenario("sriov")
+    pf = "0000:3b:00.0"
+    # virtfn99 is listed on the PF but gone when read, and the walk never saw its function.
+    listing_with(monkeypatch, f"/{pf}", "virtfn99")
+
+    reading = inventory.read(host)
+
+    assert reading.interfaces is not None
+    (iface,) = [i for i in reading.interfaces if i.pci_bus_id == pf]
+    assert len(iface.virtual_functions) == 16
+    assert next(c for c in reading.conditions if c.type == INTERFACES_ENUMERATED).status == "True"

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 import grpc
 import pytest
-from dp_helpers import FixtureHost, Running, by_id, hint, nic, shutdown, start_plugin, two_nics_and_vfs, vf
+from dp_helpers import (
+    FixtureHost,
+    Running,
+    by_id,
+    hint,
+    nic,
+    shutdown,
+    start_plugin,
+    two_nics_and_vfs,
+    vf,
+)
 
-from nodefabric_devicemanager.models import DevicesSpec, LinkState
+from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
 from nodefabric_deviceplugin import metrics
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.resources import PluginConfig
@@ -345,3 +356,25 @@ async def test_a_socket_path_that_cannot_be_bound_is_retried(
         await r.kubelet.wait_registered(EXCLUSIVE)
     finally:
         await shutdown(r)
+
+
+async def test_the_device_list_log_names_the_unhealthy_endpoint_and_its_ports(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
+    spec = two_nics_and_vfs()
+    reason = "mlx5_0: port 1 state '1: DOWN' phys_state '3: Disabled'"
+    spec.interfaces[1].link = LinkVerdict(state=LinkState.FAILED, reason=reason)
+    running.source.update(spec)
+
+    def down(devices: list[pb.Device]) -> bool:
+        return any(d.health == "Unhealthy" for d in devices)
+
+    await running.kubelet.wait_devices(EXCLUSIVE, down)
+    sent = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "sending the device list" and getattr(r, "resource", "") == EXCLUSIVE
+    ]
+    assert sent and getattr(sent[-1], "unhealthy", None) == [f"mlx5_0 ({reason})"]

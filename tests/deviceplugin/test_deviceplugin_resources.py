@@ -207,3 +207,16 @@ def test_an_odd_device_name_gets_a_valid_distinct_id(device: str) -> None:
     assert len(stem) <= 56 and re.fullmatch(r"[A-Za-z0-9_.:-]+", stem)
     assert stem != token_stem("", device + "x")
     assert stem == token_stem("", device)
+
+
+def test_efa_is_advertised_under_none_of_the_keys() -> None:
+    # AWS's EFA device plugin serves vpc.amazonaws.com/efa; the same adapter must not be handed out twice.
+    efa = nic("efa0", "0000:10:1c.0", "rdmap16s28", numa="0").model_copy(update={"pci_vendor": "1d0f"})
+    efa_vf = vf("0000:10:1d.1", "rdmap16s29").model_copy(update={"pci_vendor": "1d0f"})
+    pf = nic("ens5", "0000:10:1d.0", "", vfs=[efa_vf]).model_copy(update={"pci_vendor": "1d0f"})
+    mellanox = nic("ens1f0", "0000:19:00.0", "mlx5_0", numa="0").model_copy(update={"pci_vendor": "15b3"})
+    spec = DevicesSpec(interfaces=[efa, pf, mellanox])
+    for family in Family:
+        devices = [t.endpoint.rdma_device for t in view(spec, family, shared_count=2).tokens]
+        assert not [d for d in devices if d.startswith("rdmap")], family
+    assert [t.id for t in view(spec, Family.EXCLUSIVE).tokens] == ["0000:19:00.0"]

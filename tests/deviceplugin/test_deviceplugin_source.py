@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
+import pytest
 from dp_helpers import nic, scripted_reader, two_nics_and_vfs
 
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -71,3 +73,17 @@ async def test_poll_keeps_the_last_record_when_enumeration_fails() -> None:
     # One reading, two failures that change nothing, then a pass that really found no interfaces.
     assert [None if s is None else len(s.interfaces) for s in seen] == [1, 0]
     assert source.spec == DevicesSpec(interfaces=[])
+
+
+async def test_a_host_read_that_raises_is_one_error_line(caplog: pytest.LogCaptureFixture) -> None:
+    readings: list[list[Interface] | Exception] = [RuntimeError("sysfs vanished"), [nic("e", "0000:19:00.0")]]
+    stop = asyncio.Event()
+    reader = scripted_reader(readings, stop)
+
+    caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
+    await asyncio.wait_for(
+        poll_host(RecordSource(), HostRoot.at("/"), interval=0.001, reader=reader, stop=stop), 5
+    )
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["reading the host failed; serving the last record"]
+    assert errors[0].exc_info is not None, "the traceback says what failed"

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import urllib.error
@@ -132,16 +131,15 @@ async def test_both_splits_the_endpoints_between_dra_and_the_device_plugin(tmp_p
         (["--serve", "dra", "--dra-plugin-dir", "{file}"], f"socket directory {{file}}/{DRIVER} cannot be"),
     ],
 )
-def test_bad_dra_settings_are_a_usage_error(tmp_path: Path, args: list[str], why: str) -> None:
+def test_bad_dra_settings_are_a_usage_error(console, tmp_path: Path, args: list[str], why: str) -> None:
     file = tmp_path / "a-file"  # where a directory should be
     file.write_text("")
     base = tempfile.mkdtemp(prefix="nfag", dir="/tmp")
     dirs = ["--plugin-dir", f"{base}/dp", "--dra-plugin-dir", f"{base}/p", "--dra-registry-dir", f"{base}/r",
             "--dra-cdi-dir", f"{base}/c"]  # fmt: skip
-    done = subprocess.run(
-        [*NODEFABRIC, "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", "/none", *dirs,
-         *(a.format(file=file) for a in args)],
-        capture_output=True, text=True, check=False, timeout=60,
+    done = console(
+        "agent", "--node-name", NODE, "--root", str(tmp_path), "--kubeconfig", "/none", *dirs,
+        *(a.format(file=file) for a in args),
     )  # fmt: skip
     assert done.returncode == 2
     assert why.format(file=file) in done.stderr and "Traceback" not in done.stderr

@@ -27,10 +27,17 @@ NODEFABRIC = (sys.executable, "-m", "nodefabric_operator.console")
 
 
 def nodefabric(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`nodefabric` as a user runs it: a real process (each command keeps one such smoke test)."""
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
     return subprocess.run(
         [*NODEFABRIC, *args], capture_output=True, text=True, check=False, timeout=120, input=stdin, env=env
     )
+
+
+@pytest.fixture
+def cli(console):
+    """`nodefabric` in this process (see tests/conftest.py), without a NODE_NAME from the environment."""
+    return lambda *args, stdin=None: console(*args, stdin=stdin, unset=("NODE_NAME",))
 
 
 # --- slices ----------------------------------------------------------------------------------------------
@@ -56,21 +63,21 @@ def test_slices_prints_what_the_host_would_publish(tmp_path: Path) -> None:
     assert yaml.safe_load(as_yaml.stdout)["items"][0]["spec"]["driver"] == "rdma.example.com"
 
 
-def test_slices_from_a_devices_object(tmp_path: Path) -> None:
+def test_slices_from_a_devices_object(cli, tmp_path: Path) -> None:
     hgx(tmp_path / "h")
-    record = nodefabric("inventory", "--root", str(tmp_path / "h"), "-o", "json")
+    record = cli("inventory", "--root", str(tmp_path / "h"), "-o", "json")
     obj = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "Devices", "metadata": {"name": "gpu-3"}}
     obj["spec"] = json.loads(record.stdout)["spec"]
-    done = nodefabric("slices", "-f", "-", "-o", "json", stdin=json.dumps(obj))
+    done = cli("slices", "-f", "-", "-o", "json", stdin=json.dumps(obj))
     assert done.returncode == 0, done.stderr
     (item,) = json.loads(done.stdout)["items"]
     assert item["spec"]["nodeName"] == "gpu-3"
     assert all("linkLayer" not in d["attributes"] for d in item["spec"]["devices"])  # not in the record
 
 
-def test_slices_of_a_host_that_could_not_be_read_is_a_failure_not_an_empty_list(tmp_path: Path) -> None:
+def test_slices_of_a_host_that_could_not_be_read_is_a_failure_not_an_empty_list(cli, tmp_path: Path) -> None:
     scenarios.escaping_symlink(tmp_path / "h")
-    done = nodefabric("slices", "--root", str(tmp_path / "h"), "--node-name", NODE)
+    done = cli("slices", "--root", str(tmp_path / "h"), "--node-name", NODE)
     assert done.returncode == 1
     assert done.stdout == ""
     assert "could not enumerate" in done.stderr
@@ -87,8 +94,8 @@ def test_slices_of_a_host_that_could_not_be_read_is_a_failure_not_an_empty_list(
         (["-f", "-", "--node-name", NODE], "cannot read"),
     ],
 )
-def test_slices_usage_errors_are_one_line_and_exit_2(args: list[str], why: str) -> None:
-    done = nodefabric("slices", *args, stdin="- just\n- a list\n")
+def test_slices_usage_errors_are_one_line_and_exit_2(cli, args: list[str], why: str) -> None:
+    done = cli("slices", *args, stdin="- just\n- a list\n")
     assert done.returncode == 2
     assert why in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -108,8 +115,8 @@ def test_slices_usage_errors_are_one_line_and_exit_2(args: list[str], why: str) 
         (["--node-name", NODE, "--metrics-port", "70000"], "not a TCP port"),
     ],
 )
-def test_draplugin_usage_errors_are_one_line_and_exit_2(args: list[str], why: str) -> None:
-    done = nodefabric("draplugin", *args)
+def test_draplugin_usage_errors_are_one_line_and_exit_2(cli, args: list[str], why: str) -> None:
+    done = cli("draplugin", *args)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     # One line saying why (argparse's own refusals come after its usage block, as for every command).
@@ -132,12 +139,12 @@ def test_draplugin_usage_errors_are_one_line_and_exit_2(args: list[str], why: st
         ),
     ],
 )
-def test_draplugin_refuses_directories_it_cannot_use_at_start(
-    tmp_path: Path, dirs: Dirs, flag: str, path: str, why: str
+def test_draplugin_refuses_directories_it_cannot_use_at_start(  # noqa: PLR0917 (fixtures and parameters)
+    cli, tmp_path: Path, dirs: Dirs, flag: str, path: str, why: str
 ) -> None:
     file = tmp_path / "a-file"
     file.write_text("")
-    done = nodefabric(
+    done = cli(
         "draplugin", "--node-name", NODE, "--kubeconfig", "/none", "--plugin-dir", dirs.plugin,
         "--registry-dir", dirs.registry, "--cdi-dir", dirs.cdi, flag, path.format(file=file),
     )  # fmt: skip
@@ -146,12 +153,14 @@ def test_draplugin_refuses_directories_it_cannot_use_at_start(
     assert '"draplugin cannot start"' in line and f'error="{why.format(file=file)}"' in line, line
 
 
-def test_draplugin_with_its_metrics_port_taken_is_one_line_and_exit_2(api: RunningAPI, dirs: Dirs) -> None:
+def test_draplugin_with_its_metrics_port_taken_is_one_line_and_exit_2(
+    cli, api: RunningAPI, dirs: Dirs
+) -> None:
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = nodefabric(
+        done = cli(
             "draplugin", "--node-name", NODE, "--kubeconfig", api.kubeconfig, "--plugin-dir", dirs.plugin,
             "--registry-dir", dirs.registry, "--cdi-dir", dirs.cdi, "--metrics-port", str(port),
         )  # fmt: skip
@@ -224,8 +233,8 @@ async def test_draplugin_standalone_publishes_prepares_and_stops_cleanly(
 
 
 @pytest.mark.smoke
-def test_slices_of_this_machine() -> None:
-    done = nodefabric("slices", "--root", "/", "--node-name", "smoke-0")
+def test_slices_of_this_machine(cli) -> None:
+    done = cli("slices", "--root", "/", "--node-name", "smoke-0")
     # Read or not read, it says which: a List (often empty here) or exit 1 with the reason.
     assert done.returncode in (0, 1), done.stderr
     if done.returncode == 0:

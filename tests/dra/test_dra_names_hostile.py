@@ -5,8 +5,6 @@ a file name. Each is refused as what it is, through the real commands where a us
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +14,6 @@ from nodefabric_deviceplugin.dra.claims import ClaimError, ClaimRef, allocated_d
 from nodefabric_deviceplugin.dra.config import DriverConfig
 
 UID = "6f1c2a4e-2b0d-4d43-9a55-0c7f1b2b9e10"
-
-
-def nodefabric(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nodefabric_operator.console", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize(
@@ -38,17 +26,17 @@ def nodefabric(*args: str) -> subprocess.CompletedProcess[str]:
     ids=["node-newline", "domain-newline", "empty-label"],
 )
 def test_slices_refuse_a_name_that_is_valid_only_up_to_a_trailing_newline(
-    tmp_path: Path, args: list[str], why: str
+    console, tmp_path: Path, args: list[str], why: str
 ) -> None:
     hgx(tmp_path / "h")
-    done = nodefabric("slices", "--root", str(tmp_path / "h"), *args)
+    done = console("slices", "--root", str(tmp_path / "h"), *args)
     assert done.returncode == 2, done.stdout[:300]
     assert why in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert done.stdout == ""
 
 
-def test_draplugin_refuses_a_domain_with_a_trailing_newline(tmp_path: Path) -> None:
-    done = nodefabric("draplugin", "--root", str(tmp_path), "--node-name", NODE, "--domain", "gpustack.ai\n")
+def test_draplugin_refuses_a_domain_with_a_trailing_newline(console, tmp_path: Path) -> None:
+    done = console("draplugin", "--root", str(tmp_path), "--node-name", NODE, "--domain", "gpustack.ai\n")
     assert done.returncode == 2
     assert "domain must be a DNS subdomain" in done.stderr.strip().splitlines()[-1]
 

@@ -75,35 +75,38 @@ def test_a_bad_config_file_is_a_clear_error(tmp_path: Path, text: str, message: 
         load_config(path)
 
 
-def _fails_to_start(*argv: str) -> str:
-    """Run the extender expecting a start-up failure: exit 2, one line on stderr, no traceback."""
-    proc = _extender(*argv)
-    _, err = proc.communicate(timeout=60)
-    text = err.decode()
-    assert proc.returncode == 2, text
-    assert len(text.strip().splitlines()) == 1, text
-    assert "Traceback" not in text
-    return text
+@pytest.fixture
+def fails_to_start(console):
+    """Run the extender (in this process) expecting a start-up failure: exit 2, one line on stderr."""
+
+    def run(*argv: str) -> str:
+        done = console("extender", *argv)
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        return done.stderr
+
+    return run
 
 
-def test_cli_refuses_to_start_on_a_bad_config(tmp_path: Path):
+def test_cli_refuses_to_start_on_a_bad_config(fails_to_start, tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaultRank: random\n")
-    err = _fails_to_start("--config", str(bad), "--nodes-file", str(tmp_path / "none.json"))
+    err = fails_to_start("--config", str(bad), "--nodes-file", str(tmp_path / "none.json"))
     assert "extender cannot start" in err and "defaultRank" in err
 
 
-def test_cli_refuses_a_nodes_file_with_list_valued_labels(tmp_path: Path):
+def test_cli_refuses_a_nodes_file_with_list_valued_labels(fails_to_start, tmp_path: Path):
     nodes = fleet(per_zone=1)
     nodes[3]["metadata"]["labels"]["topology.kubernetes.io/zone"] = ["eu-a", "eu-b"]
     path = tmp_path / "nodes.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
-    err = _fails_to_start("--nodes-file", str(path))
+    err = fails_to_start("--nodes-file", str(path))
     assert "item 3: Node.metadata.labels['topology.kubernetes.io/zone']: must be a string, got list" in err
 
 
 @pytest.mark.parametrize("flag", ["--config", "--nodes-file", "--tls-cert", "--tls-client-ca"])
-def test_cli_refuses_a_fifo_or_a_directory_instead_of_a_file(tmp_path: Path, flag: str):
+def test_cli_refuses_a_fifo_or_a_directory_instead_of_a_file(fails_to_start, tmp_path: Path, flag: str):
     nodes = tmp_path / "nodes.json"
     nodes.write_text(json.dumps(fleet(per_zone=1)))
     fifo = tmp_path / "fifo"
@@ -112,18 +115,18 @@ def test_cli_refuses_a_fifo_or_a_directory_instead_of_a_file(tmp_path: Path, fla
     for bad in (fifo, tmp_path):
         if flag == "--tls-client-ca":
             argv["--address"] = "0.0.0.0"
-        err = _fails_to_start(*(x for k, v in {**argv, flag: str(bad)}.items() for x in (k, v)))
+        err = fails_to_start(*(x for k, v in {**argv, flag: str(bad)}.items() for x in (k, v)))
         assert f"{bad} is not a regular file" in err
 
 
-def test_cli_refuses_a_busy_port(tmp_path: Path):
+def test_cli_refuses_a_busy_port(fails_to_start, tmp_path: Path):
     nodes = tmp_path / "nodes.json"
     nodes.write_text(json.dumps(fleet(per_zone=1)))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        err = _fails_to_start("--nodes-file", str(nodes), "--port", str(port))
+        err = fails_to_start("--nodes-file", str(nodes), "--port", str(port))
     assert "cannot listen" in err and "address already in use" in err.lower()
 
 
@@ -138,17 +141,18 @@ def test_cli_refuses_a_busy_port(tmp_path: Path):
         (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024"),
     ],
 )
-def test_cli_refuses_unsafe_or_broken_listeners(tmp_path: Path, argv: list[str], message: str):
+def test_cli_refuses_unsafe_or_broken_listeners(
+    fails_to_start, tmp_path: Path, argv: list[str], message: str
+):
     nodes = tmp_path / "nodes.json"
     nodes.write_text(json.dumps(fleet(per_zone=1)))
-    assert message in _fails_to_start("--nodes-file", str(nodes), *argv)
+    assert message in fails_to_start("--nodes-file", str(nodes), *argv)
 
 
-def test_cli_refuses_a_bad_flag_value_without_a_traceback():
-    proc = _extender("--read-timeout", "-1")
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and b"Traceback" not in err
-    assert b"must be a positive number of seconds" in err
+def test_cli_refuses_a_bad_flag_value_without_a_traceback(console):
+    done = console("extender", "--read-timeout", "-1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "must be a positive number of seconds" in done.stderr
 
 
 def _openssl(*args: str) -> None:

@@ -308,3 +308,13 @@ async def test_in_process_api_builds_the_app_and_returns_a_group_summary():
         await filter_(client, pod("g-0", gpus=8, **explicit("g", 2)), ["us-a-0", "us-a-1", "eu-b-0"])
     summary = group_summary(app, "ml/explicit/g")
     assert summary is not None and summary.startswith("2 of 2 pods of group ml/explicit/g go to zone us-a")
+
+
+async def test_a_body_nested_past_the_decoder_depth_is_a_400_and_the_service_keeps_serving():
+    async with extender(fleet(per_zone=1)) as client:
+        body = b'{"Pod": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        resp = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
+        assert resp.status == 400
+        assert "request body is not JSON" in (await resp.json())["Error"]
+        ok = await client.post("/filter", json=args(pod("web"), ["eu-a-0"]))
+        assert ok.status == 200

@@ -8,10 +8,11 @@ FailedAndUnresolvable with "never fits" and the pod gets a Warning Event.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
-from extender_fixtures import PRODUCT, Recorder, explicit, extender, filter_, node, pod
+from extender_fixtures import PRODUCT, Recorder, explicit, extender, filter_, fleet, node, pod
 
 GROUP = "ml/explicit/train"
 OF_ONE = f" of one {PRODUCT}"
@@ -389,3 +390,51 @@ async def test_nodes_off_the_groups_values_get_the_same_reasons_in_a_mixed_fleet
         }
         assert result["FailedNodes"] == expected
         assert {r for r in expected.values() if r.startswith("the group needs")}, "no homogeneity reason"
+
+
+async def test_an_invalid_placement_is_told_once_per_pod_and_shown_in_debug_groups():
+    nodes = fleet(per_zone=1)
+    names = [n["metadata"]["name"] for n in nodes]
+    recorder = Recorder()
+    async with extender(nodes, publisher=recorder) as client:
+        bad = pod("bad-0", **explicit("g", 2, locality="closest"))
+        for _ in range(3):  # kube-scheduler retries an unschedulable pod
+            result = await filter_(client, bad, names)
+            assert result["NodeNames"] == [] and set(result["FailedAndUnresolvableNodes"]) == set(names)
+        other = pod("bad-1", **explicit("g", 2, locality="closest"))
+        await filter_(client, other, names)
+
+        told = [(name, type_, reason) for name, type_, reason, _ in recorder.events]
+        assert told == [("bad-0", "Warning", "InvalidPlacement"), ("bad-1", "Warning", "InvalidPlacement")]
+        assert "placement.gpustack.ai/locality 'closest' is not one of" in recorder.events[0][3]
+
+        (group,) = await (await client.get("/debug/groups")).json()
+        assert (group["group"], group["outcome"]) == ("ml/explicit/g", "invalid")
+        assert group["summary"] == recorder.events[0][3]
+
+
+async def test_a_bad_group_size_is_recorded_under_its_group():
+    nodes = fleet(per_zone=1)
+    names = [n["metadata"]["name"] for n in nodes]
+    async with extender(nodes) as client:
+        bad = pod("jb-0", labels={"batch.kubernetes.io/job-name": "jb"})
+        bad["metadata"]["annotations"]["placement.gpustack.ai/group-size"] = "eight"
+        await filter_(client, bad, names)
+        (group,) = await (await client.get("/debug/groups")).json()
+        assert (group["group"], group["outcome"]) == ("ml/job/jb", "invalid")
+        assert "group-size: group size 'eight': not a plain ASCII decimal number" in group["summary"]
+
+
+async def test_a_group_that_never_fits_is_logged_once_per_verdict_not_per_retry(caplog):
+    nodes = fleet()  # 6 nodes per zone: no zone holds 7 one-node pods
+    names = [n["metadata"]["name"] for n in nodes]
+    async with extender(nodes) as client:
+        with caplog.at_level(logging.WARNING, logger="nodefabric_operator.extender.service"):
+            for i in range(3):
+                p = pod(f"train-{i}", gpus=8, **explicit("train", 7, locality="zone"))
+                for _ in range(2):
+                    result = await filter_(client, p, names)
+                    assert len(result["FailedAndUnresolvableNodes"]) == 30
+    lines = [r for r in caplog.records if r.getMessage() == "group never fits"]
+    assert len(lines) == 1
+    assert "no zone of one nvidia.com/gpu.product can hold the 7 pods" in lines[0].__dict__["summary"]

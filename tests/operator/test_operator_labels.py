@@ -320,3 +320,13 @@ def test_plan_twice_changes_nothing():
     desired = {CAPABLE: "true", NUMA: "0_1"}
     first = labels.plan({}, desired, domain="gpustack.ai")
     assert labels.plan(first.managed, desired, domain="gpustack.ai").changes == []
+
+
+@pytest.mark.parametrize("numa", ["²", "٣", "0²"])
+def test_a_numa_value_of_non_ascii_digits_is_withheld_not_mangled(numa):
+    # "²" made int() raise inside the reconcile; "٣" was published as node 3, a value nobody wrote.
+    record = devices("n1", interfaces=[nic(numa=numa), nic("ens2f0", bus_id="0000:1b:00.0", numa="1")])
+    result = labels.compute(record)
+    assert NUMA not in result.labels
+    assert [(w.key, w.value) for w in result.withheld] == [(NUMA, numa)]
+    assert result.labels[CAPABLE] == "true"

@@ -82,3 +82,12 @@ def test_a_yaml_alias_bomb_is_refused_not_a_hang(tmp_path, capsys):
     ok = tmp_path / "anchors.yaml"
     ok.write_text("kind: Devices\nmetadata: {name: &n n1}\nspec: {}\nextra: *n\n")
     assert main(["labels", "-f", str(ok)]) == 0
+
+
+def test_a_bad_domain_is_not_reported_as_an_unreadable_file(tmp_path, capsys):
+    path = tmp_path / "devices.json"
+    path.write_text("{}")
+    assert main(["labels", "-f", str(path), "--domain", "Not_A_Domain"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nodefabric labels: label domain 'Not_A_Domain'"), err
+    assert "cannot read" not in err

@@ -12,11 +12,12 @@ from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_operator import labels, onnode
+from nodefabric_operator import labels, onnode, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 
 D = labels.DEFAULT_DOMAIN
 CAPABLE = labels.key(D, labels.RDMA_CAPABLE)
+NUMA = labels.key(D, labels.RDMA_NUMA)
 
 
 def gpu_record(name: str, link: LinkState = LinkState.OK):
@@ -172,3 +173,29 @@ async def test_a_node_event_for_a_node_without_a_record_writes_nothing(sink):
             await c.label_node("lonely", {"example.com/x": "1"})
             await settle(k)
         assert k.count("PATCH", DEVICES) == 0
+
+
+async def test_node_labels_of_a_record_deleted_while_the_operator_was_down_are_withdrawn_at_start():
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        hand = {"example.com/rack": "r1"}
+        await c.node("n1", hand)
+        await c.node("n2", hand)
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        await c.put_devices(devices("n2", interfaces=[nic()]))
+        ann = sinks.managed_annotation("gpustack.ai")
+        async with running_operator(k, sink="node"):
+            assert await eventually(lambda: _has(c, "n1", CAPABLE))
+            await settle(k)
+        await c.delete_devices("n1")  # while no operator runs: no DELETED event will ever reach it
+        async with running_operator(k, sink="node") as metrics:
+            assert await eventually(lambda: metrics.reconciles.labels(outcome="withdrawn")._value.get() >= 1)
+            await settle(k)
+        assert await c.node_labels("n1") == hand
+        assert ann not in await c.node_annotations("n1")
+        # The node whose record still exists keeps what we wrote.
+        assert await c.node_labels("n2") == {**hand, CAPABLE: "true", NUMA: "0"}
+
+
+async def _has(c: Client, node: str, key: str) -> bool:
+    return key in await c.node_labels(node)

@@ -11,9 +11,12 @@ import time
 
 import pytest
 from aiohttp import web
+from operator_harness import Client, eventually, running_operator
+from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd
 from nodefabric_devicemanager.shell.signals import STOP_GRACE_S
+from nodefabric_operator import cli
 from nodefabric_operator.console import main
 from nodefabric_operator.demo.kubeapi import running_api, write_kubeconfig
 
@@ -227,3 +230,36 @@ async def test_sigterm_while_waiting_for_the_api_server_stops_it_at_once(tmp_pat
             await proc.wait()
     assert code == 0 and took < STOP_GRACE_S, (code, took, rest)
     assert "stopping on signal" in rest and "did not stop in time" not in rest
+
+
+def test_the_operator_without_a_usable_kubeconfig_exits_2_with_a_log_line(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "missing-kubeconfig"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(missing))  # serve() sets it from --kubeconfig: restored after
+    assert main(["operator", "--standalone", "--kubeconfig", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert '"operator cannot start"' in err and "kube-config" in err, err
+    assert "Traceback" not in err
+
+
+async def test_the_operator_closes_its_api_client_when_it_stops(monkeypatch):
+    clients = []
+
+    def load_client(kubeconfig):
+        api = real(kubeconfig)
+        clients.append(api)
+        return api
+
+    real = cli.load_client
+    monkeypatch.setattr(cli, "load_client", load_client)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(
+            devices("n1", interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+        )
+        async with running_operator(k):
+            await eventually(lambda: c.nodefeature("n1"))
+            (api,) = clients
+            assert len(api.rest_client.pool_manager.pools) > 0  # it did reach the API through this client
+        assert len(api.rest_client.pool_manager.pools) == 0

@@ -1,4 +1,5 @@
-"""Review fixes: a stored spec that does not parse is never replaced by a partial (failed) read."""
+"""What the agent keeps when a read fails: a stored spec that does not parse is never replaced by a partial
+(failed) read, and a manufacturer whose fabric cannot be read keeps its recorded group."""
 
 from __future__ import annotations
 
