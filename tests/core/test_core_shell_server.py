@@ -224,3 +224,34 @@ def test_an_idle_timeout_that_is_no_duration_is_refused(bad: float):
 
     with pytest.raises(ValueError, match="idle_timeout must be positive"):
         runner(web.Application(), idle_timeout=bad)
+
+
+async def test_a_reason_with_a_character_utf8_cannot_carry_is_served_escaped_not_a_500():
+    # sysfs names decode with surrogateescape: a reason naming one must not turn the probe into a 500.
+    port = free_port()
+    reason = "waiting for mlx5_\udcff and é"
+    async with ProbeServer(
+        Listen("127.0.0.1", port, port), metrics=None, live=alive, ready=lambda: Probe(False, reason)
+    ):
+        status, body = await _get(port, "/readyz")
+    assert status == 503
+    assert body == "waiting for mlx5_\\udcff and é\n"
+
+
+async def test_a_check_or_collector_that_raises_answers_503_saying_why():
+    def broken_check() -> Probe:
+        raise RuntimeError("the device list is gone\nsecond line")
+
+    def broken_metrics(_: str) -> tuple[bytes, str]:
+        raise OSError("cannot read /proc/self/stat")
+
+    port = free_port()
+    async with ProbeServer(
+        Listen("127.0.0.1", port, port), metrics=broken_metrics, live=alive, ready=broken_check
+    ):
+        ready = await _get(port, "/readyz")
+        metrics = await _get(port, "/metrics")
+        live = await _get(port, "/healthz")
+    assert ready == (503, "the check failed: the device list is gone\n")
+    assert metrics == (503, "the metrics could not be collected: cannot read /proc/self/stat\n")
+    assert live == (200, "ok\n")

@@ -25,7 +25,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nodefabric_devicemanager.shell.errors import StartupError
+from nodefabric_devicemanager.shell.errors import StartupError, first_line
 from nodefabric_devicemanager.shell.flags import Listen
 from nodefabric_devicemanager.shell.probe import Probe, ProbeFn, alive, readiness
 
@@ -78,11 +78,18 @@ def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web
 
 def _probe_handler(probe: ProbeFn) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def answer(_: web.Request) -> web.Response:
-        got = probe()
+        try:
+            got = probe()
+        except Exception as err:  # a check that cannot say is a probe that fails, with why; not a 500
+            log.warning("probe failed", extra={"error": first_line(err)})
+            got = Probe(False, f"the check failed: {first_line(err)}")
         text = got.reason
         if got.content_type == "text/plain" and not text.endswith("\n"):
             text += "\n"  # a reason is one line, for `curl` and `kubectl describe pod` alike
-        response = web.Response(body=text.encode(), status=200 if got.ok else 503)
+        # A reason may carry a name read from the host (sysfs names decode with surrogateescape): an
+        # unencodable character is written escaped rather than failing the probe with a 500.
+        body = text.encode("utf-8", "backslashreplace")
+        response = web.Response(body=body, status=200 if got.ok else 503)
         response.headers["Content-Type"] = got.content_type  # may carry a charset, which aiohttp refuses
         return response
 
@@ -102,6 +109,9 @@ def _metrics_handler(metrics: Exposition, budget: float) -> Callable[[web.Reques
             body, content_type = await asyncio.wait_for(asyncio.shield(running), budget)
         except TimeoutError:
             return web.Response(status=503, text=f"the metrics took longer than {budget:g} s\n")
+        except Exception as err:  # a collector that raises: the scrape fails with why, not a traceback
+            log.warning("metrics collection failed", extra={"error": first_line(err)})
+            return web.Response(status=503, text=f"the metrics could not be collected: {first_line(err)}\n")
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
