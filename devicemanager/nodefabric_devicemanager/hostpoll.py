@@ -53,8 +53,9 @@ async def poll(
     deadline: float = DEFAULT_DEADLINE_S,
 ) -> None:
     """`read()` every `interval` seconds, each reading handed to `feed`, until `stop` is set. A read that
-    raises or passes its deadline changes nothing (the last record is served) and is logged, a stuck one
-    once until a read succeeds again; `stop` is never kept waiting by a read stuck in its thread."""
+    raises or passes its deadline, or a reading `feed` refuses by raising, changes nothing (the last
+    record is served) and is logged, a stuck read once until a read succeeds again; `stop` is never kept
+    waiting by a read stuck in its thread."""
     reads = HostReads(deadline)
     stopped = asyncio.ensure_future(stop.wait())
     stuck = False
@@ -81,7 +82,10 @@ async def poll(
                 if stuck:
                     log.info("the host is read again", extra={"root": root})
                 stuck = False
-                feed(reading)
+                try:
+                    feed(reading)
+                except Exception:  # garbage from the host (a record the model refuses) costs one reading
+                    log.exception("a host reading was refused; serving the last record", extra={"root": root})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(stopped), timeout=interval)
     finally:

@@ -103,3 +103,31 @@ async def test_stop_is_never_kept_waiting_by_a_stuck_read():
         assert time.monotonic() - started < 1
     finally:
         release.set()
+
+
+async def test_a_reading_the_feed_refuses_is_logged_and_the_poll_goes_on(caplog: pytest.LogCaptureFixture):
+    # A reader that returns garbage (a record the source's model refuses): that reading is lost, logged,
+    # and the next one is fed; the poll (and the last record it served) does not end with it.
+    readings: list[object] = [1, "garbage", 2]
+    fed: list[object] = []
+    stop = asyncio.Event()
+
+    def read() -> object:
+        return readings.pop(0) if readings else 3
+
+    def feed(reading: object) -> None:
+        if not isinstance(reading, int):
+            raise ValueError(f"not a reading: {reading!r}")
+        fed.append(reading)
+        if reading == 3:
+            stop.set()
+
+    caplog.set_level(logging.INFO, logger="test.hostpoll")
+    await asyncio.wait_for(
+        hostpoll.poll(read, feed, root="/host", interval=0.01, stop=stop, log=log, deadline=5), 10
+    )
+    assert fed == [1, 2, 3]
+    refused = [
+        r for r in caplog.records if r.getMessage() == "a host reading was refused; serving the last record"
+    ]
+    assert len(refused) == 1 and refused[0].exc_info is not None
