@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ class HostReads:
     """One host read at a time, each with a deadline. Raises `Overdue` for a read past it."""
 
     def __init__(self, deadline: float = DEFAULT_DEADLINE_S, name: str = "host-read") -> None:
-        self.deadline = deadline
+        self.deadline = _deadline(deadline)
         self._lane = Lane(name)
 
     def stuck_for(self) -> float:
@@ -39,7 +40,19 @@ class HostReads:
         return self._lane.stuck_for()
 
     async def read(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
-        return await self._lane.call(fn, *args, deadline=self.deadline if deadline is None else deadline)
+        return await self._lane.call(
+            fn, *args, deadline=self.deadline if deadline is None else _deadline(deadline)
+        )
+
+
+def _deadline(value: object) -> float:
+    """A read's deadline: a positive, finite number of seconds. 0 or less failed every read at once, NaN or
+    infinity waited on a stuck read forever: neither is a deadline. Raises ValueError naming the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a host read's deadline must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"a host read's deadline must be positive and finite, got {value!r}")
+    return float(value)
 
 
 async def poll(

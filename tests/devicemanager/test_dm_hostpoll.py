@@ -131,3 +131,16 @@ async def test_a_reading_the_feed_refuses_is_logged_and_the_poll_goes_on(caplog:
         r for r in caplog.records if r.getMessage() == "a host reading was refused; serving the last record"
     ]
     assert len(refused) == 1 and refused[0].exc_info is not None
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "30", None, True])
+async def test_a_deadline_that_is_no_deadline_is_refused_by_name(bad: object):
+    # 0 or less failed every read at once (the host never read); NaN or infinity waited on a stuck read
+    # forever. Refused where it is given, the constructor or one read.
+    with pytest.raises(ValueError, match="deadline must be"):
+        hostpoll.HostReads(bad)  # type: ignore[arg-type]
+    reads = hostpoll.HostReads(5.0)
+    if bad is not None:  # a read's None is "the reader's own deadline"
+        with pytest.raises(ValueError, match="deadline must be"):
+            await reads.read(lambda: 1, deadline=bad)  # type: ignore[arg-type]
+    assert await reads.read(lambda: 1) == 1
