@@ -6,6 +6,7 @@ busy port or foreign address refused at start with one line naming it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -255,3 +256,28 @@ async def test_a_check_or_collector_that_raises_answers_503_saying_why():
     assert ready == (503, "the check failed: the device list is gone\n")
     assert metrics == (503, "the metrics could not be collected: cannot read /proc/self/stat\n")
     assert live == (200, "ok\n")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n",  # a request line over 8 KiB
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",  # a header over 8 KiB
+        b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X%d: y\r\n" % i for i in range(5000)) + b"\r\n",
+    ],
+)
+async def test_a_request_too_big_to_parse_is_400_without_a_traceback_in_the_log(
+    served, request_bytes: bytes, caplog: pytest.LogCaptureFixture
+):
+    # A client reaching the probe port must not fill the log: aiohttp logged each as an ERROR with a
+    # traceback. Answered 400, told in one debug line, and the probes answer on.
+    caplog.set_level(logging.DEBUG)
+    reader, writer = await asyncio.open_connection("127.0.0.1", served)
+    writer.write(request_bytes)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.split(b" ", 2)[1] == b"400"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+    assert [r for r in caplog.records if r.getMessage() == "bad request refused"]
+    assert (await _get(served, "/healthz"))[0] == 200

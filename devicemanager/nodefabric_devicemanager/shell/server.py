@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 
 import prometheus_client
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
 from nodefabric_devicemanager.shell.errors import StartupError, first_line
@@ -62,6 +63,24 @@ def no_created_series() -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+class _ClientErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line or header over 8 KiB, too many headers, not
+    HTTP at all) as an ERROR with a traceback: any client reaching a port could fill the log with them.
+    The client's mistake is answered 400 and told here in one debug line; a handler's own error (a 500)
+    keeps its ERROR and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            log.debug("bad request refused", extra={"status": exc.code, "error": first_line(exc.message)})
+            return False
+        return True
+
+
+_REQUESTS = logging.getLogger(f"{__name__}.requests")
+_REQUESTS.addFilter(_ClientErrors())
+
+
 def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web.AppRunner:
     """The runner of one aiohttp listener: no access log (the components log what matters), no signal
     handling (the command owns its signals), and the connection limits above."""
@@ -73,6 +92,7 @@ def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web
         handle_signals=False,
         keepalive_timeout=idle_timeout,
         lingering_time=LINGER_S,
+        logger=_REQUESTS,
     )
 
 
