@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nodefabric_devicemanager.workers import Lane, Overdue
@@ -25,7 +25,7 @@ T = TypeVar("T")
 # A standalone reader's deadline: a whole inventory pass takes well under a second on a healthy host.
 DEFAULT_DEADLINE_S = 30.0
 
-__all__ = ["DEFAULT_DEADLINE_S", "HostReads", "Overdue", "poll"]
+__all__ = ["DEFAULT_DEADLINE_S", "HostReads", "Overdue", "poll", "serve_beside"]
 
 
 class HostReads:
@@ -103,3 +103,15 @@ async def poll(
                 await asyncio.wait_for(asyncio.shield(stopped), timeout=interval)
     finally:
         stopped.cancel()
+
+
+async def serve_beside(polling: Coroutine[Any, Any, None], serving: Awaitable[T], stop: asyncio.Event) -> T:
+    """Run a standalone server (`serving`) with its host poll (`polling`, a `poll` on `stop`) beside it:
+    when the server ends, however it ends, the poll is stopped and waited for, so no read outlives the
+    command's clean-up and a poll's own failure is not lost."""
+    poller = asyncio.ensure_future(polling)
+    try:
+        return await serving
+    finally:
+        stop.set()
+        await poller

@@ -144,3 +144,30 @@ async def test_a_deadline_that_is_no_deadline_is_refused_by_name(bad: object):
         with pytest.raises(ValueError, match="deadline must be"):
             await reads.read(lambda: 1, deadline=bad)  # type: ignore[arg-type]
     assert await reads.read(lambda: 1) == 1
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+async def test_serve_beside_stops_and_waits_for_the_poll_however_the_server_ends(ends: str):
+    stop = asyncio.Event()
+    reads: list[float] = []
+    poll_ended = asyncio.Event()
+
+    async def polling() -> None:
+        try:
+            await hostpoll.poll(time.monotonic, reads.append, root="/h", interval=0.01, stop=stop, log=log)
+        finally:
+            poll_ended.set()
+
+    async def serving() -> str:
+        while len(reads) < 2:
+            await asyncio.sleep(0.01)
+        if ends == "raises":
+            raise OSError("the socket went away")
+        return "served"
+
+    if ends == "raises":
+        with pytest.raises(OSError, match="socket went away"):
+            await asyncio.wait_for(hostpoll.serve_beside(polling(), serving(), stop), 10)
+    else:
+        assert await asyncio.wait_for(hostpoll.serve_beside(polling(), serving(), stop), 10) == "served"
+    assert stop.is_set() and poll_ended.is_set()  # stopped, and waited for: nothing reads on after it
