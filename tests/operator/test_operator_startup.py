@@ -207,15 +207,17 @@ async def test_sigterm_while_waiting_for_the_api_server_stops_it_at_once(tmp_pat
         port = s.getsockname()[1]  # closed again: nothing listens there any more
     kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "nodefabric_devicemanager.cli", "operator", "--standalone",
+        sys.executable, "-m", "nodefabric_operator.console", "operator", "--standalone",
         "--kubeconfig", kubeconfig, "--startup-timeout", "600", "--log-level", "debug",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stderr is not None
     try:
         async with asyncio.timeout(60):
-            while b"checking the API server" not in await proc.stderr.readline():
-                pass
+            while b"checking the API server" not in (line := await proc.stderr.readline()):
+                # An operator that ended before checking (a module that is gone) fails here, not at the
+                # timeout: end of output is b"", read again at once forever.
+                assert line, f"the operator ended before checking the API server: {await proc.wait()}"
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         code = await asyncio.wait_for(proc.wait(), STOP_GRACE_S + 5)
