@@ -281,3 +281,30 @@ async def test_a_request_too_big_to_parse_is_400_without_a_traceback_in_the_log(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
     assert [r for r in caplog.records if r.getMessage() == "bad request refused"]
     assert (await _get(served, "/healthz"))[0] == 200
+
+
+async def test_a_collection_that_fails_after_the_scrape_gave_up_leaves_no_unretrieved_error(caplog):
+    # The scrape answered 503 at its budget; the collection failed later, with nobody awaiting it. Its
+    # error was "never retrieved": asyncio logged it with a traceback when the future was collected.
+    import gc
+
+    failed = threading.Event()
+
+    def late_failure(_: str) -> tuple[bytes, str]:
+        time.sleep(0.3)
+        failed.set()
+        raise OSError("cannot read /proc/self/stat")
+
+    port = free_port()
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    async with ProbeServer(
+        Listen("127.0.0.1", port, port), metrics=late_failure, live=alive, metrics_budget=0.1
+    ):
+        assert (await _get(port, "/metrics"))[0] == 503
+        assert await asyncio.to_thread(failed.wait, 5)
+        await asyncio.sleep(0.1)
+        # The next scrape starts a new collection, dropping the failed one.
+        assert (await _get(port, "/metrics"))[0] == 503
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text, caplog.text

@@ -125,6 +125,9 @@ def _metrics_handler(metrics: Exposition, budget: float) -> Callable[[web.Reques
         # the kernel holds one thread, never one per scrape.
         if running is None or running.done():
             running = asyncio.ensure_future(asyncio.to_thread(metrics, request.headers.get("Accept", "")))
+            # A collection that fails after every scrape waiting on it gave up: its error is read here, so
+            # asyncio does not log it as "never retrieved" with a traceback; the next scrape collects anew.
+            running.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             body, content_type = await asyncio.wait_for(asyncio.shield(running), budget)
         except TimeoutError:
