@@ -23,11 +23,26 @@ API_BASE_S = 0.5
 API_CAP_S = 30.0
 
 
+def _whole(attempt: int | float) -> int:
+    """An attempt count as a whole number: a float's whole part (the old backoffs took a count read back
+    from JSON as 2.0), NaN as 0 and an infinity as a count past any cap. Raises TypeError for anything
+    that is not a number, naming it."""
+    if isinstance(attempt, int):
+        return attempt
+    if not isinstance(attempt, float):
+        raise TypeError(f"a backoff attempt must be a number, got {attempt!r}")
+    if math.isnan(attempt):
+        return 0
+    if math.isinf(attempt):
+        return 0 if attempt < 0 else 2**31  # past every cap: the exponent is bounded below by `enough`
+    return math.floor(attempt)
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Attempt n (0 the first retry; below 0 counts as 0) waits min(cap, base * 2**n) seconds, jittered
-    down to half of that when `jitter`. Raises ValueError for a base or cap that is negative, not finite
-    or not a number."""
+    """Attempt n (0 the first retry; below 0 counts as 0, a float as its whole part) waits
+    min(cap, base * 2**n) seconds, jittered down to half of that when `jitter`. Raises ValueError for a
+    base or cap that is negative, not finite or not a number, TypeError for an attempt that is no number."""
 
     base: float = API_BASE_S
     cap: float = API_CAP_S
@@ -41,18 +56,22 @@ class Backoff:
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"backoff {name} must be finite and at least 0 seconds, got {value!r}")
 
-    def ceiling(self, attempt: int) -> float:
+    def ceiling(self, attempt: int | float) -> float:
         """The longest wait of attempt `attempt`: min(cap, base * 2**attempt), without jitter."""
+        whole = _whole(attempt)
         if self.base <= 0 or self.cap <= 0:
             return 0.0
         if self.base >= self.cap:
             return float(self.cap)
         # The first exponent whose doubling reaches the cap: past it, every attempt waits the cap.
         enough = math.ceil(math.log2(self.cap) - math.log2(self.base))  # no overflow in cap / base
-        exponent = min(max(0, attempt), enough)
-        return float(min(self.cap, math.ldexp(self.base, exponent)))
+        exponent = min(max(0, whole), enough)
+        try:
+            return float(min(self.cap, math.ldexp(self.base, exponent)))
+        except OverflowError:  # `enough` is rounded up: past the largest float when the cap is near it
+            return float(self.cap)
 
-    def delay(self, attempt: int) -> float:
+    def delay(self, attempt: int | float) -> float:
         """Seconds to wait before attempt `attempt` (jittered when `jitter`)."""
         ceiling = self.ceiling(attempt)
         if not self.jitter:

@@ -52,6 +52,18 @@ def stamp(now: datetime) -> str:
     return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# The API server keeps this much of a generateName (a name of 63 less its 5 random characters).
+_PREFIX_CHARS = 58
+
+
+def _prefix(name: str) -> str:
+    """The Event's generateName: `<name>-`, cut to what the API server keeps. The prefix is validated as
+    a DNS subdomain with its dash, so a 253-character name (any Node, pod or group may have one) made it
+    254 and the Event was refused (422); a cut must not end on a dot ("a.-" starts a label with a dash),
+    and "name." is refused too."""
+    return (name[: _PREFIX_CHARS - 1].rstrip(".-") or "object") + "-"
+
+
 def body(
     involved: Mapping[str, Any],
     *,
@@ -75,8 +87,7 @@ def body(
     event: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Event",
-        # A generateName must stay a DNS subdomain with the suffix added: "name." is refused (422).
-        "metadata": {"generateName": f"{name}-", "namespace": namespace},
+        "metadata": {"generateName": _prefix(name), "namespace": namespace},
         "involvedObject": {
             k: involved[k] for k in ("apiVersion", "kind", "name", "namespace", "uid") if k in involved
         },

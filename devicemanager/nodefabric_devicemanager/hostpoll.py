@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nodefabric_devicemanager.workers import Lane, Overdue
@@ -24,14 +25,14 @@ T = TypeVar("T")
 # A standalone reader's deadline: a whole inventory pass takes well under a second on a healthy host.
 DEFAULT_DEADLINE_S = 30.0
 
-__all__ = ["DEFAULT_DEADLINE_S", "HostReads", "Overdue", "poll"]
+__all__ = ["DEFAULT_DEADLINE_S", "HostReads", "Overdue", "poll", "serve_beside"]
 
 
 class HostReads:
     """One host read at a time, each with a deadline. Raises `Overdue` for a read past it."""
 
     def __init__(self, deadline: float = DEFAULT_DEADLINE_S, name: str = "host-read") -> None:
-        self.deadline = deadline
+        self.deadline = _deadline(deadline)
         self._lane = Lane(name)
 
     def stuck_for(self) -> float:
@@ -39,7 +40,19 @@ class HostReads:
         return self._lane.stuck_for()
 
     async def read(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
-        return await self._lane.call(fn, *args, deadline=self.deadline if deadline is None else deadline)
+        return await self._lane.call(
+            fn, *args, deadline=self.deadline if deadline is None else _deadline(deadline)
+        )
+
+
+def _deadline(value: object) -> float:
+    """A read's deadline: a positive, finite number of seconds. 0 or less failed every read at once, NaN or
+    infinity waited on a stuck read forever: neither is a deadline. Raises ValueError naming the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a host read's deadline must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"a host read's deadline must be positive and finite, got {value!r}")
+    return float(value)
 
 
 async def poll(
@@ -53,8 +66,9 @@ async def poll(
     deadline: float = DEFAULT_DEADLINE_S,
 ) -> None:
     """`read()` every `interval` seconds, each reading handed to `feed`, until `stop` is set. A read that
-    raises or passes its deadline changes nothing (the last record is served) and is logged, a stuck one
-    once until a read succeeds again; `stop` is never kept waiting by a read stuck in its thread."""
+    raises or passes its deadline, or a reading `feed` refuses by raising, changes nothing (the last
+    record is served) and is logged, a stuck read once until a read succeeds again; `stop` is never kept
+    waiting by a read stuck in its thread."""
     reads = HostReads(deadline)
     stopped = asyncio.ensure_future(stop.wait())
     stuck = False
@@ -81,8 +95,23 @@ async def poll(
                 if stuck:
                     log.info("the host is read again", extra={"root": root})
                 stuck = False
-                feed(reading)
+                try:
+                    feed(reading)
+                except Exception:  # garbage from the host (a record the model refuses) costs one reading
+                    log.exception("a host reading was refused; serving the last record", extra={"root": root})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(stopped), timeout=interval)
     finally:
         stopped.cancel()
+
+
+async def serve_beside(polling: Coroutine[Any, Any, None], serving: Awaitable[T], stop: asyncio.Event) -> T:
+    """Run a standalone server (`serving`) with its host poll (`polling`, a `poll` on `stop`) beside it:
+    when the server ends, however it ends, the poll is stopped and waited for, so no read outlives the
+    command's clean-up and a poll's own failure is not lost."""
+    poller = asyncio.ensure_future(polling)
+    try:
+        return await serving
+    finally:
+        stop.set()
+        await poller

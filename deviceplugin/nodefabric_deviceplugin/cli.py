@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 
-from nodefabric_devicemanager import flags
+from nodefabric_devicemanager import flags, hostpoll
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.shell import flags as shell_flags
 from nodefabric_devicemanager.shell import server
@@ -56,12 +56,9 @@ async def serve(args: argparse.Namespace, config: PluginConfig, stop: asyncio.Ev
         live=server.alive,
         ready=server.readiness(manager.readiness),
     ):
-        poller = asyncio.create_task(poll_host(source, host, interval=args.interval, stop=stop))
-        try:
-            await manager.run(stop)
-        finally:
-            stop.set()
-            await poller
+        await hostpoll.serve_beside(
+            poll_host(source, host, interval=args.interval, stop=stop), manager.run(stop), stop
+        )
     return 0
 
 

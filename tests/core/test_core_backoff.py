@@ -74,3 +74,34 @@ def test_timings_of_the_wrong_type_are_refused(bad: object) -> None:
         Backoff(bad, 5.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="must be a number of seconds"):
         Backoff(1.0, bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("attempt", "expected"), [(2.0, 2.0), (2.5, 2.0), (3.9, 4.0), (-1.5, 0.5)])
+def test_an_attempt_count_that_is_a_float_counts_its_whole_part(attempt: float, expected: float) -> None:
+    # The old backoffs computed base * 2 ** attempt and took a float count (one read back from JSON);
+    # math.ldexp refused it with a TypeError that ended the retry loop.
+    assert Backoff(0.5, 30.0, jitter=False).delay(attempt) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("attempt", "expected"), [(math.nan, 0.5), (math.inf, 30.0), (-math.inf, 0.5)])
+def test_an_attempt_count_that_is_no_finite_number_waits_the_base_or_the_cap(
+    attempt: float, expected: float
+) -> None:
+    assert Backoff(0.5, 30.0, jitter=False).delay(attempt) == expected
+
+
+@pytest.mark.parametrize("bad", ["3", None, b"3", [3]])
+def test_an_attempt_count_of_the_wrong_type_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(TypeError, match="attempt must be a number"):
+        Backoff().delay(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="attempt must be a number"):
+        Backoff(0.0, 0.0).delay(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("base", "cap"), [(5e-324, 1e308), (1.0, 1.5e308), (1e300, 1.7e308)])
+def test_a_cap_near_the_largest_float_is_reached_without_overflow(base: float, cap: float) -> None:
+    # The exponent that reaches the cap is rounded up, so base * 2 ** it may pass the largest float
+    # when the cap is near it (a resync period given in seconds as 1e308, say).
+    backoff = Backoff(base, cap, jitter=False)
+    assert backoff.delay(10**6) == cap
+    assert backoff.delay(5000) == cap

@@ -3,6 +3,7 @@ and the three components that write through it (agent, operator recorder, extend
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -204,3 +205,30 @@ async def test_the_extender_publisher_holds_back_a_burst_about_one_pod_in_a_real
         assert k.count("POST", "v1/events") == 26
         dropped = registry.get_sample_value("nodefabric_extender_writes_failed_total", {"kind": "event"})
         assert dropped == 5  # the held-back ones are counted
+
+
+# A name as long as the API server allows (a DNS subdomain, 253 characters), and one whose first 57
+# characters end on a dot: the Event's generateName must still be a valid prefix.
+LONGEST = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
+DOT_AT_CUT = "x" * 56 + ".y" + "z" * 30
+
+
+@pytest.mark.parametrize("name", [LONGEST, DOT_AT_CUT, "gpu-7"])
+async def test_an_event_about_any_valid_name_is_accepted_by_the_api_server(name: str) -> None:
+    # "<name>-" is refused (422) for a 253-character name: the prefix is validated as a DNS subdomain
+    # with its dash, 254 characters. The server keeps 58 characters of a prefix anyway.
+    assert len(LONGEST) == 253
+    body = events.body(
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": "u-1"},
+        namespace="default", type_="Warning", reason="LinkDown", message=LONG,
+        component="nodefabric-agent", instance="gpu-7",
+    )  # fmt: skip
+    prefix = body["metadata"]["generateName"]
+    assert prefix.endswith("-") and not prefix.rstrip("-").endswith(".") and len(prefix) <= 58
+    assert body["involvedObject"]["name"] == name  # the object is named whole; only the prefix is cut
+    async with running_api() as k:
+        core = client.CoreV1Api(load_client(k.kubeconfig))
+        # In a thread: the embedded API answers on this test's event loop.
+        created = await asyncio.to_thread(core.create_namespaced_event, "default", body)
+    assert created.metadata.name.startswith(prefix)
+    assert created.involved_object.name == name

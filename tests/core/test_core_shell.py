@@ -172,6 +172,9 @@ PROGRAM = textwrap.dedent(
             await stop.wait()
             if stuck:  # a part that never stops: a thread blocked forever, awaited
                 await asyncio.to_thread(threading.Event().wait)
+        if sys.argv[1] == "cleanup":  # clean-up after the signals' block: closing sockets, joining threads
+            await asyncio.sleep(0.6)
+            print("cleaned up", flush=True)
         return 0
 
     sys.exit(asyncio.run(main()))
@@ -208,3 +211,27 @@ def test_a_command_stuck_after_sigterm_exits_once_the_grace_is_over() -> None:
     assert code == 1, err
     assert 1.0 <= took < 3.0, took
     assert "did not stop in time" in err
+
+
+def test_a_second_sigterm_while_stopping_does_not_kill_the_clean_up() -> None:
+    # kubelet, a user's second Ctrl-C or `kill` twice: the second signal lands while the command closes
+    # its servers after the signals' block. It used to find the default action restored and end the
+    # process by the signal (-15), its clean-up and last log lines lost; the grace timer still bounds it.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, "cleanup"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert code == 0, err
+    assert proc.stdout.read() == "cleaned up\n"
+    assert "already stopping" in err and "did not stop in time" not in err

@@ -6,6 +6,7 @@ busy port or foreign address refused at start with one line naming it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -224,3 +225,86 @@ def test_an_idle_timeout_that_is_no_duration_is_refused(bad: float):
 
     with pytest.raises(ValueError, match="idle_timeout must be positive"):
         runner(web.Application(), idle_timeout=bad)
+
+
+async def test_a_reason_with_a_character_utf8_cannot_carry_is_served_escaped_not_a_500():
+    # sysfs names decode with surrogateescape: a reason naming one must not turn the probe into a 500.
+    port = free_port()
+    reason = "waiting for mlx5_\udcff and é"
+    async with ProbeServer(
+        Listen("127.0.0.1", port, port), metrics=None, live=alive, ready=lambda: Probe(False, reason)
+    ):
+        status, body = await _get(port, "/readyz")
+    assert status == 503
+    assert body == "waiting for mlx5_\\udcff and é\n"
+
+
+async def test_a_check_or_collector_that_raises_answers_503_saying_why():
+    def broken_check() -> Probe:
+        raise RuntimeError("the device list is gone\nsecond line")
+
+    def broken_metrics(_: str) -> tuple[bytes, str]:
+        raise OSError("cannot read /proc/self/stat")
+
+    port = free_port()
+    async with ProbeServer(
+        Listen("127.0.0.1", port, port), metrics=broken_metrics, live=alive, ready=broken_check
+    ):
+        ready = await _get(port, "/readyz")
+        metrics = await _get(port, "/metrics")
+        live = await _get(port, "/healthz")
+    assert ready == (503, "the check failed: the device list is gone\n")
+    assert metrics == (503, "the metrics could not be collected: cannot read /proc/self/stat\n")
+    assert live == (200, "ok\n")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n",  # a request line over 8 KiB
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",  # a header over 8 KiB
+        b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X%d: y\r\n" % i for i in range(5000)) + b"\r\n",
+    ],
+)
+async def test_a_request_too_big_to_parse_is_400_without_a_traceback_in_the_log(
+    served, request_bytes: bytes, caplog: pytest.LogCaptureFixture
+):
+    # A client reaching the probe port must not fill the log: aiohttp logged each as an ERROR with a
+    # traceback. Answered 400, told in one debug line, and the probes answer on.
+    caplog.set_level(logging.DEBUG)
+    reader, writer = await asyncio.open_connection("127.0.0.1", served)
+    writer.write(request_bytes)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.split(b" ", 2)[1] == b"400"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+    assert [r for r in caplog.records if r.getMessage() == "bad request refused"]
+    assert (await _get(served, "/healthz"))[0] == 200
+
+
+async def test_a_collection_that_fails_after_the_scrape_gave_up_leaves_no_unretrieved_error(caplog):
+    # The scrape answered 503 at its budget; the collection failed later, with nobody awaiting it. Its
+    # error was "never retrieved": asyncio logged it with a traceback when the future was collected.
+    import gc
+
+    failed = threading.Event()
+
+    def late_failure(_: str) -> tuple[bytes, str]:
+        time.sleep(0.3)
+        failed.set()
+        raise OSError("cannot read /proc/self/stat")
+
+    port = free_port()
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    async with ProbeServer(
+        Listen("127.0.0.1", port, port), metrics=late_failure, live=alive, metrics_budget=0.1
+    ):
+        assert (await _get(port, "/metrics"))[0] == 503
+        assert await asyncio.to_thread(failed.wait, 5)
+        await asyncio.sleep(0.1)
+        # The next scrape starts a new collection, dropping the failed one.
+        assert (await _get(port, "/metrics"))[0] == 503
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text, caplog.text

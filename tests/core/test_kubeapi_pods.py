@@ -428,3 +428,30 @@ async def test_an_existing_tolerations_seconds_may_change_as_the_api_server_allo
     changed = [{**base, "key": "node.kubernetes.io/not-ready", "tolerationSeconds": 30}]
     status, out = await call(k, "PATCH", f"{PODS}/w0", {"spec": {"tolerations": changed}}, MERGE)
     assert status == 422, out
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/gone", None),
+        ("PUT", "/gone", None),
+        ("DELETE", "/gone", None),
+        (
+            "POST",
+            "/gone/binding",
+            {"kind": "Binding", "metadata": {"name": "gone"}, "target": {"name": "n1"}},
+        ),
+        ("POST", "/gone/eviction", None),
+    ],
+)
+async def test_every_verb_on_a_missing_pod_is_the_same_404_naming_it(
+    k: RunningAPI, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    # One lookup answers them all (Objects.existing): the same Status, whichever handler asked.
+    sent = body or (
+        pod("gone") if method == "PUT" else eviction("gone") if path.endswith("eviction") else None
+    )
+    status, out = await call(k, method, f"{PODS}{path}", sent)
+    assert status == 404
+    assert (out["kind"], out["reason"], out["message"]) == ("Status", "NotFound", 'pods "gone" not found')
+    assert out["details"] == {"name": "gone", "kind": "pods"}

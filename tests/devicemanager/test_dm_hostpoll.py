@@ -103,3 +103,71 @@ async def test_stop_is_never_kept_waiting_by_a_stuck_read():
         assert time.monotonic() - started < 1
     finally:
         release.set()
+
+
+async def test_a_reading_the_feed_refuses_is_logged_and_the_poll_goes_on(caplog: pytest.LogCaptureFixture):
+    # A reader that returns garbage (a record the source's model refuses): that reading is lost, logged,
+    # and the next one is fed; the poll (and the last record it served) does not end with it.
+    readings: list[object] = [1, "garbage", 2]
+    fed: list[object] = []
+    stop = asyncio.Event()
+
+    def read() -> object:
+        return readings.pop(0) if readings else 3
+
+    def feed(reading: object) -> None:
+        if not isinstance(reading, int):
+            raise ValueError(f"not a reading: {reading!r}")
+        fed.append(reading)
+        if reading == 3:
+            stop.set()
+
+    caplog.set_level(logging.INFO, logger="test.hostpoll")
+    await asyncio.wait_for(
+        hostpoll.poll(read, feed, root="/host", interval=0.01, stop=stop, log=log, deadline=5), 10
+    )
+    assert fed == [1, 2, 3]
+    refused = [
+        r for r in caplog.records if r.getMessage() == "a host reading was refused; serving the last record"
+    ]
+    assert len(refused) == 1 and refused[0].exc_info is not None
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "30", None, True])
+async def test_a_deadline_that_is_no_deadline_is_refused_by_name(bad: object):
+    # 0 or less failed every read at once (the host never read); NaN or infinity waited on a stuck read
+    # forever. Refused where it is given, the constructor or one read.
+    with pytest.raises(ValueError, match="deadline must be"):
+        hostpoll.HostReads(bad)  # type: ignore[arg-type]
+    reads = hostpoll.HostReads(5.0)
+    if bad is not None:  # a read's None is "the reader's own deadline"
+        with pytest.raises(ValueError, match="deadline must be"):
+            await reads.read(lambda: 1, deadline=bad)  # type: ignore[arg-type]
+    assert await reads.read(lambda: 1) == 1
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+async def test_serve_beside_stops_and_waits_for_the_poll_however_the_server_ends(ends: str):
+    stop = asyncio.Event()
+    reads: list[float] = []
+    poll_ended = asyncio.Event()
+
+    async def polling() -> None:
+        try:
+            await hostpoll.poll(time.monotonic, reads.append, root="/h", interval=0.01, stop=stop, log=log)
+        finally:
+            poll_ended.set()
+
+    async def serving() -> str:
+        while len(reads) < 2:
+            await asyncio.sleep(0.01)
+        if ends == "raises":
+            raise OSError("the socket went away")
+        return "served"
+
+    if ends == "raises":
+        with pytest.raises(OSError, match="socket went away"):
+            await asyncio.wait_for(hostpoll.serve_beside(polling(), serving(), stop), 10)
+    else:
+        assert await asyncio.wait_for(hostpoll.serve_beside(polling(), serving(), stop), 10) == "served"
+    assert stop.is_set() and poll_ended.is_set()  # stopped, and waited for: nothing reads on after it

@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Callable
 
 import prometheus_client
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
-from nodefabric_devicemanager.shell.errors import StartupError
+from nodefabric_devicemanager.shell.errors import StartupError, first_line
 from nodefabric_devicemanager.shell.flags import Listen
 from nodefabric_devicemanager.shell.probe import Probe, ProbeFn, alive, readiness
 
@@ -62,6 +63,24 @@ def no_created_series() -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+class _ClientErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line or header over 8 KiB, too many headers, not
+    HTTP at all) as an ERROR with a traceback: any client reaching a port could fill the log with them.
+    The client's mistake is answered 400 and told here in one debug line; a handler's own error (a 500)
+    keeps its ERROR and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            log.debug("bad request refused", extra={"status": exc.code, "error": first_line(exc.message)})
+            return False
+        return True
+
+
+_REQUESTS = logging.getLogger(f"{__name__}.requests")
+_REQUESTS.addFilter(_ClientErrors())
+
+
 def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web.AppRunner:
     """The runner of one aiohttp listener: no access log (the components log what matters), no signal
     handling (the command owns its signals), and the connection limits above."""
@@ -73,16 +92,24 @@ def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web
         handle_signals=False,
         keepalive_timeout=idle_timeout,
         lingering_time=LINGER_S,
+        logger=_REQUESTS,
     )
 
 
 def _probe_handler(probe: ProbeFn) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def answer(_: web.Request) -> web.Response:
-        got = probe()
+        try:
+            got = probe()
+        except Exception as err:  # a check that cannot say is a probe that fails, with why; not a 500
+            log.warning("probe failed", extra={"error": first_line(err)})
+            got = Probe(False, f"the check failed: {first_line(err)}")
         text = got.reason
         if got.content_type == "text/plain" and not text.endswith("\n"):
             text += "\n"  # a reason is one line, for `curl` and `kubectl describe pod` alike
-        response = web.Response(body=text.encode(), status=200 if got.ok else 503)
+        # A reason may carry a name read from the host (sysfs names decode with surrogateescape): an
+        # unencodable character is written escaped rather than failing the probe with a 500.
+        body = text.encode("utf-8", "backslashreplace")
+        response = web.Response(body=body, status=200 if got.ok else 503)
         response.headers["Content-Type"] = got.content_type  # may carry a charset, which aiohttp refuses
         return response
 
@@ -98,10 +125,16 @@ def _metrics_handler(metrics: Exposition, budget: float) -> Callable[[web.Reques
         # the kernel holds one thread, never one per scrape.
         if running is None or running.done():
             running = asyncio.ensure_future(asyncio.to_thread(metrics, request.headers.get("Accept", "")))
+            # A collection that fails after every scrape waiting on it gave up: its error is read here, so
+            # asyncio does not log it as "never retrieved" with a traceback; the next scrape collects anew.
+            running.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             body, content_type = await asyncio.wait_for(asyncio.shield(running), budget)
         except TimeoutError:
             return web.Response(status=503, text=f"the metrics took longer than {budget:g} s\n")
+        except Exception as err:  # a collector that raises: the scrape fails with why, not a traceback
+            log.warning("metrics collection failed", extra={"error": first_line(err)})
+            return web.Response(status=503, text=f"the metrics could not be collected: {first_line(err)}\n")
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response

@@ -77,6 +77,18 @@ def stop_on_signals(
         for sig in installed:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
+                if armed:
+                    # Stopping on a signal: the clean-up after this block (closing servers, joining
+                    # threads) runs on, and a second signal must not end it by the default action; the
+                    # armed timer bounds it. Without a timer the default action is the only way out.
+                    signal.signal(sig, _already_stopping(fields))
+
+
+def _already_stopping(fields: dict[str, Any]) -> Callable[[int, Any], None]:
+    def handle(signum: int, _: Any) -> None:
+        log.info("already stopping; signal ignored", extra={**fields, "signal": signal.Signals(signum).name})
+
+    return handle
 
 
 __all__ = ["STOP_GRACE_S", "stop_on_signals"]

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 
-from nodefabric_devicemanager import flags, nodeclient
+from nodefabric_devicemanager import flags, hostpoll, nodeclient
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.shell import flags as shell_flags
 from nodefabric_devicemanager.shell import server
@@ -111,10 +111,7 @@ async def serve(args: argparse.Namespace, config: DriverConfig, api: nodeclient.
                     "cdi_dir": config.cdi_dir,
                 },
             )
-            poller = asyncio.create_task(poll_record(source, host, interval=args.interval, stop=stop))
-            try:
-                await driver.run(stop)
-            finally:
-                stop.set()
-                await poller
+            await hostpoll.serve_beside(
+                poll_record(source, host, interval=args.interval, stop=stop), driver.run(stop), stop
+            )
     return 0

@@ -103,16 +103,18 @@ class NodeRecord:
     pods: int = 0  # allocatable pod slots; 0: not said
 
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
+def mapping(value: object, where: str, error: type[ValueError] = NodeError) -> Mapping[str, Any]:
+    """An optional object field of a node or pod read from the API: {} when absent; `error` naming
+    `where` when it is something else (a list, a string)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise NodeError(f"{where}: must be an object, got {type(value).__name__}")
+        raise error(f"{where}: must be an object, got {type(value).__name__}")
     return value
 
 
 def _labels(value: object, where: str) -> dict[str, str]:
-    labels = _mapping(value, where)
+    labels = mapping(value, where)
     for key, val in labels.items():
         if not isinstance(key, str):
             raise NodeError(f"{where}: key {key!r} is not a string")
@@ -150,15 +152,15 @@ def parse_node(obj: object, where: str = "Node") -> NodeRecord:
     """The node as the decision reads it. Raises NodeError naming the first field it cannot use."""
     if not isinstance(obj, dict):
         raise NodeError(f"{where}: must be a Node object, got {type(obj).__name__}")
-    meta = _mapping(obj.get("metadata"), f"{where}.metadata")
+    meta = mapping(obj.get("metadata"), f"{where}.metadata")
     name = meta.get("name")
     if not isinstance(name, str) or len(name) > MAX_NAME or not _NODE_NAME.fullmatch(name):
         shown = repr(name)[:80]
         raise NodeError(f"{where}.metadata.name: {shown} is not a node name (a DNS subdomain)")
     labels = _labels(meta.get("labels"), f"{where}.metadata.labels")
-    spec = _mapping(obj.get("spec"), f"{where}.spec")
-    status = _mapping(obj.get("status"), f"{where}.status")
-    alloc = _mapping(status.get("allocatable"), f"{where}.status.allocatable")
+    spec = mapping(obj.get("spec"), f"{where}.spec")
+    status = mapping(obj.get("status"), f"{where}.status")
+    alloc = mapping(status.get("allocatable"), f"{where}.status.allocatable")
     extended: dict[str, int] = {}
     memory = cpu = pods = 0
     for res, value in alloc.items():

@@ -22,6 +22,7 @@ from nodefabric_operator.extender.nodes import (
     QuantityError,
     Taint,
     is_extended,
+    mapping,
     quantity,
 )
 
@@ -139,11 +140,7 @@ class PodNeeds:
 
 
 def _obj(value: object, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise PodError(f"{where}: must be an object, got {type(value).__name__}")
-    return value
+    return mapping(value, where, PodError)
 
 
 def _list(value: object, where: str) -> list[Any]:

@@ -29,9 +29,7 @@ class Reads:
 
     def get(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
         assert route.name is not None
-        obj = self._objects.store.get(rt.key, route.namespace, route.name)
-        if obj is None:
-            raise errors.not_found(rt.plural, rt.group, route.name)
+        obj = self._objects.existing(rt, route.namespace, route.name)
         if table_wanted(request):
             table = render_table(
                 [obj],

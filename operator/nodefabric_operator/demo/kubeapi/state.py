@@ -38,6 +38,13 @@ class Objects:
         self.rv += 1
         return str(self.rv)
 
+    def existing(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+        """The stored object a request names; raises the API server's 404 Status when there is none."""
+        obj = self.store.get(rt.key, namespace, name)
+        if obj is None:
+            raise errors.not_found(rt.plural, rt.group, name)
+        return obj
+
     def log(self, resource: str) -> EventLog:
         log = self._logs.get(resource)
         if log is None:

@@ -27,9 +27,7 @@ class PodSubresources:
     def bind(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
         """POST pods/<name>/binding: what kube-scheduler does to place a pod."""
         assert route.name is not None
-        pod = self._objects.store.get(rt.key, route.namespace, route.name)
-        if pod is None:
-            raise errors.not_found(rt.plural, rt.group, route.name)
+        pod = self._objects.existing(rt, route.namespace, route.name)
         body = parse_body(request)
         target = (body.get("target") or {}).get("name") if isinstance(body, dict) else None
         if not target:
@@ -79,9 +77,7 @@ class PodSubresources:
         name = (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
         if name != route.name:
             raise errors.bad_request("name in URL does not match name in Eviction object")
-        pod = self._objects.store.get(rt.key, route.namespace, route.name)
-        if pod is None:
-            raise errors.not_found(rt.plural, rt.group, route.name)
+        pod = self._objects.existing(rt, route.namespace, route.name)
         options = body.get("deleteOptions") or {}
         if not isinstance(options, dict):
             raise errors.bad_request("deleteOptions of an eviction must be an object")

@@ -68,9 +68,7 @@ class Writes:
 
     def update(self, rt: ResourceType, route: Route, request: Any, verb: str) -> aiohttp.web.StreamResponse:
         assert route.name is not None
-        old = self._objects.store.get(rt.key, route.namespace, route.name)
-        if old is None:
-            raise errors.not_found(rt.plural, rt.group, route.name)
+        old = self._objects.existing(rt, route.namespace, route.name)
         body = parse_body(request)
         if verb == "patch":
             content_type = header(request, "Content-Type")
@@ -122,9 +120,7 @@ class Writes:
 
     def delete(self, rt: ResourceType, route: Route, request: Any) -> aiohttp.web.StreamResponse:
         assert route.name is not None
-        obj = self._objects.store.get(rt.key, route.namespace, route.name)
-        if obj is None:
-            raise errors.not_found(rt.plural, rt.group, route.name)
+        obj = self._objects.existing(rt, route.namespace, route.name)
         options = _delete_options(request)
         pre = options.get("preconditions") or {}
         m = meta(obj)
