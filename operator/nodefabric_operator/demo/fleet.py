@@ -270,6 +270,12 @@ async def place_group(k: RunningAPI) -> str:
                 await _until(
                     lambda: sum(1 for p in _workers(k) if is_ready(p)) == SIZE, "the group bound and Ready"
                 )
+                # The controller records Bound after it sees the last pod Ready: wait for that write while
+                # it still runs, so the table below shows the group as it ends, not a step behind.
+                await _until(
+                    lambda: (placement_group_row(k).get("status") or {}).get("phase") == "Bound",
+                    "the PlacementGroup to record the group Bound",
+                )
             finally:
                 await kube.close()
             bound = list(scheduler.bound)
