@@ -345,3 +345,54 @@ async def test_hypernodes_of_our_names_made_after_our_listing_are_kept_or_taken_
     assert "not managed by nodefabric: fabric.nvl-a" in state, state
     assert not writer.retry and not said
     assert_valid(k, ())
+
+
+FOREIGN = "leaf.leaf-1"
+
+
+async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_patched_over(api: RunningAPI) -> None:
+    """Ours was written and is known; by hand (or by Volcano's discovery) it is deleted and another
+    HyperNode made under its name. The next change of its members must not patch their object: it is
+    left alone, named by none of ours, and said in the state, as a name met taken on create is."""
+    from nodefabric_operator.topology.writer import Writer
+
+    k = api
+    said: list[Any] = []
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=("volcano",),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=60,
+        event=said.append,
+    )
+    await asyncio.to_thread(writer.discover)
+    hierarchy = check(default_levels(), FLEET)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, FLEET)
+    assert project.is_managed(_all(k, HN)[FOREIGN])
+    k.api.remove_object(HN, FOREIGN)
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": FOREIGN},
+        "spec": {"tier": 2, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-0"}}}]},
+    }
+    k.api.put_object(HN, copy.deepcopy(theirs))
+    grown = {
+        **FLEET,
+        "gpu-4": {**FLEET["gpu-1"], HOST: "gpu-4", FABRIC: "nvl-c"},
+    }  # leaf.leaf-1 gains a fabric: its members change
+    hierarchy = check(default_levels(), grown)
+
+    state = await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, grown)
+
+    hns = _all(k, HN)
+    assert hns[FOREIGN]["spec"] == theirs["spec"] and "labels" not in hns[FOREIGN]["metadata"]
+    ours = {n: b for n, b in hns.items() if n != FOREIGN}
+    assert FOREIGN not in _hn_parents(ours)
+    assert f"not managed by nodefabric: {FOREIGN}" in state, state
+    # And nothing is written on a pass where nothing changed.
+    writes = _writes(k, HN)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, grown)
+    assert _writes(k, HN) == writes
