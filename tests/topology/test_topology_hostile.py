@@ -396,3 +396,32 @@ async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_patched_ov
     writes = _writes(k, HN)
     await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, grown)
     assert _writes(k, HN) == writes
+
+
+async def test_a_kueue_topology_of_ours_replaced_by_someone_elses_is_never_patched_over(
+    api: RunningAPI,
+) -> None:
+    """The same for the one Topology: ours deleted and another made under its name, then the levels
+    change (a patch, not a replace, for Kueue): theirs keeps its levels, and the state says why."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KUEUE_T).get("nodefabric")))
+        await settle(k)
+        ours = _all(k, KUEUE_T)["nodefabric"]
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        theirs = {
+            "apiVersion": ours["apiVersion"],
+            "kind": "Topology",
+            "metadata": {"name": "nodefabric"},
+            "spec": {"levels": [{"nodeLabel": ZONE}, {"nodeLabel": HOST}]},
+        }
+        k.api.put_object(KUEUE_T, copy.deepcopy(theirs))
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: the levels change
+        await eventually(
+            lambda: "not managed by nodefabric" in str(_all(k, FT).get("nodefabric", {}).get("status"))
+        )
+        await settle(k)
+    live = _all(k, KUEUE_T)["nodefabric"]
+    assert live["spec"] == theirs["spec"] and not project.is_managed(live)
