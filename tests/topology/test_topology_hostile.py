@@ -30,7 +30,7 @@ from test_topology_operator import (
     running_operator,
     settle,
 )
-from topology_fixtures import FABRIC, HOST, KAI, LEAF, ZONE, crd
+from topology_fixtures import FABRIC, HOST, KAI, LEAF, VOLCANO, ZONE, crd
 
 from nodefabric_devicemanager import crd as devices_crd
 from nodefabric_devicemanager.kubeclient import load_client
@@ -425,3 +425,26 @@ async def test_a_kueue_topology_of_ours_replaced_by_someone_elses_is_never_patch
         await settle(k)
     live = _all(k, KUEUE_T)["nodefabric"]
     assert live["spec"] == theirs["spec"] and not project.is_managed(live)
+
+
+async def test_a_target_crd_deleted_and_installed_again_gets_its_objects_written_again(
+    api: RunningAPI,
+) -> None:
+    """Volcano uninstalled (its CRD deleted, every HyperNode with it) and installed again: once discovery
+    sees the CRD back, the next pass writes the HyperNodes again, not only the next resync (the writer
+    must not keep believing in objects the CRD's deletion took)."""
+    k = api
+    proj = Projector(
+        load_client(k.kubeconfig), options(targets=("volcano",), discovery_ttl=0, resync=3600), Metrics()
+    )
+    await asyncio.to_thread(proj.reconcile, FLEET)
+    wanted = set(_all(k, HN))
+    assert wanted
+    ext = kubernetes.client.ApiextensionsV1Api(load_client(k.kubeconfig))
+    volcano = crd(VOLCANO)
+    await asyncio.to_thread(ext.delete_custom_resource_definition, volcano["metadata"]["name"])
+    await asyncio.to_thread(proj.reconcile, FLEET)  # "CRD not served"
+    k.api.declare_crd(volcano)
+    assert _all(k, HN) == {}
+    await asyncio.to_thread(proj.reconcile, FLEET)
+    assert set(_all(k, HN)) == wanted
