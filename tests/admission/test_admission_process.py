@@ -495,3 +495,35 @@ async def test_a_members_unusable_annotation_holds_its_group_back_with_the_reaso
             assert w.status(KEY)["phase"] == "Waiting"
             assert all(GATE in w.gates(f"train-{i}") for i in range(2))
             await eventually(lambda: w.events("InvalidPlacement"), what="the Event")
+
+
+async def test_a_lease_lost_while_the_owner_is_read_admits_nothing():
+    """The holder's renew deadline passes while a group's owner is read (a slow API server): another
+    replica may lead by then, so this one must not admit the group it was deciding (no Admitted status,
+    no gate removed); it admits once it leads again."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*fleet(), job("train", 2, completions=2))
+        leading = [True]
+        read: list[str] = []
+        async with placement(k, leading=lambda: leading[0]) as ctl:
+            real = ctl.grouping.owners.read
+
+            def slow_read(ref):  # type: ignore[no-untyped-def]
+                leading[0] = False  # the Lease lapses during the read
+                read.append(str(ref))
+                return real(ref)
+
+            ctl.grouping.owners.read = slow_read  # type: ignore[method-assign]
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: bool(read), what="the owner read")
+            await asyncio.sleep(1.0)  # passes that would admit have had their time
+            assert all(GATE in w.gates(f"train-{i}") for i in range(2)), (
+                "a gate was removed without the Lease"
+            )
+            assert (w.status(KEY) or {}).get("phase") != "Admitted"
+            ctl.grouping.owners.read = real  # type: ignore[method-assign]
+            leading[0] = True
+            ctl.wake.set()
+            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")

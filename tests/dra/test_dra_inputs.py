@@ -754,3 +754,49 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
     # And the claim prepares once the disk is well again.
     out = await preparer.prepare([REF])
     assert out[UID].error == "" and list(Checkpoint(config.checkpoint_path).claims) == [UID]
+
+
+async def test_a_prepare_cancelled_while_its_files_are_written_leaves_memory_and_disk_in_step(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """kubelet's deadline (or a client cancel) lands while the spec and the checkpoint entry are being
+    written in their thread. The thread cannot be stopped, so the reservation must not be given back
+    under it: that unlinked the reserved entry between the spec's write and the entry's commit, leaving a
+    CDI spec for a claim recorded nowhere (kubelet never unprepares a prepare it saw fail), and could close
+    the entry's descriptor while the commit was writing through it."""
+    config = dirs.config()
+    checkpoint = Checkpoint(config.checkpoint_path)
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), hgx_host[0].host, api, checkpoint)
+    entered, hold = threading.Event(), threading.Event()
+    real = cdi.write_spec
+
+    def slow_write(*args: Any, **kwargs: Any) -> bool:
+        wrote = real(*args, **kwargs)
+        entered.set()
+        hold.wait(10)  # the spec is on disk; the entry's commit comes next
+        return wrote
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cdi, "write_spec", slow_write)
+        task = asyncio.create_task(preparer.prepare([REF]))
+        async with asyncio.timeout(10):
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.sleep(0.1)  # the cancellation is delivered while the thread is still writing
+        hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        await asyncio.sleep(0.3)  # any thread still running has finished
+    specs = os.listdir(config.cdi_dir)
+    entries = [n for n in os.listdir(checkpoint.directory) if not n.startswith(".")]
+    reloaded = Checkpoint(config.checkpoint_path).claims
+    if UID in checkpoint.claims:
+        assert len(specs) == 1 and len(entries) == 1 and list(reloaded) == [UID]
+    else:
+        assert specs == [] and entries == [] and reloaded == {}
+    # kubelet asks again: answered, and recorded once.
+    out = await preparer.prepare([REF])
+    assert out[UID].error == "" and out[UID].devices
+    assert list(Checkpoint(config.checkpoint_path).claims) == [UID] and len(os.listdir(config.cdi_dir)) == 1

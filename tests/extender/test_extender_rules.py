@@ -341,3 +341,59 @@ def test_the_capacity_index_counts_what_a_walk_over_every_node_counts(seed: int)
                     slow[(values, loc)] = slow.get((values, loc), 0) + max(1, shape.now(v))
                 got = {b: t for b, t in index.capacities(h, li, shape, feasible).items() if t}
                 assert got == slow, (shape, share, li)
+
+
+def _slow_capacities(
+    views: dict[str, NodeView], keys: tuple[str, ...], li: int, shape: Shape, feasible: set[str]
+) -> dict[Any, int]:
+    slow: dict[Any, int] = {}
+    for name in feasible:
+        v = views[name]
+        values = homog_values(v.labels, keys)
+        loc = v.locations[li] if li < 2 else None
+        if values is None or (li < 2 and loc is None):
+            continue
+        slow[(values, loc)] = slow.get((values, loc), 0) + max(1, shape.now(v))
+    return slow
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_capacities_asked_between_every_change_never_answer_from_a_stale_memo(seed: int):
+    """Requests come between watch events: each answer (memoized per index version, per shape) must be
+    the walk's over the fleet as it is now, for configured key tuples and for ones a group names (built
+    on first use, evicted past EXTRA_KEY_TUPLES, built again), as nodes change product or zone, go and
+    come back."""
+    from nodefabric_operator.extender.index import EXTRA_KEY_TUPLES
+
+    rng = random.Random(1000 + seed)
+    pinned = ("nvidia.com/gpu.product",)
+    views = {f"n-{i}": _view(i, rng) for i in range(40)}
+    index = Index.of(views.values(), 2, [pinned])
+    shapes = (Shape({"nvidia.com/gpu": 2}), Shape({"nvidia.com/gpu": 8}), Shape({}, cpu=4000))
+    extra = [(f"x/{k}",) for k in range(EXTRA_KEY_TUPLES + 3)]
+    for step in range(300):
+        changed = _view(rng.randrange(60), rng)
+        if rng.random() < 0.3:  # a label of the extra keys, so their buckets are not empty
+            changed = NodeView(
+                name=changed.name,
+                labels={**changed.labels, rng.choice(extra)[0]: rng.choice(["a", "b"])},
+                locations=changed.locations,
+                free=changed.free,
+                allocatable=changed.allocatable,
+                spare=changed.spare,
+                size=changed.size,
+            )
+        if rng.random() < 0.2 and changed.name in index.views:
+            index.remove(index.views[changed.name])
+            del views[changed.name]
+        else:
+            index.add(changed)
+            views[changed.name] = changed
+        keys = pinned if rng.random() < 0.5 else rng.choice(extra)
+        h = index.homogeneity(keys)
+        shape = rng.choice(shapes)
+        feasible = {n for n in views if rng.random() < rng.choice((1.0, 0.8, 0.3))}
+        li = rng.randrange(3)
+        got = {b: t for b, t in index.capacities(h, li, shape, feasible).items() if t}
+        assert got == _slow_capacities(views, keys, li, shape, feasible), (step, keys, shape, li)
+        assert index.names == set(views)

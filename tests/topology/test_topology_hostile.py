@@ -30,7 +30,7 @@ from test_topology_operator import (
     running_operator,
     settle,
 )
-from topology_fixtures import FABRIC, HOST, KAI, LEAF, ZONE, crd
+from topology_fixtures import FABRIC, HOST, KAI, LEAF, VOLCANO, ZONE, crd
 
 from nodefabric_devicemanager import crd as devices_crd
 from nodefabric_devicemanager.kubeclient import load_client
@@ -345,3 +345,106 @@ async def test_hypernodes_of_our_names_made_after_our_listing_are_kept_or_taken_
     assert "not managed by nodefabric: fabric.nvl-a" in state, state
     assert not writer.retry and not said
     assert_valid(k, ())
+
+
+FOREIGN = "leaf.leaf-1"
+
+
+async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_patched_over(api: RunningAPI) -> None:
+    """Ours was written and is known; by hand (or by Volcano's discovery) it is deleted and another
+    HyperNode made under its name. The next change of its members must not patch their object: it is
+    left alone, named by none of ours, and said in the state, as a name met taken on create is."""
+    from nodefabric_operator.topology.writer import Writer
+
+    k = api
+    said: list[Any] = []
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=("volcano",),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=60,
+        event=said.append,
+    )
+    await asyncio.to_thread(writer.discover)
+    hierarchy = check(default_levels(), FLEET)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, FLEET)
+    assert project.is_managed(_all(k, HN)[FOREIGN])
+    k.api.remove_object(HN, FOREIGN)
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": FOREIGN},
+        "spec": {"tier": 2, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-0"}}}]},
+    }
+    k.api.put_object(HN, copy.deepcopy(theirs))
+    grown = {
+        **FLEET,
+        "gpu-4": {**FLEET["gpu-1"], HOST: "gpu-4", FABRIC: "nvl-c"},
+    }  # leaf.leaf-1 gains a fabric: its members change
+    hierarchy = check(default_levels(), grown)
+
+    state = await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, grown)
+
+    hns = _all(k, HN)
+    assert hns[FOREIGN]["spec"] == theirs["spec"] and "labels" not in hns[FOREIGN]["metadata"]
+    ours = {n: b for n, b in hns.items() if n != FOREIGN}
+    assert FOREIGN not in _hn_parents(ours)
+    assert f"not managed by nodefabric: {FOREIGN}" in state, state
+    # And nothing is written on a pass where nothing changed.
+    writes = _writes(k, HN)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, grown)
+    assert _writes(k, HN) == writes
+
+
+async def test_a_kueue_topology_of_ours_replaced_by_someone_elses_is_never_patched_over(
+    api: RunningAPI,
+) -> None:
+    """The same for the one Topology: ours deleted and another made under its name, then the levels
+    change (a patch, not a replace, for Kueue): theirs keeps its levels, and the state says why."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kueue",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KUEUE_T).get("nodefabric")))
+        await settle(k)
+        ours = _all(k, KUEUE_T)["nodefabric"]
+        k.api.remove_object(KUEUE_T, "nodefabric")
+        theirs = {
+            "apiVersion": ours["apiVersion"],
+            "kind": "Topology",
+            "metadata": {"name": "nodefabric"},
+            "spec": {"levels": [{"nodeLabel": ZONE}, {"nodeLabel": HOST}]},
+        }
+        k.api.put_object(KUEUE_T, copy.deepcopy(theirs))
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: the levels change
+        await eventually(
+            lambda: "not managed by nodefabric" in str(_all(k, FT).get("nodefabric", {}).get("status"))
+        )
+        await settle(k)
+    live = _all(k, KUEUE_T)["nodefabric"]
+    assert live["spec"] == theirs["spec"] and not project.is_managed(live)
+
+
+async def test_a_target_crd_deleted_and_installed_again_gets_its_objects_written_again(
+    api: RunningAPI,
+) -> None:
+    """Volcano uninstalled (its CRD deleted, every HyperNode with it) and installed again: once discovery
+    sees the CRD back, the next pass writes the HyperNodes again, not only the next resync (the writer
+    must not keep believing in objects the CRD's deletion took)."""
+    k = api
+    proj = Projector(
+        load_client(k.kubeconfig), options(targets=("volcano",), discovery_ttl=0, resync=3600), Metrics()
+    )
+    await asyncio.to_thread(proj.reconcile, FLEET)
+    wanted = set(_all(k, HN))
+    assert wanted
+    ext = kubernetes.client.ApiextensionsV1Api(load_client(k.kubeconfig))
+    volcano = crd(VOLCANO)
+    await asyncio.to_thread(ext.delete_custom_resource_definition, volcano["metadata"]["name"])
+    await asyncio.to_thread(proj.reconcile, FLEET)  # "CRD not served"
+    k.api.declare_crd(volcano)
+    assert _all(k, HN) == {}
+    await asyncio.to_thread(proj.reconcile, FLEET)
+    assert set(_all(k, HN)) == wanted

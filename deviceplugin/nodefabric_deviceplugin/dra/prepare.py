@@ -225,7 +225,21 @@ class Preparer:
         reserved = await reserving  # a checkpoint that cannot be written fails the claim here
         # One thread hop for both files: the spec first, then the checkpoint entry, which is durable
         # before kubelet is answered and holds the spec (see cdi.write_spec).
-        await asyncio.to_thread(self._record, path, prepared, reserved)
+        recording = asyncio.ensure_future(asyncio.to_thread(self._record, path, prepared, reserved))
+        try:
+            await asyncio.shield(recording)
+        except asyncio.CancelledError:
+            # kubelet's deadline passed mid-write. The thread cannot be stopped: it ends (the claim
+            # recorded, or its files given back) before the reservation is settled and the lock lets
+            # the next call in, or the reservation would be given back under it: its entry unlinked
+            # between the spec's write and the commit (a spec recorded nowhere), its descriptor closed
+            # while the commit writes through it. A recorded claim answers kubelet's next call.
+            await asyncio.wait([recording])
+            if not recording.cancelled() and recording.exception() is not None:
+                log.warning(
+                    "a cancelled prepare failed", extra={"claim": str(ref), "why": str(recording.exception())}
+                )
+            raise
         metrics.PREPARES.labels("prepared").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(

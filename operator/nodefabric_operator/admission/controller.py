@@ -166,6 +166,10 @@ class Controller:
             return  # nothing changed since this group was last decided (or its owner may have)
         self.evaluated[group.spec.key] = (generation, now)
         size, owner = await self.grouping.size(group)
+        if not self.leading():
+            # The Lease lapsed during the owner's read: another replica may be deciding this group.
+            self.evaluated.pop(group.spec.key, None)  # decided afresh once this one leads again
+            return
         owned = self.grouping.own(group, owner)
         gated = gated if owned is None else owned
         # Only a member's unusable annotation holds the group back: a pod the owner does not control
@@ -227,8 +231,11 @@ class Controller:
         now: float,
     ) -> None:
         new = transitions.admitted(status, group, size, verdict, now)
-        # The status first: a restart from here on carries on from it.
+        # The status first: a restart from here on carries on from it (and so does the next leader's
+        # _follow, should the Lease lapse during the write: no gate is removed without it).
         await self.writer.write(group, pg, new)
+        if not self.leading():
+            return
         for m in new.members:
             if m.node and not m.bound:
                 self.tables.hold(m.uid, m.node)
@@ -298,6 +305,8 @@ class Controller:
         for m in evict:
             self.tables.held.pop(m.uid, None)
             self.tables.feed_cache(m.uid)
+        if not self.leading():
+            return  # the Lease lapsed during the write: the next leader evicts from the TimedOut status
         await self.evictor.evict_left(group, new)
 
 

@@ -12,7 +12,7 @@ import kubernetes
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import Objects
+from nodefabric_operator.topology.objects import NotOurs, Objects
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,13 @@ class HyperNodeWriter:
                 if not self._create(name, body):
                     continue
             elif known[name] != body["spec"]:
-                self.objects.update(TARGET, name, body)  # deleted since we wrote it: written again
+                try:
+                    self.objects.update(TARGET, name, body)  # deleted since we wrote it: written again
+                except NotOurs:
+                    # Ours deleted and someone else's made under the name since: theirs stays.
+                    del known[name]
+                    self._taken = self._taken | {name}
+                    continue
             else:
                 continue
             known[name] = body["spec"]
@@ -84,5 +90,9 @@ class HyperNodeWriter:
             if live is not None and not project.is_managed(live):
                 self._taken = self._taken | {name}  # someone else's HyperNode of that name
                 return False
-            self.objects.update(TARGET, name, body)
+            try:
+                self.objects.update(TARGET, name, body)
+            except NotOurs:
+                self._taken = self._taken | {name}  # theirs made between our read and our patch
+                return False
         return True

@@ -19,6 +19,21 @@ from nodefabric_operator.topology import project
 API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
+JSON_PATCH = "application/json-patch+json"
+
+
+class NotOurs(Exception):
+    """An object of the name we write that someone else holds: left alone."""
+
+
+def _pointer(key: str) -> str:
+    """`key` as one JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+_MANAGED_PATH = f"/metadata/labels/{_pointer(project.MANAGED_BY)}"
+
+
 def brief(err: BaseException) -> str:
     """One short reason: `HTTP 503 Service Unavailable`, or the first line of anything else."""
     status = status_of(err)
@@ -88,13 +103,33 @@ class Objects:
         self._call("create", target, self.custom.create_cluster_custom_object, self.owned(body))
 
     def update(self, target: str, name: str, body: dict[str, Any]) -> None:
-        """Our object's spec written; created again (with its owner) when it was deleted since."""
+        """Our object's spec written; created again (with its owner) when it was deleted since. NotOurs
+        when the object of that name is someone else's now (ours deleted and another made since we
+        read it): the patch tests our label first, so theirs is never written over."""
+        patch: list[dict[str, Any]] = [{"op": "test", "path": _MANAGED_PATH, "value": project.MANAGER}]
+        # Each top-level field of the spec set, as the merge patch of {"spec": ...} did.
+        patch += [{"op": "add", "path": f"/spec/{_pointer(k)}", "value": v} for k, v in body["spec"].items()]
         try:
-            self._call("patch", target, self.custom.patch_cluster_custom_object, name, {"spec": body["spec"]})
+            self._call(
+                "patch",
+                target,
+                self.custom.patch_cluster_custom_object,
+                name,
+                patch,
+                _content_type=JSON_PATCH,
+            )
         except kubernetes.client.ApiException as err:
-            if status_of(err) != 404:
-                raise
-            self.create(target, body)
+            status = status_of(err)
+            if status == 404:
+                self.create(target, body)
+                return
+            if status == 422:  # a failed test (or a spec the server refuses: then it is ours, raised)
+                live = self.get(target, name)
+                if live is not None and not project.is_managed(live):
+                    raise NotOurs(
+                        f"{self.gvp(target)[2]} {name} exists and is not managed by nodefabric"
+                    ) from err
+            raise
 
     def delete(self, target: str, name: str, *, gone_ok: bool = False) -> None:
         try:

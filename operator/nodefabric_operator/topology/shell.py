@@ -206,6 +206,7 @@ class Projector:
             if target not in self.options.targets:
                 states[target] = "disabled by configuration"
             elif w.served.get(target) is None:
+                w.unserved(target)
                 states[target] = "CRD not served"
             else:
                 states[target] = w.write_target(target, hierarchy, fleet)

@@ -12,7 +12,7 @@ import kubernetes
 from nodefabric_operator import events
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
-from nodefabric_operator.topology.objects import Objects, held_state
+from nodefabric_operator.topology.objects import NotOurs, Objects, held_state
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,11 @@ class TopologyWriter:
         if action == project.NONE:
             return state
         if action == project.UPDATE:
-            self.objects.update(target, name, body)  # deleted since we wrote it: written again
+            try:
+                self.objects.update(target, name, body)  # deleted since we wrote it: written again
+            except NotOurs as err:
+                known.pop(target, None)  # read again next pass, and left alone while it is theirs
+                return f"{err}: left alone"
         else:
             if action == project.REPLACE:
                 self.objects.delete(target, name)

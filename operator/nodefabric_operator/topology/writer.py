@@ -78,6 +78,11 @@ class Writer:
         self.report.forget()
         self.discovery.forget()
 
+    def unserved(self, target: str) -> None:
+        """The target's CRD is not served (now): its objects went with it (a CRD's deletion takes them),
+        so they are read again once it is served again, not believed written until the next resync."""
+        self.objects.known.pop(target, None)
+
     def write_target(self, target: str, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
         try:
             if target == project.VOLCANO:
