@@ -564,10 +564,14 @@ async def versus(sizes: list[int], rounds: int, workdir: Path) -> None:
             ns, nc = statistics.median(o[0] for o in noop), statistics.median(o[1] for o in noop)
             a, na = statistics.median(o[2] for o in ours), statistics.median(o[2] for o in noop)
             requests = max(o[3] for o in ours)
+            # Each pass against the no-op pass run right after it: how far one pair strays from the medians.
+            tr = [o[0] / p[0] for o, p in zip(ours, noop, strict=True)]
+            cr = [o[1] / p[1] for o, p in zip(ours, noop, strict=True)]
             print(
                 f"  {n:>6} {phase:<10}  operator {s:7.2f} s {c:7.2f} s CPU   no-op kopf {ns:7.2f} s"
                 f" {nc:7.2f} s CPU   x{s / ns:.2f} time  x{c / nc:.2f} CPU   {requests:.2f} requests/record"
-                f"   (the embedded API's CPU: {a:.2f} s, {na:.2f} s)",
+                f"   (pairs: x{min(tr):.2f}-{max(tr):.2f} time, x{min(cr):.2f}-{max(cr):.2f} CPU;"
+                f" the embedded API's CPU: {a:.2f} s, {na:.2f} s)",
                 flush=True,
             )
 
