@@ -68,10 +68,16 @@ class LabelsOnNode:
             self.nodes = None
 
     def _node_labels(self) -> list[SinkObject]:
-        core = kubernetes.client.CoreV1Api(self.api)
-        return [
-            node_snapshot(n, self.domain) for n in sinks._Calls(self.metrics).pages("nodes", core.list_node)
-        ]
+        pages = sinks._Calls(self.metrics).pages("nodes", self._list_nodes)
+        return [node_snapshot(n, self.domain) for n in pages]
+
+    def _list_nodes(self, *, limit: int, _continue: str | None, _preload_content: bool) -> bytes:
+        """One page of Nodes, raw: importing `CoreV1Api` costs 0.4-0.5 s of CPU, a tenth of a first
+        sync's CPU over 500 records, and nothing else on the NodeFeature sink's path needs it."""
+        query: list[tuple[str, str | int]] = [("limit", limit)]
+        if _continue:
+            query.append(("continue", _continue))
+        return rawcall.send(self.api, "GET", "/api/v1/nodes", {}, query=query)
 
     def seen(self, name: str) -> SinkObject | NotWatched | None:
         """The Node as watched, taken on the event loop for a worker thread (the views are the loop's)."""

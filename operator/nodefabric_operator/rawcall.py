@@ -11,7 +11,7 @@ caller's handling of 404, 409 and 422 is unchanged.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kubernetes
@@ -34,13 +34,15 @@ def send(
     body: Any = None,
     *,
     content_type: str = JSON,
+    query: Sequence[tuple[str, str | int]] = (),
 ) -> bytes:
     """The answer's bytes; ApiException for an answer outside 2xx. `path` has `{name}` placeholders
-    filled from `params` (quoted by the client)."""
+    filled from `params` (quoted by the client), and `query` is its query string (quoted too)."""
     request = api.param_serialize(
         method=method,
         resource_path=path,
         path_params=dict(params),
+        query_params=list(query),
         header_params={"Accept": JSON, "Content-Type": content_type},
         body=body,
         auth_settings=["BearerToken"],

@@ -503,7 +503,7 @@ def _written(
 def _decoded(answer: Any) -> dict[str, Any]:
     """A raw answer's JSON object. The client's Node models are skipped: they cost more than the whole
     publish, and refuse (with a validation error) a Node that a newer API server adds fields to."""
-    obj = json.loads(answer.data)
+    obj = json.loads(answer if isinstance(answer, bytes) else answer.data)
     if not isinstance(obj, dict):
         raise SinkError(f"the API server answered a {type(obj).__name__}, not an object")
     return obj

@@ -199,3 +199,27 @@ async def test_node_labels_of_a_record_deleted_while_the_operator_was_down_are_w
 
 async def _has(c: Client, node: str, key: str) -> bool:
     return key in await c.node_labels(node)
+
+
+async def test_nodes_are_listed_page_by_page_with_our_keys_only(monkeypatch):
+    """The Nodes are read raw (no CoreV1Api, no client models) and every page is followed: with pages of
+    2, five Nodes take three list requests and each keeps only the labels of our domain."""
+    from nodefabric_devicemanager.kubeclient import load_client
+    from nodefabric_operator.reconcile import Reconciler
+
+    monkeypatch.setattr(sinks, "PAGE", 2)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for i in range(5):
+            await c.node(f"n{i}", {CAPABLE: "true", NUMA: str(i), "example.com/rack": "r1"})
+        api = load_client(k.kubeconfig)
+        r = Reconciler(api, sinks.NodeFeatureSink(api, "nodefabric", D))
+        lists = k.count("GET", "v1/nodes", "list")
+        await r.on_node.prime()
+        assert k.count("GET", "v1/nodes", "list") - lists == 3
+        assert r.on_node.nodes is not None
+        seen = {f"n{i}": r.on_node.nodes.get(f"n{i}") for i in range(5)}
+        assert all(s is not None for s in seen.values())
+        assert {n: dict(s.labels) for n, s in seen.items() if s} == {
+            f"n{i}": {CAPABLE: "true", NUMA: str(i)} for i in range(5)
+        }
