@@ -298,17 +298,11 @@ async def test_a_node_deleted_between_the_start_listing_and_kopfs_is_dropped_at_
             await task
 
 
-async def test_hypernodes_of_our_names_made_after_our_listing_are_kept_or_taken_on_create(
-    api: RunningAPI,
-) -> None:
-    """Created between our listing and our create (another replica, Volcano's discovery): ours is brought
-    to what the hierarchy yields through the one write path, someone else's is left alone and named by
-    none of ours, and the pass fails nothing."""
+def _volcano_writer(k: RunningAPI, said: list[Any]) -> Any:
+    """The topology writer for Volcano alone, its Events kept in `said`."""
     from nodefabric_operator.topology.writer import Writer
 
-    k = api
-    said: list[Any] = []
-    writer = Writer(
+    return Writer(
         load_client(k.kubeconfig),
         Metrics(),
         targets=("volcano",),
@@ -317,6 +311,17 @@ async def test_hypernodes_of_our_names_made_after_our_listing_are_kept_or_taken_
         discovery_ttl=60,
         event=said.append,
     )
+
+
+async def test_hypernodes_of_our_names_made_after_our_listing_are_kept_or_taken_on_create(
+    api: RunningAPI,
+) -> None:
+    """Created between our listing and our create (another replica, Volcano's discovery): ours is brought
+    to what the hierarchy yields through the one write path, someone else's is left alone and named by
+    none of ours, and the pass fails nothing."""
+    k = api
+    said: list[Any] = []
+    writer = _volcano_writer(k, said)
     # The writer's calls are synchronous (the shell runs them in a worker thread); so do these.
     await asyncio.to_thread(writer.discover)
     empty = check(default_levels(), {})
@@ -354,19 +359,9 @@ async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_patched_ov
     """Ours was written and is known; by hand (or by Volcano's discovery) it is deleted and another
     HyperNode made under its name. The next change of its members must not patch their object: it is
     left alone, named by none of ours, and said in the state, as a name met taken on create is."""
-    from nodefabric_operator.topology.writer import Writer
-
     k = api
     said: list[Any] = []
-    writer = Writer(
-        load_client(k.kubeconfig),
-        Metrics(),
-        targets=("volcano",),
-        name="nodefabric",
-        owner=None,
-        discovery_ttl=60,
-        event=said.append,
-    )
+    writer = _volcano_writer(k, said)
     await asyncio.to_thread(writer.discover)
     hierarchy = check(default_levels(), FLEET)
     await asyncio.to_thread(writer.write_target, project.VOLCANO, hierarchy, FLEET)
