@@ -42,9 +42,11 @@ def helm() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def render(helm_render: Render) -> Render:
-    return helm_render
+@pytest.fixture(scope="module")
+def render(request: pytest.FixtureRequest, helm_render: Render, render_extender: Render) -> Render:
+    """`helm template` with the given values; in a module marked `with_extender` (one that covers the
+    optional second scheduler and its extender among the other components) with the extender on."""
+    return render_extender if request.node.get_closest_marker("with_extender") else helm_render
 
 
 @pytest.fixture(scope="session")
@@ -140,9 +142,9 @@ def _store(entry: Path, value: object) -> None:
     os.replace(partial, entry)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def default_docs(render: Render) -> list[Doc]:
-    return render()
+    return render()  # memoised by helm_render: one helm run per distinct render in the session
 
 
 def with_extender(values: dict[str, Any] | None) -> dict[str, Any]:

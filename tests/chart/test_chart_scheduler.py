@@ -33,15 +33,9 @@ EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:{EXTENDER}"
 DECISION, CLAIM = "placement.gpustack.ai/decision", "placement.gpustack.ai/claim"
 
 
-@pytest.fixture(scope="session")
-def render(render_extender):  # type: ignore[no-untyped-def]
-    """Every render of this module runs the optional second scheduler and its extender."""
-    return render_extender
-
-
-@pytest.fixture(scope="session")
-def default_docs(extender_docs: list[Doc]) -> list[Doc]:
-    return extender_docs
+# The optional second scheduler and its extender are off by default; this module covers them among the
+# other components, so its renders turn them on (unless a test's values say otherwise).
+pytestmark = pytest.mark.with_extender
 
 
 def scheduler(docs: list[Doc]) -> Doc:

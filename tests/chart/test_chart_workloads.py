@@ -13,14 +13,7 @@ SCHEDULER = "nf-nodefabric-scheduler"
 
 # The optional second scheduler and its extender are off by default; this module covers them among the
 # other components, so its renders turn them on (unless a test's values say otherwise).
-@pytest.fixture(scope="session")
-def render(render_extender):  # type: ignore[no-untyped-def]
-    return render_extender
-
-
-@pytest.fixture(scope="session")
-def default_docs(extender_docs: list[Doc]) -> list[Doc]:
-    return extender_docs
+pytestmark = pytest.mark.with_extender
 
 
 def agent(docs: list[Doc]) -> Doc:
