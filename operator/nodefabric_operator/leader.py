@@ -112,6 +112,17 @@ class Elector:
             meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
+    def _replace(self, body: dict[str, Any]) -> None:
+        _drain(
+            self.coord.replace_namespaced_lease(
+                self.cfg.name,
+                self.cfg.namespace,
+                cast(Any, body),
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        )
+
     def _read(self) -> dict[str, Any] | None:
         try:
             raw = self.coord.read_namespaced_lease(
@@ -148,15 +159,7 @@ class Elector:
                     )
                 )
             else:
-                _drain(
-                    self.coord.replace_namespaced_lease(
-                        self.cfg.name,
-                        self.cfg.namespace,
-                        cast(Any, body),
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-                )
+                self._replace(body)
             return True
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
@@ -249,15 +252,7 @@ class Elector:
                 return
             body = self._body(current, self.clock())
             body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
-            _drain(
-                self.coord.replace_namespaced_lease(
-                    self.cfg.name,
-                    self.cfg.namespace,
-                    cast(Any, body),
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+            self._replace(body)
             log.info("lease released", extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}"})
         except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
             log.warning("could not release the lease", extra={"error": type(err).__name__})
