@@ -16,7 +16,7 @@ from kubernetes import client
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model
 from nodefabric_operator.admission.controller import Controller
-from nodefabric_operator.demo.kubeapi import RunningAPI
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.extender.config import ExtenderConfig
 
 GATE = "placement.gpustack.ai/group"
@@ -219,6 +219,16 @@ class World:
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self.core.delete_namespaced_pod, name, NS)
+
+
+@contextlib.asynccontextmanager
+async def jobs_world(*objects: dict[str, Any]) -> AsyncIterator[tuple[RunningAPI, World]]:
+    """The embedded API serving PlacementGroups and Jobs, with `objects` (nodes, Jobs) created."""
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        await w.create(*objects)
+        yield k, w
 
 
 @contextlib.asynccontextmanager

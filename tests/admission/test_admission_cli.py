@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from admission_world import GATE, NS, World, eventually, fleet, job
+from admission_world import GATE, NS, eventually, fleet, job, jobs_world
 from test_webhook import certs, post, review  # noqa: F401 (certs: the fixture, shared)
 
 from nodefabric_operator.admission import model
@@ -56,10 +56,7 @@ def test_bad_flags_and_configs_are_one_line_and_exit_2(console, tmp_path: Path) 
 
 
 async def test_two_replicas_one_leader_admits_and_a_lost_leader_is_replaced(tmp_path: Path) -> None:
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("a", 2), job("b", 2))
+    async with jobs_world(*fleet(), job("a", 2), job("b", 2)) as (k, w):
         ports = [_free_port(), _free_port()]
         procs = [
             _placement(

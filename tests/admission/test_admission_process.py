@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, placement
+from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, jobs_world, placement
 
 from nodefabric_operator.admission import model
 from nodefabric_operator.demo.kubeapi import running_api
@@ -23,76 +23,64 @@ async def decision_copied(w: World, pod: str, decision: str) -> None:
 
 
 async def test_a_complete_group_is_pinned_ungated_and_recorded():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 4, completions=4))
-        async with placement(k):
-            await w.create(*w.job_pods("train", 4, other_gate=True))
-            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(4)), what="ungated")
-            status = w.status(KEY)
-            assert status["phase"] == "Admitted"
-            assert status["size"] == 4 and status["sizeSource"] == "Job train: completions"
-            pg = w.pg(KEY)
-            assert pg["metadata"]["labels"] == {
-                "app.kubernetes.io/managed-by": "nodefabric",
-                "placement.gpustack.ai/family": "job",
-            }
-            job_uid = k.api.stored("batch/v1/jobs", "train", NS)["metadata"]["uid"]
-            assert [(o["kind"], o["name"], o["uid"]) for o in pg["metadata"]["ownerReferences"]] == [
-                ("Job", "train", job_uid)
-            ]
-            nodes = {m["pod"]: m["node"] for m in status["members"]}
-            assert sorted(nodes) == [f"train-{i}" for i in range(4)]
-            # One zone, one node per pod (8 GPUs each), each pod pinned to exactly its node.
-            assert len(set(nodes.values())) == 4 and len({n.rsplit("-", 1)[0] for n in nodes.values()}) == 1
-            for pod, n in nodes.items():
-                assert w.pinned(pod) == [n]
-                assert w.gates(pod) == ["example.com/other"]  # only our gate went
-            assert status["level"] == "zone" and status["location"] in ("eu-a", "eu-b")
-            cond = {c["type"]: c["status"] for c in status["conditions"]}
-            assert cond == {"Admitted": "True", "AllBound": "False"}
-            for i in range(4):
-                await w.remove_other_gate(f"train-{i}")
-                await w.bind_and_ready(f"train-{i}")
-            await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
-            status = w.status(KEY)
-            assert all(m["bound"] and m["ready"] for m in status["members"])
-            assert {c["type"]: c["status"] for c in status["conditions"]}["AllBound"] == "True"
-            assert ("PlacementGroup", model.object_name(KEY), "GroupAdmitted") in {e[:3] for e in w.events()}
-            await decision_copied(w, "train-0", status["decision"])
+    async with jobs_world(*fleet(), job("train", 4, completions=4)) as (k, w), placement(k):
+        await w.create(*w.job_pods("train", 4, other_gate=True))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(4)), what="ungated")
+        status = w.status(KEY)
+        assert status["phase"] == "Admitted"
+        assert status["size"] == 4 and status["sizeSource"] == "Job train: completions"
+        pg = w.pg(KEY)
+        assert pg["metadata"]["labels"] == {
+            "app.kubernetes.io/managed-by": "nodefabric",
+            "placement.gpustack.ai/family": "job",
+        }
+        job_uid = k.api.stored("batch/v1/jobs", "train", NS)["metadata"]["uid"]
+        assert [(o["kind"], o["name"], o["uid"]) for o in pg["metadata"]["ownerReferences"]] == [
+            ("Job", "train", job_uid)
+        ]
+        nodes = {m["pod"]: m["node"] for m in status["members"]}
+        assert sorted(nodes) == [f"train-{i}" for i in range(4)]
+        # One zone, one node per pod (8 GPUs each), each pod pinned to exactly its node.
+        assert len(set(nodes.values())) == 4 and len({n.rsplit("-", 1)[0] for n in nodes.values()}) == 1
+        for pod, n in nodes.items():
+            assert w.pinned(pod) == [n]
+            assert w.gates(pod) == ["example.com/other"]  # only our gate went
+        assert status["level"] == "zone" and status["location"] in ("eu-a", "eu-b")
+        cond = {c["type"]: c["status"] for c in status["conditions"]}
+        assert cond == {"Admitted": "True", "AllBound": "False"}
+        for i in range(4):
+            await w.remove_other_gate(f"train-{i}")
+            await w.bind_and_ready(f"train-{i}")
+        await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
+        status = w.status(KEY)
+        assert all(m["bound"] and m["ready"] for m in status["members"])
+        assert {c["type"]: c["status"] for c in status["conditions"]}["AllBound"] == "True"
+        assert ("PlacementGroup", model.object_name(KEY), "GroupAdmitted") in {e[:3] for e in w.events()}
+        await decision_copied(w, "train-0", status["decision"])
 
 
 async def test_an_incomplete_group_stays_gated_with_a_reason_then_goes_when_whole():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 4))
-        async with placement(k):
-            pods = w.job_pods("train", 4)
-            await w.create(*pods[:3])
-            await eventually(lambda: "3 of 4 exist" in w.status(KEY).get("decision", ""), what="3 of 4")
-            assert w.status(KEY)["phase"] == "Waiting"
-            assert all(GATE in w.gates(f"train-{i}") for i in range(3))
-            assert not w.pinned("train-0")
-            await w.create(pods[3])
-            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+    async with jobs_world(*fleet(), job("train", 4)) as (k, w), placement(k):
+        pods = w.job_pods("train", 4)
+        await w.create(*pods[:3])
+        await eventually(lambda: "3 of 4 exist" in w.status(KEY).get("decision", ""), what="3 of 4")
+        assert w.status(KEY)["phase"] == "Waiting"
+        assert all(GATE in w.gates(f"train-{i}") for i in range(3))
+        assert not w.pinned("train-0")
+        await w.create(pods[3])
+        await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
 
 
 async def test_unknown_size_waits_gated_never_a_group_of_one():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet())
-        async with placement(k) as ctl:
-            await w.create(*job_pods("train", 1))  # no Job object, no declared size
-            await eventually(lambda: w.status(KEY).get("phase") == "Pending", what="Pending")
-            status = w.status(KEY)
-            assert status["size"] is None
-            assert "group size unknown: Job ml/train not found" in status["decision"]
-            passes = ctl.passes
-            await eventually(lambda: ctl.passes > passes + 2)
-            assert w.gates("train-0") == [GATE]
+    async with jobs_world(*fleet()) as (k, w), placement(k) as ctl:
+        await w.create(*job_pods("train", 1))  # no Job object, no declared size
+        await eventually(lambda: w.status(KEY).get("phase") == "Pending", what="Pending")
+        status = w.status(KEY)
+        assert status["size"] is None
+        assert "group size unknown: Job ml/train not found" in status["decision"]
+        passes = ctl.passes
+        await eventually(lambda: ctl.passes > passes + 2)
+        assert w.gates("train-0") == [GATE]
 
 
 async def test_members_declaring_different_sizes_wait_and_an_owner_count_wins():
@@ -111,10 +99,7 @@ async def test_members_declaring_different_sizes_wait_and_an_owner_count_wins():
 
 
 async def test_forged_claims_and_other_schedulers_pods_change_nothing():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
         forged = {
             "placement.gpustack.ai/claim": (
                 '{"group":"ml/job/train","level":"any","location":"nowhere","expires":"9999"}'
@@ -143,10 +128,7 @@ async def test_forged_claims_and_other_schedulers_pods_change_nothing():
 
 
 async def test_a_restart_mid_admission_carries_on_from_the_placement_group():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
         async with placement(k) as ctl:
             original = ctl.releaser.release
 
@@ -169,83 +151,65 @@ async def test_a_group_not_bound_in_time_is_evicted_and_admitted_afresh():
     from nodefabric_operator.extender.config import ExtenderConfig
 
     cfg = ExtenderConfig(groupReadyTimeoutSeconds=1.5)
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
-        async with placement(k, cfg, backoff_base=0.5):
-            await w.create(*w.job_pods("train", 2))
-            await eventually(lambda: GATE not in w.gates("train-0"), what="ungated")
-            await w.bind_and_ready("train-0")  # one of two binds; the other never does
-            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
-            status = w.status(KEY)
-            assert "was not bound and Ready within 1.5s" in status["decision"]
-            assert {c["type"]: c["status"] for c in status["conditions"]}["TimedOut"] == "True"
-            await eventually(lambda: not w.pods(), what="pods evicted")
-            assert ("PlacementGroup", model.object_name(KEY), "GroupTimedOut") in {e[:3] for e in w.events()}
-            await w.create(*w.job_pods("train", 2))  # the owner recreates them, gated
-            await eventually(lambda: w.status(KEY).get("attempts") == 2, what="admitted afresh")
-            assert w.status(KEY)["phase"] == "Admitted"
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k, cfg, backoff_base=0.5):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: GATE not in w.gates("train-0"), what="ungated")
+        await w.bind_and_ready("train-0")  # one of two binds; the other never does
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        status = w.status(KEY)
+        assert "was not bound and Ready within 1.5s" in status["decision"]
+        assert {c["type"]: c["status"] for c in status["conditions"]}["TimedOut"] == "True"
+        await eventually(lambda: not w.pods(), what="pods evicted")
+        assert ("PlacementGroup", model.object_name(KEY), "GroupTimedOut") in {e[:3] for e in w.events()}
+        await w.create(*w.job_pods("train", 2))  # the owner recreates them, gated
+        await eventually(lambda: w.status(KEY).get("attempts") == 2, what="admitted afresh")
+        assert w.status(KEY)["phase"] == "Admitted"
 
 
 async def test_interleaved_groups_with_room_for_one_never_split():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("a", 6), job("b", 6))  # 8 nodes of 8 GPUs: room for one group of 6
-        async with placement(k):
-            a, b = w.job_pods("a", 6), w.job_pods("b", 6)
-            for pa, pb in zip(a, b, strict=True):  # pod by pod
-                await w.create(pa, pb)
-            admitted = await eventually(
-                lambda: [g for g in ("a", "b") if w.status(f"{NS}/job/{g}").get("phase") == "Admitted"],
-                what="one admitted",
-            )
-            assert len(admitted) == 1
-            (winner,) = admitted
-            loser = "b" if winner == "a" else "a"
-            await eventually(
-                lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Waiting", what="other waits"
-            )
-            nodes = [m["node"] for m in w.status(f"{NS}/job/{winner}")["members"]]
-            assert len(set(nodes)) == 6
-            await eventually(
-                lambda: all(GATE not in w.gates(f"{winner}-{i}") for i in range(6)), what="ungated"
-            )
-            for i in range(6):
-                assert GATE in w.gates(f"{loser}-{i}") and not w.pinned(f"{loser}-{i}")
-            for i in range(6):
-                await w.bind_and_ready(f"{winner}-{i}")
-            await eventually(lambda: w.status(f"{NS}/job/{winner}").get("phase") == "Bound", what="Bound")
-            assert w.status(f"{NS}/job/{loser}")["phase"] == "Waiting"
-            assert "waits for one" in w.status(f"{NS}/job/{loser}")["decision"]
-            for i in range(6):  # the winner finishes: the loser gets the whole fleet
-                await w.delete(f"{winner}-{i}")
-            await eventually(
-                lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Admitted", what="loser admitted"
-            )
+    # 8 nodes of 8 GPUs: room for one group of 6
+    async with jobs_world(*fleet(), job("a", 6), job("b", 6)) as (k, w), placement(k):
+        a, b = w.job_pods("a", 6), w.job_pods("b", 6)
+        for pa, pb in zip(a, b, strict=True):  # pod by pod
+            await w.create(pa, pb)
+        admitted = await eventually(
+            lambda: [g for g in ("a", "b") if w.status(f"{NS}/job/{g}").get("phase") == "Admitted"],
+            what="one admitted",
+        )
+        assert len(admitted) == 1
+        (winner,) = admitted
+        loser = "b" if winner == "a" else "a"
+        await eventually(lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Waiting", what="other waits")
+        nodes = [m["node"] for m in w.status(f"{NS}/job/{winner}")["members"]]
+        assert len(set(nodes)) == 6
+        await eventually(lambda: all(GATE not in w.gates(f"{winner}-{i}") for i in range(6)), what="ungated")
+        for i in range(6):
+            assert GATE in w.gates(f"{loser}-{i}") and not w.pinned(f"{loser}-{i}")
+        for i in range(6):
+            await w.bind_and_ready(f"{winner}-{i}")
+        await eventually(lambda: w.status(f"{NS}/job/{winner}").get("phase") == "Bound", what="Bound")
+        assert w.status(f"{NS}/job/{loser}")["phase"] == "Waiting"
+        assert "waits for one" in w.status(f"{NS}/job/{loser}")["decision"]
+        for i in range(6):  # the winner finishes: the loser gets the whole fleet
+            await w.delete(f"{winner}-{i}")
+        await eventually(
+            lambda: w.status(f"{NS}/job/{loser}").get("phase") == "Admitted", what="loser admitted"
+        )
 
 
 async def test_a_fleet_without_gpu_product_labels_still_places():
     """A default homogeneity key no node carries is skipped and said (extender/placement.py, index.py),
     so such a group is admitted rather than "never fits"."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(product=None), job("train", 2))
-        async with placement(k):
-            await w.create(*w.job_pods("train", 2))
-            await eventually(lambda: w.status(KEY).get("phase") in ("Admitted", "NeverFits"), what="decided")
-            status = w.status(KEY)
-            assert status["phase"] == "Admitted", status["decision"]
-            assert "nvidia.com/gpu.product skipped" in status["decision"]
+    async with jobs_world(*fleet(product=None), job("train", 2)) as (k, w), placement(k):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: w.status(KEY).get("phase") in ("Admitted", "NeverFits"), what="decided")
+        status = w.status(KEY)
+        assert status["phase"] == "Admitted", status["decision"]
+        assert "nvidia.com/gpu.product skipped" in status["decision"]
 
 
 async def test_after_a_restart_admitted_groups_hold_their_nodes_before_any_group_is_decided():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(zones=("eu-a",), per_zone=4), job("a", 4), job("b", 4))
+    async with jobs_world(*fleet(zones=("eu-a",), per_zone=4), job("a", 4), job("b", 4)) as (k, w):
         b = w.job_pods("b", 4)
         async with placement(k):
             await w.create(*b[:3])  # b is older, but incomplete
@@ -266,10 +230,7 @@ async def test_after_a_restart_admitted_groups_hold_their_nodes_before_any_group
 async def test_more_gated_pods_of_another_scheduler_do_not_take_the_group_over():
     """Gated pods carrying the Job's label, of a scheduler of their own, outnumbering the Job's pods and
     made before them: they never become the group; the Job's pods are admitted as it."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
         label = {"batch.kubernetes.io/job-name": "train"}
         async with placement(k):
             await w.create(*[gpod(f"evil-{i}", labels=label, scheduler="evil") for i in range(3)])
@@ -314,77 +275,66 @@ async def test_a_placement_group_deleted_by_hand_mid_admission_is_written_again_
     from nodefabric_operator.extender.config import ExtenderConfig
 
     cfg = ExtenderConfig(groupReadyTimeoutSeconds=2)
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
-        async with placement(k, cfg, backoff_base=0.5):
-            await w.create(*w.job_pods("train", 2))
-            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
-            before = w.pg(KEY)
-            members = [(m["pod"], m["node"]) for m in before["status"]["members"]]
-            await w.bind_and_ready("train-0")  # one of two binds; the other never does
-            await asyncio.to_thread(
-                w.custom.delete_namespaced_custom_object,
-                model.GROUP,
-                model.VERSION,
-                NS,
-                model.PLURAL,
-                model.object_name(KEY),
-            )
-            await eventually(
-                lambda: w.pg(KEY) is not None and w.pg(KEY)["metadata"]["uid"] != before["metadata"]["uid"],
-                what="written again",
-            )
-            again = w.pg(KEY)
-            assert again["metadata"]["ownerReferences"] == before["metadata"]["ownerReferences"]
-            assert [(m["pod"], m["node"]) for m in again["status"]["members"]] == members
-            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
-            await eventually(lambda: not w.pods(), what="pods evicted")
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k, cfg, backoff_base=0.5):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        before = w.pg(KEY)
+        members = [(m["pod"], m["node"]) for m in before["status"]["members"]]
+        await w.bind_and_ready("train-0")  # one of two binds; the other never does
+        await asyncio.to_thread(
+            w.custom.delete_namespaced_custom_object,
+            model.GROUP,
+            model.VERSION,
+            NS,
+            model.PLURAL,
+            model.object_name(KEY),
+        )
+        await eventually(
+            lambda: w.pg(KEY) is not None and w.pg(KEY)["metadata"]["uid"] != before["metadata"]["uid"],
+            what="written again",
+        )
+        again = w.pg(KEY)
+        assert again["metadata"]["ownerReferences"] == before["metadata"]["ownerReferences"]
+        assert [(m["pod"], m["node"]) for m in again["status"]["members"]] == members
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        await eventually(lambda: not w.pods(), what="pods evicted")
 
 
 async def test_a_job_scaled_up_after_its_group_is_bound_admits_its_new_pods():
     """The Job's parallelism raised once its group is Bound: the new pods are admitted beside the bound
     ones, not left gated for ever under the size the group had."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
-        async with placement(k):
-            pods = w.job_pods("train", 4)
-            await w.create(*pods[:2])
-            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
-            for i in range(2):
-                await w.bind_and_ready(f"train-{i}")
-            await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
-            await asyncio.to_thread(
-                w.custom.patch_namespaced_custom_object,
-                "batch",
-                "v1",
-                NS,
-                "jobs",
-                "train",
-                {"spec": {"parallelism": 4}},
-            )
-            await w.create(*pods[2:])
-            await eventually(
-                lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2, 4)),
-                timeout=30,
-                what="the new pods ungated",
-            )
-            status = w.status(KEY)
-            assert status["size"] == 4 and status["attempts"] == 2
-            assert sorted(m["pod"] for m in status["members"]) == [f"train-{i}" for i in range(4)]
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        pods = w.job_pods("train", 4)
+        await w.create(*pods[:2])
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        for i in range(2):
+            await w.bind_and_ready(f"train-{i}")
+        await eventually(lambda: w.status(KEY).get("phase") == "Bound", what="Bound")
+        await asyncio.to_thread(
+            w.custom.patch_namespaced_custom_object,
+            "batch",
+            "v1",
+            NS,
+            "jobs",
+            "train",
+            {"spec": {"parallelism": 4}},
+        )
+        await w.create(*pods[2:])
+        await eventually(
+            lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2, 4)),
+            timeout=30,
+            what="the new pods ungated",
+        )
+        status = w.status(KEY)
+        assert status["size"] == 4 and status["attempts"] == 2
+        assert sorted(m["pod"] for m in status["members"]) == [f"train-{i}" for i in range(4)]
 
 
 async def test_the_process_keeps_only_the_labels_a_group_is_named_by():
     """Labels and owner references have no total bound but the object's (about 1.5 MB): anyone who can
     create pods anywhere could fill the process's memory through them. It keeps only the labels that
     name and size a group and the controller reference, and the group is still found."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
         filler = {f"example.com/filler-{i}": "x" * 63 for i in range(2000)}  # ~150 KB of labels
         async with placement(k) as ctl:
             pods = w.job_pods("train", 2)
@@ -412,64 +362,53 @@ async def test_a_timed_out_groups_pods_a_disruption_budget_keeps_are_evicted_lat
     from nodefabric_operator.extender.config import ExtenderConfig
 
     cfg = ExtenderConfig(groupReadyTimeoutSeconds=1.5)
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
-        async with placement(k, cfg, backoff_base=0.5) as ctl:
-            real = ctl.core.create_namespaced_pod_eviction
-            refused = []
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k, cfg, backoff_base=0.5) as ctl:
+        real = ctl.core.create_namespaced_pod_eviction
+        refused = []
 
-            def budget(name, ns, body, **kw):  # the API server's answer while the budget is spent
-                if len(refused) < 4:
-                    refused.append(name)
-                    raise ApiException(status=429, reason="Too Many Requests")
-                return real(name, ns, body, **kw)
+        def budget(name, ns, body, **kw):  # the API server's answer while the budget is spent
+            if len(refused) < 4:
+                refused.append(name)
+                raise ApiException(status=429, reason="Too Many Requests")
+            return real(name, ns, body, **kw)
 
-            ctl.core.create_namespaced_pod_eviction = budget
-            await w.create(*w.job_pods("train", 2))
-            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
-            await w.bind_and_ready("train-0")  # one of two binds; the other never does
-            await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
-            await eventually(lambda: not w.pods(), what="pods evicted once the budget allows")
-            assert len(refused) == 4
-            await eventually(lambda: w.status(KEY).get("members") == [], what="nothing left to evict")
+        ctl.core.create_namespaced_pod_eviction = budget
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-0")  # one of two binds; the other never does
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        await eventually(lambda: not w.pods(), what="pods evicted once the budget allows")
+        assert len(refused) == 4
+        await eventually(lambda: w.status(KEY).get("members") == [], what="nothing left to evict")
 
 
 async def test_what_the_process_keeps_per_group_goes_with_the_group():
     """Owners' counts and deleted PlacementGroups are not kept for ever: a cluster running many Jobs
     over weeks must not grow the process's memory with every Job it ever saw."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
-        async with placement(k) as ctl:
-            await w.create(*w.job_pods("train", 2))
-            await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
-            assert ctl.grouping.sizes
-            await asyncio.to_thread(
-                w.custom.delete_namespaced_custom_object,
-                model.GROUP,
-                model.VERSION,
-                NS,
-                model.PLURAL,
-                model.object_name(KEY),
-            )
-            for i in range(2):
-                await w.delete(f"train-{i}")
-            await eventually(lambda: not ctl.tables.pods, what="pods gone")
-            await eventually(
-                lambda: not ctl.grouping.sizes and not ctl.tables.lost, timeout=15, what="nothing kept"
-            )
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k) as ctl:
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        assert ctl.grouping.sizes
+        await asyncio.to_thread(
+            w.custom.delete_namespaced_custom_object,
+            model.GROUP,
+            model.VERSION,
+            NS,
+            model.PLURAL,
+            model.object_name(KEY),
+        )
+        for i in range(2):
+            await w.delete(f"train-{i}")
+        await eventually(lambda: not ctl.tables.pods, what="pods gone")
+        await eventually(
+            lambda: not ctl.grouping.sizes and not ctl.tables.lost, timeout=15, what="nothing kept"
+        )
 
 
 async def test_an_invalid_pod_that_is_not_the_owners_does_not_hold_the_group_back():
     """A gated pod with a Job's label and an unusable placement annotation, made by someone else (not
     controlled by the Job): the Job's group is admitted; the invalid pod stays gated."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
         label = {"batch.kubernetes.io/job-name": "train"}
         async with placement(k):
             bad = {"placement.gpustack.ai/locality": "nowhere-at-all"}
@@ -481,30 +420,23 @@ async def test_an_invalid_pod_that_is_not_the_owners_does_not_hold_the_group_bac
 
 
 async def test_a_members_unusable_annotation_holds_its_group_back_with_the_reason():
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2))
-        async with placement(k):
-            pods = w.job_pods("train", 2)
-            pods[1]["metadata"]["annotations"]["placement.gpustack.ai/locality"] = "nowhere-at-all"
-            await w.create(*pods)
-            await eventually(
-                lambda: w.status(KEY).get("decision", "").startswith("InvalidPlacement: "), what="invalid"
-            )
-            assert w.status(KEY)["phase"] == "Waiting"
-            assert all(GATE in w.gates(f"train-{i}") for i in range(2))
-            await eventually(lambda: w.events("InvalidPlacement"), what="the Event")
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        pods = w.job_pods("train", 2)
+        pods[1]["metadata"]["annotations"]["placement.gpustack.ai/locality"] = "nowhere-at-all"
+        await w.create(*pods)
+        await eventually(
+            lambda: w.status(KEY).get("decision", "").startswith("InvalidPlacement: "), what="invalid"
+        )
+        assert w.status(KEY)["phase"] == "Waiting"
+        assert all(GATE in w.gates(f"train-{i}") for i in range(2))
+        await eventually(lambda: w.events("InvalidPlacement"), what="the Event")
 
 
 async def test_a_lease_lost_while_the_owner_is_read_admits_nothing():
     """The holder's renew deadline passes while a group's owner is read (a slow API server): another
     replica may lead by then, so this one must not admit the group it was deciding (no Admitted status,
     no gate removed); it admits once it leads again."""
-    async with running_api([model.placement_crd()]) as k:
-        w = World(k)
-        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
-        await w.create(*fleet(), job("train", 2, completions=2))
+    async with jobs_world(*fleet(), job("train", 2, completions=2)) as (k, w):
         leading = [True]
         read: list[str] = []
         async with placement(k, leading=lambda: leading[0]) as ctl:
