@@ -8,8 +8,8 @@ Figures:
   prepare (answered from the checkpoint), and NodeUnprepareResources, each against an empty
   NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first prepare, against a
   bare GET of the claim (the API floor) and against the two together (what no driver avoids). The first
-  prepare and the unprepare of the write path before (the spec, then the entry's two syncs, all after
-  the API read, the entry and the spec indented; `record_before`) are interleaved with them. Targets:
+  prepare and the unprepare of the write path before (the entry's fdatasync before kubelet's answer;
+  `record_before`) are interleaved with them. Targets:
   the first prepare adds at most 20 ms (p50) to the GET; issue 24: at most x2 the GET.
 - What a prepare costs as the number of claims already held grows (`--held`, default 1,500, against 10):
   the real NodePrepareResources (and its unprepare) with that many claims in the driver's checkpoint,
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -44,25 +43,20 @@ from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia
 from nodefabric_devicemanager.testing import scenarios
-from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import (
-    CLAIM_KIND,
-    CLAIM_VERSION,
     KIND,
     Checkpoint,
     PreparedClaim,
     PreparedDevice,
     Reservation,
     _checksum,
-    file_name,
-    sync_directory,
 )
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.files import write_atomically
 from nodefabric_deviceplugin.dra.kube import DraApi
-from nodefabric_deviceplugin.dra.prepare import Preparer, Reserved
+from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraClient, DraKubelet
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
@@ -111,43 +105,14 @@ async def _time(call: Callable[[], Awaitable[object]]) -> float:
     return time.perf_counter() - start
 
 
-class NothingReserved(Reservation):
-    """The baseline's reservation: nothing is done while the claim is read."""
+def record_before(preparer: Preparer) -> Callable[[str, PreparedClaim], Reservation]:
+    """The baseline's write path (git d949c4b, less its overlap of the directory fsync with the read):
+    the same files, synced before kubelet is answered, in the same thread hop as the writes."""
 
-    def __init__(self, checkpoint: Checkpoint, uid: str) -> None:
-        super().__init__(checkpoint, uid, "", -1)
-
-    def release(self) -> None:
-        pass
-
-
-def reserve_before(uid: str, spec_path: str) -> Reserved:
-    """The baseline's reservation: nothing is made while the claim is read."""
-    return Reserved(NothingReserved(Checkpoint.__new__(Checkpoint), uid), None)
-
-
-def encode_before(claim: PreparedClaim) -> bytes:
-    """The baseline's checkpoint entry: encoded twice, indented (Python's pure-Python encoder)."""
-    body = {"uid": claim.uid, "claim": claim.wire()}
-    doc = {"kind": CLAIM_KIND, "version": CLAIM_VERSION, **body, "checksum": _checksum(body)}
-    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
-
-
-def record_before(preparer: Preparer) -> Callable[[str, PreparedClaim, Reserved], None]:
-    """The baseline's write path (git 29b8c8a): after the read, in one thread hop, the spec (indented)
-    written through a temporary file made then, then the entry (`encode_before`) under a temporary
-    name, fsynced, renamed, the directory fsynced."""
-
-    def record(path: str, prepared: PreparedClaim, reserved: Reserved) -> None:
-        if cdi.read_spec(path) != prepared.spec:
-            write_atomically(path, json.dumps(prepared.spec, indent=2, sort_keys=True).encode(), sync=False)
-        checkpoint = preparer.checkpoint
-        checkpoint._ensure_directory()
-        write_atomically(
-            os.path.join(checkpoint.directory, file_name(prepared.uid)), encode_before(prepared), 0o600
-        )
-        sync_directory(checkpoint.directory)
-        checkpoint.claims[prepared.uid] = prepared
+    def record(path: str, prepared: PreparedClaim) -> Reservation:
+        entry = Preparer._record(preparer, path, prepared)
+        entry.sync()
+        return entry
 
     return record
 
@@ -158,8 +123,6 @@ async def bench_prepare(
     """Each figure interleaved with its floor, claim by claim, so a machine shared with other work slows
     both alike; the write path before (both syncs after the API read) interleaved too."""
     preparer = driver.preparer
-    own = preparer.checkpoint
-    before = Checkpoint(str(work / "before" / "checkpoint.json"))
     refs = [(claim(k, f"c{i}", device), claim(k, f"b{i}", device)) for i in range(claims)]
     probe = claim(k, "probe", device)
     answer = (await plugin.prepare(probe))[probe.uid]
@@ -175,16 +138,11 @@ async def bench_prepare(
             figures["first"].append(await _time(lambda r=r: plugin.prepare(r)))  # type: ignore[misc]
             figures["again"].append(await _time(lambda r=r: plugin.prepare(r)))  # type: ignore[misc]
             figures["gone"].append(await _time(lambda r=r: plugin.unprepare(r)))  # type: ignore[misc]
-            preparer.checkpoint = before
-            preparer._reserve = reserve_before  # type: ignore[method-assign]
             preparer._record = record_before(preparer)  # type: ignore[method-assign,assignment]
             figures["first before"].append(await _time(lambda b=b: plugin.prepare(b)))  # type: ignore[misc]
             figures["gone before"].append(await _time(lambda b=b: plugin.unprepare(b)))  # type: ignore[misc]
-            preparer.checkpoint = own
-            del preparer._reserve, preparer._record  # the class's own again
+            del preparer._record  # the class's own again
     finally:
-        preparer.checkpoint = own
-        preparer.__dict__.pop("_reserve", None)
         preparer.__dict__.pop("_record", None)
     report("prepare, first (API + spec + fsync)", figures["first"], figures["get"], "claim GET")
     report("prepare, first", figures["first"], figures["empty"], "empty call")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from dra_helpers import DRIVER, NODE, Dirs, result
+from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -231,6 +232,9 @@ def test_a_reserved_claim_is_durable_once_committed_and_gone_when_released(tmp_p
     # Reserved: the name exists (empty), nothing is recorded yet.
     assert claim_file(tmp_path).read_bytes() == b"" and checkpoint.claims == {}
     kept.commit(prepared())
+    assert Checkpoint(path).claims == {UID: prepared()}, "written (read back by a restart) once committed"
+    kept.sync()
+    kept.sync()  # a second sync is a no-op
     dropped.release()
     dropped.release()  # a second release is a no-op
     kept.release()  # and releasing a committed reservation keeps the claim
@@ -266,23 +270,37 @@ def test_an_empty_claim_file_is_an_unfinished_prepare_and_goes_quietly(
     assert sorted(Checkpoint(path).claims) == sorted([UID, other])
 
 
-def test_a_commit_that_cannot_sync_leaves_no_claim_behind(
+def test_a_commit_that_cannot_write_leaves_no_claim_behind_and_one_that_cannot_sync_keeps_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A write that fails refuses the claim (kubelet is told, nothing stays); a sync that fails comes
+    after kubelet's answer: the claim stays recorded, and the caller hears why."""
     path = str(tmp_path / "checkpoint.json")
     checkpoint = Checkpoint(path)
     reservation = checkpoint.reserve(UID)
 
-    def failing(fd: int) -> None:
-        raise OSError(5, "Input/output error")
+    def full(fd: int, data: Any) -> int:
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "fdatasync", failing)
-    with pytest.raises(OSError, match="Input/output"):
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space"):
         reservation.commit(prepared())
     monkeypatch.undo()
     assert checkpoint.claims == {}
     assert os.listdir(tmp_path / "checkpoint.d") == []
     assert Checkpoint(path).claims == {}
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    reservation = checkpoint.reserve(UID)
+    reservation.commit(prepared())
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        reservation.sync()
+    monkeypatch.undo()
+    reservation.sync()  # the descriptor was closed once: nothing left to sync or leak
+    assert checkpoint.claims == {UID: prepared()} and Checkpoint(path).claims == {UID: prepared()}
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "hardlink", "directory"])
@@ -722,7 +740,7 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
 ) -> None:
     """The claim's checkpoint file is reserved while the claim is read; when that fails (a full or
     read-only directory; here a file where the directory belongs), the claim is refused before any
-    spec is written. When the entry's own write fails after the spec (a sync error), the spec just
+    spec is written. When the entry's own write fails after the spec (a full disk), the spec just
     written must go too: kubelet may never unprepare a claim whose prepare failed, and the spec would
     stay in the runtime's directory for good."""
     config = dirs.config()
@@ -735,25 +753,96 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
     assert "writing the CDI spec or the checkpoint failed" in out[UID].error and not out[UID].devices
     assert checkpoint.claims == {}
     assert not os.path.exists(config.cdi_dir) or os.listdir(config.cdi_dir) == []
-    # The directory is usable again, but the entry's sync fails after the spec was written.
+    # The directory is usable again, but the entry's write fails after the spec was written.
     os.unlink(checkpoint.directory)
-    synced: list[int] = []
+    written: list[int] = []
 
-    def failing(fd: int) -> None:
-        synced.append(fd)
+    def full(fd: int, data: Any) -> int:
+        written.append(fd)
         raise OSError(28, "No space left on device")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "fdatasync", failing)
+        patch.setattr(os, "write", full)
         out = await preparer.prepare([REF])
-    assert synced, "the entry's sync was reached"
+    assert written, "the entry's write was reached"
     assert "No space left on device" in out[UID].error and not out[UID].devices
     assert checkpoint.claims == {}
     assert os.listdir(config.cdi_dir) == [], "the spec of a claim not prepared is not left behind"
     assert os.listdir(checkpoint.directory) == [], "nor its checkpoint file"
     # And the claim prepares once the disk is well again.
     out = await preparer.prepare([REF])
+    await preparer.syncs.drain()
     assert out[UID].error == "" and list(Checkpoint(config.checkpoint_path).claims) == [UID]
+
+
+def sync_failures() -> float:
+    return REGISTRY.get_sample_value("nodefabric_dra_checkpoint_sync_failures_total") or 0.0
+
+
+async def test_kubelet_is_answered_before_the_entry_is_synced_and_the_sync_follows(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The entry is written (a restarted driver reads it) before the answer; its fdatasync, which only a
+    power loss needs, runs after it on its own thread, and a stopping driver waits for it."""
+    config = dirs.config()
+    checkpoint = Checkpoint(config.checkpoint_path)
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), hgx_host[0].host, api, checkpoint)
+    syncing, hold = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        syncing.set()
+        hold.wait(10)
+        real(fd)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fdatasync", slow_sync)
+        out = await asyncio.wait_for(preparer.prepare([REF]), 10)  # answered while the sync is held
+        assert out[UID].error == "" and out[UID].devices
+        async with asyncio.timeout(10):
+            while not syncing.is_set():
+                await asyncio.sleep(0.01)
+        assert len(preparer.syncs) == 1 and REGISTRY.get_sample_value("nodefabric_dra_unsynced_claims") == 1
+        assert list(Checkpoint(config.checkpoint_path).claims) == [UID], "written before the answer"
+        draining = asyncio.create_task(preparer.syncs.drain())
+        await asyncio.sleep(0.1)
+        assert not draining.done(), "drain waits for the sync"
+        hold.set()
+        await asyncio.wait_for(draining, 10)
+    assert len(preparer.syncs) == 0 and REGISTRY.get_sample_value("nodefabric_dra_unsynced_claims") == 0
+
+
+async def test_a_sync_that_fails_after_the_answer_keeps_the_claim_and_says_so(
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kubelet was answered and the entry is written: a disk that fails the sync leaves the claim prepared
+    (a repeated prepare answers it, an unprepare removes it), logged as an error and counted."""
+    config = dirs.config()
+    checkpoint = Checkpoint(config.checkpoint_path)
+    api = FailingApi(claim([result("pci-0000-1c-00-0")]))
+    preparer = Preparer(config, RecordSource(hgx_spec), hgx_host[0].host, api, checkpoint)
+    failures = sync_failures()
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.ERROR):
+        patch.setattr(os, "fdatasync", failing)
+        first = await preparer.prepare([REF])
+        await preparer.syncs.drain()
+    assert first[UID].error == "" and first[UID].devices
+    assert sync_failures() == failures + 1
+    [logged] = [r for r in caplog.records if "could not be synced" in r.getMessage()]
+    assert logged.__dict__["claim_uid"] == UID and "Input/output error" in logged.__dict__["why"]
+    assert list(Checkpoint(config.checkpoint_path).claims) == [UID]
+    again = await preparer.prepare([REF])
+    assert again[UID] == first[UID]
+    assert await preparer.unprepare([REF]) == {UID: ""}
+    assert Checkpoint(config.checkpoint_path).claims == {} and os.listdir(config.cdi_dir) == []
 
 
 async def test_a_prepare_cancelled_while_its_files_are_written_leaves_memory_and_disk_in_step(

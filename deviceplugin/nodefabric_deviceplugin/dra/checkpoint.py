@@ -17,15 +17,23 @@ past kubelet's 45 s deadline. Each write is crash-safe:
   without it a prepare answered to kubelet could come back from a reboot unrecorded, and an unprepared
   claim could come back recorded.
 
-A first prepare records its claim the faster way, with the same guarantees (`reserve`, then
-`Reservation.commit`): while the claim is read from the API, the claim's file is created empty under its
-own name and the directory fsynced (the entry's name is durable before the claim is even known); once
-the claim is read, its content is written into that file and fdatasynced (the content, size included,
-is durable). kubelet is answered only after both, so the answer waits for one sync after the API read
-instead of two. No rename is needed: the file is new (a claim held is answered from memory and never
-reserved), so there is no old content to keep whole, and a crash before the answer leaves an empty file
-(removed at the next start, quietly: kubelet was never answered and prepares the claim again) or, at
-worst, a torn one, which fails its checksum and is set aside like any unusable file.
+A first prepare records its claim the faster way (`reserve`, `Reservation.commit`, `Reservation.sync`):
+while the claim is read from the API, the claim's file is created empty under its own name; once the
+claim is read, its content is written into that file and kubelet is answered; the syncs that make the
+entry durable (the file's fdatasync: its content and size; the directory's fsync: its name) follow the
+answer. No rename is needed: the file is new (a claim held is answered from memory and never reserved),
+so there is no old content to keep whole.
+
+Why a prepare's syncs may follow the answer, where an unprepare's may not: a crash of this process loses
+nothing (the content is written before the answer), and a power loss in the millisecond between the
+answer and the syncs leaves the file missing, empty (removed quietly at the next start) or, on a file
+system that does not order data before size, torn (it fails its checksum and is set aside). Either way
+the claim is derived again, the same: kubelet's own checkpoint holds the claim and prepares it again
+after the reboot, its allocation cannot change while a pod reserves it, and the spec's file and CDI ids
+are functions of the driver, the claim's uid and the device; an unprepare finds the spec by its name.
+What the window gives up is answering such a claim's next prepare without reading the API. An entry
+that comes back after its unprepare, though, would answer a claim allocated again later (same uid, other
+devices) with the old devices: an unprepare's directory fsync stays before its answer.
 
 Each file carries a checksum of its content. One that cannot be read or does not verify is moved aside
 (`<name>.corrupt`) with an Error log, and only that claim is forgotten: unprepare then still finds its
@@ -175,7 +183,7 @@ def sync_directory(directory: str) -> None:
 
 
 class Reservation:
-    """A claim's file created empty, its directory entry durable, waiting for the claim's content
+    """A claim's file created empty, waiting for the claim's content
     (`Checkpoint.reserve`). Exactly one of `commit` and `release` ends it."""
 
     def __init__(self, checkpoint: Checkpoint, uid: str, path: str, fd: int) -> None:
@@ -183,22 +191,35 @@ class Reservation:
         self.uid = uid
         self.path = path
         self._fd: int | None = fd
+        self._unsynced: int | None = None  # the descriptor `sync` ends, once committed
 
     def commit(self, claim: PreparedClaim) -> None:
-        """Write the claim into its reserved file and make it durable (fdatasync: the content and the
-        file's size, all a reader needs; the name was made durable by `reserve`). Raises OSError, the
-        file then released."""
+        """Write the claim into its reserved file and record it. Written, not yet synced: every reader
+        (this process after a crash of its own included) sees it at once; `sync` makes it survive a
+        power loss. Raises OSError, the file then released."""
         assert claim.uid == self.uid, "a reservation holds one claim's file"
         fd = self._take()
         try:
             _write_all(fd, encode(claim))
-            os.fdatasync(fd)
         except OSError:
             os.close(fd)
             self._unlink(written=True)
             raise
-        os.close(fd)
+        self._unsynced = fd
         self.checkpoint.claims[claim.uid] = claim
+
+    def sync(self) -> None:
+        """Make the committed claim durable: the file's fdatasync (its content and size) and the
+        directory's fsync (its name). Raises OSError; the claim stays recorded, only its durability is
+        in doubt. A no-op before `commit` or once synced."""
+        fd, self._unsynced = self._unsynced, None
+        if fd is None:
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        sync_directory(self.checkpoint.directory)
 
     def release(self) -> None:
         """Give the file up unwritten (the claim was not prepared). Not synced: an empty file a crash
@@ -275,9 +296,11 @@ class Checkpoint:
                 if data is None:
                     continue
                 if not data:
-                    # A reservation a crash interrupted before its claim was written: that prepare was
-                    # never answered, and kubelet prepares the claim again.
-                    log.info("removing the empty file of an unfinished prepare", extra={"path": path})
+                    # A reservation a crash interrupted before its claim was written (never answered), or
+                    # a power loss before its sync (answered): either way kubelet prepares it again.
+                    log.info(
+                        "removing the empty file of an unfinished or unsynced prepare", extra={"path": path}
+                    )
                     os.unlink(path)
                     continue
                 claim = decode(data)
@@ -367,9 +390,9 @@ class Checkpoint:
         self.claims[claim.uid] = claim
 
     def reserve(self, uid: str) -> Reservation:
-        """Create the file of a claim not held yet, empty, and make its name durable (one directory
-        fsync); `Reservation.commit` then writes the claim with one fdatasync. Run while the claim is
-        read from the API, so a first prepare waits for one sync after the read, not two. Raises OSError.
+        """Create the file of a claim not held yet, empty; `Reservation.commit` then writes the claim
+        and `Reservation.sync` makes it durable. Run while the claim is read from the API. Raises
+        OSError.
 
         The file is always a new one (O_EXCL): whatever is under the name when the claim is not held (a
         leftover of a put or a reservation that never finished, or a symlink, a FIFO, a hard link
@@ -387,7 +410,6 @@ class Checkpoint:
         reservation = Reservation(self, uid, path, fd)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
-            sync_directory(self.directory)  # the name survives a power loss
         except BaseException:
             reservation.release()
             raise

@@ -17,6 +17,14 @@ UNPREPARES = Counter(
     ["outcome"],
 )
 PREPARED_CLAIMS = Gauge("nodefabric_dra_prepared_claims", "Claims currently prepared on this node.")
+UNSYNCED_CLAIMS = Gauge(
+    "nodefabric_dra_unsynced_claims",
+    "Prepared claims answered to kubelet whose checkpoint entry is written but not yet synced to disk.",
+)
+CHECKPOINT_SYNC_FAILURES = Counter(
+    "nodefabric_dra_checkpoint_sync_failures_total",
+    "Checkpoint entries of prepared claims that could not be synced to disk after kubelet was answered.",
+)
 REGISTRATIONS = Counter(
     "nodefabric_dra_registrations_total",
     "Registration answers from kubelet's plugin watcher (ok, failed).",

@@ -4,14 +4,14 @@ Every claim of a request gets an entry (kubelet prepares a missing one again), a
 entry's error and never the call's, and nothing a claim carries can crash the server. Preparing:
 
 1. a claim already in the checkpoint answers what it answered before (its spec rewritten if it is gone);
-2. otherwise the claim is read from the API and its uid checked (meanwhile its checkpoint file is
-   reserved: created, its name made durable); this driver's results for this node's pool are taken
-   (other drivers' are theirs);
+2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
+   pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
    still served: its pod was already placed), its verbs device read through the device plugin's
    `VerbsCache` (off the loop, within a budget), and the grant is the device plugin's (`allocate.grant`);
-4. the CDI spec is written, then the claim is written into its reserved file and synced, then the CDI
-   device ids are returned.
+4. in one thread hop, the CDI spec is written, then the claim's checkpoint file is created and the claim
+   written into it; then the CDI device ids are returned, and the entry's syncs follow the answer
+   (`syncs`; checkpoint says why that is safe).
 
 Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
 and forgets the claim; a claim never prepared here unprepares successfully.
@@ -35,7 +35,7 @@ from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, Pr
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
-from nodefabric_deviceplugin.dra.files import PendingFile
+from nodefabric_deviceplugin.dra.syncs import Syncs
 from nodefabric_deviceplugin.offloop import ReadTimeout
 from nodefabric_deviceplugin.resources import Family, FamilyView, Token
 from nodefabric_deviceplugin.source import RecordSource
@@ -70,40 +70,6 @@ def _by_device(allocated: Sequence[AllocatedDevice]) -> dict[str, list[str]]:
     return out
 
 
-@dataclass(slots=True)
-class Reserved:
-    """What a first prepare makes while its claim is read: the claim's checkpoint file, its name
-    durable, and the temporary file the spec is written through (None when it could not be made)."""
-
-    entry: Reservation
-    spec: PendingFile | None
-
-    def release(self) -> None:
-        """Give back what was not used (a committed entry and a written spec stay)."""
-        self.entry.release()
-        if self.spec is not None:
-            self.spec.discard()
-
-
-def _release_unused(done: asyncio.Future[Reserved]) -> None:
-    """Give a reservation back unless its claim was recorded (then this is a no-op); a reservation
-    that failed holds nothing."""
-    if not done.cancelled() and done.exception() is None:
-        with contextlib.suppress(OSError):
-            done.result().release()
-
-
-async def _settle(reserving: asyncio.Future[Reserved]) -> None:
-    """Wait for the reservation (its thread cannot be stopped) and give it back if unused: before the
-    answer, so an unused file never outlives its prepare; if this prepare is cancelled meanwhile, the
-    reservation goes as soon as it is made."""
-    if reserving.done():
-        _release_unused(reserving)
-        return
-    reserving.add_done_callback(_release_unused)  # runs before the wait below returns
-    await asyncio.wait([reserving])
-
-
 class Preparer:
     def __init__(
         self,
@@ -124,6 +90,7 @@ class Preparer:
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        self.syncs = Syncs()
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # --- prepare ----------------------------------------------------------------------------------------
@@ -166,34 +133,10 @@ class Preparer:
                 log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
-        # The claim's checkpoint file is reserved (created, its name made durable) while the claim is
-        # read: the directory fsync overlaps the API round trip, and only the entry's own sync is left
-        # for after it (checkpoint.Checkpoint.reserve). A crash in between leaves an empty file and an
-        # unanswered kubelet, which prepares the claim again.
-        path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
-        reserving = asyncio.ensure_future(asyncio.to_thread(self._reserve, ref.uid, path))
-        try:
-            claim = await asyncio.to_thread(self.api.get_claim, ref.namespace, ref.name)
-            return await self._prepare_new(ref, claim, reserving)
-        finally:
-            await _settle(reserving)  # an unused reservation (no claim, no devices, an error) goes
+        claim = await asyncio.to_thread(self.api.get_claim, ref.namespace, ref.name)
+        return await self._prepare_new(ref, claim)
 
-    def _reserve(self, uid: str, spec_path: str) -> Reserved:
-        """The claim's checkpoint file (raises OSError when it cannot be made) and, best effort, the
-        spec's temporary file: made while the claim is read, so what follows the read is the two
-        writes, one rename and one sync."""
-        entry = self.checkpoint.reserve(uid)
-        try:
-            # Not the directory: a claim that fails leaves nothing behind, the runtime's directory
-            # included; a first spec makes it the ordinary way.
-            spec = PendingFile(spec_path, make_directory=False)
-        except OSError:
-            spec = None  # written the ordinary way, which says what is wrong if the claim gets there
-        return Reserved(entry, spec)
-
-    async def _prepare_new(
-        self, ref: ClaimRef, claim: dict[str, Any] | None, reserving: asyncio.Future[Reserved]
-    ) -> tuple[PreparedDevice, ...]:
+    async def _prepare_new(self, ref: ClaimRef, claim: dict[str, Any] | None) -> tuple[PreparedDevice, ...]:
         if claim is None:
             raise ClaimError(f"claim {ref} does not exist")
         allocated = allocated_devices(claim, ref, driver=self.config.driver, pool=self.config.pool)
@@ -211,7 +154,7 @@ class Preparer:
         whole = grant(endpoints, verbs)
         nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in members}
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
-        path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)  # as reserved
+        path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
             PreparedDevice(
                 request_names=tuple(reqs),
@@ -222,18 +165,17 @@ class Preparer:
             for device, reqs in requests.items()
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
-        reserved = await reserving  # a checkpoint that cannot be written fails the claim here
-        # One thread hop for both files: the spec first, then the checkpoint entry, which is durable
-        # before kubelet is answered and holds the spec (see cdi.write_spec).
-        recording = asyncio.ensure_future(asyncio.to_thread(self._record, path, prepared, reserved))
+        # One thread hop for both files: the spec first, then the checkpoint entry, which holds the spec
+        # (see cdi.write_spec). The entry's syncs follow kubelet's answer, started by the write's own
+        # callback, so a call cancelled meanwhile leaves no recorded claim unsynced.
+        recording = asyncio.ensure_future(asyncio.to_thread(self._record, path, prepared))
+        recording.add_done_callback(self._sync_recorded)
         try:
             await asyncio.shield(recording)
         except asyncio.CancelledError:
             # kubelet's deadline passed mid-write. The thread cannot be stopped: it ends (the claim
-            # recorded, or its files given back) before the reservation is settled and the lock lets
-            # the next call in, or the reservation would be given back under it: its entry unlinked
-            # between the spec's write and the commit (a spec recorded nowhere), its descriptor closed
-            # while the commit writes through it. A recorded claim answers kubelet's next call.
+            # recorded, or its files removed) before the lock lets the next call in, so the next call
+            # never finds the claim half written. A recorded claim answers kubelet's next call.
             await asyncio.wait([recording])
             if not recording.cancelled() and recording.exception() is not None:
                 log.warning(
@@ -254,20 +196,27 @@ class Preparer:
         )
         return devices
 
-    def _record(self, path: str, prepared: PreparedClaim, reserved: Reserved) -> None:
+    def _sync_recorded(self, recording: asyncio.Future[Reservation]) -> None:
+        if not recording.cancelled() and recording.exception() is None:
+            self.syncs.start(recording.result())
+
+    def _record(self, path: str, prepared: PreparedClaim) -> Reservation:
+        """The spec, then the claim's entry, written (not synced: `syncs` does it after the answer).
+        Raises OSError, leaving neither file: kubelet need never unprepare a claim whose prepare failed,
+        and a spec left behind would stay in the runtime's directory for good."""
+        entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
         try:
-            cdi.write_spec(path, prepared.spec, reserved.spec)
+            cdi.write_spec(path, prepared.spec)
         except BaseException:
-            reserved.release()
+            entry.release()
             raise
         try:
-            reserved.entry.commit(prepared)  # releases the file itself when it fails
+            entry.commit(prepared)  # releases the file itself when it fails
         except OSError:
-            # The claim is refused, and kubelet need never unprepare a claim whose prepare failed: the
-            # spec just written goes too, or it would stay in the runtime's directory for good.
             with contextlib.suppress(OSError):
                 cdi.remove_spec(path)
             raise
+        return entry
 
     def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
         version, spec = self.source.snapshot()
