@@ -4,13 +4,14 @@
 
 Figures:
 - NodePrepareResources of one claim (one device): the first prepare (reads the ResourceClaim from the
-  API, resolves the verbs device, writes the CDI spec and the checkpoint entry, the entry synced), a repeated
-  prepare (answered from the checkpoint), and NodeUnprepareResources, each against an empty
-  NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first prepare, against a
-  bare GET of the claim (the API floor) and against the two together (what no driver avoids). The first
-  prepare and the unprepare of the write path before (the entry's fdatasync before kubelet's answer;
-  `record_before`) are interleaved with them. Targets:
-  the first prepare adds at most 20 ms (p50) to the GET; issue 24: at most x2 the GET.
+  API, resolves the verbs device, writes the CDI spec and the checkpoint entry; the entry's syncs follow
+  the answer), a repeated prepare (answered from the checkpoint), and NodeUnprepareResources, each
+  against an empty NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first
+  prepare, against a bare GET of the claim (the API floor) and against the two together (what no driver
+  avoids). These run against the embedded API in its own process, as a real API server is (in this
+  process its request handling shared the driver's event loop). The first prepare and the unprepare of
+  the write path before (the entry synced before kubelet's answer; `record_before`) are interleaved with
+  them. Targets: the first prepare adds at most 20 ms (p50) to the GET; issue 24: at most x2 the GET.
 - What a prepare costs as the number of claims already held grows (`--held`, default 1,500, against 10):
   the real NodePrepareResources (and its unprepare) with that many claims in the driver's checkpoint,
   against the same call with the whole-file checkpoint it replaced (every change rewrote and fsynced every
@@ -28,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ from nodefabric_devicemanager import inventory, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.accelerators.ascend import NoAscend
 from nodefabric_devicemanager.accelerators.nvidia import NoNvidia
+from nodefabric_devicemanager.hostroot import HostRoot
+from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing import scenarios
 from nodefabric_deviceplugin.dra.checkpoint import (
     KIND,
@@ -87,7 +91,7 @@ def put_node(k: RunningAPI) -> None:
 
 
 def claim(k: RunningAPI, name: str, device: str) -> ClaimRef:
-    uid = str(uuid.uuid4())
+    uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{name}"))  # the same in the API's own process
     result = {"request": "nic", "driver": DRIVER, "pool": NODE, "device": device}
     k.api.put_object(
         "resource.k8s.io/v1/resourceclaims",
@@ -117,14 +121,37 @@ def record_before(preparer: Preparer) -> Callable[[str, PreparedClaim], Reservat
     return record
 
 
-async def bench_prepare(
-    k: RunningAPI, driver: DraDriver, api: DraApi, plugin: DraClient, *, device: str, claims: int, work: Path
-) -> None:
+DEVICE = "pci-0000-11-00-1"  # the bench tree's first VF, the one given a verbs device
+
+
+def claim_names(claims: int) -> list[tuple[str, str]]:
+    return [(f"c{i}", f"b{i}") for i in range(claims)]
+
+
+async def serve_api(directory: str, claims: int) -> int:
+    """The API in its own process (`--serve-api`), as a real API server is: its request handling does not
+    share the driver's event loop and interpreter. Seeds the node and the claims, prints its kubeconfig,
+    and serves until its standard input closes."""
+    async with running_api(directory=directory) as k:
+        put_node(k)
+        for pair in [*claim_names(claims), ("probe", "")]:
+            for name in filter(None, pair):
+                claim(k, name, DEVICE)
+        print(k.kubeconfig, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    return 0
+
+
+def ref(name: str) -> ClaimRef:
+    return ClaimRef("bench", str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{name}")), name)
+
+
+async def bench_prepare(driver: DraDriver, api: DraApi, plugin: DraClient, *, claims: int) -> None:
     """Each figure interleaved with its floor, claim by claim, so a machine shared with other work slows
-    both alike; the write path before (both syncs after the API read) interleaved too."""
+    both alike; the write path before (the entry synced before the answer) interleaved too."""
     preparer = driver.preparer
-    refs = [(claim(k, f"c{i}", device), claim(k, f"b{i}", device)) for i in range(claims)]
-    probe = claim(k, "probe", device)
+    refs = [(ref(c), ref(b)) for c, b in claim_names(claims)]
+    probe = ref("probe")
     answer = (await plugin.prepare(probe))[probe.uid]
     assert answer.error == "", answer.error  # a failing prepare would time the wrong path
     await plugin.unprepare(probe)
@@ -144,7 +171,7 @@ async def bench_prepare(
             del preparer._record  # the class's own again
     finally:
         preparer.__dict__.pop("_record", None)
-    report("prepare, first (API + spec + fsync)", figures["first"], figures["get"], "claim GET")
+    report("prepare, first (API + spec + entry)", figures["first"], figures["get"], "claim GET")
     report("prepare, first", figures["first"], figures["empty"], "empty call")
     report("prepare, again (checkpoint)", figures["again"], figures["empty"], "empty call")
     report("unprepare (spec + fsync)", figures["gone"], figures["empty"], "empty call")
@@ -329,7 +356,61 @@ async def bench_steady(k: RunningAPI, driver: DraDriver, baseline: DraApi, round
     )
 
 
+@contextlib.asynccontextmanager
+async def serving_driver(
+    kubeconfig: str, work: Path, name: str, spec: DevicesSpec, host: HostRoot
+) -> AsyncIterator[tuple[DraDriver, DraApi, DraClient]]:
+    """A driver with its own directories, registered with a kubelet stand-in, its slices published."""
+    config = DriverConfig(
+        node_name=NODE,
+        plugin_dir=f"{work}/{name}/p",
+        registry_dir=f"{work}/{name}/r",
+        cdi_dir=f"{work}/{name}/c",
+    )
+    api = DraApi(nodeclient.load(kubeconfig), config)  # the benchmark's own requests
+    driver = DraDriver(
+        config, RecordSource(spec), host, DraApi(nodeclient.load(kubeconfig), config), resync=3600
+    )
+    kubelet = DraKubelet(config.registry_dir)
+    stop = asyncio.Event()
+    task = asyncio.create_task(driver.run(stop))
+    try:
+        plugin = await kubelet.wait_registered(DRIVER)
+        await _until(lambda: driver.publisher.syncs >= 1 and driver.publisher.watch.connects >= 1, "a sync")
+        yield driver, api, plugin
+    finally:
+        await kubelet.stop()
+        stop.set()
+        await task
+
+
+@contextlib.asynccontextmanager
+async def api_process(work: Path, claims: int) -> AsyncIterator[str]:
+    """The API served by a child process (`serve_api`); yields its kubeconfig."""
+    directory = work / "api"
+    directory.mkdir()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--serve-api", str(directory), "--claims", str(claims),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        line = await asyncio.wait_for(child.stdout.readline(), 120)
+        if not line:
+            raise RuntimeError("the API process ended before serving")
+        yield line.decode().strip()
+    finally:
+        child.stdin.close()
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+
+
 async def main(args: argparse.Namespace) -> int:
+    if args.serve_api:
+        return await serve_api(args.serve_api, args.claims)
     work = Path(tempfile.mkdtemp(prefix="nfbdra", dir="/tmp"))
     try:
         b = scenarios.bench(work / "host", pfs=args.pfs, vfs=args.vfs)
@@ -338,40 +419,24 @@ async def main(args: argparse.Namespace) -> int:
         b.verbs("0000:11:00.1", f"mlx5_{args.pfs}", args.pfs)
         reading = inventory.read(b.host, libraries=Libraries(nvidia=NoNvidia(), ascend=NoAscend()))
         assert reading.interfaces is not None
-        config = DriverConfig(
-            node_name=NODE, plugin_dir=f"{work}/p", registry_dir=f"{work}/r", cdi_dir=f"{work}/c"
-        )
+        spec = reading.spec()
+        # Prepare figures against an API in its own process (its handling off the driver's loop); the
+        # steady-state and held figures read the API's own counters, so they run against one in process.
+        async with (
+            api_process(work, args.claims) as kubeconfig,
+            serving_driver(kubeconfig, work, "prepare", spec, b.host) as (driver, api, plugin),
+        ):
+            slices, _ = await asyncio.to_thread(api.list_slices)
+            devices = sum(len(s["spec"]["devices"]) for s in slices)
+            print(f"pool: {args.pfs} PFs x {args.vfs} VFs: {devices} devices in {len(slices)} slices")
+            await bench_prepare(driver, api, plugin, claims=args.claims)
         async with running_api(directory=str(work)) as k:
             put_node(k)
-            api = DraApi(nodeclient.load(k.kubeconfig), config)  # the benchmark's own requests
-            driver = DraDriver(
-                config,
-                RecordSource(reading.spec()),
-                b.host,
-                DraApi(nodeclient.load(k.kubeconfig), config),
-                resync=3600,
-            )
-            kubelet = DraKubelet(config.registry_dir)
-            stop = asyncio.Event()
-            task = asyncio.create_task(driver.run(stop))
-            try:
-                plugin = await kubelet.wait_registered(DRIVER)
-                await _until(
-                    lambda: driver.publisher.syncs >= 1 and driver.publisher.watch.connects >= 1, "a sync"
-                )
-                slices, _ = await asyncio.to_thread(api.list_slices)
-                devices = sum(len(s["spec"]["devices"]) for s in slices)
-                print(f"pool: {args.pfs} PFs x {args.vfs} VFs: {devices} devices in {len(slices)} slices")
-                device = "pci-0000-11-00-1"
-                await bench_prepare(k, driver, api, plugin, device=device, claims=args.claims, work=work)
+            async with serving_driver(k.kubeconfig, work, "steady", spec, b.host) as (driver, api, plugin):
                 await bench_steady(k, driver, api, max(5, args.claims // 20))
                 await bench_held(
-                    k, driver, plugin, device, held=args.held, rounds=max(5, args.claims // 10), work=work
+                    k, driver, plugin, DEVICE, held=args.held, rounds=max(5, args.claims // 10), work=work
                 )
-            finally:
-                await kubelet.stop()
-                stop.set()
-                await task
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -385,5 +450,6 @@ if __name__ == "__main__":
     parser.add_argument("--pfs", type=int, default=8)
     parser.add_argument("--vfs", type=int, default=128)
     parser.add_argument("--held", type=int, default=1500, help="claims held while a prepare is timed")
+    parser.add_argument("--serve-api", metavar="DIR", help=argparse.SUPPRESS)  # the API's own process
     parsed: Any = parser.parse_args()
     sys.exit(asyncio.run(main(parsed)))

@@ -32,7 +32,7 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     lines = out.stdout.splitlines()
     assert lines[0] == "pool: 2 PFs x 3 VFs: 6 devices in 1 slices"
     assert [line.split(" p50")[0].strip() for line in lines[1:5]] == [
-        "prepare, first (API + spec + fsync)",
+        "prepare, first (API + spec + entry)",
         "prepare, first",
         "prepare, again (checkpoint)",
         "unprepare (spec + fsync)",
