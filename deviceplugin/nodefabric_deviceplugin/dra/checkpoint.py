@@ -191,7 +191,7 @@ class Reservation:
         self.uid = uid
         self.path = path
         self._fd: int | None = fd
-        self._unsynced: int | None = None  # the descriptor `sync` ends, once committed
+        self._unsynced = False  # committed, not yet synced
 
     def commit(self, claim: PreparedClaim) -> None:
         """Write the claim into its reserved file and record it. Written, not yet synced: every reader
@@ -205,16 +205,28 @@ class Reservation:
             os.close(fd)
             self._unlink(written=True)
             raise
-        self._unsynced = fd
+        # Closed now, reopened by `sync`: syncs queued behind a slow disk (a thousand claims in one call)
+        # must not each hold a descriptor, or they exhaust the process's limit and fail the prepares
+        # after them. Closing keeps the dirty pages; an fdatasync through any descriptor writes them.
+        os.close(fd)
+        self._unsynced = True
         self.checkpoint.claims[claim.uid] = claim
 
     def sync(self) -> None:
         """Make the committed claim durable: the file's fdatasync (its content and size) and the
         directory's fsync (its name). Raises OSError; the claim stays recorded, only its durability is
-        in doubt. A no-op before `commit` or once synced."""
-        fd, self._unsynced = self._unsynced, None
-        if fd is None:
+        in doubt. A no-op before `commit`, once synced, and when the file is gone from a directory still
+        there (the claim was unprepared meanwhile, and that unlink was synced)."""
+        if not self._unsynced:
             return
+        self._unsynced = False
+        try:
+            # Non-blocking: whatever was put under the name meanwhile (a FIFO) must not hang the thread.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if os.path.isdir(self.checkpoint.directory):
+                return
+            raise
         try:
             os.fdatasync(fd)
         finally:

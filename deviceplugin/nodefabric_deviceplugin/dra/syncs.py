@@ -2,7 +2,8 @@
 
 One thread of their own, one sync at a time: a sync never waits behind, or holds up, the API reads and
 file writes that prepares run on the default executor, and syncs that queue up behind a slow disk cost
-their descriptors, not kubelet's calls. A sync that fails is logged and counted; its claim stays
+kubelet's calls nothing (an entry waiting for its sync holds no descriptor: `Reservation.sync` reopens
+its file). A sync that fails is logged and counted; its claim stays
 prepared (kubelet was answered, and the content is written), only a power loss could now lose it.
 """
 

@@ -1,0 +1,172 @@
+"""The checkpoint entry's syncs after kubelet's answer, attacked over the real DRA socket: a slow or failing
+disk, many claims in one call, an unprepare or a stop while syncs are pending, a power loss in the window.
+Faults are injected at the os calls only (fdatasync, write); the files and the gRPC are real."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dra_helpers import CLAIMS, DRIVER, Dirs, put_claim, result, shutdown, start_driver
+from prometheus_client import REGISTRY
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, file_name
+from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+NIC0 = "pci-0000-1c-00-0"
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+def fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Disk:
+    """os.fdatasync of checkpoint entries, held until released (a slow disk), recording which file each
+    sync reached."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.release = threading.Event()
+        self.synced: list[str] = []
+        self.entered = threading.Event()
+        self._real: Callable[[int], None] = os.fdatasync
+
+    def fdatasync(self, fd: int) -> None:
+        path = fd_path(fd)
+        if path.startswith(self.directory):
+            self.entered.set()
+            self.release.wait(30)
+            self.synced.append(os.path.basename(path).removesuffix(" (deleted)"))
+        self._real(fd)
+
+
+def unsynced() -> float:
+    return REGISTRY.get_sample_value("nodefabric_dra_unsynced_claims") or 0.0
+
+
+async def started(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], spec: DevicesSpec
+) -> Any:
+    r = await start_driver(api, dirs, hgx_host[0].host, spec)
+    return r, await r.kubelet.wait_registered(DRIVER)
+
+
+async def test_syncs_pending_behind_a_slow_disk_hold_no_descriptor_each(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """Many claims in one call, the disk slow to sync: each entry waits for its sync after the answer,
+    and must not hold a descriptor while it waits. With the container runtime's default soft limit of
+    1,024 descriptors, 1,000 claims queued behind a slow disk would fail every prepare after them."""
+    claims = [put_claim(api, f"many-{i}", [result(NIC0)]) for i in range(120)]
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    disk = Disk(r.driver.checkpoint.directory)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fdatasync", disk.fdatasync)
+            before = open_fds()
+            out = await plugin.prepare(*(ref(c) for c in claims))
+            assert all(not e.error for e in out.values()) and len(out) == len(claims)
+            held = open_fds() - before
+            assert unsynced() >= len(claims) - 1, "the syncs wait behind the slow disk"
+            disk.release.set()
+            await asyncio.wait_for(r.driver.preparer.syncs.drain(), 30)
+        assert held < 10, f"{held} descriptors held by {len(claims)} pending syncs"
+        assert unsynced() == 0 and len(disk.synced) == len(claims)
+    finally:
+        disk.release.set()
+        await shutdown(r)
+
+
+async def test_an_unprepare_while_the_sync_is_pending_keeps_the_claim_gone(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The unprepare answers at once (its own unlink synced), the pending sync then finds the entry gone:
+    no failure counted, nothing comes back at the next start, and the claim prepares again afresh."""
+    claim = put_claim(api, "short", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    failures = REGISTRY.get_sample_value("nodefabric_dra_checkpoint_sync_failures_total") or 0.0
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    disk = Disk(r.driver.checkpoint.directory)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fdatasync", disk.fdatasync)
+            first = await plugin.prepare(ref(claim))
+            assert not first[uid].error
+            assert await asyncio.wait_for(plugin.unprepare(ref(claim)), 10) == {uid: ""}
+            assert Checkpoint(r.driver.config.checkpoint_path).claims == {}
+            disk.release.set()
+            await asyncio.wait_for(r.driver.preparer.syncs.drain(), 10)
+        assert (REGISTRY.get_sample_value("nodefabric_dra_checkpoint_sync_failures_total") or 0.0) == failures
+        assert Checkpoint(r.driver.config.checkpoint_path).claims == {}
+        assert os.listdir(r.driver.checkpoint.directory) == []
+        reads = api.count("GET", CLAIMS)
+        again = await plugin.prepare(ref(claim))
+        assert again == first and api.count("GET", CLAIMS) == reads + 1
+    finally:
+        disk.release.set()
+        await shutdown(r)
+
+
+@pytest.mark.parametrize("loss", ["missing", "empty", "torn"])
+async def test_a_power_loss_before_the_sync_prepares_the_claim_again_from_the_api(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    loss: str,
+) -> None:
+    """What the README says a power loss in the window leaves (the entry missing, empty or torn, and
+    /var/run/cdi emptied): the restarted driver answers kubelet's repeated prepare the same, read again
+    from the API, and the unprepare then removes both files."""
+    claim = put_claim(api, "lost", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    try:
+        first = await plugin.prepare(ref(claim))
+    finally:
+        await shutdown(r)
+    entry = Path(r.driver.checkpoint.directory, file_name(uid))
+    whole = entry.read_bytes()
+    if loss == "missing":
+        entry.unlink()
+    elif loss == "empty":
+        entry.write_bytes(b"")
+    else:
+        entry.write_bytes(whole[: len(whole) // 2] + b"\0" * (len(whole) - len(whole) // 2))
+    for spec in os.listdir(dirs.cdi):
+        os.unlink(os.path.join(dirs.cdi, spec))
+    reads = api.count("GET", CLAIMS)
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    try:
+        assert r.driver.checkpoint.claims == {}
+        again = await plugin.prepare(ref(claim))
+        assert again == first and api.count("GET", CLAIMS) == reads + 1
+        assert len(os.listdir(dirs.cdi)) == 1
+        assert list(Checkpoint(r.driver.config.checkpoint_path).claims) == [uid]
+        assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert os.listdir(dirs.cdi) == []
+        left = sorted(os.listdir(r.driver.checkpoint.directory))
+        assert left == ([entry.name + ".corrupt"] if loss == "torn" else [])
+    finally:
+        await shutdown(r)
