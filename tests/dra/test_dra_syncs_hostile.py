@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from dra_helpers import CLAIMS, DRIVER, Dirs, put_claim, result, shutdown, start_driver
 from prometheus_client import REGISTRY
@@ -126,6 +128,51 @@ async def test_an_unprepare_while_the_sync_is_pending_keeps_the_claim_gone(
     finally:
         disk.release.set()
         await shutdown(r)
+
+
+async def test_a_stop_waits_for_a_prepare_whose_deadline_passed_mid_write_and_syncs_its_entry(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """kubelet's deadline passes while the entry is being written; the driver is stopped meanwhile. The
+    write finishes on its thread after the stop began: the driver must not end before that entry's sync
+    (it answers nothing, but the claim is recorded and kubelet's next call is answered from it)."""
+    claim = put_claim(api, "late", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    directory = r.driver.checkpoint.directory
+    name = file_name(uid)
+    hold, entered = threading.Event(), threading.Event()
+    real_write, real_sync = os.write, os.fdatasync
+    synced: list[str] = []
+
+    def slow_write(fd: int, data: Any) -> int:
+        if fd_path(fd).startswith(directory):
+            entered.set()
+            hold.wait(30)
+        return real_write(fd, data)
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.path.basename(fd_path(fd)))
+        real_sync(fd)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "write", slow_write)
+            patch.setattr(os, "fdatasync", fdatasync)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await plugin.prepare(ref(claim), timeout=0.5)
+            assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and entered.is_set()
+            threading.Timer(1.5, hold.set).start()  # the write ends after the stop began
+            began = time.monotonic()
+            await shutdown(r)
+            took = time.monotonic() - began
+            stopped_synced = list(synced)
+        assert name in stopped_synced, f"the driver stopped after {took:.2f}s with the entry unsynced"
+        assert list(Checkpoint(r.driver.config.checkpoint_path).claims) == [uid]
+    finally:
+        hold.set()
+        if not r.task.done():
+            await shutdown(r)
 
 
 @pytest.mark.parametrize("loss", ["missing", "empty", "torn"])

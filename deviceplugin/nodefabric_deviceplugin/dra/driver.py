@@ -121,7 +121,7 @@ class DraDriver:
             publisher.cancel()
             await asyncio.gather(publisher, return_exceptions=True)
             await self.servers.stop()
-            await self.preparer.syncs.drain()  # every claim answered is durable before we exit
+            await self.preparer.drain()  # every claim recorded is durable before we exit
             log.info("DRA driver stopped", extra={"driver": self.config.driver})
 
     def _next_wakeup(self, now: float) -> float:

@@ -196,6 +196,14 @@ class Preparer:
         )
         return devices
 
+    async def drain(self) -> None:
+        """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
+        kubelet's deadline or the server's stop, it holds the lock until its thread ends) and then for
+        every sync started, its own included. Without the lock, a stop could end while that write was
+        still on its thread: its sync never started, or started after the drain."""
+        async with self._lock:
+            await self.syncs.drain()
+
     def _sync_recorded(self, recording: asyncio.Future[Reservation]) -> None:
         if not recording.cancelled() and recording.exception() is None:
             self.syncs.start(recording.result())
