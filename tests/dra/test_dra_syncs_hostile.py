@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from prometheus_client import REGISTRY
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, file_name
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, file_name
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
@@ -217,3 +218,56 @@ async def test_a_power_loss_before_the_sync_prepares_the_claim_again_from_the_ap
         assert left == ([entry.name + ".corrupt"] if loss == "torn" else [])
     finally:
         await shutdown(r)
+
+
+async def test_an_unprepare_retried_after_its_directory_sync_failed_syncs_before_it_answers(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The first unprepare unlinks the entry and fails on the directory's fsync (kubelet hears the error
+    and retries). The retry finds the file already gone; it must still fsync the directory before it
+    answers, or an unprepare answered to kubelet could have its entry come back after a power loss."""
+    claim = put_claim(api, "retried", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    directory = r.driver.checkpoint.directory
+    real = os.fsync
+    synced: list[str] = []
+
+    def failing(fd: int) -> None:
+        if fd_path(fd) == directory:
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    def counting(fd: int) -> None:
+        synced.append(fd_path(fd))
+        real(fd)
+
+    try:
+        assert not (await plugin.prepare(ref(claim)))[uid].error
+        await asyncio.wait_for(r.driver.preparer.drain(), 10)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fsync", failing)
+            out = await plugin.unprepare(ref(claim))
+        assert "Input/output error" in out[uid]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fsync", counting)
+            assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert directory in synced, "the retry answered without the unlink made durable"
+        assert r.driver.checkpoint.claims == {} and os.listdir(dirs.cdi) == []
+    finally:
+        await shutdown(r)
+
+
+def test_a_held_claim_whose_checkpoint_directory_is_gone_still_unprepares(tmp_path: Path) -> None:
+    """The retry's directory sync must not turn a removed checkpoint directory into an unprepare that
+    fails for good; a claim never held costs no sync at all."""
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
+    entry = checkpoint.reserve("u-1")
+    entry.commit(PreparedClaim("u-1", "ml", "c", (), ""))
+    entry.sync()
+    shutil.rmtree(checkpoint.directory)
+    checkpoint.remove("u-1")
+    assert checkpoint.claims == {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", lambda fd: pytest.fail("a claim never held synced the directory"))
+        checkpoint.remove("u-2")

@@ -430,10 +430,16 @@ class Checkpoint:
     def remove(self, uid: str) -> None:
         """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""
         # Tried even for a claim not held: a put whose directory sync failed left its file behind.
+        held = uid in self.claims
         try:
             os.unlink(os.path.join(self.directory, file_name(uid)))
         except FileNotFoundError:
-            pass
+            # Gone already. A claim still held was unlinked by an earlier try whose directory sync
+            # failed (kubelet heard the error and retries): that unlink is made durable before this
+            # answers. Without a directory there is no entry to come back.
+            if held:
+                with contextlib.suppress(FileNotFoundError):
+                    sync_directory(self.directory)
         else:
             sync_directory(self.directory)  # the unlink survives a power loss: the claim stays gone
         self.claims.pop(uid, None)
