@@ -85,10 +85,10 @@ def write_spec(path: str, spec: Mapping[str, Any], pending: PendingFile | None =
     """Write the spec unless the same one is already there; returns whether it wrote. `pending`: the
     temporary file to write it through, made ahead (used or discarded here).
 
-    Not fsynced: the checkpoint entry written next holds the same spec and is durable before kubelet
-    hears of the claim, and kubelet prepares every claim again after it restarts (a reboot too), which
-    rewrites a spec a power loss took or tore (`read_spec` finds it absent or different). Atomic all the
-    same: the runtime's watcher never reads half a spec."""
+    Not fsynced: the checkpoint entry written next holds the same spec (written before kubelet hears of
+    the claim, synced after: see checkpoint), and kubelet prepares every claim again after it restarts
+    (a reboot too), which rewrites a spec a power loss took or tore (`read_spec` finds it absent or
+    different). Atomic all the same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
         if pending is not None:
             pending.discard()

@@ -25,9 +25,10 @@ answer. No rename is needed: the file is new (a claim held is answered from memo
 so there is no old content to keep whole.
 
 Why a prepare's syncs may follow the answer, where an unprepare's may not: a crash of this process loses
-nothing (the content is written before the answer), and a power loss in the millisecond between the
-answer and the syncs leaves the file missing, empty (removed quietly at the next start) or, on a file
-system that does not order data before size, torn (it fails its checksum and is set aside). Either way
+nothing (the content is written before the answer), and a power loss between the answer and the
+syncs (a millisecond on an idle disk, longer behind the syncs queued on a slow one) leaves the file
+missing, empty (removed quietly at the next start) or, on a file system that does not order data
+before size, torn (it fails its checksum and is set aside). Either way
 the claim is derived again, the same: kubelet's own checkpoint holds the claim and prepares it again
 after the reboot, its allocation cannot change while a pod reserves it, and the spec's file and CDI ids
 are functions of the driver, the claim's uid and the device; an unprepare finds the spec by its name.
