@@ -5,8 +5,11 @@ Faults are injected at the os calls only (fdatasync, write); the files and the g
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -271,3 +274,71 @@ def test_a_held_claim_whose_checkpoint_directory_is_gone_still_unprepares(tmp_pa
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "fsync", lambda fd: pytest.fail("a claim never held synced the directory"))
         checkpoint.remove("u-2")
+
+
+HUNG_EXIT = """
+import asyncio, logging, os, sys, threading
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
+from nodefabric_deviceplugin.dra.syncs import Syncs
+
+logging.basicConfig(format="%(message)s %(claim_uids)s")
+os.fdatasync = lambda fd: threading.Event().wait()  # a disk that never answers
+
+
+async def main() -> None:
+    checkpoint = Checkpoint(sys.argv[1])
+    entry = checkpoint.reserve("u-1")
+    entry.commit(PreparedClaim("u-1", "ml", "c", (), ""))
+    syncs = Syncs()
+    syncs.start(entry)
+    print(await syncs.drain(0.3), flush=True)
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_sync_that_never_returns_holds_neither_the_stop_nor_the_process_exit(tmp_path: Path) -> None:
+    """A disk that never answers an fdatasync: the stop's drain gives up after its bound, and the process
+    then exits (the sync thread must not be one that interpreter exit joins)."""
+    began = time.monotonic()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", HUNG_EXIT, str(tmp_path / "checkpoint.json")],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit: {exc.stdout!r} {exc.stderr!r}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "False\n" and time.monotonic() - began < 15
+    assert "u-1" in out.stderr and "not synced" in out.stderr, out.stderr
+
+
+async def test_a_driver_stopped_with_a_sync_hung_ends_within_its_bound_and_says_what_is_unsynced(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    claim = put_claim(api, "hung", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    disk = Disk(r.driver.checkpoint.directory)
+    try:
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.ERROR):
+            patch.setattr(os, "fdatasync", disk.fdatasync)
+            assert not (await plugin.prepare(ref(claim)))[uid].error
+            began = time.monotonic()
+            await shutdown(r)
+            took = time.monotonic() - began
+        assert took < 10, f"the stop took {took:.1f}s"
+        [logged] = [rec for rec in caplog.records if "not synced" in rec.getMessage()]
+        assert logged.__dict__["claim_uids"] == [uid] and logged.__dict__["unsynced"] == 1
+    finally:
+        disk.release.set()
+        if not r.task.done():
+            await shutdown(r)

@@ -196,13 +196,25 @@ class Preparer:
         )
         return devices
 
-    async def drain(self) -> None:
+    async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
         kubelet's deadline or the server's stop, it holds the lock until its thread ends) and then for
-        every sync started, its own included. Without the lock, a stop could end while that write was
-        still on its thread: its sync never started, or started after the drain."""
-        async with self._lock:
-            await self.syncs.drain()
+        every sync started, its own included; `timeout` seconds for both at most. Without the lock, a
+        stop could end while that write was still on its thread: its sync never started, or started
+        after the drain."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._lock.acquire()
+        except TimeoutError:
+            log.error("stopping while a prepare is still writing its files; its entry may stay unsynced")
+            await self.syncs.drain(0.0)  # says what else is unsynced
+            return
+        try:
+            await self.syncs.drain(None if deadline is None else max(0.0, deadline - loop.time()))
+        finally:
+            self._lock.release()
 
     def _sync_recorded(self, recording: asyncio.Future[Reservation]) -> None:
         if not recording.cancelled() and recording.exception() is None:
