@@ -172,6 +172,7 @@ async def test_a_stop_waits_for_a_prepare_whose_deadline_passed_mid_write_and_sy
             took = time.monotonic() - began
             stopped_synced = list(synced)
         assert name in stopped_synced, f"the driver stopped after {took:.2f}s with the entry unsynced"
+        assert stopped_synced.count(name) == 1, "the cancelled prepare's entry is synced once"
         assert list(Checkpoint(r.driver.config.checkpoint_path).claims) == [uid]
     finally:
         hold.set()
@@ -342,3 +343,41 @@ async def test_a_driver_stopped_with_a_sync_hung_ends_within_its_bound_and_says_
         disk.release.set()
         if not r.task.done():
             await shutdown(r)
+
+
+@pytest.mark.parametrize("change", ["unlinked", "fifo", "symlink", "directory-gone"])
+def test_whatever_replaced_an_entry_before_its_sync_neither_hangs_nor_is_written_through(
+    tmp_path: Path, change: str
+) -> None:
+    """Between the commit (before kubelet's answer) and the sync (after it), the entry's name may be
+    unlinked (an unprepare: its own unlink was synced, nothing to do) or hold something planted there;
+    the directory may be gone (the entry is lost for good: a failure, logged and counted by the caller)."""
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
+    entry = checkpoint.reserve("u-1")
+    entry.commit(PreparedClaim("u-1", "ml", "c", (), ""))
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"untouched")
+    path = Path(entry.path)
+    if change == "directory-gone":
+        shutil.rmtree(checkpoint.directory)
+    else:
+        path.unlink()
+        if change == "fifo":
+            os.mkfifo(path)
+        elif change == "symlink":
+            path.symlink_to(target)
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def sync() -> None:
+        try:
+            entry.sync()
+        except OSError as exc:
+            failed.append(exc)
+        done.set()
+
+    threading.Thread(target=sync, daemon=True).start()
+    assert done.wait(10), "the sync hung on what was put under the entry's name"
+    assert target.read_bytes() == b"untouched"
+    assert bool(failed) == (change != "unlinked"), failed
+    entry.sync()  # once only: a second call does nothing
