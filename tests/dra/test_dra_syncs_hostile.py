@@ -173,6 +173,7 @@ async def test_a_stop_waits_for_a_prepare_whose_deadline_passed_mid_write_and_sy
             stopped_synced = list(synced)
         assert name in stopped_synced, f"the driver stopped after {took:.2f}s with the entry unsynced"
         assert stopped_synced.count(name) == 1, "the cancelled prepare's entry is synced once"
+        assert REGISTRY.get_sample_value("nodefabric_dra_prepared_claims") == 1, "and counted as prepared"
         assert list(Checkpoint(r.driver.config.checkpoint_path).claims) == [uid]
     finally:
         hold.set()

@@ -183,7 +183,6 @@ class Preparer:
                 )
             raise
         metrics.PREPARES.labels("prepared").inc()
-        metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
             "prepared a claim",
             extra={
@@ -219,6 +218,8 @@ class Preparer:
     def _sync_recorded(self, recording: asyncio.Future[Reservation]) -> None:
         if not recording.cancelled() and recording.exception() is None:
             self.syncs.start(recording.result())
+            # Here, not after the answer: a call cancelled mid-write still leaves its claim prepared.
+            metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
 
     def _record(self, path: str, prepared: PreparedClaim) -> Reservation:
         """The spec, then the claim's entry, written (not synced: `syncs` does it after the answer).
