@@ -382,3 +382,34 @@ def test_whatever_replaced_an_entry_before_its_sync_neither_hangs_nor_is_written
     assert target.read_bytes() == b"untouched"
     assert bool(failed) == (change != "unlinked"), failed
     entry.sync()  # once only: a second call does nothing
+
+
+@pytest.mark.parametrize("loss", ["missing", "empty", "torn"])
+async def test_a_power_loss_before_the_sync_then_an_unprepare_removes_the_spec_by_its_name(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, loss: str
+) -> None:
+    """The pod went while the node was down: kubelet's first call after the reboot is the unprepare. The
+    entry is lost (missing, empty or torn), the spec survived (a CDI directory that is not a tmpfs): the
+    spec is found by its name and removed, and nothing of the claim is left but a set-aside torn file."""
+    claim = put_claim(api, "gone-while-down", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    try:
+        assert not (await plugin.prepare(ref(claim)))[uid].error
+    finally:
+        await shutdown(r)
+    entry = Path(r.driver.checkpoint.directory, file_name(uid))
+    {
+        "missing": entry.unlink,
+        "empty": lambda: entry.write_bytes(b""),
+        "torn": lambda: entry.write_bytes(b"{"),
+    }[loss]()
+    assert len(os.listdir(dirs.cdi)) == 1
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    try:
+        assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert os.listdir(dirs.cdi) == []
+        left = sorted(os.listdir(r.driver.checkpoint.directory))
+        assert left == ([entry.name + ".corrupt"] if loss == "torn" else [])
+    finally:
+        await shutdown(r)
