@@ -346,7 +346,7 @@ async def test_a_driver_stopped_with_a_sync_hung_ends_within_its_bound_and_says_
             await shutdown(r)
 
 
-@pytest.mark.parametrize("change", ["unlinked", "fifo", "symlink", "directory-gone"])
+@pytest.mark.parametrize("change", ["unlinked", "fifo", "symlink", "directory", "directory-gone"])
 def test_whatever_replaced_an_entry_before_its_sync_neither_hangs_nor_is_written_through(
     tmp_path: Path, change: str
 ) -> None:
@@ -367,6 +367,8 @@ def test_whatever_replaced_an_entry_before_its_sync_neither_hangs_nor_is_written
             os.mkfifo(path)
         elif change == "symlink":
             path.symlink_to(target)
+        elif change == "directory":
+            path.mkdir()
     done = threading.Event()
     failed: list[BaseException] = []
 
@@ -413,3 +415,25 @@ async def test_a_power_loss_before_the_sync_then_an_unprepare_removes_the_spec_b
         assert left == ([entry.name + ".corrupt"] if loss == "torn" else [])
     finally:
         await shutdown(r)
+
+
+def test_a_close_that_fails_after_the_write_refuses_the_claim_and_leaves_no_entry(tmp_path: Path) -> None:
+    """Some file systems report a write's failure only at close (EIO, ENOSPC on NFS): the claim is
+    refused, so its entry must not stay on disk to come back as prepared at the next start."""
+    path = str(tmp_path / "checkpoint.json")
+    checkpoint = Checkpoint(path)
+    entry = checkpoint.reserve("u-1")
+    real = os.close
+
+    def failing(fd: int) -> None:
+        reached = fd_path(fd).startswith(checkpoint.directory)
+        real(fd)  # Linux closes the descriptor whatever close returns
+        if reached:
+            raise OSError(5, "Input/output error")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "close", failing)
+        with pytest.raises(OSError, match="Input/output"):
+            entry.commit(PreparedClaim("u-1", "ml", "c", (), ""))
+    assert checkpoint.claims == {}
+    assert os.listdir(checkpoint.directory) == [] and Checkpoint(path).claims == {}

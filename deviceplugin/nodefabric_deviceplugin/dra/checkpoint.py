@@ -46,11 +46,13 @@ old file is removed; a crash in between migrates again on the next start (the wr
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,15 +203,17 @@ class Reservation:
         assert claim.uid == self.uid, "a reservation holds one claim's file"
         fd = self._take()
         try:
-            _write_all(fd, encode(claim))
+            try:
+                _write_all(fd, encode(claim))
+            finally:
+                # Closed now, reopened by `sync`: syncs queued behind a slow disk (a thousand claims in
+                # one call) must not each hold a descriptor, or they exhaust the process's limit and
+                # fail the prepares after them. Closing keeps the dirty pages; an fdatasync through any
+                # descriptor writes them. A close that fails (EIO on some file systems) fails the claim.
+                os.close(fd)
         except OSError:
-            os.close(fd)
             self._unlink(written=True)
             raise
-        # Closed now, reopened by `sync`: syncs queued behind a slow disk (a thousand claims in one call)
-        # must not each hold a descriptor, or they exhaust the process's limit and fail the prepares
-        # after them. Closing keeps the dirty pages; an fdatasync through any descriptor writes them.
-        os.close(fd)
         self._unsynced = True
         self.checkpoint.claims[claim.uid] = claim
 
@@ -229,6 +233,8 @@ class Reservation:
                 return
             raise
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, f"{self.path} is no longer the claim's file")
             os.fdatasync(fd)
         finally:
             os.close(fd)
