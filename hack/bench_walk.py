@@ -41,27 +41,36 @@ TARGET = 1.5
 def record(root: str) -> dict[str, list[str]]:
     """What one pass lists, opens to read, and reads links of."""
     ops: dict[str, list[str]] = {"dirs": [], "files": [], "links": []}
-    real = os.listdir, os.open, os.readlink
+    real = os.listdir, os.open, os.readlink, os.scandir
 
     def listdir(path: str = ".") -> list[str]:
         ops["dirs"].append(os.fspath(path))
         return real[0](path)
 
+    def scandir(path: str | int = ".") -> object:
+        # A directory listed through a descriptor the walk opened is replayed by its path.
+        ops["dirs"].append(real[2](f"/proc/self/fd/{path}") if isinstance(path, int) else os.fspath(path))
+        return real[3](path)
+
     def open_(path: str, flags: int, *args: object, **kw: object) -> int:
-        if not flags & getattr(os, "O_PATH", 0):  # O_PATH: resolution, not a read
+        fd = real[1](path, flags, *args, **kw)  # type: ignore[arg-type]
+        # O_PATH: resolution, not a read; O_DIRECTORY: a directory opened to be listed, which the floor
+        # pays as the listing itself. An open that failed read nothing (an absent attribute is learned
+        # from the open itself), so the floor does not pay for it either.
+        if not flags & (getattr(os, "O_PATH", 0) | os.O_DIRECTORY):
             ops["files"].append(os.fspath(path))
-        return real[1](path, flags, *args, **kw)  # type: ignore[arg-type]
+        return fd
 
     def readlink(path: str, *args: object, **kw: object) -> str:
         if not os.fspath(path).startswith("/proc/self/fd/"):
             ops["links"].append(os.fspath(path))
         return real[2](path, *args, **kw)  # type: ignore[arg-type]
 
-    os.listdir, os.open, os.readlink = listdir, open_, readlink  # type: ignore[assignment]
+    os.listdir, os.open, os.readlink, os.scandir = listdir, open_, readlink, scandir  # type: ignore[assignment]
     try:
         inventory.read(HostRoot.at(root))
     finally:
-        os.listdir, os.open, os.readlink = real
+        os.listdir, os.open, os.readlink, os.scandir = real
     return ops
 
 

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 MAX_ATTRIBUTE_BYTES = 64 * 1024
 # O_NONBLOCK: even a FIFO that slipped past the type check cannot block the open or the read.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+# A directory opened to be listed: O_NOFOLLOW makes the open refuse a link (ELOOP) and O_DIRECTORY
+# anything else (ENOTDIR, before a FIFO or a device is opened), so a successful open is the type check.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_LIMIT = MAX_ATTRIBUTE_BYTES + 1  # one byte more than allowed: an oversized file shows itself
 _IFMT, _IFREG, _IFDIR, _IFLNK = stat.S_IFMT(0o177777), stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
@@ -305,6 +308,37 @@ class SysDir:
         except FileNotFoundError:
             return None
 
+    def listed_child(self, name: str, is_dir: bool) -> SysDir:
+        """`child` for an entry a listing of this directory has just seen (`entries`, `child_entries`):
+        one it saw as a real directory is taken as one, without the lstat `child` pays to ask again (the
+        answer is as old as an lstat's would be by the time anything is read through it); any other
+        entry (a symlink, a file, an unknown type) takes `child` for its exact answer and refusal."""
+        if not is_dir:
+            return self.child(name)
+        return SysDir(self.host, self._child_path(name))
+
+    def child_entries_opt(self, name: str) -> tuple[SysDir, list[tuple[str, bool]]] | None:
+        """`child_opt(name)` and its `entries()` at once: the directory is opened once (O_NOFOLLOW, so
+        the open itself says it is a real directory and not a link) and listed through that descriptor.
+        None when it is absent; a link, a file or anything else takes `child` and `entries` for the
+        exact answer and refusal (a link that resolves inside the root is followed, as `child` does)."""
+        path = self._child_path(name)
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            found = self.child_opt(name)
+            return None if found is None else (found, found.entries())
+        try:
+            with os.scandir(fd) as it:
+                entries = sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        finally:
+            os.close(fd)
+        return SysDir(self.host, path), entries
+
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
 
@@ -315,6 +349,15 @@ class SysDir:
         """Entry names, sorted: sysfs directory order is not stable and everything built on it is compared."""
         try:
             return sorted(os.listdir(self.path))
+        except OSError as exc:
+            raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
+
+    def entries(self) -> list[tuple[str, bool]]:
+        """`list`, each name with whether the listing saw a real directory there (not a link to one):
+        what `listed_child` takes instead of an lstat per entry. sysfs fills in every entry's type."""
+        try:
+            with os.scandir(self.path) as it:
+                return sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
         except OSError as exc:
             raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
 
@@ -336,29 +379,20 @@ class SysDir:
         return self._read(self._child_path(name))
 
     def _read(self, path: str) -> str:
-        # The hot path of a pass (one call per attribute): the checks are spelled inline, on the mode's
-        # bits, rather than through helpers; what they guarantee is the same.
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-        if mode & _IFMT == _IFLNK:
-            path, st = self._through_link(path)
-            mode = st.st_mode
-        # The type is checked before any open: opening a FIFO blocks until a writer comes, and opening
-        # some device nodes acts (a watchdog arms). O_NONBLOCK and the fstat below close the window in
-        # which the entry could be swapped after this check.
-        if mode & _IFMT != _IFREG:
-            self._refuse(path, mode)
+        # The hot path of a pass (one call per attribute): open, fstat, read, close, and nothing else.
+        # O_NOFOLLOW makes the open itself the symlink check (a link answers ELOOP and takes `_open_slow`,
+        # which resolves it, checks it lands inside the root and refuses a target that is not a regular
+        # file before opening it); the directory part of `path` is already resolved and checked.
         try:
             fd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            raise
         except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+            path, fd = self._open_slow(path, exc)
         try:
+            # No lstat before the open: the fstat below refuses what is not a regular file before a byte
+            # of it is read, O_NONBLOCK keeps a FIFO's open and read from waiting for a writer, and
+            # O_NOCTTY keeps a terminal from becoming ours; the one thing given up is that a device node
+            # planted under an attribute's own name (root only; sysfs has none) is opened before it is
+            # refused, as a symlink to one never is.
             opened = os.fstat(fd)
             if opened.st_mode & _IFMT != _IFREG:
                 self._refuse(path, opened.st_mode)
@@ -388,6 +422,30 @@ class SysDir:
             return data.decode("utf-8").rstrip("\n")
         except UnicodeDecodeError as exc:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
+
+    def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
+        """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a
+        symlink (resolved, checked, and opened only when it lands on a regular file inside the root), a
+        socket or other special file (refused), or unreadable (HostReadError). Returns the path opened
+        (the symlink's target) and its descriptor."""
+        if isinstance(failed, FileNotFoundError):
+            raise failed
+        mode = self._lstat(path).st_mode
+        if mode & _IFMT == _IFLNK:
+            path, st = self._through_link(path)
+            mode = st.st_mode
+        elif mode & _IFMT == _IFREG:
+            raise HostReadError(self.host.display(path), failed.strerror or str(failed)) from failed
+        # The type is checked before the target is opened: opening a FIFO could wait, and opening some
+        # device nodes acts (a watchdog arms).
+        if mode & _IFMT != _IFREG:
+            self._refuse(path, mode)
+        try:
+            return path, os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
 
     def _refuse(self, path: str, mode: int) -> NoReturn:
         shown = self.host.display(path)

@@ -137,9 +137,11 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
 
 
 def _first_netdev(fn: PciFunction) -> SysDir | None:
-    net = fn.dir.child_opt("net")
-    names = net.list() if net is not None else []
-    return net.child(names[0]) if net is not None and names else None
+    found = fn.dir.child_entries_opt("net")
+    if found is None or not found[1]:
+        return None
+    net, entries = found
+    return net.listed_child(*entries[0])
 
 
 def _virtual_function(vf: PciFunction) -> VirtualFunction:
