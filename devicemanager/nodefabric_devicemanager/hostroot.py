@@ -87,6 +87,8 @@ def kind(mode: int) -> str:
 def recorded_name(name: str) -> str:
     """A directory entry's name as the record can carry it: bytes that are not UTF-8 (os.listdir hands them
     over surrogate-escaped) are written `\\xNN`, since an API object holds UTF-8 text only."""
+    if name.isascii():  # every name a kernel makes: no encoding to try
+        return name
     try:
         name.encode("utf-8")
         return name
@@ -376,7 +378,9 @@ class SysDir:
         """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent,
         HostReadError when it is refused (outside the root, not a regular file, too large, not UTF-8) or
         cannot be read."""
-        return self._read(self._child_path(name))
+        if "/" in name or name in _NOT_COMPONENTS:
+            raise ValueError(f"not a single path component: {name!r}")
+        return self._read(self._prefix + name)
 
     def _read(self, path: str) -> str:
         # The hot path of a pass (one call per attribute): open, fstat, read, close, and nothing else.
@@ -397,22 +401,23 @@ class SysDir:
             if opened.st_mode & _IFMT != _IFREG:
                 self._refuse(path, opened.st_mode)
             data = os.read(fd, _READ_LIMIT)
-            size = opened.st_size
+            size, got = opened.st_size, len(data)
             # sysfs hands an attribute over in one read (and reports a size of a page, so the loop asks
             # once more and hears EOF); a file on a disk or in procfs may need more reads. A file whose
             # size is known and was read whole needs no second read.
-            while data and len(data) <= MAX_ATTRIBUTE_BYTES and not 0 < size <= len(data):
-                more = os.read(fd, _READ_LIMIT - len(data))
+            while got and got <= MAX_ATTRIBUTE_BYTES and not 0 < size <= got:
+                more = os.read(fd, _READ_LIMIT - got)
                 if not more:
                     break
                 data += more
+                got = len(data)
         except OSError as exc:
             if isinstance(exc, HostReadError):
                 raise
             raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
         finally:
             os.close(fd)
-        if len(data) > MAX_ATTRIBUTE_BYTES:
+        if got > MAX_ATTRIBUTE_BYTES:
             log.warning(
                 "refused an oversized attribute",
                 extra={"path": self.host.display(path), "limit_bytes": MAX_ATTRIBUTE_BYTES},
@@ -456,18 +461,31 @@ class SysDir:
 
     def read_opt(self, name: str) -> str | None:
         """An attribute that may legitimately be absent: None then. Unreadable is still an error."""
+        if "/" in name or name in _NOT_COMPONENTS:
+            raise ValueError(f"not a single path component: {name!r}")
         try:
-            return self._read(self._child_path(name))
+            return self._read(self._prefix + name)
         except FileNotFoundError:
             return None
 
     def value(self, name: str) -> str | None:
         """An attribute read for its value: None when absent or not UTF-8 (the value is unknown, and says
         so in the log). Refused or unreadable is still an error: never reported as absent."""
-        try:
-            return self._read(self._child_path(name))
-        except FileNotFoundError:
-            return None
-        except NotText as exc:
-            log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
-            return None
+        return self.values((name,))[0]
+
+    def values(self, names: tuple[str, ...]) -> list[str | None]:
+        """`value` of each of `names`, in order, in one call: what a pass reads together from one
+        directory (a function's ids, an interface's mtu, operstate and flags). The first that is refused
+        or unreadable raises, as `value` would."""
+        prefix, read, out = self._prefix, self._read, []
+        for name in names:
+            if "/" in name or name in _NOT_COMPONENTS:
+                raise ValueError(f"not a single path component: {name!r}")
+            try:
+                out.append(read(prefix + name))
+            except FileNotFoundError:
+                out.append(None)
+            except NotText as exc:
+                log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
+                out.append(None)
+        return out

@@ -123,10 +123,16 @@ def is_representor(d: SysDir) -> bool:
 
 
 def _netdev_fields(d: SysDir) -> dict[str, Any]:
-    return {
-        "mtu": numbers.parse_opt(d.value("mtu"), numbers.MTU),
-        "up": is_up(d.value("operstate"), d.value("flags")),
-    }
+    mtu, operstate, flags = d.values(_NETDEV_ATTRIBUTES)
+    return {"mtu": _mtu(mtu), "up": is_up(operstate, flags)}
+
+
+_NETDEV_ATTRIBUTES = ("mtu", "operstate", "flags")
+
+
+@numbers.memo
+def _mtu(raw: str | None) -> int | None:
+    return numbers.parse_opt(raw, numbers.MTU)
 
 
 def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction | None:
