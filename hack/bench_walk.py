@@ -3,10 +3,12 @@ opens, in the same run, interleaved.
 
     .venv/bin/python hack/bench_walk.py [--pfs 8] [--vfs 16,128,512] [--rounds 7] [--profile]
 
-The floor is recorded, not written by hand: one pass runs with os.listdir, os.open and os.readlink
-watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed, an
-os.open/os.read/os.close of each attribute it read, an os.readlink of each link it named (resolution by
-the kernel, /proc/self/fd, is left out: it is the safety the floor does not pay for). Figures:
+The floor is recorded, not written by hand: one pass runs with os.listdir, os.scandir, os.open and
+os.readlink watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed
+(by path, also when the pass listed it through a descriptor), an os.open/os.read/os.close of each
+attribute it read (an open that failed, or that opened a directory to list it, read nothing), an
+os.readlink of each link it named (resolution by the kernel, O_PATH and /proc/self/fd, is left out: it is
+the safety the floor does not pay for). Figures:
 - in process: inventory.read() against the replay, medians over interleaved rounds;
 - whole command: `nodefabric inventory --root R -o json` as a process against a Python process that
   replays the same list (both pay the interpreter's start-up; .pyc files written, as an install has).

@@ -4,18 +4,22 @@ Every read resolves the symlink chain and refuses a path that lands outside the 
 of symlinks, so checking the spelled path proves nothing), and one attribute is capped at 64 KiB: an
 oversized file is an error, never a truncated value that would parse as something else.
 
-A read never blocks: an attribute that is not a regular file (a FIFO, a character device, a socket, a
-directory) is refused from its type before anything opens it, and the open itself is non-blocking and
-re-checked with fstat, so a FIFO swapped in between cannot hang a pass. An attribute that is not UTF-8 is
-refused too (`NotText`): a value nobody can decode is unknown, never published with U+FFFD in it.
+A read never blocks: an attribute is opened non-blocking (O_NONBLOCK, O_NOCTTY) and refused by its
+fstat before a byte is read unless it is a regular file (a FIFO, a character device, a socket, a
+directory), so neither a FIFO nor /dev/zero can hang or flood a pass. A symlink is resolved, checked and
+refused by its target's type before the target is opened. An attribute that is not UTF-8 is refused too
+(`NotText`): a value nobody can decode is unknown, never published with U+FFFD in it.
 
-Resolution is paid once per directory (`HostRoot.dir`), not once per attribute: an attribute inside a
-resolved directory costs an lstat and an O_NOFOLLOW open, and only one that is itself a symlink is
-resolved.
+Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an
+attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the
+slow path), an fstat, a read and a close. A directory a pass lists is opened once with O_NOFOLLOW (the
+open is its check) and listed through that descriptor, and the entry types of the listing stand in for an
+lstat per child (`entries`, `child_entries_opt`, `listed_child`).
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import logging
 import os
@@ -354,7 +358,7 @@ class SysDir:
         except OSError as exc:
             raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
 
-    def entries(self) -> list[tuple[str, bool]]:
+    def entries(self) -> builtins.list[tuple[str, bool]]:
         """`list`, each name with whether the listing saw a real directory there (not a link to one):
         what `listed_child` takes instead of an lstat per entry. sysfs fills in every entry's type."""
         try:
@@ -473,11 +477,13 @@ class SysDir:
         so in the log). Refused or unreadable is still an error: never reported as absent."""
         return self.values((name,))[0]
 
-    def values(self, names: tuple[str, ...]) -> list[str | None]:
+    # `builtins.list`: inside this class, `list` is the method.
+    def values(self, names: tuple[str, ...]) -> builtins.list[str | None]:
         """`value` of each of `names`, in order, in one call: what a pass reads together from one
         directory (a function's ids, an interface's mtu, operstate and flags). The first that is refused
         or unreadable raises, as `value` would."""
-        prefix, read, out = self._prefix, self._read, []
+        prefix, read = self._prefix, self._read
+        out: builtins.list[str | None] = []
         for name in names:
             if "/" in name or name in _NOT_COMPONENTS:
                 raise ValueError(f"not a single path component: {name!r}")
