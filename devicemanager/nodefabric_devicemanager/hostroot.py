@@ -4,17 +4,18 @@ Every read resolves the symlink chain and refuses a path that lands outside the 
 of symlinks, so checking the spelled path proves nothing), and one attribute is capped at 64 KiB: an
 oversized file is an error, never a truncated value that would parse as something else.
 
-A read never blocks: an attribute is opened non-blocking (O_NONBLOCK, O_NOCTTY) and refused by its
-fstat before a byte is read unless it is a regular file (a FIFO, a character device, a socket, a
-directory), so neither a FIFO nor /dev/zero can hang or flood a pass. A symlink is resolved, checked and
-refused by its target's type before the target is opened. An attribute that is not UTF-8 is refused too
+A read never blocks: an attribute is opened non-blocking (O_NONBLOCK, O_NOCTTY) and read at most one
+byte past the cap, and a read that gives nothing, too much or an error asks fstat what answered: a FIFO,
+a character device, a socket or a directory is refused by its type, so neither a FIFO nor /dev/zero can
+hang a pass or pass for a value. A symlink is resolved, checked and refused by its target's type before
+the target is opened. An attribute that is not UTF-8 is refused too
 (`NotText`): a value nobody can decode is unknown, never published with U+FFFD in it.
 
 Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an
 attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the
-slow path), an fstat, a read and a close. A directory a pass lists is opened once with O_NOFOLLOW (the
-open is its check) and listed through that descriptor, and the entry types of the listing stand in for an
-lstat per child (`entries`, `child_entries_opt`, `listed_child`).
+slow path), a read, the read that hears EOF, and a close. A directory a pass lists is opened once with
+O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
+stand in for an lstat per child (`entries`, `child_entries_opt`, `listed_child`).
 """
 
 from __future__ import annotations
@@ -396,31 +397,35 @@ class SysDir:
         except OSError as exc:
             path, fd = self._open_slow(path, exc)
         try:
-            # No lstat before the open: the fstat below refuses what is not a regular file before a byte
-            # of it is read, O_NONBLOCK keeps a FIFO's open and read from waiting for a writer, and
-            # O_NOCTTY keeps a terminal from becoming ours; the one thing given up is that a device node
-            # planted under an attribute's own name (root only; sysfs has none) is opened before it is
-            # refused, as a symlink to one never is.
-            opened = os.fstat(fd)
-            if opened.st_mode & _IFMT != _IFREG:
-                self._refuse(path, opened.st_mode)
+            # No lstat before the open and no fstat after it on the common path: O_NONBLOCK keeps a FIFO's
+            # open and reads from waiting for a writer, O_NOCTTY keeps a terminal from becoming ours, and
+            # the read is capped. sysfs hands an attribute over in one read (a file on a disk or in procfs
+            # may need more), so the loop asks until EOF.
             data = os.read(fd, _READ_LIMIT)
-            size, got = opened.st_size, len(data)
-            # sysfs hands an attribute over in one read (and reports a size of a page, so the loop asks
-            # once more and hears EOF); a file on a disk or in procfs may need more reads. A file whose
-            # size is known and was read whole needs no second read.
-            while got and got <= MAX_ATTRIBUTE_BYTES and not 0 < size <= got:
+            got = len(data)
+            while 0 < got <= MAX_ATTRIBUTE_BYTES:
                 more = os.read(fd, _READ_LIMIT - got)
                 if not more:
                     break
                 data += more
                 got = len(data)
+            if not got or got > MAX_ATTRIBUTE_BYTES:
+                # Nothing or too much: the fstat says whether a regular file answered so or something
+                # that is not one (a FIFO without a writer, /dev/null, /dev/zero), refused as before.
+                self._refuse_special(fd, path)
         except OSError as exc:
             if isinstance(exc, HostReadError):
                 raise
+            # A read that failed: a directory (EISDIR), a FIFO or terminal with nothing to give (EAGAIN),
+            # or a regular file the host would not hand over.
+            self._refuse_special(fd, path)
             raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
         finally:
             os.close(fd)
+        # What is given up by not asking fstat on every read: a FIFO whose writer already wrote a short
+        # value and left, or a device node planted under an attribute's own name (root only; sysfs has
+        # neither) that gives a short value and EOF, reads as that value, which is no more invented than
+        # the same bytes in a regular file the same writer could have put there.
         if got > MAX_ATTRIBUTE_BYTES:
             log.warning(
                 "refused an oversized attribute",
@@ -431,6 +436,15 @@ class SysDir:
             return data.decode("utf-8").rstrip("\n")
         except UnicodeDecodeError as exc:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
+
+    def _refuse_special(self, fd: int, path: str) -> None:
+        """Refuse what `fd` is when it is not a regular file; a regular file (or a failed fstat) returns."""
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return
+        if mode & _IFMT != _IFREG:
+            self._refuse(path, mode)
 
     def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
         """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a

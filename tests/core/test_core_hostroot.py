@@ -143,9 +143,10 @@ def test_a_fifo_attribute_is_refused_without_blocking_and_named(dev, tree):
 
 
 @pytest.mark.parametrize(("minor", "what"), [(3, "/dev/null"), (5, "/dev/zero"), (8, "/dev/random")])
-def test_a_character_device_attribute_is_refused_before_a_byte_is_read(dev, tree, minor, what):
-    # The node sits under the attribute's own name, so the O_NOFOLLOW open reaches it (non-blocking,
-    # no controlling terminal); the fstat refuses it before any read: no endless zeros, no entropy.
+def test_a_character_device_attribute_is_refused_not_read_as_a_value(dev, tree, minor, what):
+    # The node sits under the attribute's own name, so the O_NOFOLLOW open reaches it (non-blocking, no
+    # controlling terminal); what it gives (nothing, or more than the cap) sends the read to the fstat,
+    # which refuses it by its type: never "" from /dev/null, never 64 KiB of zeros or entropy.
     node = tree / "sys/devices/pci0000:00/0000:00:01.0/numa_node"
     node.unlink()
     try:
