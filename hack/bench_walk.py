@@ -7,8 +7,8 @@ The floor is recorded, not written by hand: one pass runs with os.listdir, os.sc
 os.readlink watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed
 (by path, also when the pass listed it through a descriptor), an os.open/os.read/os.close of each
 attribute it read (an open that failed, or that opened a directory to list it, read nothing), an
-os.readlink of each link it named (resolution by the kernel, O_PATH and /proc/self/fd, is left out: it is
-the safety the floor does not pay for). Figures:
+os.readlink of each link it named (resolution is left out: O_PATH, /proc/self/fd and the `device` links
+the walk checks by their text; it is the safety the floor does not pay for). Figures:
 - in process: inventory.read() against the replay, medians over interleaved rounds;
 - whole command: `nodefabric inventory --root R -o json` as a process against a Python process that
   replays the same list (both pay the interpreter's start-up; .pyc files written, as an install has).
@@ -64,8 +64,12 @@ def record(root: str) -> dict[str, list[str]]:
         return fd
 
     def readlink(path: str, *args: object, **kw: object) -> str:
-        if not os.fspath(path).startswith("/proc/self/fd/"):
-            ops["links"].append(os.fspath(path))
+        # Resolution, not a read: /proc/self/fd/N (where the kernel landed), and an interface's `device`
+        # link, whose text the walk checks against a function directory it already resolved instead of
+        # asking the kernel again; the floor leaves both out, as it leaves out O_PATH.
+        spelled = os.fspath(path)
+        if not spelled.startswith("/proc/self/fd/") and not spelled.endswith("/device"):
+            ops["links"].append(spelled)
         return real[2](path, *args, **kw)  # type: ignore[arg-type]
 
     os.listdir, os.open, os.readlink, os.scandir = listdir, open_, readlink, scandir  # type: ignore[assignment]

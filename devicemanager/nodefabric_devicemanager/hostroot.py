@@ -368,6 +368,15 @@ class SysDir:
         except OSError as exc:
             raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
 
+    def link_target(self, name: str) -> str | None:
+        """A symlink's target as written, unresolved; None when the entry cannot be read as a link (absent,
+        not a link, unreadable). A hint for a caller that checks it against what it already resolved,
+        never an answer by itself."""
+        try:
+            return os.readlink(self._child_path(name))
+        except OSError:
+            return None
+
     def link_name(self, name: str) -> str | None:
         """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it."""
         try:

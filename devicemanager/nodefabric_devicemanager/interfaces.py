@@ -229,9 +229,33 @@ def _entries(net: SysDir, pci: Mapping[str, PciFunction]) -> list[_Entry]:
             raise HostReadError(
                 f"{net.shown}/{recorded_name(name)}", f"links to {d.shown}, another interface"
             )
-        device = d.child_link_opt("device")
+        device = _device(d, pci)
         found.append(_Entry(d, device, None if device is None else _function_of(device, pci)))
     return found
+
+
+def _device(netdev: SysDir, pci: Mapping[str, PciFunction]) -> SysDir | None:
+    """`netdev.child_link_opt("device")`, without asking the kernel to resolve the link when its text
+    alone lands on a function directory the PCI walk already resolved and checked: only `..` steps up
+    from the netdev's resolved directory (every component of which is a real directory, so `..` is its
+    parent), then that function's address, spelling exactly the function's resolved path. Any other
+    link, or none, takes child_link_opt for its exact answer and refusal."""
+    target = netdev.link_target("device")
+    if target is not None:
+        parts = target.split("/")
+        ups = 0
+        while ups < len(parts) and parts[ups] == "..":
+            ups += 1
+        rest = parts[ups:]
+        if ups and len(rest) <= 1 and rest not in ([""], ["."]):
+            base = netdev.path
+            for _ in range(ups):
+                base = base.rpartition("/")[0]
+            landed = f"{base}/{rest[0]}" if rest else base
+            fn = pci.get(landed.rpartition("/")[2])
+            if fn is not None and fn.dir.path == landed:
+                return fn.dir
+    return netdev.child_link_opt("device")
 
 
 def _bind_by_name(host: HostRoot, out: list[Interface], found: list[_Entry]) -> list[Interface]:
