@@ -6,10 +6,8 @@ for it and `inventory`/`preflight` say what failed.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -136,21 +134,6 @@ def _read_interfaces(host: HostRoot, reading: Reading) -> Reading:
     return reading
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector held off for one pass: a pass allocates tens of thousands of small
-    objects (paths, strings, models) and no reference cycles, and the collections they trigger were 5-6%
-    of a pass over 8 PFs x 128 VFs. Left off only if it was already off (another pass in another thread,
-    or the program's own choice); reference counting frees everything as usual meanwhile."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def read(host: HostRoot, *, libraries: Libraries | None = None, driver_root: str | None = None) -> Reading:
     """One full pass. Never raises for host trouble: failures become False conditions and None parts.
 
@@ -159,11 +142,6 @@ def read(host: HostRoot, *, libraries: Libraries | None = None, driver_root: str
     A root without a PCI bus directory still has its interfaces read (a platform NIC needs no bus), but
     its accelerators were not: every manufacturer is failed, so the agent keeps the recorded groups.
     """
-    with _collector_paused():
-        return _read(host, libraries=libraries, driver_root=driver_root)
-
-
-def _read(host: HostRoot, *, libraries: Libraries | None, driver_root: str | None) -> Reading:
     try:
         pci = pcimod.walk(host)
     except pcimod.PciBusAbsent as exc:
