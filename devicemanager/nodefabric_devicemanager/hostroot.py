@@ -8,8 +8,8 @@ A read never blocks: an attribute is opened non-blocking (O_NONBLOCK, O_NOCTTY) 
 byte past the cap, and a read that gives nothing, too much or an error asks fstat what answered: a FIFO,
 a character device, a socket or a directory is refused by its type, so neither a FIFO nor /dev/zero can
 hang a pass or pass for a value. A symlink is resolved, checked and refused by its target's type before
-the target is opened. An attribute that is not UTF-8 is refused too
-(`NotText`): a value nobody can decode is unknown, never published with U+FFFD in it.
+the target is opened. An attribute that is not UTF-8 is refused too (`NotText`): a value nobody can
+decode is unknown, never published with U+FFFD in it.
 
 Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an
 attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the
@@ -316,7 +316,7 @@ class SysDir:
             return None
 
     def listed_child(self, name: str, is_dir: bool) -> SysDir:
-        """`child` for an entry a listing of this directory has just seen (`entries`, `child_entries`):
+        """`child` for an entry a listing of this directory has just seen (`entries`, `child_entries_opt`):
         one it saw as a real directory is taken as one, without the lstat `child` pays to ask again (the
         answer is as old as an lstat's would be by the time anything is read through it); any other
         entry (a symlink, a file, an unknown type) takes `child` for its exact answer and refusal."""
@@ -397,7 +397,7 @@ class SysDir:
         return self._read(self._prefix + name)
 
     def _read(self, path: str) -> str:
-        # The hot path of a pass (one call per attribute): open, fstat, read, close, and nothing else.
+        # The hot path of a pass (one call per attribute): open, read, the read that hears EOF, close.
         # O_NOFOLLOW makes the open itself the symlink check (a link answers ELOOP and takes `_open_slow`,
         # which resolves it, checks it lands inside the root and refuses a target that is not a regular
         # file before opening it); the directory part of `path` is already resolved and checked.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,23 @@ def _escape_via_directory(b: SysfsBuilder) -> None:
     dev.symlink_to(os.path.relpath(outside, dev.parent))
 
 
+def _replace_dir(b: SysfsBuilder, path: str, by: str) -> None:
+    """A directory the walk lists replaced: by a dangling link, a link to a directory beside it, a
+    regular file or a FIFO."""
+    where = b.path(path)
+    if by == "link-inside":
+        where.rename(where.with_name(where.name + ".real"))
+        os.symlink(where.name + ".real", where)
+        return
+    shutil.rmtree(where)
+    if by == "dangling":
+        os.symlink("gone", where)
+    elif by == "file":
+        where.write_text("x\n")
+    else:
+        os.mkfifo(where)
+
+
 def _symlink_to_chardev(b: SysfsBuilder) -> None:
     b.chardev("/dev/watchdog")
     b.path(f"{NIC}/local_cpulist").unlink(missing_ok=True)
@@ -101,6 +119,12 @@ HOSTILE: dict[str, Callable[[SysfsBuilder], object]] = {
         os.symlink("../../../gone", b.path(f"{NETDEV}/device")),
     ),
     "fifo-class-net-entry": lambda b: b.fifo("/sys/class/net/ens9"),
+    "dangling-ports": lambda b: _replace_dir(b, f"{NIC}/infiniband/mlx5_0/ports", "dangling"),
+    "file-ports": lambda b: _replace_dir(b, f"{NIC}/infiniband/mlx5_0/ports", "file"),
+    "fifo-infiniband": lambda b: _replace_dir(b, f"{NIC}/infiniband", "fifo"),
+    "linked-infiniband": lambda b: _replace_dir(b, f"{NIC}/infiniband", "link-inside"),
+    "linked-port": lambda b: _replace_dir(b, PORT, "link-inside"),
+    "dangling-net": lambda b: _replace_dir(b, f"{NIC}/net", "dangling"),
     "non-utf8-interface": _non_utf8_interface,
 }
 
