@@ -3,10 +3,12 @@ opens, in the same run, interleaved.
 
     .venv/bin/python hack/bench_walk.py [--pfs 8] [--vfs 16,128,512] [--rounds 7] [--profile]
 
-The floor is recorded, not written by hand: one pass runs with os.listdir, os.open and os.readlink
-watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed, an
-os.open/os.read/os.close of each attribute it read, an os.readlink of each link it named (resolution by
-the kernel, /proc/self/fd, is left out: it is the safety the floor does not pay for). Figures:
+The floor is recorded, not written by hand: one pass runs with os.listdir, os.scandir, os.open and
+os.readlink watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed
+(by path, also when the pass listed it through a descriptor), an os.open/os.read/os.close of each
+attribute it read (an open that failed, or that opened a directory to list it, read nothing), an
+os.readlink of each link it named (resolution is left out: O_PATH, /proc/self/fd and the `device` links
+the walk checks by their text; it is the safety the floor does not pay for). Figures:
 - in process: inventory.read() against the replay, medians over interleaved rounds;
 - whole command: `nodefabric inventory --root R -o json` as a process against a Python process that
   replays the same list (both pay the interpreter's start-up; .pyc files written, as an install has).
@@ -41,27 +43,40 @@ TARGET = 1.5
 def record(root: str) -> dict[str, list[str]]:
     """What one pass lists, opens to read, and reads links of."""
     ops: dict[str, list[str]] = {"dirs": [], "files": [], "links": []}
-    real = os.listdir, os.open, os.readlink
+    real = os.listdir, os.open, os.readlink, os.scandir
 
     def listdir(path: str = ".") -> list[str]:
         ops["dirs"].append(os.fspath(path))
         return real[0](path)
 
+    def scandir(path: str | int = ".") -> object:
+        # A directory listed through a descriptor the walk opened is replayed by its path.
+        ops["dirs"].append(real[2](f"/proc/self/fd/{path}") if isinstance(path, int) else os.fspath(path))
+        return real[3](path)
+
     def open_(path: str, flags: int, *args: object, **kw: object) -> int:
-        if not flags & getattr(os, "O_PATH", 0):  # O_PATH: resolution, not a read
+        fd = real[1](path, flags, *args, **kw)  # type: ignore[arg-type]
+        # O_PATH: resolution, not a read; O_DIRECTORY: a directory opened to be listed, which the floor
+        # pays as the listing itself. An open that failed read nothing (an absent attribute is learned
+        # from the open itself), so the floor does not pay for it either.
+        if not flags & (getattr(os, "O_PATH", 0) | os.O_DIRECTORY):
             ops["files"].append(os.fspath(path))
-        return real[1](path, flags, *args, **kw)  # type: ignore[arg-type]
+        return fd
 
     def readlink(path: str, *args: object, **kw: object) -> str:
-        if not os.fspath(path).startswith("/proc/self/fd/"):
-            ops["links"].append(os.fspath(path))
+        # Resolution, not a read: /proc/self/fd/N (where the kernel landed), and an interface's `device`
+        # link, whose text the walk checks against a function directory it already resolved instead of
+        # asking the kernel again; the floor leaves both out, as it leaves out O_PATH.
+        spelled = os.fspath(path)
+        if not spelled.startswith("/proc/self/fd/") and not spelled.endswith("/device"):
+            ops["links"].append(spelled)
         return real[2](path, *args, **kw)  # type: ignore[arg-type]
 
-    os.listdir, os.open, os.readlink = listdir, open_, readlink  # type: ignore[assignment]
+    os.listdir, os.open, os.readlink, os.scandir = listdir, open_, readlink, scandir  # type: ignore[assignment]
     try:
         inventory.read(HostRoot.at(root))
     finally:
-        os.listdir, os.open, os.readlink = real
+        os.listdir, os.open, os.readlink, os.scandir = real
     return ops
 
 

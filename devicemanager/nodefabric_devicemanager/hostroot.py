@@ -4,18 +4,23 @@ Every read resolves the symlink chain and refuses a path that lands outside the 
 of symlinks, so checking the spelled path proves nothing), and one attribute is capped at 64 KiB: an
 oversized file is an error, never a truncated value that would parse as something else.
 
-A read never blocks: an attribute that is not a regular file (a FIFO, a character device, a socket, a
-directory) is refused from its type before anything opens it, and the open itself is non-blocking and
-re-checked with fstat, so a FIFO swapped in between cannot hang a pass. An attribute that is not UTF-8 is
-refused too (`NotText`): a value nobody can decode is unknown, never published with U+FFFD in it.
+A read never blocks: an attribute is opened non-blocking (O_NONBLOCK, O_NOCTTY) and read at most one
+byte past the cap, and a read that gives nothing, too much or an error asks fstat what answered: a FIFO,
+a character device, a socket or a directory is refused by its type, so neither a FIFO nor /dev/zero can
+hang a pass or pass for a value. A symlink is resolved, checked and refused by its target's type before
+the target is opened. An attribute that is not UTF-8 is refused too (`NotText`): a value nobody can
+decode is unknown, never published with U+FFFD in it.
 
-Resolution is paid once per directory (`HostRoot.dir`), not once per attribute: an attribute inside a
-resolved directory costs an lstat and an O_NOFOLLOW open, and only one that is itself a symlink is
-resolved.
+Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an
+attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the
+slow path), a read, the read that hears EOF, and a close. A directory a pass lists is opened once with
+O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
+stand in for an lstat per child (`entries`, `child_entries_opt`, `listed_child`).
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import logging
 import os
@@ -28,6 +33,9 @@ log = logging.getLogger(__name__)
 MAX_ATTRIBUTE_BYTES = 64 * 1024
 # O_NONBLOCK: even a FIFO that slipped past the type check cannot block the open or the read.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+# A directory opened to be listed: O_NOFOLLOW makes the open refuse a link (ELOOP) and O_DIRECTORY
+# anything else (ENOTDIR, before a FIFO or a device is opened), so a successful open is the type check.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_LIMIT = MAX_ATTRIBUTE_BYTES + 1  # one byte more than allowed: an oversized file shows itself
 _IFMT, _IFREG, _IFDIR, _IFLNK = stat.S_IFMT(0o177777), stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
@@ -84,6 +92,8 @@ def kind(mode: int) -> str:
 def recorded_name(name: str) -> str:
     """A directory entry's name as the record can carry it: bytes that are not UTF-8 (os.listdir hands them
     over surrogate-escaped) are written `\\xNN`, since an API object holds UTF-8 text only."""
+    if name.isascii():  # every name a kernel makes: no encoding to try
+        return name
     try:
         name.encode("utf-8")
         return name
@@ -305,6 +315,37 @@ class SysDir:
         except FileNotFoundError:
             return None
 
+    def listed_child(self, name: str, is_dir: bool) -> SysDir:
+        """`child` for an entry a listing of this directory has just seen (`entries`, `child_entries_opt`):
+        one it saw as a real directory is taken as one, without the lstat `child` pays to ask again (the
+        answer is as old as an lstat's would be by the time anything is read through it); any other
+        entry (a symlink, a file, an unknown type) takes `child` for its exact answer and refusal."""
+        if not is_dir:
+            return self.child(name)
+        return SysDir(self.host, self._child_path(name))
+
+    def child_entries_opt(self, name: str) -> tuple[SysDir, list[tuple[str, bool]]] | None:
+        """`child_opt(name)` and its `entries()` at once: the directory is opened once (O_NOFOLLOW, so
+        the open itself says it is a real directory and not a link) and listed through that descriptor.
+        None when it is absent; a link, a file or anything else takes `child` and `entries` for the
+        exact answer and refusal (a link that resolves inside the root is followed, as `child` does)."""
+        path = self._child_path(name)
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            found = self.child_opt(name)
+            return None if found is None else (found, found.entries())
+        try:
+            with os.scandir(fd) as it:
+                entries = sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        finally:
+            os.close(fd)
+        return SysDir(self.host, path), entries
+
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
 
@@ -317,6 +358,24 @@ class SysDir:
             return sorted(os.listdir(self.path))
         except OSError as exc:
             raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
+
+    def entries(self) -> builtins.list[tuple[str, bool]]:
+        """`list`, each name with whether the listing saw a real directory there (not a link to one):
+        what `listed_child` takes instead of an lstat per entry. sysfs fills in every entry's type."""
+        try:
+            with os.scandir(self.path) as it:
+                return sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
+        except OSError as exc:
+            raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
+
+    def link_target(self, name: str) -> str | None:
+        """A symlink's target as written, unresolved; None when the entry cannot be read as a link (absent,
+        not a link, unreadable). A hint for a caller that checks it against what it already resolved,
+        never an answer by itself."""
+        try:
+            return os.readlink(self._child_path(name))
+        except OSError:
+            return None
 
     def link_name(self, name: str) -> str | None:
         """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it."""
@@ -333,52 +392,50 @@ class SysDir:
         """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent,
         HostReadError when it is refused (outside the root, not a regular file, too large, not UTF-8) or
         cannot be read."""
-        return self._read(self._child_path(name))
+        if "/" in name or name in _NOT_COMPONENTS:
+            raise ValueError(f"not a single path component: {name!r}")
+        return self._read(self._prefix + name)
 
     def _read(self, path: str) -> str:
-        # The hot path of a pass (one call per attribute): the checks are spelled inline, on the mode's
-        # bits, rather than through helpers; what they guarantee is the same.
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-        if mode & _IFMT == _IFLNK:
-            path, st = self._through_link(path)
-            mode = st.st_mode
-        # The type is checked before any open: opening a FIFO blocks until a writer comes, and opening
-        # some device nodes acts (a watchdog arms). O_NONBLOCK and the fstat below close the window in
-        # which the entry could be swapped after this check.
-        if mode & _IFMT != _IFREG:
-            self._refuse(path, mode)
+        # The hot path of a pass (one call per attribute): open, read, the read that hears EOF, close.
+        # O_NOFOLLOW makes the open itself the symlink check (a link answers ELOOP and takes `_open_slow`,
+        # which resolves it, checks it lands inside the root and refuses a target that is not a regular
+        # file before opening it); the directory part of `path` is already resolved and checked.
         try:
             fd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            raise
         except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+            path, fd = self._open_slow(path, exc)
         try:
-            opened = os.fstat(fd)
-            if opened.st_mode & _IFMT != _IFREG:
-                self._refuse(path, opened.st_mode)
+            # No lstat before the open and no fstat after it on the common path: O_NONBLOCK keeps a FIFO's
+            # open and reads from waiting for a writer, O_NOCTTY keeps a terminal from becoming ours, and
+            # the read is capped. sysfs hands an attribute over in one read (a file on a disk or in procfs
+            # may need more), so the loop asks until EOF.
             data = os.read(fd, _READ_LIMIT)
-            size = opened.st_size
-            # sysfs hands an attribute over in one read (and reports a size of a page, so the loop asks
-            # once more and hears EOF); a file on a disk or in procfs may need more reads. A file whose
-            # size is known and was read whole needs no second read.
-            while data and len(data) <= MAX_ATTRIBUTE_BYTES and not 0 < size <= len(data):
-                more = os.read(fd, _READ_LIMIT - len(data))
+            got = len(data)
+            while 0 < got <= MAX_ATTRIBUTE_BYTES:
+                more = os.read(fd, _READ_LIMIT - got)
                 if not more:
                     break
                 data += more
+                got = len(data)
+            if not got or got > MAX_ATTRIBUTE_BYTES:
+                # Nothing or too much: the fstat says whether a regular file answered so or something
+                # that is not one (a FIFO without a writer, /dev/null, /dev/zero), refused as before.
+                self._refuse_special(fd, path)
         except OSError as exc:
             if isinstance(exc, HostReadError):
                 raise
+            # A read that failed: a directory (EISDIR), a FIFO or terminal with nothing to give (EAGAIN),
+            # or a regular file the host would not hand over.
+            self._refuse_special(fd, path)
             raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
         finally:
             os.close(fd)
-        if len(data) > MAX_ATTRIBUTE_BYTES:
+        # What is given up by not asking fstat on every read: a FIFO whose writer already wrote a short
+        # value and left, or a device node planted under an attribute's own name (root only; sysfs has
+        # neither) that gives a short value and EOF, reads as that value, which is no more invented than
+        # the same bytes in a regular file the same writer could have put there.
+        if got > MAX_ATTRIBUTE_BYTES:
             log.warning(
                 "refused an oversized attribute",
                 extra={"path": self.host.display(path), "limit_bytes": MAX_ATTRIBUTE_BYTES},
@@ -389,6 +446,39 @@ class SysDir:
         except UnicodeDecodeError as exc:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
 
+    def _refuse_special(self, fd: int, path: str) -> None:
+        """Refuse what `fd` is when it is not a regular file; a regular file (or a failed fstat) returns."""
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return
+        if mode & _IFMT != _IFREG:
+            self._refuse(path, mode)
+
+    def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
+        """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a
+        symlink (resolved, checked, and opened only when it lands on a regular file inside the root), a
+        socket or other special file (refused), or unreadable (HostReadError). Returns the path opened
+        (the symlink's target) and its descriptor."""
+        if isinstance(failed, FileNotFoundError):
+            raise failed
+        mode = self._lstat(path).st_mode
+        if mode & _IFMT == _IFLNK:
+            path, st = self._through_link(path)
+            mode = st.st_mode
+        elif mode & _IFMT == _IFREG:
+            raise HostReadError(self.host.display(path), failed.strerror or str(failed)) from failed
+        # The type is checked before the target is opened: opening a FIFO could wait, and opening some
+        # device nodes acts (a watchdog arms).
+        if mode & _IFMT != _IFREG:
+            self._refuse(path, mode)
+        try:
+            return path, os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+
     def _refuse(self, path: str, mode: int) -> NoReturn:
         shown = self.host.display(path)
         log.warning(
@@ -398,18 +488,33 @@ class SysDir:
 
     def read_opt(self, name: str) -> str | None:
         """An attribute that may legitimately be absent: None then. Unreadable is still an error."""
+        if "/" in name or name in _NOT_COMPONENTS:
+            raise ValueError(f"not a single path component: {name!r}")
         try:
-            return self._read(self._child_path(name))
+            return self._read(self._prefix + name)
         except FileNotFoundError:
             return None
 
     def value(self, name: str) -> str | None:
         """An attribute read for its value: None when absent or not UTF-8 (the value is unknown, and says
         so in the log). Refused or unreadable is still an error: never reported as absent."""
-        try:
-            return self._read(self._child_path(name))
-        except FileNotFoundError:
-            return None
-        except NotText as exc:
-            log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
-            return None
+        return self.values((name,))[0]
+
+    # `builtins.list`: inside this class, `list` is the method.
+    def values(self, names: tuple[str, ...]) -> builtins.list[str | None]:
+        """`value` of each of `names`, in order, in one call: what a pass reads together from one
+        directory (a function's ids, an interface's mtu, operstate and flags). The first that is refused
+        or unreadable raises, as `value` would."""
+        prefix, read = self._prefix, self._read
+        out: builtins.list[str | None] = []
+        for name in names:
+            if "/" in name or name in _NOT_COMPONENTS:
+                raise ValueError(f"not a single path component: {name!r}")
+            try:
+                out.append(read(prefix + name))
+            except FileNotFoundError:
+                out.append(None)
+            except NotText as exc:
+                log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
+                out.append(None)
+        return out

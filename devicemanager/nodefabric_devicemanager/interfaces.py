@@ -123,10 +123,16 @@ def is_representor(d: SysDir) -> bool:
 
 
 def _netdev_fields(d: SysDir) -> dict[str, Any]:
-    return {
-        "mtu": numbers.parse_opt(d.value("mtu"), numbers.MTU),
-        "up": is_up(d.value("operstate"), d.value("flags")),
-    }
+    mtu, operstate, flags = d.values(_NETDEV_ATTRIBUTES)
+    return {"mtu": _mtu(mtu), "up": is_up(operstate, flags)}
+
+
+_NETDEV_ATTRIBUTES = ("mtu", "operstate", "flags")
+
+
+@numbers.memo
+def _mtu(raw: str | None) -> int | None:
+    return numbers.parse_opt(raw, numbers.MTU)
 
 
 def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction | None:
@@ -137,9 +143,11 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
 
 
 def _first_netdev(fn: PciFunction) -> SysDir | None:
-    net = fn.dir.child_opt("net")
-    names = net.list() if net is not None else []
-    return net.child(names[0]) if net is not None and names else None
+    found = fn.dir.child_entries_opt("net")
+    if found is None or not found[1]:
+        return None
+    net, entries = found
+    return net.listed_child(*entries[0])
 
 
 def _virtual_function(vf: PciFunction) -> VirtualFunction:
@@ -221,9 +229,33 @@ def _entries(net: SysDir, pci: Mapping[str, PciFunction]) -> list[_Entry]:
             raise HostReadError(
                 f"{net.shown}/{recorded_name(name)}", f"links to {d.shown}, another interface"
             )
-        device = d.child_link_opt("device")
+        device = _device(d, pci)
         found.append(_Entry(d, device, None if device is None else _function_of(device, pci)))
     return found
+
+
+def _device(netdev: SysDir, pci: Mapping[str, PciFunction]) -> SysDir | None:
+    """`netdev.child_link_opt("device")`, without asking the kernel to resolve the link when its text
+    alone lands on a function directory the PCI walk already resolved and checked: only `..` steps up
+    from the netdev's resolved directory (every component of which is a real directory, so `..` is its
+    parent), then that function's address, spelling exactly the function's resolved path. Any other
+    link, or none, takes child_link_opt for its exact answer and refusal."""
+    target = netdev.link_target("device")
+    if target is not None:
+        parts = target.split("/")
+        ups = 0
+        while ups < len(parts) and parts[ups] == "..":
+            ups += 1
+        rest = parts[ups:]
+        if ups and len(rest) <= 1 and rest not in ([""], ["."]):
+            base = netdev.path
+            for _ in range(ups):
+                base = base.rpartition("/")[0]
+            landed = f"{base}/{rest[0]}" if rest else base
+            fn = pci.get(landed.rpartition("/")[2])
+            if fn is not None and fn.dir.path == landed:
+                return fn.dir
+    return netdev.child_link_opt("device")
 
 
 def _bind_by_name(host: HostRoot, out: list[Interface], found: list[_Entry]) -> list[Interface]:

@@ -108,6 +108,7 @@ def _pci_class(raw: str | None) -> str:
     return _hex_id(raw, numbers.PCI_CLASS, 6)
 
 
+@numbers.memo
 def _numa(raw: str | None) -> str:
     # The kernel prints -1 when it does not know; blank means unknown throughout the record.
     value = numbers.numa_node(raw)
@@ -125,19 +126,24 @@ def physfn_of(d: SysDir) -> str:
     return target
 
 
+_FUNCTION_ATTRIBUTES = ("vendor", "device", "class", "numa_node", "local_cpulist")
+
+
 def read_function(d: SysDir) -> PciFunction:
     """Coordinates and identity of one function, from its resolved /sys/devices/pci.../<bdf> directory."""
-    host_bridge, switches = placement(d.path)
+    parent, _, bus_id = d.path.rpartition("/")
+    host_bridge, switches = _placement_above(parent)
+    vendor, device, class_code, numa, cpus = d.values(_FUNCTION_ATTRIBUTES)
     return PciFunction(
-        bus_id=d.name,
+        bus_id=bus_id,
         root_id=switches[-1] if switches else "",
         switches=switches,
         host_bridge=host_bridge,
-        vendor=_pci_id(d.value("vendor")),
-        device=_pci_id(d.value("device")),
-        class_code=_pci_class(d.value("class")),
-        numa=_numa(d.value("numa_node")),
-        cpus=numbers.cpu_list(d.value("local_cpulist")) or "",
+        vendor=_pci_id(vendor),
+        device=_pci_id(device),
+        class_code=_pci_class(class_code),
+        numa=_numa(numa),
+        cpus=numbers.cpu_list(cpus) or "",
         dir=d,
         physfn=physfn_of(d),
     )

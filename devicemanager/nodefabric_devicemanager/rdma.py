@@ -17,6 +17,7 @@ not an answer, so they make the port unverified, never failed.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -120,10 +121,10 @@ def verdict(device: str, ports: Sequence[PortReading]) -> LinkVerdict:
     return LinkVerdict(state=LinkState.FAILED, reason=f"{device}: " + "; ".join(_port_text(p) for p in ports))
 
 
-def _read_port(ports: SysDir, name: str) -> PortReading:
+def _read_port(ports: SysDir, name: str, is_dir: bool) -> PortReading:
     shown = recorded_name(name)
     try:
-        d = ports.child(name)
+        d = ports.listed_child(name, is_dir)
         return PortReading(port=shown, state=d.read("state"), phys_state=d.read("phys_state"))
     except FileNotFoundError as exc:
         missing = os.path.basename(str(exc.filename)) if exc.filename else "port directory"
@@ -135,9 +136,12 @@ def _read_port(ports: SysDir, name: str) -> PortReading:
 def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[PortReading]:
     """Every port of one RDMA device directory (`.../infiniband/<dev>`), or those named in `only`; raises
     HostReadError when the ports directory cannot be listed, FileNotFoundError when it is absent."""
-    ports = device.child("ports")
-    names = [n for n in ports.list() if only is None or n in only]
-    return [_read_port(ports, name) for name in sorted(names, key=_port_order)]
+    found = device.child_entries_opt("ports")
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "no ports directory", f"{device.path}/ports")
+    ports, entries = found
+    listed = {n: is_dir for n, is_dir in entries if only is None or n in only}
+    return [_read_port(ports, name, listed[name]) for name in sorted(listed, key=_port_order)]
 
 
 def _port_order(name: str) -> tuple[int, str]:
@@ -183,18 +187,17 @@ def binding(function_dir: SysDir) -> Binding:
     (nothing to hand a container) and an unverified verdict, so the node still counts as usable.
     """
     try:
-        ib = function_dir.child_opt("infiniband")
-        if ib is None:
-            return Binding("", None)
-        names = ib.list()
+        found = function_dir.child_entries_opt("infiniband")
     except HostReadError as exc:
         log.error(
             "could not read the rdma devices of a pci function",
             extra={"path": function_dir.shown, "error": str(exc)},
         )
         return Binding("", LinkVerdict(state=LinkState.UNVERIFIED, reason=f"rdma devices unreadable: {exc}"))
-    if not names:
+    if found is None or not found[1]:
         return Binding("", None)
+    ib, entries = found
+    names = [n for n, _ in entries]
     # One function binds one RDMA device; a second would be a kernel oddity, and the first is kept stable.
     if len(names) > 1:
         log.warning(
@@ -202,7 +205,7 @@ def binding(function_dir: SysDir) -> Binding:
         )
     name = recorded_name(names[0])
     try:
-        dev = ib.child(names[0])
+        dev = ib.listed_child(*entries[0])
     except (FileNotFoundError, HostReadError) as exc:
         return Binding(name, LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: unreadable: {exc}"))
     return Binding(name, check(dev))

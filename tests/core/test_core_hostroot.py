@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
 import stat
 import threading
 
@@ -141,15 +142,68 @@ def test_a_fifo_attribute_is_refused_without_blocking_and_named(dev, tree):
         returns(dev.value, "mtu", fifo=fifo)
 
 
-def test_a_character_device_attribute_is_refused_before_it_is_opened(dev, tree):
+@pytest.mark.parametrize(("minor", "what"), [(3, "/dev/null"), (5, "/dev/zero"), (8, "/dev/random")])
+def test_a_character_device_attribute_is_refused_not_read_as_a_value(dev, tree, minor, what):
+    # The node sits under the attribute's own name, so the O_NOFOLLOW open reaches it (non-blocking, no
+    # controlling terminal); what it gives (nothing, or more than the cap) sends the read to the fstat,
+    # which refuses it by its type: never "" from /dev/null, never 64 KiB of zeros or entropy.
     node = tree / "sys/devices/pci0000:00/0000:00:01.0/numa_node"
     node.unlink()
     try:
-        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, minor))
     except PermissionError:
         pytest.skip("mknod needs CAP_MKNOD")
-    with pytest.raises(NotRegularFile, match="is a character device"):
+    with pytest.raises(NotRegularFile, match="numa_node: is a character device"):
         returns(dev.read, "numa_node")
+    with pytest.raises(NotRegularFile):
+        returns(dev.values, ("vendor", "numa_node"))
+
+
+def test_a_symlink_to_a_character_device_is_refused_without_opening_it(dev, tree):
+    try:
+        os.mknod(tree / "dev/zero", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD")
+    except FileNotFoundError:
+        (tree / "dev").mkdir()
+        os.mknod(tree / "dev/zero", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    os.symlink("../../../../dev/zero", tree / "sys/devices/pci0000:00/0000:00:01.0/vendor")
+    # Named by its target: refused from the resolution's stat, which comes before any open of it.
+    with pytest.raises(NotRegularFile, match=r"^/dev/zero: is a character device"):
+        returns(dev.read, "vendor")
+
+
+def test_a_socket_attribute_is_refused_as_a_socket(dev, tree):
+    here = os.getcwd()
+    os.chdir(tree / "sys/devices/pci0000:00/0000:00:01.0")
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind("mtu")  # relative: a unix socket path is limited to 108 bytes
+            with pytest.raises(NotRegularFile, match="mtu: is a socket, not a regular file"):
+                returns(dev.read, "mtu")
+    finally:
+        os.chdir(here)
+
+
+def test_an_attribute_symlink_inside_the_root_is_read_through(dev, tree):
+    os.symlink("numa_node", tree / "sys/devices/pci0000:00/0000:00:01.0/alias")
+    assert dev.read("alias") == "1"
+    assert dev.values(("alias", "absent", "numa_node")) == ["1", None, "1"]
+
+
+def test_values_answers_as_value_does_name_by_name(dev, tree):
+    (tree / "sys/devices/pci0000:00/0000:00:01.0/label").write_bytes(b"eth\xff0\n")
+    names = ("numa_node", "absent", "label", "exact")
+    assert dev.values(names) == [dev.value(n) for n in names]
+    assert dev.values(names)[:3] == ["1", None, None]
+    with pytest.raises(AttributeTooLarge):
+        dev.values(("numa_node", "big"))
+    with pytest.raises(PathEscapesRoot):
+        dev.values(("leak",))
+    with pytest.raises(HostReadError, match="symlink does not resolve"):
+        dev.values(("loop",))
+    with pytest.raises(ValueError, match="single path component"):
+        dev.values(("numa_node", "../numa_node"))
 
 
 def test_a_symlink_to_a_fifo_inside_the_root_is_refused(dev, tree):
@@ -277,3 +331,78 @@ def test_a_directory_reached_two_ways_is_one_value(tree):
     assert other.dir("/devices/pci0000:00/0000:00:01.0") != by_path  # the same path under another root
     with pytest.raises(AttributeError):
         by_link.extra = 1  # type: ignore[attr-defined]
+
+
+# --- listing: a directory opened once (O_NOFOLLOW), its entries' types standing in for an lstat each ----
+
+
+@pytest.fixture
+def kinds(tree: pathlib.Path) -> pathlib.Path:
+    dev = tree / "sys/devices/pci0000:00/0000:00:01.0"
+    (dev / "infiniband/mlx5_0/ports/1").mkdir(parents=True)
+    (dev / "infiniband/mlx5_0/ports/1/state").write_text("4: ACTIVE\n")
+    os.symlink("mlx5_0", dev / "infiniband/alias")  # a link to a directory inside the root
+    (dev / "infiniband/afile").write_text("x")
+    os.symlink("../../../../../outside", dev / "escape")  # a directory link that leaves the root
+    os.symlink("infiniband", dev / "ib_link")
+    os.mkfifo(dev / "pipe")
+    (dev / "plain").write_text("x")
+    os.symlink("dloop", dev / "dloop")
+    os.symlink("gone", dev / "dangling")
+    return dev
+
+
+def test_entries_lists_names_sorted_with_real_directories_marked(tree, kinds):
+    ib = HostRoot.at(tree).dir("/sys/devices/pci0000:00/0000:00:01.0/infiniband")
+    assert ib.entries() == [("afile", False), ("alias", False), ("mlx5_0", True)]
+    assert [n for n, _ in ib.entries()] == ib.list()
+
+
+def test_child_entries_opt_answers_as_child_opt_then_entries(tree, kinds, caplog):
+    dev = HostRoot.at(tree).dir("/sys/devices/pci0000:00/0000:00:01.0")
+    ib, entries = dev.child_entries_opt("infiniband")
+    assert ib == dev.child("infiniband") and entries == ib.entries()
+    # A link to a directory inside the root is followed, as child() does, and listed.
+    via, via_entries = dev.child_entries_opt("ib_link")
+    assert via == ib and via_entries == entries
+    assert dev.child_entries_opt("absent") is None
+    with pytest.raises(PathEscapesRoot):
+        dev.child_entries_opt("escape")
+    assert "outside the host root" in caplog.text
+    with pytest.raises(NotADirectory, match="is a FIFO, not a directory"):
+        returns(dev.child_entries_opt, "pipe", fifo=kinds / "pipe")
+    with pytest.raises(NotADirectory, match="is a regular file, not a directory"):
+        dev.child_entries_opt("plain")
+    for broken in ("dloop", "dangling"):  # a broken link is not an absent directory
+        with pytest.raises(HostReadError, match="symlink does not resolve"):
+            dev.child_entries_opt(broken)
+    with pytest.raises(ValueError, match="single path component"):
+        dev.child_entries_opt("..")
+
+
+def test_listed_child_takes_a_listed_directory_and_checks_anything_else(tree, kinds):
+    dev = HostRoot.at(tree).dir("/sys/devices/pci0000:00/0000:00:01.0")
+    ib, entries = dev.child_entries_opt("infiniband")
+    seen = dict(entries)
+    mlx = ib.listed_child("mlx5_0", seen["mlx5_0"])
+    assert mlx == ib.child("mlx5_0")
+    assert mlx.child("ports").child("1").read("state") == "4: ACTIVE"
+    # Not seen as a real directory: child()'s resolution and refusals, never taken on trust.
+    assert ib.listed_child("alias", seen["alias"]) == mlx
+    with pytest.raises(NotADirectory):
+        ib.listed_child("afile", seen["afile"])
+    with pytest.raises(ValueError, match="single path component"):
+        ib.listed_child("../infiniband", True)
+
+
+def test_a_directory_that_becomes_a_link_after_its_parent_was_listed_is_still_checked(tree, kinds):
+    """The d_type a listing saw stands in for an lstat; an entry the listing saw as a link (or that a
+    caller did not see as a directory) always goes through child()'s checks."""
+    dev = HostRoot.at(tree).dir("/sys/devices/pci0000:00/0000:00:01.0")
+    assert dict(dev.child_entries_opt("infiniband")[1])["mlx5_0"] is True
+    (kinds / "infiniband/mlx5_0").rename(kinds / "moved")
+    os.symlink("../../../../../../outside", kinds / "infiniband/mlx5_0")
+    ib, entries = dev.child_entries_opt("infiniband")
+    assert dict(entries)["mlx5_0"] is False  # the next listing sees the link
+    with pytest.raises(PathEscapesRoot):
+        ib.listed_child("mlx5_0", dict(entries)["mlx5_0"])

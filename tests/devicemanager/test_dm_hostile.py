@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -331,3 +333,63 @@ def test_an_interface_name_that_is_not_utf8_is_recorded_escaped(builder, host_ro
     code, doc, _ = inventory(capsys, host_root)
     assert code == 0
     assert sorted(i["name"] for i in doc["spec"]["interfaces"]) == ["ens1np0", "ens\\xff1"]
+
+
+# --- unreadable: EACCES is an error of the part it belongs to, never an absent value -------------------
+
+
+def _as_nobody(root):
+    """`nodefabric inventory` run as uid 65534, for whom a mode-000 file answers EACCES (root reads it)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run the command as another user")
+    command = ["nodefabric_operator.console", "inventory", "--root", str(root), "-o", "json"]
+    return subprocess.run(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+
+
+@pytest.fixture
+def open_root():
+    """A host root every user may traverse (pytest's own temporary directories are root's only)."""
+    base = tempfile.mkdtemp(prefix="nodefabric-eacces-")
+    os.chmod(base, 0o755)
+    yield Path(base) / "root"
+    shutil.rmtree(base)
+
+
+@pytest.mark.parametrize(
+    ("where", "part", "directory"),
+    [
+        (f"{NIC}/numa_node", "InterfacesEnumerated", False),
+        (f"{NETDEV}/mtu", "InterfacesEnumerated", False),
+        (f"{NIC}/infiniband/mlx5_0/ports/1/state", None, False),
+        (f"{NIC}/infiniband/mlx5_0/ports", None, True),
+    ],
+)
+def test_an_unreadable_attribute_or_directory_is_an_error_not_absent(open_root, where, part, directory):
+    b = SysfsBuilder(open_root)
+    nic(b)
+    os.chmod(b.path(where), 0o000)
+    proc = _as_nobody(open_root)
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    if part is not None:
+        assert proc.returncode == 1, proc.stderr
+        cond = conditions(doc)[part]
+        assert cond["status"] == "False"
+        assert f"{where}: Permission denied" in cond["message"]
+        assert "interfaces" not in doc["spec"]  # not read is not empty
+    else:
+        # A port that cannot be read makes the link unverified (an inability to ask is not a no).
+        assert proc.returncode == 0, proc.stderr
+        [iface] = doc["spec"]["interfaces"]
+        assert iface["rdmaDevice"] == "mlx5_0"
+        assert iface["link"]["state"] == "unverified"
+        assert "Permission denied" in iface["link"]["reason"]
+        assert "missing" not in iface["link"]["reason"]
