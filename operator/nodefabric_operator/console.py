@@ -10,10 +10,13 @@ to a component's own arguments). A usage error is one line on stderr and exit 2,
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import re
 import sys
+import types
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from nodefabric_devicemanager import logs
 
@@ -234,8 +237,44 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     return parser, command
 
 
+# pydantic's plugin loader, and the values of PYDANTIC_DISABLE_PLUGINS with which it loads none.
+_PLUGIN_LOADER = "pydantic.plugin._loader"
+_NO_PLUGINS = ("__all__", "1", "true")
+
+
+def skip_pydantic_plugins(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Load no pydantic plugin in this process, unless PYDANTIC_DISABLE_PLUGINS says which to skip.
+
+    We ship none, and looking costs every command more than its whole walk: pydantic's loader imports
+    importlib.metadata (email, zipfile, csv, ...: ~20 ms) and reads the entry points of every installed
+    distribution at the first model build. The variable unset (or set to skip all) puts a loader that
+    finds none where pydantic's own would be imported; set to names (or empty), pydantic's own loader
+    runs as it documents. The stand-in answers get_plugins() only; any other name pydantic asks of it
+    (a later release) loads the real loader, so a change there costs time, not a failure.
+    Returns whether the stand-in is in place."""
+    if environ.get("PYDANTIC_DISABLE_PLUGINS", "__all__") not in _NO_PLUGINS or _PLUGIN_LOADER in sys.modules:
+        return False
+    stand_in = types.ModuleType(_PLUGIN_LOADER, "No pydantic plugins: see nodefabric_operator.console.")
+
+    def get_plugins() -> tuple[()]:
+        return ()
+
+    def real(name: str) -> Any:
+        if name.startswith("__"):  # the import system asking what kind of module this is
+            raise AttributeError(name)
+        if sys.modules.get(_PLUGIN_LOADER) is stand_in:
+            del sys.modules[_PLUGIN_LOADER]
+        return getattr(importlib.import_module(_PLUGIN_LOADER), name)
+
+    stand_in.get_plugins = get_plugins  # type: ignore[attr-defined]
+    stand_in.__getattr__ = real  # type: ignore[method-assign]
+    sys.modules[_PLUGIN_LOADER] = stand_in
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    skip_pydantic_plugins()
     try:
         # The command's module is imported here (seconds on a loaded machine): Ctrl-C may land in it.
         parser, command = build_parser(argv)

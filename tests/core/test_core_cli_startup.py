@@ -1,0 +1,125 @@
+"""What `nodefabric inventory` loads as a process (issue 24): the start-up of a command that runs on every
+uevent is paid in imports. Each test runs the real process with -X importtime, whose report names every
+module the process imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodefabric_devicemanager.testing.scenarios import SCENARIOS
+from nodefabric_operator import console
+
+# What only other subcommands need: a node's inventory must never pay for them.
+HEAVY = ("kubernetes", "aiohttp", "grpc", "prometheus_client", "yaml", "kopf", "google.protobuf", "pyudev")
+
+
+def imported(
+    args: list[str], env: dict[str, str | None] | None = None
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """The process's result and every module it imported. `env`: variables to set, or (None) to unset;
+    PYDANTIC_DISABLE_PLUGINS is unset unless given."""
+    changes: dict[str, str | None] = {"PYDANTIC_DISABLE_PLUGINS": None, **(env or {})}
+    environ = {k: v for k, v in os.environ.items() if k not in changes}
+    environ.update({k: v for k, v in changes.items() if v is not None})
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "nodefabric_operator.console", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=environ,
+    )
+    names = {
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return proc, names
+
+
+def loaded(names: set[str], package: str) -> bool:
+    return any(n == package or n.startswith(package + ".") for n in names)
+
+
+@pytest.fixture
+def host_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    SCENARIOS["gpu8"](root)
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_inventory_loads_none_of_the_other_commands_packages(host_root: Path, fmt: str) -> None:
+    proc, names = imported(["inventory", "--root", str(host_root), "-o", fmt])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nodefabric_devicemanager.inventory" in names  # the report is read right
+    assert [p for p in HEAVY if loaded(names, p)] == []
+    # Only the chosen subcommand's module is imported.
+    assert not loaded(names, "nodefabric_deviceplugin") and not loaded(names, "nodefabric_operator.cli")
+
+
+def test_inventory_does_not_look_for_pydantic_plugins(host_root: Path) -> None:
+    """Looking reads every installed distribution's metadata (importlib.metadata, email, zipfile)."""
+    proc, names = imported(["inventory", "--root", str(host_root)])
+    assert proc.returncode == 0
+    assert not loaded(names, "importlib.metadata") and not loaded(names, "email")
+
+
+@pytest.mark.parametrize("value", ["__all__", "1", "true"])
+def test_plugins_disabled_by_the_user_are_skipped_the_same_way(host_root: Path, value: str) -> None:
+    proc, names = imported(["inventory", "--root", str(host_root)], {"PYDANTIC_DISABLE_PLUGINS": value})
+    assert proc.returncode == 0 and "importlib.metadata" not in names
+
+
+@pytest.mark.parametrize("value", ["", "logfire", "a,b"])
+def test_a_user_who_names_plugins_to_skip_gets_pydantic_s_own_loader(host_root: Path, value: str) -> None:
+    """PYDANTIC_DISABLE_PLUGINS naming plugins (or empty: none) means the user wants the others loaded:
+    pydantic's loader runs as it documents, and the record printed is the same."""
+    plain, _ = imported(["inventory", "--root", str(host_root)])
+    proc, names = imported(["inventory", "--root", str(host_root)], {"PYDANTIC_DISABLE_PLUGINS": value})
+    assert proc.returncode == 0 and "pydantic.plugin._loader" in names and "importlib.metadata" in names
+    assert proc.stdout == plain.stdout
+
+
+def test_the_stand_in_loader_finds_no_plugins_and_defers_anything_else_to_pydantic() -> None:
+    """In a fresh interpreter (this one has pydantic's loader already): the stand-in answers get_plugins
+    as pydantic's does with plugins disabled; any other name loads pydantic's own module."""
+    code = (
+        "import sys\n"
+        "from nodefabric_operator import console\n"
+        "assert console.skip_pydantic_plugins({}) is True\n"
+        "from pydantic.plugin._loader import get_plugins\n"
+        "assert tuple(get_plugins()) == ()\n"
+        "from nodefabric_devicemanager.models import Endpoint\n"
+        "assert Endpoint(name='x').wire()['name'] == 'x'\n"
+        "assert 'importlib.metadata' not in sys.modules\n"
+        "from pydantic.plugin import _loader\n"
+        "assert _loader.PYDANTIC_ENTRY_POINT_GROUP == 'pydantic'\n"  # a name only the real one has
+        "assert sys.modules['pydantic.plugin._loader'].__file__.endswith('_loader.py')\n"
+        "assert console.skip_pydantic_plugins({}) is False\n"  # the real one is in place: left alone
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_nothing_is_replaced_once_pydantic_s_loader_is_imported() -> None:
+    import pydantic.plugin._loader as real  # as in this test process, which built models long ago
+
+    assert console.skip_pydantic_plugins({}) is False
+    assert sys.modules["pydantic.plugin._loader"] is real
+
+
+def test_help_lists_every_subcommand() -> None:
+    proc, names = imported(["--help"])
+    assert proc.returncode == 0
+    listed = proc.stdout.split("COMMAND", 2)[-1]
+    assert [name for name in console.COMMANDS if f"    {name} " not in listed] == []
+    assert not loaded(names, "pydantic") and [p for p in HEAVY if loaded(names, p)] == []
