@@ -8,16 +8,17 @@ loaded at all, the answer says how to fix it.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nodefabric_devicemanager.accelerators import driverroot
-from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable, normalize_bus_id
+
+if TYPE_CHECKING:
+    from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,11 @@ class Nvml:
 
     @staticmethod
     def _read_fabric(nv: Any, handle: Any, answer: NvidiaAnswer) -> None:
+        # Imported here, not at the top: every inventory imports this module, only a GPU node reads NVML.
+        import ctypes
+
+        from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
+
         # v3 first; a driver that predates it answers ARGUMENT_VERSION_MISMATCH and gets v2.
         for struct_name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
             struct = getattr(nv, struct_name, None)
