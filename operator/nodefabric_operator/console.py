@@ -219,6 +219,12 @@ def _load(name: str, loader: Callable[[], Command]) -> Command:
         raise SystemExit(2) from None
 
 
+def _help_before(argv: Sequence[str], command: str) -> bool:
+    """-h/--help given before the subcommand: the top-level help, which lists every command."""
+    before = argv[: list(argv).index(command)]
+    return any(a in ("-h", "--help") or (a.startswith("--h") and "--help".startswith(a)) for a in before)
+
+
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
     parser = Parser(prog="nodefabric", description="Kubernetes device manager for GPU clusters")
     # The version is looked up only when asked for: reading the installed metadata costs every command
@@ -227,8 +233,14 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     _log_options(parser, default=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if a in COMMANDS), None)
+    # A command run builds its own subparser only (the other twelve cost every command a few ms of
+    # start-up); help asked before it (`nodefabric --help inventory`) and a missing or unknown command
+    # (whose error lists them) build every one.
+    listed = COMMANDS
+    if chosen is not None and not _help_before(argv, chosen):
+        listed = {chosen: COMMANDS[chosen]}
     command: Command | None = None
-    for name, (loader, help_) in COMMANDS.items():
+    for name, (loader, help_) in listed.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
             command = _load(name, loader)
