@@ -19,6 +19,7 @@ from nodefabric_devicemanager import inventory
 from nodefabric_devicemanager.accelerators import driverroot
 from nodefabric_devicemanager.accelerators.detect import forget_reported
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
+from nodefabric_devicemanager.accelerators.nvidia import Nvml
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.accelerators import gpu_function
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -164,3 +165,22 @@ def test_the_gpu_operator_layout_is_searched(tmp_path):
     for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu"):
         assert d in driverroot.SEARCH_DIRS
     assert Path(driverroot.SEARCH_DIRS[0]) == Path("/")
+
+
+def test_a_library_the_loader_finds_is_handed_to_pynvml(monkeypatch) -> None:
+    """The dlopen that spares a node without NVML the pynvml import lets any loadable library through:
+    pynvml then makes its own load and answers (here: libc stands in, and pynvml still finds no NVML)."""
+    monkeypatch.delenv(driverroot.ENV, raising=False)
+    monkeypatch.setattr(driverroot, "LIBRARY", "libc.so.6")
+    nvml = Nvml()
+    with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
+        nvml.read()
+    assert nvml._nvml is not None  # pynvml was imported and asked
+
+
+def test_no_library_is_said_without_importing_pynvml(monkeypatch) -> None:
+    monkeypatch.delenv(driverroot.ENV, raising=False)
+    nvml = Nvml()
+    with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
+        nvml.read()
+    assert nvml._nvml is None  # answered by the one dlopen

@@ -87,11 +87,15 @@ def test_a_node_without_accelerators_loads_no_vendor_module(tmp_path: Path) -> N
     assert [m for m in vendor_modules if m in names] == []
 
 
-def test_a_gpu_node_loads_what_reads_its_gpus(host_root: Path) -> None:
-    proc, names = imported(["inventory", "--root", str(host_root)])
+def test_a_gpu_node_without_nvml_learns_it_from_one_dlopen(host_root: Path) -> None:
+    """No libnvidia-ml here: the fabric reader is loaded, pynvml is not, and the record says why."""
+    proc, names = imported(["inventory", "--root", str(host_root), "-o", "table"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "nodefabric_devicemanager.accelerators.fabric" in names and "pynvml" in names
-    assert "nodefabric_devicemanager.accelerators.ascend" not in names  # NVIDIA GPUs only
+    assert "nodefabric_devicemanager.accelerators.fabric" in names and "ctypes" in names
+    assert "pynvml" not in names and "nodefabric_devicemanager.accelerators.ascend" not in names
+    assert (
+        "NvidiaFabricRead=False LibraryUnavailable: nvml: NVML Shared Library Not Found: set" in proc.stdout
+    )
 
 
 def test_inventory_does_not_look_for_pydantic_plugins(host_root: Path) -> None:

@@ -9,6 +9,7 @@ loaded at all, the answer says how to fix it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +33,19 @@ _ARGUMENT_VERSION_MISMATCH = 25
 _DEVICE_TYPE_GPU = 0
 _DEVICE_TYPE_SWITCH = 2
 _MAX_LINKS_FALLBACK = 18
+_NOT_FOUND = "NVML Shared Library Not Found"  # pynvml's text for _LIBRARY_NOT_FOUND
+
+
+def _library_loads() -> bool:
+    """Whether the dynamic loader finds libnvidia-ml (one dlopen; kept loaded when it does, as pynvml
+    would keep it)."""
+    import ctypes  # here, not at the top: only a GPU node asks
+
+    try:
+        ctypes.CDLL(driverroot.LIBRARY)
+    except OSError:
+        return False
+    return True
 
 
 @dataclass
@@ -83,6 +97,11 @@ class Nvml:
                 except LibraryUnavailable as exc:
                     # The loader's own search may still find one (the NVIDIA runtime mounts it).
                     self._load_problem = str(exc)
+            if importlib.util.find_spec("pynvml") is not None and not _library_loads():
+                # pynvml's first call would fail on this same dlopen (on Linux it asks for the library by
+                # name, nothing else) with this message: said here, a GPU node without the library does
+                # not import pynvml's 5,000 lines (~20 ms) on every pass to learn it.
+                raise LibraryUnavailable(self._load_problem or f"nvml: {_NOT_FOUND}: {driverroot.REMEDY}")
             try:
                 self._nvml = importlib.import_module("pynvml")
             except ImportError as exc:
