@@ -4,6 +4,7 @@ imported when it exited."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def test_inventory_loads_none_of_the_other_commands_packages(host_root: Path, fm
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nodefabric_devicemanager.inventory" in names  # the report is read right
     assert [p for p in HEAVY if loaded(names, p)] == []
+    # argparse's own help formatter would import shutil (bz2, lzma) for help nobody asked for.
+    assert [m for m in ("shutil", "bz2", "lzma") if m in names] == []
     # Only the chosen subcommand's module is imported.
     assert not loaded(names, "nodefabric_deviceplugin") and not loaded(names, "nodefabric_operator.cli")
 
@@ -160,3 +163,22 @@ def test_help_lists_every_subcommand(args: list[str]) -> None:
     assert [name for name in console.COMMANDS if f"    {name} " not in listed] == []
     if args == ["--help"]:  # no command named: none of their modules is imported
         assert "pydantic" not in names and [p for p in HEAVY if loaded(names, p)] == []
+
+
+@pytest.mark.parametrize("columns", ["40", "120", "0", "-3", "wide", None])
+def test_help_is_as_wide_as_argparse_would_make_it(
+    monkeypatch: pytest.MonkeyPatch, columns: str | None
+) -> None:
+    """console.Formatter finds the width without shutil; the help it formats is argparse's own."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+
+    def help_text(formatter: type[argparse.HelpFormatter]) -> str:
+        parser = console.Parser(prog="nodefabric", description="x " * 80, formatter_class=formatter)
+        parser.add_argument("--root", help="host root to read /sys from " * 5)
+        return parser.format_help()
+
+    assert help_text(console.Formatter) == help_text(argparse.HelpFormatter)
+    assert console.Parser(prog="p").formatter_class is console.Formatter
