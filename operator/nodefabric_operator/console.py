@@ -10,6 +10,7 @@ to a component's own arguments). A usage error is one line on stderr and exit 2,
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import re
@@ -316,12 +317,35 @@ def skip_pydantic_plugins(environ: dict[str, str] | os._Environ[str] = os.enviro
     return True
 
 
+def _settle_heap() -> None:
+    """After the imports: collect once and freeze what is left.
+
+    A command's imports leave tens of thousands of container objects that live as long as the process
+    (modules, classes, pydantic's schemas and validators); with the collector on, collections during the
+    imports and the walk traversed them again and again: 5% of `nodefabric inventory`'s instructions.
+    Collected once (under a thousand objects of garbage) and frozen, they are no longer traversed; what
+    the command makes is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Called as the process itself (the console script, `python -m`): not from a longer-lived caller (a
+    # test), whose heap is not ours to freeze.
+    entry = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     skip_pydantic_plugins()
+    if entry:
+        gc.disable()  # until _settle_heap: no collection traverses the imports while they are made
     try:
         # The command's module is imported here (seconds on a loaded machine): Ctrl-C may land in it.
-        parser, command = build_parser(argv)
+        try:
+            parser, command = build_parser(argv)
+            if entry:
+                _settle_heap()
+        finally:
+            if entry:
+                gc.enable()
         args = parser.parse_args(argv)
         logs.configure(json_output=args.log_format == "json", level=args.log_level)
         assert command is not None  # argparse already refused an unknown or missing command

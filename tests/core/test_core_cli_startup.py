@@ -5,6 +5,7 @@ imported when it exited."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -182,3 +183,25 @@ def test_help_is_as_wide_as_argparse_would_make_it(
 
     assert help_text(console.Formatter) == help_text(argparse.HelpFormatter)
     assert console.Parser(prog="p").formatter_class is console.Formatter
+
+
+def test_the_process_freezes_its_imports_and_collects_after(host_root: Path) -> None:
+    """As its own process, a command freezes the heap its imports left (collected once) and runs with the
+    collector on."""
+    code = (
+        "import gc, sys\n"
+        "from nodefabric_operator import console\n"
+        f"sys.argv = ['nodefabric', 'inventory', '--root', {str(host_root)!r}]\n"
+        "code = console.main()\n"
+        "print(code, gc.isenabled(), gc.get_freeze_count() > 10000, file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stderr.splitlines()[-1] == "0 True True", proc.stderr[-2000:]
+
+
+def test_a_caller_s_heap_is_left_alone(host_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    frozen = gc.get_freeze_count()
+    assert console.main(["inventory", "--root", str(host_root)]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
