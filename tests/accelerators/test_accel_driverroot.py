@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from nodefabric_devicemanager import inventory
@@ -171,6 +172,7 @@ def test_a_library_the_loader_finds_is_handed_to_pynvml(monkeypatch) -> None:
     """The dlopen that spares a node without NVML the pynvml import lets any loadable library through:
     pynvml then makes its own load and answers (here: libc stands in, and pynvml still finds no NVML)."""
     monkeypatch.delenv(driverroot.ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "pynvml")  # as in a fresh process (restored afterwards)
     monkeypatch.setattr(driverroot, "LIBRARY", "libc.so.6")
     nvml = Nvml()
     with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
@@ -180,7 +182,18 @@ def test_a_library_the_loader_finds_is_handed_to_pynvml(monkeypatch) -> None:
 
 def test_no_library_is_said_without_importing_pynvml(monkeypatch) -> None:
     monkeypatch.delenv(driverroot.ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "pynvml")
     nvml = Nvml()
     with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
         nvml.read()
-    assert nvml._nvml is None  # answered by the one dlopen
+    assert nvml._nvml is None and "pynvml" not in sys.modules  # answered by the one dlopen
+
+
+def test_once_pynvml_is_imported_its_own_load_decides(monkeypatch) -> None:
+    """Nothing left to spare: pynvml is asked, as a test that makes its init hang relies on."""
+    monkeypatch.delenv(driverroot.ENV, raising=False)
+    asked = []
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: asked.append(1) or pynvml._nvmlCheckReturn(12))
+    with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
+        Nvml().read()
+    assert asked == [1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -97,10 +98,11 @@ class Nvml:
                 except LibraryUnavailable as exc:
                     # The loader's own search may still find one (the NVIDIA runtime mounts it).
                     self._load_problem = str(exc)
-            if importlib.util.find_spec("pynvml") is not None and not _library_loads():
+            if "pynvml" not in sys.modules and importlib.util.find_spec("pynvml") and not _library_loads():
                 # pynvml's first call would fail on this same dlopen (on Linux it asks for the library by
                 # name, nothing else) with this message: said here, a GPU node without the library does
-                # not import pynvml's 5,000 lines (~20 ms) on every pass to learn it.
+                # not import pynvml's 5,000 lines (~20 ms) on every pass to learn it. Once pynvml is
+                # imported there is nothing to spare, and its own load decides.
                 raise LibraryUnavailable(self._load_problem or f"nvml: {_NOT_FOUND}: {driverroot.REMEDY}")
             try:
                 self._nvml = importlib.import_module("pynvml")
