@@ -290,7 +290,7 @@ _NO_PLUGINS = ("__all__", "1", "true")
 def skip_pydantic_plugins(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     """Load no pydantic plugin in this process, unless PYDANTIC_DISABLE_PLUGINS says which to skip.
 
-    We ship none, and looking costs every command more than its whole walk: pydantic's loader imports
+    We ship none, and looking costs every command tens of milliseconds: pydantic's loader imports
     importlib.metadata (email, zipfile, csv, ...: ~20 ms) and reads the entry points of every installed
     distribution at the first model build. The variable unset (or set to skip all) puts a loader that
     finds none where pydantic's own would be imported; set to names (or empty), pydantic's own loader

@@ -17,7 +17,7 @@ import pynvml
 import pytest
 
 from nodefabric_devicemanager import inventory
-from nodefabric_devicemanager.accelerators import driverroot
+from nodefabric_devicemanager.accelerators import driverroot, nvidia
 from nodefabric_devicemanager.accelerators.detect import forget_reported
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
 from nodefabric_devicemanager.accelerators.nvidia import Nvml
@@ -197,3 +197,8 @@ def test_once_pynvml_is_imported_its_own_load_decides(monkeypatch) -> None:
     with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
         Nvml().read()
     assert asked == [1]
+
+
+def test_the_message_for_no_library_is_pynvml_s_own() -> None:
+    """Said by the dlopen or by pynvml, a node without NVML prints the same condition."""
+    assert str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)) == nvidia._NOT_FOUND

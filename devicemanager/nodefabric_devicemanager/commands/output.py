@@ -58,11 +58,11 @@ def document(doc: Any, fmt: str, out: TextIO, *, plain: bool = False) -> None:
 def json_text(doc: Any) -> str:
     """`json.dumps(doc, indent=2)` of a plain document (see document), byte for byte, five times faster.
 
-    Asked to indent, json encodes in pure Python (32 ms for a node with 1,024 VFs); pydantic_core's
-    encoder writes the same text except where json escapes and it does not: non-ASCII (json writes
-    \\uXXXX), DEL (\\u007f), a lone surrogate (a name that is not UTF-8; pydantic_core refuses it), and
-    floats (1e+16 against 1e16) and sets (a list, where json refuses), which a plain document has none of.
-    Any of the others and json encodes it."""
+    Asked to indent, json encodes in pure Python (32 ms for a node with 1,024 VFs). pydantic_core writes
+    the same text, but for what json escapes and it does not (non-ASCII as \\uXXXX, DEL as \\u007f), a
+    lone surrogate (a name that is not UTF-8, which it refuses), floats (1e16 against json's 1e+16) and
+    sets (a list, where json refuses): a plain document holds neither of the last two, and for the others
+    json encodes it."""
     import pydantic_core  # here: only the commands that print a model's wire form pay for the import
 
     try:
