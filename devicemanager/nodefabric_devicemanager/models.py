@@ -24,6 +24,8 @@ SINGULAR = vocabulary.DEVICES_SINGULAR
 
 
 class _Model(BaseModel):
+    # Built at import, not deferred (defer_build): `nodefabric inventory` and the agent use every model
+    # but ObjectMeta and Devices, and a deferred build only moved the same time into the walk (issue 24).
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     def wire(self) -> dict[str, Any]:

@@ -10,10 +10,14 @@ to a component's own arguments). A usage error is one line on stderr and exit 2,
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
+import os
 import re
 import sys
+import types
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from nodefabric_devicemanager import logs
 
@@ -128,8 +132,40 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+def _columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() gives it: $COLUMNS, else the terminal's own,
+    else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, given the width it would pick itself. Left to find it, it imports
+    shutil (with bz2, lzma and zlib: ~3 ms) in every parser and option made, so every command paid for
+    help it did not print."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(
+            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
+        )
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line on stderr (and exit 2) instead of the usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)  # subparsers too: they are made as this class
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -216,6 +252,12 @@ def _load(name: str, loader: Callable[[], Command]) -> Command:
         raise SystemExit(2) from None
 
 
+def _help_before(argv: Sequence[str], command: str) -> bool:
+    """-h/--help given before the subcommand: the top-level help, which lists every command."""
+    before = argv[: list(argv).index(command)]
+    return any(a in ("-h", "--help") or (a.startswith("--h") and "--help".startswith(a)) for a in before)
+
+
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
     parser = Parser(prog="nodefabric", description="Kubernetes device manager for GPU clusters")
     # The version is looked up only when asked for: reading the installed metadata costs every command
@@ -224,8 +266,14 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     _log_options(parser, default=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if a in COMMANDS), None)
+    # A command run builds its own subparser only (the other twelve cost every command a few ms of
+    # start-up); help asked before it (`nodefabric --help inventory`) and a missing or unknown command
+    # (whose error lists them) build every one.
+    listed = COMMANDS
+    if chosen is not None and not _help_before(argv, chosen):
+        listed = {chosen: COMMANDS[chosen]}
     command: Command | None = None
-    for name, (loader, help_) in COMMANDS.items():
+    for name, (loader, help_) in listed.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
             command = _load(name, loader)
@@ -234,11 +282,70 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     return parser, command
 
 
+# pydantic's plugin loader, and the values of PYDANTIC_DISABLE_PLUGINS with which it loads none.
+_PLUGIN_LOADER = "pydantic.plugin._loader"
+_NO_PLUGINS = ("__all__", "1", "true")
+
+
+def skip_pydantic_plugins(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Load no pydantic plugin in this process, unless PYDANTIC_DISABLE_PLUGINS says which to skip.
+
+    We ship none, and looking costs every command tens of milliseconds: pydantic's loader imports
+    importlib.metadata (email, zipfile, csv, ...: ~20 ms) and reads the entry points of every installed
+    distribution at the first model build. The variable unset (or set to skip all) puts a loader that
+    finds none where pydantic's own would be imported; set to names (or empty), pydantic's own loader
+    runs as it documents. The stand-in answers get_plugins() only; any other name pydantic asks of it
+    (a later release) loads the real loader, so a change there costs time, not a failure.
+    Returns whether the stand-in is in place."""
+    if environ.get("PYDANTIC_DISABLE_PLUGINS", "__all__") not in _NO_PLUGINS or _PLUGIN_LOADER in sys.modules:
+        return False
+    stand_in = types.ModuleType(_PLUGIN_LOADER, "No pydantic plugins: see nodefabric_operator.console.")
+
+    def get_plugins() -> tuple[()]:
+        return ()
+
+    def real(name: str) -> Any:
+        if name.startswith("__"):  # the import system asking what kind of module this is
+            raise AttributeError(name)
+        if sys.modules.get(_PLUGIN_LOADER) is stand_in:
+            del sys.modules[_PLUGIN_LOADER]
+        return getattr(importlib.import_module(_PLUGIN_LOADER), name)
+
+    stand_in.get_plugins = get_plugins  # type: ignore[attr-defined]
+    stand_in.__getattr__ = real  # type: ignore[method-assign]
+    sys.modules[_PLUGIN_LOADER] = stand_in
+    return True
+
+
+def _settle_heap() -> None:
+    """After the imports: collect once and freeze what is left.
+
+    A command's imports leave tens of thousands of container objects that live as long as the process
+    (modules, classes, pydantic's schemas and validators); with the collector on, collections during the
+    imports and the walk traversed them again and again: 5% of `nodefabric inventory`'s instructions.
+    Collected once (under a thousand objects of garbage) and frozen, they are no longer traversed; what
+    the command makes is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Called as the process itself (the console script, `python -m`): not from a longer-lived caller (a
+    # test), whose heap is not ours to freeze.
+    entry = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    skip_pydantic_plugins()
+    if entry:
+        gc.disable()  # until _settle_heap: no collection traverses the imports while they are made
     try:
         # The command's module is imported here (seconds on a loaded machine): Ctrl-C may land in it.
-        parser, command = build_parser(argv)
+        try:
+            parser, command = build_parser(argv)
+            if entry:
+                _settle_heap()
+        finally:
+            if entry:
+                gc.enable()
         args = parser.parse_args(argv)
         logs.configure(json_output=args.log_format == "json", level=args.log_level)
         assert command is not None  # argparse already refused an unknown or missing command

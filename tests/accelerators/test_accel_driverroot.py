@@ -13,12 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from nodefabric_devicemanager import inventory
-from nodefabric_devicemanager.accelerators import driverroot
+from nodefabric_devicemanager.accelerators import driverroot, nvidia
 from nodefabric_devicemanager.accelerators.detect import forget_reported
 from nodefabric_devicemanager.accelerators.library import LibraryUnavailable
+from nodefabric_devicemanager.accelerators.nvidia import Nvml
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.accelerators import gpu_function
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -164,3 +166,39 @@ def test_the_gpu_operator_layout_is_searched(tmp_path):
     for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu"):
         assert d in driverroot.SEARCH_DIRS
     assert Path(driverroot.SEARCH_DIRS[0]) == Path("/")
+
+
+def test_a_library_the_loader_finds_is_handed_to_pynvml(monkeypatch) -> None:
+    """The dlopen that spares a node without NVML the pynvml import lets any loadable library through:
+    pynvml then makes its own load and answers (here: libc stands in, and pynvml still finds no NVML)."""
+    monkeypatch.delenv(driverroot.ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "pynvml")  # as in a fresh process (restored afterwards)
+    monkeypatch.setattr(driverroot, "LIBRARY", "libc.so.6")
+    nvml = Nvml()
+    with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
+        nvml.read()
+    assert nvml._nvml is not None  # pynvml was imported and asked
+
+
+def test_no_library_is_said_without_importing_pynvml(monkeypatch) -> None:
+    monkeypatch.delenv(driverroot.ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "pynvml")
+    nvml = Nvml()
+    with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
+        nvml.read()
+    assert nvml._nvml is None and "pynvml" not in sys.modules  # answered by the one dlopen
+
+
+def test_once_pynvml_is_imported_its_own_load_decides(monkeypatch) -> None:
+    """Nothing left to spare: pynvml is asked, as a test that makes its init hang relies on."""
+    monkeypatch.delenv(driverroot.ENV, raising=False)
+    asked = []
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: asked.append(1) or pynvml._nvmlCheckReturn(12))
+    with pytest.raises(LibraryUnavailable, match="nvml: NVML Shared Library Not Found: set"):
+        Nvml().read()
+    assert asked == [1]
+
+
+def test_the_message_for_no_library_is_pynvml_s_own() -> None:
+    """Said by the dlopen or by pynvml, a node without NVML prints the same condition."""
+    assert str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)) == nvidia._NOT_FOUND

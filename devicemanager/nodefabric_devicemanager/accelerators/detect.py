@@ -11,11 +11,10 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from nodefabric_devicemanager import numbers
-from nodefabric_devicemanager.accelerators import amd, fabric, vendors
-from nodefabric_devicemanager.accelerators.ascend import AscendLibrary, Dcmi
+from nodefabric_devicemanager.accelerators import vendors
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable, normalize_bus_id
 from nodefabric_devicemanager.accelerators.links import build as build_links
 from nodefabric_devicemanager.accelerators.nvidia import NvidiaLibrary, Nvml, nvlink_width
@@ -31,6 +30,13 @@ from nodefabric_devicemanager.models import (
 )
 from nodefabric_devicemanager.pci import PciFunction, bus_key
 
+if TYPE_CHECKING:
+    from nodefabric_devicemanager.accelerators.ascend import AscendAnswer, AscendLibrary, Dcmi
+
+# The modules one manufacturer needs (amd, ascend with its ctypes structures, fabric) are imported where
+# that manufacturer is read, not at the top: `nodefabric inventory` on a node without them (a NIC-only
+# node, every uevent) would pay for each at start-up.
+
 log = logging.getLogger(__name__)
 
 # Condition reasons. LibraryUnavailable is a status False like ReadFailed, so the operator treats it as
@@ -42,12 +48,26 @@ LIBRARY_UNAVAILABLE = "LibraryUnavailable"
 READ_FAILED = "ReadFailed"
 
 
+class _Dcmi:
+    """ascend.Dcmi, made when first asked: a node without Ascend NPUs never imports ascend.py."""
+
+    def __init__(self) -> None:
+        self._dcmi: Dcmi | None = None
+
+    def read(self) -> list[AscendAnswer]:
+        if self._dcmi is None:
+            from nodefabric_devicemanager.accelerators.ascend import Dcmi
+
+            self._dcmi = Dcmi()
+        return self._dcmi.read()
+
+
 @dataclass
 class Libraries:
     """The vendor-library boundaries a pass asks. Each is only asked when its manufacturer is present."""
 
     nvidia: NvidiaLibrary = field(default_factory=Nvml)
-    ascend: AscendLibrary = field(default_factory=Dcmi)
+    ascend: AscendLibrary = field(default_factory=_Dcmi)
 
 
 @dataclass
@@ -247,6 +267,8 @@ def _ask(
 
 
 def _nvidia(maker: Manufacturer, functions: list[PciFunction], library: NvidiaLibrary) -> _Group:
+    from nodefabric_devicemanager.accelerators import fabric
+
     answers = _ask(maker, functions, library.read)
     if isinstance(answers, _Group):
         return answers
@@ -273,6 +295,8 @@ def _verdict(maker: Manufacturer, functions: list[PciFunction], problems: list[s
 
 
 def _amd(maker: Manufacturer, functions: list[PciFunction], host: HostRoot) -> _Group:
+    from nodefabric_devicemanager.accelerators import amd, fabric
+
     try:
         kfd = amd.read_kfd(host)
         pci_hives = {fn.bus_id: amd.xgmi_hive_from_pci(fn.dir) for fn in functions}
@@ -316,6 +340,8 @@ def _amd(maker: Manufacturer, functions: list[PciFunction], host: HostRoot) -> _
 
 
 def _ascend(maker: Manufacturer, functions: list[PciFunction], library: AscendLibrary) -> _Group:
+    from nodefabric_devicemanager.accelerators import fabric
+
     answers = _ask(maker, functions, library.read)
     if isinstance(answers, _Group):
         return answers

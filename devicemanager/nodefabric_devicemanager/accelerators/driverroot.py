@@ -15,7 +15,6 @@ kept for the life of the process, as pynvml keeps its handle.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -103,11 +102,16 @@ def candidates(root: str) -> list[str]:
     return out
 
 
-def preload(root: str, *, loader: Loader = ctypes.CDLL) -> str:
-    """Load NVML from the driver root, so pynvml's own load finds it; the path loaded.
+def preload(root: str, *, loader: Loader | None = None) -> str:
+    """Load NVML from the driver root, so pynvml's own load finds it; the path loaded. `loader`: how a
+    path is loaded (default: ctypes.CDLL).
 
     Raises LibraryUnavailable naming the root, what was found and why it did not load, and the remedy.
     """
+    if loader is None:
+        import ctypes  # here, not at the top: only a GPU node with a driver root loads anything
+
+        loader = ctypes.CDLL
     if root in _loaded:
         return _loaded[root]
     found = candidates(root)

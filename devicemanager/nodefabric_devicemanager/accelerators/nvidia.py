@@ -8,16 +8,19 @@ loaded at all, the answer says how to fix it.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
+import importlib.util
 import logging
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nodefabric_devicemanager.accelerators import driverroot
-from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
 from nodefabric_devicemanager.accelerators.library import LibraryError, LibraryUnavailable, normalize_bus_id
+
+if TYPE_CHECKING:
+    from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,19 @@ _ARGUMENT_VERSION_MISMATCH = 25
 _DEVICE_TYPE_GPU = 0
 _DEVICE_TYPE_SWITCH = 2
 _MAX_LINKS_FALLBACK = 18
+_NOT_FOUND = "NVML Shared Library Not Found"  # pynvml's text for _LIBRARY_NOT_FOUND
+
+
+def _library_loads() -> bool:
+    """Whether the dynamic loader finds libnvidia-ml (one dlopen; kept loaded when it does, as pynvml
+    would keep it)."""
+    import ctypes  # here, not at the top: only a GPU node asks
+
+    try:
+        ctypes.CDLL(driverroot.LIBRARY)
+    except OSError:
+        return False
+    return True
 
 
 @dataclass
@@ -82,6 +98,12 @@ class Nvml:
                 except LibraryUnavailable as exc:
                     # The loader's own search may still find one (the NVIDIA runtime mounts it).
                     self._load_problem = str(exc)
+            if "pynvml" not in sys.modules and importlib.util.find_spec("pynvml") and not _library_loads():
+                # pynvml's first call would fail on this same dlopen (on Linux it asks for the library by
+                # name, nothing else) with this message: said here, a GPU node without the library does
+                # not import pynvml's 5,000 lines (~20 ms) on every pass to learn it. Once pynvml is
+                # imported there is nothing to spare, and its own load decides.
+                raise LibraryUnavailable(self._load_problem or f"nvml: {_NOT_FOUND}: {driverroot.REMEDY}")
             try:
                 self._nvml = importlib.import_module("pynvml")
             except ImportError as exc:
@@ -125,6 +147,11 @@ class Nvml:
 
     @staticmethod
     def _read_fabric(nv: Any, handle: Any, answer: NvidiaAnswer) -> None:
+        # Imported here, not at the top: every inventory imports this module, only a GPU node reads NVML.
+        import ctypes
+
+        from nodefabric_devicemanager.accelerators.fabric import NvlinkFabricInfo
+
         # v3 first; a driver that predates it answers ARGUMENT_VERSION_MISMATCH and gets v2.
         for struct_name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
             struct = getattr(nv, struct_name, None)

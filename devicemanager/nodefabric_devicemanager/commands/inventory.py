@@ -129,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "table":
         table(reading, sys.stdout)
     else:
-        output.document(document(reading), args.output, sys.stdout)
+        output.document(document(reading), args.output, sys.stdout, plain=True)
     return 1 if failed(reading) else 0
