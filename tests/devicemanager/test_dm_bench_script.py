@@ -28,3 +28,23 @@ def test_benchmark_reads_the_same_endpoints_as_its_baseline():
         "attribute, safe read",
         "safety cost per read",
     ]
+
+
+def test_walk_benchmark_replays_the_walks_own_calls_and_prints_each_figure() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "hack/bench_walk.py"), "--pfs", "2", "--vfs", "3", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    # Exit 1 is the target missed, which a two-function tree says nothing about; anything else failed.
+    assert out.returncode in (0, 1), out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("2 PF x   3 VF (")
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "in process",
+        "own calls",
+        "whole command",
+        "target",
+    ]
