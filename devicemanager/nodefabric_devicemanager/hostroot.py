@@ -188,7 +188,135 @@ class HostRoot:
         return os.path.exists(self.host_path(path))
 
 
-class SysDir:
+class PathReads:
+    """How one path under the host root is read: an attribute opened, read and refused by what it is,
+    a symlink resolved and checked. `SysDir` names the paths; this reads them."""
+
+    __slots__ = ("host",)
+
+    host: HostRoot
+
+    def _lstat(self, path: str) -> os.stat_result:
+        """The entry itself. FileNotFoundError when it is absent (or vanished: hot-unplug); any other
+        failure is HostReadError."""
+        try:
+            return os.lstat(path)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+
+    def _through_link(self, path: str) -> tuple[str, os.stat_result]:
+        """Where the symlink at `path` lands, and its stat.
+
+        FileNotFoundError only when the link itself went away (hot-unplug). A symlink that leaves the
+        root, dangles or loops is HostReadError: a broken link is not a missing entry.
+        """
+        target, target_st = self.host.resolve_stat(path)
+        if target_st is not None:
+            return target, target_st
+        if not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, "vanished while being read", path)  # the link went away
+        try:
+            os.stat(path)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        else:
+            reason = "it changed while being read"
+        raise HostReadError(self.host.display(path), f"symlink does not resolve: {reason}")
+
+    def _read(self, path: str) -> str:
+        # The hot path of a pass (one call per attribute): open, read, the read that hears EOF, close.
+        # O_NOFOLLOW makes the open itself the symlink check (a link answers ELOOP and takes `_open_slow`,
+        # which resolves it, checks it lands inside the root and refuses a target that is not a regular
+        # file before opening it); the directory part of `path` is already resolved and checked.
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as exc:
+            path, fd = self._open_slow(path, exc)
+        try:
+            # No lstat before the open and no fstat after it on the common path: O_NONBLOCK keeps a FIFO's
+            # open and reads from waiting for a writer, O_NOCTTY keeps a terminal from becoming ours, and
+            # the read is capped. sysfs hands an attribute over in one read (a file on a disk or in procfs
+            # may need more), so the loop asks until EOF.
+            data = os.read(fd, _READ_LIMIT)
+            got = len(data)
+            while 0 < got <= MAX_ATTRIBUTE_BYTES:
+                more = os.read(fd, _READ_LIMIT - got)
+                if not more:
+                    break
+                data += more
+                got = len(data)
+            if not got or got > MAX_ATTRIBUTE_BYTES:
+                # Nothing or too much: the fstat says whether a regular file answered so or something
+                # that is not one (a FIFO without a writer, /dev/null, /dev/zero), refused as before.
+                self._refuse_special(fd, path)
+        except OSError as exc:
+            if isinstance(exc, HostReadError):
+                raise
+            # A read that failed: a directory (EISDIR), a FIFO or terminal with nothing to give (EAGAIN),
+            # or a regular file the host would not hand over.
+            self._refuse_special(fd, path)
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        finally:
+            os.close(fd)
+        # What is given up by not asking fstat on every read: a FIFO whose writer already wrote a short
+        # value and left, or a device node planted under an attribute's own name (root only; sysfs has
+        # neither) that gives a short value and EOF, reads as that value, which is no more invented than
+        # the same bytes in a regular file the same writer could have put there.
+        if got > MAX_ATTRIBUTE_BYTES:
+            log.warning(
+                "refused an oversized attribute",
+                extra={"path": self.host.display(path), "limit_bytes": MAX_ATTRIBUTE_BYTES},
+            )
+            raise AttributeTooLarge(self.host.display(path), f"larger than {MAX_ATTRIBUTE_BYTES} bytes")
+        try:
+            return data.decode("utf-8").rstrip("\n")
+        except UnicodeDecodeError as exc:
+            raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
+
+    def _refuse_special(self, fd: int, path: str) -> None:
+        """Refuse what `fd` is when it is not a regular file; a regular file (or a failed fstat) returns."""
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return
+        if mode & _IFMT != _IFREG:
+            self._refuse(path, mode)
+
+    def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
+        """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a
+        symlink (resolved, checked, and opened only when it lands on a regular file inside the root), a
+        socket or other special file (refused), or unreadable (HostReadError). Returns the path opened
+        (the symlink's target) and its descriptor."""
+        if isinstance(failed, FileNotFoundError):
+            raise failed
+        mode = self._lstat(path).st_mode
+        if mode & _IFMT == _IFLNK:
+            path, st = self._through_link(path)
+            mode = st.st_mode
+        elif mode & _IFMT == _IFREG:
+            raise HostReadError(self.host.display(path), failed.strerror or str(failed)) from failed
+        # The type is checked before the target is opened: opening a FIFO could wait, and opening some
+        # device nodes acts (a watchdog arms).
+        if mode & _IFMT != _IFREG:
+            self._refuse(path, mode)
+        try:
+            return path, os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+
+    def _refuse(self, path: str, mode: int) -> NoReturn:
+        shown = self.host.display(path)
+        log.warning(
+            "refused an attribute that is not a regular file", extra={"path": shown, "kind": kind(mode)}
+        )
+        raise NotRegularFile(shown, f"is a {kind(mode)}, not a regular file")
+
+
+class SysDir(PathReads):
     """A directory whose path is resolved and known to lie inside the host root. Immutable by contract.
 
     A plain slotted class, not a frozen dataclass: a pass makes one per directory it steps into (9,000 on
@@ -196,7 +324,7 @@ class SysDir:
     __post_init__) was 8% of a walk's profile.
     """
 
-    __slots__ = ("_prefix", "host", "path")
+    __slots__ = ("_prefix", "path")
 
     def __init__(self, host: HostRoot, path: str) -> None:
         self.host = host
@@ -229,35 +357,6 @@ class SysDir:
         # Plain concatenation onto the resolved path: this runs for every attribute of a pass, where
         # os.path.join's generality is a measurable cost.
         return self._prefix + name
-
-    def _lstat(self, path: str) -> os.stat_result:
-        """The entry itself. FileNotFoundError when it is absent (or vanished: hot-unplug); any other
-        failure is HostReadError."""
-        try:
-            return os.lstat(path)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-
-    def _through_link(self, path: str) -> tuple[str, os.stat_result]:
-        """Where the symlink at `path` lands, and its stat.
-
-        FileNotFoundError only when the link itself went away (hot-unplug). A symlink that leaves the
-        root, dangles or loops is HostReadError: a broken link is not a missing entry.
-        """
-        target, target_st = self.host.resolve_stat(path)
-        if target_st is not None:
-            return target, target_st
-        if not os.path.lexists(path):
-            raise FileNotFoundError(errno.ENOENT, "vanished while being read", path)  # the link went away
-        try:
-            os.stat(path)
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-        else:
-            reason = "it changed while being read"
-        raise HostReadError(self.host.display(path), f"symlink does not resolve: {reason}")
 
     def child(self, name: str) -> SysDir:
         """A subdirectory or a symlink to one (e.g. "device", "physfn"), resolved and checked.
@@ -395,96 +494,6 @@ class SysDir:
         if "/" in name or name in _NOT_COMPONENTS:
             raise ValueError(f"not a single path component: {name!r}")
         return self._read(self._prefix + name)
-
-    def _read(self, path: str) -> str:
-        # The hot path of a pass (one call per attribute): open, read, the read that hears EOF, close.
-        # O_NOFOLLOW makes the open itself the symlink check (a link answers ELOOP and takes `_open_slow`,
-        # which resolves it, checks it lands inside the root and refuses a target that is not a regular
-        # file before opening it); the directory part of `path` is already resolved and checked.
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except OSError as exc:
-            path, fd = self._open_slow(path, exc)
-        try:
-            # No lstat before the open and no fstat after it on the common path: O_NONBLOCK keeps a FIFO's
-            # open and reads from waiting for a writer, O_NOCTTY keeps a terminal from becoming ours, and
-            # the read is capped. sysfs hands an attribute over in one read (a file on a disk or in procfs
-            # may need more), so the loop asks until EOF.
-            data = os.read(fd, _READ_LIMIT)
-            got = len(data)
-            while 0 < got <= MAX_ATTRIBUTE_BYTES:
-                more = os.read(fd, _READ_LIMIT - got)
-                if not more:
-                    break
-                data += more
-                got = len(data)
-            if not got or got > MAX_ATTRIBUTE_BYTES:
-                # Nothing or too much: the fstat says whether a regular file answered so or something
-                # that is not one (a FIFO without a writer, /dev/null, /dev/zero), refused as before.
-                self._refuse_special(fd, path)
-        except OSError as exc:
-            if isinstance(exc, HostReadError):
-                raise
-            # A read that failed: a directory (EISDIR), a FIFO or terminal with nothing to give (EAGAIN),
-            # or a regular file the host would not hand over.
-            self._refuse_special(fd, path)
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-        finally:
-            os.close(fd)
-        # What is given up by not asking fstat on every read: a FIFO whose writer already wrote a short
-        # value and left, or a device node planted under an attribute's own name (root only; sysfs has
-        # neither) that gives a short value and EOF, reads as that value, which is no more invented than
-        # the same bytes in a regular file the same writer could have put there.
-        if got > MAX_ATTRIBUTE_BYTES:
-            log.warning(
-                "refused an oversized attribute",
-                extra={"path": self.host.display(path), "limit_bytes": MAX_ATTRIBUTE_BYTES},
-            )
-            raise AttributeTooLarge(self.host.display(path), f"larger than {MAX_ATTRIBUTE_BYTES} bytes")
-        try:
-            return data.decode("utf-8").rstrip("\n")
-        except UnicodeDecodeError as exc:
-            raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
-
-    def _refuse_special(self, fd: int, path: str) -> None:
-        """Refuse what `fd` is when it is not a regular file; a regular file (or a failed fstat) returns."""
-        try:
-            mode = os.fstat(fd).st_mode
-        except OSError:
-            return
-        if mode & _IFMT != _IFREG:
-            self._refuse(path, mode)
-
-    def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
-        """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a
-        symlink (resolved, checked, and opened only when it lands on a regular file inside the root), a
-        socket or other special file (refused), or unreadable (HostReadError). Returns the path opened
-        (the symlink's target) and its descriptor."""
-        if isinstance(failed, FileNotFoundError):
-            raise failed
-        mode = self._lstat(path).st_mode
-        if mode & _IFMT == _IFLNK:
-            path, st = self._through_link(path)
-            mode = st.st_mode
-        elif mode & _IFMT == _IFREG:
-            raise HostReadError(self.host.display(path), failed.strerror or str(failed)) from failed
-        # The type is checked before the target is opened: opening a FIFO could wait, and opening some
-        # device nodes acts (a watchdog arms).
-        if mode & _IFMT != _IFREG:
-            self._refuse(path, mode)
-        try:
-            return path, os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
-
-    def _refuse(self, path: str, mode: int) -> NoReturn:
-        shown = self.host.display(path)
-        log.warning(
-            "refused an attribute that is not a regular file", extra={"path": shown, "kind": kind(mode)}
-        )
-        raise NotRegularFile(shown, f"is a {kind(mode)}, not a regular file")
 
     def read_opt(self, name: str) -> str | None:
         """An attribute that may legitimately be absent: None then. Unreadable is still an error."""
