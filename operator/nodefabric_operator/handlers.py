@@ -20,14 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import kopflog, sinks
 from nodefabric_operator.reconcile import Reconciler
-from nodefabric_operator.topology.shell import Projector
+
+if TYPE_CHECKING:
+    from nodefabric_operator.topology.shell import Projector  # imported only with --topology (cli)
 
 log = logging.getLogger(__name__)
 
