@@ -304,10 +304,7 @@ async def serve(
             await startup.prime(reconciler, opts.sink, opts.namespace)
             if projector is not None:
                 await startup.prime_topology(projector)
-            registry = kopf.OperatorRegistry()
-            handlers.register(
-                registry, sink, topology=projector is not None, watch_nodes=reconciler.watches_nodes
-            )
+            registry = _registry(reconciler, sink, topology=projector is not None)
             log.info(
                 "operator starting",
                 extra={
@@ -352,6 +349,16 @@ async def serve(
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def _registry(reconciler: Reconciler, sink: sinks.Sink, *, topology: bool) -> kopf.OperatorRegistry:
+    """The handlers, and the filter that drops echoes of our own writes before kopf processes them."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, sink, topology=topology, watch_nodes=reconciler.watches_nodes)
+    handlers.echo_filter(reconciler, sink, topology=topology, watch_nodes=reconciler.watches_nodes).attach(
+        registry
+    )
+    return registry
 
 
 def _projector(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> Projector | None:

@@ -1,10 +1,12 @@
-"""One node's reconcile: Devices record -> label set -> sink -> Devices status, one Event, metrics.
+"""One node's reconcile: Devices record -> label set -> sink -> Devices status, an Event, metrics.
 
 Level-based: every pass recomputes from the whole record and compares with the sink object the watch
 delivered (the view), so a repeated pass, a replayed event or an operator restart writes nothing when
-nothing changed, and reads nothing either. What a first sync costs per record: the sink write, the status
-write, one Event. Every Devices event at or below the resourceVersion already handled for that node (a
-replay after a relist, the echo of our own status write) is skipped before the record is even parsed.
+nothing changed, and reads nothing either. What a first sync costs per record: the sink write and the
+status write (a first publication posts no Event: events.py). Every Devices event at or below the
+resourceVersion already handled for that node (a replay after a relist, the echo of our own status
+write) is skipped before the record is even parsed, and before kopf processes it (handlers.EchoFilter);
+so is a sink object event that brings nothing newer than the view (the echo of our own sink write).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Reconciler:
         self.backoffs = tuple(backoffs)
         self.view = SinkView()
         self.ledger = Ledger()
+        self._publishing: dict[str, int] = {}  # node -> reconciles in flight (each may write its sink object)
+        self._held_back: dict[str, Mapping[str, Any]] = {}  # a sink event per node, met meanwhile
+        self._late: set[asyncio.Future[Outcome | None]] = set()
         self.status = StatusWriter(api, sink, domain, self.metrics)
         self.on_node = LabelsOnNode(
             api,
@@ -129,11 +134,66 @@ class Reconciler:
 
     # --- the async shell kopf calls --------------------------------------------------------------------
 
-    async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
+    def devices_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a Devices event carries nothing newer than the version already handled for its node
+        (the echo of our own status write, a replay after a relist): noted, counted, and True, so that
+        neither kopf (see handlers.EchoFilter) nor the reconcile spends anything more on it."""
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.ledger.handled.get(name)):
             self.metrics.skipped.labels(resource=models.PLURAL).inc()
+            return True
+        return False
+
+    def sink_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a sink object event carries nothing newer than the view holds for a node whose record
+        is held (the answer to our own write, already observed; a replay): counted, and True. The view's
+        object was planned against when it was observed (our write made it, or the record's reconcile
+        or a drift check read it), so the drift check sink_event would make again finds nothing.
+
+        While the node's publish is in flight the event may be its own echo, arriving before the write's
+        answer: it is held back (the newest one per node) and judged when the publish ends (`_release`).
+        Anything else (a newer version, a node without a record, an object of another namespace) goes
+        to sink_event."""
+        meta = part(body, "metadata")
+        name, rv = meta.get("name"), version(body)
+        if not isinstance(name, str) or rv is None or name not in self.ledger.records:
+            return False
+        if isinstance(self.sink, sinks.NodeFeatureSink) and meta.get("namespace") != self.sink.namespace:
+            return False
+        if name in self._publishing:
+            waiting = self._held_back.get(name)
+            if waiting is None or not at_or_below(rv, version(waiting)):
+                self._held_back[name] = body
+            return True
+        held = self.view.get(name)
+        if held is None or held.rv is None or not at_or_below(rv, held.rv):
+            return False
+        self.metrics.skipped.labels(resource=self.sink.name).inc()
+        return True
+
+    def _release(self, name: str) -> None:
+        """The node's publish ended: a sink event held back meanwhile is judged now, against the view
+        as the publish left it (dropped as an echo, or handed to sink_event as kopf would have)."""
+        left = self._publishing.pop(name, 1) - 1
+        if left > 0:
+            self._publishing[name] = left
+            return  # another reconcile of the node is under way: its end judges what was held back
+        body = self._held_back.pop(name, None)
+        if body is None or self.sink_echo(body):
+            return
+        task = asyncio.ensure_future(self.sink_event(body))
+        self._late.add(task)  # held until done: the loop keeps only weak references to tasks
+        task.add_done_callback(self._late_done)
+
+    def _late_done(self, task: asyncio.Future[Outcome | None]) -> None:
+        self._late.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("sink object event failed", extra={"error": brief(task.exception() or Exception())})
+
+    async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
+        name, rv = str(part(body, "metadata").get("name", "")), version(body)
+        if self.devices_echo(body):
             return Outcome("skipped")
         try:
             record = prepare(body, self.domain)
@@ -198,6 +258,10 @@ class Reconciler:
         """A watched Node changed (NodeFeature sink): say whether the published labels reached it."""
         return await self.on_node.node_event(body)
 
+    def node_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a Node event (NodeFeature sink) carries nothing newer than the Node held: counted, True."""
+        return self.on_node.echo(body)
+
     def node_deleted(self, body: Mapping[str, Any]) -> None:
         """A Node went: its record goes with it (owned by it), so nothing is written about it."""
         self.on_node.node_deleted(body)
@@ -208,6 +272,13 @@ class Reconciler:
     # --- the reconcile, one node at a time --------------------------------------------------------------
 
     async def _reconcile(self, name: str) -> Outcome:
+        self._publishing[name] = self._publishing.get(name, 0) + 1
+        try:
+            return await self._publish(name)
+        finally:
+            self._release(name)
+
+    async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
             delays = iter(self.backoffs)
             while True:
@@ -245,7 +316,11 @@ class Reconciler:
                 await self._event(
                     record,
                     events.for_changes(
-                        applied.published.target, outcome.changes, self.domain, record.result.failed_links
+                        applied.published.target,
+                        outcome.changes,
+                        self.domain,
+                        record.result.failed_links,
+                        first=record.status.labels_published_time is None,
                     ),
                 )
                 return outcome

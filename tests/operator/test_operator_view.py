@@ -109,6 +109,17 @@ def test_losing_rdma_capability_names_the_failing_links_and_no_other_event_does(
     assert notice is not None and "failing" not in notice.message  # only the capability's loss says why
 
 
+def test_a_first_publication_has_no_event_unless_it_removes_or_replaces_a_value():
+    added = [labels.Change(CAPABLE, None, "true"), labels.Change(NUMA, None, "0")]
+    assert events.for_changes("NodeFeature ns/n1", added, "gpustack.ai", first=True) is None
+    # A value someone else left under our keys, replaced or taken away by the first publication: said.
+    for found in ([labels.Change(NUMA, "7", "0")], [labels.Change(DOMAIN, "nvlink-a", None)]):
+        notice = events.for_changes("NodeFeature ns/n1", added[:1] + found, "gpustack.ai", first=True)
+        assert notice is not None and found[0].describe() in notice.message
+    # Published before: every change has its Event, additions included.
+    assert events.for_changes("NodeFeature ns/n1", added, "gpustack.ai", first=False) is not None
+
+
 def test_no_event_without_changes_and_a_bounded_message():
     assert events.for_changes("Node n1", [], "gpustack.ai") is None
     many = [labels.Change(f"{P}fabric.k{i}", None, "v" * 60) for i in range(100)]
