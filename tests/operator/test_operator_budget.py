@@ -111,6 +111,29 @@ async def test_a_restart_costs_no_request_per_record():
         discovery(k.count() - total, spent)
 
 
+async def test_a_restart_over_a_half_published_fleet_publishes_the_rest_and_posts_no_event():
+    """Records added while the operator was down (or never reached before it stopped): each costs its
+    two writes and no Event (a first publication); the published ones cost nothing."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 2)
+        async with running_operator(k) as metrics:
+            await eventually(lambda: reconciled(metrics, "published") == 2)
+            await settle(k)
+        for name in ("n2", "n3"):
+            await c.node(name)
+            await c.put_devices(gpu_record(name))
+        before = spend(k)
+        async with running_operator(k) as metrics:
+            await eventually(lambda: reconciled(metrics, "published") == 2)
+            await eventually(lambda: reconciled(metrics, "unchanged") == 2)
+            await settle(k)
+        spent = delta(spend(k), before)
+        assert (spent[("POST", NF)], spent[("PATCH", DEVICES)]) == (2, 2)
+        assert ("POST", EVENTS) not in spent
+        for name in ("n2", "n3"):
+            assert (await c.devices(name))["status"]["labelsPublishedTime"]
+
+
 async def test_a_watch_replay_costs_no_request_per_record():
     async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
         await fleet(k)

@@ -56,6 +56,21 @@ def test_a_deletion_older_than_what_we_recreated_keeps_it():
     assert not view.was_deleted("n1")
 
 
+def test_our_write_answered_after_its_deletion_was_delivered_does_not_bring_it_back():
+    """A publish in a worker thread creates the object (7); someone deletes it (8) and the watch delivers
+    the deletion before the create's answer reaches the view: the object stays deleted, so the
+    reconcile the deletion queued creates it again instead of finding it there."""
+    view = SinkView()
+    assert view.forget("n1", "8", remember=True)  # nothing held yet: dropped, and noted
+    assert not view.observe(nf("7"))  # the create's answer, late: older than the deletion
+    assert view.get("n1") is None and view.was_deleted("n1")
+    assert view.observe(nf("9"))  # created again
+    assert not view.was_deleted("n1") and view.get("n1").rv == "9"
+    assert view.forget("n1", "10", remember=True)
+    view.clear_deleted("n1")  # the record went too: nothing of the node is kept
+    assert view.observe(nf("3")) and view.get("n1").rv == "3"
+
+
 def test_a_deletion_for_a_node_without_a_record_leaves_nothing_behind():
     view = SinkView()
     view.observe(nf("3"))
