@@ -304,7 +304,7 @@ async def serve(
             await startup.prime(reconciler, opts.sink, opts.namespace)
             if projector is not None:
                 await startup.prime_topology(projector)
-            registry = _registry(reconciler, sink, topology=projector is not None)
+            registry, running = _registry(reconciler, sink, opts, topology=projector is not None)
             log.info(
                 "operator starting",
                 extra={
@@ -319,7 +319,7 @@ async def serve(
                 try:
                     await kopf.operator(
                         registry=registry,
-                        settings=settings(opts),
+                        settings=running,
                         clusterwide=True,
                         standalone=opts.standalone or elector is not None,
                         peering_name=None if opts.standalone or elector else opts.peering,
@@ -351,14 +351,16 @@ async def serve(
         api.close()  # type: ignore[no-untyped-call]
 
 
-def _registry(reconciler: Reconciler, sink: sinks.Sink, *, topology: bool) -> kopf.OperatorRegistry:
-    """The handlers, and the filter that drops echoes of our own writes before kopf processes them."""
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, sink, topology=topology, watch_nodes=reconciler.watches_nodes)
-    handlers.echo_filter(reconciler, sink, topology=topology, watch_nodes=reconciler.watches_nodes).attach(
-        registry
-    )
-    return registry
+def _registry(
+    reconciler: Reconciler, sink: sinks.Sink, opts: Options, *, topology: bool
+) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
+    """The handlers and kopf's settings, with the filter that drops echoes of our own writes before kopf
+    processes them (handlers.EchoFilter), for the operator run with those settings."""
+    registry, running = kopf.OperatorRegistry(), settings(opts)
+    watched = {"topology": topology, "watch_nodes": reconciler.watches_nodes}
+    handlers.register(registry, sink, **watched)
+    handlers.echo_filter(reconciler, sink, **watched).attach(running)
+    return registry, running
 
 
 def _projector(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> Projector | None:

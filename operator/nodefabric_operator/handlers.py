@@ -21,9 +21,11 @@ where that operator meets one, two of them the echoes of our own writes (the sta
 watch, the sink object we created on its watch). `EchoFilter` answers those before kopf's machinery:
 an event the reconciler recognises as carrying nothing newer than what it holds (the same test the
 handlers make first) is counted and dropped there; everything else, DELETED events always, goes through
-kopf as before. kopf offers no public hook ahead of its processing, so the filter wraps its
-`process_resource_event` (looked up when the operator starts its watchers); on a kopf without it, the
-operator runs unfiltered, only slower.
+kopf as before. kopf offers no public hook ahead of its processing, so the filter wraps its watch
+stream (`infinite_watch`: an echo recognisable on arrival costs kopf no queue and no per-object worker)
+and its `process_resource_event` (an echo that arrived before its write's answer was settled waits in
+the object's queue behind the handler that wrote, and is recognised there); both are looked up when the
+operator starts its watchers. On a kopf without them, the operator runs unfiltered, only slower.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import kopf
@@ -162,7 +164,13 @@ Echo = Callable[[Mapping[str, Any]], bool]  # True: the event was an echo, count
 class EchoFilter:
     """Per resource, the reconciler's test for an event that brings nothing new (see the module's note)."""
 
-    _installed: weakref.WeakKeyDictionary[kopf.OperatorRegistry, EchoFilter] = weakref.WeakKeyDictionary()
+    # By the identity of the settings the operator runs with (a dataclass: compared by value, unhashable),
+    # each entry dropped when those settings go.
+    _installed: dict[int, EchoFilter] = {}
+
+    @classmethod
+    def of(cls, settings: object) -> EchoFilter | None:
+        return cls._installed.get(id(settings))
 
     def __init__(self, tests: Mapping[tuple[str, str], Echo]) -> None:
         self.tests = dict(tests)  # (group, plural) -> test
@@ -174,12 +182,13 @@ class EchoFilter:
         body = raw_event.get("object")
         return isinstance(body, Mapping) and test(body)
 
-    def attach(self, registry: kopf.OperatorRegistry) -> bool:
-        """Filter the events of the operator run with `registry`; False when kopf cannot be hooked."""
-        if not _wrap_processing():
+    def attach(self, settings: kopf.OperatorSettings) -> bool:
+        """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
+        if not (_wrap_processing() and _wrap_watching()):
             log.warning("kopf offers no place to drop echoes of our own writes; every event is processed")
             return False
-        EchoFilter._installed[registry] = self
+        EchoFilter._installed[id(settings)] = self
+        weakref.finalize(settings, EchoFilter._installed.pop, id(settings), None)
         return True
 
 
@@ -199,7 +208,9 @@ def echo_filter(
 
 
 def _wrap_processing() -> bool:
-    """Put the filter ahead of kopf's processing of each resource event, once per process."""
+    """Put the filter ahead of kopf's processing of each resource event, once per process: an echo that
+    arrived before the write's answer was settled waited in the object's queue behind the handler that
+    made the write, so it is recognised here."""
     try:
         from kopf._core.reactor import processing
     except ImportError:
@@ -211,7 +222,7 @@ def _wrap_processing() -> bool:
         return True
 
     async def process_resource_event(**kwargs: Any) -> str | None:
-        found = EchoFilter._installed.get(kwargs.get("registry"))  # type: ignore[arg-type]
+        found = EchoFilter.of(kwargs.get("settings"))
         if found is not None and found.echo(kwargs.get("resource"), kwargs.get("raw_event") or {}):
             return None  # nothing patched: kopf's worker waits for the next event of this object
         result: str | None = await cast(Callable[..., Awaitable[str | None]], original)(**kwargs)
@@ -219,4 +230,30 @@ def _wrap_processing() -> bool:
 
     process_resource_event.nodefabric_echo_filter = True  # type: ignore[attr-defined]
     processing.process_resource_event = process_resource_event  # type: ignore[assignment]
+    return True
+
+
+def _wrap_watching() -> bool:
+    """Put the filter on kopf's watch streams too, once per process: an echo already recognisable when
+    it arrives (its write's answer settled first) then costs kopf no queue, no per-object worker task."""
+    try:
+        from kopf._cogs.clients import watching
+    except ImportError:
+        return False
+    original = getattr(watching, "infinite_watch", None)
+    if original is None:
+        return False
+    if getattr(original, "nodefabric_echo_filter", False):
+        return True
+
+    async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        found = EchoFilter.of(kwargs.get("settings"))
+        resource = kwargs.get("resource")
+        async for event in cast(Callable[..., AsyncIterator[Any]], original)(**kwargs):
+            if found is not None and isinstance(event, Mapping) and found.echo(resource, event):
+                continue
+            yield event
+
+    infinite_watch.nodefabric_echo_filter = True  # type: ignore[attr-defined]
+    watching.infinite_watch = infinite_watch  # type: ignore[assignment]
     return True
