@@ -146,10 +146,12 @@ class Reconciler:
         return False
 
     def sink_echo(self, body: Mapping[str, Any]) -> bool:
-        """Whether a sink object event carries nothing newer than the view holds for a node whose record
-        is held (the answer to our own write, already observed; a replay): counted, and True. The view's
-        object was planned against when it was observed (our write made it, or the record's reconcile
-        or a drift check read it), so the drift check sink_event would make again finds nothing.
+        """Whether a sink object event carries nothing newer than the view holds (the answer to our own
+        write, already observed; a replay; on a restart, the listing of what the start read): counted,
+        and True. The view's object was planned against when it was observed (our write made it, or the
+        record's reconcile or a drift check read it), and a record listed later plans against it, so the
+        drift check sink_event would make finds nothing. For a sink that withdraws labels itself (the
+        Node's), an object whose record is not held still goes to sink_event, which may withdraw them.
 
         While the node's publish is in flight the event may be its own echo, arriving before the write's
         answer: it is held back (the newest one per node) and judged when the publish ends (`_release`).
@@ -157,8 +159,10 @@ class Reconciler:
         to sink_event."""
         meta = part(body, "metadata")
         name, rv = meta.get("name"), version(body)
-        if not isinstance(name, str) or rv is None or name not in self.ledger.records:
+        if not isinstance(name, str) or rv is None:
             return False
+        if name not in self.ledger.records and self.sink.withdraws:
+            return False  # sink_event may withdraw labels whose record is gone (the Node sink)
         if isinstance(self.sink, sinks.NodeFeatureSink) and meta.get("namespace") != self.sink.namespace:
             return False
         if name in self._publishing:

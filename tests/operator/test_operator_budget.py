@@ -105,6 +105,8 @@ async def test_a_restart_costs_no_request_per_record():
             await eventually(lambda: reconciled(metrics, "unchanged") == N)
             await settle(k)
             assert reconciled(metrics, "published") == 0
+            # kopf's listing of the NodeFeatures and Nodes is what the start read: dropped unprocessed.
+            assert skipped(metrics, "nodefeature") == N and skipped(metrics, "nodes") == N
         spent = delta(spend(k), before)
         # The start's lists and watches only.
         assert spent == {("GET", NF): 3, ("GET", DEVICES): 2, ("GET", NODES): 3}
