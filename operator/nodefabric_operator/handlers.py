@@ -199,11 +199,11 @@ def echo_filter(
     topology projector reads them too (it keeps its own account of every Node event)."""
     tests: dict[tuple[str, str], Echo] = {(models.GROUP, models.PLURAL): rec.devices_echo}
     if isinstance(sink, sinks.NodeSink) and not topology:
-        tests["", "nodes"] = rec.sink_echo
+        tests["", "nodes"] = rec.echoes.echo
     elif isinstance(sink, sinks.NodeFeatureSink):
-        tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.sink_echo
+        tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.echoes.echo
         if watch_nodes and not topology:
-            tests["", "nodes"] = rec.node_echo
+            tests["", "nodes"] = rec.on_node.echo
     return EchoFilter(tests)
 
 

@@ -23,6 +23,7 @@ import urllib3
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import events, labels, sinks
+from nodefabric_operator.echoes import SinkEchoes
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import (
@@ -72,10 +73,8 @@ class Reconciler:
         self.backoffs = tuple(backoffs)
         self.view = SinkView()
         self.ledger = Ledger()
-        self._publishing: dict[str, int] = {}  # node -> reconciles in flight (each may write its sink object)
-        self._held_back: dict[str, Mapping[str, Any]] = {}  # a sink event per node, met meanwhile
-        self._late: set[asyncio.Future[Outcome | None]] = set()
         self.status = StatusWriter(api, sink, domain, self.metrics)
+        self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
             api,
             sink,
@@ -135,65 +134,14 @@ class Reconciler:
     # --- the async shell kopf calls --------------------------------------------------------------------
 
     def devices_echo(self, body: Mapping[str, Any]) -> bool:
-        """Whether a Devices event carries nothing newer than the version already handled for its node
-        (the echo of our own status write, a replay after a relist): noted, counted, and True, so that
-        neither kopf (see handlers.EchoFilter) nor the reconcile spends anything more on it."""
+        """Whether a Devices event is no newer than the version handled (our status write's echo, a
+        replay): noted, counted, True; neither kopf (handlers.EchoFilter) nor a reconcile sees it."""
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.ledger.handled.get(name)):
             self.metrics.skipped.labels(resource=models.PLURAL).inc()
             return True
         return False
-
-    def sink_echo(self, body: Mapping[str, Any]) -> bool:
-        """Whether a sink object event carries nothing newer than the view holds (the answer to our own
-        write, already observed; a replay; on a restart, the listing of what the start read): counted,
-        and True. The view's object was planned against when it was observed (our write made it, or the
-        record's reconcile or a drift check read it), and a record listed later plans against it, so the
-        drift check sink_event would make finds nothing. For a sink that withdraws labels itself (the
-        Node's), an object whose record is not held still goes to sink_event, which may withdraw them.
-
-        While the node's publish is in flight the event may be its own echo, arriving before the write's
-        answer: it is held back (the newest one per node) and judged when the publish ends (`_release`).
-        Anything else (a newer version, a node without a record, an object of another namespace) goes
-        to sink_event."""
-        meta = part(body, "metadata")
-        name, rv = meta.get("name"), version(body)
-        if not isinstance(name, str) or rv is None:
-            return False
-        if name not in self.ledger.records and self.sink.withdraws:
-            return False  # sink_event may withdraw labels whose record is gone (the Node sink)
-        if isinstance(self.sink, sinks.NodeFeatureSink) and meta.get("namespace") != self.sink.namespace:
-            return False
-        if name in self._publishing:
-            waiting = self._held_back.get(name)
-            if waiting is None or not at_or_below(rv, version(waiting)):
-                self._held_back[name] = body
-            return True
-        held = self.view.get(name)
-        if held is None or held.rv is None or not at_or_below(rv, held.rv):
-            return False
-        self.metrics.skipped.labels(resource=self.sink.name).inc()
-        return True
-
-    def _release(self, name: str) -> None:
-        """The node's publish ended: a sink event held back meanwhile is judged now, against the view
-        as the publish left it (dropped as an echo, or handed to sink_event as kopf would have)."""
-        left = self._publishing.pop(name, 1) - 1
-        if left > 0:
-            self._publishing[name] = left
-            return  # another reconcile of the node is under way: its end judges what was held back
-        body = self._held_back.pop(name, None)
-        if body is None or self.sink_echo(body):
-            return
-        task = asyncio.ensure_future(self.sink_event(body))
-        self._late.add(task)  # held until done: the loop keeps only weak references to tasks
-        task.add_done_callback(self._late_done)
-
-    def _late_done(self, task: asyncio.Future[Outcome | None]) -> None:
-        self._late.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("sink object event failed", extra={"error": brief(task.exception() or Exception())})
 
     async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
@@ -262,10 +210,6 @@ class Reconciler:
         """A watched Node changed (NodeFeature sink): say whether the published labels reached it."""
         return await self.on_node.node_event(body)
 
-    def node_echo(self, body: Mapping[str, Any]) -> bool:
-        """Whether a Node event (NodeFeature sink) carries nothing newer than the Node held: counted, True."""
-        return self.on_node.echo(body)
-
     def node_deleted(self, body: Mapping[str, Any]) -> None:
         """A Node went: its record goes with it (owned by it), so nothing is written about it."""
         self.on_node.node_deleted(body)
@@ -276,11 +220,8 @@ class Reconciler:
     # --- the reconcile, one node at a time --------------------------------------------------------------
 
     async def _reconcile(self, name: str) -> Outcome:
-        self._publishing[name] = self._publishing.get(name, 0) + 1
-        try:
+        with self.echoes.publishing(name):
             return await self._publish(name)
-        finally:
-            self._release(name)
 
     async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
@@ -317,16 +258,7 @@ class Reconciler:
                 finally:
                     self.metrics.duration.observe(time.perf_counter() - started)
                 outcome = self._settle(record, applied)
-                await self._event(
-                    record,
-                    events.for_changes(
-                        applied.published.target,
-                        outcome.changes,
-                        self.domain,
-                        record.result.failed_links,
-                        first=record.status.labels_published_time is None,
-                    ),
-                )
+                await self._event(record, _notice(record, applied, outcome, self.domain))
                 return outcome
 
     def _settle(self, before: NodeRecord, applied: Applied) -> Outcome:
@@ -418,6 +350,13 @@ class Reconciler:
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
             await asyncio.to_thread(self.recorder.post, record.ref(), notice)
+
+
+def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str) -> events.Notice | None:
+    """The Event of a publish; none for a record's first one (events.py)."""
+    first = record.status.labels_published_time is None
+    target, links = applied.published.target, record.result.failed_links
+    return events.for_changes(target, outcome.changes, domain, links, first=first)
 
 
 class Requeue:

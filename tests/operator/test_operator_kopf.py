@@ -342,10 +342,10 @@ async def test_a_sink_event_met_while_its_publish_is_in_flight_is_judged_when_it
         ours = await c.nodefeature("n1")
         skipped = rec.metrics.skipped.labels(resource="nodefeature")._value.get
 
-        rec._publishing["n1"] = 1  # a publish of n1 under way
-        assert rec.sink_echo(ours)  # held back, not yet judged
-        rec._release("n1")
-        assert skipped() == 1 and not rec._late  # our own write's echo: dropped
+        rec.echoes.begin("n1")  # a publish of n1 under way
+        assert rec.echoes.echo(ours)  # held back, not yet judged
+        rec.echoes.end("n1")
+        assert skipped() == 1 and not rec.echoes.running  # our own write's echo: dropped
 
         edited = await asyncio.to_thread(
             c.custom.patch_namespaced_custom_object,
@@ -356,12 +356,13 @@ async def test_a_sink_event_met_while_its_publish_is_in_flight_is_judged_when_it
             "n1",
             {"spec": {"labels": {CAPABLE: None}}},
         )
-        rec._publishing["n1"] = 2  # two reconciles of n1 under way
-        assert rec.sink_echo(edited) and rec.sink_echo(ours)  # the newer one is kept
-        rec._release("n1")
-        assert not rec._late  # the other reconcile is still under way: it judges them
-        rec._release("n1")
-        await asyncio.gather(*list(rec._late))
+        rec.echoes.begin("n1")  # two reconciles of n1 under way
+        rec.echoes.begin("n1")
+        assert rec.echoes.echo(edited) and rec.echoes.echo(ours)  # the newer one is kept
+        rec.echoes.end("n1")
+        assert not rec.echoes.running  # the other reconcile is still under way: it judges them
+        rec.echoes.end("n1")
+        await asyncio.gather(*list(rec.echoes.running))
         assert await nf_labels(c) == FULL  # the edit was no echo: repaired
         assert skipped() == 1
         api.close()
