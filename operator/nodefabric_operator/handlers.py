@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import kopf
@@ -249,10 +249,12 @@ def _wrap_watching() -> bool:
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         found = EchoFilter.of(kwargs.get("settings"))
         resource = kwargs.get("resource")
-        async for event in cast(Callable[..., AsyncIterator[Any]], original)(**kwargs):
-            if found is not None and isinstance(event, Mapping) and found.echo(resource, event):
-                continue
-            yield event
+        stream = cast(Callable[..., AsyncGenerator[Any, None]], original)(**kwargs)
+        async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
+            async for event in stream:
+                if found is not None and isinstance(event, Mapping) and found.echo(resource, event):
+                    continue
+                yield event
 
     infinite_watch.nodefabric_echo_filter = True  # type: ignore[attr-defined]
     watching.infinite_watch = infinite_watch  # type: ignore[assignment]
