@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import kopf
 import kubernetes
@@ -39,8 +40,11 @@ from nodefabric_operator import events, handlers, labels, leader, prune, sinks, 
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 from nodefabric_operator.recorder import Recorder
-from nodefabric_operator.topology import levels as topology_levels
-from nodefabric_operator.topology.shell import Projector, TopologyOptions, parse_targets
+
+if TYPE_CHECKING:
+    # Imported when --topology asks for it: the topology package (and the extender modules it reads
+    # the fabric with) costs 0.1-0.2 s of CPU to import, a tenth of a restart over 500 records.
+    from nodefabric_operator.topology.shell import Projector, TopologyOptions
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +200,9 @@ def options(args: argparse.Namespace) -> Options:
 def topology_options(args: argparse.Namespace, domain: str) -> TopologyOptions | None:
     if not args.topology:
         return None
+    from nodefabric_operator.topology import levels as topology_levels
+    from nodefabric_operator.topology.shell import TopologyOptions, parse_targets
+
     try:
         targets = parse_targets(args.topology_targets)
         if args.topology_levels is None:
@@ -274,11 +281,7 @@ async def serve(
             recorder=Recorder(api, instance(), metrics),
             backoffs=opts.backoffs,
         )
-        projector = (
-            None
-            if opts.topology is None
-            else Projector(api, opts.topology, metrics, Recorder(api, instance(), metrics))
-        )
+        projector = _projector(opts, api, metrics)
         endpoints = shell.ProbeServer(
             Listen(opts.bind_address, opts.metrics_port, opts.health_port),
             metrics=metrics.exposition,
@@ -301,10 +304,7 @@ async def serve(
             await startup.prime(reconciler, opts.sink, opts.namespace)
             if projector is not None:
                 await startup.prime_topology(projector)
-            registry = kopf.OperatorRegistry()
-            handlers.register(
-                registry, sink, topology=projector is not None, watch_nodes=reconciler.watches_nodes
-            )
+            registry, running = _registry(reconciler, sink, opts, topology=projector is not None)
             log.info(
                 "operator starting",
                 extra={
@@ -319,7 +319,7 @@ async def serve(
                 try:
                     await kopf.operator(
                         registry=registry,
-                        settings=settings(opts),
+                        settings=running,
                         clusterwide=True,
                         standalone=opts.standalone or elector is not None,
                         peering_name=None if opts.standalone or elector else opts.peering,
@@ -349,6 +349,26 @@ async def serve(
             await endpoints.stop()
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def _registry(
+    reconciler: Reconciler, sink: sinks.Sink, opts: Options, *, topology: bool
+) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
+    """The handlers and kopf's settings, with the filter that drops echoes of our own writes before kopf
+    processes them (handlers.EchoFilter), for the operator run with those settings."""
+    registry, running = kopf.OperatorRegistry(), settings(opts)
+    watched = {"topology": topology, "watch_nodes": reconciler.watches_nodes}
+    handlers.register(registry, sink, **watched)
+    handlers.echo_filter(reconciler, sink, **watched).attach(running)
+    return registry, running
+
+
+def _projector(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> Projector | None:
+    if opts.topology is None:
+        return None
+    from nodefabric_operator.topology.shell import Projector
+
+    return Projector(api, opts.topology, metrics, Recorder(api, instance(), metrics))
 
 
 async def _reach(

@@ -1,8 +1,11 @@
 """The Kubernetes Event one reconcile posts on the Devices object: a pure decision, posted by the shell.
 
-One Event per reconcile that changed labels (not one per label), so a first sync of N records posts N
-Events. Losing what schedulers select on is a Warning: `rdma.capable` going away takes the node out of
-every RDMA job, and a `fabric.` key going away breaks group placement on the fabric domain.
+One Event per reconcile that changed labels already published (not one per label). A record's first
+publication posts none: on an install that was one Event per node at once (a third of a first sync's
+requests, and as many objects for the API server to keep for an hour) saying what the record's status
+already says (`labels`, `labelsPublishedTime`, the LabelsPublished condition) and the operator logs.
+Losing what schedulers select on is a Warning: `rdma.capable` going away takes the node out of every
+RDMA job, and a `fabric.` key going away breaks group placement on the fabric domain.
 """
 
 from __future__ import annotations
@@ -37,11 +40,19 @@ LINKS_SHOWN = 5
 
 
 def for_changes(
-    target: str, changes: Sequence[labels.Change], domain: str, failed_links: Sequence[str] = ()
+    target: str,
+    changes: Sequence[labels.Change],
+    domain: str,
+    failed_links: Sequence[str] = (),
+    *,
+    first: bool = False,
 ) -> Notice | None:
-    """The Event for one reconcile's label changes on `target`, or None when nothing changed. Losing
-    `rdma.capable` also says why: the failing links the record names, or that no endpoint is left."""
-    if not changes:
+    """The Event for one reconcile's label changes on `target`, or None when nothing changed, or when
+    `first` (the record was never published) and every change adds a key: a first publication is told
+    by the record's status, not by an Event (see the module's note); one that removes or replaces a
+    value someone else left under our keys still says so. Losing `rdma.capable` also says why: the
+    failing links the record names, or that no endpoint is left."""
+    if not changes or (first and all(c.old is None for c in changes)):
         return None
     removed = [c.key for c in changes if c.new is None]
     if labels.key(domain, labels.RDMA_CAPABLE) in removed:

@@ -13,6 +13,19 @@ kopf builds a diff base (a deep copy of the body less its status) for every even
 clears its progress marks from it, even for an operator with no change handlers, whose only consumer it
 is. `NoDiffBase` builds nothing: a fifth of a first sync's CPU (three events per record) went there.
 `register` is the one place handlers are added, and it adds only event handlers.
+
+kopf hands every event through its per-event machinery (a worker queue, body and patch wrappers, three
+loggers, cause detection, handler selection) before the handler sees it: about a millisecond each here,
+as much as a do-nothing kopf operator spends on a record. A first sync meets three events per record
+where that operator meets one, two of them the echoes of our own writes (the status write on the Devices
+watch, the sink object we created on its watch). `EchoFilter` answers those before kopf's machinery:
+an event the reconciler recognises as carrying nothing newer than what it holds (the same test the
+handlers make first) is counted and dropped there; everything else, DELETED events always, goes through
+kopf as before. kopf offers no public hook ahead of its processing, so the filter wraps its watch
+stream (`infinite_watch`: an echo recognisable on arrival costs kopf no queue and no per-object worker)
+and its `process_resource_event` (an echo that arrived before its write's answer was settled waits in
+the object's queue behind the handler that wrote, and is recognised there); both are looked up when the
+operator starts its watchers. On a kopf without them, the operator runs unfiltered, only slower.
 """
 
 from __future__ import annotations
@@ -20,14 +33,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, cast
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import kopflog, sinks
 from nodefabric_operator.reconcile import Reconciler
-from nodefabric_operator.topology.shell import Projector
+
+if TYPE_CHECKING:
+    from nodefabric_operator.topology.shell import Projector  # imported only with --topology (cli)
 
 log = logging.getLogger(__name__)
 
@@ -139,3 +156,106 @@ def register(
         kopf.on.startup(registry=registry)(topology_start)
         kopf.on.cleanup(registry=registry)(topology_stop)
         kopf.on.event("", "v1", "nodes", registry=registry)(on_node_topology)
+
+
+Echo = Callable[[Mapping[str, Any]], bool]  # True: the event was an echo, counted and dropped
+
+
+class EchoFilter:
+    """Per resource, the reconciler's test for an event that brings nothing new (see the module's note)."""
+
+    # By the identity of the settings the operator runs with (a dataclass: compared by value, unhashable),
+    # each entry dropped when those settings go.
+    _installed: dict[int, EchoFilter] = {}
+
+    @classmethod
+    def of(cls, settings: object) -> EchoFilter | None:
+        return cls._installed.get(id(settings))
+
+    def __init__(self, tests: Mapping[tuple[str, str], Echo]) -> None:
+        self.tests = dict(tests)  # (group, plural) -> test
+
+    def echo(self, resource: Any, raw_event: Mapping[str, Any]) -> bool:
+        test = self.tests.get((str(getattr(resource, "group", "")), str(getattr(resource, "plural", ""))))
+        if test is None or raw_event.get("type") == "DELETED":
+            return False
+        body = raw_event.get("object")
+        return isinstance(body, Mapping) and test(body)
+
+    def attach(self, settings: kopf.OperatorSettings) -> bool:
+        """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
+        if not (_wrap_processing() and _wrap_watching()):
+            log.warning("kopf offers no place to drop echoes of our own writes; every event is processed")
+            return False
+        EchoFilter._installed[id(settings)] = self
+        weakref.finalize(settings, EchoFilter._installed.pop, id(settings), None)
+        return True
+
+
+def echo_filter(
+    rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_nodes: bool = False
+) -> EchoFilter:
+    """The tests for what `register` watched with the same arguments. Nodes are left to kopf when the
+    topology projector reads them too (it keeps its own account of every Node event)."""
+    tests: dict[tuple[str, str], Echo] = {(models.GROUP, models.PLURAL): rec.devices_echo}
+    if isinstance(sink, sinks.NodeSink) and not topology:
+        tests["", "nodes"] = rec.echoes.echo
+    elif isinstance(sink, sinks.NodeFeatureSink):
+        tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.echoes.echo
+        if watch_nodes and not topology:
+            tests["", "nodes"] = rec.on_node.echo
+    return EchoFilter(tests)
+
+
+def _wrap_processing() -> bool:
+    """Put the filter ahead of kopf's processing of each resource event, once per process: an echo that
+    arrived before the write's answer was settled waited in the object's queue behind the handler that
+    made the write, so it is recognised here."""
+    try:
+        from kopf._core.reactor import processing
+    except ImportError:
+        return False
+    original = getattr(processing, "process_resource_event", None)
+    if original is None:
+        return False
+    if getattr(original, "nodefabric_echo_filter", False):
+        return True
+
+    async def process_resource_event(**kwargs: Any) -> str | None:
+        found = EchoFilter.of(kwargs.get("settings"))
+        if found is not None and found.echo(kwargs.get("resource"), kwargs.get("raw_event") or {}):
+            return None  # nothing patched: kopf's worker waits for the next event of this object
+        result: str | None = await cast(Callable[..., Awaitable[str | None]], original)(**kwargs)
+        return result
+
+    process_resource_event.nodefabric_echo_filter = True  # type: ignore[attr-defined]
+    processing.process_resource_event = process_resource_event  # type: ignore[assignment]
+    return True
+
+
+def _wrap_watching() -> bool:
+    """Put the filter on kopf's watch streams too, once per process: an echo already recognisable when
+    it arrives (its write's answer settled first) then costs kopf no queue, no per-object worker task."""
+    try:
+        from kopf._cogs.clients import watching
+    except ImportError:
+        return False
+    original = getattr(watching, "infinite_watch", None)
+    if original is None:
+        return False
+    if getattr(original, "nodefabric_echo_filter", False):
+        return True
+
+    async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        found = EchoFilter.of(kwargs.get("settings"))
+        resource = kwargs.get("resource")
+        stream = cast(Callable[..., AsyncGenerator[Any, None]], original)(**kwargs)
+        async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
+            async for event in stream:
+                if found is not None and isinstance(event, Mapping) and found.echo(resource, event):
+                    continue
+                yield event
+
+    infinite_watch.nodefabric_echo_filter = True  # type: ignore[attr-defined]
+    watching.infinite_watch = infinite_watch  # type: ignore[assignment]
+    return True

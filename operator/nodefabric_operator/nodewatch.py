@@ -18,7 +18,7 @@ from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import Outcome, brief, node_snapshot, now, on_node_false
 from nodefabric_operator.statuswriter import NOT_WATCHED, NotWatched, StatusWriter, Superseded
-from nodefabric_operator.view import SinkObject, SinkView
+from nodefabric_operator.view import SinkObject, SinkView, at_or_below, part, version
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,18 @@ class LabelsOnNode:
         if self.nodes is None:
             return NOT_WATCHED
         return self.nodes.get(name)
+
+    def echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a Node event carries nothing newer than the Node held (the listing after the start's
+        own, a replay): counted, and True; node_event would do nothing more with it."""
+        if self.nodes is None:
+            return False
+        meta = part(body, "metadata")
+        held, rv = self.nodes.get(str(meta.get("name", ""))), version(body)
+        if held is None or rv is None or not at_or_below(rv, held.rv):
+            return False
+        self.metrics.skipped.labels(resource="nodes").inc()
+        return True
 
     async def node_event(self, body: Mapping[str, Any]) -> Outcome | None:
         if self.nodes is None:

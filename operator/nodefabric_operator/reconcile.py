@@ -1,10 +1,12 @@
-"""One node's reconcile: Devices record -> label set -> sink -> Devices status, one Event, metrics.
+"""One node's reconcile: Devices record -> label set -> sink -> Devices status, an Event, metrics.
 
 Level-based: every pass recomputes from the whole record and compares with the sink object the watch
 delivered (the view), so a repeated pass, a replayed event or an operator restart writes nothing when
-nothing changed, and reads nothing either. What a first sync costs per record: the sink write, the status
-write, one Event. Every Devices event at or below the resourceVersion already handled for that node (a
-replay after a relist, the echo of our own status write) is skipped before the record is even parsed.
+nothing changed, and reads nothing either. What a first sync costs per record: the sink write and the
+status write (a first publication posts no Event: events.py). Every Devices event at or below the
+resourceVersion already handled for that node (a replay after a relist, the echo of our own status
+write) is skipped before the record is even parsed, and before kopf processes it (handlers.EchoFilter);
+so is a sink object event that brings nothing newer than the view (the echo of our own sink write).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import urllib3
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import events, labels, sinks
+from nodefabric_operator.echoes import SinkEchoes
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import (
@@ -71,6 +74,7 @@ class Reconciler:
         self.view = SinkView()
         self.ledger = Ledger()
         self.status = StatusWriter(api, sink, domain, self.metrics)
+        self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
             api,
             sink,
@@ -129,11 +133,19 @@ class Reconciler:
 
     # --- the async shell kopf calls --------------------------------------------------------------------
 
-    async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
+    def devices_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a Devices event is no newer than the version handled (our status write's echo, a
+        replay): noted, counted, True; neither kopf (handlers.EchoFilter) nor a reconcile sees it."""
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.ledger.handled.get(name)):
             self.metrics.skipped.labels(resource=models.PLURAL).inc()
+            return True
+        return False
+
+    async def devices_event(self, body: Mapping[str, Any]) -> Outcome:
+        name, rv = str(part(body, "metadata").get("name", "")), version(body)
+        if self.devices_echo(body):
             return Outcome("skipped")
         try:
             record = prepare(body, self.domain)
@@ -208,6 +220,10 @@ class Reconciler:
     # --- the reconcile, one node at a time --------------------------------------------------------------
 
     async def _reconcile(self, name: str) -> Outcome:
+        with self.echoes.publishing(name):
+            return await self._publish(name)
+
+    async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
             delays = iter(self.backoffs)
             while True:
@@ -242,12 +258,7 @@ class Reconciler:
                 finally:
                     self.metrics.duration.observe(time.perf_counter() - started)
                 outcome = self._settle(record, applied)
-                await self._event(
-                    record,
-                    events.for_changes(
-                        applied.published.target, outcome.changes, self.domain, record.result.failed_links
-                    ),
-                )
+                await self._event(record, _notice(record, applied, outcome, self.domain))
                 return outcome
 
     def _settle(self, before: NodeRecord, applied: Applied) -> Outcome:
@@ -339,6 +350,13 @@ class Reconciler:
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
             await asyncio.to_thread(self.recorder.post, record.ref(), notice)
+
+
+def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str) -> events.Notice | None:
+    """The Event of a publish; none for a record's first one (events.py)."""
+    first = record.status.labels_published_time is None
+    target, links = applied.published.target, record.result.failed_links
+    return events.for_changes(target, outcome.changes, domain, links, first=first)
 
 
 class Requeue:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import kubernetes
@@ -16,7 +17,9 @@ from nodefabric_devicemanager.shell.errors import StartupError as StartupError  
 from nodefabric_devicemanager.shell.errors import first_line as first_line  # noqa: PLC0414
 from nodefabric_operator import sinks
 from nodefabric_operator.reconcile import Reconciler
-from nodefabric_operator.topology.shell import Projector
+
+if TYPE_CHECKING:
+    from nodefabric_operator.topology.shell import Projector  # imported only with --topology (cli)
 
 PROBE_TIMEOUT = 5.0  # one discovery request at start
 

@@ -77,6 +77,10 @@ class SinkView:
     def __init__(self) -> None:
         self._objects: dict[str, SinkObject] = {}
         self._deleted: set[str] = set()
+        # node -> the version its deletion was delivered at, while its record exists: the answer to a
+        # write made before that deletion can reach the view after it (a publish in a worker thread
+        # while the watch delivers the DELETED event), and must not make the object exist again.
+        self._gone: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -89,8 +93,12 @@ class SinkView:
         held = self._objects.get(obj.name)
         if held is not None and at_or_below(obj.rv, held.rv):
             return False
+        gone = self._gone.get(obj.name)
+        if gone is not None and at_or_below(obj.rv, gone):
+            return False  # deleted since: still deleted
         self._objects[obj.name] = obj
         self._deleted.discard(obj.name)
+        self._gone.pop(obj.name, None)
         return True
 
     def forget(self, name: str, rv: str | None, *, remember: bool) -> bool:
@@ -104,11 +112,14 @@ class SinkView:
         self._objects.pop(name, None)
         if remember:
             self._deleted.add(name)
+            if rv is not None:
+                self._gone[name] = rv
         return True
 
     def clear_deleted(self, name: str) -> None:
         """The node's record is gone: a later record for it starts without the deletion note."""
         self._deleted.discard(name)
+        self._gone.pop(name, None)
 
     def was_deleted(self, name: str) -> bool:
         """Whether the watch saw this node's object deleted and nothing has replaced it since: creating it

@@ -56,6 +56,21 @@ def test_a_deletion_older_than_what_we_recreated_keeps_it():
     assert not view.was_deleted("n1")
 
 
+def test_our_write_answered_after_its_deletion_was_delivered_does_not_bring_it_back():
+    """A publish in a worker thread creates the object (7); someone deletes it (8) and the watch delivers
+    the deletion before the create's answer reaches the view: the object stays deleted, so the
+    reconcile the deletion queued creates it again instead of finding it there."""
+    view = SinkView()
+    assert view.forget("n1", "8", remember=True)  # nothing held yet: dropped, and noted
+    assert not view.observe(nf("7"))  # the create's answer, late: older than the deletion
+    assert view.get("n1") is None and view.was_deleted("n1")
+    assert view.observe(nf("9"))  # created again
+    assert not view.was_deleted("n1") and view.get("n1").rv == "9"
+    assert view.forget("n1", "10", remember=True)
+    view.clear_deleted("n1")  # the record went too: nothing of the node is kept
+    assert view.observe(nf("3")) and view.get("n1").rv == "3"
+
+
 def test_a_deletion_for_a_node_without_a_record_leaves_nothing_behind():
     view = SinkView()
     view.observe(nf("3"))
@@ -107,6 +122,17 @@ def test_losing_rdma_capability_names_the_failing_links_and_no_other_event_does(
     numa = [labels.Change(NUMA, "0", None)]
     notice = events.for_changes("Node n1", numa, "gpustack.ai", links)
     assert notice is not None and "failing" not in notice.message  # only the capability's loss says why
+
+
+def test_a_first_publication_has_no_event_unless_it_removes_or_replaces_a_value():
+    added = [labels.Change(CAPABLE, None, "true"), labels.Change(NUMA, None, "0")]
+    assert events.for_changes("NodeFeature ns/n1", added, "gpustack.ai", first=True) is None
+    # A value someone else left under our keys, replaced or taken away by the first publication: said.
+    for found in ([labels.Change(NUMA, "7", "0")], [labels.Change(DOMAIN, "nvlink-a", None)]):
+        notice = events.for_changes("NodeFeature ns/n1", added[:1] + found, "gpustack.ai", first=True)
+        assert notice is not None and found[0].describe() in notice.message
+    # Published before: every change has its Event, additions included.
+    assert events.for_changes("NodeFeature ns/n1", added, "gpustack.ai", first=False) is not None
 
 
 def test_no_event_without_changes_and_a_bounded_message():
