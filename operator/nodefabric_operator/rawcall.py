@@ -11,7 +11,10 @@ The request is built here rather than by `ApiClient.param_serialize`, which walk
 to "sanitize" it and then asks for the token through the configuration's refresh hook: the kubeconfig
 and in-cluster loaders' hook sets the configuration's host again on every call, and the client answers
 that by reading every proxy variable of the environment. Together that was a quarter of a first sync's
-request CPU; the hook is called here at most once a second (the tokens it refreshes last minutes).
+request CPU; the hook is called here at most once a second (the tokens it refreshes last minutes), and
+at once when the API server answers 401, the request then sent once more: a credential that expired
+inside that second (an exec plugin's token is refreshed only once expired) costs a retry, not a failed
+reconcile.
 """
 
 from __future__ import annotations
@@ -42,14 +45,15 @@ def status_of(err: BaseException) -> int:
     return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
 
 
-def authorization(config: Any, clock: Any = time.monotonic) -> str | None:
+def authorization(config: Any, clock: Any = time.monotonic, *, now_due: bool = False) -> str | None:
     """The Authorization header's value, as `Configuration.get_api_key_with_prefix` gives it, with the
-    refresh hook run at most once per REFRESH_S for this configuration (see the module's note)."""
+    refresh hook run at most once per REFRESH_S for this configuration (see the module's note), or at
+    once when `now_due` (the API server refused the credential)."""
     hook = config.refresh_api_key_hook
     if hook is not None:
         with _refreshing:
             now = clock()
-            due = now - _refreshed.get(config, -REFRESH_S) >= REFRESH_S
+            due = now_due or now - _refreshed.get(config, -REFRESH_S) >= REFRESH_S
             if due:
                 _refreshed[config] = now
         if due:
@@ -83,10 +87,30 @@ def send(
     headers = {**api.default_headers, "Accept": JSON, "Content-Type": content_type}
     if api.cookie:
         headers["Cookie"] = api.cookie
-    token = authorization(config)
-    if token:
-        headers["authorization"] = token
     data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+    token = authorization(config)
+    try:
+        return _request(api, method, url, headers, data, token=token)
+    except kubernetes.client.ApiException as err:
+        if err.status != 401 or config.refresh_api_key_hook is None:
+            raise
+    # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
+    # more (safe for any method: authentication refuses a request before anything acts on it). A 401 is
+    # no transient error to the callers, so without this it would fail the reconcile.
+    return _request(api, method, url, headers, data, token=authorization(config, now_due=True))
+
+
+def _request(
+    api: kubernetes.client.ApiClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    data: bytes | None,
+    *,
+    token: str | None,
+) -> bytes:
+    if token:
+        headers = {**headers, "authorization": token}
     try:
         raw = api.rest_client.pool_manager.request(
             method, url, body=data, headers=headers, preload_content=False, timeout=None
