@@ -146,7 +146,9 @@ def register(
         def in_our_namespace(namespace: str | None, **_: Any) -> bool:
             return namespace == ours  # nfd-worker keeps its own NodeFeature per node elsewhere
 
-        where: dict[str, Any] = {"labels": {sinks.NFD_NODE_NAME: kopf.PRESENT}, "when": in_our_namespace}
+        # Not filtered by the node-name label nfd-master selects by: one of ours stripped of it (which takes
+        # our labels off the node) must reach the drift check, which tags it again.
+        where: dict[str, Any] = {"when": in_our_namespace}
         nodefeatures = (sinks.NFD_GROUP, sinks.NFD_VERSION, sinks.NFD_PLURAL)
         kopf.on.event(*nodefeatures, registry=registry, **where)(on_sink_object)
         if watch_nodes:

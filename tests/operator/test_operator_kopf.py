@@ -545,3 +545,32 @@ async def test_a_foreign_key_in_our_nodefeature_survives_our_writes():
 async def _status_labels(c: Client, want: dict[str, str]) -> bool:
     """The status write follows the NodeFeature write: wait for it rather than for a quiet moment."""
     return (await c.devices("n1")).get("status", {}).get("labels") == want
+
+
+async def test_a_nodefeature_stripped_of_its_node_name_label_is_tagged_again():
+    """nfd-master reads a NodeFeature only by its `nfd.node.kubernetes.io/node-name` label: someone who
+    removes it from ours takes every label we publish off the node. That edit is no echo and no event to
+    ignore: the operator puts the label back, as it puts back a label of ours."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node())
+        async with running_operator(k):
+            await eventually(lambda: published(c))
+            await settle(k)
+            await asyncio.to_thread(
+                c.custom.patch_namespaced_custom_object,
+                "nfd.k8s-sigs.io",
+                "v1alpha1",
+                NS,
+                "nodefeatures",
+                "n1",
+                {"metadata": {"labels": {sinks.NFD_NODE_NAME: None}}},
+            )
+
+            async def tagged() -> bool:
+                nf = await c.nodefeature("n1")
+                return nf is not None and nf["metadata"].get("labels", {}).get(sinks.NFD_NODE_NAME) == "n1"
+
+            assert await eventually(tagged)
+            assert await nf_labels(c) == FULL
