@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -186,7 +187,10 @@ class EchoFilter:
 
     def attach(self, settings: kopf.OperatorSettings) -> bool:
         """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
-        if not (_wrap_processing() and _wrap_watching()):
+        if not (
+            _wrap("kopf._core.reactor.processing", "process_resource_event", _filtered_processing)
+            and _wrap("kopf._cogs.clients.watching", "infinite_watch", _filtered_watch)
+        ):
             log.warning("kopf offers no place to drop echoes of our own writes; every event is processed")
             return False
         EchoFilter._installed[id(settings)] = self
@@ -209,55 +213,49 @@ def echo_filter(
     return EchoFilter(tests)
 
 
-def _wrap_processing() -> bool:
-    """Put the filter ahead of kopf's processing of each resource event, once per process: an echo that
-    arrived before the write's answer was settled waited in the object's queue behind the handler that
-    made the write, so it is recognised here."""
+def _wrap(module: str, name: str, wrap: Callable[[Any], Any]) -> bool:
+    """Put `wrap(original)` in place of kopf's `module.name`, once per process; False when this kopf has
+    no such thing (the operator then runs unfiltered)."""
     try:
-        from kopf._core.reactor import processing
+        found = importlib.import_module(module)
     except ImportError:
         return False
-    original = getattr(processing, "process_resource_event", None)
+    original = getattr(found, name, None)
     if original is None:
         return False
-    if getattr(original, "nodefabric_echo_filter", False):
-        return True
+    if not getattr(original, "nodefabric_echo_filter", False):
+        wrapper = wrap(original)
+        wrapper.nodefabric_echo_filter = True
+        setattr(found, name, wrapper)
+    return True
+
+
+def _filtered_processing(original: Callable[..., Awaitable[str | None]]) -> Callable[..., Any]:
+    """The filter ahead of kopf's processing of each resource event: an echo that arrived before the
+    write's answer was settled waited in the object's queue behind the handler that made the write, so
+    it is recognised here."""
 
     async def process_resource_event(**kwargs: Any) -> str | None:
         found = EchoFilter.of(kwargs.get("settings"))
         if found is not None and found.echo(kwargs.get("resource"), kwargs.get("raw_event") or {}):
             return None  # nothing patched: kopf's worker waits for the next event of this object
-        result: str | None = await cast(Callable[..., Awaitable[str | None]], original)(**kwargs)
-        return result
+        return await original(**kwargs)
 
-    process_resource_event.nodefabric_echo_filter = True  # type: ignore[attr-defined]
-    processing.process_resource_event = process_resource_event  # type: ignore[assignment]
-    return True
+    return process_resource_event
 
 
-def _wrap_watching() -> bool:
-    """Put the filter on kopf's watch streams too, once per process: an echo already recognisable when
-    it arrives (its write's answer settled first) then costs kopf no queue, no per-object worker task."""
-    try:
-        from kopf._cogs.clients import watching
-    except ImportError:
-        return False
-    original = getattr(watching, "infinite_watch", None)
-    if original is None:
-        return False
-    if getattr(original, "nodefabric_echo_filter", False):
-        return True
+def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
+    """The filter on kopf's watch streams: an echo already recognisable when it arrives (its write's
+    answer settled first) then costs kopf no queue, no per-object worker task."""
 
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         found = EchoFilter.of(kwargs.get("settings"))
         resource = kwargs.get("resource")
-        stream = cast(Callable[..., AsyncGenerator[Any, None]], original)(**kwargs)
+        stream = original(**kwargs)
         async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
             async for event in stream:
                 if found is not None and isinstance(event, Mapping) and found.echo(resource, event):
                     continue
                 yield event
 
-    infinite_watch.nodefabric_echo_filter = True  # type: ignore[attr-defined]
-    watching.infinite_watch = infinite_watch  # type: ignore[assignment]
-    return True
+    return infinite_watch

@@ -70,6 +70,19 @@ class Client:
             self.custom.patch_cluster_custom_object, G, V, P, name, {"spec": record.wire()["spec"]}
         )
 
+    async def edit_nodefeature(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Someone else's merge patch of our NodeFeature (in the operator's namespace)."""
+        edited: dict[str, Any] = await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object,
+            "nfd.k8s-sigs.io",
+            "v1alpha1",
+            NS,
+            "nodefeatures",
+            name,
+            patch,
+        )
+        return edited
+
     async def node_uid(self, name: str) -> str | None:
         try:
             node = await asyncio.to_thread(self.core.read_node, name)

@@ -306,15 +306,7 @@ async def test_echoes_of_our_own_writes_are_dropped_before_kopf_and_drift_still_
                 assert metrics.skipped.labels(resource=resource)._value.get() == n
 
             # Someone else's edit of a NodeFeature is no echo: it reaches the handler and is undone.
-            await asyncio.to_thread(
-                c.custom.patch_namespaced_custom_object,
-                "nfd.k8s-sigs.io",
-                "v1alpha1",
-                NS,
-                "nodefeatures",
-                "n2",
-                {"spec": {"labels": {CAPABLE: None}}},
-            )
+            await c.edit_nodefeature("n2", {"spec": {"labels": {CAPABLE: None}}})
             await eventually(lambda: calls["sink_event"] >= 1)
 
             async def repaired() -> bool:
@@ -347,15 +339,7 @@ async def test_a_sink_event_met_while_its_publish_is_in_flight_is_judged_when_it
         rec.echoes.end("n1")
         assert skipped() == 1 and not rec.echoes.running  # our own write's echo: dropped
 
-        edited = await asyncio.to_thread(
-            c.custom.patch_namespaced_custom_object,
-            "nfd.k8s-sigs.io",
-            "v1alpha1",
-            NS,
-            "nodefeatures",
-            "n1",
-            {"spec": {"labels": {CAPABLE: None}}},
-        )
+        edited = await c.edit_nodefeature("n1", {"spec": {"labels": {CAPABLE: None}}})
         rec.echoes.begin("n1")  # two reconciles of n1 under way
         rec.echoes.begin("n1")
         assert rec.echoes.echo(edited) and rec.echoes.echo(ours)  # the newer one is kept
@@ -525,15 +509,7 @@ async def test_a_foreign_key_in_our_nodefeature_survives_our_writes():
         await c.put_devices(gpu_node())
         async with running_operator(k):
             await eventually(lambda: nf_labels(c))
-            await asyncio.to_thread(
-                c.custom.patch_namespaced_custom_object,
-                "nfd.k8s-sigs.io",
-                "v1alpha1",
-                NS,
-                "nodefeatures",
-                "n1",
-                {"spec": {"labels": {"example.com/owner": "team-a"}}},
-            )
+            await c.edit_nodefeature("n1", {"spec": {"labels": {"example.com/owner": "team-a"}}})
             await c.put_devices(gpu_node(interfaces=[nic(link=LinkState.FAILED)]))
             want = {"example.com/owner": "team-a", DOMAIN: FULL[DOMAIN], MEMBERS: "18"}
             assert await eventually(lambda: _labels_equal(c, want))
@@ -558,15 +534,7 @@ async def test_a_nodefeature_stripped_of_its_node_name_label_is_tagged_again():
         async with running_operator(k):
             await eventually(lambda: published(c))
             await settle(k)
-            await asyncio.to_thread(
-                c.custom.patch_namespaced_custom_object,
-                "nfd.k8s-sigs.io",
-                "v1alpha1",
-                NS,
-                "nodefeatures",
-                "n1",
-                {"metadata": {"labels": {sinks.NFD_NODE_NAME: None}}},
-            )
+            await c.edit_nodefeature("n1", {"metadata": {"labels": {sinks.NFD_NODE_NAME: None}}})
 
             async def tagged() -> bool:
                 nf = await c.nodefeature("n1")
