@@ -130,15 +130,15 @@ async def test_forged_claims_and_other_schedulers_pods_change_nothing():
 async def test_a_restart_mid_admission_carries_on_from_the_placement_group():
     async with jobs_world(*fleet(), job("train", 2)) as (k, w):
         async with placement(k) as ctl:
-            original = ctl.releaser.release
 
             async def crash_before_release(group, status):  # the process dies after the status write
                 raise RuntimeError("killed")
 
+            # Never put back: a retry of the release while this controller stops would ungate the pods
+            # that a process killed here leaves gated (a race the slow machine showed once).
             ctl.releaser.release = crash_before_release  # type: ignore[method-assign]
             await w.create(*w.job_pods("train", 2))
             await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
-            ctl.releaser.release = original  # type: ignore[method-assign]
         assert all(GATE in w.gates(f"train-{i}") for i in range(2))
         planned = {m["pod"]: m["node"] for m in w.status(KEY)["members"]}
         async with placement(k):  # a new process: nothing in memory
