@@ -27,7 +27,7 @@ from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.events import KubePublisher
 from nodefabric_operator.extender.server import Serving, make_app
 from nodefabric_operator.extender.service import Extender
-from nodefabric_operator.extender.watch import Watcher
+from nodefabric_operator.extender.watch import Feed, Watcher
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISION = "placement.gpustack.ai/decision"
@@ -394,3 +394,30 @@ async def test_lists_are_paged(monkeypatch):
             # 11 pods in pages of 3: four list requests (then the watch); 10 nodes: four too.
             assert k.count("GET", PODS) >= 4, k.count("GET", PODS)
             assert k.count("GET", "v1/nodes") >= 4
+
+
+async def test_a_stop_that_lands_while_a_watch_is_being_opened_still_ends_that_watch():
+    """stop() closes the watches it finds open; one opened just after it looked (the thread had checked
+    the stop flag before, and registers the response after) must be closed by its thread, or the thread
+    reads an idle watch until the server's timeout and the API server waits for it at shutdown."""
+    async with running_api() as k:
+        seed(k, [])
+        api = load_client(k.kubeconfig)
+        nodes = client.CoreV1Api(api)
+        seen: list[str] = []
+
+        def list_call(**kw: Any) -> Any:
+            answer = nodes.list_node(**kw)
+            if kw.get("watch"):
+                watcher.stop_event.set()  # stop() ran here: it found no open watch to close
+            return answer
+
+        def apply(kind: str, obj: dict[str, Any]) -> None:
+            seen.append(kind)
+
+        feed = Feed("nodes", list_call, lambda items: None, apply)
+        watcher = Watcher(Cache(ExtenderConfig()), None, api, feeds=[feed])
+        watcher.start(asyncio.get_running_loop())
+        [thread] = watcher.threads
+        await eventually(lambda: not thread.is_alive(), timeout=5.0)
+        assert not thread.is_alive(), "the watch opened after stop() is still being read"

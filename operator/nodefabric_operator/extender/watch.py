@@ -356,6 +356,13 @@ class Watcher:
             stream = feed.list_call(**kwargs)
             self._open[feed.name] = stream
             try:
+                if self.stop_event.is_set():
+                    # stop() ran between this thread's last look and the line above, so it could not
+                    # close this response: close it here (its connection too, not back to the pool), or
+                    # the server holds the watch open for its whole timeout.
+                    with contextlib.suppress(Exception):
+                        stream.close()
+                    return
                 for line in iter_resp_lines(stream):
                     if self.stop_event.is_set():
                         return
