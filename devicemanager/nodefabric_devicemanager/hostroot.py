@@ -188,6 +188,17 @@ class HostRoot:
         return os.path.exists(self.host_path(path))
 
 
+def _entries(directory: str | int, host: HostRoot, path: str) -> list[tuple[str, bool]]:
+    """The entry names of the directory at `path` (listed through `directory`: the path or a descriptor of
+    it), sorted, each with whether the listing saw a real directory there; HostReadError when it cannot
+    be listed."""
+    try:
+        with os.scandir(directory) as it:
+            return sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
+    except OSError as exc:
+        raise HostReadError(host.display(path), exc.strerror or str(exc)) from exc
+
+
 class PathReads:
     """How one path under the host root is read: an attribute opened, read and refused by what it is,
     a symlink resolved and checked. `SysDir` names the paths; this reads them."""
@@ -437,13 +448,9 @@ class SysDir(PathReads):
             found = self.child_opt(name)
             return None if found is None else (found, found.entries())
         try:
-            with os.scandir(fd) as it:
-                entries = sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
-        except OSError as exc:
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+            return SysDir(self.host, path), _entries(fd, self.host, path)
         finally:
             os.close(fd)
-        return SysDir(self.host, path), entries
 
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
@@ -461,11 +468,7 @@ class SysDir(PathReads):
     def entries(self) -> builtins.list[tuple[str, bool]]:
         """`list`, each name with whether the listing saw a real directory there (not a link to one):
         what `listed_child` takes instead of an lstat per entry. sysfs fills in every entry's type."""
-        try:
-            with os.scandir(self.path) as it:
-                return sorted([(e.name, e.is_dir(follow_symlinks=False)) for e in it])
-        except OSError as exc:
-            raise HostReadError(self.shown, exc.strerror or str(exc)) from exc
+        return _entries(self.path, self.host, self.path)
 
     def link_target(self, name: str) -> str | None:
         """A symlink's target as written, unresolved; None when the entry cannot be read as a link (absent,
@@ -491,16 +494,13 @@ class SysDir(PathReads):
         """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent,
         HostReadError when it is refused (outside the root, not a regular file, too large, not UTF-8) or
         cannot be read."""
-        if "/" in name or name in _NOT_COMPONENTS:
-            raise ValueError(f"not a single path component: {name!r}")
-        return self._read(self._prefix + name)
+        return self._read(self._child_path(name))
 
     def read_opt(self, name: str) -> str | None:
         """An attribute that may legitimately be absent: None then. Unreadable is still an error."""
-        if "/" in name or name in _NOT_COMPONENTS:
-            raise ValueError(f"not a single path component: {name!r}")
+        path = self._child_path(name)
         try:
-            return self._read(self._prefix + name)
+            return self._read(path)
         except FileNotFoundError:
             return None
 
@@ -514,13 +514,12 @@ class SysDir(PathReads):
         """`value` of each of `names`, in order, in one call: what a pass reads together from one
         directory (a function's ids, an interface's mtu, operstate and flags). The first that is refused
         or unreadable raises, as `value` would."""
-        prefix, read = self._prefix, self._read
+        child_path, read = self._child_path, self._read
         out: builtins.list[str | None] = []
         for name in names:
-            if "/" in name or name in _NOT_COMPONENTS:
-                raise ValueError(f"not a single path component: {name!r}")
+            path = child_path(name)
             try:
-                out.append(read(prefix + name))
+                out.append(read(path))
             except FileNotFoundError:
                 out.append(None)
             except NotText as exc:
