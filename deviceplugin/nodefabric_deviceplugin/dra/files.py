@@ -50,8 +50,9 @@ def write_atomically(path: str, content: bytes, mode: int = 0o644, *, sync: bool
 
 class PendingFile:
     """The temporary file beside `path` that an atomic write renames over it, created ahead of the
-    content: a caller that knows where it will write, but not yet what, creates it while it waits
-    (a first prepare, while the claim is read), and the write itself is then a write and a rename.
+    content: a caller that knows where it will write, but not yet what, may create it while it waits,
+    and the write itself is then a write and a rename (a first prepare no longer does: with no sync
+    before its answer, making it during the claim's read cost a thread hop and saved nothing).
     Exactly one of `replace` and `discard` ends it."""
 
     def __init__(self, path: str, mode: int = 0o644, *, make_directory: bool = True) -> None:
