@@ -212,3 +212,42 @@ async def test_sigterm_mid_story_leaves_no_temp_dir(tmp_path, when):
         assert proc.returncode in (0, 130), err.decode()[-3000:]  # 0: the story ended before the signal
     assert "Traceback" not in err.decode()
     assert os.listdir(tmp) == []
+
+
+async def test_sigterm_while_kubectl_runs_stops_kubectl_and_leaves_no_traceback(tmp_path):
+    """The story shells out to kubectl; SIGTERM while it runs cancels the demo there. kubectl is stopped
+    with it, and its pipes are closed before the event loop is (a transport collected after the loop
+    closed prints `RuntimeError: Event loop is closed`, the traceback CI once saw)."""
+    tmp, bin_dir = tmp_path / "tmp", tmp_path / "bin"
+    tmp.mkdir()
+    bin_dir.mkdir()
+    started = tmp_path / "kubectl-started"
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 60\n")
+    kubectl.chmod(0o755)
+    proc = await asyncio.create_subprocess_exec(
+        *DEMO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp), "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
+    try:
+        for _ in range(1200):
+            if started.exists() and started.read_text().strip():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the demo never ran kubectl")
+        kubectl_pid = int(started.read_text())
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130, err.decode()[-3000:]
+    assert "Traceback" not in err.decode(), err.decode()[-3000:]
+    assert "Event loop is closed" not in err.decode()
+    assert os.listdir(tmp) == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(kubectl_pid, 0)  # killed and reaped by the demo, not left sleeping

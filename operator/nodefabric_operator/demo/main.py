@@ -254,7 +254,14 @@ async def _kubectl_get(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await proc.communicate()
+        try:
+            out, _ = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                # Cancelled (Ctrl-C, SIGTERM): kubectl stops with the story, and its pipes close while the
+                # loop still runs; a transport collected after asyncio.run would print a traceback.
+                proc.kill()
+                await proc.communicate()
         return shown + out.decode()
     items = [
         obj.raw
