@@ -349,9 +349,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         logs.configure(json_output=args.log_format == "json", level=args.log_level)
         assert command is not None  # argparse already refused an unknown or missing command
-        return command.run(args)
+        code = command.run(args)
+        sys.stdout.flush()  # a reader gone after the last write is heard here, not at interpreter exit
+        return code
     except KeyboardInterrupt:
         return 130  # Ctrl-C: the shell's own code for SIGINT, without a traceback
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise  # a socket of the command's own, not its output: a bug to show
+        # The reader stopped early (`nodefabric inventory | head`): a filter's quiet end, with the code a
+        # shell gives a process SIGPIPE ended (Python ignores the signal and raises this instead).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + 13  # SIGPIPE's number on Linux
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe or socket whose reader has gone (poll says POLLERR)."""
+    import select  # only on this path: every command's start-up pays for what it imports
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":

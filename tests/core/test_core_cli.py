@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,9 @@ def host_root(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     return root
+
+
+CLI = [sys.executable, "-m", "nodefabric_operator.console"]
 
 
 def script(*args, stdin=None):
@@ -245,3 +249,65 @@ def test_a_missing_module_of_ours_is_a_bug_not_a_usage_error(monkeypatch):
     monkeypatch.setitem(console.COMMANDS, "demo", (broken, "run the demo"))
     with pytest.raises(ModuleNotFoundError):
         console.main(["demo"])
+
+
+@pytest.mark.parametrize("output", ["json", "yaml", "table"])
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, output):
+    """`nodefabric inventory | head`: the reader closes the pipe while the command still writes (the
+    record is far larger than a pipe's buffer). The command ends as a filter does on SIGPIPE: code 141,
+    nothing on stderr, no traceback."""
+    from nodefabric_devicemanager.testing import scenarios
+
+    bench = scenarios.bench(tmp_path / "host", pfs=8, vfs=128)
+    proc = subprocess.Popen(
+        [*CLI, "inventory", "--root", str(bench.host.root), "-o", output],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # it began writing
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    code = proc.wait(120)
+    assert err == ""
+    # JSON is one write of the whole text: CPython drops the rest of a write the reader cut short midway
+    # without raising, so the command ends 0; YAML and the table write piece by piece and hear EPIPE.
+    assert code == (0 if output == "json" else 141)
+
+
+def test_a_reader_gone_before_the_first_write_ends_the_command_quietly(tmp_path):
+    """A small output held in the buffer until exit meets the closed pipe at the flush: the same quiet
+    end, not an "Exception ignored" at interpreter shutdown."""
+    from nodefabric_devicemanager.testing import scenarios
+
+    bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=0)
+    read, write = os.pipe()
+    os.close(read)  # no reader at all, before the command starts
+    try:
+        proc = subprocess.run(
+            [*CLI, "inventory", "--root", str(bench.host.root), "-o", "table"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr.decode()
+    assert proc.stderr == b""
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_still_a_traceback(monkeypatch, capsys):
+    """Only the output's reader going away is a quiet end: a command's own socket failing the same way
+    is a bug to show."""
+
+    class Failing:
+        def run(self, args):
+            raise BrokenPipeError(32, "Broken pipe (a socket of its own)")
+
+    parser = console.argparse.ArgumentParser()
+    monkeypatch.setattr(console, "build_parser", lambda argv: (parser, Failing()))
+    parser.add_argument("--log-format", default="text")
+    parser.add_argument("--log-level", default="info")
+    with pytest.raises(BrokenPipeError):
+        main([])
