@@ -10,6 +10,8 @@ to a component's own arguments). A usage error is one line on stderr and exit 2,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import gc
 import importlib
 import os
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from nodefabric_devicemanager import logs
+from nodefabric_operator import stdout
 
 
 class Command(Protocol):
@@ -349,31 +352,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         logs.configure(json_output=args.log_format == "json", level=args.log_level)
         assert command is not None  # argparse already refused an unknown or missing command
-        code = command.run(args)
-        sys.stdout.flush()  # a reader gone after the last write is heard here, not at interpreter exit
-        return code
+        return _run(command, args)
     except KeyboardInterrupt:
         return 130  # Ctrl-C: the shell's own code for SIGINT, without a traceback
-    except BrokenPipeError:
-        if not _reader_gone():
-            raise  # a socket of the command's own, not its output: a bug to show
-        # The reader stopped early (`nodefabric inventory | head`): a filter's quiet end, with the code a
-        # shell gives a process SIGPIPE ended (Python ignores the signal and raises this instead).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        return 128 + 13  # SIGPIPE's number on Linux
 
 
-def _reader_gone() -> bool:
-    """Whether standard output is a pipe or socket whose reader has gone (poll says POLLERR)."""
-    import select  # only on this path: every command's start-up pays for what it imports
-
+def _run(command: Command, args: argparse.Namespace) -> int:
+    """The command, with its output's failures as one line (see stdout), never a traceback."""
+    real = sys.stdout
+    sys.stdout = output = stdout.Output(real)  # type: ignore[assignment]
     try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, ValueError, OSError):
-        return False
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return any(events & select.POLLERR for _, events in poller.poll(0))
+        code = command.run(args)
+        output.flush()  # a write that fails is heard here, not at interpreter exit
+        return code
+    except stdout.OutputFailed as err:
+        if real is not None:
+            # What is still buffered goes nowhere, rather than failing again at interpreter exit.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
+        if err.errno == errno.EPIPE:
+            # The reader stopped early (`nodefabric inventory | head`): a filter's quiet end, with the
+            # code a shell shows for a process SIGPIPE ended (Python ignores the signal, raising this).
+            return 128 + 13  # SIGPIPE's number on Linux
+        print(f"nodefabric: cannot write the output: {err.strerror}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = real
 
 
 if __name__ == "__main__":

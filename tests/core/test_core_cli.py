@@ -311,3 +311,47 @@ def test_a_broken_pipe_that_is_not_the_output_is_still_a_traceback(monkeypatch, 
     parser.add_argument("--log-level", default="info")
     with pytest.raises(BrokenPipeError):
         main([])
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
+    """Output to a full disk (/dev/full answers ENOSPC): one line naming it, exit 1, no traceback."""
+    from nodefabric_devicemanager.testing import scenarios
+
+    bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=0)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [*CLI, "inventory", "--root", str(bench.host.root), "-o", "table"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=120,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == "nodefabric: cannot write the output: No space left on device\n"
+
+
+def test_a_closed_standard_output_is_one_line(tmp_path):
+    """Started with standard output closed (`>&-`): Python gives the process no sys.stdout at all."""
+    from nodefabric_devicemanager.testing import scenarios
+
+    bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=0)
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$@" >&-', "sh", *CLI, "inventory", "--root", str(bench.host.root)],
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == "nodefabric: cannot write the output: standard output is closed\n"
+    assert proc.stdout == b""
+
+
+def test_main_gives_back_the_standard_output_it_was_given(capsys, tmp_path):
+    """A caller's stdout (here pytest's capture) is its own again once main returns, however it ends."""
+    before = sys.stdout
+    with pytest.raises(SystemExit):
+        main(["pick", "--help"])  # argparse prints the help and exits from inside the command's parser
+    assert sys.stdout is before
+    assert main(["labels", "-f", str(tmp_path / "missing.json")]) == 2
+    assert sys.stdout is before
+    assert "cannot read" in capsys.readouterr().err
