@@ -57,7 +57,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
+from nodefabric_deviceplugin.dra.files import read_regular, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +170,6 @@ def decode(data: bytes) -> PreparedClaim:
     return PreparedClaim.from_wire(_str(body["uid"]), body["claim"])
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def sync_directory(directory: str) -> None:
     """Make the directory's entries (a rename, an unlink) durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -204,7 +198,7 @@ class Reservation:
         fd = self._take()
         try:
             try:
-                _write_all(fd, encode(claim))
+                write_all(fd, encode(claim))
             finally:
                 # Closed now, reopened by `sync`: syncs queued behind a slow disk (a thousand claims in
                 # one call) must not each hold a descriptor, or they exhaust the process's limit and
