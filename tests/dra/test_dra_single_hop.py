@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -45,16 +46,16 @@ def fd_path(fd: int) -> str:
         return ""
 
 
-class Hops:
-    """asyncio.to_thread, counted: which functions each prepare sent to a worker thread."""
+class Hops(ThreadPoolExecutor):
+    """The loop's default executor, counting what each prepare sent to a worker thread."""
 
     def __init__(self) -> None:
+        super().__init__(max_workers=4)
         self.names: list[str] = []
-        self._real = asyncio.to_thread
 
-    async def to_thread(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         self.names.append(getattr(fn, "__name__", repr(fn)))
-        return await self._real(fn, *args, **kwargs)
+        return super().submit(fn, *args, **kwargs)
 
 
 class RecordingReader:
@@ -83,7 +84,6 @@ async def test_a_first_prepare_with_its_verbs_devices_cached_takes_one_thread_ho
     dirs: Dirs,
     hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first claim of a record misses the verbs cache: its read runs on the budgeted reader's own
     thread (never the hop's, which a FIFO in sysfs would hang) and the files take a second hop. Every
@@ -92,7 +92,7 @@ async def test_a_first_prepare_with_its_verbs_devices_cached_takes_one_thread_ho
     source = RecordSource(hgx_spec)
     p = preparer(api, dirs, hgx_host[0].host, source, reader)
     hops = Hops()
-    monkeypatch.setattr(asyncio, "to_thread", hops.to_thread)
+    asyncio.get_running_loop().set_default_executor(hops)
     first, second = put_claim(api, "a", [result(NIC0)]), put_claim(api, "b", [result(NIC1)])
 
     out = await p.prepare([ref(first)])
@@ -127,12 +127,11 @@ async def test_a_claim_without_our_devices_and_a_missing_claim_take_one_hop_and_
     dirs: Dirs,
     hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reader = RecordingReader()
     p = preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec), reader)
     hops = Hops()
-    monkeypatch.setattr(asyncio, "to_thread", hops.to_thread)
+    asyncio.get_running_loop().set_default_executor(hops)
     theirs = put_claim(api, "theirs", [result(NIC0, driver="other.example.com")])
     out = await p.prepare([ref(theirs), ClaimRef("ml", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "gone")])
     assert out[ref(theirs).uid].error == "" and not out[ref(theirs).uid].devices
