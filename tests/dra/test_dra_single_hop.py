@@ -248,3 +248,97 @@ async def test_a_single_hop_whose_write_fails_after_its_cancel_leaves_neither_fi
     finally:
         hold.set()
         await shutdown(r)
+
+
+async def test_an_unprepare_cancelled_mid_removal_ends_before_the_claim_is_prepared_again(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """kubelet's deadline passes while an unprepare waits for its directory fsync, and the claim is
+    prepared again at once. The prepare must wait for the removal to end: run beside it, the removal
+    would forget the entry the prepare just made (and a spec rewrite could land after its unlink)."""
+    claim = put_claim(api, "again", [result(NIC0)])
+    uid = ref(claim).uid
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    directory = r.driver.checkpoint.directory
+    try:
+        assert (await plugin.prepare(ref(claim)))[uid].error == ""
+        await r.driver.preparer.syncs.drain(5)
+        hold, entered = threading.Event(), threading.Event()
+        real_fsync = os.fsync
+
+        def slow_fsync(fd: int) -> None:
+            if fd_path(fd) == directory:
+                entered.set()
+                hold.wait(30)
+            real_fsync(fd)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fsync", slow_fsync)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await plugin.unprepare(ref(claim), timeout=0.5)
+            assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and entered.is_set()
+            threading.Timer(0.5, hold.set).start()
+            again = (await plugin.prepare(ref(claim)))[uid]
+        assert again.error == "" and [d.device_name for d in again.devices] == [NIC0]
+        assert uid in r.driver.checkpoint.claims, "the prepare's entry was forgotten by the late removal"
+        assert os.path.exists(os.path.join(directory, file_name(uid)))
+        assert os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+        await r.driver.preparer.syncs.drain(5)
+        assert uid in Checkpoint(r.driver.config.checkpoint_path).claims
+    finally:
+        hold.set()
+        await shutdown(r)
+
+
+@pytest.mark.parametrize("fault", ["emfile", "cdi dir is a file", "symlink at every temporary name"])
+async def test_a_single_hop_that_cannot_write_the_spec_leaves_neither_file(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    fault: str,
+) -> None:
+    """The verbs cache warm (one hop), the spec's write fails: the claim is refused with the reason,
+    its reserved entry is given back, nothing is counted prepared, and once the fault is gone the next
+    call prepares it."""
+    from nodefabric_deviceplugin.dra import files
+
+    reader = RecordingReader()
+    p = preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec), reader)
+    warm, late = put_claim(api, "warm", [result(NIC0)]), put_claim(api, "late", [result(NIC1)])
+    assert (await p.prepare([ref(warm)]))[ref(warm).uid].error == ""
+    uid = ref(late).uid
+    real_open = os.open
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        if fault == "emfile":
+
+            def full(path: str, flags: int, mode: int = 0o777, **kw: Any) -> int:
+                if os.path.basename(path).startswith(".") and path.endswith(".tmp"):
+                    raise OSError(24, "Too many open files")
+                return real_open(path, flags, mode, **kw)
+
+            monkeypatch.setattr(os, "open", full)
+            why = "Too many open files"
+        elif fault == "cdi dir is a file":
+            os.rename(dirs.cdi, dirs.cdi + ".moved")
+            open(dirs.cdi, "w").close()
+            why = "Not a directory"
+        else:
+            monkeypatch.setattr(files.random, "getrandbits", lambda bits: 7)
+            name = f".{os.path.basename(cdi.spec_path(dirs.cdi, DRIVER, uid))}.{7:012x}.tmp"
+            os.symlink("/etc/passwd", os.path.join(dirs.cdi, name))
+            why = "no free temporary name"
+        out = (await p.prepare([ref(late)]))[uid]
+        assert why in out.error and not out.devices
+        assert uid not in p.checkpoint.claims and uid not in Checkpoint(p.checkpoint.path).claims
+        assert os.listdir(p.checkpoint.directory) == [file_name(ref(warm).uid)]
+        assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+    finally:
+        monkeypatch.undo()
+        if fault == "cdi dir is a file":
+            os.unlink(dirs.cdi)
+            os.rename(dirs.cdi + ".moved", dirs.cdi)
+    again = (await p.prepare([ref(late)]))[uid]
+    assert again.error == "" and os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+    await p.syncs.drain(5)

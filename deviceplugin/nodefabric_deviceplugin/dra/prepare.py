@@ -65,6 +65,27 @@ def _hop(fn: Callable[..., _R], *args: Any) -> asyncio.Future[_R]:
     return asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+async def _finish(ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare") -> _R:
+    """Await a hop that changes the claim's files, to its end even when the call is cancelled (every
+    one runs under the Preparer's lock).
+
+    If kubelet's deadline passes mid-hop, the thread cannot be stopped: it ends (the claim recorded,
+    or its files removed) before the lock lets the next call in, so the next call never finds the
+    claim half written, nor an unprepare still removing what a prepare after it wrote (a spec renamed
+    into place after its unprepare, an entry forgotten after it was made again). A first prepare's
+    hop starts with the claim's read: a cancel during a read that hangs holds the lock until the API
+    client gives up (its request timeout)."""
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        if not running.cancelled() and running.exception() is not None:
+            log.warning(
+                f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.exception())}
+            )
+        raise
+
+
 class ClaimReader(Protocol):
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -207,13 +228,13 @@ class Preparer:
                 )
             rewrote = False
             if done.spec_path:
-                rewrote = await asyncio.to_thread(cdi.write_spec, done.spec_path, done.spec)
+                rewrote = await _finish(ref, _hop(cdi.write_spec, done.spec_path, done.spec))
             if rewrote:
                 log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
         # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
-        hop = await self._shielded(ref, _hop(self._read_and_write, ref, self._offered()))
+        hop = await self._recorded(ref, _hop(self._read_and_write, ref, self._offered()))
         if hop.plan is None:
             metrics.PREPARES.labels("no_devices").inc()
             log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
@@ -225,7 +246,7 @@ class Preparer:
             # this claim, not the server), then the files in a second hop.
             plan = hop.plan
             verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
-            written = await self._shielded(ref, _hop(self._write, ref, plan, verbs))
+            written = await self._recorded(ref, _hop(self._write, ref, plan, verbs))
         metrics.PREPARES.labels("prepared").inc()
         log.info(
             "prepared a claim",
@@ -292,25 +313,11 @@ class Preparer:
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
         return _Written(devices, whole, path, self._record(path, prepared))
 
-    async def _shielded(self, ref: ClaimRef, running: asyncio.Future[_T]) -> _T:
-        """Run a hop that may write the claim's files to its end, even when the call is cancelled.
-
-        The entry's syncs follow kubelet's answer, started by the hop's own callback, so a call cancelled
-        meanwhile leaves no recorded claim unsynced. If kubelet's deadline passes mid-hop, the thread
-        cannot be stopped: it ends (the claim recorded, or its files removed) before the lock lets the
-        next call in, so the next call never finds the claim half written. A recorded claim answers
-        kubelet's next call. (A first prepare's hop starts with the claim's read: a cancel during a read
-        that hangs holds the lock until the API client gives up, its request timeout.)"""
+    async def _recorded(self, ref: ClaimRef, running: asyncio.Future[_T]) -> _T:
+        """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started by
+        the hop's own callback, so a call cancelled meanwhile leaves no recorded claim unsynced."""
         running.add_done_callback(self._sync_recorded)
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            await asyncio.wait([running])
-            if not running.cancelled() and running.exception() is not None:
-                log.warning(
-                    "a cancelled prepare failed", extra={"claim": str(ref), "why": str(running.exception())}
-                )
-            raise
+        return await _finish(ref, running)
 
     async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
@@ -406,7 +413,7 @@ class Preparer:
         # ever name this claim's own file, so a tampered checkpoint cannot make us delete anything else.
         if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
             paths.insert(0, done.spec_path)
-        removed = await asyncio.to_thread(self._forget, list(dict.fromkeys(paths)), ref.uid)
+        removed = await _finish(ref, _hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare")
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
