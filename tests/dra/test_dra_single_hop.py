@@ -342,3 +342,34 @@ async def test_a_single_hop_that_cannot_write_the_spec_leaves_neither_file(
     again = (await p.prepare([ref(late)]))[uid]
     assert again.error == "" and os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
     await p.syncs.drain(5)
+
+
+async def test_every_preparer_of_a_process_syncs_on_one_thread(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """Drivers made and dropped (a test process, a restart in process) leave no idle sync thread each:
+    entries of two Preparers are synced, durably, by the same one thread."""
+    synced_on: list[int | None] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_on.append(threading.current_thread().ident)
+        real_fdatasync(fd)
+
+    claims: list[tuple[Preparer, ClaimRef]] = []
+    for i, nic in enumerate((NIC0, NIC1)):
+        config = Dirs(f"{dirs.plugin}/{i}", f"{dirs.registry}/{i}", f"{dirs.cdi}/{i}").config()
+        checkpoint = Checkpoint(config.checkpoint_path)
+        p = Preparer(
+            config, RecordSource(hgx_spec), hgx_host[0].host, DraApi(client(api), config), checkpoint
+        )
+        claims.append((p, ref(put_claim(api, f"p{i}", [result(nic)]))))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fdatasync", fdatasync)
+        for p, claim in claims:
+            assert (await p.prepare([claim]))[claim.uid].error == ""
+            assert await p.syncs.drain(5)
+    assert len(synced_on) == 2 and len(set(synced_on)) == 1, synced_on
+    assert [t.name for t in threading.enumerate()].count("dra-sync") == 1
+    for p, claim in claims:
+        assert claim.uid in Checkpoint(p.checkpoint.path).claims
