@@ -373,3 +373,42 @@ async def test_every_preparer_of_a_process_syncs_on_one_thread(
     assert [t.name for t in threading.enumerate()].count("dra-sync") == 1
     for p, claim in claims:
         assert claim.uid in Checkpoint(p.checkpoint.path).claims
+
+
+async def test_a_hop_cancelled_twice_still_holds_the_claim_until_its_thread_ends(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """kubelet's deadline, then the server's stop, cancel the same call while its hop writes: the lock is
+    released only once the thread ended, the claim whole."""
+    p = preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec), RecordingReader())
+    warm, late = put_claim(api, "warm", [result(NIC0)]), put_claim(api, "late", [result(NIC1)])
+    assert (await p.prepare([ref(warm)]))[ref(warm).uid].error == ""
+    hold, entered = threading.Event(), threading.Event()
+    real_write = os.write
+
+    def slow_write(fd: int, data: Any) -> int:
+        if fd_path(fd).startswith(p.checkpoint.directory):
+            entered.set()
+            hold.wait(30)
+        return real_write(fd, data)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "write", slow_write)
+            call = asyncio.create_task(p.prepare([ref(late)]))
+            assert await asyncio.to_thread(entered.wait, 10)
+            for _ in range(3):
+                call.cancel()
+                await asyncio.sleep(0.05)
+                assert p._lock.locked() and not call.done(), "released while the hop was still writing"
+            hold.set()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        assert not p._lock.locked()
+        assert ref(late).uid in p.checkpoint.claims and os.path.exists(
+            cdi.spec_path(dirs.cdi, DRIVER, ref(late).uid)
+        )
+        await p.syncs.drain(5)
+        assert ref(late).uid in Checkpoint(p.checkpoint.path).claims
+    finally:
+        hold.set()

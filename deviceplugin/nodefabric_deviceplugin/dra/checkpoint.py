@@ -26,7 +26,8 @@ so there is no old content to keep whole.
 
 Why a prepare's syncs may follow the answer, where an unprepare's may not: a crash of this process loses
 nothing (the content is written before the answer), and a power loss between the answer and the
-syncs (a millisecond on an idle disk, longer behind the syncs queued on a slow one) leaves the file
+syncs (a few milliseconds on an idle disk: they start 2 ms after the write, see syncs; longer behind
+the syncs queued on a slow one) leaves the file
 missing, empty (removed quietly at the next start) or, on a file system that does not order data
 before size, torn (it fails its checksum and is set aside). Either way
 the claim is derived again, the same: kubelet's own checkpoint holds the claim and prepares it again

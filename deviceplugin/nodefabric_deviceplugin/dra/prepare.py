@@ -78,7 +78,11 @@ async def _finish(ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepa
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await asyncio.wait([running])
+        while not running.done():
+            # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
+            # stays held until it ends, however often the call is cancelled meanwhile.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([running])
         if not running.cancelled() and running.exception() is not None:
             log.warning(
                 f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.exception())}
