@@ -185,6 +185,9 @@ class Preparer:
         *,
         verbs: VerbsCache | None = None,
     ) -> None:
+        """`verbs`: this Preparer's own cache, never one shared with other code: a first prepare's
+        worker thread looks devices up in it, safe only because every change to it is this Preparer's,
+        made under the lock that thread's call holds (see `_read_and_write`)."""
         self.config = config
         self.verbs = verbs or VerbsCache(host)
         self.source = source
@@ -272,7 +275,7 @@ class Preparer:
 
         Thread safety: `found` is never changed once made (`_offered` makes a new one per version); the
         grant and the spec are pure; `self.verbs` is this Preparer's own and only ever changed by its
-        `devices`, awaited under the lock, which is held until this thread ends (see `_shielded`), so
+        `devices`, awaited under the lock, which is held until this thread ends (see `_finish`), so
         its table cannot change under the lookup (one lstat per device node, no sysfs read)."""
         claim = self.api.get_claim(ref.namespace, ref.name)
         plan = self._plan(ref, claim, found)
