@@ -412,3 +412,39 @@ async def test_a_hop_cancelled_twice_still_holds_the_claim_until_its_thread_ends
         assert ref(late).uid in Checkpoint(p.checkpoint.path).claims
     finally:
         hold.set()
+
+
+async def test_a_spec_rewrite_cancelled_mid_write_lands_before_the_unprepare_that_follows(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """A repeated prepare rewrites a spec a reboot took; kubelet's deadline passes mid-rename and it
+    unprepares the claim at once. The unprepare must run after the rename, or the spec it could not yet
+    see would stay in the runtime's directory for good."""
+    claim = put_claim(api, "rewrite", [result(NIC0)])
+    uid = ref(claim).uid
+    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
+    spec = cdi.spec_path(dirs.cdi, DRIVER, uid)
+    try:
+        assert (await plugin.prepare(ref(claim)))[uid].error == ""
+        os.unlink(spec)  # /var/run/cdi emptied by a reboot
+        hold, entered = threading.Event(), threading.Event()
+        real_replace = os.replace
+
+        def slow_replace(src: str, dst: str) -> None:
+            if dst == spec:
+                entered.set()
+                hold.wait(30)
+            real_replace(src, dst)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "replace", slow_replace)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await plugin.prepare(ref(claim), timeout=0.5)
+            assert entered.is_set()
+            threading.Timer(0.5, hold.set).start()
+            assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert not os.path.exists(spec), "the rewrite landed after the unprepare"
+        assert os.listdir(dirs.cdi) == [] and uid not in r.driver.checkpoint.claims
+    finally:
+        hold.set()
+        await shutdown(r)
