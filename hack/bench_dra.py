@@ -4,14 +4,17 @@
 
 Figures:
 - NodePrepareResources of one claim (one device): the first prepare (reads the ResourceClaim from the
-  API, resolves the verbs device, writes the CDI spec and the checkpoint entry; the entry's syncs follow
-  the answer), a repeated prepare (answered from the checkpoint), and NodeUnprepareResources, each
-  against an empty NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first
-  prepare, against a bare GET of the claim (the API floor) and against the two together (what no driver
-  avoids). These run against the embedded API in its own process, as a real API server is (in this
-  process its request handling shared the driver's event loop). The first prepare and the unprepare of
-  the write path before (the entry synced before kubelet's answer; `record_before`) are interleaved with
-  them. Targets: the first prepare adds at most 20 ms (p50) to the GET; issue 24: at most x2 the GET.
+  API, resolves the verbs device, writes the CDI spec and the checkpoint entry, all in one thread hop
+  since the probe claim warmed the verbs cache; the entry's syncs follow the answer), a repeated
+  prepare (answered from the checkpoint), and NodeUnprepareResources, each against an empty
+  NodeUnprepareResources call on the same channel (the gRPC floor) and, for the first prepare, against
+  a bare GET of the claim (the API floor) and against the two together (what no driver avoids). These
+  run against the embedded API in its own process, as a real API server is (in this process its request
+  handling shared the driver's event loop). The first prepare and the unprepare of the write path before
+  (the entry synced before kubelet's answer; `record_before`) are interleaved with them. The GET floor
+  is `asyncio.to_thread(get_claim)`: the driver's own client and one thread hop, as an asyncio driver
+  reads a claim. Targets: the first prepare adds at most 20 ms (p50) to the GET; issue 24: at most x2
+  the GET.
 - What a prepare costs as the number of claims already held grows (`--held`, default 1,500, against 10):
   the real NodePrepareResources (and its unprepare) with that many claims in the driver's checkpoint,
   against the same call with the whole-file checkpoint it replaced (every change rewrote and fsynced every

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -491,34 +492,109 @@ def test_a_checkpoint_directory_that_is_a_file_fails_the_write_and_forgets_nothi
 # --- CDI spec files ---------------------------------------------------------------------------------------
 
 
-def test_a_spec_written_through_a_file_made_ahead_appears_whole_or_not_at_all(tmp_path: Path) -> None:
-    from nodefabric_deviceplugin.dra.files import PendingFile
+def test_a_spec_appears_whole_or_not_at_all_and_its_directory_is_made_when_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cdi_dir = tmp_path / "cdi"
+    path = str(cdi_dir / "spec.json")
+    seen: list[list[str]] = []
+    real_replace = os.replace
 
-    path = str(tmp_path / "cdi" / "spec.json")
-    with pytest.raises(FileNotFoundError):
-        PendingFile(path, make_directory=False)  # a missing directory is not made
-    assert not (tmp_path / "cdi").exists()
-    pending = PendingFile(path)
-    [tmp] = os.listdir(tmp_path / "cdi")
+    def replace(src: str, dst: str) -> None:
+        seen.append(sorted(os.listdir(cdi_dir)))  # what a watcher sees just before the rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    old = os.umask(0o077)  # the mode is forced whatever the umask
+    try:
+        assert cdi.write_spec(path, {"kind": "x"})  # the directory is made on the first write
+    finally:
+        os.umask(old)
+    monkeypatch.undo()
+    [[tmp]] = seen
     assert tmp.startswith(".spec.json.") and tmp.endswith(".tmp")  # a name the runtime's watcher skips
-    assert not os.path.exists(path)
-    assert cdi.write_spec(path, {"kind": "x"}, pending)
-    assert os.listdir(tmp_path / "cdi") == ["spec.json"]
+    assert os.listdir(cdi_dir) == ["spec.json"]
     assert json.loads(Path(path).read_text()) == {"kind": "x"}
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
-    with pytest.raises(ValueError, match="already used"):
-        pending.replace(b"{}")
-    pending.discard()  # a no-op once used
-    # The same spec again: nothing written, the file made ahead given back.
-    again = PendingFile(path)
-    assert not cdi.write_spec(path, {"kind": "x"}, again)
-    assert os.listdir(tmp_path / "cdi") == ["spec.json"]
+    # The same spec again: nothing written.
+    assert not cdi.write_spec(path, {"kind": "x"})
+    # The directory removed between two writes (an operator's cleanup): made again.
+    shutil.rmtree(cdi_dir)
+    assert cdi.write_spec(path, {"kind": "y"})
+    assert json.loads(Path(path).read_text()) == {"kind": "y"} and os.listdir(cdi_dir) == ["spec.json"]
     # A directory where the spec goes: the write fails and leaves no temporary file.
-    blocked = str(tmp_path / "cdi" / "blocked.json")
+    blocked = str(cdi_dir / "blocked.json")
     os.mkdir(blocked)
     with pytest.raises(OSError):
-        cdi.write_spec(blocked, {"kind": "x"}, PendingFile(blocked))
-    assert sorted(os.listdir(tmp_path / "cdi")) == ["blocked.json", "spec.json"]
+        cdi.write_spec(blocked, {"kind": "x"})
+    assert sorted(os.listdir(cdi_dir)) == ["blocked.json", "spec.json"]
+
+
+def test_a_write_never_clobbers_or_follows_what_holds_its_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leftover, a symlink or a FIFO under the name a write picks is left alone (never opened,
+    followed or written through) and another name is taken; when every name it tries is taken, the
+    write fails, naming why, and writes nothing."""
+    from nodefabric_deviceplugin.dra import files
+
+    path = tmp_path / "spec.json"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep")
+    names = iter([1, 2, 3, 4])
+    monkeypatch.setattr(files.random, "getrandbits", lambda bits: next(names))
+    (tmp_path / f".spec.json.{1:012x}.tmp").symlink_to(elsewhere)
+    os.mkfifo(tmp_path / f".spec.json.{2:012x}.tmp")
+    (tmp_path / f".spec.json.{3:012x}.tmp").write_text("leftover")
+    files.write_atomically(str(path), b"new", sync=False)
+    assert path.read_bytes() == b"new" and elsewhere.read_text() == "keep"
+    assert (tmp_path / f".spec.json.{3:012x}.tmp").read_text() == "leftover"
+    assert os.path.islink(tmp_path / f".spec.json.{1:012x}.tmp")
+    assert not os.path.exists(tmp_path / f".spec.json.{4:012x}.tmp"), "the name it took became the file"
+
+    monkeypatch.setattr(files.random, "getrandbits", lambda bits: 1)  # every try names the symlink
+    with pytest.raises(FileExistsError, match="no free temporary name"):
+        files.write_atomically(str(path), b"newer")
+    assert path.read_bytes() == b"new" and elsewhere.read_text() == "keep"
+
+
+@pytest.mark.parametrize("fault", ["write", "fsync", "close", "replace", "fchmod"])
+def test_a_write_that_fails_at_any_step_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    from nodefabric_deviceplugin.dra import files
+
+    path = tmp_path / "c.json"
+    files.write_atomically(str(path), b"old")
+    real = getattr(os, fault)
+    failed: list[str] = []
+
+    def failing(*args: Any) -> Any:
+        if fault == "close" and failed:
+            return real(*args)
+        failed.append(fault)
+        if fault == "close":
+            real(*args)  # the descriptor is gone, as a close that fails with EIO leaves it
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, fault, failing)
+    with pytest.raises(OSError, match="No space"):
+        files.write_atomically(str(path), b"new")
+    monkeypatch.undo()
+    assert failed and path.read_bytes() == b"old" and os.listdir(tmp_path) == ["c.json"]
+
+
+def test_a_write_into_a_directory_replaced_by_a_file_or_a_dangling_link_fails_cleanly(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra import files
+
+    (tmp_path / "cdi").write_text("not a directory")
+    with pytest.raises(NotADirectoryError):
+        files.write_atomically(str(tmp_path / "cdi" / "s.json"), b"x")
+    assert (tmp_path / "cdi").read_text() == "not a directory"
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError):
+        files.write_atomically(str(tmp_path / "link" / "s.json"), b"x")
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_spec_already_in_place_is_not_rewritten(tmp_path: Path) -> None:

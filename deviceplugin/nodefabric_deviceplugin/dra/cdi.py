@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nodefabric_deviceplugin.allocate import PERMISSIONS
-from nodefabric_deviceplugin.dra.files import PendingFile, read_regular
+from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
 
 # The lowest version with everything written here (spec-level edits, device nodes with permissions), so
 # every CDI-capable runtime that kubelet's DRA support works with can read it.
@@ -81,20 +81,17 @@ def read_spec(path: str) -> Any:
         return None
 
 
-def write_spec(path: str, spec: Mapping[str, Any], pending: PendingFile | None = None) -> bool:
-    """Write the spec unless the same one is already there; returns whether it wrote. `pending`: the
-    temporary file to write it through, made ahead (used or discarded here).
+def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
+    """Write the spec unless the same one is already there; returns whether it wrote.
 
     Not fsynced: the checkpoint entry written next holds the same spec (written before kubelet hears of
     the claim, synced after: see checkpoint), and kubelet prepares every claim again after it restarts
     (a reboot too), which rewrites a spec a power loss took or tore (`read_spec` finds it absent or
     different). Atomic all the same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
-        if pending is not None:
-            pending.discard()
         return False
     # Compact: `indent` would take Python's pure-Python encoder, for a file only the runtime reads.
-    (pending or PendingFile(path)).replace(json.dumps(spec, sort_keys=True).encode() + b"\n")
+    write_atomically(path, json.dumps(spec, sort_keys=True).encode() + b"\n", sync=False)
     return True
 
 

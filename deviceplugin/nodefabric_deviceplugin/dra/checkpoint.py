@@ -26,7 +26,8 @@ so there is no old content to keep whole.
 
 Why a prepare's syncs may follow the answer, where an unprepare's may not: a crash of this process loses
 nothing (the content is written before the answer), and a power loss between the answer and the
-syncs (a millisecond on an idle disk, longer behind the syncs queued on a slow one) leaves the file
+syncs (a few milliseconds on an idle disk: they start 2 ms after the write, see syncs; longer behind
+the syncs queued on a slow one) leaves the file
 missing, empty (removed quietly at the next start) or, on a file system that does not order data
 before size, torn (it fails its checksum and is set aside). Either way
 the claim is derived again, the same: kubelet's own checkpoint holds the claim and prepares it again
@@ -57,7 +58,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
+from nodefabric_deviceplugin.dra.files import read_regular, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +171,6 @@ def decode(data: bytes) -> PreparedClaim:
     return PreparedClaim.from_wire(_str(body["uid"]), body["claim"])
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def sync_directory(directory: str) -> None:
     """Make the directory's entries (a rename, an unlink) durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -204,7 +199,7 @@ class Reservation:
         fd = self._take()
         try:
             try:
-                _write_all(fd, encode(claim))
+                write_all(fd, encode(claim))
             finally:
                 # Closed now, reopened by `sync`: syncs queued behind a slow disk (a thousand claims in
                 # one call) must not each hold a descriptor, or they exhaust the process's limit and

@@ -2,9 +2,10 @@
 
 A path we read may hold anything by the time we read it: a FIFO (opening one blocks a plain open
 forever), a symlink, a directory, a huge file. So a read opens without following links and without
-blocking, accepts only a regular file, and caps the size; a write goes to a temporary file in the same
-directory, is synced, and renamed over the target, so a reader sees the old content or the new, never a
-part of it.
+blocking, accepts only a regular file, and caps the size; a write goes to a new temporary file in the
+same directory (synced when the caller needs it to survive a power loss) and is renamed over the target,
+so a reader sees the old content or the new, never a part of it. A write costs a handful of system calls
+(create, chmod, write, close, rename): it runs on every first prepare, on the thread kubelet waits for.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import stat
-import tempfile
 
 
 class NotRegularFile(OSError):
@@ -41,59 +42,64 @@ def read_regular(path: str, limit: int) -> bytes | None:
     return data
 
 
-def write_atomically(path: str, content: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
-    """Write `content` to `path` so a reader sees the old file or the new one, never a part. `sync`:
-    the content is on disk before the rename (a power loss cannot leave the name on a torn file);
-    without it the rename is still atomic for every reader while the machine stays up."""
-    PendingFile(path, mode).replace(content, sync=sync)
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte (a short write is resumed, not lost). Raises OSError."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
-class PendingFile:
-    """The temporary file beside `path` that an atomic write renames over it, created ahead of the
-    content: a caller that knows where it will write, but not yet what, may create it while it waits,
-    and the write itself is then a write and a rename (a first prepare no longer does: with no sync
-    before its answer, making it during the claim's read cost a thread hop and saved nothing).
-    Exactly one of `replace` and `discard` ends it."""
+# O_EXCL|O_NOFOLLOW: a new file or none; never a file, a symlink or a FIFO that was already there.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_ATTEMPTS = 100  # names taken meanwhile; each try is a fresh random name
 
-    def __init__(self, path: str, mode: int = 0o644, *, make_directory: bool = True) -> None:
-        """Raises OSError (FileNotFoundError for a missing directory without `make_directory`)."""
-        directory = os.path.dirname(path)
-        if make_directory:
-            os.makedirs(directory, exist_ok=True)
-        # A dot-name without the final suffix: a directory watcher (the runtime's CDI cache) ignores it.
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+
+def _temporary(path: str, mode: int) -> tuple[int, str]:
+    """A new file beside `path`, with `mode` whatever the umask, open for writing, under a dot-name with
+    a `.tmp` suffix (`.<name>.<random>.tmp`: a directory watcher, the runtime's CDI cache among them,
+    skips it, and the checkpoint's start deletes it). The directory is made only when the create says it
+    is missing: the first write, or one after it was removed. Raises OSError."""
+    directory, name = os.path.split(path)
+    made = False
+    for _ in range(_ATTEMPTS):
+        tmp = os.path.join(directory, f".{name}.{random.getrandbits(48):012x}.tmp")
         try:
-            os.fchmod(fd, mode)
+            fd = os.open(tmp, _CREATE, mode)
+        except FileExistsError:
+            continue  # a leftover, or something planted there: left alone, another name taken
+        except FileNotFoundError:
+            if made:
+                raise  # removed again as soon as made: not ours to fight over
+            os.makedirs(directory or ".", exist_ok=True)
+            made = True
+            continue
+        try:
+            os.fchmod(fd, mode)  # the umask narrowed what open gave it
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self.path = path
-        self.tmp = tmp
-        self._fd: int | None = fd
+        return fd, tmp
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path} in {_ATTEMPTS} tries")
 
-    def replace(self, content: bytes, *, sync: bool = False) -> None:
-        """Write `content` and rename the file over `path` (see write_atomically for `sync`)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            raise ValueError(f"the pending file for {self.path} is already used")
+
+def write_atomically(path: str, content: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
+    """Write `content` to `path` so a reader sees the old file or the new one, never a part: written to
+    a temporary file beside it (see `_temporary`) and renamed over it. `sync`: the content is on disk
+    before the rename (a power loss cannot leave the name on a torn file); without it the rename is
+    still atomic for every reader while the machine stays up. Raises OSError, leaving no temporary
+    file behind."""
+    fd, tmp = _temporary(path, mode)
+    try:
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(content)
-                f.flush()
-                if sync:
-                    os.fsync(f.fileno())
-            os.replace(self.tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.tmp)
-            raise
-
-    def discard(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.tmp)
+            write_all(fd, content)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

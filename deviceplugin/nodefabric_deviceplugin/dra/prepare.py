@@ -7,11 +7,17 @@ entry's error and never the call's, and nothing a claim carries can crash the se
 2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
    pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
-   still served: its pod was already placed), its verbs device read through the device plugin's
-   `VerbsCache` (off the loop, within a budget), and the grant is the device plugin's (`allocate.grant`);
-4. in one thread hop, the CDI spec is written, then the claim's checkpoint file is created and the claim
-   written into it; then the CDI device ids are returned, and the entry's syncs follow the answer
-   (`syncs`; checkpoint says why that is safe).
+   still served: its pod was already placed), its verbs device taken from the device plugin's
+   `VerbsCache`, and the grant is the device plugin's (`allocate.grant`);
+4. the CDI spec is written, then the claim's checkpoint file is created and the claim written into it;
+   then the CDI device ids are returned, and the entry's syncs follow the answer (`syncs`; checkpoint
+   says why that is safe).
+
+Steps 2 to 4 take one thread hop when the verbs devices are cached for the record (the common case:
+one read of the host answers every device of a record). When they are not, the hop ends after step 2's
+resolve, the verbs devices are read off the loop within a budget (`VerbsCache.devices`: never on the
+hop's thread, which must not hang on a FIFO in sysfs), and step 4 takes a second hop. Either way a hop
+that may write runs to its end under the lock, even when kubelet's deadline cancels the call.
 
 Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
 and forgets the claim; a claim never prepared here unprepares successfully.
@@ -23,13 +29,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.nodeclient import ApiFailure
-from nodefabric_deviceplugin.allocate import endpoints_for, grant
+from nodefabric_deviceplugin.allocate import ContainerGrant, endpoints_for, grant
 from nodefabric_deviceplugin.dra import cdi, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, Reservation
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
@@ -37,11 +43,51 @@ from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
 from nodefabric_deviceplugin.dra.syncs import Syncs
 from nodefabric_deviceplugin.offloop import ReadTimeout
-from nodefabric_deviceplugin.resources import Family, FamilyView, Token
+from nodefabric_deviceplugin.resources import Family, FamilyView, RdmaEndpoint, Token
 from nodefabric_deviceplugin.source import RecordSource
-from nodefabric_deviceplugin.verbs import VerbsCache, VerbsUnresolvable
+from nodefabric_deviceplugin.verbs import VerbsCache, VerbsDevices, VerbsUnresolvable
 
 log = logging.getLogger(__name__)
+
+
+class _Recording(Protocol):
+    @property
+    def entry(self) -> Reservation | None: ...
+
+
+_T = TypeVar("_T", bound=_Recording)
+_R = TypeVar("_R")
+
+
+def _hop(fn: Callable[..., _R], *args: Any) -> asyncio.Future[_R]:
+    """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
+    that would wrap it (nothing here reads a context variable), one loop iteration fewer per hop."""
+    return asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def _finish(ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare") -> _R:
+    """Await a hop that changes the claim's files, to its end even when the call is cancelled (every
+    one runs under the Preparer's lock).
+
+    If kubelet's deadline passes mid-hop, the thread cannot be stopped: it ends (the claim recorded,
+    or its files removed) before the lock lets the next call in, so the next call never finds the
+    claim half written, nor an unprepare still removing what a prepare after it wrote (a spec renamed
+    into place after its unprepare, an entry forgotten after it was made again). A first prepare's
+    hop starts with the claim's read: a cancel during a read that hangs holds the lock until the API
+    client gives up (its request timeout)."""
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        while not running.done():
+            # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
+            # stays held until it ends, however often the call is cancelled meanwhile.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([running])
+        if not running.cancelled() and running.exception() is not None:
+            log.warning(
+                f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.exception())}
+            )
+        raise
 
 
 class ClaimReader(Protocol):
@@ -70,6 +116,64 @@ def _by_device(allocated: Sequence[AllocatedDevice]) -> dict[str, list[str]]:
     return out
 
 
+def _resolve(
+    ref: ClaimRef, found: tuple[int, dict[str, PoolDevice]] | None, names: list[str]
+) -> tuple[int, list[PoolDevice]]:
+    """The record version and the claim's devices in it (`found`: the pool of the latest record, None
+    before the first). Raises ClaimError."""
+    if found is None:
+        raise ClaimError("no device record yet (the first host pass has not finished); kubelet retries")
+    version, pool = found
+    unknown = [n for n in names if n not in pool]
+    if unknown:
+        raise ClaimError(f"claim {ref}: no device {', '.join(unknown)} on this node (the record has none)")
+    members = [pool[n] for n in names]
+    for d in members:
+        if not d.allocatable:
+            log.warning(
+                "preparing a device whose link has failed since it was allocated",
+                extra={"claim": str(ref), "device": d.name, "why": d.endpoint.reason},
+            )
+    return version, members
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A first prepare's claim resolved in one record: its devices and the requests each serves."""
+
+    requests: dict[str, list[str]]
+    version: int
+    members: tuple[PoolDevice, ...]
+    endpoints: tuple[RdmaEndpoint, ...]
+
+    @property
+    def rdma_devices(self) -> list[str]:
+        return [e.rdma_device for e in self.endpoints]
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """A claim's files written: what kubelet is answered, and the entry whose syncs follow."""
+
+    devices: tuple[PreparedDevice, ...]
+    grant: ContainerGrant
+    path: str
+    entry: Reservation
+
+
+@dataclass(frozen=True, slots=True)
+class _Hop:
+    """What a first prepare's thread hop did: `plan` None when the claim has none of our devices,
+    `written` None when the verbs devices must be read first (on the loop's budgeted path)."""
+
+    plan: _Plan | None
+    written: _Written | None
+
+    @property
+    def entry(self) -> Reservation | None:
+        return None if self.written is None else self.written.entry
+
+
 class Preparer:
     def __init__(
         self,
@@ -81,6 +185,9 @@ class Preparer:
         *,
         verbs: VerbsCache | None = None,
     ) -> None:
+        """`verbs`: this Preparer's own cache, never one shared with other code: a first prepare's
+        worker thread looks devices up in it, safe only because every change to it is this Preparer's,
+        made under the lock that thread's call holds (see `_read_and_write`)."""
         self.config = config
         self.verbs = verbs or VerbsCache(host)
         self.source = source
@@ -128,31 +235,77 @@ class Preparer:
                 )
             rewrote = False
             if done.spec_path:
-                rewrote = await asyncio.to_thread(cdi.write_spec, done.spec_path, done.spec)
+                rewrote = await _finish(ref, _hop(cdi.write_spec, done.spec_path, done.spec))
             if rewrote:
                 log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
-        claim = await asyncio.to_thread(self.api.get_claim, ref.namespace, ref.name)
-        return await self._prepare_new(ref, claim)
+        # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
+        hop = await self._recorded(ref, _hop(self._read_and_write, ref, self._offered()))
+        if hop.plan is None:
+            metrics.PREPARES.labels("no_devices").inc()
+            log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
+            return ()
+        written = hop.written
+        if written is None:
+            # The verbs devices were not cached for this record: read off the event loop within a budget,
+            # one read in flight at most (a FIFO where an attribute belongs costs one thread, and fails
+            # this claim, not the server), then the files in a second hop.
+            plan = hop.plan
+            verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
+            written = await self._recorded(ref, _hop(self._write, ref, plan, verbs))
+        metrics.PREPARES.labels("prepared").inc()
+        log.info(
+            "prepared a claim",
+            extra={
+                "claim": str(ref),
+                "devices": list(hop.plan.requests),
+                "rdma_devices": [e.rdma_device for e in written.grant.endpoints],
+                "device_nodes": [n.path for n in written.grant.devices],
+                "cdi_spec": written.path,
+            },
+        )
+        return written.devices
 
-    async def _prepare_new(self, ref: ClaimRef, claim: dict[str, Any] | None) -> tuple[PreparedDevice, ...]:
+    def _read_and_write(self, ref: ClaimRef, found: tuple[int, dict[str, PoolDevice]] | None) -> _Hop:
+        """On a worker thread, the whole first prepare in one hop when it can be: the claim's read, its
+        devices resolved in `found` (the record's pool, taken on the loop), and, when the verbs devices
+        are cached for that record (the common case), the grant and both files (`_write`). Otherwise
+        the plan goes back to the loop, whose budgeted verbs read this thread must not do.
+
+        Thread safety: `found` is never changed once made (`_offered` makes a new one per version); the
+        grant and the spec are pure; `self.verbs` is this Preparer's own and only ever changed by its
+        `devices`, awaited under the lock, which is held until this thread ends (see `_finish`), so
+        its table cannot change under the lookup (one lstat per device node, no sysfs read)."""
+        claim = self.api.get_claim(ref.namespace, ref.name)
+        plan = self._plan(ref, claim, found)
+        if plan is None:
+            return _Hop(None, None)
+        verbs = self.verbs._hit(plan.version, list(plan.rdma_devices))
+        if verbs is None:
+            return _Hop(plan, None)
+        return _Hop(plan, self._write(ref, plan, verbs))
+
+    def _plan(
+        self, ref: ClaimRef, claim: dict[str, Any] | None, found: tuple[int, dict[str, PoolDevice]] | None
+    ) -> _Plan | None:
+        """The claim's devices and requests in the record; None when it has none of ours. Raises
+        ClaimError."""
         if claim is None:
             raise ClaimError(f"claim {ref} does not exist")
         allocated = allocated_devices(claim, ref, driver=self.config.driver, pool=self.config.pool)
         if not allocated:
-            metrics.PREPARES.labels("no_devices").inc()
-            log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
-            return ()
+            return None
         requests = _by_device(allocated)
-        version, members = self._resolve(ref, list(requests))
-        # The verbs devices are read off the event loop within a budget, one read in flight at most
-        # (a FIFO where an attribute belongs costs one thread, and fails this claim, not the server);
-        # the grant itself is the device plugin's, pure.
+        version, members = _resolve(ref, found, list(requests))
         endpoints = endpoints_for(claim_view(members), [d.name for d in members])
-        verbs = await self.verbs.devices(version, [e.rdma_device for e in endpoints])
-        whole = grant(endpoints, verbs)
-        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in members}
+        return _Plan(requests, version, tuple(members), tuple(endpoints))
+
+    def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
+        """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
+        worker thread. Raises VerbsUnresolvable, OSError."""
+        whole = grant(plan.endpoints, verbs)
+        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
@@ -162,38 +315,16 @@ class Preparer:
                 device=device,
                 cdi_device_ids=(cdi.device_id(self.config.driver, ref.uid, device),),
             )
-            for device, reqs in requests.items()
+            for device, reqs in plan.requests.items()
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
-        # One thread hop for both files: the spec first, then the checkpoint entry, which holds the spec
-        # (see cdi.write_spec). The entry's syncs follow kubelet's answer, started by the write's own
-        # callback, so a call cancelled meanwhile leaves no recorded claim unsynced.
-        recording = asyncio.ensure_future(asyncio.to_thread(self._record, path, prepared))
-        recording.add_done_callback(self._sync_recorded)
-        try:
-            await asyncio.shield(recording)
-        except asyncio.CancelledError:
-            # kubelet's deadline passed mid-write. The thread cannot be stopped: it ends (the claim
-            # recorded, or its files removed) before the lock lets the next call in, so the next call
-            # never finds the claim half written. A recorded claim answers kubelet's next call.
-            await asyncio.wait([recording])
-            if not recording.cancelled() and recording.exception() is not None:
-                log.warning(
-                    "a cancelled prepare failed", extra={"claim": str(ref), "why": str(recording.exception())}
-                )
-            raise
-        metrics.PREPARES.labels("prepared").inc()
-        log.info(
-            "prepared a claim",
-            extra={
-                "claim": str(ref),
-                "devices": list(requests),
-                "rdma_devices": [e.rdma_device for e in whole.endpoints],
-                "device_nodes": [n.path for n in whole.devices],
-                "cdi_spec": path,
-            },
-        )
-        return devices
+        return _Written(devices, whole, path, self._record(path, prepared))
+
+    async def _recorded(self, ref: ClaimRef, running: asyncio.Future[_T]) -> _T:
+        """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started by
+        the hop's own callback, so a call cancelled meanwhile leaves no recorded claim unsynced."""
+        running.add_done_callback(self._sync_recorded)
+        return await _finish(ref, running)
 
     async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
@@ -215,9 +346,13 @@ class Preparer:
         finally:
             self._lock.release()
 
-    def _sync_recorded(self, recording: asyncio.Future[Reservation]) -> None:
-        if not recording.cancelled() and recording.exception() is None:
-            self.syncs.start(recording.result())
+    def _sync_recorded(self, hop: asyncio.Future[Any]) -> None:
+        if hop.cancelled() or hop.exception() is not None:
+            return
+        done: _Recording = hop.result()
+        entry = done.entry
+        if entry is not None:
+            self.syncs.start(entry)
             # Here, not after the answer: a call cancelled mid-write still leaves its claim prepared.
             metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
 
@@ -246,26 +381,6 @@ class Preparer:
         if self._pool is None or self._pool[0] != version:
             self._pool = (version, {d.name: d for d in offered(pool_devices(spec), self.config.functions)})
         return self._pool
-
-    def _resolve(self, ref: ClaimRef, names: list[str]) -> tuple[int, list[PoolDevice]]:
-        """The record version and the claim's devices in it. Raises ClaimError."""
-        found = self._offered()
-        if found is None:
-            raise ClaimError("no device record yet (the first host pass has not finished); kubelet retries")
-        version, pool = found
-        unknown = [n for n in names if n not in pool]
-        if unknown:
-            raise ClaimError(
-                f"claim {ref}: no device {', '.join(unknown)} on this node (the record has none)"
-            )
-        members = [pool[n] for n in names]
-        for d in members:
-            if not d.allocatable:
-                log.warning(
-                    "preparing a device whose link has failed since it was allocated",
-                    extra={"claim": str(ref), "device": d.name, "why": d.endpoint.reason},
-                )
-        return version, members
 
     def _forget(self, paths: list[str], uid: str) -> bool:
         """Remove the claim's specs, then its checkpoint entry (durably); whether a spec was there."""
@@ -305,7 +420,7 @@ class Preparer:
         # ever name this claim's own file, so a tampered checkpoint cannot make us delete anything else.
         if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
             paths.insert(0, done.spec_path)
-        removed = await asyncio.to_thread(self._forget, list(dict.fromkeys(paths)), ref.uid)
+        removed = await _finish(ref, _hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare")
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(
