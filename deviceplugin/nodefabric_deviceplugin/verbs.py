@@ -247,7 +247,10 @@ class VerbsCache:
                 return False
         return _lstat_identity(self._rdma_cm) == table.rdma_cm
 
-    def _hit(self, version: int, wanted: list[str]) -> VerbsDevices | None:
+    def cached(self, version: int, wanted: list[str]) -> VerbsDevices | None:
+        """What `devices` answers when the table holds `wanted` unchanged (see fresh), else None: no
+        sysfs read, no await. A thread may ask while no `devices` call can replace the table (the DRA
+        Preparer asks from its hop, under the lock its own calls of `devices` take)."""
         if not self.fresh(version, wanted):
             return None
         assert self._table is not None
@@ -256,7 +259,7 @@ class VerbsCache:
     async def devices(self, version: int, wanted: Iterable[str]) -> VerbsDevices:
         """The verbs devices of `wanted` under record `version`. Raises offloop.ReadTimeout."""
         names = list(dict.fromkeys(wanted))
-        hit = self._hit(version, names)
+        hit = self.cached(version, names)
         if hit is not None:
             return hit
         # A read already in flight may have been started for other devices: then one more, for ours.

@@ -281,7 +281,7 @@ class Preparer:
         plan = self._plan(ref, claim, found)
         if plan is None:
             return _Hop(None, None)
-        verbs = self.verbs._hit(plan.version, list(plan.rdma_devices))
+        verbs = self.verbs.cached(plan.version, list(plan.rdma_devices))
         if verbs is None:
             return _Hop(plan, None)
         return _Hop(plan, self._write(ref, plan, verbs))
