@@ -10,7 +10,6 @@ to a component's own arguments). A usage error is one line on stderr and exit 2,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import gc
 import importlib
@@ -171,7 +170,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # argparse quotes a bad choice with repr, but an unrecognized argument as typed: escaped here, so
+        # an argument can never move the cursor or forge a line of the message.
+        from nodefabric_devicemanager.commands.output import one_line
+
+        self.exit(2, f"{one_line(f'{self.prog}: error: {message} (see {self.prog} --help)')}\n")
 
 
 def log_level(text: str) -> str:
@@ -340,6 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     skip_pydantic_plugins()
     if entry:
         gc.disable()  # until _settle_heap: no collection traverses the imports while they are made
+    # Messages, logs included, that cannot be written are dropped (see stdout.Diagnostics): the exit code
+    # is still the command's.
+    real_err = sys.stderr
+    sys.stderr = diagnostics = stdout.Diagnostics(real_err)  # type: ignore[assignment]
     try:
         # The command's module is imported here (seconds on a loaded machine): Ctrl-C may land in it.
         try:
@@ -349,27 +356,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if entry:
                 gc.enable()
-        args = parser.parse_args(argv)
-        logs.configure(json_output=args.log_format == "json", level=args.log_level)
-        assert command is not None  # argparse already refused an unknown or missing command
-        return _run(command, args)
+        return _run(lambda: _parse_and_run(parser, command, argv))
     except KeyboardInterrupt:
         return 130  # Ctrl-C: the shell's own code for SIGINT, without a traceback
+    finally:
+        sys.stderr = real_err
+        diagnostics.settle()
 
 
-def _run(command: Command, args: argparse.Namespace) -> int:
+def _parse_and_run(parser: argparse.ArgumentParser, command: Command | None, argv: list[str]) -> int:
+    args = parser.parse_args(argv)  # --version and --help print here, through _run's stdout
+    logs.configure(json_output=args.log_format == "json", level=args.log_level)
+    assert command is not None  # argparse already refused an unknown or missing command
+    return command.run(args)
+
+
+def _run(body: Callable[[], int]) -> int:
     """The command, with its output's failures as one line (see stdout), never a traceback."""
     real = sys.stdout
     sys.stdout = output = stdout.Output(real)  # type: ignore[assignment]
     try:
-        code = command.run(args)
+        try:
+            code = body()
+        except SystemExit:
+            # --help and --version print inside argparse, which ignores a write that fails.
+            if output.failure is not None:
+                raise output.failure from None
+            if output.wrote:  # what they printed is heard now, not at interpreter exit
+                output.flush()
+            raise
         output.flush()  # a write that fails is heard here, not at interpreter exit
         return code
     except stdout.OutputFailed as err:
         if real is not None:
             # What is still buffered goes nowhere, rather than failing again at interpreter exit.
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
+            stdout.discard(real)
         if err.errno == errno.EPIPE:
             # The reader stopped early (`nodefabric inventory | head`): a filter's quiet end, with the
             # code a shell shows for a process SIGPIPE ended (Python ignores the signal, raising this).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from typing import Any, TextIO
@@ -28,6 +29,25 @@ def add_root(parser: argparse.ArgumentParser) -> None:
         help="NVIDIA driver root to load libnvidia-ml.so.1 from, e.g. /run/nvidia/driver "
         "(default: $NVIDIA_DRIVER_ROOT, else the loader's own search)",
     )
+
+
+def root_problem(root: str) -> str | None:
+    """Why `--root` names no host root to read, or None. A typo is the user's error (exit 2), not a host
+    whose /sys could not be enumerated (exit 1, with conditions that would blame the host)."""
+    if not root:
+        return "--root is empty (give a directory; / for this host)"
+    if not os.path.isdir(root):
+        why = " (nothing is there)" if not os.path.lexists(root) else ""
+        return f"the host root {root} is not a directory{why}"
+    return None
+
+
+def refused_root(prog: str, root: str) -> bool:
+    """Print the root's problem as one line, if it has one; True when it did."""
+    problem = root_problem(root)
+    if problem is not None:
+        print(output.one_line(f"{prog}: {problem}"), file=sys.stderr)
+    return problem is not None
 
 
 def read(args: argparse.Namespace) -> inventory.Reading:
@@ -125,6 +145,8 @@ def table(reading: inventory.Reading, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if refused_root("nodefabric inventory", args.root):
+        return 2
     reading = read(args)
     if args.output == "table":
         table(reading, sys.stdout)

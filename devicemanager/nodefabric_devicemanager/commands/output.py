@@ -72,3 +72,9 @@ def json_text(doc: Any) -> str:
     if raw.isascii() and b"\x7f" not in raw:
         return raw.decode("ascii")
     return json.dumps(doc, indent=2)
+
+
+def one_line(text: str) -> str:
+    """A message as one printable line: a parser's line breaks (pydantic's span several) as spaces, the
+    rest escaped, so neither a file's bytes nor a user's argument can forge lines or move the cursor."""
+    return escape(" ".join(text.split()))
