@@ -111,8 +111,12 @@ def test_a_closed_standard_input_is_one_line(command):
         (None, "it is a directory"),
         (b"", "it is empty"),
         (b" \n\t\n", "it holds only whitespace"),
-        (b"\xff\xfe{}", "it is not UTF-8 text (byte 0xff at offset 0)"),
-        (b"kind: Devices\nmetadata: {name: \xc3}\n", "it is not UTF-8 text (byte 0xc3 at offset 31)"),
+        (b"\xff\xfe{}", "it is not UTF-8 text (can't decode byte 0xff at offset 0)"),
+        (
+            b"kind: Devices\nmetadata: {name: \xc3}\n",
+            "it is not UTF-8 text (can't decode byte 0xc3 at offset 31)",
+        ),
+        (b"\xef\xbb\xbfkind: \x80", "it is not UTF-8 text (can't decode byte 0x80 at offset 9)"),
     ],
 )
 @pytest.mark.parametrize("command", sorted(READERS))

@@ -84,10 +84,12 @@ def _capped(read: Callable[[int], bytes | None], limit: int) -> bytes:
 def read_text(path: str, limit: int = MAX_BYTES) -> str:
     """The file's text: UTF-8, a BOM dropped; BadInput for bytes that are not UTF-8 or for no text."""
     data = read_bytes(path, limit)
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
     try:
-        text = data.decode("utf-8-sig")
+        text = data[bom:].decode("utf-8")
     except UnicodeDecodeError as err:
-        raise BadInput(f"it is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+        at = bom + err.start
+        raise BadInput(f"it is not UTF-8 text (can't decode byte 0x{data[at]:02x} at offset {at})") from None
     if not text.strip():
         raise BadInput("it is empty" if not text else "it holds only whitespace")
     return text
