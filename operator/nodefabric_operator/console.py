@@ -7,7 +7,23 @@ kopf or grpc. Each module exposes `add_arguments(parser)` and `run(args) -> int`
 to a component's own arguments). A usage error is one line on stderr and exit 2, never a traceback.
 """
 
+# ruff: noqa: E402  (the imports below come after the Ctrl-C handler their own import time needs)
 from __future__ import annotations
+
+import signal
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise SystemExit(130)  # a quiet exit, with the shell's own code for SIGINT
+
+
+# Ctrl-C while this module's own imports run (tens of ms of start-up, before main can catch it) is a
+# quiet exit 130, not a KeyboardInterrupt traceback through the import machinery. The handler before it
+# (Python's, raising KeyboardInterrupt) is back once the imports are done.
+try:
+    _before_imports, _quieted = signal.signal(signal.SIGINT, _interrupted), True
+except ValueError:  # imported from a thread other than the main one: signals are not its to set
+    _before_imports, _quieted = signal.SIG_DFL, False
 
 import argparse
 import errno
@@ -22,6 +38,10 @@ from typing import Any, NoReturn, Protocol
 
 from nodefabric_devicemanager import logs
 from nodefabric_operator import stdout
+
+if _quieted:
+    # None: a handler set from C, which Python cannot put back; its own default is the nearest.
+    signal.signal(signal.SIGINT, _before_imports or signal.default_int_handler)
 
 
 class Command(Protocol):

@@ -319,3 +319,49 @@ def test_a_usage_error_with_standard_output_closed_is_still_exit_2():
     proc = run(["inventory", "--bogus"], shell=">&-")
     assert proc.returncode == 2
     assert "unrecognized arguments: --bogus" in one_line_error(proc.stderr.decode())
+
+
+# --- Ctrl-C at start-up -----------------------------------------------------------------------------
+
+# The console script as pip writes it, with SIGINT sent while the console module's own imports run.
+INTERRUPTED_IMPORT = """
+import os, signal, sys
+
+class Trip:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nodefabric_devicemanager.logs":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Trip())
+sys.argv = ["nodefabric", "--version"]
+from nodefabric_operator.console import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_console_imports_is_a_quiet_exit_130():
+    """Before main runs nothing caught it: a KeyboardInterrupt traceback through the import machinery."""
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IMPORT], capture_output=True, check=False, timeout=60
+    )
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, b"", b"")
+
+
+def test_the_console_gives_ctrl_c_back_once_imported():
+    """A process that imports the console (this one) keeps Python's own KeyboardInterrupt."""
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import signal, nodefabric_operator.console\n"
+            "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n",
+        ],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
