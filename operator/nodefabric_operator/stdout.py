@@ -42,7 +42,14 @@ class Output:
     def write(self, text: str) -> int:
         self.wrote = True
         try:
-            return self._open().write(text)
+            stream = self._open()
+            try:
+                return stream.write(text)
+            except UnicodeEncodeError:
+                # An output whose encoding cannot say every character (PYTHONIOENCODING=ascii, a Latin-1
+                # locale; a table's "└"): those characters written as \uXXXX, as stderr writes them.
+                encoding = getattr(stream, "encoding", None) or "utf-8"
+                return stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
         except OutputFailed as err:
             self.failure = self.failure or err
             raise

@@ -365,3 +365,20 @@ def test_the_console_gives_ctrl_c_back_once_imported():
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr.decode()
+
+
+@pytest.mark.parametrize("args", [["inventory", "-o", "table"], ["inventory", "-o", "yaml"]])
+def test_an_output_whose_encoding_cannot_say_a_character(tmp_path, args):
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale): the table's "└" was a UnicodeEncodeError traceback."""
+    bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=2)
+    proc = subprocess.run(
+        [*CLI, *args, "--root", str(bench.host.root)],
+        capture_output=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.isascii()
+    if "table" in args:
+        assert "\\u2514" in proc.stdout.decode()  # the VF rows' "└", written as stderr writes it
