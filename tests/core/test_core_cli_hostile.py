@@ -382,3 +382,13 @@ def test_an_output_whose_encoding_cannot_say_a_character(tmp_path, args):
     assert proc.stdout.isascii()
     if "table" in args:
         assert "\\u2514" in proc.stdout.decode()  # the VF rows' "└", written as stderr writes it
+
+
+def test_a_message_that_quotes_a_huge_input_is_cut(tmp_path, capsys):
+    """topo's parser names every unexpected header column: 200,000 of them were a 2.4 MB line."""
+    path = tmp_path / "topo.txt"
+    path.write_text("\t" + "\t".join(f"GPU{i}" for i in range(200_000)) + "\nGPU0\tX\n")
+    assert main(["pick", "--links", str(path), "--count", "1"]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert err.startswith("nodefabric pick: not nvidia-smi topo -m output: line 1: unexpected header column")
+    assert len(err) < 2100 and err.endswith(" characters in all)\n")
