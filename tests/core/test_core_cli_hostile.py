@@ -207,12 +207,15 @@ def test_pick_group_on_a_file_that_is_not_a_devices_object_is_refused(tmp_path, 
 
 
 def test_pick_a_free_index_above_the_largest_says_so(tmp_path, capsys):
-    """numbers.parse calls 65000 'not a plain ASCII decimal number', which it is."""
+    """numbers.parse calls 65000 'not a plain ASCII decimal number', which it is; 00001 is not."""
     path = tmp_path / "m.json"
     path.write_text(json.dumps(MATRIX))
     assert main(["pick", "--links", str(path), "--count", "1", "--free", "0-65000"]) == 2
     err = one_line_error(capsys.readouterr().err)
     assert "device index '65000' is above 4095" in err and "not a plain" not in err
+    assert main(["pick", "--links", str(path), "--count", "1", "--free", "00001"]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert "device index '00001': not a plain ASCII decimal number" in err
 
 
 def test_pick_many_missing_free_indices_are_shortened(tmp_path, capsys):
@@ -248,6 +251,23 @@ def test_a_root_that_is_not_a_directory_is_a_usage_error(tmp_path, capsys, comma
     else:
         why = " (nothing is there)" if kind == "missing" else ""
         assert err == f"nodefabric {command}: the host root {root} is not a directory{why}\n"
+
+
+@pytest.mark.parametrize("command", ["inventory", "preflight"])
+@pytest.mark.parametrize("kind", ["missing", "file", "empty"])
+def test_a_driver_root_that_is_not_a_directory_is_a_usage_error(tmp_path, capsys, command, kind):
+    """It read as a node whose NVML could not be loaded: a condition, and exit 0."""
+    bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=0)
+    driver = "" if kind == "empty" else str(tmp_path / "driver")
+    if kind == "file":
+        (tmp_path / "driver").write_text("x")
+    assert main([command, "--root", str(bench.host.root), "--driver-root", driver]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    if kind == "empty":
+        assert err.startswith(f"nodefabric {command}: --driver-root is empty")
+    else:
+        why = " (nothing is there)" if kind == "missing" else ""
+        assert err == f"nodefabric {command}: the driver root {driver} is not a directory{why}\n"
 
 
 def test_a_root_that_is_a_link_to_a_host_tree_is_read(tmp_path, capsys):

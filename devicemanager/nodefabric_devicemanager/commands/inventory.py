@@ -42,9 +42,20 @@ def root_problem(root: str) -> str | None:
     return None
 
 
-def refused_root(prog: str, root: str) -> bool:
-    """Print the root's problem as one line, if it has one; True when it did."""
-    problem = root_problem(root)
+def driver_root_problem(driver_root: str | None) -> str | None:
+    """Why `--driver-root` names no directory, or None (None: not given, $NVIDIA_DRIVER_ROOT or the
+    loader's search decide). A typo there would otherwise read as a node without NVML, exit 0."""
+    if driver_root is None or os.path.isdir(driver_root):
+        return None
+    if not driver_root:
+        return "--driver-root is empty (give the driver's directory, or leave the option out)"
+    why = " (nothing is there)" if not os.path.lexists(driver_root) else ""
+    return f"the driver root {driver_root} is not a directory{why}"
+
+
+def refused_root(prog: str, root: str, driver_root: str | None = None) -> bool:
+    """Print the host root's (or the driver root's) problem as one line, if it has one; True when it did."""
+    problem = root_problem(root) or driver_root_problem(driver_root)
     if problem is not None:
         print(output.one_line(f"{prog}: {problem}"), file=sys.stderr)
     return problem is not None
@@ -145,7 +156,7 @@ def table(reading: inventory.Reading, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if refused_root("nodefabric inventory", args.root):
+    if refused_root("nodefabric inventory", args.root, args.driver_root):
         return 2
     reading = read(args)
     if args.output == "table":
