@@ -97,6 +97,19 @@ def test_a_file_over_the_cap_is_refused_whole(tmp_path, capsys):
     assert "is larger than" in one_line_error(capsys.readouterr().err)
 
 
+def test_a_large_real_record_is_well_under_the_cap(tmp_path, capsys):
+    """256 VFs: a real record is read whole, by labels and slices alike, far under the cap."""
+    bench = scenarios.bench(tmp_path / "host", pfs=8, vfs=32)
+    assert main(["inventory", "--root", str(bench.host.root), "-o", "json"]) == 0
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({**RECORD, **json.loads(capsys.readouterr().out)}))
+    assert 32 * path.stat().st_size < infile.MAX_BYTES
+    assert main(["labels", "-f", str(path)]) == 0
+    assert "feature.gpustack.ai/rdma.capable=true" in capsys.readouterr().out.splitlines()
+    assert main(["slices", "-f", str(path), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["items"]
+
+
 @pytest.mark.parametrize("command", sorted(READERS))
 def test_a_closed_standard_input_is_one_line(command):
     proc = run(READERS[command]("-"), shell="<&-")
