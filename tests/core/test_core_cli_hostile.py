@@ -425,3 +425,26 @@ def test_a_message_that_quotes_a_huge_input_is_cut(tmp_path, capsys):
     err = one_line_error(capsys.readouterr().err)
     assert err.startswith("nodefabric pick: not nvidia-smi topo -m output: line 1: unexpected header column")
     assert len(err) < 2100 and err.endswith(" characters in all)\n")
+
+
+def test_standard_input_that_is_a_terminal_is_read_to_its_end_and_says_so(tmp_path):
+    """`nodefabric pick --links -` typed at a terminal: it says it waits for the input, then reads it
+    to Ctrl-D."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [*CLI, "pick", "--links", "-", "--count", "2"],
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    os.close(terminal)
+    try:
+        os.write(controller, json.dumps(MATRIX).encode() + b"\n\x04")  # the line, then Ctrl-D
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(controller)
+    assert proc.returncode == 0, err.decode()
+    assert err.decode() == "reading the input from the terminal; end it with Ctrl-D\n"
+    assert out.decode().splitlines()[0] == "0,1"

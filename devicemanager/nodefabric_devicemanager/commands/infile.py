@@ -5,7 +5,8 @@ of /dev/zero in memory.
 - A FIFO with no writer must not hang the open: the open is non-blocking, then the read blocks as a
   pipe's does (`-f <(kubectl get devices n -o yaml)` works; a FIFO nobody writes reads as empty).
 - What is read is capped at MAX_BYTES (a device node, a runaway pipe); beyond it is refused whole.
-- Standard input closed (`<&-`) is said to be closed; a directory is said to be one.
+- Standard input closed (`<&-`) is said to be closed; a terminal is read to its end (Ctrl-D), which the
+  command says it waits for; a directory is said to be one.
 - The text is UTF-8 (a leading BOM, as some editors write, is dropped); anything else is refused.
 """
 
@@ -34,10 +35,16 @@ def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
         if stream is None:  # started with standard input closed: Python gives it no sys.stdin
             raise BadInput("standard input is closed")
         buffer: BinaryIO | None = getattr(stream, "buffer", None)
+        if stream.isatty():  # a person at a terminal, who may not know the command waits for them
+            sys.stderr.write("reading the input from the terminal; end it with Ctrl-D\n")
         try:
             if buffer is None:  # a text stream put in its place (a caller's io.StringIO)
-                return _capped(lambda size: stream.read(size).encode("utf-8", "surrogateescape"), limit)
-            return _capped(buffer.read, limit)
+
+                def text(size: int) -> bytes:
+                    return stream.read(size).encode("utf-8", "surrogateescape")
+
+                return _capped(text, limit, short_read_ends=True)
+            return _capped(buffer.read, limit, short_read_ends=True)
         except OSError as err:
             raise BadInput(f"standard input: {err.strerror or err}") from None
     try:
@@ -66,11 +73,15 @@ def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
         os.close(fd)
 
 
-def _capped(read: Callable[[int], bytes | None], limit: int) -> bytes:
+def _capped(read: Callable[[int], bytes | None], limit: int, *, short_read_ends: bool = False) -> bytes:
+    """At most `limit` bytes from `read`, BadInput beyond. `short_read_ends`: `read` is a buffered
+    stream's, which returns less than asked only at the end: one Ctrl-D ends a terminal's input (asked
+    again, a terminal would wait for a second)."""
     chunks: list[bytes] = []
     total = 0
     while True:
-        chunk = read(min(_CHUNK, limit + 1 - total))
+        want = min(_CHUNK, limit + 1 - total)
+        chunk = read(want)
         if chunk is None:  # standard input left non-blocking by whoever started us, with nothing yet
             raise OSError(errno.EAGAIN, "it is non-blocking and had nothing to read")
         if not chunk:
@@ -79,6 +90,8 @@ def _capped(read: Callable[[int], bytes | None], limit: int) -> bytes:
         total += len(chunk)
         if total > limit:
             raise BadInput(f"it is larger than {limit:,} bytes")
+        if short_read_ends and len(chunk) < want:
+            return b"".join(chunks)
 
 
 def read_text(path: str, limit: int = MAX_BYTES) -> str:
