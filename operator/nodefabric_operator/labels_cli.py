@@ -14,8 +14,7 @@ import sys
 import pydantic
 import yaml
 
-from nodefabric_devicemanager import yamldoc
-from nodefabric_devicemanager.commands import infile, output
+from nodefabric_devicemanager.commands import document, output
 from nodefabric_operator import labels
 
 
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         print(output.one_line(f"nodefabric labels: {err}"), file=sys.stderr)
         return 2
     try:
-        devices = yamldoc.load_devices(infile.read_text(args.filename))
+        devices = document.load_devices(args.filename)
     except (ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as err:
         # One line, whatever the parser's message looks like (pydantic's spans several).
         print(output.one_line(f"nodefabric labels: cannot read {args.filename}: {err}"), file=sys.stderr)

@@ -19,8 +19,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from nodefabric_devicemanager import inventory, yamldoc
-from nodefabric_devicemanager.commands import infile, output
+from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager.commands import document, output
 from nodefabric_devicemanager.commands import inventory as inventory_command
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import Devices, DevicesSpec
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     devices: Devices | None = None
     if args.filename:
         try:
-            devices = yamldoc.load_devices(infile.read_text(args.filename))
+            devices = document.load_devices(args.filename)
         except (ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as exc:
             # One line, whatever the parser's message looks like (pydantic's spans several).
             print(output.one_line(f"{PROG}: cannot read {args.filename}: {exc}"), file=sys.stderr)
