@@ -464,3 +464,19 @@ def test_a_document_of_too_many_values_is_refused_before_it_is_loaded(tmp_path, 
         f"nodefabric {command}: cannot read {path}: it holds more than 250,000 values "
         "(a Devices record of 1,024 VFs holds about 50,000)\n"
     )
+
+
+def test_pick_a_device_named_only_as_a_peer_is_not_blamed_on_free(tmp_path, capsys):
+    """Without --free the error said `--free names device(s) 1 ... (it has [0, 1])`: a flag not given,
+    and a device it said was there."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"0": {"1": "NV18"}}))
+    assert main(["pick", "--links", str(path), "--count", "1"]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        "nodefabric pick: the link matrix names device(s) 1 only as a peer, "
+        "with no row of its own (rows: [0])\n"
+    )
+    assert main(["pick", "--links", str(path), "--count", "1", "--free", "1"]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        "nodefabric pick: --free names device(s) 1 the link matrix does not have (rows: [0])\n"
+    )

@@ -222,7 +222,13 @@ def run(args: argparse.Namespace) -> int:
             shown = ",".join(map(str, missing[:8])) + (
                 f",... ({len(missing)} in all)" if len(missing) > 8 else ""
             )
-            raise InputError(f"--free names device(s) {shown} the link matrix does not have (it has {known})")
+            rows = sorted(matrix)
+            if args.free is None:  # named as a peer, never given a row: "--free names" would blame no flag
+                raise InputError(
+                    f"the link matrix names device(s) {shown} only as a peer, with no row of its own "
+                    f"(rows: {rows})"
+                )
+            raise InputError(f"--free names device(s) {shown} the link matrix does not have (rows: {rows})")
         if args.count < 1:
             raise InputError("--count must be at least 1")
         if args.count > len(free):
