@@ -7,10 +7,25 @@ kopf or grpc. Each module exposes `add_arguments(parser)` and `run(args) -> int`
 to a component's own arguments). A usage error is one line on stderr and exit 2, never a traceback.
 """
 
+# ruff: noqa: E402  (the imports below come after the Ctrl-C handler their own import time needs)
 from __future__ import annotations
 
+import signal
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise SystemExit(130)  # a quiet exit, with the shell's own code for SIGINT
+
+
+# Ctrl-C while this module's own imports run (tens of ms of start-up, before main can catch it) is a
+# quiet exit 130, not a KeyboardInterrupt traceback through the import machinery. The handler before it
+# (Python's, raising KeyboardInterrupt) is back once the imports are done.
+try:
+    _before_imports, _quieted = signal.signal(signal.SIGINT, _interrupted), True
+except ValueError:  # imported from a thread other than the main one: signals are not its to set
+    _before_imports, _quieted = signal.SIG_DFL, False
+
 import argparse
-import contextlib
 import errno
 import gc
 import importlib
@@ -23,6 +38,10 @@ from typing import Any, NoReturn, Protocol
 
 from nodefabric_devicemanager import logs
 from nodefabric_operator import stdout
+
+if _quieted:
+    # None: a handler set from C, which Python cannot put back; its own default is the nearest.
+    signal.signal(signal.SIGINT, _before_imports or signal.default_int_handler)
 
 
 class Command(Protocol):
@@ -171,7 +190,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # argparse quotes a bad choice with repr, but an unrecognized argument as typed: escaped here, so
+        # an argument can never move the cursor or forge a line of the message.
+        from nodefabric_devicemanager.commands.output import one_line
+
+        self.exit(2, f"{one_line(f'{self.prog}: error: {message} (see {self.prog} --help)')}\n")
 
 
 def log_level(text: str) -> str:
@@ -340,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     skip_pydantic_plugins()
     if entry:
         gc.disable()  # until _settle_heap: no collection traverses the imports while they are made
+    # Messages, logs included, that cannot be written are dropped (see stdout.Diagnostics): the exit code
+    # is still the command's.
+    real_err = sys.stderr
+    sys.stderr = diagnostics = stdout.Diagnostics(real_err)  # type: ignore[assignment]
     try:
         # The command's module is imported here (seconds on a loaded machine): Ctrl-C may land in it.
         try:
@@ -349,27 +376,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if entry:
                 gc.enable()
-        args = parser.parse_args(argv)
-        logs.configure(json_output=args.log_format == "json", level=args.log_level)
-        assert command is not None  # argparse already refused an unknown or missing command
-        return _run(command, args)
+        return _run(lambda: _parse_and_run(parser, command, argv))
     except KeyboardInterrupt:
         return 130  # Ctrl-C: the shell's own code for SIGINT, without a traceback
+    finally:
+        sys.stderr = real_err
+        diagnostics.settle()
 
 
-def _run(command: Command, args: argparse.Namespace) -> int:
+def _parse_and_run(parser: argparse.ArgumentParser, command: Command | None, argv: list[str]) -> int:
+    args = parser.parse_args(argv)  # --version and --help print here, through _run's stdout
+    logs.configure(json_output=args.log_format == "json", level=args.log_level)
+    assert command is not None  # argparse already refused an unknown or missing command
+    return command.run(args)
+
+
+def _run(body: Callable[[], int]) -> int:
     """The command, with its output's failures as one line (see stdout), never a traceback."""
     real = sys.stdout
     sys.stdout = output = stdout.Output(real)  # type: ignore[assignment]
     try:
-        code = command.run(args)
+        try:
+            code = body()
+        except SystemExit:
+            # --help and --version print inside argparse, which ignores a write that fails.
+            if output.failure is not None:
+                raise output.failure from None
+            if output.wrote:  # what they printed is heard now, not at interpreter exit
+                output.flush()
+            raise
         output.flush()  # a write that fails is heard here, not at interpreter exit
         return code
     except stdout.OutputFailed as err:
         if real is not None:
             # What is still buffered goes nowhere, rather than failing again at interpreter exit.
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
+            stdout.discard(real)
         if err.errno == errno.EPIPE:
             # The reader stopped early (`nodefabric inventory | head`): a filter's quiet end, with the
             # code a shell shows for a process SIGPIPE ended (Python ignores the signal, raising this).

@@ -14,8 +14,7 @@ import sys
 import pydantic
 import yaml
 
-from nodefabric_devicemanager import yamldoc
-from nodefabric_devicemanager.commands import output
+from nodefabric_devicemanager.commands import document, output
 from nodefabric_operator import labels
 
 
@@ -31,16 +30,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         domain = labels.check_domain(args.domain)
     except labels.InvalidDomain as err:
-        print(f"nodefabric labels: {err}", file=sys.stderr)
+        print(output.one_line(f"nodefabric labels: {err}"), file=sys.stderr)
         return 2
     try:
-        devices = yamldoc.load_devices(yamldoc.read_text(args.filename))
-    except (OSError, ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as err:
+        devices = document.load_devices(args.filename)
+    except (ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as err:
         # One line, whatever the parser's message looks like (pydantic's spans several).
-        print(
-            output.escape(f"nodefabric labels: cannot read {args.filename}: {' '.join(str(err).split())}"),
-            file=sys.stderr,
-        )
+        print(output.one_line(f"nodefabric labels: cannot read {args.filename}: {err}"), file=sys.stderr)
         return 2
     result = labels.compute(devices, domain)
     ordered = dict(sorted(result.labels.items()))

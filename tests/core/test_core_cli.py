@@ -198,7 +198,10 @@ def test_pick_reads_indices_as_plain_decimals(tmp_path, capsys, free):
 
 
 def test_no_traceback_for_a_root_that_is_not_a_host(tmp_path):
-    proc = script("inventory", "--root", str(tmp_path / "absent"))
+    """A directory with no /sys in it is a host whose parts could not be enumerated: exit 1, the False
+    conditions. (A root that is not a directory at all is a usage error: see test_core_cli_hostile.)"""
+    (tmp_path / "empty").mkdir()
+    proc = script("inventory", "--root", str(tmp_path / "empty"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     doc = json.loads(proc.stdout)
     assert {c["type"]: c["status"] for c in doc["status"]["conditions"]} == {

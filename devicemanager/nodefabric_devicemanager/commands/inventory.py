@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from typing import Any, TextIO
@@ -28,6 +29,36 @@ def add_root(parser: argparse.ArgumentParser) -> None:
         help="NVIDIA driver root to load libnvidia-ml.so.1 from, e.g. /run/nvidia/driver "
         "(default: $NVIDIA_DRIVER_ROOT, else the loader's own search)",
     )
+
+
+def root_problem(root: str) -> str | None:
+    """Why `--root` names no host root to read, or None. A typo is the user's error (exit 2), not a host
+    whose /sys could not be enumerated (exit 1, with conditions that would blame the host)."""
+    if not root:
+        return "--root is empty (give a directory; / for this host)"
+    if not os.path.isdir(root):
+        why = " (nothing is there)" if not os.path.lexists(root) else ""
+        return f"the host root {root} is not a directory{why}"
+    return None
+
+
+def driver_root_problem(driver_root: str | None) -> str | None:
+    """Why `--driver-root` names no directory, or None (None: not given, $NVIDIA_DRIVER_ROOT or the
+    loader's search decide). A typo there would otherwise read as a node without NVML, exit 0."""
+    if driver_root is None or os.path.isdir(driver_root):
+        return None
+    if not driver_root:
+        return "--driver-root is empty (give the driver's directory, or leave the option out)"
+    why = " (nothing is there)" if not os.path.lexists(driver_root) else ""
+    return f"the driver root {driver_root} is not a directory{why}"
+
+
+def refused_root(prog: str, root: str, driver_root: str | None = None) -> bool:
+    """Print the host root's (or the driver root's) problem as one line, if it has one; True when it did."""
+    problem = root_problem(root) or driver_root_problem(driver_root)
+    if problem is not None:
+        print(output.one_line(f"{prog}: {problem}"), file=sys.stderr)
+    return problem is not None
 
 
 def read(args: argparse.Namespace) -> inventory.Reading:
@@ -125,6 +156,8 @@ def table(reading: inventory.Reading, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if refused_root("nodefabric inventory", args.root, args.driver_root):
+        return 2
     reading = read(args)
     if args.output == "table":
         table(reading, sys.stdout)

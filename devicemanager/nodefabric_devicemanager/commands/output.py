@@ -72,3 +72,16 @@ def json_text(doc: Any) -> str:
     if raw.isascii() and b"\x7f" not in raw:
         return raw.decode("ascii")
     return json.dumps(doc, indent=2)
+
+
+MESSAGE_LIMIT = 2000  # characters of one message line; a parser may quote a whole hostile input
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """A message as one printable line: a parser's line breaks (pydantic's span several) as spaces, the
+    rest escaped, so neither a file's bytes nor a user's argument can forge lines or move the cursor;
+    cut at `limit` characters (topo's parser quotes every unexpected column of a 2 MB header)."""
+    line = escape(" ".join(text.split()))
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}... ({len(line):,} characters in all)"

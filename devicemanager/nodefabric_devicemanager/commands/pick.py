@@ -18,7 +18,7 @@ from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager import pick as picking
 from nodefabric_devicemanager.accelerators import topo
 from nodefabric_devicemanager.accelerators.links import group_matrix
-from nodefabric_devicemanager.commands import output
+from nodefabric_devicemanager.commands import infile, output
 from nodefabric_devicemanager.models import AcceleratorGroup
 
 Matrix = dict[int, dict[int, str]]
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--free", metavar="LIST", help="free device indices, e.g. 1,2,3 or 0-3,6 (default: every device)"
     )
-    parser.add_argument("--count", type=int, required=True, metavar="N", help="how many devices to choose")
+    parser.add_argument("--count", type=count, required=True, metavar="N", help="how many devices to choose")
     parser.add_argument(
         "--group",
         metavar="ID",
@@ -54,9 +54,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def count(text: str) -> int:
+    """`--count`: plain ASCII decimal, as every number nodefabric reads (int() would also take "٣",
+    "1_0" and " 3 "). Below 1 is left for run to refuse with its own message."""
+    digits = text[1:] if text.startswith("-") else text
+    shown = text if len(text) <= 32 else f"{text[:32]}... ({len(text)} characters)"
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a whole number (plain ASCII decimal digits)")
+    if len(digits) > 9 and not text.startswith("-"):  # spares int() a quadratic conversion
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is more devices than pick chooses among (at most {picking.MAX_DEVICES})"
+        )
+    return int(text) if len(digits) <= 9 else -1
+
+
 def _index(text: str, where: str) -> int:
     if text.startswith("-"):
         raise InputError(f"{where}: device indices are never negative")
+    if text.isascii() and text.isdigit() and text[0] != "0" and len(text) > len(str(numbers.DEVICE_INDEX.hi)):
+        # numbers.parse calls a long number "not a plain ASCII decimal", which this one is.
+        raise InputError(f"{where}: device index {text[:32]!r} is above {numbers.DEVICE_INDEX.hi}")
     try:
         value = numbers.parse(text, numbers.DEVICE_INDEX)
     except numbers.BadNumber as exc:
@@ -88,7 +105,10 @@ def parse_indices(text: str) -> list[int]:
 
 def _from_json(doc: Any, group_id: str | None) -> Matrix:
     if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
-        groups = [AcceleratorGroup.model_validate(g) for g in doc["spec"].get("groups") or []]
+        listed = doc["spec"].get("groups") or []
+        if not isinstance(listed, list):
+            raise InputError(f"the Devices object's spec.groups is {type(listed).__name__}, not a list")
+        groups = [AcceleratorGroup.model_validate(g) for g in listed]
         if group_id is not None:
             chosen = [g for g in groups if g.id == group_id]
             if not chosen:
@@ -104,6 +124,8 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
             if not chosen:
                 raise InputError("the Devices object lists no accelerators")
         return group_matrix(chosen[0])
+    if group_id is not None:
+        raise InputError("--group chooses a group of a Devices object; this file is not one")
     if isinstance(doc, dict) and "accelerators" in doc:
         return group_matrix(AcceleratorGroup.model_validate(doc))
     if isinstance(doc, dict):
@@ -136,6 +158,8 @@ def load_matrix(text: str, group_id: str | None = None) -> Matrix:
             raise InputError(f"not valid JSON: {exc}") from exc
         matrix = _from_json(doc, group_id)
     else:
+        if group_id is not None:
+            raise InputError("--group chooses a group of a Devices object; this file is not one")
         try:
             matrix = topo.parse(text).links
         except topo.TopoParseError as exc:
@@ -186,19 +210,25 @@ def explain(matrix: Matrix, free: list[int], count: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.links == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.links, encoding="utf-8") as fh:
-                text = fh.read()
+        try:
+            text = infile.read_text(args.links)
+        except infile.BadInput as exc:
+            raise InputError(f"cannot read {args.links}: {exc}") from None
         matrix = load_matrix(text, args.group)
         known = sorted(set(matrix) | {p for row in matrix.values() for p in row})
         free = parse_indices(args.free) if args.free is not None else known
         missing = [i for i in free if i not in matrix] if matrix else []
         if missing:
-            raise InputError(
-                f"--free names device(s) {missing} the link matrix does not have (it has {known})"
+            shown = ",".join(map(str, missing[:8])) + (
+                f",... ({len(missing)} in all)" if len(missing) > 8 else ""
             )
+            rows = sorted(matrix)
+            if args.free is None:  # named as a peer, never given a row: "--free names" would blame no flag
+                raise InputError(
+                    f"the link matrix names device(s) {shown} only as a peer, with no row of its own "
+                    f"(rows: {rows})"
+                )
+            raise InputError(f"--free names device(s) {shown} the link matrix does not have (rows: {rows})")
         if args.count < 1:
             raise InputError("--count must be at least 1")
         if args.count > len(free):
@@ -208,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         # ValueError also covers a malformed Devices object (pydantic), a file that is not UTF-8 text and
         # a matrix naming a negative index; RecursionError a JSON nested deeper than the parser goes:
         # each is bad input that gets its message, never a traceback.
-        print(f"nodefabric pick: {exc}", file=sys.stderr)
+        print(output.one_line(f"nodefabric pick: {exc}"), file=sys.stderr)
         return 2
     if args.output != "table":
         output.document(result, args.output, sys.stdout)

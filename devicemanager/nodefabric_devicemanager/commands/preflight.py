@@ -113,6 +113,8 @@ def document(reading: inventory.Reading) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if inventory_command.refused_root("nodefabric preflight", args.root, args.driver_root):
+        return 2
     reading = inventory_command.read(args)
     if args.output == "table":
         print_report(reading, sys.stdout)

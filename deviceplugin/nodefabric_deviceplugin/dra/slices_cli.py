@@ -19,7 +19,9 @@ from typing import Any
 import pydantic
 import yaml
 
-from nodefabric_devicemanager import inventory, yamldoc
+from nodefabric_devicemanager import inventory
+from nodefabric_devicemanager.commands import document, output
+from nodefabric_devicemanager.commands import inventory as inventory_command
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import Devices, DevicesSpec
 from nodefabric_deviceplugin.dra.config import DEFAULT_DOMAIN, DriverConfig
@@ -56,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
     devices: Devices | None = None
     if args.filename:
         try:
-            devices = yamldoc.load_devices(yamldoc.read_text(args.filename))
-        except (OSError, ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as exc:
+            devices = document.load_devices(args.filename)
+        except (ValueError, RecursionError, yaml.YAMLError, pydantic.ValidationError) as exc:
             # One line, whatever the parser's message looks like (pydantic's spans several).
-            print(f"{PROG}: cannot read {args.filename}: {' '.join(str(exc).split())}", file=sys.stderr)
+            print(output.one_line(f"{PROG}: cannot read {args.filename}: {exc}"), file=sys.stderr)
             return 2
     node = args.node_name or (devices.metadata.name if devices is not None else "")
     if not node:
@@ -68,21 +70,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = DriverConfig(node_name=node, domain=args.domain)
     except ValueError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(output.one_line(f"{PROG}: {exc}"), file=sys.stderr)
         return 2
     layers: dict[str, str] = {}
     if devices is not None:
         spec = devices.spec
     else:
-        root = args.root or "/"
-        if not os.path.isdir(root):
-            print(f"{PROG}: the host root {root} is not a directory", file=sys.stderr)
+        root = "/" if args.root is None else args.root
+        if inventory_command.refused_root(PROG, root):
             return 2
         host = HostRoot.at(root)
         reading = inventory.read(host)
         if reading.interfaces is None:
             why = next((c.message for c in reading.conditions if c.status == "False"), "unknown")
-            print(f"{PROG}: could not enumerate this host's interfaces, so no slices: {why}", file=sys.stderr)
+            print(
+                output.one_line(f"{PROG}: could not enumerate this host's interfaces, so no slices: {why}"),
+                file=sys.stderr,
+            )
             return 1
         spec = reading.spec()
         layers = link_layers(host, [d.endpoint.rdma_device for d in published(pool_devices(spec))])
