@@ -46,8 +46,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def _kv(value: Any) -> str:
+    """A field's value bare when that reads back unambiguously, else as a JSON string. A value with
+    anything unprintable (an ESC, a newline, a bidi override in a hostile host's interface name or a
+    --root given on the command line) is always quoted and escaped: raw, it could move a terminal's
+    cursor or forge a log line of its own."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return json.dumps(text) if (not text or any(c in text for c in ' ="')) else text
+    bare = text and text.isprintable() and not any(c in text for c in ' ="')
+    return text if bare else json.dumps(text)
 
 
 def configure(*, json_output: bool = False, level: str = "INFO") -> None:

@@ -25,3 +25,19 @@ def test_no_extra_field_overwrites_a_log_record_attribute() -> None:
                         if isinstance(key, ast.Constant) and key.value in RESERVED
                     ]
     assert not clashes, clashes
+
+
+def test_an_unprintable_field_value_cannot_forge_a_line_or_reach_the_terminal() -> None:
+    """A value carrying an ESC sequence, a newline and a bidi override (a hostile host's interface name,
+    a --root typed by hand) is written quoted and escaped: one line, no control character in it."""
+    from nodefabric_devicemanager import logs
+
+    record = logging.LogRecord("nodefabric", logging.WARNING, "", 0, "read failed", (), None)
+    record.root = "/tmp/e\x1b[31m\nforged"
+    record.name_rtl = "eth\u202e0"
+    record.plain = "eth0"
+    line = logs.KeyValueFormatter().format(record)
+    assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
+    assert 'root="/tmp/e\\u001b[31m\\nforged"' in line
+    assert 'name_rtl="eth\\u202e0"' in line
+    assert line.endswith(" plain=eth0")  # a printable value without space, = or quote stays bare
