@@ -105,9 +105,11 @@ def parse(text: str, quantity: Quantity) -> int | None:
     """The value, or None for the kernel's own spelling of unknown. Raises BadNumber for anything else."""
     if text in quantity.unknown:
         return None
-    # A cap before int(): a 5,000-digit string would cost a quadratic conversion to be refused anyway.
-    if len(text) > len(str(quantity.hi)) or not _DECIMAL.fullmatch(text):
+    if not _DECIMAL.fullmatch(text):
         raise BadNumber(quantity, text, "not a plain ASCII decimal number")
+    # Refused by its length before int(): a 5,000-digit number would cost a quadratic conversion.
+    if len(text) > len(str(quantity.hi)):
+        raise BadNumber(quantity, text, f"outside {quantity.lo}..{quantity.hi}")
     return _checked(quantity, text, int(text))
 
 

@@ -136,3 +136,11 @@ def test_memo_answers_as_the_parser_does_and_keeps_only_short_text() -> None:
     for n in range(3 * numbers._MEMO_ENTRIES):
         assert cached(str(n)) == numbers.parse_opt(str(n), numbers.NUMA_NODE)
     assert numbers.cpu_list("0-3") == "0-3" and numbers.cpu_list("3-0") is None
+
+
+@pytest.mark.parametrize("text", ["65000", "9" * 40, "9" * 5000])
+def test_a_plain_decimal_too_long_for_the_quantity_says_it_is_out_of_range(text):
+    """A decimal longer than the quantity's largest is refused by its length (no int() of 5,000 digits)
+    and named for what it is: out of range, not "not a plain decimal"."""
+    with pytest.raises(numbers.BadNumber, match=r"outside 0\.\.4095$"):
+        numbers.parse(text, numbers.DEVICE_INDEX)

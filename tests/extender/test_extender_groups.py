@@ -118,7 +118,7 @@ def test_a_pod_of_no_group_and_a_configured_domain():
             "placement.gpustack.ai/group-size: group size ' 8': not a plain ASCII decimal number",
         ),
         ({"placement.gpustack.ai/group-size": "0"}, "group size '0': outside 1..100000"),
-        ({"placement.gpustack.ai/group-size": "9" * 40}, "not a plain ASCII decimal number"),
+        ({"placement.gpustack.ai/group-size": "9" * 40}, "9999... (40 characters)': outside 1..100000"),
         ({"kueue.x-k8s.io/pod-group-total-count": "+4"}, "kueue.x-k8s.io/pod-group-total-count: group size"),
         (
             {"placement.gpustack.ai/homogeneous": "nvidia.com/gpu.product, not a key!"},
