@@ -177,8 +177,16 @@ class HostRoot:
 
     def present(self, path: str) -> bool:
         """Whether anything is at a host path, a broken or escaping link included: the question to ask
-        before concluding a part of the host is absent (a refused path is not an absent one)."""
-        return os.path.lexists(self.host_path(path))
+        before concluding a part of the host is absent (a refused path is not an absent one). Only
+        ENOENT is absence: a path whose way there loops (`sys/class -> class`) or cannot be searched is
+        there and refused when read, where os.path.lexists would call it absent."""
+        try:
+            os.lstat(self.host_path(path))
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
 
     def exists(self, path: str) -> bool:
         try:
@@ -457,6 +465,15 @@ class SysDir(PathReads):
 
     def is_dir(self) -> bool:
         return os.path.isdir(self.path)
+
+    def not_a_directory(self) -> str:
+        """Why is_dir said no, in the kernel's words where it has them ("Too many levels of symbolic
+        links" for a loop, rather than a plain "not a directory")."""
+        try:
+            os.stat(self.path)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return "is not a directory"
 
     def list(self) -> list[str]:
         """Entry names, sorted: sysfs directory order is not stable and everything built on it is compared."""

@@ -276,7 +276,7 @@ def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
         raise FileNotFoundError(f"{CLASS_NET} is absent under {host.root}: the interfaces were not read")
     net = host.dir(CLASS_NET)
     if not net.is_dir():
-        raise NotADirectory(net.shown, "is not a directory: the interfaces were not read")
+        raise NotADirectory(net.shown, f"{net.not_a_directory()}: the interfaces were not read")
     found = _entries(net, pci)
     # A VF is nested under its PF; it stays at top level only if its PF has no interface of its own.
     listed_pfs = {e.fn.bus_id for e in found if e.fn is not None and not e.fn.physfn}

@@ -393,3 +393,25 @@ def test_an_unreadable_attribute_or_directory_is_an_error_not_absent(open_root, 
         assert iface["link"]["state"] == "unverified"
         assert "Permission denied" in iface["link"]["reason"]
         assert "missing" not in iface["link"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("link", "target", "part"),
+    [
+        ("sys/class", "class", "InterfacesEnumerated"),  # the way to /sys/class/net loops
+        ("sys/class/net", "net", "InterfacesEnumerated"),  # /sys/class/net itself loops
+        ("sys/bus", "bus", "AcceleratorsEnumerated"),  # the way to /sys/bus/pci loops
+    ],
+)
+def test_a_link_loop_on_the_way_is_refused_as_a_loop_not_called_absent(tmp_path, capsys, link, target, part):
+    """A loop is something there that cannot be read: InterfacesEnumerated (or AcceleratorsEnumerated)
+    False naming the loop in the kernel's words, never "is absent" (which reads as a node without it)."""
+    root = tmp_path / "root"
+    (root / link).parent.mkdir(parents=True)
+    (root / link).symlink_to(target)
+    code, doc, _ = inventory(capsys, root)
+    assert code == 1
+    cond = conditions(doc)[part]
+    assert cond["status"] == "False"
+    assert "Too many levels of symbolic links" in cond["message"], cond["message"]
+    assert "absent" not in cond["message"]
