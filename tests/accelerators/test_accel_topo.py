@@ -67,6 +67,9 @@ def test_single_gpu_and_older_names():
         ("\tGPU0\tGPU1\nGPU0\t X \t X \nGPU1\tNV1\t X \n", "X marks a device's own cell only"),
         ("\tGPU0\tGPU1\tPower\nGPU0\t X \tNV1\t1\n", "unexpected header column"),
         ("\tGPU0\tNIC0\nNIC0\tPIX\t X \n", "no GPU rows"),
+        # A row repeated (a million times, or once): which one holds the links is a guess, so neither.
+        ("\tGPU0\tGPU1\nGPU0\t X \tNV1\nGPU1\tNV1\t X \nGPU0\t X \tSYS\n", "line 4: a second row for GPU0"),
+        ("\tGPU0\tGPU0\nGPU0\t X \tNV1\n", r"column\(s\) \['GPU0'\] named twice"),
     ],
 )
 def test_bad_input_is_refused_with_the_place(text, message):

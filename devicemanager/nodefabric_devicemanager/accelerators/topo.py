@@ -86,6 +86,9 @@ def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
     unknown = [c for c in affinity if c not in _AFFINITY_COLUMNS]
     if unknown:
         raise TopoParseError(f"line {header_at + 1}: unexpected header column(s) {unknown}")
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise TopoParseError(f"line {header_at + 1}: column(s) {twice} named twice")
     return header_at, columns, affinity
 
 
@@ -115,6 +118,7 @@ def parse(text: str) -> TopoMatrix:
     header_at, columns, affinity = _header(lines)
     out = TopoMatrix()
     rows: dict[str, list[str]] = {}
+    row_at: dict[str, int] = {}
     end = len(lines)
     for line_no, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
         cells = line.split("\t")
@@ -126,6 +130,11 @@ def parse(text: str) -> TopoMatrix:
             raise TopoParseError(
                 f"line {line_no}: {name} has {len(cells) - 1} cells, the header names {len(columns)}"
             )
+        if name in row_at:
+            # Two rows for one device cannot both be its links: keeping either would be a guess.
+            first = row_at[name]
+            raise TopoParseError(f"line {line_no}: a second row for {name} (the first is line {first})")
+        row_at[name] = line_no
         rows[name] = [
             _cell(c, f"line {line_no}, {name}/{columns[k]}")
             for k, c in enumerate(cells[1 : 1 + len(columns)])
