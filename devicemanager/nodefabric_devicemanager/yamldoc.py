@@ -25,7 +25,9 @@ def expanded_size(doc: Any, limit: int = MAX_VALUES) -> int:
         node = stack.pop()
         count += 1
         if count > limit:
-            raise ValueError(f"the document expands to more than {limit:,} values (every YAML alias expanded)")
+            raise ValueError(
+                f"the document expands to more than {limit:,} values (every YAML alias expanded)"
+            )
         if isinstance(node, dict):
             stack.extend(node.values())
         elif isinstance(node, list):
