@@ -9,8 +9,9 @@ entry's error and never the call's, and nothing a claim carries can crash the se
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
    still served: its pod was already placed), its verbs device taken from the device plugin's
    `VerbsCache`, and the grant is the device plugin's (`allocate.grant`);
-4. the CDI spec is written, then the claim's checkpoint file is created and the claim written into it;
-   then the CDI device ids are returned, and the entry's syncs follow the answer (`syncs`; checkpoint
+4. the claim's checkpoint file is created and the claim written into it, then the CDI spec is written
+   (a kill between the two leaves no spec that the checkpoint does not name); then the CDI device ids
+   are returned, and the entry's syncs follow the answer (`syncs`; checkpoint
    says why that is safe).
 
 Steps 2 to 4 take one thread hop when the verbs devices are cached for the record (the common case:
@@ -357,20 +358,22 @@ class Preparer:
             metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
 
     def _record(self, path: str, prepared: PreparedClaim) -> Reservation:
-        """The spec, then the claim's entry, written (not synced: `syncs` does it after the answer).
+        """The claim's entry, then the spec, written (not synced: `syncs` does it after the answer).
         Raises OSError, leaving neither file: kubelet need never unprepare a claim whose prepare failed,
-        and a spec left behind would stay in the runtime's directory for good."""
+        and a spec left behind would stay in the runtime's directory for good.
+
+        The entry first: a kill between the two files then leaves an entry without its spec (the next
+        prepare answers from it and rewrites the spec; an unprepare removes both), never a spec that no
+        entry names (kubelet, never answered, may never unprepare it, and nothing else would remove it)."""
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
+        entry.commit(prepared)  # releases the file itself when it fails
         try:
             cdi.write_spec(path, prepared.spec)
         except BaseException:
-            entry.release()
-            raise
-        try:
-            entry.commit(prepared)  # releases the file itself when it fails
-        except OSError:
+            # Forgotten durably: the entry was written, and must not come back as a prepared claim.
             with contextlib.suppress(OSError):
-                cdi.remove_spec(path)
+                self.checkpoint.remove(prepared.uid)
+            self.checkpoint.claims.pop(prepared.uid, None)
             raise
         return entry
 

@@ -1,0 +1,248 @@
+"""Hostile tests of the one-hop prepare: the driver killed (kill -9) at every system call of a prepare
+and of an unprepare, then restarted on what the disk holds; the process's one sync thread failing to
+start. A kill is simulated at the edge: every `os` call the DRA files make under the test's directories
+counts, the Nth raises, and every later one raises too (a dead process touches nothing more, its
+cleanup handlers included); the restart is a new Checkpoint and Preparer on the same directories."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from dra_helpers import DRIVER, Dirs, client, put_claim, result
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra import cdi, syncs
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
+from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.prepare import Preparer
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"
+
+_BY_PATH = ("open", "replace", "rename", "unlink", "mkdir")
+_BY_FD = ("write", "close", "fchmod", "fsync", "fdatasync")
+
+
+class Killed(OSError):
+    """The process died at this call (an OSError, so the hop ends the way a dead thread would not; the
+    calls after it, cleanup included, all fail too, so the disk stays as the kill left it)."""
+
+
+class Kill:
+    """Kill the driver at its `at`-th system call under `base` (None: never); counts them all."""
+
+    def __init__(self, base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.base = base
+        self.at: int | None = None
+        self.calls = 0
+        self.dead = False
+        self.fds: set[int] = set()
+        self._lock = threading.Lock()
+        for name in _BY_PATH + _BY_FD:
+            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name)))
+
+    def arm(self, at: int | None) -> None:
+        self.at, self.calls, self.dead = at, 0, False
+
+    def _ours(self, name: str, args: tuple[Any, ...]) -> bool:
+        if name in _BY_FD:
+            return bool(args) and args[0] in self.fds
+        return bool(args) and isinstance(args[0], str) and args[0].startswith(self.base)
+
+    def _wrap(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            if not self._ours(name, args):
+                return real(*args, **kw)
+            with self._lock:
+                if not self.dead and self.at is not None and self.calls >= self.at:
+                    self.dead = True
+                self.calls += 1
+                if self.dead:
+                    raise Killed(5, f"killed at {name}")
+            out = real(*args, **kw)
+            if name == "open":
+                self.fds.add(out)
+            elif name == "close":
+                self.fds.discard(args[0])
+            return out
+
+        return call
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+def at(base: str, n: int) -> Dirs:
+    return Dirs(plugin=f"{base}/{n}/plugins", registry=f"{base}/{n}/reg", cdi=f"{base}/{n}/cdi")
+
+
+def start(api: RunningAPI, dirs: Dirs, host: Any, source: RecordSource) -> Preparer:
+    """The driver's start on what the disk holds."""
+    config = dirs.config()
+    return Preparer(config, source, host, DraApi(client(api), config), Checkpoint(config.checkpoint_path))
+
+
+def temporaries(directory: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(directory) if n.endswith(".tmp")]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture
+def kill(dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kill]:
+    yield Kill(os.path.dirname(dirs.cdi), monkeypatch)
+
+
+async def kill_every_call(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    kill: Kill,
+    *,
+    warm: bool,
+    unprepare: bool,
+) -> list[tuple[int, bool, str, Checkpoint]]:
+    """For every call N of one claim's prepare (or unprepare): kill there, restart. Returns, per N,
+    whether kubelet was answered success, where the claim's spec is and the restarted checkpoint."""
+    base = os.path.dirname(dirs.cdi)
+    host = hgx_host[0].host
+    source = RecordSource(hgx_spec)
+    claim = put_claim(api, "victim", [result(NIC0), result(NIC1, request="other")])
+    other = put_claim(api, "warm", [result(NIC1)])
+    out: list[tuple[int, bool, str, Checkpoint]] = []
+    for n in range(200):
+        d = at(base, n)
+        kill.arm(None)
+        p = start(api, d, host, source)
+        if warm:  # the verbs devices cached and the directories made: the one-hop path
+            assert (await p.prepare([ref(other)]))[ref(other).uid].error == ""
+        if unprepare:
+            assert (await p.prepare([ref(claim)]))[ref(claim).uid].error == ""
+        await p.syncs.drain(5)
+        kill.arm(n)
+        if unprepare:
+            told = (await p.unprepare([ref(claim)]))[ref(claim).uid] == ""
+        else:
+            told = (await p.prepare([ref(claim)]))[ref(claim).uid].error == ""
+        await p.syncs.drain(5)
+        finished = not kill.dead
+        kill.arm(None)
+        spec = cdi.spec_path(d.cdi, DRIVER, ref(claim).uid)
+        restarted = start(api, d, host, source)
+        out.append((n, told, spec, restarted.checkpoint))
+        if finished:
+            return out
+    raise AssertionError("a prepare of more than 200 calls")
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["one hop", "two hops, first write"])
+async def test_a_prepare_killed_at_any_call_leaves_no_spec_kubelet_cannot_find_in_the_checkpoint(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    kill: Kill,
+    warm: bool,
+) -> None:
+    """Killed at any call, restarted: a claim kubelet was answered is in the checkpoint with its spec;
+    a spec on disk always has its entry (a spec the checkpoint does not name is a claim kubelet may
+    never unprepare: it would stay in the runtime's directory for good)."""
+    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm, unprepare=False)
+    assert len(runs) > 8, "the prepare made fewer calls than its files need"
+    for n, told, spec, ck in runs:
+        uid = os.path.basename(spec).removeprefix(f"{DRIVER}-nic_").removesuffix(".json")
+        held = ck.get(uid)
+        if told:
+            assert held is not None and held.spec and held.spec_path == spec, f"killed at call {n}"
+        if os.path.exists(spec):
+            assert held is not None, f"killed at call {n}: a spec is left that no checkpoint entry names"
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["one hop", "two hops, first write"])
+async def test_a_prepare_killed_at_any_call_then_restarted_leaves_no_temporary_file(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    kill: Kill,
+    warm: bool,
+) -> None:
+    """A kill between a spec's temporary file and its rename leaves a `.tmp` in the runtime's CDI
+    directory; the restarted driver removes its own (and only its own) leftovers there."""
+    base = os.path.dirname(dirs.cdi)
+    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm, unprepare=False)
+    for n, _, spec, ck in runs:
+        assert temporaries(ck.directory) == [], f"killed at call {n}"
+        assert temporaries(os.path.dirname(spec)) == [], f"killed at call {n}"
+    # Someone else's temporary file in the CDI directory is not ours to remove.
+    d = at(base, 0)
+    foreign = os.path.join(d.cdi, ".other.example.com-nic_x.json.0123456789ab.tmp")
+    os.makedirs(d.cdi, exist_ok=True)
+    open(foreign, "w").close()
+    start(api, d, hgx_host[0].host, RecordSource(hgx_spec))
+    assert os.path.exists(foreign)
+
+
+async def test_an_unprepare_killed_at_any_call_leaves_the_claim_whole_or_gone(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    kill: Kill,
+) -> None:
+    """Killed at any call of an unprepare: an unprepare kubelet was answered left neither file; one it
+    was not leaves the claim in the checkpoint (kubelet unprepares it again), and a prepare after the
+    restart answers it whole, spec included."""
+    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=True, unprepare=True)
+    assert len(runs) > 3
+    for n, told, spec, ck in runs:
+        uid = os.path.basename(spec).removeprefix(f"{DRIVER}-nic_").removesuffix(".json")
+        if told:
+            assert ck.get(uid) is None and not os.path.exists(spec), f"killed at call {n}"
+        elif os.path.exists(spec):
+            assert ck.get(uid) is not None, f"killed at call {n}: a spec without its entry"
+
+
+async def test_a_sync_thread_that_cannot_start_fails_that_sync_and_the_next_one_starts_it(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process is at its thread limit when the first sync is due (`can't start new thread`): that
+    sync fails (logged, counted; the claim stays prepared) instead of waiting for good, and the next
+    sync starts the thread; no sync of the process stays stuck behind a thread that never ran."""
+    monkeypatch.setattr(syncs, "_WORKER", syncs._Worker())
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def at_limit(self: threading.Thread) -> None:
+        if self.name == "dra-sync" and not refused:
+            refused.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", at_limit)
+    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    first, second = put_claim(api, "first", [result(NIC0)]), put_claim(api, "second", [result(NIC1)])
+    assert (await p.prepare([ref(first)]))[ref(first).uid].error == ""
+    assert await p.syncs.drain(5), "a sync whose thread could not start is waited for until the timeout"
+    assert refused
+    assert (await p.prepare([ref(second)]))[ref(second).uid].error == ""
+    assert await p.syncs.drain(5), "the sync thread never started after one refused start"
+    assert len(p.syncs) == 0
+    await asyncio.sleep(0)
