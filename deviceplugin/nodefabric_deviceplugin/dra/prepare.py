@@ -199,6 +199,7 @@ class Preparer:
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
         self.syncs = Syncs()
+        cdi.remove_temporaries(config.cdi_dir, config.driver)  # a crash's leftovers; no write runs yet
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # --- prepare ----------------------------------------------------------------------------------------
