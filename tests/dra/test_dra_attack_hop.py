@@ -154,6 +154,7 @@ async def test_a_prepare_killed_at_any_call_leaves_no_spec_kubelet_cannot_find_i
     dirs: Dirs,
     hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
+    *,
     kill: Kill,
     warm: bool,
 ) -> None:
@@ -177,6 +178,7 @@ async def test_a_prepare_killed_at_any_call_then_restarted_leaves_no_temporary_f
     dirs: Dirs,
     hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
+    *,
     kill: Kill,
     warm: bool,
 ) -> None:
