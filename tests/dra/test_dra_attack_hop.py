@@ -6,10 +6,12 @@ cleanup handlers included); the restart is a new Checkpoint and Preparer on the 
 
 from __future__ import annotations
 
-import asyncio
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from dra_helpers import DRIVER, Dirs, client, put_claim, result
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import cdi, syncs
+from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.kube import DraApi
@@ -218,33 +220,61 @@ async def test_an_unprepare_killed_at_any_call_leaves_the_claim_whole_or_gone(
             assert ck.get(uid) is not None, f"killed at call {n}: a spec without its entry"
 
 
-async def test_a_sync_thread_that_cannot_start_fails_that_sync_and_the_next_one_starts_it(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The process is at its thread limit when the first sync is due (`can't start new thread`): that
-    sync fails (logged, counted; the claim stays prepared) instead of waiting for good, and the next
-    sync starts the thread; no sync of the process stays stuck behind a thread that never ran."""
-    monkeypatch.setattr(syncs, "_WORKER", syncs._Worker())
-    real_start = threading.Thread.start
-    refused: list[str] = []
+# In a process of its own: the refused start must be the process's first, and the thread a later sync
+# starts lives as long as the process (a worker shared with other tests would count two).
+THREAD_LIMIT = """
+import asyncio, logging, sys, threading
+from prometheus_client import REGISTRY
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
+from nodefabric_deviceplugin.dra.syncs import Syncs
 
-    def at_limit(self: threading.Thread) -> None:
-        if self.name == "dra-sync" and not refused:
-            refused.append(self.name)
-            raise RuntimeError("can't start new thread")
-        real_start(self)
+logging.basicConfig(format="%(message)s %(why)s")
+real_start = threading.Thread.start
+refused = []
 
-    monkeypatch.setattr(threading.Thread, "start", at_limit)
-    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
-    first, second = put_claim(api, "first", [result(NIC0)]), put_claim(api, "second", [result(NIC1)])
-    assert (await p.prepare([ref(first)]))[ref(first).uid].error == ""
-    assert await p.syncs.drain(5), "a sync whose thread could not start is waited for until the timeout"
-    assert refused
-    assert (await p.prepare([ref(second)]))[ref(second).uid].error == ""
-    assert await p.syncs.drain(5), "the sync thread never started after one refused start"
-    assert len(p.syncs) == 0
-    await asyncio.sleep(0)
+
+def at_limit(self):
+    if self.name == "dra-sync" and not refused:
+        refused.append(self.name)
+        raise RuntimeError("can't start new thread")
+    real_start(self)
+
+
+threading.Thread.start = at_limit
+
+
+async def main():
+    checkpoint = Checkpoint(sys.argv[1])
+    syncs = Syncs()
+    for uid in ("u-1", "u-2"):
+        entry = checkpoint.reserve(uid)
+        entry.commit(PreparedClaim(uid, "ml", "c", (), ""))
+        syncs.start(entry)
+        print(uid, await syncs.drain(5), len(syncs), flush=True)
+    names = [t.name for t in threading.enumerate()]
+    print(refused, names.count("dra-sync"), REGISTRY.get_sample_value(
+        "nodefabric_dra_checkpoint_sync_failures_total"), sorted(Checkpoint(sys.argv[1]).claims), flush=True)
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_sync_thread_that_cannot_start_fails_that_sync_and_the_next_one_starts_it(tmp_path: Path) -> None:
+    """The process is at its thread limit when its first sync is due (`can't start new thread`): that
+    sync fails (logged, counted; the claim stays prepared) instead of waiting out the stop's bound, and
+    the next sync starts the thread; no sync of the process stays queued behind a thread never run."""
+    out = subprocess.run(
+        [sys.executable, "-c", THREAD_LIMIT, str(tmp_path / "checkpoint.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "u-1 True 0",
+        "u-2 True 0",
+        "['dra-sync'] 1 1.0 ['u-1', 'u-2']",
+    ], (out.stdout, out.stderr)
+    assert "could not be synced" in out.stderr and "can't start new thread" in out.stderr, out.stderr
