@@ -116,15 +116,17 @@ async def kill_every_call(
     *,
     warm: bool,
     unprepare: bool,
-) -> list[tuple[int, bool, str, Checkpoint]]:
+) -> list[tuple[int, bool, str, bool, Checkpoint]]:
     """For every call N of one claim's prepare (or unprepare): kill there, restart. Returns, per N,
-    whether kubelet was answered success, where the claim's spec is and the restarted checkpoint."""
+    whether kubelet was answered success, where the claim's spec is, whether the kill left it there
+    and the checkpoint as the restart found it. After each restart the claim is prepared again, as
+    kubelet retries: it is answered whole, with its spec on disk."""
     base = os.path.dirname(dirs.cdi)
     host = hgx_host[0].host
     source = RecordSource(hgx_spec)
     claim = put_claim(api, "victim", [result(NIC0), result(NIC1, request="other")])
     other = put_claim(api, "warm", [result(NIC1)])
-    out: list[tuple[int, bool, str, Checkpoint]] = []
+    out: list[tuple[int, bool, str, bool, Checkpoint]] = []
     for n in range(200):
         d = at(base, n)
         kill.arm(None)
@@ -144,7 +146,11 @@ async def kill_every_call(
         kill.arm(None)
         spec = cdi.spec_path(d.cdi, DRIVER, ref(claim).uid)
         restarted = start(api, d, host, source)
-        out.append((n, told, spec, restarted.checkpoint))
+        out.append((n, told, spec, os.path.exists(spec), Checkpoint(restarted.checkpoint.path)))
+        again = (await restarted.prepare([ref(claim)]))[ref(claim).uid]
+        assert again.error == "" and len(again.devices) == 2, f"killed at call {n}: {again.error}"
+        assert os.path.exists(spec), f"killed at call {n}: prepared again without its spec"
+        await restarted.syncs.drain(5)
         if finished:
             return out
     raise AssertionError("a prepare of more than 200 calls")
@@ -165,12 +171,12 @@ async def test_a_prepare_killed_at_any_call_leaves_no_spec_kubelet_cannot_find_i
     never unprepare: it would stay in the runtime's directory for good)."""
     runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm, unprepare=False)
     assert len(runs) > 8, "the prepare made fewer calls than its files need"
-    for n, told, spec, ck in runs:
+    for n, told, spec, left, ck in runs:
         uid = os.path.basename(spec).removeprefix(f"{DRIVER}-nic_").removesuffix(".json")
         held = ck.get(uid)
         if told:
             assert held is not None and held.spec and held.spec_path == spec, f"killed at call {n}"
-        if os.path.exists(spec):
+        if left:
             assert held is not None, f"killed at call {n}: a spec is left that no checkpoint entry names"
 
 
@@ -188,7 +194,7 @@ async def test_a_prepare_killed_at_any_call_then_restarted_leaves_no_temporary_f
     directory; the restarted driver removes its own (and only its own) leftovers there."""
     base = os.path.dirname(dirs.cdi)
     runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm, unprepare=False)
-    for n, _, spec, ck in runs:
+    for n, _, spec, _, ck in runs:
         assert temporaries(ck.directory) == [], f"killed at call {n}"
         assert temporaries(os.path.dirname(spec)) == [], f"killed at call {n}"
     # Someone else's temporary file in the CDI directory is not ours to remove.
@@ -212,11 +218,11 @@ async def test_an_unprepare_killed_at_any_call_leaves_the_claim_whole_or_gone(
     restart answers it whole, spec included."""
     runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=True, unprepare=True)
     assert len(runs) > 3
-    for n, told, spec, ck in runs:
+    for n, told, spec, left, ck in runs:
         uid = os.path.basename(spec).removeprefix(f"{DRIVER}-nic_").removesuffix(".json")
         if told:
-            assert ck.get(uid) is None and not os.path.exists(spec), f"killed at call {n}"
-        elif os.path.exists(spec):
+            assert ck.get(uid) is None and not left, f"killed at call {n}"
+        elif left:
             assert ck.get(uid) is not None, f"killed at call {n}: a spec without its entry"
 
 
