@@ -6,6 +6,8 @@ cleanup handlers included); the restart is a new Checkpoint and Preparer on the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -284,3 +286,49 @@ def test_a_sync_thread_that_cannot_start_fails_that_sync_and_the_next_one_starts
         "['dra-sync'] 1 1.0 ['u-1', 'u-2']",
     ], (out.stdout, out.stderr)
     assert "could not be synced" in out.stderr and "can't start new thread" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("first", ["prepare", "unprepare"])
+async def test_a_call_cancelled_at_any_step_then_its_opposite_leaves_the_opposite_whole(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    first: str,
+) -> None:
+    """kubelet's deadline at every step of a prepare (or an unprepare), cancelled twice, and the
+    opposite call of the same claim sent at once: whichever answers last decides, whole. An unprepare
+    answered leaves neither file; a prepare answered leaves both, its entry naming its spec."""
+    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    claim = ref(put_claim(api, "raced", [result(NIC0), result(NIC1, request="other")]))
+    spec = cdi.spec_path(dirs.cdi, DRIVER, claim.uid)
+    for steps in range(60):
+        if first == "unprepare":  # the claim held, its unprepare cancelled
+            assert (await p.prepare([claim]))[claim.uid].error == ""
+            cancelled = asyncio.create_task(p.unprepare([claim]))
+        else:
+            cancelled = asyncio.create_task(p.prepare([claim]))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        cancelled.cancel()
+        if first == "unprepare":
+            opposite: Any = asyncio.create_task(p.prepare([claim]))
+        else:
+            opposite = asyncio.create_task(p.unprepare([claim]))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        answer = await asyncio.wait_for(opposite, 10)
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        await p.syncs.drain(5)
+        on_disk = Checkpoint(p.checkpoint.path).get(claim.uid)
+        if first == "unprepare":
+            assert answer[claim.uid].error == "", f"step {steps}"
+            assert on_disk is not None and on_disk.spec_path == spec and os.path.exists(spec), f"step {steps}"
+            assert claim.uid in p.checkpoint.claims
+            assert (await p.unprepare([claim]))[claim.uid] == ""
+        else:
+            assert answer[claim.uid] == "", f"step {steps}"
+            assert on_disk is None and claim.uid not in p.checkpoint.claims, f"step {steps}"
+            assert not os.path.exists(spec), f"step {steps}: a spec outlived the unprepare answered after it"
+        assert temporaries(dirs.cdi) == [] and temporaries(p.checkpoint.directory) == []
