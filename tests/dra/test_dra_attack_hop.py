@@ -23,7 +23,7 @@ from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi
-from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.prepare import Preparer
@@ -332,3 +332,28 @@ async def test_a_call_cancelled_at_any_step_then_its_opposite_leaves_the_opposit
             assert on_disk is None and claim.uid not in p.checkpoint.claims, f"step {steps}"
             assert not os.path.exists(spec), f"step {steps}: a spec outlived the unprepare answered after it"
         assert temporaries(dirs.cdi) == [] and temporaries(p.checkpoint.directory) == []
+
+
+async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_writes_it(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """A checkpoint entry (tampered with, or from a bug) whose spec path is not the claim's own spec
+    file: a repeated prepare must not write the spec there (an unprepare already refuses to remove any
+    file but the claim's own); it fails the claim, saying why, and the file stays as it was."""
+    config = dirs.config()
+    claim = ref(put_claim(api, "held", [result(NIC0)]))
+    victim = os.path.join(os.path.dirname(dirs.cdi), "victim.conf")
+    with open(victim, "w") as f:
+        f.write("keep\n")
+    checkpoint = Checkpoint(config.checkpoint_path)
+    checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), victim, {"cdiVersion": "0.5.0"}))
+    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    out = (await p.prepare([claim]))[claim.uid]
+    assert "spec" in out.error and victim in out.error and not out.devices
+    with open(victim) as f:
+        assert f.read() == "keep\n"
+    # The claim's own spec path, in another CDI directory (--cdi-dir changed): rewritten there.
+    moved = cdi.spec_path(dirs.cdi + "-old", DRIVER, claim.uid)
+    checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), moved, {"cdiVersion": "0.5.0"}))
+    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    assert (await p.prepare([claim]))[claim.uid].error == "" and os.path.exists(moved)

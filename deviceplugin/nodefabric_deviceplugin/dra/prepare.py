@@ -236,6 +236,15 @@ class Preparer:
                     f"claim uid {ref.uid} was prepared as {done.namespace}/{done.name}, not {ref}"
                 )
             rewrote = False
+            if done.spec_path and os.path.basename(done.spec_path) != cdi.spec_file_name(
+                self.config.driver, ref.uid
+            ):
+                # As an unprepare removes no file but the claim's own: an entry naming another file (a
+                # tampered or damaged checkpoint) must not make the driver write over it.
+                raise ClaimError(
+                    f"claim {ref}: its checkpoint entry names {done.spec_path!r} as its CDI spec, not the"
+                    " claim's own spec file; not writing there (unprepare the claim to prepare it again)"
+                )
             if done.spec_path:
                 rewrote = await _finish(ref, _hop(cdi.write_spec, done.spec_path, done.spec))
             if rewrote:
