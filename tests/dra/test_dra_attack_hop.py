@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +358,48 @@ async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_wri
     checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), moved, {"cdiVersion": "0.5.0"}))
     p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     assert (await p.prepare([claim]))[claim.uid].error == "" and os.path.exists(moved)
+
+
+async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The process at its thread limit, every executor thread busy: the executor queues the hop, then
+    fails to start a thread for it (`can't start new thread`). kubelet is told the claim failed; the
+    hop must not then run on the first thread that frees up, writing the claim's files after the lock
+    was let go (kubelet, told it failed, may unprepare it meanwhile, or never call again)."""
+    hops = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hop")
+    asyncio.get_running_loop().set_default_executor(hops)
+    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    claim, warm = ref(put_claim(api, "limited", [result(NIC0)])), ref(put_claim(api, "warm", [result(NIC1)]))
+    assert (await p.prepare([warm]))[warm.uid].error == ""  # the verbs cached: one hop writes the files
+    busy, running = threading.Event(), threading.Semaphore(0)
+
+    def occupy() -> None:
+        running.release()
+        busy.wait(30)
+
+    started = len(hops._threads)  # every thread the executor has, busy
+    for _ in range(started):
+        hops.submit(occupy)
+    for _ in range(started):
+        assert running.acquire(timeout=10)
+    real_start = threading.Thread.start
+
+    def at_limit(self: threading.Thread) -> None:
+        if self.name.startswith("hop"):
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threading.Thread, "start", at_limit)
+        out = (await p.prepare([claim]))[claim.uid]
+    assert "can't start new thread" in out.error and not out.devices
+    busy.set()
+    # Whatever was queued has run (waited for off the loop: the embedded API it may read runs on it).
+    waiter = threading.Thread(target=hops.shutdown)
+    waiter.start()
+    while waiter.is_alive():
+        await asyncio.sleep(0.01)
+    await p.syncs.drain(5)
+    assert claim.uid not in p.checkpoint.claims and Checkpoint(p.checkpoint.path).get(claim.uid) is None
+    assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, claim.uid)), "the refused hop ran later"

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -60,10 +61,32 @@ _T = TypeVar("_T", bound=_Recording)
 _R = TypeVar("_R")
 
 
+class _Refused(Exception):
+    """A hop whose submission failed, found on a thread later: it does not run."""
+
+
 def _hop(fn: Callable[..., _R], *args: Any) -> asyncio.Future[_R]:
     """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
-    that would wrap it (nothing here reads a context variable), one loop iteration fewer per hop."""
-    return asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    that would wrap it (nothing here reads a context variable), one loop iteration fewer per hop.
+
+    The executor queues the call before it starts a thread for it: at the process's thread limit, with
+    every thread busy, the submission raises, yet the call stays queued and would run on the first
+    thread to free up, writing (or removing) a claim's files after the caller was told it failed and
+    let the lock go. The gate settles which came first: the refusal (the call then never runs) or a
+    thread taking the call (microseconds after the queueing; it then runs, unawaited, and is logged)."""
+    gate = threading.Lock()
+
+    def gated() -> _R:
+        if not gate.acquire(blocking=False):
+            raise _Refused
+        return fn(*args)
+
+    try:
+        return asyncio.get_running_loop().run_in_executor(None, gated)
+    except BaseException:
+        if not gate.acquire(blocking=False):
+            log.error("a hop whose thread could not start runs all the same", extra={"call": repr(fn)})
+        raise
 
 
 async def _finish(ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare") -> _R:
