@@ -406,8 +406,7 @@ class Checkpoint:
 
     def reserve(self, uid: str) -> Reservation:
         """Create the file of a claim not held yet, empty; `Reservation.commit` then writes the claim
-        and `Reservation.sync` makes it durable. Raises
-        OSError.
+        and `Reservation.sync` makes it durable. Raises OSError.
 
         The file is always a new one (O_EXCL): whatever is under the name when the claim is not held (a
         leftover of a put or a reservation that never finished, or a symlink, a FIFO, a hard link
