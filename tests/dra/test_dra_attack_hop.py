@@ -367,7 +367,7 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
     fails to start a thread for it (`can't start new thread`). kubelet is told the claim failed; the
     hop must not then run on the first thread that frees up, writing the claim's files after the lock
     was let go (kubelet, told it failed, may unprepare it meanwhile, or never call again)."""
-    hops = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hop")
+    hops = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hop")
     asyncio.get_running_loop().set_default_executor(hops)
     p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     claim, warm = ref(put_claim(api, "limited", [result(NIC0)])), ref(put_claim(api, "warm", [result(NIC1)]))
@@ -378,11 +378,14 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
         running.release()
         busy.wait(30)
 
-    started = len(hops._threads)  # every thread the executor has, busy
-    for _ in range(started):
+    occupied = 0  # every thread the executor has, busy, and none counted idle
+    while occupied < len(hops._threads):
         hops.submit(occupy)
-    for _ in range(started):
         assert running.acquire(timeout=10)
+        occupied += 1
+    while hops._idle_semaphore.acquire(timeout=0):
+        pass
+    assert occupied < 8
     real_start = threading.Thread.start
 
     def at_limit(self: threading.Thread) -> None:
