@@ -22,8 +22,8 @@ once the claim is read and resolved, the claim's file is created empty under its
 claim written into it, then the CDI spec is written (entry first: a kill between the two leaves an
 entry whose spec the next prepare rewrites, never a spec no entry names) and kubelet is answered; the
 syncs that make the entry durable (the file's fdatasync: its content and size; the directory's fsync:
-its name) follow the answer. No rename is needed: the file is new (a claim held is answered from memory and never reserved),
-so there is no old content to keep whole.
+its name) follow the answer. No rename is needed: the file is new (a claim held is answered from
+memory and never reserved), so there is no old content to keep whole.
 
 Why a prepare's syncs may follow the answer, where an unprepare's may not: a crash of this process loses
 nothing (the content is written before the answer), and a power loss between the answer and the
