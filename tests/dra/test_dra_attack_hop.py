@@ -118,9 +118,11 @@ async def kill_every_call(
     kill: Kill,
     *,
     warm: bool,
-    unprepare: bool,
+    unprepare: bool = False,
+    rewrite: bool = False,
 ) -> list[tuple[int, bool, str, bool, Checkpoint]]:
-    """For every call N of one claim's prepare (or unprepare): kill there, restart. Returns, per N,
+    """For every call N of one claim's prepare (or unprepare; or, `rewrite`, a repeated prepare that
+    rewrites the claim's lost spec): kill there, restart. Returns, per N,
     whether kubelet was answered success, where the claim's spec is, whether the kill left it there
     and the checkpoint as the restart found it. After each restart the claim is prepared again, as
     kubelet retries: it is answered whole, with its spec on disk."""
@@ -136,8 +138,10 @@ async def kill_every_call(
         p = start(api, d, host, source)
         if warm:  # the verbs devices cached and the directories made: the one-hop path
             assert (await p.prepare([ref(other)]))[ref(other).uid].error == ""
-        if unprepare:
+        if unprepare or rewrite:
             assert (await p.prepare([ref(claim)]))[ref(claim).uid].error == ""
+        if rewrite:
+            os.unlink(cdi.spec_path(d.cdi, DRIVER, ref(claim).uid))
         await p.syncs.drain(5)
         kill.arm(n)
         if unprepare:
@@ -172,7 +176,7 @@ async def test_a_prepare_killed_at_any_call_leaves_no_spec_kubelet_cannot_find_i
     """Killed at any call, restarted: a claim kubelet was answered is in the checkpoint with its spec;
     a spec on disk always has its entry (a spec the checkpoint does not name is a claim kubelet may
     never unprepare: it would stay in the runtime's directory for good)."""
-    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm, unprepare=False)
+    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm)
     assert len(runs) > 8, "the prepare made fewer calls than its files need"
     for n, told, spec, left, ck in runs:
         uid = os.path.basename(spec).removeprefix(f"{DRIVER}-nic_").removesuffix(".json")
@@ -196,7 +200,7 @@ async def test_a_prepare_killed_at_any_call_then_restarted_leaves_no_temporary_f
     """A kill between a spec's temporary file and its rename leaves a `.tmp` in the runtime's CDI
     directory; the restarted driver removes its own (and only its own) leftovers there."""
     base = os.path.dirname(dirs.cdi)
-    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm, unprepare=False)
+    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=warm)
     for n, _, spec, _, ck in runs:
         assert temporaries(ck.directory) == [], f"killed at call {n}"
         assert temporaries(os.path.dirname(spec)) == [], f"killed at call {n}"
@@ -406,3 +410,22 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
     await p.syncs.drain(5)
     assert claim.uid not in p.checkpoint.claims and Checkpoint(p.checkpoint.path).get(claim.uid) is None
     assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, claim.uid)), "the refused hop ran later"
+
+
+async def test_a_repeated_prepare_killed_while_rewriting_a_lost_spec_keeps_the_claim(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    kill: Kill,
+) -> None:
+    """The spec lost (a reboot emptied the runtime's directory), the repeated prepare that rewrites it
+    killed at any call: the claim stays in the checkpoint, a rewrite kubelet was answered left the spec
+    in place, and no temporary file outlives the restart."""
+    runs = await kill_every_call(api, dirs, hgx_host, hgx_spec, kill, warm=True, rewrite=True)
+    assert len(runs) > 3
+    for n, told, spec, left, ck in runs:
+        uid = os.path.basename(spec).removeprefix(f"{DRIVER}-nic_").removesuffix(".json")
+        assert ck.get(uid) is not None, f"killed at call {n}"
+        assert left or not told, f"killed at call {n}: answered without its spec"
+        assert temporaries(os.path.dirname(spec)) == [], f"killed at call {n}"
