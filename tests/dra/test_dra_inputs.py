@@ -816,9 +816,9 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
 ) -> None:
     """The claim's checkpoint file is reserved while the claim is read; when that fails (a full or
     read-only directory; here a file where the directory belongs), the claim is refused before any
-    spec is written. When the entry's own write fails after the spec (a full disk), the spec just
-    written must go too: kubelet may never unprepare a claim whose prepare failed, and the spec would
-    stay in the runtime's directory for good."""
+    spec is written. When the entry's own write fails (a full disk), no spec is written either (the
+    entry comes first): kubelet may never unprepare a claim whose prepare failed, and a spec would stay
+    in the runtime's directory for good."""
     config = dirs.config()
     checkpoint = Checkpoint(config.checkpoint_path)
     Path(checkpoint.directory).parent.mkdir(parents=True, exist_ok=True)
@@ -829,7 +829,7 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
     assert "writing the CDI spec or the checkpoint failed" in out[UID].error and not out[UID].devices
     assert checkpoint.claims == {}
     assert not os.path.exists(config.cdi_dir) or os.listdir(config.cdi_dir) == []
-    # The directory is usable again, but the entry's write fails after the spec was written.
+    # The directory is usable again, but the entry's write fails.
     os.unlink(checkpoint.directory)
     written: list[int] = []
 
@@ -843,7 +843,9 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no
     assert written, "the entry's write was reached"
     assert "No space left on device" in out[UID].error and not out[UID].devices
     assert checkpoint.claims == {}
-    assert os.listdir(config.cdi_dir) == [], "the spec of a claim not prepared is not left behind"
+    assert not os.path.exists(config.cdi_dir) or os.listdir(config.cdi_dir) == [], (
+        "the spec of a claim not prepared is not left behind"
+    )
     assert os.listdir(checkpoint.directory) == [], "nor its checkpoint file"
     # And the claim prepares once the disk is well again.
     out = await preparer.prepare([REF])

@@ -14,8 +14,11 @@ the runtime's watcher never reads half a spec.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +30,8 @@ from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
 CDI_VERSION = "0.5.0"
 CLASS = "nic"
 MAX_SPEC_BYTES = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 def kind(driver: str) -> str:
@@ -102,3 +107,26 @@ def remove_spec(path: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def remove_temporaries(cdi_dir: str, driver: str) -> int:
+    """On start: remove the temporary files of spec writes that a kill interrupted before their rename
+    (`files.write_atomically` names them `.<spec file>.<12 hex>.tmp`), ours only: the directory is the
+    runtime's, shared with other drivers. Nothing else removes them. Returns how many were removed."""
+    ours = re.compile(r"\." + re.escape(f"{driver}-{CLASS}_") + r"[^/]*\.json\.[0-9a-f]{12}\.tmp")
+    try:
+        names = os.listdir(cdi_dir)
+    except OSError:
+        return 0  # missing (made by the first write) or unreadable (every write then says why)
+    removed = 0
+    for name in names:
+        if ours.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(cdi_dir, name))
+                removed += 1
+    if removed:
+        log.info(
+            "removed the temporary files of spec writes interrupted by a crash",
+            extra={"path": cdi_dir, "files": removed},
+        )
+    return removed

@@ -18,11 +18,12 @@ past kubelet's 45 s deadline. Each write is crash-safe:
   claim could come back recorded.
 
 A first prepare records its claim the faster way (`reserve`, `Reservation.commit`, `Reservation.sync`):
-while the claim is read from the API, the claim's file is created empty under its own name; once the
-claim is read, its content is written into that file and kubelet is answered; the syncs that make the
-entry durable (the file's fdatasync: its content and size; the directory's fsync: its name) follow the
-answer. No rename is needed: the file is new (a claim held is answered from memory and never reserved),
-so there is no old content to keep whole.
+once the claim is read and resolved, the claim's file is created empty under its own name and the
+claim written into it, then the CDI spec is written (entry first: a kill between the two leaves an
+entry whose spec the next prepare rewrites, never a spec no entry names) and kubelet is answered; the
+syncs that make the entry durable (the file's fdatasync: its content and size; the directory's fsync:
+its name) follow the answer. No rename is needed: the file is new (a claim held is answered from
+memory and never reserved), so there is no old content to keep whole.
 
 Why a prepare's syncs may follow the answer, where an unprepare's may not: a crash of this process loses
 nothing (the content is written before the answer), and a power loss between the answer and the
@@ -405,8 +406,7 @@ class Checkpoint:
 
     def reserve(self, uid: str) -> Reservation:
         """Create the file of a claim not held yet, empty; `Reservation.commit` then writes the claim
-        and `Reservation.sync` makes it durable. Run while the claim is read from the API. Raises
-        OSError.
+        and `Reservation.sync` makes it durable. Raises OSError.
 
         The file is always a new one (O_EXCL): whatever is under the name when the claim is not held (a
         leftover of a put or a reservation that never finished, or a symlink, a FIFO, a hard link

@@ -9,8 +9,9 @@ entry's error and never the call's, and nothing a claim carries can crash the se
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
    still served: its pod was already placed), its verbs device taken from the device plugin's
    `VerbsCache`, and the grant is the device plugin's (`allocate.grant`);
-4. the CDI spec is written, then the claim's checkpoint file is created and the claim written into it;
-   then the CDI device ids are returned, and the entry's syncs follow the answer (`syncs`; checkpoint
+4. the claim's checkpoint file is created and the claim written into it, then the CDI spec is written
+   (a kill between the two leaves no spec that the checkpoint does not name); then the CDI device ids
+   are returned, and the entry's syncs follow the answer (`syncs`; checkpoint
    says why that is safe).
 
 Steps 2 to 4 take one thread hop when the verbs devices are cached for the record (the common case:
@@ -29,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -59,10 +61,32 @@ _T = TypeVar("_T", bound=_Recording)
 _R = TypeVar("_R")
 
 
+class _Refused(Exception):
+    """A hop whose submission failed, found on a thread later: it does not run."""
+
+
 def _hop(fn: Callable[..., _R], *args: Any) -> asyncio.Future[_R]:
     """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
-    that would wrap it (nothing here reads a context variable), one loop iteration fewer per hop."""
-    return asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    that would wrap it (nothing here reads a context variable), one loop iteration fewer per hop.
+
+    The executor queues the call before it starts a thread for it: at the process's thread limit, with
+    every thread busy, the submission raises, yet the call stays queued and would run on the first
+    thread to free up, writing (or removing) a claim's files after the caller was told it failed and
+    let the lock go. The gate settles which came first: the refusal (the call then never runs) or a
+    thread taking the call (microseconds after the queueing; it then runs, unawaited, and is logged)."""
+    gate = threading.Lock()
+
+    def gated() -> _R:
+        if not gate.acquire(blocking=False):
+            raise _Refused
+        return fn(*args)
+
+    try:
+        return asyncio.get_running_loop().run_in_executor(None, gated)
+    except BaseException:
+        if not gate.acquire(blocking=False):
+            log.error("a hop whose thread could not start runs all the same", extra={"call": repr(fn)})
+        raise
 
 
 async def _finish(ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare") -> _R:
@@ -198,6 +222,7 @@ class Preparer:
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
         self.syncs = Syncs()
+        cdi.remove_temporaries(config.cdi_dir, config.driver)  # a crash's leftovers; no write runs yet
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # --- prepare ----------------------------------------------------------------------------------------
@@ -234,6 +259,15 @@ class Preparer:
                     f"claim uid {ref.uid} was prepared as {done.namespace}/{done.name}, not {ref}"
                 )
             rewrote = False
+            if done.spec_path and os.path.basename(done.spec_path) != cdi.spec_file_name(
+                self.config.driver, ref.uid
+            ):
+                # As an unprepare removes no file but the claim's own: an entry naming another file (a
+                # tampered or damaged checkpoint) must not make the driver write over it.
+                raise ClaimError(
+                    f"claim {ref}: its checkpoint entry names {done.spec_path!r} as its CDI spec, not the"
+                    " claim's own spec file; not writing there (unprepare the claim to prepare it again)"
+                )
             if done.spec_path:
                 rewrote = await _finish(ref, _hop(cdi.write_spec, done.spec_path, done.spec))
             if rewrote:
@@ -357,20 +391,22 @@ class Preparer:
             metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
 
     def _record(self, path: str, prepared: PreparedClaim) -> Reservation:
-        """The spec, then the claim's entry, written (not synced: `syncs` does it after the answer).
+        """The claim's entry, then the spec, written (not synced: `syncs` does it after the answer).
         Raises OSError, leaving neither file: kubelet need never unprepare a claim whose prepare failed,
-        and a spec left behind would stay in the runtime's directory for good."""
+        and a spec left behind would stay in the runtime's directory for good.
+
+        The entry first: a kill between the two files then leaves an entry without its spec (the next
+        prepare answers from it and rewrites the spec; an unprepare removes both), never a spec that no
+        entry names (kubelet, never answered, may never unprepare it, and nothing else would remove it)."""
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
+        entry.commit(prepared)  # releases the file itself when it fails
         try:
             cdi.write_spec(path, prepared.spec)
         except BaseException:
-            entry.release()
-            raise
-        try:
-            entry.commit(prepared)  # releases the file itself when it fails
-        except OSError:
+            # Forgotten durably: the entry was written, and must not come back as a prepared claim.
             with contextlib.suppress(OSError):
-                cdi.remove_spec(path)
+                self.checkpoint.remove(prepared.uid)
+            self.checkpoint.claims.pop(prepared.uid, None)
             raise
         return entry
 

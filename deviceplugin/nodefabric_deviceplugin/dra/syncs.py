@@ -72,8 +72,25 @@ class _Worker:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._work, name="dra-sync", daemon=True)
-                    self._thread.start()
+                    thread = threading.Thread(target=self._work, name="dra-sync", daemon=True)
+                    try:
+                        thread.start()
+                    except RuntimeError as exc:
+                        # The process is at its thread limit: the syncs queued fail (logged, counted; their
+                        # claims stay prepared) rather than wait for good, and the next job starts it again.
+                        # Kept, the thread that never ran would have left every later sync queued.
+                        self._fail_queued(exc)
+                        return
+                    self._thread = thread
+
+    def _fail_queued(self, exc: Exception) -> None:
+        while True:
+            try:
+                loop, future, _ = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(_settle, future, exc)
 
     def _work(self) -> None:
         while True:
