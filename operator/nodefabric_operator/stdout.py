@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 
@@ -41,25 +42,26 @@ class Output:
 
     def write(self, text: str) -> int:
         self.wrote = True
-        try:
+        with self._failing():
             stream = self._open()
             try:
-                return stream.write(text)
+                written = stream.write(text)
             except UnicodeEncodeError:
                 # An output whose encoding cannot say every character (PYTHONIOENCODING=ascii, a Latin-1
                 # locale; a table's "└"): those characters written as \uXXXX, as stderr writes them.
                 encoding = getattr(stream, "encoding", None) or "utf-8"
-                return stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
-        except OutputFailed as err:
-            self.failure = self.failure or err
-            raise
-        except OSError as err:
-            self.failure = self.failure or OutputFailed(err.errno, err.strerror)
-            raise self.failure from err
+                written = stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+        return written
 
     def flush(self) -> None:
-        try:
+        with self._failing():
             self._open().flush()
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """The stream's OSError raised as OutputFailed, the first one kept (see `failure`)."""
+        try:
+            yield
         except OutputFailed as err:
             self.failure = self.failure or err
             raise
