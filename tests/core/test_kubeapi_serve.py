@@ -129,13 +129,14 @@ async def test_with_a_token_every_request_but_the_probes_needs_it(tmp_path):
         assert listed["kind"] == "NodeList"
 
 
-async def _start_demo(tmp, *args):
+async def _start_demo(tmp, *args, path_first=None):
+    """The demo in a child process, its temporary directory under `tmp`; `path_first`: a directory
+    searched before PATH (a kubectl of the test's own)."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    if path_first is not None:
+        env["PATH"] = f"{path_first}:{env['PATH']}"
     return await asyncio.create_subprocess_exec(
-        *DEMO,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "TMPDIR": str(tmp)},
+        *DEMO, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )
 
 
@@ -225,12 +226,7 @@ async def test_sigterm_while_kubectl_runs_stops_kubectl_and_leaves_no_traceback(
     kubectl = bin_dir / "kubectl"
     kubectl.write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 60\n")
     kubectl.chmod(0o755)
-    proc = await asyncio.create_subprocess_exec(
-        *DEMO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "TMPDIR": str(tmp), "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-    )
+    proc = await _start_demo(tmp, path_first=bin_dir)
     try:
         for _ in range(1200):
             if started.exists() and started.read_text().strip():
