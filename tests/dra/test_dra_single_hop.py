@@ -448,3 +448,60 @@ async def test_a_spec_rewrite_cancelled_mid_write_lands_before_the_unprepare_tha
     finally:
         hold.set()
         await shutdown(r)
+
+
+class SlowReader:
+    """The driver's claim reader, holding each read of `name` until `release` is set (an API server
+    that answers slowly, or trickles its answer)."""
+
+    def __init__(self, real: Any, name: str) -> None:
+        self.real, self.name = real, name
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.done = threading.Event()
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            if name == self.name:
+                self.entered.set()
+                self.release.wait(30)
+            return self.real.get_claim(namespace, name)  # type: ignore[no-any-return]
+        finally:
+            if name == self.name:
+                self.done.set()
+
+
+async def test_a_first_prepare_cancelled_while_it_reads_its_claim_lets_go_at_once_and_writes_nothing(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """kubelet's deadline passes while the claim's read is still on its way: the call lets the lock go at
+    once (other claims are prepared and unprepared meanwhile), and the thread, once its read returns,
+    writes nothing: no entry, no spec. kubelet's retry then prepares the claim whole."""
+    p = preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec), RecordingReader())
+    warm, slow, other = (
+        put_claim(api, n, [result(d)]) for n, d in (("warm", NIC0), ("slow", NIC1), ("o", NIC0))
+    )
+    assert (await p.prepare([ref(warm)]))[ref(warm).uid].error == ""  # the verbs cache is warm
+    assert (await p.unprepare([ref(warm)])) == {ref(warm).uid: ""}
+    reader = SlowReader(p.api, "slow")
+    p.api = reader
+    try:
+        call = asyncio.create_task(p.prepare([ref(slow)]))
+        assert await asyncio.to_thread(reader.entered.wait, 10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(call, 5)
+        assert not p._lock.locked(), "a call cancelled during its claim's read still held the lock"
+        out = await asyncio.wait_for(p.prepare([ref(other)]), 10)  # while the slow read still waits
+        assert out[ref(other).uid].error == ""
+        assert not reader.done.is_set()
+    finally:
+        reader.release.set()
+    assert await asyncio.to_thread(reader.done.wait, 10)
+    await asyncio.sleep(0.2)  # the abandoned thread ends its hop after the read returns
+    uid = ref(slow).uid
+    assert uid not in p.checkpoint.claims and uid not in Checkpoint(p.checkpoint.path).claims
+    assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+    assert not os.path.exists(os.path.join(p.checkpoint.directory, file_name(uid)))
+    out = await p.prepare([ref(slow)])  # kubelet's retry
+    assert out[uid].error == "" and os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+    await p.syncs.drain(5)

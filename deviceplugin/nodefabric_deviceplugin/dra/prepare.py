@@ -18,7 +18,8 @@ Steps 2 to 4 take one thread hop when the verbs devices are cached for the recor
 one read of the host answers every device of a record). When they are not, the hop ends after step 2's
 resolve, the verbs devices are read off the loop within a budget (`VerbsCache.devices`: never on the
 hop's thread, which must not hang on a FIFO in sysfs), and step 4 takes a second hop. Either way a hop
-that may write runs to its end under the lock, even when kubelet's deadline cancels the call.
+that may write runs to its end under the lock, even when kubelet's deadline cancels the call; a call
+cancelled while its hop still reads the claim walks away at once, and that thread writes nothing.
 
 Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
 and forgets the claim; a claim never prepared here unprepares successfully.
@@ -89,19 +90,46 @@ def _hop(fn: Callable[..., _R], *args: Any) -> asyncio.Future[_R]:
         raise
 
 
-async def _finish(ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare") -> _R:
+class _Abandoned(Exception):
+    """A first prepare's hop whose call was cancelled before it wrote anything: it writes nothing."""
+
+
+class _WriteGate:
+    """Settles, once, which comes first for a first prepare's hop: its thread starting to write the
+    claim's files, or its cancelled call walking away. The hop starts with the claim's read, which an
+    API server answering slowly can stretch far past kubelet's deadline; a call cancelled during the
+    read need not hold the lock for it (the thread, done reading, then writes nothing)."""
+
+    def __init__(self) -> None:
+        self._gate = threading.Lock()
+
+    def write(self) -> None:
+        """On the hop's thread, before its first change to a file. Raises _Abandoned."""
+        if not self._gate.acquire(blocking=False):
+            raise _Abandoned
+
+    def walk_away(self) -> bool:
+        """On the loop, for a cancelled call: True when the thread has not begun writing and now never
+        will."""
+        return self._gate.acquire(blocking=False)
+
+
+async def _finish(
+    ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare", gate: _WriteGate | None = None
+) -> _R:
     """Await a hop that changes the claim's files, to its end even when the call is cancelled (every
     one runs under the Preparer's lock).
 
     If kubelet's deadline passes mid-hop, the thread cannot be stopped: it ends (the claim recorded,
     or its files removed) before the lock lets the next call in, so the next call never finds the
     claim half written, nor an unprepare still removing what a prepare after it wrote (a spec renamed
-    into place after its unprepare, an entry forgotten after it was made again). A first prepare's
-    hop starts with the claim's read: a cancel during a read that hangs holds the lock until the API
-    client gives up (its request timeout)."""
+    into place after its unprepare, an entry forgotten after it was made again). `gate`: a hop that
+    has not begun writing (a first prepare still reading its claim) is walked away from at once."""
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
+        if gate is not None and gate.walk_away():
+            raise  # the thread writes nothing now; what it read is dropped (see _sync_recorded)
         while not running.done():
             # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
             # stays held until it ends, however often the call is cancelled meanwhile.
@@ -275,7 +303,8 @@ class Preparer:
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
         # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
-        hop = await self._recorded(ref, _hop(self._read_and_write, ref, self._offered()))
+        gate = _WriteGate()
+        hop = await self._recorded(ref, _hop(self._read_and_write, ref, self._offered(), gate), gate)
         if hop.plan is None:
             metrics.PREPARES.labels("no_devices").inc()
             log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
@@ -301,7 +330,9 @@ class Preparer:
         )
         return written.devices
 
-    def _read_and_write(self, ref: ClaimRef, found: tuple[int, dict[str, PoolDevice]] | None) -> _Hop:
+    def _read_and_write(
+        self, ref: ClaimRef, found: tuple[int, dict[str, PoolDevice]] | None, gate: _WriteGate
+    ) -> _Hop:
         """On a worker thread, the whole first prepare in one hop when it can be: the claim's read, its
         devices resolved in `found` (the record's pool, taken on the loop), and, when the verbs devices
         are cached for that record (the common case), the grant and both files (`_write`). Otherwise
@@ -309,12 +340,15 @@ class Preparer:
 
         Thread safety: `found` is never changed once made (`_offered` makes a new one per version); the
         grant and the spec are pure; `self.verbs` is this Preparer's own and only ever changed by its
-        `devices`, awaited under the lock, which is held until this thread ends (see `_finish`), so
-        its table cannot change under the lookup (one lstat per device node, no sysfs read)."""
+        `devices`, awaited under the lock. The read and the plan need no lock: a call cancelled while
+        they run walks away (`_WriteGate`), and the thread then stops before the lookup. Past
+        `gate.write()` the lock is held until this thread ends (see `_finish`), so the cache's table
+        cannot change under the lookup (one lstat per device node, no sysfs read)."""
         claim = self.api.get_claim(ref.namespace, ref.name)
         plan = self._plan(ref, claim, found)
         if plan is None:
             return _Hop(None, None)
+        gate.write()  # from here the call holds the lock until this thread ends (see _WriteGate)
         verbs = self.verbs.cached(plan.version, list(plan.rdma_devices))
         if verbs is None:
             return _Hop(plan, None)
@@ -354,11 +388,13 @@ class Preparer:
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
         return _Written(devices, whole, path, self._record(path, prepared))
 
-    async def _recorded(self, ref: ClaimRef, running: asyncio.Future[_T]) -> _T:
+    async def _recorded(
+        self, ref: ClaimRef, running: asyncio.Future[_T], gate: _WriteGate | None = None
+    ) -> _T:
         """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started by
         the hop's own callback, so a call cancelled meanwhile leaves no recorded claim unsynced."""
         running.add_done_callback(self._sync_recorded)
-        return await _finish(ref, running)
+        return await _finish(ref, running, gate=gate)
 
     async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
