@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.kube import DraApi
@@ -186,3 +188,17 @@ def refusals(obj: dict[str, Any]) -> list[str]:
             if "string" in value and len(value["string"]) > 64:
                 out.append(f"{d['name']}: attribute {name} longer than 64")
     return out
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    """What kubelet names a claim by, from the claim as the API holds it."""
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+def fd_path(fd: int) -> str:
+    """The path an open descriptor names ("" when it names nothing any more)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""

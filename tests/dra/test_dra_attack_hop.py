@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, client, put_claim, result
+from dra_helpers import DRIVER, Dirs, client, put_claim, ref, result
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
-from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
@@ -81,11 +80,6 @@ class Kill:
             return out
 
         return call
-
-
-def ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
 
 
 def at(base: str, n: int) -> Dirs:

@@ -23,6 +23,7 @@ from dra_helpers import (
     client,
     live_slices,
     put_claim,
+    ref,
     result,
     shutdown,
     slice_writes,
@@ -56,11 +57,6 @@ async def running(
     await r.kubelet.wait_registered(DRIVER)
     yield r
     await shutdown(r)
-
-
-def ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
 
 
 def link_failed(spec: DevicesSpec, rdma_device: str) -> DevicesSpec:

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from dra_helpers import DRIVER, Dirs, client, put_claim, result, shutdown, start_driver
+from dra_helpers import DRIVER, Dirs, client, fd_path, put_claim, ref, result, shutdown, start_driver
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
@@ -32,18 +32,6 @@ from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"  # mlx5_0, mlx5_1
-
-
-def ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
-
-
-def fd_path(fd: int) -> str:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return ""
 
 
 class Hops(ThreadPoolExecutor):

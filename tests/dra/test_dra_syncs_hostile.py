@@ -18,29 +18,16 @@ from typing import Any
 
 import grpc
 import pytest
-from dra_helpers import CLAIMS, DRIVER, Dirs, put_claim, result, shutdown, start_driver
+from dra_helpers import CLAIMS, DRIVER, Dirs, fd_path, put_claim, ref, result, shutdown, start_driver
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, file_name
-from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 NIC0 = "pci-0000-1c-00-0"
-
-
-def ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
-
-
-def fd_path(fd: int) -> str:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return ""
 
 
 def open_fds() -> int:
