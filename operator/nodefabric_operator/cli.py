@@ -32,7 +32,7 @@ from kubernetes.config.config_exception import ConfigException
 from nodefabric_devicemanager import flags, yamldoc
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.shell import server as shell
-from nodefabric_devicemanager.shell.errors import refuse
+from nodefabric_devicemanager.shell.errors import StartupError, first_line, refuse
 from nodefabric_devicemanager.shell.flags import Listen, add_serving_arguments
 from nodefabric_devicemanager.shell.server import IDLE_TIMEOUT_S
 from nodefabric_devicemanager.shell.signals import stop_on_signals
@@ -173,11 +173,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options(args: argparse.Namespace) -> Options:
     if args.sink == "nodefeature" and not labels.is_dns_label(args.namespace):
-        raise startup.StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
+        raise StartupError(f"--namespace {args.namespace!r} is not a namespace name (a DNS label)")
     if args.leader_elect and (len(args.lease_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(args.lease_name)):
-        raise startup.StartupError(f"--lease-name {args.lease_name!r} is not a Lease name (a DNS subdomain)")
+        raise StartupError(f"--lease-name {args.lease_name!r} is not a Lease name (a DNS subdomain)")
     if not args.bind_address.strip():
-        raise startup.StartupError("--bind-address is empty: give an address (0.0.0.0 for every one)")
+        raise StartupError("--bind-address is empty: give an address (0.0.0.0 for every one)")
     return Options(
         sink=args.sink,
         namespace=args.namespace,
@@ -212,9 +212,9 @@ def topology_options(args: argparse.Namespace, domain: str) -> TopologyOptions |
         if args.topology_level_keys is not None:
             levels = topology_levels.with_keys(levels, yamldoc.load(args.topology_level_keys))
     except (ValueError, yaml.YAMLError) as err:
-        raise startup.StartupError(f"--topology: {startup.first_line(err)}") from err
+        raise StartupError(f"--topology: {first_line(err)}") from err
     if not labels.is_dns_label(args.topology_name):
-        raise startup.StartupError(f"--topology-name {args.topology_name!r} is not a DNS label")
+        raise StartupError(f"--topology-name {args.topology_name!r} is not a DNS label")
     return TopologyOptions(
         levels=levels,
         targets=targets,
@@ -267,7 +267,7 @@ async def serve(
         api = load_client(opts.kubeconfig)
     except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
         # The client's kubeconfig loader lets a file of the wrong shape through as whatever it hit.
-        raise startup.StartupError(f"cannot use the kubeconfig: {startup.first_line(err)}") from err
+        raise StartupError(f"cannot use the kubeconfig: {first_line(err)}") from err
     try:
         if not await _reach(api, opts.startup_timeout, stop_flag):
             return  # stopped while waiting for it
@@ -334,7 +334,7 @@ async def serve(
                 except Exception as err:
                     if getattr(err, "status", None) != 404 or _stopping(stop_flag):
                         raise
-                    gone = startup.first_line(err)
+                    gone = first_line(err)
                 # A CRD deleted under a watch (the Devices CRD reinstalled, NFD uninstalled): kopf
                 # re-opens the watch before it learns the resource is gone, and fails whole on the
                 # 404. Started again, it waits for the CRD; the reconciler keeps what it handled, so
@@ -390,9 +390,7 @@ def run_prune(opts: Options, *, timeout: float, settle: float) -> int:
     try:
         api = load_client(opts.kubeconfig)
     except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, AttributeError) as err:
-        log.error(
-            "prune cannot start", extra={"error": f"cannot use the kubeconfig: {startup.first_line(err)}"}
-        )
+        log.error("prune cannot start", extra={"error": f"cannot use the kubeconfig: {first_line(err)}"})
         return 2
     try:
         if opts.sink == "node":
@@ -421,7 +419,7 @@ async def _lead(elector: leader.Elector, stop_flag: asyncio.Event | threading.Ev
         return await elector.acquire(lambda: _stopping(stop_flag))
     except kubernetes.client.ApiException as err:
         cfg = elector.cfg
-        raise startup.StartupError(
+        raise StartupError(
             f"cannot take the lease {cfg.namespace}/{cfg.name}: HTTP {err.status} {err.reason or ''}".strip()
         ) from err
 
@@ -467,15 +465,15 @@ def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:
 def run(args: argparse.Namespace) -> int:
     try:
         opts = options(args)
-    except (labels.InvalidDomain, startup.StartupError) as err:
+    except (labels.InvalidDomain, StartupError) as err:
         log.error("invalid arguments", extra={"error": str(err)})
         return 2
     if getattr(args, "prune", False):
         return run_prune(opts, timeout=args.prune_timeout, settle=args.prune_settle)
     try:
         asyncio.run(_main(opts))
-    except startup.StartupError as err:  # a busy port (shell.server.PortUnavailable) is one too
-        return refuse(log, "operator", startup.first_line(err))
+    except StartupError as err:  # a busy port (shell.server.PortUnavailable) is one too
+        return refuse(log, "operator", first_line(err))
     except LeadershipLost:
         return 1  # said when it was lost; the pod restarts and stands by
     except KeyboardInterrupt:  # Ctrl-C before the loop ran (kopf stops cleanly after)

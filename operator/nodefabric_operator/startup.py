@@ -13,8 +13,7 @@ import kubernetes
 import urllib3
 
 from nodefabric_devicemanager import models
-from nodefabric_devicemanager.shell.errors import StartupError as StartupError  # noqa: PLC0414 (the one)
-from nodefabric_devicemanager.shell.errors import first_line as first_line  # noqa: PLC0414
+from nodefabric_devicemanager.shell.errors import StartupError, first_line
 from nodefabric_operator import sinks
 from nodefabric_operator.reconcile import Reconciler
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from chart_support import Doc, of_kind, one, pod_spec, refusal
 
+from nodefabric_devicemanager.shell.errors import StartupError
 from nodefabric_operator import cli
 from nodefabric_operator.topology import report
 from nodefabric_operator.topology.shell import TopologyOptions
@@ -75,7 +76,7 @@ def test_bad_topology_values_are_refused(render: Any, values: dict[str, Any], fr
 def test_levels_the_schema_lets_through_but_the_operator_refuses_stop_it_at_start(render: Any) -> None:
     """Duplicate keys across levels pass the schema; the operator refuses them before it starts."""
     levels = [{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}]
-    with pytest.raises(cli.startup.StartupError, match="is in levels a and b"):
+    with pytest.raises(StartupError, match="is in levels a and b"):
         operator_options(render({"operator": {"topology": {"levels": levels}}}))
 
 
