@@ -8,7 +8,6 @@ with every alias expanded, up to a limit far above any real document, refuses it
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import yaml
@@ -47,14 +46,6 @@ def load(text: str) -> Any:
         raise ValueError(NESTED_TOO_DEEP) from None
     expanded_size(doc)
     return doc
-
-
-def read_text(path: str) -> str:
-    """A file's text, or standard input for "-"."""
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
 
 
 def load_devices(text: str) -> Devices:
