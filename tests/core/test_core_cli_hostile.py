@@ -220,12 +220,13 @@ def test_pick_group_on_a_file_that_is_not_a_devices_object_is_refused(tmp_path, 
 
 
 def test_pick_a_free_index_above_the_largest_says_so(tmp_path, capsys):
-    """numbers.parse calls 65000 'not a plain ASCII decimal number', which it is; 00001 is not."""
+    """65000 is a plain decimal out of range, said as numbers.parse says it of any index; 00001 is not
+    a plain decimal."""
     path = tmp_path / "m.json"
     path.write_text(json.dumps(MATRIX))
     assert main(["pick", "--links", str(path), "--count", "1", "--free", "0-65000"]) == 2
     err = one_line_error(capsys.readouterr().err)
-    assert "device index '65000' is above 4095" in err and "not a plain" not in err
+    assert "device index '65000': outside 0..4095" in err and "not a plain" not in err
     assert main(["pick", "--links", str(path), "--count", "1", "--free", "00001"]) == 2
     err = one_line_error(capsys.readouterr().err)
     assert "device index '00001': not a plain ASCII decimal number" in err
