@@ -31,26 +31,29 @@ def add_root(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _not_a_directory(what: str, path: str) -> str | None:
+    if os.path.isdir(path):
+        return None
+    why = " (nothing is there)" if not os.path.lexists(path) else ""
+    return f"the {what} {path} is not a directory{why}"
+
+
 def root_problem(root: str) -> str | None:
     """Why `--root` names no host root to read, or None. A typo is the user's error (exit 2), not a host
     whose /sys could not be enumerated (exit 1, with conditions that would blame the host)."""
     if not root:
         return "--root is empty (give a directory; / for this host)"
-    if not os.path.isdir(root):
-        why = " (nothing is there)" if not os.path.lexists(root) else ""
-        return f"the host root {root} is not a directory{why}"
-    return None
+    return _not_a_directory("host root", root)
 
 
 def driver_root_problem(driver_root: str | None) -> str | None:
     """Why `--driver-root` names no directory, or None (None: not given, $NVIDIA_DRIVER_ROOT or the
     loader's search decide). A typo there would otherwise read as a node without NVML, exit 0."""
-    if driver_root is None or os.path.isdir(driver_root):
+    if driver_root is None:
         return None
     if not driver_root:
         return "--driver-root is empty (give the driver's directory, or leave the option out)"
-    why = " (nothing is there)" if not os.path.lexists(driver_root) else ""
-    return f"the driver root {driver_root} is not a directory{why}"
+    return _not_a_directory("driver root", driver_root)
 
 
 def refused_root(prog: str, root: str, driver_root: str | None = None) -> bool:
