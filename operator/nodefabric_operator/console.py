@@ -414,7 +414,7 @@ def _run(body: Callable[[], int]) -> int:
         if err.errno == errno.EPIPE:
             # The reader stopped early (`nodefabric inventory | head`): a filter's quiet end, with the
             # code a shell shows for a process SIGPIPE ended (Python ignores the signal, raising this).
-            return 128 + 13  # SIGPIPE's number on Linux
+            return 128 + signal.SIGPIPE
         print(f"nodefabric: cannot write the output: {err.strerror}", file=sys.stderr)
         return 1
     finally:
