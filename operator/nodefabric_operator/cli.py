@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import kopf
 import kubernetes
@@ -37,6 +37,7 @@ from nodefabric_devicemanager.shell.flags import Listen, add_serving_arguments
 from nodefabric_devicemanager.shell.server import IDLE_TIMEOUT_S
 from nodefabric_devicemanager.shell.signals import stop_on_signals
 from nodefabric_operator import events, handlers, labels, leader, prune, sinks, startup
+from nodefabric_operator.intake import Intake
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import DEFAULT_BACKOFFS, Reconciler
 from nodefabric_operator.recorder import Recorder
@@ -304,7 +305,7 @@ async def serve(
             await startup.prime(reconciler, opts.sink, opts.namespace)
             if projector is not None:
                 await startup.prime_topology(projector)
-            registry, running = _registry(reconciler, sink, opts, topology=projector is not None)
+            registry, running, taken = _registry(reconciler, sink, opts, topology=projector is not None)
             log.info(
                 "operator starting",
                 extra={
@@ -317,7 +318,8 @@ async def serve(
             )
             while True:
                 try:
-                    await kopf.operator(
+                    await _kopf(
+                        taken,
                         registry=registry,
                         settings=running,
                         clusterwide=True,
@@ -353,14 +355,24 @@ async def serve(
 
 def _registry(
     reconciler: Reconciler, sink: sinks.Sink, opts: Options, *, topology: bool
-) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
-    """The handlers and kopf's settings, with the filter that drops echoes of our own writes before kopf
-    processes them (handlers.EchoFilter), for the operator run with those settings."""
+) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings, Intake]:
+    """The handlers and kopf's settings, with the intake that answers some events before kopf processes
+    them (intake.py: echoes of our own writes, Devices events), for the operator run with those settings."""
     registry, running = kopf.OperatorRegistry(), settings(opts)
     watched = {"topology": topology, "watch_nodes": reconciler.watches_nodes}
     handlers.register(registry, sink, **watched)
-    handlers.echo_filter(reconciler, sink, **watched).attach(running)
-    return registry, running
+    taken = handlers.intake(reconciler, sink, **watched)
+    taken.attach(running)
+    return registry, running, taken
+
+
+async def _kopf(taken: Intake, **kwargs: Any) -> None:
+    """kopf.operator, our lanes stopped with its workers: nothing is written once the watches stopped (a
+    lease lost, SIGTERM, a watched resource gone); what was pending comes back with the next listing."""
+    try:
+        await kopf.operator(**kwargs)
+    finally:
+        await taken.close()
 
 
 def _projector(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> Projector | None:

@@ -1,4 +1,4 @@
-"""Which sink object events bring nothing new, so that neither kopf (handlers.EchoFilter) nor the
+"""Which sink object events bring nothing new, so that neither kopf (intake.py) nor the
 reconcile spends anything on them: the echo of our own sink write, a replay after a relist, and on a
 restart kopf's listing of what the start read.
 

@@ -12,36 +12,24 @@ worker waits on one shared condition woken once per object, which costs time qua
 kopf builds a diff base (a deep copy of the body less its status) for every event it delivers, and
 clears its progress marks from it, even for an operator with no change handlers, whose only consumer it
 is. `NoDiffBase` builds nothing: a fifth of a first sync's CPU (three events per record) went there.
-`register` is the one place handlers are added, and it adds only event handlers.
-
-kopf hands every event through its per-event machinery (a worker queue, body and patch wrappers, three
-loggers, cause detection, handler selection) before the handler sees it: about a millisecond each here,
-as much as a do-nothing kopf operator spends on a record. A first sync meets three events per record
-where that operator meets one, two of them the echoes of our own writes (the status write on the Devices
-watch, the sink object we created on its watch). `EchoFilter` answers those before kopf's machinery:
-an event the reconciler recognises as carrying nothing newer than what it holds (the same test the
-handlers make first) is counted and dropped there; everything else, DELETED events always, goes through
-kopf as before. kopf offers no public hook ahead of its processing, so the filter wraps its watch
-stream (`infinite_watch`: an echo recognisable on arrival costs kopf no queue and no per-object worker)
-and its `process_resource_event` (an echo that arrived before its write's answer was settled waits in
-the object's queue behind the handler that wrote, and is recognised there); both are looked up when the
-operator starts its watchers. On a kopf without them, the operator runs unfiltered, only slower.
+`register` is the one place handlers are added, and it adds only event handlers; `intake` says which of
+their events are answered before kopf's per-event machinery (intake.py): echoes of our own writes, and
+every Devices event when kopf can be hooked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import kopflog, sinks
+from nodefabric_operator.intake import Echo, Intake, Key, Lanes
 from nodefabric_operator.reconcile import Reconciler
 
 if TYPE_CHECKING:
@@ -85,12 +73,17 @@ def _reconciler(memo: Any) -> Reconciler:
     return rec
 
 
-async def on_devices(event: kopf.RawEvent, name: str, memo: Any, **_: Any) -> None:
-    rec = _reconciler(memo)
+async def on_devices(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Reached only where kopf could not be hooked: otherwise Devices events go to lanes (intake.py)."""
+    await devices(_reconciler(memo), event)
+
+
+async def devices(rec: Reconciler, event: Mapping[str, Any]) -> None:
+    body = event["object"]
     if event.get("type") == "DELETED":
-        await rec.devices_deleted(name)
+        await rec.devices_deleted(str(body["metadata"]["name"]))
         return
-    await rec.devices_event(event["object"])
+    await rec.devices_event(body)
 
 
 async def on_sink_object(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
@@ -161,101 +154,16 @@ def register(
         kopf.on.event("", "v1", "nodes", registry=registry)(on_node_topology)
 
 
-Echo = Callable[[Mapping[str, Any]], bool]  # True: the event was an echo, counted and dropped
-
-
-class EchoFilter:
-    """Per resource, the reconciler's test for an event that brings nothing new (see the module's note)."""
-
-    # By the identity of the settings the operator runs with (a dataclass: compared by value, unhashable),
-    # each entry dropped when those settings go.
-    _installed: dict[int, EchoFilter] = {}
-
-    @classmethod
-    def of(cls, settings: object) -> EchoFilter | None:
-        return cls._installed.get(id(settings))
-
-    def __init__(self, tests: Mapping[tuple[str, str], Echo]) -> None:
-        self.tests = dict(tests)  # (group, plural) -> test
-
-    def echo(self, resource: Any, raw_event: Mapping[str, Any]) -> bool:
-        test = self.tests.get((str(getattr(resource, "group", "")), str(getattr(resource, "plural", ""))))
-        if test is None or raw_event.get("type") == "DELETED":
-            return False
-        body = raw_event.get("object")
-        return isinstance(body, Mapping) and test(body)
-
-    def attach(self, settings: kopf.OperatorSettings) -> bool:
-        """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
-        if not (
-            _wrap("kopf._core.reactor.processing", "process_resource_event", _filtered_processing)
-            and _wrap("kopf._cogs.clients.watching", "infinite_watch", _filtered_watch)
-        ):
-            log.warning("kopf offers no place to drop echoes of our own writes; every event is processed")
-            return False
-        EchoFilter._installed[id(settings)] = self
-        weakref.finalize(settings, EchoFilter._installed.pop, id(settings), None)
-        return True
-
-
-def echo_filter(
-    rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_nodes: bool = False
-) -> EchoFilter:
-    """The tests for what `register` watched with the same arguments. Nodes are left to kopf when the
-    topology projector reads them too (it keeps its own account of every Node event)."""
-    tests: dict[tuple[str, str], Echo] = {(models.GROUP, models.PLURAL): rec.devices_echo}
+def intake(rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_nodes: bool = False) -> Intake:
+    """What of the resources `register` watched with the same arguments is answered ahead of kopf: the
+    echo tests per resource, and the Devices events, which go to lanes of ours. Nodes are left to kopf
+    when the topology projector reads them too (it keeps its own account of every Node event)."""
+    tests: dict[Key, Echo] = {(models.GROUP, models.PLURAL): rec.devices_echo}
     if isinstance(sink, sinks.NodeSink) and not topology:
         tests["", "nodes"] = rec.echoes.echo
     elif isinstance(sink, sinks.NodeFeatureSink):
         tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.echoes.echo
         if watch_nodes and not topology:
             tests["", "nodes"] = rec.on_node.echo
-    return EchoFilter(tests)
-
-
-def _wrap(module: str, name: str, wrap: Callable[[Any], Any]) -> bool:
-    """Put `wrap(original)` in place of kopf's `module.name`, once per process; False when this kopf has
-    no such thing (the operator then runs unfiltered)."""
-    try:
-        found = importlib.import_module(module)
-    except ImportError:
-        return False
-    original = getattr(found, name, None)
-    if original is None:
-        return False
-    if not getattr(original, "nodefabric_echo_filter", False):
-        wrapper = wrap(original)
-        wrapper.nodefabric_echo_filter = True
-        setattr(found, name, wrapper)
-    return True
-
-
-def _filtered_processing(original: Callable[..., Awaitable[str | None]]) -> Callable[..., Any]:
-    """The filter ahead of kopf's processing of each resource event: an echo that arrived before the
-    write's answer was settled waited in the object's queue behind the handler that made the write, so
-    it is recognised here."""
-
-    async def process_resource_event(**kwargs: Any) -> str | None:
-        found = EchoFilter.of(kwargs.get("settings"))
-        if found is not None and found.echo(kwargs.get("resource"), kwargs.get("raw_event") or {}):
-            return None  # nothing patched: kopf's worker waits for the next event of this object
-        return await original(**kwargs)
-
-    return process_resource_event
-
-
-def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
-    """The filter on kopf's watch streams: an echo already recognisable when it arrives (its write's
-    answer settled first) then costs kopf no queue, no per-object worker task."""
-
-    async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
-        found = EchoFilter.of(kwargs.get("settings"))
-        resource = kwargs.get("resource")
-        stream = original(**kwargs)
-        async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
-            async for event in stream:
-                if found is not None and isinstance(event, Mapping) and found.echo(resource, event):
-                    continue
-                yield event
-
-    return infinite_watch
+    lanes = Lanes(lambda event: devices(rec, event), models.PLURAL)
+    return Intake(tests, {(models.GROUP, models.PLURAL): lanes})

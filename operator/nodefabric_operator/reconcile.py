@@ -5,7 +5,7 @@ delivered (the view), so a repeated pass, a replayed event or an operator restar
 nothing changed, and reads nothing either. What a first sync costs per record: the sink write and the
 status write (a first publication posts no Event: events.py). Every Devices event at or below the
 resourceVersion already handled for that node (a replay after a relist, the echo of our own status
-write) is skipped before the record is even parsed, and before kopf processes it (handlers.EchoFilter);
+write) is skipped before the record is even parsed, and before kopf processes it (intake.py);
 so is a sink object event that brings nothing newer than the view (the echo of our own sink write).
 """
 
@@ -135,7 +135,7 @@ class Reconciler:
 
     def devices_echo(self, body: Mapping[str, Any]) -> bool:
         """Whether a Devices event is no newer than the version handled (our status write's echo, a
-        replay): noted, counted, True; neither kopf (handlers.EchoFilter) nor a reconcile sees it."""
+        replay): noted, counted, True; neither kopf (intake.py) nor a reconcile sees it."""
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.ledger.handled.get(name)):

@@ -1,0 +1,209 @@
+"""What of the watch streams reaches kopf (intake.py): Devices events through the operator's own lanes,
+one record at a time and newest state first, what is not an object's event left to kopf, and the
+operator still publishing through kopf where kopf cannot be hooked."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from operator_harness import NF, Client, eventually, running_operator, settle, writes
+from operator_records import devices, gpu, group, nic, nvlink
+
+from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager.models import LinkState
+from nodefabric_operator import intake
+from nodefabric_operator.demo.kubeapi import running_api
+from nodefabric_operator.intake import Intake, Lanes
+
+CAPABLE = "feature.gpustack.ai/rdma.capable"
+
+
+def event(kind: str | None, name: str = "n1", rv: str = "1") -> dict[str, Any]:
+    return {"type": kind, "object": {"metadata": {"name": name, "resourceVersion": rv}}}
+
+
+class Recorded:
+    """A handler that records what it was given and waits where a test tells it to."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, str, str]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail_on: set[str] = set()
+
+    async def __call__(self, ev: dict[str, Any]) -> None:
+        meta = ev["object"]["metadata"]
+        self.seen.append((ev["type"], meta["name"], meta["resourceVersion"]))
+        await self.gate.wait()
+        if meta["resourceVersion"] in self.fail_on:
+            raise RuntimeError(f"handler failed on {meta['resourceVersion']}")
+
+
+async def drained(lanes: Lanes) -> None:
+    for _ in range(200):
+        if not len(lanes):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("lanes did not drain")
+
+
+async def test_a_lane_hands_over_the_newest_pending_state_and_keeps_a_deletion_in_its_place():
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    handler.gate.clear()
+    lanes.put("n1", event("ADDED", rv="1"))  # handed over at once, held at the gate
+    await asyncio.sleep(0)
+    for rv in ("2", "3", "4"):
+        lanes.put("n1", event("MODIFIED", rv=rv))  # each takes the place of the one before
+    lanes.put("n1", event("DELETED", rv="5"))
+    lanes.put("n1", event("ADDED", rv="6"))  # created again: behind the deletion
+    lanes.put("n1", event("MODIFIED", rv="7"))
+    assert len(lanes) == 1
+    handler.gate.set()
+    await drained(lanes)
+    assert handler.seen == [("ADDED", "n1", "1"), ("MODIFIED", "n1", "4"), ("DELETED", "n1", "5"),
+                            ("MODIFIED", "n1", "7")]  # fmt: skip
+
+
+async def test_lanes_of_different_records_do_not_wait_for_each_other():
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    handler.gate.clear()
+    for name in ("a", "b", "c"):
+        lanes.put(name, event(None, name))  # listed
+    await asyncio.sleep(0)
+    assert sorted(handler.seen) == [(None, "a", "1"), (None, "b", "1"), (None, "c", "1")]
+    assert len(lanes) == 3
+    handler.gate.set()
+    await drained(lanes)
+
+
+async def test_a_failed_event_is_logged_and_the_next_event_of_that_record_is_still_handled(caplog):
+    handler = Recorded()
+    handler.fail_on = {"1"}
+    lanes = Lanes(handler, "devices")
+    handler.gate.clear()
+    lanes.put("n1", event("ADDED", rv="1"))
+    await asyncio.sleep(0)
+    lanes.put("n1", event("MODIFIED", rv="2"))
+    with caplog.at_level(logging.ERROR, logger=intake.__name__):
+        handler.gate.set()
+        await drained(lanes)
+    assert [s[2] for s in handler.seen] == ["1", "2"]
+    failed = [r for r in caplog.records if r.getMessage() == "watch event not handled"]
+    assert len(failed) == 1
+    assert (failed[0].node, failed[0].type, failed[0].resource) == ("n1", "ADDED", "devices")
+    assert "handler failed on 1" in str(failed[0].exc_info[1])
+    # The failed lane is gone; the record's next event opens a new one.
+    lanes.put("n1", event("MODIFIED", rv="3"))
+    await drained(lanes)
+    assert handler.seen[-1] == ("MODIFIED", "n1", "3")
+
+
+async def test_closing_stops_a_handler_in_flight_and_drops_what_was_pending():
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    handler.gate.clear()
+    lanes.put("n1", event("ADDED", rv="1"))
+    await asyncio.sleep(0)
+    lanes.put("n1", event("MODIFIED", rv="2"))
+    await lanes.close()
+    assert len(lanes) == 0
+    handler.gate.set()
+    await asyncio.sleep(0.01)
+    assert handler.seen == [("ADDED", "n1", "1")]  # the pending version comes back with the next listing
+
+
+class _Resource:
+    def __init__(self, group: str, plural: str) -> None:
+        self.group, self.plural = group, plural
+
+
+DEVICES_RESOURCE = _Resource(models.GROUP, models.PLURAL)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"type": "BOOKMARK", "object": {"metadata": {"name": "n1", "resourceVersion": "9"}}},
+        {"type": "ERROR", "object": {"code": 500, "metadata": {"name": "n1"}}},
+        {"type": "ADDED", "object": {"metadata": {}}},
+        {"type": "ADDED", "object": {"metadata": {"name": ""}}},
+        {"type": "ADDED", "object": {"metadata": {"name": 7}}},
+        {"type": "ADDED", "object": {"metadata": "n1"}},
+        {"type": "ADDED", "object": ["n1"]},
+        {"type": "ADDED"},
+        {"type": ["ADDED"], "object": {"metadata": {"name": "n1"}}},
+    ],
+    ids=["bookmark", "error", "no-name", "empty-name", "name-not-a-string", "metadata-not-a-map",
+         "object-not-a-map", "no-object", "type-not-a-string"],  # fmt: skip
+)
+async def test_what_is_not_an_object_event_with_a_name_is_left_to_kopf(raw):
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    found = Intake({}, {(models.GROUP, models.PLURAL): lanes})
+    assert not found.take(DEVICES_RESOURCE, raw)
+    assert len(lanes) == 0 and handler.seen == []
+
+
+async def test_only_resources_with_lanes_are_taken():
+    handler = Recorded()
+    found = Intake({}, {(models.GROUP, models.PLURAL): Lanes(handler, "devices")})
+    assert not found.take(_Resource("nfd.k8s-sigs.io", "nodefeatures"), event("ADDED"))
+    assert not found.take(_Resource("", "nodes"), event("ADDED"))
+    assert found.take(DEVICES_RESOURCE, event("ADDED"))
+    await asyncio.sleep(0.01)
+    assert handler.seen == [("ADDED", "n1", "1")]
+
+
+def gpu_node(name: str, link: LinkState = LinkState.OK) -> models.Devices:
+    return devices(name, interfaces=[nic(link=link)], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+
+
+async def nf_capable(c: Client, name: str) -> str | None:
+    nf = await c.nodefeature(name)
+    return None if nf is None else nf["spec"].get("labels", {}).get(CAPABLE)
+
+
+async def test_a_record_changed_quickly_is_published_as_it_ends_up():
+    """The agent writes a record several times in a row (its links flapping): the operator publishes
+    the last state, whichever of the versions between it handled."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k):
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            for link in (LinkState.FAILED, LinkState.OK, LinkState.FAILED, LinkState.OK, LinkState.FAILED):
+                await c.put_devices(gpu_node("n1", link))
+            assert await eventually(lambda: _is(c, "n1", None))
+            await settle(k)
+            assert await nf_capable(c, "n1") is None
+
+
+async def _is(c: Client, name: str, value: str | None) -> bool:
+    nf = await c.nodefeature(name)
+    return nf is not None and nf["spec"].get("labels", {}).get(CAPABLE) == value
+
+
+async def test_where_kopf_cannot_be_hooked_every_event_goes_through_kopf_and_is_still_published(
+    monkeypatch, caplog
+):
+    monkeypatch.setattr(intake, "_wrap", lambda *_: False)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for name in ("n1", "n2"):
+            await c.node(name)
+            await c.put_devices(gpu_node(name))
+        with caplog.at_level(logging.WARNING, logger=intake.__name__):
+            async with running_operator(k):
+                assert await eventually(lambda: _is(c, "n1", "true"))
+                assert await eventually(lambda: _is(c, "n2", "true"))
+                await c.put_devices(gpu_node("n2", LinkState.FAILED))
+                assert await eventually(lambda: _is(c, "n2", None))
+                await settle(k)
+        assert writes(k, NF) == 3  # two creates, n2's change
+    assert any("every event goes through kopf" in r.getMessage() for r in caplog.records)
