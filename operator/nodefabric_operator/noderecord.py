@@ -128,8 +128,10 @@ def next_status(
     *,
     also: Sequence[Condition] = (),
 ) -> DevicesStatus:
-    """The status we own merged into the current one; every other writer's conditions are kept as read."""
-    new = current.model_copy(deep=True)
+    """The status we own merged into the current one; every other writer's conditions are kept as read.
+    A shallow copy: each field we own is replaced whole below, and what is shared is never changed in
+    place (a deep copy of each status was 5% of a first sync's CPU)."""
+    new = current.model_copy(update={"labels": dict(current.labels)})
     for cond in (condition, *also):
         new.conditions = models.set_condition(new.conditions, cond, now)
     new.rdma_endpoints = result.rdma_endpoints

@@ -138,8 +138,17 @@ DEVICES_RESOURCE = _Resource(models.GROUP, models.PLURAL)
         {"type": "ADDED"},
         {"type": ["ADDED"], "object": {"metadata": {"name": "n1"}}},
     ],
-    ids=["bookmark", "error", "no-name", "empty-name", "name-not-a-string", "metadata-not-a-map",
-         "object-not-a-map", "no-object", "type-not-a-string"],  # fmt: skip
+    ids=[
+        "bookmark",
+        "error",
+        "no-name",
+        "empty-name",
+        "name-not-a-string",
+        "metadata-not-a-map",
+        "object-not-a-map",
+        "no-object",
+        "type-not-a-string",
+    ],  # fmt: skip
 )
 async def test_what_is_not_an_object_event_with_a_name_is_left_to_kopf(raw):
     handler = Recorded()
@@ -207,3 +216,30 @@ async def test_where_kopf_cannot_be_hooked_every_event_goes_through_kopf_and_is_
                 await settle(k)
         assert writes(k, NF) == 3  # two creates, n2's change
     assert any("every event goes through kopf" in r.getMessage() for r in caplog.records)
+
+
+def test_the_next_status_leaves_the_status_it_was_built_from_as_it_was():
+    """next_status copies shallowly (intake's first-sync work): the status read must not change under
+    the reconcile that compares against it, whether a publish succeeded or failed."""
+    from datetime import UTC, datetime
+
+    from nodefabric_operator import labels, noderecord, sinks
+
+    record = gpu_node("n1")
+    theirs = models.Condition(type=models.INTERFACES_ENUMERATED, status="True", reason="Enumerated")
+    current = models.DevicesStatus(conditions=[theirs], labels={"feature.gpustack.ai/old": "1"})
+    before = current.model_dump()
+    result = labels.compute(record)
+    plan = labels.plan(dict(current.labels), result.labels, domain=labels.DEFAULT_DOMAIN)
+    done = sinks.Published("NodeFeature nodefabric/n1", plan, True, None)
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    ok = noderecord.next_status(
+        current, result, done, noderecord.condition_for(done, result, frozenset(), None), now
+    )
+    failed = noderecord.next_status(
+        current, result, None, noderecord.failure_condition("NodeFeature", OSError()), now
+    )
+    failed.labels["feature.gpustack.ai/new"] = "2"  # a later change to the copy stays in the copy
+    assert current.model_dump() == before
+    assert ok.labels == dict(plan.managed) and ok.labels_published_time == now
+    assert [c.type for c in ok.conditions] == sorted([models.INTERFACES_ENUMERATED, models.LABELS_PUBLISHED])
