@@ -57,10 +57,12 @@ class Lanes:
     def put(self, name: str, event: Mapping[str, Any]) -> None:
         pending = self._pending.get(name)
         if pending is None:
-            self._pending[name] = collections.deque((event,))
-            task = asyncio.get_running_loop().create_task(self._drain(name), name=f"{self.what} {name}")
+            pending = self._pending[name] = collections.deque((event,))
+            task = asyncio.get_running_loop().create_task(
+                self._drain(name, pending), name=f"{self.what} {name}"
+            )
             self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda done: self._ended(done, name, pending))
         elif pending and "DELETED" not in (pending[-1].get("type"), event.get("type")):
             pending[-1] = event
         else:
@@ -70,8 +72,7 @@ class Lanes:
         """Objects with events in hand or waiting."""
         return len(self._pending)
 
-    async def _drain(self, name: str) -> None:
-        pending = self._pending[name]
+    async def _drain(self, name: str, pending: collections.deque[Mapping[str, Any]]) -> None:
         try:
             while pending:
                 event = pending.popleft()
@@ -86,6 +87,19 @@ class Lanes:
                         extra={"resource": self.what, "node": name, "type": event.get("type")},
                     )
         finally:
+            # Here, not in _ended: an event put between the last one handled and a done callback would
+            # wait in a lane no task drains.
+            self._unregister(name, pending)
+
+    def _ended(self, task: asyncio.Task[None], name: str, pending: collections.deque[Any]) -> None:
+        self._running.discard(task)
+        # A task cancelled before it first ran (the lanes closed, or kopf cancelling every task of its
+        # loop at shutdown) never reaches its `finally`: its lane would stay, and take every later event
+        # of the object without a task to handle them.
+        self._unregister(name, pending)
+
+    def _unregister(self, name: str, pending: collections.deque[Any]) -> None:
+        if self._pending.get(name) is pending:
             del self._pending[name]
 
     async def close(self) -> None:

@@ -117,6 +117,27 @@ async def test_closing_stops_a_handler_in_flight_and_drops_what_was_pending():
     assert handler.seen == [("ADDED", "n1", "1")]  # the pending version comes back with the next listing
 
 
+@pytest.mark.parametrize("by", ["close", "kopf"])
+async def test_a_lane_stopped_before_it_ran_leaves_nothing_behind_and_its_record_is_handled_again(by):
+    """A lane whose task is cancelled before it first ran (the lanes closed, or kopf cancelling every
+    task it finds at its shutdown, right after the event came) must not stay registered: the record's
+    events after a restart of the watches (a watched CRD gone) would wait behind it forever."""
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    lanes.put("n1", event("ADDED", rv="1"))
+    if by == "close":
+        await lanes.close()
+    else:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0.01)
+    assert len(lanes) == 0
+    lanes.put("n1", event("MODIFIED", rv="2"))
+    await drained(lanes)
+    assert handler.seen == [("MODIFIED", "n1", "2")]
+
+
 class _Resource:
     def __init__(self, group: str, plural: str) -> None:
         self.group, self.plural = group, plural
@@ -148,7 +169,7 @@ DEVICES_RESOURCE = _Resource(models.GROUP, models.PLURAL)
         "object-not-a-map",
         "no-object",
         "type-not-a-string",
-    ],  # fmt: skip
+    ],
 )
 async def test_what_is_not_an_object_event_with_a_name_is_left_to_kopf(raw):
     handler = Recorded()
