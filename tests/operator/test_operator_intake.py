@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from typing import Any
 
 import pytest
-from operator_harness import NF, Client, eventually, running_operator, settle, writes
+from operator_harness import NF, NS, Client, eventually, running_operator, settle, writes
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_operator import intake
+from nodefabric_operator import cli, intake
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.intake import Intake, Lanes
+from nodefabric_operator.statuswriter import StatusWriter
 
 CAPABLE = "feature.gpustack.ai/rdma.capable"
 
@@ -264,3 +267,60 @@ def test_the_next_status_leaves_the_status_it_was_built_from_as_it_was():
     assert current.model_dump() == before
     assert ok.labels == dict(plan.managed) and ok.labels_published_time == now
     assert [c.type for c in ok.conditions] == sorted([models.INTERFACES_ENUMERATED, models.LABELS_PUBLISHED])
+
+
+def _lease_holder(k: Any) -> str | None:
+    held = k.api.stored("coordination.k8s.io/v1/leases", "nodefabric-operator", NS) or {}
+    return (held.get("spec") or {}).get("holderIdentity")
+
+
+async def test_a_publish_in_flight_when_the_operator_stops_lands_before_the_lease_is_released(monkeypatch):
+    """Stopped while a record's publish is waiting on the API: the publish ends (its write answered)
+    before the lease is released, never after a standby may have taken over. kopf cancels our lanes
+    after five seconds, and a cancelled wait leaves its worker thread writing on."""
+    gate, entered = threading.Event(), threading.Event()
+    apply = StatusWriter.apply
+
+    def slow_apply(self: StatusWriter, *args: Any) -> Any:
+        entered.set()
+        assert gate.wait(30)
+        return apply(self, *args)
+
+    monkeypatch.setattr(StatusWriter, "apply", slow_apply)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        opts = cli.Options(
+            namespace=NS,
+            kubeconfig=k.kubeconfig,
+            backoffs=(0.05,),
+            leader_elect=True,
+            lease_timing=(30, 20, 0.1),
+        )
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            try:
+                asyncio.run(cli.serve(opts, stop_flag=stop))
+            except BaseException as err:
+                failure.append(err)
+
+        thread = threading.Thread(target=main, name="operator", daemon=True)
+        thread.start()
+        try:
+            assert await asyncio.to_thread(entered.wait, 60)
+            assert _lease_holder(k)
+            stop.set()
+            deadline = time.monotonic() + 7  # past kopf's five seconds for tasks it did not start
+            while time.monotonic() < deadline and _lease_holder(k):
+                await asyncio.sleep(0.1)
+            held_while_writing = _lease_holder(k) is not None
+        finally:
+            gate.set()
+            await asyncio.to_thread(thread.join, 60)
+        assert not thread.is_alive() and not failure, failure
+        assert held_while_writing, "the lease was released while a publish was still writing"
+        assert _lease_holder(k) is None
+        assert await nf_capable(c, "n1") == "true"
