@@ -102,6 +102,15 @@ class Lanes:
         if self._pending.get(name) is pending:
             del self._pending[name]
 
+    def drop(self) -> int:
+        """Drop the events not yet handled, leaving each lane to finish the one in hand (the watch
+        stopped: a listing brings them back when it starts again); how many were dropped."""
+        dropped = 0
+        for pending in self._pending.values():
+            dropped += len(pending)
+            pending.clear()
+        return dropped
+
     async def close(self) -> None:
         """Stop every lane (the watches stopped); events not yet handled are dropped: the next start
         lists every object again."""
@@ -160,6 +169,15 @@ class Intake:
         weakref.finalize(settings, Intake._installed.pop, id(settings), None)
         return True
 
+    def stopped(self, resource: Any) -> None:
+        """The resource's watch ended (the operator stopping, its CRD gone): its events not yet handled
+        are dropped, so that nothing is written for them after the stop (kopf lets the tasks it finds
+        run five seconds more before it cancels them); the next listing brings them back."""
+        lanes = self.lanes.get(_key(resource))
+        dropped = 0 if lanes is None else lanes.drop()
+        if lanes is not None and dropped:
+            log.info("watch stopped, events not handled", extra={"resource": lanes.what, "events": dropped})
+
     async def close(self) -> None:
         for lanes in self.lanes.values():
             await lanes.close()
@@ -209,11 +227,15 @@ def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Calla
         found = Intake.of(kwargs.get("settings"))
         resource = kwargs.get("resource")
         stream = original(**kwargs)
-        async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
-            async for event in stream:
-                if found is None or not isinstance(event, Mapping):
-                    yield event  # kopf's own markers (the listing's end) included
-                elif not (found.echo(resource, event) or found.take(resource, event)):
-                    yield event
+        try:
+            async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
+                async for event in stream:
+                    if found is None or not isinstance(event, Mapping):
+                        yield event  # kopf's own markers (the listing's end) included
+                    elif not (found.echo(resource, event) or found.take(resource, event)):
+                        yield event
+        finally:
+            if found is not None:
+                found.stopped(resource)
 
     return infinite_watch

@@ -5,9 +5,11 @@ operator still publishing through kopf where kopf cannot be hooked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -139,6 +141,23 @@ async def test_a_lane_stopped_before_it_ran_leaves_nothing_behind_and_its_record
     lanes.put("n1", event("MODIFIED", rv="2"))
     await drained(lanes)
     assert handler.seen == [("MODIFIED", "n1", "2")]
+
+
+async def test_dropping_leaves_the_event_in_hand_to_finish_and_the_lanes_empty():
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    handler.gate.clear()
+    lanes.put("n1", event("ADDED", rv="1"))
+    lanes.put("n2", event("ADDED", "n2", rv="1"))
+    await asyncio.sleep(0)
+    lanes.put("n1", event("MODIFIED", rv="2"))
+    lanes.put("n1", event("DELETED", rv="3"))
+    assert lanes.drop() == 2
+    handler.gate.set()
+    await drained(lanes)
+    assert sorted(handler.seen) == [("ADDED", "n1", "1"), ("ADDED", "n2", "1")]
+    await asyncio.sleep(0)  # the tasks' done callbacks
+    assert not lanes._running
 
 
 class _Resource:
@@ -274,53 +293,85 @@ def _lease_holder(k: Any) -> str | None:
     return (held.get("spec") or {}).get("holderIdentity")
 
 
+class Gate:
+    """Holds every publish (StatusWriter.apply, in its worker thread) until opened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open, self.entered = threading.Event(), threading.Event()
+        apply = StatusWriter.apply
+
+        def held(writer: StatusWriter, *args: Any) -> Any:
+            self.entered.set()
+            assert self.open.wait(30)
+            return apply(writer, *args)
+
+        monkeypatch.setattr(StatusWriter, "apply", held)
+
+
+@contextlib.asynccontextmanager
+async def stoppable_operator(k: Any, gate: Gate, **options: Any) -> AsyncIterator[threading.Event]:
+    """The operator in its own thread (as running_operator), whose stop flag the test sets while a
+    publish is held; on leaving, the gate is opened and the operator must have stopped cleanly."""
+    opts = cli.Options(standalone=True, namespace=NS, kubeconfig=k.kubeconfig, backoffs=(0.05,), **options)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(cli.serve(opts, stop_flag=stop))
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=main, name="operator", daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        gate.open.set()
+        await asyncio.to_thread(thread.join, 60)
+    assert not thread.is_alive() and not failure, failure
+
+
 async def test_a_publish_in_flight_when_the_operator_stops_lands_before_the_lease_is_released(monkeypatch):
     """Stopped while a record's publish is waiting on the API: the publish ends (its write answered)
     before the lease is released, never after a standby may have taken over. kopf cancels our lanes
     after five seconds, and a cancelled wait leaves its worker thread writing on."""
-    gate, entered = threading.Event(), threading.Event()
-    apply = StatusWriter.apply
-
-    def slow_apply(self: StatusWriter, *args: Any) -> Any:
-        entered.set()
-        assert gate.wait(30)
-        return apply(self, *args)
-
-    monkeypatch.setattr(StatusWriter, "apply", slow_apply)
+    gate = Gate(monkeypatch)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
         await c.node("n1")
         await c.put_devices(gpu_node("n1"))
-        opts = cli.Options(
-            namespace=NS,
-            kubeconfig=k.kubeconfig,
-            backoffs=(0.05,),
-            leader_elect=True,
-            lease_timing=(30, 20, 0.1),
-        )
-        stop = threading.Event()
-        failure: list[BaseException] = []
-
-        def main() -> None:
-            try:
-                asyncio.run(cli.serve(opts, stop_flag=stop))
-            except BaseException as err:
-                failure.append(err)
-
-        thread = threading.Thread(target=main, name="operator", daemon=True)
-        thread.start()
-        try:
-            assert await asyncio.to_thread(entered.wait, 60)
+        async with stoppable_operator(k, gate, leader_elect=True, lease_timing=(30, 20, 0.1)) as stop:
+            assert await asyncio.to_thread(gate.entered.wait, 60)
             assert _lease_holder(k)
             stop.set()
             deadline = time.monotonic() + 7  # past kopf's five seconds for tasks it did not start
             while time.monotonic() < deadline and _lease_holder(k):
                 await asyncio.sleep(0.1)
             held_while_writing = _lease_holder(k) is not None
-        finally:
-            gate.set()
-            await asyncio.to_thread(thread.join, 60)
-        assert not thread.is_alive() and not failure, failure
         assert held_while_writing, "the lease was released while a publish was still writing"
         assert _lease_holder(k) is None
         assert await nf_capable(c, "n1") == "true"
+
+
+async def test_events_waiting_behind_a_publish_are_not_handled_once_the_operator_stops(monkeypatch):
+    """A record changed while its publish is held: the change waits in the record's lane. Stopped
+    then, the operator finishes the publish in flight and writes nothing more: the waiting change is
+    the next start's to publish (its listing brings it), not written after the stop (kopf gives the
+    tasks it finds five seconds before it cancels them, time enough to publish it)."""
+    gate = Gate(monkeypatch)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with stoppable_operator(k, gate) as stop:
+            assert await asyncio.to_thread(gate.entered.wait, 60)
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            await asyncio.sleep(0.5)  # its events reached the lane
+            stop.set()
+            await asyncio.sleep(0.5)  # the watches stopped
+        assert await nf_capable(c, "n1") == "true"
+        assert writes(k, NF) == 1
+        async with running_operator(k):  # the next start publishes the change
+            assert await eventually(lambda: _is(c, "n1", None))
