@@ -165,5 +165,5 @@ def intake(rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_n
         tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.echoes.echo
         if watch_nodes and not topology:
             tests["", "nodes"] = rec.on_node.echo
-    lanes = Lanes(lambda event: devices(rec, event), models.PLURAL)
+    lanes = Lanes(lambda event: devices(rec, event), models.PLURAL, forget=rec.devices_gone)
     return Intake(tests, {(models.GROUP, models.PLURAL): lanes})

@@ -48,9 +48,11 @@ class Lanes:
     pending takes its place; a DELETED event, or one after it, is queued behind (a record deleted and
     created again under its name is withdrawn, then published)."""
 
-    def __init__(self, handle: Handler, what: str) -> None:
+    def __init__(self, handle: Handler, what: str, forget: Callable[[str], object] = lambda _: None) -> None:
         self.handle = handle
         self.what = what  # for the log: whose events these are
+        # Told of an object whose DELETED event is dropped unhandled: a listing cannot say it went.
+        self.forget = forget
         self._pending: dict[str, collections.deque[Mapping[str, Any]]] = {}
         self._running: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
 
@@ -105,15 +107,22 @@ class Lanes:
     def drop(self) -> int:
         """Drop the events not yet handled, leaving each lane to finish the one in hand (the watch
         stopped: a listing brings them back when it starts again); how many were dropped."""
-        dropped = 0
-        for pending in self._pending.values():
-            dropped += len(pending)
-            pending.clear()
+        return sum(self._discard(name, pending) for name, pending in list(self._pending.items()))
+
+    def _discard(self, name: str, pending: collections.deque[Mapping[str, Any]]) -> int:
+        """Drop what waits in one lane. A deletion among it is still told (`forget`, nothing written):
+        when the watch starts again in this process, its listing has no event for an object that went,
+        and what was published for it would stay."""
+        dropped = len(pending)
+        if any(event.get("type") == "DELETED" for event in pending):
+            self.forget(name)
+        pending.clear()
         return dropped
 
     async def close(self) -> None:
         """Stop every lane (the watches stopped); events not yet handled are dropped: the next start
         lists every object again."""
+        self.drop()
         running = list(self._running)
         for task in running:
             task.cancel()

@@ -190,10 +190,15 @@ class Reconciler:
 
     async def devices_deleted(self, name: str) -> Outcome:
         """The Devices object is gone: withdraw what the sink holds for it (a NodeFeature is GC'd instead)."""
+        self.devices_gone(name)
+        return await self._withdraw(name)
+
+    def devices_gone(self, name: str) -> None:
+        """The Devices object is gone, nothing written (its deletion dropped unhandled as the watch
+        stopped): the next listing of the sink withdraws what was published for it (sink_event)."""
         self.ledger.forget(name)
         self.view.clear_deleted(name)
         self.metrics.records.set(len(self.ledger.records))
-        return await self._withdraw(name)
 
     async def sink_event(self, body: Mapping[str, Any]) -> Outcome | None:
         """A watched sink object changed: repair it only if it drifted from what the record yields (a hand

@@ -12,13 +12,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kubernetes
 import pytest
 from operator_harness import NF, NS, Client, eventually, running_operator, settle, writes
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_operator import cli, intake
+from nodefabric_operator import cli, intake, labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.intake import Intake, Lanes
 from nodefabric_operator.statuswriter import StatusWriter
@@ -375,3 +376,42 @@ async def test_events_waiting_behind_a_publish_are_not_handled_once_the_operator
         assert writes(k, NF) == 1
         async with running_operator(k):  # the next start publishes the change
             assert await eventually(lambda: _is(c, "n1", None))
+
+
+async def test_a_deletion_waiting_behind_a_publish_when_the_devices_crd_goes_is_not_forgotten(monkeypatch):
+    """The Devices CRD deleted (every record with it) while a record's publish is held: its DELETED
+    event waits in its lane and is dropped when the watch ends. The watches start again in the same
+    process, whose listing cannot say the record went: the labels on its Node are withdrawn all the
+    same (the record forgotten when its deletion was dropped), not kept for a record that is gone."""
+    gate = Gate(monkeypatch)
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for name in ("n1", "n2"):
+            await c.node(name)
+            await c.put_devices(gpu_node(name))
+        ext = kubernetes.client.ApiextensionsV1Api(c.core.api_client)
+        async with running_operator(k, sink="node"):
+            for name in ("n1", "n2"):
+                assert await eventually(lambda name=name: _ours_on_node(c, name))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await asyncio.to_thread(
+                ext.delete_custom_resource_definition, crd.devices_crd()["metadata"]["name"]
+            )
+            assert await eventually(lambda: _no_ours_on_node(c, "n2"))  # its deletion was handled
+            await asyncio.sleep(1)  # the watch ended on the CRD's removal
+            gate.open.set()
+            await asyncio.to_thread(ext.create_custom_resource_definition, crd.devices_crd())
+            assert await eventually(lambda: _no_ours_on_node(c, "n1"), timeout=20)
+
+
+async def _ours_on_node(c: Client, name: str) -> bool:
+    return bool(sinks.ours(await c.node_labels(name), labels.DEFAULT_DOMAIN))
+
+
+async def _no_ours_on_node(c: Client, name: str) -> bool:
+    return not await _ours_on_node(c, name)
