@@ -406,7 +406,11 @@ async def test_a_deletion_waiting_behind_a_publish_when_the_devices_crd_goes_is_
             await asyncio.sleep(1)  # the watch ended on the CRD's removal
             gate.open.set()
             await asyncio.to_thread(ext.create_custom_resource_definition, crd.devices_crd())
-            assert await eventually(lambda: _no_ours_on_node(c, "n1"), timeout=20)
+            await c.put_devices(gpu_node("n2"))  # published once the watches started again
+            assert await eventually(lambda: _ours_on_node(c, "n2"), timeout=90)
+            assert await _no_ours_on_node(c, "n1")
+            await settle(k)
+            assert await _no_ours_on_node(c, "n1")
 
 
 async def _ours_on_node(c: Client, name: str) -> bool:
