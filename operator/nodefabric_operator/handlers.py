@@ -165,5 +165,10 @@ def intake(rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_n
         tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.echoes.echo
         if watch_nodes and not topology:
             tests["", "nodes"] = rec.on_node.echo
-    lanes = Lanes(lambda event: devices(rec, event), models.PLURAL, forget=rec.devices_gone)
+    lanes = Lanes(
+        lambda event: devices(rec, event),
+        models.PLURAL,
+        forget=rec.devices_gone,
+        replaced=rec.metrics.skipped.labels(resource=models.PLURAL).inc,
+    )
     return Intake(tests, {(models.GROUP, models.PLURAL): lanes})

@@ -48,9 +48,18 @@ class Lanes:
     pending takes its place; a DELETED event, or one after it, is queued behind (a record deleted and
     created again under its name is withdrawn, then published)."""
 
-    def __init__(self, handle: Handler, what: str, forget: Callable[[str], object] = lambda _: None) -> None:
+    def __init__(
+        self,
+        handle: Handler,
+        what: str,
+        forget: Callable[[str], object] = lambda _: None,
+        replaced: Callable[[], object] = lambda: None,
+    ) -> None:
         self.handle = handle
         self.what = what  # for the log: whose events these are
+        # Told of each event replaced by a newer one before it was handled (counted where the events
+        # the handler skips are counted: every event delivered is then handled or counted skipped).
+        self.replaced = replaced
         # Told of an object whose DELETED event is dropped unhandled: a listing cannot say it went.
         self.forget = forget
         self._pending: dict[str, collections.deque[Mapping[str, Any]]] = {}
@@ -67,6 +76,7 @@ class Lanes:
             task.add_done_callback(lambda done: self._ended(done, name, pending))
         elif pending and "DELETED" not in (pending[-1].get("type"), event.get("type")):
             pending[-1] = event
+            self.replaced()
         else:
             pending.append(event)
 

@@ -58,7 +58,8 @@ async def drained(lanes: Lanes) -> None:
 
 async def test_a_lane_hands_over_the_newest_pending_state_and_keeps_a_deletion_in_its_place():
     handler = Recorded()
-    lanes = Lanes(handler, "devices")
+    replaced: list[None] = []
+    lanes = Lanes(handler, "devices", replaced=lambda: replaced.append(None))
     handler.gate.clear()
     lanes.put("n1", event("ADDED", rv="1"))  # handed over at once, held at the gate
     await asyncio.sleep(0)
@@ -72,6 +73,7 @@ async def test_a_lane_hands_over_the_newest_pending_state_and_keeps_a_deletion_i
     await drained(lanes)
     assert handler.seen == [("ADDED", "n1", "1"), ("MODIFIED", "n1", "4"), ("DELETED", "n1", "5"),
                             ("MODIFIED", "n1", "7")]  # fmt: skip
+    assert len(replaced) == 3  # 2 and 3, then 6
 
 
 async def test_lanes_of_different_records_do_not_wait_for_each_other():
@@ -419,3 +421,43 @@ async def _ours_on_node(c: Client, name: str) -> bool:
 
 async def _no_ours_on_node(c: Client, name: str) -> bool:
     return not await _ours_on_node(c, name)
+
+
+OUTCOMES = ("unchanged", "published", "superseded", "error", "invalid", "withdrawn")
+
+
+async def test_every_devices_event_is_counted_skipped_or_reconciled_a_replaced_one_too(monkeypatch):
+    """nodefabric_operator_events_skipped_total and reconciles_total account for every Devices event
+    the watch delivered: one replaced in its lane by a newer state before it was handled is skipped
+    (a newer version is handled instead), as one no newer than the version handled is."""
+    gate = Gate(monkeypatch)
+    gate.open.set()
+    delivered: list[str | None] = []
+    echo = Intake.echo
+
+    def counted(self: Intake, resource: Any, raw_event: Any) -> bool:
+        if (getattr(resource, "group", ""), getattr(resource, "plural", "")) == (models.GROUP, models.PLURAL):
+            delivered.append(raw_event.get("type"))
+        return echo(self, resource, raw_event)
+
+    monkeypatch.setattr(Intake, "echo", counted)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k) as metrics:
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            for link in (LinkState.FAILED, LinkState.OK, LinkState.FAILED, LinkState.OK, LinkState.FAILED):
+                await c.put_devices(gpu_node("n1", link))
+                assert await asyncio.to_thread(gate.entered.wait, 30)  # the first change is in flight
+            await asyncio.sleep(0.5)  # the others wait in its lane, each replacing the one before
+            gate.open.set()
+            assert await eventually(lambda: _is(c, "n1", None))
+            await settle(k)
+            skipped = metrics.skipped.labels(resource=models.PLURAL)._value.get()
+            reconciled = sum(metrics.reconciles.labels(outcome=o)._value.get() for o in OUTCOMES)
+            assert len(delivered) > 6
+            assert skipped + reconciled == len(delivered)
