@@ -13,7 +13,14 @@ as much as a do-nothing kopf operator spends on a record. Two kinds of event are
   level-based), so `Lanes` hand them over one record at a time, in order, the newest pending state
   replacing an older one not yet handled; a DELETED event keeps its place. That is what kopf's
   per-object workers did for this resource, without the per-event machinery: with it a first sync cost
-  1.7-2.4x the do-nothing operator's CPU, without it 1.3-1.5x (hack/bench_operator.py --versus).
+  1.7-2.4x the do-nothing operator's CPU, without it 1.3-1.5x (hack/bench_operator.py --versus). An
+  event replaced so is counted skipped, as an echo is: every event delivered is handled or counted.
+
+When a watch stream ends (the operator stopping: SIGTERM, a lease lost; a watched CRD gone) the events
+waiting in its lanes are dropped, each lane finishing the one in hand (the reconciler waits for a write
+in flight even when cancelled: reconcile.writing), so nothing is written for them after the stop; the
+next listing brings them back. A dropped DELETED event is still told to the reconciler (nothing
+written), since no listing has an event for an object that went.
 
 kopf offers no public hook ahead of its processing, so the intake wraps its watch stream
 (`infinite_watch`: an event answered on arrival costs kopf no queue and no per-object worker) and its
@@ -130,8 +137,9 @@ class Lanes:
         return dropped
 
     async def close(self) -> None:
-        """Stop every lane (the watches stopped); events not yet handled are dropped: the next start
-        lists every object again."""
+        """Stop every lane (the watches stopped): events not yet handled are dropped (see `drop`; the
+        next start lists every object again), the ones in hand cancelled (a write in flight is still
+        answered first: reconcile.writing)."""
         self.drop()
         running = list(self._running)
         for task in running:
@@ -240,7 +248,7 @@ def _filtered_processing(original: Callable[..., Awaitable[str | None]]) -> Call
 def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
     """The intake on kopf's watch streams: an echo already recognisable when it arrives (its write's
     answer settled first) is dropped, and an event of a resource with lanes goes to its lane; neither
-    costs kopf a queue or a per-object worker."""
+    costs kopf a queue or a per-object worker. When the stream ends, so do its lanes' waiting events."""
 
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         found = Intake.of(kwargs.get("settings"))
