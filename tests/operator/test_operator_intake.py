@@ -499,3 +499,21 @@ async def test_a_record_whose_handling_raises_is_logged_and_its_next_change_stil
         failed = [r for r in caplog.records if r.getMessage() == "watch event not handled"]
         assert failed and all(r.node == "n1" for r in failed)
         assert "a body nobody foresaw" in str(failed[0].exc_info[1])
+
+
+async def test_where_kopf_cannot_be_hooked_drift_is_still_repaired_and_a_deletion_withdraws(monkeypatch):
+    monkeypatch.setattr(intake, "_wrap", lambda *_: False)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k, sink="node"):
+            assert await eventually(lambda: _ours_on_node(c, "n1"))
+            await c.label_node("n1", {CAPABLE: None})  # someone takes our label off
+            assert await eventually(lambda: _capable_on_node(c, "n1"))
+            await c.delete_devices("n1")
+            assert await eventually(lambda: _no_ours_on_node(c, "n1"))
+
+
+async def _capable_on_node(c: Client, name: str) -> bool:
+    return (await c.node_labels(name)).get(CAPABLE) == "true"
