@@ -517,3 +517,37 @@ async def test_where_kopf_cannot_be_hooked_drift_is_still_repaired_and_a_deletio
 
 async def _capable_on_node(c: Client, name: str) -> bool:
     return (await c.node_labels(name)).get(CAPABLE) == "true"
+
+
+async def test_a_record_deleted_and_created_again_while_its_publish_is_held_ends_published_for_the_new_one(
+    monkeypatch,
+):
+    """Deleted and created again under its name (a new uid) while the old one's publish is held: the
+    lane hands over the deletion, then the new record; the NodeFeature ends owned by the new record,
+    with the new record's labels."""
+    gate = Gate(monkeypatch)
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k):
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await c.delete_devices("n1")
+            await c.put_devices(gpu_node("n1"), node_owner=False)
+            uid = (await c.devices("n1"))["metadata"]["uid"]
+            gate.open.set()
+
+            async def owned_by_the_new_one() -> bool:
+                nf = await c.nodefeature("n1")
+                owners = [] if nf is None else nf["metadata"].get("ownerReferences", [])
+                return [o["uid"] for o in owners] == [uid] and await _is(c, "n1", "true")
+
+            assert await eventually(owned_by_the_new_one)
+            await settle(k)
+            assert await owned_by_the_new_one()
