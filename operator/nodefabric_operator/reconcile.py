@@ -246,7 +246,14 @@ class Reconciler:
 
     async def _reconcile(self, name: str) -> Outcome:
         with self.echoes.publishing(name):
-            return await self._publish(name)
+            try:
+                return await self._publish(name)
+            except asyncio.CancelledError:
+                # The operator is stopping: a sink event held back behind this publish is the next
+                # listing's to judge; handed over as the publish ends, it would be handled (a repair
+                # written) after the stop, in a task kopf no longer cancels.
+                self.echoes.held_back.pop(name, None)
+                raise
 
     async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):

@@ -22,6 +22,7 @@ from nodefabric_devicemanager.models import LinkState
 from nodefabric_operator import cli, intake, labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.intake import Intake, Lanes
+from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.statuswriter import StatusWriter
 
 CAPABLE = "feature.gpustack.ai/rdma.capable"
@@ -297,18 +298,21 @@ def _lease_holder(k: Any) -> str | None:
 
 
 class Gate:
-    """Holds every publish (StatusWriter.apply, in its worker thread) until opened."""
+    """Holds every publish (StatusWriter.apply, in its worker thread; or another call of a reconcile)
+    until opened."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, where: type = StatusWriter, call: str = "apply"
+    ) -> None:
         self.open, self.entered = threading.Event(), threading.Event()
-        apply = StatusWriter.apply
+        original = getattr(where, call)
 
-        def held(writer: StatusWriter, *args: Any) -> Any:
+        def held(this: Any, *args: Any) -> Any:
             self.entered.set()
             assert self.open.wait(30)
-            return apply(writer, *args)
+            return original(this, *args)
 
-        monkeypatch.setattr(StatusWriter, "apply", held)
+        monkeypatch.setattr(where, call, held)
 
 
 @contextlib.asynccontextmanager
@@ -551,3 +555,40 @@ async def test_a_record_deleted_and_created_again_while_its_publish_is_held_ends
             assert await eventually(owned_by_the_new_one)
             await settle(k)
             assert await owned_by_the_new_one()
+
+
+MEMBERS = "feature.gpustack.ai/fabric.members"
+
+
+async def test_a_sink_edit_held_back_behind_a_publish_is_not_repaired_after_the_operator_stopped(monkeypatch):
+    """Our NodeFeature edited by hand while a publish of its node is under way (its Event being
+    posted): the edit waits for the publish to end (echoes.py). Stopped meanwhile (kopf cancels our
+    lanes five seconds on), the call in flight is answered and nothing else written: the repair is the
+    next start's, not made after the stop and the lease's release."""
+    gate = Gate(monkeypatch, Recorder, "post")
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with stoppable_operator(k, gate) as stop:
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await c.edit_nodefeature("n1", {"spec": {"labels": {MEMBERS: None}}})
+            await asyncio.sleep(0.5)  # its event is held back behind the publish
+            stop.set()
+            await asyncio.sleep(6)  # kopf cancelled the lane
+        nf = await c.nodefeature("n1")
+        assert nf is not None and MEMBERS not in nf["spec"]["labels"]
+        assert CAPABLE not in nf["spec"]["labels"]  # the publish landed
+        async with running_operator(k):  # the next start repairs it
+            assert await eventually(lambda: _nf_has(c, "n1", MEMBERS))
+
+
+async def _nf_has(c: Client, name: str, key: str) -> bool:
+    nf = await c.nodefeature(name)
+    return nf is not None and key in nf["spec"].get("labels", {})
