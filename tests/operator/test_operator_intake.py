@@ -164,6 +164,34 @@ async def test_dropping_leaves_the_event_in_hand_to_finish_and_the_lanes_empty()
     assert not lanes._running
 
 
+async def test_thousands_of_lanes_leave_nothing_behind_once_drained(caplog):
+    """A fleet's listing, then a burst of changes and deletions, a third of the handlings failing:
+    every lane ends, no task or queue is kept for a record that has nothing waiting."""
+    handled = 0
+
+    async def handle(ev: dict[str, Any]) -> None:
+        nonlocal handled
+        await asyncio.sleep(0)
+        handled += 1
+        if handled % 3 == 0:
+            raise ValueError("failed")
+
+    lanes = Lanes(handle, "devices")
+    with caplog.at_level(logging.CRITICAL, logger=intake.__name__):
+        for _ in range(2):
+            for i in range(2000):
+                for kind in (None, "MODIFIED", "DELETED", "ADDED"):
+                    lanes.put(f"n{i}", event(kind, f"n{i}"))
+            for _ in range(1000):
+                if not len(lanes):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # the tasks' done callbacks
+            assert len(lanes) == 0 and not lanes._running
+    assert handled == 2 * 2000 * 3  # listed (replaced by its change before its lane ran), deleted, added
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
 class _Resource:
     def __init__(self, group: str, plural: str) -> None:
         self.group, self.plural = group, plural
