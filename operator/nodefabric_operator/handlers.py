@@ -74,7 +74,8 @@ def _reconciler(memo: Any) -> Reconciler:
 
 
 async def on_devices(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Reached only where kopf could not be hooked: otherwise Devices events go to lanes (intake.py)."""
+    """Reached where kopf could not be hooked, and for a Devices event the lanes do not take (one
+    without a name); every other Devices event goes to the lanes (intake.py)."""
     await devices(_reconciler(memo), event)
 
 
