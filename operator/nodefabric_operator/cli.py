@@ -367,8 +367,9 @@ def _registry(
 
 
 async def _kopf(taken: Intake, **kwargs: Any) -> None:
-    """kopf.operator, our lanes stopped with its workers: nothing is written once the watches stopped (a
-    lease lost, SIGTERM, a watched resource gone); what was pending comes back with the next listing."""
+    """kopf.operator, our lanes stopped with its workers: once the watches stopped (a lease lost, SIGTERM,
+    a watched resource gone) nothing more is handled, a write in flight is answered before this returns
+    (so before the lease is released), and what was pending comes back with the next listing."""
     try:
         await kopf.operator(**kwargs)
     finally:

@@ -74,7 +74,8 @@ def _reconciler(memo: Any) -> Reconciler:
 
 
 async def on_devices(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Reached only where kopf could not be hooked: otherwise Devices events go to lanes (intake.py)."""
+    """Reached where kopf could not be hooked, and for a Devices event the lanes do not take (one
+    without a name); every other Devices event goes to the lanes (intake.py)."""
     await devices(_reconciler(memo), event)
 
 
@@ -165,5 +166,10 @@ def intake(rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_n
         tests[sinks.NFD_GROUP, sinks.NFD_PLURAL] = rec.echoes.echo
         if watch_nodes and not topology:
             tests["", "nodes"] = rec.on_node.echo
-    lanes = Lanes(lambda event: devices(rec, event), models.PLURAL)
+    lanes = Lanes(
+        lambda event: devices(rec, event),
+        models.PLURAL,
+        forget=rec.devices_gone,
+        replaced=rec.metrics.skipped.labels(resource=models.PLURAL).inc,
+    )
     return Intake(tests, {(models.GROUP, models.PLURAL): lanes})

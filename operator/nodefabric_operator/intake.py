@@ -13,7 +13,14 @@ as much as a do-nothing kopf operator spends on a record. Two kinds of event are
   level-based), so `Lanes` hand them over one record at a time, in order, the newest pending state
   replacing an older one not yet handled; a DELETED event keeps its place. That is what kopf's
   per-object workers did for this resource, without the per-event machinery: with it a first sync cost
-  1.7-2.4x the do-nothing operator's CPU, without it 1.3-1.5x (hack/bench_operator.py --versus).
+  1.7-2.4x the do-nothing operator's CPU, without it 1.3-1.5x (hack/bench_operator.py --versus). An
+  event replaced so is counted skipped, as an echo is: every event delivered is handled or counted.
+
+When a watch stream ends (the operator stopping: SIGTERM, a lease lost; a watched CRD gone) the events
+waiting in its lanes are dropped, each lane finishing the one in hand (the reconciler waits for a write
+in flight even when cancelled: reconcile.writing), so nothing is written for them after the stop; the
+next listing brings them back. A dropped DELETED event is still told to the reconciler (nothing
+written), since no listing has an event for an object that went.
 
 kopf offers no public hook ahead of its processing, so the intake wraps its watch stream
 (`infinite_watch`: an event answered on arrival costs kopf no queue and no per-object worker) and its
@@ -48,21 +55,35 @@ class Lanes:
     pending takes its place; a DELETED event, or one after it, is queued behind (a record deleted and
     created again under its name is withdrawn, then published)."""
 
-    def __init__(self, handle: Handler, what: str) -> None:
+    def __init__(
+        self,
+        handle: Handler,
+        what: str,
+        forget: Callable[[str], object] = lambda _: None,
+        replaced: Callable[[], object] = lambda: None,
+    ) -> None:
         self.handle = handle
         self.what = what  # for the log: whose events these are
+        # Told of each event replaced by a newer one before it was handled (counted where the events
+        # the handler skips are counted: every event delivered is then handled or counted skipped).
+        self.replaced = replaced
+        # Told of an object whose DELETED event is dropped unhandled: a listing cannot say it went.
+        self.forget = forget
         self._pending: dict[str, collections.deque[Mapping[str, Any]]] = {}
         self._running: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
 
     def put(self, name: str, event: Mapping[str, Any]) -> None:
         pending = self._pending.get(name)
         if pending is None:
-            self._pending[name] = collections.deque((event,))
-            task = asyncio.get_running_loop().create_task(self._drain(name), name=f"{self.what} {name}")
+            pending = self._pending[name] = collections.deque((event,))
+            task = asyncio.get_running_loop().create_task(
+                self._drain(name, pending), name=f"{self.what} {name}"
+            )
             self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda done: self._ended(done, name, pending))
         elif pending and "DELETED" not in (pending[-1].get("type"), event.get("type")):
             pending[-1] = event
+            self.replaced()
         else:
             pending.append(event)
 
@@ -70,8 +91,7 @@ class Lanes:
         """Objects with events in hand or waiting."""
         return len(self._pending)
 
-    async def _drain(self, name: str) -> None:
-        pending = self._pending[name]
+    async def _drain(self, name: str, pending: collections.deque[Mapping[str, Any]]) -> None:
         try:
             while pending:
                 event = pending.popleft()
@@ -86,11 +106,41 @@ class Lanes:
                         extra={"resource": self.what, "node": name, "type": event.get("type")},
                     )
         finally:
+            # Here, not in _ended: an event put between the last one handled and a done callback would
+            # wait in a lane no task drains.
+            self._unregister(name, pending)
+
+    def _ended(self, task: asyncio.Task[None], name: str, pending: collections.deque[Any]) -> None:
+        self._running.discard(task)
+        # A task cancelled before it first ran (the lanes closed, or kopf cancelling every task of its
+        # loop at shutdown) never reaches its `finally`: its lane would stay, and take every later event
+        # of the object without a task to handle them.
+        self._unregister(name, pending)
+
+    def _unregister(self, name: str, pending: collections.deque[Any]) -> None:
+        if self._pending.get(name) is pending:
             del self._pending[name]
 
+    def drop(self) -> int:
+        """Drop the events not yet handled, leaving each lane to finish the one in hand (the watch
+        stopped: a listing brings them back when it starts again); how many were dropped."""
+        return sum(self._discard(name, pending) for name, pending in list(self._pending.items()))
+
+    def _discard(self, name: str, pending: collections.deque[Mapping[str, Any]]) -> int:
+        """Drop what waits in one lane. A deletion among it is still told (`forget`, nothing written):
+        when the watch starts again in this process, its listing has no event for an object that went,
+        and what was published for it would stay."""
+        dropped = len(pending)
+        if any(event.get("type") == "DELETED" for event in pending):
+            self.forget(name)
+        pending.clear()
+        return dropped
+
     async def close(self) -> None:
-        """Stop every lane (the watches stopped); events not yet handled are dropped: the next start
-        lists every object again."""
+        """Stop every lane (the watches stopped): events not yet handled are dropped (see `drop`; the
+        next start lists every object again), the ones in hand cancelled (a write in flight is still
+        answered first: reconcile.writing)."""
+        self.drop()
         running = list(self._running)
         for task in running:
             task.cancel()
@@ -146,6 +196,15 @@ class Intake:
         weakref.finalize(settings, Intake._installed.pop, id(settings), None)
         return True
 
+    def stopped(self, resource: Any) -> None:
+        """The resource's watch ended (the operator stopping, its CRD gone): its events not yet handled
+        are dropped, so that nothing is written for them after the stop (kopf lets the tasks it finds
+        run five seconds more before it cancels them); the next listing brings them back."""
+        lanes = self.lanes.get(_key(resource))
+        dropped = 0 if lanes is None else lanes.drop()
+        if lanes is not None and dropped:
+            log.info("watch stopped, events not handled", extra={"resource": lanes.what, "events": dropped})
+
     async def close(self) -> None:
         for lanes in self.lanes.values():
             await lanes.close()
@@ -189,17 +248,21 @@ def _filtered_processing(original: Callable[..., Awaitable[str | None]]) -> Call
 def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
     """The intake on kopf's watch streams: an echo already recognisable when it arrives (its write's
     answer settled first) is dropped, and an event of a resource with lanes goes to its lane; neither
-    costs kopf a queue or a per-object worker."""
+    costs kopf a queue or a per-object worker. When the stream ends, so do its lanes' waiting events."""
 
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         found = Intake.of(kwargs.get("settings"))
         resource = kwargs.get("resource")
         stream = original(**kwargs)
-        async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
-            async for event in stream:
-                if found is None or not isinstance(event, Mapping):
-                    yield event  # kopf's own markers (the listing's end) included
-                elif not (found.echo(resource, event) or found.take(resource, event)):
-                    yield event
+        try:
+            async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
+                async for event in stream:
+                    if found is None or not isinstance(event, Mapping):
+                        yield event  # kopf's own markers (the listing's end) included
+                    elif not (found.echo(resource, event) or found.take(resource, event)):
+                        yield event
+        finally:
+            if found is not None:
+                found.stopped(resource)
 
     return infinite_watch

@@ -12,10 +12,12 @@ so is a sink object event that brings nothing newer than the view (the echo of o
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import kubernetes
 import pydantic
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFFS: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
 SHOWN = 80  # characters of a withheld value quoted in a log line
+T = TypeVar("T")
 
 
 def transient(err: BaseException) -> bool:
@@ -51,6 +54,23 @@ def transient(err: BaseException) -> bool:
     if isinstance(err, kubernetes.client.ApiException):
         return int(err.status or 0) in (429, 500, 502, 503, 504) or not err.status
     return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict | sinks.NfdMissing)
+
+
+async def writing(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` in a worker thread, its end awaited even when the caller is cancelled (the operator
+    stopping: kopf cancels every task of its loop, the lanes are closed). A cancelled wait would leave
+    the thread writing on after the operator stopped, after a lease was released; waiting, the stop
+    goes on once the request in flight is answered, and nothing is written after it. Not a task (as
+    asyncio.to_thread would make): kopf would cancel that too, and the thread with it unwaited."""
+    loop = asyncio.get_running_loop()
+    done = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, call, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved: what it ended with does not matter to a stopping operator
+        raise
 
 
 class Reconciler:
@@ -170,10 +190,15 @@ class Reconciler:
 
     async def devices_deleted(self, name: str) -> Outcome:
         """The Devices object is gone: withdraw what the sink holds for it (a NodeFeature is GC'd instead)."""
+        self.devices_gone(name)
+        return await self._withdraw(name)
+
+    def devices_gone(self, name: str) -> None:
+        """The Devices object is gone, nothing written (its deletion dropped unhandled as the watch
+        stopped): the next listing of the sink withdraws what was published for it (sink_event)."""
         self.ledger.forget(name)
         self.view.clear_deleted(name)
         self.metrics.records.set(len(self.ledger.records))
-        return await self._withdraw(name)
 
     async def sink_event(self, body: Mapping[str, Any]) -> Outcome | None:
         """A watched sink object changed: repair it only if it drifted from what the record yields (a hand
@@ -221,7 +246,14 @@ class Reconciler:
 
     async def _reconcile(self, name: str) -> Outcome:
         with self.echoes.publishing(name):
-            return await self._publish(name)
+            try:
+                return await self._publish(name)
+            except asyncio.CancelledError:
+                # The operator is stopping: a sink event held back behind this publish is the next
+                # listing's to judge; handed over as the publish ends, it would be handled (a repair
+                # written) after the stop, in a task kopf no longer cancels.
+                self.echoes.held_back.pop(name, None)
+                raise
 
     async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
@@ -232,7 +264,7 @@ class Reconciler:
                     return Outcome("unchanged")  # deleted while waiting for the lock
                 started = time.perf_counter()
                 try:
-                    applied = await asyncio.to_thread(
+                    applied = await writing(
                         self.status.apply,
                         record,
                         self.view.get(name),
@@ -313,7 +345,7 @@ class Reconciler:
             # makes a new version, whose event retries once (a missing Node may exist by then).
             self.ledger.handled[name] = record.rv
         try:
-            after = await asyncio.to_thread(self.status.record_failure, record, condition)
+            after = await writing(self.status.record_failure, record, condition)
             written = after is not None
             if after is not None:
                 self.ledger.keep(record, after)
@@ -333,7 +365,7 @@ class Reconciler:
 
     async def _withdraw(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
-            published = await asyncio.to_thread(self.sink.withdraw, name, self.view.get(name))
+            published = await writing(self.sink.withdraw, name, self.view.get(name))
         self.ledger.drop_lock(name)
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:
@@ -349,7 +381,7 @@ class Reconciler:
 
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
-            await asyncio.to_thread(self.recorder.post, record.ref(), notice)
+            await writing(self.recorder.post, record.ref(), notice)
 
 
 def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str) -> events.Notice | None:

@@ -5,18 +5,25 @@ operator still publishing through kopf where kopf cannot be hooked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import kubernetes
 import pytest
-from operator_harness import NF, Client, eventually, running_operator, settle, writes
+from operator_harness import NF, NS, Client, eventually, running_operator, settle, writes
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_operator import intake
+from nodefabric_operator import cli, intake, labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.intake import Intake, Lanes
+from nodefabric_operator.recorder import Recorder
+from nodefabric_operator.statuswriter import StatusWriter
 
 CAPABLE = "feature.gpustack.ai/rdma.capable"
 
@@ -52,7 +59,8 @@ async def drained(lanes: Lanes) -> None:
 
 async def test_a_lane_hands_over_the_newest_pending_state_and_keeps_a_deletion_in_its_place():
     handler = Recorded()
-    lanes = Lanes(handler, "devices")
+    replaced: list[None] = []
+    lanes = Lanes(handler, "devices", replaced=lambda: replaced.append(None))
     handler.gate.clear()
     lanes.put("n1", event("ADDED", rv="1"))  # handed over at once, held at the gate
     await asyncio.sleep(0)
@@ -66,6 +74,7 @@ async def test_a_lane_hands_over_the_newest_pending_state_and_keeps_a_deletion_i
     await drained(lanes)
     assert handler.seen == [("ADDED", "n1", "1"), ("MODIFIED", "n1", "4"), ("DELETED", "n1", "5"),
                             ("MODIFIED", "n1", "7")]  # fmt: skip
+    assert len(replaced) == 3  # 2 and 3, then 6
 
 
 async def test_lanes_of_different_records_do_not_wait_for_each_other():
@@ -117,6 +126,72 @@ async def test_closing_stops_a_handler_in_flight_and_drops_what_was_pending():
     assert handler.seen == [("ADDED", "n1", "1")]  # the pending version comes back with the next listing
 
 
+@pytest.mark.parametrize("by", ["close", "kopf"])
+async def test_a_lane_stopped_before_it_ran_leaves_nothing_behind_and_its_record_is_handled_again(by):
+    """A lane whose task is cancelled before it first ran (the lanes closed, or kopf cancelling every
+    task it finds at its shutdown, right after the event came) must not stay registered: the record's
+    events after a restart of the watches (a watched CRD gone) would wait behind it forever."""
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    lanes.put("n1", event("ADDED", rv="1"))
+    if by == "close":
+        await lanes.close()
+    else:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0.01)
+    assert len(lanes) == 0
+    lanes.put("n1", event("MODIFIED", rv="2"))
+    await drained(lanes)
+    assert handler.seen == [("MODIFIED", "n1", "2")]
+
+
+async def test_dropping_leaves_the_event_in_hand_to_finish_and_the_lanes_empty():
+    handler = Recorded()
+    lanes = Lanes(handler, "devices")
+    handler.gate.clear()
+    lanes.put("n1", event("ADDED", rv="1"))
+    lanes.put("n2", event("ADDED", "n2", rv="1"))
+    await asyncio.sleep(0)
+    lanes.put("n1", event("MODIFIED", rv="2"))
+    lanes.put("n1", event("DELETED", rv="3"))
+    assert lanes.drop() == 2
+    handler.gate.set()
+    await drained(lanes)
+    assert sorted(handler.seen) == [("ADDED", "n1", "1"), ("ADDED", "n2", "1")]
+    await asyncio.sleep(0)  # the tasks' done callbacks
+    assert not lanes._running
+
+
+async def test_thousands_of_lanes_leave_nothing_behind_once_drained(caplog):
+    """A fleet's listing, then a burst of changes and deletions, a third of the handlings failing:
+    every lane ends, no task or queue is kept for a record that has nothing waiting."""
+    handled = 0
+
+    async def handle(ev: dict[str, Any]) -> None:
+        nonlocal handled
+        await asyncio.sleep(0)
+        handled += 1
+        if handled % 3 == 0:
+            raise ValueError("failed")
+
+    lanes = Lanes(handle, "devices")
+    with caplog.at_level(logging.CRITICAL, logger=intake.__name__):
+        for _ in range(2):
+            for i in range(2000):
+                for kind in (None, "MODIFIED", "DELETED", "ADDED"):
+                    lanes.put(f"n{i}", event(kind, f"n{i}"))
+            for _ in range(1000):
+                if not len(lanes):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # the tasks' done callbacks
+            assert len(lanes) == 0 and not lanes._running
+    assert handled == 2 * 2000 * 3  # listed (replaced by its change before its lane ran), deleted, added
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
 class _Resource:
     def __init__(self, group: str, plural: str) -> None:
         self.group, self.plural = group, plural
@@ -148,7 +223,7 @@ DEVICES_RESOURCE = _Resource(models.GROUP, models.PLURAL)
         "object-not-a-map",
         "no-object",
         "type-not-a-string",
-    ],  # fmt: skip
+    ],
 )
 async def test_what_is_not_an_object_event_with_a_name_is_left_to_kopf(raw):
     handler = Recorded()
@@ -243,3 +318,305 @@ def test_the_next_status_leaves_the_status_it_was_built_from_as_it_was():
     assert current.model_dump() == before
     assert ok.labels == dict(plan.managed) and ok.labels_published_time == now
     assert [c.type for c in ok.conditions] == sorted([models.INTERFACES_ENUMERATED, models.LABELS_PUBLISHED])
+
+
+def _lease_holder(k: Any) -> str | None:
+    held = k.api.stored("coordination.k8s.io/v1/leases", "nodefabric-operator", NS) or {}
+    return (held.get("spec") or {}).get("holderIdentity")
+
+
+class Gate:
+    """Holds every publish (StatusWriter.apply, in its worker thread; or another call of a reconcile)
+    until opened."""
+
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, where: type = StatusWriter, call: str = "apply"
+    ) -> None:
+        self.open, self.entered = threading.Event(), threading.Event()
+        original = getattr(where, call)
+
+        def held(this: Any, *args: Any) -> Any:
+            self.entered.set()
+            assert self.open.wait(30)
+            return original(this, *args)
+
+        monkeypatch.setattr(where, call, held)
+
+
+@contextlib.asynccontextmanager
+async def stoppable_operator(k: Any, gate: Gate, **options: Any) -> AsyncIterator[threading.Event]:
+    """The operator in its own thread (as running_operator), whose stop flag the test sets while a
+    publish is held; on leaving, the gate is opened and the operator must have stopped cleanly."""
+    opts = cli.Options(standalone=True, namespace=NS, kubeconfig=k.kubeconfig, backoffs=(0.05,), **options)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(cli.serve(opts, stop_flag=stop))
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=main, name="operator", daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        gate.open.set()
+        await asyncio.to_thread(thread.join, 60)
+    assert not thread.is_alive() and not failure, failure
+
+
+async def test_a_publish_in_flight_when_the_operator_stops_lands_before_the_lease_is_released(monkeypatch):
+    """Stopped while a record's publish is waiting on the API: the publish ends (its write answered)
+    before the lease is released, never after a standby may have taken over. kopf cancels our lanes
+    after five seconds, and a cancelled wait leaves its worker thread writing on."""
+    gate = Gate(monkeypatch)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with stoppable_operator(k, gate, leader_elect=True, lease_timing=(30, 20, 0.1)) as stop:
+            assert await asyncio.to_thread(gate.entered.wait, 60)
+            assert _lease_holder(k)
+            stop.set()
+            deadline = time.monotonic() + 7  # past kopf's five seconds for tasks it did not start
+            while time.monotonic() < deadline and _lease_holder(k):
+                await asyncio.sleep(0.1)
+            held_while_writing = _lease_holder(k) is not None
+        assert held_while_writing, "the lease was released while a publish was still writing"
+        assert _lease_holder(k) is None
+        assert await nf_capable(c, "n1") == "true"
+
+
+async def test_events_waiting_behind_a_publish_are_not_handled_once_the_operator_stops(monkeypatch):
+    """A record changed while its publish is held: the change waits in the record's lane. Stopped
+    then, the operator finishes the publish in flight and writes nothing more: the waiting change is
+    the next start's to publish (its listing brings it), not written after the stop (kopf gives the
+    tasks it finds five seconds before it cancels them, time enough to publish it)."""
+    gate = Gate(monkeypatch)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with stoppable_operator(k, gate) as stop:
+            assert await asyncio.to_thread(gate.entered.wait, 60)
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            await asyncio.sleep(0.5)  # its events reached the lane
+            stop.set()
+            await asyncio.sleep(0.5)  # the watches stopped
+        assert await nf_capable(c, "n1") == "true"
+        assert writes(k, NF) == 1
+        async with running_operator(k):  # the next start publishes the change
+            assert await eventually(lambda: _is(c, "n1", None))
+
+
+async def test_a_deletion_waiting_behind_a_publish_when_the_devices_crd_goes_is_not_forgotten(monkeypatch):
+    """The Devices CRD deleted (every record with it) while a record's publish is held: its DELETED
+    event waits in its lane and is dropped when the watch ends. The watches start again in the same
+    process, whose listing cannot say the record went: the labels on its Node are withdrawn all the
+    same (the record forgotten when its deletion was dropped), not kept for a record that is gone."""
+    gate = Gate(monkeypatch)
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for name in ("n1", "n2"):
+            await c.node(name)
+            await c.put_devices(gpu_node(name))
+        ext = kubernetes.client.ApiextensionsV1Api(c.core.api_client)
+        async with running_operator(k, sink="node"):
+            for name in ("n1", "n2"):
+                assert await eventually(lambda name=name: _ours_on_node(c, name))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await asyncio.to_thread(
+                ext.delete_custom_resource_definition, crd.devices_crd()["metadata"]["name"]
+            )
+            assert await eventually(lambda: _no_ours_on_node(c, "n2"))  # its deletion was handled
+            await asyncio.sleep(1)  # the watch ended on the CRD's removal
+            gate.open.set()
+            await asyncio.to_thread(ext.create_custom_resource_definition, crd.devices_crd())
+            await c.put_devices(gpu_node("n2"))  # published once the watches started again
+            assert await eventually(lambda: _ours_on_node(c, "n2"), timeout=90)
+            assert await _no_ours_on_node(c, "n1")
+            await settle(k)
+            assert await _no_ours_on_node(c, "n1")
+
+
+async def _ours_on_node(c: Client, name: str) -> bool:
+    return bool(sinks.ours(await c.node_labels(name), labels.DEFAULT_DOMAIN))
+
+
+async def _no_ours_on_node(c: Client, name: str) -> bool:
+    return not await _ours_on_node(c, name)
+
+
+OUTCOMES = ("unchanged", "published", "superseded", "error", "invalid", "withdrawn")
+
+
+async def test_every_devices_event_is_counted_skipped_or_reconciled_a_replaced_one_too(monkeypatch):
+    """nodefabric_operator_events_skipped_total and reconciles_total account for every Devices event
+    the watch delivered: one replaced in its lane by a newer state before it was handled is skipped
+    (a newer version is handled instead), as one no newer than the version handled is."""
+    gate = Gate(monkeypatch)
+    gate.open.set()
+    delivered: list[str | None] = []
+    echo = Intake.echo
+
+    def counted(self: Intake, resource: Any, raw_event: Any) -> bool:
+        if (getattr(resource, "group", ""), getattr(resource, "plural", "")) == (models.GROUP, models.PLURAL):
+            delivered.append(raw_event.get("type"))
+        return echo(self, resource, raw_event)
+
+    monkeypatch.setattr(Intake, "echo", counted)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k) as metrics:
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            for link in (LinkState.FAILED, LinkState.OK, LinkState.FAILED, LinkState.OK, LinkState.FAILED):
+                await c.put_devices(gpu_node("n1", link))
+                assert await asyncio.to_thread(gate.entered.wait, 30)  # the first change is in flight
+            await asyncio.sleep(0.5)  # the others wait in its lane, each replacing the one before
+            gate.open.set()
+            assert await eventually(lambda: _is(c, "n1", None))
+            await settle(k)
+            skipped = metrics.skipped.labels(resource=models.PLURAL)._value.get()
+            reconciled = sum(metrics.reconciles.labels(outcome=o)._value.get() for o in OUTCOMES)
+            assert len(delivered) > 6
+            assert skipped + reconciled == len(delivered)
+
+
+async def test_a_record_whose_handling_raises_is_logged_and_its_next_change_still_published(
+    monkeypatch, caplog
+):
+    """Reading a record fails with something other than a validation error (a bug, a body no test
+    foresaw): the lane logs it and goes on; kopf and the other records are untouched, and the
+    record's next version is published."""
+    from nodefabric_operator import reconcile
+
+    prepare = reconcile.prepare
+    broken = {"n1"}
+
+    def failing(body: Any, domain: str) -> Any:
+        if body["metadata"]["name"] in broken:
+            raise KeyError("a body nobody foresaw")
+        return prepare(body, domain)
+
+    monkeypatch.setattr(reconcile, "prepare", failing)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        for name in ("n1", "n2"):
+            await c.node(name)
+            await c.put_devices(gpu_node(name))
+        with caplog.at_level(logging.ERROR, logger=intake.__name__):
+            async with running_operator(k):
+                assert await eventually(lambda: _is(c, "n2", "true"))
+                assert await eventually(
+                    lambda: any(r.getMessage() == "watch event not handled" for r in caplog.records)
+                )
+                assert await c.nodefeature("n1") is None
+                broken.clear()
+                await c.put_devices(gpu_node("n1", LinkState.FAILED))
+                assert await eventually(lambda: c.nodefeature("n1"))
+                assert await eventually(lambda: _is(c, "n1", None))
+        failed = [r for r in caplog.records if r.getMessage() == "watch event not handled"]
+        assert failed and all(r.node == "n1" for r in failed)
+        assert "a body nobody foresaw" in str(failed[0].exc_info[1])
+
+
+async def test_where_kopf_cannot_be_hooked_drift_is_still_repaired_and_a_deletion_withdraws(monkeypatch):
+    monkeypatch.setattr(intake, "_wrap", lambda *_: False)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k, sink="node"):
+            assert await eventually(lambda: _ours_on_node(c, "n1"))
+            await c.label_node("n1", {CAPABLE: None})  # someone takes our label off
+            assert await eventually(lambda: _capable_on_node(c, "n1"))
+            await c.delete_devices("n1")
+            assert await eventually(lambda: _no_ours_on_node(c, "n1"))
+
+
+async def _capable_on_node(c: Client, name: str) -> bool:
+    return (await c.node_labels(name)).get(CAPABLE) == "true"
+
+
+async def test_a_record_deleted_and_created_again_while_its_publish_is_held_ends_published_for_the_new_one(
+    monkeypatch,
+):
+    """Deleted and created again under its name (a new uid) while the old one's publish is held: the
+    lane hands over the deletion, then the new record; the NodeFeature ends owned by the new record,
+    with the new record's labels."""
+    gate = Gate(monkeypatch)
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with running_operator(k):
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await c.delete_devices("n1")
+            await c.put_devices(gpu_node("n1"), node_owner=False)
+            uid = (await c.devices("n1"))["metadata"]["uid"]
+            gate.open.set()
+
+            async def owned_by_the_new_one() -> bool:
+                nf = await c.nodefeature("n1")
+                owners = [] if nf is None else nf["metadata"].get("ownerReferences", [])
+                return [o["uid"] for o in owners] == [uid] and await _is(c, "n1", "true")
+
+            assert await eventually(owned_by_the_new_one)
+            await settle(k)
+            assert await owned_by_the_new_one()
+
+
+MEMBERS = "feature.gpustack.ai/fabric.members"
+
+
+async def test_a_sink_edit_held_back_behind_a_publish_is_not_repaired_after_the_operator_stopped(monkeypatch):
+    """Our NodeFeature edited by hand while a publish of its node is under way (its Event being
+    posted): the edit waits for the publish to end (echoes.py). Stopped meanwhile (kopf cancels our
+    lanes five seconds on), the call in flight is answered and nothing else written: the repair is the
+    next start's, not made after the stop and the lease's release."""
+    gate = Gate(monkeypatch, Recorder, "post")
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(gpu_node("n1"))
+        async with stoppable_operator(k, gate) as stop:
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            gate.open.clear()
+            gate.entered.clear()
+            await c.put_devices(gpu_node("n1", LinkState.FAILED))
+            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await c.edit_nodefeature("n1", {"spec": {"labels": {MEMBERS: None}}})
+            await asyncio.sleep(0.5)  # its event is held back behind the publish
+            stop.set()
+            await asyncio.sleep(6)  # kopf cancelled the lane
+        nf = await c.nodefeature("n1")
+        assert nf is not None and MEMBERS not in nf["spec"]["labels"]
+        assert CAPABLE not in nf["spec"]["labels"]  # the publish landed
+        async with running_operator(k):  # the next start repairs it
+            assert await eventually(lambda: _nf_has(c, "n1", MEMBERS))
+
+
+async def _nf_has(c: Client, name: str, key: str) -> bool:
+    nf = await c.nodefeature(name)
+    return nf is not None and key in nf["spec"].get("labels", {})
