@@ -12,12 +12,10 @@ so is a sink object event that brings nothing newer than the view (the echo of o
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import kubernetes
 import pydantic
@@ -26,6 +24,7 @@ import urllib3
 from nodefabric_devicemanager import models
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.echoes import SinkEchoes
+from nodefabric_operator.inflight import writing
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import (
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFFS: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
 SHOWN = 80  # characters of a withheld value quoted in a log line
-T = TypeVar("T")
 
 
 def transient(err: BaseException) -> bool:
@@ -54,23 +52,6 @@ def transient(err: BaseException) -> bool:
     if isinstance(err, kubernetes.client.ApiException):
         return int(err.status or 0) in (429, 500, 502, 503, 504) or not err.status
     return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict | sinks.NfdMissing)
-
-
-async def writing(call: Callable[..., T], *args: Any) -> T:
-    """`call(*args)` in a worker thread, its end awaited even when the caller is cancelled (the operator
-    stopping: kopf cancels every task of its loop, the lanes are closed). A cancelled wait would leave
-    the thread writing on after the operator stopped, after a lease was released; waiting, the stop
-    goes on once the request in flight is answered, and nothing is written after it. Not a task (as
-    asyncio.to_thread would make): kopf would cancel that too, and the thread with it unwaited."""
-    loop = asyncio.get_running_loop()
-    done = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, call, *args))
-    try:
-        return await asyncio.shield(done)
-    except asyncio.CancelledError:
-        await asyncio.wait([done])
-        if not done.cancelled():
-            done.exception()  # retrieved: what it ended with does not matter to a stopping operator
-        raise
 
 
 class Reconciler:

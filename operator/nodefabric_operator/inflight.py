@@ -1,0 +1,32 @@
+"""A write made in a worker thread that a stopping operator waits for.
+
+kopf cancels every task of its loop when it stops, and the lanes are closed (intake.py). A cancelled
+`await asyncio.to_thread(...)` ends the wait but not the thread: the request goes out after the operator
+stopped, after the lease was released to a standby that is already publishing. `writing` waits through
+the cancel: the stop goes on once the request in flight is answered, and nothing is written after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def writing(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` in a worker thread, its end awaited even when the caller is cancelled (then
+    re-raised once the call returned or failed; what it ended with does not matter to a stopping
+    operator)."""
+    loop = asyncio.get_running_loop()
+    done = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, call, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved, so asyncio does not log it as never retrieved
+        raise
