@@ -36,7 +36,8 @@ class Metrics:
         self.skipped = Counter(
             "nodefabric_operator_events_skipped",
             "Watch events skipped because the operator already handled that version or a newer one "
-            "(replays after a relist, echoes of its own writes), by resource",
+            "(replays after a relist, echoes of its own writes; for devices also a state replaced by a "
+            "newer one before it was handled), by resource",
             ["resource"],
             registry=self.registry,
         )
