@@ -13,7 +13,7 @@ as much as a do-nothing kopf operator spends on a record. Two kinds of event are
   level-based), so `Lanes` hand them over one record at a time, in order, the newest pending state
   replacing an older one not yet handled; a DELETED event keeps its place. That is what kopf's
   per-object workers did for this resource, without the per-event machinery: with it a first sync cost
-  1.7-2.4x the do-nothing operator's CPU, without it 1.3-1.5x (hack/bench_operator.py --versus). An
+  1.7-2.4x the do-nothing operator's CPU, without it 1.4-1.65x (hack/bench_operator.py --versus). An
   event replaced so is counted skipped, as an echo is: every event delivered is handled or counted.
 
 When a watch stream ends (the operator stopping: SIGTERM, a lease lost; a watched CRD gone) the events
