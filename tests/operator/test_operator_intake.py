@@ -257,8 +257,7 @@ async def test_a_record_changed_quickly_is_published_as_it_ends_up():
     the last state, whichever of the versions between it handled."""
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with running_operator(k):
             assert await eventually(lambda: _is(c, "n1", "true"))
             for link in (LinkState.FAILED, LinkState.OK, LinkState.FAILED, LinkState.OK, LinkState.FAILED):
@@ -266,6 +265,13 @@ async def test_a_record_changed_quickly_is_published_as_it_ends_up():
             assert await eventually(lambda: _is(c, "n1", None))
             await settle(k)
             assert await nf_capable(c, "n1") is None
+
+
+async def agent_records(c: Client, *names: str) -> None:
+    """Nodes and their records, as the agent writes them."""
+    for name in names:
+        await c.node(name)
+        await c.put_devices(gpu_node(name))
 
 
 async def _is(c: Client, name: str, value: str | None) -> bool:
@@ -279,9 +285,7 @@ async def test_where_kopf_cannot_be_hooked_every_event_goes_through_kopf_and_is_
     monkeypatch.setattr(intake, "_wrap", lambda *_: False)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        for name in ("n1", "n2"):
-            await c.node(name)
-            await c.put_devices(gpu_node(name))
+        await agent_records(c, "n1", "n2")
         with caplog.at_level(logging.WARNING, logger=intake.__name__):
             async with running_operator(k):
                 assert await eventually(lambda: _is(c, "n1", "true"))
@@ -375,8 +379,7 @@ async def test_a_publish_in_flight_when_the_operator_stops_lands_before_the_leas
     gate = Gate(monkeypatch)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with stoppable_operator(k, gate, leader_elect=True, lease_timing=(30, 20, 0.1)) as stop:
             assert await asyncio.to_thread(gate.entered.wait, 60)
             assert _lease_holder(k)
@@ -398,8 +401,7 @@ async def test_events_waiting_behind_a_publish_are_not_handled_once_the_operator
     gate = Gate(monkeypatch)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with stoppable_operator(k, gate) as stop:
             assert await asyncio.to_thread(gate.entered.wait, 60)
             await c.put_devices(gpu_node("n1", LinkState.FAILED))
@@ -421,9 +423,7 @@ async def test_a_deletion_waiting_behind_a_publish_when_the_devices_crd_goes_is_
     gate.open.set()
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        for name in ("n1", "n2"):
-            await c.node(name)
-            await c.put_devices(gpu_node(name))
+        await agent_records(c, "n1", "n2")
         ext = kubernetes.client.ApiextensionsV1Api(c.core.api_client)
         async with running_operator(k, sink="node"):
             for name in ("n1", "n2"):
@@ -475,8 +475,7 @@ async def test_every_devices_event_is_counted_skipped_or_reconciled_a_replaced_o
     monkeypatch.setattr(Intake, "echo", counted)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with running_operator(k) as metrics:
             assert await eventually(lambda: _is(c, "n1", "true"))
             await settle(k)
@@ -514,9 +513,7 @@ async def test_a_record_whose_handling_raises_is_logged_and_its_next_change_stil
     monkeypatch.setattr(reconcile, "prepare", failing)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        for name in ("n1", "n2"):
-            await c.node(name)
-            await c.put_devices(gpu_node(name))
+        await agent_records(c, "n1", "n2")
         with caplog.at_level(logging.ERROR, logger=intake.__name__):
             async with running_operator(k):
                 assert await eventually(lambda: _is(c, "n2", "true"))
@@ -537,8 +534,7 @@ async def test_where_kopf_cannot_be_hooked_drift_is_still_repaired_and_a_deletio
     monkeypatch.setattr(intake, "_wrap", lambda *_: False)
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with running_operator(k, sink="node"):
             assert await eventually(lambda: _ours_on_node(c, "n1"))
             await c.label_node("n1", {CAPABLE: None})  # someone takes our label off
@@ -561,8 +557,7 @@ async def test_a_record_deleted_and_created_again_while_its_publish_is_held_ends
     gate.open.set()
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with running_operator(k):
             assert await eventually(lambda: _is(c, "n1", "true"))
             await settle(k)
@@ -597,8 +592,7 @@ async def test_a_sink_edit_held_back_behind_a_publish_is_not_repaired_after_the_
     gate.open.set()
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
-        await c.node("n1")
-        await c.put_devices(gpu_node("n1"))
+        await agent_records(c, "n1")
         async with stoppable_operator(k, gate) as stop:
             assert await eventually(lambda: _is(c, "n1", "true"))
             await settle(k)
