@@ -316,33 +316,21 @@ async def serve(
                     "server": startup.server(api),
                 },
             )
-            while True:
-                try:
-                    await _kopf(
-                        taken,
-                        registry=registry,
-                        settings=running,
-                        clusterwide=True,
-                        standalone=opts.standalone or elector is not None,
-                        peering_name=None if opts.standalone or elector else opts.peering,
-                        priority=opts.priority,
-                        memo=kopf.Memo(reconciler=reconciler, projector=projector),
-                        stop_flag=halt,
-                        ready_flag=ready_flag,
-                    )
-                    if lost.is_set():
-                        raise LeadershipLost(f"lost the lease {opts.namespace}/{opts.lease_name}")
-                    break
-                except Exception as err:
-                    if getattr(err, "status", None) != 404 or _stopping(stop_flag):
-                        raise
-                    gone = first_line(err)
-                # A CRD deleted under a watch (the Devices CRD reinstalled, NFD uninstalled): kopf
-                # re-opens the watch before it learns the resource is gone, and fails whole on the
-                # 404. Started again, it waits for the CRD; the reconciler keeps what it handled, so
-                # the relist costs no request per record.
-                log.warning("a watched resource disappeared, restarting the watches", extra={"error": gone})
-                await asyncio.sleep(1)
+            await _kopf(
+                taken,
+                stop_flag,
+                registry=registry,
+                settings=running,
+                clusterwide=True,
+                standalone=opts.standalone or elector is not None,
+                peering_name=None if opts.standalone or elector else opts.peering,
+                priority=opts.priority,
+                memo=kopf.Memo(reconciler=reconciler, projector=projector),
+                stop_flag=halt,
+                ready_flag=ready_flag,
+            )
+            if lost.is_set():
+                raise LeadershipLost(f"lost the lease {opts.namespace}/{opts.lease_name}")
         finally:
             if watcher is not None:
                 watcher.cancel()  # no renewal after this (and the elector refuses one in flight)
@@ -366,14 +354,29 @@ def _registry(
     return registry, running, taken
 
 
-async def _kopf(taken: Intake, **kwargs: Any) -> None:
-    """kopf.operator, our lanes stopped with its workers: once the watches stopped (a lease lost, SIGTERM,
-    a watched resource gone) nothing more is handled, a write in flight is answered before this returns
-    (so before the lease is released), and what was pending comes back with the next listing."""
-    try:
-        await kopf.operator(**kwargs)
-    finally:
-        await taken.close()
+async def _kopf(taken: Intake, asked: asyncio.Event | threading.Event | None, **kwargs: Any) -> None:
+    """kopf.operator until it stops, our lanes stopped with its workers each time: once the watches
+    stopped (a lease lost, SIGTERM, a watched resource gone) nothing more is handled, a write in flight
+    is answered before this returns (so before the lease is released), and what was pending comes back
+    with the next listing. `asked`: the stop asked for from outside."""
+    while True:
+        try:
+            await kopf.operator(**kwargs)
+            return
+        except Exception as err:
+            if getattr(err, "status", None) != 404:
+                raise
+            if _stopping(asked):
+                return  # stopped while kopf failed on a resource gone: a stop, not a failure
+            gone = first_line(err)
+        finally:
+            await taken.close()
+        # A CRD deleted under a watch (the Devices CRD reinstalled, NFD uninstalled): kopf re-opens the
+        # watch before it learns the resource is gone, and fails whole on the 404. Started again, it
+        # waits for the CRD; the reconciler keeps what it handled, so the relist costs no request per
+        # record.
+        log.warning("a watched resource disappeared, restarting the watches", extra={"error": gone})
+        await asyncio.sleep(1)
 
 
 def _projector(opts: Options, api: kubernetes.client.ApiClient, metrics: Metrics) -> Projector | None:

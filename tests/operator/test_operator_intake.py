@@ -614,3 +614,28 @@ async def test_a_sink_edit_held_back_behind_a_publish_is_not_repaired_after_the_
 async def _nf_has(c: Client, name: str, key: str) -> bool:
     nf = await c.nodefeature(name)
     return nf is not None and key in nf["spec"].get("labels", {})
+
+
+async def test_a_stop_that_meets_kopf_failing_on_a_resource_gone_is_a_stop_not_a_failure(monkeypatch):
+    """SIGTERM while a watched CRD was being deleted: kopf fails whole on the 404 as it stops. That is
+    the stop asked for, not an error to exit with (the watches are restarted only when not stopping)."""
+    import threading
+
+    import kubernetes
+
+    from nodefabric_operator import cli
+
+    stop = threading.Event()
+    calls = 0
+
+    async def failing_as_it_stops(**_: Any) -> None:
+        nonlocal calls
+        calls += 1
+        stop.set()
+        raise kubernetes.client.ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(cli.kopf, "operator", failing_as_it_stops)
+    async with running_api([crd.devices_crd()]) as k:
+        opts = cli.Options(standalone=True, namespace="nodefabric", kubeconfig=k.kubeconfig)
+        await asyncio.wait_for(cli.serve(opts, stop_flag=stop), 30)
+    assert calls == 1  # not started again
