@@ -69,10 +69,16 @@ class SinkEchoes:
 
     @contextlib.contextmanager
     def publishing(self, name: str) -> Iterator[None]:
-        """While a reconcile of `name` runs (it may write the node's sink object)."""
+        """While a reconcile of `name` runs (it may write the node's sink object). A reconcile cancelled
+        (the operator stopping) drops what it held back: the next listing judges it; handed over as the
+        publish ends, it would be handled (a repair written) after the stop, in a task kopf no longer
+        cancels."""
         self.begin(name)
         try:
             yield
+        except asyncio.CancelledError:
+            self.held_back.pop(name, None)
+            raise
         finally:
             self.end(name)
 

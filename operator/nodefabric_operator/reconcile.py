@@ -54,6 +54,14 @@ def transient(err: BaseException) -> bool:
     return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict | sinks.NfdMissing)
 
 
+def record_names(custom: kubernetes.client.CustomObjectsApi, metrics: Metrics) -> dict[str, str]:
+    """Every Devices record's name and uid, listed page by page."""
+    found = sinks._Calls(metrics).pages(
+        models.PLURAL, custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
+    )
+    return {str(part(i, "metadata").get("name", "")): str(part(i, "metadata").get("uid", "")) for i in found}
+
+
 class Reconciler:
     def __init__(
         self,
@@ -108,7 +116,8 @@ class Reconciler:
         for obj in await asyncio.to_thread(lambda: list(self.sink.existing())):
             self.view.observe(obj)
         if self.sink.withdraws:
-            self.ledger.known.update(await asyncio.to_thread(self._record_names))
+            names = await asyncio.to_thread(record_names, self.custom, self.metrics)
+            self.ledger.known.update(names)
         await self.on_node.prime()
         log.info(
             "sink objects read",
@@ -119,14 +128,6 @@ class Reconciler:
                 "nodes": len(self.on_node.nodes) if self.on_node.nodes is not None else None,
             },
         )
-
-    def _record_names(self) -> dict[str, str]:
-        found = sinks._Calls(self.metrics).pages(
-            models.PLURAL, self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
-        )
-        return {
-            str(part(i, "metadata").get("name", "")): str(part(i, "metadata").get("uid", "")) for i in found
-        }
 
     def note_devices(self, body: Mapping[str, Any]) -> None:
         meta = part(body, "metadata")
@@ -227,14 +228,7 @@ class Reconciler:
 
     async def _reconcile(self, name: str) -> Outcome:
         with self.echoes.publishing(name):
-            try:
-                return await self._publish(name)
-            except asyncio.CancelledError:
-                # The operator is stopping: a sink event held back behind this publish is the next
-                # listing's to judge; handed over as the publish ends, it would be handled (a repair
-                # written) after the stop, in a task kopf no longer cancels.
-                self.echoes.held_back.pop(name, None)
-                raise
+            return await self._publish(name)
 
     async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
