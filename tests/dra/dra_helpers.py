@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,3 +203,22 @@ def fd_path(fd: int) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return ""
+
+
+class HeldWrites:
+    """An `os.write` stand-in that holds each write to a descriptor under `directory` until `hold` is
+    set (`entered` says one is held), then writes it, or raises `fail` instead (a full disk)."""
+
+    def __init__(self, directory: str, fail: OSError | None = None) -> None:
+        self.directory = directory
+        self.fail = fail
+        self.hold, self.entered = threading.Event(), threading.Event()
+        self.real = os.write
+
+    def __call__(self, fd: int, data: Any) -> int:
+        if fd_path(fd).startswith(self.directory):
+            self.entered.set()
+            self.hold.wait(30)
+            if self.fail is not None:
+                raise self.fail
+        return self.real(fd, data)

@@ -15,7 +15,18 @@ from typing import Any
 
 import grpc
 import pytest
-from dra_helpers import DRIVER, Dirs, client, fd_path, put_claim, ref, result, shutdown, start_driver
+from dra_helpers import (
+    DRIVER,
+    Dirs,
+    HeldWrites,
+    client,
+    fd_path,
+    put_claim,
+    ref,
+    result,
+    shutdown,
+    start_driver,
+)
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
@@ -154,14 +165,8 @@ async def test_a_single_hop_cancelled_mid_write_holds_the_claim_until_written_th
         assert (await plugin.prepare(ref(warm)))[ref(warm).uid].error == ""  # the verbs cache is warm
         reads = r.driver.preparer.verbs.reads
         uid = ref(late).uid
-        hold, entered = threading.Event(), threading.Event()
-        real_write = os.write
-
-        def slow_write(fd: int, data: Any) -> int:
-            if fd_path(fd).startswith(directory):
-                entered.set()
-                hold.wait(30)
-            return real_write(fd, data)
+        slow_write = HeldWrites(directory)
+        hold, entered = slow_write.hold, slow_write.entered
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(os, "write", slow_write)
@@ -211,15 +216,8 @@ async def test_a_single_hop_whose_write_fails_after_its_cancel_leaves_neither_fi
     try:
         assert (await plugin.prepare(ref(warm)))[ref(warm).uid].error == ""
         uid = ref(late).uid
-        hold, entered = threading.Event(), threading.Event()
-        real_write = os.write
-
-        def full(fd: int, data: Any) -> int:
-            if fd_path(fd).startswith(directory):
-                entered.set()
-                hold.wait(30)
-                raise OSError(28, "No space left on device")
-            return real_write(fd, data)
+        full = HeldWrites(directory, fail=OSError(28, "No space left on device"))
+        hold, entered = full.hold, full.entered
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(os, "write", full)
@@ -371,14 +369,8 @@ async def test_a_hop_cancelled_twice_still_holds_the_claim_until_its_thread_ends
     p = preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec), RecordingReader())
     warm, late = put_claim(api, "warm", [result(NIC0)]), put_claim(api, "late", [result(NIC1)])
     assert (await p.prepare([ref(warm)]))[ref(warm).uid].error == ""
-    hold, entered = threading.Event(), threading.Event()
-    real_write = os.write
-
-    def slow_write(fd: int, data: Any) -> int:
-        if fd_path(fd).startswith(p.checkpoint.directory):
-            entered.set()
-            hold.wait(30)
-        return real_write(fd, data)
+    slow_write = HeldWrites(p.checkpoint.directory)
+    hold, entered = slow_write.hold, slow_write.entered
 
     try:
         with pytest.MonkeyPatch.context() as patch:

@@ -18,7 +18,18 @@ from typing import Any
 
 import grpc
 import pytest
-from dra_helpers import CLAIMS, DRIVER, Dirs, fd_path, put_claim, ref, result, shutdown, start_driver
+from dra_helpers import (
+    CLAIMS,
+    DRIVER,
+    Dirs,
+    HeldWrites,
+    fd_path,
+    put_claim,
+    ref,
+    result,
+    shutdown,
+    start_driver,
+)
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
@@ -132,15 +143,10 @@ async def test_a_stop_waits_for_a_prepare_whose_deadline_passed_mid_write_and_sy
     r, plugin = await started(api, dirs, hgx_host, hgx_spec)
     directory = r.driver.checkpoint.directory
     name = file_name(uid)
-    hold, entered = threading.Event(), threading.Event()
-    real_write, real_sync = os.write, os.fdatasync
+    slow_write = HeldWrites(directory)
+    hold, entered = slow_write.hold, slow_write.entered
+    real_sync = os.fdatasync
     synced: list[str] = []
-
-    def slow_write(fd: int, data: Any) -> int:
-        if fd_path(fd).startswith(directory):
-            entered.set()
-            hold.wait(30)
-        return real_write(fd, data)
 
     def fdatasync(fd: int) -> None:
         synced.append(os.path.basename(fd_path(fd)))
