@@ -30,7 +30,7 @@ CLI = [sys.executable, "-m", "nodefabric_operator.console"]
 
 def script(*args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "nodefabric_operator.console", *args],
+        [*CLI, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -278,22 +278,27 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, output):
     assert code == (0 if output == "json" else 141)
 
 
-def test_a_reader_gone_before_the_first_write_ends_the_command_quietly(tmp_path):
-    """A small output held in the buffer until exit meets the closed pipe at the flush: the same quiet
-    end, not an "Exception ignored" at interpreter shutdown."""
+def small_table_to(tmp_path, stdout) -> subprocess.CompletedProcess[bytes]:
+    """`nodefabric inventory -o table` of a one-PF host, its output to `stdout`, its stderr kept."""
     from nodefabric_devicemanager.testing import scenarios
 
     bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=0)
+    return subprocess.run(
+        [*CLI, "inventory", "--root", str(bench.host.root), "-o", "table"],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_a_reader_gone_before_the_first_write_ends_the_command_quietly(tmp_path):
+    """A small output held in the buffer until exit meets the closed pipe at the flush: the same quiet
+    end, not an "Exception ignored" at interpreter shutdown."""
     read, write = os.pipe()
     os.close(read)  # no reader at all, before the command starts
     try:
-        proc = subprocess.run(
-            [*CLI, "inventory", "--root", str(bench.host.root), "-o", "table"],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            check=False,
-            timeout=120,
-        )
+        proc = small_table_to(tmp_path, write)
     finally:
         os.close(write)
     assert proc.returncode == 141, proc.stderr.decode()
@@ -318,17 +323,8 @@ def test_a_broken_pipe_that_is_not_the_output_is_still_a_traceback(monkeypatch, 
 
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
     """Output to a full disk (/dev/full answers ENOSPC): one line naming it, exit 1, no traceback."""
-    from nodefabric_devicemanager.testing import scenarios
-
-    bench = scenarios.bench(tmp_path / "host", pfs=1, vfs=0)
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(
-            [*CLI, "inventory", "--root", str(bench.host.root), "-o", "table"],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            check=False,
-            timeout=120,
-        )
+        proc = small_table_to(tmp_path, full)
     assert proc.returncode == 1
     assert proc.stderr.decode() == "nodefabric: cannot write the output: No space left on device\n"
 
