@@ -201,8 +201,10 @@ class Intake:
         are dropped, so that nothing is written for them after the stop (kopf lets the tasks it finds
         run five seconds more before it cancels them); the next listing brings them back."""
         lanes = self.lanes.get(_key(resource))
-        dropped = 0 if lanes is None else lanes.drop()
-        if lanes is not None and dropped:
+        if lanes is None:
+            return
+        dropped = lanes.drop()
+        if dropped:
             log.info("watch stopped, events not handled", extra={"resource": lanes.what, "events": dropped})
 
     async def close(self) -> None:
