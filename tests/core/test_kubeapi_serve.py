@@ -206,9 +206,12 @@ async def test_sigterm_mid_story_leaves_no_temp_dir(tmp_path, when):
             proc.kill()
             await proc.wait()
     if proc.returncode == -signal.SIGTERM:
-        # On a loaded machine 3.5 s can land while Python still imports, before the demo sets its handler:
-        # the signal's default action, and nothing begun (the handler comes before any output or file).
-        assert when == 3.5 and out == b"", err.decode()[-3000:]
+        # The signal's default action, at either end of the run: on a loaded machine 3.5 s can land while
+        # Python still imports, before the demo sets its handler (nothing begun: the handler comes before
+        # any output or file); on a fast one the story has ended by then, everything stopped and said so,
+        # and the signal lands in the interpreter's shutdown, after the handler was given back.
+        ended = out.endswith(b"everything it started is stopped.\n")
+        assert when == 3.5 and (out == b"" or ended), err.decode()[-3000:]
     else:
         assert proc.returncode in (0, 130), err.decode()[-3000:]  # 0: the story ended before the signal
     assert "Traceback" not in err.decode()
