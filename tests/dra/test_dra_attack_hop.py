@@ -365,7 +365,9 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
     fails to start a thread for it (`can't start new thread`). kubelet is told the claim failed; the
     hop must not then run on the first thread that frees up, writing the claim's files after the lock
     was let go (kubelet, told it failed, may unprepare it meanwhile, or never call again)."""
-    hops = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hop")
+    # Room for threads the executor has not started yet (the loop's other work starts some: the warm
+    # prepare, the embedded API's reads), so the hop's submission is the one that must start a thread.
+    hops = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hop")
     asyncio.get_running_loop().set_default_executor(hops)
     p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     claim, warm = ref(put_claim(api, "limited", [result(NIC0)])), ref(put_claim(api, "warm", [result(NIC1)]))
@@ -383,7 +385,7 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
         occupied += 1
     while hops._idle_semaphore.acquire(timeout=0):
         pass
-    assert occupied < 8
+    assert occupied < hops._max_workers
     real_start = threading.Thread.start
 
     def at_limit(self: threading.Thread) -> None:
