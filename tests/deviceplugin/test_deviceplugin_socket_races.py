@@ -87,7 +87,10 @@ async def test_a_socket_deleted_for_ever_is_served_again_with_backoff_not_in_a_h
         serves = [rec for rec in ours if rec.getMessage() == "serving"]
         # Backoff 0.2, 0.4, 0.8, 1.6 s...: a handful of serves in 3 s however fast the machine is.
         assert len(serves) <= 8, len(serves)
-        assert len(ours) <= 30, [rec.getMessage() for rec in ours]
+        # The hot loop's mark is its ERROR lines (90 a second); the INFO lines of each cycle vary with the
+        # machine's speed (a loaded one lets some registrations through, each a cycle of its own).
+        errors = [rec.getMessage() for rec in ours if rec.levelno >= logging.ERROR]
+        assert len(errors) <= 30, errors
         # Once the deletions stop, the resource is served and registered again.
         await eventually(lambda: os.path.exists(path) and r.manager.readiness()[0], timeout=20)
         assert (await r.kubelet.plugin(resource).options()).get_preferred_allocation_available
