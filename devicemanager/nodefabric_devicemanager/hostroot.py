@@ -85,6 +85,12 @@ _KINDS = {
 }
 
 
+def _not_text(exc: NotText) -> str | None:
+    """`value`'s answer for an attribute that is not UTF-8: unknown, and the log says so."""
+    log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
+    return None
+
+
 def kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "special file")
 
@@ -249,16 +255,23 @@ class PathReads:
         # O_NOFOLLOW makes the open itself the symlink check (a link answers ELOOP and takes `_open_slow`,
         # which resolves it, checks it lands inside the root and refuses a target that is not a regular
         # file before opening it); the directory part of `path` is already resolved and checked.
+        # `_attributes` inlines the common case of this; anything else it hands to `_read_rest`.
         try:
             fd = os.open(path, _READ_FLAGS)
         except OSError as exc:
             path, fd = self._open_slow(path, exc)
+        return self._read_rest(path, fd, None)
+
+    def _read_rest(self, path: str, fd: int, data: bytes | None) -> str:
+        """The rest of `_read` once `fd` is open (it is closed here): `data` is what the reads so far gave
+        (None: nothing read yet)."""
         try:
             # No lstat before the open and no fstat after it on the common path: O_NONBLOCK keeps a FIFO's
             # open and reads from waiting for a writer, O_NOCTTY keeps a terminal from becoming ours, and
             # the read is capped. sysfs hands an attribute over in one read (a file on a disk or in procfs
             # may need more), so the loop asks until EOF.
-            data = os.read(fd, _READ_LIMIT)
+            if data is None:
+                data = os.read(fd, _READ_LIMIT)
             got = len(data)
             while 0 < got <= MAX_ATTRIBUTE_BYTES:
                 more = os.read(fd, _READ_LIMIT - got)
@@ -273,10 +286,7 @@ class PathReads:
         except OSError as exc:
             if isinstance(exc, HostReadError):
                 raise
-            # A read that failed: a directory (EISDIR), a FIFO or terminal with nothing to give (EAGAIN),
-            # or a regular file the host would not hand over.
-            self._refuse_special(fd, path)
-            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+            self._read_failed(path, fd, exc)
         finally:
             os.close(fd)
         # What is given up by not asking fstat on every read: a FIFO whose writer already wrote a short
@@ -289,10 +299,81 @@ class PathReads:
                 extra={"path": self.host.display(path), "limit_bytes": MAX_ATTRIBUTE_BYTES},
             )
             raise AttributeTooLarge(self.host.display(path), f"larger than {MAX_ATTRIBUTE_BYTES} bytes")
+        return self._text(path, data)
+
+    def _read_failed(self, path: str, fd: int, exc: OSError) -> NoReturn:
+        """A read of open `fd` that failed: a directory (EISDIR), a FIFO or terminal with nothing to give
+        (EAGAIN), or a regular file the host would not hand over. Refused by what answered, else
+        HostReadError. The caller closes `fd`."""
+        self._refuse_special(fd, path)
+        raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+
+    def _text(self, path: str, data: bytes) -> str:
         try:
             return data.decode("utf-8").rstrip("\n")
         except UnicodeDecodeError as exc:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
+
+    def _attributes(self, prefix: str, names: tuple[str, ...], lenient: bool) -> builtins.list[str | None]:
+        """`_read(prefix + name)` for each of `names` (single path components, checked by the caller), with
+        the common case inline: one open, a read that gives a value, the read that hears EOF, a close.
+        Anything else takes `_read`'s own steps from where this left off (`_open_slow` for an open that
+        failed, `_read_rest` for reads that gave nothing, too much or more), so every answer and refusal
+        is `_read`'s. `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText,
+        logged) are None; otherwise they raise."""
+        out: builtins.list[str | None] = []
+        for name in names:
+            path = prefix + name
+            try:
+                fd = os.open(path, _READ_FLAGS)
+            except OSError as exc:
+                out.append(self._attribute_slow(path, exc, lenient))
+                continue
+            try:
+                data = os.read(fd, _READ_LIMIT)
+                got = len(data)
+                more = os.read(fd, _READ_LIMIT - got) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
+            except OSError as exc:
+                try:
+                    self._read_failed(path, fd, exc)
+                finally:
+                    os.close(fd)
+            if more == b"":  # a value, then EOF: the common case
+                os.close(fd)
+                try:
+                    out.append(data.decode("utf-8").rstrip("\n"))
+                except UnicodeDecodeError:
+                    out.append(self._attribute_text(path, data, lenient))
+                continue
+            try:
+                out.append(self._read_rest(path, fd, data if more is None else data + more))
+            except NotText as exc:
+                if not lenient:
+                    raise
+                out.append(_not_text(exc))
+        return out
+
+    def _attribute_slow(self, path: str, failed: OSError, lenient: bool) -> str | None:
+        """An attribute whose open failed (absent, a link, not a plain file), read as `_read` reads it."""
+        try:
+            path, fd = self._open_slow(path, failed)
+            return self._read_rest(path, fd, None)
+        except FileNotFoundError:
+            if lenient:
+                return None
+            raise
+        except NotText as exc:
+            if lenient:
+                return _not_text(exc)
+            raise
+
+    def _attribute_text(self, path: str, data: bytes, lenient: bool) -> str | None:
+        try:
+            return self._text(path, data)
+        except NotText as exc:
+            if lenient:
+                return _not_text(exc)
+            raise
 
     def _refuse_special(self, fd: int, path: str) -> None:
         """Refuse what `fd` is when it is not a regular file; a regular file (or a failed fstat) returns."""
@@ -531,15 +612,15 @@ class SysDir(PathReads):
         """`value` of each of `names`, in order, in one call: what a pass reads together from one
         directory (a function's ids, an interface's mtu, operstate and flags). The first that is refused
         or unreadable raises, as `value` would."""
-        child_path, read = self._child_path, self._read
-        out: builtins.list[str | None] = []
         for name in names:
-            path = child_path(name)
-            try:
-                out.append(read(path))
-            except FileNotFoundError:
-                out.append(None)
-            except NotText as exc:
-                log.warning("an attribute is not UTF-8 text; its value is unknown", extra={"path": exc.path})
-                out.append(None)
-        return out
+            if "/" in name or name in _NOT_COMPONENTS:
+                raise ValueError(f"not a single path component: {name!r}")
+        return self._attributes(self._prefix, names, True)
+
+    def reads(self, names: tuple[str, ...]) -> builtins.list[str]:
+        """`read` of each of `names`, in order, in one call (a port's state and phys_state): the first
+        that is absent, refused, unreadable or not UTF-8 raises, as `read` would."""
+        for name in names:
+            if "/" in name or name in _NOT_COMPONENTS:
+                raise ValueError(f"not a single path component: {name!r}")
+        return self._attributes(self._prefix, names, False)  # type: ignore[return-value]

@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager.hostroot import HostReadError, SysDir, recorded_name
@@ -52,9 +52,10 @@ _ENUM_CODE = numbers.Quantity("port state code", 0, 0xFF)
 _QUOTE_CHARS = 48
 
 
-@dataclass(frozen=True, slots=True)
-class PortReading:
-    """One port as read. `state`/`phys_state` are the raw attribute text; `error` says why not readable."""
+class PortReading(NamedTuple):
+    """One port as read. `state`/`phys_state` are the raw attribute text; `error` says why not readable.
+    A named tuple, not a frozen dataclass: a pass makes one per port of every VF, and a frozen
+    dataclass's __init__ (object.__setattr__ per field) costs three times as much."""
 
     port: str
     state: str | None = None
@@ -121,11 +122,14 @@ def verdict(device: str, ports: Sequence[PortReading]) -> LinkVerdict:
     return LinkVerdict(state=LinkState.FAILED, reason=f"{device}: " + "; ".join(_port_text(p) for p in ports))
 
 
+_PORT_ATTRIBUTES = ("state", "phys_state")
+
+
 def _read_port(ports: SysDir, name: str, is_dir: bool) -> PortReading:
     shown = recorded_name(name)
     try:
-        d = ports.listed_child(name, is_dir)
-        return PortReading(port=shown, state=d.read("state"), phys_state=d.read("phys_state"))
+        state, phys = ports.listed_child(name, is_dir).reads(_PORT_ATTRIBUTES)
+        return PortReading(shown, state, phys)
     except FileNotFoundError as exc:
         missing = os.path.basename(str(exc.filename)) if exc.filename else "port directory"
         return PortReading(port=shown, error=f"{recorded_name(missing)} is missing")
@@ -140,19 +144,31 @@ def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[Port
     if found is None:
         raise FileNotFoundError(errno.ENOENT, "no ports directory", f"{device.path}/ports")
     ports, entries = found
-    listed = {n: is_dir for n, is_dir in entries if only is None or n in only}
-    return [_read_port(ports, name, listed[name]) for name in sorted(listed, key=_port_order)]
+    if only is not None:
+        entries = [e for e in entries if e[0] in only]
+    # A listing has each name once; sorted by port number (entries are sorted by name already, and
+    # nearly every device has one port).
+    if len(entries) > 1:
+        entries = sorted(entries, key=lambda e: _port_order(e[0]))
+    return [_read_port(ports, name, is_dir) for name, is_dir in entries]
+
+
+@numbers.memo
+def _port_number(name: str | None) -> int | None:
+    return numbers.parse_opt(name, numbers.PORT_NUMBER)
 
 
 def _port_order(name: str) -> tuple[int, str]:
-    number = numbers.parse_opt(name, numbers.PORT_NUMBER)
+    number = _port_number(name)
     return (number, name) if number is not None else (1 << 31, name)
 
 
-def check(device: SysDir, only: Collection[str] | None = None) -> LinkVerdict:
+def check(device: SysDir, only: Collection[str] | None = None, *, name: str | None = None) -> LinkVerdict:
     """Thin reader: the verdict for the RDMA device directory `device` (over the ports in `only`, when a
-    device's ports ride on different interfaces), never raising for host trouble."""
-    name = recorded_name(device.name)
+    device's ports ride on different interfaces), never raising for host trouble. `name`: the device's
+    recorded name, when the caller has it already."""
+    if name is None:
+        name = recorded_name(device.name)
     try:
         readings = read_ports(device, only)
     except FileNotFoundError:
@@ -166,10 +182,10 @@ def check(device: SysDir, only: Collection[str] | None = None) -> LinkVerdict:
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class Binding:
+class Binding(NamedTuple):
     """The RDMA side of one device: the bound RDMA device name ("" when none) and its verdict.
-    `software` marks an RDMA provider emulated in the kernel (rxe, siw) rather than a NIC's own."""
+    `software` marks an RDMA provider emulated in the kernel (rxe, siw) rather than a NIC's own.
+    A named tuple for the reason PortReading is one: one per VF."""
 
     device: str
     link: LinkVerdict | None
@@ -195,17 +211,20 @@ def binding(function_dir: SysDir) -> Binding:
         )
         return Binding("", LinkVerdict(state=LinkState.UNVERIFIED, reason=f"rdma devices unreadable: {exc}"))
     if found is None or not found[1]:
-        return Binding("", None)
+        return NO_BINDING
     ib, entries = found
-    names = [n for n, _ in entries]
     # One function binds one RDMA device; a second would be a kernel oddity, and the first is kept stable.
-    if len(names) > 1:
+    if len(entries) > 1:
+        names = [n for n, _ in entries]
         log.warning(
             "pci function has several rdma devices", extra={"path": function_dir.shown, "devices": names}
         )
-    name = recorded_name(names[0])
+    first, is_dir = entries[0]
+    name = recorded_name(first)
     try:
-        dev = ib.listed_child(*entries[0])
+        dev = ib.listed_child(first, is_dir)
     except (FileNotFoundError, HostReadError) as exc:
         return Binding(name, LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: unreadable: {exc}"))
-    return Binding(name, check(dev))
+    # The name as listed is the directory's own: `listed_child` of a real directory keeps it, and a
+    # link it followed is named by the entry, as `check` would name it by where it landed.
+    return Binding(name, check(dev, name=name if is_dir else None))

@@ -1,0 +1,160 @@
+"""`SysDir.values` and `SysDir.reads` read several attributes in one call with the common case inlined;
+every answer and refusal must be the one `value` / `read` give for the same attribute alone. Checked over a
+directory holding every kind of entry a hostile host can put under an attribute's name, each attribute
+read alone, in one batch, and in a batch where it sits between good values (a refusal raises, and what
+came before it is not half-returned).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodefabric_devicemanager.hostroot import MAX_ATTRIBUTE_BYTES, HostReadError, HostRoot, SysDir
+
+KINDS: dict[str, Callable[[Path], object]] = {
+    "plain": lambda p: p.write_text("9000\n"),
+    "no-newline": lambda p: p.write_text("up"),
+    "two-newlines": lambda p: p.write_text("up\n\n"),
+    "empty": lambda p: p.write_bytes(b""),
+    "exactly-the-limit": lambda p: p.write_bytes(b"a" * MAX_ATTRIBUTE_BYTES),
+    "one-past-the-limit": lambda p: p.write_bytes(b"a" * (MAX_ATTRIBUTE_BYTES + 1)),
+    "far-past-the-limit": lambda p: p.write_bytes(b"a" * (3 * MAX_ATTRIBUTE_BYTES)),
+    "page-sized": lambda p: p.write_bytes(b"b" * 4096),
+    "not-utf8": lambda p: p.write_bytes(b"\xff\xfeup\n"),
+    "nul": lambda p: p.write_bytes(b"9000\0"),
+    "fifo": os.mkfifo,
+    "directory": lambda p: p.mkdir(),
+    "link-inside": lambda p: p.symlink_to("plain"),
+    "link-to-fifo": lambda p: p.symlink_to("fifo"),
+    "link-to-directory": lambda p: p.symlink_to("directory"),
+    "link-outside": lambda p: p.symlink_to("../../outside"),
+    "link-dangling": lambda p: p.symlink_to("gone"),
+    "link-loop": lambda p: p.symlink_to("link-loop"),
+    "unreadable": lambda p: (p.write_text("1\n"), p.chmod(0)),
+}
+NAMES = (*KINDS, "absent")
+
+
+@pytest.fixture
+def attrs(tmp_path: Path) -> SysDir:
+    root = tmp_path / "root"
+    d = root / "sys" / "dev"
+    d.mkdir(parents=True)
+    (tmp_path / "outside").write_text("secret\n")
+    for name, make in KINDS.items():
+        make(d / name)
+    return HostRoot.at(root).dir("/sys/dev")
+
+
+def _outcome(call: Callable[[], object]) -> tuple[str, object]:
+    try:
+        return ("value", call())
+    except (HostReadError, FileNotFoundError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _alone_value(d: SysDir, name: str) -> tuple[str, object]:
+    return _outcome(lambda: [d.value(name)])
+
+
+def _alone_read(d: SysDir, name: str) -> tuple[str, object]:
+    return _outcome(lambda: [d.read(name)])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_values_answers_and_refuses_as_value_does(attrs: SysDir, name: str) -> None:
+    alone = _alone_value(attrs, name)
+    assert _outcome(lambda: attrs.values((name,))) == alone
+    batch = _outcome(lambda: attrs.values(("plain", name, "no-newline")))
+    if alone[0] == "value":
+        assert batch == ("value", ["9000", *alone[1], "up"])  # type: ignore[misc]
+    else:
+        assert batch == alone
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reads_answers_and_refuses_as_read_does(attrs: SysDir, name: str) -> None:
+    alone = _alone_read(attrs, name)
+    assert _outcome(lambda: attrs.reads((name,))) == alone
+    batch = _outcome(lambda: attrs.reads(("plain", name)))
+    assert batch == (("value", ["9000", *alone[1]]) if alone[0] == "value" else alone)  # type: ignore[misc]
+
+
+def test_the_answers_are_what_the_files_say(attrs: SysDir) -> None:
+    """Not only equal to the single reads: right. (A root test process can read mode-0 files.)"""
+    good = ("plain", "two-newlines", "exactly-the-limit", "page-sized", "not-utf8", "nul")
+    got = dict(zip(good, attrs.values(good), strict=True))
+    assert got["plain"] == "9000"
+    assert got["two-newlines"] == "up"
+    assert got["exactly-the-limit"] == "a" * MAX_ATTRIBUTE_BYTES
+    assert got["page-sized"] == "b" * 4096
+    assert got["not-utf8"] is None  # unknown, logged
+    assert got["nul"] == "9000\0"
+    for name, why in [
+        ("empty", "is a regular file"),
+        ("one-past-the-limit", f"larger than {MAX_ATTRIBUTE_BYTES} bytes"),
+        ("fifo", "is a FIFO, not a regular file"),
+        ("directory", "is a directory, not a regular file"),
+        ("link-to-fifo", "is a FIFO, not a regular file"),
+        ("link-outside", "outside"),
+        ("link-dangling", "symlink does not resolve"),
+        ("link-loop", "symlink does not resolve"),
+    ]:
+        kind, message = _outcome(lambda name=name: attrs.values((name,)))
+        if name == "empty":
+            assert (kind, message) == ("value", [""])  # an empty regular file is an empty value
+            continue
+        assert kind != "value" and why in str(message), (name, kind, message)
+    assert attrs.values(("absent", "link-inside")) == [None, "9000"]
+    with pytest.raises(FileNotFoundError):
+        attrs.reads(("plain", "absent"))
+
+
+@pytest.fixture
+def writer(attrs: SysDir) -> Iterator[Callable[[bytes], None]]:
+    """A writer holding the FIFO open with `data` written and still there: a read gets the data, and the
+    read after it would wait for more (EAGAIN, non-blocking)."""
+    held: list[int] = []
+
+    def start(data: bytes) -> None:
+        opened = threading.Event()
+
+        def hold() -> None:
+            fd = os.open(f"{attrs.path}/fifo", os.O_WRONLY)
+            held.append(fd)
+            os.write(fd, data)
+            opened.set()
+
+        threading.Thread(target=hold, daemon=True).start()
+        # The writer's open waits for a reader: this one, which is closed at once.
+        probe = os.open(f"{attrs.path}/fifo", os.O_RDONLY | os.O_NONBLOCK)
+        assert opened.wait(5)
+        held.append(probe)
+
+    yield start
+    for fd in held:
+        os.close(fd)
+
+
+def test_a_fifo_whose_writer_stays_is_refused_not_read_in_part(
+    attrs: SysDir, writer: Callable[[bytes], None]
+) -> None:
+    writer(b"9000\n")
+    # The probe reader the fixture opened holds the data; ours sees the same pipe with a writer attached.
+    kind, message = _outcome(lambda: attrs.values(("plain", "fifo")))
+    assert kind == "NotRegularFile" and "is a FIFO" in str(message)
+    kind, message = _outcome(lambda: attrs.reads(("fifo",)))
+    assert kind == "NotRegularFile" and "is a FIFO" in str(message)
+
+
+def test_a_name_that_is_not_one_component_is_refused_before_anything_is_read(attrs: SysDir) -> None:
+    for bad in ("../plain", "", ".", "..", "a/b"):
+        with pytest.raises(ValueError, match="not a single path component"):
+            attrs.values(("plain", bad))
+        with pytest.raises(ValueError, match="not a single path component"):
+            attrs.reads((bad,))
