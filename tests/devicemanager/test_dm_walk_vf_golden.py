@@ -6,7 +6,8 @@ test_dm_walk_golden.py damages only a PF; the shortcuts a walk takes per VF (a f
 its attributes read in one call, its netdev and RDMA device listed through the directories it already
 holds) must refuse what the general path refuses. The goldens under golden/walk_vf/ are not written by
 hand: `python tests/devicemanager/test_dm_walk_vf_golden.py` regenerates them from whatever code is
-installed, and they were produced by main's code (commit ea640b1) before the VF shortcuts.
+installed, and they were produced by main's code (commit ea640b1) before the VF shortcuts (run with
+PYTHONPATH pointing at a checkout of it).
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ def _outside_copy(b: SysfsBuilder, path: str) -> None:
     outside = b.root.parent / "outside-copy"
     shutil.move(where, outside)
     os.symlink(os.path.relpath(outside, where.parent), where)
+
+
+def _relink(b: SysfsBuilder, text: str) -> None:
+    """/sys/class/net/ens0f0v0 (the first VF's netdev) relinked with `text`, verbatim."""
+    link = b.path("/sys/class/net/ens0f0v0")
+    link.unlink()
+    os.symlink(text, link)
 
 
 def _down(b: SysfsBuilder) -> None:
@@ -182,6 +190,24 @@ HOSTILE: dict[str, Callable[[SysfsBuilder], object]] = {
         b, "/sys/class/net/ens0f0v0", "link", f"{OTHER_VF}/net/ens0f0v1"
     ),
     "vf-class-net-escapes": lambda b: _swap(b, "/sys/class/net/ens0f0v0", "outside"),
+    # /sys/class/net links whose text is not the plain `../../devices/<function>/net/<name>`.
+    "class-net-via-linked-bridge": lambda b: (
+        os.symlink("0000:10:01.0", b.path("/sys/devices/pci0000:10/bridge-alias")),
+        _relink(b, "../../devices/pci0000:10/bridge-alias/0000:11:00.1/net/ens0f0v0"),
+    ),
+    "class-net-dot-component": lambda b: _relink(
+        b, "../../devices/./pci0000:10/0000:10:01.0/0000:11:00.1/net/ens0f0v0"
+    ),
+    "class-net-double-slash": lambda b: _relink(
+        b, "../../devices//pci0000:10/0000:10:01.0/0000:11:00.1/net/ens0f0v0"
+    ),
+    "class-net-up-through-the-root": lambda b: _relink(b, "../" * 40 + str(b.path(VF_NETDEV)).lstrip("/")),
+    "class-net-other-name": lambda b: _relink(
+        b, "../../devices/pci0000:10/0000:10:01.0/0000:11:00.2/net/ens0f0v1"
+    ),
+    "class-net-to-net-directory": lambda b: _relink(
+        b, "../../devices/pci0000:10/0000:10:01.0/0000:11:00.1/net"
+    ),
     "vf-device-dangling": lambda b: _swap(b, f"{VF_NETDEV}/device", "dangling"),
     "vf-device-other-vf": lambda b: _swap(b, f"{VF_NETDEV}/device", "link", OTHER_VF),
     "vf-device-pf": lambda b: _swap(b, f"{VF_NETDEV}/device", "link", PF),
@@ -299,6 +325,11 @@ def test_the_damage_is_where_the_tree_says() -> None:
 # not a VF index are not VF links; a garbage sriov_numvfs is counted from the virtfn links (2 either
 # way); a cpulist a VF does not carry; a netdev found through its VF whatever /sys/class/net says of it.
 ALLOWED_SAME = {
+    # A /sys/class/net link spelled another way to the same directory is that directory.
+    "class-net-dot-component",
+    "class-net-double-slash",
+    "class-net-up-through-the-root",
+    "class-net-via-linked-bridge",
     "sriov-numvfs-garbage",
     "vf-class-net-missing",
     "vf-cpulist-garbage",
