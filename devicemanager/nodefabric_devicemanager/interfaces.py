@@ -57,6 +57,8 @@ _VIRTFN = re.compile(r"virtfn([0-9]+)", re.ASCII)
 
 def is_up(operstate: str | None, flags: str | None) -> bool:
     """operstate "up" is up; "unknown" (lo, many virtual drivers never report) falls back to IFF_UP."""
+    if operstate == "up":  # what nearly every interface says, as the kernel prints it
+        return True
     state = (operstate or "").strip().lower()
     if state == "up":
         return True

@@ -301,16 +301,19 @@ def share_fields_sets(interfaces: list[Interface]) -> None:
     answer. Each set names every field: as if each were given.
     """
     shared: dict[type[BaseModel], set[str]] = {}
+    setattr_ = object.__setattr__  # one call per endpoint of a big node: no helper frame around it
 
-    def share(model: BaseModel) -> None:
-        names = shared.setdefault(type(model), set(type(model).model_fields))
-        object.__setattr__(model, "__pydantic_fields_set__", names)
+    def names(model: BaseModel) -> set[str]:
+        found = shared.get(type(model))
+        if found is None:
+            found = shared[type(model)] = set(type(model).model_fields)
+        return found
 
     for iface in interfaces:
         for ep in (iface, *iface.virtual_functions):
-            share(ep)
+            setattr_(ep, "__pydantic_fields_set__", shared.get(type(ep)) or names(ep))
             if ep.link is not None:
-                share(ep.link)
+                setattr_(ep.link, "__pydantic_fields_set__", shared.get(type(ep.link)) or names(ep.link))
 
 
 # Condition types. A False condition means the matching part of the spec is the last good reading,

@@ -61,6 +61,9 @@ def is_bus_id(name: str) -> bool:
     return _BDF.fullmatch(name) is not None
 
 
+# Asked twice per function a pass (the walk's order, then a PF's VFs'); bounded, so a host with many odd
+# names cannot grow it.
+@functools.lru_cache(maxsize=8192)
 def bus_key(bus_id: str) -> tuple[int, int, int, int]:
     """Numeric order of a bus id, so 0000:17:01.1 sorts after 0000:17:00.7 and 0000:1a:... after 0000:9:..."""
     m = _BDF.fullmatch(bus_id)
