@@ -15,7 +15,9 @@ the walk checks by their text; it is the safety the floor does not pay for). Fig
   in order and replayed as straight-line Python (no dispatch). Its ratio to the floor is what the calls
   beyond the floor's cost; the walk's ratio to it is what Python (verdicts, parsing, models) costs;
 - whole command: `nodefabric inventory --root R -o json` as a process against a Python process that
-  replays the same list (both pay the interpreter's start-up; .pyc files written, as an install has).
+  replays the same list (both pay the interpreter's start-up; .pyc files written, as an install has);
+  beside it, what start-up alone costs as a process: the bare interpreter, pydantic's import, and the
+  record's models (`nodefabric_devicemanager.models`), each against the floor's whole process.
 All figures are CPU time (user and system), not wall time: the machine is shared.
 Target: each <= 1.5x its floor.
 """
@@ -44,6 +46,13 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.scenarios import bench
 
 TARGET = 1.5
+# What the command's start-up costs before it reads anything, each as a process of its own: the bare
+# interpreter (the floor pays it too), pydantic's import alone, and the record's models built.
+START_UP = {
+    "python": "pass",
+    "pydantic": "from pydantic import BaseModel, ConfigDict, Field",
+    "models": "import nodefabric_devicemanager.models",
+}
 
 
 def record(root: str) -> dict[str, list[str]]:
@@ -246,9 +255,12 @@ def one_tree(pfs: int, vfs: int, rounds: int, profile: bool) -> bool:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         child_seconds(cmd, env), child_seconds(floor_cmd, env)
         procs, floor_procs = [], []
+        starts: dict[str, list[float]] = {name: [] for name in START_UP}
         for _ in range(rounds):
             floor_procs.append(child_seconds(floor_cmd, env))
             procs.append(child_seconds(cmd, env))
+            for name, code in START_UP.items():
+                starts[name].append(child_seconds([sys.executable, "-c", code], env))
     w, f = statistics.median(walks), statistics.median(floors)
     c = statistics.median(owns)
     p, fp = statistics.median(procs), statistics.median(floor_procs)
@@ -260,6 +272,11 @@ def one_tree(pfs: int, vfs: int, rounds: int, profile: bool) -> bool:
         f"  (walk / own calls {w / c:4.2f}x: Python; {len(own_calls)} calls)"
     )
     print(f"  whole command: walk {p * 1e3:7.1f} ms  floor {fp * 1e3:7.1f} ms  ratio {p / fp:5.2f}x")
+    start = {name: statistics.median(times) for name, times in starts.items()}
+    print(
+        "  start-up alone: "
+        + "  ".join(f"{name} {t * 1e3:5.1f} ms ({t / fp:4.2f}x the floor)" for name, t in start.items())
+    )
     return w <= TARGET * f and p <= TARGET * fp
 
 

@@ -400,6 +400,9 @@ class DevicesStatus(_Model):
 
 
 class ObjectMeta(_Model):
+    # Built when first used: `nodefabric inventory` never builds the object around the spec and status.
+    model_config = ConfigDict(defer_build=True)
+
     name: str
     resource_version: str | None = None
     generation: int | None = None
@@ -411,6 +414,8 @@ class ObjectMeta(_Model):
 
 
 class Devices(_Model):
+    model_config = ConfigDict(defer_build=True)  # as ObjectMeta: inventory never builds one
+
     api_version: str = API_VERSION
     kind: str = KIND
     metadata: ObjectMeta

@@ -46,5 +46,9 @@ def test_walk_benchmark_replays_the_walks_own_calls_and_prints_each_figure() -> 
         "in process",
         "own calls",
         "whole command",
+        "start-up alone",
         "target",
     ]
+    start_up = lines[4].split(":", 1)[1]
+    for name in ("python", "pydantic", "models"):
+        assert f" {name} " in start_up, start_up
