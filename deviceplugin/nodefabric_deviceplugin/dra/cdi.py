@@ -95,9 +95,16 @@ def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
     different). Atomic all the same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
         return False
+    write_new_spec(path, spec)
+    return True
+
+
+def write_new_spec(path: str, spec: Mapping[str, Any]) -> None:
+    """Write the spec of a claim not prepared before, as `write_spec` does but without reading what is
+    there first: a first prepare finds no spec of its own under the claim's name (a leftover, the only
+    thing that could be there, is replaced whole, as `write_spec` replaces a different one)."""
     # Compact: `indent` would take Python's pure-Python encoder, for a file only the runtime reads.
     write_atomically(path, json.dumps(spec, sort_keys=True).encode() + b"\n", sync=False)
-    return True
 
 
 def remove_spec(path: str) -> bool:

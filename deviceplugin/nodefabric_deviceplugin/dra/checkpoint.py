@@ -413,14 +413,17 @@ class Checkpoint:
         planted there) is unlinked first, never written through, as the rename of `put` replaces it."""
         if uid in self.claims:
             raise ValueError(f"claim {uid} is already recorded; a reservation is for a new claim")
-        self._ensure_directory()
         path = os.path.join(self.directory, file_name(uid))
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            # The directory is missing (the first claim ever, or it was removed): made, its own entry
+            # synced, only now, so a first prepare's common case costs no look at it.
+            self._ensure_directory()
+            fd = self._create(path, flags)
         except FileExistsError:
-            os.unlink(path)  # a directory there stays, and fails the claim (IsADirectoryError)
-            fd = os.open(path, flags, 0o600)
+            fd = self._create(path, flags)
         reservation = Reservation(self, uid, path, fd)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
@@ -428,6 +431,14 @@ class Checkpoint:
             reservation.release()
             raise
         return reservation
+
+    @staticmethod
+    def _create(path: str, flags: int) -> int:
+        try:
+            return os.open(path, flags, 0o600)
+        except FileExistsError:
+            os.unlink(path)  # a directory there stays, and fails the claim (IsADirectoryError)
+            return os.open(path, flags, 0o600)
 
     def remove(self, uid: str) -> None:
         """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""
