@@ -424,7 +424,10 @@ class Preparer:
         """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
         worker thread. Raises VerbsUnresolvable, OSError."""
         whole = grant(plan.endpoints, verbs)
-        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
+        if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
+            nodes = {plan.members[0].name: [n.path for n in whole.devices]}
+        else:
+            nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
@@ -482,10 +485,11 @@ class Preparer:
         The entry first: a kill between the two files then leaves an entry without its spec (the next
         prepare answers from it and rewrites the spec; an unprepare removes both), never a spec that no
         entry names (kubelet, never answered, may never unprepare it, and nothing else would remove it)."""
+        text = cdi.spec_text(prepared.spec)  # encoded once, for the entry and the spec file
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
-        entry.commit(prepared)  # releases the file itself when it fails
+        entry.commit(prepared, spec_text=text)  # releases the file itself when it fails
         try:
-            cdi.write_new_spec(path, prepared.spec)
+            cdi.write_new_spec(path, prepared.spec, text=text)
         except BaseException:
             # Forgotten durably: the entry was written, and must not come back as a prepared claim.
             with contextlib.suppress(OSError):
