@@ -238,6 +238,12 @@ async def test_a_hop_runs_on_the_default_executor_and_answers_its_result_or_its_
     with pytest.raises(OSError, match="No space"):
         await _finish(REF, _hop(boom, on_end=lambda _: pytest.fail("on_end saw a failure")))
 
+    def stop() -> None:
+        raise StopIteration  # an asyncio future refuses it as an exception: the call would never wake
+
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await asyncio.wait_for(_finish(REF, _hop(stop)), 10)
+
 
 async def test_a_cancelled_call_waits_for_its_thread_and_on_end_still_sees_the_result(
     caplog: pytest.LogCaptureFixture,

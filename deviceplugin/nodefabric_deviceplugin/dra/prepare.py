@@ -127,8 +127,10 @@ def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None 
             return  # refused: its caller was told so, and it runs nothing
         try:
             result = fn(*args)
+        except StopIteration as exc:  # a future refuses it (TypeError), which would leave the call waiting
+            outcome: tuple[_R | None, BaseException | None] = (None, RuntimeError(f"{fn!r} raised {exc!r}"))
         except BaseException as exc:  # handed to the call, whatever it is
-            outcome: tuple[_R | None, BaseException | None] = (None, exc)
+            outcome = (None, exc)
         else:
             outcome = (result, None)
         with contextlib.suppress(RuntimeError):  # the loop is closed: a stop that gave up on this hop
