@@ -419,7 +419,10 @@ class Preparer:
             return None
         requests = _by_device(allocated)
         version, members = _resolve(ref, found, list(requests))
-        endpoints = endpoints_for(claim_view(members), [d.name for d in members])
+        if len(members) == 1:  # the common claim: the grant's view of one device is that device
+            endpoints = [members[0].endpoint]
+        else:
+            endpoints = endpoints_for(claim_view(members), [d.name for d in members])
         return _Plan(requests, version, tuple(members), tuple(endpoints))
 
     def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
