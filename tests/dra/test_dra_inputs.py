@@ -936,16 +936,15 @@ async def test_a_prepare_cancelled_while_its_files_are_written_leaves_memory_and
     api = FailingApi(claim([result("pci-0000-1c-00-0")]))
     preparer = Preparer(config, RecordSource(hgx_spec), hgx_host[0].host, api, checkpoint)
     entered, hold = threading.Event(), threading.Event()
-    real = cdi.write_spec
+    real = cdi.write_new_spec  # a first prepare's spec write
 
-    def slow_write(*args: Any, **kwargs: Any) -> bool:
-        wrote = real(*args, **kwargs)
+    def slow_write(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
         entered.set()
-        hold.wait(10)  # the spec is on disk; the entry's commit comes next
-        return wrote
+        hold.wait(10)  # the spec is on disk, after the entry; the hop ends next
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cdi, "write_spec", slow_write)
+        patch.setattr(cdi, "write_new_spec", slow_write)
         task = asyncio.create_task(preparer.prepare([REF]))
         async with asyncio.timeout(10):
             while not entered.is_set():

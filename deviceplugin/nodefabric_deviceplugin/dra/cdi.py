@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nodefabric_deviceplugin.allocate import PERMISSIONS
-from nodefabric_deviceplugin.dra.files import read_regular, write_atomically
+from nodefabric_deviceplugin.dra.files import SORTED_JSON, read_regular, write_atomically
 
 # The lowest version with everything written here (spec-level edits, device nodes with permissions), so
 # every CDI-capable runtime that kubelet's DRA support works with can read it.
@@ -95,9 +95,23 @@ def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
     different). Atomic all the same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
         return False
-    # Compact: `indent` would take Python's pure-Python encoder, for a file only the runtime reads.
-    write_atomically(path, json.dumps(spec, sort_keys=True).encode() + b"\n", sync=False)
+    write_new_spec(path, spec)
     return True
+
+
+def spec_text(spec: Mapping[str, Any]) -> str:
+    """The spec as the file holds it, and as the claim's checkpoint entry embeds it (`checkpoint.encode`).
+    Compact: `indent` would take Python's pure-Python encoder, for a file only the runtime reads."""
+    return SORTED_JSON.encode(spec)
+
+
+def write_new_spec(path: str, spec: Mapping[str, Any], *, text: str | None = None) -> None:
+    """Write the spec of a claim not prepared before, as `write_spec` does but without reading what is
+    there first: a first prepare finds no spec of its own under the claim's name (a leftover, the only
+    thing that could be there, is replaced whole, as `write_spec` replaces a different one). `text`:
+    the spec already encoded (`spec_text`)."""
+    data = (spec_text(spec) if text is None else text).encode() + b"\n"
+    write_atomically(path, data, sync=False)
 
 
 def remove_spec(path: str) -> bool:

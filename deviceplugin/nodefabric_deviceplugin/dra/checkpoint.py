@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_deviceplugin.dra.files import read_regular, write_all, write_atomically
+from nodefabric_deviceplugin.dra.files import SORTED_JSON, read_regular, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ SUFFIX = ".json"
 # A claim's uid names its file when it is a plain uid (kubelet's are UUIDs); anything else is hashed, so
 # no uid can name a path outside the directory or collide with a temporary or set-aside file.
 _PLAIN_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+_PLAIN_JSON = json.JSONEncoder()  # a string's encoding: the same with sort_keys or without
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,21 +94,25 @@ class PreparedClaim:
     spec: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def wire(self) -> dict[str, Any]:
+        # Every key here is also written by `_body`, which encodes them one by one.
         return {
             "namespace": self.namespace,
             "name": self.name,
-            "devices": [
-                {
-                    "requestNames": list(d.request_names),
-                    "pool": d.pool,
-                    "device": d.device,
-                    "cdiDeviceIds": list(d.cdi_device_ids),
-                }
-                for d in self.devices
-            ],
+            "devices": self.wire_devices(),
             "specPath": self.spec_path,
             "spec": self.spec,
         }
+
+    def wire_devices(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "requestNames": list(d.request_names),
+                "pool": d.pool,
+                "device": d.device,
+                "cdiDeviceIds": list(d.cdi_device_ids),
+            }
+            for d in self.devices
+        ]
 
     @classmethod
     def from_wire(cls, uid: str, obj: Any) -> PreparedClaim:
@@ -150,12 +155,28 @@ def file_name(uid: str) -> str:
     return "h-" + hashlib.sha256(uid.encode()).hexdigest()[:40] + SUFFIX
 
 
-def encode(claim: PreparedClaim) -> bytes:
+def _body(claim: PreparedClaim, spec_text: str) -> str:
+    """`json.dumps({"uid": claim.uid, "claim": claim.wire()}, sort_keys=True)`, with the spec's own
+    encoding (`cdi.spec_text`, the same encoder's) spliced in rather than encoded a second time: the
+    keys of `wire` in sorted order, each value as that encoder writes it."""
+    put = _PLAIN_JSON.encode
+    return (
+        f'{{"claim": {{"devices": {SORTED_JSON.encode(claim.wire_devices())}, "name": {put(claim.name)},'
+        f' "namespace": {put(claim.namespace)}, "spec": {spec_text}, "specPath": {put(claim.spec_path)}}},'
+        f' "uid": {put(claim.uid)}}}'
+    )
+
+
+def encode(claim: PreparedClaim, spec_text: str | None = None) -> bytes:
     """The claim's file: its body encoded once (what the checksum covers), with the kind, the version
     and the checksum spliced in front. One compact encoding, not two indented ones: `indent` takes
     Python's pure-Python encoder, which cost more than a first prepare's every other step past the API
-    read. Any JSON layout decodes the same."""
-    text = json.dumps({"uid": claim.uid, "claim": claim.wire()}, sort_keys=True)  # as _checksum encodes
+    read. Any JSON layout decodes the same. `spec_text`: the claim's spec already encoded with
+    `files.SORTED_JSON` (a first prepare writes the same text to the CDI spec file)."""
+    if spec_text is None:
+        text = SORTED_JSON.encode({"uid": claim.uid, "claim": claim.wire()})  # as _checksum encodes
+    else:
+        text = _body(claim, spec_text)
     digest = hashlib.sha256(text.encode()).hexdigest()
     head = f'{{"checksum": "{digest}", "kind": "{CLAIM_KIND}", "version": {CLAIM_VERSION}, '
     return (head + text[1:]).encode() + b"\n"
@@ -192,15 +213,15 @@ class Reservation:
         self._fd: int | None = fd
         self._unsynced = False  # committed, not yet synced
 
-    def commit(self, claim: PreparedClaim) -> None:
+    def commit(self, claim: PreparedClaim, *, spec_text: str | None = None) -> None:
         """Write the claim into its reserved file and record it. Written, not yet synced: every reader
         (this process after a crash of its own included) sees it at once; `sync` makes it survive a
-        power loss. Raises OSError, the file then released."""
+        power loss. Raises OSError, the file then released. `spec_text`: see `encode`."""
         assert claim.uid == self.uid, "a reservation holds one claim's file"
         fd = self._take()
         try:
             try:
-                write_all(fd, encode(claim))
+                write_all(fd, encode(claim, spec_text))
             finally:
                 # Closed now, reopened by `sync`: syncs queued behind a slow disk (a thousand claims in
                 # one call) must not each hold a descriptor, or they exhaust the process's limit and
@@ -413,14 +434,17 @@ class Checkpoint:
         planted there) is unlinked first, never written through, as the rename of `put` replaces it."""
         if uid in self.claims:
             raise ValueError(f"claim {uid} is already recorded; a reservation is for a new claim")
-        self._ensure_directory()
         path = os.path.join(self.directory, file_name(uid))
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            # The directory is missing (the first claim ever, or it was removed): made, its own entry
+            # synced, only now, so a first prepare's common case costs no look at it.
+            self._ensure_directory()
+            fd = self._create(path, flags)
         except FileExistsError:
-            os.unlink(path)  # a directory there stays, and fails the claim (IsADirectoryError)
-            fd = os.open(path, flags, 0o600)
+            fd = self._create(path, flags)
         reservation = Reservation(self, uid, path, fd)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
@@ -428,6 +452,14 @@ class Checkpoint:
             reservation.release()
             raise
         return reservation
+
+    @staticmethod
+    def _create(path: str, flags: int) -> int:
+        try:
+            return os.open(path, flags, 0o600)
+        except FileExistsError:
+            os.unlink(path)  # a directory there stays, and fails the claim (IsADirectoryError)
+            return os.open(path, flags, 0o600)
 
     def remove(self, uid: str) -> None:
         """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import random
 import stat
+
+# `json.dumps(x, sort_keys=True)` without a new encoder made per call: the spec and the checkpoint entry
+# are encoded on every first prepare, on the thread kubelet waits for.
+SORTED_JSON = json.JSONEncoder(sort_keys=True)
 
 
 class NotRegularFile(OSError):

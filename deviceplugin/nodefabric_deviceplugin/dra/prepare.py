@@ -34,7 +34,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.nodeclient import ApiFailure
@@ -62,32 +62,88 @@ _T = TypeVar("_T", bound=_Recording)
 _R = TypeVar("_R")
 
 
-class _Refused(Exception):
-    """A hop whose submission failed, found on a thread later: it does not run."""
+class _Running(Generic[_R]):
+    """A hop in flight. Its thread hands the outcome to the loop itself (one `call_soon_threadsafe`),
+    where `settle` runs `on_end` and wakes the call: one loop pass between the thread's end and the call
+    going on. (An executor future wrapped for the loop, then shielded from the call's cancellation,
+    took three: the wrapped future's state copied, its callbacks, the shield's own future's callbacks.)
+
+    `answer` is what the call awaits, cancelled with it; the thread's outcome (`result`, `error`) is
+    kept here whatever became of the call, and `on_end` sees every result, a cancelled call's too."""
+
+    __slots__ = ("_ended", "answer", "done", "error", "on_end", "result")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_end: Callable[[_R], None] | None) -> None:
+        self.answer: asyncio.Future[_R] = loop.create_future()
+        self.on_end = on_end
+        self.done = False
+        self.result: _R | None = None
+        self.error: BaseException | None = None
+        self._ended: asyncio.Future[None] | None = None  # made only for a call that must wait for the end
+
+    def settle(self, result: _R | None, error: BaseException | None) -> None:
+        """On the loop, once the thread has ended."""
+        self.done, self.result, self.error = True, result, error
+        answer = self.answer
+        if not answer.done():
+            if error is None:
+                answer.set_result(result)  # type: ignore[arg-type]
+            else:
+                answer.set_exception(error)
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+        if error is None and self.on_end is not None:
+            try:
+                self.on_end(result)  # type: ignore[arg-type]
+            except Exception:  # never left to the loop: the call above is already woken
+                log.exception("recording a hop's outcome failed")
+
+    async def ended(self) -> None:
+        """Until the thread has ended, however often the waiting call is cancelled meanwhile."""
+        while not self.done:
+            if self._ended is None:
+                self._ended = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([self._ended])
 
 
-def _hop(fn: Callable[..., _R], *args: Any) -> asyncio.Future[_R]:
+def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None = None) -> _Running[_R]:
     """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
-    that would wrap it (nothing here reads a context variable), one loop iteration fewer per hop.
+    that would wrap it (nothing here reads a context variable), the outcome handed back by the thread
+    itself (`_Running`). `on_end(result)` runs on the loop when `fn` returns, whether or not the call
+    still waits.
 
     The executor queues the call before it starts a thread for it: at the process's thread limit, with
     every thread busy, the submission raises, yet the call stays queued and would run on the first
     thread to free up, writing (or removing) a claim's files after the caller was told it failed and
     let the lock go. The gate settles which came first: the refusal (the call then never runs) or a
     thread taking the call (microseconds after the queueing; it then runs, unawaited, and is logged)."""
+    loop = asyncio.get_running_loop()
+    running: _Running[_R] = _Running(loop, on_end)
     gate = threading.Lock()
 
-    def gated() -> _R:
+    def gated() -> None:
         if not gate.acquire(blocking=False):
-            raise _Refused
-        return fn(*args)
+            return  # refused: its caller was told so, and it runs nothing
+        try:
+            result = fn(*args)
+        except StopIteration as exc:  # a future refuses it (TypeError), which would leave the call waiting
+            outcome: tuple[_R | None, BaseException | None] = (None, RuntimeError(f"{fn!r} raised {exc!r}"))
+        except BaseException as exc:  # handed to the call, whatever it is
+            outcome = (None, exc)
+        else:
+            outcome = (result, None)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: a stop that gave up on this hop
+            loop.call_soon_threadsafe(running.settle, *outcome)
 
     try:
-        return asyncio.get_running_loop().run_in_executor(None, gated)
+        # The executor's own future settles with None: the outcome travels through `running`.
+        loop.run_in_executor(None, gated)
     except BaseException:
         if not gate.acquire(blocking=False):
             log.error("a hop whose thread could not start runs all the same", extra={"call": repr(fn)})
         raise
+    return running
 
 
 class _Abandoned(Exception):
@@ -115,7 +171,7 @@ class _WriteGate:
 
 
 async def _finish(
-    ref: ClaimRef, running: asyncio.Future[_R], what: str = "prepare", gate: _WriteGate | None = None
+    ref: ClaimRef, running: _Running[_R], what: str = "prepare", gate: _WriteGate | None = None
 ) -> _R:
     """Await a hop that changes the claim's files, to its end even when the call is cancelled (every
     one runs under the Preparer's lock).
@@ -126,19 +182,15 @@ async def _finish(
     into place after its unprepare, an entry forgotten after it was made again). `gate`: a hop that
     has not begun writing (a first prepare still reading its claim) is walked away from at once."""
     try:
-        return await asyncio.shield(running)
+        return await running.answer
     except asyncio.CancelledError:
         if gate is not None and gate.walk_away():
-            raise  # the thread writes nothing now; what it read is dropped (see _sync_recorded)
-        while not running.done():
-            # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
-            # stays held until it ends, however often the call is cancelled meanwhile.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([running])
-        if not running.cancelled() and running.exception() is not None:
-            log.warning(
-                f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.exception())}
-            )
+            raise  # the thread writes nothing now; what it read is dropped
+        # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
+        # stays held until it ends, however often the call is cancelled meanwhile.
+        await running.ended()
+        if running.error is not None:
+            log.warning(f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.error)})
         raise
 
 
@@ -304,7 +356,7 @@ class Preparer:
             return done.devices
         # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
         gate = _WriteGate()
-        hop = await self._recorded(ref, _hop(self._read_and_write, ref, self._offered(), gate), gate)
+        hop = await self._recorded(ref, self._read_and_write, ref, self._offered(), gate, gate=gate)
         if hop.plan is None:
             metrics.PREPARES.labels("no_devices").inc()
             log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
@@ -316,18 +368,19 @@ class Preparer:
             # this claim, not the server), then the files in a second hop.
             plan = hop.plan
             verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
-            written = await self._recorded(ref, _hop(self._write, ref, plan, verbs))
+            written = await self._recorded(ref, self._write, ref, plan, verbs)
         metrics.PREPARES.labels("prepared").inc()
-        log.info(
-            "prepared a claim",
-            extra={
-                "claim": str(ref),
-                "devices": list(hop.plan.requests),
-                "rdma_devices": [e.rdma_device for e in written.grant.endpoints],
-                "device_nodes": [n.path for n in written.grant.devices],
-                "cdi_spec": written.path,
-            },
-        )
+        if log.isEnabledFor(logging.INFO):  # its fields cost more than the check, on kubelet's time
+            log.info(
+                "prepared a claim",
+                extra={
+                    "claim": str(ref),
+                    "devices": list(hop.plan.requests),
+                    "rdma_devices": [e.rdma_device for e in written.grant.endpoints],
+                    "device_nodes": [n.path for n in written.grant.devices],
+                    "cdi_spec": written.path,
+                },
+            )
         return written.devices
 
     def _read_and_write(
@@ -366,14 +419,20 @@ class Preparer:
             return None
         requests = _by_device(allocated)
         version, members = _resolve(ref, found, list(requests))
-        endpoints = endpoints_for(claim_view(members), [d.name for d in members])
+        if len(members) == 1:  # the common claim: the grant's view of one device is that device
+            endpoints = [members[0].endpoint]
+        else:
+            endpoints = endpoints_for(claim_view(members), [d.name for d in members])
         return _Plan(requests, version, tuple(members), tuple(endpoints))
 
     def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
         """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
         worker thread. Raises VerbsUnresolvable, OSError."""
         whole = grant(plan.endpoints, verbs)
-        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
+        if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
+            nodes = {plan.members[0].name: [n.path for n in whole.devices]}
+        else:
+            nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
         spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
@@ -389,12 +448,12 @@ class Preparer:
         return _Written(devices, whole, path, self._record(path, prepared))
 
     async def _recorded(
-        self, ref: ClaimRef, running: asyncio.Future[_T], gate: _WriteGate | None = None
+        self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: _WriteGate | None = None
     ) -> _T:
-        """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started by
-        the hop's own callback, so a call cancelled meanwhile leaves no recorded claim unsynced."""
-        running.add_done_callback(self._sync_recorded)
-        return await _finish(ref, running, gate=gate)
+        """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started on
+        the loop as the thread hands its outcome back (`_Running.settle`), so a call cancelled meanwhile
+        leaves no recorded claim unsynced."""
+        return await _finish(ref, _hop(fn, *args, on_end=self._sync_recorded), gate=gate)
 
     async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
@@ -416,10 +475,7 @@ class Preparer:
         finally:
             self._lock.release()
 
-    def _sync_recorded(self, hop: asyncio.Future[Any]) -> None:
-        if hop.cancelled() or hop.exception() is not None:
-            return
-        done: _Recording = hop.result()
+    def _sync_recorded(self, done: _Recording) -> None:
         entry = done.entry
         if entry is not None:
             self.syncs.start(entry)
@@ -434,10 +490,11 @@ class Preparer:
         The entry first: a kill between the two files then leaves an entry without its spec (the next
         prepare answers from it and rewrites the spec; an unprepare removes both), never a spec that no
         entry names (kubelet, never answered, may never unprepare it, and nothing else would remove it)."""
+        text = cdi.spec_text(prepared.spec)  # encoded once, for the entry and the spec file
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
-        entry.commit(prepared)  # releases the file itself when it fails
+        entry.commit(prepared, spec_text=text)  # releases the file itself when it fails
         try:
-            cdi.write_spec(path, prepared.spec)
+            cdi.write_new_spec(path, prepared.spec, text=text)
         except BaseException:
             # Forgotten durably: the entry was written, and must not come back as a prepared claim.
             with contextlib.suppress(OSError):
