@@ -8,6 +8,7 @@ cost at scale is read from the same endpoint as its work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,6 +21,7 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 @dataclass
 class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _requests: dict[tuple[str, str], Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         prometheus_client.ProcessCollector(registry=self.registry)
@@ -107,6 +109,14 @@ class Metrics:
             "Time of one topology pass: the nesting check, the projections and their writes",
             registry=self.registry,
         )
+
+    def requested(self, verb: str, resource: str) -> None:
+        """One more API request counted; each label set's child is looked up once (`labels()` checks and
+        joins its arguments on every call, two calls per record in a first sync)."""
+        child = self._requests.get((verb, resource))
+        if child is None:
+            child = self._requests[verb, resource] = self.api_requests.labels(verb=verb, resource=resource)
+        child.inc()
 
     def exposition(self, accept: str) -> tuple[bytes, str]:
         """The registry in the format the scraper asked for (OpenMetrics or the text format)."""

@@ -14,7 +14,6 @@ import kubernetes
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import rawcall, sinks
-from nodefabric_operator.inflight import writing
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import Outcome, brief, node_snapshot, now, on_node_false
@@ -139,7 +138,7 @@ class LabelsOnNode:
             new = record.status.model_copy(deep=True)
             new.conditions = models.set_condition(new.conditions, cond, now())
             try:
-                after = await writing(self.status.write, record, new)
+                after = await self.status.send(self.status.write(record, new))
             except (Superseded, sinks.RecordGone):
                 return None  # a newer version (or the deletion) is on its way, and says it
             except Exception as err:
