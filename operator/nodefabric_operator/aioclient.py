@@ -53,8 +53,14 @@ class AsyncClient:
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._proxy: dict[str, Any] = {}
+        self._proxy_headers: dict[str, str] = {}
         if self.config.proxy and not _bypassed(self.config):
-            self._proxy = {"proxy": self.config.proxy, "proxy_headers": self.config.proxy_headers}
+            headers = dict(self.config.proxy_headers or {})
+            self._proxy = {"proxy": self.config.proxy, "proxy_headers": headers}
+            if not str(self.config.host).lower().startswith("https"):
+                # aiohttp gives them to the proxy's CONNECT only; a plain-http request goes through
+                # the proxy as is, so they ride along with it, as urllib3's ProxyManager sends them.
+                self._proxy_headers = headers
         if self.config.tls_server_name:
             self._proxy["server_hostname"] = self.config.tls_server_name
 
@@ -112,6 +118,8 @@ class AsyncClient:
     ) -> bytes:
         if token:
             headers = {**headers, "authorization": token}
+        if self._proxy_headers:
+            headers = {**headers, **self._proxy_headers}
         async with self._opened().request(method, url, data=data, headers=headers, **self._proxy) as answer:
             body = await answer.read()
             status, reason, got = answer.status, answer.reason, answer.headers
