@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import kubernetes
+import yarl
 from kubernetes.client import rest
 
 from nodefabric_operator import apicall, rawcall
@@ -85,7 +86,10 @@ class AsyncClient:
             timeout = aiohttp.ClientTimeout(
                 total=None, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+            # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
         return self._session
 
     async def send(self, request: apicall.Request) -> bytes:
@@ -120,7 +124,10 @@ class AsyncClient:
             headers = {**headers, "authorization": token}
         if self._proxy_headers:
             headers = {**headers, **self._proxy_headers}
-        async with self._opened().request(method, url, data=data, headers=headers, **self._proxy) as answer:
+        # Built and quoted by rawcall.prepared: taken as it is, not parsed and quoted again.
+        target = yarl.URL(url, encoded=True)
+        sending = self._opened().request(method, target, data=data, headers=headers, **self._proxy)
+        async with sending as answer:
             body = await answer.read()
             status, reason, got = answer.status, answer.reason, answer.headers
         if not 200 <= status <= 299:

@@ -21,7 +21,7 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 @dataclass
 class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    _requests: dict[tuple[str, str], Any] = field(default_factory=dict, init=False, repr=False)
+    _children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         prometheus_client.ProcessCollector(registry=self.registry)
@@ -110,13 +110,18 @@ class Metrics:
             registry=self.registry,
         )
 
-    def requested(self, verb: str, resource: str) -> None:
-        """One more API request counted; each label set's child is looked up once (`labels()` checks and
-        joins its arguments on every call, two calls per record in a first sync)."""
-        child = self._requests.get((verb, resource))
+    def inc(self, counter: Counter, *values: str) -> None:
+        """`counter.labels(*values).inc()`, each label set's child looked up once: `labels()` checks and
+        joins its arguments on every call, and a first sync makes about ten of them per record."""
+        key = (id(counter), values)
+        child = self._children.get(key)
         if child is None:
-            child = self._requests[verb, resource] = self.api_requests.labels(verb=verb, resource=resource)
+            child = self._children[key] = counter.labels(*values)
         child.inc()
+
+    def requested(self, verb: str, resource: str) -> None:
+        """One more API request counted."""
+        self.inc(self.api_requests, verb, resource)
 
     def exposition(self, accept: str) -> tuple[bytes, str]:
         """The registry in the format the scraper asked for (OpenMetrics or the text format)."""

@@ -96,7 +96,7 @@ class LabelsOnNode:
         held, rv = self.nodes.get(str(meta.get("name", ""))), version(body)
         if held is None or rv is None or not at_or_below(rv, held.rv):
             return False
-        self.metrics.skipped.labels(resource="nodes").inc()
+        self.metrics.inc(self.metrics.skipped, "nodes")
         return True
 
     async def node_event(self, body: Mapping[str, Any]) -> Outcome | None:

@@ -145,7 +145,7 @@ class Reconciler:
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.ledger.handled.get(name)):
-            self.metrics.skipped.labels(resource=models.PLURAL).inc()
+            self.metrics.inc(self.metrics.skipped, models.PLURAL)
             return True
         return False
 
@@ -279,9 +279,9 @@ class Reconciler:
             self.ledger.handled[name] = record.rv
         changes = tuple(published.plan.changes)
         for change in changes:
-            self.metrics.label_changes.labels(change=change.kind).inc()
+            self.metrics.inc(self.metrics.label_changes, change.kind)
         for key in published.plan.kept:
-            self.metrics.removals_skipped.labels(family=labels.family(key, self.domain) or "").inc()
+            self.metrics.inc(self.metrics.removals_skipped, labels.family(key, self.domain) or "")
         if published.plan.kept:
             log.warning(
                 "enumeration failed, labels kept as published",
@@ -292,7 +292,7 @@ class Reconciler:
                 },
             )
         outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
-        self.metrics.reconciles.labels(outcome=outcome).inc()
+        self.metrics.inc(self.metrics.reconciles, outcome)
         if published.wrote:
             log.info(
                 "labels published",
