@@ -80,7 +80,7 @@ class LabelsOnNode:
         return rawcall.send(self.api, "GET", "/api/v1/nodes", {}, query=query)
 
     def seen(self, name: str) -> SinkObject | NotWatched | None:
-        """The Node as watched, taken on the event loop for a worker thread (the views are the loop's)."""
+        """The Node as watched, taken before a write's requests are made (the views are the loop's)."""
         if isinstance(self.sink, sinks.NodeSink):
             return self.view.get(name)
         if self.nodes is None:
