@@ -12,8 +12,8 @@ Stopping: kopf cancels the reconciles when the operator stops, and five seconds 
 the loop it did not start. `arun` lets a request already sent get its answer (the cancel waits for it)
 and sends nothing after: no write lands once the lease may have passed to a standby, and none is cut
 off half-sent (inflight.py's promise, kept without the thread). The request runs as a `Landing` task,
-which refuses to be cancelled: kopf's sweep would otherwise cut it wherever it is (its stop then waits
-for the task, which the client's timeouts bound).
+which refuses to be cancelled by another task: kopf's sweep would otherwise cut it wherever it is (its
+stop then waits for the task, which the client's timeouts bound).
 """
 
 from __future__ import annotations
@@ -51,10 +51,14 @@ class Sends(Protocol):
 
 
 class Landing(asyncio.Task[bytes]):
-    """A request on its way: answered or failed, never cut off by a cancel (see the module's note)."""
+    """A request on its way: answered or failed, never cut off by another task's cancel (kopf's sweep,
+    a lane stopped; see the module's note). Its own timeouts still end it: asyncio's and aiohttp's
+    cancel the task from a loop callback or from the task itself, which is let through."""
 
     def cancel(self, msg: Any = None) -> bool:
-        return False
+        if asyncio.current_task() not in (None, self):
+            return False
+        return super().cancel(msg)
 
 
 def run(calls: Calls[T], api: kubernetes.client.ApiClient, metrics: Metrics) -> T:

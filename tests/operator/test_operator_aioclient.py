@@ -377,6 +377,26 @@ async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_
             await client.close()
 
 
+async def test_a_request_is_cut_by_its_own_timeout_never_by_another_tasks_cancel() -> None:
+    """The guard that keeps kopf's sweep off a request in flight leaves the request's own timeouts
+    working (asyncio's and aiohttp's connect timeout cancel the task from a loop callback)."""
+
+    async def slow(seconds: float) -> bytes:
+        await asyncio.sleep(seconds)
+        return b"{}"
+
+    async def timed(seconds: float) -> bytes:
+        async with asyncio.timeout(0.05):
+            return await slow(seconds)
+
+    with pytest.raises(TimeoutError):
+        await apicall.Landing(timed(5))
+    landing = apicall.Landing(slow(0.2))
+    await asyncio.sleep(0)
+    assert landing.cancel() is False  # from this test's task: refused
+    assert await landing == b"{}"
+
+
 # --- the operator's own path --------------------------------------------------------------------------
 
 
