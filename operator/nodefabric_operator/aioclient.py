@@ -53,17 +53,17 @@ class AsyncClient:
         self.config = api.configuration
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
-        self._proxy: dict[str, Any] = {}
+        self._options: dict[str, Any] = {}
         self._proxy_headers: dict[str, str] = {}
         if self.config.proxy and not _bypassed(self.config):
             headers = dict(self.config.proxy_headers or {})
-            self._proxy = {"proxy": self.config.proxy, "proxy_headers": headers}
+            self._options = {"proxy": self.config.proxy, "proxy_headers": headers}
             if not str(self.config.host).lower().startswith("https"):
                 # aiohttp gives them to the proxy's CONNECT only; a plain-http request goes through
                 # the proxy as is, so they ride along with it, as urllib3's ProxyManager sends them.
                 self._proxy_headers = headers
         if self.config.tls_server_name:
-            self._proxy["server_hostname"] = self.config.tls_server_name
+            self._options["server_hostname"] = self.config.tls_server_name
 
     @staticmethod
     def serves(config: Any) -> bool:
@@ -126,7 +126,7 @@ class AsyncClient:
             headers = {**headers, **self._proxy_headers}
         # Built and quoted by rawcall.prepared: taken as it is, not parsed and quoted again.
         target = yarl.URL(url, encoded=True)
-        sending = self._opened().request(method, target, data=data, headers=headers, **self._proxy)
+        sending = self._opened().request(method, target, data=data, headers=headers, **self._options)
         async with sending as answer:
             body = await answer.read()
             status, reason, got = answer.status, answer.reason, answer.headers

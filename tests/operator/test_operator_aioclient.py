@@ -248,6 +248,38 @@ async def test_tls_and_a_bearer_token_come_from_the_kubeconfig() -> None:
                 await c.close()
 
 
+async def test_the_tls_server_name_is_the_name_checked_against_the_certificate() -> None:
+    """`tls_server_name` (a kubeconfig's `tls-server-name`): the certificate is checked against that name,
+    not the address connected to."""
+    async with running_api([crd.devices_crd()], tls=True) as k:
+        api = load_client(k.kubeconfig)
+        config = api.configuration
+        named = AsyncClient(
+            api_at(
+                config.host,
+                api_key=config.api_key,
+                ssl_ca_cert=config.ssl_ca_cert,
+                tls_server_name="localhost",
+            )
+        )
+        misnamed = AsyncClient(
+            api_at(
+                config.host,
+                api_key=config.api_key,
+                ssl_ca_cert=config.ssl_ca_cert,
+                tls_server_name="kube.example",
+            )
+        )
+        get = Request("get", "x", "GET", "/api/v1/nodes")
+        try:
+            assert "items" in json.loads(await apicall.arun(one(get), named, Metrics()))
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await apicall.arun(one(get), misnamed, Metrics())
+        finally:
+            await named.close()
+            await misnamed.close()
+
+
 def test_the_tls_settings_follow_the_configuration() -> None:
     plain = kubernetes.client.Configuration()
     plain.host = "http://127.0.0.1:1"
