@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import aiohttp
 import kubernetes
-import yarl
 from kubernetes.client import rest
 
 from nodefabric_operator import apicall, rawcall
@@ -124,9 +123,7 @@ class AsyncClient:
             headers = {**headers, "authorization": token}
         if self._proxy_headers:
             headers = {**headers, **self._proxy_headers}
-        # Built and quoted by rawcall.prepared: taken as it is, not parsed and quoted again.
-        target = yarl.URL(url, encoded=True)
-        sending = self._opened().request(method, target, data=data, headers=headers, **self._options)
+        sending = self._opened().request(method, url, data=data, headers=headers, **self._options)
         async with sending as answer:
             body = await answer.read()
             status, reason, got = answer.status, answer.reason, answer.headers
