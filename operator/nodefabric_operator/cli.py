@@ -334,6 +334,7 @@ async def serve(
         finally:
             if watcher is not None:
                 watcher.cancel()  # no renewal after this (and the elector refuses one in flight)
+            await reconciler.aclose()  # kopf stopped: no write in flight (_kopf)
             if elector is not None:
                 await asyncio.to_thread(elector.release)
             await endpoints.stop()

@@ -1,4 +1,6 @@
-"""A write made in a worker thread that a stopping operator waits for.
+"""A write made in a worker thread that a stopping operator waits for (an Event's post, and every write
+when the loop's client cannot reproduce the client configuration: aioclient.Driver; apicall.arun keeps
+the same promise for the writes sent on the loop).
 
 kopf cancels every task of its loop when it stops, and the lanes are closed (intake.py). A cancelled
 `await asyncio.to_thread(...)` ends the wait but not the thread: the request goes out after the operator

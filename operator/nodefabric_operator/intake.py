@@ -18,9 +18,9 @@ as much as a do-nothing kopf operator spends on a record. Two kinds of event are
 
 When a watch stream ends (the operator stopping: SIGTERM, a lease lost; a watched CRD gone) the events
 waiting in its lanes are dropped, each lane finishing the one in hand (the reconciler waits for a write
-in flight even when cancelled: inflight.writing), so nothing is written for them after the stop; the
-next listing brings them back. A dropped DELETED event is still told to the reconciler (nothing
-written), since no listing has an event for an object that went.
+in flight even when cancelled: apicall.arun, or inflight.writing for a call in a thread), so nothing is
+written for them after the stop; the next listing brings them back. A dropped DELETED event is still
+told to the reconciler (nothing written), since no listing has an event for an object that went.
 
 kopf offers no public hook ahead of its processing, so the intake wraps its watch stream
 (`infinite_watch`: an event answered on arrival costs kopf no queue and no per-object worker) and its
@@ -139,7 +139,7 @@ class Lanes:
     async def close(self) -> None:
         """Stop every lane (the watches stopped): events not yet handled are dropped (see `drop`; the
         next start lists every object again), the ones in hand cancelled (a write in flight is still
-        answered first: inflight.writing)."""
+        answered first: apicall.arun, inflight.writing)."""
         self.drop()
         running = list(self._running)
         for task in running:

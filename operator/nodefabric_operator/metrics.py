@@ -8,6 +8,7 @@ cost at scale is read from the same endpoint as its work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,6 +21,7 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 @dataclass
 class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         prometheus_client.ProcessCollector(registry=self.registry)
@@ -107,6 +109,19 @@ class Metrics:
             "Time of one topology pass: the nesting check, the projections and their writes",
             registry=self.registry,
         )
+
+    def inc(self, counter: Counter, *values: str) -> None:
+        """`counter.labels(*values).inc()`, each label set's child looked up once: `labels()` checks and
+        joins its arguments on every call, and a first sync makes about ten of them per record."""
+        key = (id(counter), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*values)
+        child.inc()
+
+    def requested(self, verb: str, resource: str) -> None:
+        """One more API request counted."""
+        self.inc(self.api_requests, verb, resource)
 
     def exposition(self, accept: str) -> tuple[bytes, str]:
         """The registry in the format the scraper asked for (OpenMetrics or the text format)."""

@@ -14,7 +14,6 @@ import kubernetes
 
 from nodefabric_devicemanager import models
 from nodefabric_operator import rawcall, sinks
-from nodefabric_operator.inflight import writing
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import Outcome, brief, node_snapshot, now, on_node_false
@@ -81,7 +80,7 @@ class LabelsOnNode:
         return rawcall.send(self.api, "GET", "/api/v1/nodes", {}, query=query)
 
     def seen(self, name: str) -> SinkObject | NotWatched | None:
-        """The Node as watched, taken on the event loop for a worker thread (the views are the loop's)."""
+        """The Node as watched, taken before a write's requests are made (the views are the loop's)."""
         if isinstance(self.sink, sinks.NodeSink):
             return self.view.get(name)
         if self.nodes is None:
@@ -97,7 +96,7 @@ class LabelsOnNode:
         held, rv = self.nodes.get(str(meta.get("name", ""))), version(body)
         if held is None or rv is None or not at_or_below(rv, held.rv):
             return False
-        self.metrics.skipped.labels(resource="nodes").inc()
+        self.metrics.inc(self.metrics.skipped, "nodes")
         return True
 
     async def node_event(self, body: Mapping[str, Any]) -> Outcome | None:
@@ -139,7 +138,7 @@ class LabelsOnNode:
             new = record.status.model_copy(deep=True)
             new.conditions = models.set_condition(new.conditions, cond, now())
             try:
-                after = await writing(self.status.write, record, new)
+                after = await self.status.send(self.status.write(record, new))
             except (Superseded, sinks.RecordGone):
                 return None  # a newer version (or the deletion) is on its way, and says it
             except Exception as err:

@@ -49,15 +49,25 @@ def authorization(config: Any, clock: Any = time.monotonic, *, now_due: bool = F
     """The Authorization header's value, as `Configuration.get_api_key_with_prefix` gives it, with the
     refresh hook run at most once per REFRESH_S for this configuration (see the module's note), or at
     once when `now_due` (the API server refused the credential)."""
-    hook = config.refresh_api_key_hook
-    if hook is not None:
-        with _refreshing:
-            now = clock()
-            due = now_due or now - _refreshed.get(config, -REFRESH_S) >= REFRESH_S
-            if due:
-                _refreshed[config] = now
+    if refresh_due(config, clock, now_due=now_due):
+        config.refresh_api_key_hook(config)
+    return credential(config)
+
+
+def refresh_due(config: Any, clock: Any = time.monotonic, *, now_due: bool = False) -> bool:
+    """Whether the configuration's refresh hook is to run now (noted as run: the caller runs it)."""
+    if config.refresh_api_key_hook is None:
+        return False
+    with _refreshing:
+        now = clock()
+        due = now_due or now - _refreshed.get(config, -REFRESH_S) >= REFRESH_S
         if due:
-            hook(config)
+            _refreshed[config] = now
+    return due
+
+
+def credential(config: Any) -> str | None:
+    """The Authorization header's value as the configuration holds it now (no refresh)."""
     keys, prefixes = config.api_key, config.api_key_prefix
     key = keys.get("BearerToken", keys.get("authorization"))
     if not key:
@@ -80,14 +90,7 @@ def send(
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
     string (quoted too)."""
     config = api.configuration
-    safe = config.safe_chars_for_path_param
-    url = config.host + path.format_map({k: quote(str(v), safe=safe) for k, v in params.items()})
-    if query:
-        url += "?" + urlencode(list(query))
-    headers = {**api.default_headers, "Accept": JSON, "Content-Type": content_type}
-    if api.cookie:
-        headers["Cookie"] = api.cookie
-    data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+    url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
     token = authorization(config)
     try:
         return _request(api, method, url, headers, data, token=token)
@@ -98,6 +101,29 @@ def send(
     # more (safe for any method: authentication refuses a request before anything acts on it). A 401 is
     # no transient error to the callers, so without this it would fail the reconcile.
     return _request(api, method, url, headers, data, token=authorization(config, now_due=True))
+
+
+def prepared(
+    api: kubernetes.client.ApiClient,
+    method: str,
+    path: str,
+    params: Mapping[str, str],
+    body: Any = None,
+    *,
+    content_type: str = JSON,
+    query: Sequence[tuple[str, str | int]] = (),
+) -> tuple[str, dict[str, str], bytes | None]:
+    """A request's URL, headers (no credential) and body, as `send` sends it (the loop's client too)."""
+    config = api.configuration
+    safe = config.safe_chars_for_path_param
+    url = config.host + path.format_map({k: quote(str(v), safe=safe) for k, v in params.items()})
+    if query:
+        url += "?" + urlencode(list(query))
+    headers = {**api.default_headers, "Accept": JSON, "Content-Type": content_type}
+    if api.cookie:
+        headers["Cookie"] = api.cookie
+    data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+    return url, headers, data
 
 
 def _request(

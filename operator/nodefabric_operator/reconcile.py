@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import aiohttp
 import kubernetes
 import pydantic
 import urllib3
@@ -47,11 +48,14 @@ SHOWN = 80  # characters of a withheld value quoted in a log line
 
 
 def transient(err: BaseException) -> bool:
-    """Worth retrying: the API was unreachable, overloaded or answered a server error, or the NodeFeature
-    API is missing (NFD is being installed or upgraded): each ends without the record changing."""
+    """Worth retrying: the API was unreachable (no answer, or none in time), overloaded or answered a
+    server error, or the NodeFeature API is missing (NFD is being installed or upgraded): each ends
+    without the record changing."""
     if isinstance(err, kubernetes.client.ApiException):
         return int(err.status or 0) in (429, 500, 502, 503, 504) or not err.status
-    return isinstance(err, urllib3.exceptions.HTTPError | OSError | sinks.Conflict | sinks.NfdMissing)
+    return isinstance(
+        err, urllib3.exceptions.HTTPError | aiohttp.ClientError | OSError | sinks.Conflict | sinks.NfdMissing
+    )
 
 
 def record_names(custom: kubernetes.client.CustomObjectsApi, metrics: Metrics) -> dict[str, str]:
@@ -141,7 +145,7 @@ class Reconciler:
         name, rv = str(part(body, "metadata").get("name", "")), version(body)
         self.note_devices(body)
         if at_or_below(rv, self.ledger.handled.get(name)):
-            self.metrics.skipped.labels(resource=models.PLURAL).inc()
+            self.metrics.inc(self.metrics.skipped, models.PLURAL)
             return True
         return False
 
@@ -239,13 +243,9 @@ class Reconciler:
                     return Outcome("unchanged")  # deleted while waiting for the lock
                 started = time.perf_counter()
                 try:
-                    applied = await writing(
-                        self.status.apply,
-                        record,
-                        self.view.get(name),
-                        self.view.was_deleted(name),
-                        self.on_node.seen(name),
-                    )
+                    view, node = self.view, self.on_node.seen(name)
+                    calls = self.status.apply(record, view.get(name), view.was_deleted(name), node)
+                    applied = await self.status.send(calls)
                 except sinks.RecordGone as err:
                     # A late event for a deleted record: its own DELETED event follows and forgets it.
                     log.info(
@@ -279,9 +279,9 @@ class Reconciler:
             self.ledger.handled[name] = record.rv
         changes = tuple(published.plan.changes)
         for change in changes:
-            self.metrics.label_changes.labels(change=change.kind).inc()
+            self.metrics.inc(self.metrics.label_changes, change.kind)
         for key in published.plan.kept:
-            self.metrics.removals_skipped.labels(family=labels.family(key, self.domain) or "").inc()
+            self.metrics.inc(self.metrics.removals_skipped, labels.family(key, self.domain) or "")
         if published.plan.kept:
             log.warning(
                 "enumeration failed, labels kept as published",
@@ -292,7 +292,7 @@ class Reconciler:
                 },
             )
         outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
-        self.metrics.reconciles.labels(outcome=outcome).inc()
+        self.metrics.inc(self.metrics.reconciles, outcome)
         if published.wrote:
             log.info(
                 "labels published",
@@ -320,7 +320,7 @@ class Reconciler:
             # makes a new version, whose event retries once (a missing Node may exist by then).
             self.ledger.handled[name] = record.rv
         try:
-            after = await writing(self.status.record_failure, record, condition)
+            after = await self.status.send(self.status.record_failure(record, condition))
             written = after is not None
             if after is not None:
                 self.ledger.keep(record, after)
@@ -338,9 +338,14 @@ class Reconciler:
         """Stop retries that are due later (the operator is stopping)."""
         self.requeue.close()
 
+    async def aclose(self) -> None:
+        """Close the connections the writes were sent on (the operator stopped)."""
+        self.requeue.close()
+        await self.status.send.close()
+
     async def _withdraw(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
-            published = await writing(self.sink.withdraw, name, self.view.get(name))
+            published = await self.status.send(self.sink.withdrawing(name, self.view.get(name)))
         self.ledger.drop_lock(name)
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:

@@ -4,23 +4,24 @@ Both plan against the watched sink object the view holds (view.py), write only w
 something, and write with that object's resourceVersion as precondition. Both apply the same plan
 (labels.plan): only our `rdma.`/`fabric.` keys are ever removed, and not while the matching enumeration
 is failing. A 409 means the view was behind the API server: only then is the object read back (and the
-write planned again). Calls are synchronous (the kubernetes client); the reconciler runs them in a
-worker thread and records what they return in the view.
+write planned again). Each write is a generator of requests (apicall.Calls: `publishing`, `withdrawing`),
+sent on the event loop by the operator (aioclient.Driver) or in the caller's thread by `publish` and
+`withdraw`; the reconciler records what they return in the view.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import kubernetes
 
 from nodefabric_devicemanager import models, vocabulary
-from nodefabric_operator import labels, rawcall
+from nodefabric_operator import apicall, labels, rawcall
+from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.view import SinkObject, items, part, version
 
@@ -28,7 +29,11 @@ log = logging.getLogger(__name__)
 
 NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
 NFD_PATH = f"/apis/{NFD_GROUP}/{NFD_VERSION}/namespaces/{{ns}}/{NFD_PLURAL}"
+NFD_OBJECT = NFD_PATH + "/{name}"
+NODE_PATH = "/api/v1/nodes/{name}"
+DEVICES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}/{{name}}"
 NFD_NODE_NAME = "nfd.node.kubernetes.io/node-name"
+STRATEGIC = "application/strategic-merge-patch+json"
 CONFLICT_RETRIES = 5
 PAGE = 500  # objects per page when listing at start, so a large fleet is never decoded at once
 T = TypeVar("T")
@@ -81,6 +86,16 @@ class Sink(Protocol):
 
     def existing(self) -> Iterator[SinkObject]: ...
 
+    def publishing(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Calls[Published]: ...
+
     def publish(
         self,
         owner: Owner,
@@ -90,6 +105,8 @@ class Sink(Protocol):
         *,
         verify: bool = False,
     ) -> Published: ...
+
+    def withdrawing(self, node: str, current: SinkObject | None) -> Calls[Published | None]: ...
 
     def withdraw(self, node: str, current: SinkObject | None) -> Published | None: ...
 
@@ -124,7 +141,7 @@ class _Calls:
         self.metrics = metrics
 
     def __call__(self, verb: str, resource: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        self.metrics.api_requests.labels(verb=verb, resource=resource).inc()
+        self.metrics.requested(verb, resource)
         return fn(*args, **kwargs)
 
     def pages(
@@ -157,7 +174,8 @@ class NodeFeatureSink:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.namespace = namespace
         self.domain = domain
-        self.call = _Calls(metrics or Metrics())
+        self.metrics = metrics or Metrics()
+        self.call = _Calls(self.metrics)
 
     def target(self, node: str) -> str:
         return f"NodeFeature {self.namespace}/{node}"
@@ -212,12 +230,25 @@ class NodeFeatureSink:
         *,
         verify: bool = False,
     ) -> Published:
+        """`publishing`, sent in this thread."""
+        calls = self.publishing(owner, desired, frozen, current, verify=verify)
+        return apicall.run(calls, self.api, self.metrics)
+
+    def publishing(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Calls[Published]:
         target = self.target(owner.name)
 
-        def attempt(current: SinkObject | None) -> Published:
+        def attempt(current: SinkObject | None) -> Calls[Published]:
             plan = labels.plan(current.labels if current else {}, desired, domain=self.domain, frozen=frozen)
             if current is None:
-                return Published(target, plan, True, self._create(owner, plan, verify=verify))
+                return Published(target, plan, True, (yield from self._create(owner, plan, verify=verify)))
             if current.foreign:
                 # Never ours to write (a second controller is refused anyway) nor, adopted, ours to delete.
                 raise SinkError(
@@ -227,22 +258,22 @@ class NodeFeatureSink:
             if not self.drifted(owner, desired, frozen, current):
                 return Published(target, plan, False, current)
             try:
-                return Published(target, plan, True, self._patch(owner, plan, current))
+                return Published(target, plan, True, (yield from self._patch(owner, plan, current)))
             except kubernetes.client.ApiException as err:
                 if status_of(err) != 404:
                     raise
             # Deleted under us: create it again, but only for a record that still exists.
             plan = labels.plan({}, desired, domain=self.domain, frozen=frozen)
-            return Published(target, plan, True, self._create(owner, plan, verify=True))
+            return Published(target, plan, True, (yield from self._create(owner, plan, verify=True)))
 
-        return _written(target, owner.name, current, attempt, self._read)
+        return (yield from _written(target, owner.name, current, attempt, self._read))
 
-    def _create(self, owner: Owner, plan: labels.Plan, *, verify: bool) -> SinkObject:
+    def _create(self, owner: Owner, plan: labels.Plan, *, verify: bool) -> Calls[SinkObject]:
         node = owner.name
         if owner.node_uid is None:
-            self._check_node(node)
+            yield from self._check_node(node)
         if verify:
-            self._check_owner(owner)
+            yield from self._check_owner(owner)
         body = {
             "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
             "kind": "NodeFeature",
@@ -256,16 +287,7 @@ class NodeFeatureSink:
         }
         try:
             created = rawcall.json_object(
-                self.call(
-                    "create",
-                    NFD_PLURAL,
-                    rawcall.send,
-                    self.api,
-                    "POST",
-                    NFD_PATH,
-                    {"ns": self.namespace},
-                    body,
-                )
+                (yield Request("create", NFD_PLURAL, "POST", NFD_PATH, {"ns": self.namespace}, body))
             )
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
@@ -276,7 +298,7 @@ class NodeFeatureSink:
             raise
         return self.snapshot(created)
 
-    def _patch(self, owner: Owner, plan: labels.Plan, current: SinkObject) -> SinkObject:
+    def _patch(self, owner: Owner, plan: labels.Plan, current: SinkObject) -> Calls[SinkObject]:
         node = owner.name
         patch: dict[str, Any] = {
             "metadata": {"resourceVersion": current.rv, "labels": {NFD_NODE_NAME: node}},
@@ -285,23 +307,18 @@ class NodeFeatureSink:
         if owner.uid not in current.owners:
             # The record was recreated: point at the new one so garbage collection follows it. The list
             # is replaced whole by a merge patch, so any other owner is read back first to be kept.
-            live = self._read_raw(node)
+            live = yield from self._read_raw(node)
             refs = items(live, "metadata", "ownerReferences")
             patch["metadata"]["ownerReferences"] = [
                 r for r in refs if r.get("kind") != models.KIND or r.get("apiVersion") != models.API_VERSION
             ] + [self._owner_ref(owner)]
-        patched = self.call(
-            "patch",
-            NFD_PLURAL,
-            self.custom.patch_namespaced_custom_object,
-            NFD_GROUP,
-            NFD_VERSION,
-            self.namespace,
-            NFD_PLURAL,
-            node,
-            patch,
+        patched = yield Request(
+            "patch", NFD_PLURAL, "PATCH", NFD_OBJECT, self._at(node), patch, content_type=rawcall.MERGE_PATCH
         )
-        return self.snapshot(cast(dict[str, Any], patched))
+        return self.snapshot(rawcall.json_object(patched))
+
+    def _at(self, node: str) -> dict[str, str]:
+        return {"ns": self.namespace, "name": node}
 
     def _owner_ref(self, owner: Owner) -> dict[str, Any]:
         return {
@@ -312,37 +329,22 @@ class NodeFeatureSink:
             "controller": True,
         }
 
-    def _read_raw(self, node: str) -> dict[str, Any]:
-        obj = self.call(
-            "get",
-            NFD_PLURAL,
-            self.custom.get_namespaced_custom_object,
-            NFD_GROUP,
-            NFD_VERSION,
-            self.namespace,
-            NFD_PLURAL,
-            node,
-        )
-        return cast(dict[str, Any], obj)
+    def _read_raw(self, node: str) -> Calls[dict[str, Any]]:
+        return rawcall.json_object((yield Request("get", NFD_PLURAL, "GET", NFD_OBJECT, self._at(node))))
 
-    def _read(self, node: str) -> SinkObject | None:
+    def _read(self, node: str) -> Calls[SinkObject | None]:
         try:
-            return self.snapshot(self._read_raw(node))
+            return self.snapshot((yield from self._read_raw(node)))
         except kubernetes.client.ApiException as err:
             if status_of(err) != 404:
                 raise
             return None
 
-    @functools.cached_property
-    def core(self) -> kubernetes.client.CoreV1Api:
-        # Only a record without a Node owner needs it; importing CoreV1Api costs 0.7 s of CPU.
-        return kubernetes.client.CoreV1Api(self.api)
-
-    def _check_node(self, node: str) -> None:
+    def _check_node(self, node: str) -> Calls[None]:
         """A record without a Node owner was not written by the agent: make sure its node exists, since
         nfd-master ignores a NodeFeature for a node it does not know and nothing would say why."""
         try:
-            self.call("get", "nodes", self.core.read_node, node, _preload_content=False)
+            yield Request("get", "nodes", "GET", NODE_PATH, {"name": node})
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
                 raise NodeNotFound(f"node {node} does not exist") from err
@@ -354,19 +356,13 @@ class NodeFeatureSink:
                 extra={"node": node, "error": f"HTTP 403 {err.reason or ''}".strip()},
             )
 
-    def _check_owner(self, owner: Owner) -> None:
+    def _check_owner(self, owner: Owner) -> Calls[None]:
         """Creating a NodeFeature again after one was deleted may race its record's deletion (garbage
         collection deletes both): creating it for a record that is gone would publish a gone node's
         labels, so this rare path reads the record first."""
         try:
-            live = self.call(
-                "get",
-                models.PLURAL,
-                self.custom.get_cluster_custom_object,
-                models.GROUP,
-                models.VERSION,
-                models.PLURAL,
-                owner.name,
+            live = rawcall.json_object(
+                (yield Request("get", models.PLURAL, "GET", DEVICES_PATH, {"name": owner.name}))
             )
         except kubernetes.client.ApiException as err:
             if status_of(err) != 404:
@@ -378,6 +374,10 @@ class NodeFeatureSink:
     def withdraw(self, node: str, current: SinkObject | None) -> Published | None:
         return None  # the NodeFeature is owned by the Devices object: garbage collection removes it
 
+    def withdrawing(self, node: str, current: SinkObject | None) -> Calls[Published | None]:
+        return None
+        yield  # a generator that sends nothing
+
 
 class NodeSink:
     """The Node's own labels, for clusters without NFD. The keys we wrote are recorded in an annotation,
@@ -388,10 +388,12 @@ class NodeSink:
     withdraws = True
 
     def __init__(self, api: kubernetes.client.ApiClient, domain: str, metrics: Metrics | None = None) -> None:
+        self.api = api
         self.core = kubernetes.client.CoreV1Api(api)
         self.domain = domain
         self.annotation = managed_annotation(domain)
-        self.call = _Calls(metrics or Metrics())
+        self.metrics = metrics or Metrics()
+        self.call = _Calls(self.metrics)
 
     def snapshot(self, obj: Mapping[str, Any]) -> SinkObject:
         meta = part(obj, "metadata")
@@ -433,10 +435,23 @@ class NodeSink:
         *,
         verify: bool = False,
     ) -> Published:
+        """`publishing`, sent in this thread."""
+        calls = self.publishing(owner, desired, frozen, current, verify=verify)
+        return apicall.run(calls, self.api, self.metrics)
+
+    def publishing(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Calls[Published]:
         node = owner.name
         target = f"Node {node}"
 
-        def attempt(current: SinkObject | None) -> Published:
+        def attempt(current: SinkObject | None) -> Calls[Published]:
             if current is None:
                 raise NodeNotFound(f"node {node} does not exist")
             plan, new_owned, old_owned = self._plan(desired, frozen, current)
@@ -450,8 +465,9 @@ class NodeSink:
                 }
             }
             try:
-                patched = self.call(
-                    "patch", "nodes", self.core.patch_node, node, patch, _preload_content=False
+                # A strategic merge patch, as the kubernetes client sends a Node patch given an object.
+                patched = yield Request(
+                    "patch", "nodes", "PATCH", NODE_PATH, {"name": node}, patch, content_type=STRATEGIC
                 )
             except kubernetes.client.ApiException as err:
                 if status_of(err) == 404:
@@ -459,11 +475,11 @@ class NodeSink:
                 raise
             return Published(target, plan, True, self.snapshot(_decoded(patched)))
 
-        return _written(target, node, current, attempt, self._read)
+        return (yield from _written(target, node, current, attempt, self._read))
 
-    def _read(self, node: str) -> SinkObject | None:
+    def _read(self, node: str) -> Calls[SinkObject | None]:
         try:
-            live = self.call("get", "nodes", self.core.read_node, node, _preload_content=False)
+            live = yield Request("get", "nodes", "GET", NODE_PATH, {"name": node})
         except kubernetes.client.ApiException as err:
             if status_of(err) == 404:
                 return None
@@ -471,11 +487,15 @@ class NodeSink:
         return self.snapshot(_decoded(live))
 
     def withdraw(self, node: str, current: SinkObject | None) -> Published | None:
+        """`withdrawing`, sent in this thread."""
+        return apicall.run(self.withdrawing(node, current), self.api, self.metrics)
+
+    def withdrawing(self, node: str, current: SinkObject | None) -> Calls[Published | None]:
         """The record is gone: remove every key we wrote, as garbage collection does for a NodeFeature."""
         if current is None or not current.managed:
             return None
         try:
-            return self.publish(Owner(node, ""), {}, frozenset(), current)
+            return (yield from self.publishing(Owner(node, ""), {}, frozenset(), current))
         except NodeNotFound:
             return None
 
@@ -484,19 +504,19 @@ def _written(
     target: str,
     node: str,
     current: SinkObject | None,
-    attempt: Callable[[SinkObject | None], Published],
-    read: Callable[[str], SinkObject | None],
-) -> Published:
+    attempt: Callable[[SinkObject | None], Calls[Published]],
+    read: Callable[[str], Calls[SinkObject | None]],
+) -> Calls[Published]:
     """`attempt` against what the view holds; a 409 (AlreadyExists, or a stale resourceVersion) means the
     view is behind the API server, so the object is read back and the write planned again."""
     for _ in range(CONFLICT_RETRIES):
         try:
-            return attempt(current)
+            return (yield from attempt(current))
         except kubernetes.client.ApiException as err:
             if status_of(err) != 409:
                 raise
         log.info("sink object changed while writing, reading it back", extra={"node": node, "target": target})
-        current = read(node)
+        current = yield from read(node)
     raise Conflict(f"{target} kept changing while being written")
 
 

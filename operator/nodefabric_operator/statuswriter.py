@@ -1,6 +1,7 @@
-"""The sync core of a reconcile, run in a worker thread: the labels published through the sink, then the
-Devices status written with the version the operator last saw as precondition. Requests only: no state
-shared with the event loop (the caller takes what it needs from the views first and settles after).
+"""The requests of a reconcile: the labels published through the sink, then the Devices status written
+with the version the operator last saw as precondition. Generators of requests (apicall.Calls), sent by
+the driver given (aioclient.Driver: on the event loop, or in a worker thread); they hold no state shared
+with the loop (the caller takes what it needs from the views first and settles after).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pydantic
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Condition, DevicesStatus
 from nodefabric_operator import onnode, rawcall, sinks
+from nodefabric_operator.aioclient import Driver
+from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import NodeRecord, condition_for, next_status, now, status_patch
 from nodefabric_operator.view import SinkObject, version
@@ -50,6 +53,7 @@ class StatusWriter:
         self.sink = sink
         self.domain = domain
         self.metrics = metrics
+        self.send = Driver(api, metrics)  # `await self.send(calls)`: the requests of one write, sent
 
     def on_node(self, name: str, published: Mapping[str, str], node: SinkObject | None) -> Condition:
         """LabelsOnNode: whether the labels published are on the Node as watched."""
@@ -62,8 +66,8 @@ class StatusWriter:
         current: SinkObject | None,
         verify: bool,
         node: SinkObject | NotWatched | None,
-    ) -> Applied:
-        published = self.sink.publish(
+    ) -> Calls[Applied]:
+        published = yield from self.sink.publishing(
             record.owner, record.result.labels, record.frozen, current, verify=verify
         )
         condition = condition_for(published, record.result, record.frozen, None)
@@ -74,32 +78,25 @@ class StatusWriter:
         )
         new = next_status(record.status, record.result, published, condition, now(), also=also)
         try:
-            after = self.write(record, new)
+            after = yield from self.write(record, new)
         except Superseded:
             return Applied(published, record, status_written=False, superseded=True)
         if after is None:
             return Applied(published, record, status_written=False, superseded=False)
         return Applied(published, after, status_written=True, superseded=False)
 
-    def write(self, record: NodeRecord, new: DevicesStatus) -> NodeRecord | None:
+    def write(self, record: NodeRecord, new: DevicesStatus) -> Calls[NodeRecord | None]:
         """Patch /status with the version the operator last saw as precondition; None when nothing changes.
         A 409 is not re-read: the newer version is on its way through the watch (Superseded)."""
         patch = status_patch(record.status, new)
         if patch is None:
             return None
         body = {"metadata": {"resourceVersion": record.rv}, "status": patch}
-        self.metrics.api_requests.labels(verb="patch", resource="devices/status").inc()
+        request = Request(
+            "patch", "devices/status", "PATCH", STATUS_PATH, {"name": record.name}, body, rawcall.MERGE_PATCH
+        )
         try:
-            answer = rawcall.json_object(
-                rawcall.send(
-                    self.api,
-                    "PATCH",
-                    STATUS_PATH,
-                    {"name": record.name},
-                    body,
-                    content_type=rawcall.MERGE_PATCH,
-                )
-            )
+            answer = rawcall.json_object((yield request))
         except kubernetes.client.ApiException as err:
             if rawcall.status_of(err) == 409:
                 raise Superseded(record.name) from err
@@ -112,9 +109,9 @@ class StatusWriter:
             status = new  # another writer's field we cannot read: ours is what we just wrote
         return dataclasses.replace(record, rv=version(answer), status=status)
 
-    def record_failure(self, record: NodeRecord, condition: Condition) -> NodeRecord | None:
+    def record_failure(self, record: NodeRecord, condition: Condition) -> Calls[NodeRecord | None]:
         new = next_status(record.status, record.result, None, condition, now())
         try:
-            return self.write(record, new)
+            return (yield from self.write(record, new))
         except (Superseded, sinks.RecordGone):
             return None

@@ -240,6 +240,7 @@ async def test_a_newer_record_supersedes_a_status_write_without_reading_it_back(
         assert (await c.devices("n0"))["status"]["labels"][numa] == "0_1"
         # Handled: the same version again (a replay, or our own status write's echo) is not even parsed.
         assert (await rec.devices_event(newer)).outcome == "skipped"
+        await rec.aclose()
         api.close()
 
 
@@ -336,6 +337,7 @@ async def test_a_sink_conflict_reads_the_object_back_once_and_keeps_a_foreign_ow
         assert k.count("GET", NF) == gets + 1
         nf = await c.nodefeature("n0")
         assert nf["spec"]["labels"] == {"example.com/team": "a"}
+        await rec.aclose()
         api.close()
 
 

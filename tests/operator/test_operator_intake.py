@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import threading
 import time
@@ -19,11 +20,11 @@ from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_operator import cli, intake, labels, sinks
+from nodefabric_operator import apicall, cli, intake, labels, sinks
+from nodefabric_operator.aioclient import AsyncClient
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.intake import Intake, Lanes
 from nodefabric_operator.recorder import Recorder
-from nodefabric_operator.statuswriter import StatusWriter
 
 CAPABLE = "feature.gpustack.ai/rdma.capable"
 
@@ -330,14 +331,26 @@ def _lease_holder(k: Any) -> str | None:
 
 
 class Gate:
-    """Holds every publish (StatusWriter.apply, in its worker thread; or another call of a reconcile)
-    until opened."""
+    """Holds every write until opened: by default each request made for node `node` (a publish's, on its
+    way to the API server; the other nodes' pass); or every call of `where.call`, in its worker thread."""
 
     def __init__(
-        self, monkeypatch: pytest.MonkeyPatch, where: type = StatusWriter, call: str = "apply"
+        self, monkeypatch: pytest.MonkeyPatch, where: type = AsyncClient, call: str = "send", node: str = "n1"
     ) -> None:
         self.open, self.entered = threading.Event(), threading.Event()
         original = getattr(where, call)
+
+        if inspect.iscoroutinefunction(original):
+
+            async def held_on_loop(this: Any, request: apicall.Request) -> Any:
+                body = request.body if isinstance(request.body, dict) else {}
+                if node in (request.params.get("name"), body.get("metadata", {}).get("name")):
+                    self.entered.set()
+                    assert await asyncio.to_thread(self.open.wait, 30)
+                return await original(this, request)
+
+            monkeypatch.setattr(where, call, held_on_loop)
+            return
 
         def held(this: Any, *args: Any) -> Any:
             self.entered.set()

@@ -353,6 +353,7 @@ async def test_a_sink_event_met_while_its_publish_is_in_flight_is_judged_when_it
         await asyncio.gather(*list(rec.echoes.running))
         assert await nf_labels(c) == FULL  # the edit was no echo: repaired
         assert skipped() == 1
+        await rec.aclose()
         api.close()
 
 
@@ -380,6 +381,7 @@ async def test_a_late_event_for_a_deleted_record_does_not_bring_its_nodefeature_
         # A replay of the version already handled is skipped outright.
         assert (await rec.devices_event(first)).outcome == "skipped"
         assert await c.nodefeature("n1") is None
+        await rec.aclose()
         api.close()
 
 

@@ -1,0 +1,179 @@
+"""The operator's writes sent on kopf's event loop (aiohttp), with what the kubernetes client would use.
+
+Everything comes from the same kubernetes `Configuration` the rest of the operator uses, so a kubeconfig
+or a service account means the same here: the host, the bearer token (its refresh hook run as rawcall
+runs it, at most once a second and at once after a 401, then the request sent once more; in a worker
+thread, since an exec plugin or a token file is blocking work), the CA (file or data), the client
+certificate and key, `verify_ssl`, `tls_server_name`, an HTTP(S) proxy unless `no_proxy` matches,
+default headers and cookie. A configuration this client does not reproduce (a SOCKS proxy, a proxy TLS
+context, `assert_hostname` naming another host, socket options) is left to the kubernetes client in a
+worker thread, as every write was sent before (Driver).
+
+Refusals are raised as the kubernetes client raises them (ApiException and its per-status subclasses,
+built from the answer), so every caller's 404/409/422 handling is the same for both clients. No answer
+at all (connection refused, reset, a timeout) is aiohttp's ClientError or TimeoutError: transient to
+the reconcile, as urllib3's errors are. A request gets REQUEST_TIMEOUT_S to connect, and as long again
+between two reads of its answer: a hung API server fails the write (retried with backoff) instead of
+holding its record, and an operator's stop that waits for the write in flight, forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import aiohttp
+import kubernetes
+from kubernetes.client import rest
+
+from nodefabric_operator import apicall, rawcall
+from nodefabric_operator.inflight import writing
+from nodefabric_operator.metrics import Metrics
+
+REQUEST_TIMEOUT_S = 60.0
+T = TypeVar("T")
+
+
+class _Answer:
+    """What ApiException.from_response reads of an answer."""
+
+    def __init__(self, status: int, reason: str | None, data: bytes, headers: Mapping[str, str]) -> None:
+        self.status, self.reason, self.data, self.headers = status, reason, data, headers
+
+    def getheaders(self) -> Mapping[str, str]:
+        return self.headers
+
+
+class AsyncClient:
+    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self.api = api
+        self.config = api.configuration
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._options: dict[str, Any] = {}
+        self._proxy_headers: dict[str, str] = {}
+        if self.config.proxy and not _bypassed(self.config):
+            headers = dict(self.config.proxy_headers or {})
+            self._options = {"proxy": self.config.proxy, "proxy_headers": headers}
+            if not str(self.config.host).lower().startswith("https"):
+                # aiohttp gives them to the proxy's CONNECT only; a plain-http request goes through
+                # the proxy as is, so they ride along with it, as urllib3's ProxyManager sends them.
+                self._proxy_headers = headers
+        if self.config.tls_server_name:
+            self._options["server_hostname"] = self.config.tls_server_name
+
+    @staticmethod
+    def serves(config: Any) -> bool:
+        """Whether this client sends as the kubernetes client would with `config` (see the module's note)."""
+        proxy = str(config.proxy or "")
+        return not (
+            proxy.lower().startswith("socks")
+            or getattr(config, "proxy_ssl_context", None) is not None
+            or isinstance(config.assert_hostname, str)
+            or config.socket_options is not None
+        )
+
+    def _opened(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Made on first use: a session belongs to the loop it is made on, kopf's.
+            config = self.config
+            connector = aiohttp.TCPConnector(
+                ssl=tls_context(config), limit=int(config.connection_pool_maxsize or 0) or 100
+            )
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timeout, sock_read=self.timeout, connect=None
+            )
+            # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
+        return self._session
+
+    async def send(self, request: apicall.Request) -> bytes:
+        """The answer's bytes; ApiException for an answer outside 2xx (a 401 refreshes the credential and
+        sends the request once more, as rawcall.send does)."""
+        url, headers, data = rawcall.prepared(
+            self.api,
+            request.method,
+            request.path,
+            request.params,
+            request.body,
+            content_type=request.content_type,
+            query=request.query,
+        )
+        token = await self._credential(now_due=False)
+        try:
+            return await self._request(request.method, url, headers, data, token)
+        except kubernetes.client.ApiException as err:
+            if err.status != 401 or self.config.refresh_api_key_hook is None:
+                raise
+        return await self._request(request.method, url, headers, data, await self._credential(now_due=True))
+
+    async def _credential(self, *, now_due: bool) -> str | None:
+        if rawcall.refresh_due(self.config, now_due=now_due):
+            await asyncio.to_thread(self.config.refresh_api_key_hook, self.config)
+        return rawcall.credential(self.config)
+
+    async def _request(
+        self, method: str, url: str, headers: dict[str, str], data: bytes | None, token: str | None
+    ) -> bytes:
+        if token:
+            headers = {**headers, "authorization": token}
+        if self._proxy_headers:
+            headers = {**headers, **self._proxy_headers}
+        sending = self._opened().request(method, url, data=data, headers=headers, **self._options)
+        async with sending as answer:
+            body = await answer.read()
+            status, reason, got = answer.status, answer.reason, answer.headers
+        if not 200 <= status <= 299:
+            raise kubernetes.client.ApiException.from_response(
+                http_resp=_Answer(status, reason, body, got), body=None, data=None
+            )
+        return body
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+
+def tls_context(config: Any) -> ssl.SSLContext | bool:
+    """The TLS settings the kubernetes client's urllib3 pool would use with `config`."""
+    if not str(config.host).lower().startswith("https"):
+        return True  # aiohttp's default; never used for http
+    context = ssl.create_default_context(cafile=config.ssl_ca_cert, cadata=config.ca_cert_data)
+    if not config.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif config.assert_hostname is False:
+        context.check_hostname = False
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    return context
+
+
+def _bypassed(config: Any) -> bool:
+    bypass = getattr(rest, "should_bypass_proxies", None)  # kubernetes >= 33 honours no_proxy
+    no_proxy = getattr(config, "no_proxy", None)
+    return bool(bypass is not None and bypass(config.host, no_proxy or ""))
+
+
+class Driver:
+    """Sends a publish's requests for the operator: on the loop when the configuration allows it
+    (AsyncClient.serves), else through the ApiClient in a worker thread (inflight.writing)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, metrics: Metrics) -> None:
+        self.api = api
+        self.metrics = metrics
+        self.client = AsyncClient(api) if AsyncClient.serves(api.configuration) else None
+
+    async def __call__(self, calls: apicall.Calls[T]) -> T:
+        if self.client is not None:
+            return await apicall.arun(calls, self.client, self.metrics)
+        return await writing(apicall.run, calls, self.api, self.metrics)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
