@@ -107,6 +107,12 @@ class _Running(Generic[_R]):
                 await asyncio.wait([self._ended])
 
 
+def _wrapped(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
+    error = RuntimeError(f"{fn!r} raised {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
 def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None = None) -> _Running[_R]:
     """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
     that would wrap it (nothing here reads a context variable), the outcome handed back by the thread
@@ -128,9 +134,16 @@ def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None 
         try:
             result = fn(*args)
         except StopIteration as exc:  # a future refuses it (TypeError), which would leave the call waiting
-            outcome: tuple[_R | None, BaseException | None] = (None, RuntimeError(f"{fn!r} raised {exc!r}"))
-        except BaseException as exc:  # handed to the call, whatever it is
+            outcome: tuple[_R | None, BaseException | None] = (None, _wrapped(fn, exc))
+        except Exception as exc:  # handed to the call as it is
             outcome = (None, exc)
+        except BaseException as exc:
+            # Not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError from a
+            # concurrent future the thread waited on): raised as it is in the call, SystemExit and
+            # KeyboardInterrupt would stop the loop (the whole driver), and a CancelledError would pass
+            # for the call's own cancellation (the request's other claims never prepared). On the
+            # thread, none of them is the process being stopped: one claim's failure, as any other.
+            outcome = (None, _wrapped(fn, exc))
         else:
             outcome = (result, None)
         with contextlib.suppress(RuntimeError):  # the loop is closed: a stop that gave up on this hop
