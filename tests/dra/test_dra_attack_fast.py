@@ -65,3 +65,26 @@ async def test_a_thread_raising_a_base_exception_fails_that_claim_only(
     assert cdi.read_spec(cdi.spec_path(dirs.cdi, DRIVER, GOOD.uid)) is not None
     assert set(p.checkpoint.claims) == {GOOD.uid}
     await p.syncs.drain(5)
+
+
+class _Unprintable(StopIteration):
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+async def test_a_thread_raising_what_cannot_be_printed_still_answers_and_lets_the_claim_go(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The thread words what it wraps: a repr that raised there escaped the thread before it handed
+    anything back, and the call waited for good, holding the lock every later claim needs."""
+    config = dirs.config()
+    p = Preparer(
+        config,
+        RecordSource(hgx_spec),
+        hgx_host[0].host,
+        Api(_Unprintable()),
+        Checkpoint(config.checkpoint_path),
+    )
+    out = await asyncio.wait_for(p.prepare([BAD, GOOD]), 10)
+    assert "_Unprintable" in out[BAD.uid].error and out[GOOD.uid].devices
+    await p.syncs.drain(5)

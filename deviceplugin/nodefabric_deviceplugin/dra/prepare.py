@@ -108,7 +108,11 @@ class _Running(Generic[_R]):
 
 
 def _wrapped(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
-    error = RuntimeError(f"{fn!r} raised {exc!r}")
+    try:
+        what = repr(exc)
+    except Exception:  # a repr that fails here would leave the call waiting, its lock held for good
+        what = type(exc).__name__
+    error = RuntimeError(f"{fn!r} raised {what}")
     error.__cause__ = exc
     return error
 
