@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, result
+from dra_helpers import DRIVER, Dirs, put_claim, ref, result, shutdown, start_driver
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -15,8 +15,10 @@ from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_operator.demo.kubeapi import RunningAPI
 
 GOOD = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "good")
 BAD = ClaimRef("ml", "1c7b4d2f-a405-4f1f-9e8c-6b4f2f3d5e6f", "bad")
@@ -88,3 +90,38 @@ async def test_a_thread_raising_what_cannot_be_printed_still_answers_and_lets_th
     out = await asyncio.wait_for(p.prepare([BAD, GOOD]), 10)
     assert "_Unprintable" in out[BAD.uid].error and out[GOOD.uid].devices
     await p.syncs.drain(5)
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), asyncio.CancelledError()], ids=lambda e: type(e).__name__)
+async def test_over_grpc_a_read_raising_a_base_exception_fails_its_claim_and_the_driver_serves_on(
+    api: RunningAPI,
+    *,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+    exc: BaseException,
+) -> None:
+    """kubelet's NodePrepareResources over the plugin socket, the claims read from the embedded API: a
+    SystemExit stopped the driver's loop, a CancelledError ended the whole request as cancelled."""
+    real = DraApi.get_claim
+
+    def get_claim(self: DraApi, namespace: str, name: str) -> dict[str, Any] | None:
+        if name == "bad":
+            raise exc
+        return real(self, namespace, name)
+
+    monkeypatch.setattr(DraApi, "get_claim", get_claim)
+    good = put_claim(api, "good", [result(NIC0)])
+    bad = put_claim(api, "bad", [result(NIC0)])
+    running = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await running.kubelet.wait_registered(DRIVER)
+        answer = await asyncio.wait_for(plugin.prepare(ref(bad), ref(good)), 10)
+        assert type(exc).__name__ in answer[bad["metadata"]["uid"]].error
+        assert answer[good["metadata"]["uid"]].error == "" and answer[good["metadata"]["uid"]].devices
+        again = await asyncio.wait_for(plugin.prepare(ref(good)), 10)
+        assert again == {good["metadata"]["uid"]: answer[good["metadata"]["uid"]]}
+        assert not running.task.done()
+    finally:
+        await shutdown(running)
