@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -155,12 +156,28 @@ def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None 
 
     try:
         # The executor's own future settles with None: the outcome travels through `running`.
-        loop.run_in_executor(None, gated)
+        submitted = loop.run_in_executor(None, gated)
     except BaseException:
         if not gate.acquire(blocking=False):
             log.error("a hop whose thread could not start runs all the same", extra={"call": repr(fn)})
         raise
+    # Not removable: should `gated` never hand an outcome back (the executor cancelled the call before
+    # a thread took it, or `gated` itself failed), the call would wait for good, holding its claim's
+    # lock. The executor's future ends after `gated` has queued `settle`, so this runs after it and,
+    # in every other case, finds the hop settled: it never delays the call.
+    submitted.add_done_callback(functools.partial(_unsettled, running, fn))
     return running
+
+
+def _unsettled(running: _Running[Any], fn: Callable[..., Any], submitted: asyncio.Future[None]) -> None:
+    if running.done:
+        return
+    if submitted.cancelled():
+        error = RuntimeError(f"{fn!r} never ran: its executor cancelled it")
+    else:
+        exc = submitted.exception()
+        error = RuntimeError(f"{fn!r} handed no outcome back") if exc is None else _wrapped(fn, exc)
+    running.settle(None, error)
 
 
 class _Abandoned(Exception):
