@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -107,6 +108,16 @@ class _Running(Generic[_R]):
                 await asyncio.wait([self._ended])
 
 
+def _wrapped(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
+    try:
+        what = repr(exc)
+    except Exception:  # a repr that fails here would leave the call waiting, its lock held for good
+        what = type(exc).__name__
+    error = RuntimeError(f"{fn!r} raised {what}")
+    error.__cause__ = exc
+    return error
+
+
 def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None = None) -> _Running[_R]:
     """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
     that would wrap it (nothing here reads a context variable), the outcome handed back by the thread
@@ -128,9 +139,16 @@ def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None 
         try:
             result = fn(*args)
         except StopIteration as exc:  # a future refuses it (TypeError), which would leave the call waiting
-            outcome: tuple[_R | None, BaseException | None] = (None, RuntimeError(f"{fn!r} raised {exc!r}"))
-        except BaseException as exc:  # handed to the call, whatever it is
+            outcome: tuple[_R | None, BaseException | None] = (None, _wrapped(fn, exc))
+        except Exception as exc:  # handed to the call as it is
             outcome = (None, exc)
+        except BaseException as exc:
+            # Not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError from a
+            # concurrent future the thread waited on): raised as it is in the call, SystemExit and
+            # KeyboardInterrupt would stop the loop (the whole driver), and a CancelledError would pass
+            # for the call's own cancellation (the request's other claims never prepared). On the
+            # thread, none of them is the process being stopped: one claim's failure, as any other.
+            outcome = (None, _wrapped(fn, exc))
         else:
             outcome = (result, None)
         with contextlib.suppress(RuntimeError):  # the loop is closed: a stop that gave up on this hop
@@ -138,12 +156,28 @@ def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None 
 
     try:
         # The executor's own future settles with None: the outcome travels through `running`.
-        loop.run_in_executor(None, gated)
+        submitted = loop.run_in_executor(None, gated)
     except BaseException:
         if not gate.acquire(blocking=False):
             log.error("a hop whose thread could not start runs all the same", extra={"call": repr(fn)})
         raise
+    # Not removable: should `gated` never hand an outcome back (the executor cancelled the call before
+    # a thread took it, or `gated` itself failed), the call would wait for good, holding its claim's
+    # lock. The executor's future ends after `gated` has queued `settle`, so this runs after it and,
+    # in every other case, finds the hop settled: it never delays the call.
+    submitted.add_done_callback(functools.partial(_unsettled, running, fn))
     return running
+
+
+def _unsettled(running: _Running[Any], fn: Callable[..., Any], submitted: asyncio.Future[None]) -> None:
+    if running.done:
+        return
+    if submitted.cancelled():
+        error = RuntimeError(f"{fn!r} never ran: its executor cancelled it")
+    else:
+        exc = submitted.exception()
+        error = RuntimeError(f"{fn!r} handed no outcome back") if exc is None else _wrapped(fn, exc)
+    running.settle(None, error)
 
 
 class _Abandoned(Exception):

@@ -1,0 +1,153 @@
+"""A hostile tester's findings on the first prepare's short cuts (h/drafast): each test failed before its
+fix, through the Preparer kubelet's calls reach, over the fixture host."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from dra_helpers import DRIVER, Dirs, put_claim, ref, result, shutdown, start_driver
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra import cdi
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
+from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.prepare import Preparer, _finish, _hop
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+GOOD = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "good")
+BAD = ClaimRef("ml", "1c7b4d2f-a405-4f1f-9e8c-6b4f2f3d5e6f", "bad")
+NIC0 = "pci-0000-1c-00-0"
+
+
+class Api:
+    """The claim `good` allocated one NIC; reading `bad` raises `exc` on the hop's thread."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if name == BAD.name:
+            raise self.exc
+        return {
+            "metadata": {"uid": GOOD.uid},
+            "status": {"allocation": {"devices": {"results": [result(NIC0)]}}},
+        }
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        SystemExit(3),
+        KeyboardInterrupt(),
+        GeneratorExit(),
+        asyncio.CancelledError(),  # what a concurrent future's result() raises once it was cancelled
+        BaseException("odd"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+async def test_a_thread_raising_a_base_exception_fails_that_claim_only(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, exc: BaseException
+) -> None:
+    """Handed to the call as it was, a SystemExit or KeyboardInterrupt from the thread stopped the
+    event loop (the whole driver), and a CancelledError passed for the call's own cancellation: the
+    request ended there, its other claims never prepared. Now it is that claim's error."""
+    config = dirs.config()
+    p = Preparer(
+        config, RecordSource(hgx_spec), hgx_host[0].host, Api(exc), Checkpoint(config.checkpoint_path)
+    )
+    out = await asyncio.wait_for(p.prepare([BAD, GOOD]), 10)
+    assert type(exc).__name__ in out[BAD.uid].error and not out[BAD.uid].devices
+    assert out[GOOD.uid].error == "" and out[GOOD.uid].devices
+    assert cdi.read_spec(cdi.spec_path(dirs.cdi, DRIVER, GOOD.uid)) is not None
+    assert set(p.checkpoint.claims) == {GOOD.uid}
+    await p.syncs.drain(5)
+
+
+class _Unprintable(StopIteration):
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+async def test_a_thread_raising_what_cannot_be_printed_still_answers_and_lets_the_claim_go(
+    dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The thread words what it wraps: a repr that raised there escaped the thread before it handed
+    anything back, and the call waited for good, holding the lock every later claim needs."""
+    config = dirs.config()
+    p = Preparer(
+        config,
+        RecordSource(hgx_spec),
+        hgx_host[0].host,
+        Api(_Unprintable()),
+        Checkpoint(config.checkpoint_path),
+    )
+    out = await asyncio.wait_for(p.prepare([BAD, GOOD]), 10)
+    assert "_Unprintable" in out[BAD.uid].error and out[GOOD.uid].devices
+    await p.syncs.drain(5)
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), asyncio.CancelledError()], ids=lambda e: type(e).__name__)
+async def test_over_grpc_a_read_raising_a_base_exception_fails_its_claim_and_the_driver_serves_on(
+    api: RunningAPI,
+    *,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+    exc: BaseException,
+) -> None:
+    """kubelet's NodePrepareResources over the plugin socket, the claims read from the embedded API: a
+    SystemExit stopped the driver's loop, a CancelledError ended the whole request as cancelled."""
+    real = DraApi.get_claim
+
+    def get_claim(self: DraApi, namespace: str, name: str) -> dict[str, Any] | None:
+        if name == "bad":
+            raise exc
+        return real(self, namespace, name)
+
+    monkeypatch.setattr(DraApi, "get_claim", get_claim)
+    good = put_claim(api, "good", [result(NIC0)])
+    bad = put_claim(api, "bad", [result(NIC0)])
+    running = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await running.kubelet.wait_registered(DRIVER)
+        answer = await asyncio.wait_for(plugin.prepare(ref(bad), ref(good)), 10)
+        assert type(exc).__name__ in answer[bad["metadata"]["uid"]].error
+        assert answer[good["metadata"]["uid"]].error == "" and answer[good["metadata"]["uid"]].devices
+        again = await asyncio.wait_for(plugin.prepare(ref(good)), 10)
+        assert again == {good["metadata"]["uid"]: answer[good["metadata"]["uid"]]}
+        assert not running.task.done()
+    finally:
+        await shutdown(running)
+
+
+async def test_a_hop_its_executor_cancels_before_it_runs_fails_its_call_rather_than_leaving_it_waiting() -> (
+    None
+):
+    """The outcome travels from the thread, not through the executor's future: a call the executor
+    cancelled before any thread took it (a shutdown with cancel_futures) never handed one back, and the
+    call, with the claim lock it holds, waited for good. The executor's future now settles it."""
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(pool)
+    release = threading.Event()
+    busy = loop.run_in_executor(None, release.wait, 10)  # the only worker taken: the hop stays queued
+    ran: list[str] = []
+    call = asyncio.create_task(_finish(GOOD, _hop(ran.append, "ran")))
+    await asyncio.sleep(0)
+    pool.shutdown(wait=False, cancel_futures=True)
+    release.set()
+    # Not wait_for: its cancel, on a call that waits for its thread's end, would wait for good too.
+    await asyncio.wait([call], timeout=10)
+    assert call.done(), "the call still waits for a hop its executor dropped"
+    with pytest.raises(RuntimeError, match="never ran"):
+        call.result()
+    assert await busy and ran == []
