@@ -143,20 +143,23 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
     return pci.get(device.name) or pcimod.read_function(device)
 
 
-# A function's `net` directory as listed (its SysDir and entries), by bus id: listed once per pass for the
-# interface enumeration (`_netdev_dir`) and the VF's own netdev (`_first_netdev`). None: not a directory
+# A function's `net` directory as listed (its SysDir and entries), by the function's resolved path: listed
+# once per pass for the interface enumeration (`_netdev_dir`) and the VF's own netdev (`_first_netdev`).
+# Not by bus id: a VF the walk missed (a virtfn link the PCI map does not name) is read from wherever its
+# link lands, which may be another directory named like a function the walk holds. None: not a directory
 # that could be listed; whoever needs it asks again for the exact answer or refusal.
 NetListings = dict[str, tuple[SysDir, list[tuple[str, bool]]] | None]
 
 
 def _net_listing(fn: PciFunction, nets: NetListings) -> tuple[SysDir, list[tuple[str, bool]]] | None:
-    if fn.bus_id in nets:
-        return nets[fn.bus_id]
+    key = fn.dir.path
+    if key in nets:
+        return nets[key]
     try:
         found = fn.dir.child_entries_opt("net")
     except (HostReadError, FileNotFoundError):
         found = None
-    nets[fn.bus_id] = found
+    nets[key] = found
     return found
 
 
