@@ -147,16 +147,18 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
 # once per pass for the interface enumeration (`_netdev_dir`) and the VF's own netdev (`_first_netdev`).
 # Not by bus id: a VF the walk missed (a virtfn link the PCI map does not name) is read from wherever its
 # link lands, which may be another directory named like a function the walk holds. None: not a directory
-# that could be listed; whoever needs it asks again for the exact answer or refusal.
-NetListings = dict[str, tuple[SysDir, list[tuple[str, bool]]] | None]
+# that could be listed; whoever needs it asks again for the exact answer or refusal. The flag: the kernel
+# named the listed directory by the function's resolved path (`child_entries_seen`), which `_netdev_dir`
+# needs before it takes a link's text as where the link lands.
+NetListings = dict[str, tuple[SysDir, list[tuple[str, bool]], bool] | None]
 
 
-def _net_listing(fn: PciFunction, nets: NetListings) -> tuple[SysDir, list[tuple[str, bool]]] | None:
+def _net_listing(fn: PciFunction, nets: NetListings) -> tuple[SysDir, list[tuple[str, bool]], bool] | None:
     key = fn.dir.path
     if key in nets:
         return nets[key]
     try:
-        found = fn.dir.child_entries_opt("net")
+        found = fn.dir.child_entries_seen("net")
     except (HostReadError, FileNotFoundError):
         found = None
     nets[key] = found
@@ -164,9 +166,8 @@ def _net_listing(fn: PciFunction, nets: NetListings) -> tuple[SysDir, list[tuple
 
 
 def _first_netdev(fn: PciFunction, nets: NetListings | None = None) -> SysDir | None:
-    found = _net_listing(fn, nets) if nets is not None else None
-    if found is None:
-        found = fn.dir.child_entries_opt("net")
+    listed = _net_listing(fn, nets) if nets is not None else None
+    found = fn.dir.child_entries_opt("net") if listed is None else listed[:2]
     if found is None or not found[1]:
         return None
     net, entries = found
@@ -251,8 +252,9 @@ def _netdev_dir(net: SysDir, name: str, pci: Mapping[str, PciFunction], nets: Ne
     in the `net` directory of a function the PCI walk resolved, on an entry of that directory's listing
     that the listing saw as a real directory named `name`: only `..` steps up from /sys/class/net's
     resolved directory (every component of which is a real directory, so `..` is its parent), then
-    exactly the function's resolved path, `net` (listed through an O_NOFOLLOW descriptor) and the entry.
-    None for any other link, or none: child_link then gives its exact answer and refusal."""
+    exactly the function's resolved path, `net` (listed through an O_NOFOLLOW descriptor the kernel names
+    by that path, so no directory on the way became a link since the PCI walk) and the entry. None for
+    any other link, or none: child_link then gives its exact answer and refusal."""
     target = net.link_target(name)
     if target is None:
         return None
@@ -271,7 +273,9 @@ def _netdev_dir(net: SysDir, name: str, pci: Mapping[str, PciFunction], nets: Ne
     if not ups or f"{base}/{'/'.join(parts[ups:-2])}" != fn.dir.path:
         return None
     found = _net_listing(fn, nets)
-    if found is None or (name, True) not in found[1]:
+    # Not seen at the function's path: a directory on the way became a link after the PCI walk resolved
+    # it, and only the kernel can say where the link lands now (outside the root: refused).
+    if found is None or not found[2] or (name, True) not in found[1]:
         return None
     return found[0].listed_child(name, True)
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import re
+import shutil
 
 import pytest
 
@@ -132,6 +134,26 @@ def test_symlink_escaping_the_root_fails_enumeration(scenario):
     host = scenario("escaping-symlink")
     with pytest.raises(PathEscapesRoot, match="/sys/class/net/evil"):
         read(host)
+
+
+def test_a_bridge_swapped_for_a_link_out_of_the_root_after_the_pci_walk_fails_enumeration(
+    builder, host_root, tmp_path
+):
+    """The PCI walk resolved the function's directory; by the time /sys/class/net is read, a directory
+    on the way there is a link to a copy outside the root. The interface's link, spelled through that
+    path, lands outside: refused, never read from the copy (the walk's text shortcut for the link must
+    not take the walk's old resolution for where the link lands now)."""
+    builder.nic("0000:17:00.0", "ens1", host_bridge="pci0000:16")
+    host = HostRoot.at(host_root)
+    functions = pci.walk(host)
+    bridge = builder.path("/sys/devices/pci0000:16")
+    outside = tmp_path / "outside-bridge"
+    shutil.copytree(bridge, outside, symlinks=True)
+    (outside / "0000:17:00.0/net/ens1/mtu").write_text("4242\n")
+    shutil.rmtree(bridge)
+    os.symlink(outside, bridge)
+    with pytest.raises(PathEscapesRoot, match=re.escape("/sys/class/net/ens1: resolves to ")):
+        interfaces.read(host, functions)
 
 
 def test_an_oversized_netdev_attribute_fails_enumeration_rather_than_truncating(builder, host_root):
