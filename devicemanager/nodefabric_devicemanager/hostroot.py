@@ -541,30 +541,6 @@ class SysDir(PathReads):
         finally:
             os.close(fd)
 
-    def child_entries_seen(self, name: str) -> tuple[SysDir, builtins.list[tuple[str, bool]], bool] | None:
-        """`child_entries_opt`, and whether the kernel named the directory it listed by the path this
-        answer gives (`<path>/<name>`): False when a directory on the way was swapped for a link since
-        this one was resolved (the listing came from wherever that leads), when `name` was not a real
-        directory (a link was followed), or without /proc. What a caller needs before it takes a path
-        spelled through this directory to be where the listing saw it, without asking the kernel again."""
-        path = self._child_path(name)
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except FileNotFoundError:
-            return None
-        except OSError:
-            found = self.child_opt(name)
-            return None if found is None else (found, found.entries(), False)
-        try:
-            listed = SysDir(self.host, path), _entries(fd, self.host, path)
-            try:
-                seen = _HAVE_FD_LINKS and os.readlink(f"{_FD_LINKS}/{fd}") == path
-            except OSError:
-                seen = False
-            return listed[0], listed[1], seen
-        finally:
-            os.close(fd)
-
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
 
