@@ -143,41 +143,25 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
     return pci.get(device.name) or pcimod.read_function(device)
 
 
-# A function's `net` directory as listed (its SysDir and entries), by bus id: listed once per pass for the
-# interface enumeration (`_netdev_dir`) and the VF's own netdev (`_first_netdev`). None: not a directory
-# that could be listed; whoever needs it asks again for the exact answer or refusal.
-NetListings = dict[str, tuple[SysDir, list[tuple[str, bool]]] | None]
-
-
-def _net_listing(fn: PciFunction, nets: NetListings) -> tuple[SysDir, list[tuple[str, bool]]] | None:
-    if fn.bus_id in nets:
-        return nets[fn.bus_id]
-    try:
-        found = fn.dir.child_entries_opt("net")
-    except (HostReadError, FileNotFoundError):
-        found = None
-    nets[fn.bus_id] = found
-    return found
-
-
-def _first_netdev(fn: PciFunction, nets: NetListings | None = None) -> SysDir | None:
-    found = _net_listing(fn, nets) if nets is not None else None
-    if found is None:
-        found = fn.dir.child_entries_opt("net")
+def _first_netdev(fn: PciFunction) -> SysDir | None:
+    # Listed when the VF is read, not kept from the interface enumeration: an entry the listing saw as a
+    # real directory is taken as one (`listed_child`), which holds only while the listing is fresh (a
+    # netdev swapped for a link out of the root since then would be read through it).
+    found = fn.dir.child_entries_opt("net")
     if found is None or not found[1]:
         return None
     net, entries = found
     return net.listed_child(*entries[0])
 
 
-def _virtual_function(vf: PciFunction, nets: NetListings | None = None) -> VirtualFunction:
+def _virtual_function(vf: PciFunction) -> VirtualFunction:
     fields = _placement(vf)
     b = rdma.binding(vf.dir)
     fields["rdma"] = bool(b.device)
     fields["rdma_device"] = b.device
     fields["rdma_software"] = b.software
     fields["link"] = b.link
-    netdev = _first_netdev(vf, nets)
+    netdev = _first_netdev(vf)
     if netdev is not None:
         fields["name"] = recorded_name(netdev.name)
         mtu, operstate, flags = netdev.values(_NETDEV_ATTRIBUTES)
@@ -187,7 +171,7 @@ def _virtual_function(vf: PciFunction, nets: NetListings | None = None) -> Virtu
 
 
 def _virtual_functions(
-    pf: PciFunction, links: list[str], pci: Mapping[str, PciFunction], nets: NetListings | None = None
+    pf: PciFunction, links: list[str], pci: Mapping[str, PciFunction]
 ) -> list[VirtualFunction]:
     out: list[VirtualFunction] = []
     for link in links:
@@ -198,7 +182,7 @@ def _virtual_functions(
             if vf_dir is None:
                 continue  # torn down between listing and reading (sriov_numvfs lowered): gone
             known = pcimod.read_function(vf_dir)
-        out.append(_virtual_function(known, nets))
+        out.append(_virtual_function(known))
     out.sort(key=lambda v: pcimod.bus_key(v.pci_bus_id))
     return out
 
@@ -208,11 +192,7 @@ def _bus_of(device: SysDir | None) -> str:
 
 
 def read_interface(
-    d: SysDir,
-    device: SysDir | None,
-    fn: PciFunction | None,
-    pci: Mapping[str, PciFunction],
-    nets: NetListings | None = None,
+    d: SysDir, device: SysDir | None, fn: PciFunction | None, pci: Mapping[str, PciFunction]
 ) -> Interface:
     """One /sys/class/net entry (resolved), its `device` (None for software interfaces) and PCI function."""
     fields = {"name": recorded_name(d.name), **_netdev_fields(d)}
@@ -233,7 +213,7 @@ def read_interface(
         **fields,
         sriov=True,
         sriov_num_vfs=_num_vfs(fn.dir, links),
-        virtual_functions=_virtual_functions(fn, links, pci, nets),
+        virtual_functions=_virtual_functions(fn, links, pci),
     )
 
 
@@ -243,41 +223,11 @@ class _Entry(NamedTuple):
     fn: PciFunction | None
 
 
-def _netdev_dir(net: SysDir, name: str, pci: Mapping[str, PciFunction], nets: NetListings) -> SysDir | None:
-    """`net.child_link(name)` without asking the kernel to resolve the link, when its text alone lands
-    in the `net` directory of a function the PCI walk resolved, on an entry of that directory's listing
-    that the listing saw as a real directory named `name`: only `..` steps up from /sys/class/net's
-    resolved directory (every component of which is a real directory, so `..` is its parent), then
-    exactly the function's resolved path, `net` (listed through an O_NOFOLLOW descriptor) and the entry.
-    None for any other link, or none: child_link then gives its exact answer and refusal."""
-    target = net.link_target(name)
-    if target is None:
-        return None
-    parts = target.split("/")
-    if len(parts) < 4 or parts[-1] != name or parts[-2] != "net":
-        return None
-    fn = pci.get(parts[-3])
-    if fn is None:
-        return None
-    ups = 0
-    while parts[ups] == "..":
-        ups += 1
-    base = net.path
-    for _ in range(ups):
-        base = base.rpartition("/")[0]
-    if not ups or f"{base}/{'/'.join(parts[ups:-2])}" != fn.dir.path:
-        return None
-    found = _net_listing(fn, nets)
-    if found is None or (name, True) not in found[1]:
-        return None
-    return found[0].listed_child(name, True)
-
-
-def _entries(net: SysDir, pci: Mapping[str, PciFunction], nets: NetListings | None = None) -> list[_Entry]:
+def _entries(net: SysDir, pci: Mapping[str, PciFunction]) -> list[_Entry]:
     found: list[_Entry] = []
     for name in net.list():
         try:
-            d = (_netdev_dir(net, name, pci, nets) if nets is not None else None) or net.child_link(name)
+            d = net.child_link(name)
         except FileNotFoundError:
             # Removed between listing and reading (hot-unplug, a veth torn down): it is gone, not unreadable.
             log.debug("interface vanished during the pass", extra={"interface": recorded_name(name)})
@@ -338,12 +288,11 @@ def read(host: HostRoot, pci: Mapping[str, PciFunction]) -> list[Interface]:
     net = host.dir(CLASS_NET)
     if not net.is_dir():
         raise NotADirectory(net.shown, f"{net.not_a_directory()}: the interfaces were not read")
-    nets: NetListings = {}
-    found = _entries(net, pci, nets)
+    found = _entries(net, pci)
     # A VF is nested under its PF; it stays at top level only if its PF has no interface of its own.
     listed_pfs = {e.fn.bus_id for e in found if e.fn is not None and not e.fn.physfn}
     out = [
-        read_interface(e.dir, e.device, e.fn, pci, nets)
+        read_interface(e.dir, e.device, e.fn, pci)
         for e in found
         if e.fn is None or not e.fn.physfn or e.fn.physfn not in listed_pfs
     ]

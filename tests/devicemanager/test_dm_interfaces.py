@@ -1,15 +1,18 @@
 from __future__ import annotations
 
+import os
 import re
+import shutil
 
 import pytest
 
-from nodefabric_devicemanager import interfaces, pci
-from nodefabric_devicemanager.hostroot import AttributeTooLarge, HostRoot, PathEscapesRoot
+from nodefabric_devicemanager import interfaces, pci, rdma
+from nodefabric_devicemanager.hostroot import AttributeTooLarge, HostRoot, PathEscapesRoot, SysDir
 from nodefabric_devicemanager.models import (
     DevicesSpec,
     LinkState,
 )
+from nodefabric_devicemanager.testing.scenarios import bench
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 
 
@@ -132,6 +135,54 @@ def test_symlink_escaping_the_root_fails_enumeration(scenario):
     host = scenario("escaping-symlink")
     with pytest.raises(PathEscapesRoot, match="/sys/class/net/evil"):
         read(host)
+
+
+def test_a_bridge_swapped_for_a_link_out_of_the_root_after_the_pci_walk_fails_enumeration(
+    builder, host_root, tmp_path
+):
+    """The PCI walk resolved the function's directory; by the time /sys/class/net is read, a directory
+    on the way there is a link to a copy outside the root. The interface's link, spelled through that
+    path, lands outside: refused, never read from the copy (the walk's text shortcut for the link must
+    not take the walk's old resolution for where the link lands now)."""
+    builder.nic("0000:17:00.0", "ens1", host_bridge="pci0000:16")
+    host = HostRoot.at(host_root)
+    functions = pci.walk(host)
+    bridge = builder.path("/sys/devices/pci0000:16")
+    outside = tmp_path / "outside-bridge"
+    shutil.copytree(bridge, outside, symlinks=True)
+    (outside / "0000:17:00.0/net/ens1/mtu").write_text("4242\n")
+    shutil.rmtree(bridge)
+    os.symlink(outside, bridge)
+    with pytest.raises(PathEscapesRoot, match=re.escape("/sys/class/net/ens1: resolves to ")):
+        interfaces.read(host, functions)
+
+
+def test_a_vf_netdev_swapped_for_a_link_out_of_the_root_after_enumeration_is_refused(
+    host_root, tmp_path, monkeypatch
+):
+    """The interfaces were enumerated (the VF's netdev a real directory then); by the time the PF's VFs
+    are read, the VF's netdev is a link to a copy outside the root. Refused, never read from the copy: a
+    listing taken at enumeration is too old to stand in for the lstat when the VF is read."""
+    bench(host_root, pfs=1, vfs=2)
+    host = HostRoot.at(host_root)
+    functions = pci.walk(host)
+    netdev = host_root / "sys/devices/pci0000:10/0000:10:01.0/0000:11:00.1/net/ens0f0v0"
+    outside = tmp_path / "outside-netdev"
+    binding = rdma.binding
+
+    def swap_then_bind(d: SysDir) -> rdma.Binding:
+        # The VF's RDMA side is read just before its netdev: the moment to swap it.
+        if d.name == "0000:11:00.1" and not netdev.is_symlink():
+            shutil.copytree(netdev, outside, symlinks=True)
+            (outside / "mtu").write_text("4242\n")
+            shutil.rmtree(netdev)
+            os.symlink(outside, netdev)
+        return binding(d)
+
+    monkeypatch.setattr(rdma, "binding", swap_then_bind)
+    with pytest.raises(PathEscapesRoot, match=re.escape("0000:11:00.1/net/ens0f0v0: resolves to ")):
+        interfaces.read(host, functions)
+    assert netdev.is_symlink()
 
 
 def test_an_oversized_netdev_attribute_fails_enumeration_rather_than_truncating(builder, host_root):

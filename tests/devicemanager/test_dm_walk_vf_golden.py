@@ -108,6 +108,22 @@ def _non_utf8_netdev(b: SysfsBuilder) -> None:
     os.symlink(os.path.relpath(new, link.parent), b.root / os.fsdecode(b"sys/class/net/ens\xff0v0"))
 
 
+def _copy_named_like_other_vf(b: SysfsBuilder, text: str, alias: str = "") -> None:
+    """The second VF's virtfn link relinked with `text`, verbatim, to a copy of that VF outside the PCI
+    walk (not under /sys/bus/pci/devices) named like it, whose netdev has another name and mtu: a VF the
+    walk did not resolve is read from where the link lands, never from the walk's function of that name.
+    `alias`: a link under /sys/devices to the copy, for `text` to go through."""
+    copy = b.path("/sys/devices/elsewhere/0000:11:00.2")
+    shutil.copytree(b.path(OTHER_VF), copy, symlinks=True)
+    (copy / "net/ens0f0v1").rename(copy / "net/copy0")
+    (copy / "net/copy0/mtu").write_text("1234\n")
+    if alias:
+        os.symlink("elsewhere/0000:11:00.2", b.path(f"/sys/devices/{alias}"))
+    link = b.path(f"{PF}/virtfn1")
+    link.unlink()
+    os.symlink(text, link)
+
+
 HOSTILE: dict[str, Callable[[SysfsBuilder], object]] = {
     # The VF's own attributes.
     "vf-fifo-vendor": lambda b: b.fifo(f"{VF}/vendor"),
@@ -152,6 +168,12 @@ HOSTILE: dict[str, Callable[[SysfsBuilder], object]] = {
         b.link(f"{PF}/virtfn99999", OTHER_VF),
     ),
     "virtfn-file": lambda b: _swap(b, f"{PF}/virtfn0", "file"),
+    # A copy of a VF the walk holds, beside it under another parent, reached by a virtfn link the walk's
+    # map does not name: read from the copy (its netdev), not from the walk's function of that name.
+    "virtfn-to-a-copy-trailing-slash": lambda b: _copy_named_like_other_vf(
+        b, "../../../elsewhere/0000:11:00.2/"
+    ),
+    "virtfn-to-a-copy-through-an-alias": lambda b: _copy_named_like_other_vf(b, "../../../alias", "alias"),
     "sriov-numvfs-garbage": lambda b: b.write(f"{PF}/sriov_numvfs", "lots"),
     "sriov-numvfs-fifo": lambda b: b.fifo(f"{PF}/sriov_numvfs"),
     # Its netdev.
