@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -172,7 +173,9 @@ class Driver:
     async def __call__(self, calls: apicall.Calls[T]) -> T:
         if self.client is not None:
             return await apicall.arun(calls, self.client, self.metrics)
-        return await writing(apicall.run, calls, self.api, self.metrics)
+        # Told to stop at the cancel: the thread runs on after it, and would send the rest of the publish.
+        stopping = threading.Event()
+        return await writing(apicall.run, calls, self.api, self.metrics, stopping, stopping=stopping)
 
     async def close(self) -> None:
         if self.client is not None:

@@ -19,6 +19,7 @@ stop then waits for the task, which the client's timeouts bound).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -61,11 +62,23 @@ class Landing(asyncio.Task[bytes]):
         return super().cancel(msg)
 
 
-def run(calls: Calls[T], api: kubernetes.client.ApiClient, metrics: Metrics) -> T:
-    """`calls` to their end, each request sent through `api` in this thread."""
+class Stopped(Exception):
+    """`run` was told to stop (the operator stopping, its caller cancelled) before a request it would
+    have sent: nothing was sent after the request in flight."""
+
+
+def run(
+    calls: Calls[T],
+    api: kubernetes.client.ApiClient,
+    metrics: Metrics,
+    stopping: threading.Event | None = None,
+) -> T:
+    """`calls` to their end, each request sent through `api` in this thread; Stopped, with nothing more
+    sent, once `stopping` is set (the caller on the loop was cancelled and waits for this thread)."""
     try:
         request = next(calls)
         while True:
+            _stop_if(stopping, calls)
             metrics.requested(request.verb, request.resource)
             try:
                 answer = rawcall.send(
@@ -78,11 +91,22 @@ def run(calls: Calls[T], api: kubernetes.client.ApiClient, metrics: Metrics) -> 
                     query=request.query,
                 )
             except Exception as err:
+                _stop_if(stopping, calls)
                 request = calls.throw(err)
             else:
+                _stop_if(stopping, calls)
                 request = calls.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _stop_if(stopping: threading.Event | None, calls: Calls[Any]) -> None:
+    # Checked before the calls go on, as arun does at a cancel: a thread outlives the cancel of the task
+    # that started it, and a publish is several requests (a 409's read-back and second patch, then the
+    # status write), none of which may be sent once the operator stops and gives its lease up.
+    if stopping is not None and stopping.is_set():
+        calls.close()
+        raise Stopped("stopped: nothing more sent")
 
 
 async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:

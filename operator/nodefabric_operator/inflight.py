@@ -13,21 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-async def writing(call: Callable[..., T], *args: Any) -> T:
+async def writing(call: Callable[..., T], *args: Any, stopping: threading.Event | None = None) -> T:
     """`call(*args)` in a worker thread, its end awaited even when the caller is cancelled (then
     re-raised once the call returned or failed; what it ended with does not matter to a stopping
-    operator)."""
+    operator). `stopping` is set at the cancel, for a call of several requests to send no more."""
     loop = asyncio.get_running_loop()
     done = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, call, *args))
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
+        if stopping is not None:
+            stopping.set()
         await asyncio.wait([done])
         if not done.cancelled():
             done.exception()  # retrieved, so asyncio does not log it as never retrieved

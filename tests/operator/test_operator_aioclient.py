@@ -409,6 +409,38 @@ async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_
             await client.close()
 
 
+async def test_a_stop_in_the_threaded_fallback_sends_nothing_after_the_request_in_flight() -> None:
+    """The same promise when the writes go through the kubernetes client in a thread (a configuration
+    the loop's client cannot reproduce): the request in flight is answered, the next one of the same
+    publish is never sent, though the thread runs on after the cancel."""
+    with scripted() as (url, server):
+        server.hold.clear()
+        driver = Driver(api_at(url, assert_hostname="localhost"), Metrics())
+        assert driver.client is None
+        after: list[str] = []
+
+        def two() -> Calls[None]:
+            yield Request("create", "x", "POST", "/first", body={})
+            after.append("answered")
+            yield Request("patch", "x", "PATCH", "/second", body={})
+
+        writing = asyncio.ensure_future(driver(two()))
+        deadline = time.monotonic() + 10
+        while not server.seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [s[1] for s in server.seen] == ["/first"]
+        writing.cancel()
+        await asyncio.sleep(0.3)
+        assert not writing.done()  # waiting for the answer
+        server.hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+        await asyncio.sleep(0.3)
+        assert server.answered == ["/first"]
+        assert [s[1] for s in server.seen] == ["/first"] and after == []
+        await driver.close()
+
+
 async def test_a_request_is_cut_by_its_own_timeout_never_by_another_tasks_cancel() -> None:
     """The guard that keeps kopf's sweep off a request in flight leaves the request's own timeouts
     working (asyncio's and aiohttp's connect timeout cancel the task from a loop callback)."""
