@@ -12,9 +12,10 @@ worker thread, as every write was sent before (Driver).
 Refusals are raised as the kubernetes client raises them (ApiException and its per-status subclasses,
 built from the answer), so every caller's 404/409/422 handling is the same for both clients. No answer
 at all (connection refused, reset, a timeout) is aiohttp's ClientError or TimeoutError: transient to
-the reconcile, as urllib3's errors are. A request gets REQUEST_TIMEOUT_S to connect, and as long again
-between two reads of its answer: a hung API server fails the write (retried with backoff) instead of
-holding its record, and an operator's stop that waits for the write in flight, forever.
+the reconcile, as urllib3's errors are. A request gets REQUEST_TIMEOUT_S to connect, as long again
+between two reads of its answer, and twice that in all: a hung (or trickling) API server fails the
+write (retried with backoff) instead of holding its record, and an operator's stop that waits for the
+write in flight, forever.
 """
 
 from __future__ import annotations
@@ -83,8 +84,12 @@ class AsyncClient:
             connector = aiohttp.TCPConnector(
                 ssl=tls_context(config), limit=int(config.connection_pool_maxsize or 0) or 100
             )
+            # The whole request is bounded too, not only each read: a server (or proxy) trickling a byte
+            # of its answer before each read timeout would otherwise hold the write, and a stop waiting
+            # for it, for ever. Twice the read timeout: the API server ends a request itself after 60 s
+            # (--request-timeout), so an answer still coming after that is not one worth waiting for.
             timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout, sock_read=self.timeout, connect=None
+                total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
             self._session = aiohttp.ClientSession(

@@ -373,6 +373,39 @@ async def test_a_hung_api_server_fails_the_write_within_the_timeout() -> None:
             await client.close()
 
 
+async def test_an_answer_trickled_byte_by_byte_fails_the_write_within_a_bound() -> None:
+    """A server (or a proxy) that sends a byte of its answer before each read timeout passes: the timeout
+    between reads never fires, so without a bound on the whole request the write, and a stop waiting for
+    it, is held for as long as the server likes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            body = b'{"metadata":{"name":"slow-answer"}}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+            conn.sendall(b"Content-Length: %d\r\n\r\n" % len(body))
+            for byte in body:
+                if stop.wait(0.2):
+                    return
+                conn.sendall(bytes([byte]))
+
+    threading.Thread(target=trickle, daemon=True).start()
+    client = AsyncClient(api_at(f"http://127.0.0.1:{listener.getsockname()[1]}"), timeout=0.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError) as slow:
+            await apicall.arun(one(Request("patch", "x", "PATCH", "/slow", body={})), client, Metrics())
+        assert time.monotonic() - started < 3  # the whole answer would take 7 s
+        assert transient(slow.value)
+    finally:
+        stop.set()
+        await client.close()
+        listener.close()
+
+
 async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_nothing_after() -> None:
     """kopf, stopping, cancels the reconcile and then every task of its loop (the request's own too). The
     request sent is answered, not cut off; the cancel is raised after it; the next request of the same
