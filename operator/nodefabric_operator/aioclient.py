@@ -6,8 +6,8 @@ runs it, at most once a second and at once after a 401, then the request sent on
 thread, since an exec plugin or a token file is blocking work), the CA (file or data), the client
 certificate and key, `verify_ssl`, `tls_server_name`, an HTTP(S) proxy unless `no_proxy` matches,
 default headers and cookie. A configuration this client does not reproduce (a SOCKS proxy, a proxy TLS
-context, `assert_hostname` naming another host, socket options) is left to the kubernetes client in a
-worker thread, as every write was sent before (Driver).
+context, `assert_hostname` naming another host, socket options or `keep_alive`) is left to the
+kubernetes client in a worker thread, as every write was sent before (Driver).
 
 Refusals are raised as the kubernetes client raises them (ApiException and its per-status subclasses,
 built from the answer), so every caller's 404/409/422 handling is the same for both clients. No answer
@@ -75,6 +75,8 @@ class AsyncClient:
             or getattr(config, "proxy_ssl_context", None) is not None
             or isinstance(config.assert_hostname, str)
             or config.socket_options is not None
+            # kubernetes' RESTClientObject turns this into TCP keepalive socket options of its own.
+            or bool(getattr(config, "keep_alive", False))
         )
 
     def _opened(self) -> aiohttp.ClientSession:

@@ -317,6 +317,7 @@ async def test_an_http_proxy_in_the_configuration_carries_the_request() -> None:
         {"proxy": "socks5://127.0.0.1:1080"},
         {"assert_hostname": "kube.example"},
         {"socket_options": [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]},
+        {"keep_alive": True},  # the client's own TCP keepalive socket options
     ],
 )
 def test_a_configuration_the_loops_client_cannot_reproduce_is_left_to_the_threaded_one(setting) -> None:
