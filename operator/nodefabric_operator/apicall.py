@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 import kubernetes
 
 from nodefabric_operator import rawcall
+from nodefabric_operator.inflight import settled
 from nodefabric_operator.metrics import Metrics
 
 T = TypeVar("T")
@@ -120,10 +121,7 @@ async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
             try:
                 answer = await asyncio.shield(sent)
             except asyncio.CancelledError:
-                if not sent.done():
-                    await asyncio.wait([sent])
-                if not sent.cancelled():
-                    sent.exception()  # retrieved, so asyncio does not log it as never retrieved
+                await settled(sent)  # through any further cancel too (see settled)
                 calls.close()
                 raise
             except Exception as err:

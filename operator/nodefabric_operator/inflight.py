@@ -31,7 +31,21 @@ async def writing(call: Callable[..., T], *args: Any, stopping: threading.Event 
     except asyncio.CancelledError:
         if stopping is not None:
             stopping.set()
-        await asyncio.wait([done])
-        if not done.cancelled():
-            done.exception()  # retrieved, so asyncio does not log it as never retrieved
+        await settled(done)
         raise
+
+
+async def settled(done: asyncio.Future[Any]) -> None:
+    """Wait for `done` to end, through any further cancel of this task (the caller re-raises its own).
+
+    A stop cancels a reconcile more than once: the lanes cancel the one in hand and wait for it, then
+    kopf's sweep cancels every task again (gather passes that on to the lane). Ending the wait at the
+    second cancel would let the stop go on, closing the connections and releasing the lease, while the
+    write is still on its way; the write's own timeouts bound this wait."""
+    while not done.done():
+        try:
+            await asyncio.wait([done])
+        except asyncio.CancelledError:
+            continue  # cancelled again: still waiting (see above)
+    if not done.cancelled():
+        done.exception()  # retrieved, so asyncio does not log it as never retrieved

@@ -443,6 +443,31 @@ async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_
             await client.close()
 
 
+@pytest.mark.parametrize("threaded", [False, True])
+async def test_a_stop_cancelling_twice_still_waits_for_the_write_in_flight(threaded: bool) -> None:
+    """A stop cancels a reconcile more than once: the lanes cancel the one in hand and wait for it, and
+    kopf's sweep cancels every task again (that wait's among them, which gather passes on to the lane).
+    A second cancel must not end the wait for the answer: the stop would go on, closing the connections
+    and releasing the lease, while the write is still on its way."""
+    with scripted() as (url, server):
+        server.hold.clear()
+        driver = Driver(api_at(url, **({"assert_hostname": "localhost"} if threaded else {})), Metrics())
+        assert (driver.client is None) is threaded
+        writing = asyncio.ensure_future(driver(one(Request("create", "x", "POST", "/first", body={}))))
+        deadline = time.monotonic() + 10
+        while not server.seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for _ in range(3):  # the lane's cancel, then the sweep's, then a hung-task sweep's
+            writing.cancel()
+            await asyncio.sleep(0.1)
+        assert not writing.done()  # still waiting for the answer
+        server.hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+        assert server.answered == ["/first"]
+        await driver.close()
+
+
 async def test_a_stop_in_the_threaded_fallback_sends_nothing_after_the_request_in_flight() -> None:
     """The same promise when the writes go through the kubernetes client in a thread (a configuration
     the loop's client cannot reproduce): the request in flight is answered, the next one of the same
