@@ -568,3 +568,107 @@ async def test_the_operator_publishes_over_tls_with_a_token(sink: str) -> None:
 
             assert await eventually(published)
             await settle(k)
+
+
+# --- the same answers, the same outcome from both drivers ---------------------------------------------
+
+
+def _reads_object(request: Request) -> Calls[tuple[str, Any]]:
+    try:
+        answer = yield request
+    except kubernetes.client.ApiException as err:
+        return "refused", (type(err).__name__, err.status)
+    return "object", rawcall.json_object(answer)
+
+
+ANSWERS: dict[str, tuple[int, bytes]] = {
+    "an object": (200, b'{"kind":"NodeFeature"}'),
+    "not JSON on 200": (200, b"<html>proxy login</html>"),
+    "a JSON list": (200, b"[1,2]"),
+    "an empty 200": (200, b""),
+    "an empty 204": (204, b""),
+    "503": (503, b'{"kind":"Status","code":503}'),
+    "429": (429, b'{"kind":"Status","code":429}'),
+    "401 every time": (401, b'{"kind":"Status","code":401}'),
+}
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+async def test_both_drivers_make_the_same_of_the_same_answer(answer: str) -> None:
+    """Differential: each answer an API server (or a proxy in front of it) may give, sent through the
+    loop's client and through the kubernetes client in a thread, ends the same way (value or exception
+    type and status) after the same number of requests (a 401 refreshed and sent once more, no more)."""
+    status, data = ANSWERS[answer]
+
+    def reply(handler: Scripted) -> tuple[int, bytes]:
+        return status, data
+
+    with scripted(reply) as (url, server):
+        ends: dict[str, tuple[Any, int]] = {}
+        refreshed: list[str] = []
+        api = api_at(
+            url,
+            api_key={"BearerToken": "t0"},
+            api_key_prefix={"BearerToken": "Bearer"},
+            refresh_api_key_hook=lambda config: refreshed.append("hook"),
+        )
+        request = Request("create", "x", "POST", "/things", body={"a": 1})
+        client = AsyncClient(api)
+        try:
+            for name in ("loop", "thread"):
+                rawcall._refreshed.clear()  # each driver starts with the refresh not yet due
+                before = len(server.seen)
+                try:
+                    if name == "loop":
+                        end: Any = await apicall.arun(_reads_object(request), client, Metrics())
+                    else:
+                        end = await asyncio.to_thread(apicall.run, _reads_object(request), api, Metrics())
+                except Exception as err:
+                    end = ("raised", type(err).__name__)
+                ends[name] = (end, len(server.seen) - before)
+        finally:
+            await client.close()
+        assert ends["loop"] == ends["thread"], ends
+        assert ends["loop"][1] == (2 if status == 401 else 1)
+        tokens = [{k.lower(): v for k, v in seen[2].items()}.get("authorization") for seen in server.seen]
+        assert tokens and set(tokens) == {"Bearer t0"}
+
+
+async def test_a_redirect_to_another_host_never_carries_the_token() -> None:
+    """A 307 to another host (a proxy or server misconfigured, or hostile): both drivers follow it, as
+    the kubernetes client always did, and neither sends the credential or the cookie there."""
+    with scripted() as (elsewhere, other):
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def redirect() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(
+                        b"HTTP/1.1 307 Temporary Redirect\r\nLocation: "
+                        + elsewhere.encode()
+                        + b"/stolen\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+
+        threading.Thread(target=redirect, daemon=True).start()
+        api = api_at(
+            f"http://127.0.0.1:{listener.getsockname()[1]}",
+            api_key={"BearerToken": "s3cret"},
+            api_key_prefix={"BearerToken": "Bearer"},
+        )
+        api.cookie = "session=s3cret"
+        client = AsyncClient(api)
+        request = Request("patch", "x", "PATCH", "/p", body={"a": 1})
+        try:
+            assert await apicall.arun(one(request), client, Metrics()) == b"{}"
+            assert await asyncio.to_thread(apicall.run, one(request), api, Metrics()) == b"{}"
+        finally:
+            await client.close()
+            listener.close()
+        assert [seen[1] for seen in other.seen] == ["/stolen", "/stolen"]
+        for _, _, headers, _ in other.seen:
+            assert "s3cret" not in json.dumps(headers)
