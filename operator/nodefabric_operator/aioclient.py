@@ -131,7 +131,12 @@ class AsyncClient:
             headers = {**headers, "authorization": token}
         if self._proxy_headers:
             headers = {**headers, **self._proxy_headers}
-        sending = self._opened().request(method, url, data=data, headers=headers, **self._options)
+        # A redirect is not followed: the API server never sends one, and the kubernetes client as the
+        # operator configures it (load_client: retries=0) never followed one either. Followed, a write's
+        # body would go to another host and that host's answer be taken for the API server's.
+        sending = self._opened().request(
+            method, url, data=data, headers=headers, allow_redirects=False, **self._options
+        )
         async with sending as answer:
             body = await answer.read()
             status, reason, got = answer.status, answer.reason, answer.headers
