@@ -611,6 +611,7 @@ async def test_both_drivers_make_the_same_of_the_same_answer(answer: str) -> Non
             api_key={"BearerToken": "t0"},
             api_key_prefix={"BearerToken": "Bearer"},
             refresh_api_key_hook=lambda config: refreshed.append("hook"),
+            retries=0,  # as load_client configures it
         )
         request = Request("create", "x", "POST", "/things", body={"a": 1})
         client = AsyncClient(api)
