@@ -34,7 +34,7 @@ from nodefabric_operator import apicall, rawcall
 from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 
-REQUEST_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = rawcall.REQUEST_TIMEOUT_S
 T = TypeVar("T")
 
 

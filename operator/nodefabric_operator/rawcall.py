@@ -34,6 +34,9 @@ from kubernetes.client.rest import RESTResponse
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 REFRESH_S = 1.0  # how often the configuration's token refresh hook runs, at most
+# To connect, and between two reads of the answer (read at each request). A stop waits for a write in
+# flight through every cancel (inflight.settled): without a bound, a hung API server would hold it.
+REQUEST_TIMEOUT_S = 60.0
 
 _refreshed: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _refreshing = threading.Lock()
@@ -139,7 +142,12 @@ def _request(
         headers = {**headers, "authorization": token}
     try:
         raw = api.rest_client.pool_manager.request(
-            method, url, body=data, headers=headers, preload_content=False, timeout=None
+            method,
+            url,
+            body=data,
+            headers=headers,
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT_S, read=REQUEST_TIMEOUT_S),
         )
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err

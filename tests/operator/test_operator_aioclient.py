@@ -468,6 +468,31 @@ async def test_a_stop_cancelling_twice_still_waits_for_the_write_in_flight(threa
         await driver.close()
 
 
+async def test_a_hung_api_server_does_not_hold_a_stop_in_the_threaded_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The threaded client bounds a request as the loop's does (to connect, and between two reads): a
+    stop waits for the write in flight through every cancel, so an API server that never answers would
+    otherwise hold it for ever."""
+    monkeypatch.setattr(rawcall, "REQUEST_TIMEOUT_S", 0.5)
+    with scripted(silent=True) as (url, server):
+        driver = Driver(api_at(url, assert_hostname="localhost", retries=0), Metrics())
+        assert driver.client is None
+        started = time.monotonic()
+        with pytest.raises(Exception) as hung:
+            await driver(one(Request("patch", "x", "PATCH", "/hung", body={})))
+        assert transient(hung.value) and time.monotonic() - started < 10
+        writing = asyncio.ensure_future(driver(one(Request("patch", "x", "PATCH", "/hung", body={}))))
+        while len(server.seen) < 2 and time.monotonic() - started < 10:
+            await asyncio.sleep(0.01)
+        for _ in range(3):
+            writing.cancel()
+            await asyncio.sleep(0.05)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(writing, 10)
+        await driver.close()
+
+
 async def test_a_stop_in_the_threaded_fallback_sends_nothing_after_the_request_in_flight() -> None:
     """The same promise when the writes go through the kubernetes client in a thread (a configuration
     the loop's client cannot reproduce): the request in flight is answered, the next one of the same
