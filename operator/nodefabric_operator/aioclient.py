@@ -121,7 +121,10 @@ class AsyncClient:
 
     async def _credential(self, *, now_due: bool) -> str | None:
         if rawcall.refresh_due(self.config, now_due=now_due):
-            await asyncio.to_thread(self.config.refresh_api_key_hook, self.config)
+            # Bounded as the request is: an exec plugin runs with no timeout of its own, and a stop
+            # waits for the request (hook included) through every cancel (inflight.settled).
+            async with asyncio.timeout(self.timeout):
+                await asyncio.to_thread(self.config.refresh_api_key_hook, self.config)
         return rawcall.credential(self.config)
 
     async def _request(

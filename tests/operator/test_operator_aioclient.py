@@ -407,6 +407,30 @@ async def test_an_answer_trickled_byte_by_byte_fails_the_write_within_a_bound() 
         listener.close()
 
 
+async def test_a_token_refresh_that_never_returns_fails_the_write_within_the_timeout() -> None:
+    """The refresh hook (an exec plugin: a subprocess with no timeout of its own) hangs: the write fails,
+    transient, once the request's timeout passes, instead of holding its record and a stop."""
+    release = threading.Event()
+    with scripted() as (url, server):
+        api = api_at(
+            url,
+            api_key={"BearerToken": "t0"},
+            api_key_prefix={"BearerToken": "Bearer"},
+            refresh_api_key_hook=lambda config: release.wait(30),
+        )
+        rawcall._refreshed.pop(api.configuration, None)
+        client = AsyncClient(api, timeout=0.3)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError) as hung:
+                await apicall.arun(one(Request("get", "x", "GET", "/api")), client, Metrics())
+            assert time.monotonic() - started < 5 and transient(hung.value)
+            assert server.seen == []
+        finally:
+            release.set()
+            await client.close()
+
+
 async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_nothing_after() -> None:
     """kopf, stopping, cancels the reconcile and then every task of its loop (the request's own too). The
     request sent is answered, not cut off; the cancel is raised after it; the next request of the same
