@@ -76,7 +76,19 @@ def credential(config: Any) -> str | None:
     if not key:
         return None
     prefix = prefixes.get("BearerToken", prefixes.get("authorization"))
-    return f"{prefix} {key}" if prefix else str(key)
+    value = f"{prefix} {key}" if prefix else str(key)
+    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        # Refused here, before either client sees it: http.client's refusal quotes the whole header
+        # (the token) in its message, aiohttp's says nothing of where the bad value came from.
+        raise UnusableCredential(
+            "the API credential holds a line break or another control character, so it cannot be sent "
+            "(a token file ending in a newline?); fix the kubeconfig's token or the token file"
+        )
+    return value
+
+
+class UnusableCredential(ValueError):
+    """The configuration's credential cannot go in a header (its value is never in the message)."""
 
 
 def send(

@@ -25,7 +25,7 @@ from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import apicall, labels, rawcall, sinks
+from nodefabric_operator import apicall, labels, noderecord, rawcall, sinks
 from nodefabric_operator.aioclient import AsyncClient, Driver, tls_context
 from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.demo.kubeapi import running_api
@@ -682,6 +682,33 @@ async def test_both_drivers_make_the_same_of_the_same_answer(answer: str) -> Non
         assert ends["loop"][1] == (2 if status == 401 else 1)
         tokens = [{k.lower(): v for k, v in seen[2].items()}.get("authorization") for seen in server.seen]
         assert tokens and set(tokens) == {"Bearer t0"}
+
+
+@pytest.mark.parametrize("token", ["s3cret\n", "s3cret\r\nX-Injected: 1", "s3c\x00ret"])
+async def test_a_token_with_a_line_break_is_refused_clearly_and_never_quoted(token: str) -> None:
+    """A token that cannot go in a header (a token file ending in a newline, or worse): nothing is sent,
+    by either driver, and the error says what is wrong without quoting the token (the threaded client's
+    own refusal quoted the whole header), and the status condition names it."""
+    with scripted() as (url, server):
+        api = api_at(url, api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"})
+        client = AsyncClient(api)
+        request = Request("patch", "x", "PATCH", "/p", body={})
+        failures: list[BaseException] = []
+        try:
+            for send in (
+                lambda: apicall.arun(one(request), client, Metrics()),
+                lambda: asyncio.to_thread(apicall.run, one(request), api, Metrics()),
+            ):
+                with pytest.raises(rawcall.UnusableCredential) as refused:
+                    await send()
+                failures.append(refused.value)
+        finally:
+            await client.close()
+        assert server.seen == []
+        for err in failures:
+            assert "s3c" not in str(err) and "line break" in str(err)
+            assert not transient(err)
+            assert "UnusableCredential" in noderecord.failure_condition("nodefeature", err).message
 
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
