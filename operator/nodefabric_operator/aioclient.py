@@ -54,6 +54,11 @@ class AsyncClient:
         self.config = api.configuration
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        # The pool's size, taken by apicall.arun before a request is sent, not by aiohttp's connector:
+        # a request waiting for a connection there is on the clock of its whole-request timeout
+        # (`total`: a first sync queues many writes behind a slow API server, each would fail and its
+        # retry queue again), and, inside the request's Landing, would be sent after a stop.
+        self.slots = asyncio.Semaphore(int(self.config.connection_pool_maxsize or 0) or 100)
         self._options: dict[str, Any] = {}
         self._proxy_headers: dict[str, str] = {}
         if self.config.proxy and not _bypassed(self.config):
@@ -83,13 +88,12 @@ class AsyncClient:
         if self._session is None:
             # Made on first use: a session belongs to the loop it is made on, kopf's.
             config = self.config
-            connector = aiohttp.TCPConnector(
-                ssl=tls_context(config), limit=int(config.connection_pool_maxsize or 0) or 100
-            )
-            # The whole request is bounded too, not only each read: a server (or proxy) trickling a byte
-            # of its answer before each read timeout would otherwise hold the write, and a stop waiting
-            # for it, for ever. Twice the read timeout: the API server ends a request itself after 60 s
-            # (--request-timeout), so an answer still coming after that is not one worth waiting for.
+            connector = aiohttp.TCPConnector(ssl=tls_context(config), limit=0)  # bounded by slots
+            # The whole request (once it has its turn: slots) is bounded too, not only each read: a
+            # server (or proxy) trickling a byte of its answer before each read timeout would otherwise
+            # hold the write, and a stop waiting for it, for ever. Twice the read timeout: the API
+            # server ends a request itself after 60 s (--request-timeout), so an answer still coming
+            # after that is not one worth waiting for.
             timeout = aiohttp.ClientTimeout(
                 total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )

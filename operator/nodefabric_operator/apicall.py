@@ -49,6 +49,10 @@ Calls = Generator[Request, bytes, T]
 
 
 class Sends(Protocol):
+    # Taken before a request is sent (the pool's connections): waiting for one sends nothing yet, so
+    # a stop cancels that wait, where it waits for a request already sent.
+    slots: asyncio.Semaphore
+
     async def send(self, request: Request) -> bytes: ...
 
 
@@ -116,17 +120,26 @@ async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
     try:
         request = next(calls)
         while True:
-            metrics.requested(request.verb, request.resource)
-            sent = Landing(client.send(request))
             try:
-                answer = await asyncio.shield(sent)
+                await client.slots.acquire()  # a cancel here: nothing sent, nothing to wait for
             except asyncio.CancelledError:
-                await settled(sent)  # through any further cancel too (see settled)
                 calls.close()
                 raise
-            except Exception as err:
-                request = calls.throw(err)
-            else:
-                request = calls.send(answer)
+            try:
+                metrics.requested(request.verb, request.resource)
+                sent = Landing(client.send(request))
+                try:
+                    answer = await asyncio.shield(sent)
+                except asyncio.CancelledError:
+                    await settled(sent)  # through any further cancel too (see settled)
+                    calls.close()
+                    raise
+                except Exception as err:
+                    failure: Exception | None = err
+                else:
+                    failure = None
+            finally:
+                client.slots.release()
+            request = calls.throw(failure) if failure is not None else calls.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -431,6 +431,60 @@ async def test_a_token_refresh_that_never_returns_fails_the_write_within_the_tim
             await client.close()
 
 
+async def test_writes_queued_for_a_connection_are_not_timed_out_while_they_wait() -> None:
+    """The bound on a whole request starts once it has a connection: a first sync queues many writes on
+    the pool (its size from the configuration), and a slow API server makes the queue long; a write that
+    only waited for its turn must not fail (each retry would add to the queue)."""
+
+    def slow(handler: Scripted) -> tuple[int, bytes]:
+        time.sleep(0.3)
+        return 200, b"{}"
+
+    with scripted(slow) as (url, _):
+        client = AsyncClient(api_at(url, connection_pool_maxsize=1), timeout=0.5)
+        try:
+            sends = [
+                apicall.arun(one(Request("patch", "x", "PATCH", f"/n{i}", body={})), client, Metrics())
+                for i in range(5)
+            ]
+            assert await asyncio.gather(*sends) == [b"{}"] * 5  # the last waited 1.2 s > 2 x 0.5 s
+        finally:
+            await client.close()
+
+
+async def test_a_stop_sends_none_of_the_writes_still_waiting_for_a_connection() -> None:
+    """Writes queued behind the pool's connections at a stop have sent nothing: they are dropped, not
+    sent once a connection frees up (only the ones in flight are waited for)."""
+    with scripted() as (url, server):
+        server.hold.clear()
+        client = AsyncClient(api_at(url, connection_pool_maxsize=1))
+        writes = [
+            asyncio.ensure_future(
+                apicall.arun(one(Request("patch", "x", "PATCH", f"/n{i}", body={})), client, Metrics())
+            )
+            for i in range(3)
+        ]
+        try:
+            deadline = time.monotonic() + 10
+            while not server.seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert [s[1] for s in server.seen] == ["/n0"]
+            for _ in range(2):  # the lanes' cancel, then kopf's sweep
+                for write in writes:
+                    write.cancel()
+                await asyncio.sleep(0.05)
+            assert not writes[0].done()  # in flight: waited for
+            server.hold.set()
+            ends = await asyncio.gather(*writes, return_exceptions=True)
+            assert all(isinstance(end, asyncio.CancelledError) for end in ends), ends
+            await asyncio.sleep(0.3)
+            assert [s[1] for s in server.seen] == ["/n0"] and server.answered == ["/n0"]
+        finally:
+            server.hold.set()
+            await client.close()
+
+
 async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_nothing_after() -> None:
     """kopf, stopping, cancels the reconcile and then every task of its loop (the request's own too). The
     request sent is answered, not cut off; the cancel is raised after it; the next request of the same
