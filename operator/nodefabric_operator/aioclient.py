@@ -6,21 +6,23 @@ runs it, at most once a second and at once after a 401, then the request sent on
 thread, since an exec plugin or a token file is blocking work), the CA (file or data), the client
 certificate and key, `verify_ssl`, `tls_server_name`, an HTTP(S) proxy unless `no_proxy` matches,
 default headers and cookie. A configuration this client does not reproduce (a SOCKS proxy, a proxy TLS
-context, `assert_hostname` naming another host, socket options) is left to the kubernetes client in a
-worker thread, as every write was sent before (Driver).
+context, `assert_hostname` naming another host, socket options or `keep_alive`) is left to the
+kubernetes client in a worker thread, as every write was sent before (Driver).
 
 Refusals are raised as the kubernetes client raises them (ApiException and its per-status subclasses,
 built from the answer), so every caller's 404/409/422 handling is the same for both clients. No answer
 at all (connection refused, reset, a timeout) is aiohttp's ClientError or TimeoutError: transient to
-the reconcile, as urllib3's errors are. A request gets REQUEST_TIMEOUT_S to connect, and as long again
-between two reads of its answer: a hung API server fails the write (retried with backoff) instead of
-holding its record, and an operator's stop that waits for the write in flight, forever.
+the reconcile, as urllib3's errors are. A request gets REQUEST_TIMEOUT_S to connect, as long again
+between two reads of its answer, and twice that in all: a hung (or trickling) API server fails the
+write (retried with backoff) instead of holding its record, and an operator's stop that waits for the
+write in flight, forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -32,7 +34,7 @@ from nodefabric_operator import apicall, rawcall
 from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 
-REQUEST_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = rawcall.REQUEST_TIMEOUT_S
 T = TypeVar("T")
 
 
@@ -52,6 +54,11 @@ class AsyncClient:
         self.config = api.configuration
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        # The pool's size, taken by apicall.arun before a request is sent, not by aiohttp's connector:
+        # a request waiting for a connection there is on the clock of its whole-request timeout
+        # (`total`: a first sync queues many writes behind a slow API server, each would fail and its
+        # retry queue again), and, inside the request's Landing, would be sent after a stop.
+        self.slots = asyncio.Semaphore(int(self.config.connection_pool_maxsize or 0) or 100)
         self._options: dict[str, Any] = {}
         self._proxy_headers: dict[str, str] = {}
         if self.config.proxy and not _bypassed(self.config):
@@ -73,17 +80,22 @@ class AsyncClient:
             or getattr(config, "proxy_ssl_context", None) is not None
             or isinstance(config.assert_hostname, str)
             or config.socket_options is not None
+            # kubernetes' RESTClientObject turns this into TCP keepalive socket options of its own.
+            or bool(getattr(config, "keep_alive", False))
         )
 
     def _opened(self) -> aiohttp.ClientSession:
         if self._session is None:
             # Made on first use: a session belongs to the loop it is made on, kopf's.
             config = self.config
-            connector = aiohttp.TCPConnector(
-                ssl=tls_context(config), limit=int(config.connection_pool_maxsize or 0) or 100
-            )
+            connector = aiohttp.TCPConnector(ssl=tls_context(config), limit=0)  # bounded by slots
+            # The whole request (once it has its turn: slots) is bounded too, not only each read: a
+            # server (or proxy) trickling a byte of its answer before each read timeout would otherwise
+            # hold the write, and a stop waiting for it, for ever. Twice the read timeout: the API
+            # server ends a request itself after 60 s (--request-timeout), so an answer still coming
+            # after that is not one worth waiting for.
             timeout = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout, sock_read=self.timeout, connect=None
+                total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
             self._session = aiohttp.ClientSession(
@@ -113,7 +125,10 @@ class AsyncClient:
 
     async def _credential(self, *, now_due: bool) -> str | None:
         if rawcall.refresh_due(self.config, now_due=now_due):
-            await asyncio.to_thread(self.config.refresh_api_key_hook, self.config)
+            # Bounded as the request is: an exec plugin runs with no timeout of its own, and a stop
+            # waits for the request (hook included) through every cancel (inflight.settled).
+            async with asyncio.timeout(self.timeout):
+                await asyncio.to_thread(self.config.refresh_api_key_hook, self.config)
         return rawcall.credential(self.config)
 
     async def _request(
@@ -123,7 +138,12 @@ class AsyncClient:
             headers = {**headers, "authorization": token}
         if self._proxy_headers:
             headers = {**headers, **self._proxy_headers}
-        sending = self._opened().request(method, url, data=data, headers=headers, **self._options)
+        # A redirect is not followed: the API server never sends one, and the kubernetes client as the
+        # operator configures it (load_client: retries=0) never followed one either. Followed, a write's
+        # body would go to another host and that host's answer be taken for the API server's.
+        sending = self._opened().request(
+            method, url, data=data, headers=headers, allow_redirects=False, **self._options
+        )
         async with sending as answer:
             body = await answer.read()
             status, reason, got = answer.status, answer.reason, answer.headers
@@ -172,7 +192,9 @@ class Driver:
     async def __call__(self, calls: apicall.Calls[T]) -> T:
         if self.client is not None:
             return await apicall.arun(calls, self.client, self.metrics)
-        return await writing(apicall.run, calls, self.api, self.metrics)
+        # Told to stop at the cancel: the thread runs on after it, and would send the rest of the publish.
+        stopping = threading.Event()
+        return await writing(apicall.run, calls, self.api, self.metrics, stopping, stopping=stopping)
 
     async def close(self) -> None:
         if self.client is not None:

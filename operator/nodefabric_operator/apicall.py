@@ -19,6 +19,7 @@ stop then waits for the task, which the client's timeouts bound).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -26,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 import kubernetes
 
 from nodefabric_operator import rawcall
+from nodefabric_operator.inflight import settled
 from nodefabric_operator.metrics import Metrics
 
 T = TypeVar("T")
@@ -47,6 +49,10 @@ Calls = Generator[Request, bytes, T]
 
 
 class Sends(Protocol):
+    # Taken before a request is sent (the pool's connections): waiting for one sends nothing yet, so
+    # a stop cancels that wait, where it waits for a request already sent.
+    slots: asyncio.Semaphore
+
     async def send(self, request: Request) -> bytes: ...
 
 
@@ -61,11 +67,23 @@ class Landing(asyncio.Task[bytes]):
         return super().cancel(msg)
 
 
-def run(calls: Calls[T], api: kubernetes.client.ApiClient, metrics: Metrics) -> T:
-    """`calls` to their end, each request sent through `api` in this thread."""
+class Stopped(Exception):
+    """`run` was told to stop (the operator stopping, its caller cancelled) before a request it would
+    have sent: nothing was sent after the request in flight."""
+
+
+def run(
+    calls: Calls[T],
+    api: kubernetes.client.ApiClient,
+    metrics: Metrics,
+    stopping: threading.Event | None = None,
+) -> T:
+    """`calls` to their end, each request sent through `api` in this thread; Stopped, with nothing more
+    sent, once `stopping` is set (the caller on the loop was cancelled and waits for this thread)."""
     try:
         request = next(calls)
         while True:
+            _stop_if(stopping, calls)
             metrics.requested(request.verb, request.resource)
             try:
                 answer = rawcall.send(
@@ -78,11 +96,22 @@ def run(calls: Calls[T], api: kubernetes.client.ApiClient, metrics: Metrics) -> 
                     query=request.query,
                 )
             except Exception as err:
+                _stop_if(stopping, calls)
                 request = calls.throw(err)
             else:
+                _stop_if(stopping, calls)
                 request = calls.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _stop_if(stopping: threading.Event | None, calls: Calls[Any]) -> None:
+    # Checked before the calls go on, as arun does at a cancel: a thread outlives the cancel of the task
+    # that started it, and a publish is several requests (a 409's read-back and second patch, then the
+    # status write), none of which may be sent once the operator stops and gives its lease up.
+    if stopping is not None and stopping.is_set():
+        calls.close()
+        raise Stopped("stopped: nothing more sent")
 
 
 async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
@@ -91,20 +120,26 @@ async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
     try:
         request = next(calls)
         while True:
-            metrics.requested(request.verb, request.resource)
-            sent = Landing(client.send(request))
             try:
-                answer = await asyncio.shield(sent)
+                await client.slots.acquire()  # a cancel here: nothing sent, nothing to wait for
             except asyncio.CancelledError:
-                if not sent.done():
-                    await asyncio.wait([sent])
-                if not sent.cancelled():
-                    sent.exception()  # retrieved, so asyncio does not log it as never retrieved
                 calls.close()
                 raise
-            except Exception as err:
-                request = calls.throw(err)
-            else:
-                request = calls.send(answer)
+            try:
+                metrics.requested(request.verb, request.resource)
+                sent = Landing(client.send(request))
+                try:
+                    answer = await asyncio.shield(sent)
+                except asyncio.CancelledError:
+                    await settled(sent)  # through any further cancel too (see settled)
+                    calls.close()
+                    raise
+                except Exception as err:
+                    failure: Exception | None = err
+                else:
+                    failure = None
+            finally:
+                client.slots.release()
+            request = calls.throw(failure) if failure is not None else calls.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

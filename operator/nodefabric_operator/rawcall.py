@@ -34,6 +34,9 @@ from kubernetes.client.rest import RESTResponse
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 REFRESH_S = 1.0  # how often the configuration's token refresh hook runs, at most
+# To connect, and between two reads of the answer (read at each request). A stop waits for a write in
+# flight through every cancel (inflight.settled): without a bound, a hung API server would hold it.
+REQUEST_TIMEOUT_S = 60.0
 
 _refreshed: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _refreshing = threading.Lock()
@@ -73,7 +76,19 @@ def credential(config: Any) -> str | None:
     if not key:
         return None
     prefix = prefixes.get("BearerToken", prefixes.get("authorization"))
-    return f"{prefix} {key}" if prefix else str(key)
+    value = f"{prefix} {key}" if prefix else str(key)
+    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        # Refused here, before either client sees it: http.client's refusal quotes the whole header
+        # (the token) in its message, aiohttp's says nothing of where the bad value came from.
+        raise UnusableCredential(
+            "the API credential holds a line break or another control character, so it cannot be sent "
+            "(a token file ending in a newline?); fix the kubeconfig's token or the token file"
+        )
+    return value
+
+
+class UnusableCredential(ValueError):
+    """The configuration's credential cannot go in a header (its value is never in the message)."""
 
 
 def send(
@@ -139,7 +154,12 @@ def _request(
         headers = {**headers, "authorization": token}
     try:
         raw = api.rest_client.pool_manager.request(
-            method, url, body=data, headers=headers, preload_content=False, timeout=None
+            method,
+            url,
+            body=data,
+            headers=headers,
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT_S, read=REQUEST_TIMEOUT_S),
         )
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err

@@ -52,7 +52,10 @@ def transient(err: BaseException) -> bool:
     server error, or the NodeFeature API is missing (NFD is being installed or upgraded): each ends
     without the record changing."""
     if isinstance(err, kubernetes.client.ApiException):
-        return int(err.status or 0) in (429, 500, 502, 503, 504) or not err.status
+        status = int(err.status or 0)
+        # A redirect (3xx) comes from something in front of the API server and is not followed (see
+        # aioclient): retried, as the threaded client's MaxRetryError for the same answer is.
+        return status in (429, 500, 502, 503, 504) or 300 <= status <= 399 or not status
     return isinstance(
         err, urllib3.exceptions.HTTPError | aiohttp.ClientError | OSError | sinks.Conflict | sinks.NfdMissing
     )

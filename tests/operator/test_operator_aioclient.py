@@ -25,7 +25,7 @@ from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import apicall, labels, rawcall, sinks
+from nodefabric_operator import apicall, labels, noderecord, rawcall, sinks
 from nodefabric_operator.aioclient import AsyncClient, Driver, tls_context
 from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.demo.kubeapi import running_api
@@ -317,6 +317,7 @@ async def test_an_http_proxy_in_the_configuration_carries_the_request() -> None:
         {"proxy": "socks5://127.0.0.1:1080"},
         {"assert_hostname": "kube.example"},
         {"socket_options": [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]},
+        {"keep_alive": True},  # the client's own TCP keepalive socket options
     ],
 )
 def test_a_configuration_the_loops_client_cannot_reproduce_is_left_to_the_threaded_one(setting) -> None:
@@ -373,6 +374,117 @@ async def test_a_hung_api_server_fails_the_write_within_the_timeout() -> None:
             await client.close()
 
 
+async def test_an_answer_trickled_byte_by_byte_fails_the_write_within_a_bound() -> None:
+    """A server (or a proxy) that sends a byte of its answer before each read timeout passes: the timeout
+    between reads never fires, so without a bound on the whole request the write, and a stop waiting for
+    it, is held for as long as the server likes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            body = b'{"metadata":{"name":"slow-answer"}}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+            conn.sendall(b"Content-Length: %d\r\n\r\n" % len(body))
+            for byte in body:
+                if stop.wait(0.2):
+                    return
+                conn.sendall(bytes([byte]))
+
+    threading.Thread(target=trickle, daemon=True).start()
+    client = AsyncClient(api_at(f"http://127.0.0.1:{listener.getsockname()[1]}"), timeout=0.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError) as slow:
+            await apicall.arun(one(Request("patch", "x", "PATCH", "/slow", body={})), client, Metrics())
+        assert time.monotonic() - started < 3  # the whole answer would take 7 s
+        assert transient(slow.value)
+    finally:
+        stop.set()
+        await client.close()
+        listener.close()
+
+
+async def test_a_token_refresh_that_never_returns_fails_the_write_within_the_timeout() -> None:
+    """The refresh hook (an exec plugin: a subprocess with no timeout of its own) hangs: the write fails,
+    transient, once the request's timeout passes, instead of holding its record and a stop."""
+    release = threading.Event()
+    with scripted() as (url, server):
+        api = api_at(
+            url,
+            api_key={"BearerToken": "t0"},
+            api_key_prefix={"BearerToken": "Bearer"},
+            refresh_api_key_hook=lambda config: release.wait(30),
+        )
+        rawcall._refreshed.pop(api.configuration, None)
+        client = AsyncClient(api, timeout=0.3)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError) as hung:
+                await apicall.arun(one(Request("get", "x", "GET", "/api")), client, Metrics())
+            assert time.monotonic() - started < 5 and transient(hung.value)
+            assert server.seen == []
+        finally:
+            release.set()
+            await client.close()
+
+
+async def test_writes_queued_for_a_connection_are_not_timed_out_while_they_wait() -> None:
+    """The bound on a whole request starts once it has a connection: a first sync queues many writes on
+    the pool (its size from the configuration), and a slow API server makes the queue long; a write that
+    only waited for its turn must not fail (each retry would add to the queue)."""
+
+    def slow(handler: Scripted) -> tuple[int, bytes]:
+        time.sleep(0.3)
+        return 200, b"{}"
+
+    with scripted(slow) as (url, _):
+        client = AsyncClient(api_at(url, connection_pool_maxsize=1), timeout=0.5)
+        try:
+            sends = [
+                apicall.arun(one(Request("patch", "x", "PATCH", f"/n{i}", body={})), client, Metrics())
+                for i in range(5)
+            ]
+            assert await asyncio.gather(*sends) == [b"{}"] * 5  # the last waited 1.2 s > 2 x 0.5 s
+        finally:
+            await client.close()
+
+
+async def test_a_stop_sends_none_of_the_writes_still_waiting_for_a_connection() -> None:
+    """Writes queued behind the pool's connections at a stop have sent nothing: they are dropped, not
+    sent once a connection frees up (only the ones in flight are waited for)."""
+    with scripted() as (url, server):
+        server.hold.clear()
+        client = AsyncClient(api_at(url, connection_pool_maxsize=1))
+        writes = [
+            asyncio.ensure_future(
+                apicall.arun(one(Request("patch", "x", "PATCH", f"/n{i}", body={})), client, Metrics())
+            )
+            for i in range(3)
+        ]
+        try:
+            deadline = time.monotonic() + 10
+            while not server.seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert [s[1] for s in server.seen] == ["/n0"]
+            for _ in range(2):  # the lanes' cancel, then kopf's sweep
+                for write in writes:
+                    write.cancel()
+                await asyncio.sleep(0.05)
+            assert not writes[0].done()  # in flight: waited for
+            server.hold.set()
+            ends = await asyncio.gather(*writes, return_exceptions=True)
+            assert all(isinstance(end, asyncio.CancelledError) for end in ends), ends
+            await asyncio.sleep(0.3)
+            assert [s[1] for s in server.seen] == ["/n0"] and server.answered == ["/n0"]
+        finally:
+            server.hold.set()
+            await client.close()
+
+
 async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_nothing_after() -> None:
     """kopf, stopping, cancels the reconcile and then every task of its loop (the request's own too). The
     request sent is answered, not cut off; the cancel is raised after it; the next request of the same
@@ -407,6 +519,88 @@ async def test_a_stop_while_a_write_is_in_flight_waits_for_its_answer_and_sends_
             assert [s[1] for s in server.seen] == ["/first"]
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+async def test_a_stop_cancelling_twice_still_waits_for_the_write_in_flight(threaded: bool) -> None:
+    """A stop cancels a reconcile more than once: the lanes cancel the one in hand and wait for it, and
+    kopf's sweep cancels every task again (that wait's among them, which gather passes on to the lane).
+    A second cancel must not end the wait for the answer: the stop would go on, closing the connections
+    and releasing the lease, while the write is still on its way."""
+    with scripted() as (url, server):
+        server.hold.clear()
+        driver = Driver(api_at(url, **({"assert_hostname": "localhost"} if threaded else {})), Metrics())
+        assert (driver.client is None) is threaded
+        writing = asyncio.ensure_future(driver(one(Request("create", "x", "POST", "/first", body={}))))
+        deadline = time.monotonic() + 10
+        while not server.seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for _ in range(3):  # the lane's cancel, then the sweep's, then a hung-task sweep's
+            writing.cancel()
+            await asyncio.sleep(0.1)
+        assert not writing.done()  # still waiting for the answer
+        server.hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+        assert server.answered == ["/first"]
+        await driver.close()
+
+
+async def test_a_hung_api_server_does_not_hold_a_stop_in_the_threaded_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The threaded client bounds a request as the loop's does (to connect, and between two reads): a
+    stop waits for the write in flight through every cancel, so an API server that never answers would
+    otherwise hold it for ever."""
+    monkeypatch.setattr(rawcall, "REQUEST_TIMEOUT_S", 0.5)
+    with scripted(silent=True) as (url, server):
+        driver = Driver(api_at(url, assert_hostname="localhost", retries=0), Metrics())
+        assert driver.client is None
+        started = time.monotonic()
+        with pytest.raises(Exception) as hung:
+            await driver(one(Request("patch", "x", "PATCH", "/hung", body={})))
+        assert transient(hung.value) and time.monotonic() - started < 10
+        writing = asyncio.ensure_future(driver(one(Request("patch", "x", "PATCH", "/hung", body={}))))
+        while len(server.seen) < 2 and time.monotonic() - started < 10:
+            await asyncio.sleep(0.01)
+        for _ in range(3):
+            writing.cancel()
+            await asyncio.sleep(0.05)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(writing, 10)
+        await driver.close()
+
+
+async def test_a_stop_in_the_threaded_fallback_sends_nothing_after_the_request_in_flight() -> None:
+    """The same promise when the writes go through the kubernetes client in a thread (a configuration
+    the loop's client cannot reproduce): the request in flight is answered, the next one of the same
+    publish is never sent, though the thread runs on after the cancel."""
+    with scripted() as (url, server):
+        server.hold.clear()
+        driver = Driver(api_at(url, assert_hostname="localhost"), Metrics())
+        assert driver.client is None
+        after: list[str] = []
+
+        def two() -> Calls[None]:
+            yield Request("create", "x", "POST", "/first", body={})
+            after.append("answered")
+            yield Request("patch", "x", "PATCH", "/second", body={})
+
+        writing = asyncio.ensure_future(driver(two()))
+        deadline = time.monotonic() + 10
+        while not server.seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [s[1] for s in server.seen] == ["/first"]
+        writing.cancel()
+        await asyncio.sleep(0.3)
+        assert not writing.done()  # waiting for the answer
+        server.hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+        await asyncio.sleep(0.3)
+        assert server.answered == ["/first"]
+        assert [s[1] for s in server.seen] == ["/first"] and after == []
+        await driver.close()
 
 
 async def test_a_request_is_cut_by_its_own_timeout_never_by_another_tasks_cancel() -> None:
@@ -477,3 +671,144 @@ async def test_the_operator_publishes_over_tls_with_a_token(sink: str) -> None:
 
             assert await eventually(published)
             await settle(k)
+
+
+# --- the same answers, the same outcome from both drivers ---------------------------------------------
+
+
+def _reads_object(request: Request) -> Calls[tuple[str, Any]]:
+    try:
+        answer = yield request
+    except kubernetes.client.ApiException as err:
+        return "refused", (type(err).__name__, err.status)
+    return "object", rawcall.json_object(answer)
+
+
+ANSWERS: dict[str, tuple[int, bytes]] = {
+    "an object": (200, b'{"kind":"NodeFeature"}'),
+    "not JSON on 200": (200, b"<html>proxy login</html>"),
+    "a JSON list": (200, b"[1,2]"),
+    "an empty 200": (200, b""),
+    "an empty 204": (204, b""),
+    "503": (503, b'{"kind":"Status","code":503}'),
+    "429": (429, b'{"kind":"Status","code":429}'),
+    "401 every time": (401, b'{"kind":"Status","code":401}'),
+}
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+async def test_both_drivers_make_the_same_of_the_same_answer(answer: str) -> None:
+    """Differential: each answer an API server (or a proxy in front of it) may give, sent through the
+    loop's client and through the kubernetes client in a thread, ends the same way (value or exception
+    type and status) after the same number of requests (a 401 refreshed and sent once more, no more)."""
+    status, data = ANSWERS[answer]
+
+    def reply(handler: Scripted) -> tuple[int, bytes]:
+        return status, data
+
+    with scripted(reply) as (url, server):
+        ends: dict[str, tuple[Any, int]] = {}
+        refreshed: list[str] = []
+        api = api_at(
+            url,
+            api_key={"BearerToken": "t0"},
+            api_key_prefix={"BearerToken": "Bearer"},
+            refresh_api_key_hook=lambda config: refreshed.append("hook"),
+            retries=0,  # as load_client configures it
+        )
+        request = Request("create", "x", "POST", "/things", body={"a": 1})
+        client = AsyncClient(api)
+        try:
+            for name in ("loop", "thread"):
+                rawcall._refreshed.clear()  # each driver starts with the refresh not yet due
+                before = len(server.seen)
+                try:
+                    if name == "loop":
+                        end: Any = await apicall.arun(_reads_object(request), client, Metrics())
+                    else:
+                        end = await asyncio.to_thread(apicall.run, _reads_object(request), api, Metrics())
+                except Exception as err:
+                    end = ("raised", type(err).__name__)
+                ends[name] = (end, len(server.seen) - before)
+        finally:
+            await client.close()
+        assert ends["loop"] == ends["thread"], ends
+        assert ends["loop"][1] == (2 if status == 401 else 1)
+        tokens = [{k.lower(): v for k, v in seen[2].items()}.get("authorization") for seen in server.seen]
+        assert tokens and set(tokens) == {"Bearer t0"}
+
+
+@pytest.mark.parametrize("token", ["s3cret\n", "s3cret\r\nX-Injected: 1", "s3c\x00ret"])
+async def test_a_token_with_a_line_break_is_refused_clearly_and_never_quoted(token: str) -> None:
+    """A token that cannot go in a header (a token file ending in a newline, or worse): nothing is sent,
+    by either driver, and the error says what is wrong without quoting the token (the threaded client's
+    own refusal quoted the whole header), and the status condition names it."""
+    with scripted() as (url, server):
+        api = api_at(url, api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"})
+        client = AsyncClient(api)
+        request = Request("patch", "x", "PATCH", "/p", body={})
+        failures: list[BaseException] = []
+        try:
+            for send in (
+                lambda: apicall.arun(one(request), client, Metrics()),
+                lambda: asyncio.to_thread(apicall.run, one(request), api, Metrics()),
+            ):
+                with pytest.raises(rawcall.UnusableCredential) as refused:
+                    await send()
+                failures.append(refused.value)
+        finally:
+            await client.close()
+        assert server.seen == []
+        for err in failures:
+            assert "s3c" not in str(err) and "line break" in str(err)
+            assert not transient(err)
+            assert "UnusableCredential" in noderecord.failure_condition("nodefeature", err).message
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_is_not_followed_and_is_retried_later(status: int) -> None:
+    """An API server never redirects; a proxy or load balancer in front of it (misconfigured, or not
+    ours) may. The operator's client configuration (load_client: no urllib3 retries) never followed a
+    redirect: the write failed, transient. The loop's client must not follow it either: the write's body
+    (labels, status) would go to another host, and that host's answer would be taken for the API
+    server's. Both drivers: nothing reaches the other host, and the failure is retried."""
+    with scripted() as (elsewhere, other):
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def redirect() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(
+                        b"HTTP/1.1 %d Moved\r\nLocation: %s/stolen\r\n" % (status, elsewhere.encode())
+                        + b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+
+        threading.Thread(target=redirect, daemon=True).start()
+        api = api_at(
+            f"http://127.0.0.1:{listener.getsockname()[1]}",
+            api_key={"BearerToken": "s3cret"},
+            api_key_prefix={"BearerToken": "Bearer"},
+            retries=0,  # as load_client configures it
+        )
+        client = AsyncClient(api)
+        request = Request("patch", "x", "PATCH", "/p", body={"a": 1})
+        failures: list[BaseException] = []
+        try:
+            for send in (
+                lambda: apicall.arun(one(request), client, Metrics()),
+                lambda: asyncio.to_thread(apicall.run, one(request), api, Metrics()),
+            ):
+                with pytest.raises(Exception) as failed:
+                    await send()
+                failures.append(failed.value)
+        finally:
+            await client.close()
+            listener.close()
+        assert other.seen == []
+        assert all(transient(err) for err in failures), failures
+        assert rawcall.status_of(failures[0]) == status  # the loop's: "HTTP 307 ..." in the condition
