@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -479,6 +480,14 @@ def _stopping(flag: asyncio.Event | threading.Event | None) -> bool:
     return flag is not None and flag.is_set()
 
 
+# The collector's thresholds while the operator serves (CPython's are 700, 10, 10). A first sync holds a
+# parsed record, a view and kopf's state per Devices object, and every 70,000 allocations a collection
+# traversed them all: 11% of a first sync's CPU over 2,000 records (0.44 s, five full collections of 60-90
+# ms). Almost nothing the operator makes is cyclic (refcounting frees it), so collecting 14x less often
+# costs a few MiB at most and left 0.16 s of collection.
+GC_THRESHOLDS = (10_000, 20, 20)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         opts = options(args)
@@ -487,6 +496,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "prune", False):
         return run_prune(opts, timeout=args.prune_timeout, settle=args.prune_settle)
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         asyncio.run(_main(opts))
     except StartupError as err:  # a busy port (shell.server.PortUnavailable) is one too

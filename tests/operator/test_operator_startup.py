@@ -265,3 +265,24 @@ async def test_the_operator_closes_its_api_client_when_it_stops(monkeypatch):
             (api,) = clients
             assert len(api.rest_client.pool_manager.pools) > 0  # it did reach the API through this client
         assert len(api.rest_client.pool_manager.pools) == 0
+
+
+def test_the_operator_collects_with_its_own_thresholds_once_it_serves(tmp_path, monkeypatch, capsys):
+    """`run` sets the collector's thresholds before serving (cli.GC_THRESHOLDS: a first sync's full
+    collections were a tenth of its CPU); arguments refused before that leave the process's alone."""
+    import gc
+
+    saved = gc.get_threshold()  # other tests here ran the operator in this process and left its own
+    before = (700, 10, 10)  # CPython's
+    gc.set_threshold(*before)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    missing = tmp_path / "missing-kubeconfig"
+    monkeypatch.setenv("KUBECONFIG", str(missing))
+    try:
+        assert run_operator("--namespace", "Bad_NS") == 2
+        assert gc.get_threshold() == before
+        assert run_operator("--kubeconfig", str(missing)) == 2
+        assert gc.get_threshold() == cli.GC_THRESHOLDS != before
+    finally:
+        gc.set_threshold(*saved)
+    capsys.readouterr()
