@@ -160,7 +160,29 @@ class _Calls:
                 return
 
 
-class NodeFeatureSink:
+class _SentInThread:
+    """A sink's `publish`: its `publishing` sent through the kubernetes client in the caller's thread
+    (`--prune`, the CLIs and tests; the operator sends the same requests on its loop)."""
+
+    api: kubernetes.client.ApiClient
+    metrics: Metrics
+    publishing: Callable[..., Calls[Published]]  # each sink's own (see Sink)
+
+    def publish(
+        self,
+        owner: Owner,
+        desired: Mapping[str, str],
+        frozen: frozenset[str],
+        current: SinkObject | None,
+        *,
+        verify: bool = False,
+    ) -> Published:
+        """`publishing`, sent in this thread."""
+        calls = self.publishing(owner, desired, frozen, current, verify=verify)
+        return apicall.run(calls, self.api, self.metrics)
+
+
+class NodeFeatureSink(_SentInThread):
     """One NodeFeature per node in our namespace, named after the node and owned by its Devices object,
     so deleting the record garbage-collects the labels (nfd-master then removes them from the Node)."""
 
@@ -220,19 +242,6 @@ class NodeFeatureSink:
             return True
         plan = labels.plan(current.labels, desired, domain=self.domain, frozen=frozen)
         return bool(plan.changes) or owner.uid not in current.owners or not current.tagged
-
-    def publish(
-        self,
-        owner: Owner,
-        desired: Mapping[str, str],
-        frozen: frozenset[str],
-        current: SinkObject | None,
-        *,
-        verify: bool = False,
-    ) -> Published:
-        """`publishing`, sent in this thread."""
-        calls = self.publishing(owner, desired, frozen, current, verify=verify)
-        return apicall.run(calls, self.api, self.metrics)
 
     def publishing(
         self,
@@ -379,7 +388,7 @@ class NodeFeatureSink:
         yield  # a generator that sends nothing
 
 
-class NodeSink:
+class NodeSink(_SentInThread):
     """The Node's own labels, for clusters without NFD. The keys we wrote are recorded in an annotation,
     so a label someone set by hand (even one under our prefix) is never removed by us. Every Node is in
     the view (Nodes are watched), so a Node missing from it does not exist."""
@@ -425,19 +434,6 @@ class NodeSink:
             return False  # no Node: nothing to repair until it appears
         plan, new_owned, old_owned = self._plan(desired, frozen, current)
         return bool(plan.changes) or new_owned != old_owned
-
-    def publish(
-        self,
-        owner: Owner,
-        desired: Mapping[str, str],
-        frozen: frozenset[str],
-        current: SinkObject | None,
-        *,
-        verify: bool = False,
-    ) -> Published:
-        """`publishing`, sent in this thread."""
-        calls = self.publishing(owner, desired, frozen, current, verify=verify)
-        return apicall.run(calls, self.api, self.metrics)
 
     def publishing(
         self,
