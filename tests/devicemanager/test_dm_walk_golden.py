@@ -10,8 +10,6 @@ to change the record, and say so in its commit.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import sys
@@ -19,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from walk_documents import built, can_mknod, document
 
 from nodefabric_devicemanager.testing.scenarios import SCENARIOS, bench
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -135,36 +134,13 @@ TREES: dict[str, Callable[[Path], object]] = {
 }
 
 
-def document(root: Path) -> str:
-    """`nodefabric inventory --root ROOT -o json` as it prints it, its exit code on the first line; the
-    temporary directory the tree was built in (refusals name where an escaping link lands) as <TREE>."""
-    from nodefabric_operator.console import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        code = main(["inventory", "--root", str(root), "-o", "json"])
-    text = out.getvalue().replace(os.path.realpath(root.parent), "<TREE>")
-    return f"exit {code}\n{text}"
-
-
 def _build(name: str, base: Path) -> Path:
-    root = base / name / "root"
-    root.mkdir(parents=True)
-    TREES[name](root)
-    return root
-
-
-def _can_mknod(tmp: Path) -> bool:
-    try:
-        os.mknod(tmp / "probe", 0o020600, os.makedev(1, 3))
-    except PermissionError:
-        return False
-    return True
+    return built(TREES, name, base)
 
 
 @pytest.mark.parametrize("name", sorted(TREES))
 def test_the_walk_prints_what_the_code_before_it_printed(name: str, tmp_path: Path) -> None:
-    if "chardev" in name and not _can_mknod(tmp_path):
+    if "chardev" in name and not can_mknod(tmp_path):
         pytest.skip("mknod needs CAP_MKNOD")
     golden = GOLDEN / f"{name}.txt"
     assert golden.is_file(), f"no golden for {name}: regenerate with the code the record must match"
