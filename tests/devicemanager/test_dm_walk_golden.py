@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from walk_documents import built, can_mknod, document
+from walk_documents import assert_matches_golden, built, document
 
 from nodefabric_devicemanager.testing.scenarios import SCENARIOS, bench
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
@@ -140,11 +140,7 @@ def _build(name: str, base: Path) -> Path:
 
 @pytest.mark.parametrize("name", sorted(TREES))
 def test_the_walk_prints_what_the_code_before_it_printed(name: str, tmp_path: Path) -> None:
-    if "chardev" in name and not can_mknod(tmp_path):
-        pytest.skip("mknod needs CAP_MKNOD")
-    golden = GOLDEN / f"{name}.txt"
-    assert golden.is_file(), f"no golden for {name}: regenerate with the code the record must match"
-    assert document(_build(name, tmp_path)) == golden.read_text(encoding="utf-8")
+    assert_matches_golden(TREES, GOLDEN, name, tmp_path)
 
 
 def test_every_golden_belongs_to_a_tree() -> None:

@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import pytest
+
 
 def document(root: Path) -> str:
     """`nodefabric inventory --root ROOT -o json` as it prints it, its exit code on the first line; the
@@ -35,3 +37,14 @@ def can_mknod(tmp: Path) -> bool:
     except PermissionError:
         return False
     return True
+
+
+def assert_matches_golden(
+    trees: Mapping[str, Callable[[Path], object]], goldens: Path, name: str, tmp: Path
+) -> None:
+    """Tree `name`'s document is its golden, printed by the code the record must match."""
+    if "chardev" in name and not can_mknod(tmp):
+        pytest.skip("mknod needs CAP_MKNOD")
+    golden = goldens / f"{name}.txt"
+    assert golden.is_file(), f"no golden for {name}: regenerate with the code the record must match"
+    assert document(built(trees, name, tmp)) == golden.read_text(encoding="utf-8")
