@@ -64,7 +64,7 @@ class SinkEchoes:
         held = self.view.get(name)
         if held is None or held.rv is None or not at_or_below(rv, held.rv):
             return False
-        self.metrics.skipped.labels(resource=self.sink.name).inc()
+        self.metrics.inc(self.metrics.skipped, self.sink.name)
         return True
 
     @contextlib.contextmanager

@@ -104,7 +104,7 @@ class LabelsOnNode:
             return None
         node = node_snapshot(body, self.domain)
         if not self.nodes.observe(node) and node.rv is not None:
-            self.metrics.skipped.labels(resource="nodes").inc()
+            self.metrics.inc(self.metrics.skipped, "nodes")
             return None
         return await self._note(node.name)
 

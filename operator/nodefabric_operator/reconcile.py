@@ -165,10 +165,10 @@ class Reconciler:
                 extra={"node": name, "error": first_error(err)},
             )
             self.ledger.handled[name] = rv
-            self.metrics.reconciles.labels(outcome="invalid").inc()
+            self.metrics.inc(self.metrics.reconciles, "invalid")
             return Outcome("invalid")
         for w in record.result.withheld:
-            self.metrics.withheld.labels(key=w.key).inc()
+            self.metrics.inc(self.metrics.withheld, w.key)
             log.warning(
                 "label withheld",
                 extra={"node": name, "key": w.key, "value": w.value[:SHOWN], "reason": w.reason},
@@ -194,7 +194,7 @@ class Reconciler:
         edit, a deletion of our keys). A pure check against what is held: watching costs no requests."""
         snapshot = self.sink.snapshot(body)
         if not self.view.observe(snapshot) and snapshot.rv is not None:
-            self.metrics.skipped.labels(resource=self.sink.name).inc()
+            self.metrics.inc(self.metrics.skipped, self.sink.name)
         name = snapshot.name
         record = self.ledger.records.get(name)
         if record is None:
@@ -314,7 +314,7 @@ class Reconciler:
             "labels not published",
             extra={"node": name, "reason": condition.reason, "error": condition.message},
         )
-        self.metrics.reconciles.labels(outcome="error").inc()
+        self.metrics.inc(self.metrics.reconciles, "error")
         if transient(err):
             # The API server is in trouble, not the record: try again later, and on any replay meanwhile.
             self.requeue.add(name)
@@ -343,7 +343,7 @@ class Reconciler:
 
     async def aclose(self) -> None:
         """Close the connections the writes were sent on (the operator stopped)."""
-        self.requeue.close()
+        self.close()
         await self.status.send.close()
 
     async def _withdraw(self, name: str) -> Outcome:
@@ -354,12 +354,12 @@ class Reconciler:
         if published is not None and published.now is not None:
             self.view.observe(published.now)
         for c in changes:
-            self.metrics.label_changes.labels(change=c.kind).inc()
+            self.metrics.inc(self.metrics.label_changes, c.kind)
         if changes:
             log.info(
                 "labels withdrawn with the devices record", extra={"node": name, "removed": len(changes)}
             )
-        self.metrics.reconciles.labels(outcome="withdrawn").inc()
+        self.metrics.inc(self.metrics.reconciles, "withdrawn")
         return Outcome("withdrawn", changes)
 
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:

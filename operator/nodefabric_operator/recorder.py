@@ -77,7 +77,7 @@ class Recorder:
         key = (source, str(involved.get("name")), notice.type, notice.reason, notice.message)
         with self._lock:
             if not self.writer.admit(source):
-                self.metrics.events.labels(action="dropped").inc()
+                self.metrics.inc(self.metrics.events, "dropped")
                 log.debug(
                     "event dropped by the spam filter", extra={"reason": notice.reason, "object": key[1]}
                 )
@@ -88,14 +88,14 @@ class Recorder:
             if posted is not None and self._count(posted, now):
                 with self._lock:
                     self.correlator.record(key, Posted(posted.name, posted.count + 1, posted.first))
-                self.metrics.events.labels(action="counted").inc()
+                self.metrics.inc(self.metrics.events, "counted")
                 return
             body = event_body(involved, notice, self.instance, now, action)
-            self.metrics.api_requests.labels(verb="create", resource="events").inc()
+            self.metrics.requested("create", "events")
             # The client turns the mapping into its Event model (and refuses one it would not send).
             answer = self._send("POST", EVENTS, {}, body, "application/json")
         except Exception as err:
-            self.metrics.events.labels(action="failed").inc()
+            self.metrics.inc(self.metrics.events, "failed")
             status = getattr(err, "status", None)
             log.warning(
                 "could not post event",
@@ -106,7 +106,7 @@ class Recorder:
                 },
             )
             return
-        self.metrics.events.labels(action="created").inc()
+        self.metrics.inc(self.metrics.events, "created")
         name = _created_name(answer)
         with self._lock:
             if name is None:
@@ -121,7 +121,7 @@ class Recorder:
             "lastTimestamp": shared_events.stamp(now),
             "firstTimestamp": posted.first,
         }
-        self.metrics.api_requests.labels(verb="patch", resource="events").inc()
+        self.metrics.requested("patch", "events")
         try:
             self._send("PATCH", EVENT, {"name": posted.name}, patch, "application/merge-patch+json")
         except kubernetes.client.ApiException as err:
