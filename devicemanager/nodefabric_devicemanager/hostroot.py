@@ -315,65 +315,52 @@ class PathReads:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
 
     def _attributes(self, prefix: str, names: tuple[str, ...], lenient: bool) -> builtins.list[str | None]:
-        """`_read(prefix + name)` for each of `names` (single path components, checked by the caller), with
+        """`_read(prefix + name)` for each of `names` (each checked to be a single path component), with
         the common case inline: one open, a read that gives a value, the read that hears EOF, a close.
         Anything else takes `_read`'s own steps from where this left off (`_open_slow` for an open that
         failed, `_read_rest` for reads that gave nothing, too much or more), so every answer and refusal
-        is `_read`'s. `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText,
-        logged) are None; otherwise they raise."""
+        is `_read`'s.
+        `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText, logged) are
+        None; otherwise they raise."""
+        for name in names:
+            if "/" in name or name in _NOT_COMPONENTS:
+                raise ValueError(f"not a single path component: {name!r}")
         out: builtins.list[str | None] = []
         for name in names:
             path = prefix + name
             try:
-                fd = os.open(path, _READ_FLAGS)
-            except OSError as exc:
-                out.append(self._attribute_slow(path, exc, lenient))
-                continue
-            try:
-                data = os.read(fd, _READ_LIMIT)
-                got = len(data)
-                more = os.read(fd, _READ_LIMIT - got) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
-            except OSError as exc:
                 try:
-                    self._read_failed(path, fd, exc)
-                finally:
-                    os.close(fd)
-            if more == b"":  # a value, then EOF: the common case
-                os.close(fd)
+                    fd = os.open(path, _READ_FLAGS)
+                except OSError as exc:
+                    path, fd = self._open_slow(path, exc)
+                    out.append(self._read_rest(path, fd, None))
+                    continue
+                try:
+                    data = os.read(fd, _READ_LIMIT)
+                    got = len(data)
+                    more = os.read(fd, _READ_LIMIT - got) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
+                except OSError as exc:
+                    try:
+                        self._read_failed(path, fd, exc)
+                    finally:
+                        os.close(fd)
+                if more != b"":
+                    out.append(self._read_rest(path, fd, data if more is None else data + more))
+                    continue
+                os.close(fd)  # a value, then EOF: the common case
                 try:
                     out.append(data.decode("utf-8").rstrip("\n"))
                 except UnicodeDecodeError:
-                    out.append(self._attribute_text(path, data, lenient))
-                continue
-            try:
-                out.append(self._read_rest(path, fd, data if more is None else data + more))
+                    out.append(self._text(path, data))  # raises NotText
+            except FileNotFoundError:
+                if not lenient:
+                    raise
+                out.append(None)
             except NotText as exc:
                 if not lenient:
                     raise
                 out.append(_not_text(exc))
         return out
-
-    def _attribute_slow(self, path: str, failed: OSError, lenient: bool) -> str | None:
-        """An attribute whose open failed (absent, a link, not a plain file), read as `_read` reads it."""
-        try:
-            path, fd = self._open_slow(path, failed)
-            return self._read_rest(path, fd, None)
-        except FileNotFoundError:
-            if lenient:
-                return None
-            raise
-        except NotText as exc:
-            if lenient:
-                return _not_text(exc)
-            raise
-
-    def _attribute_text(self, path: str, data: bytes, lenient: bool) -> str | None:
-        try:
-            return self._text(path, data)
-        except NotText as exc:
-            if lenient:
-                return _not_text(exc)
-            raise
 
     def _refuse_special(self, fd: int, path: str) -> None:
         """Refuse what `fd` is when it is not a regular file; a regular file (or a failed fstat) returns."""
@@ -612,15 +599,9 @@ class SysDir(PathReads):
         """`value` of each of `names`, in order, in one call: what a pass reads together from one
         directory (a function's ids, an interface's mtu, operstate and flags). The first that is refused
         or unreadable raises, as `value` would."""
-        for name in names:
-            if "/" in name or name in _NOT_COMPONENTS:
-                raise ValueError(f"not a single path component: {name!r}")
         return self._attributes(self._prefix, names, True)
 
     def reads(self, names: tuple[str, ...]) -> builtins.list[str]:
         """`read` of each of `names`, in order, in one call (a port's state and phys_state): the first
         that is absent, refused, unreadable or not UTF-8 raises, as `read` would."""
-        for name in names:
-            if "/" in name or name in _NOT_COMPONENTS:
-                raise ValueError(f"not a single path component: {name!r}")
         return self._attributes(self._prefix, names, False)  # type: ignore[return-value]
