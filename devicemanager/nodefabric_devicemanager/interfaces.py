@@ -156,17 +156,11 @@ def _first_netdev(fn: PciFunction) -> SysDir | None:
 
 def _virtual_function(vf: PciFunction) -> VirtualFunction:
     fields = _placement(vf)
-    b = rdma.binding(vf.dir)
-    fields["rdma"] = bool(b.device)
-    fields["rdma_device"] = b.device
-    fields["rdma_software"] = b.software
-    fields["link"] = b.link
+    fields.update(_rdma_fields(rdma.binding(vf.dir)))
     netdev = _first_netdev(vf)
     if netdev is not None:
         fields["name"] = recorded_name(netdev.name)
-        mtu, operstate, flags = netdev.values(_NETDEV_ATTRIBUTES)
-        fields["mtu"] = _mtu(mtu)
-        fields["up"] = is_up(operstate, flags)
+        fields.update(_netdev_fields(netdev))
     return VirtualFunction(**fields)
 
 
