@@ -95,7 +95,7 @@ def write_spec(path: str, spec: Mapping[str, Any]) -> bool:
     different). Atomic all the same: the runtime's watcher never reads half a spec."""
     if read_spec(path) == spec:
         return False
-    write_new_spec(path, spec)
+    write_new_spec(path, spec_text(spec))
     return True
 
 
@@ -105,13 +105,12 @@ def spec_text(spec: Mapping[str, Any]) -> str:
     return SORTED_JSON.encode(spec)
 
 
-def write_new_spec(path: str, spec: Mapping[str, Any], *, text: str | None = None) -> None:
-    """Write the spec of a claim not prepared before, as `write_spec` does but without reading what is
-    there first: a first prepare finds no spec of its own under the claim's name (a leftover, the only
-    thing that could be there, is replaced whole, as `write_spec` replaces a different one). `text`:
-    the spec already encoded (`spec_text`)."""
-    data = (spec_text(spec) if text is None else text).encode() + b"\n"
-    write_atomically(path, data, sync=False)
+def write_new_spec(path: str, text: str) -> None:
+    """Write the spec of a claim not prepared before (`text`: encoded by `spec_text`), as `write_spec`
+    does but without reading what is there first: a first prepare finds no spec of its own under the
+    claim's name (a leftover, the only thing that could be there, is replaced whole, as `write_spec`
+    replaces a different one)."""
+    write_atomically(path, text.encode() + b"\n", sync=False)
 
 
 def remove_spec(path: str) -> bool:

@@ -528,7 +528,7 @@ class Preparer:
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
         entry.commit(prepared, spec_text=text)  # releases the file itself when it fails
         try:
-            cdi.write_new_spec(path, prepared.spec, text=text)
+            cdi.write_new_spec(path, text)
         except BaseException:
             # Forgotten durably: the entry was written, and must not come back as a prepared claim.
             with contextlib.suppress(OSError):
