@@ -359,6 +359,13 @@ class Gate:
 
         monkeypatch.setattr(where, call, held)
 
+    async def hold_a_change(self, c: Client, node: str = "n1") -> None:
+        """Closed, then `node`'s record changed (its link failed): returns once its publish is held."""
+        self.open.clear()
+        self.entered.clear()
+        await c.put_devices(gpu_node(node, LinkState.FAILED))
+        assert await asyncio.to_thread(self.entered.wait, 30)
+
 
 @contextlib.asynccontextmanager
 async def stoppable_operator(k: Any, gate: Gate, **options: Any) -> AsyncIterator[threading.Event]:
@@ -442,10 +449,7 @@ async def test_a_deletion_waiting_behind_a_publish_when_the_devices_crd_goes_is_
             for name in ("n1", "n2"):
                 assert await eventually(lambda name=name: _ours_on_node(c, name))
             await settle(k)
-            gate.open.clear()
-            gate.entered.clear()
-            await c.put_devices(gpu_node("n1", LinkState.FAILED))
-            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await gate.hold_a_change(c)
             await asyncio.to_thread(
                 ext.delete_custom_resource_definition, crd.devices_crd()["metadata"]["name"]
             )
@@ -574,10 +578,7 @@ async def test_a_record_deleted_and_created_again_while_its_publish_is_held_ends
         async with running_operator(k):
             assert await eventually(lambda: _is(c, "n1", "true"))
             await settle(k)
-            gate.open.clear()
-            gate.entered.clear()
-            await c.put_devices(gpu_node("n1", LinkState.FAILED))
-            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await gate.hold_a_change(c)
             await c.delete_devices("n1")
             await c.put_devices(gpu_node("n1"), node_owner=False)
             uid = (await c.devices("n1"))["metadata"]["uid"]
@@ -609,10 +610,7 @@ async def test_a_sink_edit_held_back_behind_a_publish_is_not_repaired_after_the_
         async with stoppable_operator(k, gate) as stop:
             assert await eventually(lambda: _is(c, "n1", "true"))
             await settle(k)
-            gate.open.clear()
-            gate.entered.clear()
-            await c.put_devices(gpu_node("n1", LinkState.FAILED))
-            assert await asyncio.to_thread(gate.entered.wait, 30)
+            await gate.hold_a_change(c)
             await c.edit_nodefeature("n1", {"spec": {"labels": {MEMBERS: None}}})
             await asyncio.sleep(0.5)  # its event is held back behind the publish
             stop.set()
