@@ -106,15 +106,7 @@ class AsyncClient:
     async def send(self, request: apicall.Request) -> bytes:
         """The answer's bytes; ApiException for an answer outside 2xx (a 401 refreshes the credential and
         sends the request once more, as rawcall.send does)."""
-        url, headers, data = rawcall.prepared(
-            self.api,
-            request.method,
-            request.path,
-            request.params,
-            request.body,
-            content_type=request.content_type,
-            query=request.query,
-        )
+        url, headers, data = request.prepared(self.api)
         token = await self._credential(now_due=False)
         try:
             return await self._request(request.method, url, headers, data, token)

@@ -44,6 +44,18 @@ class Request:
     content_type: str = rawcall.JSON
     query: Sequence[tuple[str, str | int]] = ()
 
+    def prepared(self, api: kubernetes.client.ApiClient) -> tuple[str, dict[str, str], bytes | None]:
+        """Its URL, headers (no credential) and body, as either client sends them (rawcall.prepared)."""
+        return rawcall.prepared(
+            api,
+            self.method,
+            self.path,
+            self.params,
+            self.body,
+            content_type=self.content_type,
+            query=self.query,
+        )
+
 
 Calls = Generator[Request, bytes, T]
 
@@ -86,15 +98,7 @@ def run(
             _stop_if(stopping, calls)
             metrics.requested(request.verb, request.resource)
             try:
-                answer = rawcall.send(
-                    api,
-                    request.method,
-                    request.path,
-                    request.params,
-                    request.body,
-                    content_type=request.content_type,
-                    query=request.query,
-                )
+                answer = rawcall.send_prepared(api, request.method, *request.prepared(api))
             except Exception as err:
                 _stop_if(stopping, calls)
                 request = calls.throw(err)

@@ -104,8 +104,15 @@ def send(
     """The answer's bytes; ApiException for an answer outside 2xx. `path` has `{name}` placeholders
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
     string (quoted too)."""
-    config = api.configuration
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
+    return send_prepared(api, method, url, headers, data)
+
+
+def send_prepared(
+    api: kubernetes.client.ApiClient, method: str, url: str, headers: dict[str, str], data: bytes | None
+) -> bytes:
+    """`send` of a request already `prepared`."""
+    config = api.configuration
     token = authorization(config)
     try:
         return _request(api, method, url, headers, data, token=token)
