@@ -44,8 +44,10 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     assert lines[8].startswith("prepare, first against a claim GET + an empty call (")
     assert "(before x" in lines[8]
     assert lines[9].startswith("against the claim GET alone: prepare, first x") and "floor" in lines[9]
+    assert lines[10].startswith("prepare, first without its two files (a ceiling, not a driver) x")
+    assert "the files cost" in lines[10] and "the rest above the floor" in lines[10]
     assert " p90 " in lines[1] and " p99 " in lines[1]
-    del lines[6:10]
+    del lines[6:11]
     assert lines[6].startswith("steady state, 10 syncs: 0 requests, 0 bytes; a LIST ")
     assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
     assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")
