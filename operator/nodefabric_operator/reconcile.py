@@ -37,6 +37,7 @@ from nodefabric_operator.noderecord import (
     prepare,
 )
 from nodefabric_operator.nodewatch import LabelsOnNode
+from nodefabric_operator.progress import FirstPublications
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.statuswriter import Applied, StatusWriter
 from nodefabric_operator.view import SinkView, at_or_below, part, version
@@ -89,6 +90,7 @@ class Reconciler:
         self.backoffs = tuple(backoffs)
         self.view = SinkView()
         self.ledger = Ledger()
+        self.first_publications = FirstPublications()
         self.status = StatusWriter(api, sink, domain, self.metrics)
         self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
@@ -297,14 +299,21 @@ class Reconciler:
         outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
         self.metrics.inc(self.metrics.reconciles, outcome)
         if published.wrote:
-            log.info(
-                "labels published",
-                extra={
-                    "node": name,
-                    "target": published.target,
-                    "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
-                },
-            )
+            # A first publication that only adds keys is counted into one line (progress.py); its own
+            # line only at DEBUG. Any other write keeps its INFO line.
+            quiet = before.status.labels_published_time is None and all(c.old is None for c in changes)
+            if quiet:
+                self.first_publications.add(name)
+            if not quiet or log.isEnabledFor(logging.DEBUG):
+                log.log(
+                    logging.DEBUG if quiet else logging.INFO,
+                    "labels published",
+                    extra={
+                        "node": name,
+                        "target": published.target,
+                        "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
+                    },
+                )
         return Outcome(outcome, changes, applied.status_written)
 
     async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
@@ -338,8 +347,10 @@ class Reconciler:
         return Outcome("error")
 
     def close(self) -> None:
-        """Stop retries that are due later (the operator is stopping)."""
+        """Stop retries that are due later (the operator is stopping); what the first publications'
+        summary has counted so far is logged now."""
         self.requeue.close()
+        self.first_publications.flush()
 
     async def aclose(self) -> None:
         """Close the connections the writes were sent on (the operator stopped)."""
