@@ -12,6 +12,7 @@ so is a sink object event that brings nothing newer than the view (the echo of o
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -283,8 +284,7 @@ class Reconciler:
         if not applied.superseded:
             self.ledger.handled[name] = record.rv
         changes = tuple(published.plan.changes)
-        for change in changes:
-            self.metrics.inc(self.metrics.label_changes, change.kind)
+        self._count_changes(changes)
         for key in published.plan.kept:
             self.metrics.inc(self.metrics.removals_skipped, labels.family(key, self.domain) or "")
         if published.plan.kept:
@@ -315,6 +315,12 @@ class Reconciler:
                     },
                 )
         return Outcome(outcome, changes, applied.status_written)
+
+    def _count_changes(self, changes: Sequence[labels.Change]) -> None:
+        # One increment per kind, not per change: a first publication adds every key (five or more).
+        kinds = collections.Counter(c.kind for c in changes)
+        for kind, count in kinds.items():
+            self.metrics.inc(self.metrics.label_changes, kind, amount=count)
 
     async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
         name = record.name
@@ -364,8 +370,7 @@ class Reconciler:
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:
             self.view.observe(published.now)
-        for c in changes:
-            self.metrics.inc(self.metrics.label_changes, c.kind)
+        self._count_changes(changes)
         if changes:
             log.info(
                 "labels withdrawn with the devices record", extra={"node": name, "removed": len(changes)}
