@@ -7,10 +7,11 @@ line, a write and a flush each: 0.43 s over 2,000 records) and thousands of line
 So those lines are counted instead: a progress line every EVERY records (`first publications in
 progress published=500`), and once none came for QUIET_S (the timer looks every QUIET_S, so at most
 twice that), a summary (`labels published for the first time records=2000 seconds=9.1 nodes="n1 n2 n3
-n4 n5 and 1995 more"`); a lone new node is then one line naming it, a few seconds late. Each record's
-own line is still written at DEBUG. Everything else a record meets keeps its own line: a failure
-(ERROR), a retry or a withheld value (WARNING), a publication that changes or removes a value (INFO,
-with an Event). Only the operator's event loop touches it.
+n4 n5 and 1995 more"`); a lone new node is then one line naming it, a few seconds late. While they keep
+coming, a summary is still written at least every LONGEST_S (a slow trickle of new nodes is named
+within a minute). Each record's own line is still written at DEBUG. Everything else a record meets
+keeps its own line: a failure (ERROR), a retry or a withheld value (WARNING), a publication that
+changes or removes a value (INFO, with an Event). Only the operator's event loop touches it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 EVERY = 500  # records between two progress lines
 QUIET_S = 2.0  # seconds without a first publication before the summary line
+LONGEST_S = 60.0  # a summary at least this often while they keep coming (a slow trickle of new nodes)
 NAMED = 5  # nodes the summary names
 
 
@@ -33,11 +35,13 @@ class FirstPublications:
         *,
         every: int | None = None,
         quiet_s: float | None = None,
+        longest_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # Defaults: the module's values as they are when the operator starts (tests set them).
         self.every = max(1, EVERY if every is None else every)
         self.quiet_s = QUIET_S if quiet_s is None else quiet_s
+        self.longest_s = LONGEST_S if longest_s is None else longest_s
         self.clock = clock
         self.count = 0  # since the last summary
         self.names: list[str] = []  # the first NAMED of them
@@ -66,7 +70,7 @@ class FirstPublications:
     def _check(self) -> None:
         # One timer per QUIET_S, not one per record: it looks whether any came since it was set.
         self._timer = None
-        if self.count != self._seen_at_check:
+        if self.count != self._seen_at_check and self.clock() - self.started < self.longest_s:
             self._seen_at_check = self.count
             self._timer = asyncio.get_running_loop().call_later(self.quiet_s, self._check)
             return

@@ -295,3 +295,18 @@ async def test_first_publications_spread_out_but_never_quiet_make_one_summary(ca
     summaries = [r for r in caplog.records if r.getMessage() == "labels published for the first time"]
     assert [(r.records, r.nodes) for r in summaries] == [(6, "n0 n1 n2 n3 n4 and 1 more"), (1, "late")]
     assert 0.4 <= summaries[0].seconds <= 2.0
+
+
+async def test_first_publications_that_never_stop_are_summed_up_at_least_every_so_often(caplog):
+    """A slow trickle of new nodes, each within the quiet period of the last, still gets its summary
+    lines (at least every `longest_s`), and together they count every record once."""
+    counted = progress.FirstPublications(every=1000, quiet_s=0.2, longest_s=0.5)
+    with caplog.at_level(logging.INFO, logger=progress.__name__):
+        for i in range(14):
+            counted.add(f"n{i}")
+            await asyncio.sleep(0.1)
+        await eventually(lambda: counted.count == 0)
+    summaries = [r for r in caplog.records if r.getMessage() == "labels published for the first time"]
+    assert len(summaries) >= 2
+    assert sum(r.records for r in summaries) == 14
+    assert summaries[0].nodes.startswith("n0 n1 n2 n3 n4")
