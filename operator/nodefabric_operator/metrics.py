@@ -110,14 +110,14 @@ class Metrics:
             registry=self.registry,
         )
 
-    def inc(self, counter: Counter, *values: str) -> None:
+    def inc(self, counter: Counter, *values: str, amount: float = 1) -> None:
         """`counter.labels(*values).inc()`, each label set's child looked up once: `labels()` checks and
         joins its arguments on every call, and a first sync makes about ten of them per record."""
         key = (id(counter), values)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = counter.labels(*values)
-        child.inc()
+        child.inc(amount)
 
     def requested(self, verb: str, resource: str) -> None:
         """One more API request counted."""

@@ -144,9 +144,13 @@ def next_status(
     return new
 
 
-def status_patch(current: DevicesStatus, new: DevicesStatus) -> dict[str, Any] | None:
-    """The merge patch from `current` to `new`, or None when they are equal (no write)."""
-    old_wire, new_wire = current.wire(), new.wire()
+def status_patch(
+    current: DevicesStatus, new: DevicesStatus, new_wire: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The merge patch from `current` to `new` (`new_wire`: new.wire(), when the caller has it), or None
+    when they are equal (no write)."""
+    old_wire = current.wire()
+    new_wire = new.wire() if new_wire is None else new_wire
     if old_wire == new_wire:
         return None
     body = dict(new_wire)

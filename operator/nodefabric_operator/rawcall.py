@@ -20,6 +20,7 @@ reconcile.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import weakref
@@ -37,6 +38,9 @@ REFRESH_S = 1.0  # how often the configuration's token refresh hook runs, at mos
 # To connect, and between two reads of the answer (read at each request). A stop waits for a write in
 # flight through every cancel (inflight.settled): without a bound, a hung API server would hold it.
 REQUEST_TIMEOUT_S = 60.0
+# What cannot go in a header. A regular expression, not a Python test of each character: a service
+# account's token is about 1 KB, checked on every request.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 _refreshed: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _refreshing = threading.Lock()
@@ -77,7 +81,7 @@ def credential(config: Any) -> str | None:
         return None
     prefix = prefixes.get("BearerToken", prefixes.get("authorization"))
     value = f"{prefix} {key}" if prefix else str(key)
-    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+    if _CONTROL.search(value):
         # Refused here, before either client sees it: http.client's refusal quotes the whole header
         # (the token) in its message, aiohttp's says nothing of where the bad value came from.
         raise UnusableCredential(

@@ -12,6 +12,7 @@ so is a sink object event that brings nothing newer than the view (the echo of o
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,7 @@ from nodefabric_operator.noderecord import (
     prepare,
 )
 from nodefabric_operator.nodewatch import LabelsOnNode
+from nodefabric_operator.progress import FirstPublications
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.statuswriter import Applied, StatusWriter
 from nodefabric_operator.view import SinkView, at_or_below, part, version
@@ -89,6 +91,7 @@ class Reconciler:
         self.backoffs = tuple(backoffs)
         self.view = SinkView()
         self.ledger = Ledger()
+        self.first_publications = FirstPublications()
         self.status = StatusWriter(api, sink, domain, self.metrics)
         self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
@@ -281,8 +284,7 @@ class Reconciler:
         if not applied.superseded:
             self.ledger.handled[name] = record.rv
         changes = tuple(published.plan.changes)
-        for change in changes:
-            self.metrics.inc(self.metrics.label_changes, change.kind)
+        self._count_changes(changes)
         for key in published.plan.kept:
             self.metrics.inc(self.metrics.removals_skipped, labels.family(key, self.domain) or "")
         if published.plan.kept:
@@ -297,15 +299,28 @@ class Reconciler:
         outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
         self.metrics.inc(self.metrics.reconciles, outcome)
         if published.wrote:
-            log.info(
-                "labels published",
-                extra={
-                    "node": name,
-                    "target": published.target,
-                    "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
-                },
-            )
+            # A first publication that only adds keys is counted into one line (progress.py); its own
+            # line only at DEBUG. Any other write keeps its INFO line.
+            quiet = before.status.labels_published_time is None and all(c.old is None for c in changes)
+            if quiet:
+                self.first_publications.add(name)
+            if not quiet or log.isEnabledFor(logging.DEBUG):
+                log.log(
+                    logging.DEBUG if quiet else logging.INFO,
+                    "labels published",
+                    extra={
+                        "node": name,
+                        "target": published.target,
+                        "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
+                    },
+                )
         return Outcome(outcome, changes, applied.status_written)
+
+    def _count_changes(self, changes: Sequence[labels.Change]) -> None:
+        # One increment per kind, not per change: a first publication adds every key (five or more).
+        kinds = collections.Counter(c.kind for c in changes)
+        for kind, count in kinds.items():
+            self.metrics.inc(self.metrics.label_changes, kind, amount=count)
 
     async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
         name = record.name
@@ -338,8 +353,10 @@ class Reconciler:
         return Outcome("error")
 
     def close(self) -> None:
-        """Stop retries that are due later (the operator is stopping)."""
+        """Stop retries that are due later (the operator is stopping); what the first publications'
+        summary has counted so far is logged now."""
         self.requeue.close()
+        self.first_publications.flush()
 
     async def aclose(self) -> None:
         """Close the connections the writes were sent on (the operator stopped)."""
@@ -353,8 +370,7 @@ class Reconciler:
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:
             self.view.observe(published.now)
-        for c in changes:
-            self.metrics.inc(self.metrics.label_changes, c.kind)
+        self._count_changes(changes)
         if changes:
             log.info(
                 "labels withdrawn with the devices record", extra={"node": name, "removed": len(changes)}

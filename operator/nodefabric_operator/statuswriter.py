@@ -88,7 +88,8 @@ class StatusWriter:
     def write(self, record: NodeRecord, new: DevicesStatus) -> Calls[NodeRecord | None]:
         """Patch /status with the version the operator last saw as precondition; None when nothing changes.
         A 409 is not re-read: the newer version is on its way through the watch (Superseded)."""
-        patch = status_patch(record.status, new)
+        wire = new.wire()
+        patch = status_patch(record.status, new, wire)
         if patch is None:
             return None
         body = {"metadata": {"resourceVersion": record.rv}, "status": patch}
@@ -103,10 +104,14 @@ class StatusWriter:
             if rawcall.status_of(err) == 404:
                 raise sinks.RecordGone(f"devices {record.name} is gone") from err
             raise
-        try:
-            status = DevicesStatus.model_validate(answer.get("status") or {})
-        except pydantic.ValidationError:
-            status = new  # another writer's field we cannot read: ours is what we just wrote
+        got = answer.get("status") or {}
+        if got == wire:
+            status = new  # as written (the usual answer): not parsed again
+        else:
+            try:
+                status = DevicesStatus.model_validate(got)
+            except pydantic.ValidationError:
+                status = new  # another writer's field we cannot read: ours is what we just wrote
         return dataclasses.replace(record, rv=version(answer), status=status)
 
     def record_failure(self, record: NodeRecord, condition: Condition) -> Calls[NodeRecord | None]:

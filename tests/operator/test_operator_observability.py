@@ -1,6 +1,6 @@
 """What the operator tells the person running it: metrics on `/metrics` only (no `_created` series, the
 process's own figures), `/healthz` only on its port, and log lines that carry our fields and nothing of
-kopf's settings, one per event."""
+kopf's settings, one per event (a first sync's publications counted into one line)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import platform
+import shlex
 import socket
 import urllib.error
 import urllib.request
@@ -21,7 +22,8 @@ from operator_harness import Client, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, logs
-from nodefabric_operator import kopflog
+from nodefabric_devicemanager.models import LinkState
+from nodefabric_operator import kopflog, progress
 from nodefabric_operator.demo.kubeapi import running_api
 
 
@@ -131,31 +133,136 @@ def operator_lines(text: str, fmt: str = "text") -> list[str]:
     return [line for line in text.splitlines() if not logger(line).startswith(("aiohttp.", "kmock"))]
 
 
+def fields(line: str, fmt: str) -> dict[str, str]:
+    """A line's message and fields, from either format."""
+    if fmt == "json":
+        return {k: str(v) for k, v in json.loads(line).items()}
+    ts, level, logger, rest = line.split(" ", 3)
+    msg, _, tail = rest[1:].partition('" ')  # the message is JSON-quoted, the fields follow
+    out = {"ts": ts, "level": level, "logger": logger, "msg": msg}
+    for token in shlex.split(tail):
+        key, _, value = token.partition("=")
+        out[key] = value
+    return out
+
+
+async def seeded(k, c: Client, names: list[str]) -> None:
+    for name in names:
+        await c.node(name)
+        await c.put_devices(gpu_record(name))
+
+
 @pytest.mark.parametrize("fmt", ["text", "json"])
-async def test_a_first_sync_logs_one_short_line_per_record(fmt):
-    n = 6
+async def test_a_first_sync_logs_one_summary_not_a_line_per_record(fmt, monkeypatch):
+    """Records published for the first time (adding keys only) are counted into one line once they stop
+    coming, which names the first few nodes; their own lines are DEBUG only."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.5)
+    n = 7
+    names = [f"n{i}" for i in range(n)]
     formatter = logs.JsonFormatter() if fmt == "json" else logs.KeyValueFormatter()
     async with running_api([crd.devices_crd()]) as k:
-        c = Client(k.kubeconfig)
-        for i in range(n):
-            await c.node(f"n{i}")
-            await c.put_devices(gpu_record(f"n{i}"))
+        await seeded(k, Client(k.kubeconfig), names)
         with captured_logs(formatter) as out:
             async with running_operator(k) as metrics:
                 await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == n)
+                await eventually(lambda: "labels published for the first time" in out.getvalue())
                 await settle(k)
     lines = operator_lines(out.getvalue(), fmt)
-    published = [line for line in lines if "labels published" in line]
-    assert len(published) == n  # one per record, and the rest are the start's few lines
-    assert len(lines) <= n + 10, lines
+    parsed = [fields(line, fmt) for line in lines]
+    assert not [f for f in parsed if f["msg"] == "labels published"]
+    summaries = [f for f in parsed if f["msg"] == "labels published for the first time"]
+    assert len(summaries) == 1, lines
+    (summary,) = summaries
+    assert summary["level"] == "info" and summary["records"] == str(n)
+    shown = summary["nodes"].split(" and ")[0].split()
+    assert set(shown) <= set(names) and len(shown) == progress.NAMED
+    assert summary["nodes"].endswith(f" and {n - progress.NAMED} more")
+    assert float(summary["seconds"]) >= 0
+    assert len(lines) <= 10, lines  # the start's few lines and the summary
     for line in lines:
         assert "OperatorSettings" not in line and "settings" not in line and "k8s_ref" not in line, line
-    # Before: about 8 KB of log per record (kopf's settings object in every handler line).
-    assert sum(len(line) + 1 for line in published) / n < 400
-    if fmt == "json":
-        record = json.loads(published[0])
-        assert set(record) == {"ts", "level", "logger", "msg", "node", "target", "changes"}
-        assert record["changes"].startswith("+fabric.domain=nvlink-")
+    assert set(summary) == {"ts", "level", "logger", "msg", "records", "seconds", "nodes"}
+
+
+async def test_each_record_s_first_publication_still_shows_at_debug():
+    async with running_api([crd.devices_crd()]) as k:
+        await seeded(k, Client(k.kubeconfig), ["n0", "n1"])
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 2)
+                await settle(k)
+    lines = [json.loads(line) for line in operator_lines(out.getvalue(), "json")]
+    own = [line for line in lines if line["msg"] == "labels published"]
+    assert sorted(line["node"] for line in own) == ["n0", "n1"]
+    assert {line["level"] for line in own} == {"debug"}
+    assert all(line["changes"].startswith("+fabric.domain=nvlink-") for line in own)
+
+
+async def test_a_progress_line_every_so_many_first_publications(monkeypatch):
+    """Progress while a long first sync runs: a line each EVERY records, with the count so far; a stop
+    before the quiet period ends still logs the summary of what was counted."""
+    monkeypatch.setattr(progress, "EVERY", 2)
+    monkeypatch.setattr(progress, "QUIET_S", 60.0)  # only the stop ends the count here
+    n = 5
+    async with running_api([crd.devices_crd()]) as k:
+        await seeded(k, Client(k.kubeconfig), [f"n{i}" for i in range(n)])
+        with captured_logs(logs.JsonFormatter()) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == n)
+                await settle(k)
+                assert "labels published for the first time" not in out.getvalue()
+    lines = [json.loads(line) for line in operator_lines(out.getvalue(), "json")]
+    progressed = [line["published"] for line in lines if line["msg"] == "first publications in progress"]
+    assert progressed == [2, 4]
+    (summary,) = [line for line in lines if line["msg"] == "labels published for the first time"]
+    assert summary["records"] == n
+
+
+async def test_a_publication_that_changes_a_published_record_keeps_its_own_line(monkeypatch):
+    """Only first publications that add keys are counted together: a record whose labels change later
+    (an RDMA link failing) gets its own INFO line, with what changed."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.3)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n0", "n1"])
+        with captured_logs(logs.JsonFormatter()) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 2)
+                await eventually(lambda: "labels published for the first time" in out.getvalue())
+                failed = devices(
+                    "n1",
+                    interfaces=[nic(link=LinkState.FAILED)],
+                    groups=[group("nvidia", gpu(0, fabric=nvlink()))],
+                )
+                await c.put_devices(failed)
+                await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 3)
+                await settle(k)
+    lines = [json.loads(line) for line in operator_lines(out.getvalue(), "json")]
+    (own,) = [line for line in lines if line["msg"] == "labels published"]
+    assert own["level"] == "info" and own["node"] == "n1"
+    assert "-rdma.capable(was true)" in own["changes"]
+    (summary,) = [line for line in lines if line["msg"] == "labels published for the first time"]
+    assert summary["records"] == 2 and summary["nodes"] in ("n0 n1", "n1 n0")
+
+
+async def test_a_failed_first_publication_keeps_its_own_error_line(monkeypatch):
+    """A record that cannot be published (its Node does not exist) is named in an ERROR line of its own,
+    and is not counted among the first publications."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.3)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n0"])
+        await c.put_devices(gpu_record("ghost"), node_owner=False)  # no Node named ghost
+        with captured_logs(logs.JsonFormatter()) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
+                await eventually(lambda: "labels published for the first time" in out.getvalue())
+                await settle(k)
+    lines = [json.loads(line) for line in operator_lines(out.getvalue(), "json")]
+    errors = [line for line in lines if line["level"] == "error" and line.get("node") == "ghost"]
+    assert errors and errors[0]["msg"] == "labels not published", lines
+    summaries = [line for line in lines if line["msg"] == "labels published for the first time"]
+    assert [(s["records"], s["nodes"]) for s in summaries] == [(1, "n0")]
 
 
 def test_kopf_object_records_name_the_object_in_one_field():
@@ -171,3 +278,35 @@ def test_kopf_object_records_name_the_object_in_one_field():
     (line,) = out.getvalue().splitlines()
     assert line.endswith("\"Handler 'on_devices' failed temporarily: boom\" object=Devices/n1"), line
     assert len(line) < 160
+
+
+async def test_first_publications_spread_out_but_never_quiet_make_one_summary(caplog):
+    """The summary waits for a quiet period: records that keep coming, each within it of the last, are
+    one summary however long they take (one timer re-armed, not one per record); a pause makes two."""
+    counted = progress.FirstPublications(every=1000, quiet_s=0.2)
+    with caplog.at_level(logging.INFO, logger=progress.__name__):
+        for i in range(6):
+            counted.add(f"n{i}")
+            await asyncio.sleep(0.1)
+        await eventually(lambda: counted.count == 0)
+        counted.add("late")
+        await eventually(lambda: counted.count == 0)
+        counted.flush()  # nothing counted: no line
+    summaries = [r for r in caplog.records if r.getMessage() == "labels published for the first time"]
+    assert [(r.records, r.nodes) for r in summaries] == [(6, "n0 n1 n2 n3 n4 and 1 more"), (1, "late")]
+    assert 0.4 <= summaries[0].seconds <= 2.0
+
+
+async def test_first_publications_that_never_stop_are_summed_up_at_least_every_so_often(caplog):
+    """A slow trickle of new nodes, each within the quiet period of the last, still gets its summary
+    lines (at least every `longest_s`), and together they count every record once."""
+    counted = progress.FirstPublications(every=1000, quiet_s=0.2, longest_s=0.5)
+    with caplog.at_level(logging.INFO, logger=progress.__name__):
+        for i in range(14):
+            counted.add(f"n{i}")
+            await asyncio.sleep(0.1)
+        await eventually(lambda: counted.count == 0)
+    summaries = [r for r in caplog.records if r.getMessage() == "labels published for the first time"]
+    assert len(summaries) >= 2
+    assert sum(r.records for r in summaries) == 14
+    assert summaries[0].nodes.startswith("n0 n1 n2 n3 n4")
