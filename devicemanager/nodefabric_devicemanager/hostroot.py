@@ -108,6 +108,10 @@ def recorded_name(name: str) -> str:
 
 
 _NOT_COMPONENTS = frozenset({"", ".", ".."})
+# Tuples of attribute names `_attributes` has checked to be single path components: the callers' own
+# constants, checked once rather than on every call of a pass; bounded, as a caller could pass any.
+_CHECKED_NAMES: set[tuple[str, ...]] = set()
+_CHECKED_NAMES_MAX = 64
 _FD_LINKS = "/proc/self/fd"
 _DELETED = " (deleted)"  # what the kernel appends to /proc/self/fd/N of a removed directory
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
@@ -314,23 +318,35 @@ class PathReads:
         except UnicodeDecodeError as exc:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
 
-    def _attributes(self, prefix: str, names: tuple[str, ...], lenient: bool) -> builtins.list[str | None]:
+    def _attributes(
+        self, prefix: str, names: tuple[str, ...], lenient: bool, dir_fd: int | None = None
+    ) -> builtins.list[str | None]:
         """`_read(prefix + name)` for each of `names` (each checked to be a single path component), with
         the common case inline: one open, a read that gives a value, the read that hears EOF, a close.
         Anything else takes `_read`'s own steps from where this left off (`_open_slow` for an open that
         failed, `_read_rest` for reads that gave nothing, too much or more), so every answer and refusal
         is `_read`'s.
         `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText, logged) are
-        None; otherwise they raise."""
-        for name in names:
-            if "/" in name or name in _NOT_COMPONENTS:
-                raise ValueError(f"not a single path component: {name!r}")
+        None; otherwise they raise.
+        `dir_fd`: a descriptor of the directory `prefix` names (resolved and checked): the common case
+        opens each name relative to it (no path walk, and the very directory that was checked), an open
+        that fails takes `_open_slow` by path as without it."""
+        if names not in _CHECKED_NAMES:
+            for name in names:
+                if "/" in name or name in _NOT_COMPONENTS:
+                    raise ValueError(f"not a single path component: {name!r}")
+            if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
+                _CHECKED_NAMES.add(names)
         out: builtins.list[str | None] = []
         for name in names:
             path = prefix + name
             try:
                 try:
-                    fd = os.open(path, _READ_FLAGS)
+                    fd = (
+                        os.open(path, _READ_FLAGS)
+                        if dir_fd is None
+                        else os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+                    )
                 except OSError as exc:
                     path, fd = self._open_slow(path, exc)
                     out.append(self._read_rest(path, fd, None))
@@ -495,6 +511,41 @@ class SysDir(PathReads):
             return SysDir(self.host, resolved)
         return self.child(name)
 
+    def child_link_read(
+        self, name: str, attributes: tuple[str, ...], link: str
+    ) -> tuple[SysDir, builtins.list[str | None] | None, str | None]:
+        """`child_link(name)`, then that directory's `values(attributes)` and `link_name(link)`, in one
+        step: the descriptor that resolved the entry stays open while they are read through it (opens
+        relative to it: no path walk per attribute, and what is read is the directory whose resolved
+        path was checked, even if a component of that path is swapped meanwhile). Anything child_link's
+        common case does not take (absent, dangling, looping, outside the root, not a directory, no
+        /proc) takes child_link, values and link_name by path for their exact answers and refusals.
+        A link that lands on a directory of another name (`bus/devices/A` -> `.../B`) is resolved but
+        not read: values None, for the caller to refuse before anything of it is read."""
+        path = self._child_path(name)
+        if _HAVE_FD_LINKS:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    try:
+                        resolved = os.readlink(f"{_FD_LINKS}/{fd}")
+                    except OSError:
+                        resolved = ""
+                    if resolved and self.host.contains(resolved) and not resolved.endswith(_DELETED):
+                        d = SysDir(self.host, resolved)
+                        if d.name != name:
+                            return d, None, None
+                        return d, d._attributes(d._prefix, attributes, True, fd), d.link_name(link, dir_fd=fd)
+                finally:
+                    os.close(fd)
+        d = self.child(name)
+        if d.name != name:
+            return d, None, None
+        return d, d.values(attributes), d.link_name(link)
+
     def child_link_opt(self, name: str) -> SysDir | None:
         try:
             return self.child_link(name)
@@ -564,16 +615,19 @@ class SysDir(PathReads):
         except OSError:
             return None
 
-    def link_name(self, name: str) -> str | None:
-        """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it."""
+    def link_name(self, name: str, *, dir_fd: int | None = None) -> str | None:
+        """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it.
+        `dir_fd`: a descriptor of this directory, to read the link relative to (`child_link_read`)."""
+        path = self._child_path(name)
         try:
-            return os.readlink(self._child_path(name)).rpartition("/")[2]
+            target = os.readlink(path) if dir_fd is None else os.readlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno == errno.EINVAL:  # not a symlink
                 return None
-            raise HostReadError(self.host.display(self._child_path(name)), exc.strerror or str(exc)) from exc
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        return target.rpartition("/")[2]
 
     def read(self, name: str) -> str:
         """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent,

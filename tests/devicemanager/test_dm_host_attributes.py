@@ -158,3 +158,88 @@ def test_a_name_that_is_not_one_component_is_refused_before_anything_is_read(att
             attrs.values(("plain", bad))
         with pytest.raises(ValueError, match="not a single path component"):
             attrs.reads((bad,))
+
+
+# `child_link_read`: a directory resolved and read through the descriptor that resolved it. Every answer
+# and refusal must be the one `child_link`, then `values` and `link_name`, give over the same tree.
+
+
+@pytest.fixture
+def bus(attrs: SysDir) -> SysDir:
+    """A directory of links to `attrs` (as /sys/bus/pci/devices links to function directories), and of
+    every kind of entry a hostile host can put under a function's name."""
+    b = Path(attrs.host.root) / "sys" / "bus"
+    b.mkdir()
+    (b / "dev").symlink_to("../dev")
+    (b / "file").write_text("x\n")
+    (b / "real").mkdir()
+    (b / "real" / "vendor").write_text("0x15b3\n")
+    (b / "dangling").symlink_to("../gone")
+    (b / "loop").symlink_to("loop")
+    (b / "outside").symlink_to("../../../outside-dir")
+    (Path(attrs.host.root).parent / "outside-dir").mkdir()
+    (b / "renamed").symlink_to("../dev")  # lands on a directory of another name
+    (b / "to-file").symlink_to("file")
+    return attrs.host.dir("/sys/bus")
+
+
+def _by_steps(parent: SysDir, name: str, names: tuple[str, ...], link: str) -> tuple[str, object]:
+    def steps() -> object:
+        d = parent.child_link(name)
+        if d.name != name:
+            return (d.path, None, None)
+        return (d.path, d.values(names), d.link_name(link))
+
+    return _outcome(steps)
+
+
+def _at_once(parent: SysDir, name: str, names: tuple[str, ...], link: str) -> tuple[str, object]:
+    def call() -> object:
+        d, values, target = parent.child_link_read(name, names, link)
+        return (d.path, values, target)
+
+    return _outcome(call)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_child_link_read_answers_and_refuses_each_attribute_as_values_does(bus: SysDir, name: str) -> None:
+    for names in ((name,), ("plain", name, "no-newline")):
+        for link in ("link-inside", name):
+            assert _at_once(bus, "dev", names, link) == _by_steps(bus, "dev", names, link), (names, link)
+
+
+@pytest.mark.parametrize(
+    "entry", ["dev", "absent", "file", "real", "dangling", "loop", "outside", "renamed", "to-file"]
+)
+def test_child_link_read_answers_and_refuses_each_entry_as_child_link_does(bus: SysDir, entry: str) -> None:
+    names = ("plain", "absent", "vendor")
+    assert _at_once(bus, entry, names, "link-inside") == _by_steps(bus, entry, names, "link-inside")
+
+
+def test_child_link_read_of_another_name_reads_nothing(bus: SysDir) -> None:
+    d, values, target = bus.child_link_read("renamed", ("plain",), "link-inside")
+    assert d.name == "dev" and values is None and target is None
+
+
+def test_child_link_read_reads_the_directory_it_resolved_even_when_its_path_is_swapped(
+    bus: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the resolution and the reads, the resolved directory is moved away and another put in its
+    place: the values are the checked directory's, not what its path names now."""
+    dev = Path(bus.host.root) / "sys" / "dev"
+    contains = HostRoot.contains
+
+    def swap_then_check(self: HostRoot, resolved: str) -> bool:
+        if resolved == str(dev) and not (dev.parent / "dev.old").exists():
+            dev.rename(dev.parent / "dev.old")
+            dev.mkdir()
+            (dev / "plain").write_text("1500\n")
+            (dev / "link-inside").symlink_to("elsewhere")
+        return contains(self, resolved)
+
+    monkeypatch.setattr(HostRoot, "contains", swap_then_check)
+    d, values, target = bus.child_link_read("dev", ("plain", "no-newline"), "link-inside")
+    assert d.path == str(dev)
+    assert values == ["9000", "up"]  # what the directory resolved (now dev.old) holds
+    assert target == "plain"
+    assert dev.joinpath("plain").read_text() == "1500\n"  # the path names the planted one now
