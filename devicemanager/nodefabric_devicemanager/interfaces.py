@@ -138,9 +138,12 @@ def _mtu(raw: str | None) -> int | None:
 
 def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction | None:
     """The PCI function a netdev's `device` link names: from the walk, read directly if the walk missed it."""
-    if not pcimod.is_bus_id(device.name) or device.link_name("subsystem") != "pci":
+    name = device.name
+    known = pci.get(name)
+    # A name the walk keyed is a bus id already (the walk refuses any other): only another is asked.
+    if (known is None and not pcimod.is_bus_id(name)) or device.link_name("subsystem") != "pci":
         return None
-    return pci.get(device.name) or pcimod.read_function(device)
+    return known or pcimod.read_function(device)
 
 
 def _first_netdev(fn: PciFunction) -> SysDir | None:
@@ -248,15 +251,12 @@ def _device(netdev: SysDir, pci: Mapping[str, PciFunction]) -> SysDir | None:
     target = netdev.link_target("device")
     if target is not None:
         parts = target.split("/")
-        ups = 0
-        while ups < len(parts) and parts[ups] == "..":
-            ups += 1
-        rest = parts[ups:]
-        if ups and len(rest) <= 1 and rest not in ([""], ["."]):
-            base = netdev.path
-            for _ in range(ups):
-                base = base.rpartition("/")[0]
-            landed = f"{base}/{rest[0]}" if rest else base
+        # Every component `..`, or every one but the last, which names the function: `ups` steps up.
+        last = parts[-1]
+        ups = len(parts) if last == ".." else len(parts) - 1
+        if ups and parts.count("..") == ups and last not in ("", "."):
+            base = netdev.path.rsplit("/", ups)[0]
+            landed = base if last == ".." else f"{base}/{last}"
             fn = pci.get(landed.rpartition("/")[2])
             if fn is not None and fn.dir.path == landed:
                 return fn.dir
