@@ -319,7 +319,7 @@ class PathReads:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
 
     def _attributes(
-        self, prefix: str, names: tuple[str, ...], lenient: bool, dir_fd: int | None = None
+        self, prefix: str, names: tuple[str, ...], lenient: bool, dir_fd: int | None = None, rel: str = ""
     ) -> builtins.list[str | None]:
         """`_read(prefix + name)` for each of `names` (each checked to be a single path component), with
         the common case inline: one open, a read that gives a value, the read that hears EOF, a close.
@@ -328,9 +328,10 @@ class PathReads:
         is `_read`'s.
         `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText, logged) are
         None; otherwise they raise.
-        `dir_fd`: a descriptor of the directory `prefix` names (resolved and checked): the common case
-        opens each name relative to it (no path walk, and the very directory that was checked), an open
-        that fails takes `_open_slow` by path as without it."""
+        `dir_fd`: a descriptor of the directory `prefix` names (resolved and checked), or with `rel`
+        ("<entry>/") of the directory above it that a listing saw `<entry>` in as a real directory: the
+        common case opens `rel + name` relative to it (no path walk from the root, and the very directory
+        that was checked), an open that fails takes `_open_slow` by path as without it."""
         if names not in _CHECKED_NAMES:
             for name in names:
                 if "/" in name or name in _NOT_COMPONENTS:
@@ -342,12 +343,14 @@ class PathReads:
             path = prefix + name
             try:
                 try:
-                    fd = (
-                        os.open(path, _READ_FLAGS)
-                        if dir_fd is None
-                        else os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-                    )
+                    if dir_fd is None:
+                        fd = os.open(path, _READ_FLAGS)
+                    else:
+                        fd = os.open(rel + name, _READ_FLAGS, dir_fd=dir_fd)
                 except OSError as exc:
+                    if dir_fd is not None and isinstance(exc, FileNotFoundError):
+                        # Absent, named by its whole path as an open by path names it.
+                        exc = FileNotFoundError(exc.errno, exc.strerror, path)
                     path, fd = self._open_slow(path, exc)
                     out.append(self._read_rest(path, fd, None))
                     continue
@@ -579,6 +582,25 @@ class SysDir(PathReads):
         finally:
             os.close(fd)
 
+    def child_listing_opt(self, name: str) -> Listing | None:
+        """`child_entries_opt(name)`, with the descriptor it listed the directory through kept open (until
+        the `Listing` is closed: use it in `with`) for reading its entries' attributes relative to it
+        (`Listing.values`, `Listing.reads`). None when it is absent; a link, a file or anything else
+        takes `child` and `entries` for the exact answer and refusal, and its entries are read by path."""
+        path = self._child_path(name)
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            found = self.child_opt(name)
+            return None if found is None else Listing(found, found.entries(), None)
+        try:
+            return Listing(SysDir(self.host, path), _entries(fd, self.host, path), fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
 
@@ -659,3 +681,46 @@ class SysDir(PathReads):
         """`read` of each of `names`, in order, in one call (a port's state and phys_state): the first
         that is absent, refused, unreadable or not UTF-8 raises, as `read` would."""
         return self._attributes(self._prefix, names, False)  # type: ignore[return-value]
+
+
+class Listing:
+    """A directory (`dir`) and its sorted `entries`, listed through a descriptor that stays open until
+    `close` (or the end of a `with`): an entry the listing saw as a real directory has its attributes
+    opened relative to that descriptor (`<entry>/<attribute>`: two components walked, not the whole
+    path from the root, in the directory that was listed even if a component above it is swapped
+    meanwhile). Any other entry, and every entry of a directory reached through a link (no descriptor),
+    is read as `dir.listed_child(entry)` reads it, by path; the answers and refusals are the same."""
+
+    __slots__ = ("_fd", "dir", "entries")
+
+    def __init__(self, directory: SysDir, entries: list[tuple[str, bool]], fd: int | None) -> None:
+        self.dir = directory
+        self.entries = entries
+        self._fd = fd
+
+    def __enter__(self) -> Listing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def _read(
+        self, name: str, is_dir: bool, names: tuple[str, ...], lenient: bool
+    ) -> tuple[SysDir, list[str | None]]:
+        child = self.dir.listed_child(name, is_dir)
+        if is_dir and self._fd is not None:
+            return child, child._attributes(child._prefix, names, lenient, self._fd, name + "/")
+        return child, child._attributes(child._prefix, names, lenient)
+
+    def values(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str | None]]:
+        """The entry (`dir.listed_child(name, is_dir)`) and its `values(names)`."""
+        return self._read(name, is_dir, names, True)
+
+    def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str]]:
+        """The entry (`dir.listed_child(name, is_dir)`) and its `reads(names)`."""
+        return self._read(name, is_dir, names, False)  # type: ignore[return-value]

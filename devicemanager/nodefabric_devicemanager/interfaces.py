@@ -146,24 +146,30 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
     return known or pcimod.read_function(device)
 
 
-def _first_netdev(fn: PciFunction) -> SysDir | None:
+def _netdev_of(fn: PciFunction) -> tuple[SysDir, dict[str, Any]] | None:
+    """A function's first netdev (`<function>/net/<netdev>`) and its `_netdev_fields`; None when it has
+    none."""
     # Listed when the VF is read, not kept from the interface enumeration: an entry the listing saw as a
     # real directory is taken as one (`listed_child`), which holds only while the listing is fresh (a
-    # netdev swapped for a link out of the root since then would be read through it).
-    found = fn.dir.child_entries_opt("net")
-    if found is None or not found[1]:
+    # netdev swapped for a link out of the root since then would be read through it). Its attributes
+    # are read relative to the descriptor that listed it.
+    listing = fn.dir.child_listing_opt("net")
+    if listing is None:
         return None
-    net, entries = found
-    return net.listed_child(*entries[0])
+    with listing:
+        if not listing.entries:
+            return None
+        netdev, (mtu, operstate, flags) = listing.values(*listing.entries[0], _NETDEV_ATTRIBUTES)
+    return netdev, {"mtu": _mtu(mtu), "up": is_up(operstate, flags)}
 
 
 def _virtual_function(vf: PciFunction) -> VirtualFunction:
     fields = _placement(vf)
     fields.update(_rdma_fields(rdma.binding(vf.dir)))
-    netdev = _first_netdev(vf)
-    if netdev is not None:
-        fields["name"] = recorded_name(netdev.name)
-        fields.update(_netdev_fields(netdev))
+    found = _netdev_of(vf)
+    if found is not None:
+        fields["name"] = recorded_name(found[0].name)
+        fields.update(found[1])
     return VirtualFunction(**fields)
 
 

@@ -243,3 +243,111 @@ def test_child_link_read_reads_the_directory_it_resolved_even_when_its_path_is_s
     assert values == ["9000", "up"]  # what the directory resolved (now dev.old) holds
     assert target == "plain"
     assert dev.joinpath("plain").read_text() == "1500\n"  # the path names the planted one now
+
+
+# `child_listing_opt`: a directory listed through a descriptor that stays open while its entries'
+# attributes are read relative to it. Every answer and refusal must be `child_entries_opt`'s, then
+# `listed_child(...).values` / `.reads`'.
+
+
+@pytest.fixture
+def above(attrs: SysDir) -> SysDir:
+    """The directory holding `attrs` ("dev"), beside every kind of entry a listing can meet."""
+    sys_dir = Path(attrs.host.root) / "sys"
+    (sys_dir / "link-to-dev").symlink_to("dev")
+    (sys_dir / "outside").symlink_to("../../outside")
+    (sys_dir / "dangling").symlink_to("gone")
+    (sys_dir / "file").write_text("x\n")
+    (sys_dir / "loop").symlink_to("loop")
+    return attrs.host.dir("/sys")
+
+
+def _listing_outcome(parent: SysDir, name: str, entry: str, names: tuple[str, ...], lenient: bool) -> object:
+    def call() -> object:
+        listing = parent.child_listing_opt(name)
+        if listing is None:
+            return None
+        with listing:
+            is_dir = dict(listing.entries)[entry]
+            read = listing.values if lenient else listing.reads
+            child, got = read(entry, is_dir, names)
+            return (listing.dir.path, listing.entries, child.path, got)
+
+    return _outcome(call)
+
+
+def _steps_outcome(parent: SysDir, name: str, entry: str, names: tuple[str, ...], lenient: bool) -> object:
+    def call() -> object:
+        found = parent.child_entries_opt(name)
+        if found is None:
+            return None
+        d, entries = found
+        child = d.listed_child(entry, dict(entries)[entry])
+        return (d.path, entries, child.path, child.values(names) if lenient else child.reads(names))
+
+    return _outcome(call)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_listing_reads_each_attribute_as_values_and_reads_do(above: SysDir, name: str) -> None:
+    root = above.host.dir("/")
+    for names in ((name,), ("plain", name, "no-newline")):
+        for lenient in (True, False):
+            got = _listing_outcome(root, "sys", "dev", names, lenient)
+            assert got == _steps_outcome(root, "sys", "dev", names, lenient), (names, lenient)
+
+
+@pytest.mark.parametrize("entry", ["dev", "link-to-dev", "outside", "dangling", "file", "loop"])
+def test_a_listing_answers_and_refuses_each_entry_as_listed_child_does(above: SysDir, entry: str) -> None:
+    root = above.host.dir("/")
+    for lenient in (True, False):
+        names = ("plain", "absent") if lenient else ("plain",)
+        got = _listing_outcome(root, "sys", entry, names, lenient)
+        assert got == _steps_outcome(root, "sys", entry, names, lenient)
+
+
+@pytest.mark.parametrize("name", ["absent", "link-to-dev", "outside", "dangling", "file", "loop"])
+def test_a_listing_of_what_is_not_a_real_directory_answers_as_child_entries_opt_does(
+    above: SysDir, name: str
+) -> None:
+    def listing() -> object:
+        found = above.child_listing_opt(name)
+        if found is None:
+            return None
+        with found:
+            return (found.dir.path, found.entries)
+
+    def steps() -> object:
+        found = above.child_entries_opt(name)
+        return None if found is None else (found[0].path, found[1])
+
+    assert _outcome(listing) == _outcome(steps)
+
+
+def test_a_listing_reads_the_directory_it_listed_even_when_its_path_is_swapped(above: SysDir) -> None:
+    """After the listing, the listed directory is moved away and another put in its place: its entries'
+    attributes are read from the directory that was listed, not from what the path names now."""
+    net = Path(above.host.root) / "sys" / "net"
+    (net / "eth0").mkdir(parents=True)
+    (net / "eth0" / "mtu").write_text("9000\n")
+    listing = above.child_listing_opt("net")
+    assert listing is not None
+    with listing:
+        net.rename(net.parent / "net.old")
+        (net / "eth0").mkdir(parents=True)
+        (net / "eth0" / "mtu").write_text("1500\n")
+        child, values = listing.values("eth0", True, ("mtu",))
+    assert child.path == str(net / "eth0") and values == ["9000"]
+    assert listing.dir.child("eth0").value("mtu") == "1500"  # the path names the planted one now
+
+
+def test_a_listing_closes_its_descriptor(above: SysDir) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        listing = above.host.dir("/").child_listing_opt("sys")
+        assert listing is not None
+        with listing:
+            listing.values("dev", True, ("plain",))
+        with pytest.raises(FileNotFoundError), above.host.dir("/").child_listing_opt("sys") as failing:  # type: ignore[union-attr]
+            failing.reads("dev", True, ("absent",))
+    assert len(os.listdir("/proc/self/fd")) == before
