@@ -709,18 +709,19 @@ class Listing:
             fd, self._fd = self._fd, None
             os.close(fd)
 
-    def _read(
-        self, name: str, is_dir: bool, names: tuple[str, ...], lenient: bool
-    ) -> tuple[SysDir, list[str | None]]:
-        child = self.dir.listed_child(name, is_dir)
-        if is_dir and self._fd is not None:
-            return child, child._attributes(child._prefix, names, lenient, self._fd, name + "/")
-        return child, child._attributes(child._prefix, names, lenient)
-
     def values(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str | None]]:
         """The entry (`dir.listed_child(name, is_dir)`) and its `values(names)`."""
-        return self._read(name, is_dir, names, True)
+        child = self.dir.listed_child(name, is_dir)
+        if is_dir and self._fd is not None:
+            return child, child._attributes(child._prefix, names, True, self._fd, name + "/")
+        return child, child._attributes(child._prefix, names, True)
 
-    def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str]]:
-        """The entry (`dir.listed_child(name, is_dir)`) and its `reads(names)`."""
-        return self._read(name, is_dir, names, False)  # type: ignore[return-value]
+    def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> list[str]:
+        """The `reads(names)` of the entry (`dir.listed_child(name, is_dir)`)."""
+        if is_dir and self._fd is not None:
+            # A real directory as listed: `listed_child` would only spell its path, so it is spelled here.
+            d = self.dir
+            prefix = f"{d._child_path(name)}/"
+            return d._attributes(prefix, names, False, self._fd, name + "/")  # type: ignore[return-value]
+        child = self.dir.listed_child(name, is_dir)
+        return child._attributes(child._prefix, names, False)  # type: ignore[return-value]

@@ -156,10 +156,12 @@ def _netdev_of(fn: PciFunction) -> tuple[SysDir, dict[str, Any]] | None:
     listing = fn.dir.child_listing_opt("net")
     if listing is None:
         return None
-    with listing:
+    try:
         if not listing.entries:
             return None
         netdev, (mtu, operstate, flags) = listing.values(*listing.entries[0], _NETDEV_ATTRIBUTES)
+    finally:
+        listing.close()
     return netdev, {"mtu": _mtu(mtu), "up": is_up(operstate, flags)}
 
 

@@ -128,7 +128,7 @@ _PORT_ATTRIBUTES = ("state", "phys_state")
 def _read_port(ports: Listing, name: str, is_dir: bool) -> PortReading:
     shown = recorded_name(name)
     try:
-        state, phys = ports.reads(name, is_dir, _PORT_ATTRIBUTES)[1]
+        state, phys = ports.reads(name, is_dir, _PORT_ATTRIBUTES)
         return PortReading(shown, state, phys)
     except FileNotFoundError as exc:
         missing = os.path.basename(str(exc.filename)) if exc.filename else "port directory"
@@ -143,7 +143,7 @@ def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[Port
     listing = device.child_listing_opt("ports")
     if listing is None:
         raise FileNotFoundError(errno.ENOENT, "no ports directory", f"{device.path}/ports")
-    with listing:  # each port's state read relative to the descriptor that listed them
+    try:  # each port's state read relative to the descriptor that listed them
         entries = listing.entries
         if only is not None:
             entries = [e for e in entries if e[0] in only]
@@ -152,6 +152,8 @@ def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[Port
         if len(entries) > 1:
             entries = sorted(entries, key=lambda e: _port_order(e[0]))
         return [_read_port(listing, name, is_dir) for name, is_dir in entries]
+    finally:
+        listing.close()
 
 
 @numbers.memo

@@ -269,8 +269,11 @@ def _listing_outcome(parent: SysDir, name: str, entry: str, names: tuple[str, ..
             return None
         with listing:
             is_dir = dict(listing.entries)[entry]
-            read = listing.values if lenient else listing.reads
-            child, got = read(entry, is_dir, names)
+            if lenient:
+                child, got = listing.values(entry, is_dir, names)
+            else:
+                got = listing.reads(entry, is_dir, names)  # type: ignore[assignment]
+                child = listing.dir.listed_child(entry, is_dir)
             return (listing.dir.path, listing.entries, child.path, got)
 
     return _outcome(call)
