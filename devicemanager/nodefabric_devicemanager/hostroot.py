@@ -16,6 +16,14 @@ attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answe
 slow path), a read, the read that hears EOF, and a close. A directory a pass lists is opened once with
 O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
 stand in for an lstat per child (`entries`, `child_entries_opt`, `listed_child`).
+
+Where a pass holds a descriptor of a checked directory, it opens below it relative to that descriptor
+instead of by the path from the root: a PCI function's attributes and `physfn` through the O_PATH
+descriptor that resolved its link (`child_link_read`), a listed directory's entries' attributes through
+the descriptor it was listed through (`child_listing_opt`, `Listing`). The kernel walks one or two
+components instead of the whole path, and what is read is the directory that was resolved or listed even
+if a component above it is swapped meanwhile. Whatever does not open on that common path (absent, a
+link, a special file) takes the path-based steps, so the answers and refusals are theirs.
 """
 
 from __future__ import annotations
