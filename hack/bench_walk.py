@@ -6,8 +6,9 @@ opens, in the same run, interleaved.
 The floor is recorded, not written by hand: one pass runs with os.listdir, os.scandir, os.open and
 os.readlink watched, and the floor replays exactly what it saw: an os.scandir of each directory it listed
 (by path, also when the pass listed it through a descriptor), an os.open/os.read/os.close of each
-attribute it read (an open that failed, or that opened a directory to list it, read nothing), an
-os.readlink of each link it named (resolution is left out: O_PATH, /proc/self/fd and the `device` links
+attribute it read (by its whole path, also when the pass opened it relative to a directory descriptor;
+an open that failed, or that opened a directory to list it, read nothing), an os.readlink of each link
+it named (by its whole path too) (resolution is left out: O_PATH, /proc/self/fd and the `device` links
 the walk checks by their text; it is the safety the floor does not pay for). Figures:
 - in process: inventory.read() against the replay, medians over interleaved rounds;
 - the walk's own calls: every os call one pass makes (the safety ones too: O_PATH opens, /proc/self/fd
@@ -69,20 +70,26 @@ def record(root: str) -> dict[str, list[str]]:
         ops["dirs"].append(real[2](f"/proc/self/fd/{path}") if isinstance(path, int) else os.fspath(path))
         return real[3](path)
 
+    def spell(path: str, kw: dict[str, object]) -> str:
+        # A name opened relative to a directory descriptor is replayed by its whole path, as the floor
+        # names every file.
+        at = kw.get("dir_fd")
+        return os.fspath(path) if at is None else f"{real[2](f'/proc/self/fd/{at}')}/{os.fspath(path)}"
+
     def open_(path: str, flags: int, *args: object, **kw: object) -> int:
         fd = real[1](path, flags, *args, **kw)  # type: ignore[arg-type]
         # O_PATH: resolution, not a read; O_DIRECTORY: a directory opened to be listed, which the floor
         # pays as the listing itself. An open that failed read nothing (an absent attribute is learned
         # from the open itself), so the floor does not pay for it either.
         if not flags & (getattr(os, "O_PATH", 0) | os.O_DIRECTORY):
-            ops["files"].append(os.fspath(path))
+            ops["files"].append(spell(path, kw))
         return fd
 
     def readlink(path: str, *args: object, **kw: object) -> str:
         # Resolution, not a read: /proc/self/fd/N (where the kernel landed), and an interface's `device`
         # link, whose text the walk checks against a function directory it already resolved instead of
         # asking the kernel again; the floor leaves both out, as it leaves out O_PATH.
-        spelled = os.fspath(path)
+        spelled = spell(path, kw)
         if not spelled.startswith("/proc/self/fd/") and not spelled.endswith("/device"):
             ops["links"].append(spelled)
         return real[2](path, *args, **kw)  # type: ignore[arg-type]
@@ -95,13 +102,14 @@ def record(root: str) -> dict[str, list[str]]:
     return ops
 
 
-Call = tuple[str, object, int, bool]
+Call = tuple[str, object, int, bool, "int | None"]
 RECORDED = ("open", "read", "close", "scandir", "readlink", "lstat", "stat", "fstat")
 
 
 def record_calls(root: str) -> list[Call]:
     """Every os call one pass makes, in order: (name, path or descriptor, flags or size, whether it
-    succeeded). For an open that succeeded, an ("opened", descriptor, 0, True) follows."""
+    succeeded, the directory descriptor a name was taken relative to or None). For an open that
+    succeeded, an ("opened", descriptor, 0, True, None) follows."""
     calls: list[Call] = []
     real = {name: getattr(os, name) for name in RECORDED}
 
@@ -112,14 +120,15 @@ def record_calls(root: str) -> list[Call]:
             arg = args[0] if args else "."
             spelled = arg if isinstance(arg, int) else os.fspath(arg)  # type: ignore[arg-type]
             extra = args[1] if name in ("open", "read") else 0
+            at = kw.get("dir_fd")
             try:
                 result = fn(*args, **kw)
             except OSError:
-                calls.append((name, spelled, extra, False))  # type: ignore[arg-type]
+                calls.append((name, spelled, extra, False, at))  # type: ignore[arg-type]
                 raise
-            calls.append((name, spelled, extra, True))  # type: ignore[arg-type]
+            calls.append((name, spelled, extra, True, at))  # type: ignore[arg-type]
             if name == "open":  # the descriptor it gave, for the calls that use it
-                calls.append(("opened", result, 0, True))
+                calls.append(("opened", result, 0, True, None))
             return result
 
         return watched
@@ -140,13 +149,16 @@ def compile_calls(calls: list[Call]) -> list[Callable[[], None]]:
     descriptor is the variable `fd<recorded number>`; a call that failed when recorded is wrapped in
     try/except (free in Python 3.11 until it raises)."""
 
-    def line(name: str, arg: object, extra: int, ok: bool, nxt: Call | None) -> list[str]:
+    def line(call: Call, nxt: Call | None) -> list[str]:
+        name, arg, extra, ok, at = call
         ref = f"fd{arg}" if isinstance(arg, int) else repr(arg)
         if isinstance(arg, str) and arg.startswith("/proc/self/fd/"):
             ref = f"'/proc/self/fd/%d' % fd{arg[14:]}"
+        # Relative to a directory descriptor, as the walk called it.
+        relative = "" if at is None else f", dir_fd=fd{at}"
         if name == "open":
             assign = f"fd{nxt[1]} = " if ok and nxt is not None and nxt[0] == "opened" else ""
-            code = [f"{assign}_open({ref}, {extra})"]
+            code = [f"{assign}_open({ref}, {extra}{relative})"]
         elif name == "read":
             code = [f"_read({ref}, {extra})"]
         elif name == "scandir":
@@ -158,15 +170,12 @@ def compile_calls(calls: list[Call]) -> list[Callable[[], None]]:
         elif name == "opened":
             return []
         else:
-            code = [f"_{name}({ref})"]
+            code = [f"_{name}({ref}{relative})"]
         if ok:
             return code
         return ["try:", *("    " + c for c in code), "except OSError:", "    pass"]
 
-    statements = [
-        line(name, arg, extra, ok, calls[n + 1] if n + 1 < len(calls) else None)
-        for n, (name, arg, extra, ok) in enumerate(calls)
-    ]
+    statements = [line(call, calls[n + 1] if n + 1 < len(calls) else None) for n, call in enumerate(calls)]
     # One namespace for every chunk: a descriptor opened in one is closed in the next.
     scope: dict[str, object] = {f"_{name}": getattr(os, name) for name in RECORDED}
     fns: list[Callable[[], None]] = []

@@ -16,6 +16,14 @@ attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answe
 slow path), a read, the read that hears EOF, and a close. A directory a pass lists is opened once with
 O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
 stand in for an lstat per child (`entries`, `child_entries_opt`, `listed_child`).
+
+Where a pass holds a descriptor of a checked directory, it opens below it relative to that descriptor
+instead of by the path from the root: a PCI function's attributes and `physfn` through the O_PATH
+descriptor that resolved its link (`child_link_read`), a listed directory's entries' attributes through
+the descriptor it was listed through (`child_listing_opt`, `Listing`). The kernel walks one or two
+components instead of the whole path, and what is read is the directory that was resolved or listed even
+if a component above it is swapped meanwhile. Whatever does not open on that common path (absent, a
+link, a special file) takes the path-based steps, so the answers and refusals are theirs.
 """
 
 from __future__ import annotations
@@ -108,6 +116,10 @@ def recorded_name(name: str) -> str:
 
 
 _NOT_COMPONENTS = frozenset({"", ".", ".."})
+# Tuples of attribute names `_attributes` has checked to be single path components: the callers' own
+# constants, checked once rather than on every call of a pass; bounded, as a caller could pass any.
+_CHECKED_NAMES: set[tuple[str, ...]] = set()
+_CHECKED_NAMES_MAX = 64
 _FD_LINKS = "/proc/self/fd"
 _DELETED = " (deleted)"  # what the kernel appends to /proc/self/fd/N of a removed directory
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
@@ -314,24 +326,39 @@ class PathReads:
         except UnicodeDecodeError as exc:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
 
-    def _attributes(self, prefix: str, names: tuple[str, ...], lenient: bool) -> builtins.list[str | None]:
+    def _attributes(
+        self, prefix: str, names: tuple[str, ...], lenient: bool, dir_fd: int | None = None, rel: str = ""
+    ) -> builtins.list[str | None]:
         """`_read(prefix + name)` for each of `names` (each checked to be a single path component), with
         the common case inline: one open, a read that gives a value, the read that hears EOF, a close.
         Anything else takes `_read`'s own steps from where this left off (`_open_slow` for an open that
         failed, `_read_rest` for reads that gave nothing, too much or more), so every answer and refusal
         is `_read`'s.
         `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText, logged) are
-        None; otherwise they raise."""
-        for name in names:
-            if "/" in name or name in _NOT_COMPONENTS:
-                raise ValueError(f"not a single path component: {name!r}")
+        None; otherwise they raise.
+        `dir_fd`: a descriptor of the directory `prefix` names (resolved and checked), or with `rel`
+        ("<entry>/") of the directory above it that a listing saw `<entry>` in as a real directory: the
+        common case opens `rel + name` relative to it (no path walk from the root, and the very directory
+        that was checked), an open that fails takes `_open_slow` by path as without it."""
+        if names not in _CHECKED_NAMES:
+            for name in names:
+                if "/" in name or name in _NOT_COMPONENTS:
+                    raise ValueError(f"not a single path component: {name!r}")
+            if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
+                _CHECKED_NAMES.add(names)
         out: builtins.list[str | None] = []
         for name in names:
             path = prefix + name
             try:
                 try:
-                    fd = os.open(path, _READ_FLAGS)
+                    if dir_fd is None:
+                        fd = os.open(path, _READ_FLAGS)
+                    else:
+                        fd = os.open(rel + name, _READ_FLAGS, dir_fd=dir_fd)
                 except OSError as exc:
+                    if dir_fd is not None and isinstance(exc, FileNotFoundError):
+                        # Absent, named by its whole path as an open by path names it.
+                        exc = FileNotFoundError(exc.errno, exc.strerror, path)
                     path, fd = self._open_slow(path, exc)
                     out.append(self._read_rest(path, fd, None))
                     continue
@@ -495,6 +522,41 @@ class SysDir(PathReads):
             return SysDir(self.host, resolved)
         return self.child(name)
 
+    def child_link_read(
+        self, name: str, attributes: tuple[str, ...], link: str
+    ) -> tuple[SysDir, builtins.list[str | None] | None, str | None]:
+        """`child_link(name)`, then that directory's `values(attributes)` and `link_name(link)`, in one
+        step: the descriptor that resolved the entry stays open while they are read through it (opens
+        relative to it: no path walk per attribute, and what is read is the directory whose resolved
+        path was checked, even if a component of that path is swapped meanwhile). Anything child_link's
+        common case does not take (absent, dangling, looping, outside the root, not a directory, no
+        /proc) takes child_link, values and link_name by path for their exact answers and refusals.
+        A link that lands on a directory of another name (`bus/devices/A` -> `.../B`) is resolved but
+        not read: values None, for the caller to refuse before anything of it is read."""
+        path = self._child_path(name)
+        if _HAVE_FD_LINKS:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    try:
+                        resolved = os.readlink(f"{_FD_LINKS}/{fd}")
+                    except OSError:
+                        resolved = ""
+                    if resolved and self.host.contains(resolved) and not resolved.endswith(_DELETED):
+                        d = SysDir(self.host, resolved)
+                        if d.name != name:
+                            return d, None, None
+                        return d, d._attributes(d._prefix, attributes, True, fd), d.link_name(link, dir_fd=fd)
+                finally:
+                    os.close(fd)
+        d = self.child(name)
+        if d.name != name:
+            return d, None, None
+        return d, d.values(attributes), d.link_name(link)
+
     def child_link_opt(self, name: str) -> SysDir | None:
         try:
             return self.child_link(name)
@@ -527,6 +589,25 @@ class SysDir(PathReads):
             return SysDir(self.host, path), _entries(fd, self.host, path)
         finally:
             os.close(fd)
+
+    def child_listing_opt(self, name: str) -> Listing | None:
+        """`child_entries_opt(name)`, with the descriptor it listed the directory through kept open (until
+        the `Listing` is closed: use it in `with`) for reading its entries' attributes relative to it
+        (`Listing.values`, `Listing.reads`). None when it is absent; a link, a file or anything else
+        takes `child` and `entries` for the exact answer and refusal, and its entries are read by path."""
+        path = self._child_path(name)
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            found = self.child_opt(name)
+            return None if found is None else Listing(found, found.entries(), None)
+        try:
+            return Listing(SysDir(self.host, path), _entries(fd, self.host, path), fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def has(self, name: str) -> bool:
         return os.path.lexists(self._child_path(name))
@@ -564,16 +645,19 @@ class SysDir(PathReads):
         except OSError:
             return None
 
-    def link_name(self, name: str) -> str | None:
-        """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it."""
+    def link_name(self, name: str, *, dir_fd: int | None = None) -> str | None:
+        """The last component of a symlink's target ("driver" -> "mlx5_core"), without following it.
+        `dir_fd`: a descriptor of this directory, to read the link relative to (`child_link_read`)."""
+        path = self._child_path(name)
         try:
-            return os.readlink(self._child_path(name)).rpartition("/")[2]
+            target = os.readlink(path) if dir_fd is None else os.readlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno == errno.EINVAL:  # not a symlink
                 return None
-            raise HostReadError(self.host.display(self._child_path(name)), exc.strerror or str(exc)) from exc
+            raise HostReadError(self.host.display(path), exc.strerror or str(exc)) from exc
+        return target.rpartition("/")[2]
 
     def read(self, name: str) -> str:
         """One attribute, stripped of its trailing newline. Raises FileNotFoundError when absent,
@@ -605,3 +689,47 @@ class SysDir(PathReads):
         """`read` of each of `names`, in order, in one call (a port's state and phys_state): the first
         that is absent, refused, unreadable or not UTF-8 raises, as `read` would."""
         return self._attributes(self._prefix, names, False)  # type: ignore[return-value]
+
+
+class Listing:
+    """A directory (`dir`) and its sorted `entries`, listed through a descriptor that stays open until
+    `close` (or the end of a `with`): an entry the listing saw as a real directory has its attributes
+    opened relative to that descriptor (`<entry>/<attribute>`: two components walked, not the whole
+    path from the root, in the directory that was listed even if a component above it is swapped
+    meanwhile). Any other entry, and every entry of a directory reached through a link (no descriptor),
+    is read as `dir.listed_child(entry)` reads it, by path; the answers and refusals are the same."""
+
+    __slots__ = ("_fd", "dir", "entries")
+
+    def __init__(self, directory: SysDir, entries: list[tuple[str, bool]], fd: int | None) -> None:
+        self.dir = directory
+        self.entries = entries
+        self._fd = fd
+
+    def __enter__(self) -> Listing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def values(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str | None]]:
+        """The entry (`dir.listed_child(name, is_dir)`) and its `values(names)`."""
+        child = self.dir.listed_child(name, is_dir)
+        if is_dir and self._fd is not None:
+            return child, child._attributes(child._prefix, names, True, self._fd, name + "/")
+        return child, child._attributes(child._prefix, names, True)
+
+    def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> list[str]:
+        """The `reads(names)` of the entry (`dir.listed_child(name, is_dir)`)."""
+        if is_dir and self._fd is not None:
+            # A real directory as listed: `listed_child` would only spell its path, so it is spelled here.
+            d = self.dir
+            prefix = f"{d._child_path(name)}/"
+            return d._attributes(prefix, names, False, self._fd, name + "/")  # type: ignore[return-value]
+        child = self.dir.listed_child(name, is_dir)
+        return child._attributes(child._prefix, names, False)  # type: ignore[return-value]

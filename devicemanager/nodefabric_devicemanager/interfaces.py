@@ -138,29 +138,40 @@ def _mtu(raw: str | None) -> int | None:
 
 def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction | None:
     """The PCI function a netdev's `device` link names: from the walk, read directly if the walk missed it."""
-    if not pcimod.is_bus_id(device.name) or device.link_name("subsystem") != "pci":
+    name = device.name
+    known = pci.get(name)
+    # A name the walk keyed is a bus id already (the walk refuses any other): only another is asked.
+    if (known is None and not pcimod.is_bus_id(name)) or device.link_name("subsystem") != "pci":
         return None
-    return pci.get(device.name) or pcimod.read_function(device)
+    return known or pcimod.read_function(device)
 
 
-def _first_netdev(fn: PciFunction) -> SysDir | None:
+def _netdev_of(fn: PciFunction) -> tuple[SysDir, dict[str, Any]] | None:
+    """A function's first netdev (`<function>/net/<netdev>`) and its `_netdev_fields`; None when it has
+    none."""
     # Listed when the VF is read, not kept from the interface enumeration: an entry the listing saw as a
     # real directory is taken as one (`listed_child`), which holds only while the listing is fresh (a
-    # netdev swapped for a link out of the root since then would be read through it).
-    found = fn.dir.child_entries_opt("net")
-    if found is None or not found[1]:
+    # netdev swapped for a link out of the root since then would be read through it). Its attributes
+    # are read relative to the descriptor that listed it.
+    listing = fn.dir.child_listing_opt("net")
+    if listing is None:
         return None
-    net, entries = found
-    return net.listed_child(*entries[0])
+    try:
+        if not listing.entries:
+            return None
+        netdev, (mtu, operstate, flags) = listing.values(*listing.entries[0], _NETDEV_ATTRIBUTES)
+    finally:
+        listing.close()
+    return netdev, {"mtu": _mtu(mtu), "up": is_up(operstate, flags)}
 
 
 def _virtual_function(vf: PciFunction) -> VirtualFunction:
     fields = _placement(vf)
     fields.update(_rdma_fields(rdma.binding(vf.dir)))
-    netdev = _first_netdev(vf)
-    if netdev is not None:
-        fields["name"] = recorded_name(netdev.name)
-        fields.update(_netdev_fields(netdev))
+    found = _netdev_of(vf)
+    if found is not None:
+        fields["name"] = recorded_name(found[0].name)
+        fields.update(found[1])
     return VirtualFunction(**fields)
 
 
@@ -248,15 +259,12 @@ def _device(netdev: SysDir, pci: Mapping[str, PciFunction]) -> SysDir | None:
     target = netdev.link_target("device")
     if target is not None:
         parts = target.split("/")
-        ups = 0
-        while ups < len(parts) and parts[ups] == "..":
-            ups += 1
-        rest = parts[ups:]
-        if ups and len(rest) <= 1 and rest not in ([""], ["."]):
-            base = netdev.path
-            for _ in range(ups):
-                base = base.rpartition("/")[0]
-            landed = f"{base}/{rest[0]}" if rest else base
+        # Every component `..`, or every one but the last, which names the function: `ups` steps up.
+        last = parts[-1]
+        ups = len(parts) if last == ".." else len(parts) - 1
+        if ups and parts.count("..") == ups and last not in ("", "."):
+            base = netdev.path.rsplit("/", ups)[0]
+            landed = base if last == ".." else f"{base}/{last}"
             fn = pci.get(landed.rpartition("/")[2])
             if fn is not None and fn.dir.path == landed:
                 return fn.dir

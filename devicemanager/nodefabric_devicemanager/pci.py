@@ -124,7 +124,11 @@ def _numa(raw: str | None) -> str:
 def physfn_of(d: SysDir) -> str:
     """The PF bus id a VF's `physfn` link names; "" for a function that is not a VF. A link whose target
     is not a PCI address is refused: it cannot name the parent it claims to."""
-    target = d.link_name("physfn")
+    return _physfn(d, d.link_name("physfn"))
+
+
+def _physfn(d: SysDir, target: str | None) -> str:
+    """`physfn_of` from the last component of the link's target (`link_name`), already read."""
     if target is None:
         return ""
     if not is_bus_id(target):
@@ -137,9 +141,14 @@ _FUNCTION_ATTRIBUTES = ("vendor", "device", "class", "numa_node", "local_cpulist
 
 def read_function(d: SysDir) -> PciFunction:
     """Coordinates and identity of one function, from its resolved /sys/devices/pci.../<bdf> directory."""
+    return _function(d, d.values(_FUNCTION_ATTRIBUTES), d.link_name("physfn"))
+
+
+def _function(d: SysDir, values: list[str | None], physfn: str | None) -> PciFunction:
+    """`read_function` from what it reads: the `_FUNCTION_ATTRIBUTES` values and `physfn`'s link name."""
     parent, _, bus_id = d.path.rpartition("/")
     host_bridge, switches = _placement_above(parent)
-    vendor, device, class_code, numa, cpus = d.values(_FUNCTION_ATTRIBUTES)
+    vendor, device, class_code, numa, cpus = values
     return PciFunction(
         bus_id,
         switches[-1] if switches else "",
@@ -151,7 +160,7 @@ def read_function(d: SysDir) -> PciFunction:
         _numa(numa),
         numbers.cpu_list(cpus) or "",
         d,
-        physfn_of(d),
+        _physfn(d, physfn),
     )
 
 
@@ -171,13 +180,14 @@ def walk(host: HostRoot) -> dict[str, PciFunction]:
         if not is_bus_id(name):
             raise HostReadError(f"{bus.shown}/{name!r}", "not a PCI address")
         try:
-            d = bus.child_link(name)
+            # Resolved, and its attributes and `physfn` read through the descriptor that resolved it.
+            d, values, physfn = bus.child_link_read(name, _FUNCTION_ATTRIBUTES, "physfn")
         except FileNotFoundError:
             # Removed between listing and reading (hot-unplug, VFs torn down): gone, not unreadable.
             log.debug("pci function vanished during the walk", extra={"pci_bus_id": name})
             continue
-        if d.name != name:
+        if values is None:  # it landed on a directory of another name, and nothing of it was read
             raise HostReadError(f"{bus.shown}/{name}", f"links to {d.shown}, another function's directory")
-        fn = read_function(d)
+        fn = _function(d, values, physfn)
         out[fn.bus_id] = fn
     return out

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from nodefabric_devicemanager import numbers
-from nodefabric_devicemanager.hostroot import HostReadError, SysDir, recorded_name
+from nodefabric_devicemanager.hostroot import HostReadError, Listing, SysDir, recorded_name
 from nodefabric_devicemanager.models import LinkState, LinkVerdict
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,10 @@ def verdict(device: str, ports: Sequence[PortReading]) -> LinkVerdict:
 _PORT_ATTRIBUTES = ("state", "phys_state")
 
 
-def _read_port(ports: SysDir, name: str, is_dir: bool) -> PortReading:
+def _read_port(ports: Listing, name: str, is_dir: bool) -> PortReading:
     shown = recorded_name(name)
     try:
-        state, phys = ports.listed_child(name, is_dir).reads(_PORT_ATTRIBUTES)
+        state, phys = ports.reads(name, is_dir, _PORT_ATTRIBUTES)
         return PortReading(shown, state, phys)
     except FileNotFoundError as exc:
         missing = os.path.basename(str(exc.filename)) if exc.filename else "port directory"
@@ -140,17 +140,20 @@ def _read_port(ports: SysDir, name: str, is_dir: bool) -> PortReading:
 def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[PortReading]:
     """Every port of one RDMA device directory (`.../infiniband/<dev>`), or those named in `only`; raises
     HostReadError when the ports directory cannot be listed, FileNotFoundError when it is absent."""
-    found = device.child_entries_opt("ports")
-    if found is None:
+    listing = device.child_listing_opt("ports")
+    if listing is None:
         raise FileNotFoundError(errno.ENOENT, "no ports directory", f"{device.path}/ports")
-    ports, entries = found
-    if only is not None:
-        entries = [e for e in entries if e[0] in only]
-    # A listing has each name once; sorted by port number (entries are sorted by name already, and
-    # nearly every device has one port).
-    if len(entries) > 1:
-        entries = sorted(entries, key=lambda e: _port_order(e[0]))
-    return [_read_port(ports, name, is_dir) for name, is_dir in entries]
+    try:  # each port's state read relative to the descriptor that listed them
+        entries = listing.entries
+        if only is not None:
+            entries = [e for e in entries if e[0] in only]
+        # A listing has each name once; sorted by port number (entries are sorted by name already, and
+        # nearly every device has one port).
+        if len(entries) > 1:
+            entries = sorted(entries, key=lambda e: _port_order(e[0]))
+        return [_read_port(listing, name, is_dir) for name, is_dir in entries]
+    finally:
+        listing.close()
 
 
 @numbers.memo

@@ -158,3 +158,199 @@ def test_a_name_that_is_not_one_component_is_refused_before_anything_is_read(att
             attrs.values(("plain", bad))
         with pytest.raises(ValueError, match="not a single path component"):
             attrs.reads((bad,))
+
+
+# `child_link_read`: a directory resolved and read through the descriptor that resolved it. Every answer
+# and refusal must be the one `child_link`, then `values` and `link_name`, give over the same tree.
+
+
+@pytest.fixture
+def bus(attrs: SysDir) -> SysDir:
+    """A directory of links to `attrs` (as /sys/bus/pci/devices links to function directories), and of
+    every kind of entry a hostile host can put under a function's name."""
+    b = Path(attrs.host.root) / "sys" / "bus"
+    b.mkdir()
+    (b / "dev").symlink_to("../dev")
+    (b / "file").write_text("x\n")
+    (b / "real").mkdir()
+    (b / "real" / "vendor").write_text("0x15b3\n")
+    (b / "dangling").symlink_to("../gone")
+    (b / "loop").symlink_to("loop")
+    (b / "outside").symlink_to("../../../outside-dir")
+    (Path(attrs.host.root).parent / "outside-dir").mkdir()
+    (b / "renamed").symlink_to("../dev")  # lands on a directory of another name
+    (b / "to-file").symlink_to("file")
+    return attrs.host.dir("/sys/bus")
+
+
+def _by_steps(parent: SysDir, name: str, names: tuple[str, ...], link: str) -> tuple[str, object]:
+    def steps() -> object:
+        d = parent.child_link(name)
+        if d.name != name:
+            return (d.path, None, None)
+        return (d.path, d.values(names), d.link_name(link))
+
+    return _outcome(steps)
+
+
+def _at_once(parent: SysDir, name: str, names: tuple[str, ...], link: str) -> tuple[str, object]:
+    def call() -> object:
+        d, values, target = parent.child_link_read(name, names, link)
+        return (d.path, values, target)
+
+    return _outcome(call)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_child_link_read_answers_and_refuses_each_attribute_as_values_does(bus: SysDir, name: str) -> None:
+    for names in ((name,), ("plain", name, "no-newline")):
+        for link in ("link-inside", name):
+            assert _at_once(bus, "dev", names, link) == _by_steps(bus, "dev", names, link), (names, link)
+
+
+@pytest.mark.parametrize(
+    "entry", ["dev", "absent", "file", "real", "dangling", "loop", "outside", "renamed", "to-file"]
+)
+def test_child_link_read_answers_and_refuses_each_entry_as_child_link_does(bus: SysDir, entry: str) -> None:
+    names = ("plain", "absent", "vendor")
+    assert _at_once(bus, entry, names, "link-inside") == _by_steps(bus, entry, names, "link-inside")
+
+
+def test_child_link_read_of_another_name_reads_nothing(bus: SysDir) -> None:
+    d, values, target = bus.child_link_read("renamed", ("plain",), "link-inside")
+    assert d.name == "dev" and values is None and target is None
+
+
+def test_child_link_read_reads_the_directory_it_resolved_even_when_its_path_is_swapped(
+    bus: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the resolution and the reads, the resolved directory is moved away and another put in its
+    place: the values are the checked directory's, not what its path names now."""
+    dev = Path(bus.host.root) / "sys" / "dev"
+    contains = HostRoot.contains
+
+    def swap_then_check(self: HostRoot, resolved: str) -> bool:
+        if resolved == str(dev) and not (dev.parent / "dev.old").exists():
+            dev.rename(dev.parent / "dev.old")
+            dev.mkdir()
+            (dev / "plain").write_text("1500\n")
+            (dev / "link-inside").symlink_to("elsewhere")
+        return contains(self, resolved)
+
+    monkeypatch.setattr(HostRoot, "contains", swap_then_check)
+    d, values, target = bus.child_link_read("dev", ("plain", "no-newline"), "link-inside")
+    assert d.path == str(dev)
+    assert values == ["9000", "up"]  # what the directory resolved (now dev.old) holds
+    assert target == "plain"
+    assert dev.joinpath("plain").read_text() == "1500\n"  # the path names the planted one now
+
+
+# `child_listing_opt`: a directory listed through a descriptor that stays open while its entries'
+# attributes are read relative to it. Every answer and refusal must be `child_entries_opt`'s, then
+# `listed_child(...).values` / `.reads`'.
+
+
+@pytest.fixture
+def above(attrs: SysDir) -> SysDir:
+    """The directory holding `attrs` ("dev"), beside every kind of entry a listing can meet."""
+    sys_dir = Path(attrs.host.root) / "sys"
+    (sys_dir / "link-to-dev").symlink_to("dev")
+    (sys_dir / "outside").symlink_to("../../outside")
+    (sys_dir / "dangling").symlink_to("gone")
+    (sys_dir / "file").write_text("x\n")
+    (sys_dir / "loop").symlink_to("loop")
+    return attrs.host.dir("/sys")
+
+
+def _listing_outcome(parent: SysDir, name: str, entry: str, names: tuple[str, ...], lenient: bool) -> object:
+    def call() -> object:
+        listing = parent.child_listing_opt(name)
+        if listing is None:
+            return None
+        with listing:
+            is_dir = dict(listing.entries)[entry]
+            if lenient:
+                child, got = listing.values(entry, is_dir, names)
+            else:
+                got = listing.reads(entry, is_dir, names)  # type: ignore[assignment]
+                child = listing.dir.listed_child(entry, is_dir)
+            return (listing.dir.path, listing.entries, child.path, got)
+
+    return _outcome(call)
+
+
+def _steps_outcome(parent: SysDir, name: str, entry: str, names: tuple[str, ...], lenient: bool) -> object:
+    def call() -> object:
+        found = parent.child_entries_opt(name)
+        if found is None:
+            return None
+        d, entries = found
+        child = d.listed_child(entry, dict(entries)[entry])
+        return (d.path, entries, child.path, child.values(names) if lenient else child.reads(names))
+
+    return _outcome(call)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_listing_reads_each_attribute_as_values_and_reads_do(above: SysDir, name: str) -> None:
+    root = above.host.dir("/")
+    for names in ((name,), ("plain", name, "no-newline")):
+        for lenient in (True, False):
+            got = _listing_outcome(root, "sys", "dev", names, lenient)
+            assert got == _steps_outcome(root, "sys", "dev", names, lenient), (names, lenient)
+
+
+@pytest.mark.parametrize("entry", ["dev", "link-to-dev", "outside", "dangling", "file", "loop"])
+def test_a_listing_answers_and_refuses_each_entry_as_listed_child_does(above: SysDir, entry: str) -> None:
+    root = above.host.dir("/")
+    for lenient in (True, False):
+        names = ("plain", "absent") if lenient else ("plain",)
+        got = _listing_outcome(root, "sys", entry, names, lenient)
+        assert got == _steps_outcome(root, "sys", entry, names, lenient)
+
+
+@pytest.mark.parametrize("name", ["absent", "link-to-dev", "outside", "dangling", "file", "loop"])
+def test_a_listing_of_what_is_not_a_real_directory_answers_as_child_entries_opt_does(
+    above: SysDir, name: str
+) -> None:
+    def listing() -> object:
+        found = above.child_listing_opt(name)
+        if found is None:
+            return None
+        with found:
+            return (found.dir.path, found.entries)
+
+    def steps() -> object:
+        found = above.child_entries_opt(name)
+        return None if found is None else (found[0].path, found[1])
+
+    assert _outcome(listing) == _outcome(steps)
+
+
+def test_a_listing_reads_the_directory_it_listed_even_when_its_path_is_swapped(above: SysDir) -> None:
+    """After the listing, the listed directory is moved away and another put in its place: its entries'
+    attributes are read from the directory that was listed, not from what the path names now."""
+    net = Path(above.host.root) / "sys" / "net"
+    (net / "eth0").mkdir(parents=True)
+    (net / "eth0" / "mtu").write_text("9000\n")
+    listing = above.child_listing_opt("net")
+    assert listing is not None
+    with listing:
+        net.rename(net.parent / "net.old")
+        (net / "eth0").mkdir(parents=True)
+        (net / "eth0" / "mtu").write_text("1500\n")
+        child, values = listing.values("eth0", True, ("mtu",))
+    assert child.path == str(net / "eth0") and values == ["9000"]
+    assert listing.dir.child("eth0").value("mtu") == "1500"  # the path names the planted one now
+
+
+def test_a_listing_closes_its_descriptor(above: SysDir) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        listing = above.host.dir("/").child_listing_opt("sys")
+        assert listing is not None
+        with listing:
+            listing.values("dev", True, ("plain",))
+        with pytest.raises(FileNotFoundError), above.host.dir("/").child_listing_opt("sys") as failing:  # type: ignore[union-attr]
+            failing.reads("dev", True, ("absent",))
+    assert len(os.listdir("/proc/self/fd")) == before
