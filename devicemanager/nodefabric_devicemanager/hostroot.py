@@ -125,6 +125,15 @@ _DELETED = " (deleted)"  # what the kernel appends to /proc/self/fd/N of a remov
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
 
 
+def _check_names(names: tuple[str, ...]) -> None:
+    """ValueError unless each of `names` is a single path component; remembered in `_CHECKED_NAMES`."""
+    for name in names:
+        if "/" in name or name in _NOT_COMPONENTS:
+            raise ValueError(f"not a single path component: {name!r}")
+    if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
+        _CHECKED_NAMES.add(names)
+
+
 def _realpath(path: str) -> tuple[str, os.stat_result | None]:
     """os.path.realpath, and the stat of what it names (None when it does not resolve), letting the kernel
     walk the chain when it can: one open(O_PATH), one readlink and one fstat instead of an lstat per
@@ -341,11 +350,7 @@ class PathReads:
         common case opens `rel + name` relative to it (no path walk from the root, and the very directory
         that was checked), an open that fails takes `_open_slow` by path as without it."""
         if names not in _CHECKED_NAMES:
-            for name in names:
-                if "/" in name or name in _NOT_COMPONENTS:
-                    raise ValueError(f"not a single path component: {name!r}")
-            if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
-                _CHECKED_NAMES.add(names)
+            _check_names(names)
         out: builtins.list[str | None] = []
         for name in names:
             path = prefix + name
@@ -371,6 +376,12 @@ class PathReads:
                         self._read_failed(path, fd, exc)
                     finally:
                         os.close(fd)
+                except BaseException:
+                    # Not the host's answer (MemoryError, KeyboardInterrupt mid-read): out it goes, but
+                    # not with the descriptor left open. A clause, not a finally: the common case closes
+                    # the descriptor itself below, and costs nothing more for this.
+                    os.close(fd)
+                    raise
                 if more != b"":
                     out.append(self._read_rest(path, fd, data if more is None else data + more))
                     continue
