@@ -7,6 +7,7 @@ refused before anything is opened.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -120,14 +121,21 @@ def _by_fifo(p: Path) -> None:
     os.mkfifo(p)
 
 
+def _link_out(p: Path) -> None:
+    """A link at `p` to the directory beside the root that holds "SECRET" attributes."""
+    outside = next(a / "outside-dir" for a in p.parents if (a / "outside-dir").is_dir())
+    p.symlink_to(os.path.relpath(outside, p.parent))
+    assert (p / "plain").read_text() == "SECRET\n"
+
+
 def _by_link_out(p: Path) -> None:
     shutil.rmtree(p)
-    p.symlink_to(os.path.relpath(p.parents[3].parent / "outside-dir", p.parent))
+    _link_out(p)
 
 
 def _renamed_then_link_out(p: Path) -> None:
     p.rename(p.with_name(p.name + ".old"))
-    p.symlink_to(os.path.relpath(p.parents[3].parent / "outside-dir", p.parent))
+    _link_out(p)
 
 
 SWAPS = {
@@ -246,3 +254,50 @@ def test_a_listing_used_after_it_is_closed_reads_by_path(tree: HostRoot) -> None
         assert listing.values("eth0", True, ("plain",))[1] == ["9000"]
     finally:
         os.close(other)
+
+
+def _entry_by_link_inside(p: Path) -> None:
+    p.rename(p.with_name("eth0.real"))
+    p.symlink_to("eth0.real")
+
+
+ENTRY_SWAPS = {
+    "removed": _removed,
+    "by-file": _by_file,
+    "by-fifo": _by_fifo,
+    "by-link-out": _by_link_out,
+    "by-link-inside": _entry_by_link_inside,
+    "by-dangling-link": lambda p: (shutil.rmtree(p), p.symlink_to("gone")),
+    "by-looping-link": lambda p: (shutil.rmtree(p), p.symlink_to("eth0")),
+}
+
+
+@pytest.mark.parametrize("swap", ENTRY_SWAPS)
+def test_an_entry_swapped_after_the_listing_saw_a_directory_is_read_as_what_it_is_now(
+    tree: HostRoot, swap: str
+) -> None:
+    """The listing saw `eth0` as a real directory; before its attributes are read it is replaced. A
+    two-component open (`eth0/plain`) with O_NOFOLLOW would follow a link put in place of `eth0` (only the
+    last component is not followed): what is there now is read as `child` reads it, checked and refused
+    when it leaves the root, never read through."""
+    devices = tree.dir("/sys/devices/dev")
+    net = Path(devices.path) / "net"
+    before = _descriptors()
+    listing = devices.child_listing_opt("net")
+    assert listing is not None
+    with listing:
+        assert ("eth0", True) in listing.entries
+        ENTRY_SWAPS[swap](net / "eth0")
+        lenient = _within(10, lambda: listing.values("eth0", True, ("plain", "mtu"))[1])
+        strict = _within(10, lambda: listing.reads("eth0", True, ("plain",)))
+    assert _descriptors() == before
+    assert "SECRET" not in str((lenient, strict))
+    now = listing.dir
+    if swap == "removed":
+        absent = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), f"{net}/eth0/plain")
+        assert lenient == ("value", [None, None]) and strict == ("FileNotFoundError", str(absent))
+    else:  # what `child` (the path-based steps, with every check) answers for what is there now
+        assert lenient == _outcome(lambda: now.child("eth0").values(("plain", "mtu")))
+        assert strict == _outcome(lambda: now.child("eth0").reads(("plain",)))
+    if swap == "by-link-out":
+        assert lenient[0] == "PathEscapesRoot"
