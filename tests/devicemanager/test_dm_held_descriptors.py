@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_dm_host_attributes import KINDS, NAMES
 
+from nodefabric_devicemanager import hostroot
 from nodefabric_devicemanager.hostroot import HostReadError, HostRoot
 
 
@@ -301,3 +302,16 @@ def test_an_entry_swapped_after_the_listing_saw_a_directory_is_read_as_what_it_i
         assert strict == _outcome(lambda: now.child("eth0").reads(("plain",)))
     if swap == "by-link-out":
         assert lenient[0] == "PathEscapesRoot"
+
+
+def test_the_names_checked_once_stay_bounded_and_a_bad_name_is_refused_after_they_fill(
+    tree: HostRoot,
+) -> None:
+    devices = tree.dir("/sys/devices/dev")
+    for n in range(2 * hostroot._CHECKED_NAMES_MAX):
+        assert devices.values((f"absent{n}",)) == [None]
+    assert len(hostroot._CHECKED_NAMES) <= hostroot._CHECKED_NAMES_MAX
+    for bad in (("plain", "../outside"), ("..",), ("a/b",)):
+        with pytest.raises(ValueError, match="not a single path component"):
+            devices.values(bad)
+        assert bad not in hostroot._CHECKED_NAMES
