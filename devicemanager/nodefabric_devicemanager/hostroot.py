@@ -44,6 +44,8 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_C
 # A directory opened to be listed: O_NOFOLLOW makes the open refuse a link (ELOOP) and O_DIRECTORY
 # anything else (ENOTDIR, before a FIFO or a device is opened), so a successful open is the type check.
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# A listed entry held to read its attributes relative to it: resolution only, refusing a link or a file.
+_ENTRY_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_LIMIT = MAX_ATTRIBUTE_BYTES + 1  # one byte more than allowed: an oversized file shows itself
 _IFMT, _IFREG, _IFDIR, _IFLNK = stat.S_IFMT(0o177777), stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK
 
@@ -123,6 +125,15 @@ _CHECKED_NAMES_MAX = 64
 _FD_LINKS = "/proc/self/fd"
 _DELETED = " (deleted)"  # what the kernel appends to /proc/self/fd/N of a removed directory
 _HAVE_FD_LINKS = os.path.isdir(_FD_LINKS)
+
+
+def _check_names(names: tuple[str, ...]) -> None:
+    """ValueError unless each of `names` is a single path component; remembered in `_CHECKED_NAMES`."""
+    for name in names:
+        if "/" in name or name in _NOT_COMPONENTS:
+            raise ValueError(f"not a single path component: {name!r}")
+    if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
+        _CHECKED_NAMES.add(names)
 
 
 def _realpath(path: str) -> tuple[str, os.stat_result | None]:
@@ -327,7 +338,7 @@ class PathReads:
             raise NotText(self.host.display(path), f"not UTF-8 text (byte {exc.start})") from exc
 
     def _attributes(
-        self, prefix: str, names: tuple[str, ...], lenient: bool, dir_fd: int | None = None, rel: str = ""
+        self, prefix: str, names: tuple[str, ...], lenient: bool, dir_fd: int | None = None
     ) -> builtins.list[str | None]:
         """`_read(prefix + name)` for each of `names` (each checked to be a single path component), with
         the common case inline: one open, a read that gives a value, the read that hears EOF, a close.
@@ -336,16 +347,12 @@ class PathReads:
         is `_read`'s.
         `lenient` is `values`' reading: absent (FileNotFoundError) and not UTF-8 (NotText, logged) are
         None; otherwise they raise.
-        `dir_fd`: a descriptor of the directory `prefix` names (resolved and checked), or with `rel`
-        ("<entry>/") of the directory above it that a listing saw `<entry>` in as a real directory: the
-        common case opens `rel + name` relative to it (no path walk from the root, and the very directory
-        that was checked), an open that fails takes `_open_slow` by path as without it."""
+        `dir_fd`: a descriptor of the directory `prefix` names (resolved and checked, or held by
+        `Listing` without following a link): the common case opens `name` relative to it (no path walk
+        from the root, and the very directory that was checked), an open that fails takes `_open_slow`
+        by path as without it."""
         if names not in _CHECKED_NAMES:
-            for name in names:
-                if "/" in name or name in _NOT_COMPONENTS:
-                    raise ValueError(f"not a single path component: {name!r}")
-            if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
-                _CHECKED_NAMES.add(names)
+            _check_names(names)
         out: builtins.list[str | None] = []
         for name in names:
             path = prefix + name
@@ -354,7 +361,7 @@ class PathReads:
                     if dir_fd is None:
                         fd = os.open(path, _READ_FLAGS)
                     else:
-                        fd = os.open(rel + name, _READ_FLAGS, dir_fd=dir_fd)
+                        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
                 except OSError as exc:
                     if dir_fd is not None and isinstance(exc, FileNotFoundError):
                         # Absent, named by its whole path as an open by path names it.
@@ -371,6 +378,12 @@ class PathReads:
                         self._read_failed(path, fd, exc)
                     finally:
                         os.close(fd)
+                except BaseException:
+                    # Not the host's answer (MemoryError, KeyboardInterrupt mid-read): out it goes, but
+                    # not with the descriptor left open. A clause, not a finally: the common case closes
+                    # the descriptor itself below, and costs nothing more for this.
+                    os.close(fd)
+                    raise
                 if more != b"":
                     out.append(self._read_rest(path, fd, data if more is None else data + more))
                     continue
@@ -693,11 +706,13 @@ class SysDir(PathReads):
 
 class Listing:
     """A directory (`dir`) and its sorted `entries`, listed through a descriptor that stays open until
-    `close` (or the end of a `with`): an entry the listing saw as a real directory has its attributes
-    opened relative to that descriptor (`<entry>/<attribute>`: two components walked, not the whole
-    path from the root, in the directory that was listed even if a component above it is swapped
-    meanwhile). Any other entry, and every entry of a directory reached through a link (no descriptor),
-    is read as `dir.listed_child(entry)` reads it, by path; the answers and refusals are the same."""
+    `close` (or the end of a `with`): an entry the listing saw as a real directory is opened relative
+    to that descriptor (O_PATH, O_NOFOLLOW: still a real directory, not a link put in its place since)
+    and its attributes relative to that (one component each, not the whole path from the root, in the
+    directory that was listed even if a component above it is swapped meanwhile). One that is a link or
+    a file by then, any other entry, and every entry of a directory reached through a link (no
+    descriptor), is read as `dir.listed_child(entry)` reads it, by path; the answers and refusals are
+    the same. One gone by then has each attribute absent."""
 
     __slots__ = ("_fd", "dir", "entries")
 
@@ -719,17 +734,40 @@ class Listing:
 
     def values(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str | None]]:
         """The entry (`dir.listed_child(name, is_dir)`) and its `values(names)`."""
-        child = self.dir.listed_child(name, is_dir)
-        if is_dir and self._fd is not None:
-            return child, child._attributes(child._prefix, names, True, self._fd, name + "/")
-        return child, child._attributes(child._prefix, names, True)
+        return self._read(name, is_dir, names, True)
 
     def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> list[str]:
         """The `reads(names)` of the entry (`dir.listed_child(name, is_dir)`)."""
+        return self._read(name, is_dir, names, False)[1]  # type: ignore[return-value]
+
+    def _read(
+        self, name: str, is_dir: bool, names: tuple[str, ...], lenient: bool
+    ) -> tuple[SysDir, list[str | None]]:
+        d = self.dir
         if is_dir and self._fd is not None:
-            # A real directory as listed: `listed_child` would only spell its path, so it is spelled here.
-            d = self.dir
-            prefix = f"{d._child_path(name)}/"
-            return d._attributes(prefix, names, False, self._fd, name + "/")  # type: ignore[return-value]
-        child = self.dir.listed_child(name, is_dir)
-        return child._attributes(child._prefix, names, False)  # type: ignore[return-value]
+            child = SysDir(d.host, d._child_path(name))  # the name checked before it is opened
+            # The entry is opened itself (O_PATH, O_NOFOLLOW: no link is followed) and its attributes
+            # relative to that: `<entry>/<attribute>` in one open would follow a link put in place of
+            # the entry since the listing, O_NOFOLLOW sparing only the last component.
+            try:
+                fd = os.open(name, _ENTRY_FLAGS, dir_fd=self._fd)
+            except FileNotFoundError:
+                # Gone from the directory that was listed: each attribute absent, named by its whole path
+                # (nothing more is opened through a name that is not there: it could be back as a link).
+                if names not in _CHECKED_NAMES:
+                    _check_names(names)
+                if lenient:
+                    return child, [None] * len(names)
+                if not names:
+                    return child, []
+                absent = child._prefix + names[0]
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), absent) from None
+            except OSError:
+                is_dir = False  # a link, a file now: `child`'s checks and refusals
+            else:
+                try:
+                    return child, child._attributes(child._prefix, names, lenient, fd)
+                finally:
+                    os.close(fd)
+        child = d.listed_child(name, is_dir)
+        return child, child._attributes(child._prefix, names, lenient)

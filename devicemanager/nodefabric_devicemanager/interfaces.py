@@ -149,10 +149,10 @@ def _function_of(device: SysDir, pci: Mapping[str, PciFunction]) -> PciFunction 
 def _netdev_of(fn: PciFunction) -> tuple[SysDir, dict[str, Any]] | None:
     """A function's first netdev (`<function>/net/<netdev>`) and its `_netdev_fields`; None when it has
     none."""
-    # Listed when the VF is read, not kept from the interface enumeration: an entry the listing saw as a
-    # real directory is taken as one (`listed_child`), which holds only while the listing is fresh (a
-    # netdev swapped for a link out of the root since then would be read through it). Its attributes
-    # are read relative to the descriptor that listed it.
+    # Listed when the VF is read, not kept from the interface enumeration. The first entry's attributes
+    # are read relative to the descriptor that listed it, through the entry opened without following a
+    # link (`Listing`): a netdev swapped for a link out of the root since the listing is refused, not
+    # read through.
     listing = fn.dir.child_listing_opt("net")
     if listing is None:
         return None
