@@ -1,0 +1,185 @@
+"""Hostile checks of the operator's speed pass: the first publications' counted log line (progress.py)
+loses no node an operator needs to see, the status write's answer is taken as the server left it, the
+credential check refuses exactly what it did, and label changes are counted as before."""
+
+from __future__ import annotations
+
+import json
+import types
+from datetime import UTC, datetime
+from typing import Any
+
+import kubernetes
+import pytest
+from test_operator_observability import gpu_record
+
+from nodefabric_devicemanager import models
+from nodefabric_devicemanager.models import Condition, DevicesStatus
+from nodefabric_operator import rawcall
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.noderecord import NodeRecord
+from nodefabric_operator.reconcile import Reconciler
+from nodefabric_operator.statuswriter import StatusWriter
+
+# --- the credential's control characters ------------------------------------------------------------
+
+
+def _config(token: str) -> Any:
+    return types.SimpleNamespace(api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"})
+
+
+def _old_refused(value: str) -> bool:
+    # main's check, verbatim: `any(ord(c) < 0x20 or c == "\x7f" for c in value)`
+    return any(ord(c) < 0x20 or c == "\x7f" for c in value)
+
+
+def test_the_credential_check_refuses_exactly_what_the_per_character_check_refused():
+    """Every code point (surrogates included), alone and inside a token: refused exactly when main's
+    per-character test refused it; never a message that quotes the token."""
+    secret = "s3cr3t-token-value"
+    differ = []
+    for cp in range(0x110000):
+        ch = chr(cp)
+        for token in (ch, f"{secret}{ch}", f"{ch}{secret}"):
+            try:
+                rawcall.credential(_config(token))
+                refused = False
+            except rawcall.UnusableCredential as err:
+                refused = True
+                assert secret not in str(err) and token not in str(err)
+            if refused != _old_refused(f"Bearer {token}"):
+                differ.append(hex(cp))
+                break
+    assert not differ, differ[:20]
+
+
+@pytest.mark.parametrize("ch", ["\x00", "\n", "\r", "\t", "\x1f", "\x7f"])
+def test_a_control_character_in_the_prefix_is_refused_too(ch):
+    config = types.SimpleNamespace(
+        api_key={"BearerToken": "abc"}, api_key_prefix={"BearerToken": f"Bea{ch}rer"}
+    )
+    with pytest.raises(rawcall.UnusableCredential) as err:
+        rawcall.credential(config)
+    assert "abc" not in str(err.value)
+
+
+@pytest.mark.parametrize("ch", ["\u2028", "\u0085", "\u2029", "\x80", "\x9f", "\ufeff"])
+def test_unicode_separators_pass_as_they_did(ch):
+    """The old check refused only C0 controls and DEL; these were let through then and still are."""
+    assert rawcall.credential(_config(f"abc{ch}def")) == f"Bearer abc{ch}def"
+
+
+# --- label changes counted by kind --------------------------------------------------------------------
+
+
+def test_label_changes_counted_with_an_amount_equal_one_increment_per_change():
+    from nodefabric_operator import labels
+
+    changes = [
+        labels.Change("a", None, "1"),
+        labels.Change("b", None, "2"),
+        labels.Change("c", "1", "2"),
+        labels.Change("d", "1", None),
+        labels.Change("e", None, "3"),
+    ]
+    by_amount, by_one = Metrics(), Metrics()
+    Reconciler._count_changes(types.SimpleNamespace(metrics=by_amount), changes)  # type: ignore[arg-type]
+    for c in changes:
+        by_one.inc(by_one.label_changes, c.kind)
+    kinds = {c.kind for c in changes}
+    assert len(kinds) >= 3
+    for kind in kinds:
+        got = by_amount.label_changes.labels(kind)._value.get()
+        assert got == by_one.label_changes.labels(kind)._value.get()
+    assert sum(by_amount.label_changes.labels(k)._value.get() for k in kinds) == len(changes)
+    Reconciler._count_changes(types.SimpleNamespace(metrics=by_amount), [])  # type: ignore[arg-type]
+    assert sum(by_amount.label_changes.labels(k)._value.get() for k in kinds) == len(changes)
+
+
+# --- the status write's answer ------------------------------------------------------------------------
+
+
+def _record(rv: str = "5") -> NodeRecord:
+    from nodefabric_operator import labels
+    from nodefabric_operator.noderecord import prepare
+
+    body = gpu_record("n1").wire()
+    body["metadata"]["resourceVersion"] = rv
+    body["metadata"]["uid"] = "u1"
+    return prepare(body, labels.DEFAULT_DOMAIN)
+
+
+def _new(record: NodeRecord) -> DevicesStatus:
+    when = datetime(2026, 12, 2, 3, 0, 0, tzinfo=UTC)
+    cond = Condition(type=models.LABELS_PUBLISHED, status="True", reason="Published", message="ok")
+    return record.status.model_copy(
+        update={
+            "labels": {"gpu.example/a": "1", "gpu.example/b": "2"},
+            "labels_published_time": when,
+            "conditions": models.set_condition(record.status.conditions, cond, when),
+            "rdma_endpoints": 1,
+        }
+    )
+
+
+def _answered(record: NodeRecord, new: DevicesStatus, answer: bytes) -> NodeRecord | None:
+    writer = StatusWriter(kubernetes.client.ApiClient(), None, "x", Metrics())  # type: ignore[arg-type]
+    calls = writer.write(record, new)
+    request = next(calls)
+    assert request.method == "PATCH" and request.body["metadata"]["resourceVersion"] == record.rv
+    with pytest.raises(StopIteration) as done:
+        calls.send(answer)
+    result: NodeRecord | None = done.value.value
+    return result
+
+
+def _answer(status: Any, rv: str = "6") -> bytes:
+    return json.dumps({"metadata": {"name": "n1", "resourceVersion": rv}, "status": status}).encode()
+
+
+def test_the_usual_answer_keeps_the_status_sent_and_takes_the_new_version():
+    record = _record()
+    new = _new(record)
+    after = _answered(record, new, _answer(new.wire(), rv="77"))
+    assert after is not None and after.rv == "77"
+    assert after.status.wire() == new.wire()
+
+
+def test_an_answer_the_server_changed_is_what_the_record_keeps():
+    """A server (a mutating webhook, a field dropped or normalized, another writer's condition merged)
+    answers a status other than the one sent: the record holds what the server holds, not what was sent."""
+    record = _record()
+    new = _new(record)
+    changed = new.wire()
+    changed["labels"] = {"gpu.example/a": "1"}  # one dropped by the server
+    changed["rdmaEndpoints"] = 3
+    changed["conditions"] = [
+        *changed["conditions"],
+        {
+            "type": "Other",
+            "status": "True",
+            "reason": "X",
+            "message": "",
+            "lastTransitionTime": "2026-12-02T03:00:00Z",
+        },
+    ]
+    after = _answered(record, new, _answer(changed, rv="8"))
+    assert after is not None and after.rv == "8"
+    assert after.status.labels == {"gpu.example/a": "1"}
+    assert after.status.rdma_endpoints == 3
+    assert [c.type for c in after.status.conditions][-1] == "Other"
+
+
+def test_an_answer_with_a_status_we_cannot_read_keeps_ours():
+    record = _record()
+    new = _new(record)
+    after = _answered(record, new, _answer({**new.wire(), "rdmaEndpoints": -4}))
+    assert after is not None and after.status.wire() == new.wire() and after.rv == "6"
+
+
+@pytest.mark.parametrize("answer", [b"", b"garbage \xff\xfe", b"[]", b'"status"', b"null", b"42", b"{"])
+def test_an_answer_that_is_not_a_json_object_is_an_error_not_a_success(answer):
+    record = _record()
+    new = _new(record)
+    with pytest.raises(ValueError):
+        _answered(record, new, answer)
