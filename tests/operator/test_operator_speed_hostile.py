@@ -5,17 +5,21 @@ credential check refuses exactly what it did, and label changes are counted as b
 from __future__ import annotations
 
 import json
+import logging
 import types
 from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
 import pytest
-from test_operator_observability import gpu_record
+from operator_harness import Client, eventually, running_operator, settle
+from operator_records import devices, gpu, group, nic, nvlink
+from test_operator_observability import captured_logs, gpu_record, operator_lines, seeded
 
-from nodefabric_devicemanager import models
-from nodefabric_devicemanager.models import Condition, DevicesStatus
-from nodefabric_operator import rawcall
+from nodefabric_devicemanager import crd, logs, models
+from nodefabric_devicemanager.models import Condition, DevicesStatus, LinkState
+from nodefabric_operator import progress, rawcall
+from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import NodeRecord
 from nodefabric_operator.reconcile import Reconciler
@@ -183,3 +187,91 @@ def test_an_answer_that_is_not_a_json_object_is_an_error_not_a_success(answer):
     new = _new(record)
     with pytest.raises(ValueError):
         _answered(record, new, answer)
+
+
+# --- the first publications' counted line: no node an operator was told about goes unnamed --------------
+
+
+def _first_post_of(node: str) -> Any:
+    def matches(req: Any) -> bool:
+        return req.method == "POST" and "nodefeatures" in str(req.url) and f'"{node}"'.encode() in req.body
+
+    return matches
+
+
+def _changed(name: str) -> Any:
+    return devices(
+        name, interfaces=[nic(link=LinkState.FAILED)], groups=[group("nvidia", gpu(0, fabric=nvlink()))]
+    )
+
+
+async def _published(c: Client, name: str) -> bool:
+    status = (await c.devices(name)).get("status") or {}
+    return bool(status.get("labelsPublishedTime"))
+
+
+def _lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in operator_lines(out, "json")]
+
+
+async def test_a_node_that_recovers_from_a_failure_is_named_in_its_own_info_line(monkeypatch):
+    """A record's publication failed (ERROR, its Node missing) and later succeeds amid a burst of new
+    nodes: its success is not folded into the summary's "and N more" (which names five): the operator
+    who read the ERROR line about that node reads a line that says it was published."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.5)
+    monkeypatch.setattr(progress, "NAMED", 1)  # the summary names one node: the burst hides the rest
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.put_devices(gpu_record("ghost"), node_owner=False)  # no Node named ghost yet
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
+                await seeded(k, c, [f"n{i}" for i in range(6)])
+                await c.node("ghost")
+                # Its Node now exists, and the agent's next pass (a link gone) makes a new version.
+                await c.put_devices(_changed("ghost"))
+                for name in ["ghost", *(f"n{i}" for i in range(6))]:
+                    await eventually(lambda name=name: _published(c, name))
+                await eventually(lambda: "labels published for the first time" in out.getvalue())
+                await settle(k)
+    lines = _lines(out.getvalue())
+    assert [ln for ln in lines if ln["level"] == "error" and ln.get("node") == "ghost"], lines
+    own = [ln for ln in lines if ln["msg"] == "labels published" and ln.get("node") == "ghost"]
+    assert [ln["level"] for ln in own] == ["info"], lines
+    _each_node_told_once_and_counted_once(lines, [f"n{i}" for i in range(6)])
+
+
+def _each_node_told_once_and_counted_once(lines: list[dict[str, Any]], names: list[str]) -> None:
+    """The summaries count exactly the publications whose own line went to DEBUG, no node twice (the
+    nodes seeded while the operator runs meet superseded writes: their record changed under them), and
+    every node's publication is either in an INFO line of its own or among those counted."""
+    own = [ln for ln in lines if ln["msg"] == "labels published"]
+    counted = [ln["node"] for ln in own if ln["level"] == "debug"]
+    assert len(counted) == len(set(counted)), counted
+    summaries = [ln for ln in lines if ln["msg"] == "labels published for the first time"]
+    assert sum(s["records"] for s in summaries) == len(counted), (summaries, counted)
+    told = {ln["node"] for ln in own if ln["level"] == "info"}
+    assert set(names) <= told | set(counted)
+
+
+async def test_a_node_whose_publish_was_retried_is_named_in_its_own_info_line(monkeypatch):
+    """A first publication that met a server error and was retried (a WARNING naming the node) ends
+    with an INFO line naming it, not only a count."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.5)
+    monkeypatch.setattr(progress, "NAMED", 0)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        k.api[_first_post_of("n3")][:1] << 503  # one server error on n3's first write
+        await seeded(k, c, [f"n{i}" for i in range(6)])
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 6)
+                await eventually(lambda: "labels published for the first time" in out.getvalue())
+                await settle(k)
+    lines = _lines(out.getvalue())
+    warned = [ln for ln in lines if ln["level"] == "warning" and ln.get("node") == "n3"]
+    assert warned and warned[0]["msg"] == "label publish failed, retrying", lines
+    own = [ln for ln in lines if ln["msg"] == "labels published" and ln.get("node") == "n3"]
+    assert [ln["level"] for ln in own] == ["info"], lines
+    _each_node_told_once_and_counted_once(lines, [f"n{i}" for i in range(6)])
+    assert sum(ln["records"] for ln in lines if ln["msg"] == "labels published for the first time") == 5
