@@ -4,6 +4,7 @@ credential check refuses exactly what it did, and label changes are counted as b
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import types
@@ -275,3 +276,58 @@ async def test_a_node_whose_publish_was_retried_is_named_in_its_own_info_line(mo
     assert [ln["level"] for ln in own] == ["info"], lines
     _each_node_told_once_and_counted_once(lines, [f"n{i}" for i in range(6)])
     assert sum(ln["records"] for ln in lines if ln["msg"] == "labels published for the first time") == 5
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_the_stop_writes_the_summary_on_the_event_loop_and_leaves_no_timer(monkeypatch):
+    """The stop's summary is written by the operator's event loop (kopf runs a plain function handler in
+    a worker thread: a summary taken there races the loop's publications still in flight, and a timer
+    cancelled from another thread is not thread-safe), and no summary timer is left behind."""
+    monkeypatch.setattr(progress, "QUIET_S", 60.0)  # only the stop ends the count
+    made: list[progress.FirstPublications] = []
+
+    class Kept(progress.FirstPublications):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            made.append(self)
+
+    from nodefabric_operator import reconcile
+
+    monkeypatch.setattr(reconcile, "FirstPublications", Kept)
+    seen = _Records()
+    logging.getLogger(progress.__name__).addHandler(seen)
+    try:
+        async with running_api([crd.devices_crd()]) as k:
+            await seeded(k, Client(k.kubeconfig), ["n0", "n1", "n2"])
+            with captured_logs(logs.JsonFormatter()):
+                async with running_operator(k) as metrics:
+                    await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 3)
+                    await settle(k)
+    finally:
+        logging.getLogger(progress.__name__).removeHandler(seen)
+    (summary,) = [r for r in seen.records if r.getMessage() == "labels published for the first time"]
+    assert summary.records == 3  # type: ignore[attr-defined]
+    assert summary.threadName == "operator", summary.threadName  # the operator's loop (harness thread)
+    (counted,) = made
+    assert counted.count == 0 and counted._timer is None
+
+
+def test_the_counter_keeps_five_names_however_many_it_counts():
+    async def run() -> progress.FirstPublications:
+        counted = progress.FirstPublications(every=10**9, quiet_s=3600)
+        for i in range(100_000):
+            counted.add(f"node-{i}")
+        assert counted.count == 100_000 and len(counted.names) == progress.NAMED
+        counted.flush()
+        return counted
+
+    counted = asyncio.run(run())
+    assert counted.count == 0 and counted.names == [] and counted._timer is None
