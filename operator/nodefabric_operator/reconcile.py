@@ -93,6 +93,9 @@ class Reconciler:
         self.view = SinkView()
         self.ledger = Ledger()
         self.first_publications = FirstPublications()
+        # Named in a "labels not published" ERROR line and not published since: its publication is told
+        # in a line of its own even when the failure could not be written to its status (failed_before).
+        self.failed_unpublished: set[str] = set()
         self.status = StatusWriter(api, sink, domain, self.metrics)
         self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
@@ -190,6 +193,7 @@ class Reconciler:
         """The Devices object is gone, nothing written (its deletion dropped unhandled as the watch
         stopped): the next listing of the sink withdraws what was published for it (sink_event)."""
         self.ledger.forget(name)
+        self.failed_unpublished.discard(name)
         self.view.clear_deleted(name)
         self.metrics.records.set(len(self.ledger.records))
 
@@ -300,6 +304,8 @@ class Reconciler:
                 },
             )
         outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
+        told = name in self.failed_unpublished
+        self.failed_unpublished.discard(name)
         self.metrics.inc(self.metrics.reconciles, outcome)
         if published.wrote:
             # A first publication that only adds keys is counted into one line (progress.py); its own
@@ -314,6 +320,7 @@ class Reconciler:
                 and not applied.superseded
                 and not retried
                 and not failed_before(before.status)
+                and not told
             )
             if quiet:
                 self.first_publications.add(name)
@@ -342,6 +349,7 @@ class Reconciler:
             "labels not published",
             extra={"node": name, "reason": condition.reason, "error": condition.message},
         )
+        self.failed_unpublished.add(name)
         self.metrics.inc(self.metrics.reconciles, "error")
         if transient(err):
             # The API server is in trouble, not the record: try again later, and on any replay meanwhile.

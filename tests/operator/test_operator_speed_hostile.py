@@ -337,3 +337,44 @@ def test_the_counter_keeps_five_names_however_many_it_counts():
 
     counted = asyncio.run(run())
     assert counted.count == 0 and counted.names == [] and counted._timer is None
+
+
+def _failure_written_for(node: str) -> Any:
+    def matches(req: Any) -> bool:
+        path = str(req.url.path)
+        return (
+            req.method == "PATCH"
+            and path.endswith(f"/devices/{node}/status")
+            and b"PublishFailed" in req.body
+        )
+
+    return matches
+
+
+async def test_a_node_named_at_error_whose_failure_could_not_be_recorded_is_named_when_published(
+    monkeypatch,
+):
+    """The API server in trouble: a node's first write fails through every retry (ERROR), and so does
+    the write of that failure to its status; the later retry publishes it. Its status holds no failure
+    to tell the publication from a quiet first one, yet the operator read an ERROR naming the node: the
+    publication gets its own INFO line."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.5)
+    monkeypatch.setattr(progress, "NAMED", 0)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, [f"n{i}" for i in range(6)])
+        k.api[_first_post_of("n3")][:3] << 503  # the first try and both retries
+        k.api[_failure_written_for("n3")][:1] << 503  # the failure's status write
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                for name in [f"n{i}" for i in range(6)]:
+                    await eventually(lambda name=name: _published(c, name))
+                await eventually(lambda: "labels published for the first time" in out.getvalue())
+                await settle(k)
+                assert metrics.reconciles.labels(outcome="error")._value.get() == 1
+    lines = _lines(out.getvalue())
+    errors = [ln["msg"] for ln in lines if ln["level"] == "error" and ln.get("node") == "n3"]
+    assert errors == ["labels not published", "could not record the failure in status"], lines
+    own = [ln for ln in lines if ln["msg"] == "labels published" and ln.get("node") == "n3"]
+    assert [ln["level"] for ln in own] == ["info"], lines
+    _each_node_told_once_and_counted_once(lines, [f"n{i}" for i in range(6)])
