@@ -64,7 +64,9 @@ def startup(**_: Any) -> None:
     kopflog.configure()
 
 
-def cleanup(memo: Any, **_: Any) -> None:
+async def cleanup(memo: Any, **_: Any) -> None:
+    # A coroutine, so that kopf runs it on the operator's event loop: a plain function runs in kopf's
+    # worker thread, where the retries' timers and the first publications' count are not to be touched.
     _reconciler(memo).close()
 
 

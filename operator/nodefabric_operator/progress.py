@@ -11,7 +11,8 @@ n4 n5 and 1995 more"`); a lone new node is then one line naming it, a few second
 coming, a summary is still written at least every LONGEST_S (a slow trickle of new nodes is named
 within a minute). Each record's own line is still written at DEBUG. Everything else a record meets
 keeps its own line: a failure (ERROR), a retry or a withheld value (WARNING), a publication that
-changes or removes a value (INFO, with an Event). Only the operator's event loop touches it.
+changes or removes a value (INFO, with an Event), and one that ends a retry or a recorded failure or
+whose status write was superseded (reconcile._settle). Only the operator's event loop touches it.
 """
 
 from __future__ import annotations

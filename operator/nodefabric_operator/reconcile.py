@@ -24,6 +24,7 @@ import pydantic
 import urllib3
 
 from nodefabric_devicemanager import models
+from nodefabric_devicemanager.models import DevicesStatus
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.echoes import SinkEchoes
 from nodefabric_operator.inflight import writing
@@ -92,6 +93,9 @@ class Reconciler:
         self.view = SinkView()
         self.ledger = Ledger()
         self.first_publications = FirstPublications()
+        # Named in a "labels not published" ERROR line and not published since: its publication is told
+        # in a line of its own even when the failure could not be written to its status (failed_before).
+        self.failed_unpublished: set[str] = set()
         self.status = StatusWriter(api, sink, domain, self.metrics)
         self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
@@ -189,6 +193,7 @@ class Reconciler:
         """The Devices object is gone, nothing written (its deletion dropped unhandled as the watch
         stopped): the next listing of the sink withdraws what was published for it (sink_event)."""
         self.ledger.forget(name)
+        self.failed_unpublished.discard(name)
         self.view.clear_deleted(name)
         self.metrics.records.set(len(self.ledger.records))
 
@@ -243,6 +248,7 @@ class Reconciler:
     async def _publish(self, name: str) -> Outcome:
         async with self.ledger.lock(name):
             delays = iter(self.backoffs)
+            retried = False  # a WARNING named this node: its publication gets its own INFO line too
             while True:
                 record = self.ledger.records.get(name)
                 if record is None:
@@ -266,15 +272,16 @@ class Reconciler:
                         "label publish failed, retrying",
                         extra={"node": name, "error": brief(err), "retry_in_s": delay},
                     )
+                    retried = True
                     await asyncio.sleep(delay)
                     continue
                 finally:
                     self.metrics.duration.observe(time.perf_counter() - started)
-                outcome = self._settle(record, applied)
+                outcome = self._settle(record, applied, retried=retried)
                 await self._event(record, _notice(record, applied, outcome, self.domain))
                 return outcome
 
-    def _settle(self, before: NodeRecord, applied: Applied) -> Outcome:
+    def _settle(self, before: NodeRecord, applied: Applied, *, retried: bool = False) -> Outcome:
         """Record what a publish did (on the event loop: the view and tables are not shared with threads)."""
         published, record = applied.published, applied.record
         name = record.name
@@ -297,11 +304,24 @@ class Reconciler:
                 },
             )
         outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
+        told = name in self.failed_unpublished
+        self.failed_unpublished.discard(name)
         self.metrics.inc(self.metrics.reconciles, outcome)
         if published.wrote:
             # A first publication that only adds keys is counted into one line (progress.py); its own
-            # line only at DEBUG. Any other write keeps its INFO line.
-            quiet = before.status.labels_published_time is None and all(c.old is None for c in changes)
+            # line only at DEBUG. Any other write keeps its INFO line, and so does one that follows a
+            # line naming the node (a retry's WARNING, a failure's ERROR, now in its status): whoever read
+            # that one reads that it was published, not a count that names five nodes. A superseded one
+            # too: its status was not written, so the next version's publication is again a first one,
+            # and counting both would count one node twice.
+            quiet = (
+                before.status.labels_published_time is None
+                and all(c.old is None for c in changes)
+                and not applied.superseded
+                and not retried
+                and not failed_before(before.status)
+                and not told
+            )
             if quiet:
                 self.first_publications.add(name)
             if not quiet or log.isEnabledFor(logging.DEBUG):
@@ -329,6 +349,7 @@ class Reconciler:
             "labels not published",
             extra={"node": name, "reason": condition.reason, "error": condition.message},
         )
+        self.failed_unpublished.add(name)
         self.metrics.inc(self.metrics.reconciles, "error")
         if transient(err):
             # The API server is in trouble, not the record: try again later, and on any replay meanwhile.
@@ -388,6 +409,12 @@ def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str)
     first = record.status.labels_published_time is None
     target, links = applied.published.target, record.result.failed_links
     return events.for_changes(target, outcome.changes, domain, links, first=first)
+
+
+def failed_before(status: DevicesStatus) -> bool:
+    """Whether the record's status holds a publication failure (announced by an ERROR line then)."""
+    cond = status.condition(models.LABELS_PUBLISHED)
+    return cond is not None and cond.status == "False"
 
 
 class Requeue:
