@@ -91,3 +91,33 @@ class FirstPublications:
             extra={"records": self.count, "seconds": round(self.last - self.started, 1), "nodes": nodes},
         )
         self.count, self.names = 0, []
+
+
+class Told:
+    """Which publications are counted into the first publications' summary and which keep a line of
+    their own: a node named in a "labels not published" ERROR line and not published since keeps its
+    own, even when that failure could not be written to its status (where reconcile.quiet_first would
+    see it)."""
+
+    def __init__(self) -> None:
+        self.first = FirstPublications()
+        self.unpublished: set[str] = set()  # named at ERROR, not published since
+
+    def failed(self, name: str) -> None:
+        self.unpublished.add(name)
+
+    def forget(self, name: str) -> None:
+        self.unpublished.discard(name)
+
+    def counted(self, name: str, quiet_first: bool) -> bool:
+        """One reconcile of `name` settled; True when its publication (`quiet_first`: one that may be
+        counted) went into the summary rather than a line of its own."""
+        told = name in self.unpublished
+        self.unpublished.discard(name)
+        if quiet_first and not told:
+            self.first.add(name)
+            return True
+        return False
+
+    def flush(self) -> None:
+        self.first.flush()

@@ -39,7 +39,7 @@ from nodefabric_operator.noderecord import (
     prepare,
 )
 from nodefabric_operator.nodewatch import LabelsOnNode
-from nodefabric_operator.progress import FirstPublications
+from nodefabric_operator.progress import Told
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.statuswriter import Applied, StatusWriter
 from nodefabric_operator.view import SinkView, at_or_below, part, version
@@ -92,10 +92,7 @@ class Reconciler:
         self.backoffs = tuple(backoffs)
         self.view = SinkView()
         self.ledger = Ledger()
-        self.first_publications = FirstPublications()
-        # Named in a "labels not published" ERROR line and not published since: its publication is told
-        # in a line of its own even when the failure could not be written to its status (failed_before).
-        self.failed_unpublished: set[str] = set()
+        self.told = Told()
         self.status = StatusWriter(api, sink, domain, self.metrics)
         self.echoes = SinkEchoes(sink, self.view, self.ledger.records, self.metrics, self.sink_event)
         self.on_node = LabelsOnNode(
@@ -193,7 +190,7 @@ class Reconciler:
         """The Devices object is gone, nothing written (its deletion dropped unhandled as the watch
         stopped): the next listing of the sink withdraws what was published for it (sink_event)."""
         self.ledger.forget(name)
-        self.failed_unpublished.discard(name)
+        self.told.forget(name)
         self.view.clear_deleted(name)
         self.metrics.records.set(len(self.ledger.records))
 
@@ -291,56 +288,23 @@ class Reconciler:
         if not applied.superseded:
             self.ledger.handled[name] = record.rv
         changes = tuple(published.plan.changes)
-        self._count_changes(changes)
-        for key in published.plan.kept:
-            self.metrics.inc(self.metrics.removals_skipped, labels.family(key, self.domain) or "")
+        count_changes(self.metrics, changes)
         if published.plan.kept:
-            log.warning(
-                "enumeration failed, labels kept as published",
+            _kept(self.metrics, self.domain, record, published.plan.kept)
+        outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
+        self.metrics.inc(self.metrics.reconciles, outcome)
+        counted = self.told.counted(name, published.wrote and quiet_first(before, applied, changes, retried))
+        if published.wrote and (not counted or log.isEnabledFor(logging.DEBUG)):
+            log.log(
+                logging.DEBUG if counted else logging.INFO,
+                "labels published",
                 extra={
                     "node": name,
-                    "keys": ",".join(published.plan.kept),
-                    "failed": ",".join(sorted(record.frozen)),
+                    "target": published.target,
+                    "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
                 },
             )
-        outcome = "superseded" if applied.superseded else "published" if changes else "unchanged"
-        told = name in self.failed_unpublished
-        self.failed_unpublished.discard(name)
-        self.metrics.inc(self.metrics.reconciles, outcome)
-        if published.wrote:
-            # A first publication that only adds keys is counted into one line (progress.py); its own
-            # line only at DEBUG. Any other write keeps its INFO line, and so does one that follows a
-            # line naming the node (a retry's WARNING, a failure's ERROR, now in its status): whoever read
-            # that one reads that it was published, not a count that names five nodes. A superseded one
-            # too: its status was not written, so the next version's publication is again a first one,
-            # and counting both would count one node twice.
-            quiet = (
-                before.status.labels_published_time is None
-                and all(c.old is None for c in changes)
-                and not applied.superseded
-                and not retried
-                and not failed_before(before.status)
-                and not told
-            )
-            if quiet:
-                self.first_publications.add(name)
-            if not quiet or log.isEnabledFor(logging.DEBUG):
-                log.log(
-                    logging.DEBUG if quiet else logging.INFO,
-                    "labels published",
-                    extra={
-                        "node": name,
-                        "target": published.target,
-                        "changes": " ".join(c.brief(self.domain) for c in changes) or "ownership",
-                    },
-                )
         return Outcome(outcome, changes, applied.status_written)
-
-    def _count_changes(self, changes: Sequence[labels.Change]) -> None:
-        # One increment per kind, not per change: a first publication adds every key (five or more).
-        kinds = collections.Counter(c.kind for c in changes)
-        for kind, count in kinds.items():
-            self.metrics.inc(self.metrics.label_changes, kind, amount=count)
 
     async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
         name = record.name
@@ -349,7 +313,7 @@ class Reconciler:
             "labels not published",
             extra={"node": name, "reason": condition.reason, "error": condition.message},
         )
-        self.failed_unpublished.add(name)
+        self.told.failed(name)
         self.metrics.inc(self.metrics.reconciles, "error")
         if transient(err):
             # The API server is in trouble, not the record: try again later, and on any replay meanwhile.
@@ -377,7 +341,7 @@ class Reconciler:
         """Stop retries that are due later (the operator is stopping); what the first publications'
         summary has counted so far is logged now."""
         self.requeue.close()
-        self.first_publications.flush()
+        self.told.flush()
 
     async def aclose(self) -> None:
         """Close the connections the writes were sent on (the operator stopped)."""
@@ -391,7 +355,7 @@ class Reconciler:
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:
             self.view.observe(published.now)
-        self._count_changes(changes)
+        count_changes(self.metrics, changes)
         if changes:
             log.info(
                 "labels withdrawn with the devices record", extra={"node": name, "removed": len(changes)}
@@ -415,6 +379,41 @@ def failed_before(status: DevicesStatus) -> bool:
     """Whether the record's status holds a publication failure (announced by an ERROR line then)."""
     cond = status.condition(models.LABELS_PUBLISHED)
     return cond is not None and cond.status == "False"
+
+
+def quiet_first(
+    before: NodeRecord, applied: Applied, changes: Sequence[labels.Change], retried: bool
+) -> bool:
+    """Whether a publication may be counted into the first publications' summary (progress.py) rather
+    than told in a line of its own: a record's first one, adding keys only. Not one that follows a line
+    naming the node (a retry's WARNING, a failure's ERROR now in its status): whoever read that one reads
+    that it was published, not a count that names five nodes. Not a superseded one either: its status
+    was not written, so the next version's publication is again a first one, and counting both would
+    count one node twice."""
+    return (
+        before.status.labels_published_time is None
+        and all(c.old is None for c in changes)
+        and not applied.superseded
+        and not retried
+        and not failed_before(before.status)
+    )
+
+
+def count_changes(metrics: Metrics, changes: Sequence[labels.Change]) -> None:
+    # One increment per kind, not per change: a first publication adds every key (five or more).
+    kinds = collections.Counter(c.kind for c in changes)
+    for kind, count in kinds.items():
+        metrics.inc(metrics.label_changes, kind, amount=count)
+
+
+def _kept(metrics: Metrics, domain: str, record: NodeRecord, kept: Sequence[str]) -> None:
+    """Keys left as published because the enumeration that would say otherwise failed."""
+    for key in kept:
+        metrics.inc(metrics.removals_skipped, labels.family(key, domain) or "")
+    log.warning(
+        "enumeration failed, labels kept as published",
+        extra={"node": record.name, "keys": ",".join(kept), "failed": ",".join(sorted(record.frozen))},
+    )
 
 
 class Requeue:

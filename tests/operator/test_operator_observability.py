@@ -283,18 +283,20 @@ def test_kopf_object_records_name_the_object_in_one_field():
 async def test_first_publications_spread_out_but_never_quiet_make_one_summary(caplog):
     """The summary waits for a quiet period: records that keep coming, each within it of the last, are
     one summary however long they take (one timer re-armed, not one per record); a pause makes two."""
-    counted = progress.FirstPublications(every=1000, quiet_s=0.2)
+    # Records 0.05 s apart against a quiet period of 1 s: only a stall of the machine longer than that
+    # would split them (the quiet period is a real timer).
+    counted = progress.FirstPublications(every=1000, quiet_s=1.0)
     with caplog.at_level(logging.INFO, logger=progress.__name__):
         for i in range(6):
             counted.add(f"n{i}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         await eventually(lambda: counted.count == 0)
         counted.add("late")
         await eventually(lambda: counted.count == 0)
         counted.flush()  # nothing counted: no line
     summaries = [r for r in caplog.records if r.getMessage() == "labels published for the first time"]
     assert [(r.records, r.nodes) for r in summaries] == [(6, "n0 n1 n2 n3 n4 and 1 more"), (1, "late")]
-    assert 0.4 <= summaries[0].seconds <= 2.0
+    assert 0.2 <= summaries[0].seconds <= 1.0  # from the first record to the last, not to the line
 
 
 async def test_first_publications_that_never_stop_are_summed_up_at_least_every_so_often(caplog):
@@ -309,4 +311,9 @@ async def test_first_publications_that_never_stop_are_summed_up_at_least_every_s
     summaries = [r for r in caplog.records if r.getMessage() == "labels published for the first time"]
     assert len(summaries) >= 2
     assert sum(r.records for r in summaries) == 14
-    assert summaries[0].nodes.startswith("n0 n1 n2 n3 n4")
+    # Each summary names its first five records in order: how many the first one holds depends on the
+    # timers on a loaded machine, what it names does not.
+    first = summaries[0]
+    named = [f"n{i}" for i in range(min(first.records, 5))]
+    more = f" and {first.records - 5} more" if first.records > 5 else ""
+    assert first.nodes == " ".join(named) + more

@@ -19,11 +19,10 @@ from test_operator_observability import captured_logs, gpu_record, operator_line
 
 from nodefabric_devicemanager import crd, logs, models
 from nodefabric_devicemanager.models import Condition, DevicesStatus, LinkState
-from nodefabric_operator import progress, rawcall
+from nodefabric_operator import progress, rawcall, reconcile
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import NodeRecord
-from nodefabric_operator.reconcile import Reconciler
 from nodefabric_operator.statuswriter import StatusWriter
 
 # --- the credential's control characters ------------------------------------------------------------
@@ -94,7 +93,7 @@ def test_label_changes_counted_with_an_amount_equal_one_increment_per_change():
         labels.Change("e", None, "3"),
     ]
     by_amount, by_one = Metrics(), Metrics()
-    Reconciler._count_changes(types.SimpleNamespace(metrics=by_amount), changes)  # type: ignore[arg-type]
+    reconcile.count_changes(by_amount, changes)
     for c in changes:
         by_one.inc(by_one.label_changes, c.kind)
     kinds = {c.kind for c in changes}
@@ -103,7 +102,7 @@ def test_label_changes_counted_with_an_amount_equal_one_increment_per_change():
         got = by_amount.label_changes.labels(kind)._value.get()
         assert got == by_one.label_changes.labels(kind)._value.get()
     assert sum(by_amount.label_changes.labels(k)._value.get() for k in kinds) == len(changes)
-    Reconciler._count_changes(types.SimpleNamespace(metrics=by_amount), [])  # type: ignore[arg-type]
+    reconcile.count_changes(by_amount, [])
     assert sum(by_amount.label_changes.labels(k)._value.get() for k in kinds) == len(changes)
 
 
@@ -305,9 +304,7 @@ async def test_the_stop_writes_the_summary_on_the_event_loop_and_leaves_no_timer
             super().__init__(**kw)
             made.append(self)
 
-    from nodefabric_operator import reconcile
-
-    monkeypatch.setattr(reconcile, "FirstPublications", Kept)
+    monkeypatch.setattr(progress, "FirstPublications", Kept)  # the one the reconciler's Told makes
     seen = _Records()
     logging.getLogger(progress.__name__).addHandler(seen)
     try:
