@@ -590,18 +590,11 @@ class SysDir(PathReads):
         the open itself says it is a real directory and not a link) and listed through that descriptor.
         None when it is absent; a link, a file or anything else takes `child` and `entries` for the
         exact answer and refusal (a link that resolves inside the root is followed, as `child` does)."""
-        path = self._child_path(name)
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except FileNotFoundError:
+        listing = self.child_listing_opt(name)
+        if listing is None:
             return None
-        except OSError:
-            found = self.child_opt(name)
-            return None if found is None else (found, found.entries())
-        try:
-            return SysDir(self.host, path), _entries(fd, self.host, path)
-        finally:
-            os.close(fd)
+        listing.close()  # only the listing was asked for
+        return listing.dir, listing.entries
 
     def child_listing_opt(self, name: str) -> Listing | None:
         """`child_entries_opt(name)`, with the descriptor it listed the directory through kept open (until
