@@ -68,8 +68,8 @@ class LabelsOnNode:
             self.nodes = None
 
     def _node_labels(self) -> list[SinkObject]:
-        pages = sinks._Calls(self.metrics).pages("nodes", self._list_nodes)
-        return [node_snapshot(n, self.domain) for n in pages]
+        listed = sinks.pages(self.metrics, "nodes", self._list_nodes)
+        return [node_snapshot(n, self.domain) for n in listed]
 
     def _list_nodes(self, *, limit: int, _continue: str | None, _preload_content: bool) -> bytes:
         """One page of Nodes, raw: importing `CoreV1Api` costs 0.4-0.5 s of CPU, a tenth of a first

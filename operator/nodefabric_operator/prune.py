@@ -52,10 +52,10 @@ def owned_by_a_record(obj: Mapping[str, Any]) -> bool:
 
 def nodefeatures(api: kubernetes.client.ApiClient, namespace: str) -> Pass:
     custom = kubernetes.client.CustomObjectsApi(api)
-    calls = sinks._Calls(Metrics())
     try:
         found = list(
-            calls.pages(
+            sinks.pages(
+                Metrics(),
                 sinks.NFD_PLURAL,
                 custom.list_namespaced_custom_object,
                 sinks.NFD_GROUP,
@@ -77,16 +77,13 @@ def nodefeatures(api: kubernetes.client.ApiClient, namespace: str) -> Pass:
         name = str(meta.get("name", ""))
         body = {"preconditions": {"uid": meta.get("uid")}} if meta.get("uid") else None
         try:
-            calls(
-                "delete",
-                sinks.NFD_PLURAL,
-                custom.delete_namespaced_custom_object,
+            custom.delete_namespaced_custom_object(
                 sinks.NFD_GROUP,
                 sinks.NFD_VERSION,
                 namespace,
                 sinks.NFD_PLURAL,
                 name,
-                body=body,
+                body=body,  # type: ignore[arg-type]  # a plain dict is sent as it is
             )
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) in (404, 409):  # gone already, or replaced: the next pass sees it

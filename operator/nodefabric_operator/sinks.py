@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import kubernetes
 
@@ -36,7 +36,6 @@ NFD_NODE_NAME = "nfd.node.kubernetes.io/node-name"
 STRATEGIC = "application/strategic-merge-patch+json"
 CONFLICT_RETRIES = 5
 PAGE = 500  # objects per page when listing at start, so a large fleet is never decoded at once
-T = TypeVar("T")
 
 
 class SinkError(RuntimeError):
@@ -134,30 +133,21 @@ def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, s
     return out
 
 
-class _Calls:
-    """Every request a sink makes goes through here, so the request metric counts exactly them."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def __call__(self, verb: str, resource: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        self.metrics.requested(verb, resource)
-        return fn(*args, **kwargs)
-
-    def pages(
-        self, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Iterator[Mapping[str, Any]]:
-        """Every item of a list, page by page, decoded from the raw answer (no client models)."""
-        token: str | None = None
-        while True:
-            answer = self(
-                "list", resource, fn, *args, limit=PAGE, _continue=token, _preload_content=False, **kwargs
-            )
-            page = _decoded(answer)
-            yield from items(page, "items")
-            token = part(page, "metadata").get("continue")
-            if not isinstance(token, str) or not token:
-                return
+def pages(
+    metrics: Metrics, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Iterator[Mapping[str, Any]]:
+    """Every item of a list made with the kubernetes client's `fn`, page by page, decoded from the raw
+    answer (no client models), each page counted in the request metric (a write's requests are counted
+    where they are sent: apicall)."""
+    token: str | None = None
+    while True:
+        metrics.requested("list", resource)
+        answer = fn(*args, limit=PAGE, _continue=token, _preload_content=False, **kwargs)
+        page = _decoded(answer)
+        yield from items(page, "items")
+        token = part(page, "metadata").get("continue")
+        if not isinstance(token, str) or not token:
+            return
 
 
 class _SentInThread:
@@ -197,7 +187,6 @@ class NodeFeatureSink(_SentInThread):
         self.namespace = namespace
         self.domain = domain
         self.metrics = metrics or Metrics()
-        self.call = _Calls(self.metrics)
 
     def target(self, node: str) -> str:
         return f"NodeFeature {self.namespace}/{node}"
@@ -223,7 +212,8 @@ class NodeFeatureSink(_SentInThread):
 
     def existing(self) -> Iterator[SinkObject]:
         """Our namespace's NodeFeatures, read once at start: the view before the first reconcile."""
-        items = self.call.pages(
+        items = pages(
+            self.metrics,
             NFD_PLURAL,
             self.custom.list_namespaced_custom_object,
             NFD_GROUP,
@@ -402,7 +392,6 @@ class NodeSink(_SentInThread):
         self.domain = domain
         self.annotation = managed_annotation(domain)
         self.metrics = metrics or Metrics()
-        self.call = _Calls(self.metrics)
 
     def snapshot(self, obj: Mapping[str, Any]) -> SinkObject:
         meta = part(obj, "metadata")
@@ -416,7 +405,7 @@ class NodeSink(_SentInThread):
 
     def existing(self) -> Iterator[SinkObject]:
         """Every Node, read once at start: the view before the first reconcile."""
-        for item in self.call.pages("nodes", self.core.list_node):
+        for item in pages(self.metrics, "nodes", self.core.list_node):
             yield self.snapshot(item)
 
     def _plan(
