@@ -516,24 +516,36 @@ class SysDir(PathReads):
         it is a link. The same checks hold (inside the root, a directory); anything else (absent,
         dangling, looping, outside the root, not a directory, no /proc) takes `child` for its exact
         answer and refusal."""
-        path = self._child_path(name)
-        if not _HAVE_FD_LINKS:
+        held = self._held_link(name)
+        if held is None:
             return self.child(name)
+        os.close(held[0])
+        return held[1]
+
+    def _held_link(self, name: str) -> tuple[int, SysDir] | None:
+        """The entry resolved by the kernel: an O_PATH descriptor of the directory it lands on (the
+        caller closes it) and that directory; None where `child_link`'s common case does not hold
+        (absent, dangling, looping, outside the root, not a directory, gone since, no /proc), for the
+        caller to take `child`'s steps."""
+        if not _HAVE_FD_LINKS:
+            return None
         try:
             # O_DIRECTORY: the kernel refuses what is not a directory, so no fstat is needed to ask.
-            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(self._child_path(name), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            return self.child(name)
+            return None
         try:
             resolved = os.readlink(f"{_FD_LINKS}/{fd}")
         except OSError:
-            return self.child(name)
-        finally:
+            resolved = ""
+        except BaseException:
             os.close(fd)
+            raise
         # " (deleted)": the directory went away after the open (hot-unplug); child() says it is gone.
-        if self.host.contains(resolved) and not resolved.endswith(_DELETED):
-            return SysDir(self.host, resolved)
-        return self.child(name)
+        if resolved and self.host.contains(resolved) and not resolved.endswith(_DELETED):
+            return fd, SysDir(self.host, resolved)
+        os.close(fd)
+        return None
 
     def child_link_read(
         self, name: str, attributes: tuple[str, ...], link: str
@@ -546,25 +558,15 @@ class SysDir(PathReads):
         /proc) takes child_link, values and link_name by path for their exact answers and refusals.
         A link that lands on a directory of another name (`bus/devices/A` -> `.../B`) is resolved but
         not read: values None, for the caller to refuse before anything of it is read."""
-        path = self._child_path(name)
-        if _HAVE_FD_LINKS:
+        held = self._held_link(name)
+        if held is not None:
+            fd, d = held
             try:
-                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    try:
-                        resolved = os.readlink(f"{_FD_LINKS}/{fd}")
-                    except OSError:
-                        resolved = ""
-                    if resolved and self.host.contains(resolved) and not resolved.endswith(_DELETED):
-                        d = SysDir(self.host, resolved)
-                        if d.name != name:
-                            return d, None, None
-                        return d, d._attributes(d._prefix, attributes, True, fd), d.link_name(link, dir_fd=fd)
-                finally:
-                    os.close(fd)
+                if d.name != name:
+                    return d, None, None
+                return d, d._attributes(d._prefix, attributes, True, fd), d.link_name(link, dir_fd=fd)
+            finally:
+                os.close(fd)
         d = self.child(name)
         if d.name != name:
             return d, None, None
