@@ -22,6 +22,8 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
             "3",
             "--held",
             "40",
+            "--rounds",
+            "2",
         ],
         capture_output=True,
         text=True,
@@ -47,7 +49,9 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     assert lines[10].startswith("prepare, first without its two files (a ceiling, not a driver) x")
     assert "the files cost" in lines[10] and "the rest above the floor" in lines[10]
     assert " p90 " in lines[1] and " p99 " in lines[1]
-    del lines[6:11]
+    assert lines[11].startswith("target x2.0 the claim GET (p50, median of 2 rounds): prepare, first x")
+    assert ("): met; its floor x" in lines[11]) != ("): not met; its floor x" in lines[11]), lines[11]
+    del lines[6:12]
     assert lines[6].startswith("steady state, 10 syncs: 0 requests, 0 bytes; a LIST ")
     assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
     assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")
