@@ -32,7 +32,9 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "pool: 2 PFs x 3 VFs: 6 devices in 1 slices"
+    assert lines[0].startswith(
+        "pool: 2 PFs x 3 VFs: 6 devices in 1 slices; the checkpoint on disk, CDI specs on "
+    )
     assert [line.split(" p50")[0].strip() for line in lines[1:5]] == [
         "prepare, first (API + spec + entry)",
         "prepare, first",
