@@ -598,14 +598,17 @@ class SysDir(PathReads):
         listing.close()  # only the listing was asked for
         return listing.dir, listing.entries
 
-    def child_listing_opt(self, name: str) -> Listing | None:
+    def child_listing_opt(self, name: str, dir_fd: int | None = None) -> Listing | None:
         """`child_entries_opt(name)`, with the descriptor it listed the directory through kept open (until
         the `Listing` is closed: use it in `with`) for reading its entries' attributes relative to it
         (`Listing.values`, `Listing.reads`). None when it is absent; a link, a file or anything else
-        takes `child` and `entries` for the exact answer and refusal, and its entries are read by path."""
+        takes `child` and `entries` for the exact answer and refusal, and its entries are read by path.
+        `dir_fd`: a descriptor of this directory (`Listing.held`), to open `name` relative to: one
+        component for the kernel to walk, in the very directory that was held, instead of the whole
+        path from the root, whose components could have been swapped for links since."""
         path = self._child_path(name)
         try:
-            fd = os.open(path, _DIR_FLAGS)
+            fd = os.open(path, _DIR_FLAGS) if dir_fd is None else os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError:
@@ -734,6 +737,24 @@ class Listing:
     def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> list[str]:
         """The `reads(names)` of the entry (`dir.listed_child(name, is_dir)`)."""
         return self._read(name, is_dir, names, False)[1]  # type: ignore[return-value]
+
+    def held(self, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        """The entry (`dir.listed_child(name, is_dir)`) and, where the listing saw a real directory, a
+        descriptor of it opened relative to the listing's (O_PATH, O_NOFOLLOW: still a real directory,
+        not a link put in its place since), for the caller to open below it relative to that (and to
+        close); None where it is read by path: no descriptor to list through, an entry that is a link or
+        a file (by now), which takes `listed_child`'s checks and refusals, or one gone since the listing,
+        read by path as before (what is below it is absent)."""
+        d = self.dir
+        if is_dir and self._fd is not None:
+            child = SysDir(d.host, d._child_path(name))  # the name checked before it is opened
+            try:
+                return child, os.open(name, _ENTRY_FLAGS, dir_fd=self._fd)
+            except FileNotFoundError:
+                return child, None
+            except OSError:
+                is_dir = False  # a link, a file now: `child`'s checks and refusals
+        return d.listed_child(name, is_dir), None
 
     def _read(
         self, name: str, is_dir: bool, names: tuple[str, ...], lenient: bool
