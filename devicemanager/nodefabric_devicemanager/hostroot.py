@@ -372,7 +372,10 @@ class PathReads:
                 try:
                     data = os.read(fd, _READ_LIMIT)
                     got = len(data)
-                    more = os.read(fd, _READ_LIMIT - got) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
+                    # The read that hears EOF asks for one byte: a byte more takes `_read_rest`, which
+                    # reads on to the cap, so the answer is the same, and the interpreter does not
+                    # allocate (and free) a 64 KiB buffer for the nothing it hears.
+                    more = os.read(fd, 1) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
                 except OSError as exc:
                     try:
                         self._read_failed(path, fd, exc)

@@ -354,3 +354,19 @@ def test_a_listing_closes_its_descriptor(above: SysDir) -> None:
         with pytest.raises(FileNotFoundError), above.host.dir("/").child_listing_opt("sys") as failing:  # type: ignore[union-attr]
             failing.reads("dev", True, ("absent",))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("piece", [1, 3, 4096])
+def test_an_attribute_handed_over_in_pieces_answers_as_one_read_does(
+    attrs: SysDir, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    """A file that gives its bytes over several reads (procfs, a network filesystem): the read that hears
+    EOF asks for one byte, and a byte more is read on to the cap, so every answer and refusal is the one a
+    file read whole gets, in a batch and alone."""
+    whole = {name: (_outcome(lambda n=name: attrs.values((n,))), _alone_read(attrs, name)) for name in NAMES}
+    real = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: real(fd, min(n, piece)))
+    for name in NAMES:
+        assert (_outcome(lambda n=name: attrs.values((n,))), _alone_read(attrs, name)) == whole[name], name
+    batch = ("plain", "page-sized", "exactly-the-limit", "no-newline")
+    assert attrs.values(batch) == [attrs.value(n) for n in batch]
