@@ -363,19 +363,18 @@ class PathReads:
                     else:
                         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
                 except OSError as exc:
-                    if dir_fd is not None and isinstance(exc, FileNotFoundError):
-                        # Absent, named by its whole path as an open by path names it.
-                        exc = FileNotFoundError(exc.errno, exc.strerror, path)
-                    path, fd = self._open_slow(path, exc)
+                    if lenient and isinstance(exc, FileNotFoundError):
+                        out.append(None)  # absent: None at once, no other exception raised to say so
+                        continue
+                    path, fd = self._open_slow(path, exc, dir_fd is not None)
                     out.append(self._read_rest(path, fd, None))
                     continue
                 try:
                     data = os.read(fd, _READ_LIMIT)
-                    got = len(data)
                     # The read that hears EOF asks for one byte: a byte more takes `_read_rest`, which
                     # reads on to the cap, so the answer is the same, and the interpreter does not
                     # allocate (and free) a 64 KiB buffer for the nothing it hears.
-                    more = os.read(fd, 1) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
+                    more = os.read(fd, 1) if 0 < len(data) <= MAX_ATTRIBUTE_BYTES else None
                 except OSError as exc:
                     try:
                         self._read_failed(path, fd, exc)
@@ -414,12 +413,15 @@ class PathReads:
         if mode & _IFMT != _IFREG:
             self._refuse(path, mode)
 
-    def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
+    def _open_slow(self, path: str, failed: OSError, relative: bool = False) -> tuple[str, int]:
         """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a
         symlink (resolved, checked, and opened only when it lands on a regular file inside the root), a
         socket or other special file (refused), or unreadable (HostReadError). Returns the path opened
-        (the symlink's target) and its descriptor."""
+        (the symlink's target) and its descriptor. `relative`: `failed` is an open relative to a
+        directory descriptor, which names only the attribute."""
         if isinstance(failed, FileNotFoundError):
+            if relative:  # absent, named by its whole path as an open by path names it
+                raise FileNotFoundError(failed.errno, failed.strerror, path)
             raise failed
         mode = self._lstat(path).st_mode
         if mode & _IFMT == _IFLNK:

@@ -370,3 +370,24 @@ def test_an_attribute_handed_over_in_pieces_answers_as_one_read_does(
         assert (_outcome(lambda n=name: attrs.values((n,))), _alone_read(attrs, name)) == whole[name], name
     batch = ("plain", "page-sized", "exactly-the-limit", "no-newline")
     assert attrs.values(batch) == [attrs.value(n) for n in batch]
+
+
+def test_an_absent_attribute_is_none_among_values_and_named_whole_when_read(attrs: SysDir) -> None:
+    """The lenient read answers an absent attribute with None at once (no exception raised to say so);
+    the strict one still raises FileNotFoundError naming the whole path: by path, through a held
+    function descriptor (`child_link_read`) and through a listing's (`Listing`)."""
+    names = ("plain", "absent", "no-newline")
+    above = attrs.host.dir("/sys")
+    got_by_path = attrs.values(names)
+    _, got_held, _ = above.child_link_read("dev", names, "link-inside")
+    listing = above.host.dir("/").child_listing_opt("sys")
+    assert listing is not None
+    with listing:
+        _, got_listed = listing.values("dev", True, names)
+        with pytest.raises(FileNotFoundError) as listed:
+            listing.reads("dev", True, names)
+    assert got_by_path == got_held == got_listed == ["9000", None, "up"]
+    with pytest.raises(FileNotFoundError) as by_path:
+        attrs.reads(names)
+    whole = f"{attrs.path}/absent"
+    assert by_path.value.filename == whole and listed.value.filename == whole
