@@ -11,19 +11,22 @@ hang a pass or pass for a value. A symlink is resolved, checked and refused by i
 the target is opened. An attribute that is not UTF-8 is refused too (`NotText`): a value nobody can
 decode is unknown, never published with U+FFFD in it.
 
-Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an
-attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the
-slow path), a read, the read that hears EOF, and a close. A directory a pass lists is opened once with
-O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
+Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an attribute
+inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the slow path), a
+read, the read that hears EOF (asking for one byte: a byte more is read on to the cap), and a close; one
+absent when read for its value is None from the failed open itself. A directory a pass lists is opened once
+with O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
 stand in for an lstat per child (`entries`, `child_entries_opt`, `listed_child`).
 
-Where a pass holds a descriptor of a checked directory, it opens below it relative to that descriptor
-instead of by the path from the root: a PCI function's attributes and `physfn` through the O_PATH
-descriptor that resolved its link (`child_link_read`), a listed directory's entries' attributes through
-the descriptor it was listed through (`child_listing_opt`, `Listing`). The kernel walks one or two
-components instead of the whole path, and what is read is the directory that was resolved or listed even
-if a component above it is swapped meanwhile. Whatever does not open on that common path (absent, a
-link, a special file) takes the path-based steps, so the answers and refusals are theirs.
+Where a pass holds a descriptor of a checked directory, it opens below it relative to that descriptor instead
+of by the path from the root: a PCI function's attributes and `physfn` through the O_PATH descriptor that
+resolved its link (`child_link_read`), a listed directory's entries' attributes through the descriptor it was
+listed through (`child_listing_opt`, `Listing`), and a directory below a listed entry (an RDMA device's
+`ports`) through a descriptor of the entry held relative to the listing (`Listing.held`,
+`child_listing_opt(dir_fd=)`). The kernel walks one or two components instead of the whole path, and what is
+read is the directory that was resolved or listed even if a component above it is swapped meanwhile. Whatever
+does not open on that common path (absent, a link, a special file) takes the path-based steps, so the answers
+and refusals are theirs.
 """
 
 from __future__ import annotations
