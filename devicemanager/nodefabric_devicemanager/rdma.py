@@ -225,8 +225,8 @@ def binding(function_dir: SysDir) -> Binding:
         return Binding("", LinkVerdict(state=LinkState.UNVERIFIED, reason=f"rdma devices unreadable: {exc}"))
     if ib is None:
         return NO_BINDING
-    # The listing's descriptor stays open while the device is read: the device directory is opened
-    # relative to it and its ports relative to that (`Listing.held`), not by the whole path.
+    # The device directory is opened relative to the listing's descriptor and its ports relative to that
+    # (`Listing.held`), not by the whole path.
     with ib:
         entries = ib.entries
         if not entries:
@@ -244,10 +244,12 @@ def binding(function_dir: SysDir) -> Binding:
             dev, fd = ib.held(first, is_dir)
         except (FileNotFoundError, HostReadError) as exc:
             return Binding(name, LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: unreadable: {exc}"))
-    try:
-        # The name as listed is the directory's own: `held` of a real directory keeps it, and a link it
-        # followed is named by the entry, as `check` would name it by where it landed.
-        return Binding(name, check(dev, name=name if is_dir else None, dir_fd=fd))
-    finally:
-        if fd is not None:
-            os.close(fd)
+        # Closed before the listing is (inside its `with`): whatever interrupts the listing's close,
+        # this descriptor is not left open.
+        try:
+            # The name as listed is the directory's own: `held` of a real directory keeps it, and a link
+            # it followed is named by the entry, as `check` would name it by where it landed.
+            return Binding(name, check(dev, name=name if is_dir else None, dir_fd=fd))
+        finally:
+            if fd is not None:
+                os.close(fd)

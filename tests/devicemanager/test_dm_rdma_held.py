@@ -171,3 +171,36 @@ def test_without_proc_the_device_is_still_held_and_its_ports_read(
     monkeypatch.setattr(hostroot, "_HAVE_FD_LINKS", False)
     b = _binding(fn)
     assert b.link is not None and b.link.reason == "mlx5_0: port 1 state '1: DOWN' phys_state '3: Disabled'"
+
+
+def test_an_interrupt_at_any_close_leaves_no_descriptor_open(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt that arrives as any descriptor of `binding` is closed (the close done, the
+    signal heard after it) comes out of `binding`, and every other descriptor it held is closed too: the
+    device's, the listing's, the ports listing's, the port's, an attribute's."""
+    real = os.close
+    at = 1
+    while True:
+        seen = [0]
+
+        def close(fd: int, at: int = at, seen: list[int] = seen) -> None:
+            seen[0] += 1
+            real(fd)
+            if seen[0] == at:
+                raise KeyboardInterrupt
+
+        before = _descriptors()
+        monkeypatch.setattr(os, "close", close)
+        try:
+            rdma.binding(fn)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            monkeypatch.setattr(os, "close", real)
+        assert _descriptors() == before, f"close {at}"
+        if not interrupted:
+            break
+        at += 1
+    assert at > 5  # every close of the pass was interrupted in turn
