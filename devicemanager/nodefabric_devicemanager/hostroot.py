@@ -11,19 +11,22 @@ hang a pass or pass for a value. A symlink is resolved, checked and refused by i
 the target is opened. An attribute that is not UTF-8 is refused too (`NotText`): a value nobody can
 decode is unknown, never published with U+FFFD in it.
 
-Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an
-attribute inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the
-slow path), a read, the read that hears EOF, and a close. A directory a pass lists is opened once with
-O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
+Resolution is paid once per directory (`HostRoot.dir`, `child_link`), not once per attribute: an attribute
+inside a resolved directory costs one O_NOFOLLOW open (a symlink answers ELOOP and takes the slow path), a
+read, the read that hears EOF (asking for one byte: a byte more is read on to the cap), and a close; one
+absent when read for its value is None from the failed open itself. A directory a pass lists is opened once
+with O_NOFOLLOW (the open is its check) and listed through that descriptor, and the entry types of the listing
 stand in for an lstat per child (`entries`, `child_entries_opt`, `listed_child`).
 
-Where a pass holds a descriptor of a checked directory, it opens below it relative to that descriptor
-instead of by the path from the root: a PCI function's attributes and `physfn` through the O_PATH
-descriptor that resolved its link (`child_link_read`), a listed directory's entries' attributes through
-the descriptor it was listed through (`child_listing_opt`, `Listing`). The kernel walks one or two
-components instead of the whole path, and what is read is the directory that was resolved or listed even
-if a component above it is swapped meanwhile. Whatever does not open on that common path (absent, a
-link, a special file) takes the path-based steps, so the answers and refusals are theirs.
+Where a pass holds a descriptor of a checked directory, it opens below it relative to that descriptor instead
+of by the path from the root: a PCI function's attributes and `physfn` through the O_PATH descriptor that
+resolved its link (`child_link_read`), a listed directory's entries' attributes through the descriptor it was
+listed through (`child_listing_opt`, `Listing`), and a directory below a listed entry (an RDMA device's
+`ports`) through a descriptor of the entry held relative to the listing (`Listing.held`,
+`child_listing_opt(dir_fd=)`). The kernel walks one or two components instead of the whole path, and what is
+read is the directory that was resolved or listed even if a component above it is swapped meanwhile. Whatever
+does not open on that common path (absent, a link, a special file) takes the path-based steps, so the answers
+and refusals are theirs.
 """
 
 from __future__ import annotations
@@ -363,16 +366,18 @@ class PathReads:
                     else:
                         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
                 except OSError as exc:
-                    if dir_fd is not None and isinstance(exc, FileNotFoundError):
-                        # Absent, named by its whole path as an open by path names it.
-                        exc = FileNotFoundError(exc.errno, exc.strerror, path)
-                    path, fd = self._open_slow(path, exc)
+                    if lenient and isinstance(exc, FileNotFoundError):
+                        out.append(None)  # absent: None at once, no other exception raised to say so
+                        continue
+                    path, fd = self._open_slow(path, exc, dir_fd is not None)
                     out.append(self._read_rest(path, fd, None))
                     continue
                 try:
                     data = os.read(fd, _READ_LIMIT)
-                    got = len(data)
-                    more = os.read(fd, _READ_LIMIT - got) if 0 < got <= MAX_ATTRIBUTE_BYTES else None
+                    # The read that hears EOF asks for one byte: a byte more takes `_read_rest`, which
+                    # reads on to the cap, so the answer is the same, and the interpreter does not
+                    # allocate (and free) a 64 KiB buffer for the nothing it hears.
+                    more = os.read(fd, 1) if 0 < len(data) <= MAX_ATTRIBUTE_BYTES else None
                 except OSError as exc:
                     try:
                         self._read_failed(path, fd, exc)
@@ -411,12 +416,15 @@ class PathReads:
         if mode & _IFMT != _IFREG:
             self._refuse(path, mode)
 
-    def _open_slow(self, path: str, failed: OSError) -> tuple[str, int]:
+    def _open_slow(self, path: str, failed: OSError, relative: bool = False) -> tuple[str, int]:
         """The open of an attribute that did not open as a plain file: absent (FileNotFoundError), a
         symlink (resolved, checked, and opened only when it lands on a regular file inside the root), a
         socket or other special file (refused), or unreadable (HostReadError). Returns the path opened
-        (the symlink's target) and its descriptor."""
+        (the symlink's target) and its descriptor. `relative`: `failed` is an open relative to a
+        directory descriptor, which names only the attribute."""
         if isinstance(failed, FileNotFoundError):
+            if relative:  # absent, named by its whole path as an open by path names it
+                raise FileNotFoundError(failed.errno, failed.strerror, path)
             raise failed
         mode = self._lstat(path).st_mode
         if mode & _IFMT == _IFLNK:
@@ -598,14 +606,17 @@ class SysDir(PathReads):
         listing.close()  # only the listing was asked for
         return listing.dir, listing.entries
 
-    def child_listing_opt(self, name: str) -> Listing | None:
+    def child_listing_opt(self, name: str, dir_fd: int | None = None) -> Listing | None:
         """`child_entries_opt(name)`, with the descriptor it listed the directory through kept open (until
         the `Listing` is closed: use it in `with`) for reading its entries' attributes relative to it
         (`Listing.values`, `Listing.reads`). None when it is absent; a link, a file or anything else
-        takes `child` and `entries` for the exact answer and refusal, and its entries are read by path."""
+        takes `child` and `entries` for the exact answer and refusal, and its entries are read by path.
+        `dir_fd`: a descriptor of this directory (`Listing.held`), to open `name` relative to: one
+        component for the kernel to walk, in the very directory that was held, instead of the whole
+        path from the root, whose components could have been swapped for links since."""
         path = self._child_path(name)
         try:
-            fd = os.open(path, _DIR_FLAGS)
+            fd = os.open(path, _DIR_FLAGS) if dir_fd is None else os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError:
@@ -734,6 +745,24 @@ class Listing:
     def reads(self, name: str, is_dir: bool, names: tuple[str, ...]) -> list[str]:
         """The `reads(names)` of the entry (`dir.listed_child(name, is_dir)`)."""
         return self._read(name, is_dir, names, False)[1]  # type: ignore[return-value]
+
+    def held(self, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        """The entry (`dir.listed_child(name, is_dir)`) and, where the listing saw a real directory, a
+        descriptor of it opened relative to the listing's (O_PATH, O_NOFOLLOW: still a real directory,
+        not a link put in its place since), for the caller to open below it relative to that (and to
+        close); None where it is read by path: no descriptor to list through, an entry that is a link or
+        a file (by now), which takes `listed_child`'s checks and refusals, or one gone since the listing,
+        read by path as before (what is below it is absent)."""
+        d = self.dir
+        if is_dir and self._fd is not None:
+            child = SysDir(d.host, d._child_path(name))  # the name checked before it is opened
+            try:
+                return child, os.open(name, _ENTRY_FLAGS, dir_fd=self._fd)
+            except FileNotFoundError:
+                return child, None
+            except OSError:
+                is_dir = False  # a link, a file now: `child`'s checks and refusals
+        return d.listed_child(name, is_dir), None
 
     def _read(
         self, name: str, is_dir: bool, names: tuple[str, ...], lenient: bool

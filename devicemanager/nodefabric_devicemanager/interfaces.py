@@ -167,12 +167,20 @@ def _netdev_of(fn: PciFunction) -> tuple[SysDir, dict[str, Any]] | None:
 
 def _virtual_function(vf: PciFunction) -> VirtualFunction:
     fields = _placement(vf)
-    fields.update(_rdma_fields(rdma.binding(vf.dir)))
+    b = rdma.binding(vf.dir)
+    fields["rdma"], fields["rdma_device"], fields["rdma_software"], fields["link"] = (
+        bool(b.device),
+        b.device,
+        b.software,
+        b.link,
+    )
     found = _netdev_of(vf)
     if found is not None:
         fields["name"] = recorded_name(found[0].name)
         fields.update(found[1])
-    return VirtualFunction(**fields)
+    # Validated from the dict itself, not spread into keyword arguments (one dict fewer per VF): the
+    # same validation of every value, host-derived strings included.
+    return VirtualFunction.model_validate(fields)
 
 
 def _virtual_functions(

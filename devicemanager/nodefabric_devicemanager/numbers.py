@@ -33,11 +33,23 @@ _MEMO_CHARS = 128
 def memo(parse: Callable[[str | None], _T]) -> Callable[[str | None], _T]:
     """`parse` (a pure function of one attribute's text) with its answers for short text remembered:
     the same answer, without the regular expressions and int() per VF of a large node."""
-    cached = functools.lru_cache(maxsize=_MEMO_ENTRIES)(parse)
+    # A plain dict, emptied when full, not functools.lru_cache: a hit is one lookup in this frame, not
+    # a call into the cache's wrapper that hashes the argument into a key of its own; a host rarely
+    # has more than a handful of distinct values, so the order of eviction buys nothing.
+    answers: dict[str | None, _T] = {}
 
     @functools.wraps(parse)
     def parse_memo(text: str | None) -> _T:
-        return cached(text) if text is None or len(text) <= _MEMO_CHARS else parse(text)
+        try:
+            return answers[text]
+        except KeyError:
+            pass
+        answer = parse(text)
+        if text is None or len(text) <= _MEMO_CHARS:
+            if len(answers) >= _MEMO_ENTRIES:
+                answers.clear()
+            answers[text] = answer
+        return answer
 
     return parse_memo
 

@@ -137,10 +137,13 @@ def _read_port(ports: Listing, name: str, is_dir: bool) -> PortReading:
         return PortReading(port=shown, error=str(exc))
 
 
-def read_ports(device: SysDir, only: Collection[str] | None = None) -> list[PortReading]:
+def read_ports(
+    device: SysDir, only: Collection[str] | None = None, dir_fd: int | None = None
+) -> list[PortReading]:
     """Every port of one RDMA device directory (`.../infiniband/<dev>`), or those named in `only`; raises
-    HostReadError when the ports directory cannot be listed, FileNotFoundError when it is absent."""
-    listing = device.child_listing_opt("ports")
+    HostReadError when the ports directory cannot be listed, FileNotFoundError when it is absent.
+    `dir_fd`: a descriptor of `device` (`Listing.held`), to open `ports` relative to."""
+    listing = device.child_listing_opt("ports", dir_fd)
     if listing is None:
         raise FileNotFoundError(errno.ENOENT, "no ports directory", f"{device.path}/ports")
     try:  # each port's state read relative to the descriptor that listed them
@@ -166,14 +169,21 @@ def _port_order(name: str) -> tuple[int, str]:
     return (number, name) if number is not None else (1 << 31, name)
 
 
-def check(device: SysDir, only: Collection[str] | None = None, *, name: str | None = None) -> LinkVerdict:
+def check(
+    device: SysDir,
+    only: Collection[str] | None = None,
+    *,
+    name: str | None = None,
+    dir_fd: int | None = None,
+) -> LinkVerdict:
     """Thin reader: the verdict for the RDMA device directory `device` (over the ports in `only`, when a
     device's ports ride on different interfaces), never raising for host trouble. `name`: the device's
-    recorded name, when the caller has it already."""
+    recorded name, when the caller has it already; `dir_fd`: a descriptor of `device` to read relative
+    to (`read_ports`)."""
     if name is None:
         name = recorded_name(device.name)
     try:
-        readings = read_ports(device, only)
+        readings = read_ports(device, only, dir_fd)
     except FileNotFoundError:
         readings = []
     except HostReadError as exc:
@@ -206,28 +216,40 @@ def binding(function_dir: SysDir) -> Binding:
     (nothing to hand a container) and an unverified verdict, so the node still counts as usable.
     """
     try:
-        found = function_dir.child_entries_opt("infiniband")
+        ib = function_dir.child_listing_opt("infiniband")
     except HostReadError as exc:
         log.error(
             "could not read the rdma devices of a pci function",
             extra={"path": function_dir.shown, "error": str(exc)},
         )
         return Binding("", LinkVerdict(state=LinkState.UNVERIFIED, reason=f"rdma devices unreadable: {exc}"))
-    if found is None or not found[1]:
+    if ib is None:
         return NO_BINDING
-    ib, entries = found
-    # One function binds one RDMA device; a second would be a kernel oddity, and the first is kept stable.
-    if len(entries) > 1:
-        names = [n for n, _ in entries]
-        log.warning(
-            "pci function has several rdma devices", extra={"path": function_dir.shown, "devices": names}
-        )
-    first, is_dir = entries[0]
-    name = recorded_name(first)
-    try:
-        dev = ib.listed_child(first, is_dir)
-    except (FileNotFoundError, HostReadError) as exc:
-        return Binding(name, LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: unreadable: {exc}"))
-    # The name as listed is the directory's own: `listed_child` of a real directory keeps it, and a
-    # link it followed is named by the entry, as `check` would name it by where it landed.
-    return Binding(name, check(dev, name=name if is_dir else None))
+    # The device directory is opened relative to the listing's descriptor and its ports relative to that
+    # (`Listing.held`), not by the whole path.
+    with ib:
+        entries = ib.entries
+        if not entries:
+            return NO_BINDING
+        # One function binds one RDMA device; a second would be a kernel oddity, and the first is kept
+        # stable.
+        if len(entries) > 1:
+            names = [n for n, _ in entries]
+            log.warning(
+                "pci function has several rdma devices", extra={"path": function_dir.shown, "devices": names}
+            )
+        first, is_dir = entries[0]
+        name = recorded_name(first)
+        try:
+            dev, fd = ib.held(first, is_dir)
+        except (FileNotFoundError, HostReadError) as exc:
+            return Binding(name, LinkVerdict(state=LinkState.UNVERIFIED, reason=f"{name}: unreadable: {exc}"))
+        # Closed before the listing is (inside its `with`): whatever interrupts the listing's close,
+        # this descriptor is not left open.
+        try:
+            # The name as listed is the directory's own: `held` of a real directory keeps it, and a link
+            # it followed is named by the entry, as `check` would name it by where it landed.
+            return Binding(name, check(dev, name=name if is_dir else None, dir_fd=fd))
+        finally:
+            if fd is not None:
+                os.close(fd)

@@ -354,3 +354,40 @@ def test_a_listing_closes_its_descriptor(above: SysDir) -> None:
         with pytest.raises(FileNotFoundError), above.host.dir("/").child_listing_opt("sys") as failing:  # type: ignore[union-attr]
             failing.reads("dev", True, ("absent",))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("piece", [1, 3, 4096])
+def test_an_attribute_handed_over_in_pieces_answers_as_one_read_does(
+    attrs: SysDir, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    """A file that gives its bytes over several reads (procfs, a network filesystem): the read that hears
+    EOF asks for one byte, and a byte more is read on to the cap, so every answer and refusal is the one a
+    file read whole gets, in a batch and alone."""
+    whole = {name: (_outcome(lambda n=name: attrs.values((n,))), _alone_read(attrs, name)) for name in NAMES}
+    real = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: real(fd, min(n, piece)))
+    for name in NAMES:
+        assert (_outcome(lambda n=name: attrs.values((n,))), _alone_read(attrs, name)) == whole[name], name
+    batch = ("plain", "page-sized", "exactly-the-limit", "no-newline")
+    assert attrs.values(batch) == [attrs.value(n) for n in batch]
+
+
+def test_an_absent_attribute_is_none_among_values_and_named_whole_when_read(attrs: SysDir) -> None:
+    """The lenient read answers an absent attribute with None at once (no exception raised to say so);
+    the strict one still raises FileNotFoundError naming the whole path: by path, through a held
+    function descriptor (`child_link_read`) and through a listing's (`Listing`)."""
+    names = ("plain", "absent", "no-newline")
+    above = attrs.host.dir("/sys")
+    got_by_path = attrs.values(names)
+    _, got_held, _ = above.child_link_read("dev", names, "link-inside")
+    listing = above.host.dir("/").child_listing_opt("sys")
+    assert listing is not None
+    with listing:
+        _, got_listed = listing.values("dev", True, names)
+        with pytest.raises(FileNotFoundError) as listed:
+            listing.reads("dev", True, names)
+    assert got_by_path == got_held == got_listed == ["9000", None, "up"]
+    with pytest.raises(FileNotFoundError) as by_path:
+        attrs.reads(names)
+    whole = f"{attrs.path}/absent"
+    assert by_path.value.filename == whole and listed.value.filename == whole

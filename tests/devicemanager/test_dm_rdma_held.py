@@ -1,0 +1,206 @@
+"""An RDMA device's ports read through the descriptor that held its directory (`Listing.held`, then
+`child_listing_opt("ports", dir_fd)`), attacked through a real tree: the device directory swapped after
+the `infiniband` listing saw it, and after it was held, for what is not it (removed, a file, a FIFO, a
+link out of the root, renamed away). No port outside the root is ever read, nothing blocks, no
+descriptor is left open, and each answer is what the host has there: the held directory's own ports, or
+the path-based steps' verdict for what is there now."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nodefabric_devicemanager import hostroot, rdma
+from nodefabric_devicemanager.hostroot import HostRoot, Listing, SysDir
+from nodefabric_devicemanager.models import LinkState
+
+
+def _descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _port(ports: Path, state: str, phys: str) -> None:
+    (ports / "1").mkdir(parents=True)
+    (ports / "1" / "state").write_text(f"{state}\n")
+    (ports / "1" / "phys_state").write_text(f"{phys}\n")
+
+
+@pytest.fixture
+def fn(tmp_path: Path) -> SysDir:
+    """A function whose RDMA device mlx5_0 has one DOWN port; beside the root, a directory whose port is
+    ACTIVE/LinkUp: a verdict of ok can only come from outside the root."""
+    root = tmp_path / "root"
+    dev = root / "sys" / "devices" / "pci0000:00" / "0000:00:01.0"
+    _port(dev / "infiniband" / "mlx5_0" / "ports", "1: DOWN", "3: Disabled")
+    _port(tmp_path / "outside-dev" / "ports", "4: ACTIVE", "5: LinkUp")
+    return HostRoot.at(root).dir("/sys/devices/pci0000:00/0000:00:01.0")
+
+
+def _link_out(p: Path) -> None:
+    outside = next(a / "outside-dev" for a in p.parents if (a / "outside-dev").is_dir())
+    p.symlink_to(os.path.relpath(outside, p.parent))
+    assert (p / "ports" / "1" / "state").read_text() == "4: ACTIVE\n"
+
+
+def _by_fifo(p: Path) -> None:
+    shutil.rmtree(p)
+    os.mkfifo(p)
+
+
+def _by_file(p: Path) -> None:
+    shutil.rmtree(p)
+    p.write_text("x\n")
+
+
+SWAPS: dict[str, Callable[[Path], object]] = {
+    "removed": shutil.rmtree,
+    "by-file": _by_file,
+    "by-fifo": _by_fifo,
+    "by-link-out": lambda p: (shutil.rmtree(p), _link_out(p)),
+    "renamed-then-link-out": lambda p: (p.rename(p.with_name("mlx5_0.old")), _link_out(p)),
+}
+
+
+def _binding(fn: SysDir) -> rdma.Binding:
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(rdma.binding(fn)), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the read blocked"
+    assert isinstance(got[0], rdma.Binding)
+    return got[0]
+
+
+def test_the_ports_are_read_relative_to_the_held_device(fn: SysDir, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int | None] = []
+    real = SysDir.child_listing_opt
+
+    def watched(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
+        if name == "ports":
+            seen.append(dir_fd)
+        return real(self, name, dir_fd)
+
+    monkeypatch.setattr(SysDir, "child_listing_opt", watched)
+    before = _descriptors()
+    b = _binding(fn)
+    assert seen and seen[0] is not None
+    assert _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None and b.link.state is LinkState.FAILED
+    assert b.link.reason == "mlx5_0: port 1 state '1: DOWN' phys_state '3: Disabled'"
+
+
+@pytest.mark.parametrize("swap", SWAPS)
+def test_a_device_swapped_after_it_was_held_is_read_as_held_never_outside(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    """Held (O_PATH, relative to the listing), then swapped before its ports are opened: by the whole
+    path, `.../mlx5_0/ports` would follow a link put in place of `mlx5_0` out of the root."""
+    real = SysDir.child_listing_opt
+    done: list[str] = []
+
+    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
+        if name == "ports" and not done:
+            done.append(self.path)
+            SWAPS[swap](Path(self.path))
+        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
+
+    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert done and _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None
+    assert b.link.state is not LinkState.OK and "ACTIVE" not in b.link.reason
+    if swap == "renamed-then-link-out":
+        # The directory that was held, wherever it went: its own port.
+        assert b.link.state is LinkState.FAILED and "'1: DOWN'" in b.link.reason
+    else:
+        # Removed before its ports were opened: they are absent, not whatever is at its path now.
+        assert b.link.state is LinkState.UNVERIFIED and b.link.reason == "mlx5_0: no ports to read"
+
+
+@pytest.mark.parametrize("swap", SWAPS)
+def test_a_device_swapped_after_the_listing_is_read_as_what_it_is_now(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    """Swapped between the `infiniband` listing and `held`: what is there now takes the path-based steps
+    (`listed_child`), with every check: refused when it leaves the root or is not a directory."""
+    real = Listing.held
+    done: list[str] = []
+
+    def swap_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        if not done:
+            done.append(name)
+            SWAPS[swap](Path(self.dir.path) / name)
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", swap_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert done and _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None
+    assert b.link.state is LinkState.UNVERIFIED and "ACTIVE" not in b.link.reason
+    if swap in ("by-link-out", "renamed-then-link-out"):
+        assert b.link.reason.startswith("mlx5_0: unreadable: ") and "outside" in b.link.reason
+    elif swap in ("by-file", "by-fifo"):
+        assert b.link.reason.startswith("mlx5_0: unreadable: ") and "not a directory" in b.link.reason
+    else:
+        assert b.link.reason == "mlx5_0: no ports to read"
+
+
+def test_ports_swapped_for_a_link_out_are_refused(fn: SysDir) -> None:
+    ports = Path(fn.path) / "infiniband" / "mlx5_0" / "ports"
+    shutil.rmtree(ports)
+    outside = next(a / "outside-dev" / "ports" for a in ports.parents if (a / "outside-dev").is_dir())
+    ports.symlink_to(os.path.relpath(outside, ports.parent))
+    assert (ports / "1" / "state").read_text() == "4: ACTIVE\n"
+    before = _descriptors()
+    b = _binding(fn)
+    assert _descriptors() == before
+    assert b.link is not None and b.link.state is LinkState.UNVERIFIED
+    assert "ports unreadable" in b.link.reason and "outside" in b.link.reason
+
+
+def test_without_proc_the_device_is_still_held_and_its_ports_read(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostroot, "_HAVE_FD_LINKS", False)
+    b = _binding(fn)
+    assert b.link is not None and b.link.reason == "mlx5_0: port 1 state '1: DOWN' phys_state '3: Disabled'"
+
+
+def test_an_interrupt_at_any_close_leaves_no_descriptor_open(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt that arrives as any descriptor of `binding` is closed (the close done, the
+    signal heard after it) comes out of `binding`, and every other descriptor it held is closed too: the
+    device's, the listing's, the ports listing's, the port's, an attribute's."""
+    real = os.close
+    at = 1
+    while True:
+        seen = [0]
+
+        def close(fd: int, at: int = at, seen: list[int] = seen) -> None:
+            seen[0] += 1
+            real(fd)
+            if seen[0] == at:
+                raise KeyboardInterrupt
+
+        before = _descriptors()
+        monkeypatch.setattr(os, "close", close)
+        try:
+            rdma.binding(fn)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            monkeypatch.setattr(os, "close", real)
+        assert _descriptors() == before, f"close {at}"
+        if not interrupted:
+            break
+        at += 1
+    assert at > 5  # every close of the pass was interrupted in turn
