@@ -30,7 +30,7 @@ import aiohttp
 import kubernetes
 from kubernetes.client import rest
 
-from nodefabric_operator import apicall, rawcall
+from nodefabric_operator import apicall, rawcall, wire
 from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 
@@ -99,7 +99,10 @@ class AsyncClient:
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+                connector=connector,
+                timeout=timeout,
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
@@ -137,7 +140,7 @@ class AsyncClient:
             method, url, data=data, headers=headers, allow_redirects=False, **self._options
         )
         async with sending as answer:
-            body = await answer.read()
+            body = await _body(answer)
             status, reason, got = answer.status, answer.reason, answer.headers
         if not 200 <= status <= 299:
             raise kubernetes.client.ApiException.from_response(
@@ -149,6 +152,26 @@ class AsyncClient:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+async def _body(answer: aiohttp.ClientResponse) -> bytes:
+    """The answer's body, at most wire.MAX_ANSWER bytes of it (see wire.py); AnswerTooLarge beyond, the
+    connection closed unread."""
+    size = answer.content_length
+    if wire.too_large(size):
+        answer.close()
+        raise wire.AnswerTooLarge(size)
+    if size is not None and "Content-Encoding" not in answer.headers:
+        return await answer.read()  # no more than announced: aiohttp reads the body to its length
+    # Of no announced size (chunked, or up to the close), or decoded (gzip's size is not the body's):
+    # read a piece at a time, counted.
+    body = bytearray()
+    async for piece in answer.content.iter_chunked(wire.CHUNK):
+        body += piece
+        if wire.too_large(len(body)):
+            answer.close()
+            raise wire.AnswerTooLarge()
+    return bytes(body)
 
 
 def tls_context(config: Any) -> ssl.SSLContext | bool:

@@ -32,6 +32,8 @@ import kubernetes
 import urllib3
 from kubernetes.client.rest import RESTResponse
 
+from nodefabric_operator import wire
+
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 REFRESH_S = 1.0  # how often the configuration's token refresh hook runs, at most
@@ -175,10 +177,39 @@ def _request(
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err
     response = RESTResponse(raw)
-    answer: bytes = response.read()  # type: ignore[no-untyped-call]
+    answer = _body(raw)
+    response.data = answer  # type: ignore[assignment]  # what its read() would keep
     if not 200 <= response.status <= 299:
         raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
     return answer
+
+
+def _body(raw: urllib3.BaseHTTPResponse) -> bytes:
+    """The answer's body, at most wire.MAX_ANSWER bytes of it (see wire.py); AnswerTooLarge beyond, the
+    connection closed unread. Every byte read, the connection goes back to the pool."""
+    try:
+        size = int(raw.headers["Content-Length"]) if "Content-Length" in raw.headers else None
+    except ValueError:
+        size = None  # http.client refuses a bad one itself
+    if wire.too_large(size):
+        _drop(raw)
+        raise wire.AnswerTooLarge(size)
+    if size is not None and "Content-Encoding" not in raw.headers:
+        return raw.read()  # no more than announced: http.client reads the body to its length
+    # Of no announced size (chunked, or up to the close), or decoded: a piece at a time, counted.
+    body = bytearray()
+    while piece := raw.read(wire.CHUNK):
+        body += piece
+        if wire.too_large(len(body)):
+            _drop(raw)
+            raise wire.AnswerTooLarge()
+    return bytes(body)
+
+
+def _drop(raw: urllib3.BaseHTTPResponse) -> None:
+    # Closed, not drained (the rest may never end); the pool opens a new connection in its place.
+    raw.close()
+    raw.release_conn()
 
 
 def json_object(data: bytes) -> dict[str, Any]:

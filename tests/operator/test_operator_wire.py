@@ -1,0 +1,249 @@
+"""Both of the operator's clients (aioclient on the loop, rawcall in a thread) against a server that answers
+what a broken or hostile API server, or a proxy in front of one, would: real sockets, the server writing
+raw bytes, so nothing between it and the client tidies an answer up. Whatever the answer, both clients
+must make the same of it (wire.py's bounds)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import kubernetes
+import pytest
+
+from nodefabric_operator import apicall, rawcall, wire
+from nodefabric_operator.aioclient import AsyncClient
+from nodefabric_operator.apicall import Calls, Request
+from nodefabric_operator.metrics import Metrics
+from nodefabric_operator.reconcile import transient
+
+CLIENTS = ["loop", "thread"]
+GET = Request("get", "devices", "GET", "/apis/x/v1/devices/{name}", {"name": "n1"})
+
+
+@dataclass
+class Conn:
+    """One accepted connection: its number (0 for the first) and the requests read on it."""
+
+    sock: socket.socket
+    number: int
+    requests: list[bytes] = field(default_factory=list)
+
+    def request(self) -> bytes | None:
+        """The next request's head and body (by its Content-Length); None when the client closed."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            got = self.sock.recv(65536)
+            if not got:
+                return None
+            data += got
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(body) < length:
+            body += self.sock.recv(65536)
+        self.requests.append(head + b"\r\n\r\n" + body)
+        return head
+
+    def answer(self, body: bytes = b'{"kind":"Devices"}', *, head: str = "", status: str = "200 OK") -> None:
+        start = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.sock.sendall(f"{start}{head}\r\n".encode() + body)
+
+
+@dataclass
+class Served:
+    url: str
+    conns: list[Conn]
+    sent: list[int]  # bytes of body the handler got out before the client went away, when it counts
+
+
+@contextlib.contextmanager
+def raw_server(handle: Callable[[Conn, Served], None]) -> Iterator[Served]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    served = Served(f"http://127.0.0.1:{listener.getsockname()[1]}", [], [])
+
+    def one(conn: Conn) -> None:
+        with contextlib.suppress(OSError), conn.sock:
+            handle(conn, served)
+
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            conn = Conn(sock, len(served.conns))
+            served.conns.append(conn)
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield served
+    finally:
+        listener.close()
+        for conn in served.conns:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+
+
+def one_call(request: Request) -> Calls[bytes]:
+    return (yield request)
+
+
+def api_at(url: str) -> kubernetes.client.ApiClient:
+    config = kubernetes.client.Configuration()
+    config.host = url
+    config.retries = 0  # as load_client sets it
+    return kubernetes.client.ApiClient(config)
+
+
+async def send(kind: str, api: kubernetes.client.ApiClient, *requests: Request) -> list[bytes]:
+    """Each request sent in turn by one client of `kind` (its connections kept between them)."""
+    if kind == "thread":
+        return [await asyncio.to_thread(apicall.run, one_call(r), api, Metrics()) for r in requests]
+    client = AsyncClient(api)
+    try:
+        return [await apicall.arun(one_call(r), client, Metrics()) for r in requests]
+    finally:
+        await client.close()
+
+
+def answered(conn: Conn, served: Served) -> None:
+    while conn.request() is not None:
+        conn.answer()
+
+
+# --- item: an answer's size is bounded -------------------------------------------------------------------
+
+
+def endless(framing: str) -> Callable[[Conn, Served], None]:
+    """Answers the first connection's request with a body that never ends (chunked, up to a close that
+    never comes, or announcing 100 GB), counting what it got out; later connections are answered."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        if conn.number:
+            return answered(conn, served)
+        conn.request()
+        if framing == "chunked":
+            conn.sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+        elif framing == "close":
+            conn.sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+            )
+        else:
+            conn.sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n"
+            )
+        piece = b"[" + b"0," * 32767 + b"0"
+        sent = 0
+        try:
+            while sent < 4 * wire.MAX_ANSWER:  # a bound for the test's sake: the client must stop long before
+                conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if framing == "chunked" else piece)
+                sent += len(piece)
+        finally:
+            served.sent.append(sent)
+
+    return handle
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("framing", ["chunked", "close", "announced"])
+async def test_an_endless_answer_is_refused_at_the_bound_and_the_next_call_goes_through(
+    kind: str, framing: str
+) -> None:
+    """A body that never ends is read up to MAX_ANSWER and refused (AnswerTooLarge, an error every caller
+    retries), never buffered whole nor cut and parsed; the connection is dropped (the server's writes
+    fail soon after the bound), and the client's next call, on a new connection, is answered."""
+    with raw_server(endless(framing)) as served:
+        api = api_at(served.url)
+        client = AsyncClient(api) if kind == "loop" else None
+        try:
+            with pytest.raises(wire.AnswerTooLarge) as refused:
+                if client is not None:
+                    await apicall.arun(one_call(GET), client, Metrics())
+                else:
+                    await asyncio.to_thread(apicall.run, one_call(GET), api, Metrics())
+            assert transient(refused.value)
+            assert f"larger than {wire.MAX_ANSWER} bytes" in str(refused.value)
+            if framing == "announced":
+                assert "Content-Length 100000000000" in str(refused.value)
+            if client is not None:
+                again = await apicall.arun(one_call(GET), client, Metrics())
+            else:
+                again = await asyncio.to_thread(apicall.run, one_call(GET), api, Metrics())
+            assert json.loads(again) == {"kind": "Devices"}
+            for _ in range(200):
+                if served.sent:
+                    break
+                await asyncio.sleep(0.05)
+            # Refused from the head (announced) or soon past the bound (socket buffers aside): not read on.
+            (sent,) = served.sent
+            assert sent < wire.MAX_ANSWER + 16 * 1024 * 1024
+        finally:
+            if client is not None:
+                await client.close()
+            api.close()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_body_at_the_bound_is_read_whole_and_one_byte_more_is_refused(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound is exact, announced or not (a bound of 1 MiB here, for speed): MAX_ANSWER bytes are an
+    answer, read and parsed whole; one more is refused."""
+    monkeypatch.setattr(wire, "MAX_ANSWER", 1024 * 1024)
+    monkeypatch.setattr(wire, "CHUNK", 1000)  # the bound falls inside a piece
+    body = json.dumps({"pad": "x" * (wire.MAX_ANSWER - 11)}).encode()
+    assert len(body) == wire.MAX_ANSWER
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            data = body + b" " if b"/more" in head.split(b"\r\n")[0] else body
+            if b"chunked" in head.split(b"\r\n")[0]:
+                conn.sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                conn.sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+            else:
+                conn.answer(data)
+
+    with raw_server(handle) as served:
+        for path in ("/exact", "/exact/chunked"):
+            (got,) = await send(kind, api_at(served.url), Request("get", "x", "GET", path))
+            assert got == body
+        for path in ("/more", "/more/chunked"):
+            with pytest.raises(wire.AnswerTooLarge):
+                await send(kind, api_at(served.url), Request("get", "x", "GET", path))
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_compressed_answer_is_bounded_by_what_it_decodes_to(kind: str) -> None:
+    """A gzip body of a few KB that decodes to 2 x MAX_ANSWER (its Content-Length is the compressed
+    size): refused at the bound of what it decodes to, not taken for a small answer."""
+    bomb = gzip.compress(b" " * (2 * wire.MAX_ANSWER), compresslevel=9)
+    assert len(bomb) < wire.MAX_ANSWER // 100
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            conn.answer(bomb, head="Content-Encoding: gzip\r\n")
+
+    with raw_server(handle) as served, pytest.raises(wire.AnswerTooLarge):
+        await send(kind, api_at(served.url), GET)
+
+
+def test_the_bounds_are_what_the_module_says() -> None:
+    assert (
+        not wire.too_large(None)
+        and not wire.too_large(wire.MAX_ANSWER)
+        and wire.too_large(wire.MAX_ANSWER + 1)
+    )
+    assert rawcall.REQUEST_TIMEOUT_S > 0
