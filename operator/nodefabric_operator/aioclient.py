@@ -98,11 +98,14 @@ class AsyncClient:
                 total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
+            # A header line as long as the threaded client takes (wire.py), not aiohttp's 8,190 bytes.
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=timeout,
                 trust_env=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
+                max_line_size=wire.MAX_HEADER_LINE,
+                max_field_size=wire.MAX_HEADER_LINE,
             )
         return self._session
 

@@ -6,11 +6,15 @@ the largest answer the operator reads is one object (a Devices record with its s
 NodeFeature: tens of KB), and the API server refuses to store an object over 1.5 MiB of its own
 (etcd's request limit), so 64 MiB is only ever reached by something that is not an answer (a proxy's
 endless page, a broken server streaming forever) that would otherwise be buffered whole in memory.
+
+A header line is accepted up to MAX_HEADER_LINE bytes: http.client's own bound (its _MAXLINE), which the
+threaded client reads answers with; aiohttp's default (8,190) refused a header the threaded client took.
 """
 
 from __future__ import annotations
 
 MAX_ANSWER = 64 * 1024 * 1024  # bytes of one answer's body (decoded), at most
+MAX_HEADER_LINE = 65536  # bytes of one line of an answer's head (http.client's _MAXLINE)
 CHUNK = 1024 * 1024  # read at a time when an answer's size is not known up front
 
 
