@@ -6,17 +6,22 @@ must make the same of it (wire.py's bounds)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import json
+import pathlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import kubernetes
 import pytest
+import yaml
 
+from nodefabric_devicemanager.kubeclient import load_client, proxy_authorization
 from nodefabric_operator import apicall, wire
 from nodefabric_operator.aioclient import AsyncClient
 from nodefabric_operator.apicall import Calls, Request
@@ -286,3 +291,116 @@ def test_the_bounds_are_what_the_module_says() -> None:
         and not wire.too_large(wire.MAX_ANSWER)
         and wire.too_large(wire.MAX_ANSWER + 1)
     )
+
+
+# --- item: a proxy URL's user:password is sent by both clients ----------------------------------------
+
+PROXY_USER, PROXY_PASSWORD = "us@er", "p:ss w%rd"
+PROXY_BASIC = "Basic " + base64.b64encode(f"{PROXY_USER}:{PROXY_PASSWORD}".encode()).decode()
+
+
+def auth_proxy(conn: Conn, served: Served) -> None:
+    """An HTTP proxy that forwards nothing and asks for Basic credentials: 407 without them, else the
+    target it was asked for and the Proxy-Authorization headers it got (to count them)."""
+    while (head := conn.request()) is not None:
+        lines = head.decode("latin-1").split("\r\n")
+        got = [
+            ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith("proxy-authorization:")
+        ]
+        if got[:1] != [PROXY_BASIC]:
+            conn.answer(
+                b"{}",
+                status="407 Proxy Authentication Required",
+                head='Proxy-Authenticate: Basic realm="p"\r\n',
+            )
+        else:
+            conn.answer(json.dumps({"target": lines[0].split()[1], "auth": got}).encode())
+
+
+def kubeconfig(tmp_path: pathlib.Path, proxy: str) -> pathlib.Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": "http://kube.invalid:6443", "proxy-url": proxy}}
+                ],
+                "users": [{"name": "u", "user": {"token": "t0ken"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_proxy_urls_user_and_password_are_sent_by_both_clients(
+    kind: str, tmp_path: pathlib.Path
+) -> None:
+    """A kubeconfig's proxy-url with user:password (percent-encoded): the threaded client sent no
+    Proxy-Authorization (urllib3 sends proxy_headers only) and the proxy refused it, where the loop's
+    client (aiohttp) sent them. Both send it now, once, decoded as aiohttp and Go decode it."""
+    with raw_server(auth_proxy) as proxy:
+        host = proxy.url.removeprefix("http://")
+        api = load_client(
+            kubeconfig(
+                tmp_path, f"http://{quote(PROXY_USER, safe='')}:{quote(PROXY_PASSWORD, safe='')}@{host}"
+            )
+        )
+        (got,) = await send(kind, api, GET)
+        assert json.loads(got) == {
+            "target": "http://kube.invalid:6443/apis/x/v1/devices/n1",
+            "auth": [PROXY_BASIC],
+        }
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_wrong_proxy_password_is_the_proxys_refusal(kind: str, tmp_path: pathlib.Path) -> None:
+    with raw_server(auth_proxy) as proxy:
+        host = proxy.url.removeprefix("http://")
+        api = load_client(kubeconfig(tmp_path, f"http://{quote(PROXY_USER, safe='')}:wrong@{host}"))
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            await send(kind, api, GET)
+        assert refused.value.status == 407
+
+
+@pytest.mark.parametrize(
+    ("proxy", "said"),
+    [
+        (None, None),
+        ("", None),
+        ("http://proxy:3128", None),
+        ("socks5://u:p@proxy:1080", None),  # urllib3's SOCKS manager reads it from the URL itself
+        ("http://u:p@proxy:3128", "Basic " + base64.b64encode(b"u:p").decode()),
+        ("http://u@proxy:3128", "Basic " + base64.b64encode(b"u:").decode()),
+        ("http://%C3%A9:%2F@proxy", "Basic " + base64.b64encode("é:/".encode("latin-1")).decode()),
+        ("http://%E2%82%AC:x@proxy", "Basic " + base64.b64encode("€:x".encode()).decode()),  # not latin-1
+        ("http://[::1:3128", None),  # refused by the client itself, by its own message
+    ],
+)
+def test_the_proxy_authorization_of_a_proxy_url(proxy: str | None, said: str | None) -> None:
+    assert proxy_authorization(proxy) == said
+
+
+def test_a_proxy_authorization_in_the_configuration_is_kept(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = kubeconfig(tmp_path, "http://u:p@proxy.invalid:3128")
+    api = load_client(path)
+    assert api.configuration.proxy_headers == {
+        "Proxy-Authorization": "Basic " + base64.b64encode(b"u:p").decode()
+    }
+    original = kubernetes.client.Configuration.__init__
+
+    def with_header(self: kubernetes.client.Configuration, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)
+        self.proxy_headers = {"proxy-authorization": "Bearer mine", "X-Other": "1"}
+
+    monkeypatch.setattr(kubernetes.client.Configuration, "__init__", with_header)
+    assert load_client(path).configuration.proxy_headers == {
+        "proxy-authorization": "Bearer mine",
+        "X-Other": "1",
+    }
