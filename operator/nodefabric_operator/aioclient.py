@@ -21,6 +21,7 @@ write in flight, forever.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import threading
 from collections.abc import Mapping
@@ -34,7 +35,12 @@ from nodefabric_operator import apicall, rawcall, wire
 from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 
+log = logging.getLogger(__name__)
+
 REQUEST_TIMEOUT_S = rawcall.REQUEST_TIMEOUT_S
+# The methods aiohttp sends once more itself after a connection closed with no answer (its session does
+# for these, on any connection); wire.resendable's others are sent again here.
+_AIOHTTP_RESENDS: frozenset[str] = getattr(aiohttp.client, "IDEMPOTENT_METHODS", frozenset())
 T = TypeVar("T")
 
 
@@ -111,15 +117,39 @@ class AsyncClient:
 
     async def send(self, request: apicall.Request) -> bytes:
         """The answer's bytes; ApiException for an answer outside 2xx (a 401 refreshes the credential and
-        sends the request once more, as rawcall.send does)."""
+        sends the request once more, as rawcall.send does; so does a connection closed with no answer,
+        for a request that may be sent twice: wire.py)."""
         url, headers, data = request.prepared(self.api)
+        # aiohttp itself sends an idempotent method once more after such a close: not a third time here.
+        resend = request.resendable and request.method.upper() not in _AIOHTTP_RESENDS
         token = await self._credential(now_due=False)
         try:
-            return await self._request(request.method, url, headers, data, token)
+            return await self._sent(request.method, url, headers, data, token, resend=resend)
         except kubernetes.client.ApiException as err:
             if err.status != 401 or self.config.refresh_api_key_hook is None:
                 raise
-        return await self._request(request.method, url, headers, data, await self._credential(now_due=True))
+        token = await self._credential(now_due=True)
+        return await self._sent(request.method, url, headers, data, token, resend=resend)
+
+    async def _sent(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        data: bytes | None,
+        token: str | None,
+        *,
+        resend: bool,
+    ) -> bytes:
+        try:
+            return await self._request(method, url, headers, data, token)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+            # Not a connection never made (ClientConnectorError: refused, unreachable): sent again at
+            # once, it would meet the same.
+            if not resend or isinstance(err, aiohttp.ClientConnectorError):
+                raise
+            log.debug("connection closed with no answer, sent once more", extra={"method": method})
+        return await self._request(method, url, headers, data, token)
 
     async def _credential(self, *, now_due: bool) -> str | None:
         if rawcall.refresh_due(self.config, now_due=now_due):

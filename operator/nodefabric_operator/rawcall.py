@@ -20,6 +20,7 @@ reconcile.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -33,6 +34,8 @@ import urllib3
 from kubernetes.client.rest import RESTResponse
 
 from nodefabric_operator import wire
+
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -111,24 +114,60 @@ def send(
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
     string (quoted too)."""
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
-    return send_prepared(api, method, url, headers, data)
+    resend = wire.resendable(method, body, content_type)
+    return send_prepared(api, method, url, headers, data, resend=resend)
 
 
 def send_prepared(
-    api: kubernetes.client.ApiClient, method: str, url: str, headers: dict[str, str], data: bytes | None
+    api: kubernetes.client.ApiClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    data: bytes | None,
+    *,
+    resend: bool = False,
 ) -> bytes:
-    """`send` of a request already `prepared`."""
+    """`send` of a request already `prepared`; `resend`: whether it may be sent once more after its
+    connection closed with no answer (wire.resendable)."""
     config = api.configuration
     token = authorization(config)
     try:
-        return _request(api, method, url, headers, data, token=token)
+        return _sent(api, method, url, headers, data, token=token, resend=resend)
     except kubernetes.client.ApiException as err:
         if err.status != 401 or config.refresh_api_key_hook is None:
             raise
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
     # more (safe for any method: authentication refuses a request before anything acts on it). A 401 is
     # no transient error to the callers, so without this it would fail the reconcile.
-    return _request(api, method, url, headers, data, token=authorization(config, now_due=True))
+    return _sent(api, method, url, headers, data, token=authorization(config, now_due=True), resend=resend)
+
+
+def _sent(
+    api: kubernetes.client.ApiClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    data: bytes | None,
+    *,
+    token: str | None,
+    resend: bool,
+) -> bytes:
+    """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py)."""
+    try:
+        return _request(api, method, url, headers, data, token=token)
+    except (urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError) as err:
+        if not (resend and closed_unanswered(err)):
+            raise
+        log.debug("connection closed with no answer, sent once more", extra={"method": method})
+    return _request(api, method, url, headers, data, token=token)
+
+
+def closed_unanswered(err: BaseException) -> bool:
+    """Whether urllib3's error says the connection closed (or was reset) with no whole answer, as
+    opposed to one never made (refused, a timeout: sending again at once would meet the same)."""
+    if isinstance(err, urllib3.exceptions.MaxRetryError):
+        err = err.reason if err.reason is not None else err
+    return isinstance(err, urllib3.exceptions.ProtocolError)
 
 
 def prepared(

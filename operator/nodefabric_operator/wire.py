@@ -9,9 +9,21 @@ endless page, a broken server streaming forever) that would otherwise be buffere
 
 A header line is accepted up to MAX_HEADER_LINE bytes: http.client's own bound (its _MAXLINE), which the
 threaded client reads answers with; aiohttp's default (8,190) refused a header the threaded client took.
+
+A connection the server closes with no answer (a kept-alive one it had just timed out as the request
+went out, the commonest case; or a server that died reading it) leaves the request's fate unknown: it
+may never have been read, or been acted on. Either client sends a request once more, at once, on
+another connection (the pools drop one they find closed before sending on it), only when sending it
+twice does no harm (`resendable`): a read, a PUT or DELETE, a merge patch (values set, not added to),
+a create that names its object (a second one is refused AlreadyExists, which the callers read as
+created). A create with a generated name (an Event: metadata.generateName) may have been received: sent
+again it could make a second object, so it is not resent; its failure is its caller's (an Event post
+is logged and counted failed). The reconcile's own retry, with backoff, is what it always was.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 MAX_ANSWER = 64 * 1024 * 1024  # bytes of one answer's body (decoded), at most
 MAX_HEADER_LINE = 65536  # bytes of one line of an answer's head (http.client's _MAXLINE)
@@ -33,3 +45,25 @@ class AnswerTooLarge(OSError):
 def too_large(size: int | None) -> bool:
     """Whether an answer announcing (or having read) `size` bytes of body is to be refused."""
     return size is not None and size > MAX_ANSWER
+
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})  # RFC 9110 9.2.2
+# Patches that set values (a second application finds them set): not a JSON patch, whose "add" to a
+# list adds again.
+SETTING_PATCHES = frozenset(
+    {"application/merge-patch+json", "application/strategic-merge-patch+json", "application/apply-patch+yaml"}
+)
+
+
+def resendable(method: str, body: Any, content_type: str) -> bool:
+    """Whether a request whose connection closed with no answer may be sent once more (see the module's
+    note): sent twice, it does nothing the first did not."""
+    method = method.upper()
+    if method in IDEMPOTENT:
+        return True
+    if method == "PATCH":
+        return content_type.split(";", maxsplit=1)[0].strip().lower() in SETTING_PATCHES
+    if method == "POST" and isinstance(body, dict):
+        meta = body.get("metadata")
+        return isinstance(meta, dict) and isinstance(meta.get("name"), str) and bool(meta["name"])
+    return False

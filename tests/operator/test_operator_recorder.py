@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from test_operator_wire import Conn, Served, api_at, raw_server
+from test_operator_wire import Conn, Served, api_at, closes_the_kept_alive_one, raw_server
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events
@@ -137,3 +137,18 @@ async def test_a_post_cancelled_after_it_started_is_waited_for_not_dropped():
         with pytest.raises(asyncio.CancelledError):
             await task
         assert len(posts) == 1 and actions(metrics)["created"] == 1
+
+
+async def test_an_event_post_the_server_may_have_read_is_not_posted_twice(caplog):
+    """The API closes a kept-alive connection as the second Event's post arrives, answering nothing: the
+    post may have been read (an Event created), so it is not sent again (a generated name: a second post
+    would make a second Event); logged and counted as a failed post, sent once."""
+    with raw_server(closes_the_kept_alive_one) as served:
+        metrics = Metrics()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        with caplog.at_level(logging.WARNING, logger="nodefabric_operator.recorder"):
+            await asyncio.to_thread(rec.post, INVOLVED, NOTICE)
+            await asyncio.to_thread(rec.post, {**INVOLVED, "name": "n2", "uid": "u-2"}, NOTICE)
+        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 1}
+        assert [len(c.requests) for c in served.conns] == [2]
+        assert [r.getMessage() for r in caplog.records] == ["could not post event"]

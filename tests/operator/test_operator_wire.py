@@ -404,3 +404,158 @@ def test_a_proxy_authorization_in_the_configuration_is_kept(
         "proxy-authorization": "Bearer mine",
         "X-Other": "1",
     }
+
+
+# --- item: a request whose connection closed with no answer is sent again only when that is harmless ----
+
+MERGE = "application/merge-patch+json"
+WRITES = {
+    "merge patch": Request(
+        "patch", "x", "PATCH", "/p", body={"metadata": {"labels": {"a": "1"}}}, content_type=MERGE
+    ),
+    "named create": Request("create", "x", "POST", "/c", body={"metadata": {"name": "n1"}}),
+    "get": GET,
+    "put": Request("replace", "x", "PUT", "/r", body={"metadata": {"name": "n1"}}),
+}
+NOT_TWICE = {
+    "generated-name create": Request(
+        "create", "events", "POST", "/e", body={"metadata": {"generateName": "n1-"}}
+    ),
+    "json patch": Request(
+        "patch",
+        "x",
+        "PATCH",
+        "/j",
+        body=[{"op": "add", "path": "/a/-", "value": 1}],
+        content_type="application/json-patch+json",
+    ),
+}
+
+
+def closes_the_kept_alive_one(conn: Conn, served: Served) -> None:
+    """The first connection's second request is read and the connection closed with no answer (a server
+    timing the idle connection out as the request arrives, or dying on it); everything else answered."""
+    while conn.request() is not None:
+        if conn.number == 0 and len(conn.requests) == 2:
+            return
+        conn.answer()
+
+
+def answers_once(conn: Conn, served: Served) -> None:
+    """Only the first request of all is answered: every later one is read and its connection closed."""
+    while conn.request() is not None:
+        if sum(len(c.requests) for c in served.conns) > 1:
+            return
+        conn.answer()
+
+
+def received(served: Served) -> list[list[str]]:
+    return [[r.split(b" ", 2)[1].decode() for r in c.requests] for c in served.conns]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("what", list(WRITES))
+async def test_a_request_safe_to_send_twice_is_sent_again_on_another_connection(kind: str, what: str) -> None:
+    """A write the server may have dropped with its kept-alive connection, sent twice doing no harm (a
+    merge patch, a create that names its object: a second one is refused AlreadyExists; a read, a PUT):
+    sent once more on another connection and answered, no failure for the reconcile to retry."""
+    request = WRITES[what]
+    with raw_server(closes_the_kept_alive_one) as served:
+        first, second = await send(kind, api_at(served.url), request, request)
+        assert json.loads(first) == json.loads(second) == {"kind": "Devices"}
+        path = request.path.format_map(request.params)
+        assert received(served) == [[path, path], [path]]  # answered, dropped, sent again elsewhere
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("what", list(NOT_TWICE))
+async def test_a_create_with_a_generated_name_is_never_sent_twice(kind: str, what: str) -> None:
+    """An Event's create (generateName) or a JSON patch (an "add" adds again) the server may have read
+    before closing: sent again it could make a second Event. It fails (an error the callers retry as a
+    broken connection: the Recorder logs and counts it); the server got it once."""
+    request = NOT_TWICE[what]
+    with raw_server(closes_the_kept_alive_one) as served:
+        api = api_at(served.url)
+        client = AsyncClient(api) if kind == "loop" else None
+        try:
+            if client is not None:
+                await apicall.arun(one_call(request), client, Metrics())
+                with pytest.raises(Exception) as failed:
+                    await apicall.arun(one_call(request), client, Metrics())
+            else:
+                await asyncio.to_thread(apicall.run, one_call(request), api, Metrics())
+                with pytest.raises(Exception) as failed:
+                    await asyncio.to_thread(apicall.run, one_call(request), api, Metrics())
+        finally:
+            if client is not None:
+                await client.close()
+        assert transient(failed.value), repr(failed.value)
+        await asyncio.sleep(0.1)
+        assert received(served) == [[request.path, request.path]]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("what", ["merge patch", "get"])
+async def test_a_request_is_sent_again_once_only(kind: str, what: str) -> None:
+    """The server closing every connection with no answer: the second call is sent twice in all (once
+    more, aiohttp's own resend of a GET included), then fails for the reconcile's backoff."""
+    request = WRITES[what]
+    with raw_server(answers_once) as served:
+        with pytest.raises(Exception) as failed:
+            await send(kind, api_at(served.url), request, request)
+        assert transient(failed.value), repr(failed.value)
+        await asyncio.sleep(0.1)
+        assert sum(len(c) for c in received(served)) == 3
+
+
+def closes_after_answering(conn: Conn, served: Served) -> None:
+    """Answers one request per connection, kept alive by its headers, then closes it: a server whose idle
+    timeout is shorter than the client's wait."""
+    if conn.request() is not None:
+        conn.answer()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("what", list(NOT_TWICE))
+async def test_a_connection_found_closed_before_sending_is_not_used(kind: str, what: str) -> None:
+    """The provable case: the server closed the kept-alive connection before the request went out. Each
+    client finds it closed and sends on a new one: even a create with a generated name goes through,
+    once."""
+    request = NOT_TWICE[what]
+    with raw_server(closes_after_answering) as served:
+        api = api_at(served.url)
+        client = AsyncClient(api) if kind == "loop" else None
+        try:
+            for _ in range(2):
+                if client is not None:
+                    await apicall.arun(one_call(request), client, Metrics())
+                else:
+                    await asyncio.to_thread(apicall.run, one_call(request), api, Metrics())
+                await asyncio.sleep(0.2)  # the close arrives while the connection waits in the pool
+        finally:
+            if client is not None:
+                await client.close()
+        assert received(served) == [[request.path], [request.path]]
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "content_type", "twice"),
+    [
+        ("GET", None, "application/json", True),
+        ("delete", None, "application/json", True),
+        ("PUT", {}, "application/json", True),
+        ("PATCH", {}, "application/merge-patch+json", True),
+        ("PATCH", {}, "application/strategic-merge-patch+json; charset=utf-8", True),
+        ("PATCH", [], "application/json-patch+json", False),
+        ("POST", {"metadata": {"name": "n1"}}, "application/json", True),
+        ("POST", {"metadata": {"generateName": "n1-"}}, "application/json", False),
+        ("POST", {"metadata": {"name": ""}}, "application/json", False),
+        ("POST", {"metadata": {"name": 5}}, "application/json", False),
+        ("POST", {"metadata": None}, "application/json", False),
+        ("POST", [], "application/json", False),
+        ("POST", None, "application/json", False),
+        ("CONNECT", None, "application/json", False),
+    ],
+)
+def test_which_requests_may_be_sent_twice(method: str, body: object, content_type: str, twice: bool) -> None:
+    assert wire.resendable(method, body, content_type) is twice
