@@ -126,7 +126,9 @@ class AsyncClient:
         try:
             return await self._sent(request.method, url, headers, data, token, resend=resend)
         except kubernetes.client.ApiException as err:
-            if err.status != 401 or self.config.refresh_api_key_hook is None:
+            if not wire.refresh_and_resend(
+                rawcall.status_of(err), self.config.refresh_api_key_hook is not None
+            ):
                 raise
         token = await self._credential(now_due=True)
         return await self._sent(request.method, url, headers, data, token, resend=resend)

@@ -134,11 +134,11 @@ def send_prepared(
     try:
         return _sent(api, method, url, headers, data, token=token, resend=resend)
     except kubernetes.client.ApiException as err:
-        if err.status != 401 or config.refresh_api_key_hook is None:
+        if not wire.refresh_and_resend(status_of(err), config.refresh_api_key_hook is not None):
             raise
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
-    # more (safe for any method: authentication refuses a request before anything acts on it). A 401 is
-    # no transient error to the callers, so without this it would fail the reconcile.
+    # more (wire.refresh_and_resend, as the loop's client does). A 401 is no transient error to the
+    # callers, so without this it would fail the reconcile.
     return _sent(api, method, url, headers, data, token=authorization(config, now_due=True), resend=resend)
 
 

@@ -67,3 +67,10 @@ def resendable(method: str, body: Any, content_type: str) -> bool:
         meta = body.get("metadata")
         return isinstance(meta, dict) and isinstance(meta.get("name"), str) and bool(meta["name"])
     return False
+
+
+def refresh_and_resend(status: int, refreshable: bool) -> bool:
+    """Whether a refusal is answered by refreshing the credential and sending the request once more: a
+    401 (a credential that expired inside the refresh hook's second) with a hook to refresh it. Safe
+    for any method: authentication refuses a request before anything acts on it."""
+    return status == 401 and refreshable

@@ -559,3 +559,9 @@ async def test_a_connection_found_closed_before_sending_is_not_used(kind: str, w
 )
 def test_which_requests_may_be_sent_twice(method: str, body: object, content_type: str, twice: bool) -> None:
     assert wire.resendable(method, body, content_type) is twice
+
+
+def test_a_refused_credential_is_refreshed_and_sent_again_only_for_a_401_with_a_hook() -> None:
+    assert wire.refresh_and_resend(401, True)
+    assert not wire.refresh_and_resend(401, False)
+    assert not any(wire.refresh_and_resend(s, True) for s in (0, 400, 403, 404, 407, 500))
