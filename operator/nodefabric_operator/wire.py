@@ -61,12 +61,16 @@ def resendable(method: str, body: Any, content_type: str) -> bool:
     method = method.upper()
     if method in IDEMPOTENT:
         return True
-    if method == "PATCH":
-        return content_type.split(";", maxsplit=1)[0].strip().lower() in SETTING_PATCHES
+    if method == "PATCH":  # asked on every request: the content type as the operator writes it first
+        return content_type in SETTING_PATCHES or _media_type(content_type) in SETTING_PATCHES
     if method == "POST" and isinstance(body, dict):
         meta = body.get("metadata")
         return isinstance(meta, dict) and isinstance(meta.get("name"), str) and bool(meta["name"])
     return False
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", maxsplit=1)[0].strip().lower()
 
 
 def refresh_and_resend(status: int, refreshable: bool) -> bool:
