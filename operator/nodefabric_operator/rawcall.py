@@ -226,16 +226,13 @@ def _request(
 def _body(raw: urllib3.BaseHTTPResponse) -> bytes:
     """The answer's body, at most wire.MAX_ANSWER bytes of it (see wire.py); AnswerTooLarge beyond, the
     connection closed unread. Every byte read, the connection goes back to the pool."""
-    try:
-        size = int(raw.headers["Content-Length"]) if "Content-Length" in raw.headers else None
-    except ValueError:
-        size = None  # http.client refuses a bad one itself
+    size = raw.length_remaining  # urllib3's reading of Content-Length; None without one
     if wire.too_large(size):
         _drop(raw)
         raise wire.AnswerTooLarge(size)
-    if size is not None and "Content-Encoding" not in raw.headers:
-        return raw.read()  # no more than announced: http.client reads the body to its length
-    # Of no announced size (chunked, or up to the close), or decoded: a piece at a time, counted.
+    # Always a piece at a time, counted, never one read to the end: http.client reads up to the close
+    # when it makes no length of the header (a negative one, a list), whatever urllib3 made of it. A
+    # piece is no more than the length left when http.client knows it (nothing allocated beyond it).
     body = bytearray()
     while piece := raw.read(wire.CHUNK):
         body += piece

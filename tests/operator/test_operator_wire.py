@@ -138,18 +138,17 @@ def endless(framing: str) -> Callable[[Conn, Served], None]:
         if conn.number:
             return answered(conn, served)
         conn.request()
-        if framing == "chunked":
-            conn.sock.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            )
-        elif framing == "close":
-            conn.sock.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
-            )
-        else:
-            conn.sock.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000000\r\n\r\n"
-            )
+        heads = {
+            "chunked": "Transfer-Encoding: chunked\r\n",
+            "close": "Connection: close\r\n",
+            "announced": "Content-Length: 100000000000\r\n",
+            # What http.client reads up to the close, whatever a parser of the header alone makes of it:
+            "negative": "Content-Length: -1\r\n",
+            "listed": "Content-Length: 10, 10\r\n",
+        }
+        conn.sock.sendall(
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{heads[framing]}\r\n".encode()
+        )
         piece = b"[" + b"0," * 32767 + b"0"
         sent = 0
         try:
@@ -163,24 +162,28 @@ def endless(framing: str) -> Callable[[Conn, Served], None]:
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
-@pytest.mark.parametrize("framing", ["chunked", "close", "announced"])
+@pytest.mark.parametrize("framing", ["chunked", "close", "announced", "negative", "listed"])
 async def test_an_endless_answer_is_refused_at_the_bound_and_the_next_call_goes_through(
     kind: str, framing: str
 ) -> None:
     """A body that never ends is read up to MAX_ANSWER and refused (AnswerTooLarge, an error every caller
     retries), never buffered whole nor cut and parsed; the connection is dropped (the server's writes
-    fail soon after the bound), and the client's next call, on a new connection, is answered."""
+    fail soon after the bound), and the client's next call, on a new connection, is answered. A
+    Content-Length that is negative or listed twice is either refused by the client's parser (aiohttp)
+    or read as no length at all (http.client): bounded the same."""
     with raw_server(endless(framing)) as served:
         api = api_at(served.url)
         client = AsyncClient(api) if kind == "loop" else None
         try:
-            with pytest.raises(wire.AnswerTooLarge) as refused:
+            with pytest.raises(Exception) as refused:
                 if client is not None:
                     await apicall.arun(one_call(GET), client, Metrics())
                 else:
                     await asyncio.to_thread(apicall.run, one_call(GET), api, Metrics())
             assert transient(refused.value)
-            assert f"larger than {wire.MAX_ANSWER} bytes" in str(refused.value)
+            if not (kind == "loop" and framing in ("negative", "listed")):  # aiohttp refuses the head
+                assert isinstance(refused.value, wire.AnswerTooLarge), repr(refused.value)
+                assert f"larger than {wire.MAX_ANSWER} bytes" in str(refused.value)
             if framing == "announced":
                 assert "Content-Length 100000000000" in str(refused.value)
             if client is not None:
