@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import kubernetes
+import yarl
 from kubernetes.client import rest
 
 from nodefabric_operator import apicall, rawcall, wire
@@ -69,7 +70,13 @@ class AsyncClient:
         self._proxy_headers: dict[str, str] = {}
         if self.config.proxy and not _bypassed(self.config):
             headers = dict(self.config.proxy_headers or {})
-            self._options = {"proxy": self.config.proxy, "proxy_headers": headers}
+            proxy = yarl.URL(self.config.proxy)
+            if any(k.lower() == "proxy-authorization" for k in headers):
+                # Said by the configuration (kubeclient.load_client turns the URL's user:password into
+                # it): sent as the threaded client sends it, not encoded again by aiohttp from the URL
+                # (latin-1 only: a password outside it failed every request here).
+                proxy = proxy.with_user(None)
+            self._options = {"proxy": proxy, "proxy_headers": headers}
             if not str(self.config.host).lower().startswith("https"):
                 # aiohttp gives them to the proxy's CONNECT only; a plain-http request goes through
                 # the proxy as is, so they ride along with it, as urllib3's ProxyManager sends them.
