@@ -19,7 +19,7 @@ from test_operator_observability import captured_logs, gpu_record, operator_line
 
 from nodefabric_devicemanager import crd, logs, models
 from nodefabric_devicemanager.models import Condition, DevicesStatus, LinkState
-from nodefabric_operator import progress, rawcall, reconcile
+from nodefabric_operator import progress, rawcall, reconcile, wire
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import NodeRecord
@@ -418,3 +418,23 @@ async def test_a_node_named_at_error_whose_failure_could_not_be_recorded_is_name
     own = [ln for ln in lines if ln["msg"] == "labels published" and ln.get("node") == "n3"]
     assert [ln["level"] for ln in own] == ["info"], lines
     _each_node_told_once_and_counted_once(lines, [f"n{i}" for i in range(6)])
+
+
+async def test_an_answer_over_the_bound_fails_the_write_and_it_is_retried(monkeypatch):
+    """Something in front of the API answers the first NodeFeature create with a body over the bound (1
+    MiB here): the operator refuses it unread, as AnswerTooLarge, logs the retry with that name, and the
+    retry publishes (the create was not taken for done on a body it did not read)."""
+    monkeypatch.setattr(wire, "MAX_ANSWER", 1024 * 1024)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n1"])
+        k.api[_first_post_of("n1")][:1] << b"[" + b"0," * (1024 * 1024) + b"0]"
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: _published(c, "n1"))
+                await settle(k)
+                assert metrics.reconciles.labels(outcome="error")._value.get() == 0
+    lines = _lines(out.getvalue())
+    retried = [ln for ln in lines if ln["msg"] == "label publish failed, retrying" and ln.get("node") == "n1"]
+    assert [ln["error"] for ln in retried] == ["AnswerTooLarge"], lines
+    assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
