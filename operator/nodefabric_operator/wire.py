@@ -1,5 +1,6 @@
 """What both of the operator's clients (aioclient on the event loop, rawcall in a worker thread) accept of
-an answer: one set of bounds, so a server or a proxy in front of it is met the same way by either.
+an answer, and when they send a request again: one set of bounds and decisions, so a server or a proxy
+in front of it is met the same way by either.
 
 An answer's body is read up to MAX_ANSWER and refused beyond it (AnswerTooLarge), never cut and parsed:
 the largest answer the operator reads is one object (a Devices record with its status, a Node, a
@@ -14,9 +15,10 @@ A connection the server closes with no answer (a kept-alive one it had just time
 went out, the commonest case; or a server that died reading it) leaves the request's fate unknown: it
 may never have been read, or been acted on. Either client sends a request once more, at once, on
 another connection (the pools drop one they find closed before sending on it), only when sending it
-twice does no harm (`resendable`): a read, a PUT or DELETE, a merge patch (values set, not added to),
-a create that names its object (a second one is refused AlreadyExists, which the callers read as
-created). A create with a generated name (an Event: metadata.generateName) may have been received: sent
+twice does no harm (`resendable`): a read, a PUT or DELETE, a merge patch (values set, not added to;
+the status write's resourceVersion precondition makes a second one a 409, read as superseded), a
+create that names its object (a second one is refused AlreadyExists, on which the sink reads the object
+back). A create with a generated name (an Event: metadata.generateName) may have been received: sent
 again it could make a second object, so it is not resent; its failure is its caller's (an Event post
 is logged and counted failed). The reconcile's own retry, with backoff, is what it always was.
 """
@@ -27,7 +29,7 @@ from typing import Any
 
 MAX_ANSWER = 64 * 1024 * 1024  # bytes of one answer's body (decoded), at most
 MAX_HEADER_LINE = 65536  # bytes of one line of an answer's head (http.client's _MAXLINE)
-CHUNK = 1024 * 1024  # read at a time when an answer's size is not known up front
+CHUNK = 1024 * 1024  # read at a time (the threaded client always, the loop's when no size is announced)
 
 
 class AnswerTooLarge(OSError):
