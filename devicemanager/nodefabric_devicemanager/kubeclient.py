@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import binascii
 import os
 import stat
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from kubernetes import client, config
@@ -44,7 +46,32 @@ def load_client(kubeconfig: str | os.PathLike[str] | None = None) -> client.ApiC
             ) from exc
     # Every caller retries with its own backoff (and jitter); urllib3's would multiply it silently.
     cfg.retries = 0
+    basic = proxy_authorization(cfg.proxy)
+    if basic and not any(k.lower() == "proxy-authorization" for k in cfg.proxy_headers or {}):
+        # urllib3's ProxyManager (the kubernetes client's) sends only proxy_headers, never the proxy URL's
+        # user:password, which aiohttp (the operator's writes on its loop) and kubectl do send: said once
+        # here, so every client of the process authenticates to the proxy alike.
+        cfg.proxy_headers = {**(cfg.proxy_headers or {}), "Proxy-Authorization": basic}
     return client.ApiClient(cfg)
+
+
+def proxy_authorization(proxy: str | None) -> str | None:
+    """The Proxy-Authorization (Basic) a proxy URL's user:password asks for, percent-decoded as aiohttp and
+    Go decode it; None for a URL without one (or a SOCKS proxy: urllib3's SOCKS manager reads it itself)."""
+    if not proxy or proxy.lower().startswith("socks"):
+        return None
+    try:
+        parts = urlsplit(proxy)
+    except ValueError:
+        return None  # a URL the client refuses itself, by its own message
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    try:
+        raw = pair.encode("latin-1")  # what aiohttp's BasicAuth encodes (RFC 7617's default)
+    except UnicodeEncodeError:
+        raw = pair.encode()
+    return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 def _load_kubeconfig(path: str, cfg: client.Configuration) -> None:

@@ -21,6 +21,7 @@ write in flight, forever.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import threading
 from collections.abc import Mapping
@@ -28,13 +29,19 @@ from typing import Any, TypeVar
 
 import aiohttp
 import kubernetes
+import yarl
 from kubernetes.client import rest
 
-from nodefabric_operator import apicall, rawcall
+from nodefabric_operator import apicall, rawcall, wire
 from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 
+log = logging.getLogger(__name__)
+
 REQUEST_TIMEOUT_S = rawcall.REQUEST_TIMEOUT_S
+# The methods aiohttp sends once more itself after a connection closed with no answer (its session does
+# for these, on any connection); wire.resendable's others are sent again here.
+_AIOHTTP_RESENDS: frozenset[str] = getattr(aiohttp.client, "IDEMPOTENT_METHODS", frozenset())
 T = TypeVar("T")
 
 
@@ -63,7 +70,13 @@ class AsyncClient:
         self._proxy_headers: dict[str, str] = {}
         if self.config.proxy and not _bypassed(self.config):
             headers = dict(self.config.proxy_headers or {})
-            self._options = {"proxy": self.config.proxy, "proxy_headers": headers}
+            proxy = yarl.URL(self.config.proxy)
+            if any(k.lower() == "proxy-authorization" for k in headers):
+                # Said by the configuration (kubeclient.load_client turns the URL's user:password into
+                # it): sent as the threaded client sends it, not encoded again by aiohttp from the URL
+                # (latin-1 only: a password outside it failed every request here).
+                proxy = proxy.with_user(None)
+            self._options = {"proxy": proxy, "proxy_headers": headers}
             if not str(self.config.host).lower().startswith("https"):
                 # aiohttp gives them to the proxy's CONNECT only; a plain-http request goes through
                 # the proxy as is, so they ride along with it, as urllib3's ProxyManager sends them.
@@ -98,22 +111,54 @@ class AsyncClient:
                 total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
+            # A header line as long as the threaded client takes (wire.py), not aiohttp's 8,190 bytes.
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+                connector=connector,
+                timeout=timeout,
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                max_line_size=wire.MAX_HEADER_LINE,
+                max_field_size=wire.MAX_HEADER_LINE,
             )
         return self._session
 
     async def send(self, request: apicall.Request) -> bytes:
         """The answer's bytes; ApiException for an answer outside 2xx (a 401 refreshes the credential and
-        sends the request once more, as rawcall.send does)."""
+        sends the request once more, as rawcall.send does; so does a connection closed with no answer,
+        for a request that may be sent twice: wire.py)."""
         url, headers, data = request.prepared(self.api)
+        # aiohttp itself sends an idempotent method once more after such a close: not a third time here.
+        resend = request.resendable and request.method.upper() not in _AIOHTTP_RESENDS
         token = await self._credential(now_due=False)
         try:
-            return await self._request(request.method, url, headers, data, token)
+            return await self._sent(request.method, url, headers, data, token, resend=resend)
         except kubernetes.client.ApiException as err:
-            if err.status != 401 or self.config.refresh_api_key_hook is None:
+            if not wire.refresh_and_resend(
+                rawcall.status_of(err), self.config.refresh_api_key_hook is not None
+            ):
                 raise
-        return await self._request(request.method, url, headers, data, await self._credential(now_due=True))
+        token = await self._credential(now_due=True)
+        return await self._sent(request.method, url, headers, data, token, resend=resend)
+
+    async def _sent(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        data: bytes | None,
+        token: str | None,
+        *,
+        resend: bool,
+    ) -> bytes:
+        try:
+            return await self._request(method, url, headers, data, token)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+            # Not a connection never made (ClientConnectorError: refused, unreachable): sent again at
+            # once, it would meet the same.
+            if not resend or isinstance(err, aiohttp.ClientConnectorError):
+                raise
+            log.debug("connection closed with no answer, sent once more", extra={"method": method})
+        return await self._request(method, url, headers, data, token)
 
     async def _credential(self, *, now_due: bool) -> str | None:
         if rawcall.refresh_due(self.config, now_due=now_due):
@@ -137,7 +182,7 @@ class AsyncClient:
             method, url, data=data, headers=headers, allow_redirects=False, **self._options
         )
         async with sending as answer:
-            body = await answer.read()
+            body = await _body(answer)
             status, reason, got = answer.status, answer.reason, answer.headers
         if not 200 <= status <= 299:
             raise kubernetes.client.ApiException.from_response(
@@ -149,6 +194,26 @@ class AsyncClient:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+async def _body(answer: aiohttp.ClientResponse) -> bytes:
+    """The answer's body, at most wire.MAX_ANSWER bytes of it (see wire.py); AnswerTooLarge beyond, the
+    connection closed unread."""
+    size = answer.content_length
+    if wire.too_large(size):
+        answer.close()
+        raise wire.AnswerTooLarge(size)
+    if size is not None and "Content-Encoding" not in answer.headers:
+        return await answer.read()  # no more than announced: aiohttp reads the body to its length
+    # Of no announced size (chunked, or up to the close), or decoded (gzip's size is not the body's):
+    # read a piece at a time, counted.
+    body = bytearray()
+    async for piece in answer.content.iter_chunked(wire.CHUNK):
+        body += piece
+        if wire.too_large(len(body)):
+            answer.close()
+            raise wire.AnswerTooLarge()
+    return bytes(body)
 
 
 def tls_context(config: Any) -> ssl.SSLContext | bool:

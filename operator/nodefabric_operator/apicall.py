@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 import kubernetes
 
-from nodefabric_operator import rawcall
+from nodefabric_operator import rawcall, wire
 from nodefabric_operator.inflight import settled
 from nodefabric_operator.metrics import Metrics
 
@@ -43,6 +43,11 @@ class Request:
     body: Any = None
     content_type: str = rawcall.JSON
     query: Sequence[tuple[str, str | int]] = ()
+
+    @property
+    def resendable(self) -> bool:
+        """Whether it may be sent once more after its connection closed with no answer (wire.py)."""
+        return wire.resendable(self.method, self.body, self.content_type)
 
     def prepared(self, api: kubernetes.client.ApiClient) -> tuple[str, dict[str, str], bytes | None]:
         """Its URL, headers (no credential) and body, as either client sends them (rawcall.prepared)."""
@@ -98,7 +103,9 @@ def run(
             _stop_if(stopping, calls)
             metrics.requested(request.verb, request.resource)
             try:
-                answer = rawcall.send_prepared(api, request.method, *request.prepared(api))
+                answer = rawcall.send_prepared(
+                    api, request.method, *request.prepared(api), resend=request.resendable
+                )
             except Exception as err:
                 _stop_if(stopping, calls)
                 request = calls.throw(err)

@@ -6,33 +6,87 @@ kopf cancels every task of its loop when it stops, and the lanes are closed (int
 `await asyncio.to_thread(...)` ends the wait but not the thread: the request goes out after the operator
 stopped, after the lease was released to a standby that is already publishing. `writing` waits through
 the cancel: the stop goes on once the request in flight is answered, and nothing is written after it.
+A call still queued for a worker thread at the cancel (every thread busy: a burst of Event posts) is
+dropped there and never starts; how many were, per call, is logged once for the stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
-import functools
+import logging
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+QUEUED, STARTED, DROPPED = "queued", "started", "dropped"
+
+
+class _Turn:
+    """A call handed to the worker threads: started by its thread, or dropped by a cancel first, never
+    both (the two sides race: a lock decides)."""
+
+    def __init__(self) -> None:
+        self.state = QUEUED
+        self._lock = threading.Lock()
+
+    def take(self, state: str) -> bool:
+        with self._lock:
+            if self.state != QUEUED:
+                return False
+            self.state = state
+            return True
+
+
+_dropped: collections.Counter[str] = collections.Counter()
 
 
 async def writing(call: Callable[..., T], *args: Any, stopping: threading.Event | None = None) -> T:
     """`call(*args)` in a worker thread, its end awaited even when the caller is cancelled (then
     re-raised once the call returned or failed; what it ended with does not matter to a stopping
-    operator). `stopping` is set at the cancel, for a call of several requests to send no more."""
+    operator). `stopping` is set at the cancel, for a call of several requests to send no more. A call
+    not started by a worker thread at the cancel never starts (see the module's note)."""
     loop = asyncio.get_running_loop()
-    done = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, call, *args))
+    turn, context = _Turn(), contextvars.copy_context()
+
+    def started() -> T:
+        if not turn.take(STARTED):
+            return cast(T, None)  # dropped at a cancel: no one waits for it any more
+        return context.run(call, *args)
+
+    done = loop.run_in_executor(None, started)
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         if stopping is not None:
             stopping.set()
-        await settled(done)
+        if turn.take(DROPPED):
+            _note_dropped(loop, getattr(call, "__qualname__", type(call).__name__))
+        else:
+            await settled(done)
         raise
+
+
+def _note_dropped(loop: asyncio.AbstractEventLoop, what: str) -> None:
+    # A stop cancels every reconcile in one pass of the loop (intake's lanes, kopf's sweep): the count is
+    # logged after that pass, once, not a line per dropped call.
+    if not _dropped:
+        loop.call_soon(_report_dropped)
+    _dropped[what] += 1
+
+
+def _report_dropped() -> None:
+    for what, count in sorted(_dropped.items()):
+        log.warning(
+            "calls queued for a worker thread were dropped at the stop, never sent",
+            extra={"call": what, "dropped": count},
+        )
+    _dropped.clear()
 
 
 async def settled(done: asyncio.Future[Any]) -> None:

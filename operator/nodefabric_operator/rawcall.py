@@ -20,6 +20,7 @@ reconcile.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -31,6 +32,10 @@ from urllib.parse import quote, urlencode
 import kubernetes
 import urllib3
 from kubernetes.client.rest import RESTResponse
+
+from nodefabric_operator import wire
+
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -109,24 +114,60 @@ def send(
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
     string (quoted too)."""
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
-    return send_prepared(api, method, url, headers, data)
+    resend = wire.resendable(method, body, content_type)
+    return send_prepared(api, method, url, headers, data, resend=resend)
 
 
 def send_prepared(
-    api: kubernetes.client.ApiClient, method: str, url: str, headers: dict[str, str], data: bytes | None
+    api: kubernetes.client.ApiClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    data: bytes | None,
+    *,
+    resend: bool = False,
 ) -> bytes:
-    """`send` of a request already `prepared`."""
+    """`send` of a request already `prepared`; `resend`: whether it may be sent once more after its
+    connection closed with no answer (wire.resendable)."""
     config = api.configuration
     token = authorization(config)
     try:
-        return _request(api, method, url, headers, data, token=token)
+        return _sent(api, method, url, headers, data, token=token, resend=resend)
     except kubernetes.client.ApiException as err:
-        if err.status != 401 or config.refresh_api_key_hook is None:
+        if not wire.refresh_and_resend(status_of(err), config.refresh_api_key_hook is not None):
             raise
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
-    # more (safe for any method: authentication refuses a request before anything acts on it). A 401 is
-    # no transient error to the callers, so without this it would fail the reconcile.
-    return _request(api, method, url, headers, data, token=authorization(config, now_due=True))
+    # more (wire.refresh_and_resend, as the loop's client does). A 401 is no transient error to the
+    # callers, so without this it would fail the reconcile.
+    return _sent(api, method, url, headers, data, token=authorization(config, now_due=True), resend=resend)
+
+
+def _sent(
+    api: kubernetes.client.ApiClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    data: bytes | None,
+    *,
+    token: str | None,
+    resend: bool,
+) -> bytes:
+    """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py)."""
+    try:
+        return _request(api, method, url, headers, data, token=token)
+    except (urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError) as err:
+        if not (resend and closed_unanswered(err)):
+            raise
+        log.debug("connection closed with no answer, sent once more", extra={"method": method})
+    return _request(api, method, url, headers, data, token=token)
+
+
+def closed_unanswered(err: BaseException) -> bool:
+    """Whether urllib3's error says the connection closed (or was reset) with no whole answer, as
+    opposed to one never made (refused, a timeout: sending again at once would meet the same)."""
+    if isinstance(err, urllib3.exceptions.MaxRetryError):
+        err = err.reason if err.reason is not None else err
+    return isinstance(err, urllib3.exceptions.ProtocolError)
 
 
 def prepared(
@@ -175,10 +216,36 @@ def _request(
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err
     response = RESTResponse(raw)
-    answer: bytes = response.read()  # type: ignore[no-untyped-call]
+    answer = _body(raw)
+    response.data = answer  # type: ignore[assignment]  # what its read() would keep
     if not 200 <= response.status <= 299:
         raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
     return answer
+
+
+def _body(raw: urllib3.BaseHTTPResponse) -> bytes:
+    """The answer's body, at most wire.MAX_ANSWER bytes of it (see wire.py); AnswerTooLarge beyond, the
+    connection closed unread. Every byte read, the connection goes back to the pool."""
+    size = raw.length_remaining  # urllib3's reading of Content-Length; None without one
+    if wire.too_large(size):
+        _drop(raw)
+        raise wire.AnswerTooLarge(size)
+    # Always a piece at a time, counted, never one read to the end: http.client reads up to the close
+    # when it makes no length of the header (a negative one, a list), whatever urllib3 made of it. A
+    # piece is no more than the length left when http.client knows it (nothing allocated beyond it).
+    body = bytearray()
+    while piece := raw.read(wire.CHUNK):
+        body += piece
+        if wire.too_large(len(body)):
+            _drop(raw)
+            raise wire.AnswerTooLarge()
+    return bytes(body)
+
+
+def _drop(raw: urllib3.BaseHTTPResponse) -> None:
+    # Closed, not drained (the rest may never end); the pool opens a new connection in its place.
+    raw.close()
+    raw.release_conn()
 
 
 def json_object(data: bytes) -> dict[str, Any]:

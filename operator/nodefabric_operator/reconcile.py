@@ -41,7 +41,7 @@ from nodefabric_operator.noderecord import (
 from nodefabric_operator.nodewatch import LabelsOnNode
 from nodefabric_operator.progress import Told
 from nodefabric_operator.recorder import Recorder
-from nodefabric_operator.statuswriter import Applied, StatusWriter
+from nodefabric_operator.statuswriter import Applied, StatusUnreadable, StatusWriter
 from nodefabric_operator.view import SinkView, at_or_below, part, version
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,13 @@ def transient(err: BaseException) -> bool:
         # aioclient): retried, as the threaded client's MaxRetryError for the same answer is.
         return status in (429, 500, 502, 503, 504) or 300 <= status <= 399 or not status
     return isinstance(
-        err, urllib3.exceptions.HTTPError | aiohttp.ClientError | OSError | sinks.Conflict | sinks.NfdMissing
+        err,
+        urllib3.exceptions.HTTPError
+        | aiohttp.ClientError
+        | OSError
+        | sinks.Conflict
+        | sinks.NfdMissing
+        | StatusUnreadable,  # the labels were written: the status write is retried
     )
 
 

@@ -7,6 +7,7 @@ with the loop (the caller takes what it needs from the views first and settles a
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,12 +23,20 @@ from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import NodeRecord, condition_for, next_status, now, status_patch
 from nodefabric_operator.view import SinkObject, version
 
+log = logging.getLogger(__name__)
+
 STATUS_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}/{{name}}/status"
 
 
 class Superseded(Exception):
     """The status write met a newer version of the record: the watch delivers that version next, and
     its reconcile writes the status, so this one stops without reading anything back."""
+
+
+class StatusUnreadable(sinks.SinkError):
+    """The status write was answered 2xx with something that is not the record (not a JSON object): the
+    labels are written, whether the status was is unknown. A failed status write, retried as a 503 on
+    the status write is (reconcile.transient), not a failed publication."""
 
 
 class NotWatched:
@@ -97,13 +106,22 @@ class StatusWriter:
             "patch", "devices/status", "PATCH", STATUS_PATH, {"name": record.name}, body, rawcall.MERGE_PATCH
         )
         try:
-            answer = rawcall.json_object((yield request))
+            data = yield request
         except kubernetes.client.ApiException as err:
             if rawcall.status_of(err) == 409:
                 raise Superseded(record.name) from err
             if rawcall.status_of(err) == 404:
                 raise sinks.RecordGone(f"devices {record.name} is gone") from err
             raise
+        try:
+            answer = rawcall.json_object(data)
+        except ValueError as err:
+            # Not "labels not published": they were (the sink's write came before and succeeded).
+            log.warning(
+                "labels written, but the status write's answer is unreadable",
+                extra={"node": record.name, "error": str(err), "answer_bytes": len(data)},
+            )
+            raise StatusUnreadable(f"status write answered with no readable object: {err}") from err
         got = answer.get("status") or {}
         if got == wire:
             status = new  # as written (the usual answer): not parsed again

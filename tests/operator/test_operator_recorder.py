@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
+from test_operator_wire import Conn, Served, api_at, closes_the_kept_alive_one, raw_server
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.recorder import NAMESPACE, Recorder
 
@@ -64,3 +71,84 @@ async def test_an_event_is_posted_then_counted_and_posted_again_once_it_is_gone(
     # The API is gone: a connection error, counted as a failure, nothing raised.
     await asyncio.to_thread(gone.post, INVOLVED, NOTICE)
     assert actions(metrics)["failed"] == 1
+
+
+async def test_event_posts_queued_at_a_stop_are_dropped_and_the_one_in_flight_finishes(caplog):
+    """Every worker thread busy (one here) with a post the API holds, three more posts queued behind it:
+    the stop cancels all four. The queued ones end at once and are never sent (the lease may be a
+    standby's by then), said in one WARNING with how many; the one in flight is answered first (the
+    cancel waits for it) and counted as created."""
+    hold, posts = threading.Event(), []
+
+    def held(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            posts.append(head.split(b"\r\n")[0].decode())
+            hold.wait(10)
+            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    with raw_server(held) as served:
+        metrics = Metrics()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        about = [{**INVOLVED, "name": f"n{i}", "uid": f"u-{i}"} for i in range(4)]
+        tasks = [asyncio.ensure_future(writing(rec.post, involved, NOTICE)) for involved in about]
+        for _ in range(200):
+            if posts:
+                break
+            await asyncio.sleep(0.02)
+        with caplog.at_level(logging.WARNING, logger="nodefabric_operator.inflight"):
+            for task in tasks:
+                task.cancel()
+            await asyncio.sleep(0.3)
+            assert [t.done() for t in tasks] == [False, True, True, True]  # the first still in flight
+            hold.set()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            await loop.shutdown_default_executor()  # every thread's work done: nothing left to send
+        assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+        assert posts == [f"POST /api/v1/namespaces/{NAMESPACE}/events HTTP/1.1"]
+        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 0}
+        said = [r for r in caplog.records if r.name == "nodefabric_operator.inflight"]
+        assert [(r.getMessage(), r.call, r.dropped) for r in said] == [  # type: ignore[attr-defined]
+            ("calls queued for a worker thread were dropped at the stop, never sent", "Recorder.post", 3)
+        ]
+
+
+async def test_a_post_cancelled_after_it_started_is_waited_for_not_dropped():
+    """The race's other side: a post its thread has started is in flight, whatever the cancel says."""
+    started, hold, posts = threading.Event(), threading.Event(), []
+
+    def held(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            posts.append(head)
+            started.set()
+            hold.wait(10)
+            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
+
+    with raw_server(held) as served:
+        metrics = Metrics()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        task = asyncio.ensure_future(writing(rec.post, INVOLVED, NOTICE))
+        assert await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(posts) == 1 and actions(metrics)["created"] == 1
+
+
+async def test_an_event_post_the_server_may_have_read_is_not_posted_twice(caplog):
+    """The API closes a kept-alive connection as the second Event's post arrives, answering nothing: the
+    post may have been read (an Event created), so it is not sent again (a generated name: a second post
+    would make a second Event); logged and counted as a failed post, sent once."""
+    with raw_server(closes_the_kept_alive_one) as served:
+        metrics = Metrics()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        with caplog.at_level(logging.WARNING, logger="nodefabric_operator.recorder"):
+            await asyncio.to_thread(rec.post, INVOLVED, NOTICE)
+            await asyncio.to_thread(rec.post, {**INVOLVED, "name": "n2", "uid": "u-2"}, NOTICE)
+        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 1}
+        assert [len(c.requests) for c in served.conns] == [2]
+        assert [r.getMessage() for r in caplog.records] == ["could not post event"]

@@ -19,11 +19,11 @@ from test_operator_observability import captured_logs, gpu_record, operator_line
 
 from nodefabric_devicemanager import crd, logs, models
 from nodefabric_devicemanager.models import Condition, DevicesStatus, LinkState
-from nodefabric_operator import progress, rawcall, reconcile
+from nodefabric_operator import progress, rawcall, reconcile, wire
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import NodeRecord
-from nodefabric_operator.statuswriter import StatusWriter
+from nodefabric_operator.statuswriter import StatusUnreadable, StatusWriter
 
 # --- the credential's control characters ------------------------------------------------------------
 
@@ -189,10 +189,53 @@ def test_an_answer_with_a_status_we_cannot_read_keeps_ours():
 
 @pytest.mark.parametrize("answer", [b"", b"garbage \xff\xfe", b"[]", b'"status"', b"null", b"42", b"{"])
 def test_an_answer_that_is_not_a_json_object_is_an_error_not_a_success(answer):
+    """A failed status write (retried: reconcile.transient), said as such, not a publication failure."""
     record = _record()
     new = _new(record)
-    with pytest.raises(ValueError):
+    with pytest.raises(StatusUnreadable, match="status write answered with no readable object") as failed:
         _answered(record, new, answer)
+    assert reconcile.transient(failed.value)
+    assert isinstance(failed.value.__cause__, ValueError)
+
+
+def test_a_refusal_that_is_a_value_error_is_not_taken_for_an_unreadable_answer():
+    """An error thrown in where the write yielded (a credential that cannot be sent: a ValueError) stays
+    what it is: only an answer's bytes make StatusUnreadable."""
+    record = _record()
+    writer = StatusWriter(kubernetes.client.ApiClient(), None, "x", Metrics())  # type: ignore[arg-type]
+    calls = writer.write(record, _new(record))
+    next(calls)
+    with pytest.raises(rawcall.UnusableCredential):
+        calls.throw(rawcall.UnusableCredential("x"))
+
+
+def _status_write_of(node: str) -> Any:
+    def matches(req: Any) -> bool:  # the operator's (the seeding's own status write says no publication)
+        path = str(req.url.path)
+        return req.method == "PATCH" and path.endswith(f"/devices/{node}/status") and b"Published" in req.body
+
+    return matches
+
+
+async def test_a_status_write_answered_200_with_no_object_is_retried_and_never_said_unpublished():
+    """The API server (or a proxy) answers the status write 200 with a list: the labels are on the
+    Node's NodeFeature, so the operator says so (WARNING: labels written, status answer unreadable), never
+    "labels not published"; the status write is retried and the record ends published."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n1"])
+        k.api[_status_write_of("n1")][:1] << b"[]"
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: _published(c, "n1"))
+                await settle(k)
+                assert metrics.reconciles.labels(outcome="error")._value.get() == 0
+    lines = _lines(out.getvalue())
+    said = [(ln["level"], ln["msg"]) for ln in lines if ln.get("node") == "n1" and ln["level"] != "debug"]
+    assert ("warning", "labels written, but the status write's answer is unreadable") in said, lines
+    assert not [m for lvl, m in said if lvl == "error"], lines
+    unreadable = [ln for ln in lines if ln["msg"].startswith("labels written, but")]
+    assert unreadable[0]["error"] == "the API server answered a list, not an object", unreadable
 
 
 # --- the first publications' counted line: no node an operator was told about goes unnamed --------------
@@ -375,3 +418,23 @@ async def test_a_node_named_at_error_whose_failure_could_not_be_recorded_is_name
     own = [ln for ln in lines if ln["msg"] == "labels published" and ln.get("node") == "n3"]
     assert [ln["level"] for ln in own] == ["info"], lines
     _each_node_told_once_and_counted_once(lines, [f"n{i}" for i in range(6)])
+
+
+async def test_an_answer_over_the_bound_fails_the_write_and_it_is_retried(monkeypatch):
+    """Something in front of the API answers the first NodeFeature create with a body over the bound (1
+    MiB here): the operator refuses it unread, as AnswerTooLarge, logs the retry with that name, and the
+    retry publishes (the create was not taken for done on a body it did not read)."""
+    monkeypatch.setattr(wire, "MAX_ANSWER", 1024 * 1024)
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n1"])
+        k.api[_first_post_of("n1")][:1] << b"[" + b"0," * (1024 * 1024) + b"0]"
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: _published(c, "n1"))
+                await settle(k)
+                assert metrics.reconciles.labels(outcome="error")._value.get() == 0
+    lines = _lines(out.getvalue())
+    retried = [ln for ln in lines if ln["msg"] == "label publish failed, retrying" and ln.get("node") == "n1"]
+    assert [ln["error"] for ln in retried] == ["AnswerTooLarge"], lines
+    assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
