@@ -139,6 +139,23 @@ def _check_names(names: tuple[str, ...]) -> None:
         _CHECKED_NAMES.add(names)
 
 
+def _names_held(path: str, fd: int) -> bool:
+    """Whether `path` still names the directory `fd` holds (the same inode, reached without a link at its
+    end): what a path-based step below a held or listed directory must know before it reads by path, since
+    a component of `path` swapped since (the directory renamed away and a link out of the root put at its
+    name) would have the path name somewhere else than what was held."""
+    try:
+        named, held = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return named.st_ino == held.st_ino and named.st_dev == held.st_dev
+
+
+def _changed(shown: str) -> HostReadError:
+    log.warning("refused a directory that changed while being read", extra={"path": shown})
+    return HostReadError(shown, "the directory changed while being read")
+
+
 def _realpath(path: str) -> tuple[str, os.stat_result | None]:
     """os.path.realpath, and the stat of what it names (None when it does not resolve), letting the kernel
     walk the chain when it can: one open(O_PATH), one readlink and one fstat instead of an lstat per
@@ -620,6 +637,11 @@ class SysDir(PathReads):
         except FileNotFoundError:
             return None
         except OSError:
+            # Not a directory to open (a link, a file, a FIFO, unreadable): `child`'s steps, by path. Below a
+            # held directory, only while its path still names it: once renamed away (a link out of the root
+            # at its name), `<path>/<name>` is no longer what the held directory has.
+            if dir_fd is not None and not _names_held(self.path, dir_fd):
+                raise _changed(self.shown) from None
             found = self.child_opt(name)
             return None if found is None else Listing(found, found.entries(), None)
         try:
@@ -738,6 +760,13 @@ class Listing:
             fd, self._fd = self._fd, None
             os.close(fd)
 
+    def _check_named(self) -> None:
+        """Before an entry is read by path: HostReadError unless `dir.path` still names the directory that
+        was listed (its descriptor), for a path through a directory renamed away and replaced (by a link
+        out of the root) reads what was never listed. Nothing to check without a descriptor."""
+        if self._fd is not None and not _names_held(self.dir.path, self._fd):
+            raise _changed(self.dir.shown)
+
     def values(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str | None]]:
         """The entry (`dir.listed_child(name, is_dir)`) and its `values(names)`."""
         return self._read(name, is_dir, names, True)
@@ -759,9 +788,13 @@ class Listing:
             try:
                 return child, os.open(name, _ENTRY_FLAGS, dir_fd=self._fd)
             except FileNotFoundError:
+                # Gone from what was listed: read by path (what is below it is absent) only while the
+                # path still names what was listed, not a link out of the root put in its place.
+                self._check_named()
                 return child, None
             except OSError:
                 is_dir = False  # a link, a file now: `child`'s checks and refusals
+        self._check_named()
         return d.listed_child(name, is_dir), None
 
     def _read(
@@ -793,5 +826,6 @@ class Listing:
                     return child, child._attributes(child._prefix, names, lenient, fd)
                 finally:
                     os.close(fd)
+        self._check_named()
         child = d.listed_child(name, is_dir)
         return child, child._attributes(child._prefix, names, lenient)
