@@ -316,3 +316,35 @@ def test_an_infiniband_directory_swapped_after_its_listing_is_never_read_by_its_
     assert done and _descriptors() == before
     assert b.device == "mlx5_0" and b.link is not None
     assert b.link.state is not LinkState.OK and "ACTIVE" not in b.link.reason, b.link.reason
+
+
+def test_an_empty_infiniband_directory_binds_nothing_and_holds_nothing(fn: SysDir) -> None:
+    """The listing is held open for the device it names: an `infiniband` directory with nothing in it is
+    no RDMA device (no verdict), and its descriptor is closed."""
+    shutil.rmtree(Path(fn.path) / "infiniband" / "mlx5_0")
+    before = _descriptors()
+    assert _binding(fn) == rdma.NO_BINDING
+    assert _descriptors() == before
+
+
+def test_a_device_link_gone_between_the_listing_and_held_is_unverified(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device the listing saw as a link (not held: `child`'s steps) and removed before it is resolved:
+    unverified, named, nothing left open."""
+    ib = Path(fn.path) / "infiniband"
+    (ib / "mlx5_0").rename(Path(fn.path) / "mlx5_0.real")
+    (ib / "mlx5_0").symlink_to("../mlx5_0.real")
+    real = Listing.held
+
+    def remove_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        assert not is_dir
+        (Path(self.dir.path) / name).unlink()
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", remove_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None and b.link.state is LinkState.UNVERIFIED
+    assert b.link.reason.startswith("mlx5_0: unreadable: ")
