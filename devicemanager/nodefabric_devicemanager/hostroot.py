@@ -26,7 +26,9 @@ listed through (`child_listing_opt`, `Listing`), and a directory below a listed 
 `child_listing_opt(dir_fd=)`). The kernel walks one or two components instead of the whole path, and what is
 read is the directory that was resolved or listed even if a component above it is swapped meanwhile. Whatever
 does not open on that common path (absent, a link, a special file) takes the path-based steps, so the answers
-and refusals are theirs.
+and refusals are theirs; below a held or listed directory, a step that needs a directory of it only while its
+path still names the directory held (`_names_held`): renamed away and replaced, it is refused, "the directory
+changed while being read", never read through whatever was put at its name.
 """
 
 from __future__ import annotations
