@@ -34,6 +34,7 @@ changed while being read", never read through whatever was put at its name.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import logging
 import os
@@ -145,9 +146,12 @@ def _names_held(path: str, fd: int) -> bool:
     """Whether `path` still names the directory `fd` holds (the same inode, reached without a link at its
     end): what a path-based step below a held or listed directory must know before it reads by path, since
     a component of `path` swapped since (the directory renamed away and a link out of the root put at its
-    name) would have the path name somewhere else than what was held."""
+    name) would have the path name somewhere else than what was held. FileNotFoundError when it names
+    nothing (hot-unplug): what is below it is absent, for the caller to say so without reading by path."""
     try:
         named, held = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        raise
     except OSError:
         return False
     return named.st_ino == held.st_ino and named.st_dev == held.st_dev
@@ -642,8 +646,11 @@ class SysDir(PathReads):
             # Not a directory to open (a link, a file, a FIFO, unreadable): `child`'s steps, by path. Below a
             # held directory, only while its path still names it: once renamed away (a link out of the root
             # at its name), `<path>/<name>` is no longer what the held directory has.
-            if dir_fd is not None and not _names_held(self.path, dir_fd):
-                raise _changed(self.shown) from None
+            try:
+                if dir_fd is not None and not _names_held(self.path, dir_fd):
+                    raise _changed(self.shown) from None
+            except FileNotFoundError:
+                return None  # gone (hot-unplug): nothing below it, and nothing read by its path
             found = self.child_opt(name)
             return None if found is None else Listing(found, found.entries(), None)
         try:
@@ -765,7 +772,8 @@ class Listing:
     def _check_named(self) -> None:
         """Before an entry is read by path: HostReadError unless `dir.path` still names the directory that
         was listed (its descriptor), for a path through a directory renamed away and replaced (by a link
-        out of the root) reads what was never listed. Nothing to check without a descriptor."""
+        out of the root) reads what was never listed; FileNotFoundError when it names nothing now (the
+        entry is as absent as a read by path would find it). Nothing to check without a descriptor."""
         if self._fd is not None and not _names_held(self.dir.path, self._fd):
             raise _changed(self.dir.shown)
 
@@ -791,8 +799,10 @@ class Listing:
                 return child, os.open(name, _ENTRY_FLAGS, dir_fd=self._fd)
             except FileNotFoundError:
                 # Gone from what was listed: read by path (what is below it is absent) only while the
-                # path still names what was listed, not a link out of the root put in its place.
-                self._check_named()
+                # path still names what was listed (or nothing: unplugged), not a link out of the root
+                # put in its place.
+                with contextlib.suppress(FileNotFoundError):
+                    self._check_named()
                 return child, None
             except OSError:
                 is_dir = False  # a link, a file now: `child`'s checks and refusals

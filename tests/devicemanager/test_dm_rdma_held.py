@@ -348,3 +348,32 @@ def test_a_device_link_gone_between_the_listing_and_held_is_unverified(
     assert _descriptors() == before
     assert b.device == "mlx5_0" and b.link is not None and b.link.state is LinkState.UNVERIFIED
     assert b.link.reason.startswith("mlx5_0: unreadable: ")
+
+
+@pytest.mark.parametrize("device", ["dir", "link"])
+def test_an_infiniband_directory_unplugged_after_its_listing_is_absent_not_changed(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """Hot-unplug: the whole `infiniband` directory removed between its listing and `held` (nothing put
+    in its place) is a device whose ports are absent (or gone), as before the device was held, not a
+    directory that "changed while being read"."""
+    if device == "link":
+        ib = Path(fn.path) / "infiniband"
+        (ib / "mlx5_0").rename(Path(fn.path) / "mlx5_0.real")
+        (ib / "mlx5_0").symlink_to("../mlx5_0.real")
+    real = Listing.held
+
+    def unplug_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        shutil.rmtree(self.dir.path)
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", unplug_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None and b.link.state is LinkState.UNVERIFIED
+    assert "changed" not in b.link.reason
+    if device == "dir":
+        assert b.link.reason == "mlx5_0: no ports to read"
+    else:
+        assert b.link.reason.startswith("mlx5_0: unreadable: ") and "No such file" in b.link.reason
