@@ -26,12 +26,15 @@ listed through (`child_listing_opt`, `Listing`), and a directory below a listed 
 `child_listing_opt(dir_fd=)`). The kernel walks one or two components instead of the whole path, and what is
 read is the directory that was resolved or listed even if a component above it is swapped meanwhile. Whatever
 does not open on that common path (absent, a link, a special file) takes the path-based steps, so the answers
-and refusals are theirs.
+and refusals are theirs; below a held or listed directory, a step that needs a directory of it only while its
+path still names the directory held (`_names_held`): renamed away and replaced, it is refused, "the directory
+changed while being read", never read through whatever was put at its name.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import logging
 import os
@@ -137,6 +140,26 @@ def _check_names(names: tuple[str, ...]) -> None:
             raise ValueError(f"not a single path component: {name!r}")
     if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
         _CHECKED_NAMES.add(names)
+
+
+def _names_held(path: str, fd: int) -> bool:
+    """Whether `path` still names the directory `fd` holds (the same inode, reached without a link at its
+    end): what a path-based step below a held or listed directory must know before it reads by path, since
+    a component of `path` swapped since (the directory renamed away and a link out of the root put at its
+    name) would have the path name somewhere else than what was held. FileNotFoundError when it names
+    nothing (hot-unplug): what is below it is absent, for the caller to say so without reading by path."""
+    try:
+        named, held = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return False
+    return named.st_ino == held.st_ino and named.st_dev == held.st_dev
+
+
+def _changed(shown: str) -> HostReadError:
+    log.warning("refused a directory that changed while being read", extra={"path": shown})
+    return HostReadError(shown, "the directory changed while being read")
 
 
 def _realpath(path: str) -> tuple[str, os.stat_result | None]:
@@ -620,6 +643,14 @@ class SysDir(PathReads):
         except FileNotFoundError:
             return None
         except OSError:
+            # Not a directory to open (a link, a file, a FIFO, unreadable): `child`'s steps, by path. Below a
+            # held directory, only while its path still names it: once renamed away (a link out of the root
+            # at its name), `<path>/<name>` is no longer what the held directory has.
+            try:
+                if dir_fd is not None and not _names_held(self.path, dir_fd):
+                    raise _changed(self.shown) from None
+            except FileNotFoundError:
+                return None  # gone (hot-unplug): nothing below it, and nothing read by its path
             found = self.child_opt(name)
             return None if found is None else Listing(found, found.entries(), None)
         try:
@@ -738,6 +769,14 @@ class Listing:
             fd, self._fd = self._fd, None
             os.close(fd)
 
+    def _check_named(self) -> None:
+        """Before an entry is read by path: HostReadError unless `dir.path` still names the directory that
+        was listed (its descriptor), for a path through a directory renamed away and replaced (by a link
+        out of the root) reads what was never listed; FileNotFoundError when it names nothing now (the
+        entry is as absent as a read by path would find it). Nothing to check without a descriptor."""
+        if self._fd is not None and not _names_held(self.dir.path, self._fd):
+            raise _changed(self.dir.shown)
+
     def values(self, name: str, is_dir: bool, names: tuple[str, ...]) -> tuple[SysDir, list[str | None]]:
         """The entry (`dir.listed_child(name, is_dir)`) and its `values(names)`."""
         return self._read(name, is_dir, names, True)
@@ -759,9 +798,15 @@ class Listing:
             try:
                 return child, os.open(name, _ENTRY_FLAGS, dir_fd=self._fd)
             except FileNotFoundError:
+                # Gone from what was listed: read by path (what is below it is absent) only while the
+                # path still names what was listed (or nothing: unplugged), not a link out of the root
+                # put in its place.
+                with contextlib.suppress(FileNotFoundError):
+                    self._check_named()
                 return child, None
             except OSError:
                 is_dir = False  # a link, a file now: `child`'s checks and refusals
+        self._check_named()
         return d.listed_child(name, is_dir), None
 
     def _read(
@@ -793,5 +838,6 @@ class Listing:
                     return child, child._attributes(child._prefix, names, lenient, fd)
                 finally:
                     os.close(fd)
+        self._check_named()
         child = d.listed_child(name, is_dir)
         return child, child._attributes(child._prefix, names, lenient)

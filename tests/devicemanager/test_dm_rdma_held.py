@@ -204,3 +204,176 @@ def test_an_interrupt_at_any_close_leaves_no_descriptor_open(
             break
         at += 1
     assert at > 5  # every close of the pass was interrupted in turn
+
+
+def _held_ports_by_file(p: Path) -> None:
+    shutil.rmtree(p / "ports")
+    (p / "ports").write_text("x\n")
+
+
+def _held_ports_by_link(p: Path) -> None:
+    shutil.rmtree(p / "ports")
+    (p / "ports").symlink_to("ports")  # a loop: ELOOP however it is opened
+
+
+def _held_ports_by_fifo(p: Path) -> None:
+    shutil.rmtree(p / "ports")
+    os.mkfifo(p / "ports")
+
+
+@pytest.mark.parametrize(
+    "ports_swap",
+    [_held_ports_by_file, _held_ports_by_link, _held_ports_by_fifo],
+    ids=["file", "link-loop", "fifo"],
+)
+def test_held_ports_that_are_not_a_directory_are_judged_in_the_held_device_never_by_its_old_path(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch, ports_swap: Callable[[Path], None]
+) -> None:
+    """Held, then renamed away with a link out of the root put at its name, and its own `ports` made a
+    file, a link or a FIFO: the open of `ports` relative to the held device fails, and what it is must
+    be asked of the held device, not of `<old path>/ports`, which now names the port outside the root
+    (the path-based steps would take that real directory for the device's ports and read ACTIVE)."""
+    real = SysDir.child_listing_opt
+    done: list[str] = []
+
+    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
+        if name == "ports" and not done:
+            done.append(self.path)
+            p = Path(self.path)
+            held = p.with_name("mlx5_0.old")
+            p.rename(held)
+            ports_swap(held)
+            _link_out(p)
+        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
+
+    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert done and _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None
+    assert b.link.state is LinkState.UNVERIFIED, b.link.reason
+    assert "ACTIVE" not in b.link.reason and "ports unreadable" in b.link.reason, b.link.reason
+
+
+def test_a_port_that_is_a_link_in_the_held_ports_is_never_read_by_the_old_path(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held, then renamed away with a link out of the root put at its name, and its port `1` made a link
+    (to a port directory inside the root): the held `ports` listing opens fine, the port takes the
+    path-based steps (a link), and `<old path>/ports/1` now names the port outside the root."""
+    real = SysDir.child_listing_opt
+    done: list[str] = []
+
+    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
+        if name == "ports" and not done:
+            done.append(self.path)
+            p = Path(self.path)
+            held = p.with_name("mlx5_0.old")
+            p.rename(held)
+            (held / "ports" / "1").rename(held / "port1.real")
+            (held / "ports" / "1").symlink_to("../port1.real")
+            _link_out(p)
+        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
+
+    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert done and _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None
+    assert b.link.state is not LinkState.OK and "ACTIVE" not in b.link.reason, b.link.reason
+
+
+@pytest.mark.parametrize("device_then", ["removed", "by-link"])
+def test_an_infiniband_directory_swapped_after_its_listing_is_never_read_by_its_old_path(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch, device_then: str
+) -> None:
+    """Between the `infiniband` listing and `held`: the listed directory renamed away, its device removed
+    (or made a link), and a link out of the root put at its name, holding a device `mlx5_0` whose port is
+    ACTIVE. The device gone from (or a link in) what was listed must not send the read by
+    `<infiniband>/mlx5_0/ports`, which now leads outside the root."""
+    real = Listing.held
+    done: list[str] = []
+    top = next(a for a in Path(fn.path).parents if (a / "outside-dev").is_dir())
+    outside_ib = top / "outside-ib"
+    shutil.copytree(top / "outside-dev", outside_ib / "mlx5_0")
+
+    def swap_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        if not done:
+            p = Path(self.dir.path)
+            done.append(str(p))
+            p.rename(p.with_name("infiniband.old"))
+            dev = p.with_name("infiniband.old") / name
+            shutil.rmtree(dev)
+            if device_then == "by-link":
+                dev.symlink_to("../infiniband.old")
+            p.symlink_to(os.path.relpath(outside_ib, p.parent))
+            assert (p / name / "ports" / "1" / "state").read_text() == "4: ACTIVE\n"
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", swap_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert done and _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None
+    assert b.link.state is not LinkState.OK and "ACTIVE" not in b.link.reason, b.link.reason
+
+
+def test_an_empty_infiniband_directory_binds_nothing_and_holds_nothing(fn: SysDir) -> None:
+    """The listing is held open for the device it names: an `infiniband` directory with nothing in it is
+    no RDMA device (no verdict), and its descriptor is closed."""
+    shutil.rmtree(Path(fn.path) / "infiniband" / "mlx5_0")
+    before = _descriptors()
+    assert _binding(fn) == rdma.NO_BINDING
+    assert _descriptors() == before
+
+
+def test_a_device_link_gone_between_the_listing_and_held_is_unverified(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device the listing saw as a link (not held: `child`'s steps) and removed before it is resolved:
+    unverified, named, nothing left open."""
+    ib = Path(fn.path) / "infiniband"
+    (ib / "mlx5_0").rename(Path(fn.path) / "mlx5_0.real")
+    (ib / "mlx5_0").symlink_to("../mlx5_0.real")
+    real = Listing.held
+
+    def remove_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        assert not is_dir
+        (Path(self.dir.path) / name).unlink()
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", remove_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None and b.link.state is LinkState.UNVERIFIED
+    assert b.link.reason.startswith("mlx5_0: unreadable: ")
+
+
+@pytest.mark.parametrize("device", ["dir", "link"])
+def test_an_infiniband_directory_unplugged_after_its_listing_is_absent_not_changed(
+    fn: SysDir, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """Hot-unplug: the whole `infiniband` directory removed between its listing and `held` (nothing put
+    in its place) is a device whose ports are absent (or gone), as before the device was held, not a
+    directory that "changed while being read"."""
+    if device == "link":
+        ib = Path(fn.path) / "infiniband"
+        (ib / "mlx5_0").rename(Path(fn.path) / "mlx5_0.real")
+        (ib / "mlx5_0").symlink_to("../mlx5_0.real")
+    real = Listing.held
+
+    def unplug_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        shutil.rmtree(self.dir.path)
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", unplug_first)
+    before = _descriptors()
+    b = _binding(fn)
+    assert _descriptors() == before
+    assert b.device == "mlx5_0" and b.link is not None and b.link.state is LinkState.UNVERIFIED
+    assert "changed" not in b.link.reason
+    if device == "dir":
+        assert b.link.reason == "mlx5_0: no ports to read"
+    else:
+        assert b.link.reason.startswith("mlx5_0: unreadable: ") and "No such file" in b.link.reason
