@@ -163,11 +163,22 @@ def _sent(
 
 
 def closed_unanswered(err: BaseException) -> bool:
-    """Whether urllib3's error says the connection closed (or was reset) with no whole answer, as
-    opposed to one never made (refused, a timeout: sending again at once would meet the same)."""
+    """Whether urllib3's error says the connection closed (or was reset) before any answer came, as
+    opposed to one never made (refused, a timeout: sending again at once would meet the same), or an
+    answer begun and then cut off or garbled (AnswerBroken; http.client's BadStatusLine for what came in
+    place of a status line): that request was read and answered, as the loop's client takes it too."""
     if isinstance(err, urllib3.exceptions.MaxRetryError):
         err = err.reason if err.reason is not None else err
-    return isinstance(err, urllib3.exceptions.ProtocolError)
+    if not isinstance(err, urllib3.exceptions.ProtocolError) or isinstance(err, AnswerBroken):
+        return False
+    # urllib3's "Connection aborted.": the cause second. RemoteDisconnected (a close before a byte of
+    # the answer) and a reset are OSErrors; a garbled status line is not.
+    return any(isinstance(arg, OSError) for arg in err.args)
+
+
+class AnswerBroken(urllib3.exceptions.ProtocolError):
+    """The answer's head came, and its body was then cut off or garbled (urllib3's ProtocolError, read
+    as it is by every caller: transient); never a reason to send the request again."""
 
 
 def prepared(
@@ -216,7 +227,10 @@ def _request(
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err
     response = RESTResponse(raw)
-    answer = _body(raw)
+    try:
+        answer = _body(raw)
+    except urllib3.exceptions.ProtocolError as err:
+        raise AnswerBroken(*err.args) from err
     response.data = answer  # type: ignore[assignment]  # what its read() would keep
     if not 200 <= response.status <= 299:
         raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)

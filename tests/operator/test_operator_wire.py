@@ -590,3 +590,42 @@ def test_a_refused_credential_is_refreshed_and_sent_again_only_for_a_401_with_a_
     assert wire.refresh_and_resend(401, True)
     assert not wire.refresh_and_resend(401, False)
     assert not any(wire.refresh_and_resend(s, True) for s in (0, 400, 403, 404, 407, 500))
+
+
+CUT = {
+    # Each an answer begun (its head, or what a server wrote in its place) and then the connection closed:
+    # the request was read and answered, so it is no request "closed with no answer".
+    "half a body": b'HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n{"kind":',
+    "half a chunk": b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n28\r\n{"kind":',
+    "a chunk size in garbage": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "no status line": b"garbage, not HTTP\r\n\r\n",
+}
+
+
+def cuts_the_second(cut: bytes) -> Callable[[Conn, Served], None]:
+    """The first connection's second request answered with `cut`, then the connection closed."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            if conn.number == 0 and len(conn.requests) == 2:
+                conn.sock.sendall(cut)
+                return
+            conn.answer()
+
+    return handle
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("cut", list(CUT))
+@pytest.mark.parametrize("what", ["merge patch", "named create"])
+async def test_an_answer_cut_off_or_garbled_is_never_sent_again(kind: str, cut: str, what: str) -> None:
+    """A request answered, the answer then cut off or garbled, was read and acted on: it is no connection
+    closed with no answer, so neither client sends it again (a second status write would meet its own
+    resourceVersion's 409 and be taken as superseded) nor parses what came; the call fails, transient."""
+    request = WRITES[what]
+    with raw_server(cuts_the_second(CUT[cut])) as served:
+        with pytest.raises(Exception) as failed:
+            await send(kind, api_at(served.url), request, request)
+        assert transient(failed.value), repr(failed.value)
+        await asyncio.sleep(0.1)
+        assert received(served) == [[request.path, request.path]]  # never sent a third time
