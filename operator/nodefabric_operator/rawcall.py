@@ -226,6 +226,14 @@ def _request(
         )
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err
+    if raw.status < 200:
+        # An interim answer (103 Early Hints from a proxy) that http.client, reading past a 100 only,
+        # took for the answer: the real one follows unread on the connection, where the next request
+        # would read it as its own. Closed with it; the request was read, so it is not sent again.
+        _drop(raw)
+        raise AnswerBroken(
+            f"an interim answer ({raw.status}) where the answer was due: the connection is dropped"
+        )
     response = RESTResponse(raw)
     try:
         answer = _body(raw)

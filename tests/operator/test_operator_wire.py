@@ -629,3 +629,34 @@ async def test_an_answer_cut_off_or_garbled_is_never_sent_again(kind: str, cut: 
         assert transient(failed.value), repr(failed.value)
         await asyncio.sleep(0.1)
         assert received(served) == [[request.path, request.path]]  # never sent a third time
+
+
+def interim_first(conn: Conn, served: Served) -> None:
+    """The first request answered by an interim answer (103 Early Hints, as a proxy may send), then its
+    answer; every later one answered as usual."""
+    while conn.request() is not None:
+        if len(conn.requests) == 1 and conn.number == 0:
+            conn.sock.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n")
+            conn.answer(b'{"kind":"First"}')
+            continue
+        conn.answer()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_an_interim_answer_is_never_taken_for_the_answer_nor_leaves_it_for_the_next(kind: str) -> None:
+    """A 1xx other than 100 ahead of the answer: aiohttp reads past it; http.client takes it for the
+    answer (no body), leaving the real answer unread on the kept-alive connection, where the next
+    request read it as its own. Either the first call gets its answer or it fails as a broken connection
+    (transient); the next call gets its own answer, never the first's."""
+    with raw_server(interim_first) as served:
+        api = api_at(served.url)
+        try:
+            first: bytes | None = (await send(kind, api, GET))[0]
+        except Exception as err:
+            assert transient(err), repr(err)
+            first = None
+        assert first in (None, b'{"kind":"First"}')
+        if kind == "loop":
+            assert first is not None  # aiohttp reads past it
+        (second,) = await send(kind, api, GET)
+        assert json.loads(second) == {"kind": "Devices"}
