@@ -133,9 +133,9 @@ class AsyncClient:
         try:
             return await self._sent(request.method, url, headers, data, token, resend=resend)
         except kubernetes.client.ApiException as err:
-            if not wire.refresh_and_resend(
-                rawcall.status_of(err), self.config.refresh_api_key_hook is not None
-            ):
+            refreshable = self.config.refresh_api_key_hook is not None
+            # Not once the operator is stopping: a second send would be a write after the stop.
+            if not wire.refresh_and_resend(rawcall.status_of(err), refreshable) or apicall.stopping():
                 raise
         token = await self._credential(now_due=True)
         return await self._sent(request.method, url, headers, data, token, resend=resend)
@@ -155,7 +155,7 @@ class AsyncClient:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
             # Not a connection never made (ClientConnectorError: refused, unreachable): sent again at
             # once, it would meet the same.
-            if not resend or isinstance(err, aiohttp.ClientConnectorError):
+            if not resend or isinstance(err, aiohttp.ClientConnectorError) or apicall.stopping():
                 raise
             log.debug("connection closed with no answer, sent once more", extra={"method": method})
         return await self._request(method, url, headers, data, token)

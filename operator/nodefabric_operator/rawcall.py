@@ -126,20 +126,25 @@ def send_prepared(
     data: bytes | None,
     *,
     resend: bool = False,
+    stopping: threading.Event | None = None,
 ) -> bytes:
     """`send` of a request already `prepared`; `resend`: whether it may be sent once more after its
-    connection closed with no answer (wire.resendable)."""
+    connection closed with no answer (wire.resendable); never once `stopping` is set (the operator
+    stopping waits for this request, and nothing is sent after the stop: inflight.py)."""
     config = api.configuration
     token = authorization(config)
     try:
-        return _sent(api, method, url, headers, data, token=token, resend=resend)
+        return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
     except kubernetes.client.ApiException as err:
         if not wire.refresh_and_resend(status_of(err), config.refresh_api_key_hook is not None):
+            raise
+        if stopping is not None and stopping.is_set():
             raise
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
     # more (wire.refresh_and_resend, as the loop's client does). A 401 is no transient error to the
     # callers, so without this it would fail the reconcile.
-    return _sent(api, method, url, headers, data, token=authorization(config, now_due=True), resend=resend)
+    token = authorization(config, now_due=True)
+    return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
 
 
 def _sent(
@@ -151,12 +156,14 @@ def _sent(
     *,
     token: str | None,
     resend: bool,
+    stopping: threading.Event | None,
 ) -> bytes:
-    """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py)."""
+    """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py),
+    unless `stopping` is set by then."""
     try:
         return _request(api, method, url, headers, data, token=token)
     except (urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError) as err:
-        if not (resend and closed_unanswered(err)):
+        if not (resend and closed_unanswered(err)) or (stopping is not None and stopping.is_set()):
             raise
         log.debug("connection closed with no answer, sent once more", extra={"method": method})
     return _request(api, method, url, headers, data, token=token)

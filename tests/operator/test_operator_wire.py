@@ -24,7 +24,7 @@ import yaml
 
 from nodefabric_devicemanager.kubeclient import load_client, proxy_authorization
 from nodefabric_operator import apicall, wire
-from nodefabric_operator.aioclient import AsyncClient
+from nodefabric_operator.aioclient import AsyncClient, Driver
 from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import transient
@@ -660,3 +660,47 @@ async def test_an_interim_answer_is_never_taken_for_the_answer_nor_leaves_it_for
             assert first is not None  # aiohttp reads past it
         (second,) = await send(kind, api, GET)
         assert json.loads(second) == {"kind": "Devices"}
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("refusal", ["closed", "401"])
+async def test_a_request_in_flight_at_a_stop_is_not_sent_again_after_it(kind: str, refusal: str) -> None:
+    """The operator stopping (its reconcile cancelled) while a request is in flight waits for it; the
+    connection then closed with no answer (or a 401 that would refresh the credential): sent again, it
+    would be a write made after the stop, perhaps once the lease is a standby's. It fails; nothing is
+    sent after the stop."""
+    got, go = threading.Event(), threading.Event()
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            if conn.number == 0:
+                got.set()
+                go.wait(10)
+                if refusal == "401":
+                    conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+                    continue
+                return
+            conn.answer()
+
+    request = WRITES["merge patch"]
+    with raw_server(handle) as served:
+        api = api_at(served.url)
+        api.configuration.api_key = {"authorization": "Bearer t"}
+        api.configuration.refresh_api_key_hook = lambda config: None
+        if kind == "thread":
+            api.configuration.assert_hostname = "localhost"  # the Driver sends through the ApiClient
+        driver = Driver(api, Metrics())
+        assert (driver.client is None) is (kind == "thread")
+        try:
+            writing = asyncio.ensure_future(driver(one_call(request)))
+            assert await asyncio.to_thread(got.wait, 10)
+            writing.cancel()  # the stop
+            await asyncio.sleep(0.1)
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await writing
+            await asyncio.sleep(0.2)
+            assert received(served) == [[request.path]]
+        finally:
+            go.set()
+            await driver.close()
