@@ -279,8 +279,12 @@ def _drop(raw: urllib3.BaseHTTPResponse) -> None:
 
 def json_object(data: bytes) -> dict[str, Any]:
     """An answer read as a JSON object (what the generated custom-object calls return); ValueError if the
-    API server answered anything else."""
-    obj = json.loads(data)
+    API server answered anything else (one nested deeper than the decoder recurses included: its
+    RecursionError, from a 200 KB answer of brackets, is no error any caller handles)."""
+    try:
+        obj = json.loads(data)
+    except RecursionError as err:
+        raise ValueError("the API server's answer is nested too deeply to read") from err
     if not isinstance(obj, dict):
         raise ValueError(f"the API server answered a {type(obj).__name__}, not an object")
     return obj
