@@ -242,10 +242,19 @@ def _request(
             f"an interim answer ({raw.status}) where the answer was due: the connection is dropped"
         )
     response = RESTResponse(raw)
+    # Neither a length nor chunks: a body up to the close, as an HTTP/1.0 proxy may send one. Or a head
+    # cut off by the close (http.client takes whatever came for the whole head): then no body at all.
+    unframed = raw.length_remaining is None and not raw.chunked
     try:
         answer = _body(raw)
     except urllib3.exceptions.ProtocolError as err:
         raise AnswerBroken(*err.args) from err
+    if unframed and not answer:
+        # Every answer of the API server, a refusal included, is an object: an empty one is a head cut
+        # off (a 200 taken as written, a "404 Not Fo" as the record gone), refused as a broken one.
+        raise AnswerBroken(
+            f"an answer ({raw.status}) with no length and no body: its head cut off by a close?"
+        )
     response.data = answer  # type: ignore[assignment]  # what its read() would keep
     if not 200 <= response.status <= 299:
         raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)

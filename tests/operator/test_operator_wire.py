@@ -704,3 +704,22 @@ async def test_a_request_in_flight_at_a_stop_is_not_sent_again_after_it(kind: st
         finally:
             go.set()
             await driver.close()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("what", ["merge patch", "named create", "get"])
+async def test_a_head_cut_off_is_never_an_empty_answer(kind: str, what: str) -> None:
+    """The connection closed in the middle of the answer's head: http.client takes what came as the whole
+    head (no length: a body up to the close, so none) and the call an empty 200, which every caller
+    then fails to read as an object (not a transient error). Either the call fails as a broken
+    connection (transient), or it is answered (the loop's client takes it for a close with no answer
+    and sends it once more); never an empty answer."""
+    request = WRITES[what]
+    with raw_server(cuts_the_second(b"HTTP/1.1 200 OK\r\nContent-Type: appl")) as served:
+        api = api_at(served.url)
+        try:
+            answers = await send(kind, api, request, request)
+        except Exception as err:
+            assert transient(err), repr(err)
+        else:
+            assert [json.loads(a) for a in answers] == [{"kind": "Devices"}] * 2
