@@ -165,6 +165,19 @@ def endless(framing: str) -> Callable[[Conn, Served], None]:
     return handle
 
 
+def socket_slack() -> int:
+    """What a server may get out past what the client read before it closed: the kernel's buffers of the
+    two sockets (the receiver's grows up to tcp_rmem's maximum, 32 MiB on some hosts: a fixed 16 MiB
+    failed a loaded run at 18 MiB past the bound) and a piece read past the bound."""
+    try:
+        rmem, wmem = (
+            int(pathlib.Path(f"/proc/sys/net/ipv4/tcp_{b}mem").read_text().split()[2]) for b in "rw"
+        )
+    except (OSError, ValueError, IndexError):
+        rmem, wmem = 8 * 1024 * 1024, 8 * 1024 * 1024
+    return rmem + wmem + 2 * wire.CHUNK
+
+
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("framing", ["chunked", "close", "announced", "negative", "listed", "both"])
 async def test_an_endless_answer_is_refused_at_the_bound_and_the_next_call_goes_through(
@@ -203,7 +216,7 @@ async def test_an_endless_answer_is_refused_at_the_bound_and_the_next_call_goes_
                 await asyncio.sleep(0.05)
             # Refused from the head (announced) or soon past the bound (socket buffers aside): not read on.
             (sent,) = served.sent
-            assert sent < wire.MAX_ANSWER + 16 * 1024 * 1024
+            assert sent < wire.MAX_ANSWER + socket_slack()
         finally:
             if client is not None:
                 await client.close()
