@@ -241,6 +241,12 @@ def _request(
         raise AnswerBroken(
             f"an interim answer ({raw.status}) where the answer was due: the connection is dropped"
         )
+    said = raw.headers.get("Content-Length")
+    if said is not None and raw.length_remaining is None and not raw.chunked:
+        # A Content-Length that is no length ("1 0", a word, a negative): aiohttp refuses the head;
+        # http.client would read up to a close a kept-alive connection never makes (the read timeout).
+        _drop(raw)
+        raise AnswerBroken(f"an answer whose Content-Length ({said[:40]!r}) is no length")
     response = RESTResponse(raw)
     # Neither a length nor chunks: a body up to the close, as an HTTP/1.0 proxy may send one. Or a head
     # cut off by the close (http.client takes whatever came for the whole head): then no body at all.

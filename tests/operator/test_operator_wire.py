@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from nodefabric_devicemanager.kubeclient import load_client, proxy_authorization
-from nodefabric_operator import apicall, wire
+from nodefabric_operator import apicall, rawcall, wire
 from nodefabric_operator.aioclient import AsyncClient, Driver
 from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.metrics import Metrics
@@ -187,7 +187,8 @@ async def test_an_endless_answer_is_refused_at_the_bound_and_the_next_call_goes_
     retries), never buffered whole nor cut and parsed; the connection is dropped (the server's writes
     fail soon after the bound), and the client's next call, on a new connection, is answered. A
     Content-Length that is negative or listed twice is either refused by the client's parser (aiohttp)
-    or read as no length at all (http.client): bounded the same."""
+    or, listed, read as no length at all by http.client: bounded the same. (A negative one is refused
+    by both from the head.)"""
     with raw_server(endless(framing)) as served:
         api = api_at(served.url)
         client = AsyncClient(api) if kind == "loop" else None
@@ -200,6 +201,8 @@ async def test_an_endless_answer_is_refused_at_the_bound_and_the_next_call_goes_
             assert transient(refused.value)
             if kind == "loop" and framing in ("negative", "listed", "both"):  # aiohttp refuses the head
                 assert isinstance(refused.value, aiohttp.ClientResponseError), repr(refused.value)
+            elif framing == "negative":  # no length: the threaded client refuses the head too
+                assert isinstance(refused.value, rawcall.AnswerBroken), repr(refused.value)
             else:
                 assert isinstance(refused.value, wire.AnswerTooLarge), repr(refused.value)
                 assert f"larger than {wire.MAX_ANSWER} bytes" in str(refused.value)
@@ -736,3 +739,27 @@ async def test_a_head_cut_off_is_never_an_empty_answer(kind: str, what: str) -> 
             assert transient(err), repr(err)
         else:
             assert [json.loads(a) for a in answers] == [{"kind": "Devices"}] * 2
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+@pytest.mark.parametrize("length", ["1 0", "ten", "-1", "0x10", ""])
+async def test_a_content_length_that_is_no_number_is_refused_at_once(kind: str, length: str) -> None:
+    """A Content-Length that is no length (spaces inside, a word, a negative): aiohttp refuses the head;
+    http.client made no length of it and read up to a close that a kept-alive connection never makes,
+    holding the call for the whole read timeout (60 s). Both refuse it at once, as a broken answer
+    (transient), and the next call is answered."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            if conn.number == 0:
+                conn.sock.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n{{}}".encode())
+                continue
+            conn.answer()
+
+    with raw_server(handle) as served:
+        api = api_at(served.url)
+        with pytest.raises(Exception) as refused:
+            await asyncio.wait_for(send(kind, api, GET), 10)
+        assert not isinstance(refused.value, TimeoutError) and transient(refused.value), repr(refused.value)
+        (again,) = await send(kind, api, GET)
+        assert json.loads(again) == {"kind": "Devices"}
