@@ -111,7 +111,8 @@ class AsyncClient:
                 total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
-            # A header line as long as the threaded client takes (wire.py), not aiohttp's 8,190 bytes.
+            # A header line as long as the threaded client takes (wire.py), not aiohttp's 8,190 bytes, and
+            # as many lines as it takes, not aiohttp's 128.
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=timeout,
@@ -119,6 +120,7 @@ class AsyncClient:
                 cookie_jar=aiohttp.DummyCookieJar(),
                 max_line_size=wire.MAX_HEADER_LINE,
                 max_field_size=wire.MAX_HEADER_LINE,
+                max_headers=wire.MAX_HEADERS,
             )
         return self._session
 

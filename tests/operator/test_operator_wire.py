@@ -311,6 +311,7 @@ def test_the_bounds_are_what_the_module_says() -> None:
     import http.client
 
     assert http.client._MAXLINE == wire.MAX_HEADER_LINE
+    assert http.client._MAXHEADERS == wire.MAX_HEADERS + 1  # its count takes the head's closing line in
     assert (
         not wire.too_large(None)
         and not wire.too_large(wire.MAX_ANSWER)
@@ -763,3 +764,25 @@ async def test_a_content_length_that_is_no_number_is_refused_at_once(kind: str, 
         assert not isinstance(refused.value, TimeoutError) and transient(refused.value), repr(refused.value)
         (again,) = await send(kind, api, GET)
         assert json.loads(again) == {"kind": "Devices"}
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_both_clients_take_as_many_headers_and_refuse_one_more(kind: str) -> None:
+    """An answer of wire.MAX_HEADERS header lines is read by both clients; one more is refused by both
+    (transient): http.client refused past 99 where aiohttp read up to 128, so one client failed every
+    write (retried for ever) that the other sent."""
+
+    def headers(count: int) -> Callable[[Conn, Served], None]:
+        def handle(conn: Conn, served: Served) -> None:
+            while conn.request() is not None:  # conn.answer says two itself
+                conn.answer(head="".join(f"X-H{i}: v\r\n" for i in range(count - 2)))
+
+        return handle
+
+    with raw_server(headers(wire.MAX_HEADERS)) as served:
+        (got,) = await send(kind, api_at(served.url), GET)
+        assert json.loads(got) == {"kind": "Devices"}
+    with raw_server(headers(wire.MAX_HEADERS + 1)) as served:
+        with pytest.raises(Exception) as refused:
+            await send(kind, api_at(served.url), GET)
+        assert transient(refused.value), repr(refused.value)
