@@ -67,11 +67,9 @@ def proxy_authorization(proxy: str | None) -> str | None:
     if parts.username is None:
         return None
     pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-    try:
-        raw = pair.encode("latin-1")  # what aiohttp's BasicAuth encodes (RFC 7617's default)
-    except UnicodeEncodeError:
-        raw = pair.encode()
-    return "Basic " + base64.b64encode(raw).decode("ascii")
+    # UTF-8, as client-go (kubectl, reading the same kubeconfig) sends them: a proxy taking kubectl's
+    # credentials takes the operator's (not latin-1 as aiohttp would: another byte for an "é").
+    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")
 
 
 def _load_kubeconfig(path: str, cfg: client.Configuration) -> None:

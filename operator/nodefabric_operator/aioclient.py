@@ -111,7 +111,8 @@ class AsyncClient:
                 total=2 * self.timeout, sock_connect=self.timeout, sock_read=self.timeout, connect=None
             )
             # No cookie jar: the kubernetes client keeps none either (ApiClient.cookie is sent as given).
-            # A header line as long as the threaded client takes (wire.py), not aiohttp's 8,190 bytes.
+            # A header line as long as the threaded client takes (wire.py), not aiohttp's 8,190 bytes, and
+            # as many lines as it takes, not aiohttp's 128.
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=timeout,
@@ -119,6 +120,7 @@ class AsyncClient:
                 cookie_jar=aiohttp.DummyCookieJar(),
                 max_line_size=wire.MAX_HEADER_LINE,
                 max_field_size=wire.MAX_HEADER_LINE,
+                max_headers=wire.MAX_HEADERS,
             )
         return self._session
 
@@ -133,9 +135,9 @@ class AsyncClient:
         try:
             return await self._sent(request.method, url, headers, data, token, resend=resend)
         except kubernetes.client.ApiException as err:
-            if not wire.refresh_and_resend(
-                rawcall.status_of(err), self.config.refresh_api_key_hook is not None
-            ):
+            refreshable = self.config.refresh_api_key_hook is not None
+            # Not once the operator is stopping: a second send would be a write after the stop.
+            if not wire.refresh_and_resend(rawcall.status_of(err), refreshable) or apicall.stopping():
                 raise
         token = await self._credential(now_due=True)
         return await self._sent(request.method, url, headers, data, token, resend=resend)
@@ -155,7 +157,7 @@ class AsyncClient:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
             # Not a connection never made (ClientConnectorError: refused, unreachable): sent again at
             # once, it would meet the same.
-            if not resend or isinstance(err, aiohttp.ClientConnectorError):
+            if not resend or isinstance(err, aiohttp.ClientConnectorError) or apicall.stopping():
                 raise
             log.debug("connection closed with no answer, sent once more", extra={"method": method})
         return await self._request(method, url, headers, data, token)

@@ -78,10 +78,20 @@ class Landing(asyncio.Task[bytes]):
     a lane stopped; see the module's note). Its own timeouts still end it: asyncio's and aiohttp's
     cancel the task from a loop callback or from the task itself, which is let through."""
 
+    # Set when its caller was cancelled (the operator stopping): the request is waited for, but not
+    # sent again after it (a connection closed with no answer, a 401), a write made after the stop.
+    stopping = False
+
     def cancel(self, msg: Any = None) -> bool:
         if asyncio.current_task() not in (None, self):
             return False
         return super().cancel(msg)
+
+
+def stopping() -> bool:
+    """Whether the request this task sends (a Landing) is to be sent no more than it was (see Landing)."""
+    task = asyncio.current_task()
+    return isinstance(task, Landing) and task.stopping
 
 
 class Stopped(Exception):
@@ -104,7 +114,7 @@ def run(
             metrics.requested(request.verb, request.resource)
             try:
                 answer = rawcall.send_prepared(
-                    api, request.method, *request.prepared(api), resend=request.resendable
+                    api, request.method, *request.prepared(api), resend=request.resendable, stopping=stopping
                 )
             except Exception as err:
                 _stop_if(stopping, calls)
@@ -142,6 +152,7 @@ async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
                 try:
                     answer = await asyncio.shield(sent)
                 except asyncio.CancelledError:
+                    sent.stopping = True
                     await settled(sent)  # through any further cancel too (see settled)
                     calls.close()
                     raise

@@ -126,20 +126,25 @@ def send_prepared(
     data: bytes | None,
     *,
     resend: bool = False,
+    stopping: threading.Event | None = None,
 ) -> bytes:
     """`send` of a request already `prepared`; `resend`: whether it may be sent once more after its
-    connection closed with no answer (wire.resendable)."""
+    connection closed with no answer (wire.resendable); never once `stopping` is set (the operator
+    stopping waits for this request, and nothing is sent after the stop: inflight.py)."""
     config = api.configuration
     token = authorization(config)
     try:
-        return _sent(api, method, url, headers, data, token=token, resend=resend)
+        return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
     except kubernetes.client.ApiException as err:
         if not wire.refresh_and_resend(status_of(err), config.refresh_api_key_hook is not None):
+            raise
+        if stopping is not None and stopping.is_set():
             raise
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
     # more (wire.refresh_and_resend, as the loop's client does). A 401 is no transient error to the
     # callers, so without this it would fail the reconcile.
-    return _sent(api, method, url, headers, data, token=authorization(config, now_due=True), resend=resend)
+    token = authorization(config, now_due=True)
+    return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
 
 
 def _sent(
@@ -151,23 +156,36 @@ def _sent(
     *,
     token: str | None,
     resend: bool,
+    stopping: threading.Event | None,
 ) -> bytes:
-    """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py)."""
+    """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py),
+    unless `stopping` is set by then."""
     try:
         return _request(api, method, url, headers, data, token=token)
     except (urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError) as err:
-        if not (resend and closed_unanswered(err)):
+        if not (resend and closed_unanswered(err)) or (stopping is not None and stopping.is_set()):
             raise
         log.debug("connection closed with no answer, sent once more", extra={"method": method})
     return _request(api, method, url, headers, data, token=token)
 
 
 def closed_unanswered(err: BaseException) -> bool:
-    """Whether urllib3's error says the connection closed (or was reset) with no whole answer, as
-    opposed to one never made (refused, a timeout: sending again at once would meet the same)."""
+    """Whether urllib3's error says the connection closed (or was reset) before any answer came, as
+    opposed to one never made (refused, a timeout: sending again at once would meet the same), or an
+    answer begun and then cut off or garbled (AnswerBroken; http.client's BadStatusLine for what came in
+    place of a status line): that request was read and answered, as the loop's client takes it too."""
     if isinstance(err, urllib3.exceptions.MaxRetryError):
         err = err.reason if err.reason is not None else err
-    return isinstance(err, urllib3.exceptions.ProtocolError)
+    if not isinstance(err, urllib3.exceptions.ProtocolError) or isinstance(err, AnswerBroken):
+        return False
+    # urllib3's "Connection aborted.": the cause second. RemoteDisconnected (a close before a byte of
+    # the answer) and a reset are OSErrors; a garbled status line is not.
+    return any(isinstance(arg, OSError) for arg in err.args)
+
+
+class AnswerBroken(urllib3.exceptions.ProtocolError):
+    """The answer's head came, and its body was then cut off or garbled (urllib3's ProtocolError, read
+    as it is by every caller: transient); never a reason to send the request again."""
 
 
 def prepared(
@@ -215,8 +233,34 @@ def _request(
         )
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err
+    if raw.status < 200:
+        # An interim answer (103 Early Hints from a proxy) that http.client, reading past a 100 only,
+        # took for the answer: the real one follows unread on the connection, where the next request
+        # would read it as its own. Closed with it; the request was read, so it is not sent again.
+        _drop(raw)
+        raise AnswerBroken(
+            f"an interim answer ({raw.status}) where the answer was due: the connection is dropped"
+        )
+    said = raw.headers.get("Content-Length")
+    if said is not None and raw.length_remaining is None and not raw.chunked:
+        # A Content-Length that is no length ("1 0", a word, a negative): aiohttp refuses the head;
+        # http.client would read up to a close a kept-alive connection never makes (the read timeout).
+        _drop(raw)
+        raise AnswerBroken(f"an answer whose Content-Length ({said[:40]!r}) is no length")
     response = RESTResponse(raw)
-    answer = _body(raw)
+    # Neither a length nor chunks: a body up to the close, as an HTTP/1.0 proxy may send one. Or a head
+    # cut off by the close (http.client takes whatever came for the whole head): then no body at all.
+    unframed = raw.length_remaining is None and not raw.chunked
+    try:
+        answer = _body(raw)
+    except urllib3.exceptions.ProtocolError as err:
+        raise AnswerBroken(*err.args) from err
+    if unframed and not answer:
+        # Every answer of the API server, a refusal included, is an object: an empty one is a head cut
+        # off (a 200 taken as written, a "404 Not Fo" as the record gone), refused as a broken one.
+        raise AnswerBroken(
+            f"an answer ({raw.status}) with no length and no body: its head cut off by a close?"
+        )
     response.data = answer  # type: ignore[assignment]  # what its read() would keep
     if not 200 <= response.status <= 299:
         raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
@@ -250,8 +294,12 @@ def _drop(raw: urllib3.BaseHTTPResponse) -> None:
 
 def json_object(data: bytes) -> dict[str, Any]:
     """An answer read as a JSON object (what the generated custom-object calls return); ValueError if the
-    API server answered anything else."""
-    obj = json.loads(data)
+    API server answered anything else (one nested deeper than the decoder recurses included: its
+    RecursionError, from a 200 KB answer of brackets, is no error any caller handles)."""
+    try:
+        obj = json.loads(data)
+    except RecursionError as err:
+        raise ValueError("the API server's answer is nested too deeply to read") from err
     if not isinstance(obj, dict):
         raise ValueError(f"the API server answered a {type(obj).__name__}, not an object")
     return obj

@@ -10,6 +10,7 @@ endless page, a broken server streaming forever) that would otherwise be buffere
 
 A header line is accepted up to MAX_HEADER_LINE bytes: http.client's own bound (its _MAXLINE), which the
 threaded client reads answers with; aiohttp's default (8,190) refused a header the threaded client took.
+As many as MAX_HEADERS header lines are, http.client's bound too (aiohttp's 128 took what it refused).
 
 A connection the server closes with no answer (a kept-alive one it had just timed out as the request
 went out, the commonest case; or a server that died reading it) leaves the request's fate unknown: it
@@ -29,6 +30,9 @@ from typing import Any
 
 MAX_ANSWER = 64 * 1024 * 1024  # bytes of one answer's body (decoded), at most
 MAX_HEADER_LINE = 65536  # bytes of one line of an answer's head (http.client's _MAXLINE)
+# Header lines of one answer, at most: what http.client takes (its _MAXHEADERS, 100 lines, counts the
+# head's closing blank line), where aiohttp took 128.
+MAX_HEADERS = 99
 CHUNK = 1024 * 1024  # read at a time (the threaded client always, the loop's when no size is announced)
 
 

@@ -85,8 +85,10 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        # Noted before the body goes out: a client holding the whole answer finds it noted (noted after,
+        # the test could look before the server's thread got there).
         self.answered.append(self.path)
+        self.wfile.write(data)
 
     do_GET = do_POST = do_PATCH = _any
 

@@ -152,3 +152,43 @@ async def test_an_event_post_the_server_may_have_read_is_not_posted_twice(caplog
         assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 1}
         assert [len(c.requests) for c in served.conns] == [2]
         assert [r.getMessage() for r in caplog.records] == ["could not post event"]
+
+
+async def test_event_posts_queued_at_a_stop_with_many_workers_are_dropped_and_said_once(caplog):
+    """Four worker threads each with a post the API holds, sixteen more queued behind them, all cancelled
+    at once by the stop: the four in flight are answered first, the sixteen never start nor are sent,
+    and one WARNING says sixteen were dropped; none of them is sent after the stop."""
+    hold, posts = threading.Event(), []
+    lock = threading.Lock()
+
+    def held(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            with lock:
+                posts.append(head.split(b"\r\n")[0].decode())
+            hold.wait(10)
+            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=4))
+    with raw_server(held) as served:
+        metrics = Metrics()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        about = [{**INVOLVED, "name": f"n{i}", "uid": f"u-{i}"} for i in range(20)]
+        tasks = [asyncio.ensure_future(writing(rec.post, involved, NOTICE)) for involved in about]
+        for _ in range(250):
+            if len(posts) == 4:
+                break
+            await asyncio.sleep(0.02)
+        with caplog.at_level(logging.WARNING, logger="nodefabric_operator.inflight"):
+            for task in tasks:
+                task.cancel()
+            await asyncio.sleep(0.3)
+            assert sum(not t.done() for t in tasks) == 4  # the four in flight
+            hold.set()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            await loop.shutdown_default_executor()
+        assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+        assert len(posts) == 4
+        assert actions(metrics)["created"] == 4
+        said = [r for r in caplog.records if r.name == "nodefabric_operator.inflight"]
+        assert [(r.call, r.dropped) for r in said] == [("Recorder.post", 16)]  # type: ignore[attr-defined]

@@ -147,6 +147,10 @@ def _answer(status: Any, rv: str = "6") -> bytes:
     return json.dumps({"metadata": {"name": "n1", "resourceVersion": rv}, "status": status}).encode()
 
 
+# An answer nested deeper than the JSON decoder recurses (200 KB, far inside wire.MAX_ANSWER).
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
 def test_the_usual_answer_keeps_the_status_sent_and_takes_the_new_version():
     record = _record()
     new = _new(record)
@@ -187,7 +191,10 @@ def test_an_answer_with_a_status_we_cannot_read_keeps_ours():
     assert after is not None and after.status.wire() == new.wire() and after.rv == "6"
 
 
-@pytest.mark.parametrize("answer", [b"", b"garbage \xff\xfe", b"[]", b'"status"', b"null", b"42", b"{"])
+@pytest.mark.parametrize(
+    "answer",
+    [b"", b"garbage \xff\xfe", b"[]", b'"status"', b"null", b"42", b"{", b'{"a":"\xff"}', DEEP, b"[0]" * 100],
+)
 def test_an_answer_that_is_not_a_json_object_is_an_error_not_a_success(answer):
     """A failed status write (retried: reconcile.transient), said as such, not a publication failure."""
     record = _record()
