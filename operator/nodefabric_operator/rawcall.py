@@ -300,6 +300,8 @@ def json_object(data: bytes) -> dict[str, Any]:
         obj = json.loads(data)
     except RecursionError as err:
         raise ValueError("the API server's answer is nested too deeply to read") from err
+    except ValueError as err:  # not JSON (a proxy's HTML page), or not UTF-8: said so, not bare
+        raise ValueError(f"the API server's answer is not JSON: {err}") from err
     if not isinstance(obj, dict):
         raise ValueError(f"the API server answered a {type(obj).__name__}, not an object")
     return obj

@@ -138,6 +138,6 @@ class Recorder:
 def _created_name(answer: bytes) -> str | None:
     try:
         name = json.loads(answer)["metadata"]["name"]
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
     return name if isinstance(name, str) else None

@@ -11,7 +11,6 @@ sent on the event loop by the operator (aioclient.Driver) or in the caller's thr
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -285,7 +284,7 @@ class NodeFeatureSink(_SentInThread):
             "spec": {"labels": dict(plan.managed)},
         }
         try:
-            created = rawcall.json_object(
+            created = _decoded(
                 (yield Request("create", NFD_PLURAL, "POST", NFD_PATH, {"ns": self.namespace}, body))
             )
         except kubernetes.client.ApiException as err:
@@ -314,7 +313,7 @@ class NodeFeatureSink(_SentInThread):
         patched = yield Request(
             "patch", NFD_PLURAL, "PATCH", NFD_OBJECT, self._at(node), patch, content_type=rawcall.MERGE_PATCH
         )
-        return self.snapshot(rawcall.json_object(patched))
+        return self.snapshot(_decoded(patched))
 
     def _at(self, node: str) -> dict[str, str]:
         return {"ns": self.namespace, "name": node}
@@ -329,7 +328,7 @@ class NodeFeatureSink(_SentInThread):
         }
 
     def _read_raw(self, node: str) -> Calls[dict[str, Any]]:
-        return rawcall.json_object((yield Request("get", NFD_PLURAL, "GET", NFD_OBJECT, self._at(node))))
+        return _decoded((yield Request("get", NFD_PLURAL, "GET", NFD_OBJECT, self._at(node))))
 
     def _read(self, node: str) -> Calls[SinkObject | None]:
         try:
@@ -360,9 +359,7 @@ class NodeFeatureSink(_SentInThread):
         collection deletes both): creating it for a record that is gone would publish a gone node's
         labels, so this rare path reads the record first."""
         try:
-            live = rawcall.json_object(
-                (yield Request("get", models.PLURAL, "GET", DEVICES_PATH, {"name": owner.name}))
-            )
+            live = _decoded((yield Request("get", models.PLURAL, "GET", DEVICES_PATH, {"name": owner.name})))
         except kubernetes.client.ApiException as err:
             if status_of(err) != 404:
                 raise
@@ -507,11 +504,13 @@ def _written(
 
 def _decoded(answer: Any) -> dict[str, Any]:
     """A raw answer's JSON object. The client's Node models are skipped: they cost more than the whole
-    publish, and refuse (with a validation error) a Node that a newer API server adds fields to."""
-    obj = json.loads(answer if isinstance(answer, bytes) else answer.data)
-    if not isinstance(obj, dict):
-        raise SinkError(f"the API server answered a {type(obj).__name__}, not an object")
-    return obj
+    publish, and refuse (with a validation error) a Node that a newer API server adds fields to. An
+    answer that is no JSON object is a SinkError that says what came (rawcall.json_object's reason), so
+    the record's condition and ERROR line name it, not "ValueError"."""
+    try:
+        return rawcall.json_object(answer if isinstance(answer, bytes) else answer.data)
+    except ValueError as err:
+        raise SinkError(str(err)) from err
 
 
 def managed_annotation(domain: str) -> str:

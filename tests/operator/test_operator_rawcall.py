@@ -31,7 +31,7 @@ def test_an_answer_that_is_not_an_object_is_refused_by_name(answer: bytes, said:
 
 @pytest.mark.parametrize("answer", [b"", b"<html>502 Bad Gateway</html>", b"\xff\xfe", b'{"a": '])
 def test_garbage_is_a_value_error(answer: bytes) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^the API server's answer is not JSON: "):
         rawcall.json_object(answer)
 
 

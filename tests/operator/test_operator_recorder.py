@@ -192,3 +192,23 @@ async def test_event_posts_queued_at_a_stop_with_many_workers_are_dropped_and_sa
         assert actions(metrics)["created"] == 4
         said = [r for r in caplog.records if r.name == "nodefabric_operator.inflight"]
         assert [(r.call, r.dropped) for r in said] == [("Recorder.post", 16)]  # type: ignore[attr-defined]
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # brackets nested past the JSON decoder's depth
+
+
+@pytest.mark.parametrize("answer", [b"[]", DEEP], ids=["a list", "nested too deep"])
+async def test_an_event_created_with_an_answer_that_names_nothing_is_posted_anew_next_time(answer):
+    """The create is answered 200 with no object (a list; brackets nested past the decoder's depth, whose
+    RecursionError no caller would handle): the post is counted created, nothing is raised, and with no
+    name to count on, the same notice is posted anew rather than patched into an unknown Event."""
+    async with running_api() as k:
+        metrics = Metrics()
+        k.api[lambda req: req.method == "POST" and "/events" in str(req.url)][:1] << answer
+        rec = Recorder(load_client(k.kubeconfig), "pod-1", metrics)
+        await asyncio.to_thread(rec.post, INVOLVED, NOTICE)
+        await asyncio.to_thread(rec.post, INVOLVED, NOTICE)
+        [event] = await listed(k)  # the first create was answered by the stand-in, the second stored
+        assert event["count"] == 1
+        assert k.count("PATCH", EVENTS) == 0
+        assert actions(metrics) == {"created": 2, "counted": 0, "dropped": 0, "failed": 0}

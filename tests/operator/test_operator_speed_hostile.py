@@ -270,6 +270,32 @@ def _lines(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in operator_lines(out, "json")]
 
 
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"[]", "the API server answered a list, not an object"),
+        (b"[" * 100_000 + b"]" * 100_000, "the API server's answer is nested too deeply to read"),
+    ],
+    ids=["a list", "nested past the decoder's depth"],
+)
+async def test_a_labels_write_answered_200_with_no_object_is_an_error_named_and_tried_again(answer, said):
+    """The NodeFeature's create is answered 200 with something that is not an object (a list; 200 KB of
+    brackets, whose RecursionError no caller handles): the publication fails with that reason in its
+    ERROR line (the operator cannot tell what was written), nothing escapes the reconcile, and the record
+    is published by the try that follows."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        k.api[_first_post_of("n1")][:1] << answer
+        await seeded(k, c, ["n1"])
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k):
+                await eventually(lambda: _published(c, "n1"))
+                await settle(k)
+    lines = _lines(out.getvalue())
+    failed = [ln for ln in lines if ln.get("node") == "n1" and ln["level"] == "error"]
+    assert [ln["error"] for ln in failed] == [f"nodefeature write failed: {said}"], lines
+
+
 async def test_a_node_that_recovers_from_a_failure_is_named_in_its_own_info_line(monkeypatch):
     """A record's publication failed (ERROR, its Node missing) and later succeeds amid a burst of new
     nodes: its success is not folded into the summary's "and N more" (which names five): the operator
