@@ -109,13 +109,14 @@ def send(
     *,
     content_type: str = JSON,
     query: Sequence[tuple[str, str | int]] = (),
+    stopping: threading.Event | None = None,
 ) -> bytes:
     """The answer's bytes; ApiException for an answer outside 2xx. `path` has `{name}` placeholders
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
-    string (quoted too)."""
+    string (quoted too). Not sent again once `stopping` is set (send_prepared)."""
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
     resend = wire.resendable(method, body, content_type)
-    return send_prepared(api, method, url, headers, data, resend=resend)
+    return send_prepared(api, method, url, headers, data, resend=resend, stopping=stopping)
 
 
 def send_prepared(

@@ -27,7 +27,6 @@ from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import DevicesStatus
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.echoes import SinkEchoes
-from nodefabric_operator.inflight import writing
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import (
@@ -371,7 +370,7 @@ class Reconciler:
 
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
-            await writing(self.recorder.post, record.ref(), notice)
+            await self.recorder.posting(record.ref(), notice)
 
 
 def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str) -> events.Notice | None:
