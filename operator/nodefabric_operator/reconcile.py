@@ -315,8 +315,7 @@ class Reconciler:
         name = record.name
         condition = failure_condition(self.sink.name, err)
         log.error(
-            "labels not published",
-            extra={"node": name, "reason": condition.reason, "error": condition.message},
+            failure_said(err), extra={"node": name, "reason": condition.reason, "error": condition.message}
         )
         self.told.failed(name)
         self.metrics.inc(self.metrics.reconciles, "error")
@@ -378,6 +377,15 @@ def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str)
     first = record.status.labels_published_time is None
     target, links = applied.published.target, record.result.failed_links
     return events.for_changes(target, outcome.changes, domain, links, first=first)
+
+
+def failure_said(err: BaseException) -> str:
+    """The ERROR line of a publish given up on, saying what is true of its labels: a status write whose
+    answer stayed unreadable through every retry (StatusUnreadable) came after the labels were written,
+    and whether the status was is unknown; anything else left them unpublished."""
+    if isinstance(err, StatusUnreadable):
+        return "labels written, status not confirmed"
+    return "labels not published"
 
 
 def failed_before(status: DevicesStatus) -> bool:
