@@ -242,13 +242,25 @@ def _request(
         raise AnswerBroken(
             f"an interim answer ({raw.status}) where the answer was due: the connection is dropped"
         )
+    response = RESTResponse(raw)
+    answer = read_answer(raw)
+    response.data = answer  # type: ignore[assignment]  # what its read() would keep
+    if not 200 <= response.status <= 299:
+        raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
+    return answer
+
+
+def read_answer(raw: urllib3.BaseHTTPResponse) -> bytes:
+    """The body of an answer whose head was read (a urllib3 response not preloaded: this client's, or a
+    generated call's made with `_preload_content=False`), read as this client reads every answer: a
+    Content-Length that is no length, a body cut off or garbled, or an empty body with neither length nor
+    chunks are AnswerBroken, a body past wire.MAX_ANSWER AnswerTooLarge, the connection closed unread."""
     said = raw.headers.get("Content-Length")
     if said is not None and raw.length_remaining is None and not raw.chunked:
         # A Content-Length that is no length ("1 0", a word, a negative): aiohttp refuses the head;
         # http.client would read up to a close a kept-alive connection never makes (the read timeout).
         _drop(raw)
         raise AnswerBroken(f"an answer whose Content-Length ({said[:40]!r}) is no length")
-    response = RESTResponse(raw)
     # Neither a length nor chunks: a body up to the close, as an HTTP/1.0 proxy may send one. Or a head
     # cut off by the close (http.client takes whatever came for the whole head): then no body at all.
     unframed = raw.length_remaining is None and not raw.chunked
@@ -262,9 +274,6 @@ def _request(
         raise AnswerBroken(
             f"an answer ({raw.status}) with no length and no body: its head cut off by a close?"
         )
-    response.data = answer  # type: ignore[assignment]  # what its read() would keep
-    if not 200 <= response.status <= 299:
-        raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
     return answer
 
 

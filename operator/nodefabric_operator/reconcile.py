@@ -71,9 +71,8 @@ def transient(err: BaseException) -> bool:
 
 def record_names(custom: kubernetes.client.CustomObjectsApi, metrics: Metrics) -> dict[str, str]:
     """Every Devices record's name and uid, listed page by page."""
-    found = sinks.pages(
-        metrics, models.PLURAL, custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
-    )
+    page = sinks.listing(custom.api_client, f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}")
+    found = sinks.pages(metrics, models.PLURAL, page)
     return {str(part(i, "metadata").get("name", "")): str(part(i, "metadata").get("uid", "")) for i in found}
 
 
