@@ -141,10 +141,14 @@ def send_prepared(
             raise
         if stopping is not None and stopping.is_set():
             raise
+        refused = err
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
     # more (wire.refresh_and_resend, as the loop's client does). A 401 is no transient error to the
     # callers, so without this it would fail the reconcile.
     token = authorization(config, now_due=True)
+    if stopping is not None and stopping.is_set():
+        # The stop came while the hook ran (an exec plugin's takes a while): the refusal stands.
+        raise refused
     return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
 
 

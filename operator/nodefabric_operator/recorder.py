@@ -94,6 +94,10 @@ class Recorder:
     ) -> None:
         """One Event, or one more count of the same Event; a failure is logged, never raised: an Event
         is a courtesy, not the work. Once `stopping` is set, no request is sent that was not already."""
+        if stopping is not None and stopping.is_set():
+            # Its thread took it as the stop came, before a byte was sent: dropped, as a queued one is.
+            self._dropped()
+            return
         source = str(involved.get("uid") or involved.get("name"))
         key = (source, str(involved.get("name")), notice.type, notice.reason, notice.message)
         with self._lock:
@@ -113,7 +117,7 @@ class Recorder:
                 return
             if posted is not None and stopping is not None and stopping.is_set():
                 # The count met a 404 as the operator stopped: the new Event would be a write after it.
-                self.metrics.inc(self.metrics.events, "dropped")
+                self._dropped()
                 log.debug("event not posted anew: the operator is stopping", extra={"object": key[1]})
                 return
             body = event_body(involved, notice, self.instance, now, action)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from test_operator_wire import Conn, Served, api_at, closes_the_kept_alive_one, raw_server
+from test_operator_wire import Conn, Served, answered, api_at, closes_the_kept_alive_one, raw_server
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events
@@ -314,3 +314,51 @@ async def test_an_event_created_with_an_answer_that_names_nothing_is_posted_anew
         assert event["count"] == 1
         assert k.count("PATCH", EVENTS) == 0
         assert actions(metrics) == {"created": 2, "counted": 0, "dropped": 0, "failed": 0}
+
+
+async def test_a_stop_that_comes_while_the_credential_is_refreshed_sends_nothing_more():
+    """The post is refused 401 and the refresh hook runs (an exec plugin's takes a while); the stop comes
+    meanwhile: the refreshed credential is not used, the post is not sent again."""
+    in_hook, go, requests = threading.Event(), threading.Event(), []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            requests.append(head)
+            conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+
+    with raw_server(handle) as served:
+        metrics = Metrics()
+        api = api_at(served.url)
+        api.configuration.api_key = {"authorization": "Bearer t"}
+        calls: list[int] = []
+
+        def hook(config: Any) -> None:
+            calls.append(1)
+            if len(calls) == 2:  # the refresh the 401 asks for
+                in_hook.set()
+                go.wait(10)
+
+        api.configuration.refresh_api_key_hook = hook
+        rec = Recorder(api, "pod-1", metrics)
+        task = asyncio.ensure_future(rec.posting(INVOLVED, NOTICE))
+        assert await asyncio.to_thread(in_hook.wait, 10)
+        task.cancel()  # the stop, while the hook runs
+        await asyncio.sleep(0.1)
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        assert len(requests) == 1 and len(calls) == 2
+        assert actions(metrics)["failed"] == 1
+
+
+async def test_a_post_whose_thread_starts_after_the_stop_sends_nothing():
+    """Its thread took it as the stop came: nothing is sent, and it is counted dropped."""
+    with raw_server(answered) as served:
+        metrics = Metrics()
+        stopping = threading.Event()
+        stopping.set()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        await asyncio.to_thread(rec.post, INVOLVED, NOTICE, "PublishLabels", stopping)
+        assert served.conns == []
+        assert actions(metrics) == {"created": 0, "counted": 0, "dropped": 1, "failed": 0}
