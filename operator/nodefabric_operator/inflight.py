@@ -46,11 +46,17 @@ class _Turn:
 _dropped: collections.Counter[str] = collections.Counter()
 
 
-async def writing(call: Callable[..., T], *args: Any, stopping: threading.Event | None = None) -> T:
+async def writing(
+    call: Callable[..., T],
+    *args: Any,
+    stopping: threading.Event | None = None,
+    dropped: Callable[[], None] | None = None,
+) -> T:
     """`call(*args)` in a worker thread, its end awaited even when the caller is cancelled (then
     re-raised once the call returned or failed; what it ended with does not matter to a stopping
     operator). `stopping` is set at the cancel, for a call of several requests to send no more. A call
-    not started by a worker thread at the cancel never starts (see the module's note)."""
+    not started by a worker thread at the cancel never starts (see the module's note); `dropped` is
+    then called, on the loop (the caller's count of it)."""
     loop = asyncio.get_running_loop()
     turn, context = _Turn(), contextvars.copy_context()
 
@@ -67,6 +73,8 @@ async def writing(call: Callable[..., T], *args: Any, stopping: threading.Event 
             stopping.set()
         if turn.take(DROPPED):
             _note_dropped(loop, getattr(call, "__qualname__", type(call).__name__))
+            if dropped is not None:
+                dropped()
         else:
             await settled(done)
         raise

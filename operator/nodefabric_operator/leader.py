@@ -27,7 +27,7 @@ from typing import Any, cast
 import kubernetes
 import urllib3
 
-from nodefabric_operator import sinks
+from nodefabric_operator import rawcall, sinks
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ def _stamp(t: float) -> str:
 
 def _drain(answer: Any) -> None:
     """Read an undecoded answer to its end, so its connection goes back to the pool (renewals are
-    frequent: left unread, each would hold a socket)."""
-    answer.read()
+    frequent: left unread, each would hold a socket); as rawcall reads one, up to wire.MAX_ANSWER (an
+    endless body is refused, an OSError: a failed try, the connection closed unread)."""
+    rawcall.read_answer(answer)
     answer.release_conn()
 
 

@@ -70,7 +70,8 @@ class Metrics:
         self.events = Counter(
             "nodefabric_operator_events",
             "Events about Devices records, by action: created, counted (a repeat raised an existing "
-            "Event's count), dropped (spam filter: 25 per record at once, then one per 5 min), failed",
+            "Event's count), dropped (never posted: the spam filter's, 25 per record at once, then one "
+            "per 5 min; or still queued for a worker thread when the operator stopped), failed",
             ["action"],
             registry=self.registry,
         )

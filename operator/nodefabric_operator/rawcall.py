@@ -109,13 +109,14 @@ def send(
     *,
     content_type: str = JSON,
     query: Sequence[tuple[str, str | int]] = (),
+    stopping: threading.Event | None = None,
 ) -> bytes:
     """The answer's bytes; ApiException for an answer outside 2xx. `path` has `{name}` placeholders
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
-    string (quoted too)."""
+    string (quoted too). Not sent again once `stopping` is set (send_prepared)."""
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
     resend = wire.resendable(method, body, content_type)
-    return send_prepared(api, method, url, headers, data, resend=resend)
+    return send_prepared(api, method, url, headers, data, resend=resend, stopping=stopping)
 
 
 def send_prepared(
@@ -140,10 +141,14 @@ def send_prepared(
             raise
         if stopping is not None and stopping.is_set():
             raise
+        refused = err
     # Refused inside the hook's second (a credential that expired meanwhile): refreshed now, sent once
     # more (wire.refresh_and_resend, as the loop's client does). A 401 is no transient error to the
     # callers, so without this it would fail the reconcile.
     token = authorization(config, now_due=True)
+    if stopping is not None and stopping.is_set():
+        # The stop came while the hook ran (an exec plugin's takes a while): the refusal stands.
+        raise refused
     return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
 
 
@@ -241,13 +246,25 @@ def _request(
         raise AnswerBroken(
             f"an interim answer ({raw.status}) where the answer was due: the connection is dropped"
         )
+    response = RESTResponse(raw)
+    answer = read_answer(raw)
+    response.data = answer  # type: ignore[assignment]  # what its read() would keep
+    if not 200 <= response.status <= 299:
+        raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
+    return answer
+
+
+def read_answer(raw: urllib3.BaseHTTPResponse) -> bytes:
+    """The body of an answer whose head was read (a urllib3 response not preloaded: this client's, or a
+    generated call's made with `_preload_content=False`), read as this client reads every answer: a
+    Content-Length that is no length, a body cut off or garbled, or an empty body with neither length nor
+    chunks are AnswerBroken, a body past wire.MAX_ANSWER AnswerTooLarge, the connection closed unread."""
     said = raw.headers.get("Content-Length")
     if said is not None and raw.length_remaining is None and not raw.chunked:
         # A Content-Length that is no length ("1 0", a word, a negative): aiohttp refuses the head;
         # http.client would read up to a close a kept-alive connection never makes (the read timeout).
         _drop(raw)
         raise AnswerBroken(f"an answer whose Content-Length ({said[:40]!r}) is no length")
-    response = RESTResponse(raw)
     # Neither a length nor chunks: a body up to the close, as an HTTP/1.0 proxy may send one. Or a head
     # cut off by the close (http.client takes whatever came for the whole head): then no body at all.
     unframed = raw.length_remaining is None and not raw.chunked
@@ -261,9 +278,6 @@ def _request(
         raise AnswerBroken(
             f"an answer ({raw.status}) with no length and no body: its head cut off by a close?"
         )
-    response.data = answer  # type: ignore[assignment]  # what its read() would keep
-    if not 200 <= response.status <= 299:
-        raise kubernetes.client.ApiException.from_response(http_resp=response, body=None, data=None)
     return answer
 
 

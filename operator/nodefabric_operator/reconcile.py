@@ -27,7 +27,6 @@ from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import DevicesStatus
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.echoes import SinkEchoes
-from nodefabric_operator.inflight import writing
 from nodefabric_operator.ledger import Ledger
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.noderecord import (
@@ -72,9 +71,8 @@ def transient(err: BaseException) -> bool:
 
 def record_names(custom: kubernetes.client.CustomObjectsApi, metrics: Metrics) -> dict[str, str]:
     """Every Devices record's name and uid, listed page by page."""
-    found = sinks.pages(
-        metrics, models.PLURAL, custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
-    )
+    page = sinks.listing(custom.api_client, f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}")
+    found = sinks.pages(metrics, models.PLURAL, page)
     return {str(part(i, "metadata").get("name", "")): str(part(i, "metadata").get("uid", "")) for i in found}
 
 
@@ -316,8 +314,7 @@ class Reconciler:
         name = record.name
         condition = failure_condition(self.sink.name, err)
         log.error(
-            "labels not published",
-            extra={"node": name, "reason": condition.reason, "error": condition.message},
+            failure_said(err), extra={"node": name, "reason": condition.reason, "error": condition.message}
         )
         self.told.failed(name)
         self.metrics.inc(self.metrics.reconciles, "error")
@@ -371,7 +368,7 @@ class Reconciler:
 
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
-            await writing(self.recorder.post, record.ref(), notice)
+            await self.recorder.posting(record.ref(), notice)
 
 
 def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str) -> events.Notice | None:
@@ -379,6 +376,15 @@ def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str)
     first = record.status.labels_published_time is None
     target, links = applied.published.target, record.result.failed_links
     return events.for_changes(target, outcome.changes, domain, links, first=first)
+
+
+def failure_said(err: BaseException) -> str:
+    """The ERROR line of a publish given up on, saying what is true of its labels: a status write whose
+    answer stayed unreadable through every retry (StatusUnreadable) came after the labels were written,
+    and whether the status was is unknown; anything else left them unpublished."""
+    if isinstance(err, StatusUnreadable):
+        return "labels written, status not confirmed"
+    return "labels not published"
 
 
 def failed_before(status: DevicesStatus) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ import kubernetes
 from nodefabric_devicemanager import events as shared_events
 from nodefabric_devicemanager.correlator import Correlator, Posted
 from nodefabric_operator import events, rawcall
+from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,32 @@ class Recorder:
         self.correlator = self.writer.spam  # besides the spam filter, which Events are posted (to count)
         self._lock = self.writer.lock  # posts run in worker threads
 
-    def post(self, involved: Mapping[str, Any], notice: events.Notice, action: str = "PublishLabels") -> None:
+    async def posting(
+        self, involved: Mapping[str, Any], notice: events.Notice, action: str = "PublishLabels"
+    ) -> None:
+        """`post` in a worker thread, which a stopping operator waits for (inflight.writing) and tells to
+        send nothing more: no second send after a 401 or a closed connection, no new post after a count
+        met a 404. A post still queued for a thread at the stop is never sent, and counted dropped (the
+        events metric then agrees with inflight's WARNING, which says how many)."""
+        stopping = threading.Event()
+        await writing(self.post, involved, notice, action, stopping, stopping=stopping, dropped=self._dropped)
+
+    def _dropped(self) -> None:
+        self.metrics.inc(self.metrics.events, "dropped")
+
+    def post(
+        self,
+        involved: Mapping[str, Any],
+        notice: events.Notice,
+        action: str = "PublishLabels",
+        stopping: threading.Event | None = None,
+    ) -> None:
         """One Event, or one more count of the same Event; a failure is logged, never raised: an Event
-        is a courtesy, not the work."""
+        is a courtesy, not the work. Once `stopping` is set, no request is sent that was not already."""
+        if stopping is not None and stopping.is_set():
+            # Its thread took it as the stop came, before a byte was sent: dropped, as a queued one is.
+            self._dropped()
+            return
         source = str(involved.get("uid") or involved.get("name"))
         key = (source, str(involved.get("name")), notice.type, notice.reason, notice.message)
         with self._lock:
@@ -85,15 +110,19 @@ class Recorder:
             posted = self.correlator.posted(key)
         now = datetime.now(UTC)
         try:
-            if posted is not None and self._count(posted, now):
+            if posted is not None and self._count(posted, now, stopping):
                 with self._lock:
                     self.correlator.record(key, Posted(posted.name, posted.count + 1, posted.first))
                 self.metrics.inc(self.metrics.events, "counted")
                 return
+            if posted is not None and stopping is not None and stopping.is_set():
+                # The count met a 404 as the operator stopped: the new Event would be a write after it.
+                self._dropped()
+                log.debug("event not posted anew: the operator is stopping", extra={"object": key[1]})
+                return
             body = event_body(involved, notice, self.instance, now, action)
             self.metrics.requested("create", "events")
-            # The client turns the mapping into its Event model (and refuses one it would not send).
-            answer = self._send("POST", EVENTS, {}, body, "application/json")
+            answer = self._send("POST", EVENTS, {}, body, "application/json", stopping=stopping)
         except Exception as err:
             self.metrics.inc(self.metrics.events, "failed")
             status = getattr(err, "status", None)
@@ -114,7 +143,7 @@ class Recorder:
             else:
                 self.correlator.record(key, Posted(name, 1, body["firstTimestamp"]))
 
-    def _count(self, posted: Posted, now: datetime) -> bool:
+    def _count(self, posted: Posted, now: datetime, stopping: threading.Event | None) -> bool:
         """Raise an existing Event's count; False when it is gone (expired, deleted): post a new one."""
         patch = {
             "count": posted.count + 1,
@@ -123,16 +152,27 @@ class Recorder:
         }
         self.metrics.requested("patch", "events")
         try:
-            self._send("PATCH", EVENT, {"name": posted.name}, patch, "application/merge-patch+json")
+            self._send("PATCH", EVENT, {"name": posted.name}, patch, rawcall.MERGE_PATCH, stopping=stopping)
         except kubernetes.client.ApiException as err:
             if err.status == 404:
                 return False
             raise
         return True
 
-    def _send(self, method: str, path: str, params: Mapping[str, str], body: Any, content_type: str) -> bytes:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str],
+        body: Any,
+        content_type: str,
+        *,
+        stopping: threading.Event | None,
+    ) -> bytes:
         params = {**params, "namespace": NAMESPACE}
-        return rawcall.send(self.api, method, path, params, body, content_type=content_type)
+        return rawcall.send(
+            self.api, method, path, params, body, content_type=content_type, stopping=stopping
+        )
 
 
 def _created_name(answer: bytes) -> str | None:

@@ -12,7 +12,7 @@ sent on the event loop by the operator (aioclient.Driver) or in the caller's thr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -149,6 +149,26 @@ def pages(
             return
 
 
+def listing(
+    api: kubernetes.client.ApiClient,
+    path: str,
+    params: Mapping[str, str] | None = None,
+    query: Sequence[tuple[str, str | int]] = (),
+) -> Callable[..., bytes]:
+    """A list's page, for `pages`, sent through rawcall as a generated list call would send it (the
+    path, its `query`, then limit and continue): every answer, a refusal's too, read up to
+    wire.MAX_ANSWER (a generated call reads a refusal's body whole before raising it), within rawcall's
+    timeouts (a generated call has none), its credential refreshed as for a write."""
+
+    def page(*, limit: int, _continue: str | None, _preload_content: bool) -> bytes:
+        asked: list[tuple[str, str | int]] = [*query, ("limit", limit)]
+        if _continue:
+            asked.append(("continue", _continue))
+        return rawcall.send(api, "GET", path, params or {}, query=asked)
+
+    return page
+
+
 class _SentInThread:
     """A sink's `publish`: its `publishing` sent through the kubernetes client in the caller's thread
     (`--prune`, the CLIs and tests; the operator sends the same requests on its loop)."""
@@ -182,7 +202,6 @@ class NodeFeatureSink(_SentInThread):
         self, api: kubernetes.client.ApiClient, namespace: str, domain: str, metrics: Metrics | None = None
     ) -> None:
         self.api = api
-        self.custom = kubernetes.client.CustomObjectsApi(api)
         self.namespace = namespace
         self.domain = domain
         self.metrics = metrics or Metrics()
@@ -211,16 +230,9 @@ class NodeFeatureSink(_SentInThread):
 
     def existing(self) -> Iterator[SinkObject]:
         """Our namespace's NodeFeatures, read once at start: the view before the first reconcile."""
-        items = pages(
-            self.metrics,
-            NFD_PLURAL,
-            self.custom.list_namespaced_custom_object,
-            NFD_GROUP,
-            NFD_VERSION,
-            self.namespace,
-            NFD_PLURAL,
-            label_selector=NFD_NODE_NAME,
-        )
+        path = f"/apis/{NFD_GROUP}/{NFD_VERSION}/namespaces/{{namespace}}/{NFD_PLURAL}"
+        page = listing(self.api, path, {"namespace": self.namespace}, [("labelSelector", NFD_NODE_NAME)])
+        items = pages(self.metrics, NFD_PLURAL, page)
         for item in items:
             yield self.snapshot(item)
 
@@ -385,7 +397,6 @@ class NodeSink(_SentInThread):
 
     def __init__(self, api: kubernetes.client.ApiClient, domain: str, metrics: Metrics | None = None) -> None:
         self.api = api
-        self.core = kubernetes.client.CoreV1Api(api)
         self.domain = domain
         self.annotation = managed_annotation(domain)
         self.metrics = metrics or Metrics()
@@ -402,7 +413,7 @@ class NodeSink(_SentInThread):
 
     def existing(self) -> Iterator[SinkObject]:
         """Every Node, read once at start: the view before the first reconcile."""
-        for item in pages(self.metrics, "nodes", self.core.list_node):
+        for item in pages(self.metrics, "nodes", listing(self.api, "/api/v1/nodes")):
             yield self.snapshot(item)
 
     def _plan(
@@ -506,9 +517,12 @@ def _decoded(answer: Any) -> dict[str, Any]:
     """A raw answer's JSON object. The client's Node models are skipped: they cost more than the whole
     publish, and refuse (with a validation error) a Node that a newer API server adds fields to. An
     answer that is no JSON object is a SinkError that says what came (rawcall.json_object's reason), so
-    the record's condition and ERROR line name it, not "ValueError"."""
+    the record's condition and ERROR line name it, not "ValueError". An answer not yet read (a generated
+    call's, `_preload_content=False`) is read as rawcall reads one: up to wire.MAX_ANSWER (a LIST page
+    answered with an endless body is refused, not buffered whole)."""
+    data = answer if isinstance(answer, bytes) else rawcall.read_answer(answer)
     try:
-        return rawcall.json_object(answer if isinstance(answer, bytes) else answer.data)
+        return rawcall.json_object(data)
     except ValueError as err:
         raise SinkError(str(err)) from err
 

@@ -14,12 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from test_operator_wire import Conn, Served, api_at, closes_the_kept_alive_one, raw_server
+from test_operator_wire import Conn, Served, answered, api_at, closes_the_kept_alive_one, raw_server
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator import events
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
-from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.recorder import NAMESPACE, Recorder
 
@@ -92,7 +91,7 @@ async def test_event_posts_queued_at_a_stop_are_dropped_and_the_one_in_flight_fi
         metrics = Metrics()
         rec = Recorder(api_at(served.url), "pod-1", metrics)
         about = [{**INVOLVED, "name": f"n{i}", "uid": f"u-{i}"} for i in range(4)]
-        tasks = [asyncio.ensure_future(writing(rec.post, involved, NOTICE)) for involved in about]
+        tasks = [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
         for _ in range(200):
             if posts:
                 break
@@ -107,7 +106,8 @@ async def test_event_posts_queued_at_a_stop_are_dropped_and_the_one_in_flight_fi
             await loop.shutdown_default_executor()  # every thread's work done: nothing left to send
         assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
         assert posts == [f"POST /api/v1/namespaces/{NAMESPACE}/events HTTP/1.1"]
-        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 0}
+        # The three dropped are counted so: the metric says what the WARNING says.
+        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 3, "failed": 0}
         said = [r for r in caplog.records if r.name == "nodefabric_operator.inflight"]
         assert [(r.getMessage(), r.call, r.dropped) for r in said] == [  # type: ignore[attr-defined]
             ("calls queued for a worker thread were dropped at the stop, never sent", "Recorder.post", 3)
@@ -128,7 +128,7 @@ async def test_a_post_cancelled_after_it_started_is_waited_for_not_dropped():
     with raw_server(held) as served:
         metrics = Metrics()
         rec = Recorder(api_at(served.url), "pod-1", metrics)
-        task = asyncio.ensure_future(writing(rec.post, INVOLVED, NOTICE))
+        task = asyncio.ensure_future(rec.posting(INVOLVED, NOTICE))
         assert await asyncio.to_thread(started.wait, 10)
         task.cancel()
         await asyncio.sleep(0.2)
@@ -136,7 +136,109 @@ async def test_a_post_cancelled_after_it_started_is_waited_for_not_dropped():
         hold.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert len(posts) == 1 and actions(metrics)["created"] == 1
+        assert len(posts) == 1 and actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 0}
+
+
+def _refreshing(api: Any) -> list[int]:
+    """A credential with a refresh hook (an exec plugin's): the calls of the hook, counted."""
+    refreshed: list[int] = []
+    api.configuration.api_key = {"authorization": "Bearer t"}
+    api.configuration.refresh_api_key_hook = lambda config: refreshed.append(1)
+    return refreshed
+
+
+@pytest.mark.parametrize("first", ["a post", "a count"])
+async def test_an_event_in_flight_at_a_stop_answered_401_is_not_sent_again(first: str):
+    """The stop comes while an Event's post (or count: a merge patch) is in flight; the API then answers
+    401, which would refresh the credential and send it once more (rawcall.send_prepared): a write after
+    the stop, perhaps once the lease is a standby's. The recorder's send is given the stop, as the
+    publishes' is: the request is sent once, counted failed, and nothing more goes out."""
+    got, go, requests = threading.Event(), threading.Event(), []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            requests.append(head.split(b"\r\n")[0].decode())
+            if len(requests) == 1 and first == "a count":
+                conn.answer(b'{"metadata":{"name":"n1-abcde"}}', status="201 Created")
+                continue
+            got.set()
+            go.wait(10)
+            conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+
+    with raw_server(handle) as served:
+        metrics = Metrics()
+        api = api_at(served.url)
+        refreshed = _refreshing(api)
+        rec = Recorder(api, "pod-1", metrics)
+        if first == "a count":
+            await rec.posting(INVOLVED, NOTICE)  # posted: the same notice next is a count
+        task = asyncio.ensure_future(rec.posting(INVOLVED, NOTICE))
+        assert await asyncio.to_thread(got.wait, 10)
+        task.cancel()  # the stop
+        await asyncio.sleep(0.1)
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)  # a second send would have come by now
+        sent = "PATCH" if first == "a count" else "POST"
+        assert [r.split()[0] for r in requests][-1:] == [sent] and len(requests) == (
+            2 if first == "a count" else 1
+        )
+        assert actions(metrics)["failed"] == 1 and not refreshed[1:]
+
+
+async def test_an_event_refused_401_is_refreshed_and_sent_again_when_not_stopping():
+    """The other side: with no stop, a 401 refreshes the credential and the post goes once more."""
+    requests = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            requests.append(head)
+            if len(requests) == 1:
+                conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+                continue
+            conn.answer(b'{"metadata":{"name":"n1-abcde"}}', status="201 Created")
+
+    with raw_server(handle) as served:
+        metrics = Metrics()
+        api = api_at(served.url)
+        _refreshing(api)
+        rec = Recorder(api, "pod-1", metrics)
+        await rec.posting(INVOLVED, NOTICE)
+        assert len(requests) == 2
+        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 0, "failed": 0}
+
+
+async def test_a_count_that_meets_a_404_at_a_stop_posts_no_new_event():
+    """The stop comes while an Event's count is in flight, and the Event is gone (404): with no stop the
+    recorder posts a new Event; at a stop that would be a write after it. Nothing more is sent; the
+    notice is counted dropped (never posted)."""
+    got, go, requests = threading.Event(), threading.Event(), []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            requests.append(head.split(b"\r\n")[0].decode())
+            if len(requests) == 1:
+                conn.answer(b'{"metadata":{"name":"n1-abcde"}}', status="201 Created")
+                continue
+            got.set()
+            go.wait(10)
+            conn.answer(b'{"kind":"Status","code":404}', status="404 Not Found")
+
+    with raw_server(handle) as served:
+        metrics = Metrics()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        await rec.posting(INVOLVED, NOTICE)
+        task = asyncio.ensure_future(rec.posting(INVOLVED, NOTICE))
+        assert await asyncio.to_thread(got.wait, 10)
+        task.cancel()
+        await asyncio.sleep(0.1)
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        assert [r.split()[0] for r in requests] == ["POST", "PATCH"]
+        assert actions(metrics) == {"created": 1, "counted": 0, "dropped": 1, "failed": 0}
 
 
 async def test_an_event_post_the_server_may_have_read_is_not_posted_twice(caplog):
@@ -174,7 +276,7 @@ async def test_event_posts_queued_at_a_stop_with_many_workers_are_dropped_and_sa
         metrics = Metrics()
         rec = Recorder(api_at(served.url), "pod-1", metrics)
         about = [{**INVOLVED, "name": f"n{i}", "uid": f"u-{i}"} for i in range(20)]
-        tasks = [asyncio.ensure_future(writing(rec.post, involved, NOTICE)) for involved in about]
+        tasks = [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
         for _ in range(250):
             if len(posts) == 4:
                 break
@@ -189,7 +291,7 @@ async def test_event_posts_queued_at_a_stop_with_many_workers_are_dropped_and_sa
             await loop.shutdown_default_executor()
         assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
         assert len(posts) == 4
-        assert actions(metrics)["created"] == 4
+        assert actions(metrics) == {"created": 4, "counted": 0, "dropped": 16, "failed": 0}
         said = [r for r in caplog.records if r.name == "nodefabric_operator.inflight"]
         assert [(r.call, r.dropped) for r in said] == [("Recorder.post", 16)]  # type: ignore[attr-defined]
 
@@ -212,3 +314,51 @@ async def test_an_event_created_with_an_answer_that_names_nothing_is_posted_anew
         assert event["count"] == 1
         assert k.count("PATCH", EVENTS) == 0
         assert actions(metrics) == {"created": 2, "counted": 0, "dropped": 0, "failed": 0}
+
+
+async def test_a_stop_that_comes_while_the_credential_is_refreshed_sends_nothing_more():
+    """The post is refused 401 and the refresh hook runs (an exec plugin's takes a while); the stop comes
+    meanwhile: the refreshed credential is not used, the post is not sent again."""
+    in_hook, go, requests = threading.Event(), threading.Event(), []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            requests.append(head)
+            conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+
+    with raw_server(handle) as served:
+        metrics = Metrics()
+        api = api_at(served.url)
+        api.configuration.api_key = {"authorization": "Bearer t"}
+        calls: list[int] = []
+
+        def hook(config: Any) -> None:
+            calls.append(1)
+            if len(calls) == 2:  # the refresh the 401 asks for
+                in_hook.set()
+                go.wait(10)
+
+        api.configuration.refresh_api_key_hook = hook
+        rec = Recorder(api, "pod-1", metrics)
+        task = asyncio.ensure_future(rec.posting(INVOLVED, NOTICE))
+        assert await asyncio.to_thread(in_hook.wait, 10)
+        task.cancel()  # the stop, while the hook runs
+        await asyncio.sleep(0.1)
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        assert len(requests) == 1 and len(calls) == 2
+        assert actions(metrics)["failed"] == 1
+
+
+async def test_a_post_whose_thread_starts_after_the_stop_sends_nothing():
+    """Its thread took it as the stop came: nothing is sent, and it is counted dropped."""
+    with raw_server(answered) as served:
+        metrics = Metrics()
+        stopping = threading.Event()
+        stopping.set()
+        rec = Recorder(api_at(served.url), "pod-1", metrics)
+        await asyncio.to_thread(rec.post, INVOLVED, NOTICE, "PublishLabels", stopping)
+        assert served.conns == []
+        assert actions(metrics) == {"created": 0, "counted": 0, "dropped": 1, "failed": 0}

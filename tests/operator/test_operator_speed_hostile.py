@@ -245,6 +245,32 @@ async def test_a_status_write_answered_200_with_no_object_is_retried_and_never_s
     assert unreadable[0]["error"] == "the API server answered a list, not an object", unreadable
 
 
+async def test_a_status_write_unreadable_through_every_retry_says_the_labels_were_written():
+    """Every status write of the node is answered 200 with a list, the retries' too: the reconcile gives
+    up (ERROR), and its line says what is true, the labels written and the status not confirmed, never
+    "labels not published" (the NodeFeature holds them)."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n1"])
+        k.api[_status_write_of("n1")] << b"[]"
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
+                nf = await c.nodefeature("n1")
+    assert nf is not None and nf["spec"]["labels"]  # written, as the line says
+    lines = _lines(out.getvalue())
+    errors = [ln for ln in lines if ln["level"] == "error" and ln.get("node") == "n1"]
+    assert errors[0]["msg"] == "labels written, status not confirmed", lines
+    assert "status write answered with no readable object" in errors[0]["error"], errors[0]
+    assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
+
+
+def test_the_final_line_says_labels_not_published_for_any_other_failure():
+    assert reconcile.failure_said(StatusUnreadable("x")) == "labels written, status not confirmed"
+    for err in (OSError("x"), ValueError("x"), kubernetes.client.ApiException(status=503)):
+        assert reconcile.failure_said(err) == "labels not published"
+
+
 # --- the first publications' counted line: no node an operator was told about goes unnamed --------------
 
 
