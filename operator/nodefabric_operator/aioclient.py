@@ -139,7 +139,10 @@ class AsyncClient:
             # Not once the operator is stopping: a second send would be a write after the stop.
             if not wire.refresh_and_resend(rawcall.status_of(err), refreshable) or apicall.stopping():
                 raise
+            refused = err
         token = await self._credential(now_due=True)
+        if apicall.stopping():  # the stop came while the hook ran (an exec plugin's takes a while)
+            raise refused
         return await self._sent(request.method, url, headers, data, token, resend=resend)
 
     async def _sent(

@@ -698,6 +698,46 @@ async def test_an_interim_answer_is_never_taken_for_the_answer_nor_leaves_it_for
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_stop_that_comes_while_the_credential_is_refreshed_sends_nothing_more(kind: str) -> None:
+    """The write is refused 401 and the refresh hook runs (an exec plugin's takes a while); the operator
+    stops meanwhile: the refreshed credential is not used, nothing is sent after the stop (both
+    clients: the stop is asked again once the hook has returned)."""
+    refused, in_hook, go = threading.Event(), threading.Event(), threading.Event()
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+            refused.set()
+
+    def hook(config: object) -> None:
+        if refused.is_set():  # the refresh the 401 asks for
+            in_hook.set()
+            go.wait(10)
+
+    request = WRITES["merge patch"]
+    with raw_server(handle) as served:
+        api = api_at(served.url)
+        api.configuration.api_key = {"authorization": "Bearer t"}
+        api.configuration.refresh_api_key_hook = hook
+        if kind == "thread":
+            api.configuration.assert_hostname = "localhost"  # the Driver sends through the ApiClient
+        driver = Driver(api, Metrics())
+        try:
+            writing = asyncio.ensure_future(driver(one_call(request)))
+            assert await asyncio.to_thread(in_hook.wait, 10)
+            writing.cancel()  # the stop, while the hook runs
+            await asyncio.sleep(0.1)
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await writing
+            await asyncio.sleep(0.2)
+            assert received(served) == [[request.path]]
+        finally:
+            go.set()
+            await driver.close()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("refusal", ["closed", "401"])
 async def test_a_request_in_flight_at_a_stop_is_not_sent_again_after_it(kind: str, refusal: str) -> None:
     """The operator stopping (its reconcile cancelled) while a request is in flight waits for it; the
