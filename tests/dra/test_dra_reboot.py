@@ -24,7 +24,16 @@ from prometheus_client import REGISTRY
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import boot
-from nodefabric_deviceplugin.dra.checkpoint import CLAIM_KIND, CLAIM_VERSION, Checkpoint, decode, file_name
+from nodefabric_deviceplugin.dra.checkpoint import (
+    CLAIM_KIND,
+    CLAIM_VERSION,
+    Checkpoint,
+    PreparedClaim,
+    PreparedDevice,
+    decode,
+    encode,
+    file_name,
+)
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 BOOT_A = "0f4c3b1e-7a52-4e8f-9d3a-2b6c1e0a9f11"
@@ -148,6 +157,26 @@ async def test_after_a_reboot_that_renumbered_the_nics_the_spec_names_todays_ver
     assert os.listdir(dirs.cdi) == [] and not entry_path(dirs, uid).exists()
 
 
+async def test_a_claim_of_two_devices_gets_each_its_own_new_verbs_node(
+    node: Node, api: RunningAPI, dirs: Dirs
+) -> None:
+    """Each CDI device carries its own device's uverbs node: after the swap, each the other's old one."""
+    dev_b = "pci-0000-29-00-0"
+    claim = put_claim(api, "pair", [result(DEV_A, request="a"), result(dev_b, request="b")])
+    uid = claim["metadata"]["uid"]
+    first = await node.prepare(node.tree(BEFORE, BOOT_A), claim)
+    assert [d.device_name for d in first.devices] == [DEV_A, dev_b]
+    empty_cdi(dirs)
+    assert await node.prepare(node.tree(SWAPPED, BOOT_B), claim) == first
+    spec = spec_of(dirs, uid)
+    per_device = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}
+    assert per_device == {
+        f"{uid}-{DEV_A}": ["/dev/infiniband/uverbs1", "/dev/infiniband/rdma_cm"],
+        f"{uid}-{dev_b}": ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"],
+    }
+    assert nodes_and_hca(spec)[1] == ["NCCL_IB_HCA==mlx5_0,mlx5_1"]  # the grant sorts them
+
+
 async def test_the_same_boot_answers_from_the_entry_even_where_the_host_changed(
     node: Node, api: RunningAPI, dirs: Dirs
 ) -> None:
@@ -193,8 +222,8 @@ async def test_a_device_gone_after_the_reboot_fails_the_claim_and_writes_nothing
     answer = await node.prepare(today, claim)
     assert not answer.devices
     if gone == "nic":
-        assert f"device {DEV_A}, no longer on this node" in answer.error
-        assert "another boot" in answer.error
+        assert f"device {DEV_A}, no longer among this driver's devices on this node" in answer.error
+        assert "earlier boot" in answer.error
     else:
         assert "mlx5_1" in answer.error, answer.error
     assert os.listdir(dirs.cdi) == []
@@ -239,8 +268,6 @@ async def test_an_older_drivers_entry_is_of_an_unknown_boot(
 def test_an_entry_written_with_a_boot_id_reads_as_an_older_driver_reads_it(tmp_path: Path) -> None:
     """A downgrade keeps the claims: `bootId` is inside the checksummed body, so the older driver's
     checksum (of the body it finds) holds and its parser ignores the key it does not know."""
-    from nodefabric_deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice, encode
-
     device = PreparedDevice(("nic",), NODE, DEV_A, (f"{DRIVER}/nic=u-{DEV_A}",))
     claim = PreparedClaim("u", "ml", "c", (device,), "/cdi/x.json", {"kind": "k"}, BOOT_A)
     doc = json.loads(encode(claim))
@@ -386,3 +413,22 @@ async def test_an_entry_of_another_pool_is_not_prepared_again(
     answer = await node.prepare(node.tree(SWAPPED, BOOT_B), claim)
     assert "prepared in pool another-node" in answer.error and f"pool is {NODE}" in answer.error
     assert os.listdir(dirs.cdi) == []
+
+
+async def test_the_boot_id_is_read_once_at_start(node: Node, api: RunningAPI, dirs: Dirs) -> None:
+    """A boot does not change under a running driver: the file is not read again per call (a repeated
+    prepare costs what it cost), so what it holds later changes nothing until the next start."""
+    claim = put_claim(api, "once", [result(DEV_A)])
+    uid = claim["metadata"]["uid"]
+    b = node.tree(BEFORE, BOOT_A)
+    r = await start_driver(api, dirs, b.host, read(b))
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        first = await plugin.prepare(ref(claim))
+        b.write(f"{boot.DIRECTORY}/{boot.NAME}", BOOT_B)
+        before, ino = outcome("resolved_again"), spec_file(dirs, uid).stat().st_ino
+        assert await plugin.prepare(ref(claim)) == first
+        assert (outcome("resolved_again"), spec_file(dirs, uid).stat().st_ino) == (before, ino)
+    finally:
+        await shutdown(r)
+    assert r.driver.preparer.boot_id == BOOT_A

@@ -544,7 +544,7 @@ class Preparer:
         prepared, whole = again
         metrics.PREPARES.labels("resolved_again").inc()
         log.warning(
-            "resolved a claim prepared in another boot again and rewrote its CDI spec",
+            "resolved a claim prepared in an earlier (or unknown) boot again and rewrote its CDI spec",
             extra={
                 "claim": str(ref),
                 "prepared_boot": done.boot_id or "unknown",
@@ -563,7 +563,7 @@ class Preparer:
         foreign = sorted({d.pool for d in done.devices if d.pool != self.config.pool})
         if foreign:
             raise ClaimError(
-                f"claim {ref} was prepared in pool {', '.join(foreign)} in another boot; this driver's"
+                f"claim {ref} was prepared in pool {', '.join(foreign)} in an earlier boot; this driver's"
                 f" pool is {self.config.pool}: not preparing it again (unprepare the claim to release it)"
             )
         requests = {d.device: list(d.request_names) for d in done.devices}
@@ -571,9 +571,9 @@ class Preparer:
             gone = [name for name in requests if name not in found[1]]
             if gone:
                 raise ClaimError(
-                    f"claim {ref} was prepared in another boot with device {', '.join(gone)}, no longer on"
-                    " this node (the record has none): not preparing it again (unprepare the claim to"
-                    " release it)"
+                    f"claim {ref} was prepared in an earlier boot with device {', '.join(gone)}, no longer"
+                    " among this driver's devices on this node (the record has none): not preparing it"
+                    " again with other devices (unprepare the claim to release it)"
                 )
         return _planned(ref, requests, found)
 
