@@ -34,6 +34,7 @@ from nodefabric_deviceplugin.dra.checkpoint import (
     encode,
     file_name,
 )
+from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 BOOT_A = "0f4c3b1e-7a52-4e8f-9d3a-2b6c1e0a9f11"
@@ -432,3 +433,44 @@ async def test_the_boot_id_is_read_once_at_start(node: Node, api: RunningAPI, di
     finally:
         await shutdown(r)
     assert r.driver.preparer.boot_id == BOOT_A
+
+
+async def test_a_repeated_prepare_after_a_reboot_killed_at_any_call_never_leaves_a_spec_ahead_of_its_entry(
+    api: RunningAPI, dirs: Dirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed at every system call of the resolving prepare in turn, restarted (same boot): a spec on
+    disk is always the entry's (the entry is rewritten first), and the next prepare answers the claim
+    whole with today's device nodes."""
+    from test_dra_attack_hop import Kill, at, start
+
+    kill = Kill(os.path.dirname(dirs.cdi), monkeypatch)
+    base = os.path.dirname(dirs.cdi)
+    yesterday, today = host(tmp_path / "a", BEFORE, BOOT_A), host(tmp_path / "b", SWAPPED, BOOT_B)
+    before, after = RecordSource(read(yesterday)), RecordSource(read(today))
+    claim = put_claim(api, "victim", [result(DEV_A), result("pci-0000-29-00-0", request="other")])
+    uid = claim["metadata"]["uid"]
+    for n in range(200):
+        d = at(base, n)
+        p = start(api, d, yesterday.host, before)
+        assert (await p.prepare([ref(claim)]))[uid].error == ""
+        await p.syncs.drain(5)
+        empty_cdi(d)
+        p = start(api, d, today.host, after)
+        kill.arm(n)
+        told = (await p.prepare([ref(claim)]))[uid].error == ""
+        finished = not kill.dead
+        kill.arm(None)
+        spec = Path(d.cdi, f"{DRIVER}-nic_{uid}.json")
+        entry = Checkpoint(d.config().checkpoint_path).claims[uid]  # never lost: rewritten by rename
+        if spec.exists():
+            assert entry.boot_id == BOOT_B and json.loads(spec.read_text()) == entry.spec, f"call {n}"
+        assert entry.boot_id in (BOOT_A, BOOT_B)
+        assert not told or spec.exists(), f"call {n}: answered without its spec"
+        again = (await start(api, d, today.host, after).prepare([ref(claim)]))[uid]
+        assert again.error == "" and len(again.devices) == 2, f"call {n}: {again.error}"
+        assert nodes_and_hca(spec_of(d, uid))[0][0] == "/dev/infiniband/uverbs1", f"call {n}"
+        assert Checkpoint(d.config().checkpoint_path).claims[uid].boot_id == BOOT_B
+        if finished:
+            assert n > 5, "the resolving prepare made fewer calls than its two files need"
+            return
+    raise AssertionError("a prepare of more than 200 calls")
