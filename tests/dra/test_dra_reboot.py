@@ -474,3 +474,44 @@ async def test_a_repeated_prepare_after_a_reboot_killed_at_any_call_never_leaves
             assert n > 5, "the resolving prepare made fewer calls than its two files need"
             return
     raise AssertionError("a prepare of more than 200 calls")
+
+
+async def test_a_nic_probed_after_the_first_pass_is_prepared_on_kubelets_retry(
+    node: Node, api: RunningAPI, dirs: Dirs
+) -> None:
+    """The record read before the NIC's driver probed it lacks the device: the claim fails (its entry
+    intact), and kubelet's retry, after a pass that found it, prepares it with today's node."""
+    claim = put_claim(api, "late", [result(DEV_A)])
+    uid = claim["metadata"]["uid"]
+    first = await node.prepare(node.tree(BEFORE, BOOT_A), claim)
+    empty_cdi(dirs)
+    early = node.tree({NIC_B: ("mlx5_0", 0)}, BOOT_B)
+    r = await start_driver(api, dirs, early.host, read(early))
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        failed = (await plugin.prepare(ref(claim)))[uid]
+        assert "kubelet retries" in failed.error and os.listdir(dirs.cdi) == []
+        early.nic(NIC_A, "ens1", numa=0, rdma="mlx5_1", verbs=1)  # probed now
+        r.source.update(read(early))  # the next pass
+        assert await plugin.prepare(ref(claim)) == {uid: first}
+    finally:
+        await shutdown(r)
+    assert nodes_and_hca(spec_of(dirs, uid))[1] == ["NCCL_IB_HCA==mlx5_1"]
+
+
+async def test_an_entry_naming_a_spec_and_no_device_is_refused(
+    node: Node, api: RunningAPI, dirs: Dirs
+) -> None:
+    claim = put_claim(api, "hollow", [result(DEV_A)])
+    uid = claim["metadata"]["uid"]
+    await node.prepare(node.tree(BEFORE, BOOT_A), claim)
+    empty_cdi(dirs)
+    path = entry_path(dirs, uid)
+    doc = json.loads(path.read_bytes())
+    doc["claim"]["devices"] = []
+    doc["checksum"] = hashlib.sha256(
+        json.dumps({"uid": doc["uid"], "claim": doc["claim"]}, sort_keys=True).encode()
+    ).hexdigest()
+    path.write_text(json.dumps(doc))
+    answer = await node.prepare(node.tree(SWAPPED, BOOT_B), claim)
+    assert "names a CDI spec but no device" in answer.error and os.listdir(dirs.cdi) == []

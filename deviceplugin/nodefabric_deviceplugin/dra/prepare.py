@@ -567,13 +567,19 @@ class Preparer:
                 f" pool is {self.config.pool}: not preparing it again (unprepare the claim to release it)"
             )
         requests = {d.device: list(d.request_names) for d in done.devices}
+        if not requests:  # only a damaged (yet checksummed) entry names a spec and no device
+            raise ClaimError(
+                f"claim {ref}: its checkpoint entry names a CDI spec but no device to resolve again"
+                " (unprepare the claim to prepare it again)"
+            )
         if found is not None:
             gone = [name for name in requests if name not in found[1]]
             if gone:
                 raise ClaimError(
                     f"claim {ref} was prepared in an earlier boot with device {', '.join(gone)}, no longer"
                     " among this driver's devices on this node (the record has none): not preparing it"
-                    " again with other devices (unprepare the claim to release it)"
+                    " again with other devices; kubelet retries, and it is prepared once the device is"
+                    " back (a NIC probed late), else unprepare the claim to release it"
                 )
         return _planned(ref, requests, found)
 
