@@ -516,7 +516,8 @@ class Preparer:
         still there (the runtime's directory is a tmpfs a reboot empties). Both boots known and
         different: resolved again even with the spec there (a `--cdi-dir` that survives a reboot holds
         the old boot's device nodes). A spec that differs from the entry's is replaced, as before."""
-        same = bool(done.boot_id) and done.boot_id == self.boot_id
+        # An entry naming no device (only a damaged one names a spec then) holds nothing a boot renames.
+        same = (bool(done.boot_id) and done.boot_id == self.boot_id) or not done.devices
         if not same and done.boot_id and self.boot_id:
             return None
         on_disk = cdi.read_spec(done.spec_path)
@@ -567,11 +568,6 @@ class Preparer:
                 f" pool is {self.config.pool}: not preparing it again (unprepare the claim to release it)"
             )
         requests = {d.device: list(d.request_names) for d in done.devices}
-        if not requests:  # only a damaged (yet checksummed) entry names a spec and no device
-            raise ClaimError(
-                f"claim {ref}: its checkpoint entry names a CDI spec but no device to resolve again"
-                " (unprepare the claim to prepare it again)"
-            )
         if found is not None:
             gone = [name for name in requests if name not in found[1]]
             if gone:
