@@ -311,8 +311,13 @@ def boot_file(tmp_path: Path, content: str | bytes | None, kind: str = "file") -
         b.fifo(path)
     elif kind == "directory":
         b.mkdir(path)
-    elif kind == "link-out":
-        b.link(path, "/etc/hostname")
+    elif kind == "link-out":  # a valid boot id, outside the host root: refused, never followed
+        outside = tmp_path / "outside"
+        outside.write_text(BOOT_B + "\n")
+        b.link(path, outside)
+    elif kind == "link-in":
+        b.write("/run/boot", BOOT_B + "\n")
+        b.link(path, "/run/boot")
     elif content is not None:
         b.write(path, content)
     return b.host
@@ -334,6 +339,7 @@ def boot_file(tmp_path: Path, content: str | bytes | None, kind: str = "file") -
         (None, "fifo", ""),
         (None, "directory", ""),
         (None, "link-out", ""),
+        (None, "link-in", BOOT_B),
     ],
 )
 def test_a_boot_id_that_cannot_be_read_or_is_not_one_is_unknown(
