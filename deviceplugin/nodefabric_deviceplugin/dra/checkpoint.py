@@ -2,8 +2,12 @@
 
 kubelet may call NodePrepareResources again for a claim we prepared (its own restart, a pod restart) and
 NodeUnprepareResources after we restarted. The checkpoint makes both exact: a second prepare answers what
-the first did (and rewrites the spec if the runtime directory lost it, e.g. after a reboot), and an
-unprepare removes the spec the prepare wrote, even if `--cdi-dir` changed in between.
+the first did (and rewrites the spec if the runtime directory lost it), and an unprepare removes the
+spec the prepare wrote, even if `--cdi-dir` changed in between. Each entry records the boot it was
+prepared in (`bootId`, the kernel's boot id; "" when unknown, as in entries older drivers wrote): after
+a reboot the kernel may number the verbs devices differently, and prepare resolves such a claim's devices
+again and rewrites its entry (`Checkpoint.put`) before its spec. The key is optional and inside the
+checksummed body, so an older driver reads a newer entry (ignoring it) and this one reads an older entry.
 
 One file per claim, in a directory beside the socket (`checkpoint.d/<uid>.json`), so what a prepare or
 an unprepare costs does not grow with the number of claims held: the whole-file checkpoint this replaces
@@ -92,10 +96,12 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     spec_path: str  # "" when the claim had none of our devices (no spec was written)
     spec: dict[str, Any] = field(default_factory=dict, compare=False)
+    boot_id: str = ""  # the kernel's boot id when it was prepared; "" when unknown (see boot)
 
     def wire(self) -> dict[str, Any]:
         # Every key here is also written by `_body`, which encodes them one by one.
         return {
+            "bootId": self.boot_id,
             "namespace": self.namespace,
             "name": self.name,
             "devices": self.wire_devices(),
@@ -129,7 +135,10 @@ class PreparedClaim:
         spec = obj.get("spec") or {}
         if not isinstance(spec, dict):
             raise ValueError("spec is not an object")
-        return cls(uid, _str(obj["namespace"]), _str(obj["name"]), devices, _str(obj["specPath"]), spec)
+        boot_id = _str(obj.get("bootId", ""))  # absent in entries older drivers wrote: unknown
+        return cls(
+            uid, _str(obj["namespace"]), _str(obj["name"]), devices, _str(obj["specPath"]), spec, boot_id
+        )
 
 
 def _str(value: Any) -> str:
@@ -161,7 +170,8 @@ def _body(claim: PreparedClaim, spec_text: str) -> str:
     keys of `wire` in sorted order, each value as that encoder writes it."""
     put = _PLAIN_JSON.encode
     return (
-        f'{{"claim": {{"devices": {SORTED_JSON.encode(claim.wire_devices())}, "name": {put(claim.name)},'
+        f'{{"claim": {{"bootId": {put(claim.boot_id)},'
+        f' "devices": {SORTED_JSON.encode(claim.wire_devices())}, "name": {put(claim.name)},'
         f' "namespace": {put(claim.namespace)}, "spec": {spec_text}, "specPath": {put(claim.spec_path)}}},'
         f' "uid": {put(claim.uid)}}}'
     )

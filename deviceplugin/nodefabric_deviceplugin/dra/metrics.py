@@ -8,7 +8,7 @@ from nodefabric_devicemanager import buildinfo
 
 PREPARES = Counter(
     "nodefabric_dra_prepares_total",
-    "NodePrepareResources outcomes per claim (prepared, repeated, no_devices, failed).",
+    "NodePrepareResources outcomes per claim (prepared, repeated, resolved_again, no_devices, failed).",
     ["outcome"],
 )
 UNPREPARES = Counter(

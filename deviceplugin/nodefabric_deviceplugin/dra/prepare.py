@@ -3,7 +3,13 @@
 Every claim of a request gets an entry (kubelet prepares a missing one again), a claim's failure is its
 entry's error and never the call's, and nothing a claim carries can crash the server. Preparing:
 
-1. a claim already in the checkpoint answers what it answered before (its spec rewritten if it is gone);
+1. a claim already in the checkpoint answers what it answered before: from its entry when the entry was
+   written in this boot (its spec rewritten if it is gone); otherwise (another boot, or an unknown one
+   and the spec is gone) its devices, by their names in the pool (PCI addresses), are resolved again in
+   the latest record and verbs devices as in steps 3 and 4, since a reboot may have renumbered the uverbs
+   nodes and renamed the RDMA devices: the entry is rewritten (durably), then the spec; the CDI ids, a
+   function of the claim's uid and devices, stay. A device gone from the node fails the claim, nothing
+   written (`_prepare_again`);
 2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
    pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -40,7 +47,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.nodeclient import ApiFailure
 from nodefabric_deviceplugin.allocate import ContainerGrant, endpoints_for, grant
-from nodefabric_deviceplugin.dra import cdi, metrics
+from nodefabric_deviceplugin.dra import boot, cdi, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, Reservation
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
@@ -289,6 +296,19 @@ class _Plan:
         return [e.rdma_device for e in self.endpoints]
 
 
+def _planned(
+    ref: ClaimRef, requests: dict[str, list[str]], found: tuple[int, dict[str, PoolDevice]] | None
+) -> _Plan:
+    """The devices of `requests` (device -> the requests it serves) resolved in the record's pool, and
+    the endpoints the grant takes. Pure. Raises ClaimError."""
+    version, members = _resolve(ref, found, list(requests))
+    if len(members) == 1:  # the common claim: the grant's view of one device is that device
+        endpoints = [members[0].endpoint]
+    else:
+        endpoints = endpoints_for(claim_view(members), [d.name for d in members])
+    return _Plan(requests, version, tuple(members), tuple(endpoints))
+
+
 @dataclass(frozen=True, slots=True)
 class _Written:
     """A claim's files written: what kubelet is answered, and the entry whose syncs follow."""
@@ -322,11 +342,14 @@ class Preparer:
         checkpoint: Checkpoint,
         *,
         verbs: VerbsCache | None = None,
+        boot_id: str | None = None,
     ) -> None:
         """`verbs`: this Preparer's own cache, never one shared with other code: a first prepare's
         worker thread looks devices up in it, safe only because every change to it is this Preparer's,
-        made under the lock that thread's call holds (see `_read_and_write`)."""
+        made under the lock that thread's call holds (see `_read_and_write`). `boot_id`: this boot's
+        (default: read through `host` once, here; see boot)."""
         self.config = config
+        self.boot_id = boot.current(host) if boot_id is None else boot_id
         self.verbs = verbs or VerbsCache(host)
         self.source = source
         self.host = host
@@ -383,7 +406,10 @@ class Preparer:
                     " claim's own spec file; not writing there (unprepare the claim to prepare it again)"
                 )
             if done.spec_path:
-                rewrote = await _finish(ref, _hop(cdi.write_spec, done.spec_path, done.spec))
+                respec = await _finish(ref, _hop(self._respec, done))
+                if respec is None:
+                    return await self._prepare_again(ref, done)
+                rewrote = respec
             if rewrote:
                 log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
             metrics.PREPARES.labels("repeated").inc()
@@ -451,23 +477,12 @@ class Preparer:
         allocated = allocated_devices(claim, ref, driver=self.config.driver, pool=self.config.pool)
         if not allocated:
             return None
-        requests = _by_device(allocated)
-        version, members = _resolve(ref, found, list(requests))
-        if len(members) == 1:  # the common claim: the grant's view of one device is that device
-            endpoints = [members[0].endpoint]
-        else:
-            endpoints = endpoints_for(claim_view(members), [d.name for d in members])
-        return _Plan(requests, version, tuple(members), tuple(endpoints))
+        return _planned(ref, _by_device(allocated), found)
 
     def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
         """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
         worker thread. Raises VerbsUnresolvable, OSError."""
-        whole = grant(plan.endpoints, verbs)
-        if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
-            nodes = {plan.members[0].name: [n.path for n in whole.devices]}
-        else:
-            nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
-        spec = cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
+        whole, spec = self._spec(ref, plan, verbs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
             PreparedDevice(
@@ -478,8 +493,110 @@ class Preparer:
             )
             for device, reqs in plan.requests.items()
         )
-        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec)
+        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec, self.boot_id)
         return _Written(devices, whole, path, self._record(path, prepared))
+
+    def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
+        """The claim's grant (the device plugin's) and its CDI spec. Pure. Raises VerbsUnresolvable."""
+        whole = grant(plan.endpoints, verbs)
+        if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
+            nodes = {plan.members[0].name: [n.path for n in whole.devices]}
+        else:
+            nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
+        return whole, cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
+
+    # --- a claim prepared in another boot ------------------------------------------------------------
+
+    def _respec(self, done: PreparedClaim) -> bool | None:
+        """On a worker thread, for a repeated prepare: the spec rewritten from the entry when the entry
+        can be trusted (whether it wrote), else None: the claim's devices must be resolved again.
+
+        Trusted: written in this boot (the kernel names devices the same until it reboots); or, the boot
+        unknown on either side (an entry of an older driver, a boot id that cannot be read), the spec
+        still there (the runtime's directory is a tmpfs a reboot empties). Both boots known and
+        different: resolved again even with the spec there (a `--cdi-dir` that survives a reboot holds
+        the old boot's device nodes). A spec that differs from the entry's is replaced, as before."""
+        # An entry naming no device (only a damaged one names a spec then) holds nothing a boot renames.
+        same = (bool(done.boot_id) and done.boot_id == self.boot_id) or not done.devices
+        if not same and done.boot_id and self.boot_id:
+            return None
+        on_disk = cdi.read_spec(done.spec_path)
+        if on_disk == done.spec:
+            return False
+        if not same and on_disk is None:
+            return None
+        cdi.write_new_spec(done.spec_path, cdi.spec_text(done.spec))
+        return True
+
+    async def _prepare_again(self, ref: ClaimRef, done: PreparedClaim) -> tuple[PreparedDevice, ...]:
+        """A claim prepared in another (or an unknown) boot: its devices, named in the entry by their
+        stable pool names (PCI addresses), resolved in the latest record and verbs devices as a first
+        prepare resolves them, without reading the claim (its allocation cannot change while a pod
+        reserves it); then its entry rewritten and synced, then its spec (`_rewrite`). The answer is the
+        entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
+        longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
+        plan = self._replan(ref, done, self._offered())
+        again = await _finish(ref, _hop(self._rewrite, ref, done, plan, None))
+        if again is None:
+            # Not cached for this record: read off the loop within a budget, as a first prepare does.
+            verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
+            again = await _finish(ref, _hop(self._rewrite, ref, done, plan, verbs))
+            assert again is not None
+        prepared, whole = again
+        metrics.PREPARES.labels("resolved_again").inc()
+        log.warning(
+            "resolved a claim prepared in an earlier (or unknown) boot again and rewrote its CDI spec",
+            extra={
+                "claim": str(ref),
+                "prepared_boot": done.boot_id or "unknown",
+                "boot": self.boot_id or "unknown",
+                "rdma_devices": [e.rdma_device for e in whole.endpoints],
+                "device_nodes": [n.path for n in whole.devices],
+                "cdi_spec": prepared.spec_path,
+            },
+        )
+        return prepared.devices
+
+    def _replan(
+        self, ref: ClaimRef, done: PreparedClaim, found: tuple[int, dict[str, PoolDevice]] | None
+    ) -> _Plan:
+        """The entry's devices resolved in the latest record. Pure. Raises ClaimError."""
+        foreign = sorted({d.pool for d in done.devices if d.pool != self.config.pool})
+        if foreign:
+            raise ClaimError(
+                f"claim {ref} was prepared in pool {', '.join(foreign)} in an earlier boot; this driver's"
+                f" pool is {self.config.pool}: not preparing it again (unprepare the claim to release it)"
+            )
+        requests = {d.device: list(d.request_names) for d in done.devices}
+        if found is not None:
+            gone = [name for name in requests if name not in found[1]]
+            if gone:
+                raise ClaimError(
+                    f"claim {ref} was prepared in an earlier boot with device {', '.join(gone)}, no longer"
+                    " among this driver's devices on this node (the record has none): not preparing it"
+                    " again with other devices; kubelet retries, and it is prepared once the device is"
+                    " back (a NIC probed late), else unprepare the claim to release it"
+                )
+        return _planned(ref, requests, found)
+
+    def _rewrite(
+        self, ref: ClaimRef, done: PreparedClaim, plan: _Plan, verbs: VerbsDevices | None
+    ) -> tuple[PreparedClaim, ContainerGrant] | None:
+        """On a worker thread, under the lock: the grant and spec of `plan`, then the claim's entry
+        rewritten (atomically, synced: it names the new devices and this boot before any spec does),
+        then the spec (atomically). A kill between the two leaves an entry of this boot whose spec the
+        next prepare writes from it (`_respec`). None when `verbs` is None and the cache does not hold
+        the plan's devices for its record. Raises VerbsUnresolvable, OSError (the entry then as it was,
+        or already rewritten: either answers the next prepare right)."""
+        if verbs is None:
+            verbs = self.verbs.cached(plan.version, plan.rdma_devices)
+            if verbs is None:
+                return None
+        whole, spec = self._spec(ref, plan, verbs)
+        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id)
+        self.checkpoint.put(prepared)
+        cdi.write_new_spec(prepared.spec_path, cdi.spec_text(spec))
+        return prepared, whole
 
     async def _recorded(
         self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: _WriteGate | None = None
