@@ -13,6 +13,7 @@ import kubernetes
 import pytest
 from test_operator_wire import Conn, Served, api_at, endless, raw_server
 
+from nodefabric_devicemanager import models
 from nodefabric_operator import leader, reconcile, sinks, wire
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import transient
@@ -162,3 +163,80 @@ def test_a_lease_answer_over_the_bound_is_a_failed_try(method: str) -> None:
         elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
         assert elector.try_once() is False
         assert not elector.leading
+
+
+def _item(number: int) -> dict[str, Any]:
+    return {"metadata": {"name": f"n{number}", "uid": f"u-{number}", "resourceVersion": "1"}}
+
+
+# A second page that a real API server never sends: each once silently cut the list short (items not a
+# list, a continue token of another type: taken as the last page) or lost an entry (one not an object:
+# skipped). A list cut short is no harmless thing: the Node sink takes a record missing from its start's
+# list of names for one deleted, and withdraws that Node's labels.
+ODD_SECOND_PAGES: dict[str, dict[str, Any]] = {
+    "items an object": {"items": {"metadata": {"name": "n2"}}, "metadata": {}},
+    "items a string": {"items": "n2", "metadata": {}},
+    "an item a string": {"items": [_item(2), "n3"], "metadata": {}},
+    "an item null": {"items": [None, _item(2)], "metadata": {}},
+    "continue a number": {"items": [_item(2)], "metadata": {"continue": 7}},
+    "continue a list": {"items": [_item(2)], "metadata": {"continue": ["token-2"]}},
+    "metadata a string": {"items": [_item(2)], "metadata": "continue=token-2"},
+}
+
+
+def _two_pages(second: dict[str, Any]) -> tuple[Callable[[Conn, Served], None], list[list[tuple[str, str]]]]:
+    """A first page of one item continued with token-1, then `second`; a third page (none should be
+    asked for) ends the list."""
+    asked: list[list[tuple[str, str]]] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            asked.append(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            page: dict[str, Any] = {
+                1: {"items": [_item(1)], "metadata": {"continue": "token-1"}},
+                2: second,
+            }.get(len(asked), {"items": [_item(9)], "metadata": {}})
+            conn.answer(json.dumps(page).encode())
+
+    return handle, asked
+
+
+@pytest.mark.parametrize("odd", list(ODD_SECOND_PAGES))
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_page_of_the_wrong_shape_fails_the_list_instead_of_cutting_it_short(what: str, odd: str) -> None:
+    handle, asked = _two_pages(ODD_SECOND_PAGES[odd])
+    with raw_server(handle) as served, pytest.raises(sinks.SinkError) as refused:
+        LISTS[what](api_at(served.url))
+    assert len(asked) == 2  # nothing asked for after the odd page
+    resource = {"nodes": "nodes", "devices records": models.PLURAL}.get(what, sinks.NFD_PLURAL)
+    assert f"a page of {resource}" in str(refused.value)
+    assert not transient(refused.value)  # a garbled list is not read again at once
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_pages_without_items_or_metadata_are_an_empty_last_page(what: str) -> None:
+    """No `items` (or null: a Go nil slice) and no metadata: an empty page, the last; as before."""
+    handle, asked = _two_pages({"items": None})
+    with raw_server(handle) as served:
+        assert len(LISTS[what](api_at(served.url))) == 1
+    assert len(asked) == 2
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_continue_token_that_comes_back_fails_the_list_instead_of_looping(what: str) -> None:
+    """A page continued with a token already followed (a broken proxy's cache, a looping server) would
+    make the list endless: refused at the first repeat. The server here gives up after 20 pages, so a
+    client that loops lists the same items 20 times instead of hanging the test."""
+    asked: list[str | None] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            asked.append(
+                dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query)).get("continue")
+            )
+            token = ["token-a", "token-b"][len(asked) % 2] if len(asked) < 20 else ""
+            conn.answer(json.dumps({"items": [_item(len(asked))], "metadata": {"continue": token}}).encode())
+
+    with raw_server(handle) as served, pytest.raises(sinks.SinkError, match="token"):
+        LISTS[what](api_at(served.url))
+    assert asked == [None, "token-b", "token-a"]
