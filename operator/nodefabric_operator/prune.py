@@ -165,6 +165,8 @@ def run(
             done, error = None, f"HTTP {err.status} {err.reason or ''}".strip()
         except (urllib3.exceptions.HTTPError, OSError) as err:
             done, error = None, startup.cause(err)
+        except sinks.SinkError as err:  # a garbled list page, a NodeSink write that kept conflicting
+            done, error = None, str(err)
         if done is not None:
             total += done.removed
             if done.absent:
