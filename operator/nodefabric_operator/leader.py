@@ -28,6 +28,7 @@ import kubernetes
 import urllib3
 
 from nodefabric_operator import rawcall, sinks
+from nodefabric_operator.view import version
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,10 @@ class Elector:
         )
         if changed:
             spec["acquireTime"] = _stamp(now)
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if current else 0)
+            spec["leaseTransitions"] = _count(spec.get("leaseTransitions")) + (1 if current else 0)
         meta: dict[str, Any] = {"name": self.cfg.name, "namespace": self.cfg.namespace}
         if current is not None:
-            meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+            meta["resourceVersion"] = version(current)
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
     def _replace(self, body: dict[str, Any]) -> None:
@@ -133,7 +134,7 @@ class Elector:
             if sinks.status_of(err) == 404:
                 return None
             raise
-        return sinks._decoded(raw)
+        return _lease(sinks._decoded(raw))
 
     def try_once(self) -> bool:
         """One attempt to acquire or renew; True while this replica holds the lease. Transient failures
@@ -147,7 +148,7 @@ class Elector:
         try:
             current = self._read()
             now = self.clock()
-            if current is not None and not self._takeable(dict(current.get("spec") or {})):
+            if current is not None and not self._takeable(dict(current["spec"])):
                 return False
             body = self._body(current, now)
             if current is None:
@@ -167,8 +168,8 @@ class Elector:
             if status in (400, 401, 403, 422):  # refused as asked: asking again changes nothing
                 raise
             return False  # a lost race (409), an overloaded or unreachable API server: try again
-        except (urllib3.exceptions.HTTPError, OSError):
-            return False
+        except (urllib3.exceptions.HTTPError, OSError, sinks.SinkError):
+            return False  # sinks.SinkError: an answer that is no lease (a proxy's page), as a broken one
 
     def _takeable(self, spec: dict[str, Any]) -> bool:
         record = tuple(
@@ -249,11 +250,35 @@ class Elector:
     def _give_up(self) -> None:
         try:
             current = self._read()
-            if current is None or (current.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
+            if current is None or current["spec"].get("holderIdentity") != self.cfg.identity:
                 return
             body = self._body(current, self.clock())
             body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
             self._replace(body)
             log.info("lease released", extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}"})
-        except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
+        except (
+            kubernetes.client.ApiException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+            sinks.SinkError,
+        ) as err:
             log.warning("could not release the lease", extra={"error": type(err).__name__})
+
+
+def _lease(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Lease as read, its spec an object ({} when absent) and its resourceVersion text; a SinkError
+    for anything else (what the API server never sends: a broken proxy's answer), so a try fails rather
+    than writing over a lease it could not read (no resourceVersion: an unconditional write)."""
+    spec = obj.get("spec")
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise sinks.SinkError(f"the lease read has a spec that is a {type(spec).__name__}, not an object")
+    if not isinstance(obj.get("metadata"), dict) or not isinstance(version(obj), str):
+        raise sinks.SinkError("the lease read has no resourceVersion")
+    return {**obj, "spec": spec}
+
+
+def _count(value: Any) -> int:
+    """leaseTransitions as a count: anything but a whole number (someone's edit) counts from 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

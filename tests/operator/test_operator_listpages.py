@@ -240,3 +240,59 @@ def test_a_continue_token_that_comes_back_fails_the_list_instead_of_looping(what
     with raw_server(handle) as served, pytest.raises(sinks.SinkError, match="token"):
         LISTS[what](api_at(served.url))
     assert asked == [None, "token-b", "token-a"]
+
+
+# A lease read answered 200 with what no API server sends: each was an exception no caller handles
+# (SinkError, ValueError, TypeError, KeyError) escaping try_once, so escaping the wait to lead (the
+# operator crashed) or the renewals (the holding ended without a word); or escaping release at the stop.
+ODD_LEASES: dict[str, bytes] = {
+    "a list": b"[]",
+    "not JSON": b"<html>proxy</html>",
+    "nested too deep": b"[" * 100_000 + b"]" * 100_000,
+    "spec a string": b'{"metadata":{"resourceVersion":"1"},"spec":"x"}',
+    "spec a list of pairs": b'{"metadata":{"resourceVersion":"1"},"spec":[["holderIdentity","other"]]}',
+    "no metadata": b'{"spec":{"holderIdentity":"me"}}',
+    "metadata a string": b'{"metadata":"rv=1","spec":{"holderIdentity":"me"}}',
+    "no resourceVersion": b'{"metadata":{},"spec":{"holderIdentity":"me"}}',
+}
+
+
+def _lease_answered(body: bytes) -> tuple[Callable[[Conn, Served], None], list[bytes]]:
+    """The lease's read answered `body`; any write answered and kept."""
+    writes: list[bytes] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            if head.startswith(b"GET"):
+                conn.answer(body)
+            else:
+                writes.append(conn.requests[-1])
+                conn.answer(b'{"kind":"Lease","metadata":{"resourceVersion":"2"}}')
+
+    return handle, writes
+
+
+@pytest.mark.parametrize("odd", list(ODD_LEASES))
+def test_a_lease_read_of_the_wrong_shape_is_a_failed_try_and_writes_nothing(odd: str) -> None:
+    handle, writes = _lease_answered(ODD_LEASES[odd])
+    with raw_server(handle) as served:
+        elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
+        assert elector.try_once() is False
+        assert not elector.leading
+        elector.leading = True  # as if held: release reads the lease again, and must not raise either
+        elector.release()
+    assert writes == []  # no lease written over one not read (no resourceVersion: an unconditional write)
+
+
+def test_a_lease_whose_transitions_are_no_number_is_taken_counting_from_zero() -> None:
+    """A free lease whose leaseTransitions someone set to a word: taken (the count restarted at 1), not
+    an escaping ValueError that kept every replica from leading."""
+    body = b'{"metadata":{"resourceVersion":"5"},"spec":{"holderIdentity":"","leaseTransitions":"many"}}'
+    handle, writes = _lease_answered(body)
+    with raw_server(handle) as served:
+        elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
+        assert elector.try_once() is True
+    (write,) = writes
+    sent = json.loads(write.split(b"\r\n\r\n", 1)[1])
+    assert sent["spec"]["leaseTransitions"] == 1
+    assert sent["metadata"]["resourceVersion"] == "5"
