@@ -243,6 +243,8 @@ async def test_a_status_write_answered_200_with_no_object_is_retried_and_never_s
     assert not [m for lvl, m in said if lvl == "error"], lines
     unreadable = [ln for ln in lines if ln["msg"].startswith("labels written, but")]
     assert unreadable[0]["error"] == "the API server answered a list, not an object", unreadable
+    # The retry planned against the NodeFeature as the first try's write left it: no stale write (409).
+    assert not [ln for ln in lines if ln["msg"].startswith("sink object changed while writing")], lines
 
 
 async def test_a_status_write_unreadable_through_every_retry_says_the_labels_were_written():
