@@ -296,3 +296,27 @@ def test_a_lease_whose_transitions_are_no_number_is_taken_counting_from_zero() -
     sent = json.loads(write.split(b"\r\n\r\n", 1)[1])
     assert sent["spec"]["leaseTransitions"] == 1
     assert sent["metadata"]["resourceVersion"] == "5"
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_410_mid_list_fails_the_whole_list(what: str) -> None:
+    """The continue token expired between two pages (410 Gone): the list fails whole, never handed on
+    as the first page alone; its callers list again from the start (startup exits 2 and the pod is
+    restarted, prune's pass is retried)."""
+    asked: list[str | None] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            asked.append(
+                dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query)).get("continue")
+            )
+            if len(asked) == 1:
+                conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
+            else:
+                gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+                conn.answer(json.dumps(gone).encode(), status="410 Gone")
+
+    with raw_server(handle) as served, pytest.raises(kubernetes.client.ApiException) as refused:
+        LISTS[what](api_at(served.url))
+    assert refused.value.status == 410
+    assert asked == [None, "token-1"]
