@@ -103,6 +103,8 @@ async def prime_topology(projector: Projector) -> None:
     """The Node listing the topology check starts from; a refusal (RBAC) is a start-up error."""
     try:
         await asyncio.to_thread(projector.prime)
+    except sinks.SinkError as err:  # a page that is no list page: what came
+        raise StartupError(f"--topology: cannot list Nodes: {err}") from err
     except kubernetes.client.ApiException as err:
         reason = f"HTTP {err.status} {err.reason or ''}".strip()
         raise StartupError(f"--topology: cannot list Nodes: {reason}") from err

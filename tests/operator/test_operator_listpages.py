@@ -14,9 +14,11 @@ import pytest
 from test_operator_wire import Conn, Served, api_at, endless, raw_server
 
 from nodefabric_devicemanager import models
-from nodefabric_operator import leader, reconcile, sinks, wire
+from nodefabric_devicemanager.shell.errors import StartupError
+from nodefabric_operator import leader, reconcile, sinks, startup, wire
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import transient
+from nodefabric_operator.topology.shell import Projector, TopologyOptions
 
 NS, DOMAIN = "nodefabric", "example.com"
 
@@ -41,14 +43,22 @@ def _generated(api: kubernetes.client.ApiClient) -> list[Any]:
     return list(sinks.pages(Metrics(), sinks.NFD_PLURAL, fn, *args, label_selector=sinks.NFD_NODE_NAME))
 
 
+def _topology(api: kubernetes.client.ApiClient) -> list[Any]:
+    """--topology's Node list at start (Projector.prime): the fleet it holds after."""
+    projector = Projector(api, TopologyOptions(), Metrics())
+    projector.prime()
+    return list(projector.fleet)
+
+
 LISTS: dict[str, Callable[[kubernetes.client.ApiClient], list[Any]]] = {
     "nodefeatures": _nodefeatures,
     "nodes": _nodes,
     "devices records": _records,
     "a generated call": _generated,
+    "topology nodes": _topology,
 }
 # Sent through rawcall: a refusal's body is bounded too (a generated call reads it whole before raising).
-THROUGH_RAWCALL = ["nodefeatures", "nodes", "devices records"]
+THROUGH_RAWCALL = ["nodefeatures", "nodes", "devices records", "topology nodes"]
 
 
 @pytest.fixture(autouse=True)
@@ -208,7 +218,9 @@ def test_a_page_of_the_wrong_shape_fails_the_list_instead_of_cutting_it_short(wh
     with raw_server(handle) as served, pytest.raises(sinks.SinkError) as refused:
         LISTS[what](api_at(served.url))
     assert len(asked) == 2  # nothing asked for after the odd page
-    resource = {"nodes": "nodes", "devices records": models.PLURAL}.get(what, sinks.NFD_PLURAL)
+    resource = {"nodes": "nodes", "topology nodes": "nodes", "devices records": models.PLURAL}.get(
+        what, sinks.NFD_PLURAL
+    )
     assert f"a page of {resource}" in str(refused.value)
     assert not transient(refused.value)  # a garbled list is not read again at once
 
@@ -320,3 +332,19 @@ def test_a_410_mid_list_fails_the_whole_list(what: str) -> None:
         LISTS[what](api_at(served.url))
     assert refused.value.status == 410
     assert asked == [None, "token-1"]
+
+
+async def test_topologys_start_listing_answered_with_garbage_is_a_startup_error() -> None:
+    """--topology's Node list answered with a JSON list: a StartupError naming what came (one line, exit
+    2), not the AttributeError (later SinkError) that escaped as a traceback."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            conn.answer(b"[]")
+
+    with raw_server(handle) as served:
+        projector = Projector(api_at(served.url), TopologyOptions(), Metrics())
+        with pytest.raises(
+            StartupError, match="--topology: cannot list Nodes: the API server answered a list"
+        ):
+            await startup.prime_topology(projector)
