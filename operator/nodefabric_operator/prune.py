@@ -53,18 +53,10 @@ def owned_by_a_record(obj: Mapping[str, Any]) -> bool:
 def nodefeatures(api: kubernetes.client.ApiClient, namespace: str) -> Pass:
     custom = kubernetes.client.CustomObjectsApi(api)
     try:
-        found = list(
-            sinks.pages(
-                Metrics(),
-                sinks.NFD_PLURAL,
-                custom.list_namespaced_custom_object,
-                sinks.NFD_GROUP,
-                sinks.NFD_VERSION,
-                namespace,
-                sinks.NFD_PLURAL,
-                label_selector=sinks.NFD_NODE_NAME,
-            )
-        )
+        # Through rawcall (sinks.listing), not the generated list call: that one reads a refusal's body
+        # whole before raising it, however long it runs.
+        page = sinks.listing(api, sinks.NFD_PATH, {"ns": namespace}, [("labelSelector", sinks.NFD_NODE_NAME)])
+        found = list(sinks.pages(Metrics(), sinks.NFD_PLURAL, page))
     except kubernetes.client.ApiException as err:
         if sinks.status_of(err) == 404:
             return Pass(0, absent=True)  # no NodeFeature API (NFD gone first): nothing of ours can exist

@@ -15,7 +15,7 @@ from test_operator_wire import Conn, Served, api_at, endless, raw_server
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.shell.errors import StartupError
-from nodefabric_operator import leader, reconcile, sinks, startup, wire
+from nodefabric_operator import leader, prune, reconcile, sinks, startup, wire
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import transient
 from nodefabric_operator.topology.shell import Projector, TopologyOptions
@@ -94,6 +94,13 @@ def _refusing_endlessly(conn: Conn, served: Served) -> None:
 def test_a_list_refused_with_a_body_that_never_ends_is_refused_at_the_bound(what: str) -> None:
     with raw_server(_refusing_endlessly) as served, pytest.raises(wire.AnswerTooLarge):
         LISTS[what](api_at(served.url))
+
+
+def test_prunes_list_refused_with_a_body_that_never_ends_is_refused_at_the_bound() -> None:
+    """`--prune`'s NodeFeature list goes through rawcall too: a refusal's endless body is refused at the
+    bound, not read whole by the generated call before it raises."""
+    with raw_server(_refusing_endlessly) as served, pytest.raises(wire.AnswerTooLarge):
+        prune.nodefeatures(api_at(served.url), NS)
 
 
 def _page(number: int, size: int, last: bool) -> bytes:
