@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kubernetes
 import urllib3
@@ -33,7 +33,9 @@ from nodefabric_operator.view import version
 log = logging.getLogger(__name__)
 
 # connect, read: a hung Lease call must not hold the elector past its renew deadline for long
-REQUEST_TIMEOUT = (5, 10)
+REQUEST_TIMEOUT = (5.0, 10.0)
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+LEASE = LEASES + "/{name}"
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,6 @@ class LeaseConfig:
 
 def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _drain(answer: Any) -> None:
-    """Read an undecoded answer to its end, so its connection goes back to the pool (renewals are
-    frequent: left unread, each would hold a socket); as rawcall reads one, up to wire.MAX_ANSWER (an
-    endless body is refused, an OSError: a failed try, the connection closed unread)."""
-    rawcall.read_answer(answer)
-    answer.release_conn()
 
 
 def takeable(spec: dict[str, Any], identity: str, *, seen: float, now: float) -> bool:
@@ -85,7 +79,7 @@ class Elector:
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.coord = kubernetes.client.CoordinationV1Api(api)
+        self.api = api
         self.cfg = cfg
         self.clock = clock  # the stamps written (renewTime, acquireTime)
         self.monotonic = monotonic  # this replica's own clock, which expiry is judged by
@@ -114,22 +108,19 @@ class Elector:
             meta["resourceVersion"] = version(current)
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
+    def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+        """One Lease request through rawcall: every answer, a refusal's too, read up to wire.MAX_ANSWER
+        (an endless body is refused, an OSError: a failed try, the connection closed unread; the
+        generated calls read a refusal's body whole before raising it), within REQUEST_TIMEOUT."""
+        at = {"ns": self.cfg.namespace, "name": self.cfg.name}
+        return rawcall.send(self.api, method, path, at, body, timeout=REQUEST_TIMEOUT)
+
     def _replace(self, body: dict[str, Any]) -> None:
-        _drain(
-            self.coord.replace_namespaced_lease(
-                self.cfg.name,
-                self.cfg.namespace,
-                cast(Any, body),
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        )
+        self._send("PUT", LEASE, body)
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            raw = self.coord.read_namespaced_lease(
-                self.cfg.name, self.cfg.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
-            )
+            raw = self._send("GET", LEASE)
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) == 404:
                 return None
@@ -152,14 +143,7 @@ class Elector:
                 return False
             body = self._body(current, now)
             if current is None:
-                _drain(
-                    self.coord.create_namespaced_lease(
-                        self.cfg.namespace,
-                        cast(Any, body),
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-                )
+                self._send("POST", LEASES, body)
             else:
                 self._replace(body)
             return True

@@ -5,6 +5,7 @@ read every write's answer (a 1 MiB bound here, for speed), pagination as it was 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -355,3 +356,42 @@ async def test_topologys_start_listing_answered_with_garbage_is_a_startup_error(
             StartupError, match="--topology: cannot list Nodes: the API server answered a list"
         ):
             await startup.prime_topology(projector)
+
+
+def _lease_refused_endlessly(method: str) -> Callable[[Conn, Served], None]:
+    """The request `method` makes answered 500 with a body of 64 times the bound (the bytes sent kept);
+    a read otherwise 404 (no lease yet)."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            if not head.startswith(method.encode()):
+                conn.answer(b'{"kind":"Status","code":404}', status="404 Not Found")
+                continue
+            conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+            piece, sent = b"x" * 65536, 0
+            try:
+                while sent < 64 * wire.MAX_ANSWER:
+                    conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    sent += len(piece)
+                conn.sock.sendall(b"0\r\n\r\n")
+            finally:
+                served.sent.append(sent)
+            return
+
+    return handle
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_lease_refused_with_a_body_that_never_ends_is_refused_at_the_bound(method: str) -> None:
+    """The lease's read (or create) refused with an endless body: a failed try once the bound is
+    passed, not a body read whole by the generated call before it raised (64 MiB here, any size from a
+    hostile proxy, on every renewal)."""
+    with raw_server(_lease_refused_endlessly(method)) as served:
+        elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
+        assert elector.try_once() is False
+        for _ in range(500):  # the server's thread notes what it sent once its send fails
+            if served.sent:
+                break
+            time.sleep(0.01)
+    (sent,) = served.sent
+    assert sent < 16 * wire.MAX_ANSWER  # the client stopped reading near the bound (socket buffers aside)
