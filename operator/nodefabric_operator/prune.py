@@ -25,7 +25,7 @@ import kubernetes
 import urllib3
 
 from nodefabric_devicemanager import models
-from nodefabric_operator import sinks, startup
+from nodefabric_operator import rawcall, sinks, startup
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.view import items, part
 
@@ -51,7 +51,6 @@ def owned_by_a_record(obj: Mapping[str, Any]) -> bool:
 
 
 def nodefeatures(api: kubernetes.client.ApiClient, namespace: str) -> Pass:
-    custom = kubernetes.client.CustomObjectsApi(api)
     try:
         # Through rawcall (sinks.listing), not the generated list call: that one reads a refusal's body
         # whole before raising it, however long it runs.
@@ -69,14 +68,8 @@ def nodefeatures(api: kubernetes.client.ApiClient, namespace: str) -> Pass:
         name = str(meta.get("name", ""))
         body = {"preconditions": {"uid": meta.get("uid")}} if meta.get("uid") else None
         try:
-            custom.delete_namespaced_custom_object(
-                sinks.NFD_GROUP,
-                sinks.NFD_VERSION,
-                namespace,
-                sinks.NFD_PLURAL,
-                name,
-                body=body,  # type: ignore[arg-type]  # a plain dict is sent as it is
-            )
+            # Through rawcall, as the list: the generated delete reads a refusal's body whole.
+            rawcall.send(api, "DELETE", sinks.NFD_OBJECT, {"ns": namespace, "name": name}, body)
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) in (404, 409):  # gone already, or replaced: the next pass sees it
                 continue

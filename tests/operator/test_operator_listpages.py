@@ -395,3 +395,48 @@ def test_a_lease_refused_with_a_body_that_never_ends_is_refused_at_the_bound(met
             time.sleep(0.01)
     (sent,) = served.sent
     assert sent < 16 * wire.MAX_ANSWER  # the client stopped reading near the bound (socket buffers aside)
+
+
+def test_prunes_delete_refused_with_a_body_that_never_ends_is_refused_at_the_bound() -> None:
+    """`--prune`'s delete of a NodeFeature it owns, refused with an endless body: refused at the bound
+    (a failed pass, retried), not read whole by the generated delete call before it raises."""
+    owned = {
+        "metadata": {
+            "name": "n1",
+            "uid": "u-nf",
+            "ownerReferences": [
+                {
+                    "apiVersion": models.API_VERSION,
+                    "kind": models.KIND,
+                    "name": "n1",
+                    "uid": "u-1",
+                    "controller": True,
+                }
+            ],
+        }
+    }
+    sent: list[int] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            if head.startswith(b"GET"):
+                conn.answer(json.dumps({"items": [owned], "metadata": {}}).encode())
+                continue
+            conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+            piece, count = b"x" * 65536, 0
+            try:
+                while count < 64 * wire.MAX_ANSWER:
+                    conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    count += len(piece)
+                conn.sock.sendall(b"0\r\n\r\n")
+            finally:
+                sent.append(count)
+            return
+
+    with raw_server(handle) as served, pytest.raises(wire.AnswerTooLarge):
+        prune.nodefeatures(api_at(served.url), NS)
+    for _ in range(500):
+        if sent:
+            break
+        time.sleep(0.01)
+    assert sent and sent[0] < 16 * wire.MAX_ANSWER
