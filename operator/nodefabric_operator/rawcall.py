@@ -110,12 +110,13 @@ def send(
     content_type: str = JSON,
     query: Sequence[tuple[str, str | int]] = (),
     stopping: threading.Event | None = None,
-    timeout: tuple[float, float] = (REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S),
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     """The answer's bytes; ApiException for an answer outside 2xx. `path` has `{name}` placeholders
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
     string (quoted too). Not sent again once `stopping` is set (send_prepared). `timeout`: to connect,
-    and between two reads of the answer (the leader lease's are shorter than its renew deadline)."""
+    and between two reads of the answer (the leader lease's are shorter than its renew deadline);
+    REQUEST_TIMEOUT_S for both when None."""
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
     resend = wire.resendable(method, body, content_type)
     return send_prepared(api, method, url, headers, data, resend=resend, stopping=stopping, timeout=timeout)
@@ -130,7 +131,7 @@ def send_prepared(
     *,
     resend: bool = False,
     stopping: threading.Event | None = None,
-    timeout: tuple[float, float] = (REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S),
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     """`send` of a request already `prepared`; `resend`: whether it may be sent once more after its
     connection closed with no answer (wire.resendable); never once `stopping` is set (the operator
@@ -169,7 +170,7 @@ def _sent(
     token: str | None,
     resend: bool,
     stopping: threading.Event | None,
-    timeout: tuple[float, float] = (REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S),
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py),
     unless `stopping` is set by then."""
@@ -232,10 +233,11 @@ def _request(
     data: bytes | None,
     *,
     token: str | None,
-    timeout: tuple[float, float] = (REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S),
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     if token:
         headers = {**headers, "authorization": token}
+    connect, read = timeout or (REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S)
     try:
         raw = api.rest_client.pool_manager.request(
             method,
@@ -243,7 +245,8 @@ def _request(
             body=data,
             headers=headers,
             preload_content=False,
-            timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
+            # REQUEST_TIMEOUT_S read now, not bound as a default: a test (or an embedder) may set it.
+            timeout=urllib3.Timeout(connect=connect, read=read),
         )
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err
