@@ -22,17 +22,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kubernetes
 import urllib3
 
 from nodefabric_operator import rawcall, sinks
+from nodefabric_operator.view import version
 
 log = logging.getLogger(__name__)
 
 # connect, read: a hung Lease call must not hold the elector past its renew deadline for long
-REQUEST_TIMEOUT = (5, 10)
+REQUEST_TIMEOUT = (5.0, 10.0)
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+LEASE = LEASES + "/{name}"
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,6 @@ class LeaseConfig:
 
 def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _drain(answer: Any) -> None:
-    """Read an undecoded answer to its end, so its connection goes back to the pool (renewals are
-    frequent: left unread, each would hold a socket); as rawcall reads one, up to wire.MAX_ANSWER (an
-    endless body is refused, an OSError: a failed try, the connection closed unread)."""
-    rawcall.read_answer(answer)
-    answer.release_conn()
 
 
 def takeable(spec: dict[str, Any], identity: str, *, seen: float, now: float) -> bool:
@@ -84,7 +79,7 @@ class Elector:
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.coord = kubernetes.client.CoordinationV1Api(api)
+        self.api = api
         self.cfg = cfg
         self.clock = clock  # the stamps written (renewTime, acquireTime)
         self.monotonic = monotonic  # this replica's own clock, which expiry is judged by
@@ -107,33 +102,30 @@ class Elector:
         )
         if changed:
             spec["acquireTime"] = _stamp(now)
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if current else 0)
+            spec["leaseTransitions"] = _count(spec.get("leaseTransitions")) + (1 if current else 0)
         meta: dict[str, Any] = {"name": self.cfg.name, "namespace": self.cfg.namespace}
         if current is not None:
-            meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+            meta["resourceVersion"] = version(current)
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
+    def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+        """One Lease request through rawcall: every answer, a refusal's too, read up to wire.MAX_ANSWER
+        (an endless body is refused, an OSError: a failed try, the connection closed unread; the
+        generated calls read a refusal's body whole before raising it), within REQUEST_TIMEOUT."""
+        at = {"ns": self.cfg.namespace, "name": self.cfg.name}
+        return rawcall.send(self.api, method, path, at, body, timeout=REQUEST_TIMEOUT)
+
     def _replace(self, body: dict[str, Any]) -> None:
-        _drain(
-            self.coord.replace_namespaced_lease(
-                self.cfg.name,
-                self.cfg.namespace,
-                cast(Any, body),
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        )
+        self._send("PUT", LEASE, body)
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            raw = self.coord.read_namespaced_lease(
-                self.cfg.name, self.cfg.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
-            )
+            raw = self._send("GET", LEASE)
         except kubernetes.client.ApiException as err:
             if sinks.status_of(err) == 404:
                 return None
             raise
-        return sinks._decoded(raw)
+        return _lease(sinks._decoded(raw))
 
     def try_once(self) -> bool:
         """One attempt to acquire or renew; True while this replica holds the lease. Transient failures
@@ -147,18 +139,11 @@ class Elector:
         try:
             current = self._read()
             now = self.clock()
-            if current is not None and not self._takeable(dict(current.get("spec") or {})):
+            if current is not None and not self._takeable(dict(current["spec"])):
                 return False
             body = self._body(current, now)
             if current is None:
-                _drain(
-                    self.coord.create_namespaced_lease(
-                        self.cfg.namespace,
-                        cast(Any, body),
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-                )
+                self._send("POST", LEASES, body)
             else:
                 self._replace(body)
             return True
@@ -167,8 +152,8 @@ class Elector:
             if status in (400, 401, 403, 422):  # refused as asked: asking again changes nothing
                 raise
             return False  # a lost race (409), an overloaded or unreachable API server: try again
-        except (urllib3.exceptions.HTTPError, OSError):
-            return False
+        except (urllib3.exceptions.HTTPError, OSError, sinks.SinkError):
+            return False  # sinks.SinkError: an answer that is no lease (a proxy's page), as a broken one
 
     def _takeable(self, spec: dict[str, Any]) -> bool:
         record = tuple(
@@ -249,11 +234,35 @@ class Elector:
     def _give_up(self) -> None:
         try:
             current = self._read()
-            if current is None or (current.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
+            if current is None or current["spec"].get("holderIdentity") != self.cfg.identity:
                 return
             body = self._body(current, self.clock())
             body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
             self._replace(body)
             log.info("lease released", extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}"})
-        except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as err:
+        except (
+            kubernetes.client.ApiException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+            sinks.SinkError,
+        ) as err:
             log.warning("could not release the lease", extra={"error": type(err).__name__})
+
+
+def _lease(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Lease as read, its spec an object ({} when absent) and its resourceVersion text; a SinkError
+    for anything else (what the API server never sends: a broken proxy's answer), so a try fails rather
+    than writing over a lease it could not read (no resourceVersion: an unconditional write)."""
+    spec = obj.get("spec")
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise sinks.SinkError(f"the lease read has a spec that is a {type(spec).__name__}, not an object")
+    if not isinstance(obj.get("metadata"), dict) or not isinstance(version(obj), str):
+        raise sinks.SinkError("the lease read has no resourceVersion")
+    return {**obj, "spec": spec}
+
+
+def _count(value: Any) -> int:
+    """leaseTransitions as a count: anything but a whole number (someone's edit) counts from 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -110,13 +110,16 @@ def send(
     content_type: str = JSON,
     query: Sequence[tuple[str, str | int]] = (),
     stopping: threading.Event | None = None,
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     """The answer's bytes; ApiException for an answer outside 2xx. `path` has `{name}` placeholders
     filled from `params` (each quoted whole, as the client quotes them), and `query` is its query
-    string (quoted too). Not sent again once `stopping` is set (send_prepared)."""
+    string (quoted too). Not sent again once `stopping` is set (send_prepared). `timeout`: to connect,
+    and between two reads of the answer (the leader lease's are shorter than its renew deadline);
+    REQUEST_TIMEOUT_S for both when None."""
     url, headers, data = prepared(api, method, path, params, body, content_type=content_type, query=query)
     resend = wire.resendable(method, body, content_type)
-    return send_prepared(api, method, url, headers, data, resend=resend, stopping=stopping)
+    return send_prepared(api, method, url, headers, data, resend=resend, stopping=stopping, timeout=timeout)
 
 
 def send_prepared(
@@ -128,6 +131,7 @@ def send_prepared(
     *,
     resend: bool = False,
     stopping: threading.Event | None = None,
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     """`send` of a request already `prepared`; `resend`: whether it may be sent once more after its
     connection closed with no answer (wire.resendable); never once `stopping` is set (the operator
@@ -135,7 +139,9 @@ def send_prepared(
     config = api.configuration
     token = authorization(config)
     try:
-        return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
+        return _sent(
+            api, method, url, headers, data, token=token, resend=resend, stopping=stopping, timeout=timeout
+        )
     except kubernetes.client.ApiException as err:
         if not wire.refresh_and_resend(status_of(err), config.refresh_api_key_hook is not None):
             raise
@@ -149,7 +155,9 @@ def send_prepared(
     if stopping is not None and stopping.is_set():
         # The stop came while the hook ran (an exec plugin's takes a while): the refusal stands.
         raise refused
-    return _sent(api, method, url, headers, data, token=token, resend=resend, stopping=stopping)
+    return _sent(
+        api, method, url, headers, data, token=token, resend=resend, stopping=stopping, timeout=timeout
+    )
 
 
 def _sent(
@@ -162,16 +170,17 @@ def _sent(
     token: str | None,
     resend: bool,
     stopping: threading.Event | None,
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     """`_request`, sent once more when its connection closed with no answer and `resend` (wire.py),
     unless `stopping` is set by then."""
     try:
-        return _request(api, method, url, headers, data, token=token)
+        return _request(api, method, url, headers, data, token=token, timeout=timeout)
     except (urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError) as err:
         if not (resend and closed_unanswered(err)) or (stopping is not None and stopping.is_set()):
             raise
         log.debug("connection closed with no answer, sent once more", extra={"method": method})
-    return _request(api, method, url, headers, data, token=token)
+    return _request(api, method, url, headers, data, token=token, timeout=timeout)
 
 
 def closed_unanswered(err: BaseException) -> bool:
@@ -224,9 +233,11 @@ def _request(
     data: bytes | None,
     *,
     token: str | None,
+    timeout: tuple[float, float] | None = None,
 ) -> bytes:
     if token:
         headers = {**headers, "authorization": token}
+    connect, read = timeout or (REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S)
     try:
         raw = api.rest_client.pool_manager.request(
             method,
@@ -234,7 +245,8 @@ def _request(
             body=data,
             headers=headers,
             preload_content=False,
-            timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT_S, read=REQUEST_TIMEOUT_S),
+            # REQUEST_TIMEOUT_S read now, not bound as a default: a test (or an embedder) may set it.
+            timeout=urllib3.Timeout(connect=connect, read=read),
         )
     except urllib3.exceptions.SSLError as err:  # as the client's own request raises it
         raise kubernetes.client.ApiException(status=0, reason=f"{type(err).__name__}\n{err}") from err

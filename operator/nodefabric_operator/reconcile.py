@@ -250,6 +250,7 @@ class Reconciler:
         async with self.ledger.lock(name):
             delays = iter(self.backoffs)
             retried = False  # a WARNING named this node: its publication gets its own INFO line too
+            landed: list[sinks.Published] = []  # each try's sink write that succeeded (status.apply)
             while True:
                 record = self.ledger.records.get(name)
                 if record is None:
@@ -257,7 +258,7 @@ class Reconciler:
                 started = time.perf_counter()
                 try:
                     view, node = self.view, self.on_node.seen(name)
-                    calls = self.status.apply(record, view.get(name), view.was_deleted(name), node)
+                    calls = self.status.apply(record, view.get(name), view.was_deleted(name), node, landed)
                     applied = await self.status.send(calls)
                 except sinks.RecordGone as err:
                     # A late event for a deleted record: its own DELETED event follows and forgets it.
@@ -266,9 +267,13 @@ class Reconciler:
                     )
                     return Outcome("unchanged")
                 except Exception as err:
+                    if landed and landed[-1].now is not None:
+                        # The labels landed and the status write failed: the retry plans against the
+                        # sink object as that write left it, not the one it replaced (a 409 and a read).
+                        self.view.observe(landed[-1].now)
                     delay = next(delays, None) if transient(err) else None
                     if delay is None:
-                        return await self._failed(record, err)
+                        return await self._failed(record, err, written=bool(landed))
                     log.warning(
                         "label publish failed, retrying",
                         extra={"node": name, "error": brief(err), "retry_in_s": delay},
@@ -310,11 +315,12 @@ class Reconciler:
             )
         return Outcome(outcome, changes, applied.status_written)
 
-    async def _failed(self, record: NodeRecord, err: BaseException) -> Outcome:
+    async def _failed(self, record: NodeRecord, err: BaseException, *, written: bool = False) -> Outcome:
         name = record.name
         condition = failure_condition(self.sink.name, err)
         log.error(
-            failure_said(err), extra={"node": name, "reason": condition.reason, "error": condition.message}
+            failure_said(err, written=written),
+            extra={"node": name, "reason": condition.reason, "error": condition.message},
         )
         self.told.failed(name)
         self.metrics.inc(self.metrics.reconciles, "error")
@@ -378,11 +384,13 @@ def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str)
     return events.for_changes(target, outcome.changes, domain, links, first=first)
 
 
-def failure_said(err: BaseException) -> str:
-    """The ERROR line of a publish given up on, saying what is true of its labels: a status write whose
-    answer stayed unreadable through every retry (StatusUnreadable) came after the labels were written,
-    and whether the status was is unknown; anything else left them unpublished."""
-    if isinstance(err, StatusUnreadable):
+def failure_said(err: BaseException, *, written: bool = False) -> str:
+    """The ERROR line of a publish given up on, saying what is true of its labels: `written` when a try's
+    sink write succeeded (status.apply's `landed`) and only status writes failed after it, whatever the
+    last try's error (a 503 on the last retry of a status write the first answered unreadably); a status
+    write whose answer stayed unreadable (StatusUnreadable) always came after the labels were written.
+    Whether the status was written is unknown then; anything else left the labels unpublished."""
+    if written or isinstance(err, StatusUnreadable):
         return "labels written, status not confirmed"
     return "labels not published"
 

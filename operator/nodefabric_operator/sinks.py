@@ -139,14 +139,52 @@ def pages(
     answer (no client models), each page counted in the request metric (a write's requests are counted
     where they are sent: apicall)."""
     token: str | None = None
+    followed: set[str] = set()
     while True:
         metrics.requested("list", resource)
         answer = fn(*args, limit=PAGE, _continue=token, _preload_content=False, **kwargs)
         page = _decoded(answer)
-        yield from items(page, "items")
-        token = part(page, "metadata").get("continue")
-        if not isinstance(token, str) or not token:
+        yield from listed(page, resource)
+        token = continued(page, resource, followed)
+        if token is None:
             return
+        followed.add(token)
+
+
+def listed(page: Mapping[str, Any], resource: str) -> list[dict[str, Any]]:
+    """A list page's items. No `items` (or null, a Go nil slice) is an empty page; items that are not a
+    list, or an item that is not an object, a SinkError: skipped, they would cut the list short, and a
+    list cut short is not harmless (the Node sink takes a record missing from it for one deleted)."""
+    found = page.get("items")
+    if found is None:
+        return []
+    if not isinstance(found, list):
+        raise SinkError(f"a page of {resource} whose items are a {type(found).__name__}, not a list")
+    for item in found:
+        if not isinstance(item, dict):
+            raise SinkError(
+                f"a page of {resource} with an item that is a {type(item).__name__}, not an object"
+            )
+    return found
+
+
+def continued(page: Mapping[str, Any], resource: str, followed: set[str]) -> str | None:
+    """The page's continue token, None on the last page (none, or empty). A token of another type, or
+    metadata that is not an object, is a SinkError (taken as the last page, the list would be cut
+    short), and so is a token already `followed` (the list would never end)."""
+    meta = page.get("metadata")
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        raise SinkError(f"a page of {resource} whose metadata is a {type(meta).__name__}, not an object")
+    token = meta.get("continue")
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise SinkError(f"a page of {resource} whose continue token is a {type(token).__name__}, not text")
+    if token in followed:
+        raise SinkError(f"a page of {resource} continued with a token already followed: the list never ends")
+    return token
 
 
 def listing(

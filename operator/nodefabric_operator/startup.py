@@ -84,10 +84,12 @@ def cause(err: BaseException) -> str:
 
 async def prime(reconciler: Reconciler, sink: str, namespace: str) -> None:
     """The start-up listing; a refusal (RBAC, a missing NodeFeature API) is a start-up error."""
+    where = "NodeFeatures in " + namespace if sink == "nodefeature" else "Nodes and Devices"
     try:
         await reconciler.prime()
+    except sinks.SinkError as err:  # a page that is no list page (a proxy's, a garbled one): what came
+        raise StartupError(f"cannot list {where}: {err}") from err
     except kubernetes.client.ApiException as err:
-        where = "NodeFeatures in " + namespace if sink == "nodefeature" else "Nodes and Devices"
         reason = f"HTTP {err.status} {err.reason or ''}".strip()
         hint = (
             " (install NFD, or run with --sink node)" if err.status == 404 and sink == "nodefeature" else ""
@@ -101,6 +103,8 @@ async def prime_topology(projector: Projector) -> None:
     """The Node listing the topology check starts from; a refusal (RBAC) is a start-up error."""
     try:
         await asyncio.to_thread(projector.prime)
+    except sinks.SinkError as err:  # a page that is no list page: what came
+        raise StartupError(f"--topology: cannot list Nodes: {err}") from err
     except kubernetes.client.ApiException as err:
         reason = f"HTTP {err.status} {err.reason or ''}".strip()
         raise StartupError(f"--topology: cannot list Nodes: {reason}") from err

@@ -75,10 +75,16 @@ class StatusWriter:
         current: SinkObject | None,
         verify: bool,
         node: SinkObject | NotWatched | None,
+        landed: list[sinks.Published] | None = None,
     ) -> Calls[Applied]:
+        """The sink's write, then the status write. What the sink's write did is appended to `landed`
+        before the status write is sent: when that write then fails, the caller knows the labels are on
+        the sink (its final line says so) and holds the sink object as the write left it."""
         published = yield from self.sink.publishing(
             record.owner, record.result.labels, record.frozen, current, verify=verify
         )
+        if landed is not None:
+            landed.append(published)
         condition = condition_for(published, record.result, record.frozen, None)
         if isinstance(self.sink, sinks.NodeSink):
             node = published.now  # the Node as our write left it

@@ -5,6 +5,7 @@ read every write's answer (a 1 MiB bound here, for speed), pagination as it was 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -13,9 +14,12 @@ import kubernetes
 import pytest
 from test_operator_wire import Conn, Served, api_at, endless, raw_server
 
-from nodefabric_operator import leader, reconcile, sinks, wire
+from nodefabric_devicemanager import models
+from nodefabric_devicemanager.shell.errors import StartupError
+from nodefabric_operator import leader, prune, reconcile, sinks, startup, wire
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.reconcile import transient
+from nodefabric_operator.topology.shell import Projector, TopologyOptions
 
 NS, DOMAIN = "nodefabric", "example.com"
 
@@ -40,14 +44,22 @@ def _generated(api: kubernetes.client.ApiClient) -> list[Any]:
     return list(sinks.pages(Metrics(), sinks.NFD_PLURAL, fn, *args, label_selector=sinks.NFD_NODE_NAME))
 
 
+def _topology(api: kubernetes.client.ApiClient) -> list[Any]:
+    """--topology's Node list at start (Projector.prime): the fleet it holds after."""
+    projector = Projector(api, TopologyOptions(), Metrics())
+    projector.prime()
+    return list(projector.fleet)
+
+
 LISTS: dict[str, Callable[[kubernetes.client.ApiClient], list[Any]]] = {
     "nodefeatures": _nodefeatures,
     "nodes": _nodes,
     "devices records": _records,
     "a generated call": _generated,
+    "topology nodes": _topology,
 }
 # Sent through rawcall: a refusal's body is bounded too (a generated call reads it whole before raising).
-THROUGH_RAWCALL = ["nodefeatures", "nodes", "devices records"]
+THROUGH_RAWCALL = ["nodefeatures", "nodes", "devices records", "topology nodes"]
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +95,13 @@ def _refusing_endlessly(conn: Conn, served: Served) -> None:
 def test_a_list_refused_with_a_body_that_never_ends_is_refused_at_the_bound(what: str) -> None:
     with raw_server(_refusing_endlessly) as served, pytest.raises(wire.AnswerTooLarge):
         LISTS[what](api_at(served.url))
+
+
+def test_prunes_list_refused_with_a_body_that_never_ends_is_refused_at_the_bound() -> None:
+    """`--prune`'s NodeFeature list goes through rawcall too: a refusal's endless body is refused at the
+    bound, not read whole by the generated call before it raises."""
+    with raw_server(_refusing_endlessly) as served, pytest.raises(wire.AnswerTooLarge):
+        prune.nodefeatures(api_at(served.url), NS)
 
 
 def _page(number: int, size: int, last: bool) -> bytes:
@@ -162,3 +181,262 @@ def test_a_lease_answer_over_the_bound_is_a_failed_try(method: str) -> None:
         elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
         assert elector.try_once() is False
         assert not elector.leading
+
+
+def _item(number: int) -> dict[str, Any]:
+    return {"metadata": {"name": f"n{number}", "uid": f"u-{number}", "resourceVersion": "1"}}
+
+
+# A second page that a real API server never sends: each once silently cut the list short (items not a
+# list, a continue token of another type: taken as the last page) or lost an entry (one not an object:
+# skipped). A list cut short is no harmless thing: the Node sink takes a record missing from its start's
+# list of names for one deleted, and withdraws that Node's labels.
+ODD_SECOND_PAGES: dict[str, dict[str, Any]] = {
+    "items an object": {"items": {"metadata": {"name": "n2"}}, "metadata": {}},
+    "items a string": {"items": "n2", "metadata": {}},
+    "an item a string": {"items": [_item(2), "n3"], "metadata": {}},
+    "an item null": {"items": [None, _item(2)], "metadata": {}},
+    "continue a number": {"items": [_item(2)], "metadata": {"continue": 7}},
+    "continue a list": {"items": [_item(2)], "metadata": {"continue": ["token-2"]}},
+    "metadata a string": {"items": [_item(2)], "metadata": "continue=token-2"},
+}
+
+
+def _two_pages(second: dict[str, Any]) -> tuple[Callable[[Conn, Served], None], list[list[tuple[str, str]]]]:
+    """A first page of one item continued with token-1, then `second`; a third page (none should be
+    asked for) ends the list."""
+    asked: list[list[tuple[str, str]]] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            asked.append(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            page: dict[str, Any] = {
+                1: {"items": [_item(1)], "metadata": {"continue": "token-1"}},
+                2: second,
+            }.get(len(asked), {"items": [_item(9)], "metadata": {}})
+            conn.answer(json.dumps(page).encode())
+
+    return handle, asked
+
+
+@pytest.mark.parametrize("odd", list(ODD_SECOND_PAGES))
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_page_of_the_wrong_shape_fails_the_list_instead_of_cutting_it_short(what: str, odd: str) -> None:
+    handle, asked = _two_pages(ODD_SECOND_PAGES[odd])
+    with raw_server(handle) as served, pytest.raises(sinks.SinkError) as refused:
+        LISTS[what](api_at(served.url))
+    assert len(asked) == 2  # nothing asked for after the odd page
+    resource = {"nodes": "nodes", "topology nodes": "nodes", "devices records": models.PLURAL}.get(
+        what, sinks.NFD_PLURAL
+    )
+    assert f"a page of {resource}" in str(refused.value)
+    assert not transient(refused.value)  # a garbled list is not read again at once
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_pages_without_items_or_metadata_are_an_empty_last_page(what: str) -> None:
+    """No `items` (or null: a Go nil slice) and no metadata: an empty page, the last; as before."""
+    handle, asked = _two_pages({"items": None})
+    with raw_server(handle) as served:
+        assert len(LISTS[what](api_at(served.url))) == 1
+    assert len(asked) == 2
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_continue_token_that_comes_back_fails_the_list_instead_of_looping(what: str) -> None:
+    """A page continued with a token already followed (a broken proxy's cache, a looping server) would
+    make the list endless: refused at the first repeat. The server here gives up after 20 pages, so a
+    client that loops lists the same items 20 times instead of hanging the test."""
+    asked: list[str | None] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            asked.append(
+                dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query)).get("continue")
+            )
+            token = ["token-a", "token-b"][len(asked) % 2] if len(asked) < 20 else ""
+            conn.answer(json.dumps({"items": [_item(len(asked))], "metadata": {"continue": token}}).encode())
+
+    with raw_server(handle) as served, pytest.raises(sinks.SinkError, match="token"):
+        LISTS[what](api_at(served.url))
+    assert asked == [None, "token-b", "token-a"]
+
+
+# A lease read answered 200 with what no API server sends: each was an exception no caller handles
+# (SinkError, ValueError, TypeError, KeyError) escaping try_once, so escaping the wait to lead (the
+# operator crashed) or the renewals (the holding ended without a word); or escaping release at the stop.
+ODD_LEASES: dict[str, bytes] = {
+    "a list": b"[]",
+    "not JSON": b"<html>proxy</html>",
+    "nested too deep": b"[" * 100_000 + b"]" * 100_000,
+    "spec a string": b'{"metadata":{"resourceVersion":"1"},"spec":"x"}',
+    "spec a list of pairs": b'{"metadata":{"resourceVersion":"1"},"spec":[["holderIdentity","other"]]}',
+    "no metadata": b'{"spec":{"holderIdentity":"me"}}',
+    "metadata a string": b'{"metadata":"rv=1","spec":{"holderIdentity":"me"}}',
+    "no resourceVersion": b'{"metadata":{},"spec":{"holderIdentity":"me"}}',
+}
+
+
+def _lease_answered(body: bytes) -> tuple[Callable[[Conn, Served], None], list[bytes]]:
+    """The lease's read answered `body`; any write answered and kept."""
+    writes: list[bytes] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            if head.startswith(b"GET"):
+                conn.answer(body)
+            else:
+                writes.append(conn.requests[-1])
+                conn.answer(b'{"kind":"Lease","metadata":{"resourceVersion":"2"}}')
+
+    return handle, writes
+
+
+@pytest.mark.parametrize("odd", list(ODD_LEASES))
+def test_a_lease_read_of_the_wrong_shape_is_a_failed_try_and_writes_nothing(odd: str) -> None:
+    handle, writes = _lease_answered(ODD_LEASES[odd])
+    with raw_server(handle) as served:
+        elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
+        assert elector.try_once() is False
+        assert not elector.leading
+        elector.leading = True  # as if held: release reads the lease again, and must not raise either
+        elector.release()
+    assert writes == []  # no lease written over one not read (no resourceVersion: an unconditional write)
+
+
+def test_a_lease_whose_transitions_are_no_number_is_taken_counting_from_zero() -> None:
+    """A free lease whose leaseTransitions someone set to a word: taken (the count restarted at 1), not
+    an escaping ValueError that kept every replica from leading."""
+    body = b'{"metadata":{"resourceVersion":"5"},"spec":{"holderIdentity":"","leaseTransitions":"many"}}'
+    handle, writes = _lease_answered(body)
+    with raw_server(handle) as served:
+        elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
+        assert elector.try_once() is True
+    (write,) = writes
+    sent = json.loads(write.split(b"\r\n\r\n", 1)[1])
+    assert sent["spec"]["leaseTransitions"] == 1
+    assert sent["metadata"]["resourceVersion"] == "5"
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_410_mid_list_fails_the_whole_list(what: str) -> None:
+    """The continue token expired between two pages (410 Gone): the list fails whole, never handed on
+    as the first page alone; its callers list again from the start (startup exits 2 and the pod is
+    restarted, prune's pass is retried)."""
+    asked: list[str | None] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            asked.append(
+                dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query)).get("continue")
+            )
+            if len(asked) == 1:
+                conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
+            else:
+                gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+                conn.answer(json.dumps(gone).encode(), status="410 Gone")
+
+    with raw_server(handle) as served, pytest.raises(kubernetes.client.ApiException) as refused:
+        LISTS[what](api_at(served.url))
+    assert refused.value.status == 410
+    assert asked == [None, "token-1"]
+
+
+async def test_topologys_start_listing_answered_with_garbage_is_a_startup_error() -> None:
+    """--topology's Node list answered with a JSON list: a StartupError naming what came (one line, exit
+    2), not the AttributeError (later SinkError) that escaped as a traceback."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        while conn.request() is not None:
+            conn.answer(b"[]")
+
+    with raw_server(handle) as served:
+        projector = Projector(api_at(served.url), TopologyOptions(), Metrics())
+        with pytest.raises(
+            StartupError, match="--topology: cannot list Nodes: the API server answered a list"
+        ):
+            await startup.prime_topology(projector)
+
+
+def _lease_refused_endlessly(method: str) -> Callable[[Conn, Served], None]:
+    """The request `method` makes answered 500 with a body of 64 times the bound (the bytes sent kept);
+    a read otherwise 404 (no lease yet)."""
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            if not head.startswith(method.encode()):
+                conn.answer(b'{"kind":"Status","code":404}', status="404 Not Found")
+                continue
+            conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+            piece, sent = b"x" * 65536, 0
+            try:
+                while sent < 64 * wire.MAX_ANSWER:
+                    conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    sent += len(piece)
+                conn.sock.sendall(b"0\r\n\r\n")
+            finally:
+                served.sent.append(sent)
+            return
+
+    return handle
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_lease_refused_with_a_body_that_never_ends_is_refused_at_the_bound(method: str) -> None:
+    """The lease's read (or create) refused with an endless body: a failed try once the bound is
+    passed, not a body read whole by the generated call before it raised (64 MiB here, any size from a
+    hostile proxy, on every renewal)."""
+    with raw_server(_lease_refused_endlessly(method)) as served:
+        elector = leader.Elector(api_at(served.url), leader.LeaseConfig(NS, "nodefabric-operator", "me"))
+        assert elector.try_once() is False
+        for _ in range(500):  # the server's thread notes what it sent once its send fails
+            if served.sent:
+                break
+            time.sleep(0.01)
+    (sent,) = served.sent
+    assert sent < 16 * wire.MAX_ANSWER  # the client stopped reading near the bound (socket buffers aside)
+
+
+def test_prunes_delete_refused_with_a_body_that_never_ends_is_refused_at_the_bound() -> None:
+    """`--prune`'s delete of a NodeFeature it owns, refused with an endless body: refused at the bound
+    (a failed pass, retried), not read whole by the generated delete call before it raises."""
+    owned = {
+        "metadata": {
+            "name": "n1",
+            "uid": "u-nf",
+            "ownerReferences": [
+                {
+                    "apiVersion": models.API_VERSION,
+                    "kind": models.KIND,
+                    "name": "n1",
+                    "uid": "u-1",
+                    "controller": True,
+                }
+            ],
+        }
+    }
+    sent: list[int] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            if head.startswith(b"GET"):
+                conn.answer(json.dumps({"items": [owned], "metadata": {}}).encode())
+                continue
+            conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+            piece, count = b"x" * 65536, 0
+            try:
+                while count < 64 * wire.MAX_ANSWER:
+                    conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    count += len(piece)
+                conn.sock.sendall(b"0\r\n\r\n")
+            finally:
+                sent.append(count)
+            return
+
+    with raw_server(handle) as served, pytest.raises(wire.AnswerTooLarge):
+        prune.nodefeatures(api_at(served.url), NS)
+    for _ in range(500):
+        if sent:
+            break
+        time.sleep(0.01)
+    assert sent and sent[0] < 16 * wire.MAX_ANSWER

@@ -9,6 +9,7 @@ import asyncio
 import logging
 from typing import Any
 
+from aiohttp import web
 from operator_harness import NS, Client, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
 from watch_breaker import watch_breaker
@@ -217,3 +218,32 @@ async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_
         assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
         assert await prune(k) == 0
         assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
+
+
+async def test_a_list_answered_with_garbage_is_a_failed_pass_and_exit_1(tmp_path, caplog):
+    """A list page that is no list page (a proxy's answer: a JSON list here) fails the pass, retried as a
+    connection error is, and prune gives up at its timeout with exit 1 naming what came: no traceback."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=b"[]", content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["--prune", "--kubeconfig", kubeconfig, "--prune-timeout", "1", "--prune-settle", "0.2"]
+    )
+    try:
+        assert await asyncio.wait_for(asyncio.to_thread(cli.run, args), 30) == 1
+    finally:
+        await runner.cleanup()
+    (line,) = [r for r in caplog.records if r.getMessage() == "prune did not finish"]
+    assert line.error == "the API server answered a list, not an object", line.error
+    assert any(r.getMessage() == "prune pass failed, retrying" for r in caplog.records)

@@ -362,3 +362,47 @@ async def test_a_post_whose_thread_starts_after_the_stop_sends_nothing():
         await asyncio.to_thread(rec.post, INVOLVED, NOTICE, "PublishLabels", stopping)
         assert served.conns == []
         assert actions(metrics) == {"created": 0, "counted": 0, "dropped": 1, "failed": 0}
+
+
+async def test_many_posts_raced_by_a_stop_each_end_in_one_action_and_nothing_is_sent_after():
+    """Two hundred posts about eight objects (so creates, counts, counts meeting a 404 and posted anew,
+    401s refreshed and sent again), cancelled at a moment of the stream the tasks are in: every posting
+    ends as asyncio does (None, or CancelledError), each is counted in exactly one action, and no
+    request reaches the server once every cancelled posting has returned."""
+    lock, seen, done = threading.Lock(), [], threading.Event()
+    late: list[str] = []
+
+    def serve(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            line = head.split(b"\r\n")[0].decode()
+            with lock:
+                seen.append(line)
+                number = len(seen)
+                if done.is_set():
+                    late.append(line)
+            if number % 7 == 0:
+                conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
+            elif line.startswith("PATCH") and number % 3 == 0:
+                conn.answer(b'{"kind":"Status","code":404}', status="404 Not Found")
+            else:
+                conn.answer(b'{"metadata":{"name":"e-%d"}}' % number, status="201 Created")
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=6))
+    with raw_server(serve) as served:
+        api = api_at(served.url)
+        api.configuration.refresh_api_key_hook = lambda config: None
+        metrics = Metrics()
+        rec = Recorder(api, "pod-1", metrics)
+        about = [{**INVOLVED, "name": f"n{i % 8}", "uid": f"u-{i % 8}"} for i in range(200)]
+        tasks = [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
+        await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        done.set()
+        await asyncio.sleep(0.2)
+        await loop.shutdown_default_executor()
+    assert all(o is None or isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert sum(actions(metrics).values()) == len(tasks), actions(metrics)
+    assert late == []

@@ -243,6 +243,8 @@ async def test_a_status_write_answered_200_with_no_object_is_retried_and_never_s
     assert not [m for lvl, m in said if lvl == "error"], lines
     unreadable = [ln for ln in lines if ln["msg"].startswith("labels written, but")]
     assert unreadable[0]["error"] == "the API server answered a list, not an object", unreadable
+    # The retry planned against the NodeFeature as the first try's write left it: no stale write (409).
+    assert not [ln for ln in lines if ln["msg"].startswith("sink object changed while writing")], lines
 
 
 async def test_a_status_write_unreadable_through_every_retry_says_the_labels_were_written():
@@ -265,10 +267,34 @@ async def test_a_status_write_unreadable_through_every_retry_says_the_labels_wer
     assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
 
 
+@pytest.mark.parametrize("first", [b"[]", 503], ids=["unreadable", "refused"])
+async def test_a_status_write_failing_on_every_try_after_the_labels_landed_says_they_were_written(first):
+    """The labels land on the NodeFeature on the first try; that try's status write is answered 200 with
+    a list (or 503), and every retry's status write 503: the reconcile gives up (ERROR), and its line
+    says what is true, the labels written and the status not confirmed. The line was chosen by the last
+    try's error alone, so a 503 there said "labels not published" of labels the NodeFeature held."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await seeded(k, c, ["n1"])
+        k.api[_status_write_of("n1")][:1] << first
+        k.api[_status_write_of("n1")][:3] << 503  # the two retries (the first is answered above)
+        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
+            async with running_operator(k) as metrics:
+                await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
+                nf = await c.nodefeature("n1")
+    assert nf is not None and nf["spec"]["labels"]  # written, as the line says
+    lines = _lines(out.getvalue())
+    errors = [ln for ln in lines if ln["level"] == "error" and ln.get("node") == "n1"]
+    assert errors[0]["msg"] == "labels written, status not confirmed", lines
+    assert "503" in errors[0]["error"], errors[0]
+    assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
+
+
 def test_the_final_line_says_labels_not_published_for_any_other_failure():
     assert reconcile.failure_said(StatusUnreadable("x")) == "labels written, status not confirmed"
     for err in (OSError("x"), ValueError("x"), kubernetes.client.ApiException(status=503)):
         assert reconcile.failure_said(err) == "labels not published"
+        assert reconcile.failure_said(err, written=True) == "labels written, status not confirmed"
 
 
 # --- the first publications' counted line: no node an operator was told about goes unnamed --------------

@@ -286,3 +286,50 @@ def test_the_operator_collects_with_its_own_thresholds_once_it_serves(tmp_path, 
     finally:
         gc.set_threshold(*saved)
     capsys.readouterr()
+
+
+async def garbling_api(tmp_path, page: bytes) -> tuple[web.AppRunner, str]:
+    """An API server that serves the Devices group's discovery and answers every other request 200 with
+    `page`."""
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.path == "/apis/worker.gpustack.ai/v1alpha1":
+            return web.json_response(
+                {"kind": "APIResourceList", "groupVersion": "worker.gpustack.ai/v1alpha1"}
+            )
+        return web.Response(body=page, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("page", "said"),
+    [
+        (b"[]", "the API server answered a list, not an object"),
+        (b"<html>proxy error</html>", "the API server's answer is not JSON"),
+        (b'{"items":"n1"}', "whose items are a str, not a list"),
+        (b'{"items":[],"metadata":{"continue":7}}', "whose continue token is a int, not text"),
+    ],
+)
+@pytest.mark.parametrize("sink", ["nodefeature", "node"])
+async def test_a_start_listing_answered_with_garbage_is_one_line_and_exit_2(
+    page, said, sink, capsys, tmp_path
+):
+    """A list page that is no list (a proxy's page, a garbled answer): a start-up error that says what
+    came, not a traceback."""
+    runner, kubeconfig = await garbling_api(tmp_path, page)
+    try:
+        code = await asyncio.to_thread(run_operator, "--kubeconfig", kubeconfig, "--sink", sink)
+    finally:
+        await runner.cleanup()
+    assert code == 2
+    where = "NodeFeatures in nodefabric" if sink == "nodefeature" else "Nodes and Devices"
+    line = one_line(capsys.readouterr().err)
+    assert '"operator cannot start"' in line and f"cannot list {where}" in line and said in line, line

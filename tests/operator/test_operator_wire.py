@@ -706,8 +706,8 @@ async def test_a_stop_that_comes_while_the_credential_is_refreshed_sends_nothing
 
     def handle(conn: Conn, served: Served) -> None:
         while conn.request() is not None:
+            refused.set()  # before the answer: the client's refresh may run before this thread goes on
             conn.answer(b'{"kind":"Status","code":401}', status="401 Unauthorized")
-            refused.set()
 
     def hook(config: object) -> None:
         if refused.is_set():  # the refresh the 401 asks for

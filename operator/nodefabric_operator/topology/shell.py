@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ from typing import Any
 import kubernetes
 
 from nodefabric_devicemanager.backoff import Backoff
-from nodefabric_operator import events
+from nodefabric_operator import events, sinks
 from nodefabric_operator.extender.config import Level
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.recorder import Recorder
@@ -33,6 +32,7 @@ from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import Hierarchy, check
 from nodefabric_operator.topology.objects import API_ERRORS, brief
 from nodefabric_operator.topology.writer import Writer
+from nodefabric_operator.view import part
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +84,19 @@ class Projector:
         self._retry = False
         self._failures = 0
 
-    def prime(self, page: int = 500) -> None:
+    def prime(self) -> None:
         """Read the fleet once before kopf starts (one paged list of Nodes), so the first pass sees every
         node: a pass over the part kopf had delivered so far would write, and for KAI replace, a
-        projection of a smaller fleet."""
-        core = kubernetes.client.CoreV1Api(self.api)
-        token: str | None = None
-        listed: set[str] = set()
-        while True:
-            self.metrics.api_requests.labels(verb="list", resource="nodes").inc()
-            answer: Any = core.list_node(limit=page, _continue=token, _preload_content=False)
-            data = json.loads(answer.data)
-            for item in data.get("items") or ():
-                self.node_event("ADDED", item)
-                listed.add(str((item.get("metadata") or {}).get("name") or ""))
-            token = (data.get("metadata") or {}).get("continue") or None
-            if not token:
-                # kopf lists again when it starts and reports nothing of a node deleted in between:
-                # what it has not reported by the first resync is dropped then.
-                self._unconfirmed = listed - {""}
-                return
+        projection of a smaller fleet. Read as the operator's other lists at start are (sinks.pages): each
+        page up to wire.MAX_ANSWER, within rawcall's timeouts, and one that is no list page a SinkError
+        (its answer was read whole, unbounded, and a page that was no object raised an AttributeError);
+        taken only once every page is read."""
+        nodes = list(sinks.pages(self.metrics, "nodes", sinks.listing(self.api, "/api/v1/nodes")))
+        for item in nodes:
+            self.node_event("ADDED", item)
+        # kopf lists again when it starts and reports nothing of a node deleted in between: what it has
+        # not reported by the first resync is dropped then.
+        self._unconfirmed = {str(part(item, "metadata").get("name") or "") for item in nodes} - {""}
 
     # --- the Node watch -------------------------------------------------------------------------------------
 
