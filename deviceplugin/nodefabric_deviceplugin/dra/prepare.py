@@ -332,7 +332,116 @@ class _Hop:
         return None if self.written is None else self.written.entry
 
 
-class Preparer:
+class _AnotherBoot:
+    """What a repeated prepare does with a claim whose entry another (or an unknown) boot wrote: the
+    kernel may have numbered the verbs devices and named the RDMA devices otherwise since, so the entry's
+    spec is trusted only as far as `_respec` says, and the claim is otherwise resolved again. A part of
+    `Preparer`, held apart as its own concern."""
+
+    config: DriverConfig
+    boot_id: str
+    verbs: VerbsCache
+    checkpoint: Checkpoint
+
+    def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
+        raise NotImplementedError
+
+    def _respec(self, done: PreparedClaim) -> bool | None:
+        """On a worker thread, for a repeated prepare: the spec rewritten from the entry when the entry
+        can be trusted (whether it wrote), else None: the claim's devices must be resolved again.
+
+        Trusted: written in this boot (the kernel names devices the same until it reboots); or, the boot
+        unknown on either side (an entry of an older driver, a boot id that cannot be read), the spec
+        still there (the runtime's directory is a tmpfs a reboot empties). Both boots known and
+        different: resolved again even with the spec there (a `--cdi-dir` that survives a reboot holds
+        the old boot's device nodes). A spec that differs from the entry's is replaced, as before."""
+        # An entry naming no device (only a damaged one names a spec then) holds nothing a boot renames.
+        same = (bool(done.boot_id) and done.boot_id == self.boot_id) or not done.devices
+        if not same and done.boot_id and self.boot_id:
+            return None
+        on_disk = cdi.read_spec(done.spec_path)
+        if on_disk == done.spec:
+            return False
+        if not same and on_disk is None:
+            return None
+        cdi.write_new_spec(done.spec_path, cdi.spec_text(done.spec))
+        return True
+
+    async def _prepare_again(self, ref: ClaimRef, done: PreparedClaim) -> tuple[PreparedDevice, ...]:
+        """A claim prepared in another (or an unknown) boot: its devices, named in the entry by their
+        stable pool names (PCI addresses), resolved in the latest record and verbs devices as a first
+        prepare resolves them, without reading the claim (its allocation cannot change while a pod
+        reserves it); then its entry rewritten and synced, then its spec (`_rewrite`). The answer is the
+        entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
+        longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
+        plan = self._replan(ref, done, self._offered())
+        again = await _finish(ref, _hop(self._rewrite, ref, done, plan, None))
+        if again is None:
+            # Not cached for this record: read off the loop within a budget, as a first prepare does.
+            verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
+            again = await _finish(ref, _hop(self._rewrite, ref, done, plan, verbs))
+            assert again is not None
+        prepared, whole = again
+        metrics.PREPARES.labels("resolved_again").inc()
+        log.warning(
+            "resolved a claim prepared in an earlier (or unknown) boot again and rewrote its CDI spec",
+            extra={
+                "claim": str(ref),
+                "prepared_boot": done.boot_id or "unknown",
+                "boot": self.boot_id or "unknown",
+                "rdma_devices": [e.rdma_device for e in whole.endpoints],
+                "device_nodes": [n.path for n in whole.devices],
+                "cdi_spec": prepared.spec_path,
+            },
+        )
+        return prepared.devices
+
+    def _replan(
+        self, ref: ClaimRef, done: PreparedClaim, found: tuple[int, dict[str, PoolDevice]] | None
+    ) -> _Plan:
+        """The entry's devices resolved in the latest record. Pure. Raises ClaimError."""
+        foreign = sorted({d.pool for d in done.devices if d.pool != self.config.pool})
+        if foreign:
+            raise ClaimError(
+                f"claim {ref} was prepared in pool {', '.join(foreign)} in an earlier boot; this driver's"
+                f" pool is {self.config.pool}: not preparing it again (unprepare the claim to release it)"
+            )
+        requests = {d.device: list(d.request_names) for d in done.devices}
+        if found is not None:
+            gone = [name for name in requests if name not in found[1]]
+            if gone:
+                raise ClaimError(
+                    f"claim {ref} was prepared in an earlier boot with device {', '.join(gone)}, no longer"
+                    " among this driver's devices on this node (the record has none): not preparing it"
+                    " again with other devices; kubelet retries, and it is prepared once the device is"
+                    " back (a NIC probed late), else unprepare the claim to release it"
+                )
+        return _planned(ref, requests, found)
+
+    def _rewrite(
+        self, ref: ClaimRef, done: PreparedClaim, plan: _Plan, verbs: VerbsDevices | None
+    ) -> tuple[PreparedClaim, ContainerGrant] | None:
+        """On a worker thread, under the lock: the grant and spec of `plan`, then the claim's entry
+        rewritten (atomically, synced: it names the new devices and this boot before any spec does),
+        then the spec (atomically). A kill between the two leaves an entry of this boot whose spec the
+        next prepare writes from it (`_respec`). None when `verbs` is None and the cache does not hold
+        the plan's devices for its record. Raises VerbsUnresolvable, OSError (the entry then as it was,
+        or already rewritten: either answers the next prepare right)."""
+        if verbs is None:
+            verbs = self.verbs.cached(plan.version, plan.rdma_devices)
+            if verbs is None:
+                return None
+        whole, spec = self._spec(ref, plan, verbs)
+        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id)
+        self.checkpoint.put(prepared)
+        cdi.write_new_spec(prepared.spec_path, cdi.spec_text(spec))
+        return prepared, whole
+
+
+class Preparer(_AnotherBoot):
     def __init__(
         self,
         config: DriverConfig,
@@ -504,99 +613,6 @@ class Preparer:
         else:
             nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
         return whole, cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
-
-    # --- a claim prepared in another boot ------------------------------------------------------------
-
-    def _respec(self, done: PreparedClaim) -> bool | None:
-        """On a worker thread, for a repeated prepare: the spec rewritten from the entry when the entry
-        can be trusted (whether it wrote), else None: the claim's devices must be resolved again.
-
-        Trusted: written in this boot (the kernel names devices the same until it reboots); or, the boot
-        unknown on either side (an entry of an older driver, a boot id that cannot be read), the spec
-        still there (the runtime's directory is a tmpfs a reboot empties). Both boots known and
-        different: resolved again even with the spec there (a `--cdi-dir` that survives a reboot holds
-        the old boot's device nodes). A spec that differs from the entry's is replaced, as before."""
-        # An entry naming no device (only a damaged one names a spec then) holds nothing a boot renames.
-        same = (bool(done.boot_id) and done.boot_id == self.boot_id) or not done.devices
-        if not same and done.boot_id and self.boot_id:
-            return None
-        on_disk = cdi.read_spec(done.spec_path)
-        if on_disk == done.spec:
-            return False
-        if not same and on_disk is None:
-            return None
-        cdi.write_new_spec(done.spec_path, cdi.spec_text(done.spec))
-        return True
-
-    async def _prepare_again(self, ref: ClaimRef, done: PreparedClaim) -> tuple[PreparedDevice, ...]:
-        """A claim prepared in another (or an unknown) boot: its devices, named in the entry by their
-        stable pool names (PCI addresses), resolved in the latest record and verbs devices as a first
-        prepare resolves them, without reading the claim (its allocation cannot change while a pod
-        reserves it); then its entry rewritten and synced, then its spec (`_rewrite`). The answer is the
-        entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
-        longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
-        plan = self._replan(ref, done, self._offered())
-        again = await _finish(ref, _hop(self._rewrite, ref, done, plan, None))
-        if again is None:
-            # Not cached for this record: read off the loop within a budget, as a first prepare does.
-            verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
-            again = await _finish(ref, _hop(self._rewrite, ref, done, plan, verbs))
-            assert again is not None
-        prepared, whole = again
-        metrics.PREPARES.labels("resolved_again").inc()
-        log.warning(
-            "resolved a claim prepared in an earlier (or unknown) boot again and rewrote its CDI spec",
-            extra={
-                "claim": str(ref),
-                "prepared_boot": done.boot_id or "unknown",
-                "boot": self.boot_id or "unknown",
-                "rdma_devices": [e.rdma_device for e in whole.endpoints],
-                "device_nodes": [n.path for n in whole.devices],
-                "cdi_spec": prepared.spec_path,
-            },
-        )
-        return prepared.devices
-
-    def _replan(
-        self, ref: ClaimRef, done: PreparedClaim, found: tuple[int, dict[str, PoolDevice]] | None
-    ) -> _Plan:
-        """The entry's devices resolved in the latest record. Pure. Raises ClaimError."""
-        foreign = sorted({d.pool for d in done.devices if d.pool != self.config.pool})
-        if foreign:
-            raise ClaimError(
-                f"claim {ref} was prepared in pool {', '.join(foreign)} in an earlier boot; this driver's"
-                f" pool is {self.config.pool}: not preparing it again (unprepare the claim to release it)"
-            )
-        requests = {d.device: list(d.request_names) for d in done.devices}
-        if found is not None:
-            gone = [name for name in requests if name not in found[1]]
-            if gone:
-                raise ClaimError(
-                    f"claim {ref} was prepared in an earlier boot with device {', '.join(gone)}, no longer"
-                    " among this driver's devices on this node (the record has none): not preparing it"
-                    " again with other devices; kubelet retries, and it is prepared once the device is"
-                    " back (a NIC probed late), else unprepare the claim to release it"
-                )
-        return _planned(ref, requests, found)
-
-    def _rewrite(
-        self, ref: ClaimRef, done: PreparedClaim, plan: _Plan, verbs: VerbsDevices | None
-    ) -> tuple[PreparedClaim, ContainerGrant] | None:
-        """On a worker thread, under the lock: the grant and spec of `plan`, then the claim's entry
-        rewritten (atomically, synced: it names the new devices and this boot before any spec does),
-        then the spec (atomically). A kill between the two leaves an entry of this boot whose spec the
-        next prepare writes from it (`_respec`). None when `verbs` is None and the cache does not hold
-        the plan's devices for its record. Raises VerbsUnresolvable, OSError (the entry then as it was,
-        or already rewritten: either answers the next prepare right)."""
-        if verbs is None:
-            verbs = self.verbs.cached(plan.version, plan.rdma_devices)
-            if verbs is None:
-                return None
-        whole, spec = self._spec(ref, plan, verbs)
-        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id)
-        self.checkpoint.put(prepared)
-        cdi.write_new_spec(prepared.spec_path, cdi.spec_text(spec))
-        return prepared, whole
 
     async def _recorded(
         self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: _WriteGate | None = None
