@@ -4,8 +4,6 @@ fix, through the Preparer kubelet's calls reach, over the fixture host."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.kube import DraApi
-from nodefabric_deviceplugin.dra.prepare import Preparer, _finish, _hop
+from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
@@ -127,27 +125,3 @@ async def test_over_grpc_a_read_raising_a_base_exception_fails_its_claim_and_the
         assert not running.task.done()
     finally:
         await shutdown(running)
-
-
-async def test_a_hop_its_executor_cancels_before_it_runs_fails_its_call_rather_than_leaving_it_waiting() -> (
-    None
-):
-    """The outcome travels from the thread, not through the executor's future: a call the executor
-    cancelled before any thread took it (a shutdown with cancel_futures) never handed one back, and the
-    call, with the claim lock it holds, waited for good. The executor's future now settles it."""
-    loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(max_workers=1)
-    loop.set_default_executor(pool)
-    release = threading.Event()
-    busy = loop.run_in_executor(None, release.wait, 10)  # the only worker taken: the hop stays queued
-    ran: list[str] = []
-    call = asyncio.create_task(_finish(GOOD, _hop(ran.append, "ran")))
-    await asyncio.sleep(0)
-    pool.shutdown(wait=False, cancel_futures=True)
-    release.set()
-    # Not wait_for: its cancel, on a call that waits for its thread's end, would wait for good too.
-    await asyncio.wait([call], timeout=10)
-    assert call.done(), "the call still waits for a hop its executor dropped"
-    with pytest.raises(RuntimeError, match="never ran"):
-        call.result()
-    assert await busy and ran == []

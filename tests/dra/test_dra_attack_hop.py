@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from dra_helpers import DRIVER, Dirs, client, put_claim, ref, result
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import cdi
+from nodefabric_deviceplugin.dra import cdi, hops
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.prepare import Preparer
@@ -358,17 +357,28 @@ async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_wri
     assert (await p.prepare([claim]))[claim.uid].error == "" and os.path.exists(moved)
 
 
+async def idle(threads: hops.HopThreads) -> None:
+    """Until a hop thread waits for work (a thread counts itself idle just after its hop ends)."""
+    for _ in range(1000):
+        if threads._idle:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no hop thread went idle")
+
+
 async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The process at its thread limit, every executor thread busy: the executor queues the hop, then
-    fails to start a thread for it (`can't start new thread`). kubelet is told the claim failed; the
-    hop must not then run on the first thread that frees up, writing the claim's files after the lock
-    was let go (kubelet, told it failed, may unprepare it meanwhile, or never call again)."""
-    # Room for threads the executor has not started yet (the loop's other work starts some: the warm
-    # prepare, the embedded API's reads), so the hop's submission is the one that must start a thread.
-    hops = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hop")
-    asyncio.get_running_loop().set_default_executor(hops)
+    """The process at its thread limit, every hop thread busy: the hop needs a new thread and cannot
+    start one (`can't start new thread`). kubelet is told the claim failed; the hop must not then run
+    on the first thread that frees up, writing the claim's files after the lock was let go (kubelet,
+    told it failed, may unprepare it meanwhile, or never call again)."""
+    threads = hops.HopThreads()
+    monkeypatch.setattr(hops, "THREADS", threads)
     p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     claim, warm = ref(put_claim(api, "limited", [result(NIC0)])), ref(put_claim(api, "warm", [result(NIC1)]))
     assert (await p.prepare([warm]))[warm.uid].error == ""  # the verbs cached: one hop writes the files
@@ -378,18 +388,13 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
         running.release()
         busy.wait(30)
 
-    occupied = 0  # every thread the executor has, busy, and none counted idle
-    while occupied < len(hops._threads):
-        hops.submit(occupy)
-        assert running.acquire(timeout=10)
-        occupied += 1
-    while hops._idle_semaphore.acquire(timeout=0):
-        pass
-    assert occupied < hops._max_workers
+    await idle(threads)
+    threads.submit(occupy)  # the one thread the warm prepare started, now busy
+    assert running.acquire(timeout=10) and threads._threads == 1
     real_start = threading.Thread.start
 
     def at_limit(self: threading.Thread) -> None:
-        if self.name.startswith("hop"):
+        if self.name.startswith("dra-hop"):
             raise RuntimeError("can't start new thread")
         real_start(self)
 
@@ -398,11 +403,10 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
         out = (await p.prepare([claim]))[claim.uid]
     assert "can't start new thread" in out.error and not out.devices
     busy.set()
-    # Whatever was queued has run (waited for off the loop: the embedded API it may read runs on it).
-    waiter = threading.Thread(target=hops.shutdown)
-    waiter.start()
-    while waiter.is_alive():
-        await asyncio.sleep(0.01)
+    # The busy thread is free again (idle): were the refused hop queued, it would have run on it by now,
+    # and a hop after it runs on that thread, after anything queued before it.
+    await idle(threads)
+    assert await asyncio.wait_for(hops.finish(claim, hops.hop(lambda: "after")), 10) == "after"
     await p.syncs.drain(5)
     assert claim.uid not in p.checkpoint.claims and Checkpoint(p.checkpoint.path).get(claim.uid) is None
     assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, claim.uid)), "the refused hop ran later"

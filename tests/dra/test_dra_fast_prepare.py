@@ -24,7 +24,8 @@ from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi, checkpoint
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_deviceplugin.dra.claims import ClaimRef
-from nodefabric_deviceplugin.dra.prepare import Preparer, _finish, _hop, _Running
+from nodefabric_deviceplugin.dra.hops import Running, finish, hop
+from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 
 UID = "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e"
@@ -217,8 +218,8 @@ async def test_a_settled_hop_wakes_its_call_on_the_next_loop_pass() -> None:
     the pass after it. A wrapped executor future, shielded, took two more."""
     loop = asyncio.get_running_loop()
     seen: list[object] = []
-    running: _Running[object] = _Running(loop, seen.append)
-    call = asyncio.create_task(_finish(REF, running))
+    running: Running[object] = Running(loop, seen.append)
+    call = asyncio.create_task(finish(REF, running))
     await asyncio.sleep(0)  # the call now waits
     outcome = object()
     running.settle(outcome, None)
@@ -227,22 +228,22 @@ async def test_a_settled_hop_wakes_its_call_on_the_next_loop_pass() -> None:
     assert call.done() and call.result() is outcome
 
 
-async def test_a_hop_runs_on_the_default_executor_and_answers_its_result_or_its_error() -> None:
+async def test_a_hop_runs_on_a_hop_thread_and_answers_its_result_or_its_error() -> None:
     ended: list[int] = []
-    assert await _finish(REF, _hop(lambda x: x * 2, 21, on_end=ended.append)) == 42
+    assert await finish(REF, hop(lambda x: x * 2, 21, on_end=ended.append)) == 42
     assert ended == [42]
 
     def boom() -> None:
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space"):
-        await _finish(REF, _hop(boom, on_end=lambda _: pytest.fail("on_end saw a failure")))
+        await finish(REF, hop(boom, on_end=lambda _: pytest.fail("on_end saw a failure")))
 
     def stop() -> None:
         raise StopIteration  # an asyncio future refuses it as an exception: the call would never wake
 
     with pytest.raises(RuntimeError, match="StopIteration"):
-        await asyncio.wait_for(_finish(REF, _hop(stop)), 10)
+        await asyncio.wait_for(finish(REF, hop(stop)), 10)
 
 
 async def test_a_cancelled_call_waits_for_its_thread_and_on_end_still_sees_the_result(
@@ -258,7 +259,7 @@ async def test_a_cancelled_call_waits_for_its_thread_and_on_end_still_sees_the_r
         release.wait(10)
         return "written"
 
-    call = asyncio.create_task(_finish(REF, _hop(work, on_end=ended.append)))
+    call = asyncio.create_task(finish(REF, hop(work, on_end=ended.append)))
     await asyncio.sleep(0)  # the call awaits its hop (as a prepare's task does from its first step)
     while not started.is_set():
         await asyncio.sleep(0.01)
@@ -283,7 +284,7 @@ async def test_a_cancelled_call_waits_for_its_thread_and_on_end_still_sees_the_r
         raise OSError(5, "Input/output error")
 
     with caplog.at_level(logging.WARNING):
-        call = asyncio.create_task(_finish(REF, _hop(failing), "unprepare"))
+        call = asyncio.create_task(finish(REF, hop(failing), "unprepare"))
         await asyncio.sleep(0)
         while not started.is_set():
             await asyncio.sleep(0.01)
@@ -300,5 +301,5 @@ async def test_an_on_end_that_fails_still_answers_the_call(caplog: pytest.LogCap
         raise RuntimeError("bookkeeping broke")
 
     with caplog.at_level(logging.ERROR):
-        assert await asyncio.wait_for(_finish(REF, _hop(lambda: "done", on_end=broken)), 10) == "done"
+        assert await asyncio.wait_for(finish(REF, hop(lambda: "done", on_end=broken)), 10) == "done"
     assert any("recording a hop's outcome failed" in r.getMessage() for r in caplog.records)

@@ -10,7 +10,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -33,7 +32,7 @@ from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import cdi
+from nodefabric_deviceplugin.dra import cdi, hops
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, file_name
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.kube import DraApi
@@ -45,16 +44,16 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"  # mlx5_0, mlx5_1
 
 
-class Hops(ThreadPoolExecutor):
-    """The loop's default executor, counting what each prepare sent to a worker thread."""
+class Hops(hops.HopThreads):
+    """The driver's hop threads, counting what each prepare sent to one."""
 
     def __init__(self) -> None:
-        super().__init__(max_workers=4)
-        self.names: list[str] = []
+        super().__init__()
+        self.submitted = 0
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        self.names.append(getattr(fn, "__name__", repr(fn)))
-        return super().submit(fn, *args, **kwargs)
+    def submit(self, job: Callable[[], None]) -> None:
+        self.submitted += 1
+        super().submit(job)
 
 
 class RecordingReader:
@@ -83,6 +82,7 @@ async def test_a_first_prepare_with_its_verbs_devices_cached_takes_one_thread_ho
     dirs: Dirs,
     hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first claim of a record misses the verbs cache: its read runs on the budgeted reader's own
     thread (never the hop's, which a FIFO in sysfs would hang) and the files take a second hop. Every
@@ -90,18 +90,18 @@ async def test_a_first_prepare_with_its_verbs_devices_cached_takes_one_thread_ho
     reader = RecordingReader()
     source = RecordSource(hgx_spec)
     p = preparer(api, dirs, hgx_host[0].host, source, reader)
-    hops = Hops()
-    asyncio.get_running_loop().set_default_executor(hops)
+    counted = Hops()
+    monkeypatch.setattr(hops, "THREADS", counted)
     first, second = put_claim(api, "a", [result(NIC0)]), put_claim(api, "b", [result(NIC1)])
 
     out = await p.prepare([ref(first)])
-    assert out[ref(first).uid].error == "" and len(hops.names) == 2, hops.names
+    assert out[ref(first).uid].error == "" and counted.submitted == 2, counted.submitted
     assert len(reader.threads) == 1 and reader.threads[0].startswith("read "), reader.threads
 
-    hops.names.clear()
+    counted.submitted = 0
     out = await p.prepare([ref(second)])
     assert out[ref(second).uid].error == ""
-    assert len(hops.names) == 1, f"a first prepare with its verbs cached took {hops.names}"
+    assert counted.submitted == 1, f"a first prepare with its verbs cached took {counted.submitted} hops"
     assert len(reader.threads) == 1, "no second read of the host"
     spec = cdi.read_spec(cdi.spec_path(dirs.cdi, DRIVER, ref(second).uid))
     assert spec is not None and spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"].startswith(
@@ -114,10 +114,10 @@ async def test_a_first_prepare_with_its_verbs_devices_cached_takes_one_thread_ho
     changed = hgx_spec.model_copy(update={"interfaces": list(reversed(hgx_spec.interfaces))})
     assert source.update(changed)
     third = put_claim(api, "c", [result(NIC1)])
-    hops.names.clear()
+    counted.submitted = 0
     out = await p.prepare([ref(third)])
     assert out[ref(third).uid].error == ""
-    assert len(reader.threads) == 2 and len(hops.names) == 2, (reader.threads, hops.names)
+    assert len(reader.threads) == 2 and counted.submitted == 2, (reader.threads, counted.submitted)
     await p.syncs.drain(5)
 
 
@@ -126,16 +126,17 @@ async def test_a_claim_without_our_devices_and_a_missing_claim_take_one_hop_and_
     dirs: Dirs,
     hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reader = RecordingReader()
     p = preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec), reader)
-    hops = Hops()
-    asyncio.get_running_loop().set_default_executor(hops)
+    counted = Hops()
+    monkeypatch.setattr(hops, "THREADS", counted)
     theirs = put_claim(api, "theirs", [result(NIC0, driver="other.example.com")])
     out = await p.prepare([ref(theirs), ClaimRef("ml", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "gone")])
     assert out[ref(theirs).uid].error == "" and not out[ref(theirs).uid].devices
     assert "does not exist" in out["1b4e28ba-2fa1-11d2-883f-0016d3cca427"].error
-    assert len(hops.names) == 2 and reader.threads == []
+    assert counted.submitted == 2 and reader.threads == []
     assert p.checkpoint.claims == {} and not os.path.exists(dirs.cdi)
 
 

@@ -36,18 +36,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.nodeclient import ApiFailure
 from nodefabric_deviceplugin.allocate import ContainerGrant, endpoints_for, grant
-from nodefabric_deviceplugin.dra import boot, cdi, metrics
+from nodefabric_deviceplugin.dra import boot, cdi, hops, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, Reservation
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
@@ -67,172 +65,6 @@ class _Recording(Protocol):
 
 
 _T = TypeVar("_T", bound=_Recording)
-_R = TypeVar("_R")
-
-
-class _Running(Generic[_R]):
-    """A hop in flight. Its thread hands the outcome to the loop itself (one `call_soon_threadsafe`),
-    where `settle` runs `on_end` and wakes the call: one loop pass between the thread's end and the call
-    going on. (An executor future wrapped for the loop, then shielded from the call's cancellation,
-    took three: the wrapped future's state copied, its callbacks, the shield's own future's callbacks.)
-
-    `answer` is what the call awaits, cancelled with it; the thread's outcome (`result`, `error`) is
-    kept here whatever became of the call, and `on_end` sees every result, a cancelled call's too."""
-
-    __slots__ = ("_ended", "answer", "done", "error", "on_end", "result")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_end: Callable[[_R], None] | None) -> None:
-        self.answer: asyncio.Future[_R] = loop.create_future()
-        self.on_end = on_end
-        self.done = False
-        self.result: _R | None = None
-        self.error: BaseException | None = None
-        self._ended: asyncio.Future[None] | None = None  # made only for a call that must wait for the end
-
-    def settle(self, result: _R | None, error: BaseException | None) -> None:
-        """On the loop, once the thread has ended."""
-        self.done, self.result, self.error = True, result, error
-        answer = self.answer
-        if not answer.done():
-            if error is None:
-                answer.set_result(result)  # type: ignore[arg-type]
-            else:
-                answer.set_exception(error)
-        if self._ended is not None and not self._ended.done():
-            self._ended.set_result(None)
-        if error is None and self.on_end is not None:
-            try:
-                self.on_end(result)  # type: ignore[arg-type]
-            except Exception:  # never left to the loop: the call above is already woken
-                log.exception("recording a hop's outcome failed")
-
-    async def ended(self) -> None:
-        """Until the thread has ended, however often the waiting call is cancelled meanwhile."""
-        while not self.done:
-            if self._ended is None:
-                self._ended = asyncio.get_running_loop().create_future()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([self._ended])
-
-
-def _wrapped(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
-    try:
-        what = repr(exc)
-    except Exception:  # a repr that fails here would leave the call waiting, its lock held for good
-        what = type(exc).__name__
-    error = RuntimeError(f"{fn!r} raised {what}")
-    error.__cause__ = exc
-    return error
-
-
-def _hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None = None) -> _Running[_R]:
-    """`fn(*args)` on the loop's default executor: `asyncio.to_thread` less its coroutine and the task
-    that would wrap it (nothing here reads a context variable), the outcome handed back by the thread
-    itself (`_Running`). `on_end(result)` runs on the loop when `fn` returns, whether or not the call
-    still waits.
-
-    The executor queues the call before it starts a thread for it: at the process's thread limit, with
-    every thread busy, the submission raises, yet the call stays queued and would run on the first
-    thread to free up, writing (or removing) a claim's files after the caller was told it failed and
-    let the lock go. The gate settles which came first: the refusal (the call then never runs) or a
-    thread taking the call (microseconds after the queueing; it then runs, unawaited, and is logged)."""
-    loop = asyncio.get_running_loop()
-    running: _Running[_R] = _Running(loop, on_end)
-    gate = threading.Lock()
-
-    def gated() -> None:
-        if not gate.acquire(blocking=False):
-            return  # refused: its caller was told so, and it runs nothing
-        try:
-            result = fn(*args)
-        except StopIteration as exc:  # a future refuses it (TypeError), which would leave the call waiting
-            outcome: tuple[_R | None, BaseException | None] = (None, _wrapped(fn, exc))
-        except Exception as exc:  # handed to the call as it is
-            outcome = (None, exc)
-        except BaseException as exc:
-            # Not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError from a
-            # concurrent future the thread waited on): raised as it is in the call, SystemExit and
-            # KeyboardInterrupt would stop the loop (the whole driver), and a CancelledError would pass
-            # for the call's own cancellation (the request's other claims never prepared). On the
-            # thread, none of them is the process being stopped: one claim's failure, as any other.
-            outcome = (None, _wrapped(fn, exc))
-        else:
-            outcome = (result, None)
-        with contextlib.suppress(RuntimeError):  # the loop is closed: a stop that gave up on this hop
-            loop.call_soon_threadsafe(running.settle, *outcome)
-
-    try:
-        # The executor's own future settles with None: the outcome travels through `running`.
-        submitted = loop.run_in_executor(None, gated)
-    except BaseException:
-        if not gate.acquire(blocking=False):
-            log.error("a hop whose thread could not start runs all the same", extra={"call": repr(fn)})
-        raise
-    # Not removable: should `gated` never hand an outcome back (the executor cancelled the call before
-    # a thread took it, or `gated` itself failed), the call would wait for good, holding its claim's
-    # lock. The executor's future ends after `gated` has queued `settle`, so this runs after it and,
-    # in every other case, finds the hop settled: it never delays the call.
-    submitted.add_done_callback(functools.partial(_unsettled, running, fn))
-    return running
-
-
-def _unsettled(running: _Running[Any], fn: Callable[..., Any], submitted: asyncio.Future[None]) -> None:
-    if running.done:
-        return
-    if submitted.cancelled():
-        error = RuntimeError(f"{fn!r} never ran: its executor cancelled it")
-    else:
-        exc = submitted.exception()
-        error = RuntimeError(f"{fn!r} handed no outcome back") if exc is None else _wrapped(fn, exc)
-    running.settle(None, error)
-
-
-class _Abandoned(Exception):
-    """A first prepare's hop whose call was cancelled before it wrote anything: it writes nothing."""
-
-
-class _WriteGate:
-    """Settles, once, which comes first for a first prepare's hop: its thread starting to write the
-    claim's files, or its cancelled call walking away. The hop starts with the claim's read, which an
-    API server answering slowly can stretch far past kubelet's deadline; a call cancelled during the
-    read need not hold the lock for it (the thread, done reading, then writes nothing)."""
-
-    def __init__(self) -> None:
-        self._gate = threading.Lock()
-
-    def write(self) -> None:
-        """On the hop's thread, before its first change to a file. Raises _Abandoned."""
-        if not self._gate.acquire(blocking=False):
-            raise _Abandoned
-
-    def walk_away(self) -> bool:
-        """On the loop, for a cancelled call: True when the thread has not begun writing and now never
-        will."""
-        return self._gate.acquire(blocking=False)
-
-
-async def _finish(
-    ref: ClaimRef, running: _Running[_R], what: str = "prepare", gate: _WriteGate | None = None
-) -> _R:
-    """Await a hop that changes the claim's files, to its end even when the call is cancelled (every
-    one runs under the Preparer's lock).
-
-    If kubelet's deadline passes mid-hop, the thread cannot be stopped: it ends (the claim recorded,
-    or its files removed) before the lock lets the next call in, so the next call never finds the
-    claim half written, nor an unprepare still removing what a prepare after it wrote (a spec renamed
-    into place after its unprepare, an entry forgotten after it was made again). `gate`: a hop that
-    has not begun writing (a first prepare still reading its claim) is walked away from at once."""
-    try:
-        return await running.answer
-    except asyncio.CancelledError:
-        if gate is not None and gate.walk_away():
-            raise  # the thread writes nothing now; what it read is dropped
-        # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
-        # stays held until it ends, however often the call is cancelled meanwhile.
-        await running.ended()
-        if running.error is not None:
-            log.warning(f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.error)})
-        raise
 
 
 class ClaimReader(Protocol):
@@ -378,11 +210,11 @@ class _AnotherBoot:
         entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
         longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
         plan = self._replan(ref, done, self._offered())
-        again = await _finish(ref, _hop(self._rewrite, ref, done, plan, None))
+        again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, None))
         if again is None:
             # Not cached for this record: read off the loop within a budget, as a first prepare does.
             verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
-            again = await _finish(ref, _hop(self._rewrite, ref, done, plan, verbs))
+            again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, verbs))
             assert again is not None
         prepared, whole = again
         metrics.PREPARES.labels("resolved_again").inc()
@@ -515,7 +347,7 @@ class Preparer(_AnotherBoot):
                     " claim's own spec file; not writing there (unprepare the claim to prepare it again)"
                 )
             if done.spec_path:
-                respec = await _finish(ref, _hop(self._respec, done))
+                respec = await hops.finish(ref, hops.hop(self._respec, done))
                 if respec is None:
                     return await self._prepare_again(ref, done)
                 rewrote = respec
@@ -524,7 +356,7 @@ class Preparer(_AnotherBoot):
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
         # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
-        gate = _WriteGate()
+        gate = hops.WriteGate()
         hop = await self._recorded(ref, self._read_and_write, ref, self._offered(), gate, gate=gate)
         if hop.plan is None:
             metrics.PREPARES.labels("no_devices").inc()
@@ -553,7 +385,7 @@ class Preparer(_AnotherBoot):
         return written.devices
 
     def _read_and_write(
-        self, ref: ClaimRef, found: tuple[int, dict[str, PoolDevice]] | None, gate: _WriteGate
+        self, ref: ClaimRef, found: tuple[int, dict[str, PoolDevice]] | None, gate: hops.WriteGate
     ) -> _Hop:
         """On a worker thread, the whole first prepare in one hop when it can be: the claim's read, its
         devices resolved in `found` (the record's pool, taken on the loop), and, when the verbs devices
@@ -563,14 +395,14 @@ class Preparer(_AnotherBoot):
         Thread safety: `found` is never changed once made (`_offered` makes a new one per version); the
         grant and the spec are pure; `self.verbs` is this Preparer's own and only ever changed by its
         `devices`, awaited under the lock. The read and the plan need no lock: a call cancelled while
-        they run walks away (`_WriteGate`), and the thread then stops before the lookup. Past
-        `gate.write()` the lock is held until this thread ends (see `_finish`), so the cache's table
+        they run walks away (`hops.WriteGate`), and the thread then stops before the lookup. Past
+        `gate.write()` the lock is held until this thread ends (see `hops.finish`), so the cache's table
         cannot change under the lookup (one lstat per device node, no sysfs read)."""
         claim = self.api.get_claim(ref.namespace, ref.name)
         plan = self._plan(ref, claim, found)
         if plan is None:
             return _Hop(None, None)
-        gate.write()  # from here the call holds the lock until this thread ends (see _WriteGate)
+        gate.write()  # from here the call holds the lock until this thread ends (see hops.WriteGate)
         verbs = self.verbs.cached(plan.version, list(plan.rdma_devices))
         if verbs is None:
             return _Hop(plan, None)
@@ -615,12 +447,12 @@ class Preparer(_AnotherBoot):
         return whole, cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
 
     async def _recorded(
-        self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: _WriteGate | None = None
+        self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: hops.WriteGate | None = None
     ) -> _T:
         """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started on
-        the loop as the thread hands its outcome back (`_Running.settle`), so a call cancelled meanwhile
+        the loop as the thread hands its outcome back (`hops.Running.settle`), so a call cancelled meanwhile
         leaves no recorded claim unsynced."""
-        return await _finish(ref, _hop(fn, *args, on_end=self._sync_recorded), gate=gate)
+        return await hops.finish(ref, hops.hop(fn, *args, on_end=self._sync_recorded), gate=gate)
 
     async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
@@ -716,7 +548,9 @@ class Preparer(_AnotherBoot):
         # ever name this claim's own file, so a tampered checkpoint cannot make us delete anything else.
         if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
             paths.insert(0, done.spec_path)
-        removed = await _finish(ref, _hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare")
+        removed = await hops.finish(
+            ref, hops.hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare"
+        )
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
         log.info(

@@ -2,15 +2,15 @@
 
 One thread of their own, one sync at a time, shared by every driver of the process (one idle thread,
 not one per driver, however many are made and stopped): a sync never waits behind, or holds up, the
-API reads and file writes that prepares run on the default executor, and syncs that queue up behind a
-slow disk cost kubelet's calls nothing (an entry waiting for its sync holds no descriptor:
+API reads and file writes that prepares run on their hop threads (hops), and syncs that queue up behind
+a slow disk cost kubelet's calls nothing (an entry waiting for its sync holds no descriptor:
 `Reservation.sync` reopens its file). A sync that fails is logged and counted; its claim stays prepared
 (kubelet was answered, and the content is written), only a power loss could now lose it. A disk that
 never answers holds every driver's syncs of the process alike: in the agent there is one driver.
 
 The thread is a daemon and a stop's drain is bounded: a disk that never answers an fdatasync must not
-hold the driver's stop, nor the process's exit (the interpreter joins every other thread, an executor's
-included, for good). What a stop leaves unsynced is logged; it is written, so only a power loss in the
+hold the driver's stop, nor the process's exit (the interpreter joins every thread that is not a
+daemon, for good). What a stop leaves unsynced is logged; it is written, so only a power loss in the
 next moments could lose it, and kubelet would then prepare those claims again from the API.
 """
 
