@@ -83,7 +83,7 @@ class Running(Generic[_R]):
     `answer` is what the call awaits, cancelled with it; the thread's outcome (`result`, `error`) is
     kept here whatever became of the call, and `on_end` sees every result, a cancelled call's too."""
 
-    __slots__ = ("_ended", "answer", "done", "error", "on_end", "result")
+    __slots__ = ("_ended", "answer", "done", "error", "given_up", "on_end", "result")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_end: Callable[[_R], None] | None) -> None:
         self.answer: asyncio.Future[_R] = loop.create_future()
@@ -92,6 +92,7 @@ class Running(Generic[_R]):
         self.result: _R | None = None
         self.error: BaseException | None = None
         self._ended: asyncio.Future[None] | None = None  # made only for a call that must wait for the end
+        self.given_up = False  # a stop waited for the thread long enough (see `Waits`)
 
     def settle(self, result: _R | None, error: BaseException | None) -> None:
         """On the loop, once the thread has ended."""
@@ -110,9 +111,16 @@ class Running(Generic[_R]):
             except Exception:  # never left to the loop: the call above is already woken
                 log.exception("recording a hop's outcome failed")
 
+    def give_up(self) -> None:
+        """On the loop: `ended` returns now, and at once from here on, the thread still running."""
+        self.given_up = True
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+
     async def ended(self) -> None:
-        """Until the thread has ended, however often the waiting call is cancelled meanwhile."""
-        while not self.done:
+        """Until the thread has ended (or the hop was given up), however often the waiting call is
+        cancelled meanwhile."""
+        while not self.done and not self.given_up:
             if self._ended is None:
                 self._ended = asyncio.get_running_loop().create_future()
             with contextlib.suppress(asyncio.CancelledError):
@@ -183,8 +191,29 @@ class WriteGate:
         return self._gate.acquire(blocking=False)
 
 
+class Waits:
+    """The hops one owner's calls await (a Preparer's), for its stop. A call cancelled mid-hop waits for
+    its thread to end (see `finish`); a stop that waited for it long enough (a disk that never answers)
+    gives the hops up: each such call then ends, its thread left to run on (a daemon: it holds no exit).
+    Without that the process could not exit: the loop's end (`asyncio.run`) cancels every task left and
+    waits for each, and this one ignores its cancellation until its thread ends, for good on a hung disk."""
+
+    def __init__(self) -> None:
+        self._running: set[Running[Any]] = set()
+
+    def give_up(self) -> int:
+        """On the loop: gives up every hop awaited now; how many."""
+        for running in self._running:
+            running.give_up()
+        return len(self._running)
+
+
 async def finish(
-    ref: ClaimRef, running: Running[_R], what: str = "prepare", gate: WriteGate | None = None
+    ref: ClaimRef,
+    running: Running[_R],
+    what: str = "prepare",
+    gate: WriteGate | None = None,
+    waits: Waits | None = None,
 ) -> _R:
     """Await a hop that changes the claim's files, to its end even when the call is cancelled (every
     one runs under the Preparer's lock).
@@ -193,15 +222,22 @@ async def finish(
     or its files removed) before the lock lets the next call in, so the next call never finds the
     claim half written, nor an unprepare still removing what a prepare after it wrote (a spec renamed
     into place after its unprepare, an entry forgotten after it was made again). `gate`: a hop that
-    has not begun writing (a first prepare still reading its claim) is walked away from at once."""
+    has not begun writing (a first prepare still reading its claim) is walked away from at once.
+    `waits`: the owner's, whose stop may give the hop up (see `Waits`)."""
+    if waits is not None:
+        waits._running.add(running)
     try:
         return await running.answer
     except asyncio.CancelledError:
         if gate is not None and gate.walk_away():
             raise  # the thread writes nothing now; what it read is dropped
         # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock
-        # stays held until it ends, however often the call is cancelled meanwhile.
+        # stays held until it ends, however often the call is cancelled meanwhile, or until a stop that
+        # waited long enough gives it up.
         await running.ended()
         if running.error is not None:
             log.warning(f"a cancelled {what} failed", extra={"claim": str(ref), "why": str(running.error)})
         raise
+    finally:
+        if waits is not None:
+            waits._running.discard(running)

@@ -174,6 +174,7 @@ class _AnotherBoot:
     boot_id: str
     verbs: VerbsCache
     checkpoint: Checkpoint
+    _waits: hops.Waits
 
     def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
         raise NotImplementedError
@@ -210,11 +211,11 @@ class _AnotherBoot:
         entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
         longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
         plan = self._replan(ref, done, self._offered())
-        again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, None))
+        again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, None), waits=self._waits)
         if again is None:
             # Not cached for this record: read off the loop within a budget, as a first prepare does.
             verbs = await self.verbs.devices(plan.version, plan.rdma_devices)
-            again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, verbs))
+            again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, verbs), waits=self._waits)
             assert again is not None
         prepared, whole = again
         metrics.PREPARES.labels("resolved_again").inc()
@@ -300,6 +301,7 @@ class Preparer(_AnotherBoot):
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
         self.syncs = Syncs()
+        self._waits = hops.Waits()  # the hops awaited under the lock, which a stop that gave up lets go
         cdi.remove_temporaries(config.cdi_dir, config.driver)  # a crash's leftovers; no write runs yet
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
@@ -347,7 +349,7 @@ class Preparer(_AnotherBoot):
                     " claim's own spec file; not writing there (unprepare the claim to prepare it again)"
                 )
             if done.spec_path:
-                respec = await hops.finish(ref, hops.hop(self._respec, done))
+                respec = await hops.finish(ref, hops.hop(self._respec, done), waits=self._waits)
                 if respec is None:
                     return await self._prepare_again(ref, done)
                 rewrote = respec
@@ -452,7 +454,8 @@ class Preparer(_AnotherBoot):
         """A hop that may write the claim's files: its entry's syncs follow kubelet's answer, started on
         the loop as the thread hands its outcome back (`hops.Running.settle`), so a call cancelled meanwhile
         leaves no recorded claim unsynced."""
-        return await hops.finish(ref, hops.hop(fn, *args, on_end=self._sync_recorded), gate=gate)
+        running = hops.hop(fn, *args, on_end=self._sync_recorded)
+        return await hops.finish(ref, running, gate=gate, waits=self._waits)
 
     async def drain(self, timeout: float | None = None) -> None:
         """On stop, once the sockets are closed: wait for a prepare still writing (its call cancelled by
@@ -467,6 +470,7 @@ class Preparer(_AnotherBoot):
                 await self._lock.acquire()
         except TimeoutError:
             log.error("stopping while a prepare is still writing its files; its entry may stay unsynced")
+            self._waits.give_up()  # its call ends, the thread left running: the loop can close
             await self.syncs.drain(0.0)  # says what else is unsynced
             return
         try:
@@ -549,7 +553,7 @@ class Preparer(_AnotherBoot):
         if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
             paths.insert(0, done.spec_path)
         removed = await hops.finish(
-            ref, hops.hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare"
+            ref, hops.hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare", waits=self._waits
         )
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
