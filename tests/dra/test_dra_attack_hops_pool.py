@@ -42,6 +42,14 @@ def name() -> str:
     return threading.current_thread().name
 
 
+async def answer(running: hops.Running[object]) -> object:
+    """The hop's answer, its outcome raised as the call would see it. A hang guard that does not go
+    through `finish` (which, cancelled, waits for the thread however long): a hop never answered fails."""
+    done, _ = await asyncio.wait([running.answer], timeout=10)
+    assert done, "the hop's call was never answered"
+    return running.answer.result()
+
+
 # --- a stop with a hop stuck on a disk that never answers ------------------------------------------------
 
 STUCK_STOP = """
@@ -167,3 +175,60 @@ async def test_a_stop_gives_up_only_its_own_hops_and_a_later_cancel_ends_at_once
     finally:
         mine.set()
         theirs.set()
+
+
+# --- whatever a hop's function does, its call is answered and its thread serves on -------------------------
+
+
+class Unnamed:
+    """A callable whose repr raises (a partial of an object with a broken `__repr__`, say)."""
+
+    def __init__(self, raised: BaseException) -> None:
+        self.raised = raised
+
+    def __call__(self) -> None:
+        self.thread = threading.current_thread()
+        raise self.raised
+
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+@pytest.mark.parametrize("raised", [StopIteration(), KeyboardInterrupt(), SystemExit(3)], ids=repr)
+async def test_a_hop_whose_function_cannot_be_named_still_fails_its_call_and_keeps_its_thread(
+    threads: hops.HopThreads, raised: BaseException
+) -> None:
+    """The error handed to the call names the function; a function whose repr raises must not kill the
+    thread before it hands anything back: the call would wait for good, its claim's lock held, and the
+    pool would count a thread that no longer exists (past the cap's worth of them, every hop waits)."""
+    fn = Unnamed(raised)
+    with pytest.raises(RuntimeError, match=f"Unnamed raised {type(raised).__name__}"):
+        await answer(hops.hop(fn))
+    await idle(threads, 1)
+    assert await answer(hops.hop(threading.current_thread)) is fn.thread and fn.thread.is_alive()
+    assert threads._threads == 1
+
+
+async def test_a_job_that_raises_leaves_the_pool_counting_right(
+    threads: hops.HopThreads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job must not raise, but one that does (a hand-back that fails for want of memory) must not take
+    its thread with it uncounted: the queued job behind it (past the cap) would wait for good."""
+    monkeypatch.setattr(hops, "MAX_THREADS", 1)
+    release, entered = threading.Event(), threading.Event()
+    ran: list[threading.Thread] = []
+
+    def failing() -> None:
+        ran.append(threading.current_thread())
+        entered.set()
+        release.wait(30)
+        raise MemoryError
+
+    threads.submit(failing)
+    assert await asyncio.to_thread(entered.wait, 10)
+    queued = hops.hop(threading.current_thread)  # past the cap: waits for the one thread
+    assert threads._backlog == 1
+    release.set()
+    assert await answer(queued) is ran[0] and ran[0].is_alive()
+    await idle(threads, 1)
+    assert threads._threads == 1 and threads._backlog == 0

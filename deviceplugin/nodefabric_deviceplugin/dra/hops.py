@@ -59,7 +59,13 @@ class HopThreads:
 
     def _work(self) -> None:
         while True:
-            self._jobs.get()()
+            job = self._jobs.get()
+            try:
+                job()
+            except BaseException:
+                # A job must not raise; one that does (a hand-back that failed for want of memory) must
+                # not end its thread uncounted: a job queued past the cap would wait for it for good.
+                log.exception("a hop thread's job raised")
             with self._lock:
                 if self._backlog:
                     self._backlog -= 1  # a queued job is this thread's next, without going idle
@@ -128,11 +134,17 @@ class Running(Generic[_R]):
 
 
 def _wrapped(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
+    # A repr that fails here (the exception's or the function's) would end the thread before its
+    # hand-back: the call would wait for good, its lock held.
     try:
         what = repr(exc)
-    except Exception:  # a repr that fails here would leave the call waiting, its lock held for good
+    except Exception:
         what = type(exc).__name__
-    error = RuntimeError(f"{fn!r} raised {what}")
+    try:
+        name = repr(fn)
+    except Exception:
+        name = type(fn).__qualname__
+    error = RuntimeError(f"{name} raised {what}")
     error.__cause__ = exc
     return error
 
