@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ from nodefabric_operator.demo.kubeapi import running_api
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 NIC0 = "pci-0000-1c-00-0"
-step, deadline = sys.argv[3], float(sys.argv[4])
+step, deadline, stopper = sys.argv[3], float(sys.argv[4]), sys.argv[5]
 entered = threading.Event()
 
 
@@ -113,7 +114,14 @@ async def main() -> None:
             await asyncio.gather(kubelet, return_exceptions=True)
         await r.kubelet.stop()
         r.stop.set()
-        await asyncio.wait_for(r.task, 20)  # the driver's own stop: bounded by its drain
+        if stopper == "driver":
+            await asyncio.wait_for(r.task, 20)  # the driver's own stop: bounded by its drain
+        else:  # the node agent's: a part still stopping after its bound is cancelled, here mid-drain
+            lock = r.driver.preparer._lock
+            while not r.task.done() and not lock._waiters:
+                await asyncio.sleep(0.01)
+            r.task.cancel()
+            await asyncio.gather(r.task, return_exceptions=True)
         await asyncio.gather(kubelet, return_exceptions=True)
         print("driver stopped", flush=True)
 
@@ -123,28 +131,41 @@ print("exited", flush=True)
 """
 
 
-@pytest.mark.parametrize("step", ["unprepare", "first prepare", "repeated prepare"])
-@pytest.mark.parametrize("deadline", [1.0, 30.0], ids=["deadline-passed", "stopped-mid-call"])
+@pytest.mark.parametrize(
+    ("step", "deadline", "stopper"),
+    [
+        ("unprepare", 1.0, "driver"),
+        ("unprepare", 30.0, "driver"),
+        ("first prepare", 1.0, "driver"),
+        ("first prepare", 30.0, "driver"),
+        ("repeated prepare", 1.0, "driver"),
+        ("repeated prepare", 30.0, "driver"),
+        ("unprepare", 1.0, "agent"),
+        ("first prepare", 30.0, "agent"),
+    ],
+    ids=lambda v: str(v).replace(" ", "-"),
+)
 def test_a_stop_with_a_hop_stuck_on_a_hung_disk_lets_the_process_exit(
-    tmp_path: Path, step: str, deadline: float
+    tmp_path: Path, step: str, deadline: float, stopper: str
 ) -> None:
     """A hop stuck for good on a disk that never answers, its call cancelled by kubelet's deadline (or by
-    the server's stop): the drain gives up after its bound, as the README says, and the process must then
-    exit. The thread is a daemon, but the call still waits for it, however often it is cancelled: the
-    loop's end (asyncio.run cancels what is left and waits for it) would wait for that thread for good."""
+    the server's stop): the drain gives up after its bound, as the README says, or is cancelled (the node
+    agent cancels a part still stopping after 3 s), and the process must then exit. The thread is a
+    daemon, but the call still waits for it, however often it is cancelled: the loop's end (asyncio.run
+    cancels what is left and waits for it) would wait for that thread for good."""
     try:
         out = subprocess.run(
-            [sys.executable, "-c", STUCK_STOP, str(tmp_path), HERE, step, str(deadline)],
+            [sys.executable, "-c", STUCK_STOP, str(tmp_path), HERE, step, str(deadline), stopper],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=40,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the process did not exit: {exc.stdout!r} {exc.stderr!r}")
     assert out.returncode == 0, out.stderr
     assert out.stdout == "driver stopped\nexited\n", (out.stdout, out.stderr)
-    assert "still writing" in out.stderr, out.stderr
+    assert stopper == "agent" or "still writing" in out.stderr, out.stderr
 
 
 async def test_a_stop_gives_up_only_its_own_hops_and_a_later_cancel_ends_at_once(
@@ -232,3 +253,117 @@ async def test_a_job_that_raises_leaves_the_pool_counting_right(
     assert await answer(queued) is ran[0] and ran[0].is_alive()
     await idle(threads, 1)
     assert threads._threads == 1 and threads._backlog == 0
+
+
+# --- many submitters: several drivers' loops, each on its own thread, bursts past the cap -----------------
+
+
+class Checked(hops.HopThreads):
+    """The pool, its counts checked under its own lock at every submit and every job's end: a job never
+    queued while a thread idles, never more threads than the cap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken: list[str] = []
+        self.most_queued = 0
+
+    def submit(self, job: object) -> None:
+        with self._lock:
+            self._check("submit")
+        super().submit(job)  # type: ignore[arg-type]
+        with self._lock:
+            self._check("submitted")
+            self.most_queued = max(self.most_queued, self._backlog)
+
+    def _check(self, where: str) -> None:
+        if self._idle and self._backlog:
+            self.broken.append(f"{where}: {self._idle} idle with {self._backlog} queued")
+        if self._threads > hops.MAX_THREADS:
+            self.broken.append(f"{where}: {self._threads} threads past the cap")
+
+
+async def test_bursts_from_several_loops_past_the_cap_run_every_hop_once_and_count_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = Checked()
+    monkeypatch.setattr(hops, "THREADS", pool)
+    monkeypatch.setattr(hops, "MAX_THREADS", 3)
+    loops, per_loop, rounds = 4, 60, 3
+    ran: list[tuple[int, int]] = []
+    ran_lock = threading.Lock()
+    seen: set[threading.Thread] = set()
+
+    def work(n: int, i: int) -> tuple[int, int]:
+        with ran_lock:
+            ran.append((n, i))
+            seen.add(threading.current_thread())
+        time.sleep(0.0005)  # hops overlap: the cap is reached and hops queue
+        return n, i
+
+    def driver(n: int) -> list[tuple[int, int]]:
+        async def burst() -> list[tuple[int, int]]:
+            out: list[tuple[int, int]] = []
+            for r in range(rounds):
+                running = [hops.hop(work, n, r * per_loop + i) for i in range(per_loop)]
+                out += await asyncio.gather(*(hops.finish(REF, x) for x in running))
+            return out
+
+        return asyncio.run(burst())
+
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(asyncio.to_thread(driver, n) for n in range(loops))), 60
+    )
+    for n, out in enumerate(answers):
+        assert out == [(n, i) for i in range(per_loop * rounds)], "a hop answered another's call"
+    assert sorted(ran) == sorted((n, i) for n in range(loops) for i in range(per_loop * rounds))
+    await idle(pool, pool._threads)
+    with pool._lock:
+        pool._check("end")
+        assert pool._idle == pool._threads <= 3 and pool._backlog == 0
+    assert len(seen) <= 3 and pool.broken == [] and pool.most_queued > 0
+
+
+async def test_hand_backs_racing_their_loops_close_leave_the_threads_serving(
+    threads: hops.HopThreads, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stops that gave up on their hops, the loop closing as the thread hands back: the hand-back either
+    finds the loop closed or lands in it unrun, and the thread goes on, counted idle."""
+
+    def stops() -> None:
+        for _ in range(300):
+            loop = asyncio.new_event_loop()
+            try:
+
+                async def start() -> None:
+                    hops.hop(int)
+
+                loop.run_until_complete(start())
+            finally:
+                loop.close()
+
+    await asyncio.to_thread(stops)
+    await idle(threads, threads._threads)
+    assert threads._backlog == 0 and threads._threads <= hops.MAX_THREADS
+    assert "raised" not in caplog.text
+    assert await answer(hops.hop(lambda: "next")) == "next"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+async def test_a_child_forked_while_the_pool_is_locked_runs_hops() -> None:
+    """The fork comes while a submit holds the pool's lock (here: the forking thread itself holds it, the
+    worst case): the child's copy of that lock is held for good, by no thread of its own."""
+    await answer(hops.hop(name))
+    with hops.THREADS._lock:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+
+                async def child() -> object:
+                    return await answer(hops.hop(name))
+
+                code = 0 if str(asyncio.run(child())).startswith("dra-hop-") else 2
+            finally:
+                os._exit(code)
+    _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -473,6 +473,9 @@ class Preparer(_AnotherBoot):
             self._waits.give_up()  # its call ends, the thread left running: the loop can close
             await self.syncs.drain(0.0)  # says what else is unsynced
             return
+        except asyncio.CancelledError:  # the stop itself was cut short (the agent's bound on each part)
+            self._waits.give_up()
+            raise
         try:
             await self.syncs.drain(None if deadline is None else max(0.0, deadline - loop.time()))
         finally:
