@@ -14,11 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
+from dra_helpers import Dirs, client, fd_path, put_claim, ref, result
 
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import hops
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
+from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.prepare import Preparer
+from nodefabric_deviceplugin.source import RecordSource
+from nodefabric_operator.demo.kubeapi import RunningAPI
 
 REF = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "claim")
+NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -367,3 +377,53 @@ async def test_a_child_forked_while_the_pool_is_locked_runs_hops() -> None:
                 os._exit(code)
     _, status = await asyncio.to_thread(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_after_a_stop_gave_up_a_call_that_got_the_lock_next_does_not_wait_for_its_hop_either(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drain gives up on a prepare stuck writing on a hung disk; the call queued behind it for the
+    lock then gets it and its own hop hangs on the same disk. The stop has given up: that call, cancelled
+    (the loop's end cancels it), must not hold the process's exit either."""
+    config = dirs.config()
+    p = Preparer(
+        config,
+        RecordSource(hgx_spec),
+        hgx_host[0].host,
+        DraApi(client(api), config),
+        Checkpoint(config.checkpoint_path),
+    )
+    first, second = (
+        ref(put_claim(api, "first", [result(NIC0)])),
+        ref(put_claim(api, "second", [result(NIC1)])),
+    )
+    directory, real = p.checkpoint.directory, os.write
+    release, entered = threading.Event(), threading.Semaphore(0)
+
+    def hung(fd: int, data: bytes) -> int:
+        if fd_path(fd).startswith(directory):
+            entered.release()
+            release.wait(60)
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", hung)
+    try:
+        stuck = asyncio.create_task(p.prepare([first]))
+        assert await asyncio.to_thread(entered.acquire, True, 10)
+        queued = asyncio.create_task(p.prepare([second]))
+        await asyncio.sleep(0)
+        stuck.cancel()  # kubelet's deadline: the call waits for its thread, the lock held
+        await p.drain(0.05)  # gives up: the stuck call ends, and the queued one gets the lock
+        done, _ = await asyncio.wait([stuck], timeout=10)
+        assert done and stuck.cancelled()
+        assert await asyncio.to_thread(entered.acquire, True, 10), "the queued call's hop never wrote"
+        queued.cancel()
+        done, _ = await asyncio.wait([queued], timeout=10)
+        assert done, "a call whose hop hangs after the stop gave up still waits for its thread"
+    finally:
+        release.set()
+    await p.syncs.drain(5)

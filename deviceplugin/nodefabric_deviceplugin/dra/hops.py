@@ -208,16 +208,24 @@ class Waits:
     its thread to end (see `finish`); a stop that waited for it long enough (a disk that never answers)
     gives the hops up: each such call then ends, its thread left to run on (a daemon: it holds no exit).
     Without that the process could not exit: the loop's end (`asyncio.run`) cancels every task left and
-    waits for each, and this one ignores its cancellation until its thread ends, for good on a hung disk."""
+    waits for each, and this one ignores its cancellation until its thread ends, for good on a hung disk.
+    Once given up, a hop awaited later is too: the call the lock lets in next may hang on the same disk."""
 
     def __init__(self) -> None:
         self._running: set[Running[Any]] = set()
+        self.given_up = False
 
     def give_up(self) -> int:
-        """On the loop: gives up every hop awaited now; how many."""
+        """On the loop: gives up every hop awaited now, and from now on; how many now."""
+        self.given_up = True
         for running in self._running:
             running.give_up()
         return len(self._running)
+
+    def add(self, running: Running[Any]) -> None:
+        self._running.add(running)
+        if self.given_up:
+            running.give_up()
 
 
 async def finish(
@@ -237,7 +245,7 @@ async def finish(
     has not begun writing (a first prepare still reading its claim) is walked away from at once.
     `waits`: the owner's, whose stop may give the hop up (see `Waits`)."""
     if waits is not None:
-        waits._running.add(running)
+        waits.add(running)
     try:
         return await running.answer
     except asyncio.CancelledError:
