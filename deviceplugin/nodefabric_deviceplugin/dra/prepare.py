@@ -462,7 +462,8 @@ class Preparer(_AnotherBoot):
         kubelet's deadline or the server's stop, it holds the lock until its thread ends) and then for
         every sync started, its own included; `timeout` seconds for both at most. Without the lock, a
         stop could end while that write was still on its thread: its sync never started, or started
-        after the drain."""
+        after the drain. Past `timeout`, or cancelled, the drain gives this Preparer's hops up
+        (`hops.Waits`): a call waiting on one stuck on a hung disk would hold the loop's end for good."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         try:
