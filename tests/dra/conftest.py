@@ -15,6 +15,7 @@ from dra_helpers import Dirs, hgx, put_node, read
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra import hops
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 
 
@@ -41,3 +42,11 @@ def hgx_host(tmp_path: Path) -> tuple[SysfsBuilder, Libraries]:
 @pytest.fixture
 def hgx_spec(hgx_host: tuple[SysfsBuilder, Libraries]) -> DevicesSpec:
     return read(*hgx_host)
+
+
+@pytest.fixture
+def threads(monkeypatch: pytest.MonkeyPatch) -> hops.HopThreads:
+    """A hop-thread pool of this test's own, so counts are not another test's."""
+    pool = hops.HopThreads()
+    monkeypatch.setattr(hops, "THREADS", pool)
+    return pool

@@ -21,6 +21,7 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra import hops
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
@@ -222,3 +223,17 @@ class HeldWrites:
             if self.fail is not None:
                 raise self.fail
         return self.real(fd, data)
+
+
+def thread_name() -> str:
+    """The name of the thread running this (a hop's: `dra-hop-N`)."""
+    return threading.current_thread().name
+
+
+async def idle(pool: hops.HopThreads, count: int = 1) -> None:
+    """Until `count` hop threads wait for work (a thread counts itself idle just after its job)."""
+    for _ in range(1000):
+        if pool._idle >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} hop threads never went idle: {pool._idle} idle of {pool._threads}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, client, put_claim, ref, result
+from dra_helpers import DRIVER, Dirs, client, idle, put_claim, ref, result
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -355,15 +355,6 @@ async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_wri
     checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), moved, {"cdiVersion": "0.5.0"}))
     p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     assert (await p.prepare([claim]))[claim.uid].error == "" and os.path.exists(moved)
-
-
-async def idle(threads: hops.HopThreads) -> None:
-    """Until a hop thread waits for work (a thread counts itself idle just after its hop ends)."""
-    for _ in range(1000):
-        if threads._idle:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("no hop thread went idle")
 
 
 async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(

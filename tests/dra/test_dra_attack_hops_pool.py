@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dra_helpers import Dirs, client, fd_path, put_claim, ref, result
+from dra_helpers import Dirs, client, fd_path, idle, put_claim, ref, result, thread_name
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -30,27 +30,6 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 REF = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "claim")
 NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture
-def threads(monkeypatch: pytest.MonkeyPatch) -> hops.HopThreads:
-    """A pool of this test's own, so counts are not another test's."""
-    pool = hops.HopThreads()
-    monkeypatch.setattr(hops, "THREADS", pool)
-    return pool
-
-
-async def idle(pool: hops.HopThreads, count: int) -> None:
-    """Until `count` hop threads wait for work (a thread counts itself idle just after its job)."""
-    for _ in range(1000):
-        if pool._idle >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} hop threads never went idle: {pool._idle} idle of {pool._threads}")
-
-
-def name() -> str:
-    return threading.current_thread().name
 
 
 async def answer(running: hops.Running[object]) -> object:
@@ -369,7 +348,7 @@ async def test_hand_backs_racing_their_loops_close_leave_the_threads_serving(
 async def test_a_child_forked_while_the_pool_is_locked_runs_hops() -> None:
     """The fork comes while a submit holds the pool's lock (here: the forking thread itself holds it, the
     worst case): the child's copy of that lock is held for good, by no thread of its own."""
-    await answer(hops.hop(name))
+    await answer(hops.hop(thread_name))
     with hops.THREADS._lock:
         pid = os.fork()
         if pid == 0:
@@ -377,7 +356,7 @@ async def test_a_child_forked_while_the_pool_is_locked_runs_hops() -> None:
             try:
 
                 async def child() -> object:
-                    return await answer(hops.hop(name))
+                    return await answer(hops.hop(thread_name))
 
                 code = 0 if str(asyncio.run(child())).startswith("dra-hop-") else 2
             finally:

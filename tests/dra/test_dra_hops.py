@@ -9,6 +9,7 @@ import os
 import threading
 
 import pytest
+from dra_helpers import idle, thread_name
 
 from nodefabric_deviceplugin.dra import hops
 from nodefabric_deviceplugin.dra.claims import ClaimRef
@@ -16,40 +17,16 @@ from nodefabric_deviceplugin.dra.claims import ClaimRef
 REF = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "claim")
 
 
-@pytest.fixture
-def threads(monkeypatch: pytest.MonkeyPatch) -> hops.HopThreads:
-    """A pool of this test's own, so counts are not another test's."""
-    pool = hops.HopThreads()
-    monkeypatch.setattr(hops, "THREADS", pool)
-    return pool
-
-
-def name() -> str:
-    return threading.current_thread().name
-
-
-def hop_threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if t.name.startswith("dra-hop-")}
-
-
 async def run(fn: object, *args: object) -> object:
     return await asyncio.wait_for(hops.finish(REF, hops.hop(fn, *args)), 10)  # type: ignore[arg-type]
 
 
-async def idle(pool: hops.HopThreads, count: int) -> None:
-    for _ in range(1000):
-        if pool._idle >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} hop threads never went idle")
-
-
 async def test_hops_one_after_another_take_one_thread_and_reuse_it(threads: hops.HopThreads) -> None:
-    first = await run(name)
+    first = await run(thread_name)
     assert isinstance(first, str) and first.startswith("dra-hop-")
     for _ in range(20):
         await idle(threads, 1)
-        assert await run(name) == first
+        assert await run(thread_name) == first
     assert threads._threads == 1
 
 
@@ -144,7 +121,7 @@ async def test_a_hop_whose_loop_closed_before_it_ended_leaves_the_thread_serving
 async def test_a_forked_child_starts_hop_threads_of_its_own() -> None:
     """The child inherits the pool's queue and counts but none of its threads: without the reset, a
     count of idle threads the child does not have would queue its hops for good."""
-    await run(name)  # the parent's process-wide pool has a thread, idle
+    await run(thread_name)  # the parent's process-wide pool has a thread, idle
     await idle(hops.THREADS, 1)
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only when its hop ran on a thread of its own
@@ -152,7 +129,7 @@ async def test_a_forked_child_starts_hop_threads_of_its_own() -> None:
         try:
 
             async def child() -> object:
-                return await asyncio.wait_for(hops.finish(REF, hops.hop(name)), 5)
+                return await asyncio.wait_for(hops.finish(REF, hops.hop(thread_name)), 5)
 
             code = 0 if str(asyncio.run(child())).startswith("dra-hop-") else 2
         finally:
