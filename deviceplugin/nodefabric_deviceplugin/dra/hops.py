@@ -4,10 +4,10 @@ worker thread while the event loop serves other calls, the outcome handed back t
 The driver's own threads, not the loop's default executor: a hop through `run_in_executor` built a
 concurrent future, wrapped it in an asyncio one, and woke the loop twice when it ended (the thread's own
 hand-back and the executor future's state copied to the loop); here the thread hands its outcome back
-once (`Running.settle`). A first prepare costs 0.16-0.38 of a claim GET less (hack/bench_dra.py, which
-times it beside the same prepare with its hops on the default executor), and a hop that cannot get a
-thread is refused before anything is queued, so it can never run later, after its caller was told it
-failed.
+once (`Running.settle`). hack/bench_dra.py times a first prepare beside the same prepare with its hops
+on the default executor: lower in six runs of eight on a busy machine, by 0.16-0.40 of a claim GET (in
+process, alternated on a quiet one: 60-140 us less). A hop that cannot get a thread is refused before
+anything is queued, so it can never run later, after its caller was told it failed.
 """
 
 from __future__ import annotations
