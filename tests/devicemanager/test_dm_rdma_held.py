@@ -66,6 +66,36 @@ SWAPS: dict[str, Callable[[Path], object]] = {
 }
 
 
+def _swap_at_first_ports_listing(
+    monkeypatch: pytest.MonkeyPatch, swap: Callable[[Path], object]
+) -> list[str]:
+    """`swap(<device dir>)` run just before the first listing of a device's `ports` (after the device was
+    held); the list returned names the device once it ran."""
+    real = SysDir.child_listing_opt
+    done: list[str] = []
+
+    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
+        if name == "ports" and not done:
+            done.append(self.path)
+            swap(Path(self.path))
+        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
+
+    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    return done
+
+
+def _renamed_with_link_out(then: Callable[[Path], object]) -> Callable[[Path], None]:
+    """The device renamed to `mlx5_0.old`, `then(<renamed>)`, and a link out of the root put at its name."""
+
+    def swap(p: Path) -> None:
+        held = p.with_name("mlx5_0.old")
+        p.rename(held)
+        then(held)
+        _link_out(p)
+
+    return swap
+
+
 def _binding(fn: SysDir) -> rdma.Binding:
     got: list[object] = []
     t = threading.Thread(target=lambda: got.append(rdma.binding(fn)), daemon=True)
@@ -100,16 +130,7 @@ def test_a_device_swapped_after_it_was_held_is_read_as_held_never_outside(
 ) -> None:
     """Held (O_PATH, relative to the listing), then swapped before its ports are opened: by the whole
     path, `.../mlx5_0/ports` would follow a link put in place of `mlx5_0` out of the root."""
-    real = SysDir.child_listing_opt
-    done: list[str] = []
-
-    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
-        if name == "ports" and not done:
-            done.append(self.path)
-            SWAPS[swap](Path(self.path))
-        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
-
-    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    done = _swap_at_first_ports_listing(monkeypatch, SWAPS[swap])
     before = _descriptors()
     b = _binding(fn)
     assert done and _descriptors() == before
@@ -233,20 +254,7 @@ def test_held_ports_that_are_not_a_directory_are_judged_in_the_held_device_never
     file, a link or a FIFO: the open of `ports` relative to the held device fails, and what it is must
     be asked of the held device, not of `<old path>/ports`, which now names the port outside the root
     (the path-based steps would take that real directory for the device's ports and read ACTIVE)."""
-    real = SysDir.child_listing_opt
-    done: list[str] = []
-
-    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
-        if name == "ports" and not done:
-            done.append(self.path)
-            p = Path(self.path)
-            held = p.with_name("mlx5_0.old")
-            p.rename(held)
-            ports_swap(held)
-            _link_out(p)
-        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
-
-    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    done = _swap_at_first_ports_listing(monkeypatch, _renamed_with_link_out(ports_swap))
     before = _descriptors()
     b = _binding(fn)
     assert done and _descriptors() == before
@@ -261,21 +269,12 @@ def test_a_port_that_is_a_link_in_the_held_ports_is_never_read_by_the_old_path(
     """Held, then renamed away with a link out of the root put at its name, and its port `1` made a link
     (to a port directory inside the root): the held `ports` listing opens fine, the port takes the
     path-based steps (a link), and `<old path>/ports/1` now names the port outside the root."""
-    real = SysDir.child_listing_opt
-    done: list[str] = []
 
-    def swap_first(self: SysDir, name: str, dir_fd: int | None = None) -> Listing | None:
-        if name == "ports" and not done:
-            done.append(self.path)
-            p = Path(self.path)
-            held = p.with_name("mlx5_0.old")
-            p.rename(held)
-            (held / "ports" / "1").rename(held / "port1.real")
-            (held / "ports" / "1").symlink_to("../port1.real")
-            _link_out(p)
-        return real(self, name) if dir_fd is None else real(self, name, dir_fd)
+    def port_made_a_link(held: Path) -> None:
+        (held / "ports" / "1").rename(held / "port1.real")
+        (held / "ports" / "1").symlink_to("../port1.real")
 
-    monkeypatch.setattr(SysDir, "child_listing_opt", swap_first)
+    done = _swap_at_first_ports_listing(monkeypatch, _renamed_with_link_out(port_made_a_link))
     before = _descriptors()
     b = _binding(fn)
     assert done and _descriptors() == before
