@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,6 +31,30 @@ NOTICE = events.Notice(events.WARNING, events.CAPABILITY_LOST, "NodeFeature ns/n
 def actions(metrics: Metrics) -> dict[str, float]:
     names = ("created", "counted", "dropped", "failed")
     return {a: metrics.events.labels(action=a)._value.get() for a in names}
+
+
+def holding(
+    posts: list[str], hold: threading.Event, started: threading.Event | None = None
+) -> Callable[[Conn, Served], None]:
+    """A server that notes each request's line in `posts` (and sets `started`), then holds its answer (an
+    Event created) until `hold` is set."""
+
+    def held(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            posts.append(head.split(b"\r\n")[0].decode())  # one append: atomic across the server's threads
+            if started is not None:
+                started.set()
+            hold.wait(10)
+            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
+
+    return held
+
+
+def postings(rec: Recorder, count: int, objects: int | None = None) -> list[asyncio.Future[None]]:
+    """`count` postings of NOTICE, each about an object of its own (or about `objects` objects in turn)."""
+    kinds = objects or count
+    about = [{**INVOLVED, "name": f"n{i % kinds}", "uid": f"u-{i % kinds}"} for i in range(count)]
+    return [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
 
 
 def _call(k: RunningAPI, method: str, path: str) -> Any:
@@ -78,20 +103,12 @@ async def test_event_posts_queued_at_a_stop_are_dropped_and_the_one_in_flight_fi
     standby's by then), said in one WARNING with how many; the one in flight is answered first (the
     cancel waits for it) and counted as created."""
     hold, posts = threading.Event(), []
-
-    def held(conn: Conn, served: Served) -> None:
-        while (head := conn.request()) is not None:
-            posts.append(head.split(b"\r\n")[0].decode())
-            hold.wait(10)
-            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
-
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
-    with raw_server(held) as served:
+    with raw_server(holding(posts, hold)) as served:
         metrics = Metrics()
         rec = Recorder(api_at(served.url), "pod-1", metrics)
-        about = [{**INVOLVED, "name": f"n{i}", "uid": f"u-{i}"} for i in range(4)]
-        tasks = [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
+        tasks = postings(rec, 4)
         for _ in range(200):
             if posts:
                 break
@@ -117,15 +134,7 @@ async def test_event_posts_queued_at_a_stop_are_dropped_and_the_one_in_flight_fi
 async def test_a_post_cancelled_after_it_started_is_waited_for_not_dropped():
     """The race's other side: a post its thread has started is in flight, whatever the cancel says."""
     started, hold, posts = threading.Event(), threading.Event(), []
-
-    def held(conn: Conn, served: Served) -> None:
-        while (head := conn.request()) is not None:
-            posts.append(head)
-            started.set()
-            hold.wait(10)
-            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
-
-    with raw_server(held) as served:
+    with raw_server(holding(posts, hold, started)) as served:
         metrics = Metrics()
         rec = Recorder(api_at(served.url), "pod-1", metrics)
         task = asyncio.ensure_future(rec.posting(INVOLVED, NOTICE))
@@ -261,22 +270,12 @@ async def test_event_posts_queued_at_a_stop_with_many_workers_are_dropped_and_sa
     at once by the stop: the four in flight are answered first, the sixteen never start nor are sent,
     and one WARNING says sixteen were dropped; none of them is sent after the stop."""
     hold, posts = threading.Event(), []
-    lock = threading.Lock()
-
-    def held(conn: Conn, served: Served) -> None:
-        while (head := conn.request()) is not None:
-            with lock:
-                posts.append(head.split(b"\r\n")[0].decode())
-            hold.wait(10)
-            conn.answer(b'{"metadata":{"name":"n0-abcde"}}', status="201 Created")
-
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=4))
-    with raw_server(held) as served:
+    with raw_server(holding(posts, hold)) as served:
         metrics = Metrics()
         rec = Recorder(api_at(served.url), "pod-1", metrics)
-        about = [{**INVOLVED, "name": f"n{i}", "uid": f"u-{i}"} for i in range(20)]
-        tasks = [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
+        tasks = postings(rec, 20)
         for _ in range(250):
             if len(posts) == 4:
                 break
@@ -394,8 +393,7 @@ async def test_many_posts_raced_by_a_stop_each_end_in_one_action_and_nothing_is_
         api.configuration.refresh_api_key_hook = lambda config: None
         metrics = Metrics()
         rec = Recorder(api, "pod-1", metrics)
-        about = [{**INVOLVED, "name": f"n{i % 8}", "uid": f"u-{i % 8}"} for i in range(200)]
-        tasks = [asyncio.ensure_future(rec.posting(involved, NOTICE)) for involved in about]
+        tasks = postings(rec, 200, objects=8)
         await asyncio.sleep(0.05)
         for task in tasks:
             task.cancel()
