@@ -697,6 +697,40 @@ async def test_an_interim_answer_is_never_taken_for_the_answer_nor_leaves_it_for
         assert json.loads(second) == {"kind": "Devices"}
 
 
+async def _stopped_mid_write(
+    kind: str,
+    handle: Callable[[Conn, Served], None],
+    hook: Callable[[object], None],
+    reached: threading.Event,
+    go: threading.Event,
+) -> None:
+    """A merge patch through the Driver (client `kind`, a bearer credential refreshed by `hook`) against
+    `handle`, cancelled as the operator's stop cancels it once `reached` is set, then `go` set: the write
+    ends cancelled, and the server received it once, nothing after the stop."""
+    request = WRITES["merge patch"]
+    with raw_server(handle) as served:
+        api = api_at(served.url)
+        api.configuration.api_key = {"authorization": "Bearer t"}
+        api.configuration.refresh_api_key_hook = hook
+        if kind == "thread":
+            api.configuration.assert_hostname = "localhost"  # the Driver sends through the ApiClient
+        driver = Driver(api, Metrics())
+        assert (driver.client is None) is (kind == "thread")
+        try:
+            writing = asyncio.ensure_future(driver(one_call(request)))
+            assert await asyncio.to_thread(reached.wait, 10)
+            writing.cancel()  # the stop
+            await asyncio.sleep(0.1)
+            go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await writing
+            await asyncio.sleep(0.2)
+            assert received(served) == [[request.path]]
+        finally:
+            go.set()
+            await driver.close()
+
+
 @pytest.mark.parametrize("kind", CLIENTS)
 async def test_a_stop_that_comes_while_the_credential_is_refreshed_sends_nothing_more(kind: str) -> None:
     """The write is refused 401 and the refresh hook runs (an exec plugin's takes a while); the operator
@@ -714,27 +748,7 @@ async def test_a_stop_that_comes_while_the_credential_is_refreshed_sends_nothing
             in_hook.set()
             go.wait(10)
 
-    request = WRITES["merge patch"]
-    with raw_server(handle) as served:
-        api = api_at(served.url)
-        api.configuration.api_key = {"authorization": "Bearer t"}
-        api.configuration.refresh_api_key_hook = hook
-        if kind == "thread":
-            api.configuration.assert_hostname = "localhost"  # the Driver sends through the ApiClient
-        driver = Driver(api, Metrics())
-        try:
-            writing = asyncio.ensure_future(driver(one_call(request)))
-            assert await asyncio.to_thread(in_hook.wait, 10)
-            writing.cancel()  # the stop, while the hook runs
-            await asyncio.sleep(0.1)
-            go.set()
-            with pytest.raises(asyncio.CancelledError):
-                await writing
-            await asyncio.sleep(0.2)
-            assert received(served) == [[request.path]]
-        finally:
-            go.set()
-            await driver.close()
+    await _stopped_mid_write(kind, handle, hook, in_hook, go)  # the stop, while the hook runs
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -757,28 +771,7 @@ async def test_a_request_in_flight_at_a_stop_is_not_sent_again_after_it(kind: st
                 return
             conn.answer()
 
-    request = WRITES["merge patch"]
-    with raw_server(handle) as served:
-        api = api_at(served.url)
-        api.configuration.api_key = {"authorization": "Bearer t"}
-        api.configuration.refresh_api_key_hook = lambda config: None
-        if kind == "thread":
-            api.configuration.assert_hostname = "localhost"  # the Driver sends through the ApiClient
-        driver = Driver(api, Metrics())
-        assert (driver.client is None) is (kind == "thread")
-        try:
-            writing = asyncio.ensure_future(driver(one_call(request)))
-            assert await asyncio.to_thread(got.wait, 10)
-            writing.cancel()  # the stop
-            await asyncio.sleep(0.1)
-            go.set()
-            with pytest.raises(asyncio.CancelledError):
-                await writing
-            await asyncio.sleep(0.2)
-            assert received(served) == [[request.path]]
-        finally:
-            go.set()
-            await driver.close()
+    await _stopped_mid_write(kind, handle, lambda config: None, got, go)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
