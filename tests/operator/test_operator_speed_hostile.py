@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import types
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -247,14 +248,14 @@ async def test_a_status_write_answered_200_with_no_object_is_retried_and_never_s
     assert not [ln for ln in lines if ln["msg"].startswith("sink object changed while writing")], lines
 
 
-async def test_a_status_write_unreadable_through_every_retry_says_the_labels_were_written():
-    """Every status write of the node is answered 200 with a list, the retries' too: the reconcile gives
-    up (ERROR), and its line says what is true, the labels written and the status not confirmed, never
-    "labels not published" (the NodeFeature holds them)."""
+async def _gives_up_saying_the_labels_were_written(stub: Callable[[Any], None], why: str) -> None:
+    """Node n1's status writes answered as `stub` sets them: the reconcile gives up (ERROR), its line says
+    the labels were written and the status not confirmed (`why` in its error), never "labels not
+    published", and the NodeFeature holds the labels."""
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
         await seeded(k, c, ["n1"])
-        k.api[_status_write_of("n1")] << b"[]"
+        stub(k)
         with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
             async with running_operator(k) as metrics:
                 await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
@@ -263,8 +264,21 @@ async def test_a_status_write_unreadable_through_every_retry_says_the_labels_wer
     lines = _lines(out.getvalue())
     errors = [ln for ln in lines if ln["level"] == "error" and ln.get("node") == "n1"]
     assert errors[0]["msg"] == "labels written, status not confirmed", lines
-    assert "status write answered with no readable object" in errors[0]["error"], errors[0]
+    assert why in errors[0]["error"], errors[0]
     assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
+
+
+async def test_a_status_write_unreadable_through_every_retry_says_the_labels_were_written():
+    """Every status write of the node is answered 200 with a list, the retries' too: the reconcile gives
+    up (ERROR), and its line says what is true, the labels written and the status not confirmed, never
+    "labels not published" (the NodeFeature holds them)."""
+
+    def unreadable(k: Any) -> None:
+        k.api[_status_write_of("n1")] << b"[]"
+
+    await _gives_up_saying_the_labels_were_written(
+        unreadable, "status write answered with no readable object"
+    )
 
 
 @pytest.mark.parametrize("first", [b"[]", 503], ids=["unreadable", "refused"])
@@ -273,21 +287,12 @@ async def test_a_status_write_failing_on_every_try_after_the_labels_landed_says_
     a list (or 503), and every retry's status write 503: the reconcile gives up (ERROR), and its line
     says what is true, the labels written and the status not confirmed. The line was chosen by the last
     try's error alone, so a 503 there said "labels not published" of labels the NodeFeature held."""
-    async with running_api([crd.devices_crd()]) as k:
-        c = Client(k.kubeconfig)
-        await seeded(k, c, ["n1"])
+
+    def failing(k: Any) -> None:
         k.api[_status_write_of("n1")][:1] << first
         k.api[_status_write_of("n1")][:3] << 503  # the two retries (the first is answered above)
-        with captured_logs(logs.JsonFormatter(), logging.DEBUG) as out:
-            async with running_operator(k) as metrics:
-                await eventually(lambda: metrics.reconciles.labels(outcome="error")._value.get() >= 1)
-                nf = await c.nodefeature("n1")
-    assert nf is not None and nf["spec"]["labels"]  # written, as the line says
-    lines = _lines(out.getvalue())
-    errors = [ln for ln in lines if ln["level"] == "error" and ln.get("node") == "n1"]
-    assert errors[0]["msg"] == "labels written, status not confirmed", lines
-    assert "503" in errors[0]["error"], errors[0]
-    assert not [ln for ln in lines if ln["msg"] == "labels not published"], lines
+
+    await _gives_up_saying_the_labels_were_written(failing, "503")
 
 
 def test_the_final_line_says_labels_not_published_for_any_other_failure():
