@@ -358,6 +358,20 @@ async def test_topologys_start_listing_answered_with_garbage_is_a_startup_error(
             await startup.prime_topology(projector)
 
 
+def _refuse_endlessly(conn: Conn, served: Served) -> None:
+    """Answer 500 with a chunked body of 64 times the bound, the bytes sent noted in `served.sent` (how far
+    the client read before it went away)."""
+    conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+    piece, sent = b"x" * 65536, 0
+    try:
+        while sent < 64 * wire.MAX_ANSWER:
+            conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            sent += len(piece)
+        conn.sock.sendall(b"0\r\n\r\n")
+    finally:
+        served.sent.append(sent)
+
+
 def _lease_refused_endlessly(method: str) -> Callable[[Conn, Served], None]:
     """The request `method` makes answered 500 with a body of 64 times the bound (the bytes sent kept);
     a read otherwise 404 (no lease yet)."""
@@ -367,15 +381,7 @@ def _lease_refused_endlessly(method: str) -> Callable[[Conn, Served], None]:
             if not head.startswith(method.encode()):
                 conn.answer(b'{"kind":"Status","code":404}', status="404 Not Found")
                 continue
-            conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
-            piece, sent = b"x" * 65536, 0
-            try:
-                while sent < 64 * wire.MAX_ANSWER:
-                    conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    sent += len(piece)
-                conn.sock.sendall(b"0\r\n\r\n")
-            finally:
-                served.sent.append(sent)
+            _refuse_endlessly(conn, served)
             return
 
     return handle
@@ -415,28 +421,19 @@ def test_prunes_delete_refused_with_a_body_that_never_ends_is_refused_at_the_bou
             ],
         }
     }
-    sent: list[int] = []
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
             if head.startswith(b"GET"):
                 conn.answer(json.dumps({"items": [owned], "metadata": {}}).encode())
                 continue
-            conn.sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
-            piece, count = b"x" * 65536, 0
-            try:
-                while count < 64 * wire.MAX_ANSWER:
-                    conn.sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    count += len(piece)
-                conn.sock.sendall(b"0\r\n\r\n")
-            finally:
-                sent.append(count)
+            _refuse_endlessly(conn, served)
             return
 
     with raw_server(handle) as served, pytest.raises(wire.AnswerTooLarge):
         prune.nodefeatures(api_at(served.url), NS)
     for _ in range(500):
-        if sent:
+        if served.sent:
             break
         time.sleep(0.01)
-    assert sent and sent[0] < 16 * wire.MAX_ANSWER
+    assert served.sent and served.sent[0] < 16 * wire.MAX_ANSWER
