@@ -7,15 +7,16 @@ import contextlib
 import datetime
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import kubernetes
+from aiohttp import web
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Devices
 from nodefabric_operator import cli
-from nodefabric_operator.demo.kubeapi import RunningAPI
+from nodefabric_operator.demo.kubeapi import RunningAPI, write_kubeconfig
 from nodefabric_operator.metrics import Metrics
 
 G, V, P = models.GROUP, models.VERSION, models.PLURAL
@@ -187,3 +188,18 @@ async def running_operator(k: RunningAPI, **options: Any) -> AsyncIterator[Metri
         await asyncio.to_thread(thread.join, 60)
         assert not thread.is_alive(), "operator did not stop"
         assert not failure, failure
+
+
+async def answering_api(
+    tmp_path: Any, answer: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> tuple[web.AppRunner, str]:
+    """An HTTP server on a free loopback port where `answer` answers every request, and a kubeconfig (in
+    `tmp_path`) pointing at it. The caller cleans the runner up."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from aiohttp import web
-from operator_harness import NS, Client, eventually, running_operator, settle
+from operator_harness import NS, Client, answering_api, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
 from watch_breaker import watch_breaker
 
@@ -227,14 +227,7 @@ async def test_a_list_answered_with_garbage_is_a_failed_pass_and_exit_1(tmp_path
     async def answer(request: web.Request) -> web.Response:
         return web.Response(body=b"[]", content_type="application/json")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    kubeconfig = write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    runner, kubeconfig = await answering_api(tmp_path, answer)
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from aiohttp import web
-from operator_harness import Client, eventually, running_operator
+from operator_harness import Client, answering_api, eventually, running_operator
 from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd
@@ -75,14 +75,7 @@ async def refusing_api(tmp_path, status: int, *, discovery: bool = False) -> tup
             )
         return web.json_response({"kind": "Status", "code": status}, status=status)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    return await answering_api(tmp_path, answer)
 
 
 @pytest.mark.parametrize("status", [401, 403])
@@ -299,14 +292,7 @@ async def garbling_api(tmp_path, page: bytes) -> tuple[web.AppRunner, str]:
             )
         return web.Response(body=page, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+    return await answering_api(tmp_path, answer)
 
 
 @pytest.mark.parametrize(
