@@ -84,6 +84,22 @@ def _swap_at_first_ports_listing(
     return done
 
 
+def _before_first_held(monkeypatch: pytest.MonkeyPatch, act: Callable[[Path, str], object]) -> list[str]:
+    """`act(<listed directory>, <entry name>)` run just before the first `Listing.held`, between the
+    `infiniband` listing and the hold; the list returned names the entry once it ran."""
+    real = Listing.held
+    done: list[str] = []
+
+    def act_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
+        if not done:
+            done.append(name)
+            act(Path(self.dir.path), name)
+        return real(self, name, is_dir)
+
+    monkeypatch.setattr(Listing, "held", act_first)
+    return done
+
+
 def _renamed_with_link_out(then: Callable[[Path], object]) -> Callable[[Path], None]:
     """The device renamed to `mlx5_0.old`, `then(<renamed>)`, and a link out of the root put at its name."""
 
@@ -150,16 +166,7 @@ def test_a_device_swapped_after_the_listing_is_read_as_what_it_is_now(
 ) -> None:
     """Swapped between the `infiniband` listing and `held`: what is there now takes the path-based steps
     (`listed_child`), with every check: refused when it leaves the root or is not a directory."""
-    real = Listing.held
-    done: list[str] = []
-
-    def swap_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
-        if not done:
-            done.append(name)
-            SWAPS[swap](Path(self.dir.path) / name)
-        return real(self, name, is_dir)
-
-    monkeypatch.setattr(Listing, "held", swap_first)
+    done = _before_first_held(monkeypatch, lambda listed, name: SWAPS[swap](listed / name))
     before = _descriptors()
     b = _binding(fn)
     assert done and _descriptors() == before
@@ -290,26 +297,20 @@ def test_an_infiniband_directory_swapped_after_its_listing_is_never_read_by_its_
     (or made a link), and a link out of the root put at its name, holding a device `mlx5_0` whose port is
     ACTIVE. The device gone from (or a link in) what was listed must not send the read by
     `<infiniband>/mlx5_0/ports`, which now leads outside the root."""
-    real = Listing.held
-    done: list[str] = []
     top = next(a for a in Path(fn.path).parents if (a / "outside-dev").is_dir())
     outside_ib = top / "outside-ib"
     shutil.copytree(top / "outside-dev", outside_ib / "mlx5_0")
 
-    def swap_first(self: Listing, name: str, is_dir: bool) -> tuple[SysDir, int | None]:
-        if not done:
-            p = Path(self.dir.path)
-            done.append(str(p))
-            p.rename(p.with_name("infiniband.old"))
-            dev = p.with_name("infiniband.old") / name
-            shutil.rmtree(dev)
-            if device_then == "by-link":
-                dev.symlink_to("../infiniband.old")
-            p.symlink_to(os.path.relpath(outside_ib, p.parent))
-            assert (p / name / "ports" / "1" / "state").read_text() == "4: ACTIVE\n"
-        return real(self, name, is_dir)
+    def swap(p: Path, name: str) -> None:
+        p.rename(p.with_name("infiniband.old"))
+        dev = p.with_name("infiniband.old") / name
+        shutil.rmtree(dev)
+        if device_then == "by-link":
+            dev.symlink_to("../infiniband.old")
+        p.symlink_to(os.path.relpath(outside_ib, p.parent))
+        assert (p / name / "ports" / "1" / "state").read_text() == "4: ACTIVE\n"
 
-    monkeypatch.setattr(Listing, "held", swap_first)
+    done = _before_first_held(monkeypatch, swap)
     before = _descriptors()
     b = _binding(fn)
     assert done and _descriptors() == before
