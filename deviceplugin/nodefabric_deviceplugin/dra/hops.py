@@ -228,6 +228,9 @@ class Waits:
         if self.given_up:
             running.give_up()
 
+    def discard(self, running: Running[Any]) -> None:
+        self._running.discard(running)
+
 
 async def finish(
     ref: ClaimRef,
@@ -261,4 +264,4 @@ async def finish(
         raise
     finally:
         if waits is not None:
-            waits._running.discard(running)
+            waits.discard(running)
