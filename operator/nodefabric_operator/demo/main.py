@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -125,10 +125,45 @@ def run(args: argparse.Namespace) -> int:
     # end the process on the spot and leave the directory behind).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.ExitStack() as stack:
-        workdir = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="nodefabric-demo-"))
+        workdir = args.keep or _temporary_workdir(stack)
         asyncio.run(demo(Path(workdir), sys.stdout, serve=args.serve, port=args.port or None))
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s; everything it started is stopped.")
     return 0
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """SIGINT and SIGTERM are noted while the block runs and raised after it (KeyboardInterrupt): one
+    landing mid-block would stop it halfway, a directory made but not yet registered for removal, or
+    removed in part and the rest left behind. In the main thread only, as every signal handler."""
+    noted: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        noted.append(signum)
+
+    before = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    if noted:
+        raise KeyboardInterrupt
+
+
+def removed_whole(path: str) -> None:
+    """`path` removed to the last file, whatever signal lands meanwhile (raised once it is gone)."""
+    with uninterrupted():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _temporary_workdir(stack: contextlib.ExitStack) -> str:
+    """A fresh temporary directory, removed whole when `stack` closes: made and registered for removal
+    in one uninterrupted step (TemporaryDirectory leaves both windows open to a signal)."""
+    with uninterrupted():
+        path = tempfile.mkdtemp(prefix="nodefabric-demo-")
+        stack.callback(removed_whole, path)
+    return path
 
 
 # --- the fixture hosts ------------------------------------------------------------------------------------
