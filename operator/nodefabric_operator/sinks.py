@@ -137,18 +137,50 @@ def pages(
 ) -> Iterator[Mapping[str, Any]]:
     """Every item of a list made with the kubernetes client's `fn`, page by page, decoded from the raw
     answer (no client models), each page counted in the request metric (a write's requests are counted
-    where they are sent: apicall)."""
+    where they are sent: apicall).
+
+    A continue token that expired mid-list (410 Gone: etcd compacted past the list's snapshot, a list
+    slower than its compaction interval) is followed by one full list without pages, as client-go's
+    pager does; failing the list instead would restart the operator on a large fleet for good. Objects
+    already handed on are left out of it (matched by namespace and name), so each comes once: the rest
+    from the newer snapshot, which a watch's events then bring up to date as ever."""
     token: str | None = None
     followed: set[str] = set()
+    handed: set[tuple[Any, Any]] = set()
+    limit = PAGE
     while True:
         metrics.requested("list", resource)
-        answer = fn(*args, limit=PAGE, _continue=token, _preload_content=False, **kwargs)
+        try:
+            answer = fn(*args, limit=limit, _continue=token, _preload_content=False, **kwargs)
+        except kubernetes.client.ApiException as err:
+            if token is None or limit == 0 or status_of(err) != 410:
+                raise  # a second expiry (the full list's own) fails the list: no endless relisting
+            log.warning(
+                "a list's continue token expired mid-list; listing the rest whole",
+                extra={"resource": resource, "handed": len(handed)},
+            )
+            token, limit = None, 0
+            continue
         page = _decoded(answer)
-        yield from listed(page, resource)
+        for item in listed(page, resource):
+            key = _named(item)
+            if key is not None:
+                if limit == 0 and key in handed:
+                    continue  # the full list after an expiry: handed on from a page before it
+                handed.add(key)
+            yield item
         token = continued(page, resource, followed)
         if token is None:
             return
         followed.add(token)
+
+
+def _named(item: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """An item's namespace and name, None for one without a name (never matched: handed on as it is)."""
+    meta = item.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        return None
+    return meta.get("namespace"), meta["name"]
 
 
 def listed(page: Mapping[str, Any], resource: str) -> list[dict[str, Any]]:
