@@ -358,9 +358,21 @@ class Reconciler:
         await self.status.send.close()
 
     async def _withdraw(self, name: str) -> Outcome:
-        async with self.ledger.lock(name):
-            published = await self.status.send(self.sink.withdrawing(name, self.view.get(name)))
-        self.ledger.drop_lock(name)
+        try:
+            async with self.ledger.lock(name):
+                published = await self._withdrawn(name)
+        except Exception as err:
+            # Not left to the watch's catch-all (a traceback per event): the view still holds the labels
+            # as ours, so the Node's next change brings the withdrawal again (sink_event), and so does
+            # the operator's next start (its listing finds labels with no record).
+            log.error(
+                "labels not withdrawn, tried again on the Node's next change",
+                extra={"node": name, "error": brief(err)},
+            )
+            self.metrics.inc(self.metrics.reconciles, "error")
+            return Outcome("error")
+        finally:
+            self.ledger.drop_lock(name)
         changes = tuple(published.plan.changes) if published else ()
         if published is not None and published.now is not None:
             self.view.observe(published.now)
@@ -371,6 +383,22 @@ class Reconciler:
             )
         self.metrics.inc(self.metrics.reconciles, "withdrawn")
         return Outcome("withdrawn", changes)
+
+    async def _withdrawn(self, name: str) -> sinks.Published | None:
+        """The withdrawal sent, a transient failure retried after each of the backoffs as a publish is."""
+        delays = iter(self.backoffs)
+        while True:
+            try:
+                return await self.status.send(self.sink.withdrawing(name, self.view.get(name)))
+            except Exception as err:
+                delay = next(delays, None) if transient(err) else None
+                if delay is None:
+                    raise
+                log.warning(
+                    "label withdrawal failed, retrying",
+                    extra={"node": name, "error": brief(err), "retry_in_s": delay},
+                )
+                await asyncio.sleep(delay)
 
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:

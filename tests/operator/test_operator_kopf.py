@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import urllib.request
 
@@ -249,6 +250,43 @@ async def test_node_sink_without_nfd_keeps_foreign_and_hand_set_labels():
             assert await eventually(lambda: _node_labels_equal(c, hand))
             await settle(k)
         assert writes(k, NF) == 0
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+async def test_a_failed_withdrawal_is_retried_then_reported_and_done_on_the_nodes_next_change(
+    caplog, failures
+):
+    """The Node sink's withdrawal (the record deleted) failing: once, retried after a backoff and done;
+    past its two retries (3 failures), one ERROR line naming the node, no traceback from the watch's
+    catch-all, counted as an error, and the labels still withdrawn on the Node's next change."""
+    caplog.set_level(logging.INFO, logger="nodefabric_operator")
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        hand = {"example.com/rack": "r1"}
+        await c.node("n1", hand)
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        async with running_operator(k, sink="node") as metrics:
+            assert await eventually(lambda: _node_labels_equal(c, {**hand, CAPABLE: "true", NUMA: "0"}))
+            k.api.fail_next(failures, 503)  # writes only: the deletion below goes around the HTTP API
+            k.api.remove_object(DEVICES, "n1")
+            if failures == 1:
+                assert await eventually(lambda: _node_labels_equal(c, hand))
+            else:
+                errored = metrics.reconciles.labels(outcome="error")
+                assert await eventually(lambda: errored._value.get() == 1)
+                assert await c.node_labels("n1") != hand, "three failures: nothing withdrawn yet"
+                await c.label_node("n1", {"example.com/row": "2"})  # the Node's next change
+                assert await eventually(lambda: _node_labels_equal(c, {**hand, "example.com/row": "2"}))
+            await settle(k)
+    said = [r for r in caplog.records if r.name.startswith("nodefabric_operator")]
+    assert not [r for r in said if r.getMessage() == "watch event not handled"]
+    assert not [r for r in said if r.exc_info]
+    retried = [r for r in said if r.getMessage() == "label withdrawal failed, retrying"]
+    assert len(retried) == min(failures, 2)
+    given_up = [r for r in said if r.getMessage().startswith("labels not withdrawn")]
+    assert [(r.levelno, r.node, "503" in r.error) for r in given_up] == [(logging.ERROR, "n1", True)] * (
+        failures == 3
+    )
 
 
 async def _node_labels_equal(c: Client, want: dict[str, str]) -> bool:
