@@ -95,6 +95,10 @@ def test_a_fifo_with_no_writer_is_refused_without_waiting(tmp_path, capsys):
         ('{"0": {"1": null}, "1": {"0": "NV4"}}', "link 0-1 is null, not a link name"),
         ('{"0": {"1": NaN}, "1": {"0": "NV4"}}', "link 0-1 is float nan, not a link name"),
         ('{"0": [1], "1": {}}', "device '0' maps to list"),
+        (
+            '{"0": {"1": "NV4"}, "1": {"0": "SYS"}}',
+            "link 0-1 is NV4 but link 1-0 is SYS: one link, two names",
+        ),
         ('{"-1": {}}', "device indices are never negative"),
         ('{"1.5": {}}', "device index '1.5': not a plain ASCII decimal number"),
         ('{"00": {}}', "device index '00': not a plain ASCII decimal number"),
@@ -180,6 +184,13 @@ def test_two_topo_names_of_one_gpu_are_refused(tmp_path, capsys):
     """GPU0 and GPU00 are one index: the second row's links replaced the first's."""
     says = refused(write(tmp_path, topo_text(["GPU0", "GPU00"])), capsys)
     assert says == "not nvidia-smi topo -m output: line 1: GPU 0 is named by two columns"
+
+
+def test_a_topo_link_read_two_ways_is_refused(tmp_path, capsys):
+    text = "\tGPU0\tGPU1\nGPU0\tX\tNV4\nGPU1\tSYS\tX\n"
+    assert (
+        refused(write(tmp_path, text), capsys) == "link 0-1 is NV4 but link 1-0 is SYS: one link, two names"
+    )
 
 
 def test_a_header_of_100000_equal_columns_is_refused(tmp_path, capsys):

@@ -240,6 +240,10 @@ def load_matrix(text: str, group_id: str | None = None) -> Matrix:
         for j, link in row.items():
             if not picking.known_link(link):
                 raise InputError(f"link {i}-{j} is {link!r}, not one of NV<n> LINK PIX PXB PHB NODE SYS UNK")
+            back = matrix.get(j, {}).get(i)
+            if back is not None and back != link:
+                # One link read two ways: the pick would follow whichever direction it looked up.
+                raise InputError(f"link {i}-{j} is {link} but link {j}-{i} is {back}: one link, two names")
     return matrix
 
 
