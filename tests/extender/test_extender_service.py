@@ -21,7 +21,7 @@ from nodefabric_operator.extender.wire import parse_args
         (b"[]", "request body must be a JSON object (ExtenderArgs), got list"),
         (b'{"NodeNames": ["a"]}', "Pod must be a Pod object with metadata"),
         (b'{"Pod": {"metadata": {}}, "NodeNames": "a"}', "NodeNames must be a list of node names"),
-        (b'{"Pod": {"metadata": {}}, "NodeNames": ["a", 7]}', "NodeNames[1]: '7' is not a node name"),
+        (b'{"Pod": {"metadata": {}}, "NodeNames": ["a", 7]}', "NodeNames[1]: int 7 is not a node name"),
         (
             b'{"Pod": {"metadata": {}}, "NodeNames": ["a", "we\\"ird"]}',
             "NodeNames[1]: 'we\"ird' is not a node name",

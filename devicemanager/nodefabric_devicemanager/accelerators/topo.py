@@ -11,6 +11,7 @@ name that also labels a row, not only GPUn/NICn.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from nodefabric_devicemanager.pick import known_link
@@ -26,6 +27,14 @@ _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
 class TopoParseError(ValueError):
     """The text is not `nvidia-smi topo -m` output, or a cell is outside the link vocabulary."""
+
+
+class TooManyGpus(TopoParseError):
+    """The header names more GPUs than the caller takes: said before a cell is read."""
+
+    def __init__(self, gpus: int, limit: int) -> None:
+        super().__init__(f"the matrix header names {gpus} GPUs, more than {limit}")
+        self.gpus = gpus
 
 
 @dataclass
@@ -86,14 +95,22 @@ def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
     unknown = [c for c in affinity if c not in _AFFINITY_COLUMNS]
     if unknown:
         raise TopoParseError(f"line {header_at + 1}: unexpected header column(s) {unknown}")
-    twice = sorted({c for c in columns if columns.count(c) > 1})
+    # Counted in one pass: columns.count per column hung on a header of 100,000 GPU0s.
+    twice = sorted(c for c, n in Counter(columns).items() if n > 1)
     if twice:
-        raise TopoParseError(f"line {header_at + 1}: column(s) {twice} named twice")
+        raise TopoParseError(f"line {header_at + 1}: column(s) {twice[:8]} named twice")
+    # GPU0 and GPU00 are two names of one device: either column's cells would be a guess.
+    gpus = Counter(int(m[1]) for c in columns if (m := _GPU.fullmatch(c)))
+    same = sorted(i for i, n in gpus.items() if n > 1)
+    if same:
+        raise TopoParseError(f"line {header_at + 1}: GPU {same[0]} is named by two columns")
     return header_at, columns, affinity
 
 
 def _gpu_row(out: TopoMatrix, name: str, links: list[str], columns: list[str]) -> None:
     gpu = int(name[3:])
+    if gpu in out.links:
+        raise TopoParseError(f"{name}: a second row for GPU {gpu}")
     if name in columns and links[columns.index(name)] != "X":
         raise TopoParseError(f"{name}: its own cell is {links[columns.index(name)]!r}, expected X")
     peers: dict[int, str] = {}
@@ -112,10 +129,15 @@ def _gpu_row(out: TopoMatrix, name: str, links: list[str], columns: list[str]) -
     out.nic_links[gpu] = nics
 
 
-def parse(text: str) -> TopoMatrix:
-    """The matrix, affinities and NIC legend of `nvidia-smi topo -m` output. Raises TopoParseError."""
+def parse(text: str, max_gpus: int | None = None) -> TopoMatrix:
+    """The matrix, affinities and NIC legend of `nvidia-smi topo -m` output. Raises TopoParseError;
+    TooManyGpus when the header names more than `max_gpus` GPUs, before any cell is read (reading every
+    cell of a 16 MiB matrix first took seconds)."""
     lines = [_clean(line).rstrip("\r\n") for line in text.splitlines()]
     header_at, columns, affinity = _header(lines)
+    gpus = sum(1 for c in columns if _GPU.fullmatch(c))
+    if max_gpus is not None and gpus > max_gpus:
+        raise TooManyGpus(gpus, max_gpus)
     out = TopoMatrix()
     rows: dict[str, list[str]] = {}
     row_at: dict[str, int] = {}

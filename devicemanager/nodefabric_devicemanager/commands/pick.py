@@ -4,7 +4,8 @@ FILE is `nvidia-smi topo -m` output, or JSON: a Devices object (`kubectl get dev
 of its groups, `{"0": {"1": "NV18", ...}, ...}`, or a list of rows with "X" on the diagonal.
 The first line printed is the chosen indices, comma-joined (CUDA_VISIBLE_DEVICES form); the second
 says whether the search proved the set best (exact) or spent its budget first (best found). A matrix
-of more than `pick.MAX_DEVICES` devices is refused.
+of more than `pick.MAX_DEVICES` devices is refused, as is an index past `numbers.DEVICE_INDEX` (4095), one
+device listed twice, and a JSON object that names one key twice.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from typing import Any
+
+from pydantic import ValidationError
 
 from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager import pick as picking
@@ -22,6 +26,12 @@ from nodefabric_devicemanager.commands import infile, output
 from nodefabric_devicemanager.models import AcceleratorGroup
 
 Matrix = dict[int, dict[int, str]]
+
+# The largest device index pick takes, from a file or --free: one bound for both.
+MAX_INDEX = numbers.DEVICE_INDEX.hi
+# Past int64 no field of a record is a number: int() of thousands of digits is refused by Python itself
+# with a message about sys.set_int_max_str_digits, which is no help to the user.
+_MAX_DIGITS = 20
 
 
 class InputError(ValueError):
@@ -100,12 +110,61 @@ def parse_indices(text: str) -> list[int]:
     return sorted(out)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a key named twice is refused (json keeps the last, silently)."""
+    twice = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
+    if twice:
+        raise InputError(f"not valid JSON for pick: the key {twice[0]!r} appears twice in one object")
+    return dict(pairs)
+
+
+def _json_int(text: str) -> int:
+    digits = text.lstrip("-")
+    if len(digits) > _MAX_DIGITS:
+        raise InputError(f"not valid JSON for pick: a number of {len(digits):,} digits")
+    return int(text)
+
+
+def _model_error(exc: ValidationError, where: str) -> InputError:
+    """pydantic's report (a paragraph per error, and a URL) as one clause naming the first bad field."""
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    value = repr(first.get("input"))
+    shown = value if len(value) <= 40 else f"{value[:40]}..."
+    count = exc.error_count()
+    errors = f"{count} validation error{'s' if count > 1 else ''}"
+    return InputError(f"{where}{'.' + field if field else ''}: {first['msg']}, got {shown} ({errors})")
+
+
+def _group(raw: Any, where: str) -> AcceleratorGroup:
+    """One group, its accelerators' indices held to what pick takes: a JSON integer (pydantic would
+    also take "0", 1.0 and true), at most MAX_INDEX, each once."""
+    accelerators = raw.get("accelerators") if isinstance(raw, dict) else None
+    seen: dict[int, int] = {}
+    for k, acc in enumerate(accelerators if isinstance(accelerators, list) else []):
+        index = acc.get("index") if isinstance(acc, dict) else None
+        at = f"{where}.accelerators[{k}].index"
+        if index is None:
+            continue  # left for the model to name as missing
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise InputError(f"{at} is {type(index).__name__} {index!r:.40}, not a whole number")
+        if not 0 <= index <= MAX_INDEX:
+            raise InputError(f"{at} is {index}: device indices are 0..{MAX_INDEX}")
+        if index in seen:
+            raise InputError(f"{at}: device index {index} is listed twice (also accelerators[{seen[index]}])")
+        seen[index] = k
+    try:
+        return AcceleratorGroup.model_validate(raw)
+    except ValidationError as exc:
+        raise _model_error(exc, where) from None
+
+
 def _from_json(doc: Any, group_id: str | None) -> Matrix:
     if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
         listed = doc["spec"].get("groups") or []
         if not isinstance(listed, list):
             raise InputError(f"the Devices object's spec.groups is {type(listed).__name__}, not a list")
-        groups = [AcceleratorGroup.model_validate(g) for g in listed]
+        groups = [_group(g, f"spec.groups[{k}]") for k, g in enumerate(listed)]
         if group_id is not None:
             chosen = [g for g in groups if g.id == group_id]
             if not chosen:
@@ -124,7 +183,7 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
     if group_id is not None:
         raise InputError("--group chooses a group of a Devices object; this file is not one")
     if isinstance(doc, dict) and "accelerators" in doc:
-        return group_matrix(AcceleratorGroup.model_validate(doc))
+        return group_matrix(_group(doc, "the group"))
     if isinstance(doc, dict):
         shape = "a JSON link matrix maps device index -> peer index -> link name"
         matrix: Matrix = {}
@@ -132,7 +191,7 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
             if not isinstance(row, dict | None):
                 raise InputError(f"{shape}; device {k!r} maps to {type(row).__name__}")
             i = _index(k, shape)
-            matrix[i] = {j: str(v) for p, v in (row or {}).items() if (j := _index(p, shape)) != i}
+            matrix[i] = {j: _link(v, i, j) for p, v in (row or {}).items() if (j := _index(p, shape)) != i}
         return matrix
     if isinstance(doc, list):
         if len(doc) > picking.MAX_DEVICES:
@@ -141,16 +200,25 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
         for i, row in enumerate(doc):
             if not isinstance(row, list) or len(row) != len(doc):
                 raise InputError(f"row {i} of the JSON matrix is not a list of {len(doc)} cells")
-            rows[i] = {j: str(cell) for j, cell in enumerate(row) if j != i}
+            if row[i] not in ("X", None):
+                raise InputError(f"row {i} of the JSON matrix: its own cell is {row[i]!r:.40}, expected X")
+            rows[i] = {j: _link(cell, i, j) for j, cell in enumerate(row) if j != i}
         return rows
     raise InputError("the JSON is neither a Devices object, a group, a matrix nor a list of rows")
+
+
+def _link(value: Any, i: int, j: int) -> str:
+    if not isinstance(value, str):  # str() made 5 and null read as the names '5' and 'None'
+        shown = "null" if value is None else f"{type(value).__name__} {value!r:.40}"
+        raise InputError(f"link {i}-{j} is {shown}, not a link name (NV<n> LINK PIX PXB PHB NODE SYS UNK)")
+    return value
 
 
 def load_matrix(text: str, group_id: str | None = None) -> Matrix:
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_json_int)
         except json.JSONDecodeError as exc:
             raise InputError(f"not valid JSON: {exc}") from exc
         matrix = _from_json(doc, group_id)
@@ -158,16 +226,24 @@ def load_matrix(text: str, group_id: str | None = None) -> Matrix:
         if group_id is not None:
             raise InputError("--group chooses a group of a Devices object; this file is not one")
         try:
-            matrix = topo.parse(text).links
+            matrix = topo.parse(text, max_gpus=picking.MAX_DEVICES).links
+        except topo.TooManyGpus as exc:
+            raise InputError(_too_many(exc.gpus)) from None
         except topo.TopoParseError as exc:
             raise InputError(f"not nvidia-smi topo -m output: {exc}") from exc
-    devices = len(set(matrix) | {p for row in matrix.values() for p in row})
-    if devices > picking.MAX_DEVICES:
-        raise InputError(_too_many(devices))
+    indices = set(matrix) | {p for row in matrix.values() for p in row}
+    if len(indices) > picking.MAX_DEVICES:
+        raise InputError(_too_many(len(indices)))
+    if max(indices, default=0) > MAX_INDEX:
+        raise InputError(f"device index {max(indices)}: outside 0..{MAX_INDEX}")
     for i, row in matrix.items():
         for j, link in row.items():
             if not picking.known_link(link):
                 raise InputError(f"link {i}-{j} is {link!r}, not one of NV<n> LINK PIX PXB PHB NODE SYS UNK")
+            back = matrix.get(j, {}).get(i)
+            if back is not None and back != link:
+                # One link read two ways: the pick would follow whichever direction it looked up.
+                raise InputError(f"link {i}-{j} is {link} but link {j}-{i} is {back}: one link, two names")
     return matrix
 
 

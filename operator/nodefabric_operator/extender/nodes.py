@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from kubernetes.utils import parse_quantity
 
@@ -35,6 +35,13 @@ _QUANTITY = re.compile(
 
 def is_label_value(value: str) -> bool:
     return len(value) <= MAX_LABEL_VALUE and _LABEL_VALUE.fullmatch(value) is not None
+
+
+def is_node_name(name: object) -> TypeGuard[str]:
+    """Whether the API server would take `name` for a Node: a string that is a DNS-1123 subdomain
+    (lowercase alphanumerics, '-' and '.', each dot-separated part alphanumeric at both ends, at most
+    253 characters)."""
+    return isinstance(name, str) and len(name) <= MAX_NAME and _NODE_NAME.fullmatch(name) is not None
 
 
 class NodeError(ValueError):
@@ -154,7 +161,7 @@ def parse_node(obj: object, where: str = "Node") -> NodeRecord:
         raise NodeError(f"{where}: must be a Node object, got {type(obj).__name__}")
     meta = mapping(obj.get("metadata"), f"{where}.metadata")
     name = meta.get("name")
-    if not isinstance(name, str) or len(name) > MAX_NAME or not _NODE_NAME.fullmatch(name):
+    if not is_node_name(name):
         shown = repr(name)[:80]
         raise NodeError(f"{where}.metadata.name: {shown} is not a node name (a DNS subdomain)")
     labels = _labels(meta.get("labels"), f"{where}.metadata.labels")

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # can be 10 KB each.
 MAX_BODY = 64 * 1024 * 1024
 READ_TIMEOUT_S = 5.0
+MAX_DIGITS = 20
 # kube-scheduler keeps its connection open between requests; one idle longer than this (or one that
 # never finishes its request headers) is closed.
 KEEPALIVE_S = 30.0
@@ -59,6 +60,18 @@ def _dumps(data: Any) -> bytes:
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_dumps(data), status=status, content_type="application/json")
+
+
+def _json_int(text: str) -> int:
+    # Past int64 nothing in ExtenderArgs is a number; Python's own refusal (4,300 digits) names
+    # sys.set_int_max_str_digits, which is no help to whoever sent it.
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a number of {len(text.lstrip('-')):,} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (kube-scheduler's encoder never writes it)")
 
 
 def _refuse(ext: Extender, verb: str, status: int, message: str) -> web.Response:
@@ -87,7 +100,7 @@ def _verb(
             except web.HTTPRequestEntityTooLarge:
                 return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
             try:
-                args = parse_args(json.loads(raw))
+                args = parse_args(json.loads(raw, parse_int=_json_int, parse_constant=_no_constant))
             except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
                 message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
                 return _refuse(ext, verb, 400, message)
@@ -95,6 +108,8 @@ def _verb(
                 out = call(ext, args)
             except PodError as exc:
                 return _refuse(ext, verb, 400, f"malformed Pod in ExtenderArgs: {exc}")
+            except WireError as exc:  # a NodeNames entry the API server would refuse (Extender._asked)
+                return _refuse(ext, verb, 400, str(exc))
             body = out.encode() if isinstance(out, FilterResult) else _dumps(out)
             return web.Response(body=body, content_type="application/json")
         finally:

@@ -32,8 +32,15 @@ from nodefabric_operator.extender.cache import (
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of, pod_namespace, pod_uid
 from nodefabric_operator.extender.index import Index
+from nodefabric_operator.extender.nodes import is_node_name
 from nodefabric_operator.extender.pods import PodNeeds, pod_needs
-from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, filter_result, host_priorities
+from nodefabric_operator.extender.wire import (
+    ExtenderArgs,
+    FilterResult,
+    filter_result,
+    host_priorities,
+    not_a_node_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -196,20 +203,30 @@ class Extender:
             members=tuple(sorted({p.node for p in bound})),
         )
 
+    def _asked(self, args: ExtenderArgs) -> tuple[set[str], list[str]]:
+        """The request's NodeNames the cache knows, and the ones it does not. Raises WireError (a 400)
+        for a name the API server would refuse for a Node: the known ones were checked when their Node
+        was read, so only the unknown ones are, once per distinct NodeNames."""
+        index, asked = self.cache.index, args.node_names
+        last = self._last_names
+        # kube-scheduler sends the same NodeNames request after request while nothing changes:
+        # comparing the names joined in one string (parse_args joined them to check them) is far
+        # cheaper than hashing 5,000 fresh strings again, or comparing them one by one.
+        same: str | tuple[str, ...] = args.names_key or asked
+        if last is not None and last[0] == index.names_version and last[1] == same:
+            return last[2], last[3]
+        known = index.names.intersection(asked)
+        missing = [] if len(known) == len(asked) else [n for n in asked if n not in index.names]
+        for name in missing:
+            if not is_node_name(name):
+                raise not_a_node_name(asked.index(name), name)
+        self._last_names = (index.names_version, same, known, missing)
+        return known, missing
+
     def _snapshot(self, args: ExtenderArgs) -> tuple[placement.Snapshot, set[str], list[str]]:
         """The nodes this request decides over, the feasible ones among them, and the unknown ones."""
         if args.records is None:
-            index, asked = self.cache.index, args.node_names
-            last = self._last_names
-            # kube-scheduler sends the same NodeNames request after request while nothing changes:
-            # comparing the names joined in one string (parse_args joined them to check them) is far
-            # cheaper than hashing 5,000 fresh strings again, or comparing them one by one.
-            same: str | tuple[str, ...] = args.names_key or asked
-            if last is not None and last[0] == index.names_version and last[1] == same:
-                return self.cache, last[2], last[3]
-            known = index.names.intersection(asked)
-            missing = [] if len(known) == len(asked) else [n for n in asked if n not in index.names]
-            self._last_names = (index.names_version, same, known, missing)
+            known, missing = self._asked(args)
             return self.cache, known, missing
         # kube-scheduler without nodeCacheCapable sends full Nodes: they count for this request only,
         # against the pods the cache knows; the cache itself never sees them.
@@ -254,6 +271,8 @@ class Extender:
     # --- verbs -----------------------------------------------------------------------------------
 
     def filter(self, args: ExtenderArgs) -> FilterResult:
+        if args.records is None:
+            self._asked(args)  # a bad name is a 400 before any verdict repeats it
         if not self.cache.synced:
             # Before the first full list of nodes and pods, a group's bound members and claims are not
             # known yet: a decision now could split a placed group or call a group "never fits" over an
@@ -317,6 +336,8 @@ class Extender:
         return filter_result(args, decision.allowed, {**decision.rejected, **missing_by}, {})
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        if args.records is None:
+            self._asked(args)  # a bad name is a 400 before any score names it
         try:
             decision, group, _ = self._decide(args, group_of(args.pod, self.config), record=False)
         except InvalidPlacement:

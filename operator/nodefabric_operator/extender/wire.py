@@ -7,11 +7,19 @@ answer PascalCase.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodefabric_operator.extender.nodes import NodeError, NodeRecord, is_label_value, parse_node
+from nodefabric_operator.extender.nodes import (
+    MAX_NAME,
+    NodeError,
+    NodeRecord,
+    is_label_value,
+    is_node_name,
+    parse_node,
+)
 
 
 class WireError(ValueError):
@@ -33,12 +41,34 @@ class ExtenderArgs:
 
 # The characters of a DNS subdomain, which every node name is: none needs escaping in JSON.
 _NAME_CHARS = b"abcdefghijklmnopqrstuvwxyz0123456789.-"
+_NODE_NAME_RULE = (
+    "(a DNS subdomain, as the API server requires of a Node: lowercase letters, digits, '-' and '.', "
+    f"alphanumeric at both ends and beside each '.', at most {MAX_NAME} characters)"
+)
+
+
+def not_a_node_name(position: int, name: object) -> WireError:
+    """The 400 for NodeNames[position], which nodes.is_node_name refused."""
+    return WireError(f"NodeNames[{position}]: {_shown(name)} is not a node name {_NODE_NAME_RULE}")
+
+
+def _shown(value: object) -> str:
+    """A bad name as the message quotes it: a string cut short, anything else by its JSON type only (the
+    repr of a list nested a thousand deep is itself a RecursionError)."""
+    if isinstance(value, str):
+        return repr(value[:80]) + (f" ({len(value):,} characters)" if len(value) > 80 else "")
+    if isinstance(value, list | dict):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    return "null" if value is None else f"{type(value).__name__} {value!r:.40}"
 
 
 def _node_names(items: list[Any]) -> str:
     """Check that every entry is a string of node-name characters, in a few C-level passes over all of
     them joined (not a Python loop over 5,000 names), so the answer is assembled from them as they are.
-    Returns them joined by commas."""
+    Returns them joined by commas. The rest of a node name's rule (no '-' or '.' at either end or beside
+    a '.', 253 characters at most) costs a pass per name: the service checks it on the names its cache
+    does not know (Extender._asked), once per distinct NodeNames, as every known name was checked when
+    its Node was read."""
     if not items:
         return ""
     try:
@@ -54,9 +84,8 @@ def _node_names(items: list[Any]) -> str:
     except (TypeError, UnicodeEncodeError):
         pass
     for i, name in enumerate(items):
-        # strip() leaves exactly the run between the first and last character outside the set
-        if not isinstance(name, str) or not name or name.strip(_NAME_CHARS.decode()):
-            raise WireError(f"NodeNames[{i}]: {str(name)[:80]!r} is not a node name")
+        if not is_node_name(name):
+            raise not_a_node_name(i, name)
     raise AssertionError("a list the joined check refused has a bad name")  # pragma: no cover
 
 
@@ -64,6 +93,11 @@ def parse_args(body: object) -> ExtenderArgs:
     if not isinstance(body, dict):
         raise WireError(f"request body must be a JSON object (ExtenderArgs), got {type(body).__name__}")
     fields = {str(k).lower(): v for k, v in body.items()}
+    if len(fields) < len(body):
+        # "NodeNames" and "nodenames" both: Go's decoder keeps whichever comes last, and so would this.
+        counts = Counter(str(k).lower() for k in body)
+        twice = sorted(str(k) for k in body if counts[str(k).lower()] > 1)
+        raise WireError(f"the request names a field more than once, in different case: {twice[:4]}")
     pod = fields.get("pod")
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
         raise WireError("Pod must be a Pod object with metadata")
