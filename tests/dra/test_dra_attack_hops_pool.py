@@ -172,10 +172,18 @@ async def test_a_stop_gives_up_only_its_own_hops_and_a_later_cancel_ends_at_once
     hop given up while its call still waited for the answer lets a later cancellation end at once."""
     mine, theirs = threading.Event(), threading.Event()
     waits, others = hops.Waits(), hops.Waits()
-    call = asyncio.create_task(hops.finish(REF, hops.hop(mine.wait, 30), waits=waits))
-    other = asyncio.create_task(hops.finish(REF, hops.hop(theirs.wait, 30), waits=others))
+    began = threading.Semaphore(0)
+
+    def held(release: threading.Event) -> bool:
+        began.release()
+        return release.wait(30)
+
+    call = asyncio.create_task(hops.finish(REF, hops.hop(held, mine), waits=waits))
+    other = asyncio.create_task(hops.finish(REF, hops.hop(held, theirs), waits=others))
     try:
-        await asyncio.sleep(0)
+        # Both hops under way: one not yet begun would be dropped by its cancelled call, not waited for.
+        for _ in range(2):
+            assert await asyncio.to_thread(began.acquire, True, 10)
         assert waits.give_up() == 1  # before its call was cancelled (the server's stop comes later)
         call.cancel()
         other.cancel()
@@ -244,11 +252,11 @@ async def test_a_job_that_raises_leaves_the_pool_counting_right(
     threads.submit(failing)
     assert await asyncio.to_thread(entered.wait, 10)
     queued = hops.hop(threading.current_thread)  # past the cap: waits for the one thread
-    assert threads._backlog == 1
+    assert len(threads._backlog) == 1
     release.set()
     assert await answer(queued) is ran[0] and ran[0].is_alive()
     await idle(threads, 1)
-    assert threads._threads == 1 and threads._backlog == 0
+    assert threads._threads == 1 and not threads._backlog
 
 
 # --- many submitters: several drivers' loops, each on its own thread, bursts past the cap -----------------
@@ -269,11 +277,11 @@ class Checked(hops.HopThreads):
         super().submit(job)  # type: ignore[arg-type]
         with self._lock:
             self._check("submitted")
-            self.most_queued = max(self.most_queued, self._backlog)
+            self.most_queued = max(self.most_queued, len(self._backlog))
 
     def _check(self, where: str) -> None:
         if self._idle and self._backlog:
-            self.broken.append(f"{where}: {self._idle} idle with {self._backlog} queued")
+            self.broken.append(f"{where}: {self._idle} idle with {len(self._backlog)} queued")
         if self._threads > hops.MAX_THREADS:
             self.broken.append(f"{where}: {self._threads} threads past the cap")
 
@@ -315,7 +323,7 @@ async def test_bursts_from_several_loops_past_the_cap_run_every_hop_once_and_cou
     await idle(pool, pool._threads)
     with pool._lock:
         pool._check("end")
-        assert pool._idle == pool._threads <= 3 and pool._backlog == 0
+        assert pool._idle == pool._threads <= 3 and not pool._backlog
     assert len(seen) <= 3 and pool.broken == [] and pool.most_queued > 0
 
 
@@ -339,7 +347,7 @@ async def test_hand_backs_racing_their_loops_close_leave_the_threads_serving(
 
     await asyncio.to_thread(stops)
     await idle(threads, threads._threads)
-    assert threads._backlog == 0 and threads._threads <= hops.MAX_THREADS
+    assert not threads._backlog and threads._threads <= hops.MAX_THREADS
     assert "raised" not in caplog.text
     assert await answer(hops.hop(lambda: "next")) == "next"
 

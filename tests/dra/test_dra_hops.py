@@ -59,7 +59,7 @@ async def test_past_the_cap_a_hop_waits_for_a_thread_and_none_is_started(
     assert ran == ["ran"] and threads._threads == 2
     # The thread that ran the queued hop went idle after it, not before: counts stay exact.
     await idle(threads, 1)
-    assert threads._idle == 1 and threads._backlog == 0
+    assert threads._idle == 1 and not threads._backlog
     releases[0].set()
     await asyncio.wait_for(hops.finish(REF, busy[0]), 10)
     await idle(threads, 2)

@@ -7,7 +7,9 @@ hand-back and the executor future's state copied to the loop); here the thread h
 once (`Running.settle`). hack/bench_dra.py times a first prepare beside the same prepare with its hops
 on the default executor: lower in six runs of eight on a busy machine, by 0.16-0.40 of a claim GET (in
 process, alternated on a quiet one: 60-140 us less). A hop that cannot get a thread is refused before
-anything is queued, so it can never run later, after its caller was told it failed.
+anything is queued, so it can never run later, after its caller was told it failed; nor does a hop
+queued past the cap (or handed to a thread that has not yet begun it) whose call is cancelled first: the
+call drops it (`Running.drop`), and it never starts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -29,8 +32,11 @@ _R = TypeVar("_R")
 
 # Threads are started only when every one is busy: one for a driver's serialised hops, more only while a
 # call that walked away (kubelet's deadline) leaves its thread reading a slow API server, or while several
-# drivers share the process. The cap is the default executor's on a small node; past it, hops wait.
+# drivers share the process. The cap is the default executor's on a small node; past it, hops wait (and
+# one whose call is cancelled meanwhile is dropped, never run: see `Running.drop`).
 MAX_THREADS = min(32, (os.cpu_count() or 1) + 4)
+
+_Job = Callable[[], None]
 
 
 class HopThreads:
@@ -38,13 +44,15 @@ class HopThreads:
     API server that never answers must not hold the process's exit (a stop's drain is bounded instead)."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()  # each spoken for by one thread
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0  # threads waiting for a job, each spoken for by one `submit`
-        self._backlog = 0  # jobs queued while every thread was busy and the cap reached
+        # Jobs queued while every thread was busy and the cap reached, each taken by the first thread
+        # to end its job, or withdrawn by its cancelled call (`withdraw`).
+        self._backlog: deque[_Job] = deque()
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: _Job) -> None:
         """Run `job` (which must not raise) on a hop thread. Raises RuntimeError, with nothing queued,
         when a thread is needed and the process cannot start one (at its thread limit)."""
         with self._lock:
@@ -52,26 +60,44 @@ class HopThreads:
                 self._idle -= 1
             elif self._threads < MAX_THREADS:
                 thread = threading.Thread(target=self._work, name=f"dra-hop-{self._threads}", daemon=True)
-                thread.start()  # raises before the job is queued: it never runs
+                thread.start()  # raises before the job is queued or the thread counted: it never runs
                 self._threads += 1
             else:
-                self._backlog += 1
+                self._backlog.append(job)
+                return
             self._jobs.put(job)
+
+    def withdraw(self, job: _Job) -> bool:
+        """Takes `job` off the backlog: whether it was still there (no thread will take it now). False
+        when a thread already has it, or never queued it there: its call must then see to it that the
+        job does nothing (`Running.drop`'s start gate), and the thread counts itself as after any job."""
+        with self._lock:
+            try:
+                self._backlog.remove(job)
+            except ValueError:
+                return False
+            return True
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
-            try:
-                job()
-            except BaseException:
-                # A job must not raise; one that does (a hand-back that failed for want of memory) must
-                # not end its thread uncounted: a job queued past the cap would wait for it for good.
-                log.exception("a hop thread's job raised")
-            with self._lock:
-                if self._backlog:
-                    self._backlog -= 1  # a queued job is this thread's next, without going idle
-                else:
-                    self._idle += 1
+            job: _Job | None = self._jobs.get()
+            while job is not None:
+                try:
+                    job()
+                except BaseException:
+                    # A job must not raise; one that does (a hand-back that failed for want of memory)
+                    # must not end its thread uncounted: a job queued past the cap would wait for good.
+                    log.exception("a hop thread's job raised")
+                job = self._next()
+
+    def _next(self) -> _Job | None:
+        """After a job: the backlog's first (this thread's next, without going idle), else None, the
+        thread counted idle."""
+        with self._lock:
+            if self._backlog:
+                return self._backlog.popleft()
+            self._idle += 1
+            return None
 
     def after_fork(self) -> None:
         """In a forked child: the queue and the counts describe threads the child does not have."""
@@ -88,9 +114,12 @@ class Running(Generic[_R]):
     going on.
 
     `answer` is what the call awaits, cancelled with it; the thread's outcome (`result`, `error`) is
-    kept here whatever became of the call, and `on_end` sees every result, a cancelled call's too."""
+    kept here whatever became of the call, and `on_end` sees every result, a cancelled call's too.
 
-    __slots__ = ("_ended", "answer", "done", "error", "given_up", "on_end", "result")
+    Its start gate (a lock taken once, never released) settles which comes first: its thread starting
+    `fn` (`begin`), or its cancelled call dropping it (`drop`) while it still waits for a thread."""
+
+    __slots__ = ("_ended", "_queued", "_start", "answer", "done", "error", "given_up", "on_end", "result")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_end: Callable[[_R], None] | None) -> None:
         self.answer: asyncio.Future[_R] = loop.create_future()
@@ -100,6 +129,23 @@ class Running(Generic[_R]):
         self.error: BaseException | None = None
         self._ended: asyncio.Future[None] | None = None  # made only for a call that must wait for the end
         self.given_up = False  # a stop waited for the thread long enough (see `Waits`)
+        self._start = threading.Lock()
+        self._queued: tuple[HopThreads, _Job] | None = None  # the pool `hop` submitted its job to
+
+    def begin(self) -> bool:
+        """On the hop's thread, before `fn`: whether it may run, its call not having dropped it."""
+        return self._start.acquire(blocking=False)
+
+    def drop(self) -> bool:
+        """On the loop, for a cancelled call: True when the hop had not started and now never will (its
+        job, withdrawn from the backlog if it waits there, returns at once on a thread that already took
+        it). False when its thread has begun it (or it was never submitted): the call waits for its end."""
+        if self._queued is None or not self._start.acquire(blocking=False):
+            return False
+        pool, job = self._queued
+        self._queued = None
+        pool.withdraw(job)
+        return True
 
     def settle(self, result: _R | None, error: BaseException | None) -> None:
         """On the loop, once the thread has ended."""
@@ -153,11 +199,14 @@ def _wrapped(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
 def hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None = None) -> Running[_R]:
     """`fn(*args)` on a hop thread (`THREADS`), its outcome handed back by the thread itself (`Running`).
     `on_end(result)` runs on the loop when `fn` returns, whether or not the call still waits. Raises
-    RuntimeError when no thread can be had (see `HopThreads.submit`): `fn` then never runs."""
+    RuntimeError when no thread can be had (see `HopThreads.submit`): `fn` then never runs; nor does it
+    once the call has dropped the hop (`Running.drop`)."""
     loop = asyncio.get_running_loop()
     running: Running[_R] = Running(loop, on_end)
 
     def job() -> None:
+        if not running.begin():
+            return  # its call was cancelled while the job still waited for this thread, and dropped it
         try:
             result = fn(*args)
         except StopIteration as exc:  # a future refuses it (TypeError), which would leave the call waiting
@@ -176,7 +225,9 @@ def hop(fn: Callable[..., _R], *args: Any, on_end: Callable[[_R], None] | None =
         with contextlib.suppress(RuntimeError):  # the loop is closed: a stop that gave up on this hop
             loop.call_soon_threadsafe(running.settle, *outcome)
 
-    THREADS.submit(job)
+    pool = THREADS
+    pool.submit(job)
+    running._queued = (pool, job)
     return running
 
 
@@ -245,14 +296,19 @@ async def finish(
     If kubelet's deadline passes mid-hop, the thread cannot be stopped: it ends (the claim recorded,
     or its files removed) before the lock lets the next call in, so the next call never finds the
     claim half written, nor an unprepare still removing what a prepare after it wrote (a spec renamed
-    into place after its unprepare, an entry forgotten after it was made again). `gate`: a hop that
-    has not begun writing (a first prepare still reading its claim) is walked away from at once.
-    `waits`: the owner's, whose stop may give the hop up (see `Waits`)."""
+    into place after its unprepare, an entry forgotten after it was made again). A hop that has not
+    started (still waiting for a thread: every one busy, the cap reached) is dropped at once: it never
+    runs, neither its read nor its writes, and the lock is let go now. `gate`: a hop that has not begun
+    writing (a first prepare still reading its claim) is walked away from at once. `waits`: the
+    owner's, whose stop may give the hop up (see `Waits`)."""
     if waits is not None:
         waits.add(running)
     try:
         return await running.answer
     except asyncio.CancelledError:
+        if running.drop():
+            log.warning(f"a cancelled {what} was dropped before its hop started", extra={"claim": str(ref)})
+            raise
         if gate is not None and gate.walk_away():
             raise  # the thread writes nothing now; what it read is dropped
         # Cancelled again (a deadline, then the server's stop): the thread still runs, and the lock

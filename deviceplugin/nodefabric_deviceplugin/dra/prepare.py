@@ -25,7 +25,9 @@ one read of the host answers every device of a record). When they are not, the h
 resolve, the verbs devices are read off the loop within a budget (`VerbsCache.devices`: never on the
 hop's thread, which must not hang on a FIFO in sysfs), and step 4 takes a second hop. Either way a hop
 that may write runs to its end under the lock, even when kubelet's deadline cancels the call; a call
-cancelled while its hop still reads the claim walks away at once, and that thread writes nothing.
+cancelled while its hop still reads the claim walks away at once, and that thread writes nothing; a call
+cancelled while its hop still waits for a thread (every hop thread busy, their cap reached) drops it, and
+lets the lock go at once: the hop never runs, neither the claim's read nor a write (`hops.finish`).
 
 Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
 and forgets the claim; a claim never prepared here unprepares successfully.
