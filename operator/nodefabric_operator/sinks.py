@@ -160,8 +160,10 @@ def pages(
         try:
             answer = fn(*args, limit=limit, _continue=token, _preload_content=False, **kwargs)
         except kubernetes.client.ApiException as err:
-            if token is None or just_expired or status_of(err) != 410:
-                raise  # a 410 right after one (the full list's, the new token's) fails the list: no loop
+            if token is None or just_expired or limit == 0 or status_of(err) != 410:
+                # A 410 right after one (to the token it carried, or the full list), or one within the
+                # full list (a proxy's that came in pages after all), fails the list: no loop.
+                raise
             fresh = expired(err, followed)
             log.warning(
                 "a list's continue token expired mid-list; listing the rest from the newest snapshot",

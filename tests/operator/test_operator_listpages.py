@@ -438,6 +438,29 @@ def test_a_410_to_the_token_a_410_carried_fails_the_list_never_expiring_in_a_loo
     assert asked == [(None, page), ("token-1", page), ("token-2", page)]
 
 
+def test_a_full_list_that_comes_in_pages_after_all_is_listed_whole_once_only() -> None:
+    """The full list after a 410 without a token (a proxy's) is answered with a continue token after
+    all: followed; that token expiring too fails the list instead of a second full list, and a third,
+    for as long as the proxy keeps at it."""
+    asked: list[tuple[Any, Any]] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            asked.append((query.get("continue"), query.get("limit")))
+            if "continue" in query:
+                conn.answer(json.dumps({"kind": "Status", "code": 410}).encode(), status="410 Gone")
+            else:
+                more = {"continue": f"token-{len(asked)}"}
+                conn.answer(json.dumps({"items": [_item(len(asked))], "metadata": more}).encode())
+
+    with raw_server(handle) as served, pytest.raises(kubernetes.client.ApiException) as refused:
+        _records(api_at(served.url))
+    assert refused.value.status == 410
+    page = str(sinks.PAGE)
+    assert asked == [(None, page), ("token-1", page), (None, "0"), ("token-3", "0")]
+
+
 def test_the_full_list_after_an_expiry_hands_on_an_object_changed_in_between_again() -> None:
     """The full list after a 410 without a token holds n1 recreated (a new uid and resourceVersion):
     handed on again, after the version from the first page, so a caller keeping the last (the Devices
