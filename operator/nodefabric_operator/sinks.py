@@ -11,6 +11,7 @@ sent on the event loop by the operator (aioclient.Driver) or in the caller's thr
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -140,34 +141,46 @@ def pages(
     where they are sent: apicall).
 
     A continue token that expired mid-list (410 Gone: etcd compacted past the list's snapshot, a list
-    slower than its compaction interval) is followed by one full list without pages, as client-go's
-    pager does; failing the list instead would restart the operator on a large fleet for good. Objects
-    already handed on are left out of it (matched by namespace and name), so each comes once: the rest
-    from the newer snapshot, which a watch's events then bring up to date as ever."""
+    slower than its compaction interval) does not fail the list (that would restart the operator on a
+    large fleet for good). The API server's 410 carries a continue token of its own, for the rest of the
+    list (the keys after the last one handed on) from its newest snapshot: followed, in pages as before.
+    Only a 410 without one (a proxy's) is followed by a full list, as client-go's pager does: one answer,
+    bounded by wire.MAX_ANSWER and decoded whole, which the fleets whose list outlasts compaction are the
+    likeliest to exceed. client-go hands that full list on alone; here the first pages are handed on
+    already, so an object in it is left out when handed on before in the same version (uid and
+    resourceVersion), and handed on again, the newer after the older, when it changed in between. The
+    list then mixes two snapshots (one deleted in between may have been handed on), which a watch's
+    events bring up to date as ever."""
     token: str | None = None
     followed: set[str] = set()
-    handed: set[tuple[Any, Any]] = set()
-    limit = PAGE
+    handed: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # every named object handed on: its uid and rv
+    limit, after, just_expired = PAGE, False, False
     while True:
         metrics.requested("list", resource)
         try:
             answer = fn(*args, limit=limit, _continue=token, _preload_content=False, **kwargs)
         except kubernetes.client.ApiException as err:
-            if token is None or limit == 0 or status_of(err) != 410:
-                raise  # a second expiry (the full list's own) fails the list: no endless relisting
+            if token is None or just_expired or limit == 0 or status_of(err) != 410:
+                # A 410 right after one (to the token it carried, or the full list), or one within the
+                # full list (a proxy's that came in pages after all), fails the list: no loop.
+                raise
+            fresh = expired(err, followed)
             log.warning(
-                "a list's continue token expired mid-list; listing the rest whole",
-                extra={"resource": resource, "handed": len(handed)},
+                "a list's continue token expired mid-list; listing the rest from the newest snapshot",
+                extra={"resource": resource, "handed": len(handed), "rest": "in pages" if fresh else "whole"},
             )
-            token, limit = None, 0
+            token, limit, after, just_expired = fresh, PAGE if fresh else 0, True, True
+            if fresh:
+                followed.add(fresh)
             continue
+        just_expired = False
         page = _decoded(answer)
         for item in listed(page, resource):
-            key = _named(item)
+            key, stamp = _named(item)
             if key is not None:
-                if limit == 0 and key in handed:
-                    continue  # the full list after an expiry: handed on from a page before it
-                handed.add(key)
+                if after and handed.get(key) == stamp:
+                    continue  # handed on from a page before the expiry, in this version
+                handed[key] = stamp
             yield item
         token = continued(page, resource, followed)
         if token is None:
@@ -175,12 +188,25 @@ def pages(
         followed.add(token)
 
 
-def _named(item: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    """An item's namespace and name, None for one without a name (never matched: handed on as it is)."""
+def expired(err: kubernetes.client.ApiException, followed: set[str]) -> str | None:
+    """The continue token a 410 to an expired one carries (the API server's: the rest of the list from
+    the newest snapshot), None when its body has none (a proxy's, garbage) or one already followed."""
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError):
+        return None
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    token = meta.get("continue") if isinstance(meta, dict) else None
+    return token if isinstance(token, str) and token and token not in followed else None
+
+
+def _named(item: Mapping[str, Any]) -> tuple[tuple[Any, Any] | None, tuple[Any, Any]]:
+    """An item's namespace and name (None for one without a name: never matched, handed on as it is),
+    and its uid and resourceVersion (which version of it that is)."""
     meta = item.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-        return None
-    return meta.get("namespace"), meta["name"]
+        return None, (None, None)
+    return (meta.get("namespace"), meta["name"]), (meta.get("uid"), meta.get("resourceVersion"))
 
 
 def listed(page: Mapping[str, Any], resource: str) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ def _tree(root: Path, files: int = 40) -> Path:
     return root
 
 
-def _signal_on_call(monkeypatch: pytest.MonkeyPatch, name: str, after: int) -> list[int]:
-    """os.<name> sends this process SIGTERM on its `after`-th call; the returned list counts calls."""
+def _signal_on_call(
+    monkeypatch: pytest.MonkeyPatch, name: str, after: int, signum: int = signal.SIGTERM
+) -> list[int]:
+    """os.<name> sends this process `signum` on its `after`-th call; the returned list counts calls."""
     real: Callable[..., Any] = getattr(os, name)
     calls: list[int] = []
 
@@ -45,7 +48,7 @@ def _signal_on_call(monkeypatch: pytest.MonkeyPatch, name: str, after: int) -> l
         result = real(*args, **kwargs)
         calls.append(1)
         if len(calls) == after:
-            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, still inside the removal
+            os.kill(os.getpid(), signum)  # handled at the next bytecode, still inside the removal
         return result
 
     monkeypatch.setattr(os, name, wrapped)
@@ -93,3 +96,56 @@ def test_uninterrupted_without_a_signal_changes_nothing(tmp_path, ctrl_c_handler
         _tree(workdir)
     assert not workdir.exists()
     assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+
+
+def test_removed_whole_from_another_thread_removes_the_tree(tmp_path):
+    """Signal handlers are the main thread's alone (setting one elsewhere is a ValueError, which left
+    the whole tree behind); a signal cannot stop a removal in another thread, so there it runs as is."""
+    root = _tree(tmp_path / "work")
+    failed: list[BaseException] = []
+
+    def remove() -> None:
+        try:
+            demo_main.removed_whole(str(root))
+        except BaseException as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=remove)
+    thread.start()
+    thread.join()
+    assert failed == []
+    assert not root.exists()
+
+
+def test_an_ignored_sigint_stays_ignored_through_the_removal(tmp_path, monkeypatch, ctrl_c_handlers):
+    """A demo started with SIGINT ignored (in the background of a script: the shell ignores it there)
+    is not stopped by one landing mid-removal: the removal finishes and nothing is raised."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    root = _tree(tmp_path / "work")
+    _signal_on_call(monkeypatch, "unlink", after=5, signum=signal.SIGINT)
+    demo_main.removed_whole(str(root))
+    assert not root.exists()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_signal_noted_in_a_block_that_fails_is_not_lost(ctrl_c_handlers):
+    """A signal noted, then an error inside the block: the stop asked for still comes
+    (KeyboardInterrupt, the error its context), not the error alone, which a caller might handle and
+    carry on."""
+    with pytest.raises(KeyboardInterrupt) as stopped, demo_main.uninterrupted():
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise OSError("no space left on device")
+    assert isinstance(stopped.value.__context__, OSError)
+    assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+
+
+def test_a_temporary_directory_in_a_given_parent_is_made_and_removed_whole(
+    tmp_path, monkeypatch, ctrl_c_handlers
+):
+    """The story's device-plugin socket directory (in /tmp there, for short socket paths) is made as
+    the work directory is: a signal right after mkdir still leaves nothing behind."""
+    _signal_on_call(monkeypatch, "mkdir", after=1)
+    with pytest.raises(KeyboardInterrupt), contextlib.ExitStack() as stack:
+        demo_main._temporary_workdir(stack, "dp-", str(tmp_path))
+        pytest.fail("the signal is raised before the path is handed back")
+    assert os.listdir(tmp_path) == []

@@ -351,10 +351,11 @@ def _names(listed: list[Any]) -> list[str]:
 
 @pytest.mark.parametrize("what", list(LISTS))
 def test_a_410_mid_list_is_followed_by_one_full_list_each_object_once(what: str) -> None:
-    """The continue token expired between two pages: the rest is read as one full list (limit=0, no
-    token), as client-go's pager does, instead of failing the list (the operator's start exited 2, and
-    on a fleet whose list outlasts etcd's compaction it would never start). n1, already handed on from
-    the first page, is not handed on twice; n2 and n3, only in the newer snapshot, are."""
+    """The continue token expired between two pages, and the 410 carries no token of its own (a
+    proxy's): the rest is read as one full list (limit=0, no token), as client-go's pager does, instead
+    of failing the list (the operator's start exited 2, and on a fleet whose list outlasts etcd's
+    compaction it would never start). n1, already handed on from the first page in the same version, is
+    not handed on twice; n2 and n3, only in the newer snapshot, are."""
     full = {"items": [_item(1), _item(2), _item(3)], "metadata": {"resourceVersion": "9"}}
     handle, asked = _expiring(lambda: (json.dumps(full).encode(), "200 OK"))
     with raw_server(handle) as served:
@@ -378,6 +379,99 @@ def test_a_410_on_the_full_list_after_an_expiry_fails_the_list_without_relisting
         LISTS[what](api_at(served.url))
     assert refused.value.status == 410
     assert len(asked) == 3
+
+
+def _gone_with_tokens(
+    rest: list[dict[str, Any]],
+) -> tuple[Callable[[Conn, Served], None], list[tuple[Any, Any]]]:
+    """A first page (n1, continued with token-1), then the API server's answer to an expired token: 410
+    Gone carrying a continue token of its own (token-2, for the rest from the newest snapshot), answered
+    with `rest`, the one page after it; any other request with a token is 410 again (with a fresh
+    token), and a full list (no token) is answered n1 to n3, whole."""
+    asked: list[tuple[Any, Any]] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            asked.append((query.get("continue"), query.get("limit")))
+            if len(asked) == 1:
+                conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
+            elif query.get("continue") == "token-2" and rest:
+                conn.answer(json.dumps(rest.pop(0)).encode())
+            elif "continue" in query:
+                gone = {
+                    "kind": "Status",
+                    "code": 410,
+                    "reason": "Expired",
+                    "metadata": {"continue": f"token-{len(asked)}"},
+                }
+                conn.answer(json.dumps(gone).encode(), status="410 Gone")
+            else:
+                conn.answer(json.dumps({"items": [_item(1), _item(2), _item(3)]}).encode())
+
+    return handle, asked
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_410_carrying_a_continue_token_is_followed_in_pages_not_by_a_full_list(what: str) -> None:
+    """The API server's 410 to an expired continue token carries one for the rest of the list from its
+    newest snapshot: followed, in pages of PAGE. A full list instead is one answer, bounded by
+    wire.MAX_ANSWER and decoded whole: on the fleets whose list outlasts etcd's compaction (the ones the
+    fallback is for), likely past the bound, and the list failed after all, at every restart."""
+    handle, asked = _gone_with_tokens([{"items": [_item(2), _item(3)]}])
+    with raw_server(handle) as served:
+        listed = LISTS[what](api_at(served.url))
+    assert _names(listed) == ["n1", "n2", "n3"]
+    page = str(sinks.PAGE)
+    assert asked == [(None, page), ("token-1", page), ("token-2", page)]
+
+
+@pytest.mark.parametrize("what", list(LISTS))
+def test_a_410_to_the_token_a_410_carried_fails_the_list_never_expiring_in_a_loop(what: str) -> None:
+    """Two 410s in a row (the token the first carried has expired too, or a server that answers every
+    continue so) fail the list: no third request, no endless chain of fresh tokens, no full list."""
+    handle, asked = _gone_with_tokens([])
+    with raw_server(handle) as served, pytest.raises(kubernetes.client.ApiException) as refused:
+        LISTS[what](api_at(served.url))
+    assert refused.value.status == 410
+    page = str(sinks.PAGE)
+    assert asked == [(None, page), ("token-1", page), ("token-2", page)]
+
+
+def test_a_full_list_that_comes_in_pages_after_all_is_listed_whole_once_only() -> None:
+    """The full list after a 410 without a token (a proxy's) is answered with a continue token after
+    all: followed; that token expiring too fails the list instead of a second full list, and a third,
+    for as long as the proxy keeps at it."""
+    asked: list[tuple[Any, Any]] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            asked.append((query.get("continue"), query.get("limit")))
+            if "continue" in query:
+                conn.answer(json.dumps({"kind": "Status", "code": 410}).encode(), status="410 Gone")
+            else:
+                more = {"continue": f"token-{len(asked)}"}
+                conn.answer(json.dumps({"items": [_item(len(asked))], "metadata": more}).encode())
+
+    with raw_server(handle) as served, pytest.raises(kubernetes.client.ApiException) as refused:
+        _records(api_at(served.url))
+    assert refused.value.status == 410
+    page = str(sinks.PAGE)
+    assert asked == [(None, page), ("token-1", page), (None, "0"), ("token-3", "0")]
+
+
+def test_the_full_list_after_an_expiry_hands_on_an_object_changed_in_between_again() -> None:
+    """The full list after a 410 without a token holds n1 recreated (a new uid and resourceVersion):
+    handed on again, after the version from the first page, so a caller keeping the last (the Devices
+    records' names and uids) holds the record that exists, not the one deleted in between."""
+    changed = {"metadata": {"name": "n1", "uid": "u-1b", "resourceVersion": "7"}}
+    full = {"items": [changed, _item(2)]}
+    handle, asked = _expiring(lambda: (json.dumps(full).encode(), "200 OK"))
+    with raw_server(handle) as served:
+        names = reconcile.record_names(kubernetes.client.CustomObjectsApi(api_at(served.url)), Metrics())
+    assert names == {"n1": "u-1b", "n2": "u-2"}
+    assert [dict(q).get("limit") for q in asked] == [str(sinks.PAGE), str(sinks.PAGE), "0"]
 
 
 @pytest.mark.parametrize(("status", "code"), [("410 Gone", 410), ("500 Internal Server Error", 500)])

@@ -133,22 +133,33 @@ def run(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def uninterrupted() -> Iterator[None]:
-    """SIGINT and SIGTERM are noted while the block runs and raised after it (KeyboardInterrupt): one
-    landing mid-block would stop it halfway, a directory made but not yet registered for removal, or
-    removed in part and the rest left behind. In the main thread only, as every signal handler."""
+    """SIGINT and SIGTERM are noted while the block runs and delivered again after it, to the handler
+    that was in place (the demo's raise KeyboardInterrupt): one landing mid-block would stop it halfway,
+    a directory made but not yet registered for removal, or removed in part and the rest left behind.
+    Delivered after an exception in the block too, so that the stop asked for is not lost. A signal
+    ignored (SIG_IGN) stays ignored; one whose handler was set from C (None, which Python cannot put
+    back) is left as it is. Outside the main thread nothing is swapped: a signal's handler runs in the
+    main thread only, so it cannot stop this block there, and setting one is refused (ValueError)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     noted: list[int] = []
 
     def note(signum: int, _frame: object) -> None:
         noted.append(signum)
 
-    before = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
+    before: dict[signal.Signals, Any] = {}
     try:
+        for held in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(held)
+            if handler is not None and handler is not signal.SIG_IGN:
+                before[held] = signal.signal(held, note)
         yield
     finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-    if noted:
-        raise KeyboardInterrupt
+        for held, handler in before.items():
+            signal.signal(held, handler)
+        for landed in dict.fromkeys(noted):
+            signal.raise_signal(landed)  # its handler runs here: the demo's raises KeyboardInterrupt
 
 
 def removed_whole(path: str) -> None:
@@ -157,11 +168,14 @@ def removed_whole(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _temporary_workdir(stack: contextlib.ExitStack) -> str:
-    """A fresh temporary directory, removed whole when `stack` closes: made and registered for removal
-    in one uninterrupted step (TemporaryDirectory leaves both windows open to a signal)."""
+def _temporary_workdir(
+    stack: contextlib.ExitStack, prefix: str = "nodefabric-demo-", parent: str | None = None
+) -> str:
+    """A fresh temporary directory (in `parent`, else the system's), removed whole when `stack`
+    closes: made and registered for removal in one uninterrupted step (TemporaryDirectory, or mkdtemp
+    then try/finally, leave both windows open to a signal)."""
     with uninterrupted():
-        path = tempfile.mkdtemp(prefix="nodefabric-demo-")
+        path = tempfile.mkdtemp(prefix=prefix, dir=parent)
         stack.callback(removed_whole, path)
     return path
 
@@ -410,9 +424,7 @@ async def _dra(out: TextIO, agent: Agent, root: Path, k: RunningAPI) -> None:
 
 
 # One statement per step of the story, read top to bottom; each step's work is in its own function.
-async def demo(  # noqa: PLR0915
-    workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None
-) -> None:
+async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | None = None) -> None:
     _sigterm_as_sigint()
     _section(out, "1. Four fixture hosts (their /sys trees are laid out on disk)")
     nodes = lay_out_hosts(workdir)
@@ -472,8 +484,10 @@ async def demo(  # noqa: PLR0915
             out.write("\n" + await _kubectl_get_devices(k))
 
         _section(out, "4. The device plugin on hgx-0 registers three resources with kubelet")
-        plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # unix socket paths are short
-        try:
+        with contextlib.ExitStack() as made:
+            # In /tmp: unix socket paths are short. A second Ctrl-C (the first cancels the story at an
+            # await) would otherwise land between mkdtemp and the removal, or in the removal itself.
+            plugin_dir = Path(_temporary_workdir(made, "dp-", "/tmp"))
             async with device_plugin(agents["hgx-0"], workdir / "hgx-0", plugin_dir) as kubelet:
                 await agents["hgx-0"].run_pass()
                 families = [
@@ -497,8 +511,6 @@ async def demo(  # noqa: PLR0915
                     ids = sorted(d.ID for d in devices)[:2]
                     response = await kubelet.plugin(family).allocate(ids)
                     out.write("  " + _describe_allocation(family, ids, response).replace("\n", "\n  ") + "\n")
-        finally:
-            shutil.rmtree(plugin_dir, ignore_errors=True)
 
         await _admission(out, k)
         await _dra(out, agents["hgx-0"], workdir / "hgx-0", k)
