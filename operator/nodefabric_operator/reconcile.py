@@ -108,6 +108,14 @@ class Reconciler:
             metrics=self.metrics,
             domain=domain,
         )
+        self.withdraw = Withdrawal(
+            sink,
+            self.view,
+            ledger=self.ledger,
+            status=self.status,
+            metrics=self.metrics,
+            backoffs=self.backoffs,
+        )
         # A node whose publish failed for a transient reason is reconciled again after the longest backoff.
         self.requeue = Requeue(
             max(self.backoffs, default=DEFAULT_BACKOFFS[-1]),
@@ -188,7 +196,7 @@ class Reconciler:
     async def devices_deleted(self, name: str) -> Outcome:
         """The Devices object is gone: withdraw what the sink holds for it (a NodeFeature is GC'd instead)."""
         self.devices_gone(name)
-        return await self._withdraw(name)
+        return await self.withdraw(name)
 
     def devices_gone(self, name: str) -> None:
         """The Devices object is gone, nothing written (its deletion dropped unhandled as the watch
@@ -210,7 +218,7 @@ class Reconciler:
             if name not in self.ledger.known and (self.view.get(name) or snapshot).managed:
                 # Labels we wrote on a Node whose record is gone (deleted while the operator was down).
                 log.info("labels we wrote have no devices record, withdrawing them", extra={"node": name})
-                return await self._withdraw(name)
+                return await self.withdraw(name)
             return None  # a record the watch listed is reconciled by its own event
         current = self.view.get(name)
         if not self.sink.drifted(record.owner, record.result.labels, record.frozen, current):
@@ -357,49 +365,6 @@ class Reconciler:
         self.close()
         await self.status.send.close()
 
-    async def _withdraw(self, name: str) -> Outcome:
-        try:
-            async with self.ledger.lock(name):
-                published = await self._withdrawn(name)
-        except Exception as err:
-            # Not left to the watch's catch-all (a traceback per event): the view still holds the labels
-            # as ours, so the Node's next change brings the withdrawal again (sink_event), and so does
-            # the operator's next start (its listing finds labels with no record).
-            log.error(
-                "labels not withdrawn, tried again on the Node's next change",
-                extra={"node": name, "error": brief(err)},
-            )
-            self.metrics.inc(self.metrics.reconciles, "error")
-            return Outcome("error")
-        finally:
-            self.ledger.drop_lock(name)
-        changes = tuple(published.plan.changes) if published else ()
-        if published is not None and published.now is not None:
-            self.view.observe(published.now)
-        count_changes(self.metrics, changes)
-        if changes:
-            log.info(
-                "labels withdrawn with the devices record", extra={"node": name, "removed": len(changes)}
-            )
-        self.metrics.inc(self.metrics.reconciles, "withdrawn")
-        return Outcome("withdrawn", changes)
-
-    async def _withdrawn(self, name: str) -> sinks.Published | None:
-        """The withdrawal sent, a transient failure retried after each of the backoffs as a publish is."""
-        delays = iter(self.backoffs)
-        while True:
-            try:
-                return await self.status.send(self.sink.withdrawing(name, self.view.get(name)))
-            except Exception as err:
-                delay = next(delays, None) if transient(err) else None
-                if delay is None:
-                    raise
-                log.warning(
-                    "label withdrawal failed, retrying",
-                    extra={"node": name, "error": brief(err), "retry_in_s": delay},
-                )
-                await asyncio.sleep(delay)
-
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
             await self.recorder.posting(record.ref(), notice)
@@ -462,6 +427,67 @@ def _kept(metrics: Metrics, domain: str, record: NodeRecord, kept: Sequence[str]
         "enumeration failed, labels kept as published",
         extra={"node": record.name, "keys": ",".join(kept), "failed": ",".join(sorted(record.frozen))},
     )
+
+
+class Withdrawal:
+    """The Node sink's labels withdrawn when a record goes: sent under the node's lock, a transient
+    failure retried through the backoffs as a publish is."""
+
+    def __init__(
+        self,
+        sink: sinks.Sink,
+        view: SinkView,
+        *,
+        ledger: Ledger,
+        status: StatusWriter,
+        metrics: Metrics,
+        backoffs: Sequence[float],
+    ) -> None:
+        self.sink, self.view, self.ledger, self.status = sink, view, ledger, status
+        self.metrics, self.backoffs = metrics, backoffs
+
+    async def __call__(self, name: str) -> Outcome:
+        try:
+            async with self.ledger.lock(name):
+                published = await self._sent(name)
+        except Exception as err:
+            # Not left to the watch's catch-all (a traceback per event): the view still holds the labels
+            # as ours, so the Node's next change brings the withdrawal again (sink_event), and so does
+            # the operator's next start (its listing finds labels with no record).
+            log.error(
+                "labels not withdrawn, tried again on the Node's next change",
+                extra={"node": name, "error": brief(err)},
+            )
+            self.metrics.inc(self.metrics.reconciles, "error")
+            return Outcome("error")
+        finally:
+            self.ledger.drop_lock(name)
+        changes = tuple(published.plan.changes) if published else ()
+        if published is not None and published.now is not None:
+            self.view.observe(published.now)
+        count_changes(self.metrics, changes)
+        if changes:
+            log.info(
+                "labels withdrawn with the devices record", extra={"node": name, "removed": len(changes)}
+            )
+        self.metrics.inc(self.metrics.reconciles, "withdrawn")
+        return Outcome("withdrawn", changes)
+
+    async def _sent(self, name: str) -> sinks.Published | None:
+        """The withdrawal sent, a transient failure retried after each of the backoffs as a publish is."""
+        delays = iter(self.backoffs)
+        while True:
+            try:
+                return await self.status.send(self.sink.withdrawing(name, self.view.get(name)))
+            except Exception as err:
+                delay = next(delays, None) if transient(err) else None
+                if delay is None:
+                    raise
+                log.warning(
+                    "label withdrawal failed, retrying",
+                    extra={"node": name, "error": brief(err), "retry_in_s": delay},
+                )
+                await asyncio.sleep(delay)
 
 
 class Requeue:

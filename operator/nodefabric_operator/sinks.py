@@ -193,7 +193,7 @@ def expired(err: kubernetes.client.ApiException, followed: set[str]) -> str | No
     the newest snapshot), None when its body has none (a proxy's, garbage) or one already followed."""
     try:
         body = json.loads(err.body or "")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nesting past the decoder's depth
         return None
     meta = body.get("metadata") if isinstance(body, dict) else None
     token = meta.get("continue") if isinstance(meta, dict) else None

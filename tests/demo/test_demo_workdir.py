@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nodefabric_operator.demo import main as demo_main
+from nodefabric_operator.demo import temporary
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_removed_whole_finishes_the_removal_then_raises(tmp_path, monkeypatch, c
     root = _tree(tmp_path / "work")
     calls = _signal_on_call(monkeypatch, "unlink", after=5)
     with pytest.raises(KeyboardInterrupt):
-        demo_main.removed_whole(str(root))
+        temporary.removed_whole(str(root))
     assert len(calls) == 40, "every file was removed after the signal"
     assert not root.exists()
     assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler, "the handler was given back"
@@ -83,14 +83,14 @@ def test_a_signal_while_the_workdir_is_made_still_removes_it(tmp_path, monkeypat
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     _signal_on_call(monkeypatch, "mkdir", after=1)
     with pytest.raises(KeyboardInterrupt), contextlib.ExitStack() as stack:
-        demo_main._temporary_workdir(stack)
+        temporary.made(stack, "nodefabric-demo-")
         pytest.fail("the signal is raised before the path is handed back")
     assert os.listdir(tmp_path) == []
 
 
 def test_uninterrupted_without_a_signal_changes_nothing(tmp_path, ctrl_c_handlers):
     with contextlib.ExitStack() as stack:
-        workdir = Path(demo_main._temporary_workdir(stack))
+        workdir = Path(temporary.made(stack, "nodefabric-demo-"))
         assert workdir.is_dir() and workdir.name.startswith("nodefabric-demo-")
         assert oct(workdir.stat().st_mode & 0o777) == oct(0o700), "only its owner reads the kubeconfig"
         _tree(workdir)
@@ -106,7 +106,7 @@ def test_removed_whole_from_another_thread_removes_the_tree(tmp_path):
 
     def remove() -> None:
         try:
-            demo_main.removed_whole(str(root))
+            temporary.removed_whole(str(root))
         except BaseException as err:
             failed.append(err)
 
@@ -123,7 +123,7 @@ def test_an_ignored_sigint_stays_ignored_through_the_removal(tmp_path, monkeypat
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     root = _tree(tmp_path / "work")
     _signal_on_call(monkeypatch, "unlink", after=5, signum=signal.SIGINT)
-    demo_main.removed_whole(str(root))
+    temporary.removed_whole(str(root))
     assert not root.exists()
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
@@ -132,7 +132,7 @@ def test_a_signal_noted_in_a_block_that_fails_is_not_lost(ctrl_c_handlers):
     """A signal noted, then an error inside the block: the stop asked for still comes
     (KeyboardInterrupt, the error its context), not the error alone, which a caller might handle and
     carry on."""
-    with pytest.raises(KeyboardInterrupt) as stopped, demo_main.uninterrupted():
+    with pytest.raises(KeyboardInterrupt) as stopped, temporary.uninterrupted():
         os.kill(os.getpid(), signal.SIGTERM)
         raise OSError("no space left on device")
     assert isinstance(stopped.value.__context__, OSError)
@@ -146,6 +146,6 @@ def test_a_temporary_directory_in_a_given_parent_is_made_and_removed_whole(
     the work directory is: a signal right after mkdir still leaves nothing behind."""
     _signal_on_call(monkeypatch, "mkdir", after=1)
     with pytest.raises(KeyboardInterrupt), contextlib.ExitStack() as stack:
-        demo_main._temporary_workdir(stack, "dp-", str(tmp_path))
+        temporary.made(stack, "dp-", str(tmp_path))
         pytest.fail("the signal is raised before the path is handed back")
     assert os.listdir(tmp_path) == []

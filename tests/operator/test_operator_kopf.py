@@ -267,6 +267,8 @@ async def test_a_failed_withdrawal_is_retried_then_reported_and_done_on_the_node
         await c.put_devices(devices("n1", interfaces=[nic()]))
         async with running_operator(k, sink="node") as metrics:
             assert await eventually(lambda: _node_labels_equal(c, {**hand, CAPABLE: "true", NUMA: "0"}))
+            assert await eventually(lambda: published(c))
+            await settle(k)  # the publish's own writes all done: the faults below meet the withdrawal
             k.api.fail_next(failures, 503)  # writes only: the deletion below goes around the HTTP API
             k.api.remove_object(DEVICES, "n1")
             if failures == 1:

@@ -592,3 +592,29 @@ def test_prunes_delete_refused_with_a_body_that_never_ends_is_refused_at_the_bou
             break
         time.sleep(0.01)
     assert served.sent and served.sent[0] < 16 * wire.MAX_ANSWER
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe garbage", b'{"metadata": {"continue": 7}}', b"[]", b""],
+)
+def test_a_410_whose_body_holds_no_token_is_followed_by_the_full_list(body: bytes) -> None:
+    """A 410 to an expired token whose body is no Status with a token (nested past the decoder's depth,
+    not UTF-8, a token of another type, an array, nothing): the full list, never an exception out of
+    reading the body."""
+    asked: list[tuple[Any, Any]] = []
+
+    def handle(conn: Conn, served: Served) -> None:
+        while (head := conn.request()) is not None:
+            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            asked.append((query.get("continue"), query.get("limit")))
+            if len(asked) == 1:
+                conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
+            elif "continue" in query:
+                conn.answer(body, status="410 Gone")
+            else:
+                conn.answer(json.dumps({"items": [_item(1), _item(2)]}).encode())
+
+    with raw_server(handle) as served:
+        assert _names(_nodes(api_at(served.url))) == ["n1", "n2"]
+    assert asked[-1] == (None, "0")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.testing.drakubelet import DraClient, DraKubelet
+from nodefabric_operator.demo import temporary
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 SLICES = "resource.k8s.io/v1/resourceslices"
@@ -91,34 +90,33 @@ async def _prepare(
 
 
 async def dra_driver(agent: Agent, root: Path, k: RunningAPI) -> str:
-    base = tempfile.mkdtemp(prefix="dp-dra-", dir="/tmp")  # unix socket paths are short
-    config = DriverConfig(
-        node_name=agent.config.node,
-        plugin_dir=f"{base}/plugins",
-        registry_dir=f"{base}/registry",
-        cdi_dir=f"{base}/cdi",
-    )
-    driver = wiring.dra_driver(agent.subscribe, HostRoot.at(root), config, nodeclient.load(k.kubeconfig))
-    kubelet = DraKubelet(config.registry_dir)
-    stop = asyncio.Event()
-    task = asyncio.create_task(driver.run(stop))
-    try:
-        plugin = await kubelet.wait_registered(config.driver, timeout=30)
-        lines = [
-            f"  registered with kubelet's plugin watcher as {config.driver} ({plugin.version.service})\n"
-        ]
-        deadline = time.monotonic() + 30
-        while not _published(k):
-            if time.monotonic() > deadline:
-                raise TimeoutError("gave up waiting for the driver to publish its ResourceSlices")
-            await asyncio.sleep(0.1)
-        (obj,) = _published(k)
-        lines += _table(obj)
-        gpu_root = agent.record.groups[0].accelerators[0].topology.pci_host_bridge if agent.record else ""
-        lines += await _prepare(k, plugin, config, gpu_root, obj)
-    finally:
-        await kubelet.stop()
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        shutil.rmtree(base, ignore_errors=True)
-    return "".join(lines)
+    with temporary.directory("dp-dra-", "/tmp") as base:  # unix socket paths are short
+        config = DriverConfig(
+            node_name=agent.config.node,
+            plugin_dir=f"{base}/plugins",
+            registry_dir=f"{base}/registry",
+            cdi_dir=f"{base}/cdi",
+        )
+        driver = wiring.dra_driver(agent.subscribe, HostRoot.at(root), config, nodeclient.load(k.kubeconfig))
+        kubelet = DraKubelet(config.registry_dir)
+        stop = asyncio.Event()
+        task = asyncio.create_task(driver.run(stop))
+        try:
+            plugin = await kubelet.wait_registered(config.driver, timeout=30)
+            lines = [
+                f"  registered with kubelet's plugin watcher as {config.driver} ({plugin.version.service})\n"
+            ]
+            deadline = time.monotonic() + 30
+            while not _published(k):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("gave up waiting for the driver to publish its ResourceSlices")
+                await asyncio.sleep(0.1)
+            (obj,) = _published(k)
+            lines += _table(obj)
+            gpu_root = agent.record.groups[0].accelerators[0].topology.pci_host_bridge if agent.record else ""
+            lines += await _prepare(k, plugin, config, gpu_root, obj)
+        finally:
+            await kubelet.stop()
+            stop.set()
+            await asyncio.wait_for(task, 15)
+        return "".join(lines)

@@ -14,7 +14,6 @@ import asyncio
 import base64
 import contextlib
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -27,6 +26,7 @@ from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission.controller import Controller
 from nodefabric_operator.admission.model import placement_crd
 from nodefabric_operator.admission.webhook import WebhookConfig, build_webhook_app, ssl_context
+from nodefabric_operator.demo import temporary
 from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.demo.kubeapi.tls import self_signed
 from nodefabric_operator.demo.scheduler import Kube, StandInScheduler, is_ready
@@ -255,7 +255,7 @@ async def place_group(k: RunningAPI) -> str:
     labels = {ADMISSION: "enabled"}
     k.api.put_object("v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": labels}})
     kube = Kube(k.kubeconfig, user_agent="job-controller")
-    with tempfile.TemporaryDirectory(prefix="nodefabric-webhook-") as certs:
+    with temporary.directory("nodefabric-webhook-") as certs:
         async with (
             _webhook(k, certs),
             _placement(k),

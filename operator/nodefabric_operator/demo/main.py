@@ -20,10 +20,9 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,6 +46,7 @@ from nodefabric_deviceplugin.resources import PluginConfig
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_operator import cli as operator_cli
 from nodefabric_operator.admission.model import placement_crd
+from nodefabric_operator.demo import temporary
 from nodefabric_operator.demo.dra import dra_driver
 from nodefabric_operator.demo.fleet import PLACEMENT_GROUPS, place_group
 from nodefabric_operator.demo.kubeapi import RunningAPI, as_table, running_api
@@ -125,59 +125,10 @@ def run(args: argparse.Namespace) -> int:
     # end the process on the spot and leave the directory behind).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.ExitStack() as stack:
-        workdir = args.keep or _temporary_workdir(stack)
+        workdir = args.keep or temporary.made(stack, "nodefabric-demo-")
         asyncio.run(demo(Path(workdir), sys.stdout, serve=args.serve, port=args.port or None))
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s; everything it started is stopped.")
     return 0
-
-
-@contextlib.contextmanager
-def uninterrupted() -> Iterator[None]:
-    """SIGINT and SIGTERM are noted while the block runs and delivered again after it, to the handler
-    that was in place (the demo's raise KeyboardInterrupt): one landing mid-block would stop it halfway,
-    a directory made but not yet registered for removal, or removed in part and the rest left behind.
-    Delivered after an exception in the block too, so that the stop asked for is not lost. A signal
-    ignored (SIG_IGN) stays ignored; one whose handler was set from C (None, which Python cannot put
-    back) is left as it is. Outside the main thread nothing is swapped: a signal's handler runs in the
-    main thread only, so it cannot stop this block there, and setting one is refused (ValueError)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-
-    def note(signum: int, _frame: object) -> None:
-        noted.append(signum)
-
-    before: dict[signal.Signals, Any] = {}
-    try:
-        for held in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(held)
-            if handler is not None and handler is not signal.SIG_IGN:
-                before[held] = signal.signal(held, note)
-        yield
-    finally:
-        for held, handler in before.items():
-            signal.signal(held, handler)
-        for landed in dict.fromkeys(noted):
-            signal.raise_signal(landed)  # its handler runs here: the demo's raises KeyboardInterrupt
-
-
-def removed_whole(path: str) -> None:
-    """`path` removed to the last file, whatever signal lands meanwhile (raised once it is gone)."""
-    with uninterrupted():
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _temporary_workdir(
-    stack: contextlib.ExitStack, prefix: str = "nodefabric-demo-", parent: str | None = None
-) -> str:
-    """A fresh temporary directory (in `parent`, else the system's), removed whole when `stack`
-    closes: made and registered for removal in one uninterrupted step (TemporaryDirectory, or mkdtemp
-    then try/finally, leave both windows open to a signal)."""
-    with uninterrupted():
-        path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-        stack.callback(removed_whole, path)
-    return path
 
 
 # --- the fixture hosts ------------------------------------------------------------------------------------
@@ -487,7 +438,7 @@ async def demo(workdir: Path, out: TextIO, *, serve: bool = False, port: int | N
         with contextlib.ExitStack() as made:
             # In /tmp: unix socket paths are short. A second Ctrl-C (the first cancels the story at an
             # await) would otherwise land between mkdtemp and the removal, or in the removal itself.
-            plugin_dir = Path(_temporary_workdir(made, "dp-", "/tmp"))
+            plugin_dir = Path(temporary.made(made, "dp-", "/tmp"))
             async with device_plugin(agents["hgx-0"], workdir / "hgx-0", plugin_dir) as kubelet:
                 await agents["hgx-0"].run_pass()
                 families = [
