@@ -150,6 +150,9 @@ class Running(Generic[_R]):
     def settle(self, result: _R | None, error: BaseException | None) -> None:
         """On the loop, once the thread has ended."""
         self.done, self.result, self.error = True, result, error
+        # Its job (which holds this hop, `fn`, its arguments and the loop) is needed no longer: kept, the
+        # two would hold each other, and the claim with them, until the cycle collector came by.
+        self._queued = None
         answer = self.answer
         if not answer.done():
             if error is None:
