@@ -1,0 +1,74 @@
+"""/filter and /prioritize over real HTTP against bodies kube-scheduler's encoder never writes: JSON in
+UTF-16 or UTF-32, a byte order mark, a UTF-16 surrogate written as UTF-8 bytes. Go's decoder takes none
+of them as the ExtenderArgs they spell; each is a 400, and the connection keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from extender_fixtures import args, extender, fleet, pod
+
+VERBS = ["filter", "prioritize"]
+
+
+def _body() -> str:
+    return json.dumps(args(pod("web"), ["eu-a-0", "eu-b-0"]))
+
+
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, verb: str, body: bytes
+) -> tuple[int, Any]:
+    """One request on an open connection, its answer read whole: (status, decoded JSON)."""
+    head = (
+        f"POST /{verb} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return status, json.loads(await reader.readexactly(length))
+
+
+@pytest.mark.parametrize(
+    ("encoding", "says"),
+    [
+        ("utf-16", "request body is not JSON: it is not UTF-8"),
+        ("utf-16-le", "request body is not JSON"),
+        ("utf-16-be", "request body is not JSON"),
+        ("utf-32", "request body is not JSON: it is not UTF-8"),
+        ("utf-8-sig", "request body is not JSON: Unexpected UTF-8 BOM"),
+    ],
+)
+@pytest.mark.parametrize("verb", VERBS)
+async def test_json_in_another_encoding_is_a_400_on_a_connection_that_keeps_serving(verb, encoding, says):
+    async with extender(fleet(per_zone=1)) as client:
+        reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+        try:
+            status, answer = await _exchange(reader, writer, verb, _body().encode(encoding))
+            assert status == 400
+            assert answer["Error"].startswith(says), answer
+            # The same connection (kube-scheduler keeps it open) answers the next request in full.
+            status, answer = await _exchange(reader, writer, verb, _body().encode())
+            assert status == 200
+            names = answer["NodeNames"] if verb == "filter" else [h["Host"] for h in answer]
+            assert sorted(names) == ["eu-a-0", "eu-b-0"]
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("verb", VERBS)
+async def test_a_surrogate_written_as_utf8_bytes_is_a_400(verb):
+    """b"\\xed\\xa0\\x80" is no UTF-8: Python's json read it as a lone surrogate (surrogatepass)."""
+    raw = json.dumps(args(pod("web"), ["eu-a-0"])).encode().replace(b'"web"', b'"w\xed\xa0\x80b"')
+    async with extender(fleet(per_zone=1)) as client:
+        resp = await client.post(f"/{verb}", data=raw, headers={"Content-Type": "application/json"})
+        assert resp.status == 400
+        assert (await resp.json())["Error"].startswith("request body is not JSON: it is not UTF-8")
