@@ -5,6 +5,7 @@ of them as the ExtenderArgs they spell; each is a 400, and the connection keeps 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from typing import Any
 
@@ -72,3 +73,32 @@ async def test_a_surrogate_written_as_utf8_bytes_is_a_400(verb):
         resp = await client.post(f"/{verb}", data=raw, headers={"Content-Type": "application/json"})
         assert resp.status == 400
         assert (await resp.json())["Error"].startswith("request body is not JSON: it is not UTF-8")
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP", "identity, gzip"])
+@pytest.mark.parametrize("verb", VERBS)
+async def test_a_compressed_body_is_a_415_unread(verb, encoding):
+    """kube-scheduler never compresses a request; a 64 KiB gzip body inflated to 63 MiB of JSON held the
+    extender half a second, a thousand times what the same bytes sent plain could."""
+    bomb = gzip.compress(b" " * (8 * 2**20) + _body().encode(), 9)
+    async with extender(fleet(per_zone=1)) as client:
+        resp = await client.post(
+            f"/{verb}", data=bomb, headers={"Content-Type": "application/json", "Content-Encoding": encoding}
+        )
+        assert resp.status == 415
+        assert (await resp.json())["Error"] == (
+            f"request body has Content-Encoding {encoding!r}: kube-scheduler sends it uncompressed"
+        )
+        ok = await client.post(f"/{verb}", json=args(pod("web"), ["eu-a-0"]))
+        assert ok.status == 200
+
+
+@pytest.mark.parametrize("verb", VERBS)
+async def test_an_identity_content_encoding_is_read(verb):
+    async with extender(fleet(per_zone=1)) as client:
+        resp = await client.post(
+            f"/{verb}",
+            data=_body().encode(),
+            headers={"Content-Type": "application/json", "Content-Encoding": "identity"},
+        )
+        assert resp.status == 200
