@@ -102,3 +102,16 @@ async def test_an_identity_content_encoding_is_read(verb):
             headers={"Content-Type": "application/json", "Content-Encoding": "identity"},
         )
         assert resp.status == 200
+
+
+@pytest.mark.parametrize("verb", VERBS)
+async def test_one_node_given_twice_in_full_nodes_is_a_400(verb):
+    """Two Node objects of one name (kube-scheduler without nodeCacheCapable sends each node once): the
+    decision read the last, the answer returned both; which one counts would be a guess."""
+    one, other = fleet(per_zone=1)[:2]
+    twin = {**other, "metadata": {**other["metadata"], "name": one["metadata"]["name"]}}
+    body = {"Pod": pod("web"), "NodeNames": None, "Nodes": {"items": [one, other, twin]}}
+    async with extender(fleet(per_zone=1)) as client:
+        resp = await client.post(f"/{verb}", json=body)
+        assert resp.status == 400
+        assert (await resp.json())["Error"] == "Nodes.items[2]: node 'eu-a-0' is given twice (also items[0])"
