@@ -53,7 +53,9 @@ def link_rank(name: str) -> int:
 
 def known_link(name: str) -> bool:
     """Whether a name is part of the link vocabulary (NV<n>, LINK, PIX, PXB, PHB, NODE, SYS, UNK), whole:
-    a trailing newline or space is not."""
+    a trailing newline or space is not, nor a look-alike that str.upper() turns into one ("p\u0131x")."""
+    if not name.isascii():
+        return False
     name = name.upper()
     return name in _PCIE_RANK or _NV.fullmatch(name) is not None
 

@@ -66,7 +66,8 @@ def _blank(value: str) -> str:
 def _cell(raw: str, where: str) -> str:
     value = raw.strip().upper()
     value = _ALIASES.get(value, value)
-    if value == "X" or known_link(value):
+    # ASCII before upper(): "p\u0131x" upper-cases to PIX.
+    if raw.isascii() and (value == "X" or known_link(value)):
         return value
     raise TopoParseError(
         f"{where}: {raw.strip()!r} is not a link (expected X, NV<n>, PIX, PXB, PHB, NODE, SYS)"
@@ -94,7 +95,8 @@ def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
     affinity = [c for c in header[len(columns) :] if c]
     unknown = [c for c in affinity if c not in _AFFINITY_COLUMNS]
     if unknown:
-        raise TopoParseError(f"line {header_at + 1}: unexpected header column(s) {unknown}")
+        more = f" ({len(unknown):,} in all)" if len(unknown) > 8 else ""
+        raise TopoParseError(f"line {header_at + 1}: unexpected header column(s) {unknown[:8]}{more}")
     # Counted in one pass: columns.count per column hung on a header of 100,000 GPU0s.
     twice = sorted(c for c, n in Counter(columns).items() if n > 1)
     if twice:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from typing import Any
@@ -32,6 +33,8 @@ MAX_INDEX = numbers.DEVICE_INDEX.hi
 # Past int64 no field of a record is a number: int() of thousands of digits is refused by Python itself
 # with a message about sys.set_int_max_str_digits, which is no help to the user.
 _MAX_DIGITS = 20
+# NV<n> as link_rank reads it: "NV04" is "NV4".
+_NV = re.compile(r"NV([0-9]{1,3})", re.ASCII)
 
 
 class InputError(ValueError):
@@ -166,17 +169,20 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
             raise InputError(f"the Devices object's spec.groups is {type(listed).__name__}, not a list")
         groups = [_group(g, f"spec.groups[{k}]") for k, g in enumerate(listed)]
         if group_id is not None:
-            chosen = [g for g in groups if g.id == group_id]
-            if not chosen:
+            at = [k for k, g in enumerate(groups) if g.id == group_id]
+            if not at:
+                raise InputError(f"no group {group_id!r} in the Devices object (groups: {_ids(groups)})")
+            if len(at) > 1:
+                # Either group's links would be a guess.
                 raise InputError(
-                    f"no group {group_id!r} in the Devices object (groups: {[g.id for g in groups]})"
+                    f"the Devices object has {len(at)} groups {group_id!r} "
+                    f"(spec.groups[{at[0]}] and [{at[1]}]): --group cannot choose"
                 )
+            chosen = [groups[at[0]]]
         else:
             chosen = [g for g in groups if g.accelerators]
             if len(chosen) > 1:
-                raise InputError(
-                    f"the Devices object has several groups {[g.id for g in chosen]}: pass --group"
-                )
+                raise InputError(f"the Devices object has several groups {_ids(chosen)}: pass --group")
             if not chosen:
                 raise InputError("the Devices object lists no accelerators")
         return group_matrix(chosen[0])
@@ -191,7 +197,11 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
             if not isinstance(row, dict | None):
                 raise InputError(f"{shape}; device {k!r} maps to {type(row).__name__}")
             i = _index(k, shape)
-            matrix[i] = {j: _link(v, i, j) for p, v in (row or {}).items() if (j := _index(p, shape)) != i}
+            cells = {_index(p, shape): v for p, v in (row or {}).items()}
+            own = cells.pop(i, None)
+            if own not in ("X", None):  # as in the list form: a number here was never read as a link
+                raise InputError(f"device {i}: its own cell is {own!r:.40}, expected X (or null)")
+            matrix[i] = {j: _link(v, i, j) for j, v in cells.items()}
         return matrix
     if isinstance(doc, list):
         if len(doc) > picking.MAX_DEVICES:
@@ -205,6 +215,22 @@ def _from_json(doc: Any, group_id: str | None) -> Matrix:
             rows[i] = {j: _link(cell, i, j) for j, cell in enumerate(row) if j != i}
         return rows
     raise InputError("the JSON is neither a Devices object, a group, a matrix nor a list of rows")
+
+
+def _ids(groups: list[AcceleratorGroup]) -> str:
+    """The groups' ids as a message lists them: the first 8, and how many in all past that."""
+    shown = str([g.id[:40] for g in groups[:8]])
+    return shown if len(groups) <= 8 else f"{shown[:-1]}, ...] ({len(groups):,} in all)"
+
+
+def _same_link(a: str, b: str) -> bool:
+    """Whether two known link names are one link: case aside ("nv4", "NV4"), and NV<n>'s n as a number
+    ("NV04", "NV4"), as link_rank reads them."""
+    a, b = a.upper(), b.upper()
+    if a == b:
+        return True
+    na, nb = _NV.fullmatch(a), _NV.fullmatch(b)
+    return na is not None and nb is not None and int(na[1]) == int(nb[1])
 
 
 def _link(value: Any, i: int, j: int) -> str:
@@ -241,7 +267,7 @@ def load_matrix(text: str, group_id: str | None = None) -> Matrix:
             if not picking.known_link(link):
                 raise InputError(f"link {i}-{j} is {link!r}, not one of NV<n> LINK PIX PXB PHB NODE SYS UNK")
             back = matrix.get(j, {}).get(i)
-            if back is not None and back != link:
+            if back is not None and not _same_link(back, link):
                 # One link read two ways: the pick would follow whichever direction it looked up.
                 raise InputError(f"link {i}-{j} is {link} but link {j}-{i} is {back}: one link, two names")
     return matrix

@@ -74,11 +74,32 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (kube-scheduler's encoder never writes it)")
 
 
+def _compressed(request: web.Request) -> str | None:
+    """The request's Content-Encoding when it is not identity. aiohttp would inflate the body as it is
+    read: 64 KiB of gzip is 64 MiB of JSON to decode, work a thousand times the bytes sent."""
+    values = request.headers.getall("Content-Encoding", ())
+    if all(v.strip().lower() in ("", "identity") for v in values):
+        return None
+    return ", ".join(values)
+
+
+def _utf8(raw: bytes) -> str:
+    # json.loads(bytes) would also take UTF-16 and UTF-32, and a surrogate written as UTF-8 bytes: none
+    # of them is what kube-scheduler's encoder writes, nor ExtenderArgs to Go's decoder. A UTF-8 BOM
+    # left in the text is refused by json.loads itself.
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise WireError(
+            f"request body is not JSON: it is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
 def _refuse(ext: Extender, verb: str, status: int, message: str) -> web.Response:
     ext.metrics.bad_requests.labels(verb).inc()
     log.warning("refused a request", extra={"verb": verb, "status": status, "error": message})
     resp = _json({"Error": message}, status=status)
-    if status in (408, 413):
+    if status in (408, 413, 415):
         resp.force_close()  # the rest of the body is not read: the connection cannot be reused
     return resp
 
@@ -92,6 +113,14 @@ def _verb(
         try:
             if (request.content_length or 0) > serving.max_body:  # said up front: not worth waiting for
                 return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
+            encoding = _compressed(request)
+            if encoding is not None:
+                return _refuse(
+                    ext,
+                    verb,
+                    415,
+                    f"request body has Content-Encoding {encoding!r}: kube-scheduler sends it uncompressed",
+                )
             try:
                 async with asyncio.timeout(serving.read_timeout):
                     raw = await request.read()
@@ -100,7 +129,7 @@ def _verb(
             except web.HTTPRequestEntityTooLarge:
                 return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
             try:
-                args = parse_args(json.loads(raw, parse_int=_json_int, parse_constant=_no_constant))
+                args = parse_args(json.loads(_utf8(raw), parse_int=_json_int, parse_constant=_no_constant))
             except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
                 message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
                 return _refuse(ext, verb, 400, message)

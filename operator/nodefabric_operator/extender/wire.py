@@ -133,6 +133,11 @@ def parse_args(body: object) -> ExtenderArgs:
         records = tuple(parse_node(n, f"Nodes.items[{i}]") for i, n in enumerate(items))
     except NodeError as exc:
         raise WireError(str(exc)) from None
+    first: dict[str, int] = {}
+    for i, r in enumerate(records):
+        # The decision would read one of the two and the answer return both: which counts is a guess.
+        if first.setdefault(r.name, i) != i:
+            raise WireError(f"Nodes.items[{i}]: node {r.name!r} is given twice (also items[{first[r.name]}])")
     return ExtenderArgs(pod, tuple(r.name for r in records), tuple(items), records)
 
 
