@@ -237,3 +237,12 @@ async def idle(pool: hops.HopThreads, count: int = 1) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{count} hop threads never went idle: {pool._idle} idle of {pool._threads}")
+
+
+async def queued(pool: hops.HopThreads, count: int) -> None:
+    """Until `count` jobs wait in the backlog."""
+    for _ in range(1000):
+        if len(pool._backlog) == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} jobs never queued: {len(pool._backlog)}")

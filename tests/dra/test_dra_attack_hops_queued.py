@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-from dra_helpers import CLAIMS, Dirs, client, idle, put_claim, ref, result
+from dra_helpers import CLAIMS, Dirs, client, idle, put_claim, queued, ref, result
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
@@ -118,14 +118,6 @@ class Held:
 
         pool.submit(hold)
         assert began.wait(10), "the blocking job never started"
-
-
-async def queued(pool: hops.HopThreads, count: int) -> None:
-    for _ in range(1000):
-        if len(pool._backlog) == count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} jobs never queued: {len(pool._backlog)}")
 
 
 def samples() -> dict[str, float | None]:

@@ -19,7 +19,19 @@ from typing import Any
 
 import grpc
 import pytest
-from dra_helpers import CLAIMS, DRIVER, Dirs, client, idle, put_claim, ref, result, shutdown, start_driver
+from dra_helpers import (
+    CLAIMS,
+    DRIVER,
+    Dirs,
+    client,
+    idle,
+    put_claim,
+    queued,
+    ref,
+    result,
+    shutdown,
+    start_driver,
+)
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -183,15 +195,6 @@ def rig(
     api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, busy: Busy
 ) -> Rig:
     return Rig(api, dirs, hgx_host, hgx_spec, busy)
-
-
-async def queued(pool: hops.HopThreads, count: int) -> None:
-    """Until `count` jobs wait in the backlog."""
-    for _ in range(1000):
-        if len(pool._backlog) == count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} jobs never queued: {len(pool._backlog)}")
 
 
 async def cancelled(task: asyncio.Task[Any]) -> None:
