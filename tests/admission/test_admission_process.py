@@ -160,7 +160,9 @@ async def test_a_group_not_bound_in_time_is_evicted_and_admitted_afresh():
         assert "was not bound and Ready within 1.5s" in status["decision"]
         assert {c["type"]: c["status"] for c in status["conditions"]}["TimedOut"] == "True"
         await eventually(lambda: not w.pods(), what="pods evicted")
-        assert ("PlacementGroup", model.object_name(KEY), "GroupTimedOut") in {e[:3] for e in w.events()}
+        # Each Event is posted in a task of its own, not awaited before the evictions: it may land after.
+        timed_out = ("PlacementGroup", model.object_name(KEY), "GroupTimedOut")
+        await eventually(lambda: timed_out in {e[:3] for e in w.events()}, what="the group's TimedOut Event")
         await w.create(*w.job_pods("train", 2))  # the owner recreates them, gated
         await eventually(lambda: w.status(KEY).get("attempts") == 2, what="admitted afresh")
         assert w.status(KEY)["phase"] == "Admitted"
