@@ -32,6 +32,7 @@ from dra_helpers import (
     shutdown,
     start_driver,
 )
+from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -204,6 +205,12 @@ async def cancelled(task: asyncio.Task[Any]) -> None:
         await asyncio.wait_for(task, 10)
 
 
+def dropped_count(what: str = "prepare") -> float:
+    """nodefabric_dra_(un)prepares_total{outcome="dropped"}: process-wide, so tests compare before/after."""
+    name = f"nodefabric_dra_{what}s_total"
+    return REGISTRY.get_sample_value(name, {"outcome": "dropped"}) or 0.0
+
+
 def drops(caplog: pytest.LogCaptureFixture, claim: ClaimRef, what: str = "prepare") -> int:
     return sum(
         1
@@ -274,6 +281,7 @@ async def test_a_dropped_hop_is_logged_once_with_its_claim_however_often_its_cal
 ) -> None:
     p = rig.preparer()
     claim = rig.claim("logged")
+    before = dropped_count()
     held = rig.busy.block()
     with caplog.at_level(logging.WARNING):
         task = asyncio.create_task(p.prepare([claim]))
@@ -285,6 +293,7 @@ async def test_a_dropped_hop_is_logged_once_with_its_claim_however_often_its_cal
         held.release()
         await idle(rig.pool, CAP)
     assert drops(caplog, claim) == 1, caplog.text
+    assert dropped_count() == before + 1, "counted once, as logged"
     assert "a cancelled prepare failed" not in caplog.text and "cannot prepare" not in caplog.text
 
 
@@ -336,6 +345,7 @@ async def test_an_unprepare_cancelled_while_its_hop_is_queued_leaves_the_claim_p
     claim = rig.claim("kept")
     assert (await p.prepare([claim]))[claim.uid].error == ""
     await p.syncs.drain(5)
+    before = dropped_count("unprepare")
     held = rig.busy.block()
     with caplog.at_level(logging.WARNING):
         task = asyncio.create_task(p.unprepare([claim]))
@@ -345,6 +355,7 @@ async def test_an_unprepare_cancelled_while_its_hop_is_queued_leaves_the_claim_p
         held.release()
         await idle(rig.pool, CAP)
     assert drops(caplog, claim, "unprepare") == 1, caplog.text
+    assert dropped_count("unprepare") == before + 1
     assert rig.files(p, claim) == (True, True, True) and claim.uid in p.checkpoint.claims
     assert await p.unprepare([claim]) == {claim.uid: ""}
     assert rig.files(p, claim) == (False, False, False)

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from nodefabric_deviceplugin.dra import metrics
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,7 @@ async def finish(
     except asyncio.CancelledError:
         if running.drop():
             log.warning(f"a cancelled {what} was dropped before its hop started", extra={"claim": str(ref)})
+            (metrics.UNPREPARES if what == "unprepare" else metrics.PREPARES).labels("dropped").inc()
             raise
         if gate is not None and gate.walk_away():
             raise  # the thread writes nothing now; what it read is dropped

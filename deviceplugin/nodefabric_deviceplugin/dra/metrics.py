@@ -8,12 +8,13 @@ from nodefabric_devicemanager import buildinfo
 
 PREPARES = Counter(
     "nodefabric_dra_prepares_total",
-    "NodePrepareResources outcomes per claim (prepared, repeated, resolved_again, no_devices, failed).",
+    "NodePrepareResources outcomes per claim "
+    "(prepared, repeated, resolved_again, no_devices, failed, dropped).",
     ["outcome"],
 )
 UNPREPARES = Counter(
     "nodefabric_dra_unprepares_total",
-    "NodeUnprepareResources outcomes per claim (removed, absent, failed).",
+    "NodeUnprepareResources outcomes per claim (removed, absent, failed, dropped).",
     ["outcome"],
 )
 PREPARED_CLAIMS = Gauge("nodefabric_dra_prepared_claims", "Claims currently prepared on this node.")
