@@ -96,6 +96,18 @@ XGMI_HIVE_ID = Quantity("XGMI hive id", 0, 2**64 - 1)
 # enough that a range of them is a small set.
 DEVICE_INDEX = Quantity("device index", 0, 4095)
 
+# Past int64 (19 digits) nothing a JSON input of ours holds is a number.
+JSON_DIGITS = 20
+
+
+def json_int(text: str) -> int:
+    """json.loads' parse_int, bounded: a number of more than JSON_DIGITS digits is a ValueError saying
+    so (Python's own refusal, at 4,300, names sys.set_int_max_str_digits, no help to who sent it)."""
+    digits = len(text.lstrip("-"))
+    if digits > JSON_DIGITS:
+        raise ValueError(f"a number of {digits:,} digits")
+    return int(text)
+
 
 class BadNumber(ValueError):
     """A value that is not a reading of the quantity. Its message quotes the value, escaped."""

@@ -30,9 +30,6 @@ Matrix = dict[int, dict[int, str]]
 
 # The largest device index pick takes, from a file or --free: one bound for both.
 MAX_INDEX = numbers.DEVICE_INDEX.hi
-# Past int64 no field of a record is a number: int() of thousands of digits is refused by Python itself
-# with a message about sys.set_int_max_str_digits, which is no help to the user.
-_MAX_DIGITS = 20
 # NV<n> as link_rank reads it: "NV04" is "NV4".
 _NV = re.compile(r"NV([0-9]{1,3})", re.ASCII)
 
@@ -122,10 +119,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _json_int(text: str) -> int:
-    digits = text.lstrip("-")
-    if len(digits) > _MAX_DIGITS:
-        raise InputError(f"not valid JSON for pick: a number of {len(digits):,} digits")
-    return int(text)
+    try:
+        return numbers.json_int(text)
+    except ValueError as exc:
+        raise InputError(f"not valid JSON for pick: {exc}") from None
 
 
 def _model_error(exc: ValidationError, where: str) -> InputError:

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager.shell import server as shell
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 # can be 10 KB each.
 MAX_BODY = 64 * 1024 * 1024
 READ_TIMEOUT_S = 5.0
-MAX_DIGITS = 20
 # kube-scheduler keeps its connection open between requests; one idle longer than this (or one that
 # never finishes its request headers) is closed.
 KEEPALIVE_S = 30.0
@@ -60,14 +60,6 @@ def _dumps(data: Any) -> bytes:
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_dumps(data), status=status, content_type="application/json")
-
-
-def _json_int(text: str) -> int:
-    # Past int64 nothing in ExtenderArgs is a number; Python's own refusal (4,300 digits) names
-    # sys.set_int_max_str_digits, which is no help to whoever sent it.
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise ValueError(f"a number of {len(text.lstrip('-')):,} digits")
-    return int(text)
 
 
 def _no_constant(name: str) -> Any:
@@ -129,7 +121,9 @@ def _verb(
             except web.HTTPRequestEntityTooLarge:
                 return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
             try:
-                args = parse_args(json.loads(_utf8(raw), parse_int=_json_int, parse_constant=_no_constant))
+                args = parse_args(
+                    json.loads(_utf8(raw), parse_int=numbers.json_int, parse_constant=_no_constant)
+                )
             except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
                 message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
                 return _refuse(ext, verb, 400, message)
