@@ -144,13 +144,14 @@ def pages(
     slower than its compaction interval) does not fail the list (that would restart the operator on a
     large fleet for good). The API server's 410 carries a continue token of its own, for the rest of the
     list (the keys after the last one handed on) from its newest snapshot: followed, in pages as before.
-    Only a 410 without one (a proxy's) is followed by a full list, as client-go's pager does: one answer,
+    Only a 410 without one is followed by a full list, as client-go's pager does: one answer,
     bounded by wire.MAX_ANSWER and decoded whole, which the fleets whose list outlasts compaction are the
     likeliest to exceed. client-go hands that full list on alone; here the first pages are handed on
     already, so an object in it is left out when handed on before in the same version (uid and
     resourceVersion), and handed on again, the newer after the older, when it changed in between. The
     list then mixes two snapshots (one deleted in between may have been handed on), which a watch's
-    events bring up to date as ever."""
+    events bring up to date as ever. As in client-go, only a 410 whose Status says reason Expired is an
+    expiry: any other 410 (a proxy's page, garbage, another reason) fails the list like any refusal."""
     token: str | None = None
     followed: set[str] = set()
     handed: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # every named object handed on: its uid and rv
@@ -160,11 +161,12 @@ def pages(
         try:
             answer = fn(*args, limit=limit, _continue=token, _preload_content=False, **kwargs)
         except kubernetes.client.ApiException as err:
-            if token is None or just_expired or limit == 0 or status_of(err) != 410:
+            gone = None if token is None or just_expired or limit == 0 else expiry(err)
+            if gone is None:
                 # A 410 right after one (to the token it carried, or the full list), or one within the
                 # full list (a proxy's that came in pages after all), fails the list: no loop.
                 raise
-            fresh = expired(err, followed)
+            fresh = carried(gone, followed)
             log.warning(
                 "a list's continue token expired mid-list; listing the rest from the newest snapshot",
                 extra={"resource": resource, "handed": len(handed), "rest": "in pages" if fresh else "whole"},
@@ -188,14 +190,24 @@ def pages(
         followed.add(token)
 
 
-def expired(err: kubernetes.client.ApiException, followed: set[str]) -> str | None:
-    """The continue token a 410 to an expired one carries (the API server's: the rest of the list from
-    the newest snapshot), None when its body has none (a proxy's, garbage) or one already followed."""
+def expiry(err: kubernetes.client.ApiException) -> dict[str, Any] | None:
+    """The Status of a 410 that says its continue token expired (reason Expired, what the API server
+    answers once etcd compacted past the list), None for anything else: another code, another reason, a
+    body that is no Status (a proxy's, garbage), which client-go's pager does not take for an expiry
+    either (a full list on a 410 that may mean anything would hide it)."""
+    if status_of(err) != 410:
+        return None
     try:
         body = json.loads(err.body or "")
     except (TypeError, ValueError, RecursionError):  # RecursionError: nesting past the decoder's depth
         return None
-    meta = body.get("metadata") if isinstance(body, dict) else None
+    return body if isinstance(body, dict) and body.get("reason") == "Expired" else None
+
+
+def carried(gone: Mapping[str, Any], followed: set[str]) -> str | None:
+    """The continue token an expiry's Status carries (the API server's: the rest of the list from the
+    newest snapshot), None when it has none or one already followed."""
+    meta = gone.get("metadata")
     token = meta.get("continue") if isinstance(meta, dict) else None
     return token if isinstance(token, str) and token and token not in followed else None
 
