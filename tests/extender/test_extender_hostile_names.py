@@ -104,6 +104,26 @@ async def test_a_bad_name_is_refused_on_every_request_not_only_the_first(verb):
         assert (await _post(client, verb, body))[0] == 400
 
 
+@pytest.mark.parametrize(
+    ("names", "says"),
+    [
+        (["eu-a-0", "eu-a-0"], "NodeNames[1]: 'eu-a-0' is given twice (also NodeNames[0])"),
+        (["new-0", "eu-a-0", "new-0"], "NodeNames[2]: 'new-0' is given twice (also NodeNames[0])"),
+        (["eu-a-0", "new-0", "new-1", "eu-a-0"], "NodeNames[3]: 'eu-a-0' is given twice (also NodeNames[0])"),
+    ],
+)
+@pytest.mark.parametrize("verb", VERBS)
+async def test_a_node_named_twice_is_a_400_not_two_verdicts(verb, names, says):
+    """kube-scheduler names each node once: a node known to the cache or not, named twice, is refused
+    (the answer would echo it with two verdicts), on every request, not only the first."""
+    async with extender(fleet(per_zone=1)) as client:
+        grouped = pod("g-0", gpus=8, **explicit("g", 2))
+        for asking in (pod("web"), grouped, pod("web")):
+            body = json.dumps(args(asking, names)).encode()
+            assert await _post(client, verb, body) == (400, says)
+        await _still_serves(client, verb)
+
+
 async def test_a_bad_name_is_a_400_for_a_pod_whose_placement_is_invalid():
     """An invalid placement is answered before the nodes are decided over: the names still are checked."""
     async with extender(fleet(per_zone=1)) as client:

@@ -39,6 +39,7 @@ from nodefabric_operator.extender.wire import (
     FilterResult,
     filter_result,
     host_priorities,
+    named_twice,
     not_a_node_name,
 )
 
@@ -220,6 +221,8 @@ class Extender:
         for name in missing:
             if not is_node_name(name):
                 raise not_a_node_name(asked.index(name), name)
+        if len(known) != len(asked) and len(known) + len(set(missing)) != len(asked):
+            raise named_twice(asked)  # fewer distinct names than entries
         self._last_names = (index.names_version, same, known, missing)
         return known, missing
 

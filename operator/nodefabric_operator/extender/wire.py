@@ -52,6 +52,17 @@ def not_a_node_name(position: int, name: object) -> WireError:
     return WireError(f"NodeNames[{position}]: {_shown(name)} is not a node name {_NODE_NAME_RULE}")
 
 
+def named_twice(names: Sequence[str]) -> WireError:
+    """The 400 for NodeNames that name a node more than once: kube-scheduler sends each node once, and
+    an answer echoing one twice would hand it back two verdicts."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            return WireError(f"NodeNames[{i}]: {_shown(name)} is given twice (also NodeNames[{seen[name]}])")
+        seen[name] = i
+    raise AssertionError("NodeNames with no name given twice")  # pragma: no cover
+
+
 def _shown(value: object) -> str:
     """A bad name as the message quotes it: a string cut short, anything else by its JSON type only (the
     repr of a list nested a thousand deep is itself a RecursionError)."""
