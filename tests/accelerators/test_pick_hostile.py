@@ -108,7 +108,7 @@ def test_a_fifo_with_no_writer_is_refused_without_waiting(tmp_path, capsys):
         ("[[1]]", "row 0 of the JSON matrix: its own cell is 1, expected X"),
         ('[["X", 7], [7, "X"]]', "link 0-1 is int 7, not a link name"),
         ('"GPU0"', "not nvidia-smi topo -m output"),
-        ("[" * 100_000, "maximum recursion depth exceeded"),
+        ("[" * 100_000, "not valid JSON: the document is nested too deep"),
         ('{"0": {"1": "NV4"}', "not valid JSON: Expecting ',' delimiter"),
     ],
 )

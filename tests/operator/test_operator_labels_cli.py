@@ -91,3 +91,18 @@ def test_a_bad_domain_is_not_reported_as_an_unreadable_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("nodefabric labels: label domain 'Not_A_Domain'"), err
     assert "cannot read" not in err
+
+
+def test_a_record_the_model_refuses_is_named_by_its_first_bad_field_in_one_clause(tmp_path, capsys):
+    """pydantic's report (a paragraph per error and a URL, the whole input repeated) is one clause: the
+    first bad field, what it was (shown bounded, however large the record), and how many errors."""
+    bad = record()
+    bad["spec"]["interfaces"][0]["mtu"] = "x" * 100_000
+    del bad["metadata"]
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps(bad))
+    assert main(["labels", "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nodefabric labels: cannot read {path}: metadata: Field required, got {{")
+    assert err.endswith("(2 validation errors)\n") and len(err.splitlines()) == 1 and len(err) < 400
+    assert "errors.pydantic.dev" not in err

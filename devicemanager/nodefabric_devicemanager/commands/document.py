@@ -10,7 +10,10 @@ once here; what they expand to is yamldoc's check.
 
 from __future__ import annotations
 
+import reprlib
+
 import yaml
+from pydantic import ValidationError
 
 from nodefabric_devicemanager import yamldoc
 from nodefabric_devicemanager.commands import infile
@@ -41,9 +44,28 @@ def count_nodes(text: str, limit: int = MAX_NODES) -> int:
     return count
 
 
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 40, 40
+
+
+def model_error(exc: ValidationError, where: str = "") -> str:
+    """pydantic's report (a paragraph per error, and a URL) as one clause naming the first bad field and
+    what it was (shown bounded: the input may be the whole 16 MiB document)."""
+    first = exc.errors()[0]
+    located = ".".join([where] * bool(where) + [str(p) for p in first["loc"]])
+    count = exc.error_count()
+    said = (
+        f"{first['msg']}, got {_SHOWN.repr(first.get('input'))} ({count} validation error{'s' * (count > 1)})"
+    )
+    return f"{located}: {said}" if located else said
+
+
 def load_devices(path: str) -> Devices:
-    """The Devices object in the file ("-": standard input). BadInput, ValueError, yaml.YAMLError or
-    pydantic's ValidationError (a ValueError) when there is none to load."""
+    """The Devices object in the file ("-": standard input). BadInput, ValueError (a record the model
+    refuses: its first bad field, in one clause) or yaml.YAMLError when there is none to load."""
     text = infile.read_text(path)
     count_nodes(text)
-    return yamldoc.load_devices(text)
+    try:
+        return yamldoc.load_devices(text)
+    except ValidationError as exc:
+        raise ValueError(model_error(exc)) from None

@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from nodefabric_devicemanager import numbers
+from nodefabric_devicemanager import numbers, yamldoc
 from nodefabric_devicemanager import pick as picking
 from nodefabric_devicemanager.accelerators import topo
 from nodefabric_devicemanager.accelerators.links import group_matrix
-from nodefabric_devicemanager.commands import infile, output
+from nodefabric_devicemanager.commands import document, infile, output
 from nodefabric_devicemanager.models import AcceleratorGroup
 
 Matrix = dict[int, dict[int, str]]
@@ -125,17 +125,6 @@ def _json_int(text: str) -> int:
         raise InputError(f"not valid JSON for pick: {exc}") from None
 
 
-def _model_error(exc: ValidationError, where: str) -> InputError:
-    """pydantic's report (a paragraph per error, and a URL) as one clause naming the first bad field."""
-    first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"])
-    value = repr(first.get("input"))
-    shown = value if len(value) <= 40 else f"{value[:40]}..."
-    count = exc.error_count()
-    errors = f"{count} validation error{'s' if count > 1 else ''}"
-    return InputError(f"{where}{'.' + field if field else ''}: {first['msg']}, got {shown} ({errors})")
-
-
 def _group(raw: Any, where: str) -> AcceleratorGroup:
     """One group, its accelerators' indices held to what pick takes: a JSON integer (pydantic would
     also take "0", 1.0 and true), at most MAX_INDEX, each once."""
@@ -156,7 +145,7 @@ def _group(raw: Any, where: str) -> AcceleratorGroup:
     try:
         return AcceleratorGroup.model_validate(raw)
     except ValidationError as exc:
-        raise _model_error(exc, where) from None
+        raise InputError(document.model_error(exc, where)) from None
 
 
 def _from_json(doc: Any, group_id: str | None) -> Matrix:
@@ -244,6 +233,8 @@ def load_matrix(text: str, group_id: str | None = None) -> Matrix:
             doc = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_json_int)
         except json.JSONDecodeError as exc:
             raise InputError(f"not valid JSON: {exc}") from exc
+        except RecursionError:  # nesting past the decoder's depth
+            raise InputError(f"not valid JSON: {yamldoc.NESTED_TOO_DEEP}") from None
         matrix = _from_json(doc, group_id)
     else:
         if group_id is not None:
