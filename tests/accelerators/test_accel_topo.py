@@ -96,3 +96,35 @@ def test_topo_still_refuses_an_unknown_trailing_column(topo_text):
     )
     with pytest.raises(TopoParseError, match="unexpected header column"):
         parse(text)
+
+
+def _vf_nics(nics: int, bad: tuple[int, int, str] | None = None) -> str:
+    """8 NVSwitch GPUs beside `nics` VF NICs; `bad` puts a cell spelled `bad[2]` at row, column."""
+    names = [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(nics)]
+    lines = ["\t" + "\t".join(names)]
+    for r, row in enumerate(names):
+        cells = [
+            "X" if c == r else "NV18" if r < 8 and c < 8 else " SYS " if c % 2 else "sys"
+            for c in range(len(names))
+        ]
+        if bad is not None and bad[0] == r:
+            cells[bad[1]] = bad[2]
+        lines.append(row + "\t" + "\t".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def test_a_matrix_of_hundreds_of_vf_nics_reads_each_cell_as_spelled():
+    """Each spelling of a cell is judged once and looked up after: every cell still reads as its own
+    (spelled two ways, ` SYS ` and `sys`, both SYS), the GPU rows' NIC links included."""
+    m = parse(_vf_nics(300))
+    assert m.links[0] == {p: "NV18" for p in range(1, 8)}
+    assert m.nic_links[3] == {f"NIC{n}": "SYS" for n in range(300)}
+
+
+@pytest.mark.parametrize(("row", "col"), [(200, 9), (3, 150), (299, 307)])
+def test_a_bad_cell_after_a_hundred_thousand_good_ones_is_refused_at_its_place(row, col):
+    """A spelling first met deep in the matrix (a NIC row's cell, a GPU row's NIC cell) is judged there:
+    the refusal names its line and cell, as when every cell was judged."""
+    names = [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(300)]
+    with pytest.raises(TopoParseError, match=rf"^line {row + 2}, {names[row]}/{names[col]}: 'PIXX' is not"):
+        parse(_vf_nics(300, (row, col, "PIXX")))

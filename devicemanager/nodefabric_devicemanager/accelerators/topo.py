@@ -141,6 +141,9 @@ def parse(text: str, max_gpus: int | None = None) -> TopoMatrix:
     if max_gpus is not None and gpus > max_gpus:
         raise TooManyGpus(gpus, max_gpus)
     out = TopoMatrix()
+    # A matrix of a thousand VF NICs is a million cells, spelled a handful of ways: each spelling is
+    # judged once (its first place named when refused), then looked up (a call per cell took a second).
+    judged: dict[str, str] = {}
     rows: dict[str, list[str]] = {}
     row_at: dict[str, int] = {}
     end = len(lines)
@@ -159,10 +162,14 @@ def parse(text: str, max_gpus: int | None = None) -> TopoMatrix:
             first = row_at[name]
             raise TopoParseError(f"line {line_no}: a second row for {name} (the first is line {first})")
         row_at[name] = line_no
-        rows[name] = [
-            _cell(c, f"line {line_no}, {name}/{columns[k]}")
-            for k, c in enumerate(cells[1 : 1 + len(columns)])
-        ]
+        raw = cells[1 : 1 + len(columns)]
+        try:
+            rows[name] = list(map(judged.__getitem__, raw))
+        except KeyError:  # a spelling not judged yet
+            for k, c in enumerate(raw):
+                if c not in judged:
+                    judged[c] = _cell(c, f"line {line_no}, {name}/{columns[k]}")
+            rows[name] = list(map(judged.__getitem__, raw))
         if m := _GPU.fullmatch(name):
             gpu = int(m[1])
             # Drivers print an empty cell before GPU NUMA ID: the values are the non-empty cells, in order.
