@@ -251,9 +251,7 @@ def test_a_continue_token_that_comes_back_fails_the_list_instead_of_looping(what
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
-            asked.append(
-                dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query)).get("continue")
-            )
+            asked.append(_query(head).get("continue"))
             token = ["token-a", "token-b"][len(asked) % 2] if len(asked) < 20 else ""
             conn.answer(json.dumps({"items": [_item(len(asked))], "metadata": {"continue": token}}).encode())
 
@@ -316,6 +314,11 @@ def test_a_lease_whose_transitions_are_no_number_is_taken_counting_from_zero() -
     sent = json.loads(write.split(b"\r\n\r\n", 1)[1])
     assert sent["spec"]["leaseTransitions"] == 1
     assert sent["metadata"]["resourceVersion"] == "5"
+
+
+def _query(head: bytes) -> dict[str, str]:
+    """The query of a raw request's head, as a dict."""
+    return dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
 
 
 def _expiring(
@@ -392,7 +395,7 @@ def _gone_with_tokens(
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
-            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            query = _query(head)
             asked.append((query.get("continue"), query.get("limit")))
             if len(asked) == 1:
                 conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
@@ -446,7 +449,7 @@ def test_a_full_list_that_comes_in_pages_after_all_is_listed_whole_once_only() -
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
-            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            query = _query(head)
             asked.append((query.get("continue"), query.get("limit")))
             if "continue" in query:
                 gone = {"kind": "Status", "code": 410, "reason": "Expired"}
@@ -496,7 +499,7 @@ def test_a_410_that_is_no_expiry_fails_the_list_without_relisting(body: bytes) -
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
-            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            query = _query(head)
             asked.append((query.get("continue"), query.get("limit")))
             if "continue" in query:
                 conn.answer(body, status="410 Gone")
@@ -519,9 +522,7 @@ def test_a_first_page_refused_or_a_later_one_refused_otherwise_fails_the_list(st
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
-            asked.append(
-                dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query)).get("continue")
-            )
+            asked.append(_query(head).get("continue"))
             if code == 500 and len(asked) == 1:
                 conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
             else:
@@ -647,7 +648,7 @@ def test_a_410_whose_body_holds_no_token_is_followed_by_the_full_list(body: byte
 
     def handle(conn: Conn, served: Served) -> None:
         while (head := conn.request()) is not None:
-            query = dict(parse_qsl(urlsplit(head.split(b"\r\n")[0].split()[1].decode()).query))
+            query = _query(head)
             asked.append((query.get("continue"), query.get("limit")))
             if len(asked) == 1:
                 conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
