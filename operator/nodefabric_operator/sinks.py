@@ -163,8 +163,8 @@ def pages(
         except kubernetes.client.ApiException as err:
             gone = None if token is None or just_expired or limit == 0 else expiry(err)
             if gone is None:
-                # A 410 right after one (to the token it carried, or the full list), or one within the
-                # full list (a proxy's that came in pages after all), fails the list: no loop.
+                # Not an expiry, or a 410 right after one (to the token it carried, or the full list),
+                # or one within the full list (that came in pages after all): the list fails, no loop.
                 raise
             fresh = carried(gone, followed)
             log.warning(

@@ -354,8 +354,8 @@ def _names(listed: list[Any]) -> list[str]:
 
 @pytest.mark.parametrize("what", list(LISTS))
 def test_a_410_mid_list_is_followed_by_one_full_list_each_object_once(what: str) -> None:
-    """The continue token expired between two pages, and the 410 carries no token of its own (a
-    proxy's): the rest is read as one full list (limit=0, no token), as client-go's pager does, instead
+    """The continue token expired between two pages, and the 410 (reason Expired) carries no token of
+    its own (an API server that could not make one): the rest is read as one full list (limit=0, no token), as client-go's pager does, instead
     of failing the list (the operator's start exited 2, and on a fleet whose list outlasts etcd's
     compaction it would never start). n1, already handed on from the first page in the same version, is
     not handed on twice; n2 and n3, only in the newer snapshot, are."""
@@ -442,9 +442,9 @@ def test_a_410_to_the_token_a_410_carried_fails_the_list_never_expiring_in_a_loo
 
 
 def test_a_full_list_that_comes_in_pages_after_all_is_listed_whole_once_only() -> None:
-    """The full list after a 410 without a token (a proxy's) is answered with a continue token after
+    """The full list after an expiry without a token is answered with a continue token after
     all: followed; that token expiring too fails the list instead of a second full list, and a third,
-    for as long as the proxy keeps at it."""
+    for as long as the server keeps at it."""
     asked: list[tuple[Any, Any]] = []
 
     def handle(conn: Conn, served: Served) -> None:
