@@ -443,3 +443,80 @@ async def test_a_target_crd_deleted_and_installed_again_gets_its_objects_written
     assert _all(k, HN) == {}
     await asyncio.to_thread(proj.reconcile, FLEET)
     assert set(_all(k, HN)) == wanted
+
+
+async def test_a_kai_topology_of_ours_replaced_by_someone_elses_is_never_deleted(api: RunningAPI) -> None:
+    """KAI's levels never change in place, so a change of levels deletes the Topology and creates it
+    again. Ours deleted and someone else's made under its name since we wrote it: theirs must not be the
+    one deleted."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kai",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KAI_T).get("nodefabric")))
+        await settle(k)
+        ours = _all(k, KAI_T)["nodefabric"]
+        k.api.remove_object(KAI_T, "nodefabric")
+        theirs = {
+            "apiVersion": ours["apiVersion"],
+            "kind": "Topology",
+            "metadata": {"name": "nodefabric"},
+            "spec": {"levels": [{"nodeLabel": ZONE}, {"nodeLabel": HOST}]},
+        }
+        k.api.put_object(KAI_T, copy.deepcopy(theirs))
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: a replace is due
+        await eventually(
+            lambda: "not managed by nodefabric" in str(_all(k, FT).get("nodefabric", {}).get("status"))
+        )
+        await settle(k)
+    live = _all(k, KAI_T)["nodefabric"]
+    assert live["spec"] == theirs["spec"] and not project.is_managed(live)
+    assert not _events(k, report.REPLACED)
+
+
+async def test_a_kai_topology_deleted_behind_our_back_is_created_without_a_failed_write(
+    api: RunningAPI,
+) -> None:
+    """The replace's delete meeting an object already gone is no failure: the Topology is created, and no
+    Warning says a write failed."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kai",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KAI_T).get("nodefabric")))
+        await settle(k)
+        k.api.remove_object(KAI_T, "nodefabric")
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})
+        await eventually(lambda: "nodefabric" in _all(k, KAI_T))
+        await settle(k)
+    assert FABRIC not in levels(_all(k, KAI_T)["nodefabric"])
+    assert_valid(k, (KAI_T,))
+    assert not _events(k, report.WRITE_FAILED)
+
+
+async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_deleted(api: RunningAPI) -> None:
+    """Ours written and known; deleted by hand and another HyperNode made under its name; then its domain
+    leaves the fleet. Theirs must stay."""
+    k = api
+    said: list[Any] = []
+    writer = _volcano_writer(k, said)
+    await asyncio.to_thread(writer.discover)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), FLEET), FLEET)
+    gone = "leaf.leaf-3"
+    assert project.is_managed(_all(k, HN)[gone])
+    k.api.remove_object(HN, gone)
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": gone},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-9"}}}]},
+    }
+    k.api.put_object(HN, copy.deepcopy(theirs))
+    smaller = {n: labs for n, labs in FLEET.items() if n != "gpu-3"}  # leaf-3's one node goes
+
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), smaller), smaller)
+
+    hns = _all(k, HN)
+    assert gone in hns and hns[gone]["spec"] == theirs["spec"] and not project.is_managed(hns[gone])
+    assert "zone.eu-1b" not in hns  # ours of the same domain went as they should
+    assert not writer.retry and not said
