@@ -30,7 +30,7 @@ from test_topology_operator import (
     running_operator,
     settle,
 )
-from topology_fixtures import FABRIC, HOST, KAI, LEAF, VOLCANO, ZONE, crd
+from topology_fixtures import FABRIC, HOST, KAI, KUEUE, LEAF, VOLCANO, ZONE, crd
 
 from nodefabric_devicemanager import crd as devices_crd
 from nodefabric_devicemanager.kubeclient import load_client
@@ -520,3 +520,34 @@ async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_deleted(ap
     assert gone in hns and hns[gone]["spec"] == theirs["spec"] and not project.is_managed(hns[gone])
     assert "zone.eu-1b" not in hns  # ours of the same domain went as they should
     assert not writer.retry and not said
+
+
+async def test_a_target_crd_deleted_between_two_discoveries_is_a_quiet_skip(api: RunningAPI) -> None:
+    """Kueue uninstalled within the discovery period: the next write meets 404 for the resource itself.
+    That is the target gone, said as its CRD not served, with no Warning of a failed write; discovery is
+    read again at once rather than after its period."""
+    k = api
+    said: list[Any] = []
+    from nodefabric_operator.topology.writer import Writer
+
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=("kueue",),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=3600,
+        event=said.append,
+    )
+    await asyncio.to_thread(writer.discover)
+    await asyncio.to_thread(writer.write_target, project.KUEUE, check(default_levels(), FLEET), FLEET)
+    assert "nodefabric" in _all(k, KUEUE_T)
+    ext = kubernetes.client.ApiextensionsV1Api(load_client(k.kubeconfig))
+    await asyncio.to_thread(ext.delete_custom_resource_definition, crd(KUEUE)["metadata"]["name"])
+    split = {**FLEET, "gpu-1": {**FLEET["gpu-1"], LEAF: "leaf-2"}}  # the levels change: a write is due
+
+    state = await asyncio.to_thread(writer.write_target, project.KUEUE, check(default_levels(), split), split)
+
+    assert state == "CRD not served" and not said, (state, said)
+    await asyncio.to_thread(writer.discover)
+    assert writer.served[project.KUEUE] is None

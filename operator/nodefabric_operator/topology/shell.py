@@ -31,7 +31,7 @@ from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import Hierarchy, check
 from nodefabric_operator.topology.objects import API_ERRORS, brief
-from nodefabric_operator.topology.writer import Writer
+from nodefabric_operator.topology.writer import UNSERVED, Writer
 from nodefabric_operator.view import part
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class Projector:
                 states[target] = "disabled by configuration"
             elif w.served.get(target) is None:
                 w.unserved(target)
-                states[target] = "CRD not served"
+                states[target] = UNSERVED
             else:
                 states[target] = w.write_target(target, hierarchy, fleet)
         w.write_report(hierarchy, states)

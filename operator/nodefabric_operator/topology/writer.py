@@ -27,6 +27,9 @@ from nodefabric_operator.topology.topologies import TopologyWriter
 log = logging.getLogger(__name__)
 
 
+UNSERVED = "CRD not served"
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -98,6 +101,13 @@ class Writer:
         except API_ERRORS as err:
             self.objects.known.pop(target, None)  # read the server again next time
             self.retry = True
+            if status_of(err) == 404:
+                # The writers meet an object's 404 themselves (created again, gone already): one that reaches
+                # here is the resource's, its CRD deleted since discovery read it. A target uninstalled is
+                # no failure: discovery is read again on the next pass, which says it.
+                self.discovery.forget()
+                log.info("topology target no longer served", extra={"target": target})
+                return UNSERVED
             reason = brief(err)
             self.event(events.for_failure(report.WRITE_FAILED, f"{target}: {reason}"))
             log.warning("topology write failed", extra={"target": target, "error": reason[:300]})
