@@ -551,3 +551,32 @@ async def test_a_target_crd_deleted_between_two_discoveries_is_a_quiet_skip(api:
     assert state == "CRD not served" and not said, (state, said)
     await asyncio.to_thread(writer.discover)
     assert writer.served[project.KUEUE] is None
+
+
+async def test_a_hypernode_whose_managed_by_label_was_removed_is_never_deleted(api: RunningAPI) -> None:
+    """`kubectl label hypernode leaf.leaf-3 app.kubernetes.io/managed-by-`: the same object (its uid
+    unchanged), now someone else's. When its domain leaves the fleet it stays, as any object without
+    the label does."""
+    k = api
+    said: list[Any] = []
+    writer = _volcano_writer(k, said)
+    await asyncio.to_thread(writer.discover)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), FLEET), FLEET)
+    kept = "leaf.leaf-3"
+    custom = kubernetes.client.CustomObjectsApi(load_client(k.kubeconfig))
+    await asyncio.to_thread(
+        custom.patch_cluster_custom_object,
+        "topology.volcano.sh",
+        "v1alpha1",
+        "hypernodes",
+        kept,
+        {"metadata": {"labels": {project.MANAGED_BY: None}}},
+    )
+    smaller = {n: labs for n, labs in FLEET.items() if n != "gpu-3"}
+
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), smaller), smaller)
+
+    hns = _all(k, HN)
+    assert kept in hns and not project.is_managed(hns[kept])
+    assert "zone.eu-1b" not in hns
+    assert not writer.retry and not said
