@@ -580,3 +580,24 @@ async def test_a_hypernode_whose_managed_by_label_was_removed_is_never_deleted(a
     assert kept in hns and not project.is_managed(hns[kept])
     assert "zone.eu-1b" not in hns
     assert not writer.retry and not said
+
+
+async def test_a_node_deleted_while_the_watch_was_down_is_dropped(api: RunningAPI) -> None:
+    """The Node watch drops and cannot resume (its resourceVersion compacted away: 410), so kopf lists
+    again; a node deleted in between is simply absent from that listing, and kopf reports nothing of
+    it. Kept, its old labels would hold its domains (or a violation) in the projections for ever."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("volcano",), resync=1.0)):
+        await eventually(lambda: "leaf.leaf-3" in _all(k, HN))
+        await settle(k, 0.3)
+        lists = k.count(resource="v1/nodes", verb="list")
+        # Synchronous, so the operator's watch cannot come back in between: it resumes into a 410.
+        k.api.close_watches()
+        k.api.remove_object("v1/nodes", "gpu-3")
+        k.api.compact()
+        await eventually(lambda: k.count(resource="v1/nodes", verb="list") > lists)  # kopf listed again
+        await eventually(lambda: "leaf.leaf-3" not in _all(k, HN) and "zone.eu-1b" not in _all(k, HN))
+        await eventually(lambda: _all(k, FT)["nodefabric"]["status"]["nodes"] == len(FLEET) - 1)
+    assert "leaf.leaf-1" in _all(k, HN)  # the nodes the listing reported stay
