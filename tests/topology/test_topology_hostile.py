@@ -18,6 +18,7 @@ from test_topology_operator import (
     HN,
     KAI_T,
     KUEUE_T,
+    ROLES,
     Client,
     _all,
     _writes,
@@ -601,3 +602,30 @@ async def test_a_node_deleted_while_the_watch_was_down_is_dropped(api: RunningAP
         await eventually(lambda: "leaf.leaf-3" not in _all(k, HN) and "zone.eu-1b" not in _all(k, HN))
         await eventually(lambda: _all(k, FT)["nodefabric"]["status"]["nodes"] == len(FLEET) - 1)
     assert "leaf.leaf-1" in _all(k, HN)  # the nodes the listing reported stay
+
+
+async def test_objects_written_after_the_owner_was_recreated_name_its_new_uid(api: RunningAPI) -> None:
+    """The owner ClusterRole deleted and created again (`helm upgrade --force`, a GitOps replace): the
+    garbage collector takes every object owned by the old uid, and the resync writes them again. Written
+    naming the old uid, they would be collected again at once, every resync."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "nf-op"},
+    }
+    old = k.api.put_object(ROLES, copy.deepcopy(role))["metadata"]["uid"]
+    async with running_operator(k, sink="node", topology=options(owner="nf-op", resync=1.0)):
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and "leaf.leaf-1" in _all(k, HN))
+        # Synchronous, so the operator cannot read the owner in between.
+        k.api.remove_object(ROLES, "nf-op")
+        new = k.api.put_object(ROLES, copy.deepcopy(role))["metadata"]["uid"]
+        assert new != old
+
+        def owners() -> set[str]:
+            objs = [*_all(k, KUEUE_T).values(), *_all(k, KAI_T).values(), *_all(k, HN).values()]
+            return {r["uid"] for o in objs for r in o["metadata"].get("ownerReferences", [])}
+
+        await eventually(lambda: owners() == {new} and len(_all(k, HN)) == 10)
