@@ -629,3 +629,33 @@ async def test_objects_written_after_the_owner_was_recreated_name_its_new_uid(ap
             return {r["uid"] for o in objs for r in o["metadata"].get("ownerReferences", [])}
 
         await eventually(lambda: owners() == {new} and len(_all(k, HN)) == 10)
+
+
+async def test_the_report_crd_deleted_between_two_discoveries_is_read_again_at_once(api: RunningAPI) -> None:
+    """The FabricTopology CRD deleted (by hand, or a chart's CRD job gone wrong) within the discovery
+    period: the report's write meets 404, and discovery is read again on the next pass rather than the
+    report written, failed and retried until the period ends."""
+    k = api
+    from nodefabric_operator.topology.writer import Writer
+
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=(),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=3600,
+        event=lambda _: None,
+    )
+    await asyncio.to_thread(writer.discover)
+    states = {t: "disabled by configuration" for t in project.TARGETS}
+    await asyncio.to_thread(writer.write_report, check(default_levels(), FLEET), states)
+    assert "nodefabric" in _all(k, FT)
+    ext = kubernetes.client.ApiextensionsV1Api(load_client(k.kubeconfig))
+    await asyncio.to_thread(ext.delete_custom_resource_definition, report.CRD_NAME)
+    smaller = {n: labs for n, labs in FLEET.items() if n != "gpu-3"}  # the report's figures change
+
+    await asyncio.to_thread(writer.write_report, check(default_levels(), smaller), states)
+    await asyncio.to_thread(writer.discover)
+
+    assert writer.served["report"] is None
