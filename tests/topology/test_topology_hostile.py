@@ -18,6 +18,7 @@ from test_topology_operator import (
     HN,
     KAI_T,
     KUEUE_T,
+    ROLES,
     Client,
     _all,
     _writes,
@@ -30,7 +31,7 @@ from test_topology_operator import (
     running_operator,
     settle,
 )
-from topology_fixtures import FABRIC, HOST, KAI, LEAF, VOLCANO, ZONE, crd
+from topology_fixtures import FABRIC, HOST, KAI, KUEUE, LEAF, VOLCANO, ZONE, crd
 
 from nodefabric_devicemanager import crd as devices_crd
 from nodefabric_devicemanager.kubeclient import load_client
@@ -443,3 +444,218 @@ async def test_a_target_crd_deleted_and_installed_again_gets_its_objects_written
     assert _all(k, HN) == {}
     await asyncio.to_thread(proj.reconcile, FLEET)
     assert set(_all(k, HN)) == wanted
+
+
+async def test_a_kai_topology_of_ours_replaced_by_someone_elses_is_never_deleted(api: RunningAPI) -> None:
+    """KAI's levels never change in place, so a change of levels deletes the Topology and creates it
+    again. Ours deleted and someone else's made under its name since we wrote it: theirs must not be the
+    one deleted."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kai",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KAI_T).get("nodefabric")))
+        await settle(k)
+        ours = _all(k, KAI_T)["nodefabric"]
+        k.api.remove_object(KAI_T, "nodefabric")
+        theirs = {
+            "apiVersion": ours["apiVersion"],
+            "kind": "Topology",
+            "metadata": {"name": "nodefabric"},
+            "spec": {"levels": [{"nodeLabel": ZONE}, {"nodeLabel": HOST}]},
+        }
+        k.api.put_object(KAI_T, copy.deepcopy(theirs))
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: a replace is due
+        await eventually(
+            lambda: "not managed by nodefabric" in str(_all(k, FT).get("nodefabric", {}).get("status"))
+        )
+        await settle(k)
+    live = _all(k, KAI_T)["nodefabric"]
+    assert live["spec"] == theirs["spec"] and not project.is_managed(live)
+    assert not _events(k, report.REPLACED)
+
+
+async def test_a_kai_topology_deleted_behind_our_back_is_created_without_a_failed_write(
+    api: RunningAPI,
+) -> None:
+    """The replace's delete meeting an object already gone is no failure: the Topology is created, and no
+    Warning says a write failed."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("kai",))):
+        await eventually(lambda: FABRIC in levels(_all(k, KAI_T).get("nodefabric")))
+        await settle(k)
+        k.api.remove_object(KAI_T, "nodefabric")
+        await client.label_node("gpu-1", {LEAF: "leaf-2"})
+        await eventually(lambda: "nodefabric" in _all(k, KAI_T))
+        await settle(k)
+    assert FABRIC not in levels(_all(k, KAI_T)["nodefabric"])
+    assert_valid(k, (KAI_T,))
+    assert not _events(k, report.WRITE_FAILED)
+
+
+async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_deleted(api: RunningAPI) -> None:
+    """Ours written and known; deleted by hand and another HyperNode made under its name; then its domain
+    leaves the fleet. Theirs must stay."""
+    k = api
+    said: list[Any] = []
+    writer = _volcano_writer(k, said)
+    await asyncio.to_thread(writer.discover)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), FLEET), FLEET)
+    gone = "leaf.leaf-3"
+    assert project.is_managed(_all(k, HN)[gone])
+    k.api.remove_object(HN, gone)
+    theirs = {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": gone},
+        "spec": {"tier": 1, "members": [{"type": "Node", "selector": {"exactMatch": {"name": "gpu-9"}}}]},
+    }
+    k.api.put_object(HN, copy.deepcopy(theirs))
+    smaller = {n: labs for n, labs in FLEET.items() if n != "gpu-3"}  # leaf-3's one node goes
+
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), smaller), smaller)
+
+    hns = _all(k, HN)
+    assert gone in hns and hns[gone]["spec"] == theirs["spec"] and not project.is_managed(hns[gone])
+    assert "zone.eu-1b" not in hns  # ours of the same domain went as they should
+    assert not writer.retry and not said
+
+
+async def test_a_target_crd_deleted_between_two_discoveries_is_a_quiet_skip(api: RunningAPI) -> None:
+    """Kueue uninstalled within the discovery period: the next write meets 404 for the resource itself.
+    That is the target gone, said as its CRD not served, with no Warning of a failed write; discovery is
+    read again at once rather than after its period."""
+    k = api
+    said: list[Any] = []
+    from nodefabric_operator.topology.writer import Writer
+
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=("kueue",),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=3600,
+        event=said.append,
+    )
+    await asyncio.to_thread(writer.discover)
+    await asyncio.to_thread(writer.write_target, project.KUEUE, check(default_levels(), FLEET), FLEET)
+    assert "nodefabric" in _all(k, KUEUE_T)
+    ext = kubernetes.client.ApiextensionsV1Api(load_client(k.kubeconfig))
+    await asyncio.to_thread(ext.delete_custom_resource_definition, crd(KUEUE)["metadata"]["name"])
+    split = {**FLEET, "gpu-1": {**FLEET["gpu-1"], LEAF: "leaf-2"}}  # the levels change: a write is due
+
+    state = await asyncio.to_thread(writer.write_target, project.KUEUE, check(default_levels(), split), split)
+
+    assert state == "CRD not served" and not said, (state, said)
+    await asyncio.to_thread(writer.discover)
+    assert writer.served[project.KUEUE] is None
+
+
+async def test_a_hypernode_whose_managed_by_label_was_removed_is_never_deleted(api: RunningAPI) -> None:
+    """`kubectl label hypernode leaf.leaf-3 app.kubernetes.io/managed-by-`: the same object (its uid
+    unchanged), now someone else's. When its domain leaves the fleet it stays, as any object without
+    the label does."""
+    k = api
+    said: list[Any] = []
+    writer = _volcano_writer(k, said)
+    await asyncio.to_thread(writer.discover)
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), FLEET), FLEET)
+    kept = "leaf.leaf-3"
+    custom = kubernetes.client.CustomObjectsApi(load_client(k.kubeconfig))
+    await asyncio.to_thread(
+        custom.patch_cluster_custom_object,
+        "topology.volcano.sh",
+        "v1alpha1",
+        "hypernodes",
+        kept,
+        {"metadata": {"labels": {project.MANAGED_BY: None}}},
+    )
+    smaller = {n: labs for n, labs in FLEET.items() if n != "gpu-3"}
+
+    await asyncio.to_thread(writer.write_target, project.VOLCANO, check(default_levels(), smaller), smaller)
+
+    hns = _all(k, HN)
+    assert kept in hns and not project.is_managed(hns[kept])
+    assert "zone.eu-1b" not in hns
+    assert not writer.retry and not said
+
+
+async def test_a_node_deleted_while_the_watch_was_down_is_dropped(api: RunningAPI) -> None:
+    """The Node watch drops and cannot resume (its resourceVersion compacted away: 410), so kopf lists
+    again; a node deleted in between is simply absent from that listing, and kopf reports nothing of
+    it. Kept, its old labels would hold its domains (or a violation) in the projections for ever."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    async with running_operator(k, sink="node", topology=options(targets=("volcano",), resync=1.0)):
+        await eventually(lambda: "leaf.leaf-3" in _all(k, HN))
+        await settle(k, 0.3)
+        lists = k.count(resource="v1/nodes", verb="list")
+        # Synchronous, so the operator's watch cannot come back in between: it resumes into a 410.
+        k.api.close_watches()
+        k.api.remove_object("v1/nodes", "gpu-3")
+        k.api.compact()
+        await eventually(lambda: k.count(resource="v1/nodes", verb="list") > lists)  # kopf listed again
+        await eventually(lambda: "leaf.leaf-3" not in _all(k, HN) and "zone.eu-1b" not in _all(k, HN))
+        await eventually(lambda: _all(k, FT)["nodefabric"]["status"]["nodes"] == len(FLEET) - 1)
+    assert "leaf.leaf-1" in _all(k, HN)  # the nodes the listing reported stay
+
+
+async def test_objects_written_after_the_owner_was_recreated_name_its_new_uid(api: RunningAPI) -> None:
+    """The owner ClusterRole deleted and created again (`helm upgrade --force`, a GitOps replace): the
+    garbage collector takes every object owned by the old uid, and the resync writes them again. Written
+    naming the old uid, they would be collected again at once, every resync."""
+    k = api
+    client = Client(k.kubeconfig)
+    await add_nodes(client, FLEET)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "nf-op"},
+    }
+    old = k.api.put_object(ROLES, copy.deepcopy(role))["metadata"]["uid"]
+    async with running_operator(k, sink="node", topology=options(owner="nf-op", resync=1.0)):
+        await eventually(lambda: "nodefabric" in _all(k, KUEUE_T) and "leaf.leaf-1" in _all(k, HN))
+        # Synchronous, so the operator cannot read the owner in between.
+        k.api.remove_object(ROLES, "nf-op")
+        new = k.api.put_object(ROLES, copy.deepcopy(role))["metadata"]["uid"]
+        assert new != old
+
+        def owners() -> set[str]:
+            objs = [*_all(k, KUEUE_T).values(), *_all(k, KAI_T).values(), *_all(k, HN).values()]
+            return {r["uid"] for o in objs for r in o["metadata"].get("ownerReferences", [])}
+
+        await eventually(lambda: owners() == {new} and len(_all(k, HN)) == 10)
+
+
+async def test_the_report_crd_deleted_between_two_discoveries_is_read_again_at_once(api: RunningAPI) -> None:
+    """The FabricTopology CRD deleted (by hand, or a chart's CRD job gone wrong) within the discovery
+    period: the report's write meets 404, and discovery is read again on the next pass rather than the
+    report written, failed and retried until the period ends."""
+    k = api
+    from nodefabric_operator.topology.writer import Writer
+
+    writer = Writer(
+        load_client(k.kubeconfig),
+        Metrics(),
+        targets=(),
+        name="nodefabric",
+        owner=None,
+        discovery_ttl=3600,
+        event=lambda _: None,
+    )
+    await asyncio.to_thread(writer.discover)
+    states = {t: "disabled by configuration" for t in project.TARGETS}
+    await asyncio.to_thread(writer.write_report, check(default_levels(), FLEET), states)
+    assert "nodefabric" in _all(k, FT)
+    ext = kubernetes.client.ApiextensionsV1Api(load_client(k.kubeconfig))
+    await asyncio.to_thread(ext.delete_custom_resource_definition, report.CRD_NAME)
+    smaller = {n: labs for n, labs in FLEET.items() if n != "gpu-3"}  # the report's figures change
+
+    await asyncio.to_thread(writer.write_report, check(default_levels(), smaller), states)
+    await asyncio.to_thread(writer.discover)
+
+    assert writer.served["report"] is None

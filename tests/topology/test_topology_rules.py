@@ -86,6 +86,9 @@ def test_default_levels_read_the_operators_fabric_key_and_every_leaf_key_the_ext
         ([{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}], "is in levels a and b"),
         ([{"name": "a", "keys": ["bad key!"]}], "not a qualified label key"),
         ([{"name": "a", "keys": ["x/" + "n" * 64]}], "not a qualified label key"),
+        # A label key the API server accepts (a prefix of 253, a name of 63) that Kueue's and KAI's
+        # nodeLabel (316 at most) refuse: every Topology write would fail.
+        ([{"name": "a", "keys": ["p" * 253 + "/" + "n" * 63]}], "longer than 316"),
         ([{"name": "a-", "keys": ["x"]}], "must be a DNS label"),
         ([{"name": "a", "keys": []}], "invalid topology levels"),
         ([{"name": "a", "keys": ["x"], "extra": 1}], "invalid topology levels"),

@@ -39,9 +39,13 @@ class Discovery:
         self._discovered_at: float | None = None
         self._owner_ref: dict[str, Any] | None = None
         self._owner_read = False
+        self._owner_said = False  # its refusal logged
 
     def forget(self) -> None:
         self._discovered_at = None
+        # The owner is read again too: deleted and created again (`helm upgrade --force`), it has a new uid,
+        # and the garbage collector takes at once an object created naming the old one.
+        self._owner_read = False
 
     def discover(self) -> None:
         now = self.clock()
@@ -84,14 +88,17 @@ class Discovery:
 
     @property
     def owner_ready(self) -> bool:
-        """No owner asked for, or its uid read (or refused for good: then objects go unowned)."""
-        return not self.owner or self._owner_read
+        """No owner asked for, or its uid read (or refused for good: then objects go unowned). Read once,
+        a failure to read it again keeps what was read."""
+        return not self.owner or self._owner_read or self._owner_ref is not None
 
     def read_owner(self) -> None:
-        """The owner's uid, read once. Refused (403) or missing (404): said, and objects are written
-        without it (uninstall then leaves them). Any other failure raises: nothing is written until it is
-        read, since an object created without its owner would stay unowned."""
-        if self.owner_ready or self.owner is None:
+        """The owner's uid, read at the first pass and again after `forget`. Refused (403) or missing (404)
+        at the first read: said, and objects are written without it (uninstall then leaves them); later,
+        the uid read before is kept (an owner gone is an uninstall: objects naming it are collected). Any
+        other failure raises: nothing is written until it is first read, since an object created without
+        its owner would stay unowned."""
+        if self._owner_read or self.owner is None:
             return
         rbac = kubernetes.client.RbacAuthorizationV1Api(self.api)
         self.metrics.api_requests.labels(verb="get", resource="clusterroles").inc()
@@ -100,11 +107,13 @@ class Discovery:
         except kubernetes.client.ApiException as err:
             if status_of(err) not in (403, 404):
                 raise
-            log.warning(
-                "cannot read the owner ClusterRole: projected objects will not be removed on uninstall",
-                extra={"owner": self.owner, "error": brief(err)},
-            )
             self._owner_read = True
+            if self._owner_ref is None and not self._owner_said:  # a uid read before is kept
+                self._owner_said = True
+                log.warning(
+                    "cannot read the owner ClusterRole: projected objects will not be removed on uninstall",
+                    extra={"owner": self.owner, "error": brief(err)},
+                )
             return
         self._owner_ref = {
             "apiVersion": "rbac.authorization.k8s.io/v1",

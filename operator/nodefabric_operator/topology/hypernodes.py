@@ -12,7 +12,7 @@ import kubernetes
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import NotOurs, Objects
+from nodefabric_operator.topology.objects import NotOurs, Objects, version_of
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ class HyperNodeWriter:
     def __init__(self, objects: Objects) -> None:
         self.objects = objects
         self._taken: frozenset[str] = frozenset()  # HyperNode names held by HyperNodes we do not manage
+        self._versions: dict[str, str | None] = {}  # ours: name -> resourceVersion as last listed or written
 
     def write(self, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
         if TARGET not in self.objects.known:
@@ -44,10 +45,12 @@ class HyperNodeWriter:
         """Ours (name -> spec) and the names every other HyperNode holds."""
         ours: dict[str, Any] = {}
         theirs: set[str] = set()
+        self._versions = {}
         for i in self.objects.items(TARGET):
             name = str(i["metadata"]["name"])
             if project.is_managed(i):
                 ours[name] = i.get("spec")
+                self._versions[name] = version_of(i)
             else:
                 theirs.add(name)
         return ours, frozenset(theirs)
@@ -61,7 +64,8 @@ class HyperNodeWriter:
                     continue
             elif known[name] != body["spec"]:
                 try:
-                    self.objects.update(TARGET, name, body)  # deleted since we wrote it: written again
+                    # Deleted since we wrote it: written again.
+                    self._versions[name] = self.objects.update(TARGET, name, body)
                 except NotOurs:
                     # Ours deleted and someone else's made under the name since: theirs stays.
                     del known[name]
@@ -72,9 +76,11 @@ class HyperNodeWriter:
             known[name] = body["spec"]
             written += 1
         for name in sorted(set(known) - set(desired)):
-            self.objects.delete(TARGET, name, gone_ok=True)
             del known[name]
             written += 1
+            # Only ours, as we last saw it: theirs (made under the name, or ours unlabelled) stays.
+            if not self.objects.delete_ours(TARGET, name, self._versions.pop(name, None)):
+                self._taken = self._taken | {name}
         if written:
             log.info("hypernodes written", extra={"objects": len(desired), "written": written})
         return f"{len(desired)} HyperNodes"
@@ -82,7 +88,7 @@ class HyperNodeWriter:
     def _create(self, name: str, body: dict[str, Any]) -> bool:
         """Created, or ours already (its spec written): True. False when someone else's holds the name."""
         try:
-            self.objects.create(TARGET, body)
+            self._versions[name] = self.objects.create(TARGET, body)
         except kubernetes.client.ApiException as err:
             if status_of(err) != 409:
                 raise
@@ -91,7 +97,7 @@ class HyperNodeWriter:
                 self._taken = self._taken | {name}  # someone else's HyperNode of that name
                 return False
             try:
-                self.objects.update(TARGET, name, body)
+                self._versions[name] = self.objects.update(TARGET, name, body)
             except NotOurs:
                 self._taken = self._taken | {name}  # theirs made between our read and our patch
                 return False

@@ -34,11 +34,17 @@ _KEY = re.compile(
 )
 
 
+# Kueue's and KAI's `nodeLabel` take 316 characters at most, one fewer than the longest label key.
+NODE_LABEL_MAX = 316
+
+
 def key_problem(key: str) -> str | None:
-    """Why `key` is not a label key the API server accepts, or None."""
+    """Why `key` is not a label key the API server accepts (or one the Topologies cannot name), or None."""
     prefix, _, name = key.rpartition("/")
     if not _KEY.fullmatch(key) or len(name) > 63 or len(prefix) > 253:
         return "not a qualified label key (an optional DNS-subdomain prefix and '/', a name of 63 at most)"
+    if len(key) > NODE_LABEL_MAX:
+        return f"longer than {NODE_LABEL_MAX} characters, which Kueue's and KAI's Topology refuse"
     return None
 
 

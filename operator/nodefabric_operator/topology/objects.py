@@ -99,30 +99,36 @@ class Objects:
             if project.is_managed(i)
         }
 
-    def create(self, target: str, body: dict[str, Any]) -> None:
-        self._call("create", target, self.custom.create_cluster_custom_object, self.owned(body))
+    def create(self, target: str, body: dict[str, Any]) -> str | None:
+        """Created; the new object's resourceVersion (what a later delete of ours names as its
+        precondition)."""
+        return version_of(
+            self._call("create", target, self.custom.create_cluster_custom_object, self.owned(body))
+        )
 
-    def update(self, target: str, name: str, body: dict[str, Any]) -> None:
+    def update(self, target: str, name: str, body: dict[str, Any]) -> str | None:
         """Our object's spec written; created again (with its owner) when it was deleted since. NotOurs
         when the object of that name is someone else's now (ours deleted and another made since we
-        read it): the patch tests our label first, so theirs is never written over."""
+        read it): the patch tests our label first, so theirs is never written over. The object's
+        resourceVersion."""
         patch: list[dict[str, Any]] = [{"op": "test", "path": _MANAGED_PATH, "value": project.MANAGER}]
         # Each top-level field of the spec set, as the merge patch of {"spec": ...} did.
         patch += [{"op": "add", "path": f"/spec/{_pointer(k)}", "value": v} for k, v in body["spec"].items()]
         try:
-            self._call(
-                "patch",
-                target,
-                self.custom.patch_cluster_custom_object,
-                name,
-                patch,
-                _content_type=JSON_PATCH,
+            return version_of(
+                self._call(
+                    "patch",
+                    target,
+                    self.custom.patch_cluster_custom_object,
+                    name,
+                    patch,
+                    _content_type=JSON_PATCH,
+                )
             )
         except kubernetes.client.ApiException as err:
             status = status_of(err)
             if status == 404:
-                self.create(target, body)
-                return
+                return self.create(target, body)
             if status == 422:  # a failed test (or a spec the server refuses: then it is ours, raised)
                 live = self.get(target, name)
                 if live is not None and not project.is_managed(live):
@@ -131,9 +137,40 @@ class Objects:
                     ) from err
             raise
 
-    def delete(self, target: str, name: str, *, gone_ok: bool = False) -> None:
+    def delete(self, target: str, name: str, *, gone_ok: bool = False, version: str | None = None) -> None:
+        """Deleted; with `version`, only while the object is at that resourceVersion (the server answers
+        409 for another, or for another object made under the name)."""
+        pre = kubernetes.client.V1Preconditions(resource_version=version)
+        options = kubernetes.client.V1DeleteOptions(preconditions=pre) if version else None
         try:
-            self._call("delete", target, self.custom.delete_cluster_custom_object, name)
+            self._call("delete", target, self.custom.delete_cluster_custom_object, name, body=options)
         except kubernetes.client.ApiException as err:
             if not gone_ok or status_of(err) != 404:
                 raise
+
+    def delete_ours(self, target: str, name: str, version: str | None) -> bool:
+        """Our object of that name deleted (or gone already): True. Never someone else's: the delete names
+        the resourceVersion we last read or wrote it at, and where the object changed since (ours deleted
+        and another made under the name, our label removed, or only its status written), it is read again
+        and deleted at its new version only if it is still ours; someone else's is left alone: False. A
+        delete without a precondition would take theirs."""
+        try:
+            self.delete(target, name, gone_ok=True, version=version)
+            return True
+        except kubernetes.client.ApiException as err:
+            if status_of(err) != 409 or version is None:
+                raise
+        live = self.get(target, name)
+        if live is None:
+            return True
+        if not project.is_managed(live):
+            return False
+        self.delete(target, name, gone_ok=True, version=version_of(live))
+        return True
+
+
+def version_of(obj: Any) -> str | None:
+    """An object's resourceVersion: a delete's precondition that holds only for that object unchanged."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return str(version) if version else None

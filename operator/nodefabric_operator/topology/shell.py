@@ -31,7 +31,7 @@ from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import Hierarchy, check
 from nodefabric_operator.topology.objects import API_ERRORS, brief
-from nodefabric_operator.topology.writer import Writer
+from nodefabric_operator.topology.writer import UNSERVED, Writer
 from nodefabric_operator.view import part
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,11 @@ class Projector:
         self._cleaned = False
         self._dirty = asyncio.Event()
         self._unconfirmed: set[str] = set()  # listed by prime, not yet reported by kopf
+        # kopf's latest listing (at start, and again whenever a watch expired): the nodes it has reported,
+        # the fleet as it was when it began (emptied once a resync has taken it), and whether it goes on.
+        self._relisted: set[str] = set()
+        self._listed_over: set[str] = set()
+        self._listing = False
         self._retry = False
         self._failures = 0
 
@@ -107,6 +112,15 @@ class Projector:
             return False
         name = str(meta["name"])
         self._unconfirmed.discard(name)
+        if event_type is None:
+            if not self._listing or name in self._relisted:
+                # A listing begins: it reports what exists and nothing of what was deleted while no watch
+                # ran (kopf lists again when a watch cannot resume), so what it leaves out is checked.
+                self._relisted, self._listed_over = set(), set(self.fleet)
+            self._listing = True
+            self._relisted.add(name)
+        else:
+            self._listing = False
         if event_type == "DELETED":
             changed = self.fleet.pop(name, None) is not None
         else:
@@ -166,10 +180,14 @@ class Projector:
 
     def _drop_unconfirmed(self) -> None:
         gone = sorted(n for n in self._unconfirmed if self.fleet.pop(n, None) is not None)
-        self._unconfirmed = set()
+        # Nodes the latest listing has not reported: deleted while the watch was down, or not reported yet.
+        # Dropped at the next resync unless an event names them by then, so a listing has a whole period
+        # to finish.
+        self._unconfirmed = self._listed_over - self._relisted
+        self._listed_over = set()
         if gone:
             log.info(
-                "nodes listed at start but never reported by the watch are dropped",
+                "nodes no listing of the watch reported are dropped (deleted while it was down)",
                 extra={"nodes": len(gone), "first": ", ".join(gone[:3])},
             )
 
@@ -200,7 +218,7 @@ class Projector:
                 states[target] = "disabled by configuration"
             elif w.served.get(target) is None:
                 w.unserved(target)
-                states[target] = "CRD not served"
+                states[target] = UNSERVED
             else:
                 states[target] = w.write_target(target, hierarchy, fleet)
         w.write_report(hierarchy, states)

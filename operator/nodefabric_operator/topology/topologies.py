@@ -12,7 +12,7 @@ import kubernetes
 from nodefabric_operator import events
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
-from nodefabric_operator.topology.objects import NotOurs, Objects, held_state
+from nodefabric_operator.topology.objects import NotOurs, Objects, held_state, version_of
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,9 @@ class TopologyWriter:
         self.event = event
         self.again = again  # a pass is due again later (a write failed, or is held)
         self._replacing: dict[str, tuple[str, ...]] = {}  # target -> levels of the one deleted to be replaced
+        self._versions: dict[
+            str, str | None
+        ] = {}  # target -> resourceVersion of ours as last read or written
 
     def write(self, target: str, body: dict[str, Any]) -> str:
         known = self.objects.known
@@ -42,6 +45,7 @@ class TopologyWriter:
                 self.again()
                 return held_state(body["kind"], name, held)
             known[target] = project.levels_of(live)
+            self._versions[target] = version_of(live)
         action = project.topology_action(
             known[target], desired, mutable_with_hostname=target == project.KUEUE
         )
@@ -51,17 +55,22 @@ class TopologyWriter:
             return state
         if action == project.UPDATE:
             try:
-                self.objects.update(target, name, body)  # deleted since we wrote it: written again
+                # Deleted since we wrote it: written again.
+                self._versions[target] = self.objects.update(target, name, body)
             except NotOurs as err:
                 known.pop(target, None)  # read again next pass, and left alone while it is theirs
                 return f"{err}: left alone"
         else:
             if action == project.REPLACE:
-                self.objects.delete(target, name)
+                # Only ours, as we last saw it: theirs (made under the name, or ours unlabelled) stays.
+                if not self.objects.delete_ours(target, name, self._versions.get(target)):
+                    known.pop(target, None)
+                    plural = self.objects.gvp(target)[2]
+                    return f"{plural} {name} exists and is not managed by nodefabric: left alone"
                 self._replacing[target] = tuple(known[target] or ())
                 known[target] = None
             try:
-                self.objects.create(target, body)
+                self._versions[target] = self.objects.create(target, body)
             except kubernetes.client.ApiException as err:
                 if status_of(err) != 409 or target not in self._replacing:
                     raise

@@ -27,6 +27,9 @@ from nodefabric_operator.topology.topologies import TopologyWriter
 log = logging.getLogger(__name__)
 
 
+UNSERVED = "CRD not served"
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -52,7 +55,7 @@ class Writer:
         self.objects = Objects(api, metrics, lambda: self.discovery.served, self.discovery.owned)
         self.topologies = TopologyWriter(self.objects, event, self._again)
         self.hypernodes = HyperNodeWriter(self.objects)
-        self.report = ReportWriter(api, metrics, self.discovery.owned, self._again)
+        self.report = ReportWriter(api, metrics, self.discovery.owned, self._again, self.discovery.forget)
 
     def _again(self) -> None:
         self.retry = True
@@ -98,6 +101,13 @@ class Writer:
         except API_ERRORS as err:
             self.objects.known.pop(target, None)  # read the server again next time
             self.retry = True
+            if status_of(err) == 404:
+                # The writers meet an object's 404 themselves (created again, gone already): one that reaches
+                # here is the resource's, its CRD deleted since discovery read it. A target uninstalled is
+                # no failure: discovery is read again on the next pass, which says it.
+                self.discovery.forget()
+                log.info("topology target no longer served", extra={"target": target})
+                return UNSERVED
             reason = brief(err)
             self.event(events.for_failure(report.WRITE_FAILED, f"{target}: {reason}"))
             log.warning("topology write failed", extra={"target": target, "error": reason[:300]})
@@ -143,11 +153,13 @@ class ReportWriter:
         metrics: Metrics,
         owned: Callable[[dict[str, Any]], dict[str, Any]],
         again: Callable[[], None],
+        rediscover: Callable[[], None],
     ) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.metrics = metrics
         self.owned = owned
         self.again = again
+        self.rediscover = rediscover  # discovery (and the owner) read again on the next pass
         self._status: dict[str, Any] | None = None
         self._known = False
         self._exists = False
@@ -183,4 +195,8 @@ class ReportWriter:
         except API_ERRORS as err:
             self._known = False
             self.again()
+            if status_of(err) == 404:
+                # The object deleted since (it is created again next pass), or its CRD: discovery says which.
+                # Deleted with its owner (collected), the owner's new uid is read again too.
+                self.rediscover()
             log.warning("cannot write the topology report", extra={"error": brief(err)})
