@@ -260,6 +260,28 @@ async def test_a_shared_list_over_kubelets_limit_is_clamped_not_dropped(
         await shutdown(r)
 
 
+async def test_a_preferred_allocation_over_a_hundred_thousand_shared_tokens_answers(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    # kubelet sends every free token, and a pod may ask for half of them: the answer must not cost a look
+    # through the chosen ones per candidate (minutes on the event loop, every stream stalled meanwhile).
+    nics = [nic(f"e{i}", f"0000:{0x10 + i:02x}:00.0", f"mlx5_{i}", numa=str(i % 2)) for i in range(100)]
+    config = PluginConfig(shared_count=1500, partitioned=False)
+    r = await start_plugin(plugin_dir, fixture_host.host, DevicesSpec(interfaces=nics), config)
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) > 0, timeout=60)]
+        assert len(ids) > 100_000
+        must = ids[: len(ids) // 4]
+        chosen = await r.kubelet.plugin(SHARED).preferred(ids, must, len(ids) // 2, timeout=30)
+        assert chosen[: len(must)] == must
+        assert len(chosen) == len(set(chosen)) == len(ids) // 2 and set(chosen) <= set(ids)
+        # No opinion is lost on the way: the rest still spreads over the endpoints the must ones leave.
+        fresh = {i.rsplit("-", 1)[0] for i in chosen[len(must) :]}
+        assert fresh - {i.rsplit("-", 1)[0] for i in must}
+    finally:
+        await shutdown(r)
+
+
 def _platform_verbs(fixture_host: FixtureHost, device: str, n: int) -> None:
     """A verbs device for an RDMA device off the PCI bus (an SoC's NIC, or rxe over any netdev)."""
     b = fixture_host.builder

@@ -386,6 +386,30 @@ def test_a_migration_interrupted_before_the_old_file_went_runs_again(tmp_path: P
     assert os.listdir(tmp_path / "checkpoint.d") == [f"{UID}.json"]
 
 
+def test_a_claim_unprepared_while_the_old_file_could_not_be_migrated_stays_unprepared(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
+
+    path = tmp_path / "checkpoint.json"
+    other = str(uuid.uuid4())
+    claims = {uid: prepared(uid).wire() for uid in (UID, other)}
+    path.write_text(json.dumps({"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)}))
+    blocker = tmp_path / "checkpoint.d"
+    blocker.write_text("left by someone else")  # the migration cannot make its directory
+    held = Checkpoint(str(path))
+    assert sorted(held.claims) == sorted([UID, other]) and path.exists()
+    with pytest.raises(OSError):
+        held.remove(UID)  # still blocked: kubelet hears the error and retries
+    assert sorted(held.claims) == sorted([UID, other])
+    blocker.unlink()  # cleaned up; kubelet's retry of the unprepare now succeeds
+    held.remove(UID)
+    # The old file must not bring the unprepared claim back at the next start: the claim may be allocated
+    # again later, with other devices, and its stale entry would answer for it.
+    again = Checkpoint(str(path))
+    assert list(again.claims) == [other]
+    assert again.claims[other] == prepared(other)
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -47,6 +47,8 @@ Each file carries a checksum of its content. One that cannot be read or does not
 spec by the spec's deterministic name, so nothing is left behind. A whole-file checkpoint left by an
 older driver (`checkpoint.json`) is migrated on start: each claim is written to its own file, then the
 old file is removed; a crash in between migrates again on the next start (the writes are idempotent).
+While a migration that failed leaves the old file behind, an unprepare migrates the claims held first
+(and fails until it can): the old file would otherwise bring the unprepared claim back at the next start.
 """
 
 from __future__ import annotations
@@ -301,6 +303,7 @@ class Checkpoint:
     def __init__(self, path: str) -> None:
         self.path = path
         self.directory = os.path.join(os.path.dirname(path), "checkpoint.d")
+        self._unmigrated = False  # the whole-file checkpoint is still there, its migration having failed
         self.claims: dict[str, PreparedClaim] = self._load()
 
     # --- start -----------------------------------------------------------------------------------------
@@ -389,22 +392,29 @@ class Checkpoint:
         """Each claim of the whole-file checkpoint into its own file, then the old file removed. A crash
         before the removal migrates again on the next start; rewriting a claim's file is idempotent."""
         try:
-            self._ensure_directory()
-            count = 0
-            for claim in claims:
-                self._write(claim, sync=False)
-                count += 1
-            sync_directory(self.directory)  # every migrated entry durable before the old file goes
-            os.unlink(self.path)
-            sync_directory(os.path.dirname(self.path) or ".")
+            count = self._migrate_now(claims)
         except OSError as exc:
             # The old file stays (and is read again next start); the claims are held in memory.
+            self._unmigrated = True
             log.error(
                 "could not migrate the whole-file checkpoint; keeping it",
                 extra={"path": self.path, "why": str(exc)},
             )
             return
         log.info("migrated the whole-file checkpoint", extra={"path": self.directory, "claims": count})
+
+    def _migrate_now(self, claims: Iterable[PreparedClaim]) -> int:
+        """Raises OSError, the old file then kept."""
+        self._ensure_directory()
+        count = 0
+        for claim in claims:
+            self._write(claim, sync=False)
+            count += 1
+        sync_directory(self.directory)  # every migrated entry durable before the old file goes
+        os.unlink(self.path)
+        sync_directory(os.path.dirname(self.path) or ".")
+        self._unmigrated = False
+        return count
 
     # --- changes -------------------------------------------------------------------------------------------
 
@@ -473,6 +483,12 @@ class Checkpoint:
 
     def remove(self, uid: str) -> None:
         """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""
+        if self._unmigrated:
+            # The old whole-file checkpoint still names the claim, and would bring it back at the next
+            # start: the held claims are migrated first (raises OSError: the claim stays held, kubelet
+            # retries the unprepare).
+            self._migrate_now(list(self.claims.values()))
+            log.info("migrated the whole-file checkpoint", extra={"path": self.directory})
         # Tried even for a claim not held: a put whose directory sync failed left its file behind.
         held = uid in self.claims
         try:
