@@ -282,6 +282,26 @@ async def test_a_preferred_allocation_over_a_hundred_thousand_shared_tokens_answ
         await shutdown(r)
 
 
+async def test_a_long_preferred_allocation_leaves_the_other_rpcs_answering(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    # 64 PFs behind their own ports, 16 VFs each: the greedy walk over 64 placements costs seconds for a
+    # request of nearly every VF. Meanwhile kubelet's other calls (another pod's Allocate, the options
+    # it asks at each registration) must be answered, not queued behind it.
+    r = await start_plugin(plugin_dir, fixture_host.host, thousand_vfs(pfs=64, per_pf=16))
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 1024)]
+        plugin = r.kubelet.plugin(PARTITIONED)
+        long = asyncio.create_task(plugin.preferred(ids, [], len(ids) - 1, timeout=120))
+        await asyncio.sleep(0.2)  # the request reaches the plugin (sooner only weakens the check)
+        assert (await plugin.options(timeout=60)).get_preferred_allocation_available
+        assert not long.done(), "the options call waited for the preferred allocation"
+        chosen = await long
+        assert len(set(chosen)) == len(ids) - 1 and set(chosen) <= set(ids)
+    finally:
+        await shutdown(r)
+
+
 def _platform_verbs(fixture_host: FixtureHost, device: str, n: int) -> None:
     """A verbs device for an RDMA device off the PCI bus (an SoC's NIC, or rxe over any netdev)."""
     b = fixture_host.builder
