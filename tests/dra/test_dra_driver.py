@@ -337,6 +337,22 @@ async def test_every_claim_gets_an_entry_and_a_bad_one_fails_alone(
     assert (await running.kubelet.plugin(DRIVER).unprepare(ref(good))) == {good["metadata"]["uid"]: ""}
 
 
+async def test_a_reference_of_megabytes_fails_alone_and_the_answer_still_reaches_kubelet(
+    running: Running, api: RunningAPI, dirs: Dirs
+) -> None:
+    # A 2.1 MiB uid passes kubelet's 4 MiB limit on the way in; echoed back whole in its error, beside
+    # its own key, the answer would pass it on the way out, and kubelet would lose every claim's entry.
+    good = put_claim(api, "good", [result(NIC0)])
+    huge = ClaimRef("ml", "u" * (2100 << 10), "x")
+    name = ClaimRef("ml", str(uuid.uuid4()), "n" * (2100 << 10))
+    plugin = running.kubelet.plugin(DRIVER)
+    for hostile in (huge, name):
+        answer = await plugin.prepare(ref(good), hostile)
+        assert answer[good["metadata"]["uid"]].error == ""
+        assert "invalid claim" in answer[hostile.uid].error and len(answer[hostile.uid].error) < 1024
+        assert (await plugin.unprepare(ref(good), hostile))[good["metadata"]["uid"]] == ""
+
+
 async def test_a_claim_whose_devices_link_failed_since_allocation_is_still_prepared(
     running: Running, api: RunningAPI, hgx_spec: DevicesSpec
 ) -> None:
