@@ -410,6 +410,29 @@ def test_a_claim_unprepared_while_the_old_file_could_not_be_migrated_stays_unpre
     assert not path.exists()
 
 
+def test_a_claim_rewritten_while_the_old_file_could_not_be_migrated_keeps_its_new_entry(
+    tmp_path: Path,
+) -> None:
+    from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
+
+    path = tmp_path / "checkpoint.json"
+    claims = {UID: prepared().wire()}  # an older driver's entry: no boot id
+    path.write_text(json.dumps({"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)}))
+    blocker = tmp_path / "checkpoint.d"
+    blocker.write_text("left by someone else")
+    held = Checkpoint(str(path))
+    blocker.unlink()
+    # A prepare after a reboot resolves the claim again and rewrites its entry with today's devices.
+    today = PreparedClaim(
+        UID, "ml", "pair", prepared().devices, prepared().spec_path, {"kind": "y"}, "boot-2"
+    )
+    held.put(today)
+    # The old file's entry (another boot's device nodes) must not win over it at the next start.
+    again = Checkpoint(str(path))
+    assert again.claims[UID] == today and again.claims[UID].spec == {"kind": "y"}
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     "content",
     [

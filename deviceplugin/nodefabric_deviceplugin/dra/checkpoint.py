@@ -47,8 +47,9 @@ Each file carries a checksum of its content. One that cannot be read or does not
 spec by the spec's deterministic name, so nothing is left behind. A whole-file checkpoint left by an
 older driver (`checkpoint.json`) is migrated on start: each claim is written to its own file, then the
 old file is removed; a crash in between migrates again on the next start (the writes are idempotent).
-While a migration that failed leaves the old file behind, an unprepare migrates the claims held first
-(and fails until it can): the old file would otherwise bring the unprepared claim back at the next start.
+While a migration that failed leaves the old file behind, a change to a claim held (an unprepare, an
+entry rewritten) migrates the claims held first, and fails until it can: the old file would otherwise
+win over the change at the next start.
 """
 
 from __future__ import annotations
@@ -432,6 +433,15 @@ class Checkpoint:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         sync_directory(os.path.dirname(self.directory) or ".")
 
+    def _finish_migration(self) -> None:
+        """Before a claim held is changed: the migration that failed at start, done now. The old file
+        still names the claim as it was, and would win over the change at the next start: an unprepared
+        claim back, or a rewritten one back with another boot's device nodes. Raises OSError (the change
+        is then not made: kubelet hears the error and retries)."""
+        if self._unmigrated:
+            count = self._migrate_now(list(self.claims.values()))
+            log.info("migrated the whole-file checkpoint", extra={"path": self.directory, "claims": count})
+
     def get(self, uid: str) -> PreparedClaim | None:
         return self.claims.get(uid)
 
@@ -441,6 +451,7 @@ class Checkpoint:
         before = self.claims.get(claim.uid)
         if before == claim and before.spec == claim.spec:
             return  # already recorded exactly so
+        self._finish_migration()
         self._ensure_directory()
         self._write(claim)
         self.claims[claim.uid] = claim
@@ -483,12 +494,7 @@ class Checkpoint:
 
     def remove(self, uid: str) -> None:
         """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""
-        if self._unmigrated:
-            # The old whole-file checkpoint still names the claim, and would bring it back at the next
-            # start: the held claims are migrated first (raises OSError: the claim stays held, kubelet
-            # retries the unprepare).
-            self._migrate_now(list(self.claims.values()))
-            log.info("migrated the whole-file checkpoint", extra={"path": self.directory})
+        self._finish_migration()
         # Tried even for a claim not held: a put whose directory sync failed left its file behind.
         held = uid in self.claims
         try:
