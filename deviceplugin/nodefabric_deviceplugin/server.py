@@ -173,10 +173,13 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
             # On a thread of its own (about 50 us): the choice costs up to seconds of CPU (1,023 of 1,024
             # VFs behind 64 ports; 36 ms for 255 of 256 behind 16), and every other call and every
             # family's stream share this loop. The view is never changed once made.
-            ids = await offloop.start(
-                functools.partial(preferred, current, available, must, req.allocation_size),
-                "a preferred allocation",
-            )
+            choose = functools.partial(preferred, current, available, must, req.allocation_size)
+            try:
+                running = offloop.start(choose, "a preferred allocation")
+            except RuntimeError:  # no thread to be had (the process at its limit): an answer all the same
+                ids = choose()
+            else:
+                ids = await running
             metrics.PREFERRED_ALLOCATIONS.labels(self.family.value).inc()
             out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return out

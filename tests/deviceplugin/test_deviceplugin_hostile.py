@@ -302,6 +302,27 @@ async def test_a_long_preferred_allocation_leaves_the_other_rpcs_answering(
         await shutdown(r)
 
 
+async def test_a_preferred_allocation_without_a_thread_to_be_had_still_answers(
+    plugin_dir: str, fixture_host: FixtureHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = await start_plugin(plugin_dir, fixture_host.host, thousand_vfs(pfs=2, per_pf=4))
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 8)]
+        real_start = threading.Thread.start
+
+        def start(self: threading.Thread) -> None:
+            if self.name == "a preferred allocation":
+                raise RuntimeError("can't start new thread")  # the process at its thread limit
+            real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+        chosen = await r.kubelet.plugin(PARTITIONED).preferred(ids, [], 4)
+        assert len(set(chosen)) == 4 and set(chosen) <= set(ids)
+    finally:
+        monkeypatch.undo()
+        await shutdown(r)
+
+
 def _platform_verbs(fixture_host: FixtureHost, device: str, n: int) -> None:
     """A verbs device for an RDMA device off the PCI bus (an SoC's NIC, or rxe over any netdev)."""
     b = fixture_host.builder
