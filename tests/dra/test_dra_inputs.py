@@ -441,6 +441,7 @@ def test_a_claim_rewritten_while_the_old_file_could_not_be_migrated_keeps_its_ne
         b"[]",
         b'{"kind": "nodefabric.dra/checkpoint", "version": 2, "claims": {}}',
         b'{"kind": "nodefabric.dra/checkpoint", "version": 1, "claims": {"u": {}}, "checksum": "0"}',
+        b'{"claims": ' * 100_000,
     ],
 )
 def test_an_unusable_whole_file_checkpoint_is_set_aside_not_trusted(tmp_path: Path, content: bytes) -> None:
@@ -458,6 +459,7 @@ def test_an_unusable_whole_file_checkpoint_is_set_aside_not_trusted(tmp_path: Pa
         b"\xff\xfe garbage",
         b"[]",
         b'{"kind": "nodefabric.dra/prepared-claim", "version": 3}',
+        b"[" * 100_000,  # nested past the interpreter's recursion limit: json raises RecursionError
     ],
 )
 def test_an_unusable_claim_file_is_set_aside_and_the_rest_kept(tmp_path: Path, content: bytes) -> None:
@@ -658,9 +660,10 @@ def test_a_spec_already_in_place_is_not_rewritten(tmp_path: Path) -> None:
     assert json.loads(Path(path).read_text())["containerEdits"] == {"env": ["NCCL_IB_HCA==mlx5_0"]}
 
 
-def test_a_spec_that_is_garbage_on_disk_is_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize("garbage", [b"\x00\x01", b"[" * 100_000])
+def test_a_spec_that_is_garbage_on_disk_is_replaced(tmp_path: Path, garbage: bytes) -> None:
     path = tmp_path / "s.json"
-    path.write_bytes(b"\x00\x01")
+    path.write_bytes(garbage)
     spec = cdi.build_spec(DRIVER, UID, {"d": ["/dev/x"]}, {})
     assert cdi.write_spec(str(path), spec)
     assert json.loads(path.read_text()) == spec

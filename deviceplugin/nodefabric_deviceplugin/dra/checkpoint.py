@@ -66,7 +66,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_deviceplugin.dra.files import SORTED_JSON, read_regular, write_all, write_atomically
+from nodefabric_deviceplugin.dra.files import (
+    SORTED_JSON,
+    parse_json,
+    read_regular,
+    write_all,
+    write_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +203,7 @@ def encode(claim: PreparedClaim, spec_text: str | None = None) -> bytes:
 
 def decode(data: bytes) -> PreparedClaim:
     """Raises ValueError (TypeError, KeyError, AttributeError) on anything `encode` did not write whole."""
-    doc = json.loads(data)
+    doc = parse_json(data)
     if not isinstance(doc, dict) or doc.get("kind") != CLAIM_KIND or doc.get("version") != CLAIM_VERSION:
         raise ValueError("not a prepared claim of this version")
     body = {"uid": doc.get("uid"), "claim": doc.get("claim")}
@@ -368,7 +374,7 @@ class Checkpoint:
             data = read_regular(self.path, MAX_BYTES)
             if data is None:
                 return None
-            doc = json.loads(data)
+            doc = parse_json(data)
             if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
                 raise ValueError("not a checkpoint of this version")
             claims = doc.get("claims")
