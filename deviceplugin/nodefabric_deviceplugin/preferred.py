@@ -129,8 +129,11 @@ def preferred(
     kubelet intersects the answer with its candidates anyway, so a short answer only means "no opinion".
     """
     result: list[str] = list(dict.fromkeys(must_include))
+    # Sets, not the lists: kubelet sends every free token (a hundred thousand on a shared node), and a
+    # look-up in a list per token held the event loop, every family's stream with it, for minutes.
+    must = set(result)
     free: list[Token] = sorted(
-        (view.by_id[i] for i in dict.fromkeys(available) if i in view.by_id and i not in result),
+        (view.by_id[i] for i in dict.fromkeys(available) if i in view.by_id and i not in must),
         key=lambda t: t.order,
     )
     need = size - len(result)
@@ -160,6 +163,7 @@ def preferred(
             if len(picked) < need and by_endpoint.get(k):
                 picked.append(by_endpoint[k].pop(0).id)
     # Only possible when must-include endpoints had no free tokens left: fall back to the lowest ids.
-    leftovers = [t.id for t in free if t.id not in picked]
+    taken = set(picked)
+    leftovers = [t.id for t in free if t.id not in taken]
     picked.extend(leftovers[: need - len(picked)])
     return result + picked

@@ -260,6 +260,69 @@ async def test_a_shared_list_over_kubelets_limit_is_clamped_not_dropped(
         await shutdown(r)
 
 
+async def test_a_preferred_allocation_over_a_hundred_thousand_shared_tokens_answers(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    # kubelet sends every free token, and a pod may ask for half of them: the answer must not cost a look
+    # through the chosen ones per candidate (minutes on the event loop, every stream stalled meanwhile).
+    nics = [nic(f"e{i}", f"0000:{0x10 + i:02x}:00.0", f"mlx5_{i}", numa=str(i % 2)) for i in range(100)]
+    config = PluginConfig(shared_count=1500, partitioned=False)
+    r = await start_plugin(plugin_dir, fixture_host.host, DevicesSpec(interfaces=nics), config)
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) > 0, timeout=60)]
+        assert len(ids) > 100_000
+        must = ids[: len(ids) // 4]
+        chosen = await r.kubelet.plugin(SHARED).preferred(ids, must, len(ids) // 2, timeout=30)
+        assert chosen[: len(must)] == must
+        assert len(chosen) == len(set(chosen)) == len(ids) // 2 and set(chosen) <= set(ids)
+        # No opinion is lost on the way: the rest still spreads over the endpoints the must ones leave.
+        fresh = {i.rsplit("-", 1)[0] for i in chosen[len(must) :]}
+        assert fresh - {i.rsplit("-", 1)[0] for i in must}
+    finally:
+        await shutdown(r)
+
+
+async def test_a_long_preferred_allocation_leaves_the_other_rpcs_answering(
+    plugin_dir: str, fixture_host: FixtureHost
+) -> None:
+    # 64 PFs behind their own ports, 16 VFs each: the greedy walk over 64 placements costs seconds for a
+    # request of nearly every VF. Meanwhile kubelet's other calls (another pod's Allocate, the options
+    # it asks at each registration) must be answered, not queued behind it.
+    r = await start_plugin(plugin_dir, fixture_host.host, thousand_vfs(pfs=64, per_pf=16))
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 1024)]
+        plugin = r.kubelet.plugin(PARTITIONED)
+        long = asyncio.create_task(plugin.preferred(ids, [], len(ids) - 1, timeout=120))
+        await asyncio.sleep(0.2)  # the request reaches the plugin (sooner only weakens the check)
+        assert (await plugin.options(timeout=60)).get_preferred_allocation_available
+        assert not long.done(), "the options call waited for the preferred allocation"
+        chosen = await long
+        assert len(set(chosen)) == len(ids) - 1 and set(chosen) <= set(ids)
+    finally:
+        await shutdown(r)
+
+
+async def test_a_preferred_allocation_without_a_thread_to_be_had_still_answers(
+    plugin_dir: str, fixture_host: FixtureHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = await start_plugin(plugin_dir, fixture_host.host, thousand_vfs(pfs=2, per_pf=4))
+    try:
+        ids = [d.ID for d in await r.kubelet.wait_devices(PARTITIONED, lambda ds: len(ds) == 8)]
+        real_start = threading.Thread.start
+
+        def start(self: threading.Thread) -> None:
+            if self.name == "a preferred allocation":
+                raise RuntimeError("can't start new thread")  # the process at its thread limit
+            real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+        chosen = await r.kubelet.plugin(PARTITIONED).preferred(ids, [], 4)
+        assert len(set(chosen)) == 4 and set(chosen) <= set(ids)
+    finally:
+        monkeypatch.undo()
+        await shutdown(r)
+
+
 def _platform_verbs(fixture_host: FixtureHost, device: str, n: int) -> None:
     """A verbs device for an RDMA device off the PCI bus (an SoC's NIC, or rxe over any netdev)."""
     b = fixture_host.builder

@@ -4,15 +4,28 @@ select nothing, and served through the real gRPC device plugin as the operator s
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from dp_helpers import FixtureHost, nic, shutdown, start_plugin, two_nics_and_vfs
 
+from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_deviceplugin import server
 from nodefabric_deviceplugin.resources import Family, PluginConfig, view
-from nodefabric_deviceplugin.selection import Selection, SelectionError, load, parse
+from nodefabric_deviceplugin.selection import (
+    HostFacts,
+    Selection,
+    SelectionError,
+    load,
+    parse,
+    read_host_facts,
+)
+from nodefabric_deviceplugin.verbs import VerbsCache
 from nodefabric_operator.console import main
 
 EXCLUSIVE, SHARED, PARTITIONED = (f"device.gpustack.ai/{f.value}" for f in Family)
@@ -191,6 +204,48 @@ async def test_drivers_and_link_layers_are_read_from_the_host(
         assert names(await r.kubelet.wait_devices(EXCLUSIVE)) == ["0000:5e:00.0"]
         assert names(await r.kubelet.wait_devices(SHARED)) == [], "no InfiniBand port on this host"
     finally:
+        await shutdown(r)
+
+
+async def test_host_facts_are_read_off_the_event_loop_and_a_stuck_read_fails_only_its_callers(
+    plugin_dir: str, fixture_host: FixtureHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.current_thread()
+    release = threading.Event()
+    reads: list[str] = []
+
+    def stuck(host: HostRoot, devices: Iterable[tuple[str, str]]) -> HostFacts:
+        # What a read blocked in a driver looks like from here; on the loop it would hold every call.
+        assert threading.current_thread() is not loop_thread, "a sysfs read on the event loop"
+        reads.append(threading.current_thread().name)
+        release.wait(60)
+        return read_host_facts(host, devices)
+
+    monkeypatch.setattr(server, "read_host_facts", stuck)
+    config = PluginConfig(shared_count=2, selection=parse({"exclusive": [{"drivers": ["mlx5_core"]}]}))
+    verbs = VerbsCache(fixture_host.host, budget=0.2)
+    r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs(), config, verbs=verbs)
+    try:
+        await r.kubelet.wait_registered(EXCLUSIVE)
+        plugin = r.kubelet.plugin(EXCLUSIVE)
+        # While the read is stuck: other calls answer, an Allocate fails within the budget, and the
+        # callers share the one read rather than start one each.
+        for _ in range(2):
+            assert (await plugin.options(timeout=5)).get_preferred_allocation_available
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await plugin.allocate(["0000:19:00.0"], timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "did not finish within 0.2 s" in (err.value.details() or "")
+        assert len(reads) == 1
+        release.set()
+        assert names(await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) > 0, timeout=30)) == [
+            "0000:19:00.0",
+            "0000:5e:00.0",
+        ]
+        response = await plugin.allocate(["0000:19:00.0"], timeout=30)
+        assert response.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+    finally:
+        release.set()
         await shutdown(r)
 
 

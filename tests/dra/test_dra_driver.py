@@ -168,9 +168,14 @@ async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_unto
         # What kubelet does when it starts, or when the driver was gone for a while: the watch tells us
         # (no resync comes within the test).
         name = f"{NODE}-{DRIVER}-0"
+        before = api.api.stored(SLICES, name)["metadata"]["uid"]
         await asyncio.to_thread(client(api).request, "DELETE", f"/apis/{SLICES}/{name}")
-        assert not any(o["metadata"]["name"] == name for o in live_slices(api))
-        await wait_until(lambda: any(o["metadata"]["name"] == name for o in live_slices(api)))
+        # Not "gone, then back": the watch may bring it back before a look in between.
+        await wait_until(
+            lambda: any(
+                o["metadata"]["name"] == name and o["metadata"]["uid"] != before for o in live_slices(api)
+            )
+        )
         assert api.api.stored(SLICES, other["metadata"]["name"])["spec"]["pool"]["generation"] == 7
     finally:
         await shutdown(r)
@@ -274,7 +279,8 @@ async def test_prepare_twice_gives_one_spec_and_the_same_answer(
     # and kubelet's next prepare writes it whole again.
     spec = Path(dirs.cdi, spec_files(dirs)[0])
     whole = spec.read_bytes()
-    for torn in (whole[: len(whole) // 2], b""):
+    # So is one that is no spec at all, nested past what json can decode (it raises RecursionError).
+    for torn in (whole[: len(whole) // 2], b"", b"[" * 100_000):
         spec.write_bytes(torn)
         assert await plugin.prepare(ref(claim)) == first
         assert spec.read_bytes() == whole
@@ -335,6 +341,22 @@ async def test_every_claim_gets_an_entry_and_a_bad_one_fails_alone(
     assert os.listdir(directory) == [f"{good['metadata']['uid']}.json"]
     # The server is still answering.
     assert (await running.kubelet.plugin(DRIVER).unprepare(ref(good))) == {good["metadata"]["uid"]: ""}
+
+
+async def test_a_reference_of_megabytes_fails_alone_and_the_answer_still_reaches_kubelet(
+    running: Running, api: RunningAPI, dirs: Dirs
+) -> None:
+    # A 2.1 MiB uid passes kubelet's 4 MiB limit on the way in; echoed back whole in its error, beside
+    # its own key, the answer would pass it on the way out, and kubelet would lose every claim's entry.
+    good = put_claim(api, "good", [result(NIC0)])
+    huge = ClaimRef("ml", "u" * (2100 << 10), "x")
+    name = ClaimRef("ml", str(uuid.uuid4()), "n" * (2100 << 10))
+    plugin = running.kubelet.plugin(DRIVER)
+    for hostile in (huge, name):
+        answer = await plugin.prepare(ref(good), hostile)
+        assert answer[good["metadata"]["uid"]].error == ""
+        assert "invalid claim" in answer[hostile.uid].error and len(answer[hostile.uid].error) < 1024
+        assert (await plugin.unprepare(ref(good), hostile))[good["metadata"]["uid"]] == ""
 
 
 async def test_a_claim_whose_devices_link_failed_since_allocation_is_still_prepared(

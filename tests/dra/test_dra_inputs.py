@@ -386,6 +386,53 @@ def test_a_migration_interrupted_before_the_old_file_went_runs_again(tmp_path: P
     assert os.listdir(tmp_path / "checkpoint.d") == [f"{UID}.json"]
 
 
+def test_a_claim_unprepared_while_the_old_file_could_not_be_migrated_stays_unprepared(tmp_path: Path) -> None:
+    from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
+
+    path = tmp_path / "checkpoint.json"
+    other = str(uuid.uuid4())
+    claims = {uid: prepared(uid).wire() for uid in (UID, other)}
+    path.write_text(json.dumps({"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)}))
+    blocker = tmp_path / "checkpoint.d"
+    blocker.write_text("left by someone else")  # the migration cannot make its directory
+    held = Checkpoint(str(path))
+    assert sorted(held.claims) == sorted([UID, other]) and path.exists()
+    with pytest.raises(OSError):
+        held.remove(UID)  # still blocked: kubelet hears the error and retries
+    assert sorted(held.claims) == sorted([UID, other])
+    blocker.unlink()  # cleaned up; kubelet's retry of the unprepare now succeeds
+    held.remove(UID)
+    # The old file must not bring the unprepared claim back at the next start: the claim may be allocated
+    # again later, with other devices, and its stale entry would answer for it.
+    again = Checkpoint(str(path))
+    assert list(again.claims) == [other]
+    assert again.claims[other] == prepared(other)
+    assert not path.exists()
+
+
+def test_a_claim_rewritten_while_the_old_file_could_not_be_migrated_keeps_its_new_entry(
+    tmp_path: Path,
+) -> None:
+    from nodefabric_deviceplugin.dra.checkpoint import KIND, _checksum
+
+    path = tmp_path / "checkpoint.json"
+    claims = {UID: prepared().wire()}  # an older driver's entry: no boot id
+    path.write_text(json.dumps({"kind": KIND, "version": 1, "claims": claims, "checksum": _checksum(claims)}))
+    blocker = tmp_path / "checkpoint.d"
+    blocker.write_text("left by someone else")
+    held = Checkpoint(str(path))
+    blocker.unlink()
+    # A prepare after a reboot resolves the claim again and rewrites its entry with today's devices.
+    today = PreparedClaim(
+        UID, "ml", "pair", prepared().devices, prepared().spec_path, {"kind": "y"}, "boot-2"
+    )
+    held.put(today)
+    # The old file's entry (another boot's device nodes) must not win over it at the next start.
+    again = Checkpoint(str(path))
+    assert again.claims[UID] == today and again.claims[UID].spec == {"kind": "y"}
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -394,6 +441,7 @@ def test_a_migration_interrupted_before_the_old_file_went_runs_again(tmp_path: P
         b"[]",
         b'{"kind": "nodefabric.dra/checkpoint", "version": 2, "claims": {}}',
         b'{"kind": "nodefabric.dra/checkpoint", "version": 1, "claims": {"u": {}}, "checksum": "0"}',
+        b'{"claims": ' * 100_000,
     ],
 )
 def test_an_unusable_whole_file_checkpoint_is_set_aside_not_trusted(tmp_path: Path, content: bytes) -> None:
@@ -411,6 +459,7 @@ def test_an_unusable_whole_file_checkpoint_is_set_aside_not_trusted(tmp_path: Pa
         b"\xff\xfe garbage",
         b"[]",
         b'{"kind": "nodefabric.dra/prepared-claim", "version": 3}',
+        b"[" * 100_000,  # nested past the interpreter's recursion limit: json raises RecursionError
     ],
 )
 def test_an_unusable_claim_file_is_set_aside_and_the_rest_kept(tmp_path: Path, content: bytes) -> None:
@@ -611,9 +660,10 @@ def test_a_spec_already_in_place_is_not_rewritten(tmp_path: Path) -> None:
     assert json.loads(Path(path).read_text())["containerEdits"] == {"env": ["NCCL_IB_HCA==mlx5_0"]}
 
 
-def test_a_spec_that_is_garbage_on_disk_is_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize("garbage", [b"\x00\x01", b"[" * 100_000])
+def test_a_spec_that_is_garbage_on_disk_is_replaced(tmp_path: Path, garbage: bytes) -> None:
     path = tmp_path / "s.json"
-    path.write_bytes(b"\x00\x01")
+    path.write_bytes(garbage)
     spec = cdi.build_spec(DRIVER, UID, {"d": ["/dev/x"]}, {})
     assert cdi.write_spec(str(path), spec)
     assert json.loads(path.read_text()) == spec

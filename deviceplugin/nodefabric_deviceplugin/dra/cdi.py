@@ -15,7 +15,6 @@ the runtime's watcher never reads half a spec.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -23,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nodefabric_deviceplugin.allocate import PERMISSIONS
-from nodefabric_deviceplugin.dra.files import SORTED_JSON, read_regular, write_atomically
+from nodefabric_deviceplugin.dra.files import SORTED_JSON, parse_json, read_regular, write_atomically
 
 # The lowest version with everything written here (spec-level edits, device nodes with permissions), so
 # every CDI-capable runtime that kubelet's DRA support works with can read it.
@@ -81,7 +80,7 @@ def read_spec(path: str) -> Any:
     written again, replacing whatever is there)."""
     try:
         data = read_regular(path, MAX_SPEC_BYTES)
-        return None if data is None else json.loads(data)
+        return None if data is None else parse_json(data)
     except (OSError, ValueError):
         return None
 

@@ -47,6 +47,9 @@ Each file carries a checksum of its content. One that cannot be read or does not
 spec by the spec's deterministic name, so nothing is left behind. A whole-file checkpoint left by an
 older driver (`checkpoint.json`) is migrated on start: each claim is written to its own file, then the
 old file is removed; a crash in between migrates again on the next start (the writes are idempotent).
+While a migration that failed leaves the old file behind, a change to a claim held (an unprepare, an
+entry rewritten) migrates the claims held first, and fails until it can: the old file would otherwise
+win over the change at the next start.
 """
 
 from __future__ import annotations
@@ -63,7 +66,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodefabric_deviceplugin.dra.files import SORTED_JSON, read_regular, write_all, write_atomically
+from nodefabric_deviceplugin.dra.files import (
+    SORTED_JSON,
+    parse_json,
+    read_regular,
+    write_all,
+    write_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +203,7 @@ def encode(claim: PreparedClaim, spec_text: str | None = None) -> bytes:
 
 def decode(data: bytes) -> PreparedClaim:
     """Raises ValueError (TypeError, KeyError, AttributeError) on anything `encode` did not write whole."""
-    doc = json.loads(data)
+    doc = parse_json(data)
     if not isinstance(doc, dict) or doc.get("kind") != CLAIM_KIND or doc.get("version") != CLAIM_VERSION:
         raise ValueError("not a prepared claim of this version")
     body = {"uid": doc.get("uid"), "claim": doc.get("claim")}
@@ -301,6 +310,7 @@ class Checkpoint:
     def __init__(self, path: str) -> None:
         self.path = path
         self.directory = os.path.join(os.path.dirname(path), "checkpoint.d")
+        self._unmigrated = False  # the whole-file checkpoint is still there, its migration having failed
         self.claims: dict[str, PreparedClaim] = self._load()
 
     # --- start -----------------------------------------------------------------------------------------
@@ -364,7 +374,7 @@ class Checkpoint:
             data = read_regular(self.path, MAX_BYTES)
             if data is None:
                 return None
-            doc = json.loads(data)
+            doc = parse_json(data)
             if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION:
                 raise ValueError("not a checkpoint of this version")
             claims = doc.get("claims")
@@ -389,22 +399,29 @@ class Checkpoint:
         """Each claim of the whole-file checkpoint into its own file, then the old file removed. A crash
         before the removal migrates again on the next start; rewriting a claim's file is idempotent."""
         try:
-            self._ensure_directory()
-            count = 0
-            for claim in claims:
-                self._write(claim, sync=False)
-                count += 1
-            sync_directory(self.directory)  # every migrated entry durable before the old file goes
-            os.unlink(self.path)
-            sync_directory(os.path.dirname(self.path) or ".")
+            count = self._migrate_now(claims)
         except OSError as exc:
             # The old file stays (and is read again next start); the claims are held in memory.
+            self._unmigrated = True
             log.error(
                 "could not migrate the whole-file checkpoint; keeping it",
                 extra={"path": self.path, "why": str(exc)},
             )
             return
         log.info("migrated the whole-file checkpoint", extra={"path": self.directory, "claims": count})
+
+    def _migrate_now(self, claims: Iterable[PreparedClaim]) -> int:
+        """Raises OSError, the old file then kept."""
+        self._ensure_directory()
+        count = 0
+        for claim in claims:
+            self._write(claim, sync=False)
+            count += 1
+        sync_directory(self.directory)  # every migrated entry durable before the old file goes
+        os.unlink(self.path)
+        sync_directory(os.path.dirname(self.path) or ".")
+        self._unmigrated = False
+        return count
 
     # --- changes -------------------------------------------------------------------------------------------
 
@@ -422,6 +439,15 @@ class Checkpoint:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         sync_directory(os.path.dirname(self.directory) or ".")
 
+    def _finish_migration(self) -> None:
+        """Before a claim held is changed: the migration that failed at start, done now. The old file
+        still names the claim as it was, and would win over the change at the next start: an unprepared
+        claim back, or a rewritten one back with another boot's device nodes. Raises OSError (the change
+        is then not made: kubelet hears the error and retries)."""
+        if self._unmigrated:
+            count = self._migrate_now(list(self.claims.values()))
+            log.info("migrated the whole-file checkpoint", extra={"path": self.directory, "claims": count})
+
     def get(self, uid: str) -> PreparedClaim | None:
         return self.claims.get(uid)
 
@@ -431,6 +457,7 @@ class Checkpoint:
         before = self.claims.get(claim.uid)
         if before == claim and before.spec == claim.spec:
             return  # already recorded exactly so
+        self._finish_migration()
         self._ensure_directory()
         self._write(claim)
         self.claims[claim.uid] = claim
@@ -473,6 +500,7 @@ class Checkpoint:
 
     def remove(self, uid: str) -> None:
         """Forget a claim; its file is gone for good before this returns (raises OSError if it cannot)."""
+        self._finish_migration()
         # Tried even for a claim not held: a put whose directory sync failed left its file behind.
         held = uid in self.claims
         try:

@@ -22,6 +22,17 @@ class ClaimError(Exception):
     """This claim cannot be prepared; the message goes into its entry of the response."""
 
 
+SHOWN_CHARACTERS = 100
+
+
+def _shown(text: str) -> str:
+    """A value quoted in an error, cut: the error travels back beside the claim's uid, and a value of
+    megabytes echoed whole would take the answer past kubelet's 4 MiB limit (every claim's entry lost)."""
+    if len(text) <= SHOWN_CHARACTERS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARACTERS]!r}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
     """A claim as kubelet names it in NodePrepareResources / NodeUnprepareResources."""
@@ -33,11 +44,11 @@ class ClaimRef:
     def check(self) -> None:
         """Refuse a reference no API server could have produced (the uid also names a file on disk)."""
         if not names.uid(self.uid):
-            raise ClaimError(f"invalid claim uid {self.uid!r}")
+            raise ClaimError(f"invalid claim uid {_shown(self.uid)}")
         if not names.dns_label(self.namespace):
-            raise ClaimError(f"invalid claim namespace {self.namespace!r}")
+            raise ClaimError(f"invalid claim namespace {_shown(self.namespace)}")
         if not names.dns_subdomain(self.name):
-            raise ClaimError(f"invalid claim name {self.name!r}")
+            raise ClaimError(f"invalid claim name {_shown(self.name)}")
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} (uid {self.uid})"

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import stat
+from typing import Any
 
 # `json.dumps(x, sort_keys=True)` without a new encoder made per call: the spec and the checkpoint entry
 # are encoded on every first prepare, on the thread kubelet waits for.
@@ -24,6 +25,17 @@ SORTED_JSON = json.JSONEncoder(sort_keys=True)
 
 class NotRegularFile(OSError):
     pass
+
+
+def parse_json(data: bytes) -> Any:
+    """`json.loads`, raising ValueError for whatever is not JSON. A document nested deeper than the
+    interpreter's recursion limit (`[[[[...`, well under any size cap) makes json raise RecursionError,
+    which callers that set garbage aside, or write a spec again over it, would not catch: the driver would
+    not start, or the claim would fail for good."""
+    try:
+        return json.loads(data)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply to be a file of ours") from exc
 
 
 def read_regular(path: str, limit: int) -> bytes | None:
