@@ -392,3 +392,23 @@ async def test_the_placement_configuration_alone_builds_the_app(certs: dict[str,
     assert json.loads(base64.b64decode(out["response"]["patch"]))[0]["value"] == [
         {"name": "placement.example.org/group"}
     ]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"schedulingGroup": {"podGroupName": "g" * 100}},  # a DNS subdomain, too long for a label value
+        {"workloadRef": {"name": "wl"}},  # names its Workload but no pod group
+    ],
+    ids=["long-pod-group", "no-pod-group"],
+)
+async def test_a_workload_group_the_placement_process_cannot_read_is_not_gated(
+    certs: dict[str, Path], spec: dict[str, Any]
+) -> None:
+    """The placement process groups pods by group_of; a gate on a pod it finds in no group would never be
+    removed: such a pod is let through ungated, with the reason."""
+    async with serving_webhook(CONFIG, certs["cert"], certs["key"]) as base:
+        status, out = await post(base + "/mutate-pods", certs["ca"], json.dumps(review(pod(**spec))).encode())
+    assert status == 200
+    assert "patch" not in out["response"], out
+    assert out["response"]["warnings"][0].endswith("the pod is not gated; it is scheduled on its own")

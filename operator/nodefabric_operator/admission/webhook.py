@@ -75,15 +75,20 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _workload_group(spec: Mapping[str, Any]) -> str:
-    """The Workload API's pod group name: `spec.schedulingGroup.podGroupName` (or the first alpha's
-    `spec.workloadRef`), or ""."""
+def _unreadable_workload(spec: Mapping[str, Any]) -> str:
+    """Why a pod that joins the Workload API (`spec.schedulingGroup`, or the first alpha's
+    `spec.workloadRef`) is in no group group_of reads, or "" when it names none. Only called once group_of
+    found no group: the placement process groups pods by group_of alone, so a gate on such a pod would
+    never be removed."""
     group = _mapping(spec.get("schedulingGroup")).get("podGroupName")
-    if isinstance(group, str) and group:
-        return group
     ref = _mapping(spec.get("workloadRef"))
-    name = ref.get("podGroup") or ref.get("name")
-    return name if isinstance(name, str) else ""
+    name = group if isinstance(group, str) and group else ref.get("podGroup")
+    if isinstance(name, str) and name:
+        shown = name if len(name) <= 63 else f"{name[:63]}..."
+        return f"pod group {shown!r} is not a label value (63 characters, [A-Za-z0-9_.-])"
+    if _mapping(spec.get("schedulingGroup")) or ref:
+        return "spec.schedulingGroup or spec.workloadRef names no pod group"
+    return ""
 
 
 def names_group(pod: Mapping[str, Any], config: WebhookConfig) -> bool:
@@ -113,7 +118,12 @@ def gate_patch(pod: Mapping[str, Any], config: WebhookConfig, *, namespace_opted
         group = group_of(pod, config.placement)
     except InvalidPlacement as exc:
         return Verdict((), "invalid placement", f"{exc}: the pod is not gated; it is scheduled on its own")
-    if group is None and not _workload_group(spec):
+    if group is None:
+        problem = _unreadable_workload(spec)
+        if problem:
+            return Verdict(
+                (), "invalid placement", f"{problem}: the pod is not gated; it is scheduled on its own"
+            )
         return Verdict((), "not in a group")
     gates = spec.get("schedulingGates")
     if isinstance(gates, list) and any(_mapping(g).get("name") == config.gate for g in gates):
