@@ -6,7 +6,20 @@ from __future__ import annotations
 
 import asyncio
 
-from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, jobs_world, placement
+from admission_world import (
+    GATE,
+    NS,
+    World,
+    eventually,
+    fleet,
+    gpod,
+    job,
+    job_pods,
+    jobs_world,
+    placement,
+    stalling_proxy,
+)
+from aiohttp import web
 
 from nodefabric_operator.admission import model
 from nodefabric_operator.demo.kubeapi import running_api
@@ -461,3 +474,33 @@ async def test_a_lease_lost_while_the_owner_is_read_admits_nothing():
             leading[0] = True
             ctl.wake.set()
             await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+
+
+async def test_a_write_the_api_never_answers_does_not_stop_admission():
+    """A pin whose reply never comes (the API server behind a network that drops it) is given up after
+    the write timeout and tried again; the loop never waits on it for ever while the replica, renewing
+    its Lease on its own, keeps every other replica from admitting."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), stalling_proxy(k) as proxy:
+        first = True
+
+        def stall_the_first_pin(request: web.Request) -> bool:
+            nonlocal first
+            hit = (
+                first
+                and request.method == "PATCH"
+                and request.path.startswith(f"/api/v1/namespaces/{NS}/pods/")
+                and request.content_type == "application/json-patch+json"  # not the decision's copy
+            )
+            first = first and not hit
+            return hit
+
+        proxy.stall = stall_the_first_pin
+        async with placement(k, via=proxy.url, write_timeout=(2.0, 2.0)):
+            try:
+                await w.create(*w.job_pods("train", 2))
+                await eventually(
+                    lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated"
+                )
+                assert proxy.stalled == 1
+            finally:
+                proxy.unstall()  # a loop still waiting on the stalled write can stop

@@ -31,6 +31,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.backoff import Backoff
@@ -56,6 +57,10 @@ COMPONENT = "nodefabric-placement"
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 TICK_S = 1.0  # timeouts and backoffs are looked at this often even when nothing changes
+# (connect, read) seconds for each write of the loop: a reply that never comes (an API server behind a
+# network that drops it) would otherwise hold the loop for ever, while the Lease, renewed on its own,
+# keeps every other replica from admitting.
+WRITE_TIMEOUT = (5.0, 30.0)
 
 
 class Controller:
@@ -68,6 +73,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         leading: Callable[[], bool] = lambda: True,
         backoff_base: float = BACKOFF_BASE_S,
+        write_timeout: tuple[float, float] = WRITE_TIMEOUT,
     ) -> None:
         self.config = config
         self.metrics = metrics or PlacementMetrics()
@@ -88,9 +94,11 @@ class Controller:
             clock=clock,  # the spam filter runs on the controller's clock
         )
         decision_key = vocabulary.placement_key(vocabulary.DECISION, config.domain)
-        self.writer = PlacementWriter(self.custom, self.tables, self.publisher, decision_key, clock)
-        self.releaser = Releaser(self.core, self.tables)
-        self.evictor = Evictor(self.core, self.tables, self.writer, self.metrics)
+        self.writer = PlacementWriter(
+            self.custom, self.tables, self.publisher, decision_key, clock, timeout=write_timeout
+        )
+        self.releaser = Releaser(self.core, self.tables, timeout=write_timeout)
+        self.evictor = Evictor(self.core, self.tables, self.writer, self.metrics, timeout=write_timeout)
         self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
         self.watcher = Watcher(self.cache, None, api, feeds=self.tables.feeds(self.core, self.custom))
         self.passes = 0
@@ -129,10 +137,15 @@ class Controller:
                 return  # lost the Lease mid-pass: another replica may be admitting already
             try:
                 await self.reconcile(group)
-            except ApiException as exc:
+            except (ApiException, HTTPError) as exc:
+                # HTTPError: no answer in time, or no connection; the next groups are still reconciled.
                 log.warning(
                     "could not reconcile a group; retrying",
-                    extra={"group": group.spec.key, "status": exc.status, "error": str(exc.reason)},
+                    extra={
+                        "group": group.spec.key,
+                        "status": getattr(exc, "status", None),
+                        "error": str(getattr(exc, "reason", None) or exc),
+                    },
                 )
         self.metrics.count_phases(
             (pg.get("status") or {}).get("phase", "Pending") for pg in self.tables.pgs.values()

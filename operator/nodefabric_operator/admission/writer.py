@@ -28,8 +28,11 @@ class PlacementWriter:
         publisher: KubePublisher,
         decision_key: str,
         clock: Callable[[], float] = time.time,
+        *,
+        timeout: tuple[float, float],
     ) -> None:
         self.custom = custom
+        self.timeout = timeout
         self.tables = tables
         self.publisher = publisher
         self.decision_key = decision_key
@@ -57,6 +60,7 @@ class PlacementWriter:
             name,
             patch,
             _content_type="application/json-patch+json",
+            _request_timeout=self.timeout,
         )
         self.tables.apply_pg("MODIFIED", written)
         return True
@@ -91,11 +95,15 @@ class PlacementWriter:
         ).model_dump(by_alias=True, mode="json", exclude={"status"})
         create, get = self.custom.create_namespaced_custom_object, self.custom.get_namespaced_custom_object
         try:
-            pg = await asyncio.to_thread(create, model.GROUP, model.VERSION, ns, model.PLURAL, obj)
+            pg = await asyncio.to_thread(
+                create, model.GROUP, model.VERSION, ns, model.PLURAL, obj, _request_timeout=self.timeout
+            )
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            pg = await asyncio.to_thread(get, model.GROUP, model.VERSION, ns, model.PLURAL, name)
+            pg = await asyncio.to_thread(
+                get, model.GROUP, model.VERSION, ns, model.PLURAL, name, _request_timeout=self.timeout
+            )
         assert pg is not None
         self.tables.apply_pg("ADDED", pg)
         return dict(pg)
