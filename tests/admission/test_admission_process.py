@@ -504,3 +504,28 @@ async def test_a_write_the_api_never_answers_does_not_stop_admission():
                 assert proxy.stalled == 1
             finally:
                 proxy.unstall()  # a loop still waiting on the stalled write can stop
+
+
+async def test_a_group_named_after_another_groups_placement_group_never_takes_it_over():
+    """Group "X" had its PlacementGroup's name changed ("explicit-x-<hash>"); a group named "x-<hash>"
+    in the same namespace would get that very name. The PlacementGroup stays its first group's: the
+    other waits, gated, told why, and neither reads nor writes it."""
+    victim = f"{NS}/explicit/X"
+    name = model.object_name(victim)
+    squatter = name.removeprefix("explicit-")
+    size = {"placement.gpustack.ai/group-size": "2"}
+    async with jobs_world(*fleet()) as (k, w), placement(k):
+        await w.create(*[gpod(f"v-{i}", labels={GATE: "X"}, annotations=size) for i in range(2)])
+        await eventually(lambda: all(GATE not in w.gates(f"v-{i}") for i in range(2)), what="ungated")
+        for i in range(2):
+            await w.bind_and_ready(f"v-{i}")
+        await eventually(lambda: w.status(victim).get("phase") == "Bound", what="Bound")
+        admitted = w.status(victim)
+        await w.create(*[gpod(f"s-{i}", labels={GATE: squatter}, annotations=size) for i in range(2)])
+        told = ("Pod", "s-0", "InvalidPlacement")
+        await eventually(lambda: told in {e[:3] for e in w.events()}, what="the squatter told")
+        assert f"belongs to group {victim}" in next(e[3] for e in w.events() if e[:3] == told)
+        assert w.pg(victim)["spec"]["key"] == victim
+        assert w.status(victim)["members"] == admitted["members"]
+        assert w.status(victim)["attempts"] == 1
+        assert all(GATE in w.gates(f"s-{i}") for i in range(2))

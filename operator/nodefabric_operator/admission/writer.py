@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from nodefabric_operator.admission import model, podview
 from nodefabric_operator.admission.grouping import GroupView
 from nodefabric_operator.admission.model import PlacementGroupStatus
-from nodefabric_operator.admission.state import Tables, pg_key
+from nodefabric_operator.admission.state import Tables, owns, pg_key
 from nodefabric_operator.extender.events import KubePublisher
 
 MAX_DECISION = 4096  # the decision as copied onto a pod's annotation
@@ -48,6 +48,8 @@ class PlacementWriter:
             return False
         if pg is None:
             pg = await self._create(group)
+            if not owns(pg, group.spec.key):
+                return False  # created by another group whose key gives the same name: never written over
             if (pg.get("status") or {}) == body_status:
                 return False
         patch = [{"op": "add", "path": "/status", "value": body_status}]
