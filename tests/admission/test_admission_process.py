@@ -529,3 +529,22 @@ async def test_a_group_named_after_another_groups_placement_group_never_takes_it
         assert w.status(victim)["members"] == admitted["members"]
         assert w.status(victim)["attempts"] == 1
         assert all(GATE in w.gates(f"s-{i}") for i in range(2))
+
+
+async def test_a_gated_pod_in_no_group_it_can_admit_is_told_why():
+    """Our gate carried by the pod template on a pod that names no group, or one whose group name is not
+    a label value: nothing would ever remove it, so the pod (still gated: its labels may change) is
+    told why, once, beside a group admitted as usual."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        await w.create(gpod("lonely"), gpod("bad-name", annotations={GATE: "not a label value!"}))
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+        await eventually(
+            lambda: {"lonely", "bad-name"} <= {e[1] for e in w.events("InvalidPlacement")}, what="told"
+        )
+        told = {e[1]: e[3] for e in w.events("InvalidPlacement")}
+        assert "names no group" in told["lonely"]
+        assert "is not a label value" in told["bad-name"]
+        assert GATE in w.gates("lonely") and GATE in w.gates("bad-name")
+        decision = "placement.gpustack.ai/decision"
+        await eventually(lambda: w.pod("lonely")["metadata"]["annotations"].get(decision) == told["lonely"])

@@ -43,7 +43,7 @@ from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
 from nodefabric_operator.admission.owners import Size
 from nodefabric_operator.admission.release import Releaser
-from nodefabric_operator.admission.state import Tables, owns, pg_key
+from nodefabric_operator.admission.state import Tables, owns
 from nodefabric_operator.admission.transitions import now_dt, ts
 from nodefabric_operator.admission.writer import PlacementWriter
 from nodefabric_operator.extender.config import ExtenderConfig
@@ -128,6 +128,7 @@ class Controller:
         self.passes += 1
         self.tables.restore_holds()
         groups = self.grouping.groups()
+        self.writer.tell_ungrouped(self.grouping.ungrouped)
         keys = {g.spec.key for g in groups}
         for key in [k for k in self.evaluated if k not in keys]:
             del self.evaluated[key]
@@ -239,30 +240,8 @@ class Controller:
             return self.grouping.gone(group, status)
         if owns(pg, group.spec.key):
             return False
-        self._name_taken(group, pg)
+        self.writer.name_taken(group, pg)
         return True
-
-    def _name_taken(self, group: GroupView, pg: dict[str, Any]) -> None:
-        """The group's PlacementGroup name is another group's (a name changed to fit, "explicit-x-<hash>",
-        and a group named "x-<hash>" beside it): that one's state is never read nor written for this
-        group, which waits, gated; each gated pod is told once."""
-        ns, name = pg_key(group.spec)
-        other = (pg.get("spec") or {}).get("key")
-        text = (
-            f"group {group.spec.key} is not admitted: its PlacementGroup {ns}/{name} belongs to group "
-            f"{other!s:.300}; give the group another name"
-        )
-        untold = [
-            p
-            for p in group.members
-            if self.tables.gated(p) and self.writer.annotated.get(podview.uid(p)) != text
-        ]
-        if untold:
-            log.warning(
-                "a group's PlacementGroup name is taken", extra={"group": group.spec.key, "by": other}
-            )
-            self.writer.events(group, untold, "Warning", "InvalidPlacement", text)
-            self.writer.annotate(untold, text)
 
     async def _admit(
         self,
