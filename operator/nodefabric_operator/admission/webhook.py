@@ -19,6 +19,7 @@ group annotations are unusable is let through ungated, with a warning the client
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 # sent with its old object on updates and wrapped in the review.
 MAX_BODY = 7 * 1024 * 1024
 REVIEW_VERSION = "admission.k8s.io/v1"
+# The API server gives a webhook call at most 30 s (`timeoutSeconds`): a body still coming after that is
+# no API server's. Without a bound, each client that stops mid-body holds up to MAX_BODY and a handler.
+BODY_TIMEOUT_S = 30.0
 DEFAULT_SCHEDULERS = ("default-scheduler",)
 
 
@@ -51,6 +55,7 @@ class WebhookConfig:
     # The schedulers whose pods the placement process admits: only their pods are gated.
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULERS
     max_body: int = MAX_BODY
+    body_timeout: float = BODY_TIMEOUT_S
 
     @property
     def prefix(self) -> str:
@@ -225,7 +230,7 @@ CONFIG: web.AppKey[WebhookConfig] = web.AppKey("webhook_config", WebhookConfig)
 def _refuse(status: int, message: str) -> web.Response:
     log.warning("refused an admission request", extra={"status": status, "error": message})
     resp = web.json_response({"error": message}, status=status)
-    if status == 413:
+    if status in (408, 413):
         resp.force_close()  # the rest of the body is not read: the connection cannot be reused
     return resp
 
@@ -238,9 +243,11 @@ def _handler(namespace_opted_in: bool) -> Any:
         if (request.content_length or 0) > config.max_body:
             return _refuse(413, f"request body larger than {config.max_body} bytes")
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), config.body_timeout)
         except web.HTTPRequestEntityTooLarge:
             return _refuse(413, f"request body larger than {config.max_body} bytes")
+        except TimeoutError:
+            return _refuse(408, f"request body not received within {config.body_timeout:g} s")
         try:
             review = parse_review(json.loads(raw))
         except ReviewError as exc:
