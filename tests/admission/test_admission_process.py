@@ -548,3 +548,41 @@ async def test_a_gated_pod_in_no_group_it_can_admit_is_told_why():
         assert GATE in w.gates("lonely") and GATE in w.gates("bad-name")
         decision = "placement.gpustack.ai/decision"
         await eventually(lambda: w.pod("lonely")["metadata"]["annotations"].get(decision) == told["lonely"])
+
+
+async def test_a_placement_group_another_group_created_first_is_never_written_over():
+    """Another replica created the PlacementGroup for the other group; this process has not seen it yet:
+    its create meets the object, which is not written over, and the write fails so that nothing (an
+    admission's release) goes on as if it had been."""
+    from kubernetes.client.exceptions import ApiException
+
+    from nodefabric_devicemanager.kubeclient import load_client
+    from nodefabric_operator.admission.controller import Controller
+    from nodefabric_operator.admission.grouping import GroupView
+    from nodefabric_operator.admission.model import PlacementGroupStatus
+    from nodefabric_operator.extender.config import ExtenderConfig
+    from nodefabric_operator.extender.groups import GroupSpec
+
+    first = f"{NS}/explicit/X"
+    name = model.object_name(first)
+    second = name.removeprefix("explicit-")
+    async with jobs_world() as (k, w):
+        body = {
+            "apiVersion": model.API_VERSION,
+            "kind": model.KIND,
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"key": first, "family": "explicit", "name": "X"},
+        }
+        await asyncio.to_thread(
+            w.custom.create_namespaced_custom_object, model.GROUP, model.VERSION, NS, model.PLURAL, body
+        )
+        ctl = Controller(ExtenderConfig(), load_client(k.kubeconfig))  # not started: it has seen nothing
+        spec = GroupSpec(f"{NS}/explicit/{second}", "explicit", second, 1, "prefer", "spread", None)
+        try:
+            await ctl.writer.write(GroupView(spec, "default-scheduler", []), None, PlacementGroupStatus())
+        except ApiException as exc:
+            assert exc.status == 409
+        else:
+            raise AssertionError("written as if the PlacementGroup were its own")
+        assert w.pg(first)["spec"]["key"] == first
+        assert "status" not in w.pg(first) or not w.pg(first)["status"].get("members")

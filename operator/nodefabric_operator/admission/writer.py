@@ -52,7 +52,11 @@ class PlacementWriter:
         if pg is None:
             pg = await self._create(group)
             if not owns(pg, group.spec.key):
-                return False  # created by another group whose key gives the same name: never written over
+                # Created by another group whose key gives the same name: never written over, and the
+                # caller must not go on as if this status were written (an admission releases its pods
+                # after it). The next pass finds it taken and says so.
+                other = (pg.get("spec") or {}).get("key")
+                raise ApiException(status=409, reason=f"PlacementGroup {ns}/{name} belongs to group {other}")
             if (pg.get("status") or {}) == body_status:
                 return False
         patch = [{"op": "add", "path": "/status", "value": body_status}]
