@@ -586,3 +586,36 @@ async def test_a_placement_group_another_group_created_first_is_never_written_ov
             raise AssertionError("written as if the PlacementGroup were its own")
         assert w.pg(first)["spec"]["key"] == first
         assert "status" not in w.pg(first) or not w.pg(first)["status"].get("members")
+
+
+async def test_a_member_ungated_by_hand_and_bound_elsewhere_never_makes_its_group_bound():
+    """The process stops after the assignment is written, before the release; the pod's author removes
+    our gate from one member and it is bound on a node of another zone. The group is not whole where it
+    was placed: it is never Bound, and times out, rather than being recorded as bound in its location."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
+        async with placement(k) as ctl:
+
+            async def crash_before_release(group, status):
+                raise RuntimeError("killed")
+
+            ctl.releaser.release = crash_before_release  # type: ignore[method-assign]
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+        planned = {m["pod"]: m["node"] for m in w.status(KEY)["members"]}
+        elsewhere = next(
+            n["metadata"]["name"] for n in fleet() if n["metadata"]["name"][:4] != planned["train-1"][:4]
+        )
+        gates = w.gates("train-1")
+        patch = [{"op": "remove", "path": f"/spec/schedulingGates/{gates.index(GATE)}"}]
+        await asyncio.to_thread(w.core.patch_namespaced_pod, "train-1", NS, patch)
+        await w.bind_and_ready("train-1", elsewhere)
+        cfg = ExtenderConfig(groupReadyTimeoutSeconds=3)
+        async with placement(k, cfg):
+            await eventually(lambda: GATE not in w.gates("train-0"), what="the other released")
+            await w.bind_and_ready("train-0")
+            await eventually(
+                lambda: w.status(KEY).get("phase") in ("Bound", "TimedOut"), what="Bound or TimedOut"
+            )
+            assert w.status(KEY)["phase"] == "TimedOut"

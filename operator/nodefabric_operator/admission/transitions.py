@@ -107,11 +107,14 @@ def admitted(
 
 
 def with_flags(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any]]) -> PlacementGroupStatus:
-    """Each member's bound and ready as its pod (uid -> pod) now says."""
+    """Each member's bound and ready as its pod (uid -> pod) now says. Bound means bound on its assigned
+    node: a member bound elsewhere (its gate removed by hand before its pin) leaves the group split, not
+    whole where it was placed, so it never counts and the group times out."""
     new = status.model_copy(deep=True)
     for m in new.members:
         pod = pods.get(m.uid)
-        m.bound = bool(pod and pod["spec"].get("nodeName"))
+        node = pod["spec"].get("nodeName") if pod else None
+        m.bound = bool(node) and (not m.node or node == m.node)
         m.ready = bool(pod and podview.ready(pod))
     return new
 
