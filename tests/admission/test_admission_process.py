@@ -619,3 +619,24 @@ async def test_a_member_ungated_by_hand_and_bound_elsewhere_never_makes_its_grou
                 lambda: w.status(KEY).get("phase") in ("Bound", "TimedOut"), what="Bound or TimedOut"
             )
             assert w.status(KEY)["phase"] == "TimedOut"
+
+
+async def test_a_member_that_ran_to_completion_before_the_rest_were_ready_counts_as_ready():
+    """A short task: one pod of the group is done (Succeeded, so no longer Ready) before its sibling is
+    Ready. It was bound where it was placed and ran: the group is Bound, not timed out with its running
+    pod evicted."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=3)
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k, cfg):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-0")
+        done = {"status": {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False"}]}}
+        await asyncio.to_thread(w.core.patch_namespaced_pod_status, "train-0", NS, done)
+        await w.bind_and_ready("train-1")
+        await eventually(
+            lambda: w.status(KEY).get("phase") in ("Bound", "TimedOut"), what="Bound or TimedOut"
+        )
+        assert w.status(KEY)["phase"] == "Bound"
+        assert "train-1" in w.pods()

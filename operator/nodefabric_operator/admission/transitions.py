@@ -115,7 +115,9 @@ def with_flags(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any
         pod = pods.get(m.uid)
         node = pod["spec"].get("nodeName") if pod else None
         m.bound = bool(node) and (not m.node or node == m.node)
-        m.ready = bool(pod and podview.ready(pod))
+        # A member that ran to completion (a short task done before its siblings were Ready) is no
+        # longer Ready but was whole where placed: timing the group out would evict the running rest.
+        m.ready = bool(pod and (podview.ready(pod) or (pod.get("status") or {}).get("phase") == "Succeeded"))
     return new
 
 
