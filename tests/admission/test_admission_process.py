@@ -640,3 +640,17 @@ async def test_a_member_that_ran_to_completion_before_the_rest_were_ready_counts
         )
         assert w.status(KEY)["phase"] == "Bound"
         assert "train-1" in w.pods()
+
+
+async def test_a_member_deleted_before_it_was_ready_times_its_group_out_at_once():
+    """A pod deleted mid-admission (by hand, or its owner replacing it): the group can no longer be whole,
+    so it is timed out then, not after groupReadyTimeoutSeconds (600 s here) during which its other pods
+    hold their nodes and its replacement waits."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-0")
+        await w.delete("train-1")
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        assert "lost 1 member(s) before they were Ready (train-1)" in w.status(KEY)["decision"]
+        await eventually(lambda: not w.pods(), what="the rest evicted")

@@ -306,18 +306,26 @@ class Controller:
             await self.writer.write(group, pg, transitions.bound(new, now))
             return
         admitted = ts(new.admitted_time) or now
-        if now - admitted <= self.config.group_ready_timeout_seconds:
+        # A member deleted before it was ready (by hand, or replaced by its owner): waiting out the
+        # timeout would only keep the others' nodes held and its replacement gated.
+        gone = transitions.gone_unready(status, pods)
+        if not gone and now - admitted <= self.config.group_ready_timeout_seconds:
             await self.writer.write(group, pg, new)
             return
-        await self._time_out(group, pg, new, now)
+        await self._time_out(group, pg, new, now, gone)
 
     async def _time_out(
-        self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus, now: float
+        self,
+        group: GroupView,
+        pg: dict[str, Any] | None,
+        status: PlacementGroupStatus,
+        now: float,
+        gone: list[str] | None = None,
     ) -> None:
         backoff = backoff_s(status.attempts, self.backoff_base)
         timeout = self.config.group_ready_timeout_seconds
         new = transitions.timed_out(
-            status, group.spec.key, timeout, backoff, now, present=set(self.tables.pods)
+            status, group.spec.key, timeout, backoff, now, present=set(self.tables.pods), gone=gone
         )
         # The reason is recorded before anything is evicted.
         await self.writer.write(group, pg, new)

@@ -121,6 +121,12 @@ def with_flags(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any
     return new
 
 
+def gone_unready(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The members whose pod is gone (deleted) without ever having been recorded ready: the group can no
+    longer be whole. One recorded ready may have run to completion before its pod went."""
+    return [m.pod for m in status.members if m.uid not in pods and not m.ready]
+
+
 def everyone_ready(status: PlacementGroupStatus) -> bool:
     return bool(status.members) and all(m.bound and m.ready for m in status.members)
 
@@ -135,16 +141,29 @@ def bound(status: PlacementGroupStatus, now: float) -> PlacementGroupStatus:
 
 
 def timed_out(
-    status: PlacementGroupStatus, key: str, timeout: float, backoff: float, now: float, *, present: set[str]
+    status: PlacementGroupStatus,
+    key: str,
+    timeout: float,
+    backoff: float,
+    now: float,
+    *,
+    present: set[str],
+    gone: list[str] | None = None,
 ) -> PlacementGroupStatus:
     """The reason recorded before anything is evicted, the next attempt `backoff` seconds away, and as
-    members the pods still to evict (those in `present`, uids)."""
+    members the pods still to evict (those in `present`, uids). `gone`: members deleted before they were
+    ready, for which the group is timed out early."""
     missing = [m.pod for m in status.members if not (m.bound and m.ready)]
     reason = (
         f"group {key} was not bound and Ready within {timeout:g}s of its admission "
         f"({len(missing)} of {len(status.members)} not: {', '.join(missing[:8])}); its pods are evicted "
         "and the group is admitted afresh"
     )
+    if gone:
+        reason = (
+            f"group {key} lost {len(gone)} member(s) before they were Ready ({', '.join(gone[:8])}) and "
+            "can no longer be whole; its pods are evicted and the group is admitted afresh"
+        )
     at = now_dt(now)
     new = status.model_copy(deep=True)
     new.phase = "TimedOut"
