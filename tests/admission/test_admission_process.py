@@ -654,3 +654,23 @@ async def test_a_member_deleted_before_it_was_ready_times_its_group_out_at_once(
         await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
         assert "lost 1 member(s) before they were Ready (train-1)" in w.status(KEY)["decision"]
         await eventually(lambda: not w.pods(), what="the rest evicted")
+
+
+async def test_a_member_that_failed_before_it_was_ready_times_its_group_out_at_once():
+    """Its container failed at start (restartPolicy Never): the pod is terminal and the owner makes
+    another; the group can no longer be whole and is timed out then."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-1")
+        binding = {
+            "target": {"kind": "Node", "name": w.pinned("train-0")[0]},
+            "metadata": {"name": "train-0"},
+        }
+        await asyncio.to_thread(
+            w.core.create_namespaced_pod_binding, "train-0", NS, binding, _preload_content=False
+        )
+        failed = {"status": {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}]}}
+        await asyncio.to_thread(w.core.patch_namespaced_pod_status, "train-0", NS, failed)
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        assert "lost 1 member(s) before they were Ready (train-0)" in w.status(KEY)["decision"]

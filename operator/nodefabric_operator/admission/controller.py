@@ -306,8 +306,8 @@ class Controller:
             await self.writer.write(group, pg, transitions.bound(new, now))
             return
         admitted = ts(new.admitted_time) or now
-        # A member deleted before it was ready (by hand, or replaced by its owner): waiting out the
-        # timeout would only keep the others' nodes held and its replacement gated.
+        # A member deleted or failed before it was ready (by hand, or replaced by its owner): waiting out
+        # the timeout would only keep the others' nodes held and its replacement gated.
         gone = transitions.gone_unready(status, pods)
         if not gone and now - admitted <= self.config.group_ready_timeout_seconds:
             await self.writer.write(group, pg, new)

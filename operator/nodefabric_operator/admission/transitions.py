@@ -122,9 +122,14 @@ def with_flags(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any
 
 
 def gone_unready(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The members whose pod is gone (deleted) without ever having been recorded ready: the group can no
-    longer be whole. One recorded ready may have run to completion before its pod went."""
-    return [m.pod for m in status.members if m.uid not in pods and not m.ready]
+    """The members whose pod is gone (deleted) or failed without ever having been recorded ready: the
+    group can no longer be whole. One recorded ready may have run to completion before its pod went."""
+
+    def lost(uid: str) -> bool:
+        pod = pods.get(uid)
+        return pod is None or (pod.get("status") or {}).get("phase") == "Failed"
+
+    return [m.pod for m in status.members if not m.ready and lost(m.uid)]
 
 
 def everyone_ready(status: PlacementGroupStatus) -> bool:
