@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import kmock
+from aiohttp import web
 from kubernetes import client
+from world_fixtures import free_port
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model
 from nodefabric_operator.admission.controller import Controller
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.demo.kubeapi.running import write_kubeconfig
 from nodefabric_operator.extender.config import ExtenderConfig
 
 GATE = "placement.gpustack.ai/group"
@@ -233,10 +238,13 @@ async def jobs_world(*objects: dict[str, Any]) -> AsyncIterator[tuple[RunningAPI
 
 @contextlib.asynccontextmanager
 async def placement(
-    k: RunningAPI, config: ExtenderConfig | None = None, **kw: Any
+    k: RunningAPI, config: ExtenderConfig | None = None, *, via: str = "", **kw: Any
 ) -> AsyncIterator[Controller]:
-    """The controller as `nodefabric placement` runs it (its own client, watches, loop), leading."""
-    ctl = Controller(config or ExtenderConfig(), load_client(k.kubeconfig), **kw)
+    """The controller as `nodefabric placement` runs it (its own client, watches, loop), leading; `via`:
+    the URL it reaches the API at instead (a proxy in between)."""
+    with tempfile.TemporaryDirectory(prefix="nodefabric-placement-") as d:
+        api = load_client(write_kubeconfig(via, d) if via else k.kubeconfig)
+    ctl = Controller(config or ExtenderConfig(), api, **kw)
     stop = asyncio.Event()
     task = asyncio.create_task(ctl.run(stop))
     try:
@@ -245,3 +253,74 @@ async def placement(
     finally:
         stop.set()
         await task
+
+
+class StallingProxy:
+    """Real HTTP between the placement process and the API that passes everything through (watches
+    streamed as they come) but the requests `stall` picks: those get no answer, as from an API server
+    behind a network that drops its replies, until `unstall`."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.stall: Callable[[web.Request], bool] = lambda request: False
+        self.stalled = 0
+        self._unstall = asyncio.Event()
+        self.sessions: set[aiohttp.ClientSession] = set()
+        self.url = ""
+
+    def unstall(self) -> None:
+        self._unstall.set()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.stall(request):
+            self.stalled += 1
+            await self._unstall.wait()
+            return web.Response(status=504)
+        skip = ("host", "content-length", "content-type")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
+        body = aiohttp.BytesPayload(
+            await request.read(), content_type=request.headers.get("Content-Type", "")
+        )
+        http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        self.sessions.add(http)
+        out = web.StreamResponse()
+        try:
+            async with http.request(
+                request.method, self.upstream + request.path_qs, headers=headers, data=body
+            ) as up:
+                out.set_status(up.status)
+                out.content_type = up.content_type
+                await out.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+        except (aiohttp.ClientError, ConnectionError):
+            pass  # either side went: a watch cut when the test ends
+        finally:
+            self.sessions.discard(http)
+            await http.close()
+        return out
+
+    async def close(self) -> None:
+        """Every request still open upstream (watches) is cut, so the API can stop."""
+        self.unstall()
+        for http in list(self.sessions):
+            await http.close()
+
+
+@contextlib.asynccontextmanager
+async def stalling_proxy(k: RunningAPI) -> AsyncIterator[StallingProxy]:
+    proxy = StallingProxy(k.url.rstrip("/"))
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    # Watches streamed through it are cut at once when it goes, not waited for.
+    site_runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await site_runner.setup()
+    port = free_port()
+    await web.TCPSite(site_runner, "127.0.0.1", port).start()
+    proxy.url = f"http://127.0.0.1:{port}"
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+        await site_runner.cleanup()

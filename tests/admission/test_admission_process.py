@@ -6,7 +6,20 @@ from __future__ import annotations
 
 import asyncio
 
-from admission_world import GATE, NS, World, eventually, fleet, gpod, job, job_pods, jobs_world, placement
+from admission_world import (
+    GATE,
+    NS,
+    World,
+    eventually,
+    fleet,
+    gpod,
+    job,
+    job_pods,
+    jobs_world,
+    placement,
+    stalling_proxy,
+)
+from aiohttp import web
 
 from nodefabric_operator.admission import model
 from nodefabric_operator.demo.kubeapi import running_api
@@ -461,3 +474,203 @@ async def test_a_lease_lost_while_the_owner_is_read_admits_nothing():
             leading[0] = True
             ctl.wake.set()
             await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+
+
+async def test_a_write_the_api_never_answers_does_not_stop_admission():
+    """A pin whose reply never comes (the API server behind a network that drops it) is given up after
+    the write timeout and tried again; the loop never waits on it for ever while the replica, renewing
+    its Lease on its own, keeps every other replica from admitting."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), stalling_proxy(k) as proxy:
+        first = True
+
+        def stall_the_first_pin(request: web.Request) -> bool:
+            nonlocal first
+            hit = (
+                first
+                and request.method == "PATCH"
+                and request.path.startswith(f"/api/v1/namespaces/{NS}/pods/")
+                and request.content_type == "application/json-patch+json"  # not the decision's copy
+            )
+            first = first and not hit
+            return hit
+
+        proxy.stall = stall_the_first_pin
+        async with placement(k, via=proxy.url, write_timeout=(2.0, 2.0)):
+            try:
+                await w.create(*w.job_pods("train", 2))
+                await eventually(
+                    lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated"
+                )
+                assert proxy.stalled == 1
+            finally:
+                proxy.unstall()  # a loop still waiting on the stalled write can stop
+
+
+async def test_a_group_named_after_another_groups_placement_group_never_takes_it_over():
+    """Group "X" had its PlacementGroup's name changed ("explicit-x-<hash>"); a group named "x-<hash>"
+    in the same namespace would get that very name. The PlacementGroup stays its first group's: the
+    other waits, gated, told why, and neither reads nor writes it."""
+    victim = f"{NS}/explicit/X"
+    name = model.object_name(victim)
+    squatter = name.removeprefix("explicit-")
+    size = {"placement.gpustack.ai/group-size": "2"}
+    async with jobs_world(*fleet()) as (k, w), placement(k):
+        await w.create(*[gpod(f"v-{i}", labels={GATE: "X"}, annotations=size) for i in range(2)])
+        await eventually(lambda: all(GATE not in w.gates(f"v-{i}") for i in range(2)), what="ungated")
+        for i in range(2):
+            await w.bind_and_ready(f"v-{i}")
+        await eventually(lambda: w.status(victim).get("phase") == "Bound", what="Bound")
+        admitted = w.status(victim)
+        await w.create(*[gpod(f"s-{i}", labels={GATE: squatter}, annotations=size) for i in range(2)])
+        told = ("Pod", "s-0", "InvalidPlacement")
+        await eventually(lambda: told in {e[:3] for e in w.events()}, what="the squatter told")
+        assert f"belongs to group {victim}" in next(e[3] for e in w.events() if e[:3] == told)
+        assert w.pg(victim)["spec"]["key"] == victim
+        assert w.status(victim)["members"] == admitted["members"]
+        assert w.status(victim)["attempts"] == 1
+        assert all(GATE in w.gates(f"s-{i}") for i in range(2))
+
+
+async def test_a_gated_pod_in_no_group_it_can_admit_is_told_why():
+    """Our gate carried by the pod template on a pod that names no group, or one whose group name is not
+    a label value: nothing would ever remove it, so the pod (still gated: its labels may change) is
+    told why, once, beside a group admitted as usual."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        await w.create(gpod("lonely"), gpod("bad-name", annotations={GATE: "not a label value!"}))
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+        await eventually(
+            lambda: {"lonely", "bad-name"} <= {e[1] for e in w.events("InvalidPlacement")}, what="told"
+        )
+        told = {e[1]: e[3] for e in w.events("InvalidPlacement")}
+        assert "names no group" in told["lonely"]
+        assert "is not a label value" in told["bad-name"]
+        assert GATE in w.gates("lonely") and GATE in w.gates("bad-name")
+        decision = "placement.gpustack.ai/decision"
+        await eventually(lambda: w.pod("lonely")["metadata"]["annotations"].get(decision) == told["lonely"])
+
+
+async def test_a_placement_group_another_group_created_first_is_never_written_over():
+    """Another replica created the PlacementGroup for the other group; this process has not seen it yet:
+    its create meets the object, which is not written over, and the write fails so that nothing (an
+    admission's release) goes on as if it had been."""
+    from kubernetes.client.exceptions import ApiException
+
+    from nodefabric_devicemanager.kubeclient import load_client
+    from nodefabric_operator.admission.controller import Controller
+    from nodefabric_operator.admission.grouping import GroupView
+    from nodefabric_operator.admission.model import PlacementGroupStatus
+    from nodefabric_operator.extender.config import ExtenderConfig
+    from nodefabric_operator.extender.groups import GroupSpec
+
+    first = f"{NS}/explicit/X"
+    name = model.object_name(first)
+    second = name.removeprefix("explicit-")
+    async with jobs_world() as (k, w):
+        body = {
+            "apiVersion": model.API_VERSION,
+            "kind": model.KIND,
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"key": first, "family": "explicit", "name": "X"},
+        }
+        await asyncio.to_thread(
+            w.custom.create_namespaced_custom_object, model.GROUP, model.VERSION, NS, model.PLURAL, body
+        )
+        ctl = Controller(ExtenderConfig(), load_client(k.kubeconfig))  # not started: it has seen nothing
+        spec = GroupSpec(f"{NS}/explicit/{second}", "explicit", second, 1, "prefer", "spread", None)
+        try:
+            await ctl.writer.write(GroupView(spec, "default-scheduler", []), None, PlacementGroupStatus())
+        except ApiException as exc:
+            assert exc.status == 409
+        else:
+            raise AssertionError("written as if the PlacementGroup were its own")
+        assert w.pg(first)["spec"]["key"] == first
+        assert "status" not in w.pg(first) or not w.pg(first)["status"].get("members")
+
+
+async def test_a_member_ungated_by_hand_and_bound_elsewhere_never_makes_its_group_bound():
+    """The process stops after the assignment is written, before the release; the pod's author removes
+    our gate from one member and it is bound on a node of another zone. The group is not whole where it
+    was placed: it is never Bound, and times out, rather than being recorded as bound in its location."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w):
+        async with placement(k) as ctl:
+
+            async def crash_before_release(group, status):
+                raise RuntimeError("killed")
+
+            ctl.releaser.release = crash_before_release  # type: ignore[method-assign]
+            await w.create(*w.job_pods("train", 2))
+            await eventually(lambda: w.status(KEY).get("phase") == "Admitted", what="Admitted")
+        planned = {m["pod"]: m["node"] for m in w.status(KEY)["members"]}
+        elsewhere = next(
+            n["metadata"]["name"] for n in fleet() if n["metadata"]["name"][:4] != planned["train-1"][:4]
+        )
+        gates = w.gates("train-1")
+        patch = [{"op": "remove", "path": f"/spec/schedulingGates/{gates.index(GATE)}"}]
+        await asyncio.to_thread(w.core.patch_namespaced_pod, "train-1", NS, patch)
+        await w.bind_and_ready("train-1", elsewhere)
+        cfg = ExtenderConfig(groupReadyTimeoutSeconds=3)
+        async with placement(k, cfg):
+            await eventually(lambda: GATE not in w.gates("train-0"), what="the other released")
+            await w.bind_and_ready("train-0")
+            await eventually(
+                lambda: w.status(KEY).get("phase") in ("Bound", "TimedOut"), what="Bound or TimedOut"
+            )
+            assert w.status(KEY)["phase"] == "TimedOut"
+
+
+async def test_a_member_that_ran_to_completion_before_the_rest_were_ready_counts_as_ready():
+    """A short task: one pod of the group is done (Succeeded, so no longer Ready) before its sibling is
+    Ready. It was bound where it was placed and ran: the group is Bound, not timed out with its running
+    pod evicted."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=3)
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k, cfg):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-0")
+        done = {"status": {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False"}]}}
+        await asyncio.to_thread(w.core.patch_namespaced_pod_status, "train-0", NS, done)
+        await w.bind_and_ready("train-1")
+        await eventually(
+            lambda: w.status(KEY).get("phase") in ("Bound", "TimedOut"), what="Bound or TimedOut"
+        )
+        assert w.status(KEY)["phase"] == "Bound"
+        assert "train-1" in w.pods()
+
+
+async def test_a_member_deleted_before_it_was_ready_times_its_group_out_at_once():
+    """A pod deleted mid-admission (by hand, or its owner replacing it): the group can no longer be whole,
+    so it is timed out then, not after groupReadyTimeoutSeconds (600 s here) during which its other pods
+    hold their nodes and its replacement waits."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-0")
+        await w.delete("train-1")
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        assert "lost 1 member(s) before they were Ready (train-1)" in w.status(KEY)["decision"]
+        await eventually(lambda: not w.pods(), what="the rest evicted")
+
+
+async def test_a_member_that_failed_before_it_was_ready_times_its_group_out_at_once():
+    """Its container failed at start (restartPolicy Never): the pod is terminal and the owner makes
+    another; the group can no longer be whole and is timed out then."""
+    async with jobs_world(*fleet(), job("train", 2)) as (k, w), placement(k):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        await w.bind_and_ready("train-1")
+        binding = {
+            "target": {"kind": "Node", "name": w.pinned("train-0")[0]},
+            "metadata": {"name": "train-0"},
+        }
+        await asyncio.to_thread(
+            w.core.create_namespaced_pod_binding, "train-0", NS, binding, _preload_content=False
+        )
+        failed = {"status": {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}]}}
+        await asyncio.to_thread(w.core.patch_namespaced_pod_status, "train-0", NS, failed)
+        await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
+        assert "lost 1 member(s) before they were Ready (train-0)" in w.status(KEY)["decision"]

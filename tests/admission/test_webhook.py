@@ -3,6 +3,7 @@ HTTPS with real certificates, including a certificate rotated under it."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -392,3 +393,45 @@ async def test_the_placement_configuration_alone_builds_the_app(certs: dict[str,
     assert json.loads(base64.b64decode(out["response"]["patch"]))[0]["value"] == [
         {"name": "placement.example.org/group"}
     ]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"schedulingGroup": {"podGroupName": "g" * 100}},  # a DNS subdomain, too long for a label value
+        {"workloadRef": {"name": "wl"}},  # names its Workload but no pod group
+    ],
+    ids=["long-pod-group", "no-pod-group"],
+)
+async def test_a_workload_group_the_placement_process_cannot_read_is_not_gated(
+    certs: dict[str, Path], spec: dict[str, Any]
+) -> None:
+    """The placement process groups pods by group_of; a gate on a pod it finds in no group would never be
+    removed: such a pod is let through ungated, with the reason."""
+    async with serving_webhook(CONFIG, certs["cert"], certs["key"]) as base:
+        status, out = await post(base + "/mutate-pods", certs["ca"], json.dumps(review(pod(**spec))).encode())
+    assert status == 200
+    assert "patch" not in out["response"], out
+    assert out["response"]["warnings"][0].endswith("the pod is not gated; it is scheduled on its own")
+
+
+async def test_a_body_that_never_arrives_is_answered_408_not_waited_for(certs: dict[str, Path]) -> None:
+    """A client that sends the headers and part of the body, then nothing: the body is waited for only
+    so long, and the connection closed (else each such client holds up to 7 MiB and a handler for ever)."""
+    config = WebhookConfig(body_timeout=0.5)
+    async with serving_webhook(config, certs["cert"], certs["key"]) as base:
+        host, port = base.removeprefix("https://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=client_ssl(certs["ca"]))
+        head = (
+            "POST /mutate-pods HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n{"
+        )
+        writer.write(head.encode())
+        await writer.drain()
+        try:
+            # Bounded only so that a server waiting for ever fails the test rather than hanging it.
+            answer = await asyncio.wait_for(reader.read(), 30)
+        finally:
+            writer.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request body not received within 0.5 s" in answer

@@ -31,6 +31,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.backoff import Backoff
@@ -42,7 +43,7 @@ from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
 from nodefabric_operator.admission.owners import Size
 from nodefabric_operator.admission.release import Releaser
-from nodefabric_operator.admission.state import Tables
+from nodefabric_operator.admission.state import Tables, owns
 from nodefabric_operator.admission.transitions import now_dt, ts
 from nodefabric_operator.admission.writer import PlacementWriter
 from nodefabric_operator.extender.config import ExtenderConfig
@@ -56,6 +57,10 @@ COMPONENT = "nodefabric-placement"
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 TICK_S = 1.0  # timeouts and backoffs are looked at this often even when nothing changes
+# (connect, read) seconds for each write of the loop: a reply that never comes (an API server behind a
+# network that drops it) would otherwise hold the loop for ever, while the Lease, renewed on its own,
+# keeps every other replica from admitting.
+WRITE_TIMEOUT = (5.0, 30.0)
 
 
 class Controller:
@@ -68,6 +73,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         leading: Callable[[], bool] = lambda: True,
         backoff_base: float = BACKOFF_BASE_S,
+        write_timeout: tuple[float, float] = WRITE_TIMEOUT,
     ) -> None:
         self.config = config
         self.metrics = metrics or PlacementMetrics()
@@ -88,9 +94,11 @@ class Controller:
             clock=clock,  # the spam filter runs on the controller's clock
         )
         decision_key = vocabulary.placement_key(vocabulary.DECISION, config.domain)
-        self.writer = PlacementWriter(self.custom, self.tables, self.publisher, decision_key, clock)
-        self.releaser = Releaser(self.core, self.tables)
-        self.evictor = Evictor(self.core, self.tables, self.writer, self.metrics)
+        self.writer = PlacementWriter(
+            self.custom, self.tables, self.publisher, decision_key, clock, timeout=write_timeout
+        )
+        self.releaser = Releaser(self.core, self.tables, timeout=write_timeout)
+        self.evictor = Evictor(self.core, self.tables, self.writer, self.metrics, timeout=write_timeout)
         self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
         self.watcher = Watcher(self.cache, None, api, feeds=self.tables.feeds(self.core, self.custom))
         self.passes = 0
@@ -120,6 +128,7 @@ class Controller:
         self.passes += 1
         self.tables.restore_holds()
         groups = self.grouping.groups()
+        self.writer.tell_ungrouped(self.grouping.ungrouped)
         keys = {g.spec.key for g in groups}
         for key in [k for k in self.evaluated if k not in keys]:
             del self.evaluated[key]
@@ -129,10 +138,15 @@ class Controller:
                 return  # lost the Lease mid-pass: another replica may be admitting already
             try:
                 await self.reconcile(group)
-            except ApiException as exc:
+            except (ApiException, HTTPError) as exc:
+                # HTTPError: no answer in time, or no connection; the next groups are still reconciled.
                 log.warning(
                     "could not reconcile a group; retrying",
-                    extra={"group": group.spec.key, "status": exc.status, "error": str(exc.reason)},
+                    extra={
+                        "group": group.spec.key,
+                        "status": getattr(exc, "status", None),
+                        "error": str(getattr(exc, "reason", None) or exc),
+                    },
                 )
         self.metrics.count_phases(
             (pg.get("status") or {}).get("phase", "Pending") for pg in self.tables.pgs.values()
@@ -142,9 +156,9 @@ class Controller:
 
     async def reconcile(self, group: GroupView) -> None:
         pg, status = self.tables.pg(group.spec)
-        now = self.clock()
-        if pg is None and self.grouping.gone(group, status):
+        if self._left_alone(group, pg, status):
             return
+        now = self.clock()
         if status.phase == "Admitted":
             await self._follow(group, pg, status, now)
             return
@@ -220,6 +234,15 @@ class Controller:
             self.writer.events(group, gated, kind, reason, verdict.reason, pg_too=True)
             self.writer.annotate(gated, verdict.reason)
 
+    def _left_alone(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
+        """A group gone with its owner, or one whose PlacementGroup is another group's: nothing to do."""
+        if pg is None:
+            return self.grouping.gone(group, status)
+        if owns(pg, group.spec.key):
+            return False
+        self.writer.name_taken(group, pg)
+        return True
+
     async def _admit(
         self,
         *,
@@ -283,18 +306,26 @@ class Controller:
             await self.writer.write(group, pg, transitions.bound(new, now))
             return
         admitted = ts(new.admitted_time) or now
-        if now - admitted <= self.config.group_ready_timeout_seconds:
+        # A member deleted or failed before it was ready (by hand, or replaced by its owner): waiting out
+        # the timeout would only keep the others' nodes held and its replacement gated.
+        gone = transitions.gone_unready(status, pods)
+        if not gone and now - admitted <= self.config.group_ready_timeout_seconds:
             await self.writer.write(group, pg, new)
             return
-        await self._time_out(group, pg, new, now)
+        await self._time_out(group, pg, new, now, gone)
 
     async def _time_out(
-        self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus, now: float
+        self,
+        group: GroupView,
+        pg: dict[str, Any] | None,
+        status: PlacementGroupStatus,
+        now: float,
+        gone: list[str] | None = None,
     ) -> None:
         backoff = backoff_s(status.attempts, self.backoff_base)
         timeout = self.config.group_ready_timeout_seconds
         new = transitions.timed_out(
-            status, group.spec.key, timeout, backoff, now, present=set(self.tables.pods)
+            status, group.spec.key, timeout, backoff, now, present=set(self.tables.pods), gone=gone
         )
         # The reason is recorded before anything is evicted.
         await self.writer.write(group, pg, new)

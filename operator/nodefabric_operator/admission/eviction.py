@@ -31,8 +31,17 @@ def names_object(exc: ApiException, name: str) -> bool:
 
 
 class Evictor:
-    def __init__(self, core: Any, tables: Tables, writer: PlacementWriter, metrics: PlacementMetrics) -> None:
+    def __init__(
+        self,
+        core: Any,
+        tables: Tables,
+        writer: PlacementWriter,
+        metrics: PlacementMetrics,
+        *,
+        timeout: tuple[float, float],
+    ) -> None:
         self.core = core
+        self.timeout = timeout
         self.tables = tables
         self.writer = writer
         self.metrics = metrics
@@ -62,7 +71,9 @@ class Evictor:
             "deleteOptions": {"preconditions": {"uid": uid}},
         }
         try:
-            await asyncio.to_thread(self.core.create_namespaced_pod_eviction, name, ns, body)
+            await asyncio.to_thread(
+                self.core.create_namespaced_pod_eviction, name, ns, body, _request_timeout=self.timeout
+            )
             self.metrics.evictions.inc()
             return True
         except ApiException as exc:
@@ -78,7 +89,11 @@ class Evictor:
         log.warning("pods/eviction is not served; deleting instead", extra={"pod": f"{ns}/{name}"})
         try:
             await asyncio.to_thread(
-                self.core.delete_namespaced_pod, name, ns, body={"preconditions": {"uid": uid}}
+                self.core.delete_namespaced_pod,
+                name,
+                ns,
+                body={"preconditions": {"uid": uid}},
+                _request_timeout=self.timeout,
             )
             self.metrics.evictions.inc()
         except ApiException as exc:

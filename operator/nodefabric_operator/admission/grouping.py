@@ -70,6 +70,9 @@ class Grouping:
         self.owners = OwnerFetcher(api)
         self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
         self.group_cache: dict[str, tuple[dict[str, Any], tuple[GroupSpec | None, str, str]]] = {}
+        # Gated pods of no group groups() found (with why their group cannot be read, "" when they name
+        # none): nothing would ever remove their gate.
+        self.ungrouped: list[tuple[dict[str, Any], str]] = []
         tables.per_pod.append(self.group_cache)
 
     def groups(self) -> list[GroupView]:
@@ -77,13 +80,18 @@ class Grouping:
         gated_of = self.tables.gated
         by_key: dict[str, list[tuple[GroupSpec | None, dict[str, Any], str]]] = {}
         specs: dict[str, GroupSpec] = {}
+        self.ungrouped = []
         for uid, pod in self.tables.pods.items():
             spec, key, error = self._group_of(uid, pod)
             if error:
                 if key and gated_of(pod):
                     by_key.setdefault(key, []).append((None, pod, error))
+                elif gated_of(pod):
+                    self.ungrouped.append((pod, error))
                 continue
             if spec is None:
+                if gated_of(pod):
+                    self.ungrouped.append((pod, ""))
                 continue
             specs.setdefault(spec.key, spec)
             by_key.setdefault(spec.key, []).append((spec, pod, ""))

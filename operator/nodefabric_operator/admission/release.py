@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from nodefabric_operator.admission import pins, podview
 from nodefabric_operator.admission.grouping import GroupView
@@ -19,9 +20,10 @@ log = logging.getLogger(__name__)
 
 
 class Releaser:
-    def __init__(self, core: Any, tables: Tables) -> None:
+    def __init__(self, core: Any, tables: Tables, *, timeout: tuple[float, float]) -> None:
         self.core = core
         self.tables = tables
+        self.timeout = timeout
 
     async def release(self, group: GroupView, status: PlacementGroupStatus) -> bool:
         """Pin each assigned, still gated member to its node and remove our gate. True when all went."""
@@ -43,21 +45,23 @@ class Releaser:
                         patch,
                         _content_type="application/json-patch+json",
                         _preload_content=False,
+                        _request_timeout=self.timeout,
                     )
                     # What we wrote is what the next pass reads, though the watch has not shown it yet: a
                     # second pin of a pod ungated since would be refused.
                     self.tables.upsert_pod(json.loads(resp.data))
                     pod = self.tables.pods[m.uid]
-            except ApiException as exc:
+            except (ApiException, HTTPError) as exc:
                 ok = False
-                # 404: gone (the owner makes another); 422/409: changed under us, next pass reads it again.
+                # 404: gone (the owner makes another); 422/409: changed under us, next pass reads it again;
+                # HTTPError: no answer in time (the patch may have landed: the next pass reads the pod).
                 log.warning(
                     "could not release an admitted pod",
                     extra={
                         "pod": f"{ns}/{name}",
                         "node": m.node,
-                        "status": exc.status,
-                        "error": str(exc.reason),
+                        "status": getattr(exc, "status", None),
+                        "error": str(getattr(exc, "reason", None) or exc),
                     },
                 )
         return ok

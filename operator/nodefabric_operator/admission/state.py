@@ -38,6 +38,13 @@ def pg_key(spec: GroupSpec) -> tuple[str, str]:
     return spec.key.split("/", 1)[0], model.object_name(spec.key)
 
 
+def owns(pg: Mapping[str, Any], key: str) -> bool:
+    """Whether the PlacementGroup is group `key`'s: names are changed to fit, so two keys can meet on
+    one (a written key is never taken for another's)."""
+    written = (pg.get("spec") or {}).get("key")
+    return not written or written == key
+
+
 class Tables:
     def __init__(self, config: ExtenderConfig) -> None:
         self.gate = vocabulary.scheduling_gate(config.domain)

@@ -107,13 +107,29 @@ def admitted(
 
 
 def with_flags(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any]]) -> PlacementGroupStatus:
-    """Each member's bound and ready as its pod (uid -> pod) now says."""
+    """Each member's bound and ready as its pod (uid -> pod) now says. Bound means bound on its assigned
+    node: a member bound elsewhere (its gate removed by hand before its pin) leaves the group split, not
+    whole where it was placed, so it never counts and the group times out."""
     new = status.model_copy(deep=True)
     for m in new.members:
         pod = pods.get(m.uid)
-        m.bound = bool(pod and pod["spec"].get("nodeName"))
-        m.ready = bool(pod and podview.ready(pod))
+        node = pod["spec"].get("nodeName") if pod else None
+        m.bound = bool(node) and (not m.node or node == m.node)
+        # A member that ran to completion (a short task done before its siblings were Ready) is no
+        # longer Ready but was whole where placed: timing the group out would evict the running rest.
+        m.ready = bool(pod and (podview.ready(pod) or (pod.get("status") or {}).get("phase") == "Succeeded"))
     return new
+
+
+def gone_unready(status: PlacementGroupStatus, pods: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The members whose pod is gone (deleted) or failed without ever having been recorded ready: the
+    group can no longer be whole. One recorded ready may have run to completion before its pod went."""
+
+    def lost(uid: str) -> bool:
+        pod = pods.get(uid)
+        return pod is None or (pod.get("status") or {}).get("phase") == "Failed"
+
+    return [m.pod for m in status.members if not m.ready and lost(m.uid)]
 
 
 def everyone_ready(status: PlacementGroupStatus) -> bool:
@@ -130,16 +146,29 @@ def bound(status: PlacementGroupStatus, now: float) -> PlacementGroupStatus:
 
 
 def timed_out(
-    status: PlacementGroupStatus, key: str, timeout: float, backoff: float, now: float, *, present: set[str]
+    status: PlacementGroupStatus,
+    key: str,
+    timeout: float,
+    backoff: float,
+    now: float,
+    *,
+    present: set[str],
+    gone: list[str] | None = None,
 ) -> PlacementGroupStatus:
     """The reason recorded before anything is evicted, the next attempt `backoff` seconds away, and as
-    members the pods still to evict (those in `present`, uids)."""
+    members the pods still to evict (those in `present`, uids). `gone`: members deleted before they were
+    ready, for which the group is timed out early."""
     missing = [m.pod for m in status.members if not (m.bound and m.ready)]
     reason = (
         f"group {key} was not bound and Ready within {timeout:g}s of its admission "
         f"({len(missing)} of {len(status.members)} not: {', '.join(missing[:8])}); its pods are evicted "
         "and the group is admitted afresh"
     )
+    if gone:
+        reason = (
+            f"group {key} lost {len(gone)} member(s) before they were Ready ({', '.join(gone[:8])}) and "
+            "can no longer be whole; its pods are evicted and the group is admitted afresh"
+        )
     at = now_dt(now)
     new = status.model_copy(deep=True)
     new.phase = "TimedOut"

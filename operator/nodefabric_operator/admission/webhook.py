@@ -19,6 +19,7 @@ group annotations are unusable is let through ungated, with a warning the client
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 # sent with its old object on updates and wrapped in the review.
 MAX_BODY = 7 * 1024 * 1024
 REVIEW_VERSION = "admission.k8s.io/v1"
+# The API server gives a webhook call at most 30 s (`timeoutSeconds`): a body still coming after that is
+# no API server's. Without a bound, each client that stops mid-body holds up to MAX_BODY and a handler.
+BODY_TIMEOUT_S = 30.0
 DEFAULT_SCHEDULERS = ("default-scheduler",)
 
 
@@ -51,6 +55,7 @@ class WebhookConfig:
     # The schedulers whose pods the placement process admits: only their pods are gated.
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULERS
     max_body: int = MAX_BODY
+    body_timeout: float = BODY_TIMEOUT_S
 
     @property
     def prefix(self) -> str:
@@ -75,15 +80,20 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _workload_group(spec: Mapping[str, Any]) -> str:
-    """The Workload API's pod group name: `spec.schedulingGroup.podGroupName` (or the first alpha's
-    `spec.workloadRef`), or ""."""
+def _unreadable_workload(spec: Mapping[str, Any]) -> str:
+    """Why a pod that joins the Workload API (`spec.schedulingGroup`, or the first alpha's
+    `spec.workloadRef`) is in no group group_of reads, or "" when it names none. Only called once group_of
+    found no group: the placement process groups pods by group_of alone, so a gate on such a pod would
+    never be removed."""
     group = _mapping(spec.get("schedulingGroup")).get("podGroupName")
-    if isinstance(group, str) and group:
-        return group
     ref = _mapping(spec.get("workloadRef"))
-    name = ref.get("podGroup") or ref.get("name")
-    return name if isinstance(name, str) else ""
+    name = group if isinstance(group, str) and group else ref.get("podGroup")
+    if isinstance(name, str) and name:
+        shown = name if len(name) <= 63 else f"{name[:63]}..."
+        return f"pod group {shown!r} is not a label value (63 characters, [A-Za-z0-9_.-])"
+    if _mapping(spec.get("schedulingGroup")) or ref:
+        return "spec.schedulingGroup or spec.workloadRef names no pod group"
+    return ""
 
 
 def names_group(pod: Mapping[str, Any], config: WebhookConfig) -> bool:
@@ -113,7 +123,12 @@ def gate_patch(pod: Mapping[str, Any], config: WebhookConfig, *, namespace_opted
         group = group_of(pod, config.placement)
     except InvalidPlacement as exc:
         return Verdict((), "invalid placement", f"{exc}: the pod is not gated; it is scheduled on its own")
-    if group is None and not _workload_group(spec):
+    if group is None:
+        problem = _unreadable_workload(spec)
+        if problem:
+            return Verdict(
+                (), "invalid placement", f"{problem}: the pod is not gated; it is scheduled on its own"
+            )
         return Verdict((), "not in a group")
     gates = spec.get("schedulingGates")
     if isinstance(gates, list) and any(_mapping(g).get("name") == config.gate for g in gates):
@@ -215,7 +230,7 @@ CONFIG: web.AppKey[WebhookConfig] = web.AppKey("webhook_config", WebhookConfig)
 def _refuse(status: int, message: str) -> web.Response:
     log.warning("refused an admission request", extra={"status": status, "error": message})
     resp = web.json_response({"error": message}, status=status)
-    if status == 413:
+    if status in (408, 413):
         resp.force_close()  # the rest of the body is not read: the connection cannot be reused
     return resp
 
@@ -228,9 +243,11 @@ def _handler(namespace_opted_in: bool) -> Any:
         if (request.content_length or 0) > config.max_body:
             return _refuse(413, f"request body larger than {config.max_body} bytes")
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), config.body_timeout)
         except web.HTTPRequestEntityTooLarge:
             return _refuse(413, f"request body larger than {config.max_body} bytes")
+        except TimeoutError:
+            return _refuse(408, f"request body not received within {config.body_timeout:g} s")
         try:
             review = parse_review(json.loads(raw))
         except ReviewError as exc:

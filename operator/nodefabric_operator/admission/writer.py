@@ -5,6 +5,7 @@ missing, its status only when it changed), Events, and the decision copied onto 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,8 +15,10 @@ from kubernetes.client.exceptions import ApiException
 from nodefabric_operator.admission import model, podview
 from nodefabric_operator.admission.grouping import GroupView
 from nodefabric_operator.admission.model import PlacementGroupStatus
-from nodefabric_operator.admission.state import Tables, pg_key
+from nodefabric_operator.admission.state import Tables, owns, pg_key
 from nodefabric_operator.extender.events import KubePublisher
+
+log = logging.getLogger(__name__)
 
 MAX_DECISION = 4096  # the decision as copied onto a pod's annotation
 
@@ -28,8 +31,11 @@ class PlacementWriter:
         publisher: KubePublisher,
         decision_key: str,
         clock: Callable[[], float] = time.time,
+        *,
+        timeout: tuple[float, float],
     ) -> None:
         self.custom = custom
+        self.timeout = timeout
         self.tables = tables
         self.publisher = publisher
         self.decision_key = decision_key
@@ -45,6 +51,12 @@ class PlacementWriter:
             return False
         if pg is None:
             pg = await self._create(group)
+            if not owns(pg, group.spec.key):
+                # Created by another group whose key gives the same name: never written over, and the
+                # caller must not go on as if this status were written (an admission releases its pods
+                # after it). The next pass finds it taken and says so.
+                other = (pg.get("spec") or {}).get("key")
+                raise ApiException(status=409, reason=f"PlacementGroup {ns}/{name} belongs to group {other}")
             if (pg.get("status") or {}) == body_status:
                 return False
         patch = [{"op": "add", "path": "/status", "value": body_status}]
@@ -57,6 +69,7 @@ class PlacementWriter:
             name,
             patch,
             _content_type="application/json-patch+json",
+            _request_timeout=self.timeout,
         )
         self.tables.apply_pg("MODIFIED", written)
         return True
@@ -91,11 +104,15 @@ class PlacementWriter:
         ).model_dump(by_alias=True, mode="json", exclude={"status"})
         create, get = self.custom.create_namespaced_custom_object, self.custom.get_namespaced_custom_object
         try:
-            pg = await asyncio.to_thread(create, model.GROUP, model.VERSION, ns, model.PLURAL, obj)
+            pg = await asyncio.to_thread(
+                create, model.GROUP, model.VERSION, ns, model.PLURAL, obj, _request_timeout=self.timeout
+            )
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            pg = await asyncio.to_thread(get, model.GROUP, model.VERSION, ns, model.PLURAL, name)
+            pg = await asyncio.to_thread(
+                get, model.GROUP, model.VERSION, ns, model.PLURAL, name, _request_timeout=self.timeout
+            )
         assert pg is not None
         self.tables.apply_pg("ADDED", pg)
         return dict(pg)
@@ -126,3 +143,37 @@ class PlacementWriter:
                 continue
             self.annotated[uid] = text
             self.publisher.annotate(pod, {self.decision_key: text[:MAX_DECISION]})
+
+    def tell_ungrouped(self, ungrouped: list[tuple[dict[str, Any], str]]) -> None:
+        """A pod carrying our gate (its template's) in no group that can be admitted waits for ever: each
+        is told why, once (pod, why its group cannot be read or "" when it names none). It stays gated:
+        its labels and annotations may still name a group."""
+        for pod, error in ungrouped:
+            why = f"its group cannot be read ({error})" if error else "it names no group nodefabric knows"
+            text = (
+                f"the pod carries the scheduling gate {self.tables.gate}, but {why}: only groups are "
+                "admitted, and the gate stays until the pod names one"
+            )
+            if self.annotated.get(podview.uid(pod)) != text:
+                self.publisher.event(pod, "Warning", "InvalidPlacement", text)
+                self.annotate([pod], text)
+
+    def name_taken(self, group: GroupView, pg: Mapping[str, Any]) -> None:
+        """The group's PlacementGroup name is another group's (a name changed to fit, "explicit-x-<hash>",
+        and a group named "x-<hash>" beside it): that one's state is never read nor written for this
+        group, which waits, gated; each gated pod is told once."""
+        ns, name = pg_key(group.spec)
+        other = (pg.get("spec") or {}).get("key")
+        text = (
+            f"group {group.spec.key} is not admitted: its PlacementGroup {ns}/{name} belongs to group "
+            f"{other!s:.300}; give the group another name"
+        )
+        untold = [
+            p for p in group.members if self.tables.gated(p) and self.annotated.get(podview.uid(p)) != text
+        ]
+        if untold:
+            log.warning(
+                "a group's PlacementGroup name is taken", extra={"group": group.spec.key, "by": other}
+            )
+            self.events(group, untold, "Warning", "InvalidPlacement", text)
+            self.annotate(untold, text)
