@@ -518,3 +518,28 @@ httpGet:
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+
+{{/* Fail on topology levels the operator refuses at start (exit 2, so it would crash-loop after the install):
+a level name used twice, a key in two levels, kubernetes.io/hostname (every projection adds it itself).
+Call with (dict "what" "operator.topology.levels" "levels" (list (dict "name" "fabric" "keys" $keys) ...)). */}}
+{{- define "nodefabric.assertTopologyLevels" -}}
+{{- $names := dict -}}
+{{- $keys := dict -}}
+{{- range .levels -}}
+{{- $level := .name -}}
+{{- if hasKey $names $level -}}
+{{- fail (printf "%s: the level name %s is used twice; the operator would refuse to start" $.what $level) -}}
+{{- end -}}
+{{- $_ := set $names $level true -}}
+{{- range .keys -}}
+{{- if eq . "kubernetes.io/hostname" -}}
+{{- fail (printf "%s: level %s: kubernetes.io/hostname is added by every projection as the lowest level, not a level of its own; the operator would refuse to start" $.what $level) -}}
+{{- end -}}
+{{- if hasKey $keys . -}}
+{{- fail (printf "%s: the label key %s is in levels %s and %s: a node would be read at two levels by one label; the operator would refuse to start" $.what . (get $keys .) $level) -}}
+{{- end -}}
+{{- $_ := set $keys . $level -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
