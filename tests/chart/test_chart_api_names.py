@@ -339,3 +339,57 @@ def test_a_release_name_every_service_can_carry_renders(helm, tmp_path) -> None:
         args = ["template", release, str(CHART), "--namespace", "nf", "--set", "scheduler.image.tag=v1.33.4"]
         done = run_helm(helm, *args, values=values, tmp=tmp_path)
         assert done.returncode == 0, done.stderr
+
+
+# Names YAML reads as another type when written bare: a number, a boolean (YAML 1.1's on/yes/y too) or
+# null. Each is a name the schema (or helm, for releases and namespaces) takes.
+TYPED_WORDS = ["123", "0x1f", "true", "on", "off", "no", "null"]
+
+
+@pytest.mark.parametrize("word", TYPED_WORDS)
+def test_a_name_yaml_would_read_as_another_type_stays_a_string(render, word: str) -> None:
+    """Written bare, `priorityClassName: true` is a boolean the API server cannot decode, and
+    `priorityClassName: null` silently drops the field; the chart quotes every name it is given."""
+    from test_chart_validate import validate_all
+
+    values = {
+        "nameOverride": word,
+        "domain": word,
+        "placement": {
+            "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": word, "group": word}}}
+        },
+        "agent": {"runtimeClassName": word, "priorityClassName": word},
+        "operator": {"serviceAccount": {"create": False, "name": word}, "topology": {"name": word}},
+    }
+    docs: list[Doc] = render(
+        merged(EXTENDER_ON, {"fullnameOverride": "nf"}, values), release=word, namespace=word
+    )
+    validate_all([d for d in docs if d["apiVersion"].split("/")[0] != "cert-manager.io"])
+    agent = one(docs, "DaemonSet", "nf-agent")
+    spec = agent["spec"]["template"]["spec"]
+    assert (spec["runtimeClassName"], spec["priorityClassName"]) == (word, word)
+    assert agent["metadata"]["namespace"] == word
+    labels = agent["spec"]["selector"]["matchLabels"]
+    assert (labels["app.kubernetes.io/name"], labels["app.kubernetes.io/instance"]) == (word, word)
+    operator = one(docs, "Deployment", "nf-operator")
+    assert operator["spec"]["template"]["spec"]["serviceAccountName"] == word
+    subjects = [s for b in docs if b["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in b["subjects"]]
+    assert {"kind": "ServiceAccount", "name": word, "namespace": word} in subjects
+    names = {
+        n for d in docs if d["kind"] == "ClusterRole" for r in d["rules"] for n in r.get("resourceNames", [])
+    }
+    assert word in names  # the Kueue and KAI Topology the operator may write
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--domain") + 1] == word
+    (certificate,) = [d for d in docs if d["kind"] == "Certificate"]
+    assert (certificate["spec"]["issuerRef"]["name"], certificate["spec"]["issuerRef"]["group"]) == (
+        word,
+        word,
+    )
+
+
+@pytest.mark.parametrize("word", ["true", "null"])
+def test_a_fullname_yaml_would_read_as_another_type_stays_a_string(render, word: str) -> None:
+    docs: list[Doc] = render({"fullnameOverride": word})
+    assert one(docs, "FlowSchema", word)["spec"]["priorityLevelConfiguration"]["name"] == word
+    assert one(docs, "PriorityLevelConfiguration", word)

@@ -41,8 +41,8 @@ app.kubernetes.io/part-of: nodefabric
 {{- end -}}
 
 {{- define "nodefabric.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "nodefabric.name" .ctx }}
-app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/name: {{ include "nodefabric.name" .ctx | quote }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name | quote }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
@@ -102,7 +102,7 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .priorityClassName }}
-priorityClassName: {{ . }}
+priorityClassName: {{ . | quote }}
 {{- end }}
 {{- end -}}
 
@@ -168,7 +168,7 @@ leaderElection:
   leaderElect: true
   resourceLock: leases
   resourceName: {{ include "nodefabric.component" (dict "ctx" . "component" "scheduler") }}
-  resourceNamespace: {{ .Release.Namespace }}
+  resourceNamespace: {{ .Release.Namespace | quote }}
 # The profile: scheduler.profile's fields (plugins, ...) over the chart's, under the chart's own name;
 # scheduler.pluginConfig as given. The extender judges a group's locality over every feasible node, so
 # percentageOfNodesToScore is 100 unless the profile says otherwise: sampling would hide the zone that
@@ -323,8 +323,8 @@ ServiceMonitors off what they select. */}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
-  name: {{ include "nodefabric.serviceAccountName" . }}
-  namespace: {{ .ctx.Release.Namespace }}
+  name: {{ include "nodefabric.serviceAccountName" . | quote }}
+  namespace: {{ .ctx.Release.Namespace | quote }}
   labels:
     {{- include "nodefabric.labels" . | nindent 4 }}
   {{- with .values.serviceAccount.annotations }}
@@ -337,8 +337,8 @@ metadata:
 {{/* The RBAC subject naming the component's ServiceAccount. */}}
 {{- define "nodefabric.serviceAccountSubject" -}}
 - kind: ServiceAccount
-  name: {{ include "nodefabric.serviceAccountName" . }}
-  namespace: {{ .ctx.Release.Namespace }}
+  name: {{ include "nodefabric.serviceAccountName" . | quote }}
+  namespace: {{ .ctx.Release.Namespace | quote }}
 {{- end -}}
 
 {{/* Pod template metadata: the chart's labels plus podLabels (which may not touch the selector labels:
@@ -363,7 +363,7 @@ annotations:
 
 {{/* Pod-level fields every component shares: account, pull secrets, placement, pod security context. */}}
 {{- define "nodefabric.podSpec" -}}
-serviceAccountName: {{ include "nodefabric.serviceAccountName" . }}
+serviceAccountName: {{ include "nodefabric.serviceAccountName" . | quote }}
 {{- with include "nodefabric.imagePullSecrets" .ctx | trim }}
 {{ . }}
 {{- end }}
