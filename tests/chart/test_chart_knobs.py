@@ -626,6 +626,10 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
             "serviceMonitor.labels may not set app.kubernetes.io/instance: the chart sets it on every object",
         ),
         ({"serviceMonitor": {"labels": {"release": "kube prometheus"}}}, "/serviceMonitor/labels/release"),
+        (
+            {"prometheusRule": {"enabled": True, "labels": {"app.kubernetes.io/managed-by": "argocd"}}},
+            "prometheusRule.labels may not set app.kubernetes.io/managed-by: the chart sets it on every object",
+        ),
     ],
 )
 def test_names_and_labels_every_object_carries_are_checked(

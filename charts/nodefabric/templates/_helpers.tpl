@@ -303,12 +303,12 @@ agent. Counts the enabled components (the scheduler runs with the extender) and 
 {{- end -}}
 {{- end -}}
 
-{{/* Fail when commonLabels or serviceMonitor.labels set a label key the chart writes on every object: the key
+{{/* Fail when commonLabels, serviceMonitor.labels or prometheusRule.labels set a label key the chart writes on every object: the key
 would be written twice (the last one wins), moving pod templates off their selectors and Services and
 ServiceMonitors off what they select. */}}
 {{- define "nodefabric.assertExtraLabels" -}}
 {{- $ours := include "nodefabric.labels" (dict "ctx" (dict "Chart" .Chart "Release" .Release "Values" (dict "nameOverride" .Values.nameOverride)) "component" "any") | fromYaml -}}
-{{- range $what, $labels := dict "commonLabels" .Values.commonLabels "serviceMonitor.labels" .Values.serviceMonitor.labels -}}
+{{- range $what, $labels := dict "commonLabels" .Values.commonLabels "serviceMonitor.labels" .Values.serviceMonitor.labels "prometheusRule.labels" .Values.prometheusRule.labels -}}
 {{- range $key, $_ := $labels -}}
 {{- if hasKey $ours $key -}}
 {{- fail (printf "%s may not set %s: the chart sets it on every object" $what $key) -}}
