@@ -628,7 +628,7 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
         ({"serviceMonitor": {"labels": {"release": "kube prometheus"}}}, "/serviceMonitor/labels/release"),
         (
             {"prometheusRule": {"enabled": True, "labels": {"app.kubernetes.io/managed-by": "argocd"}}},
-            "prometheusRule.labels may not set app.kubernetes.io/managed-by: the chart sets it on every object",
+            "prometheusRule.labels may not set app.kubernetes.io/managed-by: the chart sets it",
         ),
     ],
 )
