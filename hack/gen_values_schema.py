@@ -66,6 +66,11 @@ _CIDR = {
     ],
 }
 
+_BACKSTEP = r"(^|/)\.\.(/|$)"
+# A path below another: relative, no '..' element.
+_DESCENDING = {"not": {"type": "string", "anyOf": [{"pattern": "^/"}, {"pattern": _BACKSTEP}]}}
+_MODE = {"type": "integer", "minimum": 0, "maximum": 511}
+
 
 def _when(field: str, values: list[Any], then: dict[str, Any]) -> dict[str, Any]:
     return {"if": {"required": [field], "properties": {field: {"enum": values}}}, "then": then}
@@ -211,6 +216,30 @@ API_RULES: dict[str, dict[str, Any]] = {
         "then": {"maxProperties": 1},
     },
     "io.k8s.api.networking.v1.IPBlock": {"properties": {"cidr": _CIDR, "except": {"items": _CIDR}}},
+    "io.k8s.api.core.v1.HostPathVolumeSource": {
+        "properties": {
+            "path": {"minLength": 1, "not": {"type": "string", "pattern": _BACKSTEP}},
+            "type": {
+                "enum": [
+                    *("", "DirectoryOrCreate", "Directory", "FileOrCreate", "File"),
+                    *("Socket", "CharDevice", "BlockDevice", None),
+                ]
+            },
+        }
+    },
+    "io.k8s.api.core.v1.VolumeMount": {
+        "properties": {
+            "mountPath": {"minLength": 1},
+            "mountPropagation": {"enum": ["None", "HostToContainer", "Bidirectional", None]},
+            "subPath": _DESCENDING,
+        }
+    },
+    # A file of a configMap, secret or downwardAPI volume: below the mount, mode 0 to 0777.
+    "io.k8s.api.core.v1.KeyToPath": {"properties": {"path": {"minLength": 1, **_DESCENDING}, "mode": _MODE}},
+    "io.k8s.api.core.v1.ConfigMapVolumeSource": {"properties": {"defaultMode": _MODE}},
+    "io.k8s.api.core.v1.SecretVolumeSource": {"properties": {"defaultMode": _MODE}},
+    # A claim must name one of the pod's resourceClaims, and the chart's pods have none.
+    "io.k8s.api.core.v1.ResourceRequirements": {"properties": {"claims": {"maxItems": 0}}},
 }
 # Keywords that validate; descriptions, formats and x-kubernetes-* annotations are dropped (the file stays
 # small, and helm's validator need not know Kubernetes' format names).

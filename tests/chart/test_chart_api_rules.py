@@ -214,6 +214,40 @@ REFUSED = {
         },
         "/operator/securityContext/seccompProfile/localhostProfile",
     ),
+    "hostPath type unknown": (
+        {"agent": {"extraVolumes": [{"name": "v", "hostPath": {"path": "/opt/x", "type": "Dir"}}]}},
+        "/agent/extraVolumes/0/hostPath/type",
+    ),
+    "hostPath with ..": (
+        {"agent": {"extraVolumes": [{"name": "v", "hostPath": {"path": "/opt/../etc"}}]}},
+        "/agent/extraVolumes/0/hostPath/path",
+    ),
+    "mount propagation unknown": (
+        {"agent": {"extraVolumeMounts": [{"name": "host", "mountPath": "/x", "mountPropagation": "Shared"}]}},
+        "/agent/extraVolumeMounts/0/mountPropagation",
+    ),
+    "absolute subPath": (
+        {"operator": {"extraVolumeMounts": [{"name": "tmp", "mountPath": "/x", "subPath": "/etc"}]}},
+        "/operator/extraVolumeMounts/0/subPath",
+    ),
+    "configMap item outside the volume": (
+        {
+            "operator": {
+                "extraVolumes": [
+                    {"name": "c", "configMap": {"name": "c", "items": [{"key": "k", "path": "../k"}]}}
+                ]
+            }
+        },
+        "/operator/extraVolumes/0/configMap/items/0/path",
+    ),
+    "secret mode past 0777": (
+        {"operator": {"extraVolumes": [{"name": "s", "secret": {"secretName": "s", "defaultMode": 1000}}]}},
+        "/operator/extraVolumes/0/secret/defaultMode",
+    ),
+    "resource claim the pod does not have": (
+        {"operator": {"resources": {"claims": [{"name": "gpu"}]}}},
+        "/operator/resources/claims",
+    ),
     "network policy peer naming nothing": ({"networkPolicy": {"from": [{}]}}, "/networkPolicy/from/0"),
     "network policy ipBlock beside a selector": (
         {"networkPolicy": {"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}},
@@ -270,8 +304,17 @@ def test_what_the_api_server_takes_still_renders(render) -> None:
                     "supplementalGroups": [1000],
                     "fsGroup": 0,
                 },
-                "extraVolumes": [{"name": "scratch"}, {"name": "cfg", "configMap": {"name": "c"}}],
-                "extraVolumeMounts": [{"name": "cfg", "mountPath": "/cfg"}],
+                "extraVolumes": [
+                    {"name": "scratch"},
+                    {
+                        "name": "cfg",
+                        "configMap": {"name": "c", "items": [{"key": "k", "path": "conf/k", "mode": 0o600}]},
+                    },
+                    {"name": "opt", "hostPath": {"path": "/opt/x..y", "type": "DirectoryOrCreate"}},
+                ],
+                "extraVolumeMounts": [
+                    {"name": "cfg", "mountPath": "/cfg", "subPath": "conf", "mountPropagation": "None"}
+                ],
                 "affinity": {
                     "nodeAffinity": {
                         "requiredDuringSchedulingIgnoredDuringExecution": {
