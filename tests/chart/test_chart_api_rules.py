@@ -348,3 +348,40 @@ def test_what_the_api_server_takes_still_renders(render) -> None:
     assert {"name": "scratch"} in pod_spec(operator)["volumes"]
     agent = one(docs, "DaemonSet", "nf-nodefabric-agent")
     assert container(agent, "agent")["resources"]["requests"]["cpu"] == ".5"
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        # A limit under the chart's default request, which merges in beside it: the usual way to get one.
+        ({"agent": {"resources": {"limits": {"memory": "32Mi"}}}}, "agent.resources: requests.memory (64Mi)"),
+        ({"prune": {"resources": {"limits": {"memory": "32Mi"}}}}, "prune.resources: requests.memory (64Mi)"),
+        (
+            {"extender": {"enabled": True, "resources": {"limits": {"memory": "100Mi"}}}},
+            "extender.resources: requests.memory (128Mi)",
+        ),
+        (
+            {"operator": {"resources": {"requests": {"cpu": "701m"}, "limits": {"cpu": "0.7"}}}},
+            "operator.resources: requests.cpu (701m) is above limits.cpu (0.7)",
+        ),
+        (
+            {"placement": {"resources": {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1.5G"}}}},
+            "placement.resources: requests.memory (1.5Gi)",
+        ),
+    ],
+)
+def test_a_request_above_its_limit_is_refused_at_install(render, values: dict[str, Any], said: str) -> None:
+    assert said in refusal(render, values)
+
+
+def test_a_request_equal_to_its_limit_in_another_spelling_renders(render) -> None:
+    pairs = [("700m", "0.7"), ("1", "1000m"), ("1.5G", "1500M"), ("1Gi", "1024Mi"), ("100u", "0.0001")]
+    for request, limit in pairs:
+        docs = render({"operator": {"resources": {"requests": {"cpu": request}, "limits": {"cpu": limit}}}})
+        assert container(one(docs, *OPERATOR), "operator")["resources"]["limits"]["cpu"] == limit
+    # A default request dropped with null leaves a limit alone.
+    docs = render({"agent": {"resources": {"requests": {"memory": None}, "limits": {"memory": "32Mi"}}}})
+    assert (
+        "memory"
+        not in container(one(docs, "DaemonSet", "nf-nodefabric-agent"), "agent")["resources"]["requests"]
+    )

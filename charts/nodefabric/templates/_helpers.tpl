@@ -543,3 +543,37 @@ Call with (dict "what" "operator.topology.levels" "levels" (list (dict "name" "f
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A resource quantity ("64Mi", "500m", "1e3", 2) as a float in base units, to compare two of them. */}}
+{{- define "nodefabric.quantity" -}}
+{{- $q := toString . -}}
+{{- $num := regexFind "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)" $q -}}
+{{- $suffix := trimPrefix $num $q -}}
+{{- if or (hasPrefix "e" $suffix) (hasPrefix "E" $suffix) -}}
+{{- float64 (trimPrefix "+" $q) -}}
+{{- else -}}
+{{- /* Fractions divide (700m is 700/1000, as "0.7" parses; 700*0.001 would be a hair above it). */ -}}
+{{- $down := dict "n" 1e9 "u" 1e6 "m" 1e3 -}}
+{{- $up := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- if hasKey $down $suffix -}}
+{{- divf (float64 (trimPrefix "+" $num)) (get $down $suffix) -}}
+{{- else -}}
+{{- mulf (float64 (trimPrefix "+" $num)) (get $up $suffix) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail on a request above its limit, which the API server refuses: most often a limit set lower than the
+chart's default request, which merges in beside it. Call with (dict "what" "agent.resources" "resources" $r). */}}
+{{- define "nodefabric.assertRequestsWithinLimits" -}}
+{{- $requests := .resources.requests | default dict -}}
+{{- range $name, $limit := .resources.limits | default dict -}}
+{{- $request := get $requests $name -}}
+{{- if and (not (kindIs "invalid" $limit)) (not (kindIs "invalid" $request)) (hasKey $requests $name) -}}
+{{- /* A relative margin of 1e-12: two spellings of one quantity never differ by more than rounding. */ -}}
+{{- if gt (float64 (include "nodefabric.quantity" $request)) (mulf (float64 (include "nodefabric.quantity" $limit)) 1.000000000001) -}}
+{{- fail (printf "%s: requests.%s (%v) is above limits.%s (%v), which Kubernetes refuses; the chart's default request merges with a limit you set, so lower requests.%s too (or set it to null)" $.what $name $request $name $limit $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
