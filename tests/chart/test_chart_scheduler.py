@@ -86,6 +86,16 @@ def test_the_profile_and_plugin_config_are_the_operators_to_shape(render) -> Non
             render({"scheduler": bad})
 
 
+def test_a_plugin_config_given_twice_is_refused_not_dropped(render) -> None:
+    """The profile's own pluginConfig would be replaced whole by scheduler.pluginConfig, without a word."""
+    fit = {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": "MostAllocated"}}}
+    balanced = {"name": "NodeResourcesBalancedAllocation", "args": {}}
+    said = refusal(render, {"scheduler": {"profile": {"pluginConfig": [fit]}, "pluginConfig": [balanced]}})
+    assert "scheduler.profile.pluginConfig and scheduler.pluginConfig are both set" in said
+    (profile,) = scheduler_config(render({"scheduler": {"profile": {"pluginConfig": [fit]}}}))["profiles"]
+    assert profile["pluginConfig"] == [fit]
+
+
 @pytest.mark.parametrize(
     ("profile", "pointer"),
     [

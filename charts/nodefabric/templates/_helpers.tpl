@@ -175,6 +175,9 @@ leaderElection:
 # holds the whole group.
 {{- $profile := merge (dict "schedulerName" .Values.scheduler.name) (deepCopy .Values.scheduler.profile) (dict "percentageOfNodesToScore" 100) }}
 {{- with .Values.scheduler.pluginConfig }}
+{{- if $.Values.scheduler.profile.pluginConfig }}
+{{- fail "scheduler.profile.pluginConfig and scheduler.pluginConfig are both set: the second would replace the first whole; give the list once, in scheduler.pluginConfig" }}
+{{- end }}
 {{- $_ := set $profile "pluginConfig" . }}
 {{- end }}
 profiles:
