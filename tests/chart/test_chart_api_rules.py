@@ -368,6 +368,11 @@ def test_what_the_api_server_takes_still_renders(render) -> None:
             {"placement": {"resources": {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1.5G"}}}},
             "placement.resources: requests.memory (1.5Gi)",
         ),
+        # E is the exa suffix here, not an exponent.
+        (
+            {"operator": {"resources": {"requests": {"memory": "2E"}, "limits": {"memory": "1E"}}}},
+            "operator.resources: requests.memory (2E)",
+        ),
     ],
 )
 def test_a_request_above_its_limit_is_refused_at_install(render, values: dict[str, Any], said: str) -> None:

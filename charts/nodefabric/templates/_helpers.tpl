@@ -552,7 +552,7 @@ Call with (dict "what" "operator.topology.levels" "levels" (list (dict "name" "f
 {{- $q := toString . -}}
 {{- $num := regexFind "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)" $q -}}
 {{- $suffix := trimPrefix $num $q -}}
-{{- if or (hasPrefix "e" $suffix) (hasPrefix "E" $suffix) -}}
+{{- if regexMatch "^[eE][-+]?[0-9]+$" $suffix -}}
 {{- float64 (trimPrefix "+" $q) -}}
 {{- else -}}
 {{- /* Fractions divide (700m is 700/1000, as "0.7" parses; 700*0.001 would be a hair above it). */ -}}
