@@ -368,6 +368,15 @@ def test_what_the_api_server_takes_still_renders(render) -> None:
             {"placement": {"resources": {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1.5G"}}}},
             "placement.resources: requests.memory (1.5Gi)",
         ),
+        # An extended resource is never overcommitted: a request needs the same limit.
+        (
+            {"operator": {"resources": {"requests": {"nvidia.com/gpu": 1}}}},
+            "operator.resources: requests.nvidia.com/gpu needs limits.nvidia.com/gpu",
+        ),
+        (
+            {"agent": {"resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}}},
+            "agent.resources: requests.nvidia.com/gpu (1) must equal limits.nvidia.com/gpu (2)",
+        ),
         # E is the exa suffix here, not an exponent.
         (
             {"operator": {"resources": {"requests": {"memory": "2E"}, "limits": {"memory": "1E"}}}},
@@ -384,6 +393,11 @@ def test_a_request_equal_to_its_limit_in_another_spelling_renders(render) -> Non
     for request, limit in pairs:
         docs = render({"operator": {"resources": {"requests": {"cpu": request}, "limits": {"cpu": limit}}}})
         assert container(one(docs, *OPERATOR), "operator")["resources"]["limits"]["cpu"] == limit
+    gpu = {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": 1}}
+    assert container(one(render({"operator": {"resources": gpu}}), *OPERATOR), "operator")["resources"] == {
+        "requests": {"cpu": "20m", "memory": "144Mi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "512Mi", "nvidia.com/gpu": 1},
+    }
     # A default request dropped with null leaves a limit alone.
     docs = render({"agent": {"resources": {"requests": {"memory": None}, "limits": {"memory": "32Mi"}}}})
     assert (

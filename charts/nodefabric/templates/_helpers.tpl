@@ -570,7 +570,22 @@ Call with (dict "what" "operator.topology.levels" "levels" (list (dict "name" "f
 chart's default request, which merges in beside it. Call with (dict "what" "agent.resources" "resources" $r). */}}
 {{- define "nodefabric.assertRequestsWithinLimits" -}}
 {{- $requests := .resources.requests | default dict -}}
-{{- range $name, $limit := .resources.limits | default dict -}}
+{{- $limits := .resources.limits | default dict -}}
+{{- /* An extended resource (a domain of its own: nvidia.com/gpu) or hugepages is never overcommitted: a
+request needs a limit, and the same one. */ -}}
+{{- range $name, $request := $requests -}}
+{{- $native := or (not (contains "/" $name)) (contains "kubernetes.io/" $name) -}}
+{{- if and (not (kindIs "invalid" $request)) (or (not $native) (hasPrefix "hugepages-" $name)) -}}
+{{- $limit := get $limits $name -}}
+{{- if or (not (hasKey $limits $name)) (kindIs "invalid" $limit) -}}
+{{- fail (printf "%s: requests.%s needs limits.%s, and the same quantity: Kubernetes never overcommits it (or give only the limit)" $.what $name $name) -}}
+{{- end -}}
+{{- if ne (include "nodefabric.quantity" $request) (include "nodefabric.quantity" $limit) -}}
+{{- fail (printf "%s: requests.%s (%v) must equal limits.%s (%v): Kubernetes never overcommits it" $.what $name $request $name $limit) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $name, $limit := $limits -}}
 {{- $request := get $requests $name -}}
 {{- if and (not (kindIs "invalid" $limit)) (not (kindIs "invalid" $request)) (hasKey $requests $name) -}}
 {{- /* A relative margin of 1e-12: two spellings of one quantity never differ by more than rounding. */ -}}
