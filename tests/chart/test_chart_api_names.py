@@ -24,6 +24,7 @@ from chart_support import (
     api_refusals,
     container,
     one,
+    refusal,
     run_helm,
 )
 
@@ -145,11 +146,13 @@ def test_a_job_name_must_fit_the_label_its_pods_get() -> None:
 def test_every_render_of_the_chart_tests_is_checked(render, helm, tmp_path) -> None:
     """A render through the fixture (values nothing else refuses) fails on the API server's rules."""
     before = RENDERS_CHECKED[0]
-    bad_env = {"operator": {"extraEnv": [{"name": "1BAD", "value": "x"}]}}
+    # Each annotation is within the schema's rules; together they pass the API server's 256 KiB.
+    too_much = {"operator": {"podAnnotations": {f"a{i}": "x" * 100_000 for i in range(3)}}}
     with pytest.raises(ApiRefusal) as refused:
-        render(bad_env)
-    assert "Deployment nf-nodefabric-operator: spec.template.spec.containers[0].env[" in str(refused.value)
-    assert "1BAD" in str(refused.value)
+        render(too_much)
+    assert "Deployment nf-nodefabric-operator: spec.template.metadata.annotations: Too long" in str(
+        refused.value
+    )
     # run_helm's own callers too (helm template without the fixture); helm checks no namespace's syntax.
     with pytest.raises(ApiRefusal, match=r"metadata\.namespace: Invalid value: \"Bad_NS\""):
         run_helm(helm, "template", "nf", str(CHART), "--namespace", "Bad_NS", values=None, tmp=tmp_path)
@@ -288,15 +291,18 @@ def test_named_variants_render_what_an_api_server_accepts(
         assert all(not port_name_errors(p) for p in ports)
 
 
-def test_a_toleration_the_api_server_refuses_fails_the_render(render) -> None:
-    """The values schema takes any Toleration-shaped object; the API server refuses a value that is no
-    label value, or an empty key without Exists."""
-    bad = {
-        "agent": {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "a100 80gb"}, {"value": "x"}]}
-    }
-    with pytest.raises(ApiRefusal) as refused:
-        render(bad)
-    text = str(refused.value)
+def test_a_toleration_the_api_server_refuses_is_refused_by_the_schema_and_the_rules(
+    render, default_docs: list[Doc]
+) -> None:
+    """The API server refuses a toleration value that is no label value, or an empty key without Exists:
+    the values schema refuses both at install (test_chart_api_rules.py), and the rules say the same of
+    such a DaemonSet."""
+    bad = [{"key": "gpu", "operator": "Equal", "value": "a100 80gb"}, {"value": "x"}]
+    said = refusal(render, {"agent": {"tolerations": bad}})
+    assert "/agent/tolerations/0/value" in said and "/agent/tolerations/1" in said, said
+    docs = copy.deepcopy(default_docs)
+    one(docs, "DaemonSet", "nf-nodefabric-agent")["spec"]["template"]["spec"]["tolerations"] = bad
+    text = "\n".join(api_refusals(docs))
     assert 'spec.template.spec.tolerations[0].operator: Invalid value: "a100 80gb"' in text
     assert 'spec.template.spec.tolerations[1].operator: Invalid value: "": operator must be Exists' in text
 
@@ -333,3 +339,57 @@ def test_a_release_name_every_service_can_carry_renders(helm, tmp_path) -> None:
         args = ["template", release, str(CHART), "--namespace", "nf", "--set", "scheduler.image.tag=v1.33.4"]
         done = run_helm(helm, *args, values=values, tmp=tmp_path)
         assert done.returncode == 0, done.stderr
+
+
+# Names YAML reads as another type when written bare: a number, a boolean (YAML 1.1's on/yes/y too) or
+# null. Each is a name the schema (or helm, for releases and namespaces) takes.
+TYPED_WORDS = ["123", "0x1f", "true", "on", "off", "no", "null"]
+
+
+@pytest.mark.parametrize("word", TYPED_WORDS)
+def test_a_name_yaml_would_read_as_another_type_stays_a_string(render, word: str) -> None:
+    """Written bare, `priorityClassName: true` is a boolean the API server cannot decode, and
+    `priorityClassName: null` silently drops the field; the chart quotes every name it is given."""
+    from test_chart_validate import validate_all
+
+    values = {
+        "nameOverride": word,
+        "domain": word,
+        "placement": {
+            "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": word, "group": word}}}
+        },
+        "agent": {"runtimeClassName": word, "priorityClassName": word},
+        "operator": {"serviceAccount": {"create": False, "name": word}, "topology": {"name": word}},
+    }
+    docs: list[Doc] = render(
+        merged(EXTENDER_ON, {"fullnameOverride": "nf"}, values), release=word, namespace=word
+    )
+    validate_all([d for d in docs if d["apiVersion"].split("/")[0] != "cert-manager.io"])
+    agent = one(docs, "DaemonSet", "nf-agent")
+    spec = agent["spec"]["template"]["spec"]
+    assert (spec["runtimeClassName"], spec["priorityClassName"]) == (word, word)
+    assert agent["metadata"]["namespace"] == word
+    labels = agent["spec"]["selector"]["matchLabels"]
+    assert (labels["app.kubernetes.io/name"], labels["app.kubernetes.io/instance"]) == (word, word)
+    operator = one(docs, "Deployment", "nf-operator")
+    assert operator["spec"]["template"]["spec"]["serviceAccountName"] == word
+    subjects = [s for b in docs if b["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in b["subjects"]]
+    assert {"kind": "ServiceAccount", "name": word, "namespace": word} in subjects
+    names = {
+        n for d in docs if d["kind"] == "ClusterRole" for r in d["rules"] for n in r.get("resourceNames", [])
+    }
+    assert word in names  # the Kueue and KAI Topology the operator may write
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--domain") + 1] == word
+    (certificate,) = [d for d in docs if d["kind"] == "Certificate"]
+    assert (certificate["spec"]["issuerRef"]["name"], certificate["spec"]["issuerRef"]["group"]) == (
+        word,
+        word,
+    )
+
+
+@pytest.mark.parametrize("word", ["true", "null"])
+def test_a_fullname_yaml_would_read_as_another_type_stays_a_string(render, word: str) -> None:
+    docs: list[Doc] = render({"fullnameOverride": word})
+    assert one(docs, "FlowSchema", word)["spec"]["priorityLevelConfiguration"]["name"] == word
+    assert one(docs, "PriorityLevelConfiguration", word)

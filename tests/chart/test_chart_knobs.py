@@ -19,6 +19,7 @@ SCHEDULER = ("Deployment", "nf-nodefabric-scheduler", "kube-scheduler")
 # The extender is the scheduler pod's second container: it takes the container knobs, the pod's are the
 # scheduler's.
 EXTENDER = ("Deployment", "nf-nodefabric-scheduler", "extender")
+PLACEMENT = ("Deployment", "nf-nodefabric-placement", "placement")
 # values path -> (kind, workload, container), by the knobs the path takes.
 PODS = {"agent": AGENT, "operator": OPERATOR, "crds.upgradeJob": CRD_JOB, "scheduler": SCHEDULER}
 CONTAINERS = {**PODS, "extender": EXTENDER}
@@ -347,6 +348,7 @@ def test_the_crd_job_parses_its_command_line(render, default_docs: list[Doc]) ->
             ["system-cluster-critical"],
         ),
         ({"scheduler": "gpu-infra", "operator": ""}, ["system-node-critical"]),
+        ({"placement": "system-cluster-critical"}, ["system-cluster-critical", "system-node-critical"]),
     ],
 )
 def test_the_critical_pods_quota_admits_every_components_system_class(
@@ -359,7 +361,10 @@ def test_the_critical_pods_quota_admits_every_components_system_class(
     (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
     assert (expr["scopeName"], expr["operator"], expr["values"]) == ("PriorityClass", "In", admitted)
     for path, name in classes.items():
-        assert pod_spec(workload(docs, PODS[path])).get("priorityClassName", "") == name
+        assert (
+            pod_spec(workload(docs, {**PODS, "placement": PLACEMENT}[path])).get("priorityClassName", "")
+            == name
+        )
     validate_all([quota])
 
 
@@ -621,6 +626,10 @@ def test_nvidia_runtime_knobs(render, default_docs: list[Doc]) -> None:
             "serviceMonitor.labels may not set app.kubernetes.io/instance: the chart sets it on every object",
         ),
         ({"serviceMonitor": {"labels": {"release": "kube prometheus"}}}, "/serviceMonitor/labels/release"),
+        (
+            {"prometheusRule": {"enabled": True, "labels": {"app.kubernetes.io/managed-by": "argocd"}}},
+            "prometheusRule.labels may not set app.kubernetes.io/managed-by: the chart sets it",
+        ),
     ],
 )
 def test_names_and_labels_every_object_carries_are_checked(

@@ -86,6 +86,44 @@ def test_the_profile_and_plugin_config_are_the_operators_to_shape(render) -> Non
             render({"scheduler": bad})
 
 
+def test_a_plugin_config_given_twice_is_refused_not_dropped(render) -> None:
+    """The profile's own pluginConfig would be replaced whole by scheduler.pluginConfig, without a word."""
+    fit = {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": "MostAllocated"}}}
+    balanced = {"name": "NodeResourcesBalancedAllocation", "args": {}}
+    said = refusal(render, {"scheduler": {"profile": {"pluginConfig": [fit]}, "pluginConfig": [balanced]}})
+    assert "scheduler.profile.pluginConfig and scheduler.pluginConfig are both set" in said
+    (profile,) = scheduler_config(render({"scheduler": {"profile": {"pluginConfig": [fit]}}}))["profiles"]
+    assert profile["pluginConfig"] == [fit]
+
+
+@pytest.mark.parametrize(
+    ("profile", "pointer"),
+    [
+        (
+            {"plugin": {"score": {"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}}},
+            "/scheduler/profile",
+        ),
+        ({"plugins": {"scores": {"disabled": [{"name": "ImageLocality"}]}}}, "/scheduler/profile/plugins"),
+        (
+            {"plugins": {"score": {"disable": [{"name": "ImageLocality"}]}}},
+            "/scheduler/profile/plugins/score",
+        ),
+        (
+            {"plugins": {"score": {"enabled": [{"nam": "ImageLocality"}]}}},
+            "/scheduler/profile/plugins/score/enabled/0",
+        ),
+        ({"percentageOfNodesToScore": 101}, "/scheduler/profile/percentageOfNodesToScore"),
+    ],
+)
+def test_a_profile_kube_scheduler_would_not_start_with_is_refused(
+    render, profile: dict[str, Any], pointer: str
+) -> None:
+    """kube-scheduler decodes its configuration strictly: an unknown field in the profile (a typo) stops it
+    at start, so the chart's second scheduler would crash-loop after an install that succeeded."""
+    said = refusal(render, {"scheduler": {"profile": profile}})
+    assert pointer in said, said
+
+
 def test_the_scheduler_calls_its_own_extender_on_127_0_0_1(default_docs: list[Doc]) -> None:
     cfg = scheduler_config(default_docs)
     assert (

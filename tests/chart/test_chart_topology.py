@@ -67,17 +67,61 @@ def test_targets_levels_and_name_reach_the_operator(render: Any) -> None:
         ({"kueue": True}, "kueue"),
         ({"debounceSeconds": -1}, "debounceSeconds"),
         ({"extra": 1}, "extra"),
+        ({"levels": [{"name": "a", "keys": ["not a key"]}]}, "/operator/topology/levels/0/keys/0"),
+        (
+            {"levels": [{"name": "a", "keys": ["k"]}, {"name": "a", "keys": ["j"]}]},
+            "the level name a is used twice",
+        ),
+        ({"levels": [{"name": "a", "keys": ["kubernetes.io/hostname"]}]}, "level a: kubernetes.io/hostname"),
     ],
 )
 def test_bad_topology_values_are_refused(render: Any, values: dict[str, Any], fragment: str) -> None:
     assert fragment in refusal(render, {"operator": {"topology": values}})
 
 
-def test_levels_the_schema_lets_through_but_the_operator_refuses_stop_it_at_start(render: Any) -> None:
-    """Duplicate keys across levels pass the schema; the operator refuses them before it starts."""
+def test_levels_the_operator_would_refuse_at_start_are_refused_at_render(render: Any) -> None:
+    """A key in two levels passes the schema, and the operator refuses it at start (exit 2): rendered, the
+    install would succeed and the operator crash-loop, so the chart refuses it, as the operator would."""
     levels = [{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}]
+    assert "the label key k is in levels a and b" in refusal(
+        render, {"operator": {"topology": {"levels": levels}}}
+    )
     with pytest.raises(StartupError, match="is in levels a and b"):
-        operator_options(render({"operator": {"topology": {"levels": levels}}}))
+        cli.topology_options(
+            argparse.Namespace(
+                topology=True,
+                topology_targets="kueue",
+                topology_levels='[{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}]',
+                topology_level_keys=None,
+                topology_name="nodefabric",
+            ),
+            "gpustack.ai",
+        )
+
+
+@pytest.mark.parametrize(
+    ("levels", "said"),
+    [
+        (
+            {"fabric": ["example.com/k"], "zone": ["example.com/k"]},
+            "the label key example.com/k is in levels",
+        ),
+        # The region level keeps its default key, which the zone now names too.
+        (
+            {"zone": ["topology.kubernetes.io/region"]},
+            "topology.kubernetes.io/region is in levels zone and region",
+        ),
+        ({"networkGroup": ["kubernetes.io/hostname"]}, "level network-group: kubernetes.io/hostname"),
+    ],
+)
+def test_extender_level_keys_the_operator_would_refuse_are_refused_at_render(
+    render: Any, levels: dict[str, Any], said: str
+) -> None:
+    """extender.levels are the operator's topology levels too (unless operator.topology.levels says
+    otherwise): the same keys the operator refuses at start are refused here, defaults filled in."""
+    assert said in refusal(render, {"extender": {"levels": levels}})
+    own = {"operator": {"topology": {"levels": [{"name": "rack", "keys": ["example.com/rack"]}]}}}
+    assert operator_options(render({"extender": {"levels": levels}, **own})) is not None
 
 
 def test_the_extenders_level_keys_are_the_topologys_too(render: Any) -> None:
@@ -91,3 +135,16 @@ def test_the_extenders_level_keys_are_the_topologys_too(render: Any) -> None:
     own = [{"name": "rack", "keys": ["example.com/rack"]}]
     opts = operator_options(render({**values, "operator": {"topology": {"levels": own}}}))
     assert opts is not None and [lv.name for lv in opts.levels] == ["rack"]
+
+
+def test_a_key_of_the_operators_own_spine_or_core_is_refused_in_extender_levels(render: Any) -> None:
+    """Those two levels are the operator's alone, with its defaults: an extender level given one of their
+    keys (a GKE block as the network group) would put it in two levels."""
+    from nodefabric_operator.topology.levels import default_levels
+
+    own = [lv for lv in default_levels() if lv.name in ("spine", "core")]
+    assert own
+    for level in own:
+        for key in level.keys:
+            said = refusal(render, {"extender": {"levels": {"networkGroup": [key]}}})
+            assert f"the label key {key} is in levels" in said and level.name in said, said

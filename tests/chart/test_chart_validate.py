@@ -384,6 +384,7 @@ def test_servicemonitors_select_a_service_port_that_exists(render) -> None:
         "nf-nodefabric-agent",
         "nf-nodefabric-operator",
         "nf-nodefabric-extender",
+        "nf-nodefabric-placement",
     }
     services = of_kind(docs, "Service")
     for m in monitors:

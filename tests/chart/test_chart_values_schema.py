@@ -16,8 +16,9 @@ VALUES: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 # Declared for Helm's own use (subcharts' globals), never set by this chart; issuerRef: empty by default
 # (a self-signed Issuer), its keys documented in its comment.
 NOT_IN_VALUES = {"global", "placement.webhook.certManager.issuerRef"}
-# Kubernetes objects (and probe timings) passed into a pod as given; their optional fields need no default.
-KUBERNETES_OBJECTS = {"resources", "livenessProbe", "readinessProbe"}
+# Kubernetes objects (and probe timings, and the kube-scheduler profile) passed on as given; their optional
+# fields need no default.
+KUBERNETES_OBJECTS = {"resources", "livenessProbe", "readinessProbe", "profile"}
 
 
 def resolve(node: dict[str, Any]) -> tuple[dict[str, Any], bool]:

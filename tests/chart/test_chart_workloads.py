@@ -420,3 +420,42 @@ def test_rdma_selectors_reach_the_agent_as_a_file_it_accepts(render, default_doc
     assert doc == selectors
     assert not parse(doc).default  # what the agent will parse at start
     assert "rdmaSelectors" in refusal(render, {"agent": {"rdmaSelectors": {"exclusiv": []}}})
+
+
+@pytest.mark.parametrize(
+    ("selectors", "pointer"),
+    [
+        ({"exclusive": [{"ifName": ["ens1f0"]}]}, "/agent/rdmaSelectors/exclusive/0"),
+        ({"exclusive": [{}]}, "/agent/rdmaSelectors/exclusive/0"),
+        ({"shared": [{"ifNames": []}]}, "/agent/rdmaSelectors/shared/0/ifNames"),
+        ({"shared": [{"ifNames": [""]}]}, "/agent/rdmaSelectors/shared/0/ifNames/0"),
+        ({"partitioned": [{"vendors": ["15B3"]}]}, "/agent/rdmaSelectors/partitioned/0/vendors/0"),
+        ({"exclusive": [{"linkLayers": ["IB"]}]}, "/agent/rdmaSelectors/exclusive/0/linkLayers/0"),
+        ({"exclusive": [{"ifNames": ["a"], "sharedCount": 4}]}, "/agent/rdmaSelectors/exclusive/0"),
+        ({"shared": [{"ifNames": ["a"], "sharedCount": 1593}]}, "/agent/rdmaSelectors/shared/0/sharedCount"),
+    ],
+)
+def test_rdma_selectors_the_agent_refuses_at_start_are_refused_at_render(
+    render, selectors: dict[str, Any], pointer: str
+) -> None:
+    """The agent reads the file at start and exits 2 on each of these, on every node: refused here instead,
+    at the key (the schema has the agent's rules but the overlap of an exclusive and a shared selector)."""
+    from nodefabric_deviceplugin.selection import SelectionError, parse
+
+    with pytest.raises(SelectionError):
+        parse(selectors)
+    said = refusal(render, {"agent": {"rdmaSelectors": selectors}})
+    assert pointer in said, said
+
+
+def test_a_shared_count_the_agent_refuses_at_start_is_refused_at_render(render) -> None:
+    """kubelet takes a device list of 4 MiB at most: the agent refuses at start a count whose rdma.shared
+    list could exceed it, so every node's agent would crash-loop on a count the schema took."""
+    from nodefabric_deviceplugin.limits import PLANNED_ENDPOINTS, _worst_case, fitting_shared_count
+
+    most = fitting_shared_count(_worst_case(PLANNED_ENDPOINTS), 10**6)
+    args = container(agent(render({"agent": {"sharedCount": most}})), "agent")["args"]
+    assert args[args.index("--shared-count") + 1] == str(most)
+    assert "/agent/sharedCount" in refusal(render, {"agent": {"sharedCount": most + 1}})
+    shared = {"shared": [{"ifNames": ["a"], "sharedCount": most}]}
+    render({"agent": {"rdmaSelectors": shared}})

@@ -41,8 +41,8 @@ app.kubernetes.io/part-of: nodefabric
 {{- end -}}
 
 {{- define "nodefabric.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "nodefabric.name" .ctx }}
-app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/name: {{ include "nodefabric.name" .ctx | quote }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name | quote }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
@@ -102,7 +102,7 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .priorityClassName }}
-priorityClassName: {{ . }}
+priorityClassName: {{ . | quote }}
 {{- end }}
 {{- end -}}
 
@@ -168,13 +168,16 @@ leaderElection:
   leaderElect: true
   resourceLock: leases
   resourceName: {{ include "nodefabric.component" (dict "ctx" . "component" "scheduler") }}
-  resourceNamespace: {{ .Release.Namespace }}
+  resourceNamespace: {{ .Release.Namespace | quote }}
 # The profile: scheduler.profile's fields (plugins, ...) over the chart's, under the chart's own name;
 # scheduler.pluginConfig as given. The extender judges a group's locality over every feasible node, so
 # percentageOfNodesToScore is 100 unless the profile says otherwise: sampling would hide the zone that
 # holds the whole group.
 {{- $profile := merge (dict "schedulerName" .Values.scheduler.name) (deepCopy .Values.scheduler.profile) (dict "percentageOfNodesToScore" 100) }}
 {{- with .Values.scheduler.pluginConfig }}
+{{- if $.Values.scheduler.profile.pluginConfig }}
+{{- fail "scheduler.profile.pluginConfig and scheduler.pluginConfig are both set: the second would replace the first whole; give the list once, in scheduler.pluginConfig" }}
+{{- end }}
 {{- $_ := set $profile "pluginConfig" . }}
 {{- end }}
 profiles:
@@ -303,12 +306,12 @@ agent. Counts the enabled components (the scheduler runs with the extender) and 
 {{- end -}}
 {{- end -}}
 
-{{/* Fail when commonLabels or serviceMonitor.labels set a label key the chart writes on every object: the key
+{{/* Fail when commonLabels, serviceMonitor.labels or prometheusRule.labels set a label key the chart writes on every object: the key
 would be written twice (the last one wins), moving pod templates off their selectors and Services and
 ServiceMonitors off what they select. */}}
 {{- define "nodefabric.assertExtraLabels" -}}
 {{- $ours := include "nodefabric.labels" (dict "ctx" (dict "Chart" .Chart "Release" .Release "Values" (dict "nameOverride" .Values.nameOverride)) "component" "any") | fromYaml -}}
-{{- range $what, $labels := dict "commonLabels" .Values.commonLabels "serviceMonitor.labels" .Values.serviceMonitor.labels -}}
+{{- range $what, $labels := dict "commonLabels" .Values.commonLabels "serviceMonitor.labels" .Values.serviceMonitor.labels "prometheusRule.labels" .Values.prometheusRule.labels -}}
 {{- range $key, $_ := $labels -}}
 {{- if hasKey $ours $key -}}
 {{- fail (printf "%s may not set %s: the chart sets it on every object" $what $key) -}}
@@ -323,8 +326,8 @@ ServiceMonitors off what they select. */}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
-  name: {{ include "nodefabric.serviceAccountName" . }}
-  namespace: {{ .ctx.Release.Namespace }}
+  name: {{ include "nodefabric.serviceAccountName" . | quote }}
+  namespace: {{ .ctx.Release.Namespace | quote }}
   labels:
     {{- include "nodefabric.labels" . | nindent 4 }}
   {{- with .values.serviceAccount.annotations }}
@@ -337,8 +340,8 @@ metadata:
 {{/* The RBAC subject naming the component's ServiceAccount. */}}
 {{- define "nodefabric.serviceAccountSubject" -}}
 - kind: ServiceAccount
-  name: {{ include "nodefabric.serviceAccountName" . }}
-  namespace: {{ .ctx.Release.Namespace }}
+  name: {{ include "nodefabric.serviceAccountName" . | quote }}
+  namespace: {{ .ctx.Release.Namespace | quote }}
 {{- end -}}
 
 {{/* Pod template metadata: the chart's labels plus podLabels (which may not touch the selector labels:
@@ -363,7 +366,7 @@ annotations:
 
 {{/* Pod-level fields every component shares: account, pull secrets, placement, pod security context. */}}
 {{- define "nodefabric.podSpec" -}}
-serviceAccountName: {{ include "nodefabric.serviceAccountName" . }}
+serviceAccountName: {{ include "nodefabric.serviceAccountName" . | quote }}
 {{- with include "nodefabric.imagePullSecrets" .ctx | trim }}
 {{ . }}
 {{- end }}
@@ -517,4 +520,78 @@ httpGet:
 {{- with .timings }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+
+{{/* Fail on topology levels the operator refuses at start (exit 2, so it would crash-loop after the install):
+a level name used twice, a key in two levels, kubernetes.io/hostname (every projection adds it itself).
+Call with (dict "what" "operator.topology.levels" "levels" (list (dict "name" "fabric" "keys" $keys) ...)). */}}
+{{- define "nodefabric.assertTopologyLevels" -}}
+{{- $names := dict -}}
+{{- $keys := dict -}}
+{{- range .levels -}}
+{{- $level := .name -}}
+{{- if hasKey $names $level -}}
+{{- fail (printf "%s: the level name %s is used twice; the operator would refuse to start" $.what $level) -}}
+{{- end -}}
+{{- $_ := set $names $level true -}}
+{{- range .keys -}}
+{{- if eq . "kubernetes.io/hostname" -}}
+{{- fail (printf "%s: level %s: kubernetes.io/hostname is added by every projection as the lowest level, not a level of its own; the operator would refuse to start" $.what $level) -}}
+{{- end -}}
+{{- if hasKey $keys . -}}
+{{- fail (printf "%s: the label key %s is in levels %s and %s: a node would be read at two levels by one label; the operator would refuse to start" $.what . (get $keys .) $level) -}}
+{{- end -}}
+{{- $_ := set $keys . $level -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A resource quantity ("64Mi", "500m", "1e3", 2) as a float in base units, to compare two of them. */}}
+{{- define "nodefabric.quantity" -}}
+{{- $q := toString . -}}
+{{- $num := regexFind "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)" $q -}}
+{{- $suffix := trimPrefix $num $q -}}
+{{- if regexMatch "^[eE][-+]?[0-9]+$" $suffix -}}
+{{- float64 (trimPrefix "+" $q) -}}
+{{- else -}}
+{{- /* Fractions divide (700m is 700/1000, as "0.7" parses; 700*0.001 would be a hair above it). */ -}}
+{{- $down := dict "n" 1e9 "u" 1e6 "m" 1e3 -}}
+{{- $up := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- if hasKey $down $suffix -}}
+{{- divf (float64 (trimPrefix "+" $num)) (get $down $suffix) -}}
+{{- else -}}
+{{- mulf (float64 (trimPrefix "+" $num)) (get $up $suffix) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail on a request above its limit, which the API server refuses: most often a limit set lower than the
+chart's default request, which merges in beside it. Call with (dict "what" "agent.resources" "resources" $r). */}}
+{{- define "nodefabric.assertRequestsWithinLimits" -}}
+{{- $requests := .resources.requests | default dict -}}
+{{- $limits := .resources.limits | default dict -}}
+{{- /* An extended resource (a domain of its own: nvidia.com/gpu) or hugepages is never overcommitted: a
+request needs a limit, and the same one. */ -}}
+{{- range $name, $request := $requests -}}
+{{- $native := or (not (contains "/" $name)) (contains "kubernetes.io/" $name) -}}
+{{- if and (not (kindIs "invalid" $request)) (or (not $native) (hasPrefix "hugepages-" $name)) -}}
+{{- $limit := get $limits $name -}}
+{{- if or (not (hasKey $limits $name)) (kindIs "invalid" $limit) -}}
+{{- fail (printf "%s: requests.%s needs limits.%s, and the same quantity: Kubernetes never overcommits it (or give only the limit)" $.what $name $name) -}}
+{{- end -}}
+{{- if ne (include "nodefabric.quantity" $request) (include "nodefabric.quantity" $limit) -}}
+{{- fail (printf "%s: requests.%s (%v) must equal limits.%s (%v): Kubernetes never overcommits it" $.what $name $request $name $limit) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $name, $limit := $limits -}}
+{{- $request := get $requests $name -}}
+{{- if and (not (kindIs "invalid" $limit)) (not (kindIs "invalid" $request)) (hasKey $requests $name) -}}
+{{- /* A relative margin of 1e-12: two spellings of one quantity never differ by more than rounding. */ -}}
+{{- if gt (float64 (include "nodefabric.quantity" $request)) (mulf (float64 (include "nodefabric.quantity" $limit)) 1.000000000001) -}}
+{{- fail (printf "%s: requests.%s (%v) is above limits.%s (%v), which Kubernetes refuses; the chart's default request merges with a limit you set, so lower requests.%s too (or set it to null)" $.what $name $request $name $limit $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
