@@ -148,3 +148,12 @@ def test_a_key_of_the_operators_own_spine_or_core_is_refused_in_extender_levels(
         for key in level.keys:
             said = refusal(render, {"extender": {"levels": {"networkGroup": [key]}}})
             assert f"the label key {key} is in levels" in said and level.name in said, said
+
+
+def test_an_extender_level_key_longer_than_a_topology_names_is_refused_at_install(render: Any) -> None:
+    """A label key of 317 characters (the longest the API server takes) is one Kueue's and KAI's
+    `nodeLabel` refuses, and the operator with it at start: extender.levels feed its topology levels."""
+    key = "a" * 253 + "/" + "b" * 63
+    assert len(key) == 317
+    assert "/extender/levels/zone/0" in refusal(render, {"extender": {"levels": {"zone": [key]}}})
+    assert operator_options(render({"extender": {"levels": {"zone": [key[1:]]}}})) is not None
