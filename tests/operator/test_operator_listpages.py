@@ -357,8 +357,8 @@ def test_a_410_mid_list_is_followed_by_one_full_list_each_object_once(what: str)
     """The continue token expired between two pages, and the 410 (reason Expired) carries no token of
     its own (an API server that could not make one): the rest is read as one full list (limit=0, no
     token), as client-go's pager does, instead of failing the list (the operator's start exited 2, and on
-    a fleet whose list outlasts etcd's compaction it would never start). n1, already handed on from the first page in the same version, is
-    not handed on twice; n2 and n3, only in the newer snapshot, are."""
+    a fleet whose list outlasts etcd's compaction it would never start). n1, already handed on from the
+    first page in the same version, is not handed on twice; n2 and n3, only in the newer snapshot, are."""
     full = {"items": [_item(1), _item(2), _item(3)], "metadata": {"resourceVersion": "9"}}
     handle, asked = _expiring(lambda: (json.dumps(full).encode(), "200 OK"))
     with raw_server(handle) as served:
