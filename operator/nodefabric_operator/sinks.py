@@ -317,8 +317,8 @@ class NodeFeatureSink(_SentInThread):
                 (
                     f"{r.get('kind')} {r.get('name')}"
                     for r in items(obj, "metadata", "ownerReferences")
-                    if r.get("controller") is True
-                    and (r.get("apiVersion"), r.get("kind")) != (models.API_VERSION, models.KIND)
+                    # Controller or not: nfd-worker names its Pod with no `controller` flag.
+                    if (r.get("apiVersion"), r.get("kind")) != (models.API_VERSION, models.KIND)
                 ),
                 "",
             ),
