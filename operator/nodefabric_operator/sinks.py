@@ -350,6 +350,14 @@ class NodeFeatureSink(_SentInThread):
         verify: bool = False,
     ) -> Calls[Published]:
         target = self.target(owner.name)
+        problem = labels.value_problem(owner.name)
+        if problem is not None:
+            # A node name may run to 253 characters; the label nfd-master selects by holds 63 at most, so
+            # the API server would refuse every write of this object.
+            raise SinkError(
+                f"cannot write {target}: the node's name is not a valid value for its {NFD_NODE_NAME} "
+                f"label ({problem}), which nfd-master needs; run with --sink node"
+            )
 
         def attempt(current: SinkObject | None) -> Calls[Published]:
             plan = labels.plan(current.labels if current else {}, desired, domain=self.domain, frozen=frozen)
