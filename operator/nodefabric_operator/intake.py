@@ -186,6 +186,7 @@ class Intake:
 
     def attach(self, settings: Any) -> bool:
         """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
+        _wrap("kopf._cogs.clients.watching", "continuous_watch", _resumed_watch)
         if not (
             _wrap("kopf._core.reactor.processing", "process_resource_event", _filtered_processing)
             and _wrap("kopf._cogs.clients.watching", "infinite_watch", _filtered_watch)
@@ -268,3 +269,44 @@ def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Calla
                 found.stopped(resource)
 
     return infinite_watch
+
+
+REWATCH_PAUSE_S = (1.0, 60.0)  # the first pause after a watch ended by an error, and the longest
+
+
+def _resumed_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
+    """kopf's one listing and watch of a resource, ended quietly when the stream brings an ERROR event
+    other than 410 (a 504 "Too large resource version" from an API server replica whose cache lags, a
+    500, one with no code) or a line that is no JSON or no event (a proxy's page): kopf raised each out
+    of every watcher, and the operator ended. kopf then lists and watches again, as after a 410 (client-go's reflector does the
+    same), after a pause that doubles while such errors follow one another with no event between."""
+    watching = importlib.import_module("kopf._cogs.clients.watching")
+    # What kopf's reading of a line raises for one of the wrong shape: an ERROR event with no code, an
+    # event that is no object, an object that is no mapping.
+    ended: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError)
+    if isinstance(getattr(watching, "WatchingError", None), type):
+        ended += (watching.WatchingError,)
+    pauses: dict[Key, float] = {}
+
+    async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        key = _key(kwargs.get("resource"))
+        stream = original(**kwargs)
+        try:
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    pauses.pop(key, None)
+                    yield event
+        except ended as err:
+            pause = pauses.get(key, REWATCH_PAUSE_S[0])
+            pauses[key] = min(pause * 2, REWATCH_PAUSE_S[1])
+            log.warning(
+                "a watch ended with an error, listing and watching again",
+                extra={
+                    "resource": ".".join(reversed(key)).strip("."),
+                    "error": str(err)[:300],
+                    "in_s": pause,
+                },
+            )
+            await asyncio.sleep(pause)
+
+    return continuous_watch

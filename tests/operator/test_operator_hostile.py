@@ -4,6 +4,7 @@ it cannot do, and never crashes a handler or loses a label it should keep."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import kubernetes
@@ -207,3 +208,53 @@ async def test_the_devices_crd_deleted_and_created_again_does_not_stop_the_opera
                 return nf.get("spec", {}).get("labels", {}).get(CAPABLE)
 
             assert await eventually(capable, timeout=90) == "true"
+
+
+TOO_LARGE = {
+    "type": "ERROR",
+    "object": {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": "Too large resource version: 1200, current: 1100",
+        "reason": "Timeout",
+        "details": {
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
+        },
+        "code": 504,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        # What an API server behind a load balancer sends a watch resumed on a replica whose cache lags.
+        pytest.param(json.dumps(TOO_LARGE).encode() + b"\n", id="error-504-too-large-rv"),
+        pytest.param(
+            json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 500}}).encode() + b"\n",
+            id="error-500",
+        ),
+        pytest.param(b'{"type": "ERROR", "object": {"kind": "Status"}}\n', id="error-without-code"),
+        pytest.param(b"[1]\n", id="json-not-an-event"),
+        pytest.param(b"<html>502 Bad Gateway</html>\n", id="not-json"),
+    ],
+)
+async def test_a_watch_ended_by_an_error_event_or_garbage_is_opened_again_not_the_operator_ended(
+    last, caplog
+):
+    """kopf restarts a watch only after a 410 ERROR event; any other ERROR event (a 504 "Too large
+    resource version" from a lagging API server replica, a 500) or a line that is no JSON (a proxy's
+    page) failed the whole operator: a traceback, exit 1, and no labels until the pod restarted. The
+    watch is listed and opened again, as client-go's reflector does, and publishing goes on."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic(numa="0")]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await eventually(lambda: proxy.open_watches >= 2)
+            assert proxy.end_watches(last) >= 2
+            await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
+            assert await eventually(lambda: _numa(c, "1"))
+            await settle(k)

@@ -44,6 +44,7 @@ class WatchBreaker:
     bytes_up: int = 0  # request bodies sent to the API
     bytes_down: int = 0  # response bodies (watch events included) sent back
     _open: set[asyncio.Event] = field(default_factory=set)
+    _last_line: bytes = json.dumps(GONE).encode() + b"\n"  # what an ended watch is sent last
     _refusals: list[tuple[str, str, int]] = field(default_factory=list)
     _delays: list[tuple[str, str, float]] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
@@ -68,6 +69,12 @@ class WatchBreaker:
 
     def expire_watches(self) -> int:
         """End every open watch with 410 Gone; how many there were."""
+        return self.end_watches(json.dumps(GONE).encode() + b"\n")
+
+    def end_watches(self, last: bytes) -> int:
+        """End every open watch with `last` (an ERROR event of another kind, a line that is no JSON) as
+        its last line; how many there were."""
+        self._last_line = last
         count = len(self._open)
         for gone in list(self._open):
             gone.set()
@@ -123,7 +130,7 @@ class WatchBreaker:
                 done, _ = await asyncio.wait({line, expired}, return_when=asyncio.FIRST_COMPLETED)
                 if expired in done:
                     line.cancel()
-                    data = json.dumps(GONE).encode() + b"\n"
+                    data = self._last_line
                     self.bytes_down += len(data)
                     await response.write(data)
                     await response.write_eof()
