@@ -278,8 +278,9 @@ def _resumed_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callab
     """kopf's one listing and watch of a resource, ended quietly when the stream brings an ERROR event
     other than 410 (a 504 "Too large resource version" from an API server replica whose cache lags, a
     500, one with no code) or a line that is no JSON or no event (a proxy's page): kopf raised each out
-    of every watcher, and the operator ended. kopf then lists and watches again, as after a 410 (client-go's reflector does the
-    same), after a pause that doubles while such errors follow one another with no event between."""
+    of every watcher, and the operator ended. kopf then lists and watches again, as after a 410
+    (client-go's reflector does the same), after a pause that doubles while such errors follow one
+    another with no event between."""
     watching = importlib.import_module("kopf._cogs.clients.watching")
     # What kopf's reading of a line raises for one of the wrong shape: an ERROR event with no code, an
     # event that is no object, an object that is no mapping.
