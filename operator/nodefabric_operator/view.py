@@ -65,8 +65,8 @@ class SinkObject:
     labels: Mapping[str, str] = field(default_factory=dict)
     owners: frozenset[str] = frozenset()  # uids in ownerReferences (NodeFeature)
     tagged: bool = True  # carries the node-name label nfd-master selects by (NodeFeature)
-    # Another writer among its owners ("Pod nfd-worker-x7"): nfd-worker names its NodeFeature after the node
-    # too, so in NFD's own namespace the object of our name is its own (NodeFeature).
+    # Another writer's owner ("Pod nfd-worker-x7", sinks.foreign_owner): nfd-worker names its
+    # NodeFeature after the node too, so in NFD's own namespace the object of our name is its own.
     foreign: str = ""
     managed: frozenset[str] | None = None  # keys we wrote, from our annotation (Node)
 

@@ -9,6 +9,7 @@ import asyncio
 import logging
 from typing import Any
 
+import pytest
 from aiohttp import web
 from operator_harness import NS, Client, answering_api, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
@@ -247,6 +248,32 @@ async def test_a_nodefeature_with_another_owner_that_is_no_controller_is_never_t
         assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
         assert await prune(k) == 0
         assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
+
+
+DEVICES_OWNER = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "Devices", "name": "n0", "uid": "d-1"}
+POD = {"apiVersion": "v1", "kind": "Pod", "name": "nfd-worker-x7", "uid": "p-1"}
+DAEMONSET = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "name": "nfd-worker",
+    "uid": "ds-1",
+    "controller": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("refs", "whose"),
+    [
+        ([], ""),
+        ([POD], "Pod nfd-worker-x7"),
+        ([DAEMONSET, POD], "DaemonSet nfd-worker"),  # what nfd-worker run by a DaemonSet names
+        ([{**DEVICES_OWNER, "controller": True}, POD], ""),  # ours, someone's owner added beside
+        ([{**DEVICES_OWNER, "uid": "d-0"}], ""),  # a record since created again: still ours
+        ([DEVICES_OWNER, DAEMONSET], "DaemonSet nfd-worker"),  # another controller: never ours
+    ],
+)
+def test_whose_nodefeature_it_is(refs, whose):
+    assert sinks.foreign_owner(refs) == whose
 
 
 async def test_a_list_answered_with_garbage_is_a_failed_pass_and_exit_1(tmp_path, caplog):
