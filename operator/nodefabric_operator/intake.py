@@ -37,6 +37,7 @@ import collections
 import contextlib
 import importlib
 import logging
+import math
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -187,6 +188,7 @@ class Intake:
     def attach(self, settings: Any) -> bool:
         """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
         _wrap("kopf._cogs.clients.watching", "continuous_watch", _resumed_watch)
+        _wrap("kopf._cogs.clients.errors", "check_response", _bounded_retry_after)
         if not (
             _wrap("kopf._core.reactor.processing", "process_resource_event", _filtered_processing)
             and _wrap("kopf._cogs.clients.watching", "infinite_watch", _filtered_watch)
@@ -272,22 +274,20 @@ def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Calla
 
 
 REWATCH_PAUSE_S = (1.0, 60.0)  # the first pause after a watch ended by an error, and the longest
+RETRY_AFTER_MAX_S = 10  # the longest a 429's Retry-After holds one of kopf's requests
 
 
 def _resumed_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
-    """kopf's one listing and watch of a resource, ended quietly when the stream brings an ERROR event
-    other than 410 (a 504 "Too large resource version" from an API server replica whose cache lags, a
-    500, one with no code) or a line that is no JSON or no event (a proxy's page): kopf raised each out
-    of every watcher, and the operator ended. kopf then lists and watches again, as after a 410
-    (client-go's reflector does the same), after a pause that doubles while such errors follow one
-    another with no event between."""
-    watching = importlib.import_module("kopf._cogs.clients.watching")
-    # What kopf's reading of a line raises for one of the wrong shape: an ERROR event with no code, an
-    # event that is no object, an object that is no mapping.
-    ended: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError)
-    if isinstance(getattr(watching, "WatchingError", None), type):
-        ended += (watching.WatchingError,)
+    """kopf's one listing and watch of a resource, ended quietly when it fails: an ERROR event other
+    than 410 (a 504 "Too large resource version" from an API server replica whose cache lags, a 500, one
+    with no code), a line that is no JSON or no event (a proxy's page), or a listing refused past kopf's
+    own retries (a 5xx or a 403 for a minute, the API server unreachable). kopf raised each out of every
+    watcher, and the operator ended. kopf then lists and watches again, as after a 410 (client-go's
+    reflector does the same), after a pause that doubles while such failures follow one another with
+    no event between. A 404 (the resource gone) and a 401 still end kopf: the operator starts it again
+    (cli), or kopf logs in again."""
     pauses: dict[Key, float] = {}
+    ended = _watch_failures()
 
     async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
         key = _key(kwargs.get("resource"))
@@ -298,16 +298,66 @@ def _resumed_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callab
                     pauses.pop(key, None)
                     yield event
         except ended as err:
+            if getattr(err, "status", None) in (401, 404):
+                raise
             pause = pauses.get(key, REWATCH_PAUSE_S[0])
             pauses[key] = min(pause * 2, REWATCH_PAUSE_S[1])
             log.warning(
                 "a watch ended with an error, listing and watching again",
                 extra={
                     "resource": ".".join(reversed(key)).strip("."),
-                    "error": str(err)[:300],
+                    "error": str(err)[:300] or type(err).__name__,
                     "in_s": pause,
                 },
             )
             await asyncio.sleep(pause)
 
     return continuous_watch
+
+
+def _watch_failures() -> tuple[type[BaseException], ...]:
+    """What a failed listing or watch of kopf's raises: its reading of a line of the wrong shape (an
+    ERROR event with no code, an event that is no object; a Retry-After it cannot read), its refusals
+    (APIError, the 404 and 401 among them: told apart by status), the connection's errors."""
+    ended: list[type[BaseException]] = [ValueError, KeyError, TypeError, AttributeError, ArithmeticError]
+    ended += [OSError, TimeoutError]  # aiohttp's connection errors are OSErrors
+    for module, name in [
+        ("kopf._cogs.clients.watching", "WatchingError"),
+        ("kopf._cogs.clients.errors", "APIError"),
+        ("aiohttp", "ClientError"),
+    ]:
+        found = getattr(importlib.import_module(module), name, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            ended.append(found)
+    return tuple(ended)
+
+
+def _bounded_retry_after(original: Callable[..., Awaitable[None]]) -> Callable[..., Any]:
+    """kopf's check of an answer, its 429's Retry-After bounded: kopf slept whatever it asked (a day held
+    the watch a day), and raised out of the watcher on one it could not read (text, "nan", "inf"). One
+    that is no number of seconds is dropped (kopf's own backoff applies); a longer one is cut to
+    RETRY_AFTER_MAX_S."""
+
+    async def check_response(response: Any) -> None:
+        try:
+            await original(response)
+        except Exception as err:
+            if getattr(err, "status", None) == 429:
+                _bound(getattr(err, "headers", None), "Retry-After", str)
+                _bound(getattr(err, "details", None), "retryAfterSeconds", int)
+            raise
+
+    return check_response
+
+
+def _bound(found: object, key: str, kind: Callable[[int], object]) -> None:
+    if not isinstance(found, dict) or key not in found:
+        return
+    try:
+        seconds = float(found[key])
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds >= 0:
+        found[key] = kind(min(int(seconds), RETRY_AFTER_MAX_S))
+    else:
+        del found[key]

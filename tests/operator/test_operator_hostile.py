@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import kubernetes
 import pytest
@@ -15,7 +16,7 @@ from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import labels, sinks
+from nodefabric_operator import cli, labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.reconcile import Reconciler
 
@@ -257,4 +258,45 @@ async def test_a_watch_ended_by_an_error_event_or_garbage_is_opened_again_not_th
             assert proxy.end_watches(last) >= 2
             await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
             assert await eventually(lambda: _numa(c, "1"))
+            await settle(k)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers"),
+    [
+        # kopf slept what a 429's Retry-After asked, however long: a day here, the watch gone with it.
+        pytest.param(429, {"Retry-After": "86400"}, id="429-retry-after-a-day"),
+        # kopf read it with int(float(...)): text, "nan" or "inf" raised out of the watcher.
+        pytest.param(429, {"Retry-After": "soon"}, id="429-retry-after-text"),
+        pytest.param(429, {"Retry-After": "inf"}, id="429-retry-after-inf"),
+        # kopf retries a 5xx for 54 s (its backoffs, cut short here), then raised out of the watcher.
+        pytest.param(503, {}, id="503-past-kopfs-retries"),
+    ],
+)
+async def test_kopfs_listing_refused_for_a_while_is_retried_not_the_operator_ended(
+    status, headers, monkeypatch
+):
+    """kopf lists a resource again when its watch ends; a list refused past kopf's own retries, or with a
+    Retry-After kopf cannot read, ended the operator (exit 1), and one with a long Retry-After held the
+    watch that long. The listing is retried (a Retry-After read as at most 10 s) until it succeeds."""
+    made = cli.settings
+
+    def quick(opts: cli.Options) -> Any:
+        out = made(opts)
+        out.networking.error_backoffs = [0.1, 0.1]
+        return out
+
+    monkeypatch.setattr(cli, "settings", quick)
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic(numa="0")]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            proxy.refuse("GET", f"/apis/{models.GROUP}/", status, headers)
+            assert proxy.expire_watches() >= 1
+            await eventually(lambda: proxy.refused >= 3)
+            proxy.allow()
+            await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
+            assert await eventually(lambda: _numa(c, "1"), timeout=40)
             await settle(k)

@@ -44,14 +44,16 @@ class WatchBreaker:
     bytes_up: int = 0  # request bodies sent to the API
     bytes_down: int = 0  # response bodies (watch events included) sent back
     _open: set[asyncio.Event] = field(default_factory=set)
+    refused: int = 0  # requests answered by `refuse`
     _last_line: bytes = json.dumps(GONE).encode() + b"\n"  # what an ended watch is sent last
-    _refusals: list[tuple[str, str, int]] = field(default_factory=list)
+    _refusals: list[tuple[str, str, int, dict[str, str]]] = field(default_factory=list)
     _delays: list[tuple[str, str, float]] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
 
-    def refuse(self, method: str, path: str, status: int) -> None:
-        """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403)."""
-        self._refusals.append((method, path, status))
+    def refuse(self, method: str, path: str, status: int, headers: dict[str, str] | None = None) -> None:
+        """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403),
+        and `headers` (a 429's Retry-After)."""
+        self._refusals.append((method, path, status, headers or {}))
 
     def delay(self, method: str, path: str, seconds: float) -> None:
         """Hold every `method` request (not a watch) whose path starts with `path` for `seconds` before
@@ -82,10 +84,11 @@ class WatchBreaker:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        for method, path, status in self._refusals:
+        for method, path, status, extra in self._refusals:
             if request.method == method and request.path.startswith(path):
+                self.refused += 1
                 body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status}
-                return web.json_response(body, status=status)
+                return web.json_response(body, status=status, headers=extra)
         body = await request.read()
         self.bytes_up += len(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
