@@ -173,5 +173,6 @@ def intake(rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_n
         models.PLURAL,
         forget=rec.devices_gone,
         replaced=rec.metrics.skipped.labels(resource=models.PLURAL).inc,
+        held=lambda: list(rec.ledger.records),
     )
     return Intake(tests, {(models.GROUP, models.PLURAL): lanes})

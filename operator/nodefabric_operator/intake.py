@@ -39,7 +39,7 @@ import importlib
 import logging
 import math
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,11 @@ class Lanes:
         what: str,
         forget: Callable[[str], object] = lambda _: None,
         replaced: Callable[[], object] = lambda: None,
+        held: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.handle = handle
+        # The objects the handler holds (the records the reconciler keeps): what a new listing must have.
+        self.held = held
         self.what = what  # for the log: whose events these are
         # Told of each event replaced by a newer one before it was handled (counted where the events
         # the handler skips are counted: every event delivered is then handled or counted skipped).
@@ -87,6 +90,20 @@ class Lanes:
             self.replaced()
         else:
             pending.append(event)
+
+    def vanished(self, listed: set[str]) -> int:
+        """A new listing is over: each object held, or with events waiting, that it lacks went while no
+        watch was open (a deletion no stream delivers) and is handed a DELETED event of its own, after
+        what waits for it, as client-go's reflector does on a relist; how many."""
+        gone = [
+            name
+            for name in sorted({*self.held(), *self._pending} - listed)
+            if not (self._pending.get(name) and self._pending[name][-1].get("type") == "DELETED")
+        ]
+        for name in gone:
+            log.info("deleted while no watch was open", extra={"resource": self.what, "node": name})
+            self.put(name, {"type": "DELETED", "object": {"metadata": {"name": name}}})
+        return len(gone)
 
     def __len__(self) -> int:
         """Objects with events in hand or waiting."""
@@ -199,6 +216,24 @@ class Intake:
         weakref.finalize(settings, Intake._installed.pop, id(settings), None)
         return True
 
+    def relisting(self, resource: Any, event: object, names: set[str] | None) -> set[str] | None:
+        """The names of a listing in progress, `names` as far as it went, with `event` added; when the
+        event is kopf's mark that the listing is over, its lanes are told what it lacked (vanished)."""
+        lanes = self.lanes.get(_key(resource))
+        if lanes is None:
+            return None
+        if isinstance(event, Mapping):
+            if event.get("type") is not None:
+                return names
+            body = event.get("object")
+            meta = body.get("metadata") if isinstance(body, Mapping) else None
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+            return (names or set()) | ({name} if isinstance(name, str) and name else set())
+        if getattr(event, "name", None) == "LISTED":  # kopf's Bookmark.LISTED, even after no object
+            lanes.vanished(names or set())
+            return None
+        return names
+
     def stopped(self, resource: Any) -> None:
         """The resource's watch ended (the operator stopping, its CRD gone): its events not yet handled
         are dropped, so that nothing is written for them after the stop (kopf lets the tasks it finds
@@ -259,9 +294,12 @@ def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Calla
         found = Intake.of(kwargs.get("settings"))
         resource = kwargs.get("resource")
         stream = original(**kwargs)
+        listing: set[str] | None = None  # the names of a listing in progress
         try:
             async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
                 async for event in stream:
+                    if found is not None:
+                        listing = found.relisting(resource, event, listing)
                     if found is None or not isinstance(event, Mapping):
                         yield event  # kopf's own markers (the listing's end) included
                     elif not (found.echo(resource, event) or found.take(resource, event)):

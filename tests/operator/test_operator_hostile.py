@@ -300,3 +300,30 @@ async def test_kopfs_listing_refused_for_a_while_is_retried_not_the_operator_end
             await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
             assert await eventually(lambda: _numa(c, "1"), timeout=40)
             await settle(k)
+
+
+async def test_a_record_deleted_while_its_watch_was_down_is_withdrawn_when_kopf_lists_again():
+    """A watch that ends (410 Gone, an error) is followed by a new listing, which has no event for a
+    record deleted in between: with the Node sink its labels stayed on the Node until the operator
+    restarted. A record the operator holds that the new listing lacks is handled as deleted, as
+    client-go's reflector does."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        for name in ("n1", "n2"):
+            await c.node(name)
+            await c.put_devices(devices(name, interfaces=[nic()]))
+        async with running_operator(k, sink="node", kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 2)
+            await settle(k)
+            proxy.refuse("GET", f"/apis/{models.GROUP}/", 503)
+            assert proxy.expire_watches() >= 1
+            await eventually(lambda: proxy.refused >= 1)
+            await c.delete_devices("n2")  # not through the proxy: no watch sees it
+            proxy.allow()
+            assert await eventually(lambda: _no_labels(c, "n2"))
+            await settle(k)
+        assert (await c.node_labels("n1"))[CAPABLE] == "true"
+
+
+async def _no_labels(c: Client, node: str) -> bool:
+    return CAPABLE not in await c.node_labels(node)
