@@ -177,9 +177,16 @@ class Intake:
     def of(cls, settings: object) -> Intake | None:
         return cls._installed.get(id(settings))
 
-    def __init__(self, echoes: Mapping[Key, Echo], lanes: Mapping[Key, Lanes] | None = None) -> None:
+    def __init__(
+        self,
+        echoes: Mapping[Key, Echo],
+        lanes: Mapping[Key, Lanes] | None = None,
+        relists: Mapping[Key, Lanes] | None = None,
+    ) -> None:
         self.echoes = dict(echoes)
         self.lanes = dict(lanes or {})
+        # Per resource whose events kopf handles, lanes for the deletions a new listing shows (vanished).
+        self.relists = dict(relists or {})
 
     def echo(self, resource: Any, raw_event: Mapping[str, Any]) -> bool:
         test = self.echoes.get(_key(resource))
@@ -219,7 +226,8 @@ class Intake:
     def relisting(self, resource: Any, event: object, names: set[str] | None) -> set[str] | None:
         """The names of a listing in progress, `names` as far as it went, with `event` added; when the
         event is kopf's mark that the listing is over, its lanes are told what it lacked (vanished)."""
-        lanes = self.lanes.get(_key(resource))
+        key = _key(resource)
+        lanes = self.lanes[key] if key in self.lanes else self.relists.get(key)
         if lanes is None:
             return None
         if isinstance(event, Mapping):
@@ -239,6 +247,9 @@ class Intake:
         are dropped, so that nothing is written for them after the stop (kopf lets the tasks it finds
         run five seconds more before it cancels them); the next listing brings them back."""
         lanes = self.lanes.get(_key(resource))
+        relisted = self.relists.get(_key(resource))
+        if relisted is not None:
+            relisted.drop()
         if lanes is None:
             return
         dropped = lanes.drop()
@@ -246,7 +257,7 @@ class Intake:
             log.info("watch stopped, events not handled", extra={"resource": lanes.what, "events": dropped})
 
     async def close(self) -> None:
-        for lanes in self.lanes.values():
+        for lanes in [*self.lanes.values(), *self.relists.values()]:
             await lanes.close()
 
 

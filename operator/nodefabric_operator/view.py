@@ -88,6 +88,9 @@ class SinkView:
     def get(self, name: str) -> SinkObject | None:
         return self._objects.get(name)
 
+    def names(self) -> list[str]:
+        return list(self._objects)
+
     def observe(self, obj: SinkObject) -> bool:
         """Hold `obj` unless what is held is as new; True when it replaced something older (or nothing)."""
         held = self._objects.get(obj.name)

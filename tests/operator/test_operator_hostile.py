@@ -327,3 +327,24 @@ async def test_a_record_deleted_while_its_watch_was_down_is_withdrawn_when_kopf_
 
 async def _no_labels(c: Client, node: str) -> bool:
     return CAPABLE not in await c.node_labels(node)
+
+
+async def test_a_nodefeature_deleted_while_its_watch_was_down_is_created_again_when_kopf_lists_again():
+    """The same for a sink object: a NodeFeature deleted while no watch was open stayed in the view, so
+    the operator took it for there and never created it again (nfd-master had taken its labels off the
+    node) until the record changed."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await settle(k)
+            proxy.refuse("GET", f"/apis/{sinks.NFD_GROUP}/", 503)
+            assert proxy.expire_watches() >= 1
+            await eventually(lambda: proxy.refused >= 1)
+            k.api.remove_object(NF, "n1", NS)  # no watch sees it
+            proxy.allow()
+            assert await eventually(lambda: k.api.stored(NF, "n1", NS) is not None)
+            await settle(k)
+        assert k.api.stored(NF, "n1", NS)["spec"]["labels"][CAPABLE] == "true"
