@@ -344,7 +344,10 @@ def _resumed_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callab
         try:
             async with contextlib.aclosing(stream):
                 async for event in stream:
-                    pauses.pop(key, None)
+                    if isinstance(event, Mapping) and event.get("type") is not None:
+                        # A watch's event, not the listing's (type None): a stream that lists and
+                        # then fails at once every time keeps its pause growing, not relisting each second.
+                        pauses.pop(key, None)
                     yield event
         except ended as err:
             if getattr(err, "status", None) in (401, 404):

@@ -348,3 +348,29 @@ async def test_a_nodefeature_deleted_while_its_watch_was_down_is_created_again_w
             assert await eventually(lambda: k.api.stored(NF, "n1", NS) is not None)
             await settle(k)
         assert k.api.stored(NF, "n1", NS)["spec"]["labels"][CAPABLE] == "true"
+
+
+async def test_a_watch_that_fails_at_once_every_time_relists_with_a_growing_pause(caplog):
+    """Each listing succeeds and each watch after it fails at once (an API server whose watch cache is
+    broken): the listing's objects are not taken for a watch that worked, so the pause before the next
+    listing keeps doubling instead of listing every record once a second."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            proxy.poison = json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 500}}).encode()
+            proxy.expire_watches()
+
+            def pauses() -> list[float]:
+                return [
+                    r.in_s
+                    for r in caplog.records
+                    if r.getMessage() == "a watch ended with an error, listing and watching again"
+                    and r.resource == f"devices.{models.GROUP}"
+                ]
+
+            await eventually(lambda: len(pauses()) >= 3)
+            proxy.allow()
+        assert pauses()[:3] == [1.0, 2.0, 4.0]

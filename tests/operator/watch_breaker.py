@@ -45,6 +45,7 @@ class WatchBreaker:
     bytes_down: int = 0  # response bodies (watch events included) sent back
     _open: set[asyncio.Event] = field(default_factory=set)
     refused: int = 0  # requests answered by `refuse`
+    poison: bytes = b""  # when set, what every watch request is answered with, and nothing more
     _last_line: bytes = json.dumps(GONE).encode() + b"\n"  # what an ended watch is sent last
     _refusals: list[tuple[str, str, int, dict[str, str]]] = field(default_factory=list)
     _delays: list[tuple[str, str, float]] = field(default_factory=list)
@@ -64,6 +65,7 @@ class WatchBreaker:
         """Refuse and delay nothing any more."""
         self._refusals.clear()
         self._delays.clear()
+        self.poison = b""
 
     @property
     def open_watches(self) -> int:
@@ -93,6 +95,8 @@ class WatchBreaker:
         self.bytes_up += len(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         is_watch = request.query.get("watch") in ("true", "1")
+        if is_watch and self.poison:
+            return web.Response(status=200, body=self.poison, content_type="application/json")
         for method, path, seconds in self._delays:
             if not is_watch and request.method == method and request.path.startswith(path):
                 await asyncio.sleep(seconds)
