@@ -22,6 +22,11 @@ in flight even when cancelled: apicall.arun, or inflight.writing for a call in a
 written for them after the stop; the next listing brings them back. A dropped DELETED event is still
 told to the reconciler (nothing written), since no listing has an event for an object that went.
 
+The intake also keeps kopf's watches going where kopf gave up (`_resumed_watch`: an ERROR event other
+than 410, a garbled line, a listing refused past kopf's retries ended the whole operator; a 429's
+Retry-After held a watch as long as it asked), and hands on the deletions a new listing shows (an
+object held that it lacks went while no watch was open: `Lanes.vanished`).
+
 kopf offers no public hook ahead of its processing, so the intake wraps its watch stream
 (`infinite_watch`: an event answered on arrival costs kopf no queue and no per-object worker) and its
 `process_resource_event` (an echo that arrived before its write's answer was settled waits in the
