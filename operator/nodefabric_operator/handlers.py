@@ -173,5 +173,9 @@ def intake(rec: Reconciler, sink: sinks.Sink, *, topology: bool = False, watch_n
         models.PLURAL,
         forget=rec.devices_gone,
         replaced=rec.metrics.skipped.labels(resource=models.PLURAL).inc,
+        held=lambda: list(rec.ledger.records),
     )
-    return Intake(tests, {(models.GROUP, models.PLURAL): lanes})
+    # A sink object deleted while no watch was open: its deletion handled as the watch's would be.
+    gone = Lanes(lambda event: rec.sink_deleted(event["object"]), sink.name, held=rec.view.names)
+    sink_key = ("", "nodes") if isinstance(sink, sinks.NodeSink) else (sinks.NFD_GROUP, sinks.NFD_PLURAL)
+    return Intake(tests, {(models.GROUP, models.PLURAL): lanes}, {sink_key: gone})

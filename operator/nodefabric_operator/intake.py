@@ -22,6 +22,11 @@ in flight even when cancelled: apicall.arun, or inflight.writing for a call in a
 written for them after the stop; the next listing brings them back. A dropped DELETED event is still
 told to the reconciler (nothing written), since no listing has an event for an object that went.
 
+The intake also keeps kopf's watches going where kopf gave up (`_resumed_watch`: an ERROR event other
+than 410, a garbled line, a listing refused past kopf's retries ended the whole operator; a 429's
+Retry-After held a watch as long as it asked), and hands on the deletions a new listing shows (an
+object held that it lacks went while no watch was open: `Lanes.vanished`).
+
 kopf offers no public hook ahead of its processing, so the intake wraps its watch stream
 (`infinite_watch`: an event answered on arrival costs kopf no queue and no per-object worker) and its
 `process_resource_event` (an echo that arrived before its write's answer was settled waits in the
@@ -37,8 +42,9 @@ import collections
 import contextlib
 import importlib
 import logging
+import math
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -61,8 +67,11 @@ class Lanes:
         what: str,
         forget: Callable[[str], object] = lambda _: None,
         replaced: Callable[[], object] = lambda: None,
+        held: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.handle = handle
+        # The objects the handler holds (the records the reconciler keeps): what a new listing must have.
+        self.held = held
         self.what = what  # for the log: whose events these are
         # Told of each event replaced by a newer one before it was handled (counted where the events
         # the handler skips are counted: every event delivered is then handled or counted skipped).
@@ -86,6 +95,20 @@ class Lanes:
             self.replaced()
         else:
             pending.append(event)
+
+    def vanished(self, listed: set[str]) -> int:
+        """A new listing is over: each object held, or with events waiting, that it lacks went while no
+        watch was open (a deletion no stream delivers) and is handed a DELETED event of its own, after
+        what waits for it, as client-go's reflector does on a relist; how many."""
+        gone = [
+            name
+            for name in sorted({*self.held(), *self._pending} - listed)
+            if not (self._pending.get(name) and self._pending[name][-1].get("type") == "DELETED")
+        ]
+        for name in gone:
+            log.info("deleted while no watch was open", extra={"resource": self.what, "node": name})
+            self.put(name, {"type": "DELETED", "object": {"metadata": {"name": name}}})
+        return len(gone)
 
     def __len__(self) -> int:
         """Objects with events in hand or waiting."""
@@ -159,9 +182,16 @@ class Intake:
     def of(cls, settings: object) -> Intake | None:
         return cls._installed.get(id(settings))
 
-    def __init__(self, echoes: Mapping[Key, Echo], lanes: Mapping[Key, Lanes] | None = None) -> None:
+    def __init__(
+        self,
+        echoes: Mapping[Key, Echo],
+        lanes: Mapping[Key, Lanes] | None = None,
+        relists: Mapping[Key, Lanes] | None = None,
+    ) -> None:
         self.echoes = dict(echoes)
         self.lanes = dict(lanes or {})
+        # Per resource whose events kopf handles, lanes for the deletions a new listing shows (vanished).
+        self.relists = dict(relists or {})
 
     def echo(self, resource: Any, raw_event: Mapping[str, Any]) -> bool:
         test = self.echoes.get(_key(resource))
@@ -186,6 +216,8 @@ class Intake:
 
     def attach(self, settings: Any) -> bool:
         """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
+        _wrap("kopf._cogs.clients.watching", "continuous_watch", _resumed_watch)
+        _wrap("kopf._cogs.clients.errors", "check_response", _bounded_retry_after)
         if not (
             _wrap("kopf._core.reactor.processing", "process_resource_event", _filtered_processing)
             and _wrap("kopf._cogs.clients.watching", "infinite_watch", _filtered_watch)
@@ -196,11 +228,33 @@ class Intake:
         weakref.finalize(settings, Intake._installed.pop, id(settings), None)
         return True
 
+    def relisting(self, resource: Any, event: object, names: set[str] | None) -> set[str] | None:
+        """The names of a listing in progress, `names` as far as it went, with `event` added; when the
+        event is kopf's mark that the listing is over, its lanes are told what it lacked (vanished)."""
+        key = _key(resource)
+        lanes = self.lanes[key] if key in self.lanes else self.relists.get(key)
+        if lanes is None:
+            return None
+        if isinstance(event, Mapping):
+            if event.get("type") is not None:
+                return names
+            body = event.get("object")
+            meta = body.get("metadata") if isinstance(body, Mapping) else None
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+            return (names or set()) | ({name} if isinstance(name, str) and name else set())
+        if getattr(event, "name", None) == "LISTED":  # kopf's Bookmark.LISTED, even after no object
+            lanes.vanished(names or set())
+            return None
+        return names
+
     def stopped(self, resource: Any) -> None:
         """The resource's watch ended (the operator stopping, its CRD gone): its events not yet handled
         are dropped, so that nothing is written for them after the stop (kopf lets the tasks it finds
         run five seconds more before it cancels them); the next listing brings them back."""
         lanes = self.lanes.get(_key(resource))
+        relisted = self.relists.get(_key(resource))
+        if relisted is not None:
+            relisted.drop()
         if lanes is None:
             return
         dropped = lanes.drop()
@@ -208,7 +262,7 @@ class Intake:
             log.info("watch stopped, events not handled", extra={"resource": lanes.what, "events": dropped})
 
     async def close(self) -> None:
-        for lanes in self.lanes.values():
+        for lanes in [*self.lanes.values(), *self.relists.values()]:
             await lanes.close()
 
 
@@ -256,9 +310,12 @@ def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Calla
         found = Intake.of(kwargs.get("settings"))
         resource = kwargs.get("resource")
         stream = original(**kwargs)
+        listing: set[str] | None = None  # the names of a listing in progress
         try:
             async with contextlib.aclosing(stream):  # kopf's own clean-up runs when kopf closes ours
                 async for event in stream:
+                    if found is not None:
+                        listing = found.relisting(resource, event, listing)
                     if found is None or not isinstance(event, Mapping):
                         yield event  # kopf's own markers (the listing's end) included
                     elif not (found.echo(resource, event) or found.take(resource, event)):
@@ -268,3 +325,96 @@ def _filtered_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Calla
                 found.stopped(resource)
 
     return infinite_watch
+
+
+REWATCH_PAUSE_S = (1.0, 60.0)  # the first pause after a watch ended by an error, and the longest
+RETRY_AFTER_MAX_S = 10  # the longest a 429's Retry-After holds one of kopf's requests
+
+
+def _resumed_watch(original: Callable[..., AsyncGenerator[Any, None]]) -> Callable[..., Any]:
+    """kopf's one listing and watch of a resource, ended quietly when it fails: an ERROR event other
+    than 410 (a 504 "Too large resource version" from an API server replica whose cache lags, a 500, one
+    with no code), a line that is no JSON or no event (a proxy's page), or a listing refused past kopf's
+    own retries (a 5xx or a 403 for a minute, the API server unreachable). kopf raised each out of every
+    watcher, and the operator ended. kopf then lists and watches again, as after a 410 (client-go's
+    reflector does the same), after a pause that doubles while such failures follow one another with
+    no event between. A 404 (the resource gone) and a 401 still end kopf: the operator starts it again
+    (cli), or kopf logs in again."""
+    pauses: dict[Key, float] = {}
+    ended = _watch_failures()
+
+    async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        key = _key(kwargs.get("resource"))
+        stream = original(**kwargs)
+        try:
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    if isinstance(event, Mapping) and event.get("type") is not None:
+                        # A watch's event, not the listing's (type None): a stream that lists and
+                        # then fails at once every time keeps its pause growing, not relisting each second.
+                        pauses.pop(key, None)
+                    yield event
+        except ended as err:
+            if getattr(err, "status", None) in (401, 404):
+                raise
+            pause = pauses.get(key, REWATCH_PAUSE_S[0])
+            pauses[key] = min(pause * 2, REWATCH_PAUSE_S[1])
+            log.warning(
+                "a watch ended with an error, listing and watching again",
+                extra={
+                    "resource": ".".join(reversed(key)).strip("."),
+                    "error": str(err)[:300] or type(err).__name__,
+                    "in_s": pause,
+                },
+            )
+            await asyncio.sleep(pause)
+
+    return continuous_watch
+
+
+def _watch_failures() -> tuple[type[BaseException], ...]:
+    """What a failed listing or watch of kopf's raises: its reading of a line of the wrong shape (an
+    ERROR event with no code, an event that is no object; a Retry-After it cannot read), its refusals
+    (APIError, the 404 and 401 among them: told apart by status), the connection's errors."""
+    ended: list[type[BaseException]] = [ValueError, KeyError, TypeError, AttributeError, ArithmeticError]
+    ended += [OSError, TimeoutError]  # aiohttp's connection errors are OSErrors
+    for module, name in [
+        ("kopf._cogs.clients.watching", "WatchingError"),
+        ("kopf._cogs.clients.errors", "APIError"),
+        ("aiohttp", "ClientError"),
+    ]:
+        found = getattr(importlib.import_module(module), name, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            ended.append(found)
+    return tuple(ended)
+
+
+def _bounded_retry_after(original: Callable[..., Awaitable[None]]) -> Callable[..., Any]:
+    """kopf's check of an answer, its 429's Retry-After bounded: kopf slept whatever it asked (a day held
+    the watch a day), and raised out of the watcher on one it could not read (text, "nan", "inf"). One
+    that is no number of seconds is dropped (kopf's own backoff applies); a longer one is cut to
+    RETRY_AFTER_MAX_S."""
+
+    async def check_response(response: Any) -> None:
+        try:
+            await original(response)
+        except Exception as err:
+            if getattr(err, "status", None) == 429:
+                _bound(getattr(err, "headers", None), "Retry-After", str)
+                _bound(getattr(err, "details", None), "retryAfterSeconds", int)
+            raise
+
+    return check_response
+
+
+def _bound(found: object, key: str, kind: Callable[[int], object]) -> None:
+    if not isinstance(found, dict) or key not in found:
+        return
+    try:
+        seconds = float(found[key])
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds >= 0:
+        found[key] = kind(min(int(seconds), RETRY_AFTER_MAX_S))
+    else:
+        del found[key]

@@ -42,10 +42,14 @@ class InvalidDomain(ValueError):
 
 
 def check_domain(domain: str) -> str:
-    """The label domain, refused unless `feature.<domain>` is a valid label-key prefix (a DNS subdomain)."""
+    """The label domain, refused unless `feature.<domain>` is a valid label-key prefix (a DNS subdomain),
+    and so is `nodefabric.<domain>`, the managed-labels annotation's (three characters longer)."""
     prefix = vocabulary.feature_subdomain(domain)
     if not domain or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise InvalidDomain(f"label domain {domain!r} does not make a valid label prefix {prefix!r}")
+    annotation = vocabulary.managed_labels_annotation(domain).split("/")[0]
+    if len(annotation) > 253:
+        raise InvalidDomain(f"label domain {domain!r} does not make a valid annotation prefix {annotation!r}")
     return domain
 
 

@@ -238,8 +238,15 @@ class Reconciler:
         return await self._reconcile(name)
 
     async def node_event(self, body: Mapping[str, Any]) -> Outcome | None:
-        """A watched Node changed (NodeFeature sink): say whether the published labels reached it."""
-        return await self.on_node.node_event(body)
+        """A watched Node changed (NodeFeature sink): say whether the published labels reached it, and
+        publish a record that waited for its Node to exist (its condition promises so)."""
+        outcome = await self.on_node.node_event(body)
+        name = str(part(body, "metadata").get("name", ""))
+        record = self.ledger.records.get(name)
+        if record is None or not waits_for_node(record.status):
+            return outcome
+        log.info("the node a devices record waited for exists, publishing", extra={"node": name})
+        return await self._reconcile(name)
 
     def node_deleted(self, body: Mapping[str, Any]) -> None:
         """A Node went: its record goes with it (owned by it), so nothing is written about it."""
@@ -392,6 +399,12 @@ def failed_before(status: DevicesStatus) -> bool:
     """Whether the record's status holds a publication failure (announced by an ERROR line then)."""
     cond = status.condition(models.LABELS_PUBLISHED)
     return cond is not None and cond.status == "False"
+
+
+def waits_for_node(status: DevicesStatus) -> bool:
+    """Whether the record's status says its Node does not exist (so its labels wait for it)."""
+    cond = status.condition(models.LABELS_PUBLISHED)
+    return cond is not None and cond.status == "False" and cond.reason == events.NODE_NOT_FOUND
 
 
 def quiet_first(

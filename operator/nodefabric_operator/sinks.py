@@ -126,6 +126,17 @@ def ours(found: Mapping[str, Any], domain: str) -> dict[str, str]:
 status_of = rawcall.status_of  # one definition, in the request layer; leader, prune and startup read it here
 
 
+def foreign_owner(refs: Sequence[Mapping[str, Any]]) -> str:
+    """Another writer's owner of a NodeFeature ("Pod nfd-worker-x7"), "" when it is ours to write: its
+    controller, or, when no Devices record owns it, any owner (nfd-worker names its Pod with no
+    `controller` flag). A Devices record among the owners made it ours, whoever was added beside it."""
+    others = [r for r in refs if (r.get("apiVersion"), r.get("kind")) != (models.API_VERSION, models.KIND)]
+    chosen = [r for r in others if r.get("controller") is True] or (
+        others if len(others) == len(refs) else []
+    )
+    return f"{chosen[0].get('kind')} {chosen[0].get('name')}" if chosen else ""
+
+
 def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
     """A merge-patch map: new values, and null for each key that goes."""
     out: dict[str, str | None] = {k: None for k in old if k not in new}
@@ -325,15 +336,7 @@ class NodeFeatureSink(_SentInThread):
             labels=ours(part(obj, "spec", "labels"), self.domain),
             owners=frozenset(str(r.get("uid", "")) for r in items(obj, "metadata", "ownerReferences")),
             tagged=part(meta, "labels").get(NFD_NODE_NAME) == meta.get("name"),
-            foreign=next(
-                (
-                    f"{r.get('kind')} {r.get('name')}"
-                    for r in items(obj, "metadata", "ownerReferences")
-                    if r.get("controller") is True
-                    and (r.get("apiVersion"), r.get("kind")) != (models.API_VERSION, models.KIND)
-                ),
-                "",
-            ),
+            foreign=foreign_owner(items(obj, "metadata", "ownerReferences")),
         )
 
     def existing(self) -> Iterator[SinkObject]:
@@ -362,6 +365,14 @@ class NodeFeatureSink(_SentInThread):
         verify: bool = False,
     ) -> Calls[Published]:
         target = self.target(owner.name)
+        problem = labels.value_problem(owner.name)
+        if problem is not None:
+            # A node name may run to 253 characters; the label nfd-master selects by holds 63 at most, so
+            # the API server would refuse every write of this object.
+            raise SinkError(
+                f"cannot write {target}: the node's name is not a valid value for its {NFD_NODE_NAME} "
+                f"label ({problem}), which nfd-master needs; run with --sink node"
+            )
 
         def attempt(current: SinkObject | None) -> Calls[Published]:
             plan = labels.plan(current.labels if current else {}, desired, domain=self.domain, frozen=frozen)

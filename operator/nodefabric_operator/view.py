@@ -65,8 +65,8 @@ class SinkObject:
     labels: Mapping[str, str] = field(default_factory=dict)
     owners: frozenset[str] = frozenset()  # uids in ownerReferences (NodeFeature)
     tagged: bool = True  # carries the node-name label nfd-master selects by (NodeFeature)
-    # Another writer's controller ("Pod nfd-worker-x7"): nfd-worker names its NodeFeature after the node
-    # too, so in NFD's own namespace the object of our name is its own (NodeFeature).
+    # Another writer's owner ("Pod nfd-worker-x7", sinks.foreign_owner): nfd-worker names its
+    # NodeFeature after the node too, so in NFD's own namespace the object of our name is its own.
     foreign: str = ""
     managed: frozenset[str] | None = None  # keys we wrote, from our annotation (Node)
 
@@ -87,6 +87,9 @@ class SinkView:
 
     def get(self, name: str) -> SinkObject | None:
         return self._objects.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._objects)
 
     def observe(self, obj: SinkObject) -> bool:
         """Hold `obj` unless what is held is as new; True when it replaced something older (or nothing)."""

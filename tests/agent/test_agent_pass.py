@@ -248,6 +248,41 @@ async def test_a_record_without_an_owner_gets_one(tmp_path):
         assert [o["kind"] for o in owners] == ["Node"]
 
 
+async def test_a_record_owned_by_another_node_is_made_this_nodes_own(tmp_path):
+    """A record of this node's name owned by another Node (copied from that node's record, or created by
+    a tool that named the wrong owner) was left so: any Node owner passed. Deleting this Node then left
+    the record (the other Node still owned it) for the next node of the name to inherit, and deleting the
+    other Node deleted it. The other Node's reference is replaced by this one's; other owners stay."""
+    two_nic_host(tmp_path)
+    async with api_with_node() as k:
+        other = k.api.put_object("v1/nodes", {"metadata": {"name": "gpu-node-2"}})
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "name": "inventory", "uid": "cm-1"}
+        k.api.put_object(
+            DEVICES,
+            {
+                "apiVersion": "worker.gpustack.ai/v1alpha1",
+                "kind": "Devices",
+                "metadata": {
+                    "name": NODE,
+                    "ownerReferences": [
+                        cm,
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Node",
+                            "name": "gpu-node-2",
+                            "uid": other["metadata"]["uid"],
+                        },
+                    ],
+                },
+                "spec": {},
+            },
+        )
+        node_uid = k.api.stored("v1/nodes", NODE)["metadata"]["uid"]
+        assert (await make_agent(k, tmp_path).run_pass()).wrote == ("spec", "status")
+        owners = stored(k)["metadata"]["ownerReferences"]
+        assert owners == [cm, {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid}]
+
+
 async def test_pass_metrics_describe_the_record(tmp_path):
     b = two_nic_host(tmp_path)
     async with api_with_node() as k:

@@ -292,6 +292,26 @@ async def test_a_record_without_a_node_owner_costs_one_node_read_and_reports_a_m
         assert [(w["type"], w["involvedObject"]["name"]) for w in warning] == [("Warning", "ghost")]
 
 
+async def test_a_nodefeature_record_for_a_missing_node_is_published_when_the_node_comes():
+    """The condition says "labels are published once it does", with either sink. With the NodeFeature
+    sink the Node's arrival (watched, for LabelsOnNode) did nothing: the record stayed NodeNotFound, and
+    its node unlabelled, until the record itself changed."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.put_devices(gpu_record("late"), node_owner=False)
+        async with running_operator(k) as metrics:
+            await eventually(lambda: reconciled(metrics, "error") >= 1)
+            cond = await eventually(lambda: _published_condition(c, "late", "False"))
+            assert cond["reason"] == "NodeNotFound"
+            await settle(k)
+            await c.node("late")
+            await eventually(lambda: _published_condition(c, "late", "True"))
+            await settle(k)
+        assert (await c.nodefeature("late"))["spec"]["labels"][
+            labels.key(labels.DEFAULT_DOMAIN, "rdma.capable")
+        ] == "true"
+
+
 async def test_a_node_sink_record_for_a_missing_node_is_reported_and_published_when_the_node_comes():
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)

@@ -4,7 +4,9 @@ it cannot do, and never crashes a handler or loses a label it should keep."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from typing import Any
 
 import kubernetes
 import pytest
@@ -14,7 +16,7 @@ from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
-from nodefabric_operator import labels, sinks
+from nodefabric_operator import cli, labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.reconcile import Reconciler
 
@@ -207,3 +209,168 @@ async def test_the_devices_crd_deleted_and_created_again_does_not_stop_the_opera
                 return nf.get("spec", {}).get("labels", {}).get(CAPABLE)
 
             assert await eventually(capable, timeout=90) == "true"
+
+
+TOO_LARGE = {
+    "type": "ERROR",
+    "object": {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": "Too large resource version: 1200, current: 1100",
+        "reason": "Timeout",
+        "details": {
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
+        },
+        "code": 504,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        # What an API server behind a load balancer sends a watch resumed on a replica whose cache lags.
+        pytest.param(json.dumps(TOO_LARGE).encode() + b"\n", id="error-504-too-large-rv"),
+        pytest.param(
+            json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 500}}).encode() + b"\n",
+            id="error-500",
+        ),
+        pytest.param(b'{"type": "ERROR", "object": {"kind": "Status"}}\n', id="error-without-code"),
+        pytest.param(b"[1]\n", id="json-not-an-event"),
+        pytest.param(b"<html>502 Bad Gateway</html>\n", id="not-json"),
+    ],
+)
+async def test_a_watch_ended_by_an_error_event_or_garbage_is_opened_again_not_the_operator_ended(
+    last, caplog
+):
+    """kopf restarts a watch only after a 410 ERROR event; any other ERROR event (a 504 "Too large
+    resource version" from a lagging API server replica, a 500) or a line that is no JSON (a proxy's
+    page) failed the whole operator: a traceback, exit 1, and no labels until the pod restarted. The
+    watch is listed and opened again, as client-go's reflector does, and publishing goes on."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic(numa="0")]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await eventually(lambda: proxy.open_watches >= 2)
+            assert proxy.end_watches(last) >= 2
+            await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
+            assert await eventually(lambda: _numa(c, "1"))
+            await settle(k)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers"),
+    [
+        # kopf slept what a 429's Retry-After asked, however long: a day here, the watch gone with it.
+        pytest.param(429, {"Retry-After": "86400"}, id="429-retry-after-a-day"),
+        # kopf read it with int(float(...)): text, "nan" or "inf" raised out of the watcher.
+        pytest.param(429, {"Retry-After": "soon"}, id="429-retry-after-text"),
+        pytest.param(429, {"Retry-After": "inf"}, id="429-retry-after-inf"),
+        # kopf retries a 5xx for 54 s (its backoffs, cut short here), then raised out of the watcher.
+        pytest.param(503, {}, id="503-past-kopfs-retries"),
+    ],
+)
+async def test_kopfs_listing_refused_for_a_while_is_retried_not_the_operator_ended(
+    status, headers, monkeypatch
+):
+    """kopf lists a resource again when its watch ends; a list refused past kopf's own retries, or with a
+    Retry-After kopf cannot read, ended the operator (exit 1), and one with a long Retry-After held the
+    watch that long. The listing is retried (a Retry-After read as at most 10 s) until it succeeds."""
+    made = cli.settings
+
+    def quick(opts: cli.Options) -> Any:
+        out = made(opts)
+        out.networking.error_backoffs = [0.1, 0.1]
+        return out
+
+    monkeypatch.setattr(cli, "settings", quick)
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic(numa="0")]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            proxy.refuse("GET", f"/apis/{models.GROUP}/", status, headers)
+            assert proxy.expire_watches() >= 1
+            await eventually(lambda: proxy.refused >= 3)
+            proxy.allow()
+            await c.put_devices(devices("n1", interfaces=[nic(numa="1")]))
+            assert await eventually(lambda: _numa(c, "1"), timeout=40)
+            await settle(k)
+
+
+async def test_a_record_deleted_while_its_watch_was_down_is_withdrawn_when_kopf_lists_again():
+    """A watch that ends (410 Gone, an error) is followed by a new listing, which has no event for a
+    record deleted in between: with the Node sink its labels stayed on the Node until the operator
+    restarted. A record the operator holds that the new listing lacks is handled as deleted, as
+    client-go's reflector does."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        for name in ("n1", "n2"):
+            await c.node(name)
+            await c.put_devices(devices(name, interfaces=[nic()]))
+        async with running_operator(k, sink="node", kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 2)
+            await settle(k)
+            proxy.refuse("GET", f"/apis/{models.GROUP}/", 503)
+            assert proxy.expire_watches() >= 1
+            await eventually(lambda: proxy.refused >= 1)
+            await c.delete_devices("n2")  # not through the proxy: no watch sees it
+            proxy.allow()
+            assert await eventually(lambda: _no_labels(c, "n2"))
+            await settle(k)
+        assert (await c.node_labels("n1"))[CAPABLE] == "true"
+
+
+async def _no_labels(c: Client, node: str) -> bool:
+    return CAPABLE not in await c.node_labels(node)
+
+
+async def test_a_nodefeature_deleted_while_its_watch_was_down_is_created_again_when_kopf_lists_again():
+    """The same for a sink object: a NodeFeature deleted while no watch was open stayed in the view, so
+    the operator took it for there and never created it again (nfd-master had taken its labels off the
+    node) until the record changed."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            await settle(k)
+            proxy.refuse("GET", f"/apis/{sinks.NFD_GROUP}/", 503)
+            assert proxy.expire_watches() >= 1
+            await eventually(lambda: proxy.refused >= 1)
+            k.api.remove_object(NF, "n1", NS)  # no watch sees it
+            proxy.allow()
+            assert await eventually(lambda: k.api.stored(NF, "n1", NS) is not None)
+            await settle(k)
+        assert k.api.stored(NF, "n1", NS)["spec"]["labels"][CAPABLE] == "true"
+
+
+async def test_a_watch_that_fails_at_once_every_time_relists_with_a_growing_pause(caplog):
+    """Each listing succeeds and each watch after it fails at once (an API server whose watch cache is
+    broken): the listing's objects are not taken for a watch that worked, so the pause before the next
+    listing keeps doubling instead of listing every record once a second."""
+    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        await c.put_devices(devices("n1", interfaces=[nic()]))
+        async with running_operator(k, kubeconfig=proxy.kubeconfig) as metrics:
+            await eventually(lambda: metrics.reconciles.labels(outcome="published")._value.get() == 1)
+            proxy.poison = json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 500}}).encode()
+            proxy.expire_watches()
+
+            def pauses() -> list[float]:
+                return [
+                    r.in_s
+                    for r in caplog.records
+                    if r.getMessage() == "a watch ended with an error, listing and watching again"
+                    and r.resource == f"devices.{models.GROUP}"
+                ]
+
+            await eventually(lambda: len(pauses()) >= 3)
+            proxy.allow()
+        assert pauses()[:3] == [1.0, 2.0, 4.0]

@@ -528,6 +528,29 @@ async def test_without_nfd_the_failure_says_what_to_do():
         )
 
 
+async def test_a_node_name_longer_than_a_label_value_is_refused_with_a_reason_before_any_write():
+    """A node may be named with up to 253 characters, a label value only 63; the NodeFeature carries the
+    node's name as its node-name label (nfd-master selects by it), so the API server refused its create
+    with 422 on every change of the record, the condition reading only "HTTP 422 Unprocessable Entity".
+    It is not sent: the condition says why, and what to run instead."""
+    name = "gpu-" + "a" * 60 + ".example.com"
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node(name)
+        await c.put_devices(gpu_node(name))
+        async with running_operator(k):
+
+            async def refused():
+                conditions = (await c.devices(name)).get("status", {}).get("conditions", [])
+                return next((x for x in conditions if x["type"] == models.LABELS_PUBLISHED), None)
+
+            cond = await eventually(refused)
+            await settle(k)
+        assert cond["status"] == "False", cond
+        assert "63" in cond["message"] and "--sink node" in cond["message"], cond["message"]
+        assert k.count("POST", NF) == 0
+
+
 async def test_peering_mode_runs_one_active_replica():
     async with running_api([crd.devices_crd()]) as k:
         k.api.declare("kopf.dev/v1/clusterkopfpeerings", kind="ClusterKopfPeering", namespaced=False)

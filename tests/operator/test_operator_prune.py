@@ -9,6 +9,7 @@ import asyncio
 import logging
 from typing import Any
 
+import pytest
 from aiohttp import web
 from operator_harness import NS, Client, answering_api, eventually, running_operator, settle
 from operator_records import devices, gpu, group, nic, nvlink
@@ -218,6 +219,61 @@ async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_
         assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
         assert await prune(k) == 0
         assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
+
+
+async def test_a_nodefeature_with_another_owner_that_is_no_controller_is_never_taken_over():
+    """nfd-worker run as a bare Pod (no DaemonSet: nothing for it to inherit) names only its Pod as owner,
+    with no `controller` flag (nfd-worker never sets one). That object was adopted: our labels written
+    into it, a Devices record made its controller, and the record's deletion or the next prune deleted
+    nfd-worker's object. Another writer named among its owners makes it theirs, controller or not."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n0")
+        worker = nodefeature("n0")
+        pod = {"apiVersion": "v1", "kind": "Pod", "name": "nfd-worker-x7", "uid": "p-1"}
+        worker["metadata"]["ownerReferences"] = [pod]
+        k.api.put_object(NF_KEY, worker)
+        before = k.api.stored(NF_KEY, "n0", NS)
+        await c.put_devices(gpu_record("n0"))
+        async with running_operator(k):
+
+            async def refused() -> Any:
+                conditions = (await c.devices("n0")).get("status", {}).get("conditions", [])
+                return next((x for x in conditions if x["type"] == "LabelsPublished"), None)
+
+            cond = await eventually(refused)
+            await settle(k)
+        assert cond["status"] == "False", cond
+        assert "belongs to Pod nfd-worker-x7" in cond["message"], cond["message"]
+        assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
+        assert await prune(k) == 0
+        assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
+
+
+DEVICES_OWNER = {"apiVersion": "worker.gpustack.ai/v1alpha1", "kind": "Devices", "name": "n0", "uid": "d-1"}
+POD = {"apiVersion": "v1", "kind": "Pod", "name": "nfd-worker-x7", "uid": "p-1"}
+DAEMONSET = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "name": "nfd-worker",
+    "uid": "ds-1",
+    "controller": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("refs", "whose"),
+    [
+        ([], ""),
+        ([POD], "Pod nfd-worker-x7"),
+        ([DAEMONSET, POD], "DaemonSet nfd-worker"),  # what nfd-worker run by a DaemonSet names
+        ([{**DEVICES_OWNER, "controller": True}, POD], ""),  # ours, someone's owner added beside
+        ([{**DEVICES_OWNER, "uid": "d-0"}], ""),  # a record since created again: still ours
+        ([DEVICES_OWNER, DAEMONSET], "DaemonSet nfd-worker"),  # another controller: never ours
+    ],
+)
+def test_whose_nodefeature_it_is(refs, whose):
+    assert sinks.foreign_owner(refs) == whose
 
 
 async def test_a_list_answered_with_garbage_is_a_failed_pass_and_exit_1(tmp_path, caplog):

@@ -154,6 +154,9 @@ def test_a_kubeconfig_that_is_a_directory_is_one_line_and_exit_2(tmp_path, capsy
     [
         (["--domain", "gpustack.ai\n"], "label domain 'gpustack.ai\\\\n'"),
         (["--domain", "Not_A_Domain"], "label domain 'Not_A_Domain'"),
+        # A valid label prefix (feature.<domain>: 252 characters) whose managed-labels annotation's
+        # prefix (nodefabric.<domain>: 255) is past 253: the Node sink's every write was refused (422).
+        (["--domain", "a" * 244], "does not make a valid annotation prefix"),
         (["--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a namespace name"),
         (["--namespace", "ns\n"], "is not a namespace name"),
     ],

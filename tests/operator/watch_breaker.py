@@ -44,13 +44,17 @@ class WatchBreaker:
     bytes_up: int = 0  # request bodies sent to the API
     bytes_down: int = 0  # response bodies (watch events included) sent back
     _open: set[asyncio.Event] = field(default_factory=set)
-    _refusals: list[tuple[str, str, int]] = field(default_factory=list)
+    refused: int = 0  # requests answered by `refuse`
+    poison: bytes = b""  # when set, what every watch request is answered with, and nothing more
+    _last_line: bytes = json.dumps(GONE).encode() + b"\n"  # what an ended watch is sent last
+    _refusals: list[tuple[str, str, int, dict[str, str]]] = field(default_factory=list)
     _delays: list[tuple[str, str, float]] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
 
-    def refuse(self, method: str, path: str, status: int) -> None:
-        """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403)."""
-        self._refusals.append((method, path, status))
+    def refuse(self, method: str, path: str, status: int, headers: dict[str, str] | None = None) -> None:
+        """Answer every `method` request whose path starts with `path` with `status` (say, RBAC's 403),
+        and `headers` (a 429's Retry-After)."""
+        self._refusals.append((method, path, status, headers or {}))
 
     def delay(self, method: str, path: str, seconds: float) -> None:
         """Hold every `method` request (not a watch) whose path starts with `path` for `seconds` before
@@ -61,6 +65,7 @@ class WatchBreaker:
         """Refuse and delay nothing any more."""
         self._refusals.clear()
         self._delays.clear()
+        self.poison = b""
 
     @property
     def open_watches(self) -> int:
@@ -68,6 +73,12 @@ class WatchBreaker:
 
     def expire_watches(self) -> int:
         """End every open watch with 410 Gone; how many there were."""
+        return self.end_watches(json.dumps(GONE).encode() + b"\n")
+
+    def end_watches(self, last: bytes) -> int:
+        """End every open watch with `last` (an ERROR event of another kind, a line that is no JSON) as
+        its last line; how many there were."""
+        self._last_line = last
         count = len(self._open)
         for gone in list(self._open):
             gone.set()
@@ -75,14 +86,17 @@ class WatchBreaker:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        for method, path, status in self._refusals:
+        for method, path, status, extra in self._refusals:
             if request.method == method and request.path.startswith(path):
+                self.refused += 1
                 body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status}
-                return web.json_response(body, status=status)
+                return web.json_response(body, status=status, headers=extra)
         body = await request.read()
         self.bytes_up += len(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         is_watch = request.query.get("watch") in ("true", "1")
+        if is_watch and self.poison:
+            return web.Response(status=200, body=self.poison, content_type="application/json")
         for method, path, seconds in self._delays:
             if not is_watch and request.method == method and request.path.startswith(path):
                 await asyncio.sleep(seconds)
@@ -123,7 +137,7 @@ class WatchBreaker:
                 done, _ = await asyncio.wait({line, expired}, return_when=asyncio.FIRST_COMPLETED)
                 if expired in done:
                     line.cancel()
-                    data = json.dumps(GONE).encode() + b"\n"
+                    data = self._last_line
                     self.bytes_down += len(data)
                     await response.write(data)
                     await response.write_eof()

@@ -133,7 +133,7 @@ class LiveObject:
     ) -> tuple[list[str], DevicesSpec | None]:
         """Write what the plan says; returns what was written and the spec the object now holds (None when
         the stored one does not parse and was left as it is). Every write's answer becomes `live`."""
-        if not plan.writes and (stored is None or _has_node_owner(stored)):
+        if not plan.writes and (stored is None or _has_node_owner(stored, self.node)):
             if plan.desired is not None and stored is not None:
                 # Equal to what is stored: keep the fresh copy (the one consumers hold), drop the parsed one.
                 self._parsed = (resource_version(stored), plan.desired)
@@ -183,11 +183,13 @@ class LiveObject:
         return wrote, final
 
     async def _owners(self, stored: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """The ownerReferences to write when the object has no Node owner (created by hand or by an older
-        agent), so deleting the Node still removes it; None when it already has one."""
-        if _has_node_owner(stored):
+        """The ownerReferences to write when the object is not owned by this Node (created by hand or by
+        an older agent), so deleting the Node still removes it; None when it already is. Another Node's
+        reference (a record copied from that node's) goes: while that Node lived, the record would
+        outlive its own (garbage collection deletes it only when every owner is gone)."""
+        if _has_node_owner(stored, self.node):
             return None
-        owners = [o for o in _owner_references(stored) if isinstance(o, dict)]
+        owners = [o for o in _owner_references(stored) if isinstance(o, dict) and not _is_node(o)]
         uid = await self.api(self.client.node_uid, self.node)
         return [*owners, owner_reference(self.node, uid)]
 
@@ -197,8 +199,10 @@ def _owner_references(obj: dict[str, Any]) -> list[Any]:
     return owners if isinstance(owners, list) else []
 
 
-def _has_node_owner(obj: dict[str, Any]) -> bool:
-    owners = _owner_references(obj)
-    return any(
-        isinstance(o, dict) and o.get("kind") == "Node" and o.get("apiVersion") == "v1" for o in owners
-    )
+def _is_node(owner: dict[str, Any]) -> bool:
+    return owner.get("kind") == "Node" and owner.get("apiVersion") == "v1"
+
+
+def _has_node_owner(obj: dict[str, Any], node: str) -> bool:
+    """Whether `node` (by name) owns the object; another Node owning it says nothing about this one."""
+    return any(isinstance(o, dict) and _is_node(o) and o.get("name") == node for o in _owner_references(obj))
