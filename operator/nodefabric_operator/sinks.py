@@ -205,14 +205,17 @@ def expiry(err: kubernetes.client.ApiException) -> dict[str, Any] | None:
     """The Status of a 410 that says its continue token expired (reason Expired, what the API server
     answers once etcd compacted past the list), None for anything else: another code, another reason, a
     body that is no Status (a proxy's, garbage), which client-go's pager does not take for an expiry
-    either (a full list on a 410 that may mean anything would hide it)."""
+    either (a full list on a 410 that may mean anything would hide it). client-go reads the reason only
+    off a body that decodes as a Status (its kind) of status Failure: JSON with a reason alone is not one."""
     if status_of(err) != 410:
         return None
     try:
         body = json.loads(err.body or "")
     except (TypeError, ValueError, RecursionError):  # RecursionError: nesting past the decoder's depth
         return None
-    return body if isinstance(body, dict) and body.get("reason") == "Expired" else None
+    if not isinstance(body, dict) or (body.get("kind"), body.get("status")) != ("Status", "Failure"):
+        return None
+    return body if body.get("reason") == "Expired" else None
 
 
 def carried(gone: Mapping[str, Any], followed: set[str]) -> str | None:

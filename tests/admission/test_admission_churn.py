@@ -1,6 +1,7 @@
 """Churn, through the real processes (the world of test_admission_scenarios): groups of mixed sizes,
 more than the fleet holds, their pods created in a shuffled interleaving; a foreign scheduler taking
-nodes while groups are admitted; the placement process killed mid-way and started again; a bound group
+nodes while groups are admitted; the placement process killed once it admitted a group and started
+again; a bound group
 finishing so that a waiting one fits. Seeded, so a failure replays the same order (the processes'
 timing aside). Whatever happens, the rules every group is held to:
 - never partly bound past the timeout (the world's watchdog), and whole or nothing once it settles;
@@ -59,6 +60,35 @@ def _settled(w: World) -> bool:
     return True
 
 
+def _leading(w: World) -> bool:
+    lease = w.k.api.stored("coordination.k8s.io/v1/leases", "nodefabric-placement", "nodefabric") or {}
+    return (lease.get("spec") or {}).get("holderIdentity") == f"placement-{w.restarts}"
+
+
+def _assigned(w: World) -> set[str]:
+    """The nodes some PlacementGroup assigns a member to."""
+    found: set[str] = set()
+    for group in w.owners:
+        members = ((w.placement_group(group) or {}).get("status") or {}).get("members") or []
+        found.update(m["node"] for m in members if m.get("node"))
+    return found
+
+
+async def _take(w: World, rng: random.Random, name: str, gpus: str) -> None:
+    """The foreign scheduler takes a node no pod holds and no group is assigned: it binds without a
+    look (the embedded API has no kubelet to refuse a pod that does not fit), so a node a group's pod
+    holds would be overcommitted by the test itself, not by the placement."""
+    held, assigned = _per_node(w), _assigned(w)
+    free = [node["metadata"]["name"] for node in _fleet()]
+    node = rng.choice([n for n in free if not held[n] and n not in assigned])
+    await w.foreign.take(node, namespace="other", name=name, requests={GPU: gpus})
+
+
+async def _restart(w: World) -> None:
+    await w.kill_placement()
+    await w.start_placement()
+
+
 def _no_node_overcommitted(w: World) -> None:
     over = {node: gpus for node, gpus in _per_node(w).items() if gpus > GPUS_PER_NODE}
     assert not over, f"nodes holding more GPUs than they have: {over}\n{w.describe()}"
@@ -84,17 +114,23 @@ async def test_churn_keeps_every_group_whole_or_waiting(tmp_path: Path, seed: in
                 w.own(group, size)
             order = [(g, i) for g, size in sizes.items() for i in range(size)]
             rng.shuffle(order)
-            taken = rng.sample([f"n{i:02d}" for i in range(16)], 2)
+            # The churn meets a running placement (its start takes longer than creating every pod), and
+            # it is killed once it has admitted a group, not before it ever led.
+            await w.until(lambda: _leading(w), what="the placement leading")
+            restarted = False
             for step, (group, index) in enumerate(order):
                 w.create(group, index)
                 if step == len(order) // 3:
-                    await w.foreign.take(taken[0], namespace="other", name="foreign-0", requests={GPU: "8"})
-                if step == len(order) // 2:
-                    await w.kill_placement()
-                    await w.start_placement()
+                    await _take(w, rng, "foreign-0", "8")
+                if not restarted and step >= len(order) // 2 and any(w.bound(g) for g in w.owners):
+                    await _restart(w)
+                    restarted = True
                 if step == 2 * len(order) // 3:
-                    await w.foreign.take(taken[1], namespace="other", name="foreign-1", requests={GPU: "4"})
+                    await _take(w, rng, "foreign-1", "4")
                 await asyncio.sleep(rng.uniform(0, 0.15))
+            if not restarted:
+                await w.until(lambda: any(w.bound(g) for g in w.owners), what="a group admitted")
+                await _restart(w)
             await w.until(lambda: any(w.ready(g) == s for g, s in sizes.items()), what="a whole group")
             await w.until(lambda: _settled(w), timeout=TIMEOUT_S + 60, what="every group whole or waiting")
             w.whole_or_nothing()

@@ -336,7 +336,14 @@ def _expiring(
             if len(asked) == 1:
                 conn.answer(json.dumps({"items": [_item(1)], "metadata": {"continue": "token-1"}}).encode())
             elif "continue" in query:
-                gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+                gone = {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 410,
+                    "reason": "Expired",
+                    "message": "too old",
+                }
                 conn.answer(json.dumps(gone).encode(), status="410 Gone")
             else:
                 body, status = full()
@@ -376,7 +383,9 @@ def test_a_410_mid_list_is_followed_by_one_full_list_each_object_once(what: str)
 def test_a_410_on_the_full_list_after_an_expiry_fails_the_list_without_relisting_again(what: str) -> None:
     """The full list is tried once: a 410 to it too (no API server answers a list without a token
     410, but a proxy might) fails the whole list, never handed on in part, never asked for in a loop."""
-    gone = json.dumps({"kind": "Status", "code": 410, "reason": "Expired"}).encode()
+    gone = json.dumps(
+        {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired"}
+    ).encode()
     handle, asked = _expiring(lambda: (gone, "410 Gone"))
     with raw_server(handle) as served, pytest.raises(kubernetes.client.ApiException) as refused:
         LISTS[what](api_at(served.url))
@@ -404,6 +413,8 @@ def _gone_with_tokens(
             elif "continue" in query:
                 gone = {
                     "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
                     "code": 410,
                     "reason": "Expired",
                     "metadata": {"continue": f"token-{len(asked)}"},
@@ -452,7 +463,13 @@ def test_a_full_list_that_comes_in_pages_after_all_is_listed_whole_once_only() -
             query = _query(head)
             asked.append((query.get("continue"), query.get("limit")))
             if "continue" in query:
-                gone = {"kind": "Status", "code": 410, "reason": "Expired"}
+                gone = {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 410,
+                    "reason": "Expired",
+                }
                 conn.answer(json.dumps(gone).encode(), status="410 Gone")
             else:
                 more = {"continue": f"token-{len(asked)}"}
@@ -487,6 +504,10 @@ def test_the_full_list_after_an_expiry_hands_on_an_object_changed_in_between_aga
         b"<html>410 Gone</html>",
         b"\xff\xfe garbage",
         b'[{"reason":"Expired"}]',
+        b'{"reason":"Expired","metadata":{"continue":"token-9"}}',
+        b'{"kind":"Table","status":"Failure","reason":"Expired","metadata":{"continue":"token-9"}}',
+        b'{"kind":"Status","status":"Success","reason":"Expired","metadata":{"continue":"token-9"}}',
+        b'{"kind":"Status","reason":"Expired","metadata":{"continue":"token-9"}}',
         b"",
         b"[" * 100_000 + b"]" * 100_000,
     ],
@@ -634,10 +655,10 @@ def test_prunes_delete_refused_with_a_body_that_never_ends_is_refused_at_the_bou
 @pytest.mark.parametrize(
     "body",
     [
-        b'{"reason": "Expired", "metadata": {"continue": 7}}',
-        b'{"reason": "Expired", "metadata": {"continue": ""}}',
-        b'{"reason": "Expired", "metadata": ["continue"]}',
-        b'{"reason": "Expired", "metadata": {"continue": "token-1"}}',
+        b'{"kind": "Status", "status": "Failure", "reason": "Expired", "metadata": {"continue": 7}}',
+        b'{"kind": "Status", "status": "Failure", "reason": "Expired", "metadata": {"continue": ""}}',
+        b'{"kind": "Status", "status": "Failure", "reason": "Expired", "metadata": ["continue"]}',
+        b'{"kind": "Status", "status": "Failure", "reason": "Expired", "metadata": {"continue": "token-1"}}',
     ],
 )
 def test_a_410_whose_body_holds_no_token_is_followed_by_the_full_list(body: bytes) -> None:

@@ -74,6 +74,17 @@ def _cell(raw: str, where: str) -> str:
     )
 
 
+SPELLINGS = 256  # a real matrix spells its cells a handful of ways (SYS, NV18, sys, padded or not)
+
+
+def _judged(judged: dict[str, str], raw: str, where: str) -> str:
+    """A cell's link, remembered for the cells spelled the same while fewer than SPELLINGS are."""
+    link = _cell(raw, where)
+    if len(judged) < SPELLINGS:
+        judged[raw] = link
+    return link
+
+
 def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
     """(line index, device columns, affinity columns) of the matrix header. Device columns are the
     leading GPUn/NICn names, and an older driver's mlx5_N, recognised by labelling a row below."""
@@ -142,7 +153,8 @@ def parse(text: str, max_gpus: int | None = None) -> TopoMatrix:
         raise TooManyGpus(gpus, max_gpus)
     out = TopoMatrix()
     # A matrix of a thousand VF NICs is a million cells, spelled a handful of ways: each spelling is
-    # judged once (its first place named when refused), then looked up (a call per cell took a second).
+    # judged once (its first place named when refused), then looked up (a call per cell took a second);
+    # the first SPELLINGS only, so a file of a million spellings costs no more than judging every cell.
     judged: dict[str, str] = {}
     rows: dict[str, list[str]] = {}
     row_at: dict[str, int] = {}
@@ -166,10 +178,10 @@ def parse(text: str, max_gpus: int | None = None) -> TopoMatrix:
         try:
             rows[name] = list(map(judged.__getitem__, raw))
         except KeyError:  # a spelling not judged yet
-            for k, c in enumerate(raw):
-                if c not in judged:
-                    judged[c] = _cell(c, f"line {line_no}, {name}/{columns[k]}")
-            rows[name] = list(map(judged.__getitem__, raw))
+            rows[name] = [
+                judged.get(c) or _judged(judged, c, f"line {line_no}, {name}/{columns[k]}")
+                for k, c in enumerate(raw)
+            ]
         if m := _GPU.fullmatch(name):
             gpu = int(m[1])
             # Drivers print an empty cell before GPU NUMA ID: the values are the non-empty cells, in order.
