@@ -175,63 +175,22 @@ async def test_an_api_server_that_never_answers_is_given_up_at_the_timeout(tmp_p
     assert "did not answer" in line.error, line.error
 
 
-async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_over(caplog):
+@pytest.mark.parametrize("controller", [True, False], ids=["its-controller", "no-controller"])
+async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_over(controller: bool):
     """Installed in NFD's namespace, the operator finds nfd-worker's NodeFeature: also named after the
-    node, with the node-name label, controlled by the worker's Pod. It was patched as if it were ours (our
+    node, with the node-name label, owned by the worker's Pod. It was patched as if it were ours (our
     labels and a second controller, which the API server refuses; without the Pod reference it was
     adopted, and the next prune or the record's deletion deleted nfd-worker's object). Now it is left as
-    it is, and LabelsPublished says whose it is and what to do."""
-    async with running_api([crd.devices_crd()]) as k:
-        c = Client(k.kubeconfig)
-        await c.node("n0")
-        worker = {
-            "apiVersion": f"{sinks.NFD_GROUP}/{sinks.NFD_VERSION}",
-            "kind": "NodeFeature",
-            "metadata": {
-                "name": "n0",
-                "namespace": NS,
-                "labels": {sinks.NFD_NODE_NAME: "n0"},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "name": "nfd-worker-x7",
-                        "uid": "p-1",
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": {"labels": {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}},
-        }
-        k.api.put_object(NF_KEY, worker)
-        before = k.api.stored(NF_KEY, "n0", NS)
-        await c.put_devices(gpu_record("n0"))
-        async with running_operator(k):
-
-            async def refused() -> Any:
-                conditions = (await c.devices("n0")).get("status", {}).get("conditions", [])
-                return next((x for x in conditions if x["type"] == "LabelsPublished"), None)
-
-            cond = await eventually(refused)
-            await settle(k)
-        assert cond["status"] == "False", cond
-        assert "belongs to Pod nfd-worker-x7" in cond["message"], cond["message"]
-        assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
-        assert await prune(k) == 0
-        assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
-
-
-async def test_a_nodefeature_with_another_owner_that_is_no_controller_is_never_taken_over():
-    """nfd-worker run as a bare Pod (no DaemonSet: nothing for it to inherit) names only its Pod as owner,
-    with no `controller` flag (nfd-worker never sets one). That object was adopted: our labels written
-    into it, a Devices record made its controller, and the record's deletion or the next prune deleted
-    nfd-worker's object. Another writer named among its owners makes it theirs, controller or not."""
+    it is, and LabelsPublished says whose it is and what to do. nfd-worker run as a bare Pod (no
+    DaemonSet: nothing for it to inherit) names its Pod with no `controller` flag (nfd-worker never sets
+    one): another writer named among its owners makes it theirs, controller or not."""
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
         await c.node("n0")
         worker = nodefeature("n0")
         pod = {"apiVersion": "v1", "kind": "Pod", "name": "nfd-worker-x7", "uid": "p-1"}
-        worker["metadata"]["ownerReferences"] = [pod]
+        worker["metadata"]["ownerReferences"] = [{**pod, "controller": True} if controller else pod]
+        worker["spec"] = {"labels": {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}}
         k.api.put_object(NF_KEY, worker)
         before = k.api.stored(NF_KEY, "n0", NS)
         await c.put_devices(gpu_record("n0"))

@@ -394,33 +394,36 @@ async def test_a_hypernode_of_ours_replaced_by_someone_elses_is_never_patched_ov
     assert _writes(k, HN) == writes
 
 
-async def test_a_kueue_topology_of_ours_replaced_by_someone_elses_is_never_patched_over(
-    api: RunningAPI,
+@pytest.mark.parametrize(("target", "key"), [("kueue", KUEUE_T), ("kai", KAI_T)])
+async def test_a_topology_of_ours_replaced_by_someone_elses_is_never_written_over(
+    api: RunningAPI, target: str, key: str
 ) -> None:
-    """The same for the one Topology: ours deleted and another made under its name, then the levels
-    change (a patch, not a replace, for Kueue): theirs keeps its levels, and the state says why."""
+    """Ours deleted and someone else's made under its name since we wrote it, then the levels change: a
+    patch for Kueue, and for KAI (whose levels never change in place) a delete and a create. Theirs is
+    neither patched over nor the one deleted; it keeps its levels, and the state says why."""
     k = api
     client = Client(k.kubeconfig)
     await add_nodes(client, FLEET)
-    async with running_operator(k, sink="node", topology=options(targets=("kueue",))):
-        await eventually(lambda: FABRIC in levels(_all(k, KUEUE_T).get("nodefabric")))
+    async with running_operator(k, sink="node", topology=options(targets=(target,))):
+        await eventually(lambda: FABRIC in levels(_all(k, key).get("nodefabric")))
         await settle(k)
-        ours = _all(k, KUEUE_T)["nodefabric"]
-        k.api.remove_object(KUEUE_T, "nodefabric")
+        ours = _all(k, key)["nodefabric"]
+        k.api.remove_object(key, "nodefabric")
         theirs = {
             "apiVersion": ours["apiVersion"],
             "kind": "Topology",
             "metadata": {"name": "nodefabric"},
             "spec": {"levels": [{"nodeLabel": ZONE}, {"nodeLabel": HOST}]},
         }
-        k.api.put_object(KUEUE_T, copy.deepcopy(theirs))
+        k.api.put_object(key, copy.deepcopy(theirs))
         await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: the levels change
         await eventually(
             lambda: "not managed by nodefabric" in str(_all(k, FT).get("nodefabric", {}).get("status"))
         )
         await settle(k)
-    live = _all(k, KUEUE_T)["nodefabric"]
+    live = _all(k, key)["nodefabric"]
     assert live["spec"] == theirs["spec"] and not project.is_managed(live)
+    assert not _events(k, report.REPLACED)
 
 
 async def test_a_target_crd_deleted_and_installed_again_gets_its_objects_written_again(
@@ -444,35 +447,6 @@ async def test_a_target_crd_deleted_and_installed_again_gets_its_objects_written
     assert _all(k, HN) == {}
     await asyncio.to_thread(proj.reconcile, FLEET)
     assert set(_all(k, HN)) == wanted
-
-
-async def test_a_kai_topology_of_ours_replaced_by_someone_elses_is_never_deleted(api: RunningAPI) -> None:
-    """KAI's levels never change in place, so a change of levels deletes the Topology and creates it
-    again. Ours deleted and someone else's made under its name since we wrote it: theirs must not be the
-    one deleted."""
-    k = api
-    client = Client(k.kubeconfig)
-    await add_nodes(client, FLEET)
-    async with running_operator(k, sink="node", topology=options(targets=("kai",))):
-        await eventually(lambda: FABRIC in levels(_all(k, KAI_T).get("nodefabric")))
-        await settle(k)
-        ours = _all(k, KAI_T)["nodefabric"]
-        k.api.remove_object(KAI_T, "nodefabric")
-        theirs = {
-            "apiVersion": ours["apiVersion"],
-            "kind": "Topology",
-            "metadata": {"name": "nodefabric"},
-            "spec": {"levels": [{"nodeLabel": ZONE}, {"nodeLabel": HOST}]},
-        }
-        k.api.put_object(KAI_T, copy.deepcopy(theirs))
-        await client.label_node("gpu-1", {LEAF: "leaf-2"})  # the fabric level leaves: a replace is due
-        await eventually(
-            lambda: "not managed by nodefabric" in str(_all(k, FT).get("nodefabric", {}).get("status"))
-        )
-        await settle(k)
-    live = _all(k, KAI_T)["nodefabric"]
-    assert live["spec"] == theirs["spec"] and not project.is_managed(live)
-    assert not _events(k, report.REPLACED)
 
 
 async def test_a_kai_topology_deleted_behind_our_back_is_created_without_a_failed_write(
