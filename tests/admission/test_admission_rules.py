@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 from admission_world import GATE, fleet, gpod, job_pods
 
-from nodefabric_operator.admission import owners, pins
+from nodefabric_operator.admission import model, owners, pins
 from nodefabric_operator.admission.admit import Member, admit
 from nodefabric_operator.admission.controller import BACKOFF_CAP_S, backoff_s
 from nodefabric_operator.admission.owners import OwnerError, OwnerRef, Size, owner_size, resolve
@@ -186,13 +186,25 @@ def test_workload_ref_names_a_group_per_replica() -> None:
     p = gpod("w-0")
     p["spec"]["workloadRef"] = {"name": "wl", "podGroup": "workers", "podGroupReplicaKey": "1"}
     spec = group_of(p, CFG)
-    assert spec is not None and spec.key == "ml/workload/workers-1"
+    assert spec is not None and spec.key == "ml/workload/workers/1"
     # Each replica is its own gang, sized by the one PodGroup `workers` they all name.
     assert owners.owner_ref(spec, p) == OwnerRef(
         "scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", "ml", "workers"
     )
     p["spec"]["workloadRef"] = {"podGroup": 7}  # garbage: not a group
     assert group_of(p, CFG) is None
+
+
+def test_a_replica_of_one_pod_group_and_a_pod_group_named_like_it_are_two_groups() -> None:
+    """PodGroup `a` replica `b`, and a PodGroup `a-b`: two gangs, two keys and two PlacementGroups (the
+    key joined them with "-", and the two were one group, sized and placed as one)."""
+    replica, other = gpod("r-0"), gpod("o-0")
+    replica["spec"]["workloadRef"] = {"name": "wl", "podGroup": "a", "podGroupReplicaKey": "b"}
+    other["spec"]["workloadRef"] = {"name": "wl", "podGroup": "a-b"}
+    one, two = group_of(replica, CFG), group_of(other, CFG)
+    assert one is not None and two is not None
+    assert one.key != two.key
+    assert model.object_name(one.key) != model.object_name(two.key)
 
 
 # --- the admission rule -------------------------------------------------------------------------

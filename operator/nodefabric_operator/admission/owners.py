@@ -215,7 +215,7 @@ def owner_ref(spec: GroupSpec, pod: Mapping[str, Any]) -> OwnerRef | None:
     if fam == "scheduler-plugins":
         return OwnerRef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", ns, spec.name)
     if fam == "workload":
-        # The PodGroup the pod names: with a replica key the group is "<podGroup>-<replica>" (each
+        # The PodGroup the pod names: with a replica key the group is "<podGroup>/<replica>" (each
         # replica its own gang), but its size is the one PodGroup's.
         return OwnerRef(
             "scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", ns, _pod_group(pod) or spec.name

@@ -93,7 +93,8 @@ def _size(text: str, where: str) -> int:
 
 def _workload_group(pod: Mapping[str, Any]) -> str | None:
     """The native Workload API's PodGroup a pod joins: `spec.schedulingGroup.podGroupName`, or in the
-    first alpha `spec.workloadRef.podGroup` (with its replica key, each replica being its own gang)."""
+    first alpha `spec.workloadRef.podGroup` (with its replica key, `<podGroup>/<replica>`: each replica is
+    its own gang)."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         return None
@@ -108,7 +109,8 @@ def _workload_group(pod: Mapping[str, Any]) -> str | None:
         replica = ref.get("podGroupReplicaKey")
         if isinstance(group, str) and is_label_value(group) and group:
             if isinstance(replica, str) and replica and is_label_value(replica):
-                return f"{group}-{replica}"
+                # "/", which no label value holds: "a" replica "b" and a PodGroup "a-b" are two gangs.
+                return f"{group}/{replica}"
             return group
     return None
 
