@@ -215,6 +215,31 @@ def test_the_prometheus_rule_is_the_readmes_alert_table(render: Any, default_doc
     assert set(no_agent) == {"NodefabricLabelsNotPublished", "NodefabricLabelsNotOnNode"}
 
 
+@pytest.mark.parametrize("agent", [True, False])
+@pytest.mark.parametrize("operator", [True, False])
+@pytest.mark.parametrize("placement", [True, False])
+def test_no_rule_group_is_rendered_without_rules(
+    render: Any, agent: bool, operator: bool, placement: bool
+) -> None:
+    """The Prometheus operator's CRD wants a rules list in each group: with neither the agent nor the
+    operator running there is no alert to carry, and so no PrometheusRule at all."""
+    docs = render(
+        {
+            "prometheusRule": {"enabled": True},
+            "agent": {"enabled": agent},
+            "operator": {"enabled": operator},
+            "placement": {"enabled": placement},
+        }
+    )
+    rules = of_kind(docs, "PrometheusRule")
+    assert len(rules) == (1 if agent or operator else 0)
+    for rule in rules:
+        assert rule["spec"]["groups"]
+        for group in rule["spec"]["groups"]:
+            assert isinstance(group["rules"], list) and group["rules"], group
+    validate_all(docs)
+
+
 def test_every_alert_names_a_metric_a_component_exports() -> None:
     """Each metric an alert reads is one the code registers (a renamed metric would silence its alert)."""
     sources = "".join(

@@ -67,6 +67,22 @@ def test_refused_on_a_cluster_without_resource_k8s_io_v1(render: Any) -> None:
         render(DRA, kube_version="1.33.0")
 
 
+def test_dra_without_the_agent_is_refused(render: Any) -> None:
+    """The driver runs in the agent's process: DRA asked for with no agent would silently be none."""
+    with pytest.raises(RenderError) as refused:
+        render({"dra": {"enabled": True}, "agent": {"enabled": False}}, kube_version=KUBE)
+    assert "dra.enabled=true needs agent.enabled=true: the DRA driver runs in the agent's process" in str(
+        refused.value
+    )
+
+
+@pytest.mark.parametrize(("agent", "dra"), [(True, True), (True, False), (False, False)])
+def test_the_other_agent_and_dra_combinations_render(render: Any, agent: bool, dra: bool) -> None:
+    docs = render({"dra": {"enabled": dra}, "agent": {"enabled": agent}}, kube_version=KUBE)
+    assert bool(of_kind(docs, "DaemonSet")) == agent
+    assert bool(of_kind(docs, "DeviceClass")) == dra
+
+
 @pytest.mark.parametrize("path", ["relative/plugins", "/var/lib/../../etc"])
 def test_the_schema_refuses_paths_kubelet_could_not_dial(render: Any, path: str) -> None:
     with pytest.raises(RenderError, match="kubeletPluginsPath"):
