@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import ssl
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from world_fixtures import make_ca, make_server_cert, serving_webhook
 
 from nodefabric_operator.admission.webhook import (
     MAX_BODY,
+    MAX_WARNING,
     ReloadingTLS,
     ReviewError,
     WebhookConfig,
@@ -233,6 +235,29 @@ async def test_a_warning_reaches_the_client(certs: dict[str, Path]) -> None:
     assert out["response"]["allowed"] is True
     assert "patch" not in out["response"]
     assert "placement.gpustack.ai/rank 'random' is not one of" in out["response"]["warnings"][0]
+
+
+@pytest.mark.parametrize("annotation", ["locality", "rank"])
+async def test_a_value_of_megabytes_comes_back_cut_in_the_warning_and_the_log(
+    certs: dict[str, Path], annotation: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 3 MB annotation value (and a pod name as long: admission comes before the API server's
+    validation) is quoted cut with its length: echoed whole it made a 3 MB warning."""
+    huge = "x" * 3_000_000
+    obj = pod({GATE: "g"}, {f"placement.gpustack.ai/{annotation}": huge})
+    obj["metadata"]["name"] = "p" * 3_000_000
+    caplog.set_level(logging.INFO, logger="nodefabric_operator.admission.webhook")
+    async with serving_webhook(CONFIG, certs["cert"], certs["key"]) as base:
+        status, out = await post(base + "/mutate-pods", certs["ca"], json.dumps(review(obj)).encode())
+    assert status == 200
+    assert out["response"]["allowed"] is True
+    [warning] = out["response"]["warnings"]
+    assert len(warning) <= MAX_WARNING
+    assert f"placement.gpustack.ai/{annotation} {'x' * 80!r} (3,000,000 characters) is not one of" in warning
+    assert warning.endswith("the pod is not gated; it is scheduled on its own")
+    [logged] = [r for r in caplog.records if r.getMessage() == "admission review"]
+    assert logged.__dict__["pod"] == f"{'p' * 80!r} (3,000,000 characters)"
+    assert logged.__dict__["verdict"] == "invalid placement"
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import stat
@@ -344,18 +345,25 @@ async def test_every_claim_gets_an_entry_and_a_bad_one_fails_alone(
 
 
 async def test_a_reference_of_megabytes_fails_alone_and_the_answer_still_reaches_kubelet(
-    running: Running, api: RunningAPI, dirs: Dirs
+    running: Running, api: RunningAPI, dirs: Dirs, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A 2.1 MiB uid passes kubelet's 4 MiB limit on the way in; echoed back whole in its error, beside
     # its own key, the answer would pass it on the way out, and kubelet would lose every claim's entry.
+    # Logged whole, each of kubelet's retries wrote a line of megabytes.
     good = put_claim(api, "good", [result(NIC0)])
     huge = ClaimRef("ml", "u" * (2100 << 10), "x")
     name = ClaimRef("ml", str(uuid.uuid4()), "n" * (2100 << 10))
+    space = ClaimRef("s" * (2100 << 10), str(uuid.uuid4()), "x")
     plugin = running.kubelet.plugin(DRIVER)
-    for hostile in (huge, name):
+    caplog.set_level(logging.ERROR, logger="nodefabric_deviceplugin.dra")
+    for hostile in (huge, name, space):
+        caplog.clear()
         answer = await plugin.prepare(ref(good), hostile)
         assert answer[good["metadata"]["uid"]].error == ""
         assert "invalid claim" in answer[hostile.uid].error and len(answer[hostile.uid].error) < 1024
+        [logged] = [r for r in caplog.records if r.getMessage() == "cannot prepare a claim"]
+        assert f"({2100 << 10} characters)" in logged.__dict__["claim"]
+        assert len(logged.__dict__["claim"]) < 1024 and len(logged.__dict__["why"]) < 1024
         assert (await plugin.unprepare(ref(good), hostile))[good["metadata"]["uid"]] == ""
 
 

@@ -51,7 +51,14 @@ class ClaimRef:
             raise ClaimError(f"invalid claim name {_shown(self.name)}")
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} (uid {self.uid})"
+        # Logged on every retry ("cannot prepare a claim") and quoted in errors: a part longer than any
+        # valid one (kubelet passes a reference on unchecked) is cut as an error quotes it, so a reference
+        # of megabytes makes no line of megabytes. A valid reference reads whole.
+        return f"{_part(self.namespace)}/{_part(self.name)} (uid {_part(self.uid)})"
+
+
+def _part(text: str) -> str:
+    return text if len(text) <= names.DNS_SUBDOMAIN_MAX else _shown(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from aiohttp import web
 from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of
+from nodefabric_operator.extender.wire import shown
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ REVIEW_VERSION = "admission.k8s.io/v1"
 # no API server's. Without a bound, each client that stops mid-body holds up to MAX_BODY and a handler.
 BODY_TIMEOUT_S = 30.0
 DEFAULT_SCHEDULERS = ("default-scheduler",)
+# The API server truncates a webhook's warning past 256 characters (and drops warnings past 4 KiB in all):
+# a warning is cut here to that bound, so no value echoed in one can make the answer itself large.
+MAX_WARNING = 256
 
 
 @dataclass(frozen=True)
@@ -218,8 +222,17 @@ def answer(
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(list(verdict.patch)).encode()).decode()
     if verdict.warning:
-        response["warnings"] = [verdict.warning]
+        response["warnings"] = [_bounded(verdict.warning)]
     return {"apiVersion": REVIEW_VERSION, "kind": "AdmissionReview", "response": response}, verdict
+
+
+def _bounded(warning: str) -> str:
+    """A warning at most MAX_WARNING characters, saying how long it was when cut. The values it quotes are
+    cut already (`shown`): this holds for any message that might one day quote one whole."""
+    if len(warning) <= MAX_WARNING:
+        return warning
+    tail = f"... ({len(warning):,} characters)"
+    return warning[: MAX_WARNING - len(tail)] + tail
 
 
 # --- HTTP -----------------------------------------------------------------------------------------------
@@ -233,6 +246,12 @@ def _refuse(status: int, message: str) -> web.Response:
     if status in (408, 413):
         resp.force_close()  # the rest of the body is not read: the connection cannot be reused
     return resp
+
+
+def _logged(value: object) -> str:
+    """A value from the review as a log field: itself when it is a short string (the usual pod name, as
+    before), else as `shown` quotes it, cut with its length."""
+    return value if isinstance(value, str) and len(value) <= 80 else shown(value)
 
 
 def _handler(namespace_opted_in: bool) -> Any:
@@ -256,12 +275,14 @@ def _handler(namespace_opted_in: bool) -> Any:
             return _refuse(400, f"request body is not JSON: {str(exc)[:200]}")
         body, verdict = answer(review, config, namespace_opted_in=namespace_opted_in)
         meta = _mapping(_mapping(review.obj).get("metadata"))
+        # Admission runs before the API server validates the pod: its name may be megabytes, and the
+        # namespace is whatever the body says; both are logged cut.
         log.info(
             "admission review",
             extra={
                 "uid": review.uid,
-                "namespace": review.namespace,
-                "pod": meta.get("name") or meta.get("generateName") or "",
+                "namespace": _logged(review.namespace),
+                "pod": _logged(meta.get("name") or meta.get("generateName") or ""),
                 "verdict": verdict.reason,
             },
         )

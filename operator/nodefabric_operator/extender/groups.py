@@ -15,6 +15,7 @@ from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.numbers import BadNumber, Quantity, parse
 from nodefabric_operator.extender.config import RANKS, ExtenderConfig, canonical
 from nodefabric_operator.extender.nodes import is_label_value
+from nodefabric_operator.extender.wire import shown
 
 # (family, label carrying the group name, annotation or label carrying the size or "")
 # Order matters: a pod carrying several (a Kueue pod group made of a JobSet) belongs to the most
@@ -135,10 +136,8 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     # A group's name appears in every reason and summary: it is held to what a label value may be (the
     # API server holds the job controllers' labels to that already).
     if explicit and not is_label_value(explicit):
-        shown = explicit if len(explicit) <= 63 else f"{explicit[:63]}..."
-        raise InvalidPlacement(
-            f"{prefix}group {shown!r} is not a label value (63 characters, [A-Za-z0-9_.-])"
-        )
+        cut = explicit if len(explicit) <= 63 else f"{explicit[:63]}..."
+        raise InvalidPlacement(f"{prefix}group {cut!r} is not a label value (63 characters, [A-Za-z0-9_.-])")
     if explicit:
         family, name = "explicit", explicit
     elif workload := _workload_group(pod):
@@ -168,11 +167,11 @@ def group_of(pod: Mapping[str, Any], config: ExtenderConfig) -> GroupSpec | None
     locality = lookup(prefix + vocabulary.LOCALITY) or config.default_locality
     if canonical(locality) not in config.localities:
         raise InvalidPlacement(
-            f"{prefix}locality {locality!r} is not one of {', '.join(config.localities)}", key
+            f"{prefix}locality {shown(locality)} is not one of {', '.join(config.localities)}", key
         )
     rank = lookup(prefix + vocabulary.RANK) or config.default_rank
     if canonical(rank) not in RANKS:
-        raise InvalidPlacement(f"{prefix}rank {rank!r} is not one of {', '.join(RANKS)}", key)
+        raise InvalidPlacement(f"{prefix}rank {shown(rank)} is not one of {', '.join(RANKS)}", key)
     homog_text = annotations.get(prefix + vocabulary.HOMOGENEOUS)
     homogeneous = None
     if isinstance(homog_text, str):

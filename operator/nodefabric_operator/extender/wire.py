@@ -49,7 +49,7 @@ _NODE_NAME_RULE = (
 
 def not_a_node_name(position: int, name: object) -> WireError:
     """The 400 for NodeNames[position], which nodes.is_node_name refused."""
-    return WireError(f"NodeNames[{position}]: {_shown(name)} is not a node name {_NODE_NAME_RULE}")
+    return WireError(f"NodeNames[{position}]: {shown(name)} is not a node name {_NODE_NAME_RULE}")
 
 
 def named_twice(names: Sequence[str]) -> WireError:
@@ -58,14 +58,15 @@ def named_twice(names: Sequence[str]) -> WireError:
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
         if name in seen:
-            return WireError(f"NodeNames[{i}]: {_shown(name)} is given twice (also NodeNames[{seen[name]}])")
+            return WireError(f"NodeNames[{i}]: {shown(name)} is given twice (also NodeNames[{seen[name]}])")
         seen[name] = i
     raise AssertionError("NodeNames with no name given twice")  # pragma: no cover
 
 
-def _shown(value: object) -> str:
-    """A bad name as the message quotes it: a string cut short, anything else by its JSON type only (the
-    repr of a list nested a thousand deep is itself a RecursionError)."""
+def shown(value: object) -> str:
+    """A value as a message quotes it (here a bad node name; the admission webhook's warnings likewise): a
+    string cut short with its length, anything else by its JSON type only (the repr of a list nested a
+    thousand deep is itself a RecursionError)."""
     if isinstance(value, str):
         return repr(value[:80]) + (f" ({len(value):,} characters)" if len(value) > 80 else "")
     if isinstance(value, list | dict):
