@@ -40,10 +40,10 @@ OPERATOR_TOPOLOGY: Grants = {
     (CLUSTER, "rbac.authorization.k8s.io", "clusterroles", "nf-nodefabric-operator"): {"get"},
     (CLUSTER, "placement.gpustack.ai", "fabrictopologies", ""): {"create"},
     (CLUSTER, "placement.gpustack.ai", "fabrictopologies", "nodefabric"): {"get", "patch"},
-    (CLUSTER, "kueue.x-k8s.io", "topologies", ""): {"create"},
-    (CLUSTER, "kueue.x-k8s.io", "topologies", "nodefabric"): {"get", "patch", "delete"},
-    (CLUSTER, "kai.scheduler", "topologies", ""): {"create"},
-    (CLUSTER, "kai.scheduler", "topologies", "nodefabric"): {"get", "patch", "delete"},
+    (CLUSTER, "kueue.x-k8s.io", "topologies", ""): {"create", "list", "delete"},
+    (CLUSTER, "kueue.x-k8s.io", "topologies", "nodefabric"): {"get", "patch"},
+    (CLUSTER, "kai.scheduler", "topologies", ""): {"create", "list", "delete"},
+    (CLUSTER, "kai.scheduler", "topologies", "nodefabric"): {"get", "patch"},
     (CLUSTER, "topology.volcano.sh", "hypernodes", ""): {"get", "list", "create", "patch", "delete"},
 }
 # The extender runs in the scheduler's pod, as the scheduler's ServiceAccount: these it adds.

@@ -18,6 +18,13 @@ from nodefabric_operator.topology.objects import brief
 
 log = logging.getLogger(__name__)
 
+# target -> (group, the versions the writer knows, preferred first, resource)
+KNOWN: dict[str, tuple[str, tuple[str, ...], str]] = {
+    project.KUEUE: (project.KUEUE_GROUP, project.KUEUE_VERSIONS, "topologies"),
+    project.KAI: (project.KAI_GROUP, project.KAI_VERSIONS, "topologies"),
+    project.VOLCANO: (project.VOLCANO_GROUP, (project.VOLCANO_VERSION,), "hypernodes"),
+}
+
 
 class Discovery:
     def __init__(
@@ -36,10 +43,13 @@ class Discovery:
         self.ttl = ttl
         self.clock = clock
         self.served: dict[str, str | None] = {}  # target -> version served (None: not served)
+        # target -> the versions its CRD serves when none is one the writer knows (a release newer than it)
+        self.unknown: dict[str, tuple[str, ...]] = {}
         self._discovered_at: float | None = None
         self._owner_ref: dict[str, Any] | None = None
         self._owner_read = False
         self._owner_said = False  # its refusal logged
+        self._groups: dict[str, list[str]] | None = None  # group -> versions served, this discovery
 
     def forget(self) -> None:
         self._discovered_at = None
@@ -51,21 +61,49 @@ class Discovery:
         now = self.clock()
         if self._discovered_at is not None and now - self._discovered_at < self.ttl:
             return
-        kueue = next(
-            (v for v in project.KUEUE_VERSIONS if self._serves(project.KUEUE_GROUP, v, "topologies")), None
+        self._groups = None  # /apis, read only when a target's known versions are all unserved
+        served: dict[str, str | None] = {}
+        unknown: dict[str, tuple[str, ...]] = {}
+        for target, (group, versions, plural) in KNOWN.items():
+            served[target] = next((v for v in versions if self._serves(group, v, plural)), None)
+            if served[target] is None:
+                # A CRD served only in a version newer than this writer must not read as "not served".
+                others = tuple(
+                    v
+                    for v in self._group_versions(group)
+                    if v not in versions and self._serves(group, v, plural)
+                )
+                if others:
+                    unknown[target] = others
+        served["report"] = (
+            report.VERSION if self._serves(report.GROUP, report.VERSION, report.PLURAL) else None
         )
-        kai = next(
-            (v for v in project.KAI_VERSIONS if self._serves(project.KAI_GROUP, v, "topologies")), None
-        )
-        self.served = {
-            project.KUEUE: kueue,
-            project.KAI: kai,
-            project.VOLCANO: project.VOLCANO_VERSION
-            if self._serves(project.VOLCANO_GROUP, project.VOLCANO_VERSION, "hypernodes")
-            else None,
-            "report": report.VERSION if self._serves(report.GROUP, report.VERSION, report.PLURAL) else None,
-        }
+        # Taken whole, so a discovery that fails half way leaves the last one standing.
+        self.served, self.unknown = served, unknown
         self._discovered_at = now
+
+    def _group_versions(self, group: str) -> list[str]:
+        """The versions the API server serves of `group` (none when it serves no such group)."""
+        if self._groups is None:
+            self.metrics.api_requests.labels(verb="get", resource="discovery").inc()
+            answer: Any = kubernetes.client.ApisApi(self.api).get_api_versions(
+                _preload_content=False, _request_timeout=10
+            )
+            try:
+                data = json.loads(answer.data)
+            except ValueError:
+                data = None
+            groups = data.get("groups") if isinstance(data, dict) else None
+            self._groups = {
+                str(g.get("name")): [
+                    str(v.get("version"))
+                    for v in g.get("versions") or ()
+                    if isinstance(v, dict) and isinstance(v.get("version"), str)
+                ]
+                for g in (groups if isinstance(groups, list) else ())
+                if isinstance(g, dict) and isinstance(g.get("versions"), list)
+            }
+        return self._groups.get(group, [])
 
     def _serves(self, group: str, version: str, plural: str) -> bool:
         self.metrics.api_requests.labels(verb="get", resource="discovery").inc()
@@ -85,6 +123,12 @@ class Discovery:
         return isinstance(resources, list) and any(
             isinstance(r, dict) and r.get("name") == plural for r in resources
         )
+
+    @property
+    def owner_uid(self) -> str | None:
+        """The owner's uid as last read: what proves an object ours beyond its label."""
+        uid = self._owner_ref.get("uid") if self._owner_ref is not None else None
+        return uid if isinstance(uid, str) and uid else None
 
     @property
     def owner_ready(self) -> bool:

@@ -9,10 +9,11 @@ from typing import Any
 
 import kubernetes
 
+from nodefabric_devicemanager.nodeclient.objects import resource_version
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import NotOurs, Objects, version_of
+from nodefabric_operator.topology.objects import NotOurs, Objects
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ class HyperNodeWriter:
     def __init__(self, objects: Objects) -> None:
         self.objects = objects
         self._taken: frozenset[str] = frozenset()  # HyperNode names held by HyperNodes we do not manage
-        self._versions: dict[str, str | None] = {}  # ours: name -> resourceVersion as last listed or written
+        self._versions: dict[str, str] = {}  # ours: name -> resourceVersion as last listed or written
 
     def write(self, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
         if TARGET not in self.objects.known:
@@ -50,7 +51,7 @@ class HyperNodeWriter:
             name = str(i["metadata"]["name"])
             if project.is_managed(i):
                 ours[name] = i.get("spec")
-                self._versions[name] = version_of(i)
+                self._versions[name] = resource_version(i)
             else:
                 theirs.add(name)
         return ours, frozenset(theirs)
@@ -79,7 +80,7 @@ class HyperNodeWriter:
             del known[name]
             written += 1
             # Only ours, as we last saw it: theirs (made under the name, or ours unlabelled) stays.
-            if not self.objects.delete_ours(TARGET, name, self._versions.pop(name, None)):
+            if not self.objects.delete_ours(TARGET, name, self._versions.pop(name, "")):
                 self._taken = self._taken | {name}
         if written:
             log.info("hypernodes written", extra={"objects": len(desired), "written": written})

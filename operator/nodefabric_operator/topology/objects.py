@@ -11,12 +11,19 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from nodefabric_devicemanager.nodeclient.objects import resource_version
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
 
+
+class NoVersion(ValueError):
+    """An object of ours the API server answered without a resourceVersion string (a broken proxy or API
+    server): it is not deleted, as a delete without that precondition could take someone else's."""
+
+
 # What a failed request raises: retried by the shell with backoff.
-API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
+API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError, NoVersion)
 
 
 JSON_PATCH = "application/json-patch+json"
@@ -32,6 +39,12 @@ def _pointer(key: str) -> str:
 
 
 _MANAGED_PATH = f"/metadata/labels/{_pointer(project.MANAGED_BY)}"
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def brief(err: BaseException) -> str:
@@ -90,23 +103,21 @@ class Objects:
         got = self._call("list", target, self.custom.list_cluster_custom_object, **kwargs)
         return [i for i in got.get("items", []) if isinstance(i, dict)]
 
-    def managed(self, target: str) -> dict[str, Any]:
-        """Our objects of the target (name -> spec), listed by our label."""
+    def labelled(self, target: str) -> list[dict[str, Any]]:
+        """The target's objects that carry our label (listed by it), each with a name."""
         selector = f"{project.MANAGED_BY}={project.MANAGER}"
-        return {
-            str(i["metadata"]["name"]): i.get("spec")
-            for i in self.items(target, label_selector=selector)
-            if project.is_managed(i)
-        }
+        return [
+            i for i in self.items(target, label_selector=selector) if project.is_managed(i) and name_of(i)
+        ]
 
-    def create(self, target: str, body: dict[str, Any]) -> str | None:
+    def create(self, target: str, body: dict[str, Any]) -> str:
         """Created; the new object's resourceVersion (what a later delete of ours names as its
-        precondition)."""
-        return version_of(
+        precondition; "" for an answer without one)."""
+        return resource_version(
             self._call("create", target, self.custom.create_cluster_custom_object, self.owned(body))
         )
 
-    def update(self, target: str, name: str, body: dict[str, Any]) -> str | None:
+    def update(self, target: str, name: str, body: dict[str, Any]) -> str:
         """Our object's spec written; created again (with its owner) when it was deleted since. NotOurs
         when the object of that name is someone else's now (ours deleted and another made since we
         read it): the patch tests our label first, so theirs is never written over. The object's
@@ -115,7 +126,7 @@ class Objects:
         # Each top-level field of the spec set, as the merge patch of {"spec": ...} did.
         patch += [{"op": "add", "path": f"/spec/{_pointer(k)}", "value": v} for k, v in body["spec"].items()]
         try:
-            return version_of(
+            return resource_version(
                 self._call(
                     "patch",
                     target,
@@ -137,40 +148,54 @@ class Objects:
                     ) from err
             raise
 
-    def delete(self, target: str, name: str, *, gone_ok: bool = False, version: str | None = None) -> None:
-        """Deleted; with `version`, only while the object is at that resourceVersion (the server answers
-        409 for another, or for another object made under the name)."""
+    def delete(self, target: str, name: str, version: str) -> None:
+        """Deleted, only while the object is at resourceVersion `version` (the server answers 409 for
+        another, or for another object made under the name); gone already is no failure. Every delete of
+        ours names one: without it, a delete takes whatever holds the name."""
+        if not version:
+            raise NoVersion(f"{self.gvp(target)[2]} {name}: no resourceVersion to delete it at")
         pre = kubernetes.client.V1Preconditions(resource_version=version)
-        options = kubernetes.client.V1DeleteOptions(preconditions=pre) if version else None
         try:
-            self._call("delete", target, self.custom.delete_cluster_custom_object, name, body=options)
+            self._call(
+                "delete",
+                target,
+                self.custom.delete_cluster_custom_object,
+                name,
+                body=kubernetes.client.V1DeleteOptions(preconditions=pre),
+            )
         except kubernetes.client.ApiException as err:
-            if not gone_ok or status_of(err) != 404:
+            if status_of(err) != 404:
                 raise
 
-    def delete_ours(self, target: str, name: str, version: str | None) -> bool:
+    def delete_ours(
+        self,
+        target: str,
+        name: str,
+        version: str,
+        ours: Callable[[dict[str, Any]], bool] = project.is_managed,
+    ) -> bool:
         """Our object of that name deleted (or gone already): True. Never someone else's: the delete names
         the resourceVersion we last read or wrote it at, and where the object changed since (ours deleted
-        and another made under the name, our label removed, or only its status written), it is read again
-        and deleted at its new version only if it is still ours; someone else's is left alone: False. A
-        delete without a precondition would take theirs."""
-        try:
-            self.delete(target, name, gone_ok=True, version=version)
-            return True
-        except kubernetes.client.ApiException as err:
-            if status_of(err) != 409 or version is None:
-                raise
+        and another made under the name, our label removed, or only its status written), or that version
+        is unknown (""), it is read again and deleted at its new version only if `ours` still holds;
+        someone else's is left alone: False. An object of ours read without a resourceVersion string
+        raises NoVersion: a delete without a precondition would take theirs."""
+        if version:
+            try:
+                self.delete(target, name, version)
+                return True
+            except kubernetes.client.ApiException as err:
+                if status_of(err) != 409:
+                    raise
         live = self.get(target, name)
         if live is None:
             return True
-        if not project.is_managed(live):
+        if not ours(live):
             return False
-        self.delete(target, name, gone_ok=True, version=version_of(live))
+        now = resource_version(live)
+        if not now:
+            raise NoVersion(
+                f"{self.gvp(target)[2]} {name} read without a resourceVersion string: not deleted"
+            )
+        self.delete(target, name, now)
         return True
-
-
-def version_of(obj: Any) -> str | None:
-    """An object's resourceVersion: a delete's precondition that holds only for that object unchanged."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-    return str(version) if version else None

@@ -36,6 +36,8 @@ NESTED_AGAIN = "LevelNestedAgain"
 REPLACED = "TopologyReplaced"
 REPLACE_PENDING = "TopologyReplacePending"
 WRITE_FAILED = "TopologyWriteFailed"
+REMOVED = "TopologyRemoved"
+VERSION_UNSUPPORTED = "TopologyVersionUnsupported"
 
 
 def camel(name: str) -> str:

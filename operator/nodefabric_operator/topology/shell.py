@@ -31,7 +31,7 @@ from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.levels import default_levels
 from nodefabric_operator.topology.nesting import Hierarchy, check
 from nodefabric_operator.topology.objects import API_ERRORS, brief
-from nodefabric_operator.topology.writer import UNSERVED, Writer
+from nodefabric_operator.topology.writer import Writer
 from nodefabric_operator.view import part
 
 log = logging.getLogger(__name__)
@@ -217,8 +217,7 @@ class Projector:
             if target not in self.options.targets:
                 states[target] = "disabled by configuration"
             elif w.served.get(target) is None:
-                w.unserved(target)
-                states[target] = UNSERVED
+                states[target] = w.unserved(target)
             else:
                 states[target] = w.write_target(target, hierarchy, fleet)
         w.write_report(hierarchy, states)

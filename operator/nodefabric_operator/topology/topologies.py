@@ -9,10 +9,11 @@ from typing import Any
 
 import kubernetes
 
+from nodefabric_devicemanager.nodeclient.objects import resource_version
 from nodefabric_operator import events
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
-from nodefabric_operator.topology.objects import NotOurs, Objects, held_state, version_of
+from nodefabric_operator.topology.objects import NotOurs, Objects, held_state
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,7 @@ class TopologyWriter:
         self.event = event
         self.again = again  # a pass is due again later (a write failed, or is held)
         self._replacing: dict[str, tuple[str, ...]] = {}  # target -> levels of the one deleted to be replaced
-        self._versions: dict[
-            str, str | None
-        ] = {}  # target -> resourceVersion of ours as last read or written
+        self._versions: dict[str, str] = {}  # target -> resourceVersion of ours as last read or written
 
     def write(self, target: str, body: dict[str, Any]) -> str:
         known = self.objects.known
@@ -45,7 +44,7 @@ class TopologyWriter:
                 self.again()
                 return held_state(body["kind"], name, held)
             known[target] = project.levels_of(live)
-            self._versions[target] = version_of(live)
+            self._versions[target] = resource_version(live)
         action = project.topology_action(
             known[target], desired, mutable_with_hostname=target == project.KUEUE
         )
@@ -63,7 +62,7 @@ class TopologyWriter:
         else:
             if action == project.REPLACE:
                 # Only ours, as we last saw it: theirs (made under the name, or ours unlabelled) stays.
-                if not self.objects.delete_ours(target, name, self._versions.get(target)):
+                if not self.objects.delete_ours(target, name, self._versions.get(target, "")):
                     known.pop(target, None)
                     plural = self.objects.gvp(target)[2]
                     return f"{plural} {name} exists and is not managed by nodefabric: left alone"

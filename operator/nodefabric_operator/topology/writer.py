@@ -14,14 +14,16 @@ from typing import Any
 
 import kubernetes
 
+from nodefabric_devicemanager.nodeclient.objects import resource_version
 from nodefabric_operator import events
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project, report
-from nodefabric_operator.topology.discovery import Discovery
+from nodefabric_operator.topology.discovery import KNOWN, Discovery
 from nodefabric_operator.topology.hypernodes import HyperNodeWriter
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import API_ERRORS, Objects, brief
+from nodefabric_operator.topology.objects import API_ERRORS, Objects, brief, name_of
+from nodefabric_operator.topology.sweep import Sweeper
 from nodefabric_operator.topology.topologies import TopologyWriter
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ class Writer:
         self.objects = Objects(api, metrics, lambda: self.discovery.served, self.discovery.owned)
         self.topologies = TopologyWriter(self.objects, event, self._again)
         self.hypernodes = HyperNodeWriter(self.objects)
+        self.sweeper = Sweeper(self.objects, name, lambda: self.discovery.owner_uid, event, self._again)
+        self._unknown_said: dict[str, tuple[str, ...]] = {}  # target -> the unknown versions said
         self.report = ReportWriter(api, metrics, self.discovery.owned, self._again, self.discovery.forget)
 
     def _again(self) -> None:
@@ -80,16 +84,38 @@ class Writer:
         self.objects.known.clear()
         self.report.forget()
         self.discovery.forget()
+        self.sweeper.forget()
 
-    def unserved(self, target: str) -> None:
+    def unserved(self, target: str) -> str:
         """The target's CRD is not served (now): its objects went with it (a CRD's deletion takes them),
-        so they are read again once it is served again, not believed written until the next resync."""
+        so they are read again once it is served again, not believed written until the next resync. The
+        target's state: not served, or served only in versions this writer does not know (said once in
+        a Warning, as nothing is written for a target the user has installed)."""
         self.objects.known.pop(target, None)
+        unknown = self.discovery.unknown.get(target)
+        if not unknown:
+            self._unknown_said.pop(target, None)
+            return UNSERVED
+        known = KNOWN[target][1]
+        if self._unknown_said.get(target) != unknown:
+            self._unknown_said[target] = unknown
+            group, plural = KNOWN[target][0], KNOWN[target][2]
+            message = (
+                f"{target}: the {plural}.{group} CRD is served in {', '.join(unknown)}, and nodefabric "
+                f"writes {', '.join(known)} only: nothing written"
+            )
+            self.event(events.for_failure(report.VERSION_UNSUPPORTED, message))
+            log.warning(
+                "topology target served only in versions nodefabric does not write",
+                extra={"target": target, "served": ",".join(unknown), "supported": ",".join(known)},
+            )
+        return f"CRD served in {', '.join(unknown)}; nodefabric writes {', '.join(known)}: nothing written"
 
     def write_target(self, target: str, hierarchy: Hierarchy, fleet: Mapping[str, Mapping[str, str]]) -> str:
         try:
             if target == project.VOLCANO:
                 return self.hypernodes.write(hierarchy, fleet)
+            self.sweeper.sweep(target)
             if target == project.KUEUE:
                 body, levels = project.kueue_topology(hierarchy, self.name, self.served[target] or "")
             else:
@@ -115,22 +141,22 @@ class Writer:
 
     def clean_disabled(self) -> None:
         """Objects of a target the configuration no longer allows go, once at start (a chart upgrade that
-        turned the target off)."""
+        turned the target off). Each at the resourceVersion it was read at: one replaced by someone
+        else's since (or its label removed) is left alone."""
         for target in project.TARGETS:
             if target in self.targets or self.served.get(target) is None:
                 continue
             try:
                 if target == project.VOLCANO:
-                    names = list(self.objects.managed(target))
+                    ours = self.objects.labelled(target)
                 else:
                     live = self.objects.get(target, self.name)
-                    names = [self.name] if live is not None and project.is_managed(live) else []
-                for name in names:
-                    self.objects.delete(target, name)
-                if names:
+                    ours = [live] if live is not None and project.is_managed(live) else []
+                removed = sum(self.objects.delete_ours(target, name_of(i), resource_version(i)) for i in ours)
+                if removed:
                     log.info(
                         "removed the objects of a disabled target",
-                        extra={"target": target, "objects": len(names)},
+                        extra={"target": target, "objects": removed},
                     )
             except API_ERRORS as err:
                 log.warning(
