@@ -42,6 +42,7 @@ from nodefabric_operator.topology.writer import Writer
 __all__ = ["api"]
 
 MANAGED = {"app.kubernetes.io/managed-by": "nodefabric"}
+IN_USE = "kueue.x-k8s.io/resource-in-use"  # Kueue's finalizer while a ResourceFlavor names the Topology
 
 
 def _events(k: RunningAPI, reason: str) -> list[dict[str, Any]]:
@@ -149,9 +150,9 @@ async def test_a_renamed_topology_leaves_nothing_of_ours_behind_and_nothing_of_a
     assert set(_all(k, KAI_T)) == {"nodefabric", "copied-label"}
     said = sorted(e["message"] for e in _events(k, report.REMOVED))
     assert said == [
-        "kai Topology gpu-old removed: nodefabric writes its topology as nodefabric now",
-        "kai Topology restored removed: nodefabric writes its topology as nodefabric now",
-        "kueue Topology gpu-old removed: nodefabric writes its topology as nodefabric now",
+        "kai Topology gpu-old deleted: nodefabric writes its topology as nodefabric now",
+        "kai Topology restored deleted: nodefabric writes its topology as nodefabric now",
+        "kueue Topology gpu-old deleted: nodefabric writes its topology as nodefabric now",
     ], said
 
 
@@ -177,9 +178,33 @@ async def test_a_topology_of_an_earlier_name_replaced_after_it_was_listed_is_lef
     assert not project.is_managed(live["gpu-old"])
     assert state.startswith("Topology nodefabric"), state
     assert [n.message for n in said if n.reason == report.REMOVED] == [
-        "kueue Topology gpu-older removed: nodefabric writes its topology as nodefabric now"
+        "kueue Topology gpu-older deleted: nodefabric writes its topology as nodefabric now"
     ]
     assert not writer.retry
+
+
+async def test_a_topology_of_an_earlier_name_held_by_its_finalizer_is_deleted_and_said_once(
+    api: RunningAPI,
+) -> None:
+    """A ResourceFlavor still names the old Topology, so Kueue's finalizer keeps it after the delete: the
+    resync must not delete it, nor say so, again."""
+    k = api
+    uid = _role(k, "nf-op")
+    old = _topology("kueue.x-k8s.io/v1beta2", "gpu-old", labels=MANAGED, owner=uid)
+    old["metadata"]["finalizers"] = [IN_USE]
+    k.api.put_object(KUEUE_T, old)
+    said: list[Any] = []
+    writer = _writer(k, ("kueue",), said, owner="nf-op")
+    hierarchy = check(default_levels(), FLEET)
+    for _ in range(2):  # the start, and a resync
+        await asyncio.to_thread(writer.discover)
+        await asyncio.to_thread(writer.read_owner)
+        await asyncio.to_thread(writer.write_target, project.KUEUE, hierarchy, FLEET)
+        writer.forget()
+
+    assert _all(k, KUEUE_T)["gpu-old"]["metadata"].get("deletionTimestamp")
+    assert [r.name for r in k.requests("DELETE", KUEUE_T)] == ["gpu-old"]
+    assert [n.reason for n in said] == [report.REMOVED]
 
 
 # --- 2. A disabled target's objects -----------------------------------------------------------------------

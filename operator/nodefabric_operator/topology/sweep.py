@@ -87,19 +87,21 @@ class Sweeper:
 
         for item in self.objects.labelled(target):
             name = name_of(item)
-            if name == self.name or not ours(item):
+            if name == self.name or not ours(item) or project.held_by(item) is not None:
+                # Being deleted already, kept by its finalizers (Kueue's while a ResourceFlavor still names
+                # it): deleted and said once, not again at every resync.
                 continue
             # At the version listed: one changed since is read again and goes only while still ours.
             if not self.objects.delete_ours(target, name, resource_version(item), ours):
                 continue
             log.info(
-                "removed a Topology of an earlier name",
+                "deleted a Topology of an earlier name",
                 extra={"target": target, "object": name, "now": self.name},
             )
             self.event(
                 events.Notice(
                     events.NORMAL,
                     report.REMOVED,
-                    f"{target} Topology {name} removed: nodefabric writes its topology as {self.name} now",
+                    f"{target} Topology {name} deleted: nodefabric writes its topology as {self.name} now",
                 )
             )
