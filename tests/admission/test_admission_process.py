@@ -674,3 +674,97 @@ async def test_a_member_that_failed_before_it_was_ready_times_its_group_out_at_o
         await asyncio.to_thread(w.core.patch_namespaced_pod_status, "train-0", NS, failed)
         await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
         assert "lost 1 member(s) before they were Ready (train-0)" in w.status(KEY)["decision"]
+
+
+def explicit(name: str, group: str, size: int = 2, **kw: object) -> dict[str, object]:
+    """A pod naming group `group` by label alone (no owner), declaring its size."""
+    labels = {GATE: group}
+    return gpod(name, labels=labels, annotations={"placement.gpustack.ai/group-size": str(size)}, **kw)
+
+
+async def passes_after(ctl: object, n: int = 3) -> None:
+    """Wait for `n` more reconcile passes: whatever was delivered before has been decided."""
+    start = ctl.passes  # type: ignore[attr-defined]
+    await eventually(lambda: ctl.passes >= start + n, what=f"{n} passes")  # type: ignore[attr-defined]
+
+
+async def test_a_member_relabelled_after_its_group_was_admitted_stays_a_member_of_that_group():
+    """A bound member of group a relabelled into group b: it keeps its place in a (its node was given
+    for a), b does not count it (b would be admitted a pod short), and the pod is told so."""
+    a, b = f"{NS}/explicit/a", f"{NS}/explicit/b"
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        await w.create(*fleet())
+        async with placement(k) as ctl:
+            await w.create(explicit("a-0", "a"), explicit("a-1", "a"))
+            await eventually(lambda: all(GATE not in w.gates(f"a-{i}") for i in range(2)), what="a ungated")
+            for i in range(2):
+                await w.bind_and_ready(f"a-{i}")
+            await eventually(lambda: w.status(a).get("phase") == "Bound", what="a Bound")
+            await w.create(explicit("b-0", "b"))
+            await eventually(lambda: "1 of 2 exist" in w.status(b).get("decision", ""), what="b 1 of 2")
+            patch = {"metadata": {"labels": {GATE: "b"}}}
+            await asyncio.to_thread(w.core.patch_namespaced_pod, "a-1", NS, patch)
+            told = await eventually(
+                lambda: [e[3] for e in w.events("MemberRelabelled") if e[1] == "a-1"], what="a-1 told"
+            )
+            assert "group ml/explicit/a was admitted with this pod" in told[0]
+            assert "group ml/explicit/b does not count it" in told[0]
+            await passes_after(ctl)
+            assert w.status(b)["phase"] == "Waiting" and "1 of 2 exist" in w.status(b)["decision"]
+            assert GATE in w.gates("b-0")
+            assert w.status(a)["phase"] == "Bound"
+            assert [m["pod"] for m in w.status(a)["members"]] == ["a-0", "a-1"]
+            await w.create(explicit("b-1", "b"))
+            await eventually(lambda: w.status(b).get("phase") == "Admitted", what="b Admitted")
+            assert [m["pod"] for m in w.status(b)["members"]] == ["b-0", "b-1"]
+
+
+async def test_a_gated_member_relabelled_once_admitted_is_released_by_the_group_that_admitted_it():
+    """Relabelled between its group's admission and its release (the process stopped in between): its
+    node was given for group a, so a still pins and ungates it there, and b never places it again."""
+    a, b = f"{NS}/explicit/a", f"{NS}/explicit/b"
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        await w.create(*fleet())
+        async with placement(k) as ctl:
+
+            async def crash_before_release(group, status):  # the process dies after the status write
+                raise RuntimeError("killed")
+
+            ctl.releaser.release = crash_before_release  # type: ignore[method-assign]
+            await w.create(explicit("a-0", "a"), explicit("a-1", "a"))
+            await eventually(lambda: w.status(a).get("phase") == "Admitted", what="a Admitted")
+        planned = {m["pod"]: m["node"] for m in w.status(a)["members"]}
+        patch = {"metadata": {"labels": {GATE: "b"}}}
+        await asyncio.to_thread(w.core.patch_namespaced_pod, "a-1", NS, patch)
+        await w.create(explicit("b-0", "b"))
+        async with placement(k) as ctl:
+            await eventually(lambda: all(GATE not in w.gates(f"a-{i}") for i in range(2)), what="a ungated")
+            assert {p: w.pinned(p) for p in planned} == {p: [n] for p, n in planned.items()}
+            await passes_after(ctl)
+            assert w.status(b)["phase"] == "Waiting" and "1 of 2 exist" in w.status(b)["decision"]
+
+
+async def test_a_bound_pod_copying_an_ownerless_groups_label_occupies_its_node_but_is_no_member():
+    """A pod created bound (spec.nodeName set: no gate, no scheduler) naming a group no owner vouches
+    for: it takes its node like any pod, but it never makes the group partly admitted (the group would
+    go a member short, its last member left gated as extra, and be pulled to the pod's node)."""
+    key = f"{NS}/explicit/g"
+    async with running_api([model.placement_crd()]) as k:
+        w = World(k)
+        await w.create(*fleet())
+        async with placement(k) as ctl:
+            await w.create(explicit("g-0", "g"))
+            await eventually(lambda: "1 of 2 exist" in w.status(key).get("decision", ""), what="1 of 2")
+            copycat = explicit("copycat", "g", gated=False)
+            copycat["spec"]["nodeName"] = "eu-a-0"  # type: ignore[index]
+            await w.create(copycat)
+            await passes_after(ctl)
+            assert w.status(key)["phase"] == "Waiting" and "1 of 2 exist" in w.status(key)["decision"]
+            assert GATE in w.gates("g-0")
+            await w.create(explicit("g-1", "g"))
+            await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+            members = {m["pod"]: m["node"] for m in w.status(key)["members"]}
+            assert sorted(members) == ["g-0", "g-1"]
+            assert "eu-a-0" not in members.values(), "the copy's node is full: it counts as load"

@@ -35,13 +35,13 @@ from urllib3.exceptions import HTTPError
 
 from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.backoff import Backoff
-from nodefabric_operator.admission import podview, transitions
+from nodefabric_operator.admission import fresh, podview, transitions
 from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.eviction import Evictor
 from nodefabric_operator.admission.grouping import SIZE_TTL_S, Grouping, GroupView
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
-from nodefabric_operator.admission.owners import Size
+from nodefabric_operator.admission.owners import Owner, Size
 from nodefabric_operator.admission.release import Releaser
 from nodefabric_operator.admission.state import Tables, owns
 from nodefabric_operator.admission.transitions import now_dt, ts
@@ -74,6 +74,7 @@ class Controller:
         leading: Callable[[], bool] = lambda: True,
         backoff_base: float = BACKOFF_BASE_S,
         write_timeout: tuple[float, float] = WRITE_TIMEOUT,
+        every_event: bool = False,
     ) -> None:
         self.config = config
         self.metrics = metrics or PlacementMetrics()
@@ -99,7 +100,8 @@ class Controller:
         )
         self.releaser = Releaser(self.core, self.tables, timeout=write_timeout)
         self.evictor = Evictor(self.core, self.tables, self.writer, self.metrics, timeout=write_timeout)
-        self.evaluated: dict[str, tuple[int, float]] = {}  # group key -> (generation, when)
+        self.evaluated: dict[str, fresh.Seen] = {}  # group key -> its inputs at its last decision
+        self.every_event = every_event  # the former rule, for comparison (fresh.py)
         self.watcher = Watcher(self.cache, None, api, feeds=self.tables.feeds(self.core, self.custom))
         self.passes = 0
 
@@ -129,6 +131,7 @@ class Controller:
         self.tables.restore_holds()
         groups = self.grouping.groups()
         self.writer.tell_ungrouped(self.grouping.ungrouped)
+        self.writer.tell_relabelled(self.grouping.relabelled)
         keys = {g.spec.key for g in groups}
         for key in [k for k in self.evaluated if k not in keys]:
             del self.evaluated[key]
@@ -174,17 +177,12 @@ class Controller:
         next_at = ts(status.next_attempt_time)
         if status.phase == "TimedOut" and next_at is not None and now < next_at:
             return
-        seen = self.evaluated.get(group.spec.key)
-        generation = self.tables.generation
-        if pg is not None and seen is not None and seen[0] == generation and now - seen[1] < SIZE_TTL_S:
-            return  # nothing changed since this group was last decided (or its owner may have)
-        self.evaluated[group.spec.key] = (generation, now)
-        size, owner = await self.grouping.size(group)
-        if not self.leading():
-            # The Lease lapsed during the owner's read: another replica may be deciding this group.
-            self.evaluated.pop(group.spec.key, None)  # decided afresh once this one leads again
+        sizing = await self._changed(group, pg, status, now)
+        if sizing is None:
             return
+        size, owner = sizing
         owned = self.grouping.own(group, owner)
+        self.grouping.vouch(group, status)
         gated = gated if owned is None else owned
         # Only a member's unusable annotation holds the group back: a pod the owner does not control
         # (anyone's, with the owner's label) never does.
@@ -216,6 +214,7 @@ class Controller:
                     created=podview.created(p),
                 )
             )
+        self.metrics.decisions.inc()
         verdict = admit(
             group.spec, size, members, self.cache, self.config, unschedulable=self.tables.cordoned
         )
@@ -233,6 +232,29 @@ class Controller:
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
             self.writer.events(group, gated, kind, reason, verdict.reason, pg_too=True)
             self.writer.annotate(gated, verdict.reason)
+
+    async def _changed(
+        self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus, now: float
+    ) -> tuple[Size, Owner | None] | None:
+        """The group's size and owner when it must be decided (again); None when none of its inputs
+        changed since its last decision (fresh.py), or the Lease lapsed meanwhile."""
+        key = group.spec.key
+        inputs = fresh.inputs(self.tables, group, status, every_event=self.every_event)
+        seen = self.evaluated.get(key)
+        unchanged = pg is not None and seen is not None and seen.inputs == inputs
+        if unchanged and seen is not None and now - seen.when < SIZE_TTL_S:
+            return None  # nothing changed since this group was last decided (or its owner may have)
+        self.evaluated[key] = fresh.Seen(inputs, now)
+        size, owner = await self.grouping.size(group)
+        if not self.leading():
+            # The Lease lapsed during the owner's read: another replica may be deciding this group.
+            self.evaluated.pop(key, None)  # decided afresh once this one leads again
+            return None
+        sized = fresh.sized(size, owner)
+        self.evaluated[key] = fresh.Seen(inputs, now, sized)
+        if unchanged and seen is not None and seen.sized == sized and not self.every_event:
+            return None  # its owner read again, saying the same: the decision would be the one written
+        return size, owner
 
     def _left_alone(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
         """A group gone with its owner, or one whose PlacementGroup is another group's: nothing to do."""

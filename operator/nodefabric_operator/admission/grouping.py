@@ -73,6 +73,9 @@ class Grouping:
         # Gated pods of no group groups() found (with why their group cannot be read, "" when they name
         # none): nothing would ever remove their gate.
         self.ungrouped: list[tuple[dict[str, Any], str]] = []
+        # Pods an admission holds whose labels name another group since, or none: (pod, the key they
+        # name, "" for none, the key of the group that holds them).
+        self.relabelled: list[tuple[dict[str, Any], str, str]] = []
         tables.per_pod.append(self.group_cache)
 
     def groups(self) -> list[GroupView]:
@@ -81,8 +84,17 @@ class Grouping:
         by_key: dict[str, list[tuple[GroupSpec | None, dict[str, Any], str]]] = {}
         specs: dict[str, GroupSpec] = {}
         self.ungrouped = []
+        self.relabelled = []
+        claims = self.tables.claims()
         for uid, pod in self.tables.pods.items():
             spec, key, error = self._group_of(uid, pod)
+            held_by = claims.get(uid)
+            if held_by is not None and held_by != key:
+                # Admitted as a member of another group, then relabelled: still that group's, and never
+                # counted by the group its labels name now (nor an InvalidPlacement of its own).
+                by_key.setdefault(held_by, []).append((None, pod, ""))
+                self.relabelled.append((pod, key, held_by))
+                continue
             if error:
                 if key and gated_of(pod):
                     by_key.setdefault(key, []).append((None, pod, error))
@@ -155,6 +167,17 @@ class Grouping:
             group.scheduler = scheduler_of([p for p in controlled if self.tables.gated(p)] or controlled)
         group.members = [p for p in controlled if podview.scheduler(p) == group.scheduler]
         return [p for p in group.members if self.tables.gated(p)]  # Events and copies go to these only
+
+    def vouch(self, group: GroupView, status: PlacementGroupStatus) -> None:
+        """A group no owner vouches for (named by labels alone, which anyone who can create a pod can
+        copy): a bound pod counts as a member only when its node was given by this group's admission
+        (its PlacementGroup lists it on one). Any other bound pod carrying the group's labels occupies
+        its node like every pod, but never makes the group partly admitted: it would take a real
+        member's place, leaving that one gated as extra, and pull the group to its node."""
+        if group.owner is not None and group.owner.uid:
+            return
+        given = {m.uid for m in status.members if m.node}
+        group.members = [p for p in group.members if not p["spec"].get("nodeName") or podview.uid(p) in given]
 
     async def size(self, group: GroupView) -> tuple[Size, Owner | None]:
         spec = group.spec

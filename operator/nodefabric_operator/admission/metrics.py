@@ -29,6 +29,12 @@ class PlacementMetrics:
             "Pods evicted because their group was not bound and Ready in time.",
             registry=self.registry,
         )
+        self.decisions = Counter(
+            "nodefabric_placement_decisions",
+            "Admission decisions made: a waiting group is decided again only when its pods, the capacity "
+            "it could use or its owner's count changed.",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "nodefabric_placement_leader",
             "1 while this replica holds the Lease and admits.",

@@ -26,11 +26,27 @@ log = logging.getLogger(__name__)
 
 # The phases whose PlacementGroup is the state of an admission in progress: written again when deleted.
 FOLLOWED = ("Admitted", "TimedOut")
+# The phases whose members nodefabric let go (or is evicting): each stays its group's whatever its labels.
+CLAIMING = ("Admitted", "Bound", "TimedOut")
 
 
 def _pg_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace")), str(meta.get("name"))
+
+
+def _written_key(pg: Mapping[str, Any]) -> str:
+    key = (pg.get("spec") or {}).get("key")
+    return key if isinstance(key, str) else ""
+
+
+def _same(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Two versions of a slimmed pod alike but for their resourceVersion."""
+    if old["spec"] != new["spec"] or old["status"] != new["status"]:
+        return False
+    drop = ("resourceVersion",)
+    meta_old = {k: v for k, v in old["metadata"].items() if k not in drop}
+    return meta_old == {k: v for k, v in new["metadata"].items() if k not in drop}
 
 
 def pg_key(spec: GroupSpec) -> tuple[str, str]:
@@ -57,10 +73,18 @@ class Tables:
         self.lost: dict[tuple[str, str], dict[str, Any]] = {}
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
         self.cordoned: set[str] = set()  # nodes with spec.unschedulable
+        # uid -> how many times what is kept of the pod changed: a new resourceVersion that changes
+        # nothing kept (the decision copied onto it, a label no group reads) is no change of a group's.
+        self.changes: dict[str, int] = {}
         # What others keep per pod uid (its group, the decision copied onto it): dropped with the pod.
-        self.per_pod: list[dict[str, Any]] = []
-        # Bumped by every watch event: a waiting group is decided again only when something changed.
+        self.per_pod: list[dict[str, Any]] = [self.changes]
+        # Bumped by every watch event.
         self.generation = 0
+        # Bumped by every change that may give a waiting group room it did not have: a node changed
+        # (added, relabelled, uncordoned, resized) or a pod counted on a node no longer counted there as
+        # it was (gone, finished, its hold released). What only takes room (a pod bound where it was
+        # held, a new hold) cannot make a waiting group fit, and leaves it alone.
+        self.freed = 0
         self.wake = asyncio.Event()
 
     def feeds(self, core: Any, custom: Any) -> list[Feed]:
@@ -89,6 +113,7 @@ class Tables:
     def _upsert_node(self, obj: dict[str, Any]) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         name = str(meta.get("name"))
+        before = (self.cache.nodes.get(name), name in self.cordoned)
         if isinstance(spec, Mapping) and spec.get("unschedulable") is True:
             self.cordoned.add(name)
         else:
@@ -97,17 +122,22 @@ class Tables:
             self.cache.upsert_node(obj)
         except NodeError as exc:
             log.warning("could not read a node, kept what was known of it", extra={"error": str(exc)})
+        # A status heartbeat that changes nothing the placement reads wakes no waiting group.
+        if (self.cache.nodes.get(name), name in self.cordoned) != before:
+            self.freed += 1
 
     def replace_nodes(self, items: list[dict[str, Any]]) -> None:
         keep = {str((i.get("metadata") or {}).get("name")) for i in items}
         self.cordoned &= keep
         for name in set(self.cache.nodes) - keep:
+            self.freed += 1
             self.cache.delete_node(name)
         for item in items:
             self._upsert_node(item)
 
     def apply_node(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
+            self.freed += 1
             self.cordoned.discard(str((obj.get("metadata") or {}).get("name")))
             self.cache.delete_node(str((obj.get("metadata") or {}).get("name")))
         elif kind in ("ADDED", "MODIFIED"):
@@ -123,7 +153,17 @@ class Tables:
         node = self.held.get(uid)
         if node and not pod["spec"].get("nodeName"):
             pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+        before = self.load(uid)
         self.cache.upsert_pod(pod)
+        if before is not None and self.load(uid) != before:
+            self.freed += 1
+
+    def load(self, uid: str) -> tuple[Any, ...] | None:
+        """What the pod takes of a node as the cache counts it (None: nothing)."""
+        record = self.cache.pods.get(uid)
+        if record is None or not record.node or record.terminal:
+            return None
+        return record.node, tuple(sorted(record.requests.items())), record.memory, record.cpu
 
     def hold(self, uid: str, node: str) -> None:
         """An admitted, unbound pod counts on `node` from now on."""
@@ -137,6 +177,8 @@ class Tables:
         if old is not None and podview.rv(old) > podview.rv(slim) > 0:
             return  # an event older than the answer to our own patch, which is already here
         self.pods[uid] = slim
+        if old is None or not _same(old, slim):
+            self.changes[uid] = self.changes.get(uid, 0) + 1
         if slim["spec"].get("nodeName"):
             self.held.pop(uid, None)  # bound: the cache counts it where it runs
         self.feed_cache(uid)
@@ -146,6 +188,8 @@ class Tables:
         for table in self.per_pod:
             table.pop(uid, None)
         self.held.pop(uid, None)
+        if self.load(uid) is not None:
+            self.freed += 1
         self.cache.delete_pod(uid)
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
@@ -208,6 +252,22 @@ class Tables:
             for pg in [*self.pgs.values(), *self.lost.values()]
             if (pg.get("status") or {}).get("phase") in FOLLOWED
         }
+
+    def claims(self) -> dict[str, str]:
+        """uid -> the group key whose admission holds the pod: a member of an admitted, bound or timed-out
+        group stays that group's, whatever its labels say since (a user may edit them freely; the
+        admission is nodefabric's). The first group by key wins, should two ever list one pod."""
+        out: dict[str, str] = {}
+        for pg in sorted([*self.pgs.values(), *self.lost.values()], key=_written_key):
+            status = pg.get("status") or {}
+            key = _written_key(pg)
+            if status.get("phase") not in CLAIMING or not key:
+                continue
+            for m in status.get("members") or []:
+                uid = m.get("uid") if isinstance(m, Mapping) else None
+                if isinstance(uid, str) and uid:
+                    out.setdefault(uid, key)
+        return out
 
     def pg(self, spec: GroupSpec) -> tuple[dict[str, Any] | None, PlacementGroupStatus]:
         """The group's PlacementGroup (None when there is none) and its status as this process reads it."""

@@ -158,6 +158,21 @@ class PlacementWriter:
                 self.publisher.event(pod, "Warning", "InvalidPlacement", text)
                 self.annotate([pod], text)
 
+    def tell_relabelled(self, relabelled: list[tuple[dict[str, Any], str, str]]) -> None:
+        """A pod relabelled after its group was admitted stays a member of the group that admitted it
+        (its node was given for that group); the group its labels name now does not count it. Each is
+        told once (pod, the key its labels name or "", the key of the group that holds it)."""
+        for pod, named, held_by in relabelled:
+            now = f"its labels now name group {named:.300}" if named else "its labels now name no group"
+            text = (
+                f"{now}, but group {held_by:.300} was admitted with this pod: it stays a member of "
+                f"{held_by:.300} while it exists"
+                + (f", and group {named:.300} does not count it" if named else "")
+            )
+            if self.annotated.get(podview.uid(pod)) != text:
+                self.publisher.event(pod, "Warning", "MemberRelabelled", text)
+                self.annotate([pod], text)
+
     def name_taken(self, group: GroupView, pg: Mapping[str, Any]) -> None:
         """The group's PlacementGroup name is another group's (a name changed to fit, "explicit-x-<hash>",
         and a group named "x-<hash>" beside it): that one's state is never read nor written for this
