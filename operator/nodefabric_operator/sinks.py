@@ -53,6 +53,16 @@ class NfdMissing(SinkError):
     pass
 
 
+class NamespaceMissing(SinkError):
+    """--namespace does not exist: a fact about the operator, not the record (nswait.py waits for it)."""
+
+
+def namespace_missing(namespace: str) -> NamespaceMissing:
+    return NamespaceMissing(
+        f"namespace {namespace} (--namespace) does not exist: labels are published once it does"
+    )
+
+
 class Conflict(SinkError):
     """The object kept changing under us; the next event retries."""
 
@@ -220,6 +230,22 @@ def pages(
         if token is None:
             return
         followed.add(token)
+
+
+def missing_namespace(err: kubernetes.client.ApiException, namespace: str) -> bool:
+    """Whether a create was refused because its namespace does not exist: the API server's 404 Status
+    names the namespace (details kind "namespaces", name the namespace); a missing NodeFeature API is
+    a 404 too, with no such details."""
+    if status_of(err) != 404:
+        return False
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError, RecursionError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    if not isinstance(details, dict) or details.get("kind") != "namespaces":
+        return False
+    return details.get("name") in (None, namespace)
 
 
 def expiry(err: kubernetes.client.ApiException) -> dict[str, Any] | None:
@@ -442,6 +468,8 @@ class NodeFeatureSink(_SentInThread):
                 (yield Request("create", NFD_PLURAL, "POST", NFD_PATH, {"ns": self.namespace}, body))
             )
         except kubernetes.client.ApiException as err:
+            if missing_namespace(err, self.namespace):
+                raise namespace_missing(self.namespace) from err
             if status_of(err) == 404:
                 raise NfdMissing(
                     f"cannot create {self.target(node)}: the NodeFeature API or namespace {self.namespace} "
