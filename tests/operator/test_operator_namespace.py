@@ -61,10 +61,10 @@ async def fleet(k: RunningAPI) -> Client:
 
 async def test_a_missing_namespace_is_said_once_and_probed_with_one_request_at_a_time(caplog):
     """Every record's create was refused with the same 404 and retried on its own, through the backoffs
-    and then every 60 s (a request a minute per record, 83 a second at 5,000 records), each retry an
-    ERROR line. Now: one ERROR line naming the namespace, each record's condition written once, one
-    create per probe whatever the number of records, and once the namespace is created every record is
-    published."""
+    and again 60 s after each round (187 creates a second at 5,000 records), each retry a WARNING line
+    and each round an ERROR line. Now: one ERROR line naming the namespace, each record's condition
+    written once, one create per probe whatever the number of records, and once the namespace is
+    created every record is published."""
     caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
     async with running_api([crd.devices_crd()], require_namespaces=True) as k:
         c = await fleet(k)
