@@ -24,6 +24,7 @@ CAPABILITY_LOST = "RdmaCapabilityLost"
 FABRIC_LOST = "FabricLabelsLost"
 PUBLISH_FAILED = "PublishFailed"
 NODE_NOT_FOUND = "NodeNotFound"
+NAMESPACE_NOT_FOUND = "NamespaceNotFound"
 
 # Five keys never come near the cap; a hand-edited sink might.
 MAX_MESSAGE = shared.MAX_MESSAGE

@@ -38,6 +38,7 @@ from nodefabric_operator.noderecord import (
     prepare,
 )
 from nodefabric_operator.nodewatch import LabelsOnNode
+from nodefabric_operator.nswait import NamespaceWait
 from nodefabric_operator.progress import Told
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.statuswriter import Applied, StatusUnreadable, StatusWriter
@@ -116,6 +117,13 @@ class Reconciler:
             metrics=self.metrics,
             backoffs=self.backoffs,
         )
+        self.namespace = NamespaceWait(
+            getattr(sink, "namespace", ""),
+            self.backoffs,
+            self._reconcile,
+            self.ledger.records.__contains__,
+            cheap=lambda n: (r := self.ledger.records.get(n)) is not None and r.owner.node_uid is not None,
+        )
         # A node whose publish failed for a transient reason is reconciled again after the longest backoff.
         self.requeue = Requeue(
             max(self.backoffs, default=DEFAULT_BACKOFFS[-1]),
@@ -131,26 +139,8 @@ class Reconciler:
     # --- what exists before the first reconcile -----------------------------------------------------------
 
     async def prime(self) -> None:
-        """Read the sink objects once, page by page, before kopf starts: the first reconcile of each
-        record then plans against what exists instead of reading its object back. kopf's own listing
-        delivers the same versions afterwards, which the view recognises. A sink that withdraws labels
-        itself (the Node's) also needs every record's name first, so that a Node carrying our labels
-        is not taken for one whose record is gone merely because its record is listed later."""
-        for obj in await asyncio.to_thread(lambda: list(self.sink.existing())):
-            self.view.observe(obj)
-        if self.sink.withdraws:
-            names = await asyncio.to_thread(record_names, self.custom, self.metrics)
-            self.ledger.known.update(names)
-        await self.on_node.prime()
-        log.info(
-            "sink objects read",
-            extra={
-                "sink": self.sink.name,
-                "objects": len(self.view),
-                "records": len(self.ledger.known),
-                "nodes": len(self.on_node.nodes) if self.on_node.nodes is not None else None,
-            },
-        )
+        """Read what exists before kopf starts (read_existing)."""
+        await read_existing(self)
 
     def note_devices(self, body: Mapping[str, Any]) -> None:
         meta = part(body, "metadata")
@@ -270,6 +260,8 @@ class Reconciler:
                 record = self.ledger.records.get(name)
                 if record is None:
                     return Outcome("unchanged")  # deleted while waiting for the lock
+                if self.view.get(name) is None and self.namespace.holds(name):
+                    return await waiting_for_namespace(self, record, None)
                 started = time.perf_counter()
                 try:
                     view, node = self.view, self.on_node.seen(name)
@@ -286,6 +278,8 @@ class Reconciler:
                         # The labels landed and the status write failed: the retry plans against the
                         # sink object as that write left it, not the one it replaced (a 409 and a read).
                         self.view.observe(landed[-1].now)
+                    if isinstance(err, sinks.NamespaceMissing):
+                        return await waiting_for_namespace(self, record, err)
                     delay = next(delays, None) if transient(err) else None
                     if delay is None:
                         return await self._failed(record, err, written=bool(landed))
@@ -298,6 +292,8 @@ class Reconciler:
                     continue
                 finally:
                     self.metrics.duration.observe(time.perf_counter() - started)
+                if applied.published.wrote:
+                    self.namespace.present()
                 outcome = self._settle(record, applied, retried=retried)
                 await self._event(record, _notice(record, applied, outcome, self.domain))
                 return outcome
@@ -365,6 +361,7 @@ class Reconciler:
         """Stop retries that are due later (the operator is stopping); what the first publications'
         summary has counted so far is logged now."""
         self.requeue.close()
+        self.namespace.close()
         self.told.flush()
 
     async def aclose(self) -> None:
@@ -375,6 +372,51 @@ class Reconciler:
     async def _event(self, record: NodeRecord, notice: events.Notice | None) -> None:
         if self.recorder is not None and notice is not None:
             await self.recorder.posting(record.ref(), notice)
+
+
+async def read_existing(rec: Reconciler) -> None:
+    """Read the sink objects once, page by page, before kopf starts: the first reconcile of each
+    record then plans against what exists instead of reading its object back. kopf's own listing
+    delivers the same versions afterwards, which the view recognises. A sink that withdraws labels
+    itself (the Node's) also needs every record's name first, so that a Node carrying our labels
+    is not taken for one whose record is gone merely because its record is listed later."""
+    for obj in await asyncio.to_thread(lambda: list(rec.sink.existing())):
+        rec.view.observe(obj)
+    if rec.sink.withdraws:
+        names = await asyncio.to_thread(record_names, rec.custom, rec.metrics)
+        rec.ledger.known.update(names)
+    await rec.on_node.prime()
+    log.info(
+        "sink objects read",
+        extra={
+            "sink": rec.sink.name,
+            "objects": len(rec.view),
+            "records": len(rec.ledger.known),
+            "nodes": len(rec.on_node.nodes) if rec.on_node.nodes is not None else None,
+        },
+    )
+
+
+async def waiting_for_namespace(rec: Reconciler, record: NodeRecord, err: sinks.SinkError | None) -> Outcome:
+    """`record` waits for --namespace to exist (nswait.py): no request, no line of its own (the one
+    ERROR line names the namespace), its LabelsPublished condition written when it says otherwise (once
+    per record, not per retry), no Event (one cause for every record: its line and each condition say
+    it). This version counts as handled: a replay waits as it does."""
+    name = record.name
+    rec.namespace.absent(name)
+    rec.ledger.handled[name] = record.rv
+    rec.told.failed(name)
+    rec.metrics.inc(rec.metrics.reconciles, "error")
+    condition = failure_condition(rec.sink.name, err or sinks.namespace_missing(rec.namespace.namespace))
+    try:
+        after = await rec.status.send(rec.status.record_failure(record, condition))
+    except Exception as status_err:
+        log.error("could not record the failure in status", extra={"node": name, "error": brief(status_err)})
+        return Outcome("error")
+    if after is not None:
+        rec.ledger.keep(record, after)
+    log.debug("devices record waits for the namespace", extra={"node": name, "written": after is not None})
+    return Outcome("error", status_written=after is not None)
 
 
 def _notice(record: NodeRecord, applied: Applied, outcome: Outcome, domain: str) -> events.Notice | None:

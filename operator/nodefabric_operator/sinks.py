@@ -33,6 +33,9 @@ NFD_OBJECT = NFD_PATH + "/{name}"
 NODE_PATH = "/api/v1/nodes/{name}"
 DEVICES_PATH = f"/apis/{models.GROUP}/{models.VERSION}/{models.PLURAL}/{{name}}"
 NFD_NODE_NAME = "nfd.node.kubernetes.io/node-name"
+# Written on every NodeFeature the operator makes: with its Devices owner, what tells ours from another's.
+MANAGED_BY, MANAGER = "app.kubernetes.io/managed-by", "nodefabric"
+UNCLAIMED = "nobody"  # foreign_owner of a NodeFeature naming no owner and not marked as ours
 STRATEGIC = "application/strategic-merge-patch+json"
 CONFLICT_RETRIES = 5
 PAGE = 500  # objects per page when listing at start, so a large fleet is never decoded at once
@@ -48,6 +51,16 @@ class NodeNotFound(SinkError):
 
 class NfdMissing(SinkError):
     pass
+
+
+class NamespaceMissing(SinkError):
+    """--namespace does not exist: a fact about the operator, not the record (nswait.py waits for it)."""
+
+
+def namespace_missing(namespace: str) -> NamespaceMissing:
+    return NamespaceMissing(
+        f"namespace {namespace} (--namespace) does not exist: labels are published once it does"
+    )
 
 
 class Conflict(SinkError):
@@ -126,15 +139,33 @@ def ours(found: Mapping[str, Any], domain: str) -> dict[str, str]:
 status_of = rawcall.status_of  # one definition, in the request layer; leader, prune and startup read it here
 
 
-def foreign_owner(refs: Sequence[Mapping[str, Any]]) -> str:
+def foreign_owner(refs: Sequence[Mapping[str, Any]], marked: bool = False) -> str:
     """Another writer's owner of a NodeFeature ("Pod nfd-worker-x7"), "" when it is ours to write: its
     controller, or, when no Devices record owns it, any owner (nfd-worker names its Pod with no
-    `controller` flag). A Devices record among the owners made it ours, whoever was added beside it."""
+    `controller` flag). A Devices record among the owners made it ours, whoever was added beside it.
+    One naming no owner at all is ours only when `marked` (our MANAGED_BY label: ours, its owners
+    removed by hand); else UNCLAIMED: a user's, or an older nfd-worker's, never adopted."""
+    if not refs:
+        return "" if marked else UNCLAIMED
     others = [r for r in refs if (r.get("apiVersion"), r.get("kind")) != (models.API_VERSION, models.KIND)]
     chosen = [r for r in others if r.get("controller") is True] or (
         others if len(others) == len(refs) else []
     )
     return f"{chosen[0].get('kind')} {chosen[0].get('name')}" if chosen else ""
+
+
+def not_ours(target: str, foreign: str) -> str:
+    """What a record's condition and Event say of a NodeFeature of its node's name that is not ours."""
+    if foreign == UNCLAIMED:
+        return (
+            f"{target} was not made by nodefabric (it names no owner and has no {MANAGED_BY}={MANAGER} "
+            "label: a user's, or an older nfd-worker's), so it is left as it is: delete it for nodefabric "
+            "to publish there, or run the operator in a namespace of its own"
+        )
+    return (
+        f"{target} belongs to {foreign}, not to nodefabric: nfd-worker names its own "
+        "NodeFeature after the node, so run the operator in a namespace of its own, not NFD's"
+    )
 
 
 def _null_removed(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
@@ -199,6 +230,22 @@ def pages(
         if token is None:
             return
         followed.add(token)
+
+
+def missing_namespace(err: kubernetes.client.ApiException, namespace: str) -> bool:
+    """Whether a create was refused because its namespace does not exist: the API server's 404 Status
+    names the namespace (details kind "namespaces", name the namespace); a missing NodeFeature API is
+    a 404 too, with no such details."""
+    if status_of(err) != 404:
+        return False
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError, RecursionError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    if not isinstance(details, dict) or details.get("kind") != "namespaces":
+        return False
+    return details.get("name") in (None, namespace)
 
 
 def expiry(err: kubernetes.client.ApiException) -> dict[str, Any] | None:
@@ -339,7 +386,9 @@ class NodeFeatureSink(_SentInThread):
             labels=ours(part(obj, "spec", "labels"), self.domain),
             owners=frozenset(str(r.get("uid", "")) for r in items(obj, "metadata", "ownerReferences")),
             tagged=part(meta, "labels").get(NFD_NODE_NAME) == meta.get("name"),
-            foreign=foreign_owner(items(obj, "metadata", "ownerReferences")),
+            foreign=foreign_owner(
+                items(obj, "metadata", "ownerReferences"), part(meta, "labels").get(MANAGED_BY) == MANAGER
+            ),
         )
 
     def existing(self) -> Iterator[SinkObject]:
@@ -383,10 +432,7 @@ class NodeFeatureSink(_SentInThread):
                 return Published(target, plan, True, (yield from self._create(owner, plan, verify=verify)))
             if current.foreign:
                 # Never ours to write (a second controller is refused anyway) nor, adopted, ours to delete.
-                raise SinkError(
-                    f"{target} belongs to {current.foreign}, not to nodefabric: nfd-worker names its own "
-                    "NodeFeature after the node, so run the operator in a namespace of its own, not NFD's"
-                )
+                raise SinkError(not_ours(target, current.foreign))
             if not self.drifted(owner, desired, frozen, current):
                 return Published(target, plan, False, current)
             try:
@@ -412,7 +458,7 @@ class NodeFeatureSink(_SentInThread):
             "metadata": {
                 "name": node,
                 "namespace": self.namespace,  # explicit: the owner is cluster-scoped
-                "labels": {NFD_NODE_NAME: node},
+                "labels": {NFD_NODE_NAME: node, MANAGED_BY: MANAGER},
                 "ownerReferences": [self._owner_ref(owner)],
             },
             "spec": {"labels": dict(plan.managed)},
@@ -422,6 +468,8 @@ class NodeFeatureSink(_SentInThread):
                 (yield Request("create", NFD_PLURAL, "POST", NFD_PATH, {"ns": self.namespace}, body))
             )
         except kubernetes.client.ApiException as err:
+            if missing_namespace(err, self.namespace):
+                raise namespace_missing(self.namespace) from err
             if status_of(err) == 404:
                 raise NfdMissing(
                     f"cannot create {self.target(node)}: the NodeFeature API or namespace {self.namespace} "
@@ -433,7 +481,7 @@ class NodeFeatureSink(_SentInThread):
     def _patch(self, owner: Owner, plan: labels.Plan, current: SinkObject) -> Calls[SinkObject]:
         node = owner.name
         patch: dict[str, Any] = {
-            "metadata": {"resourceVersion": current.rv, "labels": {NFD_NODE_NAME: node}},
+            "metadata": {"resourceVersion": current.rv, "labels": {NFD_NODE_NAME: node, MANAGED_BY: MANAGER}},
             "spec": {"labels": _null_removed(current.labels, plan.managed)},
         }
         if owner.uid not in current.owners:

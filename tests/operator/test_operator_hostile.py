@@ -86,7 +86,8 @@ async def test_a_nodefeature_bent_out_of_shape_is_repaired_not_a_crash(garbage):
                     and spec_labels.get(CAPABLE) == "true"
                     and isinstance(owners, list)
                     and any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
-                    and nf["metadata"].get("labels") == {sinks.NFD_NODE_NAME: "n1"}
+                    and nf["metadata"].get("labels")
+                    == {sinks.NFD_NODE_NAME: "n1", sinks.MANAGED_BY: sinks.MANAGER}
                 )
 
             assert await eventually(repaired)

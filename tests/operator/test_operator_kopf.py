@@ -75,7 +75,7 @@ async def test_publishes_a_nodefeature_owned_by_devices_with_status_and_no_event
         nf = await c.nodefeature("n1")
         record = await c.devices("n1")
         assert nf["metadata"]["namespace"] == NS
-        assert nf["metadata"]["labels"] == {sinks.NFD_NODE_NAME: "n1"}
+        assert nf["metadata"]["labels"] == {sinks.NFD_NODE_NAME: "n1", sinks.MANAGED_BY: sinks.MANAGER}
         (owner,) = nf["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("Devices", "n1", record["metadata"]["uid"])
 

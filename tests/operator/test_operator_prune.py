@@ -175,21 +175,35 @@ async def test_an_api_server_that_never_answers_is_given_up_at_the_timeout(tmp_p
     assert "did not answer" in line.error, line.error
 
 
-@pytest.mark.parametrize("controller", [True, False], ids=["its-controller", "no-controller"])
-async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_over(controller: bool):
+POD_OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "nfd-worker-x7", "uid": "p-1"}
+
+
+@pytest.mark.parametrize(
+    ("owners", "said"),
+    [
+        ([{**POD_OWNER, "controller": True}], "belongs to Pod nfd-worker-x7"),
+        ([POD_OWNER], "belongs to Pod nfd-worker-x7"),
+        ([], "was not made by nodefabric (it names no owner"),
+    ],
+    ids=["its-controller", "no-controller", "no-owner"],
+)
+async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_over(owners, said):
     """Installed in NFD's namespace, the operator finds nfd-worker's NodeFeature: also named after the
     node, with the node-name label, owned by the worker's Pod. It was patched as if it were ours (our
     labels and a second controller, which the API server refuses; without the Pod reference it was
     adopted, and the next prune or the record's deletion deleted nfd-worker's object). Now it is left as
     it is, and LabelsPublished says whose it is and what to do. nfd-worker run as a bare Pod (no
     DaemonSet: nothing for it to inherit) names its Pod with no `controller` flag (nfd-worker never sets
-    one): another writer named among its owners makes it theirs, controller or not."""
+    one): another writer named among its owners makes it theirs, controller or not. One naming no owner
+    at all (an older nfd-worker's, or a user's by hand) and without the operator's managed-by label is
+    not the operator's either: it was adopted (our owner added), and so deleted with the record or by
+    the next prune."""
     async with running_api([crd.devices_crd()]) as k:
         c = Client(k.kubeconfig)
         await c.node("n0")
         worker = nodefeature("n0")
-        pod = {"apiVersion": "v1", "kind": "Pod", "name": "nfd-worker-x7", "uid": "p-1"}
-        worker["metadata"]["ownerReferences"] = [{**pod, "controller": True} if controller else pod]
+        if owners:
+            worker["metadata"]["ownerReferences"] = owners
         worker["spec"] = {"labels": {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}}
         k.api.put_object(NF_KEY, worker)
         before = k.api.stored(NF_KEY, "n0", NS)
@@ -203,7 +217,11 @@ async def test_nfd_workers_own_nodefeature_in_the_same_namespace_is_never_taken_
             cond = await eventually(refused)
             await settle(k)
         assert cond["status"] == "False", cond
-        assert "belongs to Pod nfd-worker-x7" in cond["message"], cond["message"]
+        assert said in cond["message"], cond["message"]
+        posted = await asyncio.to_thread(c.core.list_event_for_all_namespaces)
+        warned = [e for e in posted.items if e.type == "Warning"]
+        assert [e.involved_object.name for e in warned] == ["n0"], warned
+        assert said in warned[0].message
         assert k.api.stored(NF_KEY, "n0", NS) == before, "nfd-worker's object untouched"
         assert await prune(k) == 0
         assert k.api.stored(NF_KEY, "n0", NS) == before, "and never pruned"
@@ -223,7 +241,7 @@ DAEMONSET = {
 @pytest.mark.parametrize(
     ("refs", "whose"),
     [
-        ([], ""),
+        ([], sinks.UNCLAIMED),  # a user's, or an older nfd-worker's: never adopted
         ([POD], "Pod nfd-worker-x7"),
         ([DAEMONSET, POD], "DaemonSet nfd-worker"),  # what nfd-worker run by a DaemonSet names
         ([{**DEVICES_OWNER, "controller": True}, POD], ""),  # ours, someone's owner added beside
@@ -233,6 +251,13 @@ DAEMONSET = {
 )
 def test_whose_nodefeature_it_is(refs, whose):
     assert sinks.foreign_owner(refs) == whose
+
+
+def test_a_nodefeature_of_ours_whose_owners_were_removed_is_still_ours():
+    """The operator's managed-by label, written with its owner, tells its own object stripped of its
+    owners (repaired: test_operator_hostile) from one nobody claims (left alone)."""
+    assert sinks.foreign_owner([], marked=True) == ""
+    assert sinks.foreign_owner([POD], marked=True) == "Pod nfd-worker-x7"
 
 
 async def test_a_list_answered_with_garbage_is_a_failed_pass_and_exit_1(tmp_path, caplog):

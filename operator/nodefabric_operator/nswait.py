@@ -1,0 +1,154 @@
+"""The NodeFeature namespace (--namespace) found missing: one fact about the operator, waited for once.
+
+A mistyped --namespace made every record's create fail with the same 404 and retried each on its own,
+through the backoffs and then again 60 s after each round: 5,000 records sent 187 creates a second for
+nothing (measured against the embedded API), with a WARNING line per retry and an ERROR line per record
+per round. Now the first 404 that names the namespace (details kind "namespaces", as the API server
+answers a create in a namespace that does not exist) is logged once as an ERROR naming it; every record
+that needs a create waits here instead of sending one, its LabelsPublished condition written once (and
+again only when it changes); and ONE waiting record's publish is tried at a time, on a growing backoff
+capped at PROBE_CAP_FACTOR times the longest retry backoff (5 min by default), as the probe: it needs no
+right beyond creating NodeFeatures, and when it lands the namespace exists, so every waiting record is
+published at once.
+
+Only the event loop touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+
+from nodefabric_operator.noderecord import Outcome
+
+log = logging.getLogger(__name__)
+
+PROBE_CAP_FACTOR = 5  # the longest probe delay, in longest retry backoffs: 5 min with the default 60 s
+
+
+def _steps(backoffs: Sequence[float]) -> list[float]:
+    return [b for b in backoffs if b > 0] or [1.0]
+
+
+def cap(backoffs: Sequence[float]) -> float:
+    """The longest delay between two probes."""
+    return PROBE_CAP_FACTOR * max(_steps(backoffs))
+
+
+def delays(backoffs: Sequence[float]) -> Iterator[float]:
+    """The probe's delays: the retry backoffs, then doubling, up to the cap, which then repeats."""
+    steps = _steps(backoffs)
+    yield from steps
+    delay = steps[-1]
+    while True:
+        delay = min(delay * 2, cap(backoffs))
+        yield delay
+
+
+class NamespaceWait:
+    def __init__(
+        self,
+        namespace: str,
+        backoffs: Sequence[float],
+        publish: Callable[[str], Awaitable[Outcome]],
+        wanted: Callable[[str], bool],
+        cheap: Callable[[str], bool] = lambda name: True,
+    ) -> None:
+        self.namespace = namespace
+        self.backoffs = tuple(backoffs)
+        self.publish = publish  # the reconcile of one record
+        self.wanted = wanted  # whether the record still exists to publish
+        self.cheap = cheap  # whether its publish is one request (a create only): preferred as the probe
+        self.missing = False
+        self.probing: str | None = None  # the record whose publish is the probe now: it may send
+        self._waiting: dict[str, None] = {}  # records waiting, in the order they came
+        self._round = 0  # a new round of missing: a sleeping probe of an older one stops
+        self._tasks: set[asyncio.Future[object]] = set()  # held until done: the loop keeps weak refs
+        self._probe_task: asyncio.Future[object] | None = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def holds(self, name: str) -> bool:
+        """Whether `name`'s create must wait (and now does): the namespace is missing and this is not
+        the probe."""
+        if not self.missing or name == self.probing:
+            return False
+        self._waiting[name] = None
+        return True
+
+    def absent(self, name: str) -> None:
+        """A create for `name` was answered: namespace not found. The first says so, once, and starts
+        the probe; `name` waits with the others."""
+        self._waiting[name] = None
+        if self.missing:
+            return
+        self.missing = True
+        self._round += 1
+        log.error(
+            "the namespace for NodeFeatures does not exist: nothing is published until it does",
+            extra={
+                "namespace": self.namespace,
+                "fix": "create it, or run with --namespace naming one that exists",
+                "probe_max_s": cap(self.backoffs),
+            },
+        )
+        self._probe_task = self._spawn(self._probe(self._round))
+
+    def present(self) -> None:
+        """A write into the namespace landed: it exists. Every record that waited is published."""
+        if not self.missing:
+            return
+        self.missing = False
+        names = [n for n in self._waiting if self.wanted(n)]
+        self._waiting.clear()
+        log.info(
+            "the namespace for NodeFeatures exists now, publishing the records that waited",
+            extra={"namespace": self.namespace, "records": len(names)},
+        )
+        for name in names:
+            self._spawn(self.publish(name))
+
+    def forget(self, name: str) -> None:
+        self._waiting.pop(name, None)
+
+    async def _probe(self, round_: int) -> None:
+        for delay in delays(self.backoffs):
+            await asyncio.sleep(delay)
+            if round_ != self._round or not self.missing:
+                return
+            name = self._next()
+            if name is None:
+                # Nobody waits any more: the next record to need a create tries it, and says so again.
+                self.missing = False
+                return
+            self._waiting.pop(name, None)
+            self.probing = name
+            try:
+                await self.publish(name)
+            finally:
+                self.probing = None
+            if self.missing:
+                log.debug(
+                    "the namespace for NodeFeatures is still missing",
+                    extra={"namespace": self.namespace, "waiting": len(self._waiting)},
+                )
+
+    def _next(self) -> str | None:
+        """The record to probe with: one whose publish is a single create, if any still waits."""
+        for name in [n for n in self._waiting if not self.wanted(n)]:
+            self._waiting.pop(name, None)
+        return next((n for n in self._waiting if self.cheap(n)), next(iter(self._waiting), None))
+
+    def _spawn(self, work: Awaitable[object]) -> asyncio.Future[object]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def close(self) -> None:
+        """The operator is stopping: no more probes (a publish under way ends as any other does)."""
+        self._round += 1
+        if self._probe_task is not None and self.probing is None:
+            self._probe_task.cancel()

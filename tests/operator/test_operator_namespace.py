@@ -1,0 +1,148 @@
+"""--namespace naming a namespace that does not exist (a typo), run as the operator runs against the
+embedded API refusing objects in a missing namespace as a real API server does (404 NotFound, details
+kind "namespaces"): one fact about the operator, said once and probed with one request at a time, not
+retried per record."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import kubernetes
+import pytest
+from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle
+from operator_records import devices, gpu, group, nic, nvlink
+
+from nodefabric_devicemanager import crd, models
+from nodefabric_operator import events, labels, nswait, sinks
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+from nodefabric_operator.demo.kubeapi import errors as kubeapi_errors
+
+RECORDS = 12
+CAPABLE = labels.key(labels.DEFAULT_DOMAIN, labels.RDMA_CAPABLE)
+MISSING = "the namespace for NodeFeatures does not exist: nothing is published until it does"
+PROBED = "the namespace for NodeFeatures is still missing"
+BACKOFFS = (0.1, 0.2)  # probes 0.1, 0.2, then doubling up to 1 s apart
+
+
+def gpu_record(name: str) -> Any:
+    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+
+
+async def conditions(c: Client) -> dict[str, dict[str, Any]]:
+    """Each record's LabelsPublished condition, by record."""
+    listed = await asyncio.to_thread(c.custom.list_cluster_custom_object, *DEVICES.split("/"))
+    out = {}
+    for item in listed["items"]:
+        for cond in (item.get("status") or {}).get("conditions") or []:
+            if cond["type"] == models.LABELS_PUBLISHED:
+                out[item["metadata"]["name"]] = cond
+    return out
+
+
+async def all_say(c: Client, reason: str) -> bool:
+    found = await conditions(c)
+    return len(found) == RECORDS and all(x["reason"] == reason for x in found.values())
+
+
+def lines(caplog: pytest.LogCaptureFixture, message: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == message]
+
+
+async def fleet(k: RunningAPI) -> Client:
+    c = Client(k.kubeconfig)
+    for i in range(RECORDS):
+        await c.node(f"n{i}")
+        await c.put_devices(gpu_record(f"n{i}"))
+    return c
+
+
+async def test_a_missing_namespace_is_said_once_and_probed_with_one_request_at_a_time(caplog):
+    """Every record's create was refused with the same 404 and retried on its own, through the backoffs
+    and again 60 s after each round (187 creates a second at 5,000 records), each retry a WARNING line
+    and each round an ERROR line. Now: one ERROR line naming the namespace, each record's condition
+    written once, one create per probe whatever the number of records, and once the namespace is
+    created every record is published."""
+    caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
+    async with running_api([crd.devices_crd()], require_namespaces=True) as k:
+        c = await fleet(k)
+        async with running_operator(k, backoffs=BACKOFFS):
+            await eventually(lambda: all_say(c, events.NAMESPACE_NOT_FOUND))
+            said = (await conditions(c))["n0"]
+            assert said["status"] == "False"
+            assert (
+                said["message"]
+                == f"namespace {NS} (--namespace) does not exist: labels are published once it does"
+            )
+            creates, statuses, probes = (
+                k.count("POST", NF),
+                k.count("PATCH", DEVICES),
+                len(lines(caplog, PROBED)),
+            )
+            # At most the creates sent before the first refusal came back, and the probes since.
+            assert creates <= RECORDS + probes + 1
+            await eventually(lambda: len(lines(caplog, PROBED)) >= probes + 4)
+            # One create per probe (one more may be under way), and no record's status written again.
+            assert k.count("POST", NF) - creates <= len(lines(caplog, PROBED)) - probes + 1
+            assert k.count("PATCH", DEVICES) == statuses
+            errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert [(r.getMessage(), r.namespace) for r in errors] == [(MISSING, NS)], errors
+            await asyncio.to_thread(c.core.create_namespace, {"metadata": {"name": NS}})
+            await eventually(lambda: all_say(c, "Published"))
+            await settle(k)
+        for i in range(RECORDS):
+            assert CAPABLE in (await c.nodefeature(f"n{i}"))["spec"]["labels"]
+        (back,) = lines(
+            caplog, "the namespace for NodeFeatures exists now, publishing the records that waited"
+        )
+        assert (
+            back.namespace == NS and back.records == RECORDS - 1
+        )  # the probe's own record was published first
+
+
+async def test_a_restart_while_the_namespace_is_missing_writes_no_status_again(caplog):
+    """The conditions already say so: a restart sends what it takes to find the namespace missing again
+    (the creates under way before the first refusal, then the probes) and writes no record's status."""
+    async with running_api([crd.devices_crd()], require_namespaces=True) as k:
+        c = await fleet(k)
+        async with running_operator(k, backoffs=BACKOFFS):
+            await eventually(lambda: all_say(c, events.NAMESPACE_NOT_FOUND))
+        statuses = k.count("PATCH", DEVICES)
+        caplog.clear()
+        caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
+        async with running_operator(k, backoffs=BACKOFFS):
+            await eventually(lambda: lines(caplog, PROBED))
+            assert k.count("PATCH", DEVICES) == statuses
+        assert len(lines(caplog, MISSING)) == 1
+
+
+def test_the_probe_backs_off_to_its_cap():
+    got = nswait.delays((1, 2, 5, 10, 30, 60))
+    assert [next(got) for _ in range(10)] == [1, 2, 5, 10, 30, 60, 120, 240, 300, 300]
+    assert nswait.cap(()) == 5.0  # no backoffs (a test's reconciler): 1 s, doubling to 5 s
+
+
+REAL = (
+    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"namespaces \\"%s\\" not'
+    ' found","reason":"NotFound","details":{"name":"%s","kind":"namespaces"},"code":404}'
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "missing"),
+    [
+        (404, REAL % (NS, NS), True),  # what kube-apiserver answers a create in a missing namespace
+        (404, json.dumps(kubeapi_errors.namespace_not_found(NS).status()), True),  # the embedded API's
+        (404, json.dumps(kubeapi_errors.no_such_resource().status()), False),  # no NodeFeature API
+        (404, REAL % ("other", "other"), False),  # another namespace: not ours to wait for
+        (404, "404 page not found", False),
+        (403, REAL % (NS, NS), False),
+    ],
+    ids=["kube-apiserver", "embedded", "no-api", "other-namespace", "text", "not-404"],
+)
+def test_which_refusal_says_the_namespace_is_missing(status, body, missing):
+    err = kubernetes.client.ApiException(status=status, reason="x")
+    err.body = body
+    assert sinks.missing_namespace(err, NS) is missing
