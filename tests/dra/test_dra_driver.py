@@ -427,6 +427,43 @@ async def test_unprepare_finds_the_spec_where_it_was_written_even_if_the_cdi_dir
         await shutdown(r)
 
 
+async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the_new_one(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """`--cdi-dir` changed between restarts: kubelet prepares a held claim again (its own restart, a
+    pod's). The runtime now reads the new directory, so the spec lands there, the stale one in the old
+    directory goes, and the entry names the new file (so a later unprepare, or a later move, finds it)."""
+    claim = put_claim(api, "relocated", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim)))[uid]
+    finally:
+        await shutdown(r)
+    name = f"{DRIVER}-nic_{uid}.json"
+    written = Path(dirs.cdi, name).read_bytes()
+    moved = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
+    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        reads = api.count("GET", CLAIMS)
+        assert (await plugin.prepare(ref(claim)))[uid] == first
+        assert api.count("GET", CLAIMS) == reads  # still answered from the entry
+        assert Path(moved.cdi, name).read_bytes() == written
+        assert os.listdir(dirs.cdi) == []
+        assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)
+    finally:
+        await shutdown(r)
+    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
+    try:
+        assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)  # durably
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert os.listdir(moved.cdi) == [] and os.listdir(dirs.cdi) == []
+    finally:
+        await shutdown(r)
+
+
 async def test_a_corrupt_checkpoint_is_set_aside_and_unprepare_still_removes_the_spec(
     api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:

@@ -9,7 +9,9 @@ entry's error and never the call's, and nothing a claim carries can crash the se
    the latest record and verbs devices as in steps 3 and 4, since a reboot may have renumbered the uverbs
    nodes and renamed the RDMA devices: the entry is rewritten (durably), then the spec; the CDI ids, a
    function of the claim's uid and devices, stay. A device gone from the node fails the claim, nothing
-   written (`_prepare_again`);
+   written (`_prepare_again`). An entry whose spec lies under another `--cdi-dir` than the current one
+   (the flag changed between restarts) has its spec written under the current one, the old file removed
+   and the entry rewritten to name the new one (`_relocate`; when resolved again, `_rewrite`);
 2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
    pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
@@ -166,6 +168,27 @@ class _Hop:
         return None if self.written is None else self.written.entry
 
 
+def _moved(written: str, current: str) -> bool:
+    """Whether a claim's spec was written under another `--cdi-dir` than the current one."""
+    return os.path.normpath(os.path.dirname(written)) != os.path.normpath(os.path.dirname(current))
+
+
+def _remove_stale(path: str, uid: str) -> None:
+    """The spec a claim had under an earlier `--cdi-dir`, removed. Only ever the claim's own file name
+    (`Preparer._prepare` refuses an entry naming another); what cannot be removed (a directory there, a
+    directory no longer writable) is left, said once: the claim is served from the current directory."""
+    try:
+        if cdi.remove_spec(path):
+            log.info(
+                "removed a claim's CDI spec from an earlier --cdi-dir", extra={"claim": uid, "path": path}
+            )
+    except OSError as exc:
+        log.warning(
+            "cannot remove a claim's CDI spec from an earlier --cdi-dir; left there",
+            extra={"claim": uid, "path": path, "why": str(exc)},
+        )
+
+
 class _AnotherBoot:
     """What a repeated prepare does with a claim whose entry another (or an unknown) boot wrote: the
     kernel may have numbered the verbs devices and named the RDMA devices otherwise since, so the entry's
@@ -192,18 +215,42 @@ class _AnotherBoot:
         unknown on either side (an entry of an older driver, a boot id that cannot be read), the spec
         still there (the runtime's directory is a tmpfs a reboot empties). Both boots known and
         different: resolved again even with the spec there (a `--cdi-dir` that survives a reboot holds
-        the old boot's device nodes). A spec that differs from the entry's is replaced, as before."""
+        the old boot's device nodes). A spec that differs from the entry's is replaced, as before; one
+        written under an earlier `--cdi-dir` is moved to the current one (`_relocate`)."""
         # An entry naming no device (only a damaged one names a spec then) holds nothing a boot renames.
         same = (bool(done.boot_id) and done.boot_id == self.boot_id) or not done.devices
         if not same and done.boot_id and self.boot_id:
             return None
         on_disk = cdi.read_spec(done.spec_path)
-        if on_disk == done.spec:
-            return False
         if not same and on_disk is None:
             return None
+        if _moved(done.spec_path, self._spec_path(done.uid)):
+            self._relocate(done)
+            return False
+        if on_disk == done.spec:
+            return False
         cdi.write_new_spec(done.spec_path, cdi.spec_text(done.spec))
         return True
+
+    def _spec_path(self, uid: str) -> str:
+        """Where the claim's spec belongs now: under the current `--cdi-dir`."""
+        return cdi.spec_path(self.config.cdi_dir, self.config.driver, uid)
+
+    def _relocate(self, done: PreparedClaim) -> None:
+        """On a worker thread, under the lock: the entry's spec written under the current `--cdi-dir`
+        (the runtime is now told to read that one), the stale spec in the old directory removed, then the
+        entry rewritten (durably) to name the new file. A kill between the steps leaves nothing no later
+        call finds: a spec in the current directory is found by its name (an unprepare always looks
+        there), and the entry still names the old file until the rewrite, so an unprepare removes that
+        one too, and the next prepare moves it again."""
+        path = self._spec_path(done.uid)
+        cdi.write_new_spec(path, cdi.spec_text(done.spec))
+        _remove_stale(done.spec_path, done.uid)
+        self.checkpoint.put(dataclasses.replace(done, spec_path=path))
+        log.warning(
+            "moved a prepared claim's CDI spec to the current --cdi-dir",
+            extra={"claim": done.uid, "from": done.spec_path, "cdi_spec": path},
+        )
 
     async def _prepare_again(self, ref: ClaimRef, done: PreparedClaim) -> tuple[PreparedDevice, ...]:
         """A claim prepared in another (or an unknown) boot: its devices, named in the entry by their
@@ -270,7 +317,12 @@ class _AnotherBoot:
             if verbs is None:
                 return None
         whole, spec = self._spec(ref, plan, verbs)
-        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id)
+        path = self._spec_path(done.uid)
+        if _moved(done.spec_path, path):
+            # The old boot's spec in the old directory goes first: once the entry names the new file,
+            # nothing would name that one any more.
+            _remove_stale(done.spec_path, done.uid)
+        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id, spec_path=path)
         self.checkpoint.put(prepared)
         cdi.write_new_spec(prepared.spec_path, cdi.spec_text(spec))
         return prepared, whole
