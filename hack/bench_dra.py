@@ -1,6 +1,6 @@
 """Benchmark the DRA driver over real unix sockets and real HTTP, against baselines measured in the same run.
 
-    python hack/bench_dra.py [--claims 200] [--rounds 3] [--pfs 8] [--vfs 128]
+    python hack/bench_dra.py [--claims 200] [--rounds 3] [--pfs 8] [--vfs 128] [--profile DIR]
 
 Figures:
 - NodePrepareResources of one claim (one device): the first prepare (reads the ResourceClaim from the
@@ -34,6 +34,11 @@ Figures:
   counted by its client over many syncs (record re-deliveries, kubelet pokes, resyncs), plus the watch's
   own cost: a re-open every 300-600 s (450 s on average) and a bookmark about once a minute (a real API
   server's pace), each measured here by ending the watch and by advancing the API's resourceVersion.
+- `--profile DIR`: where a first prepare's time goes, printed last. One more pass over the claims with
+  each first prepare stamped from inside the driver (kubelet's call to the hop's start, the claim's GET,
+  the hop's work after it, the hop's end to kubelet's answer; p50s beside a GET and an empty call), then
+  one under cProfile, the loop's thread and the hop's each in its own profile (DIR/loop.prof,
+  DIR/hop.prof; `python -m pstats`), with each one's busy time per call and its costliest own steps.
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import shutil
 import statistics
 import sys
@@ -211,8 +218,14 @@ TARGET = 2.0  # issue 24: a first prepare at most twice a claim GET
 
 
 async def bench_prepare(
-    driver: DraDriver, api: DraApi, plugin: DraClient, *, claims: int, rounds: int
-) -> None:
+    driver: DraDriver,
+    api: DraApi,
+    plugin: DraClient,
+    *,
+    claims: int,
+    rounds: int,
+    profile: Path | None = None,
+) -> list[str]:
     """Each figure interleaved with its floor, claim by claim, so a machine shared with other work slows
     both alike; the write path before (the entry synced before the answer) interleaved too. `rounds`
     passes over the claims (an unprepared claim is prepared from the API again); every line but the
@@ -239,6 +252,102 @@ async def bench_prepare(
             figures[name].extend(one[name])
     _report_prepare(figures)
     print(verdict(per_round))
+    if profile is None:
+        return []
+    first = [r for r, _, _, _ in refs]
+    return [*await _phases(preparer, api, plugin, first), *await _profiled(preparer, plugin, first, profile)]
+
+
+async def _phases(preparer: Preparer, api: DraApi, plugin: DraClient, refs: list[ClaimRef]) -> list[str]:
+    """`--profile`: one more pass, each first prepare stamped from inside the driver (its hop's start, the
+    claim's GET, the hop's end), beside its floors: where the distance to a GET + an empty call is."""
+    marks: dict[str, float] = {}
+    get_claim, read_and_write = preparer.api.get_claim, preparer._read_and_write
+
+    def stamped_get(namespace: str, name: str) -> dict[str, Any] | None:
+        marks["get"] = time.perf_counter()
+        try:
+            return get_claim(namespace, name)
+        finally:
+            marks["read"] = time.perf_counter()
+
+    def stamped_hop(*args: Any) -> Any:
+        marks["hop"] = time.perf_counter()
+        try:
+            return read_and_write(*args)
+        finally:
+            marks["end"] = time.perf_counter()
+
+    phases: dict[str, list[float]] = {
+        "a GET (floor)": [], "an empty call (floor)": [], "kubelet's call to the hop": [],
+        "the GET in the hop": [], "the hop after the GET": [], "the hop's end to kubelet's answer": [],
+    }  # fmt: skip
+    preparer.api.get_claim = stamped_get  # type: ignore[method-assign]
+    preparer._read_and_write = stamped_hop  # type: ignore[method-assign]
+    try:
+        for r in refs:
+            phases["a GET (floor)"].append(
+                await _time(lambda r=r: asyncio.to_thread(api.get_claim, r.namespace, r.name))
+            )  # type: ignore[misc]
+            phases["an empty call (floor)"].append(await _time(plugin.unprepare))
+            start = time.perf_counter()
+            await plugin.prepare(r)
+            done = time.perf_counter()
+            phases["kubelet's call to the hop"].append(marks["hop"] - start)
+            phases["the GET in the hop"].append(marks["read"] - marks["get"])
+            phases["the hop after the GET"].append(marks["end"] - marks["read"])
+            phases["the hop's end to kubelet's answer"].append(done - marks["end"])
+            await plugin.unprepare(r)
+    finally:
+        del preparer.api.get_claim, preparer._read_and_write
+    return [
+        f"profile, first prepare, p50 of each phase: {name} {percentile(v, 0.5) * 1e3:.3f} ms"
+        for name, v in phases.items()
+    ]
+
+
+async def _profiled(
+    preparer: Preparer, plugin: DraClient, refs: list[ClaimRef], directory: Path
+) -> list[str]:
+    """`--profile`: one more pass under cProfile, the event loop's thread and the hop's thread each in a
+    profile of its own (`loop.prof`, `hop.prof` in `directory`), with each one's busy time per call (its
+    own time less the waits: the loop's epoll, the hop's socket reads) and its costliest own steps."""
+    loop_profile, hop_profile = cProfile.Profile(), cProfile.Profile()
+    read_and_write = preparer._read_and_write
+
+    def profiled_hop(*args: Any) -> Any:
+        return hop_profile.runcall(read_and_write, *args)
+
+    preparer._read_and_write = profiled_hop  # type: ignore[method-assign]
+    try:
+        for r in refs:
+            loop_profile.enable()
+            await plugin.prepare(r)
+            loop_profile.disable()
+            await plugin.unprepare(r)
+    finally:
+        del preparer._read_and_write
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, profile in (("loop", loop_profile), ("hop", hop_profile)):
+        profile.dump_stats(str(directory / f"{name}.prof"))
+        out.append(_busy(name, pstats.Stats(profile), len(refs), directory / f"{name}.prof"))
+    return out
+
+
+WAITS = ("<method 'poll' of 'select.epoll' objects>", "<method 'recv_into' of '_socket.socket' objects>")
+
+
+def _busy(name: str, stats: pstats.Stats, calls: int, path: Path) -> str:
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
+    own = sum(v[2] for v in raw.values())
+    waits = sum(v[2] for k, v in raw.items() if k[2] in WAITS)
+    top = sorted(((v[2], k) for k, v in raw.items() if k[2] not in WAITS), reverse=True)[:5]
+    steps = ", ".join(f"{os.path.basename(k[0])}:{k[2]} {t / calls * 1e6:.0f} us" for t, k in top)
+    return (
+        f"profile, first prepare, {name} thread ({path}): busy {(own - waits) / calls * 1e3:.3f} ms a call"
+        f" under cProfile (waiting {waits / calls * 1e3:.3f} ms); its costliest own steps: {steps}"
+    )
 
 
 async def _prepare_round(
@@ -568,7 +677,9 @@ async def main(args: argparse.Namespace) -> int:
                 f"pool: {args.pfs} PFs x {args.vfs} VFs: {devices} devices in {len(slices)} slices;"
                 f" the checkpoint on disk, CDI specs {where}"
             )
-            await bench_prepare(driver, api, plugin, claims=args.claims, rounds=args.rounds)
+            profiled = await bench_prepare(
+                driver, api, plugin, claims=args.claims, rounds=args.rounds, profile=args.profile
+            )
         async with running_api(directory=str(work)) as k:
             put_node(k)
             async with serving_driver(k.kubeconfig, work, "steady", spec, b.host, cdi=cdi) as (
@@ -580,6 +691,8 @@ async def main(args: argparse.Namespace) -> int:
                 await bench_held(
                     k, driver, plugin, DEVICE, held=args.held, rounds=max(5, args.claims // 10), work=work
                 )
+        for line in profiled:  # last, so the figures above keep their places
+            print(line)
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -603,6 +716,13 @@ if __name__ == "__main__":
         help=f"CDI specs on disk, beside the checkpoint (default: on tmpfs, {SHM}, as on a node)",
     )
     parser.add_argument("--held", type=int, default=1500, help="claims held while a prepare is timed")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        type=Path,
+        help="after the rounds, two more passes over the claims: each first prepare's phases (p50), then"
+        " cProfile of the loop's and the hop's threads (DIR/loop.prof, DIR/hop.prof), printed last",
+    )
     parser.add_argument("--serve-api", metavar="DIR", help=argparse.SUPPRESS)  # the API's own process
     parsed: Any = parser.parse_args()
     if parsed.claims < 1 or parsed.rounds < 1:

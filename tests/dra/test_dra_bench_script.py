@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_benchmark_prints_each_figure_with_its_floor() -> None:
+def test_benchmark_prints_each_figure_with_its_floor(tmp_path: Path) -> None:
     out = subprocess.run(
         [
             sys.executable,
@@ -24,6 +24,8 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
             "40",
             "--rounds",
             "2",
+            "--profile",
+            str(tmp_path / "profile"),
         ],
         capture_output=True,
         text=True,
@@ -64,3 +66,19 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     assert lines[10].startswith("prepare+unprepare, 40 held, per-claim p50") and "10 held p50" in lines[10]
     assert lines[11].startswith("prepare+unprepare, 40 held, whole-file p50")
     assert lines[12].startswith("at 40 held the whole-file checkpoint costs x")
+    # --profile: the phases of a first prepare beside its floors, then each thread's cProfile, last.
+    phases = [line.split(": ", 1)[1].rsplit(" ", 2)[0] for line in lines[13:19]]
+    assert phases == [
+        "a GET (floor)",
+        "an empty call (floor)",
+        "kubelet's call to the hop",
+        "the GET in the hop",
+        "the hop after the GET",
+        "the hop's end to kubelet's answer",
+    ]
+    for line, name in zip(lines[19:21], ("loop", "hop"), strict=True):
+        assert line.startswith(
+            f"profile, first prepare, {name} thread ({tmp_path}/profile/{name}.prof): busy "
+        )
+        assert "its costliest own steps: " in line and (tmp_path / "profile" / f"{name}.prof").stat().st_size
+    assert len(lines) == 21
