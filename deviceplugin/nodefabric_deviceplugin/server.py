@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -73,7 +73,7 @@ def host_facts_flight(budget: float) -> HostFactsFlight:
     return offloop.SingleFlight("the host facts the RDMA selectors name", budget)
 
 
-def _retrieved(fut: asyncio.Future[object]) -> None:
+def _retrieved(fut: asyncio.Future[Any]) -> None:
     """A build every caller walked away from (cancelled) must not log "exception never retrieved"."""
     if not fut.cancelled():
         fut.exception()
