@@ -20,9 +20,11 @@ Figures:
   its two files costing nothing (`record_in_memory`: recorded in memory only, not a driver), which
   splits what is above the floor into the files' share and the rest; and beside the same first prepare
   with its thread hops on the loop's default executor (`ExecutorHops`, as the driver ran them before its
-  own hop threads), what those threads save. Those lines pool `--rounds` passes
-  over the claims; the last one judges issue 24's x2 on the median of the rounds' own ratios (one pass
-  swings by x0.1-0.3 from run to run on a shared machine) and says whether it is met.
+  own hop threads), what those threads save; and the same claim's first prepare twice more, its spec
+  spliced from its device's template (as the driver does) and built and encoded for it (as before the
+  templates), alternating which goes first, for what the templates save. Those lines pool `--rounds`
+  passes over the claims; the last one judges issue 24's x2 on the median of the rounds' own ratios (one
+  pass swings by x0.1-0.3 from run to run on a shared machine) and says whether it is met.
 - What a prepare costs as the number of claims already held grows (`--held`, default 1,500, against 10):
   the real NodePrepareResources (and its unprepare) with that many claims in the driver's checkpoint,
   against the same call with the whole-file checkpoint it replaced (every change rewrote and fsynced every
@@ -138,8 +140,8 @@ def record_before(preparer: Preparer) -> Callable[[str, PreparedClaim], Reservat
     """The baseline's write path (git d949c4b, less its overlap of the directory fsync with the read):
     the same files, synced before kubelet is answered, in the same thread hop as the writes."""
 
-    def record(path: str, prepared: PreparedClaim) -> Reservation:
-        entry = Preparer._record(preparer, path, prepared)
+    def record(path: str, prepared: PreparedClaim, text: str | None = None) -> Reservation:
+        entry = Preparer._record(preparer, path, prepared, text)
         entry.sync()
         return entry
 
@@ -151,7 +153,7 @@ def record_in_memory(preparer: Preparer) -> Callable[[str, PreparedClaim], Reser
     so no sync either), everything else as the driver does it: what a first prepare would cost if its
     two files cost nothing, i.e. the most any change to how they are written could win."""
 
-    def record(path: str, prepared: PreparedClaim) -> Reservation:
+    def record(path: str, prepared: PreparedClaim, text: str | None = None) -> Reservation:
         preparer.checkpoint.claims[prepared.uid] = prepared
         # Never committed: its sync is a no-op, and the unprepare finds no file to remove.
         return Reservation(preparer.checkpoint, prepared.uid, path, -1)
@@ -205,12 +207,17 @@ def verdict(rounds: list[dict[str, list[float]]]) -> str:
     before = statistics.median(
         percentile(r["first executor"], 0.5) / percentile(r["get"], 0.5) for r in rounds
     )
+    built = statistics.median(percentile(r["first built"], 0.5) / percentile(r["get"], 0.5) for r in rounds)
+    templated = statistics.median(
+        percentile(r["first templated"], 0.5) / percentile(r["get"], 0.5) for r in rounds
+    )
     ratio, floor = statistics.median(ratios), statistics.median(floors)
     met = "met" if ratio <= TARGET else "not met"
     return (
         f"target x{TARGET:.1f} the claim GET (p50, median of {len(rounds)} rounds): prepare, first"
         f" x{ratio:.2f} ({' '.join(f'x{r:.2f}' for r in ratios)}): {met}; its floor x{floor:.2f};"
-        f" with its hops on the default executor (before) x{before:.2f}"
+        f" with its hops on the default executor (before) x{before:.2f}; side by side, its spec from its"
+        f" device's template x{templated:.2f}, built for each claim (before) x{built:.2f}"
     )
 
 
@@ -238,7 +245,7 @@ async def bench_prepare(
     await plugin.unprepare(probe)
     names = (
         "get", "empty", "first", "again", "gone", "first before", "gone before", "first no files",
-        "first executor",
+        "first executor", "first templated", "first built",
     )  # fmt: skip
     figures: dict[str, list[float]] = {n: [] for n in names}
     per_round: list[dict[str, list[float]]] = []
@@ -366,6 +373,7 @@ async def _prepare_round(
         figures["first"].append(await _time(lambda r=r: plugin.prepare(r)))  # type: ignore[misc]
         figures["again"].append(await _time(lambda r=r: plugin.prepare(r)))  # type: ignore[misc]
         figures["gone"].append(await _time(lambda r=r: plugin.unprepare(r)))  # type: ignore[misc]
+        await _templates_or_not(preparer, plugin, r, figures, built_first=len(figures["first"]) % 2 == 0)
         preparer._record = record_before(preparer)  # type: ignore[method-assign,assignment]
         figures["first before"].append(await _time(lambda b=b: plugin.prepare(b)))  # type: ignore[misc]
         figures["gone before"].append(await _time(lambda b=b: plugin.unprepare(b)))  # type: ignore[misc]
@@ -380,6 +388,24 @@ async def _prepare_round(
         finally:
             hops.THREADS = own
     return figures
+
+
+async def _templates_or_not(
+    preparer: Preparer, plugin: DraClient, r: ClaimRef, figures: dict[str, list[float]], *, built_first: bool
+) -> None:
+    """The same claim's first prepare twice more (read from the API again each time, then unprepared):
+    its spec spliced from its device's template, as the driver does, and built and encoded for it, as
+    before the templates; which goes first alternates claim by claim, so neither always follows the
+    other's unprepare."""
+    for built in (True, False) if built_first else (False, True):
+        if built:
+            preparer._template = lambda plan, verbs: None  # type: ignore[method-assign]
+        try:
+            name = "first built" if built else "first templated"
+            figures[name].append(await _time(lambda: plugin.prepare(r)))
+            await plugin.unprepare(r)
+        finally:
+            preparer.__dict__.pop("_template", None)
 
 
 def _report_prepare(figures: dict[str, list[float]]) -> None:
@@ -417,6 +443,12 @@ def _report_prepare(figures: dict[str, list[float]]) -> None:
     print(
         f"prepare, first with its hops on the loop's default executor (before) x{executor / get50:.2f} the"
         f" GET: the driver's own hop threads save {(executor - now) * 1e3:.3f} ms"
+    )
+    built, templated = percentile(figures["first built"], 0.5), percentile(figures["first templated"], 0.5)
+    print(
+        f"prepare, first again, side by side: its spec from its device's template x{templated / get50:.2f}"
+        f" the GET, built and encoded for each claim (before) x{built / get50:.2f}: the templates save"
+        f" {(built - templated) * 1e3:.3f} ms"
     )
 
 

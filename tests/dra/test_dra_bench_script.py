@@ -55,10 +55,13 @@ def test_benchmark_prints_each_figure_with_its_floor(tmp_path: Path) -> None:
     assert " p90 " in lines[1] and " p99 " in lines[1]
     assert lines[11].startswith("prepare, first with its hops on the loop's default executor (before) x")
     assert "the driver's own hop threads save" in lines[11]
-    assert lines[12].startswith("target x2.0 the claim GET (p50, median of 2 rounds): prepare, first x")
-    assert ("): met; its floor x" in lines[12]) != ("): not met; its floor x" in lines[12]), lines[12]
-    assert "; with its hops on the default executor (before) x" in lines[12]
-    del lines[6:13]
+    assert lines[12].startswith("prepare, first again, side by side: its spec from its device's template x")
+    assert "built and encoded for each claim (before) x" in lines[12] and "the templates save" in lines[12]
+    assert lines[13].startswith("target x2.0 the claim GET (p50, median of 2 rounds): prepare, first x")
+    assert ("): met; its floor x" in lines[13]) != ("): not met; its floor x" in lines[13]), lines[13]
+    assert "; with its hops on the default executor (before) x" in lines[13]
+    assert "; side by side, its spec from its device's template x" in lines[13]
+    del lines[6:14]
     assert lines[6].startswith("steady state, 10 syncs: 0 requests, 0 bytes; a LIST ")
     assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
     assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")

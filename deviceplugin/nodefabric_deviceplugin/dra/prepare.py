@@ -354,6 +354,11 @@ class Preparer(_AnotherBoot):
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        # (record version, verbs table generation) -> each device's grant and spec template (`_template`)
+        self._templates: tuple[tuple[int, int], dict[str, tuple[ContainerGrant, cdi.SpecTemplate]]] = (
+            (-1, -1),
+            {},
+        )
         self.syncs = Syncs()
         self._waits = hops.Waits()  # the hops awaited under the lock, which a stop that gave up lets go
         cdi.remove_temporaries(config.cdi_dir, config.driver)  # a crash's leftovers; no write runs yet
@@ -479,7 +484,7 @@ class Preparer(_AnotherBoot):
     def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
         """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
         worker thread. Raises VerbsUnresolvable, OSError."""
-        whole, spec = self._spec(ref, plan, verbs)
+        whole, spec, text = self._spec_and_text(ref, plan, verbs)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
             PreparedDevice(
@@ -491,7 +496,39 @@ class Preparer(_AnotherBoot):
             for device, reqs in plan.requests.items()
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec, self.boot_id)
-        return _Written(devices, whole, path, self._record(path, prepared))
+        return _Written(devices, whole, path, self._record(path, prepared, text))
+
+    def _spec_and_text(
+        self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices
+    ) -> tuple[ContainerGrant, dict[str, Any], str]:
+        """`_spec` and the spec's text (`cdi.spec_text`). A one-device claim's, the common one, come from
+        its device's template, made once per record and verbs table (`_template`): the grant, the spec
+        and its encoding cost a first prepare more than its every other step past the read but the files."""
+        if len(plan.members) == 1:
+            held = self._template(plan, verbs)
+            if held is not None:
+                whole, template = held
+                return whole, template.spec(ref.uid), template.text(ref.uid)
+        whole, spec = self._spec(ref, plan, verbs)
+        return whole, spec, cdi.spec_text(spec)
+
+    def _template(self, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, cdi.SpecTemplate] | None:
+        """The one device's grant and spec template under the plan's record and the verbs cache's table
+        (`verbs` is that table's answer: the lock the hop's call holds keeps both). Only on a hop that may
+        write, so under the lock. Raises VerbsUnresolvable."""
+        key = (plan.version, self.verbs.generation)
+        if self._templates[0] != key:
+            self._templates = (key, {})  # another record or table: the old templates may name old nodes
+        device = plan.members[0].name
+        held = self._templates[1].get(device)
+        if held is None:
+            whole = grant(plan.endpoints, verbs)
+            paths = [n.path for n in whole.devices]
+            template = cdi.SpecTemplate.of(self.config.driver, device, paths, whole.envs)
+            if template is None:
+                return None
+            held = self._templates[1][device] = (whole, template)
+        return held
 
     def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
         """The claim's grant (the device plugin's) and its CDI spec. Pure. Raises VerbsUnresolvable."""
@@ -543,7 +580,7 @@ class Preparer(_AnotherBoot):
             # Here, not after the answer: a call cancelled mid-write still leaves its claim prepared.
             metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
 
-    def _record(self, path: str, prepared: PreparedClaim) -> Reservation:
+    def _record(self, path: str, prepared: PreparedClaim, text: str | None = None) -> Reservation:
         """The claim's entry, then the spec, written (not synced: `syncs` does it after the answer).
         Raises OSError, leaving neither file: kubelet need never unprepare a claim whose prepare failed,
         and a spec left behind would stay in the runtime's directory for good.
@@ -551,7 +588,8 @@ class Preparer(_AnotherBoot):
         The entry first: a kill between the two files then leaves an entry without its spec (the next
         prepare answers from it and rewrites the spec; an unprepare removes both), never a spec that no
         entry names (kubelet, never answered, may never unprepare it, and nothing else would remove it)."""
-        text = cdi.spec_text(prepared.spec)  # encoded once, for the entry and the spec file
+        if text is None:  # `text`: the spec's encoding, when the caller has it
+            text = cdi.spec_text(prepared.spec)  # encoded once, for the entry and the spec file
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
         entry.commit(prepared, spec_text=text)  # releases the file itself when it fails
         try:
