@@ -399,13 +399,13 @@ async def _templates_or_not(
     other's unprepare."""
     for built in (True, False) if built_first else (False, True):
         if built:
-            preparer._template = lambda plan, verbs: None  # type: ignore[method-assign]
+            preparer._templates.get = lambda *_: None  # type: ignore[method-assign]
         try:
             name = "first built" if built else "first templated"
             figures[name].append(await _time(lambda: plugin.prepare(r)))
             await plugin.unprepare(r)
         finally:
-            preparer.__dict__.pop("_template", None)
+            preparer._templates.__dict__.pop("get", None)
 
 
 def _report_prepare(figures: dict[str, list[float]]) -> None:

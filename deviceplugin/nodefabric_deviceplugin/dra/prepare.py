@@ -189,6 +189,60 @@ def _remove_stale(path: str, uid: str) -> None:
         )
 
 
+def _claim_spec(
+    driver: str, uid: str, plan: _Plan, verbs: VerbsDevices
+) -> tuple[ContainerGrant, dict[str, Any]]:
+    """The claim's grant (the device plugin's) and its CDI spec. Pure. Raises VerbsUnresolvable."""
+    whole = grant(plan.endpoints, verbs)
+    if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
+        nodes = {plan.members[0].name: [n.path for n in whole.devices]}
+    else:
+        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
+    return whole, cdi.build_spec(driver, uid, nodes, whole.envs)
+
+
+class _Templates:
+    """Each device's grant and spec template under one record version and verbs table (its generation):
+    a one-device claim's first prepare splices its uid into its device's."""
+
+    def __init__(self, driver: str) -> None:
+        self.driver = driver
+        self._key = (-1, -1)
+        self._held: dict[str, tuple[ContainerGrant, cdi.SpecTemplate]] = {}
+
+    def spec_and_text(
+        self, uid: str, plan: _Plan, verbs: VerbsDevices, generation: int
+    ) -> tuple[ContainerGrant, dict[str, Any], str]:
+        """`_claim_spec` and the spec's text (`cdi.spec_text`). A one-device claim's, the common one, come
+        from its device's template: the grant, the spec and its encoding cost a first prepare more than
+        its every other step past the read but the files. `verbs`: the answer of the verbs cache's table
+        `generation`, under the lock the hop's call holds. Raises VerbsUnresolvable."""
+        if len(plan.members) == 1:
+            held = self.get(plan, verbs, generation)
+            if held is not None:
+                whole, template = held
+                return whole, template.spec(uid), template.text(uid)
+        whole, spec = _claim_spec(self.driver, uid, plan, verbs)
+        return whole, spec, cdi.spec_text(spec)
+
+    def get(
+        self, plan: _Plan, verbs: VerbsDevices, generation: int
+    ) -> tuple[ContainerGrant, cdi.SpecTemplate] | None:
+        """None when the spec cannot be templated (`cdi.SpecTemplate.of`). Raises VerbsUnresolvable."""
+        if self._key != (plan.version, generation):
+            # Another record or verbs table: the templates held may name devices or nodes no longer so.
+            self._key, self._held = (plan.version, generation), {}
+        device = plan.members[0].name
+        held = self._held.get(device)
+        if held is None:
+            whole = grant(plan.endpoints, verbs)
+            template = cdi.SpecTemplate.of(self.driver, device, [n.path for n in whole.devices], whole.envs)
+            if template is None:
+                return None
+            held = self._held[device] = (whole, template)
+        return held
+
+
 class _AnotherBoot:
     """What a repeated prepare does with a claim whose entry another (or an unknown) boot wrote: the
     kernel may have numbered the verbs devices and named the RDMA devices otherwise since, so the entry's
@@ -200,9 +254,6 @@ class _AnotherBoot:
     verbs: VerbsCache
     checkpoint: Checkpoint
     _waits: hops.Waits
-
-    def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
-        raise NotImplementedError
 
     def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
         raise NotImplementedError
@@ -316,7 +367,7 @@ class _AnotherBoot:
             verbs = self.verbs.cached(plan.version, plan.rdma_devices)
             if verbs is None:
                 return None
-        whole, spec = self._spec(ref, plan, verbs)
+        whole, spec = _claim_spec(self.config.driver, ref.uid, plan, verbs)
         path = self._spec_path(done.uid)
         if _moved(done.spec_path, path):
             # The old boot's spec in the old directory goes first: once the entry names the new file,
@@ -354,11 +405,7 @@ class Preparer(_AnotherBoot):
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
-        # (record version, verbs table generation) -> each device's grant and spec template (`_template`)
-        self._templates: tuple[tuple[int, int], dict[str, tuple[ContainerGrant, cdi.SpecTemplate]]] = (
-            (-1, -1),
-            {},
-        )
+        self._templates = _Templates(config.driver)
         self.syncs = Syncs()
         self._waits = hops.Waits()  # the hops awaited under the lock, which a stop that gave up lets go
         cdi.remove_temporaries(config.cdi_dir, config.driver)  # a crash's leftovers; no write runs yet
@@ -484,7 +531,7 @@ class Preparer(_AnotherBoot):
     def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
         """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
         worker thread. Raises VerbsUnresolvable, OSError."""
-        whole, spec, text = self._spec_and_text(ref, plan, verbs)
+        whole, spec, text = self._templates.spec_and_text(ref.uid, plan, verbs, self.verbs.generation)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
             PreparedDevice(
@@ -497,47 +544,6 @@ class Preparer(_AnotherBoot):
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec, self.boot_id)
         return _Written(devices, whole, path, self._record(path, prepared, text))
-
-    def _spec_and_text(
-        self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices
-    ) -> tuple[ContainerGrant, dict[str, Any], str]:
-        """`_spec` and the spec's text (`cdi.spec_text`). A one-device claim's, the common one, come from
-        its device's template, made once per record and verbs table (`_template`): the grant, the spec
-        and its encoding cost a first prepare more than its every other step past the read but the files."""
-        if len(plan.members) == 1:
-            held = self._template(plan, verbs)
-            if held is not None:
-                whole, template = held
-                return whole, template.spec(ref.uid), template.text(ref.uid)
-        whole, spec = self._spec(ref, plan, verbs)
-        return whole, spec, cdi.spec_text(spec)
-
-    def _template(self, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, cdi.SpecTemplate] | None:
-        """The one device's grant and spec template under the plan's record and the verbs cache's table
-        (`verbs` is that table's answer: the lock the hop's call holds keeps both). Only on a hop that may
-        write, so under the lock. Raises VerbsUnresolvable."""
-        key = (plan.version, self.verbs.generation)
-        if self._templates[0] != key:
-            self._templates = (key, {})  # another record or table: the old templates may name old nodes
-        device = plan.members[0].name
-        held = self._templates[1].get(device)
-        if held is None:
-            whole = grant(plan.endpoints, verbs)
-            paths = [n.path for n in whole.devices]
-            template = cdi.SpecTemplate.of(self.config.driver, device, paths, whole.envs)
-            if template is None:
-                return None
-            held = self._templates[1][device] = (whole, template)
-        return held
-
-    def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
-        """The claim's grant (the device plugin's) and its CDI spec. Pure. Raises VerbsUnresolvable."""
-        whole = grant(plan.endpoints, verbs)
-        if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
-            nodes = {plan.members[0].name: [n.path for n in whole.devices]}
-        else:
-            nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
-        return whole, cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
 
     async def _recorded(
         self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: hops.WriteGate | None = None
