@@ -1,6 +1,6 @@
 """Benchmark the DRA driver over real unix sockets and real HTTP, against baselines measured in the same run.
 
-    python hack/bench_dra.py [--claims 200] [--rounds 3] [--pfs 8] [--vfs 128]
+    python hack/bench_dra.py [--claims 200] [--rounds 3] [--pfs 8] [--vfs 128] [--profile DIR]
 
 Figures:
 - NodePrepareResources of one claim (one device): the first prepare (reads the ResourceClaim from the
@@ -20,9 +20,11 @@ Figures:
   its two files costing nothing (`record_in_memory`: recorded in memory only, not a driver), which
   splits what is above the floor into the files' share and the rest; and beside the same first prepare
   with its thread hops on the loop's default executor (`ExecutorHops`, as the driver ran them before its
-  own hop threads), what those threads save. Those lines pool `--rounds` passes
-  over the claims; the last one judges issue 24's x2 on the median of the rounds' own ratios (one pass
-  swings by x0.1-0.3 from run to run on a shared machine) and says whether it is met.
+  own hop threads), what those threads save; and the same claim's first prepare twice more, its spec
+  spliced from its device's template (as the driver does) and built and encoded for it (as before the
+  templates), alternating which goes first, for what the templates save. Those lines pool `--rounds`
+  passes over the claims; the last one judges issue 24's x2 on the median of the rounds' own ratios (one
+  pass swings by x0.1-0.3 from run to run on a shared machine) and says whether it is met.
 - What a prepare costs as the number of claims already held grows (`--held`, default 1,500, against 10):
   the real NodePrepareResources (and its unprepare) with that many claims in the driver's checkpoint,
   against the same call with the whole-file checkpoint it replaced (every change rewrote and fsynced every
@@ -34,6 +36,11 @@ Figures:
   counted by its client over many syncs (record re-deliveries, kubelet pokes, resyncs), plus the watch's
   own cost: a re-open every 300-600 s (450 s on average) and a bookmark about once a minute (a real API
   server's pace), each measured here by ending the watch and by advancing the API's resourceVersion.
+- `--profile DIR`: where a first prepare's time goes, printed last. One more pass over the claims with
+  each first prepare stamped from inside the driver (kubelet's call to the hop's start, the claim's GET,
+  the hop's work after it, the hop's end to kubelet's answer; p50s beside a GET and an empty call), then
+  one under cProfile, the loop's thread and the hop's each in its own profile (DIR/loop.prof,
+  DIR/hop.prof; `python -m pstats`), with each one's busy time per call and its costliest own steps.
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import shutil
 import statistics
 import sys
@@ -131,8 +140,8 @@ def record_before(preparer: Preparer) -> Callable[[str, PreparedClaim], Reservat
     """The baseline's write path (git d949c4b, less its overlap of the directory fsync with the read):
     the same files, synced before kubelet is answered, in the same thread hop as the writes."""
 
-    def record(path: str, prepared: PreparedClaim) -> Reservation:
-        entry = Preparer._record(preparer, path, prepared)
+    def record(path: str, prepared: PreparedClaim, text: str | None = None) -> Reservation:
+        entry = Preparer._record(preparer, path, prepared, text)
         entry.sync()
         return entry
 
@@ -144,7 +153,7 @@ def record_in_memory(preparer: Preparer) -> Callable[[str, PreparedClaim], Reser
     so no sync either), everything else as the driver does it: what a first prepare would cost if its
     two files cost nothing, i.e. the most any change to how they are written could win."""
 
-    def record(path: str, prepared: PreparedClaim) -> Reservation:
+    def record(path: str, prepared: PreparedClaim, text: str | None = None) -> Reservation:
         preparer.checkpoint.claims[prepared.uid] = prepared
         # Never committed: its sync is a no-op, and the unprepare finds no file to remove.
         return Reservation(preparer.checkpoint, prepared.uid, path, -1)
@@ -198,12 +207,17 @@ def verdict(rounds: list[dict[str, list[float]]]) -> str:
     before = statistics.median(
         percentile(r["first executor"], 0.5) / percentile(r["get"], 0.5) for r in rounds
     )
+    built = statistics.median(percentile(r["first built"], 0.5) / percentile(r["get"], 0.5) for r in rounds)
+    templated = statistics.median(
+        percentile(r["first templated"], 0.5) / percentile(r["get"], 0.5) for r in rounds
+    )
     ratio, floor = statistics.median(ratios), statistics.median(floors)
     met = "met" if ratio <= TARGET else "not met"
     return (
         f"target x{TARGET:.1f} the claim GET (p50, median of {len(rounds)} rounds): prepare, first"
         f" x{ratio:.2f} ({' '.join(f'x{r:.2f}' for r in ratios)}): {met}; its floor x{floor:.2f};"
-        f" with its hops on the default executor (before) x{before:.2f}"
+        f" with its hops on the default executor (before) x{before:.2f}; side by side, its spec from its"
+        f" device's template x{templated:.2f}, built for each claim (before) x{built:.2f}"
     )
 
 
@@ -211,8 +225,14 @@ TARGET = 2.0  # issue 24: a first prepare at most twice a claim GET
 
 
 async def bench_prepare(
-    driver: DraDriver, api: DraApi, plugin: DraClient, *, claims: int, rounds: int
-) -> None:
+    driver: DraDriver,
+    api: DraApi,
+    plugin: DraClient,
+    *,
+    claims: int,
+    rounds: int,
+    profile: Path | None = None,
+) -> list[str]:
     """Each figure interleaved with its floor, claim by claim, so a machine shared with other work slows
     both alike; the write path before (the entry synced before the answer) interleaved too. `rounds`
     passes over the claims (an unprepared claim is prepared from the API again); every line but the
@@ -225,7 +245,7 @@ async def bench_prepare(
     await plugin.unprepare(probe)
     names = (
         "get", "empty", "first", "again", "gone", "first before", "gone before", "first no files",
-        "first executor",
+        "first executor", "first templated", "first built",
     )  # fmt: skip
     figures: dict[str, list[float]] = {n: [] for n in names}
     per_round: list[dict[str, list[float]]] = []
@@ -239,6 +259,102 @@ async def bench_prepare(
             figures[name].extend(one[name])
     _report_prepare(figures)
     print(verdict(per_round))
+    if profile is None:
+        return []
+    first = [r for r, _, _, _ in refs]
+    return [*await _phases(preparer, api, plugin, first), *await _profiled(preparer, plugin, first, profile)]
+
+
+async def _phases(preparer: Preparer, api: DraApi, plugin: DraClient, refs: list[ClaimRef]) -> list[str]:
+    """`--profile`: one more pass, each first prepare stamped from inside the driver (its hop's start, the
+    claim's GET, the hop's end), beside its floors: where the distance to a GET + an empty call is."""
+    marks: dict[str, float] = {}
+    get_claim, read_and_write = preparer.api.get_claim, preparer._read_and_write
+
+    def stamped_get(namespace: str, name: str) -> dict[str, Any] | None:
+        marks["get"] = time.perf_counter()
+        try:
+            return get_claim(namespace, name)
+        finally:
+            marks["read"] = time.perf_counter()
+
+    def stamped_hop(*args: Any) -> Any:
+        marks["hop"] = time.perf_counter()
+        try:
+            return read_and_write(*args)
+        finally:
+            marks["end"] = time.perf_counter()
+
+    phases: dict[str, list[float]] = {
+        "a GET (floor)": [], "an empty call (floor)": [], "kubelet's call to the hop": [],
+        "the GET in the hop": [], "the hop after the GET": [], "the hop's end to kubelet's answer": [],
+    }  # fmt: skip
+    preparer.api.get_claim = stamped_get  # type: ignore[method-assign]
+    preparer._read_and_write = stamped_hop  # type: ignore[method-assign]
+    try:
+        for r in refs:
+            phases["a GET (floor)"].append(
+                await _time(lambda r=r: asyncio.to_thread(api.get_claim, r.namespace, r.name))
+            )  # type: ignore[misc]
+            phases["an empty call (floor)"].append(await _time(plugin.unprepare))
+            start = time.perf_counter()
+            await plugin.prepare(r)
+            done = time.perf_counter()
+            phases["kubelet's call to the hop"].append(marks["hop"] - start)
+            phases["the GET in the hop"].append(marks["read"] - marks["get"])
+            phases["the hop after the GET"].append(marks["end"] - marks["read"])
+            phases["the hop's end to kubelet's answer"].append(done - marks["end"])
+            await plugin.unprepare(r)
+    finally:
+        del preparer.api.get_claim, preparer._read_and_write
+    return [
+        f"profile, first prepare, p50 of each phase: {name} {percentile(v, 0.5) * 1e3:.3f} ms"
+        for name, v in phases.items()
+    ]
+
+
+async def _profiled(
+    preparer: Preparer, plugin: DraClient, refs: list[ClaimRef], directory: Path
+) -> list[str]:
+    """`--profile`: one more pass under cProfile, the event loop's thread and the hop's thread each in a
+    profile of its own (`loop.prof`, `hop.prof` in `directory`), with each one's busy time per call (its
+    own time less the waits: the loop's epoll, the hop's socket reads) and its costliest own steps."""
+    loop_profile, hop_profile = cProfile.Profile(), cProfile.Profile()
+    read_and_write = preparer._read_and_write
+
+    def profiled_hop(*args: Any) -> Any:
+        return hop_profile.runcall(read_and_write, *args)
+
+    preparer._read_and_write = profiled_hop  # type: ignore[method-assign]
+    try:
+        for r in refs:
+            loop_profile.enable()
+            await plugin.prepare(r)
+            loop_profile.disable()
+            await plugin.unprepare(r)
+    finally:
+        del preparer._read_and_write
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, profile in (("loop", loop_profile), ("hop", hop_profile)):
+        profile.dump_stats(str(directory / f"{name}.prof"))
+        out.append(_busy(name, pstats.Stats(profile), len(refs), directory / f"{name}.prof"))
+    return out
+
+
+WAITS = ("<method 'poll' of 'select.epoll' objects>", "<method 'recv_into' of '_socket.socket' objects>")
+
+
+def _busy(name: str, stats: pstats.Stats, calls: int, path: Path) -> str:
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
+    own = sum(v[2] for v in raw.values())
+    waits = sum(v[2] for k, v in raw.items() if k[2] in WAITS)
+    top = sorted(((v[2], k) for k, v in raw.items() if k[2] not in WAITS), reverse=True)[:5]
+    steps = ", ".join(f"{os.path.basename(k[0])}:{k[2]} {t / calls * 1e6:.0f} us" for t, k in top)
+    return (
+        f"profile, first prepare, {name} thread ({path}): busy {(own - waits) / calls * 1e3:.3f} ms a call"
+        f" under cProfile (waiting {waits / calls * 1e3:.3f} ms); its costliest own steps: {steps}"
+    )
 
 
 async def _prepare_round(
@@ -257,6 +373,7 @@ async def _prepare_round(
         figures["first"].append(await _time(lambda r=r: plugin.prepare(r)))  # type: ignore[misc]
         figures["again"].append(await _time(lambda r=r: plugin.prepare(r)))  # type: ignore[misc]
         figures["gone"].append(await _time(lambda r=r: plugin.unprepare(r)))  # type: ignore[misc]
+        await _templates_or_not(preparer, plugin, r, figures, built_first=len(figures["first"]) % 2 == 0)
         preparer._record = record_before(preparer)  # type: ignore[method-assign,assignment]
         figures["first before"].append(await _time(lambda b=b: plugin.prepare(b)))  # type: ignore[misc]
         figures["gone before"].append(await _time(lambda b=b: plugin.unprepare(b)))  # type: ignore[misc]
@@ -271,6 +388,24 @@ async def _prepare_round(
         finally:
             hops.THREADS = own
     return figures
+
+
+async def _templates_or_not(
+    preparer: Preparer, plugin: DraClient, r: ClaimRef, figures: dict[str, list[float]], *, built_first: bool
+) -> None:
+    """The same claim's first prepare twice more (read from the API again each time, then unprepared):
+    its spec spliced from its device's template, as the driver does, and built and encoded for it, as
+    before the templates; which goes first alternates claim by claim, so neither always follows the
+    other's unprepare."""
+    for built in (True, False) if built_first else (False, True):
+        if built:
+            preparer._templates.get = lambda *_: None  # type: ignore[method-assign]
+        try:
+            name = "first built" if built else "first templated"
+            figures[name].append(await _time(lambda: plugin.prepare(r)))
+            await plugin.unprepare(r)
+        finally:
+            preparer._templates.__dict__.pop("get", None)
 
 
 def _report_prepare(figures: dict[str, list[float]]) -> None:
@@ -308,6 +443,12 @@ def _report_prepare(figures: dict[str, list[float]]) -> None:
     print(
         f"prepare, first with its hops on the loop's default executor (before) x{executor / get50:.2f} the"
         f" GET: the driver's own hop threads save {(executor - now) * 1e3:.3f} ms"
+    )
+    built, templated = percentile(figures["first built"], 0.5), percentile(figures["first templated"], 0.5)
+    print(
+        f"prepare, first again, side by side: its spec from its device's template x{templated / get50:.2f}"
+        f" the GET, built and encoded for each claim (before) x{built / get50:.2f}: the templates save"
+        f" {(built - templated) * 1e3:.3f} ms"
     )
 
 
@@ -568,7 +709,9 @@ async def main(args: argparse.Namespace) -> int:
                 f"pool: {args.pfs} PFs x {args.vfs} VFs: {devices} devices in {len(slices)} slices;"
                 f" the checkpoint on disk, CDI specs {where}"
             )
-            await bench_prepare(driver, api, plugin, claims=args.claims, rounds=args.rounds)
+            profiled = await bench_prepare(
+                driver, api, plugin, claims=args.claims, rounds=args.rounds, profile=args.profile
+            )
         async with running_api(directory=str(work)) as k:
             put_node(k)
             async with serving_driver(k.kubeconfig, work, "steady", spec, b.host, cdi=cdi) as (
@@ -580,6 +723,8 @@ async def main(args: argparse.Namespace) -> int:
                 await bench_held(
                     k, driver, plugin, DEVICE, held=args.held, rounds=max(5, args.claims // 10), work=work
                 )
+        for line in profiled:  # last, so the figures above keep their places
+            print(line)
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -603,6 +748,13 @@ if __name__ == "__main__":
         help=f"CDI specs on disk, beside the checkpoint (default: on tmpfs, {SHM}, as on a node)",
     )
     parser.add_argument("--held", type=int, default=1500, help="claims held while a prepare is timed")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        type=Path,
+        help="after the rounds, two more passes over the claims: each first prepare's phases (p50), then"
+        " cProfile of the loop's and the hop's threads (DIR/loop.prof, DIR/hop.prof), printed last",
+    )
     parser.add_argument("--serve-api", metavar="DIR", help=argparse.SUPPRESS)  # the API's own process
     parsed: Any = parser.parse_args()
     if parsed.claims < 1 or parsed.rounds < 1:

@@ -9,7 +9,8 @@ cannot be used.
 Nothing on the event loop reads sysfs: ListAndWatch and GetPreferredAllocation answer from the record
 alone, and Allocate's verbs lookup goes through `verbs.VerbsCache`, which reads off the loop within a
 time budget, as do the host facts a selector may name (drivers, link layers), once per record version.
-GetPreferredAllocation's choice, pure but up to seconds of CPU, runs on a thread of its own.
+GetPreferredAllocation's choice, pure but up to seconds of CPU, runs on a thread of its own, as does
+building a family's device list (over a second for rdma.shared at kubelet's 4 MiB limit).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -72,6 +73,12 @@ def host_facts_flight(budget: float) -> HostFactsFlight:
     return offloop.SingleFlight("the host facts the RDMA selectors name", budget)
 
 
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """A build every caller walked away from (cancelled) must not log "exception never retrieved"."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class DevicePluginServicer(rpc.DevicePluginServicer):
     """One family's DevicePlugin service. Every answer is rebuilt from the source's latest record."""
 
@@ -90,6 +97,7 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         self.verbs = verbs
         self.resource = config.resource_name(family)
         self._cached: tuple[int, FamilyView, pb.ListAndWatchResponse] | None = None
+        self._building: tuple[int, asyncio.Future[tuple[FamilyView, pb.ListAndWatchResponse]]] | None = None
         self._granted = metrics.ALLOCATIONS.labels(family.value, "granted")
         self._responses: dict[tuple[tuple[str, ...], int, int], pb.ContainerAllocateResponse] = {}
         self._facts = facts or host_facts_flight(verbs.budget)
@@ -106,36 +114,60 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         version, spec = self.source.snapshot()
         cached = self._cached
         if cached is None or cached[0] != version:
-            selection = self.config.selection
             facts = None
-            if selection.needs_host and spec is not None:
+            if self.config.selection.needs_host and spec is not None:
                 facts = await self._host_facts(spec)
-            current = view(spec, self.family, self.config.shared_count, selection, facts)
-            wanted = selection.max_shared_count(self.config.shared_count)
-            if self.family is Family.SHARED and current.shared_count < wanted:
-                log.error(
-                    "the rdma.shared device list would exceed kubelet's 4 MiB message limit; serving "
-                    "fewer tokens per endpoint",
-                    extra={
-                        "resource": self.resource,
-                        "shared_count": self.config.shared_count,
-                        "served_per_endpoint": current.shared_count,
-                        "endpoints": len(current.endpoints),
-                    },
-                )
-            message = wire.device_list(current)
-            if message.ByteSize() > KUBELET_MAX_MESSAGE_BYTES:
-                # Only a record of some 100,000 functions gets here (shared is fitted in `view`): serve
-                # what fits rather than a list kubelet refuses, ending the stream.
-                kept = wire.fit(message, KUBELET_MAX_MESSAGE_BYTES)
-                log.error(
-                    "the device list would exceed kubelet's 4 MiB message limit; serving the first devices",
-                    extra={"resource": self.resource, "devices": len(current.tokens), "served": kept},
-                )
+            current, message = await self._build(version, spec, facts)
             cached = (version, current, message)
             if self._cached is None or self._cached[0] < version:  # a newer one built meanwhile stays
                 self._cached = cached
         return cached
+
+    async def _build(
+        self, version: int, spec: DevicesSpec | None, facts: HostFacts | None
+    ) -> tuple[FamilyView, pb.ListAndWatchResponse]:
+        """The view and its list, on a thread of their own: rdma.shared at kubelet's 4 MiB limit is some
+        123,000 tokens, over a second of CPU, and every family's calls and streams (the DRA driver's too,
+        in the agent) share this loop. Callers of one version share the build in flight."""
+        building = self._building
+        if building is None or building[0] != version:
+            make = functools.partial(self._list, spec, facts)
+            try:
+                running = offloop.start(make, f"the {self.resource} device list")
+            except RuntimeError:  # no thread to be had (the process at its limit): built here all the same
+                return make()
+            running.add_done_callback(_retrieved)
+            building = self._building = (version, running)
+        return await asyncio.shield(building[1])
+
+    def _list(
+        self, spec: DevicesSpec | None, facts: HostFacts | None
+    ) -> tuple[FamilyView, pb.ListAndWatchResponse]:
+        """The family's view of a record and its device list, fitted to kubelet's limit. Pure but for its
+        logs: safe on any thread."""
+        current = view(spec, self.family, self.config.shared_count, self.config.selection, facts)
+        wanted = self.config.selection.max_shared_count(self.config.shared_count)
+        if self.family is Family.SHARED and current.shared_count < wanted:
+            log.error(
+                "the rdma.shared device list would exceed kubelet's 4 MiB message limit; serving "
+                "fewer tokens per endpoint",
+                extra={
+                    "resource": self.resource,
+                    "shared_count": self.config.shared_count,
+                    "served_per_endpoint": current.shared_count,
+                    "endpoints": len(current.endpoints),
+                },
+            )
+        message = wire.device_list(current)
+        if message.ByteSize() > KUBELET_MAX_MESSAGE_BYTES:
+            # Only a record of some 100,000 functions gets here (shared is fitted in `view`): serve
+            # what fits rather than a list kubelet refuses, ending the stream.
+            kept = wire.fit(message, KUBELET_MAX_MESSAGE_BYTES)
+            log.error(
+                "the device list would exceed kubelet's 4 MiB message limit; serving the first devices",
+                extra={"resource": self.resource, "devices": len(current.tokens), "served": kept},
+            )
+        return current, message
 
     async def _host_facts(self, spec: DevicesSpec) -> HostFacts:
         """The drivers and link layers a selector names, read once per record version, off the loop

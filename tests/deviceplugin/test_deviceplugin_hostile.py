@@ -31,9 +31,10 @@ from dp_helpers import (
 from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec, Interface, LinkState, LinkVerdict
 from nodefabric_devicemanager.numbers import numa_node
+from nodefabric_deviceplugin import wire
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
-from nodefabric_deviceplugin.resources import PluginConfig
+from nodefabric_deviceplugin.resources import Family, FamilyView, PluginConfig
 from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
 
 EXCLUSIVE = "device.gpustack.ai/rdma"
@@ -452,5 +453,45 @@ async def test_a_preferred_allocation_over_a_thousand_vfs_answers(
         chosen = await r.kubelet.plugin(PARTITIONED).preferred(ids, [], 512, timeout=30)
         assert len(set(chosen)) == 512 and set(chosen) <= set(ids)
         assert (await r.kubelet.plugin(EXCLUSIVE).options(timeout=5)).get_preferred_allocation_available
+    finally:
+        await shutdown(r)
+
+
+async def test_while_the_shared_list_at_kubelets_limit_is_built_the_other_calls_answer(
+    plugin_dir: str, fixture_host: FixtureHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rdma.shared at kubelet's 4 MiB limit is some 123,000 tokens, over a second of CPU to build for each
+    record. Every family's calls and streams share the event loop (the agent's DRA driver too): the
+    build must not hold them. Here it is held mid-way until another family's Allocate and the options
+    kubelet asks have answered; a build on the loop would hold them until it was let go."""
+    nics = [nic(f"e{i}", f"0000:{0x10 + i:02x}:00.0", f"mlx5_{i}", numa=str(i % 2)) for i in range(100)]
+    config = PluginConfig(shared_count=1500, partitioned=False)
+    r = await start_plugin(plugin_dir, fixture_host.host, DevicesSpec(interfaces=nics), config)
+    try:
+        first = await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) > 100_000, timeout=60)
+        await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == len(nics), timeout=60)
+        entered, release = threading.Event(), threading.Event()
+        order: list[str] = []
+        real = wire.device_list
+
+        def held(current: FamilyView) -> pb.ListAndWatchResponse:
+            if current.family is Family.SHARED:
+                entered.set()
+                # A deadlock breaker, not a measure: on the loop, nothing below could let it go.
+                order.append("list built" if release.wait(10) else "list built, never let go")
+            return real(current)
+
+        monkeypatch.setattr(wire, "device_list", held)
+        r.source.update(DevicesSpec(interfaces=nics[:-1]))  # every family builds its list again
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert (await r.kubelet.plugin(SHARED).options(timeout=30)).get_preferred_allocation_available
+        granted = await r.kubelet.plugin(EXCLUSIVE).allocate(["0000:10:00.0"], timeout=30)
+        assert granted.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+        order.append("answered")
+        release.set()
+        again = await r.kubelet.wait_devices(SHARED, lambda ds: len(ds) != len(first), timeout=60)
+        assert order == ["answered", "list built"]
+        # The list is what it always was: every remaining endpoint's tokens, fitted to kubelet's limit.
+        assert {d.ID.rsplit("-", 1)[0] for d in again} == {n.pci_bus_id for n in nics[:-1]}
     finally:
         await shutdown(r)

@@ -350,11 +350,12 @@ async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_wri
     assert "spec" in out.error and victim in out.error and not out.devices
     with open(victim) as f:
         assert f.read() == "keep\n"
-    # The claim's own spec path, in another CDI directory (--cdi-dir changed): rewritten there.
+    # The claim's own spec path, in another CDI directory (--cdi-dir changed): moved to the current one.
     moved = cdi.spec_path(dirs.cdi + "-old", DRIVER, claim.uid)
     checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), moved, {"cdiVersion": "0.5.0"}))
     p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
-    assert (await p.prepare([claim]))[claim.uid].error == "" and os.path.exists(moved)
+    assert (await p.prepare([claim]))[claim.uid].error == "" and not os.path.exists(moved)
+    assert os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, claim.uid))
 
 
 async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(

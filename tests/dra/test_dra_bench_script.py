@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_benchmark_prints_each_figure_with_its_floor() -> None:
+def test_benchmark_prints_each_figure_with_its_floor(tmp_path: Path) -> None:
     out = subprocess.run(
         [
             sys.executable,
@@ -24,6 +24,8 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
             "40",
             "--rounds",
             "2",
+            "--profile",
+            str(tmp_path / "profile"),
         ],
         capture_output=True,
         text=True,
@@ -53,10 +55,13 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     assert " p90 " in lines[1] and " p99 " in lines[1]
     assert lines[11].startswith("prepare, first with its hops on the loop's default executor (before) x")
     assert "the driver's own hop threads save" in lines[11]
-    assert lines[12].startswith("target x2.0 the claim GET (p50, median of 2 rounds): prepare, first x")
-    assert ("): met; its floor x" in lines[12]) != ("): not met; its floor x" in lines[12]), lines[12]
-    assert "; with its hops on the default executor (before) x" in lines[12]
-    del lines[6:13]
+    assert lines[12].startswith("prepare, first again, side by side: its spec from its device's template x")
+    assert "built and encoded for each claim (before) x" in lines[12] and "the templates save" in lines[12]
+    assert lines[13].startswith("target x2.0 the claim GET (p50, median of 2 rounds): prepare, first x")
+    assert ("): met; its floor x" in lines[13]) != ("): not met; its floor x" in lines[13]), lines[13]
+    assert "; with its hops on the default executor (before) x" in lines[13]
+    assert "; side by side, its spec from its device's template x" in lines[13]
+    del lines[6:14]
     assert lines[6].startswith("steady state, 10 syncs: 0 requests, 0 bytes; a LIST ")
     assert lines[7].startswith("per node-hour, LIST every 60 s (before):   60.0 requests")
     assert lines[8].startswith("per node-hour, watch (after):               8.0 requests")
@@ -64,3 +69,19 @@ def test_benchmark_prints_each_figure_with_its_floor() -> None:
     assert lines[10].startswith("prepare+unprepare, 40 held, per-claim p50") and "10 held p50" in lines[10]
     assert lines[11].startswith("prepare+unprepare, 40 held, whole-file p50")
     assert lines[12].startswith("at 40 held the whole-file checkpoint costs x")
+    # --profile: the phases of a first prepare beside its floors, then each thread's cProfile, last.
+    phases = [line.split(": ", 1)[1].rsplit(" ", 2)[0] for line in lines[13:19]]
+    assert phases == [
+        "a GET (floor)",
+        "an empty call (floor)",
+        "kubelet's call to the hop",
+        "the GET in the hop",
+        "the hop after the GET",
+        "the hop's end to kubelet's answer",
+    ]
+    for line, name in zip(lines[19:21], ("loop", "hop"), strict=True):
+        assert line.startswith(
+            f"profile, first prepare, {name} thread ({tmp_path}/profile/{name}.prof): busy "
+        )
+        assert "its costliest own steps: " in line and (tmp_path / "profile" / f"{name}.prof").stat().st_size
+    assert len(lines) == 21

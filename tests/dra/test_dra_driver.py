@@ -37,6 +37,7 @@ from nodefabric_devicemanager.models import DevicesSpec, LinkState, LinkVerdict
 from nodefabric_devicemanager.nodeclient import ApiFailure
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.allocate import grant
+from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.publish import SlicePublisher
@@ -423,6 +424,89 @@ async def test_unprepare_finds_the_spec_where_it_was_written_even_if_the_cdi_dir
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {claim["metadata"]["uid"]: ""}
         assert os.listdir(old) == []
+    finally:
+        await shutdown(r)
+
+
+async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the_new_one(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """`--cdi-dir` changed between restarts: kubelet prepares a held claim again (its own restart, a
+    pod's). The runtime now reads the new directory, so the spec lands there, the stale one in the old
+    directory goes, and the entry names the new file (so a later unprepare, or a later move, finds it)."""
+    claim = put_claim(api, "relocated", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim)))[uid]
+    finally:
+        await shutdown(r)
+    name = f"{DRIVER}-nic_{uid}.json"
+    written = Path(dirs.cdi, name).read_bytes()
+    moved = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
+    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        reads = api.count("GET", CLAIMS)
+        assert (await plugin.prepare(ref(claim)))[uid] == first
+        assert api.count("GET", CLAIMS) == reads  # still answered from the entry
+        assert Path(moved.cdi, name).read_bytes() == written
+        assert os.listdir(dirs.cdi) == []
+        assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)
+    finally:
+        await shutdown(r)
+    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
+    try:
+        assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)  # durably
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert os.listdir(moved.cdi) == [] and os.listdir(dirs.cdi) == []
+    finally:
+        await shutdown(r)
+
+
+@pytest.mark.parametrize("uid", ["6a3c1e0e-3b5f-4d1e-9a0b-2f4c8d7e6f10", 'ünï"\\cödé', "x" * 300])
+def test_a_spec_template_gives_exactly_the_spec_and_the_text_a_fresh_build_gives(uid: str) -> None:
+    paths = ["/dev/infiniband/uverbs3", "/dev/infiniband/rdma_cm"]
+    for envs in ({"NCCL_IB_HCA": "=mlx5_3"}, {}):
+        template = cdi.SpecTemplate.of(DRIVER, NIC0, paths, envs)
+        assert template is not None
+        built = cdi.build_spec(DRIVER, uid, {NIC0: paths}, envs)
+        assert template.spec(uid) == built and template.text(uid) == cdi.spec_text(built)
+    # A spec whose own strings hold the template's marker is not templated (built each time instead).
+    assert cdi.SpecTemplate.of(DRIVER, NIC0, ["/dev/\u2063uid\u2063"], {}) is None
+
+
+async def test_first_prepares_of_one_device_follow_its_verbs_node_renumbered_between_them(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """A first prepare's spec comes from its device's template, made once per record and verbs table:
+    byte for byte what building the spec gives, and never the old node once the host renumbered it."""
+    b = hgx_host[0]
+    r = await start_driver(api, dirs, b.host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        specs: dict[str, str] = {}
+        for name in ("tmpl-a", "tmpl-b", "tmpl-c"):
+            if name == "tmpl-c":  # mlx5_0's verbs node renumbered (a driver reload), the record the same
+                bus = "0000:1c:00.0"
+                shutil.rmtree(b.functions[bus] / "infiniband_verbs" / "uverbs0")
+                os.unlink(b.root / "sys/class/infiniband_verbs/uverbs0")
+                os.unlink(b.root / "dev/infiniband/uverbs0")
+                b.verbs(bus, "mlx5_0", 9)
+            claim = put_claim(api, name, [result(NIC0)])
+            uid = claim["metadata"]["uid"]
+            assert (await plugin.prepare(ref(claim)))[uid].error == ""
+            specs[name] = Path(dirs.cdi, f"{DRIVER}-nic_{uid}.json").read_text()
+            node = "uverbs9" if name == "tmpl-c" else "uverbs0"
+            built = cdi.build_spec(
+                DRIVER,
+                uid,
+                {NIC0: [f"/dev/infiniband/{node}", "/dev/infiniband/rdma_cm"]},
+                {"NCCL_IB_HCA": "=mlx5_0"},
+            )
+            assert specs[name] == cdi.spec_text(built) + "\n"
+            assert r.driver.checkpoint.claims[uid].spec == built
     finally:
         await shutdown(r)
 

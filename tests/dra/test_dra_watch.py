@@ -134,6 +134,47 @@ async def test_a_hand_edit_is_undone_with_one_write(settled: Running, api: Runni
     assert spent(api, before) == {"patch": 2, "node": 1, "all": 3}
 
 
+@pytest.mark.parametrize(
+    "added",
+    [
+        {"taints": [{"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}]},
+        {"capacity": {"example.com/bandwidth": {"value": "400Gi"}}},
+        {"allowMultipleAllocations": True},
+    ],
+    ids=["taints", "capacity", "allowMultipleAllocations"],
+)
+async def test_a_field_added_by_hand_to_a_published_device_is_undone_with_one_write(
+    settled: Running, api: RunningAPI, added: dict[str, Any]
+) -> None:
+    """Someone edits the published slice, adding a field the driver never writes to one device: the
+    slice no longer says what the driver publishes (a hand-added taint would keep the device from being
+    allocated), so the driver rewrites it, at the next generation, with one update."""
+    devices = api.api.stored(SLICES, NAME)["spec"]["devices"]
+    before = budget(api)
+    await edit(api, NAME, {"spec": {"devices": [{**devices[0], **added}, *devices[1:]]}})
+    await wait_until(lambda: api.api.stored(SLICES, NAME)["spec"]["pool"]["generation"] == 2)
+    restored = api.api.stored(SLICES, NAME)
+    assert restored["spec"]["devices"] == devices
+    assert spent(api, before) == {"patch": 2, "node": 1, "all": 3}  # the edit, then our one update
+    await asyncio.sleep(0.5)
+    assert spent(api, before) == {"patch": 2, "node": 1, "all": 3}
+
+
+async def test_an_empty_field_added_to_a_device_is_no_change_and_costs_no_write(
+    settled: Running, api: RunningAPI
+) -> None:
+    """An empty field reads as no field (the API server drops what is empty): the sync the edit's event
+    starts writes nothing."""
+    publisher = settled.driver.publisher
+    devices = api.api.stored(SLICES, NAME)["spec"]["devices"]
+    before, syncs = budget(api), publisher.syncs
+    await edit(api, NAME, {"spec": {"devices": [{**devices[0], "taints": [], "capacity": {}}, *devices[1:]]}})
+    await wait_until(lambda: publisher.syncs > syncs)
+    assert publisher.last_plan is not None and publisher.last_plan.writes == 0
+    assert api.api.stored(SLICES, NAME)["spec"]["pool"]["generation"] == 1
+    assert spent(api, before) == {"patch": 1, "all": 1}  # the edit alone
+
+
 async def test_a_watch_that_cannot_resume_lists_once_and_writes_nothing(
     settled: Running, api: RunningAPI
 ) -> None:

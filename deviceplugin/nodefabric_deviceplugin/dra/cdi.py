@@ -19,6 +19,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nodefabric_deviceplugin.allocate import PERMISSIONS
@@ -73,6 +74,55 @@ def build_spec(
     if envs:
         spec["containerEdits"] = {"env": [f"{k}={v}" for k, v in sorted(envs.items())]}
     return spec
+
+
+# Stands for the claim's uid in a template; the spec's other strings (device paths, NCCL_IB_HCA) never
+# hold it, which `SpecTemplate.of` checks.
+_UID = "\u2063uid\u2063"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecTemplate:
+    """The spec of a one-device claim with the claim's uid left open: the same for every claim of that
+    device under one verbs table, so a first prepare splices its uid into text encoded once rather than
+    building and encoding the spec again (`build_spec`, `spec_text`). Both answers are exactly theirs."""
+
+    kind: str
+    device: str
+    edits: dict[str, Any]  # the device's containerEdits
+    env: dict[str, Any] | None  # the spec-level containerEdits
+    head: str  # the spec's text up to the uid in the device's name
+    tail: str  # and after it
+
+    @classmethod
+    def of(
+        cls, driver: str, device: str, paths: Sequence[str], envs: Mapping[str, str]
+    ) -> SpecTemplate | None:
+        """None when the spec cannot be split around its uid (a string of the spec holding the marker)."""
+        spec = build_spec(driver, _UID, {device: paths}, envs)
+        head, marker, tail = spec_text(spec).partition(_json_string_body(_UID))
+        if not marker or _json_string_body(_UID) in tail:
+            return None
+        return cls(
+            spec["kind"], device, spec["devices"][0]["containerEdits"], spec.get("containerEdits"), head, tail
+        )
+
+    def spec(self, claim_uid: str) -> dict[str, Any]:
+        """`build_spec` of the claim (its parts shared with the template: specs are never changed)."""
+        device = {"name": device_name(claim_uid, self.device), "containerEdits": self.edits}
+        spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": [device]}
+        if self.env is not None:
+            spec["containerEdits"] = self.env
+        return spec
+
+    def text(self, claim_uid: str) -> str:
+        """`spec_text` of the claim's spec."""
+        return self.head + _json_string_body(claim_uid) + self.tail
+
+
+def _json_string_body(value: str) -> str:
+    """A string as `spec_text` writes it inside quotes."""
+    return SORTED_JSON.encode(value)[1:-1]
 
 
 def read_spec(path: str) -> Any:

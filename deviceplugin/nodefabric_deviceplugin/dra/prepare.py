@@ -9,7 +9,9 @@ entry's error and never the call's, and nothing a claim carries can crash the se
    the latest record and verbs devices as in steps 3 and 4, since a reboot may have renumbered the uverbs
    nodes and renamed the RDMA devices: the entry is rewritten (durably), then the spec; the CDI ids, a
    function of the claim's uid and devices, stay. A device gone from the node fails the claim, nothing
-   written (`_prepare_again`);
+   written (`_prepare_again`). An entry whose spec lies under another `--cdi-dir` than the current one
+   (the flag changed between restarts) has its spec written under the current one, the old file removed
+   and the entry rewritten to name the new one (`_relocate`; when resolved again, `_rewrite`);
 2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
    pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
@@ -166,6 +168,81 @@ class _Hop:
         return None if self.written is None else self.written.entry
 
 
+def _moved(written: str, current: str) -> bool:
+    """Whether a claim's spec was written under another `--cdi-dir` than the current one."""
+    return os.path.normpath(os.path.dirname(written)) != os.path.normpath(os.path.dirname(current))
+
+
+def _remove_stale(path: str, uid: str) -> None:
+    """The spec a claim had under an earlier `--cdi-dir`, removed. Only ever the claim's own file name
+    (`Preparer._prepare` refuses an entry naming another); what cannot be removed (a directory there, a
+    directory no longer writable) is left, said once: the claim is served from the current directory."""
+    try:
+        if cdi.remove_spec(path):
+            log.info(
+                "removed a claim's CDI spec from an earlier --cdi-dir", extra={"claim": uid, "path": path}
+            )
+    except OSError as exc:
+        log.warning(
+            "cannot remove a claim's CDI spec from an earlier --cdi-dir; left there",
+            extra={"claim": uid, "path": path, "why": str(exc)},
+        )
+
+
+def _claim_spec(
+    driver: str, uid: str, plan: _Plan, verbs: VerbsDevices
+) -> tuple[ContainerGrant, dict[str, Any]]:
+    """The claim's grant (the device plugin's) and its CDI spec. Pure. Raises VerbsUnresolvable."""
+    whole = grant(plan.endpoints, verbs)
+    if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
+        nodes = {plan.members[0].name: [n.path for n in whole.devices]}
+    else:
+        nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
+    return whole, cdi.build_spec(driver, uid, nodes, whole.envs)
+
+
+class _Templates:
+    """Each device's grant and spec template under one record version and verbs table (its generation):
+    a one-device claim's first prepare splices its uid into its device's."""
+
+    def __init__(self, driver: str) -> None:
+        self.driver = driver
+        self._key = (-1, -1)
+        self._held: dict[str, tuple[ContainerGrant, cdi.SpecTemplate]] = {}
+
+    def spec_and_text(
+        self, uid: str, plan: _Plan, verbs: VerbsDevices, generation: int
+    ) -> tuple[ContainerGrant, dict[str, Any], str]:
+        """`_claim_spec` and the spec's text (`cdi.spec_text`). A one-device claim's, the common one, come
+        from its device's template: the grant, the spec and its encoding cost a first prepare more than
+        its every other step past the read but the files. `verbs`: the answer of the verbs cache's table
+        `generation`, under the lock the hop's call holds. Raises VerbsUnresolvable."""
+        if len(plan.members) == 1:
+            held = self.get(plan, verbs, generation)
+            if held is not None:
+                whole, template = held
+                return whole, template.spec(uid), template.text(uid)
+        whole, spec = _claim_spec(self.driver, uid, plan, verbs)
+        return whole, spec, cdi.spec_text(spec)
+
+    def get(
+        self, plan: _Plan, verbs: VerbsDevices, generation: int
+    ) -> tuple[ContainerGrant, cdi.SpecTemplate] | None:
+        """None when the spec cannot be templated (`cdi.SpecTemplate.of`). Raises VerbsUnresolvable."""
+        if self._key != (plan.version, generation):
+            # Another record or verbs table: the templates held may name devices or nodes no longer so.
+            self._key, self._held = (plan.version, generation), {}
+        device = plan.members[0].name
+        held = self._held.get(device)
+        if held is None:
+            whole = grant(plan.endpoints, verbs)
+            template = cdi.SpecTemplate.of(self.driver, device, [n.path for n in whole.devices], whole.envs)
+            if template is None:
+                return None
+            held = self._held[device] = (whole, template)
+        return held
+
+
 class _AnotherBoot:
     """What a repeated prepare does with a claim whose entry another (or an unknown) boot wrote: the
     kernel may have numbered the verbs devices and named the RDMA devices otherwise since, so the entry's
@@ -178,9 +255,6 @@ class _AnotherBoot:
     checkpoint: Checkpoint
     _waits: hops.Waits
 
-    def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
-        raise NotImplementedError
-
     def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
         raise NotImplementedError
 
@@ -192,18 +266,42 @@ class _AnotherBoot:
         unknown on either side (an entry of an older driver, a boot id that cannot be read), the spec
         still there (the runtime's directory is a tmpfs a reboot empties). Both boots known and
         different: resolved again even with the spec there (a `--cdi-dir` that survives a reboot holds
-        the old boot's device nodes). A spec that differs from the entry's is replaced, as before."""
+        the old boot's device nodes). A spec that differs from the entry's is replaced, as before; one
+        written under an earlier `--cdi-dir` is moved to the current one (`_relocate`)."""
         # An entry naming no device (only a damaged one names a spec then) holds nothing a boot renames.
         same = (bool(done.boot_id) and done.boot_id == self.boot_id) or not done.devices
         if not same and done.boot_id and self.boot_id:
             return None
         on_disk = cdi.read_spec(done.spec_path)
-        if on_disk == done.spec:
-            return False
         if not same and on_disk is None:
             return None
+        if _moved(done.spec_path, self._spec_path(done.uid)):
+            self._relocate(done)
+            return False
+        if on_disk == done.spec:
+            return False
         cdi.write_new_spec(done.spec_path, cdi.spec_text(done.spec))
         return True
+
+    def _spec_path(self, uid: str) -> str:
+        """Where the claim's spec belongs now: under the current `--cdi-dir`."""
+        return cdi.spec_path(self.config.cdi_dir, self.config.driver, uid)
+
+    def _relocate(self, done: PreparedClaim) -> None:
+        """On a worker thread, under the lock: the entry's spec written under the current `--cdi-dir`
+        (the runtime is now told to read that one), the stale spec in the old directory removed, then the
+        entry rewritten (durably) to name the new file. A kill between the steps leaves nothing no later
+        call finds: a spec in the current directory is found by its name (an unprepare always looks
+        there), and the entry still names the old file until the rewrite, so an unprepare removes that
+        one too, and the next prepare moves it again."""
+        path = self._spec_path(done.uid)
+        cdi.write_new_spec(path, cdi.spec_text(done.spec))
+        _remove_stale(done.spec_path, done.uid)
+        self.checkpoint.put(dataclasses.replace(done, spec_path=path))
+        log.warning(
+            "moved a prepared claim's CDI spec to the current --cdi-dir",
+            extra={"claim": done.uid, "from": done.spec_path, "cdi_spec": path},
+        )
 
     async def _prepare_again(self, ref: ClaimRef, done: PreparedClaim) -> tuple[PreparedDevice, ...]:
         """A claim prepared in another (or an unknown) boot: its devices, named in the entry by their
@@ -269,8 +367,13 @@ class _AnotherBoot:
             verbs = self.verbs.cached(plan.version, plan.rdma_devices)
             if verbs is None:
                 return None
-        whole, spec = self._spec(ref, plan, verbs)
-        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id)
+        whole, spec = _claim_spec(self.config.driver, ref.uid, plan, verbs)
+        path = self._spec_path(done.uid)
+        if _moved(done.spec_path, path):
+            # The old boot's spec in the old directory goes first: once the entry names the new file,
+            # nothing would name that one any more.
+            _remove_stale(done.spec_path, done.uid)
+        prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id, spec_path=path)
         self.checkpoint.put(prepared)
         cdi.write_new_spec(prepared.spec_path, cdi.spec_text(spec))
         return prepared, whole
@@ -302,6 +405,7 @@ class Preparer(_AnotherBoot):
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
         self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        self._templates = _Templates(config.driver)
         self.syncs = Syncs()
         self._waits = hops.Waits()  # the hops awaited under the lock, which a stop that gave up lets go
         cdi.remove_temporaries(config.cdi_dir, config.driver)  # a crash's leftovers; no write runs yet
@@ -427,7 +531,7 @@ class Preparer(_AnotherBoot):
     def _write(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> _Written:
         """The grant (the device plugin's, pure), then the spec and the claim's entry (`_record`). On a
         worker thread. Raises VerbsUnresolvable, OSError."""
-        whole, spec = self._spec(ref, plan, verbs)
+        whole, spec, text = self._templates.spec_and_text(ref.uid, plan, verbs, self.verbs.generation)
         path = cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)
         devices = tuple(
             PreparedDevice(
@@ -439,16 +543,7 @@ class Preparer(_AnotherBoot):
             for device, reqs in plan.requests.items()
         )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, path, spec, self.boot_id)
-        return _Written(devices, whole, path, self._record(path, prepared))
-
-    def _spec(self, ref: ClaimRef, plan: _Plan, verbs: VerbsDevices) -> tuple[ContainerGrant, dict[str, Any]]:
-        """The claim's grant (the device plugin's) and its CDI spec. Pure. Raises VerbsUnresolvable."""
-        whole = grant(plan.endpoints, verbs)
-        if len(plan.members) == 1:  # the common claim: its one device's grant is the whole one
-            nodes = {plan.members[0].name: [n.path for n in whole.devices]}
-        else:
-            nodes = {d.name: [n.path for n in grant([d.endpoint], verbs).devices] for d in plan.members}
-        return whole, cdi.build_spec(self.config.driver, ref.uid, nodes, whole.envs)
+        return _Written(devices, whole, path, self._record(path, prepared, text))
 
     async def _recorded(
         self, ref: ClaimRef, fn: Callable[..., _T], *args: Any, gate: hops.WriteGate | None = None
@@ -491,7 +586,7 @@ class Preparer(_AnotherBoot):
             # Here, not after the answer: a call cancelled mid-write still leaves its claim prepared.
             metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
 
-    def _record(self, path: str, prepared: PreparedClaim) -> Reservation:
+    def _record(self, path: str, prepared: PreparedClaim, text: str | None = None) -> Reservation:
         """The claim's entry, then the spec, written (not synced: `syncs` does it after the answer).
         Raises OSError, leaving neither file: kubelet need never unprepare a claim whose prepare failed,
         and a spec left behind would stay in the runtime's directory for good.
@@ -499,7 +594,8 @@ class Preparer(_AnotherBoot):
         The entry first: a kill between the two files then leaves an entry without its spec (the next
         prepare answers from it and rewrites the spec; an unprepare removes both), never a spec that no
         entry names (kubelet, never answered, may never unprepare it, and nothing else would remove it)."""
-        text = cdi.spec_text(prepared.spec)  # encoded once, for the entry and the spec file
+        if text is None:  # `text`: the spec's encoding, when the caller has it
+            text = cdi.spec_text(prepared.spec)  # encoded once, for the entry and the spec file
         entry = self.checkpoint.reserve(prepared.uid)  # a checkpoint that cannot be written fails first
         entry.commit(prepared, spec_text=text)  # releases the file itself when it fails
         try:

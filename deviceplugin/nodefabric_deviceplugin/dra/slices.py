@@ -161,11 +161,23 @@ def resource_slice(
 # --- from the live slices to the desired ones -------------------------------------------------------
 
 
+def _empty(value: Any) -> bool:
+    """A value the API server leaves out of what it returns (`omitempty`): the same as no field at all."""
+    return value is None or value is False or (isinstance(value, dict | list | str) and not value)
+
+
 def _canonical_device(device: Any) -> Any:
     if not isinstance(device, dict):
         return device
-    # Only what we write is compared: a field the API server defaults must not read as a change.
-    return {"name": device.get("name"), "attributes": device.get("attributes") or {}}
+    # Every field of the device counts, not only the two we write: one added by hand to the published
+    # slice (a taint, capacity, a node selector) is drift, and the update, which replaces the device list
+    # whole, takes it out. An empty one reads as absent: the API server drops it, and a stored device
+    # (we write none but `name` and `attributes`; the API defaults no other device field) must compare
+    # equal to ours, or every sync would rewrite the slice.
+    shape = {key: value for key, value in device.items() if not _empty(value)}
+    shape["name"] = device.get("name")
+    shape["attributes"] = device.get("attributes") or {}
+    return shape
 
 
 def canonical(spec: Any) -> Any:
