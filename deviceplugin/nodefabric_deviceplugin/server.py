@@ -494,7 +494,11 @@ class DevicePluginManager:
         now = time.monotonic()
         due = [self.safety_poll if self.watching else self.fallback_poll]
         for server in self.servers:
-            if server.retry_at > now:
+            if server.needs_serving():
+                # At its retry time, or at once when that passed while the last look ran: that look
+                # skipped the socket (not due yet), then waited on kubelet's Register of the others for
+                # longer than the backoff. Nothing else wakes us: a retry counted only while still ahead
+                # left the socket unserved, its resource unregistered, until the 30 s safety poll.
                 due.append(server.retry_at - now)
             reg = server.registration
             if reg.failed_for is not None and reg.failed_for == self._kubelet:

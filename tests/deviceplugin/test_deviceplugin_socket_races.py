@@ -11,8 +11,17 @@ import os
 import threading
 
 import pytest
-from dp_helpers import ALL_RESOURCES, FixtureHost, eventually, shutdown, start_plugin, two_nics_and_vfs
+from dp_helpers import (
+    ALL_RESOURCES,
+    FixtureHost,
+    eventually,
+    shutdown,
+    start_plugin,
+    two_nics_and_vfs,
+    wait_all_registered,
+)
 
+from nodefabric_deviceplugin import unixserver
 from nodefabric_deviceplugin.testing.kubelet import KubeletEmulator
 from nodefabric_deviceplugin.testing.sockets import delete_on_sight
 
@@ -52,6 +61,37 @@ async def test_kubelet_restarting_in_a_loop_ends_with_every_resource_registered(
         # The last kubelet forgot every list: each resource registers again and sends its devices.
         for resource in ALL_RESOURCES:
             assert await r.kubelet.wait_devices(resource, lambda devices: len(devices) > 0, timeout=20)
+        await eventually(lambda: r.manager.readiness()[0], timeout=20)
+    finally:
+        await shutdown(r)
+
+
+async def test_a_socket_retry_due_while_kubelet_answers_slowly_is_not_left_for_the_safety_poll(
+    plugin_dir: str, fixture_host: FixtureHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restart loop above timed out so now and then: a look at the directory finds one socket of ours gone
+    too soon after it was served (its serve backs off, 0.04 s here) and a new kubelet to register the
+    others with. When kubelet answered those Registers after the backoff had passed (a loaded node), the
+    next wake-up left out the retry that was already due: the socket stayed unserved and its resource
+    unregistered until the 30 s safety poll (an hour here), as nothing else changes in the directory."""
+    # Every loss counts as a quick one: the first serve after it fails, and is retried, whatever the speed.
+    monkeypatch.setattr(unixserver, "QUICK_LOSS_S", 3600.0)
+    r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs(), safety_poll=3600)
+    try:
+        await wait_all_registered(r.kubelet, 1)
+        await eventually(lambda: r.manager.readiness()[0])  # the plugin has seen each Register return
+        exclusive, *others = ALL_RESOURCES
+        hold = r.kubelet.hold_registrations = asyncio.Event()
+        # A new kubelet, and one socket of ours gone: no await between them, so one look sees both.
+        await r.kubelet.stop()
+        os.unlink(os.path.join(plugin_dir, f"nodefabric-{exclusive.split('/')[1]}.sock"))
+        await r.kubelet.start()
+        # That look: the exclusive socket's serve failed and backs off; the others' Registers wait here.
+        await r.kubelet.wait_for(lambda: r.kubelet.registrations_held == len(others), timeout=20)
+        await asyncio.sleep(0.2)  # kubelet answers after the retry is due (shorter only weakens the check)
+        hold.set()
+        await r.kubelet.wait_registered(exclusive, count=2, timeout=20)
+        assert len(await r.kubelet.wait_devices(exclusive, lambda ds: len(ds) > 0, timeout=20)) == 2
         await eventually(lambda: r.manager.readiness()[0], timeout=20)
     finally:
         await shutdown(r)

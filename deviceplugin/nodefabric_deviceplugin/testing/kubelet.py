@@ -8,6 +8,7 @@
     plugin = kubelet.plugin("device.gpustack.ai/rdma")       # a client on the plugin's socket
     response = await plugin.allocate(["0000:19:00.0"])
     await kubelet.restart()                                  # delete every socket, recreate kubelet.sock
+    kubelet.hold_registrations = asyncio.Event()             # Register waits until it is set
     await kubelet.stop()
 
 Like kubelet it validates a registration (API version, resource name, socket inside the directory), dials
@@ -119,6 +120,9 @@ class KubeletEmulator:
         self.socket_path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
         self.resources: dict[str, ResourceState] = {}
         self.refuse: dict[str, str] = {}  # resource -> reason: answer Register with this error
+        # A slow kubelet: while this is an Event not set, each Register waits for it before its checks.
+        self.hold_registrations: asyncio.Event | None = None
+        self.registrations_held = 0  # Register calls waiting on hold_registrations now
         self.generation = 0  # grows on every start; restart() makes a new one
         self._server: grpc.aio.Server | None = None
         self._streams: dict[str, asyncio.Task[None]] = {}
@@ -173,6 +177,7 @@ class KubeletEmulator:
 
     async def admit(self, request: pb.RegisterRequest) -> str:
         """Validate a registration like kubelet; "" when accepted. Starts the resource's ListAndWatch."""
+        await self._held()
         if request.version != API_VERSION:
             return f"unsupported API version {request.version!r}"
         if not _RESOURCE.match(request.resource_name):
@@ -203,6 +208,18 @@ class KubeletEmulator:
         async with self._changed:
             self._changed.notify_all()
         return ""
+
+    async def _held(self) -> None:
+        hold = self.hold_registrations
+        if hold is None or hold.is_set():
+            return
+        self.registrations_held += 1
+        try:
+            async with self._changed:
+                self._changed.notify_all()
+            await hold.wait()
+        finally:
+            self.registrations_held -= 1
 
     async def _watch(self, resource: str, client: PluginClient) -> None:
         state = self.resources[resource]
