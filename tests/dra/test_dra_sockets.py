@@ -57,3 +57,27 @@ async def test_a_dra_socket_deleted_on_sight_is_served_again_with_backoff(
         await eventually(lambda: os.path.exists(r.driver.config.registration_socket))
     finally:
         await shutdown(r)
+
+
+async def test_a_registration_retry_that_fell_due_during_the_last_look_wakes_the_driver_at_once(
+    *, api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """The registration socket lost and backed off, and its retry due by the time the look that skipped it
+    (not due when it began) ends, after a slow serve of the DRA socket: the wake-up is at once. It was
+    counted only while still ahead, leaving the socket for the next poll (30 s with inotify, were our own
+    new DRA socket not to wake the loop). While the DRA socket needs serving, its retry is the one waited
+    for: the registration socket is never served before it."""
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, use_inotify=False, fallback_poll=30.0)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        servers = r.driver.servers
+        now = asyncio.get_running_loop().time()
+        assert servers.next_retry(now) is None
+        servers.registration.retry_at = now - 0.01
+        os.unlink(r.driver.config.registration_socket)
+        assert servers.next_retry(now) == 0.0
+        servers.dra.retry_at = now + 2.0
+        os.unlink(r.driver.config.dra_socket)
+        assert servers.next_retry(now) == 2.0
+    finally:
+        await shutdown(r)

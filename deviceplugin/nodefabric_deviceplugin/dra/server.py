@@ -132,9 +132,14 @@ class DraServers:
                 await server.serve_again(now, retry_base)
 
     def next_retry(self, now: float) -> float | None:
-        """Seconds until a socket that failed to serve is tried again; None when none waits."""
-        waits = [s.retry_at - now for s in (self.dra, self.registration) if s.retry_at > now]
-        return min(waits) if waits else None
+        """Seconds until the first socket that needs serving, in `reconcile`'s order, is tried again (0 when
+        its retry fell due while the last look ran: a slow serve of the DRA socket outlasted the
+        registration socket's backoff, and nothing else would wake us before the safety poll); None when
+        none needs serving. The registration socket waits for the DRA socket, never the other way."""
+        for server in (self.dra, self.registration):
+            if server.needs_serving():
+                return max(0.0, server.retry_at - now)
+        return None
 
     async def stop(self) -> None:
         # Registration first: kubelet's watcher sees the socket go and stops calling the DRA socket.
