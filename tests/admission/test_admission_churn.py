@@ -60,11 +60,6 @@ def _settled(w: World) -> bool:
     return True
 
 
-def _leading(w: World) -> bool:
-    lease = w.k.api.stored("coordination.k8s.io/v1/leases", "nodefabric-placement", "nodefabric") or {}
-    return (lease.get("spec") or {}).get("holderIdentity") == f"placement-{w.restarts}"
-
-
 def _assigned(w: World) -> set[str]:
     """The nodes some PlacementGroup assigns a member to."""
     found: set[str] = set()
@@ -116,7 +111,7 @@ async def test_churn_keeps_every_group_whole_or_waiting(tmp_path: Path, seed: in
             rng.shuffle(order)
             # The churn meets a running placement (its start takes longer than creating every pod), and
             # it is killed once it has admitted a group, not before it ever led.
-            await w.until(lambda: _leading(w), what="the placement leading")
+            await w.until(w.leading, what="the placement leading")
             restarted = False
             for step, (group, index) in enumerate(order):
                 w.create(group, index)
