@@ -222,3 +222,17 @@ async def test_a_relabelled_member_of_a_bound_group_that_waits_again_stays_that_
         await d.step()
         assert GATE not in w.gates("h-1"), d.outcome()
         assert GATE in w.gates("g-1")
+
+
+async def test_a_process_started_after_a_group_was_bound_still_counts_the_members_its_admission_placed():
+    """The process that admitted an owner-less group is replaced (a restart, a new leader): what the
+    group's admission gave is read back from its PlacementGroup, so a replaced member is admitted
+    beside the bound one, not left waiting for a whole group of gated pods."""
+    async with jobs_world(*fleet(zones=("eu-a",), per_zone=2)) as (k, w):
+        async with driven(k, w, every_event=False) as d:
+            await bound_group(d, "h", 2)
+        d.remove_pod("h-1")
+        async with driven(k, w, every_event=False) as d2:
+            d2.put_pod(group_pod("h", 1, 2))
+            await d2.step()
+            assert GATE not in w.gates("h-1"), d2.outcome()
