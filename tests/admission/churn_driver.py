@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import random
 import time
 from collections.abc import AsyncIterator
@@ -23,8 +24,10 @@ from nodefabric_operator.admission import model, podview
 from nodefabric_operator.admission.controller import Controller
 from nodefabric_operator.demo.kubeapi import RunningAPI
 from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.nodes import parse_node
 
 PODS = "v1/pods"
+NODES = "v1/nodes"
 PGS = f"{model.API_VERSION}/{model.PLURAL}"
 BASE = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 DECISIONS = "nodefabric_placement_decisions_total"
@@ -86,6 +89,19 @@ class Driver:
         await self.ctl.reconcile_all()
         self.passes.append(Pass(self.decisions() - before, time.perf_counter() - started))
         await self.settle()
+
+    async def put_node(self, node: dict[str, Any]) -> None:
+        """Made or replaced through the API, and waited for until the controller's tables hold it as
+        given (caught_up does not look at nodes)."""
+        self.k.api.put_object(NODES, node)
+        record = parse_node(copy.deepcopy(node))
+        cordoned = (node.get("spec") or {}).get("unschedulable") is True
+        deadline = time.monotonic() + 30
+        tables = self.ctl.tables
+        while tables.cache.nodes.get(record.name) != record or (record.name in tables.cordoned) != cordoned:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {record.name} not delivered within 30 s")
+            await asyncio.sleep(0.005)
 
     def put_pod(self, pod: dict[str, Any]) -> None:
         """Made through the API with a creation time of its own (one second after the last pod's), so

@@ -5,9 +5,11 @@ the driver (churn_driver.py), so the same seed gives the same passes under eithe
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from admission_world import GATE, NS, fleet, gpod, jobs_world
-from churn_driver import bystander, driven, group_pod, seeded_churn
+from admission_world import GATE, NS, fleet, gpod, jobs_world, node
+from churn_driver import PGS, Driver, bystander, driven, group_pod, seeded_churn
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,3 +74,165 @@ async def test_deciding_only_changed_groups_reaches_every_decision_deciding_all_
         assert old == new, f"pass {i}: deciding every group gave {old}, deciding changed ones {new}"
     assert any(phase == "Bound" for phase, _a, _m in traces[True][-1].values()), traces[True][-1]
     assert decisions[False] < decisions[True], decisions
+
+
+def foreign_on(name: str, node_name: str) -> dict[str, Any]:
+    """A pod of another scheduler bound straight to a node, taking all of its GPUs."""
+    pod = gpod(name, gated=False, gpus=8, scheduler="foreign")
+    pod["spec"]["nodeName"] = node_name
+    return pod
+
+
+async def bound_group(d: Driver, group: str, size: int) -> None:
+    """An owner-less group (named by its labels alone) admitted, bound and Ready."""
+    for i in range(size):
+        d.put_pod(group_pod(group, i, size))
+    await d.step()
+    await d.bind_released()
+    await d.step()
+    assert d.outcome()[f"{NS}/explicit/{group}"][0] == "Bound", d.outcome()
+
+
+def blocked_node(how: str) -> dict[str, Any]:
+    n = node("eu-a-1", "eu-a")
+    if how == "cordoned":
+        n["spec"] = {"unschedulable": True}
+    elif how == "tainted":
+        n["spec"] = {"taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}
+    elif how == "without-gpus":
+        n["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    return n  # "unlabelled": lacks the label the pod selects
+
+
+@pytest.mark.parametrize("how", ["cordoned", "tainted", "unlabelled", "without-gpus"])
+async def test_a_node_that_becomes_usable_decides_every_waiting_group_again(how: str):
+    """The only other node is full; the one a group could use is cordoned, tainted, lacks the label the
+    pod selects, or has no GPUs allocatable. The node made usable (no pod changes) wakes the group."""
+    async with (
+        jobs_world(node("eu-a-0", "eu-a"), blocked_node(how)) as (k, w),
+        driven(k, w, every_event=False) as d,
+    ):
+        d.put_pod(foreign_on("foreign", "eu-a-0"))
+        pod = group_pod("a", 0, 1)
+        if how == "unlabelled":
+            pod["spec"]["nodeSelector"] = {"pool": "train"}
+        d.put_pod(pod)
+        await d.step()
+        await d.step()
+        assert d.outcome()[f"{NS}/explicit/a"][0] in ("Waiting", "NeverFits"), d.outcome()
+        usable = node("eu-a-1", "eu-a")
+        usable["metadata"]["labels"]["pool"] = "train"
+        await d.put_node(usable)
+        await d.step()
+        assert d.outcome()[f"{NS}/explicit/a"][0] == "Admitted", d.outcome()
+
+
+async def test_a_decision_whose_write_failed_is_made_again_on_the_next_pass():
+    """Room frees up for a waiting group and its admission's write is refused once (503): nothing else
+    changes, yet the next pass decides it again and admits it (it must not wait for an unrelated
+    change, nor for ever)."""
+    async with (
+        jobs_world(*fleet(zones=("eu-a",), per_zone=2)) as (k, w),
+        driven(k, w, every_event=False) as d,
+    ):
+        await bound_group(d, "full", 2)
+        for i in range(2):
+            d.put_pod(group_pod("a", i, 2))
+        await d.step()
+        await d.step()
+        assert d.outcome()[f"{NS}/explicit/a"][0] == "Waiting"
+        d.remove_pod("full-0")
+        d.remove_pod("full-1")
+        await d.settle()
+        k.api.fail_next(1, 503)
+        await d.step()
+        assert d.outcome()[f"{NS}/explicit/a"][0] == "Waiting", "the write was refused"
+        await d.step()
+        assert d.outcome()[f"{NS}/explicit/a"][0] == "Admitted", d.outcome()
+
+
+async def test_a_bound_group_waiting_for_room_for_a_replaced_member_still_counts_the_members_it_placed():
+    """An owner-less bound group loses a member; its replacement finds the node taken and the group
+    waits. When room comes back the replacement is admitted beside the member the group placed: that
+    member stays the group's (its node kept in the PlacementGroup), not load of the group's label."""
+    async with (
+        jobs_world(*fleet(zones=("eu-a",), per_zone=2)) as (k, w),
+        driven(k, w, every_event=False) as d,
+    ):
+        await bound_group(d, "h", 2)
+        taken = w.pod("h-1")["spec"]["nodeName"]
+        d.remove_pod("h-1")
+        d.put_pod(foreign_on("foreign", taken))
+        d.put_pod(group_pod("h", 1, 2))
+        await d.step()
+        await d.step()
+        phase, _attempts, members = d.outcome()[f"{NS}/explicit/h"]
+        assert phase == "Waiting" and [m for m, _n in members] == ["h-0", "h-1"], d.outcome()
+        d.remove_pod("foreign")
+        await d.step()
+        assert GATE not in w.gates("h-1"), d.outcome()
+        assert w.pinned("h-1") == [taken]
+
+
+async def test_a_bound_group_whose_placement_group_was_deleted_by_hand_still_counts_its_bound_members():
+    """The PlacementGroup of an owner-less bound group deleted by hand is written again from what was
+    last seen: a replaced member is then admitted beside the bound one, which is still the group's."""
+    async with (
+        jobs_world(*fleet(zones=("eu-a",), per_zone=2)) as (k, w),
+        driven(k, w, every_event=False) as d,
+    ):
+        await bound_group(d, "h", 2)
+        (pg,) = k.api.store.select(PGS)
+        k.api.remove_object(PGS, pg["metadata"]["name"], NS)
+        await d.step()
+        (again,) = k.api.store.select(PGS)
+        assert again["metadata"]["uid"] != pg["metadata"]["uid"]
+        assert again["status"]["phase"] == "Bound"
+        d.remove_pod("h-1")
+        d.put_pod(group_pod("h", 1, 2))
+        await d.step()
+        assert GATE not in w.gates("h-1"), d.outcome()
+
+
+async def test_a_relabelled_member_of_a_bound_group_that_waits_again_stays_that_groups():
+    """A bound member of an owner-less group relabelled into another group, then another member
+    replaced while its node is taken: the group waits, still counting the relabelled member it placed
+    (the group its labels name does not), and admits the replacement beside it once there is room."""
+    async with (
+        jobs_world(*fleet(zones=("eu-a",), per_zone=3)) as (k, w),
+        driven(k, w, every_event=False) as d,
+    ):
+        await bound_group(d, "h", 2)
+        relabelled = w.pod("h-0")
+        relabelled["metadata"]["labels"] = {GATE: "g"}
+        k.api.put_object("v1/pods", relabelled)
+        d.put_pod(group_pod("g", 1, 2))
+        taken = w.pod("h-1")["spec"]["nodeName"]
+        free = ({"eu-a-0", "eu-a-1", "eu-a-2"} - {taken, relabelled["spec"]["nodeName"]}).pop()
+        d.remove_pod("h-1")
+        d.put_pod(foreign_on("foreign", taken))
+        d.put_pod(foreign_on("other", free))
+        d.put_pod(group_pod("h", 1, 2))
+        await d.step()
+        await d.step()
+        phase, _attempts, members = d.outcome()[f"{NS}/explicit/h"]
+        assert phase == "Waiting" and [m for m, _n in members] == ["h-0", "h-1"], d.outcome()
+        assert [m for m, _n in d.outcome()[f"{NS}/explicit/g"][2]] == ["g-1"], d.outcome()
+        d.remove_pod("foreign")
+        await d.step()
+        assert GATE not in w.gates("h-1"), d.outcome()
+        assert GATE in w.gates("g-1")
+
+
+async def test_a_process_started_after_a_group_was_bound_still_counts_the_members_its_admission_placed():
+    """The process that admitted an owner-less group is replaced (a restart, a new leader): what the
+    group's admission gave is read back from its PlacementGroup, so a replaced member is admitted
+    beside the bound one, not left waiting for a whole group of gated pods."""
+    async with jobs_world(*fleet(zones=("eu-a",), per_zone=2)) as (k, w):
+        async with driven(k, w, every_event=False) as d:
+            await bound_group(d, "h", 2)
+        d.remove_pod("h-1")
+        async with driven(k, w, every_event=False) as d2:
+            d2.put_pod(group_pod("h", 1, 2))
+            await d2.step()
+            assert GATE not in w.gates("h-1"), d2.outcome()

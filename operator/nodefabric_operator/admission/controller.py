@@ -38,7 +38,7 @@ from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_operator.admission import fresh, podview, transitions
 from nodefabric_operator.admission.admit import Member, Verdict, admit
 from nodefabric_operator.admission.eviction import Evictor
-from nodefabric_operator.admission.grouping import SIZE_TTL_S, Grouping, GroupView
+from nodefabric_operator.admission.grouping import Grouping, GroupView
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import Phase, PlacementGroupStatus
 from nodefabric_operator.admission.owners import Owner, Size
@@ -100,8 +100,8 @@ class Controller:
         )
         self.releaser = Releaser(self.core, self.tables, timeout=write_timeout)
         self.evictor = Evictor(self.core, self.tables, self.writer, self.metrics, timeout=write_timeout)
-        self.evaluated: dict[str, fresh.Seen] = {}  # group key -> its inputs at its last decision
-        self.every_event = every_event  # the former rule, for comparison (fresh.py)
+        # Each group's inputs at its last decision; every_event: the former rule, for comparison.
+        self.fresh = fresh.Fresh(self.tables, self.grouping, leading, every_event=every_event)
         self.watcher = Watcher(self.cache, None, api, feeds=self.tables.feeds(self.core, self.custom))
         self.passes = 0
 
@@ -133,8 +133,7 @@ class Controller:
         self.writer.tell_ungrouped(self.grouping.ungrouped)
         self.writer.tell_relabelled(self.grouping.relabelled)
         keys = {g.spec.key for g in groups}
-        for key in [k for k in self.evaluated if k not in keys]:
-            del self.evaluated[key]
+        self.fresh.keep(keys)
         self.grouping.forget_stale(self.clock(), keys)
         for group in groups:
             if not self.leading():
@@ -177,9 +176,27 @@ class Controller:
         next_at = ts(status.next_attempt_time)
         if status.phase == "TimedOut" and next_at is not None and now < next_at:
             return
-        sizing = await self._changed(group, pg, status, now)
-        if sizing is None:
-            return
+        try:
+            sizing = await self.fresh.changed(group, pg, status, now)
+            if sizing is not None:
+                await self._decide(group, pg, status=status, gated=gated, sizing=sizing, now=now)
+        except BaseException:
+            # Its owner not read or its decision not written (an API error, no answer in time): none of its
+            # inputs changed since, yet it must be decided again, or a group that fits would wait for an
+            # unrelated change.
+            self.fresh.forget(group.spec.key)
+            raise
+
+    async def _decide(
+        self,
+        group: GroupView,
+        pg: dict[str, Any] | None,
+        *,
+        status: PlacementGroupStatus,
+        gated: list[dict[str, Any]],
+        sizing: tuple[Size, Owner | None],
+        now: float,
+    ) -> None:
         size, owner = sizing
         owned = self.grouping.own(group, owner)
         self.grouping.vouch(group, status)
@@ -232,29 +249,6 @@ class Controller:
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
             self.writer.events(group, gated, kind, reason, verdict.reason, pg_too=True)
             self.writer.annotate(gated, verdict.reason)
-
-    async def _changed(
-        self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus, now: float
-    ) -> tuple[Size, Owner | None] | None:
-        """The group's size and owner when it must be decided (again); None when none of its inputs
-        changed since its last decision (fresh.py), or the Lease lapsed meanwhile."""
-        key = group.spec.key
-        inputs = fresh.inputs(self.tables, group, status, every_event=self.every_event)
-        seen = self.evaluated.get(key)
-        unchanged = pg is not None and seen is not None and seen.inputs == inputs
-        if unchanged and seen is not None and now - seen.when < SIZE_TTL_S:
-            return None  # nothing changed since this group was last decided (or its owner may have)
-        self.evaluated[key] = fresh.Seen(inputs, now)
-        size, owner = await self.grouping.size(group)
-        if not self.leading():
-            # The Lease lapsed during the owner's read: another replica may be deciding this group.
-            self.evaluated.pop(key, None)  # decided afresh once this one leads again
-            return None
-        sized = fresh.sized(size, owner)
-        self.evaluated[key] = fresh.Seen(inputs, now, sized)
-        if unchanged and seen is not None and seen.sized == sized and not self.every_event:
-            return None  # its owner read again, saying the same: the decision would be the one written
-        return size, owner
 
     def _left_alone(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
         """A group gone with its owner, or one whose PlacementGroup is another group's: nothing to do."""

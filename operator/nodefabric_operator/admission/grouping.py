@@ -27,7 +27,7 @@ from nodefabric_operator.admission.owners import (
     owner_ref,
     resolve,
 )
-from nodefabric_operator.admission.state import FOLLOWED, Tables, pg_key
+from nodefabric_operator.admission.state import CLAIMING, Tables, pg_key
 from nodefabric_operator.extender.cache import TERMINAL
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import GroupSpec, InvalidPlacement, group_of
@@ -214,7 +214,7 @@ class Grouping:
 
     def gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
         """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
-        if status.phase not in FOLLOWED:
+        if status.phase not in CLAIMING:
             return False
         live = {podview.uid(p) for p in group.candidates}
         if any(m.uid in live for m in status.members) or any(self.tables.gated(p) for p in group.members):

@@ -24,9 +24,11 @@ from nodefabric_operator.extender.watch import Feed
 
 log = logging.getLogger(__name__)
 
-# The phases whose PlacementGroup is the state of an admission in progress: written again when deleted.
+# The phases whose PlacementGroup is the state of an admission in progress.
 FOLLOWED = ("Admitted", "TimedOut")
-# The phases whose members nodefabric let go (or is evicting): each stays its group's whatever its labels.
+# The phases whose members nodefabric let go (or is evicting): each stays its group's whatever its labels,
+# and its PlacementGroup is written again when deleted by hand (it is the only record of which pods the
+# admission gave their nodes).
 CLAIMING = ("Admitted", "Bound", "TimedOut")
 
 
@@ -68,8 +70,9 @@ class Tables:
         self.cache = Cache(config)
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the pod, slimmed
         self.pgs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> PlacementGroup
-        # PlacementGroups of admitted or timed-out groups deleted by someone else, as last seen: written
-        # again from this while the group has pods, so a hand deletion never frees a group from its timeout.
+        # PlacementGroups of admitted, bound or timed-out groups deleted by someone else, as last seen:
+        # written again from this while the group has pods, so a hand deletion never frees a group from
+        # its timeout, nor makes its relabelled members or its bound pods strangers to it.
         self.lost: dict[tuple[str, str], dict[str, Any]] = {}
         self.held: dict[str, str] = {}  # uid -> node: admitted, not bound yet; counted as load
         self.cordoned: set[str] = set()  # nodes with spec.unschedulable
@@ -242,30 +245,37 @@ class Tables:
             self.lost.pop(key, None)
 
     def _lose(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
-        if (obj.get("status") or {}).get("phase") in FOLLOWED:
+        status = obj.get("status")
+        if isinstance(status, Mapping) and status.get("phase") in CLAIMING:
             self.lost[key] = obj
 
     def followed(self) -> set[Any]:
-        """The keys of groups whose PlacementGroup (or its deleted copy) says an admission is under way."""
-        return {
+        """The keys of groups whose PlacementGroup says an admission is under way, and of those whose
+        PlacementGroup was deleted by hand (kept in `lost`), until it is written again."""
+        under_way = {
             (pg.get("spec") or {}).get("key")
-            for pg in [*self.pgs.values(), *self.lost.values()]
+            for pg in self.pgs.values()
             if (pg.get("status") or {}).get("phase") in FOLLOWED
         }
+        return under_way | {(pg.get("spec") or {}).get("key") for pg in self.lost.values()}
 
     def claims(self) -> dict[str, str]:
         """uid -> the group key whose admission holds the pod: a member of an admitted, bound or timed-out
-        group stays that group's, whatever its labels say since (a user may edit them freely; the
-        admission is nodefabric's). The first group by key wins, should two ever list one pod."""
+        group, or one its group's PlacementGroup still lists on the node its admission gave it (the group
+        decides again, a member replaced), stays that group's, whatever its labels say since (a user may
+        edit them freely; the admission is nodefabric's). The first group by key wins, should two ever
+        list one pod; a status of the wrong shape (a hand edit) claims nothing."""
         out: dict[str, str] = {}
         for pg in sorted([*self.pgs.values(), *self.lost.values()], key=_written_key):
-            status = pg.get("status") or {}
-            key = _written_key(pg)
-            if status.get("phase") not in CLAIMING or not key:
+            status, key = pg.get("status"), _written_key(pg)
+            if not key or not isinstance(status, Mapping) or not isinstance(status.get("members"), list):
                 continue
-            for m in status.get("members") or []:
+            # A group deciding again after one of its members went keeps the others it placed (with the
+            # node it gave them) as its own, whatever its phase.
+            every = status.get("phase") in CLAIMING
+            for m in status["members"]:
                 uid = m.get("uid") if isinstance(m, Mapping) else None
-                if isinstance(uid, str) and uid:
+                if isinstance(uid, str) and uid and (every or m.get("node")):
                     out.setdefault(uid, key)
         return out
 

@@ -30,6 +30,17 @@ def _by_name(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(pods, key=podview.name)
 
 
+def _member(pod: dict[str, Any], status: PlacementGroupStatus) -> model.Member:
+    """A member as a decision records it. One still bound where an earlier admission of the group put it
+    keeps that node: it is the only record that the group's own admission gave it (grouping.vouch), and
+    without it a group deciding again (a member replaced, waiting for room) would stop counting it."""
+    uid, bound_to = podview.uid(pod), pod["spec"].get("nodeName")
+    given = any(m.uid == uid and m.node and m.node == bound_to for m in status.members)
+    if given:
+        return model.Member(pod=podview.name(pod), uid=uid, node=str(bound_to), bound=True)
+    return model.Member(pod=podview.name(pod), uid=uid)
+
+
 def decided(
     status: PlacementGroupStatus,
     group: GroupView,
@@ -50,7 +61,7 @@ def decided(
     new.locality, new.rank = spec.locality, spec.rank
     if spec.homogeneous_keys is not None:
         new.homogeneous_keys = list(spec.homogeneous_keys)
-    new.members = [model.Member(pod=podview.name(p), uid=podview.uid(p)) for p in _by_name(group.members)]
+    new.members = [_member(p, status) for p in _by_name(group.members)]
     new.level = verdict.decision.level if verdict and verdict.decision else ""
     new.location, new.homogeneity = "", {}
     reason = {"Pending": "SizeUnknown", "Waiting": "Waiting", "NeverFits": "NeverFits"}.get(phase, phase)
