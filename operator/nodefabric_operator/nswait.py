@@ -66,6 +66,7 @@ class NamespaceWait:
         self._round = 0  # a new round of missing: a sleeping probe of an older one stops
         self._tasks: set[asyncio.Future[object]] = set()  # held until done: the loop keeps weak refs
         self._probe_task: asyncio.Future[object] | None = None
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -78,9 +79,9 @@ class NamespaceWait:
         self._waiting[name] = None
         return True
 
-    def absent(self, name: str) -> None:
-        """A create for `name` was answered: namespace not found. The first says so, once, and starts
-        the probe; `name` waits with the others."""
+    def absent(self, name: str, said: str = "") -> None:
+        """A create for `name` was answered: namespace not found (or being deleted: `said`). The first
+        says so, once, and starts the probe; `name` waits with the others."""
         self._waiting[name] = None
         if self.missing:
             return
@@ -92,9 +93,11 @@ class NamespaceWait:
                 "namespace": self.namespace,
                 "fix": "create it, or run with --namespace naming one that exists",
                 "probe_max_s": cap(self.backoffs),
+                "said": said,
             },
         )
-        self._probe_task = self._spawn(self._probe(self._round))
+        if not self._closed:  # a publish that ended after the stop must not start probing again
+            self._probe_task = self._spawn(self._probe(self._round))
 
     def present(self) -> None:
         """A write into the namespace landed: it exists. Every record that waited is published."""
@@ -128,7 +131,10 @@ class NamespaceWait:
             try:
                 await self.publish(name)
             finally:
-                self.probing = None
+                # Only our own: a publish that outlived its round (its retries) must not clear the probe of
+                # the round after, whose record would then be held instead of sent.
+                if self.probing == name:
+                    self.probing = None
             if self.missing:
                 log.debug(
                     "the namespace for NodeFeatures is still missing",
@@ -149,6 +155,7 @@ class NamespaceWait:
 
     def close(self) -> None:
         """The operator is stopping: no more probes (a publish under way ends as any other does)."""
+        self._closed = True
         self._round += 1
         if self._probe_task is not None and self.probing is None:
             self._probe_task.cancel()

@@ -193,6 +193,7 @@ class Reconciler:
         stopped): the next listing of the sink withdraws what was published for it (sink_event)."""
         self.ledger.forget(name)
         self.told.forget(name)
+        self.namespace.forget(name)
         self.view.clear_deleted(name)
         self.metrics.records.set(len(self.ledger.records))
 
@@ -403,7 +404,7 @@ async def waiting_for_namespace(rec: Reconciler, record: NodeRecord, err: sinks.
     per record, not per retry), no Event (one cause for every record: its line and each condition say
     it). This version counts as handled: a replay waits as it does."""
     name = record.name
-    rec.namespace.absent(name)
+    rec.namespace.absent(name, str(err) if err is not None else "")
     rec.ledger.handled[name] = record.rv
     rec.told.failed(name)
     rec.metrics.inc(rec.metrics.reconciles, "error")

@@ -57,7 +57,11 @@ class NamespaceMissing(SinkError):
     """--namespace does not exist: a fact about the operator, not the record (nswait.py waits for it)."""
 
 
-def namespace_missing(namespace: str) -> NamespaceMissing:
+def namespace_missing(namespace: str, *, terminating: bool = False) -> NamespaceMissing:
+    if terminating:
+        return NamespaceMissing(
+            f"namespace {namespace} (--namespace) is being deleted: labels are published once it exists again"
+        )
     return NamespaceMissing(
         f"namespace {namespace} (--namespace) does not exist: labels are published once it does"
     )
@@ -232,20 +236,37 @@ def pages(
         followed.add(token)
 
 
+def _status_body(err: kubernetes.client.ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def missing_namespace(err: kubernetes.client.ApiException, namespace: str) -> bool:
     """Whether a create was refused because its namespace does not exist: the API server's 404 Status
     names the namespace (details kind "namespaces", name the namespace); a missing NodeFeature API is
     a 404 too, with no such details."""
     if status_of(err) != 404:
         return False
-    try:
-        body = json.loads(err.body or "")
-    except (TypeError, ValueError, RecursionError):
-        return False
-    details = body.get("details") if isinstance(body, dict) else None
+    details = _status_body(err).get("details")
     if not isinstance(details, dict) or details.get("kind") != "namespaces":
         return False
     return details.get("name") in (None, namespace)
+
+
+def terminating_namespace(err: kubernetes.client.ApiException) -> bool:
+    """Whether a create was refused because its namespace is being deleted: kube-apiserver's
+    NamespaceLifecycle answers 403 with the cause NamespaceTerminating until the namespace is gone (then
+    404), however long its finalizers keep it. A create names our namespace, so the cause is about it."""
+    if status_of(err) != 403:
+        return False
+    details = _status_body(err).get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes
+    )
 
 
 def expiry(err: kubernetes.client.ApiException) -> dict[str, Any] | None:
@@ -470,6 +491,8 @@ class NodeFeatureSink(_SentInThread):
         except kubernetes.client.ApiException as err:
             if missing_namespace(err, self.namespace):
                 raise namespace_missing(self.namespace) from err
+            if terminating_namespace(err):
+                raise namespace_missing(self.namespace, terminating=True) from err
             if status_of(err) == 404:
                 raise NfdMissing(
                     f"cannot create {self.target(node)}: the NodeFeature API or namespace {self.namespace} "

@@ -146,3 +146,77 @@ def test_which_refusal_says_the_namespace_is_missing(status, body, missing):
     err = kubernetes.client.ApiException(status=status, reason="x")
     err.body = body
     assert sinks.missing_namespace(err, NS) is missing
+
+
+# What kube-apiserver's NamespaceLifecycle answers a create in a namespace being deleted (its finalizers
+# may keep it Terminating for minutes): 403, not 404, with the cause NamespaceTerminating.
+TERMINATING = (
+    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"nodefeatures.nfd.k8s-sigs.io'
+    ' \\"n0\\" is forbidden: unable to create new content in namespace %s because it is being terminated",'
+    '"reason":"Forbidden","details":{"name":"n0","group":"nfd.k8s-sigs.io","kind":"nodefeatures","causes":'
+    '[{"reason":"NamespaceTerminating","message":"namespace %s is being terminated",'
+    '"field":"metadata.namespace"}]},"code":403}'
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "terminating"),
+    [
+        (403, TERMINATING % (NS, NS), True),
+        (403, REAL % (NS, NS), False),  # another 403 (RBAC): a failure of its own
+        (404, TERMINATING % (NS, NS), False),
+        (403, '{"details":{"causes":"NamespaceTerminating"}}', False),
+        (403, '{"details":{"causes":[["NamespaceTerminating"]]}}', False),
+        (403, "[" * 100_000, False),
+        (403, '"x"', False),
+    ],
+    ids=["kube-apiserver", "rbac", "not-403", "causes-text", "causes-lists", "deep", "text"],
+)
+def test_which_refusal_says_the_namespace_is_being_deleted(status, body, terminating):
+    """A namespace deleted under the running operator is Terminating first: every record's create was a
+    PublishFailed of its own (a Warning Event and a retry each) until it was gone. It is the same fact
+    as a missing namespace, waited for the same way."""
+    err = kubernetes.client.ApiException(status=status, reason="x")
+    err.body = body
+    assert sinks.terminating_namespace(err) is terminating
+    assert sinks.missing_namespace(err, NS) is False
+
+
+async def test_a_probe_outliving_its_round_leaves_the_next_rounds_probe_alone():
+    """The namespace created (a write landed) and deleted again while a probe's publish was still under
+    way (its retries): that publish, once done, cleared the next round's probe, whose record was then held
+    like any other and sent nothing."""
+    started = {n: asyncio.Event() for n in ("a", "b")}
+    release = {n: asyncio.Event() for n in ("a", "b")}
+
+    async def publish(name: str) -> Any:
+        started[name].set()
+        await release[name].wait()
+
+    wait = nswait.NamespaceWait(NS, (0.01,), publish, lambda name: True)
+    wait.absent("a")
+    await started["a"].wait()
+    first = wait._probe_task
+    assert first is not None and wait.probing == "a"
+    wait.present()  # another record's create landed
+    wait.absent("b")  # and the namespace went again
+    await started["b"].wait()
+    release["a"].set()
+    await first  # the first round's probe ends, seeing a new round
+    assert wait.probing == "b"
+    assert not wait.holds("b")  # the probe's own record still sends
+    release["b"].set()
+    wait.close()
+
+
+async def test_a_refusal_answered_after_the_stop_starts_no_probe():
+    """A publish under way as the operator stops, answered "namespace not found" after it: it started a
+    probe that went on sending creates from an operator that was stopping."""
+
+    async def publish(name: str) -> Any:
+        raise AssertionError(f"{name} published after the stop")
+
+    wait = nswait.NamespaceWait(NS, (0.01,), publish, lambda name: True)
+    wait.close()
+    wait.absent("a")
+    assert wait._probe_task is None and wait.missing  # waits, said once, and nothing will send

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +19,23 @@ from nodefabric_operator.topology.objects import brief
 
 log = logging.getLogger(__name__)
 
+# What a Kubernetes API version looks like: anything else /apis says is not asked about (each is a request).
+API_VERSION = re.compile(r"v[1-9][0-9]{0,8}(?:(?:alpha|beta)[1-9][0-9]{0,8})?")
+MAX_VERSIONS = 16  # versions of one group asked about at most, whatever /apis lists
+
 # target -> (group, the versions the writer knows, preferred first, resource)
 KNOWN: dict[str, tuple[str, tuple[str, ...], str]] = {
     project.KUEUE: (project.KUEUE_GROUP, project.KUEUE_VERSIONS, "topologies"),
     project.KAI: (project.KAI_GROUP, project.KAI_VERSIONS, "topologies"),
     project.VOLCANO: (project.VOLCANO_GROUP, (project.VOLCANO_VERSION,), "hypernodes"),
 }
+
+
+def _versions(listed: list[Any]) -> list[str]:
+    """A group's versions as /apis lists them, only those shaped as Kubernetes versions, MAX_VERSIONS
+    at most."""
+    named = (v.get("version") if isinstance(v, dict) else None for v in listed)
+    return [v for v in named if isinstance(v, str) and API_VERSION.fullmatch(v)][:MAX_VERSIONS]
 
 
 class Discovery:
@@ -91,15 +103,11 @@ class Discovery:
             )
             try:
                 data = json.loads(answer.data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 data = None
             groups = data.get("groups") if isinstance(data, dict) else None
             self._groups = {
-                str(g.get("name")): [
-                    str(v.get("version"))
-                    for v in g.get("versions") or ()
-                    if isinstance(v, dict) and isinstance(v.get("version"), str)
-                ]
+                str(g.get("name")): _versions(g["versions"])
                 for g in (groups if isinstance(groups, list) else ())
                 if isinstance(g, dict) and isinstance(g.get("versions"), list)
             }
@@ -117,7 +125,7 @@ class Discovery:
             if status_of(err) == 404:
                 return False
             raise
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         resources = data.get("resources") if isinstance(data, dict) else None
         return isinstance(resources, list) and any(

@@ -101,7 +101,10 @@ class Objects:
 
     def items(self, target: str, **kwargs: Any) -> list[dict[str, Any]]:
         got = self._call("list", target, self.custom.list_cluster_custom_object, **kwargs)
-        return [i for i in got.get("items", []) if isinstance(i, dict)]
+        # An answer that is no list of objects (a proxy's page, a broken aggregated API) lists nothing:
+        # never a TypeError out of the pass.
+        found = got.get("items") if isinstance(got, dict) else None
+        return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
 
     def labelled(self, target: str) -> list[dict[str, Any]]:
         """The target's objects that carry our label (listed by it), each with a name."""

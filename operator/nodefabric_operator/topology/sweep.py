@@ -10,6 +10,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import kubernetes
+
 from nodefabric_devicemanager.nodeclient.objects import resource_version
 from nodefabric_operator import events
 from nodefabric_operator.rawcall import status_of
@@ -28,6 +30,10 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
         and isinstance(refs, list)
         and any(isinstance(r, Mapping) and r.get("uid") == uid for r in refs)
     )
+
+
+def _conflict(err: BaseException) -> bool:
+    return isinstance(err, kubernetes.client.ApiException) and status_of(err) == 409
 
 
 class Sweeper:
@@ -61,7 +67,7 @@ class Sweeper:
             self._swept.add(target)
             return
         try:
-            self._remove_others(target, uid)
+            changed = self._remove_others(target, uid)
         except API_ERRORS as err:
             if status_of(err) == 403:
                 # No right to list (a chart from before this rule): no retry, said once.
@@ -79,20 +85,27 @@ class Sweeper:
                 extra={"target": target, "error": brief(err)},
             )
             return
+        if changed:
+            self.again()  # listed again with the pass's backoff, not only at the next resync
+            return
         self._swept.add(target)
 
-    def _remove_others(self, target: str, uid: str) -> None:
+    def _remove_others(self, target: str, uid: str) -> bool:
+        """Whether one changed between its listing and its delete (listed again, and checked again)."""
+
         def ours(obj: dict[str, Any]) -> bool:
             return owned_by(obj, uid)
 
+        changed = False
         for item in self.objects.labelled(target):
             name = name_of(item)
             if name == self.name or not ours(item) or project.held_by(item) is not None:
                 # Being deleted already, kept by its finalizers (Kueue's while a ResourceFlavor still names
                 # it): deleted and said once, not again at every resync.
                 continue
-            # At the version listed: one changed since is read again and goes only while still ours.
-            if not self.objects.delete_ours(target, name, resource_version(item), ours):
+            deleted = self._delete_at(target, name, resource_version(item))
+            if deleted is not True:
+                changed = changed or deleted is None
                 continue
             log.info(
                 "deleted a Topology of an earlier name",
@@ -105,3 +118,23 @@ class Sweeper:
                     f"{target} Topology {name} deleted: nodefabric writes its topology as {self.name} now",
                 )
             )
+        return changed
+
+    def _delete_at(self, target: str, name: str, version: str) -> bool | None:
+        """Deleted at the version listed (True), never read again: the chart grants get on the configured
+        name only (list and delete on any), so a read of an earlier name is refused. One listed without a
+        version is left (False); one changed since (409: replaced, relabelled, or only its status
+        written) is left to the next list, which says again whether it is still ours (None)."""
+        if not version:
+            log.warning(
+                "a Topology of an earlier name was listed without a resourceVersion: not deleted",
+                extra={"target": target, "object": name},
+            )
+            return False
+        try:
+            self.objects.delete(target, name, version)
+        except API_ERRORS as err:
+            if not _conflict(err):
+                raise
+            return None
+        return True
