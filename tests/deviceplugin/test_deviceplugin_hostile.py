@@ -495,3 +495,54 @@ async def test_while_the_shared_list_at_kubelets_limit_is_built_the_other_calls_
         assert {d.ID.rsplit("-", 1)[0] for d in again} == {n.pci_bus_id for n in nics[:-1]}
     finally:
         await shutdown(r)
+
+
+async def test_a_record_changing_while_its_list_is_built_builds_one_list_at_a_time(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record changing while a list is built (a link flapping) with calls arriving (each pod start's
+    GetPreferredAllocation and Allocate): each call of another record version started a build of its
+    own beside the one running, a list of up to 4 MiB and over a second of CPU each, all at once, most
+    for records already replaced. One build at a time: the calls wait for the one running, then share
+    one build of the record latest then; the stream ends on the latest record's list."""
+    await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    release, lock = threading.Event(), threading.Lock()
+    entered = threading.Semaphore(0)
+    active, peak = [0], [0]
+    real = wire.device_list
+
+    def held(current: FamilyView) -> pb.ListAndWatchResponse:
+        if current.family is Family.EXCLUSIVE:
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            entered.release()
+            release.wait(10)  # a deadlock breaker, not a measure
+            with lock:
+                active[0] -= 1
+        return real(current)
+
+    monkeypatch.setattr(wire, "device_list", held)
+
+    def record(numa: str, *, more: bool = False) -> DevicesSpec:
+        nics = [nic("ens1f0", "0000:19:00.0", "mlx5_0", numa=numa)]
+        if more:
+            nics.append(nic("ens2f0", "0000:5e:00.0", "mlx5_1", numa=numa))
+        return DevicesSpec(interfaces=nics)
+
+    running.source.update(record("0"))  # the stream's build, held
+    assert await asyncio.to_thread(entered.acquire, True, 30)
+    calls = []
+    for numa in ("1", "0", "1"):
+        running.source.update(record(numa))
+        calls.append(
+            asyncio.ensure_future(running.kubelet.plugin(EXCLUSIVE).allocate(["0000:19:00.0"], timeout=30))
+        )
+    running.source.update(record("0", more=True))
+    await asyncio.sleep(0.5)  # the calls reach the plugin (the length of the attack, not a wait for a result)
+    release.set()
+    for granted in await asyncio.gather(*calls):
+        assert granted.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+    latest = await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    assert {d.ID for d in latest} == {"0000:19:00.0", "0000:5e:00.0"}
+    assert peak[0] == 1
