@@ -111,24 +111,45 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
     async def _derive(self) -> tuple[int, FamilyView, pb.ListAndWatchResponse]:
         """The view and its device list, built once per record version: every stream (kubelet opens a
         new one after each restart) and every Allocate of that version shares them. Raises ReadTimeout."""
-        version, spec = self.source.snapshot()
-        cached = self._cached
-        if cached is None or cached[0] != version:
+        while True:
+            version, spec = self.source.snapshot()
+            cached = self._cached
+            if cached is not None and cached[0] == version:
+                return cached
+            if await self._other_build_ended(version):
+                continue  # the record may have changed again meanwhile: build the latest
             facts = None
             if self.config.selection.needs_host and spec is not None:
                 facts = await self._host_facts(spec)
-            current, message = await self._build(version, spec, facts)
-            cached = (version, current, message)
+            built = await self._build(version, spec, facts)
+            if built is None:
+                continue
+            cached = (version, *built)
             if self._cached is None or self._cached[0] < version:  # a newer one built meanwhile stays
                 self._cached = cached
-        return cached
+            return cached
+
+    async def _other_build_ended(self, version: int) -> bool:
+        """Wait for a build of another record version still running; whether there was one. One build
+        at a time per family: a record changing while one runs (a link flapping) with calls arriving
+        (each pod start's GetPreferredAllocation and Allocate) started a thread per version, each
+        building a list of up to 4 MiB for over a second of CPU, all at once, most of them for records
+        already replaced; now the calls wait, then share one build of the record latest then."""
+        building = self._building
+        if building is None or building[0] == version or building[1].done():
+            return False
+        await asyncio.wait([building[1]])  # never cancels the build, whoever stops waiting
+        return True
 
     async def _build(
         self, version: int, spec: DevicesSpec | None, facts: HostFacts | None
-    ) -> tuple[FamilyView, pb.ListAndWatchResponse]:
+    ) -> tuple[FamilyView, pb.ListAndWatchResponse] | None:
         """The view and its list, on a thread of their own: rdma.shared at kubelet's 4 MiB limit is some
         123,000 tokens, over a second of CPU, and every family's calls and streams (the DRA driver's too,
-        in the agent) share this loop. Callers of one version share the build in flight."""
+        in the agent) share this loop. Callers of one version share the build in flight. None, once it
+        ended, when another version's build started while the host facts were read (one at a time)."""
+        if await self._other_build_ended(version):
+            return None
         building = self._building
         if building is None or building[0] != version:
             make = functools.partial(self._list, spec, facts)

@@ -23,6 +23,15 @@ def socket_name(family: Family) -> str:
     return f"nodefabric-{family.value}.sock"
 
 
+def utf8(path: str) -> bool:
+    """Whether a path (non-UTF-8 bytes from the command line arrive as surrogates) encodes as UTF-8."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_dir(path: str, what: str = "the plugin directory") -> None:
     """Create the directory `what` when missing; refuse one that cannot hold our files, saying why."""
     try:
@@ -39,6 +48,9 @@ def check_dir(path: str, what: str = "the plugin directory") -> None:
 
 def check_plugin_dir(plugin_dir: str, families: list[Family]) -> None:
     """Create the directory when missing; refuse one that cannot hold our sockets, saying why."""
+    if not utf8(plugin_dir):
+        # gRPC takes a socket's path as UTF-8: the first serve would raise, a traceback, not this line.
+        raise StartupError(f"the plugin directory {plugin_dir!r} is not valid UTF-8, as gRPC needs")
     check_dir(plugin_dir)
     for family in families:
         path = os.path.join(plugin_dir, socket_name(family))

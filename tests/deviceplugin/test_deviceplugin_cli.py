@@ -144,7 +144,11 @@ def test_a_plugin_dir_that_cannot_hold_sockets_is_refused(
     regular = tmp_path / "file"
     regular.write_text("")
     too_long = "/tmp/" + "d" * 80
+    # Bytes that are not UTF-8 (arriving as surrogates): gRPC, which takes the path as UTF-8, raised at
+    # the first serve, a traceback after the plugin had started.
+    not_utf8 = os.fsdecode(bytes(tmp_path / "plugins") + b"\xff")
     for plugin_dir, says in (
+        (not_utf8, "is not valid UTF-8, as gRPC needs"),
         (f"{regular}/plugins", f"the plugin directory {regular}/plugins cannot be created: Not a directory"),
         (str(regular), f"the plugin directory {regular} exists and is not a directory"),
         (too_long, "unix socket paths are limited to 107"),

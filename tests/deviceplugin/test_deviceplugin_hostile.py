@@ -495,3 +495,138 @@ async def test_while_the_shared_list_at_kubelets_limit_is_built_the_other_calls_
         assert {d.ID.rsplit("-", 1)[0] for d in again} == {n.pci_bus_id for n in nics[:-1]}
     finally:
         await shutdown(r)
+
+
+async def test_a_record_changing_while_its_list_is_built_builds_one_list_at_a_time(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record changing while a list is built (a link flapping) with calls arriving (each pod start's
+    GetPreferredAllocation and Allocate): each call of another record version started a build of its
+    own beside the one running, a list of up to 4 MiB and over a second of CPU each, all at once, most
+    for records already replaced. One build at a time: the calls wait for the one running, then share
+    one build of the record latest then; the stream ends on the latest record's list."""
+    await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    release, lock = threading.Event(), threading.Lock()
+    entered = threading.Semaphore(0)
+    active, peak = [0], [0]
+    real = wire.device_list
+
+    def held(current: FamilyView) -> pb.ListAndWatchResponse:
+        if current.family is Family.EXCLUSIVE:
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            entered.release()
+            release.wait(10)  # a deadlock breaker, not a measure
+            with lock:
+                active[0] -= 1
+        return real(current)
+
+    monkeypatch.setattr(wire, "device_list", held)
+
+    def record(numa: str, *, more: bool = False) -> DevicesSpec:
+        nics = [nic("ens1f0", "0000:19:00.0", "mlx5_0", numa=numa)]
+        if more:
+            nics.append(nic("ens2f0", "0000:5e:00.0", "mlx5_1", numa=numa))
+        return DevicesSpec(interfaces=nics)
+
+    running.source.update(record("0"))  # the stream's build, held
+    assert await asyncio.to_thread(entered.acquire, True, 30)
+    calls = []
+    for numa in ("1", "0", "1"):
+        running.source.update(record(numa))
+        calls.append(
+            asyncio.ensure_future(running.kubelet.plugin(EXCLUSIVE).allocate(["0000:19:00.0"], timeout=30))
+        )
+    running.source.update(record("0", more=True))
+    await asyncio.sleep(0.5)  # the calls reach the plugin (the length of the attack, not a wait for a result)
+    release.set()
+    for granted in await asyncio.gather(*calls):
+        assert granted.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+    latest = await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    assert {d.ID for d in latest} == {"0000:19:00.0", "0000:5e:00.0"}
+    assert peak[0] == 1
+
+
+async def test_a_device_list_without_a_thread_to_be_had_is_still_built_and_sent(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process at its thread limit: the list is built on the loop instead, the stream and Allocate
+    answer from the latest record all the same."""
+    await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start(self: threading.Thread) -> None:
+        if self.name.endswith("device list"):
+            refused.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    running.source.update(DevicesSpec(interfaces=[nic("ens1f0", "0000:19:00.0", "mlx5_0")]))
+    assert len(await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 1)) == 1
+    granted = await running.kubelet.plugin(EXCLUSIVE).allocate(["0000:19:00.0"])
+    assert granted.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_0"
+    assert f"the {EXCLUSIVE} device list" in refused
+
+
+async def test_the_plugin_stops_while_a_device_list_is_being_built(
+    plugin_dir: str, fixture_host: FixtureHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop (SIGTERM) while a list is built, and calls waiting for it: the stop does not wait for the
+    build, and the build ending afterwards disturbs nothing."""
+    r = await start_plugin(plugin_dir, fixture_host.host, two_nics_and_vfs())
+    await r.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    entered, release = threading.Event(), threading.Event()
+    real = wire.device_list
+
+    def held(current: FamilyView) -> pb.ListAndWatchResponse:
+        if current.family is Family.EXCLUSIVE:
+            entered.set()
+            release.wait(30)  # a deadlock breaker, not a measure
+        return real(current)
+
+    monkeypatch.setattr(wire, "device_list", held)
+    try:
+        r.source.update(DevicesSpec(interfaces=[nic("ens1f0", "0000:19:00.0", "mlx5_0")]))
+        assert await asyncio.to_thread(entered.wait, 30)
+        waiting = asyncio.ensure_future(r.kubelet.plugin(EXCLUSIVE).allocate(["0000:19:00.0"], timeout=30))
+        r.source.update(two_nics_and_vfs())
+        r.stop.set()
+        await asyncio.wait_for(r.task, 20)  # not after the build: it is still held here
+        assert not release.is_set()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await waiting
+    finally:
+        release.set()
+        await r.kubelet.stop()
+
+
+async def test_many_streams_share_one_build_per_record_and_each_ends_on_the_latest(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty-two streams open at once (kubelet's, and others dialling the socket): each record change is
+    built once for all of them, and every stream's last list is the latest record's."""
+    await running.kubelet.wait_devices(EXCLUSIVE, lambda ds: len(ds) == 2)
+    builds: list[int] = []
+    real = wire.device_list
+
+    def counted(current: FamilyView) -> pb.ListAndWatchResponse:
+        if current.family is Family.EXCLUSIVE:
+            builds.append(len(current.tokens))
+        return real(current)
+
+    monkeypatch.setattr(wire, "device_list", counted)
+    plugin = running.kubelet.plugin(EXCLUSIVE)
+    streams = [plugin.list_and_watch() for _ in range(32)]
+    try:
+        for stream in streams:
+            assert len((await stream.read()).devices) == 2  # type: ignore[union-attr]
+        running.source.update(DevicesSpec(interfaces=[nic("ens1f0", "0000:19:00.0", "mlx5_0")]))
+        for stream in streams:
+            assert [d.ID for d in (await stream.read()).devices] == ["0000:19:00.0"]  # type: ignore[union-attr]
+        assert builds == [1]
+    finally:
+        for stream in streams:
+            stream.cancel()

@@ -109,6 +109,7 @@ def test_slices_usage_errors_are_one_line_and_exit_2(cli, args: list[str], why: 
     [
         ([], "no node name"),
         (["--node-name", NODE, "--cdi-dir", "relative"], "--cdi-dir must be an absolute path"),
+        (["--node-name", NODE, "--registry-dir", os.fsdecode(b"/tmp/nf-registry-\xff")], "not valid UTF-8"),
         (["--node-name", NODE, "--root", "/nonexistent-root"], "not a directory"),
         (["--node-name", NODE, "--kubeconfig", "/nonexistent/kubeconfig"], "cannot reach the kubernetes api"),
         (["--node-name", NODE, "--interval", "0"], "must be between"),

@@ -511,6 +511,37 @@ async def test_first_prepares_of_one_device_follow_its_verbs_node_renumbered_bet
         await shutdown(r)
 
 
+async def test_a_cdi_dir_renamed_to_another_path_of_the_same_directory_keeps_the_spec(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """`--cdi-dir` changed to another path of the same directory (/var/run/cdi and /run/cdi: /var/run is
+    a symlink to /run on most distributions). Read as a move, the spec was written "there" (the same
+    file), then the "stale" one removed: the claim was answered prepared with no spec on disk, and the
+    runtime failed the container for a CDI device it could not find."""
+    claim = put_claim(api, "aliased", [result(NIC0)])
+    uid = claim["metadata"]["uid"]
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim)))[uid]
+    finally:
+        await shutdown(r)
+    name = f"{DRIVER}-nic_{uid}.json"
+    written = Path(dirs.cdi, name).read_bytes()
+    alias = f"{dirs.cdi}-alias"
+    os.symlink(dirs.cdi, alias)
+    r = await start_driver(
+        api, Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=alias), hgx_host[0].host, hgx_spec
+    )
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert (await plugin.prepare(ref(claim)))[uid] == first
+        assert Path(alias, name).read_bytes() == written
+        assert await plugin.unprepare(ref(claim)) == {uid: ""}
+        assert os.listdir(dirs.cdi) == []
+    finally:
+        await shutdown(r)
+
+
 async def test_a_corrupt_checkpoint_is_set_aside_and_unprepare_still_removes_the_spec(
     api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:

@@ -301,3 +301,59 @@ async def test_while_the_watch_is_refused_every_sync_lists_as_before(
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+class DefaultsADeviceField:
+    """The API server setting a device field on every slice written: a later release's default, or a
+    mutating admission webhook (a policy adding a taint). What is stored, answered and watched has it."""
+
+    def __init__(self, api: DraApi, field: dict[str, Any]) -> None:
+        self.api = api
+        self.field = field
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def _defaulted(self, body: dict[str, Any]) -> dict[str, Any]:
+        devices = [{**d, **self.field} for d in body["spec"]["devices"]]
+        return {**body, "spec": {**body["spec"], "devices": devices}}
+
+    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.api.create_slice(self._defaulted(body))
+
+    def update_slice(self, body: dict[str, Any], version: str) -> dict[str, Any]:
+        return self.api.update_slice(self._defaulted(body), version)
+
+
+async def test_a_device_field_the_api_server_sets_on_every_write_is_not_rewritten_at_every_sync(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """Every device field counts in the comparison (a hand-added one is drift). One the API server sets
+    itself on every write of ours (its default, a webhook's) read as drift too: each sync (each record
+    change, each resync, each kubelet registration) rewrote the slice at a new pool generation, for
+    ever. The API server's answer to our own write is what we wrote, in its form; a hand edit of the
+    slice after it is still drift."""
+    config = dirs.config()
+    defaulting = DefaultsADeviceField(DraApi(client(api), config), {"bindsToNode": True})
+    publisher = SlicePublisher(defaulting, config, RecordSource(hgx_spec), hgx_host[0].host, resync=3600)
+    stop = asyncio.Event()
+    task = asyncio.create_task(publisher.run(stop))
+    try:
+        await wait_until(lambda: publisher.syncs >= 1 and publisher.watch.connects >= 1)
+        before = budget(api)
+        for again in range(3):
+            syncs = publisher.syncs
+            if again == 2:
+                publisher.live.forget()  # the copy doubtful (a 409): this sync lists first
+            publisher.poke()  # kubelet registered the driver again
+            await wait_until(lambda: publisher.syncs > syncs)  # noqa: B023
+            assert publisher.last_plan is not None and publisher.last_plan.writes == 0
+        assert api.api.stored(SLICES, NAME)["spec"]["pool"]["generation"] == 1
+        assert {k: n for k, n in spent(api, before).items() if k in ("create", "patch", "delete")} == {}
+        devices = api.api.stored(SLICES, NAME)["spec"]["devices"]
+        await edit(api, NAME, {"spec": {"devices": [{**devices[0], "nodeName": "elsewhere"}, *devices[1:]]}})
+        await wait_until(lambda: api.api.stored(SLICES, NAME)["spec"]["pool"]["generation"] == 2)
+        assert api.api.stored(SLICES, NAME)["spec"]["devices"] == devices
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)

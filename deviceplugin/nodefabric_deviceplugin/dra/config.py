@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from nodefabric_devicemanager import vocabulary
 from nodefabric_devicemanager.names import dns_subdomain
 from nodefabric_deviceplugin.selection import Selection
+from nodefabric_deviceplugin.startup import utf8
 
 DEFAULT_DOMAIN = vocabulary.DOMAIN
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins"
@@ -62,6 +63,8 @@ class DriverConfig:
         ):
             if len(os.fsencode(path)) > MAX_SOCKET_PATH:
                 raise ValueError(f"the {what} path {path} is longer than {MAX_SOCKET_PATH} bytes")
+            if not utf8(path):  # gRPC takes it as UTF-8: the first serve would raise, not say this
+                raise ValueError(f"the {what} path {path!r} is not valid UTF-8, as gRPC needs")
 
     @property
     def driver(self) -> str:

@@ -10,6 +10,7 @@ Thread-safe: syncs run on a worker thread, watch events arrive on the event loop
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,6 +39,11 @@ class LiveSlices:
         """What a list returned: the whole truth at the list's resourceVersion."""
         found = {s.name: s for s in map(live_slice, items) if s is not None}
         with self._lock:
+            for name, listed in found.items():
+                kept = self._slices.get(name)
+                if kept is not None and kept.written_as and _same_object(kept, listed):
+                    # Still the API server's answer to our write: listed, it must not read as drift.
+                    found[name] = dataclasses.replace(listed, written_as=kept.written_as)
             self._slices = found
             self._known.extend(s.resource_version for s in found.values())
             self._listed = True
@@ -46,11 +52,13 @@ class LiveSlices:
         """The copy is doubtful (a write found a slice changed under us): the next sync lists first."""
         self._listed = False
 
-    def wrote(self, obj: Mapping[str, Any]) -> None:
-        """The object a create or an update of ours returned."""
+    def wrote(self, obj: Mapping[str, Any], desired: str | None = None) -> None:
+        """The object a create or an update of ours returned; `desired`: the `content` of what we sent."""
         written = live_slice(obj)
         if written is None:
             return
+        if desired is not None and written.content != desired:
+            written = dataclasses.replace(written, written_as=desired)
         with self._lock:
             self._slices[written.name] = written
             self._known.append(written.resource_version)
@@ -83,3 +91,7 @@ class LiveSlices:
     def slices(self) -> list[LiveSlice]:
         with self._lock:
             return list(self._slices.values())
+
+
+def _same_object(a: LiveSlice, b: LiveSlice) -> bool:
+    return bool(a.resource_version) and (a.resource_version, a.content) == (b.resource_version, b.content)

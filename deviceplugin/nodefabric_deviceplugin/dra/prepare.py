@@ -169,8 +169,16 @@ class _Hop:
 
 
 def _moved(written: str, current: str) -> bool:
-    """Whether a claim's spec was written under another `--cdi-dir` than the current one."""
-    return os.path.normpath(os.path.dirname(written)) != os.path.normpath(os.path.dirname(current))
+    """Whether a claim's spec was written under another `--cdi-dir` than the current one. Another path
+    of the same directory (/var/run/cdi and /run/cdi, /var/run a symlink to /run; a bind mount) is no
+    move: "moving" the spec there would write it and then remove it as the stale one."""
+    old, new = os.path.dirname(written), os.path.dirname(current)
+    if os.path.normpath(old) == os.path.normpath(new):
+        return False
+    try:
+        return not os.path.samefile(old, new)
+    except OSError:  # either directory gone or unreadable: not one directory that can be told
+        return True
 
 
 def _remove_stale(path: str, uid: str) -> None:

@@ -26,7 +26,7 @@ from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import offered, pool_devices, published, selected
 from nodefabric_deviceplugin.dra.linklayer import link_layers
 from nodefabric_deviceplugin.dra.live import LiveSlices
-from nodefabric_deviceplugin.dra.slices import SlicePlan, desired_slices, plan, resource_slice
+from nodefabric_deviceplugin.dra.slices import SlicePlan, content, desired_slices, plan, resource_slice
 from nodefabric_deviceplugin.offloop import ReadTimeout, SingleFlight
 from nodefabric_deviceplugin.selection import read_host_facts
 from nodefabric_deviceplugin.source import RecordSource
@@ -152,10 +152,14 @@ class SlicePublisher:
         if not decided.writes:
             return
         for d in decided.create:
-            self.live.wrote(self.api.create_slice(resource_slice(d, decided.generation, owner)))
+            self.live.wrote(
+                self.api.create_slice(resource_slice(d, decided.generation, owner)), content(d.spec)
+            )
             metrics.SLICE_WRITES.labels("create").inc()
         for d, rv in decided.update:
-            self.live.wrote(self.api.update_slice(resource_slice(d, decided.generation, owner), rv))
+            self.live.wrote(
+                self.api.update_slice(resource_slice(d, decided.generation, owner), rv), content(d.spec)
+            )
             metrics.SLICE_WRITES.labels("update").inc()
         # Last: the new generation is complete before the old slices go.
         for name, rv in decided.delete:

@@ -211,6 +211,15 @@ class LiveSlice:
     resource_version: str
     generation: int
     content: str | None  # `content(spec)`
+    # `content` of the desired slice whose write of ours the API server answered with this very object
+    # (None for one listed or watched): its own form of what we wrote. A field it sets on every write (a
+    # default of a later release, a mutating webhook's) is then no drift, or every sync would rewrite the
+    # slice at a new generation for ever; an edit after our write is a new object, and drift again.
+    written_as: str | None = None
+
+    def holds(self, wanted: str) -> bool:
+        """Whether the slice says what the desired slice of content `wanted` says."""
+        return self.content is not None and wanted in (self.content, self.written_as)
 
 
 def live_slice(obj: Mapping[str, Any]) -> LiveSlice | None:
@@ -256,10 +265,7 @@ def plan(desired: Sequence[DesiredSlice], live: Sequence[LiveSlice]) -> SlicePla
     same = (
         set(by_name) == {d.name for d in desired}
         and len(generations) <= 1
-        and all(
-            by_name[d.name].content is not None and by_name[d.name].content == content(d.spec)
-            for d in desired
-        )
+        and all(by_name[d.name].holds(content(d.spec) or "") for d in desired)
     )
     if same:
         return SlicePlan(generation=next(iter(generations), 0))
