@@ -67,7 +67,11 @@ class Member(_Model):
 
     pod: str
     uid: str = ""
-    node: str = Field("", description="The node it is assigned to; empty until the group is admitted.")
+    node: str = Field(
+        "",
+        description="The node it is assigned to; empty until the group is admitted, and kept while it is"
+        " bound there when the group waits again for a replaced member.",
+    )
     bound: bool = False
     ready: bool = False
 

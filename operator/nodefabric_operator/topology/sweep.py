@@ -70,12 +70,12 @@ class Sweeper:
             changed = self._remove_others(target, uid)
         except API_ERRORS as err:
             if status_of(err) == 403:
-                # No right to list (a chart from before this rule): no retry, said once.
+                # No right to list or delete (a chart from before this rule): no retry, said once.
                 self._swept.add(target)
                 if target not in self._refused:
                     self._refused.add(target)
                     log.warning(
-                        "cannot list Topologies: ones of an earlier --topology-name are not removed",
+                        "cannot list or delete Topologies: those of an earlier --topology-name stay",
                         extra={"target": target, "error": brief(err)},
                     )
                 return
