@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from admission_world import GATE, NS, fleet, gpod, jobs_world, node
+from admission_world import GATE, NS, fleet, gpod, job, jobs_world, node
 from churn_driver import PGS, Driver, bystander, driven, group_pod, seeded_churn
+
+from nodefabric_operator.admission.grouping import SIZE_TTL_S
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -236,3 +238,26 @@ async def test_a_process_started_after_a_group_was_bound_still_counts_the_member
             d2.put_pod(group_pod("h", 1, 2))
             await d2.step()
             assert GATE not in w.gates("h-1"), d2.outcome()
+
+
+async def test_an_owner_count_changed_with_nothing_else_changing_is_seen_within_its_ttl():
+    """A Job of 3 with 2 pods waits. Its parallelism lowered to 2, with no pod event, no node event and
+    nothing else that wakes the group, is still seen: the owner's count is read again once SIZE_TTL_S
+    old, and the group admitted within a pass of that."""
+    async with (
+        jobs_world(*fleet(zones=("eu-a",), per_zone=4), job("train", 3)) as (k, w),
+        driven(k, w, every_event=False) as d,
+    ):
+        for pod in w.job_pods("train", 2):
+            d.put_pod(pod)
+        await d.step()
+        assert d.outcome()[f"{NS}/job/train"][0] == "Waiting"
+        stored = k.api.stored("batch/v1/jobs", "train", NS)
+        assert stored is not None
+        stored["spec"]["parallelism"] = 2
+        k.api.put_object("batch/v1/jobs", stored)
+        passes = 0
+        while d.outcome()[f"{NS}/job/train"][0] != "Admitted":
+            passes += 1
+            assert passes <= SIZE_TTL_S + 1, f"the new count unseen after {passes} passes"
+            await d.step()
