@@ -428,21 +428,32 @@ async def test_unprepare_finds_the_spec_where_it_was_written_even_if_the_cdi_dir
         await shutdown(r)
 
 
-async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the_new_one(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
-) -> None:
-    """`--cdi-dir` changed between restarts: kubelet prepares a held claim again (its own restart, a
-    pod's). The runtime now reads the new directory, so the spec lands there, the stale one in the old
-    directory goes, and the entry names the new file (so a later unprepare, or a later move, finds it)."""
-    claim = put_claim(api, "relocated", [result(NIC0)])
+async def _prepared_by_a_driver_that_stops(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, name: str
+) -> tuple[dict[str, Any], Any, str, bytes]:
+    """A one-device claim prepared by a driver that then stops: the claim, kubelet's answer, its spec's
+    file name and the spec's bytes as written."""
+    claim = put_claim(api, name, [result(NIC0)])
     uid = claim["metadata"]["uid"]
     r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
     try:
         first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim)))[uid]
     finally:
         await shutdown(r)
-    name = f"{DRIVER}-nic_{uid}.json"
-    written = Path(dirs.cdi, name).read_bytes()
+    spec_name = f"{DRIVER}-nic_{uid}.json"
+    return claim, first, spec_name, Path(dirs.cdi, spec_name).read_bytes()
+
+
+async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the_new_one(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+) -> None:
+    """`--cdi-dir` changed between restarts: kubelet prepares a held claim again (its own restart, a
+    pod's). The runtime now reads the new directory, so the spec lands there, the stale one in the old
+    directory goes, and the entry names the new file (so a later unprepare, or a later move, finds it)."""
+    claim, first, name, written = await _prepared_by_a_driver_that_stops(
+        api, dirs, hgx_host, hgx_spec, "relocated"
+    )
+    uid = claim["metadata"]["uid"]
     moved = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
     r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
     try:
@@ -518,15 +529,10 @@ async def test_a_cdi_dir_renamed_to_another_path_of_the_same_directory_keeps_the
     a symlink to /run on most distributions). Read as a move, the spec was written "there" (the same
     file), then the "stale" one removed: the claim was answered prepared with no spec on disk, and the
     runtime failed the container for a CDI device it could not find."""
-    claim = put_claim(api, "aliased", [result(NIC0)])
+    claim, first, name, written = await _prepared_by_a_driver_that_stops(
+        api, dirs, hgx_host, hgx_spec, "aliased"
+    )
     uid = claim["metadata"]["uid"]
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
-        first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim)))[uid]
-    finally:
-        await shutdown(r)
-    name = f"{DRIVER}-nic_{uid}.json"
-    written = Path(dirs.cdi, name).read_bytes()
     alias = f"{dirs.cdi}-alias"
     os.symlink(dirs.cdi, alias)
     r = await start_driver(
