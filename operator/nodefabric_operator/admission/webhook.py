@@ -36,7 +36,7 @@ from aiohttp import web
 from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of
-from nodefabric_operator.extender.wire import shown
+from nodefabric_operator.extender.wire import WireError, compressed, loads, shown
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,11 @@ REVIEW_VERSION = "admission.k8s.io/v1"
 # The API server gives a webhook call at most 30 s (`timeoutSeconds`): a body still coming after that is
 # no API server's. Without a bound, each client that stops mid-body holds up to MAX_BODY and a handler.
 BODY_TIMEOUT_S = 30.0
+# The bodies being read at once may hold this many bytes (each counted at its Content-Length, or at the
+# limit when it has none); a review past it is answered 503 at once. The API server's reviews are a few
+# KiB each and arrive whole, so a burst of thousands fits; clients that send 7 MiB bodies slowly, one
+# connection each, no longer make the process hold 7 MiB per connection until it is killed for memory.
+MAX_IN_FLIGHT = 4 * MAX_BODY
 DEFAULT_SCHEDULERS = ("default-scheduler",)
 # The API server truncates a webhook's warning past 256 characters (and drops warnings past 4 KiB in all):
 # a warning is cut here to that bound, so no value echoed in one can make the answer itself large.
@@ -60,6 +65,11 @@ class WebhookConfig:
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULERS
     max_body: int = MAX_BODY
     body_timeout: float = BODY_TIMEOUT_S
+    max_in_flight: int = MAX_IN_FLIGHT
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < self.max_body:
+            raise ValueError(f"max_in_flight ({self.max_in_flight}) must hold one body ({self.max_body})")
 
     @property
     def prefix(self) -> str:
@@ -116,6 +126,9 @@ def gate_patch(pod: Mapping[str, Any], config: WebhookConfig, *, namespace_opted
     spec = _mapping(pod.get("spec"))
     if _mapping(meta.get("labels")).get(config.prefix + vocabulary.ADMISSION) == "disabled":
         return Verdict((), "opted out")
+    if not isinstance(pod.get("spec"), Mapping):
+        # The patch adds under /spec, which must exist for it to apply (the API server always sends one).
+        return Verdict((), "no spec")
     if not (namespace_opted_in or names_group(pod, config)):
         return Verdict((), "not opted in")
     if spec.get("nodeName"):
@@ -240,10 +253,30 @@ def _bounded(warning: str) -> str:
 CONFIG: web.AppKey[WebhookConfig] = web.AppKey("webhook_config", WebhookConfig)
 
 
+class InFlight:
+    """The bytes of the request bodies being read now, against the configured bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+IN_FLIGHT: web.AppKey[InFlight] = web.AppKey("webhook_in_flight", InFlight)
+
+
 def _refuse(status: int, message: str) -> web.Response:
     log.warning("refused an admission request", extra={"status": status, "error": message})
     resp = web.json_response({"error": message}, status=status)
-    if status in (408, 413):
+    if status in (408, 413, 415, 503):
         resp.force_close()  # the rest of the body is not read: the connection cannot be reused
     return resp
 
@@ -254,39 +287,78 @@ def _logged(value: object) -> str:
     return value if isinstance(value, str) and len(value) <= 80 else shown(value)
 
 
+def _unreadable(request: web.Request, config: WebhookConfig) -> web.Response | None:
+    """The refusal of a request whose body is not worth reading, or None."""
+    if request.content_type != "application/json":
+        return _refuse(415, f"Content-Type must be application/json, got {request.content_type!r:.80}")
+    encoding = compressed(request.headers.getall("Content-Encoding", ()))
+    if encoding is not None:
+        return _refuse(
+            415, f"request body has Content-Encoding {encoding!r:.80}: the API server sends it plain"
+        )
+    if (request.content_length or 0) > config.max_body:
+        return _refuse(413, f"request body larger than {config.max_body} bytes")
+    return None
+
+
+async def _body(request: web.Request, config: WebhookConfig) -> bytes | web.Response:
+    """The request body, or the refusal when it does not come whole in time."""
+    try:
+        return await asyncio.wait_for(request.read(), config.body_timeout)
+    except web.HTTPRequestEntityTooLarge:
+        return _refuse(413, f"request body larger than {config.max_body} bytes")
+    except TimeoutError:
+        return _refuse(408, f"request body not received within {config.body_timeout:g} s")
+    except ConnectionError:
+        # Gone mid-body: the answer reaches no one, but the reason is one log line, not the ERROR and
+        # traceback aiohttp logs for a handler that raises.
+        return _refuse(400, "the client closed the connection before its body arrived")
+
+
+def _review(raw: bytes, config: WebhookConfig, namespace_opted_in: bool) -> web.Response:
+    try:
+        review = parse_review(loads(raw))
+    except ReviewError as exc:
+        return _refuse(400, f"not an AdmissionReview v1: {exc}")
+    except WireError as exc:  # not UTF-8: it says so itself
+        return _refuse(400, str(exc))
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
+        return _refuse(400, f"request body is not JSON: {str(exc)[:200]}")
+    body, verdict = answer(review, config, namespace_opted_in=namespace_opted_in)
+    meta = _mapping(_mapping(review.obj).get("metadata"))
+    # Admission runs before the API server validates the pod: its name may be megabytes, and the
+    # namespace is whatever the body says; both are logged cut.
+    log.info(
+        "admission review",
+        extra={
+            "uid": review.uid,
+            "namespace": _logged(review.namespace),
+            "pod": _logged(meta.get("name") or meta.get("generateName") or ""),
+            "verdict": verdict.reason,
+        },
+    )
+    return web.json_response(body)
+
+
 def _handler(namespace_opted_in: bool) -> Any:
     async def handle(request: web.Request) -> web.Response:
-        config = request.app[CONFIG]
-        if request.content_type != "application/json":
-            return _refuse(415, f"Content-Type must be application/json, got {request.content_type!r:.80}")
-        if (request.content_length or 0) > config.max_body:
-            return _refuse(413, f"request body larger than {config.max_body} bytes")
+        config, in_flight = request.app[CONFIG], request.app[IN_FLIGHT]
+        refused = _unreadable(request, config)
+        if refused is not None:
+            return refused
+        size = config.max_body if request.content_length is None else request.content_length
+        if not in_flight.take(size):
+            return _refuse(
+                503,
+                f"{in_flight.held:,} bytes of other reviews are being read; try again",
+            )
         try:
-            raw = await asyncio.wait_for(request.read(), config.body_timeout)
-        except web.HTTPRequestEntityTooLarge:
-            return _refuse(413, f"request body larger than {config.max_body} bytes")
-        except TimeoutError:
-            return _refuse(408, f"request body not received within {config.body_timeout:g} s")
-        try:
-            review = parse_review(json.loads(raw))
-        except ReviewError as exc:
-            return _refuse(400, f"not an AdmissionReview v1: {exc}")
-        except (ValueError, RecursionError) as exc:
-            return _refuse(400, f"request body is not JSON: {str(exc)[:200]}")
-        body, verdict = answer(review, config, namespace_opted_in=namespace_opted_in)
-        meta = _mapping(_mapping(review.obj).get("metadata"))
-        # Admission runs before the API server validates the pod: its name may be megabytes, and the
-        # namespace is whatever the body says; both are logged cut.
-        log.info(
-            "admission review",
-            extra={
-                "uid": review.uid,
-                "namespace": _logged(review.namespace),
-                "pod": _logged(meta.get("name") or meta.get("generateName") or ""),
-                "verdict": verdict.reason,
-            },
-        )
-        return web.json_response(body)
+            raw = await _body(request, config)
+            if isinstance(raw, web.Response):
+                return raw
+            return _review(raw, config, namespace_opted_in)
+        finally:
+            in_flight.give(size)
 
     return handle
 
@@ -299,6 +371,7 @@ def build_webhook_app(config: WebhookConfig | ExtenderConfig) -> web.Application
         config = WebhookConfig(placement=config)
     app = web.Application(client_max_size=config.max_body)
     app[CONFIG] = config
+    app[IN_FLIGHT] = InFlight(config.max_in_flight)
     app.router.add_post("/mutate-pods", _handler(True))
     app.router.add_post("/mutate-pods/explicit", _handler(False))
     return app

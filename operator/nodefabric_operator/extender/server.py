@@ -21,13 +21,19 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from nodefabric_devicemanager import numbers
 from nodefabric_devicemanager.shell import server as shell
 from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.pods import PodError
 from nodefabric_operator.extender.service import Extender, Publisher
-from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, WireError, parse_args
+from nodefabric_operator.extender.wire import (
+    ExtenderArgs,
+    FilterResult,
+    WireError,
+    compressed,
+    loads,
+    parse_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,31 +68,6 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_dumps(data), status=status, content_type="application/json")
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (kube-scheduler's encoder never writes it)")
-
-
-def _compressed(request: web.Request) -> str | None:
-    """The request's Content-Encoding when it is not identity. aiohttp would inflate the body as it is
-    read: 64 KiB of gzip is 64 MiB of JSON to decode, work a thousand times the bytes sent."""
-    values = request.headers.getall("Content-Encoding", ())
-    if all(v.strip().lower() in ("", "identity") for v in values):
-        return None
-    return ", ".join(values)
-
-
-def _utf8(raw: bytes) -> str:
-    # json.loads(bytes) would also take UTF-16 and UTF-32, and a surrogate written as UTF-8 bytes: none
-    # of them is what kube-scheduler's encoder writes, nor ExtenderArgs to Go's decoder. A UTF-8 BOM
-    # left in the text is refused by json.loads itself.
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as exc:
-        raise WireError(
-            f"request body is not JSON: it is not UTF-8 ({exc.reason} at byte {exc.start})"
-        ) from None
-
-
 def _refuse(ext: Extender, verb: str, status: int, message: str) -> web.Response:
     ext.metrics.bad_requests.labels(verb).inc()
     log.warning("refused a request", extra={"verb": verb, "status": status, "error": message})
@@ -105,7 +86,7 @@ def _verb(
         try:
             if (request.content_length or 0) > serving.max_body:  # said up front: not worth waiting for
                 return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
-            encoding = _compressed(request)
+            encoding = compressed(request.headers.getall("Content-Encoding", ()))
             if encoding is not None:
                 return _refuse(
                     ext,
@@ -120,10 +101,12 @@ def _verb(
                 return _refuse(ext, verb, 408, f"request body not received within {serving.read_timeout:g}s")
             except web.HTTPRequestEntityTooLarge:
                 return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
+            except ConnectionError:
+                # Gone mid-body: the answer reaches no one, but the reason is one log line, not the
+                # ERROR and traceback aiohttp logs for a handler that raises.
+                return _refuse(ext, verb, 400, "the client closed the connection before its body arrived")
             try:
-                args = parse_args(
-                    json.loads(_utf8(raw), parse_int=numbers.json_int, parse_constant=_no_constant)
-                )
+                args = parse_args(loads(raw))
             except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
                 message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
                 return _refuse(ext, verb, 400, message)

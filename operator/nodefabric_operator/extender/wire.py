@@ -7,11 +7,13 @@ answer PascalCase.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nodefabric_devicemanager import numbers
 from nodefabric_operator.extender.nodes import (
     MAX_NAME,
     NodeError,
@@ -45,6 +47,50 @@ _NODE_NAME_RULE = (
     "(a DNS subdomain, as the API server requires of a Node: lowercase letters, digits, '-' and '.', "
     f"alphanumeric at both ends and beside each '.', at most {MAX_NAME} characters)"
 )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (Go's encoder never writes it)")
+
+
+def _finite(text: str) -> float:
+    # 1e999 is JSON by its grammar, but Python reads it as inf and json.dumps writes it back as Infinity,
+    # which is not: an answer that echoes it (full Nodes) would be one Go's decoder refuses.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]!r} is beyond float64")
+    return value
+
+
+def _utf8(raw: bytes) -> str:
+    # json.loads(bytes) would also take UTF-16 and UTF-32, and a surrogate written as UTF-8 bytes: none
+    # of them is what a Go encoder (kube-scheduler's, the API server's) writes. A UTF-8 BOM left in the
+    # text is refused by json.loads itself.
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise WireError(
+            f"request body is not JSON: it is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def loads(raw: bytes) -> Any:
+    """A request body as Go's encoder writes JSON: UTF-8, no NaN or Infinity, numbers within int64-ish
+    digits and float64. Raises WireError (not UTF-8), ValueError (not such JSON) or RecursionError
+    (nesting past the decoder's depth)."""
+    return json.loads(
+        _utf8(raw), parse_int=numbers.json_int, parse_float=_finite, parse_constant=_no_constant
+    )
+
+
+def compressed(content_encoding: Iterable[str]) -> str | None:
+    """The request's Content-Encoding values joined when any is not identity, else None. aiohttp would
+    inflate the body as it is read: 64 KiB of gzip is 64 MiB of JSON to decode, work a thousand times the
+    bytes sent, and neither kube-scheduler nor the API server compresses a request."""
+    values = list(content_encoding)
+    if all(v.strip().lower() in ("", "identity") for v in values):
+        return None
+    return ", ".join(values)
 
 
 def not_a_node_name(position: int, name: object) -> WireError:

@@ -1,0 +1,344 @@
+"""The mutating webhook over real HTTPS, served as `nodefabric placement` serves it (its runner and
+connection limits), against AdmissionReview bodies a real API server could send and ones an attacker
+crafts: each answer is an AdmissionReview with the request's uid, or a 4xx/503 saying what is wrong, and
+the server keeps serving. The JSONPatch it returns applies to the pod it was given."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jsonpatch
+import pytest
+from aiohttp import web
+from world_fixtures import free_port, make_ca, make_server_cert, until
+
+from nodefabric_operator.admission.webhook import WebhookConfig, build_webhook_app, ssl_context
+from nodefabric_operator.extender.server import runner
+
+GATE = "placement.gpustack.ai/group"
+JOB = {"batch.kubernetes.io/job-name": "train"}
+UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
+LOGGER = "nodefabric_operator.admission.webhook"
+
+
+def pod(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "w0", "namespace": "ml", "labels": dict(JOB if labels is None else labels)},
+        "spec": {"containers": [{"name": "c", "image": "img"}], **spec},
+    }
+
+
+def review(obj: Any = None, **request: Any) -> dict[str, Any]:
+    req = {
+        "uid": UID,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "namespace": "ml",
+        "object": pod() if obj is None else obj,
+        **request,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    d = tmp_path_factory.mktemp("certs")
+    ca = make_ca(d)
+    cert, key = make_server_cert(d, ca)
+    yield {"ca": ca[0], "cert": cert, "key": key}
+
+
+@contextlib.asynccontextmanager
+async def webhook(certs: dict[str, Path], config: WebhookConfig | None = None) -> AsyncIterator[str]:
+    """The webhook on https://127.0.0.1:<port>, with the runner `nodefabric placement` uses."""
+    hook = runner(build_webhook_app(config or WebhookConfig()))
+    await hook.setup()
+    port = free_port()
+    await web.TCPSite(hook, "127.0.0.1", port, ssl_context=ssl_context(certs["cert"], certs["key"])).start()
+    try:
+        yield f"https://127.0.0.1:{port}"
+    finally:
+        await hook.cleanup()
+
+
+def client_ssl(certs: dict[str, Path]) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(certs["ca"]))
+
+
+async def post(
+    base: str, certs: dict[str, Path], body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            base + "/mutate-pods",
+            data=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+            ssl=client_ssl(certs),
+        ) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def answered(base: str, certs: dict[str, Path], body: dict[str, Any]) -> dict[str, Any]:
+    """The response of a review that must be answered 200, with its own uid and allowed."""
+    status, out = await post(base, certs, json.dumps(body).encode())
+    assert status == 200, out
+    assert (out["apiVersion"], out["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    response: dict[str, Any] = out["response"]
+    assert response["uid"] == body["request"]["uid"]
+    assert response["allowed"] is True
+    return response
+
+
+async def still_serves(base: str, certs: dict[str, Path]) -> None:
+    assert "patch" in await answered(base, certs, review())
+
+
+# --- bodies no API server writes ---------------------------------------------------------------------------
+
+
+def _encoded(encoding: str) -> bytes:
+    return json.dumps(review()).encode(encoding)
+
+
+def _spliced(value: bytes) -> bytes:
+    return json.dumps(review(pod(priority=0))).encode().replace(b'"priority": 0', b'"priority": ' + value)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (_encoded("utf-16"), "request body is not JSON: it is not UTF-8 (invalid start byte at byte 0)"),
+        (_encoded("utf-16-le"), "request body is not JSON: "),
+        (_encoded("utf-32"), "request body is not JSON: it is not UTF-8 (invalid start byte at byte 0)"),
+        (_encoded("utf-8-sig"), "request body is not JSON: Unexpected UTF-8 BOM"),
+        (
+            json.dumps(review()).encode().replace(b'"w0"', b'"w\xed\xa0\x80"'),
+            "request body is not JSON: it is not UTF-8 (invalid continuation byte",
+        ),
+        (_spliced(b"NaN"), "request body is not JSON: NaN is not JSON"),
+        (_spliced(b"-Infinity"), "request body is not JSON: -Infinity is not JSON"),
+        (_spliced(b"1e999"), "request body is not JSON: the number '1e999' is beyond float64"),
+        (_spliced(b"9" * 100_000), "request body is not JSON: a number of 100,000 digits"),
+    ],
+    ids=["utf16", "utf16le", "utf32", "utf8-bom", "surrogate", "nan", "infinity", "1e999", "long-int"],
+)
+async def test_a_body_that_is_not_the_api_servers_json_is_a_400(
+    certs: dict[str, Path], body: bytes, says: str
+) -> None:
+    """Python's json.loads(bytes) takes UTF-16, UTF-32 and surrogates, NaN and Infinity, none of which the
+    API server's encoder writes: each was answered 200 as a review."""
+    async with webhook(certs) as base:
+        status, out = await post(base, certs, body)
+        assert status == 400, out
+        assert out["error"].startswith(says), out
+        await still_serves(base, certs)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "identity, gzip"])
+async def test_a_compressed_body_is_a_415_unread(certs: dict[str, Path], encoding: str) -> None:
+    """The API server never compresses a review; aiohttp inflated one as it read it, 7 KiB of gzip to
+    7 MiB of JSON."""
+    small = gzip.compress(json.dumps(review()).encode())
+    async with webhook(certs) as base:
+        status, out = await post(base, certs, small, {"Content-Encoding": encoding})
+        assert status == 415, out
+        assert out["error"] == (
+            f"request body has Content-Encoding {encoding!r}: the API server sends it plain"
+        )
+        await still_serves(base, certs)
+
+
+async def test_an_identity_content_encoding_is_read(certs: dict[str, Path]) -> None:
+    async with webhook(certs) as base:
+        status, _ = await post(base, certs, json.dumps(review()).encode(), {"Content-Encoding": "identity"})
+        assert status == 200
+
+
+async def test_a_chunked_body_is_read_and_one_past_the_limit_is_a_413(certs: dict[str, Path]) -> None:
+    """No Content-Length: the body is read up to the limit as it comes."""
+
+    async def chunks(pad: int) -> AsyncIterator[bytes]:
+        for _ in range(pad):
+            yield b" " * 2**20
+        yield json.dumps(review()).encode()
+
+    async with webhook(certs) as base, aiohttp.ClientSession() as http:
+        for pad, want in ((0, 200), (10, 413)):
+            async with http.post(
+                base + "/mutate-pods",
+                data=chunks(pad),
+                headers={"Content-Type": "application/json"},
+                ssl=client_ssl(certs),
+            ) as resp:
+                assert resp.status == want, await resp.text()
+        await still_serves(base, certs)
+
+
+# --- what the answer holds --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "gates",
+    [None, [], [{"name": "example.com/other"}], [{"name": f"example.com/g{i}"} for i in range(1000)]],
+    ids=["absent", "empty", "one-other", "1000-others"],
+)
+async def test_the_patch_applies_to_the_pod_it_was_given(certs: dict[str, Path], gates: Any) -> None:
+    the_pod = pod() if gates is None else pod(schedulingGates=gates)
+    async with webhook(certs) as base:
+        response = await answered(base, certs, review(the_pod))
+    patch = jsonpatch.JsonPatch(json.loads(base64.b64decode(response["patch"])))
+    patched = patch.apply(the_pod)
+    assert patched["spec"]["schedulingGates"] == [*(gates or []), {"name": GATE}]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"metadata": {"name": "w0", "labels": JOB}},
+        {"metadata": {"name": "w0", "labels": JOB}, "spec": None},
+    ],
+    ids=["no-spec", "null-spec"],
+)
+async def test_a_pod_without_a_spec_gets_no_patch(certs: dict[str, Path], obj: dict[str, Any]) -> None:
+    """The patch adds /spec/schedulingGates, which cannot apply where /spec is not an object: the API
+    server would fail the pod's creation on the webhook's patch instead of its own validation."""
+    async with webhook(certs) as base:
+        response = await answered(base, certs, review(obj))
+    assert response == {"uid": UID, "allowed": True}
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        # A pod that removes our gate itself: by design the webhook refuses nothing; the placement process
+        # does not count a member ungated by hand (README, "Whole or nothing").
+        {"operation": "UPDATE", "oldObject": pod(schedulingGates=[{"name": GATE}])},
+        # A pod that adds our gate on update: the API server itself refuses a gate added after creation.
+        {"operation": "UPDATE", "object": pod(schedulingGates=[{"name": GATE}]), "oldObject": pod()},
+        {"operation": "UPDATE"},  # no oldObject
+        {"operation": "DELETE", "object": None, "oldObject": pod()},
+        {
+            "operation": "CONNECT",
+            "kind": {"group": "", "version": "v1", "kind": "PodExecOptions"},
+            "object": {"kind": "PodExecOptions", "command": ["sh"]},
+        },
+    ],
+    ids=["update-removes-gate", "update-adds-gate", "update-without-old", "delete", "connect"],
+)
+async def test_other_operations_are_allowed_untouched(
+    certs: dict[str, Path], request_: dict[str, Any]
+) -> None:
+    async with webhook(certs) as base:
+        response = await answered(base, certs, review(**request_))
+    assert response == {"uid": UID, "allowed": True}
+
+
+async def test_a_dry_run_creation_is_gated_like_any(certs: dict[str, Path]) -> None:
+    """sideEffects: None: the answer to a dry run is the answer to the creation."""
+    async with webhook(certs) as base:
+        assert "patch" in await answered(base, certs, review(dryRun=True))
+
+
+# --- connections ------------------------------------------------------------------------------------------
+
+
+async def _open(base: str, certs: dict[str, Path]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = base.removeprefix("https://").split(":")
+    return await asyncio.open_connection(host, int(port), ssl=client_ssl(certs))
+
+
+def _head(length: int, *extra: str) -> bytes:
+    lines = [
+        "POST /mutate-pods HTTP/1.1",
+        "Host: webhook",
+        "Content-Type: application/json",
+        f"Content-Length: {length}",
+        *extra,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def test_a_client_gone_mid_body_is_one_warning_not_a_traceback(
+    certs: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that closes its connection halfway through its body: the read failed with
+    ConnectionResetError, which aiohttp logged as an ERROR with a traceback (a 500), once per client."""
+    caplog.set_level(logging.INFO)
+    async with webhook(certs) as base:
+        _, writer = await _open(base, certs)
+        writer.write(_head(1000) + b"{")
+        await writer.drain()
+        writer.close()
+
+        def told() -> list[logging.LogRecord]:
+            return [
+                r
+                for r in caplog.records
+                if r.levelno >= logging.ERROR or r.__dict__.get("error", "").startswith("the client closed")
+            ]
+
+        await until(lambda: bool(told()), what="the webhook to notice the client went away")
+        [record] = told()
+        assert (record.name, record.levelno) == (LOGGER, logging.WARNING)
+        assert record.__dict__["error"] == "the client closed the connection before its body arrived"
+        await still_serves(base, certs)
+
+
+async def test_the_bodies_read_at_once_are_bounded(certs: dict[str, Path]) -> None:
+    """Each connection that sent most of a 7 MiB body and then waited made the process hold it until the
+    body timeout: a few dozen such connections from anywhere in the cluster held hundreds of MiB, enough to
+    get the placement process killed for memory. The bytes being read at once are bounded; past the bound
+    a review is answered 503 at once, and served again once the bodies before it are read."""
+    config = WebhookConfig(max_body=4096, max_in_flight=4096)
+    async with webhook(certs, config) as base:
+        reader, writer = await _open(base, certs)
+        try:
+            # Expect: 100-continue: the interim answer comes when the handler starts, so the slow body is
+            # known to be held before the next review is sent.
+            writer.write(_head(4096, "Expect: 100-continue") + b"{")
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+            status, out = await post(base, certs, json.dumps(review()).encode())
+            assert status == 503, out
+            assert out["error"] == "4,096 bytes of other reviews are being read; try again"
+            writer.write(b" " * 4095)  # the slow body ends (as no JSON): its bytes are let go
+            await writer.drain()
+            while not (line := await reader.readline()).startswith(b"HTTP/1.1 4"):
+                assert line, "the connection closed unanswered"
+        finally:
+            writer.close()
+        await still_serves(base, certs)
+
+
+async def test_many_concurrent_reviews_each_get_their_own_uid(certs: dict[str, Path]) -> None:
+    """A burst (a Job of hundreds of pods created at once) is answered whole, each review with its uid."""
+    async with webhook(certs) as base, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def one(i: int) -> tuple[int, str]:
+            body = review(uid=f"uid-{i}")
+            async with http.post(
+                base + "/mutate-pods",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+                ssl=client_ssl(certs),
+            ) as resp:
+                out = await resp.json()
+                return resp.status, out["response"]["uid"]
+
+        answers = await asyncio.gather(*(one(i) for i in range(200)))
+    assert answers == [(200, f"uid-{i}") for i in range(200)]
