@@ -182,9 +182,11 @@ def test_the_placement_account_holds_what_it_needs_and_no_more(default_docs: lis
     assert cluster[("placement.gpustack.ai", "placementgroups/status")] == {"patch"}
     assert cluster[("", "events")] == {"create"}
     assert ("events.k8s.io", "events") not in cluster
-    # Owners are read one at a time, never listed or written.
+    # Owners, and the StatefulSets between a LeaderWorkerSet and its pods (admission/chain.py), are read
+    # one at a time, never listed or written.
     owners = {
         ("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ("apps", "statefulsets"),
         ("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "mpijobs"), ("scheduling.x-k8s.io", "podgroups"),
         ("scheduling.k8s.io", "podgroups"),
     }  # fmt: skip

@@ -242,13 +242,16 @@ class Controller:
         if size.value is None:
             phase = "Pending"
         at = now_dt(self.clock())
-        new = transitions.decided(status, group, phase, verdict.reason, at, size=size, verdict=verdict)
+        # Pods whose chain up to the owner could not be read are not counted; the group says why.
+        text = verdict.reason + pending_note(group.pending)
+        new = transitions.decided(status, group, phase, text, at, size=size, verdict=verdict)
         changed = await self.writer.write(group, pg, new)
         if changed and new.decision != status.decision:
             kind = "Warning" if phase == "NeverFits" else "Normal"
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
-            self.writer.events(group, gated, kind, reason, verdict.reason, pg_too=True)
-            self.writer.annotate(gated, verdict.reason)
+            told = gated + [p for p, _ in group.pending if self.tables.gated(p)]
+            self.writer.events(group, told, kind, reason, text, pg_too=True)
+            self.writer.annotate(told, text)
 
     def _left_alone(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
         """A group gone with its owner, or one whose PlacementGroup is another group's: nothing to do."""
@@ -355,6 +358,16 @@ class Controller:
         if not self.leading():
             return  # the Lease lapsed during the write: the next leader evicts from the TimedOut status
         await self.evictor.evict_left(group, new)
+
+
+def pending_note(pending: list[tuple[dict[str, Any], str]], shown: int = 5) -> str:
+    """The pods not counted yet and why, for the decision: the first few by name, then how many more."""
+    if not pending:
+        return ""
+    named = sorted((podview.name(p), why) for p, why in pending)
+    text = ", ".join(f"pod {name:.253} ({why:.300})" for name, why in named[:shown])
+    more = f" and {len(named) - shown} more" if len(named) > shown else ""
+    return f"; not counted yet: {text}{more}"
 
 
 def backoff_s(attempts: int, base: float = BACKOFF_BASE_S) -> float:

@@ -30,7 +30,7 @@ class Seen:
 
     inputs: Hashable
     when: float
-    sized: tuple[Size, str] | None = None
+    sized: Hashable = None
 
 
 def inputs(tables: Tables, group: GroupView, status: PlacementGroupStatus, *, every_event: bool) -> Hashable:
@@ -41,9 +41,10 @@ def inputs(tables: Tables, group: GroupView, status: PlacementGroupStatus, *, ev
     return tables.freed, status.phase, status.attempts, pods
 
 
-def sized(size: Size, owner: Owner | None) -> tuple[Size, str]:
-    """The owner's answer as it bears on the decision: the count and whose pods count (its uid)."""
-    return size, owner.uid if owner is not None else ""
+def sized(size: Size, owner: Owner | None, chains: Hashable = ()) -> Hashable:
+    """The owner's answer as it bears on the decision: the count, whose pods count (its uid) and what
+    the chains of controllers up to it say (grouping.chain_state: a read refused before may now pass)."""
+    return size, owner.uid if owner is not None else "", chains
 
 
 class Fresh:
@@ -84,7 +85,7 @@ class Fresh:
             # The Lease lapsed during the owner's read: another replica may be deciding this group.
             self.forget(key)  # decided afresh once this one leads again
             return None
-        answer = sized(size, owner)
+        answer = sized(size, owner, self.grouping.chain_state(group, owner))
         self.seen[key] = Seen(now_inputs, now, answer)
         if unchanged and seen is not None and seen.sized == answer and not self.every_event:
             return None  # its owner read again, saying the same: the decision would be the one written

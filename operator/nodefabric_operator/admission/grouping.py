@@ -2,7 +2,8 @@
 
 Pods are grouped by the key their annotations and labels name (group_of); a group's members are its live
 pods of the scheduler its oldest gated pod asks for, narrowed to its owner's pods once the owner is read
-(a real Job controller sets its reference on every pod it makes). The expected size comes from the owner
+(a real Job controller sets its reference on every pod it makes; a JobSet's or LeaderWorkerSet's pods are
+held to the chain of controllers up to it, chain.py). The expected size comes from the owner
 (read again after SIZE_TTL_S while the group waits) or what the pods declare (owners.resolve).
 """
 
@@ -17,13 +18,14 @@ from typing import Any
 from kubernetes import client
 
 from nodefabric_operator.admission import podview
+from nodefabric_operator.admission.chain import ChainReader, Membership, membership
 from nodefabric_operator.admission.model import PlacementGroupStatus
 from nodefabric_operator.admission.owners import (
+    CHAINED,
     Owner,
     OwnerFetcher,
     OwnerRef,
     Size,
-    controls,
     owner_ref,
     resolve,
 )
@@ -47,6 +49,8 @@ class GroupView:
     # Every live pod of the key, whatever its scheduler: the owner's pods are picked from these.
     candidates: list[dict[str, Any]] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # uid -> the InvalidPlacement of a gated pod
+    # Pods of its scheduler not counted yet, with why: their chain up to the owner could not be read.
+    pending: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
 
 def scheduler_of(pods: list[dict[str, Any]]) -> str:
@@ -68,6 +72,7 @@ class Grouping:
         self.tables = tables
         self.clock = clock
         self.owners = OwnerFetcher(api)
+        self.chain = ChainReader(api, clock, retry_s=SIZE_TTL_S)
         self.sizes: dict[OwnerRef, tuple[float, Owner]] = {}
         self.group_cache: dict[str, tuple[dict[str, Any], tuple[GroupSpec | None, str, str]]] = {}
         # Gated pods of no group groups() found (with why their group cannot be read, "" when they name
@@ -151,21 +156,42 @@ class Grouping:
             k: v for k, v in self.tables.lost.items() if (v.get("spec") or {}).get("key") in keys
         }
 
+    def memberships(self, group: GroupView, owner: Owner | None) -> dict[str, Membership]:
+        """Each live pod's membership, by uid, from what was read of its chain (size reads it)."""
+        pods = self.tables.pods
+        return {podview.uid(p): membership(owner, p, self.chain.lookup, pods) for p in group.candidates}
+
+    def chain_state(self, group: GroupView, owner: Owner | None) -> tuple[tuple[str, Membership], ...]:
+        """What the chains say, as it bears on the decision: a chain read again (a refusal lifted) may
+        count a pod that was not, with nothing else changed. Empty for owners that need no chain."""
+        if owner is None or not owner.uid or owner.ref.kind not in CHAINED:
+            return ()
+        return tuple(sorted(self.memberships(group, owner).items()))
+
     def own(self, group: GroupView, owner: Owner | None) -> list[dict[str, Any]] | None:
         """Narrow the group to its owner's pods; their gated ones (None when no owner was read).
 
         An owner that was read (a real Job controller sets its reference on every pod it makes): a pod
         it does not control never counts, whatever labels it copied, even before the owner's own pods
-        exist (pods made ahead of them with its label would otherwise be admitted as the group)."""
+        exist (pods made ahead of them with its label would otherwise be admitted as the group). For a
+        JobSet or LeaderWorkerSet, the pod's chain of controllers must lead to it, by uid; a pod whose
+        chain could not be read is not counted yet, and said in `group.pending`."""
         group.owner = owner
+        group.pending = []
         if owner is None or not owner.uid:
             return None
-        controlled = [p for p in group.candidates if controls(owner, p)]
+        verdicts = self.memberships(group, owner)
+        controlled = [p for p in group.candidates if verdicts[podview.uid(p)].member]
         # The owner's pods, of the scheduler they ask for: pods of any other scheduler carrying the
         # owner's labels, made earlier or more numerous, never pick the group's scheduler.
         if controlled:
             group.scheduler = scheduler_of([p for p in controlled if self.tables.gated(p)] or controlled)
         group.members = [p for p in controlled if podview.scheduler(p) == group.scheduler]
+        group.pending = [
+            (p, why)
+            for p in group.candidates
+            if (why := verdicts[podview.uid(p)].reason) and podview.scheduler(p) == group.scheduler
+        ]
         return [p for p in group.members if self.tables.gated(p)]  # Events and copies go to these only
 
     def vouch(self, group: GroupView, status: PlacementGroupStatus) -> None:
@@ -196,6 +222,9 @@ class Grouping:
             if cached is None or now - cached[0] > SIZE_TTL_S:
                 cached = self.sizes[ref] = (now, await asyncio.to_thread(self.owners.read, ref))
             owner = cached[1]
+        if owner is not None and owner.uid and owner.ref.kind in CHAINED:
+            # Each object of the pods' chains read once (a failed read again after SIZE_TTL_S).
+            await self.chain.resolve(owner, group.candidates, self.tables.pods)
         if owner is None:
             return resolve(None, "", declared), None
         return resolve(owner.count, owner.problem, declared), owner

@@ -177,8 +177,9 @@ def _labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return labels if isinstance(labels, Mapping) else {}
 
 
-def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    meta = pod.get("metadata")
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The object's controller reference (the one with `controller: true`), None when it has none."""
+    meta = obj.get("metadata")
     refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
     for ref in refs if isinstance(refs, list) else []:
         if isinstance(ref, Mapping) and ref.get("controller") is True:
@@ -221,7 +222,7 @@ def owner_ref(spec: GroupSpec, pod: Mapping[str, Any]) -> OwnerRef | None:
             "scheduling.k8s.io", "v1alpha1", "podgroups", "PodGroup", ns, _pod_group(pod) or spec.name
         )
     if fam == "kubeflow":
-        ref = _controller(pod)
+        ref = controller_of(pod)
         api, kind = (ref.get("apiVersion"), ref.get("kind")) if ref else (None, None)
         if isinstance(api, str) and "/" in api and isinstance(kind, str) and kind:
             group, version = api.split("/", 1)
@@ -263,18 +264,23 @@ class Owner:
         return f"{self.ref.group}/{self.ref.version}" if self.ref.group else self.ref.version
 
 
-# Owners whose own controller reference is on every pod of the group (a JobSet's pods are controlled by
-# its Jobs, a LeaderWorkerSet's by its StatefulSets; a PodGroup controls nothing).
-_INDIRECT = frozenset({"JobSet", "LeaderWorkerSet", "PodGroup"})
+# Owners that control none of their pods themselves. A JobSet's pods are its Jobs', a LeaderWorkerSet's its
+# StatefulSets': whether the chain of controllers leads to the owner is chain.membership's, and on its own
+# `controls` says no. A PodGroup (scheduler-plugins, the Workload API) controls nothing: as in upstream
+# coscheduling, any pod of the namespace that names it (a label, `spec.schedulingGroup`) is a member.
+CHAINED = frozenset({"JobSet", "LeaderWorkerSet"})
+_BY_NAME = frozenset({"PodGroup"})
 
 
 def controls(owner: Owner | None, pod: Mapping[str, Any]) -> bool:
     """Whether the pod may be a member: a pod of a Job (or a Kubeflow job) names it as its controller by
     uid. Anyone who can create pods can copy a Job's label, but not have the Job control their pod
     without also reading the Job's uid; a pod the owner does not control never counts."""
-    if owner is None or not owner.uid or owner.ref.kind in _INDIRECT:
+    if owner is None or not owner.uid or owner.ref.kind in _BY_NAME:
         return True
-    ref = _controller(pod)
+    if owner.ref.kind in CHAINED:
+        return False
+    ref = controller_of(pod)
     return ref is not None and ref.get("uid") == owner.uid
 
 

@@ -1,0 +1,239 @@
+"""Whether a pod is its owner's when the owner does not control it itself: a JobSet's pods are its Jobs',
+a LeaderWorkerSet's are its StatefulSets'. A label is no proof (anyone who can create pods can copy it):
+the chain of controller references from the pod up to the owner is read and checked by uid.
+
+- JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
+- LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
+  whose controller is the LeaderWorkerSet; a worker pod's controller is its group's worker StatefulSet,
+  whose controller is the leader pod, itself checked as above.
+
+`membership` is the pure rule over what was read (`Link`s by uid, and the pods the watch keeps: a leader
+pod is never read one by one). `ChainReader` reads the links: one GET per distinct object, kept by the
+uid the pod names (an object's controller never changes), a bounded number of them. An object that could
+not be read (not found, refused, no answer, a body that is not one) leaves the pod out, "not a member
+yet" with the reason, and is read again after SIZE_TTL_S; it never makes the pod a member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from nodefabric_operator.admission.owners import CHAINED, Owner, controller_of, controls
+
+# Objects kept (beyond them, only those of the one group being read); the least recently used goes first,
+# read again if needed.
+MAX_LINKS = 4096
+RETRY_S = 5.0  # an object that could not be read is read again after this long (grouping.SIZE_TTL_S)
+READ_TIMEOUT = (5.0, 15.0)  # (connect, read) seconds, as owners are read
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An object a pod's chain names: read by name in the pod's namespace, held to the uid named."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One object of a chain as read: its own controller (kind, uid), None when it has none (or the name
+    is another object's now: the uid named does not exist); or why it could not be read."""
+
+    controller: tuple[str, str] | None = None
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class Membership:
+    member: bool
+    reason: str = ""  # why a pod that may be a member is not counted yet; "" when settled either way
+
+
+NOT_A_MEMBER = Membership(False)
+A_MEMBER = Membership(True)
+Lookup = Callable[[str], Link | None]
+
+_PLURALS = {"Job": ("batch", "v1", "jobs"), "StatefulSet": ("apps", "v1", "statefulsets")}
+
+
+def _ref(obj: Mapping[str, Any], namespace: str, api_version: str, kind: str) -> Ref | None:
+    """The object's controller reference when it is a `kind` of `api_version`, else None."""
+    ref = controller_of(obj)
+    if ref is None or ref.get("apiVersion") != api_version or ref.get("kind") != kind:
+        return None
+    name, uid = ref.get("name"), ref.get("uid")
+    if not isinstance(name, str) or not name or not isinstance(uid, str) or not uid:
+        return None
+    return Ref(api_version, kind, namespace, name, uid)
+
+
+def _namespace(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return ns if isinstance(ns, str) else ""
+
+
+def _up_to(owner: Owner, pod: Mapping[str, Any], kind: str, lookup: Lookup) -> Membership | Ref | Link:
+    """One hop: the pod's StatefulSet (or Job) and its controller. The Link when it is controlled by
+    something other than the owner (a worker's StatefulSet by its leader pod), for the caller to follow."""
+    api_version = "batch/v1" if kind == "Job" else "apps/v1"
+    ref = _ref(pod, _namespace(pod), api_version, kind)
+    if ref is None:
+        return NOT_A_MEMBER
+    got = lookup(ref.uid)
+    if got is None:
+        return ref  # still to be read
+    if got.problem:
+        return Membership(False, got.problem)
+    if got.controller == (owner.ref.kind, owner.uid):
+        return A_MEMBER
+    return got
+
+
+def walk(
+    owner: Owner, pod: Mapping[str, Any], lookup: Lookup, pods: Mapping[str, Mapping[str, Any]]
+) -> Membership | Ref:
+    """The pod's membership, or the next object to read before it can be told."""
+    if owner.ref.kind == "JobSet":
+        got = _up_to(owner, pod, "Job", lookup)
+        return NOT_A_MEMBER if isinstance(got, Link) else got
+    if owner.ref.kind != "LeaderWorkerSet":
+        return Membership(controls(owner, pod))
+    got = _up_to(owner, pod, "StatefulSet", lookup)
+    if not isinstance(got, Link):
+        return got
+    # A worker: its StatefulSet is its leader pod's, which must be this LeaderWorkerSet's leader.
+    if got.controller is None or got.controller[0] != "Pod":
+        return NOT_A_MEMBER
+    leader = pods.get(got.controller[1])
+    if leader is None or _namespace(leader) != _namespace(pod):
+        return Membership(False, "its leader pod (the controller of its StatefulSet) is not known")
+    up = _up_to(owner, leader, "StatefulSet", lookup)
+    return NOT_A_MEMBER if isinstance(up, Link) else up
+
+
+def membership(
+    owner: Owner | None, pod: Mapping[str, Any], lookup: Lookup, pods: Mapping[str, Mapping[str, Any]]
+) -> Membership:
+    """Whether the pod may count as a member of the group `owner` states the size of. No owner read (or
+    one without a uid): nothing to hold the pods to, as `controls` says."""
+    if owner is None or not owner.uid or owner.ref.kind not in CHAINED:
+        return Membership(controls(owner, pod))
+    got = walk(owner, pod, lookup, pods)
+    if isinstance(got, Ref):
+        return Membership(False, f"{got} has not been read yet")
+    return got
+
+
+def link_of(ref: Ref, obj: object) -> Link:
+    """What the API answered for `ref`, as a Link. The uid must be the one named: the same name may be
+    another object's now, and then the pod's is gone."""
+    if not isinstance(obj, Mapping):
+        return Link(problem=f"{ref} could not be read (the answer is not an object)")
+    meta = obj.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    if not isinstance(uid, str) or not uid:
+        return Link(problem=f"{ref} could not be read (it has no uid)")
+    if uid != ref.uid:
+        return Link()
+    ctl = controller_of(obj)
+    kind, cuid = (ctl.get("kind"), ctl.get("uid")) if ctl is not None else (None, None)
+    if isinstance(kind, str) and isinstance(cuid, str) and kind and cuid:
+        return Link((kind, cuid))
+    return Link()
+
+
+class ChainReader:
+    """The objects of pods' chains, read through the API as owners are, kept by the uid named."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        clock: Callable[[], float] = time.time,
+        *,
+        limit: int = MAX_LINKS,
+        retry_s: float = RETRY_S,
+        timeout: tuple[float, float] = READ_TIMEOUT,
+    ) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.timeout = timeout
+        self.clock = clock
+        self.limit = limit
+        self.retry_s = retry_s
+        self.links: OrderedDict[str, tuple[float, Link]] = OrderedDict()  # uid -> (read at, link)
+
+    def lookup(self, uid: str) -> Link | None:
+        kept = self.links.get(uid)
+        if kept is None:
+            return None
+        self.links.move_to_end(uid)
+        return kept[1]
+
+    def _fresh(self, uid: str) -> Link | None:
+        """The link, unless it is a failed read due again."""
+        kept = self.links.get(uid)
+        if kept is None or (kept[1].problem and self.clock() - kept[0] >= self.retry_s):
+            return None
+        self.links.move_to_end(uid)
+        return kept[1]
+
+    async def resolve(
+        self, owner: Owner, pods: Iterable[Mapping[str, Any]], known: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Read what the pods' chains still need: each object once, all of one hop at once. A worker's
+        chain is two hops (its StatefulSet, then its leader's). Past the bound, the objects least recently
+        used go, never one these pods' chains use: `membership` finds all of them right after."""
+        pods = list(pods)
+        used: set[str] = set()
+
+        def lookup(uid: str) -> Link | None:
+            used.add(uid)
+            return self._fresh(uid)
+
+        for _hop in range(2):
+            wanted: dict[str, Ref] = {}
+            for pod in pods:
+                got = walk(owner, pod, lookup, known)
+                if isinstance(got, Ref):
+                    wanted.setdefault(got.uid, got)
+            if not wanted:
+                break
+            now = self.clock()
+            links = await asyncio.gather(*(asyncio.to_thread(self.read, ref) for ref in wanted.values()))
+            for uid, link in zip(wanted, links, strict=True):
+                self.links[uid] = (now, link)
+                self.links.move_to_end(uid)
+        while len(self.links) > self.limit and next(iter(self.links)) not in used:
+            self.links.popitem(last=False)
+
+    def read(self, ref: Ref) -> Link:
+        group, version, plural = _PLURALS[ref.kind]
+        try:
+            obj: Any = self.custom.get_namespaced_custom_object(
+                group, version, ref.namespace, plural, ref.name, _request_timeout=self.timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return Link(problem=f"{ref} not found")
+            if exc.status:
+                return Link(problem=f"{ref} could not be read (HTTP {exc.status})")
+            # The client's own refusal of a body it cannot read (status 0): its reason says which.
+            return Link(problem=f"{ref} could not be read ({str(exc.reason)[:200]})")
+        except Exception as exc:
+            return Link(problem=f"{ref} could not be read ({type(exc).__name__})")
+        return link_of(ref, obj)

@@ -1,0 +1,242 @@
+"""JobSet and LeaderWorkerSet groups count only the pods whose chain of controllers leads to their owner, by
+uid, through the placement controller against the embedded API over real HTTP: a copied label, a Job or
+StatefulSet of someone else's, a reference to an object that does not exist never takes a member's place;
+an object of the chain that cannot be read leaves its pods out, said, and is read again later."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from admission_world import GATE, NS, World, eventually, fleet, gpod, placement
+
+from nodefabric_operator.admission import model
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
+
+JOBS, STS = "batch/v1/jobs", "apps/v1/statefulsets"
+JOBSETS, LWSS = "jobset.x-k8s.io/v1alpha2/jobsets", "leaderworkerset.x-k8s.io/v1/leaderworkersets"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+LWS_LABEL, LWS_INDEX = "leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/group-index"
+
+
+def thing(
+    key: str, kind: str, name: str, spec: dict[str, Any], owner: dict[str, Any] | None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": key.rsplit("/", 1)[0], "kind": kind, "metadata": meta, "spec": spec}
+
+
+def sts(name: str, owner: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
+    """A StatefulSet as the API holds it to be (a selector that selects its template)."""
+    labels = {"app": name}
+    template = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "c:1"}]}}
+    spec = {"replicas": replicas, "selector": {"matchLabels": labels}, "template": template}
+    return thing(STS, "StatefulSet", name, spec, owner)
+
+
+def jobset(name: str, replicas: int, parallelism: int) -> dict[str, Any]:
+    rj = {"name": "w", "replicas": replicas, "template": {"spec": {"parallelism": parallelism}}}
+    return thing(JOBSETS, "JobSet", name, {"replicatedJobs": [rj]}, None)
+
+
+def lws(name: str, size: int) -> dict[str, Any]:
+    return thing(LWSS, "LeaderWorkerSet", name, {"replicas": 1, "leaderWorkerTemplate": {"size": size}}, None)
+
+
+def ref(w: World, key: str, kind: str, name: str) -> dict[str, Any]:
+    """A controller reference to the stored object, as its controller sets it."""
+    stored = w.pod(name) if key == "v1/pods" else w.k.api.stored(key, name, NS)
+    assert stored is not None, name
+    uid = stored["metadata"]["uid"]
+    version = key.rsplit("/", 1)[0]
+    return {"apiVersion": version, "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+def ghost(kind: str) -> dict[str, Any]:
+    version = "batch/v1" if kind == "Job" else "apps/v1"
+    return {"apiVersion": version, "kind": kind, "name": "ghost", "uid": "0000-ghost", "controller": True}
+
+
+@contextlib.asynccontextmanager
+async def chain_world() -> AsyncIterator[tuple[RunningAPI, World]]:
+    async with running_api([model.placement_crd()]) as k:
+        for key, kind in (
+            (JOBS, "Job"),
+            (STS, "StatefulSet"),
+            (JOBSETS, "JobSet"),
+            (LWSS, "LeaderWorkerSet"),
+        ):
+            k.api.declare(key, kind=kind, namespaced=True)
+        w = World(k)
+        await w.create(*fleet())
+        yield k, w
+
+
+def refusing(k: RunningAPI, path_end: str, answer: int | bytes) -> dict[str, bool]:
+    """GETs of the object at `path_end` answered with `answer` while the returned switch is on."""
+    switch = {"on": True}
+
+    def matches(req: Any) -> bool:
+        return (
+            switch["on"]
+            and str(getattr(req.method, "value", req.method)).upper() == "GET"
+            and req.url.path.endswith(path_end)
+        )
+
+    k.api[matches] << answer
+    return switch
+
+
+def counted(k: RunningAPI, key: str) -> Callable[[], int]:
+    return lambda: k.api.count("GET", key, "get")
+
+
+# --- JobSet ----------------------------------------------------------------------------------------------
+
+
+async def jobset_job(w: World, js: str, i: int) -> dict[str, Any]:
+    """Job `<js>-w-<i>` controlled by the JobSet, created; returns a controller reference to it."""
+    name = f"{js}-w-{i}"
+    await w.create(thing(JOBS, "Job", name, {"parallelism": 1}, ref(w, JOBSETS, "JobSet", js)))
+    return ref(w, JOBS, "Job", name)
+
+
+def jobset_pod(name: str, js: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    return gpod(name, labels={JOBSET_LABEL: js}, owner=owner)
+
+
+async def test_a_jobsets_own_pods_are_admitted_each_job_read_once() -> None:
+    async with chain_world() as (k, w), placement(k):
+        await w.create(jobset("llm", 2, 2))
+        jobs = [await jobset_job(w, "llm", i) for i in range(2)]
+        key = f"{NS}/jobset/llm"
+        pods = [jobset_pod(f"llm-w-{i}-{j}", "llm", jobs[i]) for i in range(2) for j in range(2)]
+        await w.create(*pods[:3])
+        await eventually(lambda: "3 of 4 exist" in w.status(key).get("decision", ""), what="3 of 4")
+        await w.create(pods[3])
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+        assert sorted(m["pod"] for m in w.status(key)["members"]) == sorted(
+            p["metadata"]["name"] for p in pods
+        )
+        # Two decisions over four pods: each Job read once, by the uid its pods name.
+        assert counted(k, JOBS)() == 2
+
+
+async def test_copied_labels_and_forged_chains_never_count_for_a_jobset() -> None:
+    async with chain_world() as (k, w), placement(k):
+        await w.create(jobset("llm", 2, 1), jobset("other", 1, 1))
+        other = await jobset_job(w, "other", 0)
+        jobs = [await jobset_job(w, "llm", i) for i in range(2)]
+        key = f"{NS}/jobset/llm"
+        # Made first, gated, with the JobSet's label: (a) no controller, (b) the Job of another JobSet,
+        # (c) a Job that does not exist.
+        await w.create(
+            jobset_pod("fake-a", "llm", None),
+            jobset_pod("fake-b", "llm", other),
+            jobset_pod("fake-c", "llm", ghost("Job")),
+        )
+        await w.create(jobset_pod("llm-w-0-0", "llm", jobs[0]))
+        await eventually(lambda: "1 of 2 exist" in w.status(key).get("decision", ""), what="1 of 2")
+        decision = w.status(key)["decision"]
+        assert "not counted yet: pod fake-c (Job ml/ghost not found)" in decision
+        assert "fake-a" not in decision and "fake-b" not in decision
+        await w.create(jobset_pod("llm-w-1-0", "llm", jobs[1]))
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["llm-w-0-0", "llm-w-1-0"]
+        for fake in ("fake-a", "fake-b", "fake-c"):
+            assert w.gates(fake) == [GATE] and not w.pinned(fake), fake
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (403, "Job ml/llm-w-0 could not be read (HTTP 403)"),
+        (b"<html>", "Job ml/llm-w-0 could not be read (Unsupported content type"),
+    ],
+)
+async def test_an_unreadable_job_leaves_its_pods_out_said_and_is_read_again(
+    answer: int | bytes, said: str
+) -> None:
+    async with chain_world() as (k, w), placement(k):
+        await w.create(jobset("llm", 1, 2))
+        job = await jobset_job(w, "llm", 0)
+        switch = refusing(k, "/jobs/llm-w-0", answer)
+        key = f"{NS}/jobset/llm"
+        await w.create(*(jobset_pod(f"llm-w-0-{j}", "llm", job) for j in range(2)))
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="the reason on the group")
+        status = w.status(key)
+        assert status["phase"] == "Waiting" and status["members"] == []
+        assert "0 of 2 exist" in status["decision"] and "pod llm-w-0-1 (" in status["decision"]
+        # Each pod left out is told, as the members are.
+        note = "placement.gpustack.ai/decision"
+        await eventually(lambda: said in w.pod("llm-w-0-0")["metadata"]["annotations"].get(note, ""))
+        assert all(w.gates(f"llm-w-0-{j}") == [GATE] for j in range(2))
+        switch["on"] = False  # the refusal lifted: read again, the pods count
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["llm-w-0-0", "llm-w-0-1"]
+
+
+# --- LeaderWorkerSet -------------------------------------------------------------------------------------
+
+
+def lws_pod(name: str, owner: dict[str, Any] | None, lws_name: str = "lws") -> dict[str, Any]:
+    return gpod(name, labels={LWS_LABEL: lws_name, LWS_INDEX: "0"}, owner=owner)
+
+
+async def lws_leader(w: World, name: str) -> None:
+    """The LeaderWorkerSet's leader StatefulSet and its leader pod `<name>-0`, as the LWS controller makes
+    them, and the worker StatefulSet `<name>-0` the leader pod controls."""
+    await w.create(sts(name, ref(w, LWSS, "LeaderWorkerSet", name)))
+    await w.create(lws_pod(f"{name}-0", ref(w, STS, "StatefulSet", name), name))
+    await w.create(sts(f"{name}-0", ref(w, "v1/pods", "Pod", f"{name}-0"), 2))
+
+
+async def test_a_leaderworkersets_own_pods_are_admitted_and_forgeries_never_count() -> None:
+    async with chain_world() as (k, w), placement(k):
+        await w.create(lws("lws", 3), lws("other", 2))
+        await lws_leader(w, "other")
+        # A StatefulSet controlled by a pod that is no leader (fake-a), as a worker's would be by its leader.
+        await w.create(lws_pod("fake-a", None))
+        await w.create(sts("rogue", ref(w, "v1/pods", "Pod", "fake-a")))
+        # With the label: (a) no controller, (b) another LeaderWorkerSet's worker StatefulSet, (c) a
+        # StatefulSet that does not exist, (d) the StatefulSet of a pod that is no leader.
+        await w.create(
+            lws_pod("fake-b", ref(w, STS, "StatefulSet", "other-0")),
+            lws_pod("fake-c", ghost("StatefulSet")),
+            lws_pod("fake-d", ref(w, STS, "StatefulSet", "rogue")),
+        )
+        await lws_leader(w, "lws")
+        workers = ref(w, STS, "StatefulSet", "lws-0")
+        await w.create(lws_pod("lws-0-1", workers))
+        key = f"{NS}/leaderworkerset/lws-0"
+        await eventually(lambda: "2 of 3 exist" in w.status(key).get("decision", ""), what="2 of 3")
+        decision = w.status(key)["decision"]
+        assert "not counted yet: pod fake-c (StatefulSet ml/ghost not found)" in decision
+        assert not any(f"fake-{x}" in decision for x in "abd")
+        await w.create(lws_pod("lws-0-2", workers))
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0", "lws-0-1", "lws-0-2"]
+        for fake in ("fake-a", "fake-b", "fake-c", "fake-d"):
+            assert w.gates(fake) == [GATE] and not w.pinned(fake), fake
+
+
+async def test_an_unreadable_worker_statefulset_leaves_the_workers_out_until_read() -> None:
+    async with chain_world() as (k, w), placement(k):
+        await w.create(lws("lws", 3))
+        switch = refusing(k, "/statefulsets/lws-0", 403)
+        await lws_leader(w, "lws")
+        workers = ref(w, STS, "StatefulSet", "lws-0")
+        key = f"{NS}/leaderworkerset/lws-0"
+        await w.create(lws_pod("lws-0-1", workers), lws_pod("lws-0-2", workers))
+        said = "pod lws-0-1 (StatefulSet ml/lws-0 could not be read (HTTP 403))"
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="the reason on the group")
+        status = w.status(key)
+        assert "1 of 3 exist" in status["decision"] and [m["pod"] for m in status["members"]] == ["lws-0"]
+        switch["on"] = False
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0", "lws-0-1", "lws-0-2"]
+        assert counted(k, STS)() == 2  # lws and lws-0, each read once it could be
