@@ -56,9 +56,10 @@ from nodefabric_deviceplugin.dra import boot, cdi, hops, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, Reservation
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
+from nodefabric_deviceplugin.dra.devices import PoolDevice
+from nodefabric_deviceplugin.dra.pool import Pools
 from nodefabric_deviceplugin.dra.syncs import Syncs
-from nodefabric_deviceplugin.offloop import ReadTimeout
+from nodefabric_deviceplugin.offloop import BuildFailed, ReadTimeout
 from nodefabric_deviceplugin.resources import Family, FamilyView, RdmaEndpoint, Token
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.verbs import VerbsCache, VerbsDevices, VerbsUnresolvable
@@ -262,8 +263,7 @@ class _AnotherBoot:
     checkpoint: Checkpoint
     _waits: hops.Waits
 
-    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
-        raise NotImplementedError
+    pools: Pools
 
     def _respec(self, done: PreparedClaim) -> bool | None:
         """On a worker thread, for a repeated prepare: the spec rewritten from the entry when the entry
@@ -317,7 +317,7 @@ class _AnotherBoot:
         reserves it); then its entry rewritten and synced, then its spec (`_rewrite`). The answer is the
         entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
         longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
-        plan = self._replan(ref, done, self._offered())
+        plan = self._replan(ref, done, await self.pools.latest())
         again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, None), waits=self._waits)
         if again is None:
             # Not cached for this record: read off the loop within a budget, as a first prepare does.
@@ -410,7 +410,7 @@ class Preparer(_AnotherBoot):
         self.checkpoint = checkpoint
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
-        self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        self.pools = Pools(source, config.functions)  # the record's pool, built off the loop per version
         self._templates = _Templates(config.driver)
         self.syncs = Syncs()
         self._waits = hops.Waits()  # the hops awaited under the lock, which a stop that gave up lets go
@@ -431,7 +431,7 @@ class Preparer(_AnotherBoot):
         try:
             async with self._lock:
                 return Prepared(devices=await self._prepare(ref))
-        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout) as exc:
+        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout, BuildFailed) as exc:
             why = str(exc)
         except OSError as exc:
             why = f"writing the CDI spec or the checkpoint failed: {exc}"
@@ -469,9 +469,11 @@ class Preparer(_AnotherBoot):
                 log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
-        # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
+        # The record's pool (built off the loop once per record, `pool`), at least as new as the record
+        # now, is taken here and handed to the thread.
+        found = await self.pools.latest()
         gate = hops.WriteGate()
-        hop = await self._recorded(ref, self._read_and_write, ref, self._offered(), gate, gate=gate)
+        hop = await self._recorded(ref, self._read_and_write, ref, found, gate, gate=gate)
         if hop.plan is None:
             metrics.PREPARES.labels("no_devices").inc()
             log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
@@ -506,7 +508,7 @@ class Preparer(_AnotherBoot):
         are cached for that record (the common case), the grant and both files (`_write`). Otherwise
         the plan goes back to the loop, whose budgeted verbs read this thread must not do.
 
-        Thread safety: `found` is never changed once made (`_offered` makes a new one per version); the
+        Thread safety: `found` is never changed once made (`pool.Pools` makes a new one per version); the
         grant and the spec are pure; `self.verbs` is this Preparer's own and only ever changed by its
         `devices`, awaited under the lock. The read and the plan need no lock: a call cancelled while
         they run walks away (`hops.WriteGate`), and the thread then stops before the lookup. Past
@@ -613,14 +615,6 @@ class Preparer(_AnotherBoot):
             self.checkpoint.claims.pop(prepared.uid, None)
             raise
         return entry
-
-    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
-        version, spec = self.source.snapshot()
-        if spec is None:
-            return None
-        if self._pool is None or self._pool[0] != version:
-            self._pool = (version, {d.name: d for d in offered(pool_devices(spec), self.config.functions)})
-        return self._pool
 
     def _forget(self, uid: str, written: str) -> bool:
         """On a worker thread: remove the claim's spec from `--cdi-dir`, then its checkpoint entry
