@@ -34,7 +34,9 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
 NIC1 = "pci-0000-e0-00-1"  # mlx5_8, the first VF of NIC 7
 OTHER_BOOT = "0f4c3b1e-7a52-4e8f-9d3a-2b6c1e0a9f11"  # not this machine's: the entry is of another boot
-KEEP = b"not a CDI spec of this driver\n"
+KEEP = b'{"kind": "not a CDI spec of this driver"}\n'  # JSON: read as a spec that is there, and differs
+MOVED = "moved a prepared claim's CDI spec to the current --cdi-dir"
+RESOLVED = "resolved a claim prepared in an earlier (or unknown) boot again and rewrote its CDI spec"
 REFUSED = "a prepared claim's checkpoint entry names an unusable CDI spec path; the entry is refused"
 LEFT = (
     "a claim's CDI spec lies outside the current --cdi-dir; left there (only files inside --cdi-dir are"
@@ -142,7 +144,9 @@ async def test_a_refused_entry_of_a_whole_file_checkpoint_keeps_the_others(
     assert not os.path.exists(path) and list(Checkpoint(path).claims) == ["u-good"]
 
 
-@pytest.mark.parametrize("boot_id", ["", OTHER_BOOT], ids=["this-boot-unknown", "another-boot"])
+# An entry of an unknown boot whose spec is there is moved (`_relocate`); one of another boot is resolved
+# again (`_rewrite`).
+@pytest.mark.parametrize("boot_id", ["", OTHER_BOOT], ids=["unknown-boot-moved", "another-boot-resolved"])
 async def test_a_spec_path_through_a_symlink_out_of_the_cdi_dir_is_never_removed(
     api: RunningAPI,
     dirs: Dirs,
@@ -177,6 +181,9 @@ async def test_a_spec_path_through_a_symlink_out_of_the_cdi_dir_is_never_removed
         assert target.read_bytes() == KEEP
         left = [rec for rec in caplog.records if rec.getMessage() == LEFT]
         assert [(rec.claim, rec.path) for rec in left] == [(uid, planted)]  # type: ignore[attr-defined]
+        resolved = bool(boot_id and r.driver.preparer.boot_id)  # both boots known, and different
+        path = MOVED if not resolved else RESOLVED
+        assert [rec.getMessage() for rec in caplog.records if rec.getMessage() in (MOVED, RESOLVED)] == [path]
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
         assert not os.path.exists(own)
     finally:
