@@ -13,12 +13,16 @@ may ask again while a read is stuck share the read in flight (`SingleFlight`) ra
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from nodefabric_devicemanager.backoff import Backoff
+
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ReadTimeout(Exception):
@@ -100,3 +104,116 @@ class SingleFlight(Generic[T]):
 def _consume(fut: asyncio.Future[T]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+# A failed build is tried again while its record is unchanged: 1 s, doubling, at most a minute apart.
+BUILD_RETRY = Backoff(base=1.0, cap=60.0, jitter=False)
+
+
+class BuildFailed(Exception):
+    """A build of a record version failed (`cause`); it is tried again in `retry_in` seconds at the
+    earliest, or at once for another version."""
+
+    def __init__(self, what: str, version: int, retry_in: float, cause: BaseException) -> None:
+        super().__init__(f"building {what} of record version {version} failed: {cause!r}")
+        self.version = version
+        self.retry_in = retry_in
+        self.cause = cause
+
+
+class VersionedBuild(Generic[T]):
+    """A value derived from a record version, built on a thread of its own: one build at a time, callers
+    of one version share it, and a caller of another version waits for the one running, then builds the
+    latest record (a record changing while builds run, a link flapping, must not start a thread per
+    version, each costing up to seconds of CPU for a record already replaced). The caller caches what it
+    gets. A failed build is kept for its version only until `retry` says try again (a failure left cached
+    until the record changed left the resource failed for good on a node whose record no longer
+    changes); each failure streak is logged once, with its first failure, and its end once."""
+
+    def __init__(
+        self, what: str, retry: Backoff = BUILD_RETRY, *, thread: str = "", **fields: object
+    ) -> None:
+        """`what`: the value, as the logs name it; `thread`: its builds' thread name (default `what`);
+        `fields`: said in every log."""
+        self.what = what
+        self.thread = thread or what
+        self.retry = retry
+        self.fields = fields
+        self.started = 0  # builds started so far
+        self.failures = 0  # consecutive failed builds (the streak; 0 after a success)
+        self._building: tuple[int, asyncio.Future[T]] | None = None
+        self._next_try = 0.0
+        self._counted: asyncio.Future[T] | None = None
+
+    @property
+    def retry_in(self) -> float:
+        """Seconds until a failed build may be tried again (0 when it may now)."""
+        return max(0.0, self._next_try - time.monotonic()) if self.failures else 0.0
+
+    async def other_ended(self, version: int) -> bool:
+        """Wait for a build of another version still running; whether there was one."""
+        building = self._building
+        if building is None or building[0] == version or building[1].done():
+            return False
+        await asyncio.wait([building[1]])  # never cancels the build, whoever stops waiting
+        return True
+
+    async def build(self, version: int, make: Callable[[], T]) -> T | None:
+        """What `make` builds for `version`, shared with every caller of that version. None, once it has
+        ended, when another version's build was running (the caller looks at the latest record again).
+        Raises BuildFailed."""
+        if await self.other_ended(version):
+            return None
+        building = self._building
+        if building is None or building[0] != version or self._retry_due(version, building[1]):
+            building = self._building = (version, self._start(version, make))
+        try:
+            return await asyncio.shield(building[1])
+        except Exception as exc:
+            self._ended(version, building[1])  # counted here if its callback has not run yet
+            raise BuildFailed(self.what, version, self.retry_in, exc) from exc
+
+    def _retry_due(self, version: int, fut: asyncio.Future[T]) -> bool:
+        if not fut.done() or fut.cancelled() or fut.exception() is None:
+            return False
+        self._ended(version, fut)  # counted before its callback runs: the backoff starts at the failure
+        return time.monotonic() >= self._next_try
+
+    def _start(self, version: int, make: Callable[[], T]) -> asyncio.Future[T]:
+        try:
+            fut = start(make, self.thread)
+        except RuntimeError:  # no thread to be had (the process at its limit): built here all the same
+            fut = asyncio.get_running_loop().create_future()
+            try:
+                fut.set_result(make())
+            except Exception as exc:
+                fut.set_exception(exc)
+        self.started += 1
+        fut.add_done_callback(_consume)  # a build every caller walked away from logs nothing more
+        fut.add_done_callback(lambda done: self._ended(version, done))
+        return fut
+
+    def _ended(self, version: int, fut: asyncio.Future[T]) -> None:
+        """Count a build's outcome once: a failure extends the streak (and its backoff), a success ends it."""
+        if fut is self._counted or fut.cancelled():
+            return
+        self._counted = fut
+        exc = fut.exception()
+        if exc is None:
+            if self.failures:
+                log.info(
+                    f"built {self.what} after failed tries",
+                    extra={**self.fields, "version": version, "failed_tries": self.failures},
+                )
+            self.failures = 0
+            return
+        self.failures += 1
+        delay = self.retry.ceiling(self.failures - 1)
+        self._next_try = time.monotonic() + delay
+        if self.failures == 1:
+            log.error(
+                f"could not build {self.what}; trying again with backoff (1 s doubling to"
+                f" {self.retry.cap:g} s) while the record is unchanged, at once when it changes",
+                exc_info=exc,
+                extra={**self.fields, "version": version, "retry_in_s": delay},
+            )

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 
@@ -35,7 +35,7 @@ from nodefabric_deviceplugin.allocate import UnknownToken, endpoints_for, first_
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.dirwatch import DirWatch
 from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
-from nodefabric_deviceplugin.offloop import ReadTimeout
+from nodefabric_deviceplugin.offloop import BuildFailed, ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
 from nodefabric_deviceplugin.resources import (
     Family,
@@ -73,12 +73,6 @@ def host_facts_flight(budget: float) -> HostFactsFlight:
     return offloop.SingleFlight("the host facts the RDMA selectors name", budget)
 
 
-def _retrieved(fut: asyncio.Future[Any]) -> None:
-    """A build every caller walked away from (cancelled) must not log "exception never retrieved"."""
-    if not fut.cancelled():
-        fut.exception()
-
-
 class DevicePluginServicer(rpc.DevicePluginServicer):
     """One family's DevicePlugin service. Every answer is rebuilt from the source's latest record."""
 
@@ -89,15 +83,25 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         source: RecordSource,
         verbs: VerbsCache,
         facts: HostFactsFlight | None = None,
+        *,
+        retry: Backoff | None = None,
     ) -> None:
-        """`facts`: the read of the host facts, shared by every family (one read answers all of them)."""
+        """`facts`: the read of the host facts, shared by every family (one read answers all of them).
+        `retry`: how soon a failed build of the device list is tried again (`offloop.BUILD_RETRY`)."""
         self.family = family
         self.config = config
         self.source = source
         self.verbs = verbs
         self.resource = config.resource_name(family)
         self._cached: tuple[int, FamilyView, pb.ListAndWatchResponse] | None = None
-        self._building: tuple[int, asyncio.Future[tuple[FamilyView, pb.ListAndWatchResponse]]] | None = None
+        self._builds: offloop.VersionedBuild[tuple[FamilyView, pb.ListAndWatchResponse]] = (
+            offloop.VersionedBuild(
+                "the device list",
+                retry or offloop.BUILD_RETRY,
+                thread=f"the {self.resource} device list",
+                resource=self.resource,
+            )
+        )
         self._granted = metrics.ALLOCATIONS.labels(family.value, "granted")
         self._responses: dict[tuple[tuple[str, ...], int, int], pb.ContainerAllocateResponse] = {}
         self._facts = facts or host_facts_flight(verbs.budget)
@@ -110,56 +114,28 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
 
     async def _derive(self) -> tuple[int, FamilyView, pb.ListAndWatchResponse]:
         """The view and its device list, built once per record version: every stream (kubelet opens a
-        new one after each restart) and every Allocate of that version shares them. Raises ReadTimeout."""
+        new one after each restart) and every Allocate of that version shares them. Raises ReadTimeout,
+        BuildFailed (tried again after a backoff while the record is unchanged: `offloop.VersionedBuild`)."""
         while True:
             version, spec = self.source.snapshot()
             cached = self._cached
             if cached is not None and cached[0] == version:
                 return cached
-            if await self._other_build_ended(version):
+            if await self._builds.other_ended(version):
                 continue  # the record may have changed again meanwhile: build the latest
             facts = None
             if self.config.selection.needs_host and spec is not None:
                 facts = await self._host_facts(spec)
-            built = await self._build(version, spec, facts)
+            # On a thread of its own: rdma.shared at kubelet's 4 MiB limit is some 123,000 tokens, over a
+            # second of CPU, and every family's calls and streams (the DRA driver's too, in the agent)
+            # share this loop. One build at a time per family (see `offloop.VersionedBuild`).
+            built = await self._builds.build(version, functools.partial(self._list, spec, facts))
             if built is None:
                 continue
             cached = (version, *built)
             if self._cached is None or self._cached[0] < version:  # a newer one built meanwhile stays
                 self._cached = cached
             return cached
-
-    async def _other_build_ended(self, version: int) -> bool:
-        """Wait for a build of another record version still running; whether there was one. One build
-        at a time per family: a record changing while one runs (a link flapping) with calls arriving
-        (each pod start's GetPreferredAllocation and Allocate) started a thread per version, each
-        building a list of up to 4 MiB for over a second of CPU, all at once, most of them for records
-        already replaced; now the calls wait, then share one build of the record latest then."""
-        building = self._building
-        if building is None or building[0] == version or building[1].done():
-            return False
-        await asyncio.wait([building[1]])  # never cancels the build, whoever stops waiting
-        return True
-
-    async def _build(
-        self, version: int, spec: DevicesSpec | None, facts: HostFacts | None
-    ) -> tuple[FamilyView, pb.ListAndWatchResponse] | None:
-        """The view and its list, on a thread of their own: rdma.shared at kubelet's 4 MiB limit is some
-        123,000 tokens, over a second of CPU, and every family's calls and streams (the DRA driver's too,
-        in the agent) share this loop. Callers of one version share the build in flight. None, once it
-        ended, when another version's build started while the host facts were read (one at a time)."""
-        if await self._other_build_ended(version):
-            return None
-        building = self._building
-        if building is None or building[0] != version:
-            make = functools.partial(self._list, spec, facts)
-            try:
-                running = offloop.start(make, f"the {self.resource} device list")
-            except RuntimeError:  # no thread to be had (the process at its limit): built here all the same
-                return make()
-            running.add_done_callback(_retrieved)
-            building = self._building = (version, running)
-        return await asyncio.shield(building[1])
 
     def _list(
         self, spec: DevicesSpec | None, facts: HostFacts | None
@@ -219,6 +195,10 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
             retry: float | None = None
             try:
                 _, current, message = await self._derive()
+            except BuildFailed as exc:
+                # Logged once per failure streak by the build; tried again after its backoff, since no
+                # record change may come (or at once when one does).
+                retry = exc.retry_in
             except ReadTimeout as exc:
                 # Tried again (sharing the read in flight) until it returns: no record change may come.
                 retry = self.verbs.budget
@@ -442,7 +422,10 @@ class DevicePluginManager:
         fallback_poll: float = FALLBACK_POLL_S,
         retry_base: float = RETRY_BASE_S,
         kubelet_absent_warning: float = KUBELET_ABSENT_WARNING_S,
+        build_retry: Backoff = offloop.BUILD_RETRY,
     ) -> None:
+        """`build_retry`: how soon a family's device list whose build failed is built again while the
+        record is unchanged."""
         self.source = source
         self.host = host
         self.config = config or PluginConfig()
@@ -456,7 +439,9 @@ class DevicePluginManager:
         self.verbs = verbs or VerbsCache(host, budget=read_budget)
         facts = host_facts_flight(self.verbs.budget)  # one read of the host facts answers every family
         self.servers = [
-            FamilyServer(DevicePluginServicer(f, self.config, source, self.verbs, facts), plugin_dir)
+            FamilyServer(
+                DevicePluginServicer(f, self.config, source, self.verbs, facts, retry=build_retry), plugin_dir
+            )
             for f in self.config.families()
         ]
         self.serving = asyncio.Event()  # set once every family is serving and registered at least once

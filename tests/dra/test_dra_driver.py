@@ -408,9 +408,11 @@ async def test_unprepare_after_a_restart_removes_the_right_spec(
         await shutdown(r)
 
 
-async def test_unprepare_finds_the_spec_where_it_was_written_even_if_the_cdi_dir_moved(
+async def test_unprepare_after_the_cdi_dir_moved_leaves_the_old_spec_where_it_was(
     api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:
+    """Only files inside the current --cdi-dir are removed: the spec in the earlier one is left (said),
+    the claim is forgotten."""
     claim = put_claim(api, "moved", [result(NIC0)])
     r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
     try:
@@ -423,7 +425,9 @@ async def test_unprepare_finds_the_spec_where_it_was_written_even_if_the_cdi_dir
     try:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {claim["metadata"]["uid"]: ""}
-        assert os.listdir(old) == []
+        assert os.listdir(old) == [f"{DRIVER}-nic_{claim['metadata']['uid']}.json"]
+        assert r.driver.checkpoint.claims == {}
+        assert not os.path.exists(moved.cdi) or os.listdir(moved.cdi) == []
     finally:
         await shutdown(r)
 
@@ -448,8 +452,9 @@ async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the
     api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
 ) -> None:
     """`--cdi-dir` changed between restarts: kubelet prepares a held claim again (its own restart, a
-    pod's). The runtime now reads the new directory, so the spec lands there, the stale one in the old
-    directory goes, and the entry names the new file (so a later unprepare, or a later move, finds it)."""
+    pod's). The runtime now reads the new directory, so the spec lands there, and the entry names the
+    new file (so a later unprepare, or a later move, finds it). The stale one in the old directory is
+    left, said: only files inside the current --cdi-dir are removed."""
     claim, first, name, written = await _prepared_by_a_driver_that_stops(
         api, dirs, hgx_host, hgx_spec, "relocated"
     )
@@ -462,7 +467,7 @@ async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the
         assert (await plugin.prepare(ref(claim)))[uid] == first
         assert api.count("GET", CLAIMS) == reads  # still answered from the entry
         assert Path(moved.cdi, name).read_bytes() == written
-        assert os.listdir(dirs.cdi) == []
+        assert os.listdir(dirs.cdi) == [name]
         assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)
     finally:
         await shutdown(r)
@@ -471,7 +476,7 @@ async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the
         assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)  # durably
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
-        assert os.listdir(moved.cdi) == [] and os.listdir(dirs.cdi) == []
+        assert os.listdir(moved.cdi) == [] and os.listdir(dirs.cdi) == [name]
     finally:
         await shutdown(r)
 

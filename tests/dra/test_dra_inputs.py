@@ -4,6 +4,7 @@ an API that fails. Each bad input gets a clear error and loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -180,7 +181,8 @@ def test_putting_the_same_claim_twice_is_idempotent(tmp_path: Path) -> None:
 def test_a_uid_that_is_not_plain_names_a_hashed_file_inside_the_directory(tmp_path: Path) -> None:
     checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"))
     odd = "../../etc/passwd"
-    checkpoint.put(prepared(odd))
+    # The claim's spec path is the driver's own (a uid never reaches it unchecked, `ClaimRef.check`).
+    checkpoint.put(dataclasses.replace(prepared(odd), spec_path=f"/run/cdi/{DRIVER}-nic_{UID}.json"))
     [name] = os.listdir(tmp_path / "checkpoint.d")
     assert name.startswith("h-") and "/" not in name
     assert list(Checkpoint(str(tmp_path / "checkpoint.json")).claims) == [odd]

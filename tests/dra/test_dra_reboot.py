@@ -208,15 +208,16 @@ async def test_another_boot_and_another_cdi_dir_write_the_new_spec_in_the_new_di
     node: Node, api: RunningAPI, dirs: Dirs
 ) -> None:
     """A reboot that also changed `--cdi-dir` (the old one not a tmpfs): the claim is resolved again and
-    its new spec lands in the current directory; the old boot's spec in the old one is removed."""
+    its new spec lands in the current directory; the old boot's spec in the old one is left (only files
+    inside the current --cdi-dir are removed), as it was."""
     claim = put_claim(api, "moved", [result(DEV_A)])
     uid = claim["metadata"]["uid"]
     first = await node.prepare(node.tree(BEFORE, BOOT_A), claim)
-    old = dirs.cdi
+    old = spec_file(dirs, uid).read_bytes()
     node.dirs = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
     assert await node.prepare(node.tree(SWAPPED, BOOT_B), claim) == first
     assert nodes_and_hca(spec_of(node.dirs, uid))[0][0] == "/dev/infiniband/uverbs1"
-    assert os.listdir(old) == []
+    assert os.listdir(dirs.cdi) == [spec_file(dirs, uid).name] and spec_file(dirs, uid).read_bytes() == old
     entry = decode(entry_path(dirs, uid).read_bytes())
     assert entry.spec_path == str(spec_file(node.dirs, uid)) and entry.spec == spec_of(node.dirs, uid)
 

@@ -162,6 +162,25 @@ def _strings(value: Any) -> list[str]:
     return [_str(v) for v in value]
 
 
+def spec_path_problem(path: str) -> str:
+    """What makes a recorded spec path unusable ("" when nothing does; "" is also the path of a claim
+    with no spec). Every path the driver records is its `--cdi-dir` (absolute) joined with a file name;
+    anything else came from a damaged or hand-made file, and acting on it (an unprepare removes the
+    spec, a repeated prepare writes it) would touch a file named relative to the process's working
+    directory, or, through `..`, outside the directory the path names."""
+    if not path:
+        return ""
+    if "\0" in path:
+        return "it holds a NUL byte"
+    if not os.path.isabs(path):
+        return "it is a relative path (it would resolve against the process's working directory)"
+    if ".." in path.split("/"):
+        return "it has a '..' component"
+    if os.path.normpath(path) != path or path.endswith("/"):
+        return "it is not in normal form (empty or '.' components, or a trailing '/')"
+    return ""
+
+
 def _checksum(claims: Any) -> str:
     return hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).hexdigest()
 
@@ -365,8 +384,38 @@ class Checkpoint:
             except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
                 self._set_aside(path, exc)
                 continue
+            if self._refused(claim, path):
+                continue
             out[claim.uid] = claim
         return out
+
+    def _refused(self, claim: PreparedClaim, path: str) -> bool:
+        """Whether the claim's entry names an unusable spec path (`spec_path_problem`): then it is said,
+        by claim, and left out, its file (`path`; "" for an entry of the whole-file checkpoint) moved
+        aside. The claim is forgotten as a corrupt file's is: an unprepare still finds its spec by the
+        spec's name under `--cdi-dir`, and a prepare reads the claim again."""
+        problem = spec_path_problem(claim.spec_path)
+        if not problem:
+            return False
+        aside = f"{path}.corrupt" if path else ""
+        if path:
+            with contextlib.suppress(OSError):
+                os.replace(path, aside)
+        log.error(
+            "a prepared claim's checkpoint entry names an unusable CDI spec path; the entry is refused"
+            " (the claim is prepared again from the API, and an unprepare removes only the spec under"
+            " --cdi-dir)",
+            extra={
+                "claim": claim.uid,
+                "namespace": claim.namespace,
+                "claim_name": claim.name,
+                "spec_path": claim.spec_path,
+                "why": problem,
+                "path": path or self.path,
+                "moved_to": aside or None,
+            },
+        )
+        return True
 
     def _load_legacy(self) -> dict[str, PreparedClaim] | None:
         """The claims of a whole-file checkpoint (None when there is none; {} when it was unusable)."""
@@ -380,10 +429,12 @@ class Checkpoint:
             claims = doc.get("claims")
             if not isinstance(claims, dict) or doc.get("checksum") != _checksum(claims):
                 raise ValueError("checksum mismatch")
-            return {uid: PreparedClaim.from_wire(uid, c) for uid, c in claims.items()}
+            read = [PreparedClaim.from_wire(uid, c) for uid, c in claims.items()]
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             self._set_aside(self.path, exc)
             return None
+        # One entry refused keeps the others: the file is migrated without it (and then removed).
+        return {c.uid: c for c in read if not self._refused(c, "")}
 
     def _set_aside(self, path: str, exc: BaseException) -> None:
         aside = f"{path}.corrupt"

@@ -94,6 +94,8 @@ class DraDriver:
         wake = asyncio.Event()
         publisher = asyncio.create_task(self.publisher.run(stop), name="dra-slices")
         publisher.add_done_callback(lambda _: wake.set())
+        # Each record's pool built off the loop as it arrives, so a prepare after a change rarely waits.
+        pools = asyncio.create_task(self.preparer.pools.follow(stop), name="dra-pool")
         stopper = asyncio.ensure_future(stop.wait())
         stopper.add_done_callback(lambda _: wake.set())
         if self.use_inotify:
@@ -122,7 +124,8 @@ class DraDriver:
             for watch in self._watches:
                 watch.stop()
             publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
+            pools.cancel()
+            await asyncio.gather(publisher, pools, return_exceptions=True)
             await self.servers.stop()
             # Every claim recorded durable before we exit, unless the disk does not answer in time.
             await self.preparer.drain(DRAIN_S)

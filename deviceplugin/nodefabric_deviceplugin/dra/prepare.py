@@ -10,8 +10,9 @@ entry's error and never the call's, and nothing a claim carries can crash the se
    nodes and renamed the RDMA devices: the entry is rewritten (durably), then the spec; the CDI ids, a
    function of the claim's uid and devices, stay. A device gone from the node fails the claim, nothing
    written (`_prepare_again`). An entry whose spec lies under another `--cdi-dir` than the current one
-   (the flag changed between restarts) has its spec written under the current one, the old file removed
-   and the entry rewritten to name the new one (`_relocate`; when resolved again, `_rewrite`);
+   (the flag changed between restarts) has its spec written under the current one and the entry
+   rewritten to name the new one (`_relocate`; when resolved again, `_rewrite`); the old file is left,
+   with a Warning: nothing outside `--cdi-dir` is ever removed;
 2. otherwise the claim is read from the API and its uid checked; this driver's results for this node's
    pool are taken (other drivers' are theirs);
 3. each device is resolved in the latest record (a device whose link failed after it was allocated is
@@ -31,8 +32,10 @@ cancelled while its hop still reads the claim walks away at once, and that threa
 cancelled while its hop still waits for a thread (every hop thread busy, their cap reached) drops it, and
 lets the lock go at once: the hop never runs, neither the claim's read nor a write (`hops.finish`).
 
-Unpreparing removes the spec the checkpoint names (or, without an entry, the one the claim's uid names)
-and forgets the claim; a claim never prepared here unprepares successfully.
+Unpreparing removes the claim's spec (named by the claim's uid) from `--cdi-dir`, and only from there,
+and forgets the claim; a claim never prepared here unprepares successfully. A checkpoint entry whose spec
+path is relative or has `..` components is refused when the checkpoint is read (`checkpoint`), and one
+whose spec lies elsewhere (an earlier `--cdi-dir`, a symlink out of it) has that file left, said.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ from nodefabric_deviceplugin.dra import boot, cdi, hops, metrics
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, Reservation
 from nodefabric_deviceplugin.dra.claims import AllocatedDevice, ClaimError, ClaimRef, allocated_devices
 from nodefabric_deviceplugin.dra.config import DriverConfig
-from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
+from nodefabric_deviceplugin.dra.devices import PoolDevice
+from nodefabric_deviceplugin.dra.pool import Pools
 from nodefabric_deviceplugin.dra.syncs import Syncs
-from nodefabric_deviceplugin.offloop import ReadTimeout
+from nodefabric_deviceplugin.offloop import BuildFailed, ReadTimeout
 from nodefabric_deviceplugin.resources import Family, FamilyView, RdmaEndpoint, Token
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.verbs import VerbsCache, VerbsDevices, VerbsUnresolvable
@@ -171,7 +175,7 @@ class _Hop:
 def _moved(written: str, current: str) -> bool:
     """Whether a claim's spec was written under another `--cdi-dir` than the current one. Another path
     of the same directory (/var/run/cdi and /run/cdi, /var/run a symlink to /run; a bind mount) is no
-    move: "moving" the spec there would write it and then remove it as the stale one."""
+    move: "moving" the spec there would say the same file was left behind."""
     old, new = os.path.dirname(written), os.path.dirname(current)
     if os.path.normpath(old) == os.path.normpath(new):
         return False
@@ -181,20 +185,16 @@ def _moved(written: str, current: str) -> bool:
         return True
 
 
-def _remove_stale(path: str, uid: str) -> None:
-    """The spec a claim had under an earlier `--cdi-dir`, removed. Only ever the claim's own file name
-    (`Preparer._prepare` refuses an entry naming another); what cannot be removed (a directory there, a
-    directory no longer writable) is left, said once: the claim is served from the current directory."""
-    try:
-        if cdi.remove_spec(path):
-            log.info(
-                "removed a claim's CDI spec from an earlier --cdi-dir", extra={"claim": uid, "path": path}
-            )
-    except OSError as exc:
-        log.warning(
-            "cannot remove a claim's CDI spec from an earlier --cdi-dir; left there",
-            extra={"claim": uid, "path": path, "why": str(exc)},
-        )
+def _leave_stale(path: str, uid: str, cdi_dir: str) -> None:
+    """The spec a claim had under an earlier `--cdi-dir` (or through a symlink out of it): left where it
+    is, said. The driver removes only files inside the configured `--cdi-dir`: a path read back from the
+    checkpoint is no proof of what the file is. A spec left there names CDI devices no claim asks for
+    again (their names carry the claim's uid)."""
+    log.warning(
+        "a claim's CDI spec lies outside the current --cdi-dir; left there (only files inside --cdi-dir are"
+        " removed), remove it by hand",
+        extra={"claim": uid, "path": path, "cdi_dir": cdi_dir},
+    )
 
 
 def _claim_spec(
@@ -263,8 +263,7 @@ class _AnotherBoot:
     checkpoint: Checkpoint
     _waits: hops.Waits
 
-    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
-        raise NotImplementedError
+    pools: Pools
 
     def _respec(self, done: PreparedClaim) -> bool | None:
         """On a worker thread, for a repeated prepare: the spec rewritten from the entry when the entry
@@ -297,14 +296,14 @@ class _AnotherBoot:
 
     def _relocate(self, done: PreparedClaim) -> None:
         """On a worker thread, under the lock: the entry's spec written under the current `--cdi-dir`
-        (the runtime is now told to read that one), the stale spec in the old directory removed, then the
-        entry rewritten (durably) to name the new file. A kill between the steps leaves nothing no later
-        call finds: a spec in the current directory is found by its name (an unprepare always looks
-        there), and the entry still names the old file until the rewrite, so an unprepare removes that
-        one too, and the next prepare moves it again."""
+        (the runtime is now told to read that one), then the
+        entry rewritten (durably) to name the new file; the stale spec is left in the old directory,
+        said (`_leave_stale`). A kill between the steps leaves nothing no later call finds: a spec in the
+        current directory is found by its name (an unprepare always looks there), and the next prepare
+        moves the entry again."""
         path = self._spec_path(done.uid)
         cdi.write_new_spec(path, cdi.spec_text(done.spec))
-        _remove_stale(done.spec_path, done.uid)
+        _leave_stale(done.spec_path, done.uid, self.config.cdi_dir)
         self.checkpoint.put(dataclasses.replace(done, spec_path=path))
         log.warning(
             "moved a prepared claim's CDI spec to the current --cdi-dir",
@@ -318,7 +317,7 @@ class _AnotherBoot:
         reserves it); then its entry rewritten and synced, then its spec (`_rewrite`). The answer is the
         entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
         longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
-        plan = self._replan(ref, done, self._offered())
+        plan = self._replan(ref, done, await self.pools.latest())
         again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, None), waits=self._waits)
         if again is None:
             # Not cached for this record: read off the loop within a budget, as a first prepare does.
@@ -378,9 +377,8 @@ class _AnotherBoot:
         whole, spec = _claim_spec(self.config.driver, ref.uid, plan, verbs)
         path = self._spec_path(done.uid)
         if _moved(done.spec_path, path):
-            # The old boot's spec in the old directory goes first: once the entry names the new file,
-            # nothing would name that one any more.
-            _remove_stale(done.spec_path, done.uid)
+            # Said before the entry is rewritten: once it names the new file, nothing names that one.
+            _leave_stale(done.spec_path, done.uid, self.config.cdi_dir)
         prepared = dataclasses.replace(done, spec=spec, boot_id=self.boot_id, spec_path=path)
         self.checkpoint.put(prepared)
         cdi.write_new_spec(prepared.spec_path, cdi.spec_text(spec))
@@ -412,7 +410,7 @@ class Preparer(_AnotherBoot):
         self.checkpoint = checkpoint
         # One claim at a time: the checkpoint and the spec directory change together.
         self._lock = asyncio.Lock()
-        self._pool: tuple[int, dict[str, PoolDevice]] | None = None  # derived once per record version
+        self.pools = Pools(source, config.functions)  # the record's pool, built off the loop per version
         self._templates = _Templates(config.driver)
         self.syncs = Syncs()
         self._waits = hops.Waits()  # the hops awaited under the lock, which a stop that gave up lets go
@@ -433,7 +431,7 @@ class Preparer(_AnotherBoot):
         try:
             async with self._lock:
                 return Prepared(devices=await self._prepare(ref))
-        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout) as exc:
+        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout, BuildFailed) as exc:
             why = str(exc)
         except OSError as exc:
             why = f"writing the CDI spec or the checkpoint failed: {exc}"
@@ -471,9 +469,11 @@ class Preparer(_AnotherBoot):
                 log.warning("rewrote a prepared claim's missing CDI spec", extra={"claim": str(ref)})
             metrics.PREPARES.labels("repeated").inc()
             return done.devices
-        # The record's pool is taken here, on the loop (`_offered` keeps a cache), and handed to the thread.
+        # The record's pool (built off the loop once per record, `pool`), at least as new as the record
+        # now, is taken here and handed to the thread.
+        found = await self.pools.latest()
         gate = hops.WriteGate()
-        hop = await self._recorded(ref, self._read_and_write, ref, self._offered(), gate, gate=gate)
+        hop = await self._recorded(ref, self._read_and_write, ref, found, gate, gate=gate)
         if hop.plan is None:
             metrics.PREPARES.labels("no_devices").inc()
             log.info("claim has none of this driver's devices on this node", extra={"claim": str(ref)})
@@ -508,7 +508,7 @@ class Preparer(_AnotherBoot):
         are cached for that record (the common case), the grant and both files (`_write`). Otherwise
         the plan goes back to the loop, whose budgeted verbs read this thread must not do.
 
-        Thread safety: `found` is never changed once made (`_offered` makes a new one per version); the
+        Thread safety: `found` is never changed once made (`pool.Pools` makes a new one per version); the
         grant and the spec are pure; `self.verbs` is this Preparer's own and only ever changed by its
         `devices`, awaited under the lock. The read and the plan need no lock: a call cancelled while
         they run walks away (`hops.WriteGate`), and the thread then stops before the lookup. Past
@@ -616,19 +616,13 @@ class Preparer(_AnotherBoot):
             raise
         return entry
 
-    def _offered(self) -> tuple[int, dict[str, PoolDevice]] | None:
-        version, spec = self.source.snapshot()
-        if spec is None:
-            return None
-        if self._pool is None or self._pool[0] != version:
-            self._pool = (version, {d.name: d for d in offered(pool_devices(spec), self.config.functions)})
-        return self._pool
-
-    def _forget(self, paths: list[str], uid: str) -> bool:
-        """Remove the claim's specs, then its checkpoint entry (durably); whether a spec was there."""
-        removed = False
-        for path in paths:
-            removed = cdi.remove_spec(path) or removed
+    def _forget(self, uid: str, written: str) -> bool:
+        """On a worker thread: remove the claim's spec from `--cdi-dir`, then its checkpoint entry
+        (durably); whether a spec was there. `written`: the spec path its entry names ("" without one)."""
+        path = self._spec_path(uid)
+        if written and _moved(written, path):
+            _leave_stale(written, uid, self.config.cdi_dir)
+        removed = cdi.remove_spec(path)
         self.checkpoint.remove(uid)
         return removed
 
@@ -656,14 +650,11 @@ class Preparer(_AnotherBoot):
     async def _unprepare(self, ref: ClaimRef) -> None:
         ref.check()
         done = self.checkpoint.get(ref.uid)
-        expected = cdi.spec_file_name(self.config.driver, ref.uid)
-        paths = [cdi.spec_path(self.config.cdi_dir, self.config.driver, ref.uid)]
-        # The spec where prepare wrote it (--cdi-dir may have changed since); a checkpoint entry can only
-        # ever name this claim's own file, so a tampered checkpoint cannot make us delete anything else.
-        if done is not None and done.spec_path and os.path.basename(done.spec_path) == expected:
-            paths.insert(0, done.spec_path)
+        # Only the claim's own spec, only under --cdi-dir: whatever path the entry names, the entry is
+        # read back from a file, no proof of what lies there (see `_leave_stale`).
+        written = "" if done is None else done.spec_path
         removed = await hops.finish(
-            ref, hops.hop(self._forget, list(dict.fromkeys(paths)), ref.uid), "unprepare", waits=self._waits
+            ref, hops.hop(self._forget, ref.uid, written), "unprepare", waits=self._waits
         )
         metrics.UNPREPARES.labels("removed" if removed else "absent").inc()
         metrics.PREPARED_CLAIMS.set(len(self.checkpoint.claims))
