@@ -143,20 +143,21 @@ class Elector:
 
     def try_once(self) -> bool:
         """One attempt to acquire or renew; True while this replica holds the lease. Transient failures
-        and a lost race (409) are False; a refusal (403) raises."""
+        and a lost race (409) are False, and so is a create refused for its namespace (missing, or
+        being deleted: `absent` says which); any other refusal (403) raises."""
         with self._lock:
             if self._released:
                 return False
             return self._try_once()
 
     def _try_once(self) -> bool:
+        self.absent = None
         try:
             current = self._read()
             now = self.clock()
             if current is not None and not self._takeable(dict(current["spec"])):
                 return False
             body = self._body(current, now)
-            self.absent = None
             if current is None:
                 self._create(body)
             else:
@@ -164,8 +165,8 @@ class Elector:
             return True
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
-            if status in (400, 401, 403, 422):  # refused as asked: asking again changes nothing
-                raise
+            if status in (400, 401, 403, 422) and self.absent is None:
+                raise  # refused as asked: asking again changes nothing (a namespace being deleted will)
             return False  # a lost race (409), an overloaded or unreachable API server: try again
         except (urllib3.exceptions.HTTPError, OSError, sinks.SinkError):
             return False  # sinks.SinkError: an answer that is no lease (a proxy's page), as a broken one
@@ -204,12 +205,12 @@ class Elector:
         Lease whose namespace does not exist is said once, as an ERROR (no replica can lead until someone
         creates it), and tried again on a growing backoff, not every `retry` seconds."""
         where = {"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity}
-        waiting_logged = False
+        waiting_logged = said = False  # said: the namespace's ERROR line, once
         backoff: Iterator[float] | None = None  # while the namespace is missing
         while not stopping():
             if await asyncio.to_thread(self.try_once):
                 self.leading = True
-                if backoff is not None:
+                if said:
                     log.info("the lease's namespace exists now", extra=where)
                 log.info("leading", extra=where)
                 return True
@@ -220,8 +221,9 @@ class Elector:
                     waiting_logged = True
                 await asyncio.sleep(self.cfg.retry)
                 continue
-            if backoff is None:
-                backoff = absent_delays(self.cfg.retry)
+            backoff = backoff or absent_delays(self.cfg.retry)
+            if not said:
+                said = True
                 log.error(
                     "cannot take the lease: its namespace is missing, nothing is published until it exists",
                     extra={
