@@ -28,9 +28,16 @@ first sync leaves them, pass by pass interleaved; the medians of seconds and pro
 the operator's requests per record, and the embedded API's CPU in this process for each side (on a 2-core
 machine it competes with the operator for wall time; a real API server is elsewhere).
 
+NFD missing (`--crd-missing 2000 [--before REV] [--window 60]`, only these figures): a first sync of N
+records where every NodeFeature create is answered as by an API server without NFD's CRD (404, a Status
+naming no object; the proxy answers it, the start-up listing passes, as the operator exits at start
+without it); the requests per second the operator sends and the lines it logs over the window from its
+start, for the operator now and the one at REV (run from `git archive`).
+
 Usage: hack/bench_operator.py [--records 5000] [--sync-records 5000] [--before-records 500]
                               [--before 3482377] [--changes 100]
        hack/bench_operator.py --versus 500,2000,5000 [--rounds 3]
+       hack/bench_operator.py --crd-missing 2000 --before HEAD~1 [--window 60]
 """
 
 from __future__ import annotations
@@ -149,7 +156,7 @@ def seed(k: RunningAPI, n: int, *, published: bool = False) -> None:
             meta = {
                 "name": name,
                 "namespace": NS,
-                "labels": {sinks.NFD_NODE_NAME: name},
+                "labels": {sinks.NFD_NODE_NAME: name, sinks.MANAGED_BY: sinks.MANAGER},
                 "ownerReferences": [{**owner, "uid": body["metadata"]["uid"]}],
             }
             spec = {"labels": body["status"]["labels"]}
@@ -303,9 +310,29 @@ def operator_argv(metrics_port: int, kubeconfig: str, *, health: bool = True) ->
     return [sys.executable, "-m", "nodefabric_operator.console", *command, *ports]
 
 
+NFD_CRD = f"{sinks.NFD_PLURAL}.{sinks.NFD_GROUP}"
+NF_PLURAL = sinks.NFD_PLURAL
+
+
+def nodefeature_crd() -> dict[str, Any]:
+    """NFD's NodeFeature CRD as far as the operator needs it (schema-less): one that can be deleted."""
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    version = {"name": sinks.NFD_VERSION, "served": True, "storage": True, "schema": schema}
+    names = {"plural": sinks.NFD_PLURAL, "singular": "nodefeature", "kind": "NodeFeature"}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": NFD_CRD},
+        "spec": {"group": sinks.NFD_GROUP, "scope": "Namespaced", "names": names, "versions": [version]},
+    }
+
+
 @contextlib.asynccontextmanager
-async def fleet(n: int, *, published: bool = False) -> AsyncIterator[tuple[RunningAPI, WatchBreaker]]:
-    async with running_api([crd.devices_crd()]) as k, watch_breaker(k.url) as proxy:
+async def fleet(
+    n: int, *, published: bool = False, nfd_crd: bool = False
+) -> AsyncIterator[tuple[RunningAPI, WatchBreaker]]:
+    crds = [crd.devices_crd()] + ([nodefeature_crd()] if nfd_crd else [])
+    async with running_api(crds) as k, watch_breaker(k.url) as proxy:
         seed(k, n, published=published)
         yield k, proxy
 
@@ -582,6 +609,73 @@ async def versus(sizes: list[int], rounds: int, workdir: Path) -> None:
             )
 
 
+def _archived(rev: str, workdir: Path) -> Path | None:
+    """The operator package at `rev`, unpacked under `workdir` (its source root), None when git fails."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "operator/nodefabric_operator"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        print(f"  (no figures before: git archive {rev} failed: {archive.stderr.decode().strip()})")
+        return None
+    tree = workdir / f"tree-{len(list(workdir.glob('tree-*')))}"
+    tree.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree / "operator"
+
+
+async def crd_missing(
+    n: int, window: float, label: str, *, source: Path | None, workdir: Path, out: Figures
+) -> None:
+    """A first sync of N records with every NodeFeature create refused as the API server refuses a
+    resource it does not serve: what the operator sends and logs over `window` seconds from its start."""
+    async with fleet(n) as (k, proxy):
+        proxy.refuse("POST", f"/apis/{sinks.NFD_GROUP}/", 404)
+        env = dict(os.environ, POD_NAME="bench")
+        if source is not None:
+            env["PYTHONPATH"] = str(source)
+        port = free_port()
+        log = workdir / f"crd-missing-{label}.log"
+        op = Process(operator_argv(port, proxy.kubeconfig, health=source is None), env, log, port)
+        created = "nodefabric_operator_api_requests_total"
+
+        async def sent() -> float:
+            # The creates the proxy refused never reach the embedded API, which counts the rest.
+            return k.count() + await op.metric(created, verb="create", resource=NF_PLURAL)
+
+        try:
+            start = await sent()
+            await op.start()
+            await asyncio.sleep(window / 2)
+            half = await sent()
+            await asyncio.sleep(window / 2)
+            end = await sent()
+            size, lines = log_bytes(log, 0)
+            name = f"{label} NFD missing, {n} records:"
+            out.add(f"{name} requests/s", (end - start) / window, "", f"the first {window:.0f} s")
+            out.add(f"{name} requests/s, second half", (end - half) / window * 2, "", "after the first tries")
+            out.add(
+                f"{name} NodeFeature creates", await op.metric(created, verb="create", resource=NF_PLURAL)
+            )
+            out.add(f"{name} log lines", lines, "", f"{size:,} bytes")
+        finally:
+            await op.stop()
+
+
+async def nfd_missing(n: int, window: float, before: str, workdir: Path, out: Figures) -> None:
+    """`--crd-missing`: the operator now, then the one at `before`."""
+    print(f"NFD missing: a first sync of {n} records, {window:.0f} s from the start")
+    try:
+        await crd_missing(n, window, "now", source=None, workdir=workdir, out=out)
+        source = _archived(before, workdir)
+        if source is not None:
+            await crd_missing(n, window, "before", source=source, workdir=workdir, out=out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def compiled() -> None:
     """Byte-compile the operator's packages, as the image's `pip install` does. An editable checkout run
     with PYTHONDONTWRITEBYTECODE (this machine's default, and the image's) compiles every module of
@@ -607,12 +701,17 @@ async def main() -> None:
     parser.add_argument("--before-records", type=int, default=500, help="0: no figures before")
     parser.add_argument("--before", default=DEFAULT_BEFORE, help="git revision of the operator before")
     parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--crd-missing", type=int, default=0, help="only NFD's CRD deleted under N records")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds measured (--crd-missing)")
     args = parser.parse_args()
     n, small = args.records, max(1, args.records // 5)
     compiled()
     workdir = Path(tempfile.mkdtemp(prefix="nf-bench-op-"))
     out = Figures()
     v = out.values
+    if args.crd_missing:
+        await nfd_missing(args.crd_missing, args.window, args.before, workdir, out)
+        return
     if args.versus:
         print(f"the operator against a do-nothing kopf operator, medians of {args.rounds} interleaved passes")
         try:

@@ -25,6 +25,7 @@ FABRIC_LOST = "FabricLabelsLost"
 PUBLISH_FAILED = "PublishFailed"
 NODE_NOT_FOUND = "NodeNotFound"
 NAMESPACE_NOT_FOUND = "NamespaceNotFound"
+NFD_NOT_FOUND = "NodeFeatureAPINotFound"  # NFD's CRD not installed: labels wait for it
 
 # Five keys never come near the cap; a hand-edited sink might.
 MAX_MESSAGE = shared.MAX_MESSAGE

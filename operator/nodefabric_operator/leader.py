@@ -19,7 +19,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +36,17 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = (5.0, 10.0)
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 LEASE = LEASES + "/{name}"
+# The longest wait between two tries while the Lease's namespace does not exist: it takes a person to
+# create it, and each try is two requests that cannot succeed until then.
+ABSENT_CAP = 300.0
+
+
+def absent_delays(retry: float) -> Iterator[float]:
+    """The waits between tries while the namespace is missing: `retry`, doubling up to ABSENT_CAP."""
+    delay = max(retry, 0.1)
+    while True:
+        yield delay
+        delay = min(delay * 2, max(ABSENT_CAP, retry))
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,9 @@ class Elector:
         # Renewals run in worker threads: once released, no renewal still in flight may take it back.
         self._lock = threading.Lock()
         self._released = False
+        # Why the last try could not create the Lease when its namespace does not exist (or is being
+        # deleted); None otherwise. Read by acquire and hold to say it and back off.
+        self.absent: str | None = None
 
     def _body(self, current: dict[str, Any] | None, now: float) -> dict[str, Any]:
         spec = dict((current or {}).get("spec") or {})
@@ -129,13 +143,15 @@ class Elector:
 
     def try_once(self) -> bool:
         """One attempt to acquire or renew; True while this replica holds the lease. Transient failures
-        and a lost race (409) are False; a refusal (403) raises."""
+        and a lost race (409) are False, and so is a create refused for its namespace (missing, or
+        being deleted: `absent` says which); any other refusal (403) raises."""
         with self._lock:
             if self._released:
                 return False
             return self._try_once()
 
     def _try_once(self) -> bool:
+        self.absent = None
         try:
             current = self._read()
             now = self.clock()
@@ -143,17 +159,30 @@ class Elector:
                 return False
             body = self._body(current, now)
             if current is None:
-                self._send("POST", LEASES, body)
+                self._create(body)
             else:
                 self._replace(body)
             return True
         except kubernetes.client.ApiException as err:
             status = sinks.status_of(err)
-            if status in (400, 401, 403, 422):  # refused as asked: asking again changes nothing
-                raise
+            if status in (400, 401, 403, 422) and self.absent is None:
+                raise  # refused as asked: asking again changes nothing (a namespace being deleted will)
             return False  # a lost race (409), an overloaded or unreachable API server: try again
         except (urllib3.exceptions.HTTPError, OSError, sinks.SinkError):
             return False  # sinks.SinkError: an answer that is no lease (a proxy's page), as a broken one
+
+    def _create(self, body: dict[str, Any]) -> None:
+        """The Lease created; a refusal for its namespace (404 naming it, or 403 NamespaceTerminating)
+        noted in `absent`, then raised as any failed try."""
+        try:
+            self._send("POST", LEASES, body)
+        except kubernetes.client.ApiException as err:
+            ns = self.cfg.namespace
+            if sinks.missing_namespace(err, ns):
+                self.absent = f"namespace {ns} does not exist"
+            elif sinks.terminating_namespace(err):
+                self.absent = f"namespace {ns} is being deleted"
+            raise
 
     def _takeable(self, spec: dict[str, Any]) -> bool:
         record = tuple(
@@ -172,23 +201,40 @@ class Elector:
         return takeable(spec, self.cfg.identity, seen=self._observed_at, now=seen)
 
     async def acquire(self, stopping: Callable[[], bool]) -> bool:
-        """Wait until this replica holds the lease (True) or `stopping()` says to give up (False)."""
-        waiting_logged = False
+        """Wait until this replica holds the lease (True) or `stopping()` says to give up (False). A
+        Lease whose namespace does not exist is said once, as an ERROR (no replica can lead until someone
+        creates it), and tried again on a growing backoff, not every `retry` seconds."""
+        where = {"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity}
+        waiting_logged = said = False  # said: the namespace's ERROR line, once
+        backoff: Iterator[float] | None = None  # while the namespace is missing
         while not stopping():
             if await asyncio.to_thread(self.try_once):
                 self.leading = True
-                log.info(
-                    "leading",
-                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
-                )
+                if said:
+                    log.info("the lease's namespace exists now", extra=where)
+                log.info("leading", extra=where)
                 return True
-            if not waiting_logged:
-                log.info(
-                    "waiting to lead",
-                    extra={"lease": f"{self.cfg.namespace}/{self.cfg.name}", "identity": self.cfg.identity},
+            if self.absent is None:
+                backoff = None
+                if not waiting_logged:
+                    log.info("waiting to lead", extra=where)
+                    waiting_logged = True
+                await asyncio.sleep(self.cfg.retry)
+                continue
+            backoff = backoff or absent_delays(self.cfg.retry)
+            if not said:
+                said = True
+                log.error(
+                    "cannot take the lease: its namespace is missing, nothing is published until it exists",
+                    extra={
+                        **where,
+                        "error": self.absent,
+                        "fix": "create it, or run with --namespace naming one",
+                    },
                 )
-                waiting_logged = True
-            await asyncio.sleep(self.cfg.retry)
+            delay = next(backoff)
+            log.debug("the lease's namespace is still missing", extra={**where, "retry_in_s": delay})
+            await asyncio.sleep(delay)
         return False
 
     async def hold(self) -> None:
@@ -207,7 +253,9 @@ class Elector:
             if renewed:
                 last = time.monotonic()
             elif time.monotonic() - last >= self.cfg.renew:
-                self._lost(f"not renewed for {self.cfg.renew:g} s")
+                self._lost(
+                    f"not renewed for {self.cfg.renew:g} s" + (f": {self.absent}" if self.absent else "")
+                )
                 return
 
     def _lost(self, why: str) -> None:

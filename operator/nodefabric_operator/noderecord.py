@@ -114,8 +114,8 @@ def condition_for(
 def failure_condition(sink: str, err: BaseException) -> Condition:
     if isinstance(err, sinks.NodeNotFound):
         reason, message = events.NODE_NOT_FOUND, f"{err}: labels are published once it does"
-    elif isinstance(err, sinks.NamespaceMissing):
-        reason, message = events.NAMESPACE_NOT_FOUND, str(err)
+    elif isinstance(err, sinks.Unpublishable):
+        reason, message = err.reason, str(err)
     else:
         reason, message = events.PUBLISH_FAILED, f"{sink} write failed: {brief(err)}"
     return Condition(type=models.LABELS_PUBLISHED, status="False", reason=reason, message=message)

@@ -11,6 +11,13 @@ capped at PROBE_CAP_FACTOR times the longest retry backoff (5 min by default), a
 right beyond creating NodeFeatures, and when it lands the namespace exists, so every waiting record is
 published at once.
 
+The NodeFeature API not served (NFD's CRD not installed, or deleted under the running operator: NFD
+uninstalled or reinstalled) is waited for the same way: every record's create answered the same 404,
+retried through the backoffs and requeued every 60 s, a WARNING per retry and an ERROR and Event per
+record (2,000 records sent 132 requests a second over the first 2 minutes, and still 63 a second after
+them, with a log line per request: hack/bench_operator.py --crd-missing). The create's 404 says which is
+missing (sinks.missing_namespace, sinks.missing_api), and the ERROR line says that one.
+
 Only the event loop touches it.
 """
 
@@ -20,11 +27,29 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
+from nodefabric_operator import sinks
 from nodefabric_operator.noderecord import Outcome
 
 log = logging.getLogger(__name__)
 
 PROBE_CAP_FACTOR = 5  # the longest probe delay, in longest retry backoffs: 5 min with the default 60 s
+
+# What is said of each missing fact: the ERROR line, the fix, the probe's DEBUG line, the INFO line once
+# it exists.
+SAID = {
+    "namespace": (
+        "the namespace for NodeFeatures does not exist: nothing is published until it does",
+        "create it, or run with --namespace naming one that exists",
+        "the namespace for NodeFeatures is still missing",
+        "the namespace for NodeFeatures exists now, publishing the records that waited",
+    ),
+    "api": (
+        "the NodeFeature API is not served (NFD's CRD is not installed): nothing is published until it is",
+        "install NFD (its NodeFeature CRD), or run with --sink node",
+        "the NodeFeature API is still not served",
+        "the NodeFeature API is served now, publishing the records that waited",
+    ),
+}
 
 
 def _steps(backoffs: Sequence[float]) -> list[float]:
@@ -61,6 +86,7 @@ class NamespaceWait:
         self.wanted = wanted  # whether the record still exists to publish
         self.cheap = cheap  # whether its publish is one request (a create only): preferred as the probe
         self.missing = False
+        self.cause: sinks.Unpublishable = sinks.namespace_missing(namespace)  # what is missing, as said
         self.probing: str | None = None  # the record whose publish is the probe now: it may send
         self._waiting: dict[str, None] = {}  # records waiting, in the order they came
         self._round = 0  # a new round of missing: a sleeping probe of an older one stops
@@ -79,25 +105,28 @@ class NamespaceWait:
         self._waiting[name] = None
         return True
 
-    def absent(self, name: str, said: str = "") -> None:
-        """A create for `name` was answered: namespace not found (or being deleted: `said`). The first
-        says so, once, and starts the probe; `name` waits with the others."""
+    def absent(self, name: str, cause: sinks.Unpublishable | None = None) -> None:
+        """A create for `name` was answered: namespace not found (or being deleted), or the NodeFeature
+        API not served (`cause`). The first says so, once, and starts the probe; `name` waits with the
+        others. A probe answered with the other fact (the namespace created, NFD still missing) says
+        that one, once, and goes on probing."""
         self._waiting[name] = None
+        if cause is not None and (cause.fact != self.cause.fact or not self.missing):
+            self.cause = cause
+            if self.missing:
+                self._say()
         if self.missing:
             return
         self.missing = True
         self._round += 1
-        log.error(
-            "the namespace for NodeFeatures does not exist: nothing is published until it does",
-            extra={
-                "namespace": self.namespace,
-                "fix": "create it, or run with --namespace naming one that exists",
-                "probe_max_s": cap(self.backoffs),
-                "said": said,
-            },
-        )
+        self._say()
         if not self._closed:  # a publish that ended after the stop must not start probing again
             self._probe_task = self._spawn(self._probe(self._round))
+
+    def _say(self) -> None:
+        line, fix = SAID[self.cause.fact][:2]
+        extra = {"namespace": self.namespace, "fix": fix, "probe_max_s": cap(self.backoffs)}
+        log.error(line, extra={**extra, "said": str(self.cause)})
 
     def present(self) -> None:
         """A write into the namespace landed: it exists. Every record that waited is published."""
@@ -107,7 +136,7 @@ class NamespaceWait:
         names = [n for n in self._waiting if self.wanted(n)]
         self._waiting.clear()
         log.info(
-            "the namespace for NodeFeatures exists now, publishing the records that waited",
+            SAID[self.cause.fact][3],
             extra={"namespace": self.namespace, "records": len(names)},
         )
         for name in names:
@@ -137,7 +166,7 @@ class NamespaceWait:
                     self.probing = None
             if self.missing:
                 log.debug(
-                    "the namespace for NodeFeatures is still missing",
+                    SAID[self.cause.fact][2],
                     extra={"namespace": self.namespace, "waiting": len(self._waiting)},
                 )
 

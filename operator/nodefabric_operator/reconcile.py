@@ -52,8 +52,8 @@ SHOWN = 80  # characters of a withheld value quoted in a log line
 
 def transient(err: BaseException) -> bool:
     """Worth retrying: the API was unreachable (no answer, or none in time), overloaded or answered a
-    server error, or the NodeFeature API is missing (NFD is being installed or upgraded): each ends
-    without the record changing."""
+    server error: each ends without the record changing. (A missing NodeFeature API or namespace is
+    no retry of the record's own: it waits with every other record, nswait.py.)"""
     if isinstance(err, kubernetes.client.ApiException):
         status = int(err.status or 0)
         # A redirect (3xx) comes from something in front of the API server and is not followed (see
@@ -65,7 +65,6 @@ def transient(err: BaseException) -> bool:
         | aiohttp.ClientError
         | OSError
         | sinks.Conflict
-        | sinks.NfdMissing
         | StatusUnreadable,  # the labels were written: the status write is retried
     )
 
@@ -279,7 +278,7 @@ class Reconciler:
                         # The labels landed and the status write failed: the retry plans against the
                         # sink object as that write left it, not the one it replaced (a 409 and a read).
                         self.view.observe(landed[-1].now)
-                    if isinstance(err, sinks.NamespaceMissing):
+                    if isinstance(err, sinks.Unpublishable):
                         return await waiting_for_namespace(self, record, err)
                     delay = next(delays, None) if transient(err) else None
                     if delay is None:
@@ -398,17 +397,19 @@ async def read_existing(rec: Reconciler) -> None:
     )
 
 
-async def waiting_for_namespace(rec: Reconciler, record: NodeRecord, err: sinks.SinkError | None) -> Outcome:
-    """`record` waits for --namespace to exist (nswait.py): no request, no line of its own (the one
-    ERROR line names the namespace), its LabelsPublished condition written when it says otherwise (once
-    per record, not per retry), no Event (one cause for every record: its line and each condition say
-    it). This version counts as handled: a replay waits as it does."""
+async def waiting_for_namespace(
+    rec: Reconciler, record: NodeRecord, err: sinks.Unpublishable | None
+) -> Outcome:
+    """`record` waits for --namespace, or the NodeFeature API, to exist (nswait.py): no request, no line
+    of its own (the one ERROR line says which is missing), its LabelsPublished condition written when it
+    says otherwise (once per record, not per retry), no Event (one cause for every record: its line and
+    each condition say it). This version counts as handled: a replay waits as it does."""
     name = record.name
-    rec.namespace.absent(name, str(err) if err is not None else "")
+    rec.namespace.absent(name, err)
     rec.ledger.handled[name] = record.rv
     rec.told.failed(name)
     rec.metrics.inc(rec.metrics.reconciles, "error")
-    condition = failure_condition(rec.sink.name, err or sinks.namespace_missing(rec.namespace.namespace))
+    condition = failure_condition(rec.sink.name, err or rec.namespace.cause)
     try:
         after = await rec.status.send(rec.status.record_failure(record, condition))
     except Exception as status_err:
@@ -416,7 +417,10 @@ async def waiting_for_namespace(rec: Reconciler, record: NodeRecord, err: sinks.
         return Outcome("error")
     if after is not None:
         rec.ledger.keep(record, after)
-    log.debug("devices record waits for the namespace", extra={"node": name, "written": after is not None})
+    log.debug(
+        "devices record waits for the NodeFeature namespace or API",
+        extra={"node": name, "written": after is not None},
+    )
     return Outcome("error", status_written=after is not None)
 
 

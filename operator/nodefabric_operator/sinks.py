@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import kubernetes
 
 from nodefabric_devicemanager import models, vocabulary
-from nodefabric_operator import apicall, labels, rawcall
+from nodefabric_operator import apicall, events, labels, rawcall
 from nodefabric_operator.apicall import Calls, Request
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.view import SinkObject, items, part, version
@@ -49,12 +49,30 @@ class NodeNotFound(SinkError):
     pass
 
 
-class NfdMissing(SinkError):
-    pass
+class Unpublishable(SinkError):
+    """Where NodeFeatures go is missing: a fact about the operator, not the record, waited for once for
+    every record (nswait.py). `reason` is the LabelsPublished condition's; `fact` says which is missing."""
+
+    reason = events.NAMESPACE_NOT_FOUND
+    fact = "namespace"
 
 
-class NamespaceMissing(SinkError):
-    """--namespace does not exist: a fact about the operator, not the record (nswait.py waits for it)."""
+class NamespaceMissing(Unpublishable):
+    """--namespace does not exist (or is being deleted)."""
+
+
+class NfdMissing(Unpublishable):
+    """The NodeFeature API is not served: NFD's CRD is not installed, or was deleted (NFD uninstalled)."""
+
+    reason = events.NFD_NOT_FOUND
+    fact = "api"
+
+
+def nfd_missing(namespace: str) -> NfdMissing:
+    return NfdMissing(
+        f"the NodeFeature API ({NFD_PLURAL}.{NFD_GROUP}/{NFD_VERSION}) is not served: install NFD (its "
+        f"CRDs), or run with --sink node; labels are published in namespace {namespace} once it is served"
+    )
 
 
 def namespace_missing(namespace: str, *, terminating: bool = False) -> NamespaceMissing:
@@ -158,6 +176,15 @@ def foreign_owner(refs: Sequence[Mapping[str, Any]], marked: bool = False) -> st
     return f"{chosen[0].get('kind')} {chosen[0].get('name')}" if chosen else ""
 
 
+def tagged(found: Mapping[str, Any], name: Any) -> bool:
+    """Whether a NodeFeature carries both labels we write on ours: the node-name label nfd-master
+    selects by, and MANAGED_BY (what tells ours from another's once its owners are gone). One of ours
+    missing either drifted (sink.drifted) and is patched once to carry both: one that lost its node-name
+    label, or one made before MANAGED_BY was written, which would otherwise get it only at its next label
+    change. One that carries both costs no request."""
+    return found.get(NFD_NODE_NAME) == name and found.get(MANAGED_BY) == MANAGER
+
+
 def not_ours(target: str, foreign: str) -> str:
     """What a record's condition and Event say of a NodeFeature of its node's name that is not ours."""
     if foreign == UNCLAIMED:
@@ -254,6 +281,18 @@ def missing_namespace(err: kubernetes.client.ApiException, namespace: str) -> bo
     if not isinstance(details, dict) or details.get("kind") != "namespaces":
         return False
     return details.get("name") in (None, namespace)
+
+
+def missing_api(err: kubernetes.client.ApiException) -> bool:
+    """Whether a create was refused because the API server does not serve the resource (its CRD not
+    installed, or deleted): a 404 that names no object. kube-apiserver answers an unknown resource with a
+    plain-text "404 page not found" (its last handler), and a built-in group's unknown resource with a
+    Status without details; a missing namespace's 404 names the namespace (details kind "namespaces"),
+    a missing object's names the object, neither of which a create of ours meets otherwise."""
+    if status_of(err) != 404:
+        return False
+    details = _status_body(err).get("details")
+    return not isinstance(details, dict) or not details.get("kind")
 
 
 def terminating_namespace(err: kubernetes.client.ApiException) -> bool:
@@ -406,7 +445,7 @@ class NodeFeatureSink(_SentInThread):
             rv=version(obj),
             labels=ours(part(obj, "spec", "labels"), self.domain),
             owners=frozenset(str(r.get("uid", "")) for r in items(obj, "metadata", "ownerReferences")),
-            tagged=part(meta, "labels").get(NFD_NODE_NAME) == meta.get("name"),
+            tagged=tagged(part(meta, "labels"), meta.get("name")),
             foreign=foreign_owner(
                 items(obj, "metadata", "ownerReferences"), part(meta, "labels").get(MANAGED_BY) == MANAGER
             ),
@@ -493,11 +532,8 @@ class NodeFeatureSink(_SentInThread):
                 raise namespace_missing(self.namespace) from err
             if terminating_namespace(err):
                 raise namespace_missing(self.namespace, terminating=True) from err
-            if status_of(err) == 404:
-                raise NfdMissing(
-                    f"cannot create {self.target(node)}: the NodeFeature API or namespace {self.namespace} "
-                    "is missing (install NFD, or run with --sink node)"
-                ) from err
+            if missing_api(err):
+                raise nfd_missing(self.namespace) from err
             raise
         return self.snapshot(created)
 

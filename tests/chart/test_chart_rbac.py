@@ -176,6 +176,31 @@ def test_operator_may_do_exactly_what_its_sink_needs(render, sink: str, expected
     assert "--standalone" in args
 
 
+def test_a_disabled_topology_target_may_only_read_and_delete_what_the_operator_wrote(render) -> None:
+    """A target turned off (a `helm upgrade`): the operator removes what it wrote while the target was on
+    (clean_disabled: the Topology of the configured name, read by name; the HyperNodes, listed by our
+    label; each deleted only when labelled ours, at the version read). The chart granted nothing on a
+    disabled target's kinds, so that removal was refused (403) and the objects stayed."""
+    off = {"enabled": False}
+    values = {"operator": {"topology": {"kueue": off, "kai": off, "volcano": off, "name": "gpus"}}}
+    docs = render(values)
+    grants, _ = grants_of(docs, sa_of(docs, "Deployment", "nf-nodefabric-operator"))
+    targets = {
+        g: v for g, v in grants.items() if g[1] in ("kueue.x-k8s.io", "kai.scheduler", "topology.volcano.sh")
+    }
+    assert targets == {
+        (CLUSTER, "kueue.x-k8s.io", "topologies", "gpus"): {"get", "delete"},
+        (CLUSTER, "kai.scheduler", "topologies", "gpus"): {"get", "delete"},
+        (CLUSTER, "topology.volcano.sh", "hypernodes", ""): {"get", "list", "delete"},
+    }
+    docs = render({"operator": {"topology": {"kai": off, "name": "gpus"}}})
+    grants, _ = grants_of(docs, sa_of(docs, "Deployment", "nf-nodefabric-operator"))
+    assert grants[CLUSTER, "kueue.x-k8s.io", "topologies", "gpus"] == {"get", "patch"}
+    assert grants[CLUSTER, "kueue.x-k8s.io", "topologies", ""] == {"create", "list", "delete"}
+    assert grants[CLUSTER, "kai.scheduler", "topologies", "gpus"] == {"get", "delete"}
+    assert (CLUSTER, "kai.scheduler", "topologies", "") not in grants
+
+
 def test_scheduler_holds_the_stock_scheduler_roles_its_own_lease_and_the_extenders(
     default_docs: list[Doc],
 ) -> None:

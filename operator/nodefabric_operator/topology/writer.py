@@ -159,6 +159,15 @@ class Writer:
                         extra={"target": target, "objects": removed},
                     )
             except API_ERRORS as err:
+                if status_of(err) == 403:
+                    # No right on a disabled target's kinds (RBAC of one's own, or a chart from before it
+                    # granted their removal): nothing we may clean, which is no failure. Said once: this
+                    # runs once per start.
+                    log.info(
+                        "no right to remove a disabled target's objects: any it wrote stay",
+                        extra={"target": target, "error": brief(err)},
+                    )
+                    continue
                 log.warning(
                     "cannot remove a disabled target's objects",
                     extra={"target": target, "error": brief(err)},
