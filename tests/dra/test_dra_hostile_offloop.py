@@ -1,0 +1,225 @@
+"""Hostile tests of the DRA pool built off the event loop: a build that hangs, one that fails for ever
+across record changes, one still running when the driver stops, one slow while many prepares arrive, and
+a record flapping A -> B -> A while B's pool is being built. Through the real driver: kubelet's DRA calls
+over gRPC on unix sockets, the embedded API over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+from dra_helpers import DRIVER, Dirs, put_claim, ref, result, shutdown, start_driver
+
+from nodefabric_devicemanager.accelerators import Libraries
+from nodefabric_devicemanager.backoff import Backoff
+from nodefabric_devicemanager.models import DevicesSpec
+from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
+from nodefabric_deviceplugin.dra import devices
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+NIC0 = "pci-0000-1c-00-0"
+NIC0_BUS = "0000:1c:00.0"
+SYNC_THREAD = "read the host for the ResourceSlices"  # the slice publisher's own thread
+POOL_THREAD = "the DRA pool"  # the pool's builds' thread
+FAILED = "could not build the DRA pool"
+
+
+def without(spec: DevicesSpec, *buses: str) -> DevicesSpec:
+    return spec.model_copy(update={"interfaces": [i for i in spec.interfaces if i.pci_bus_id not in buses]})
+
+
+class Held:
+    """The pool's build of record `held` waits for `release` once it has `entered` (a deadlock breaker
+    of 20 s lets it go all the same), then raises when `fail` is set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, held: DevicesSpec) -> None:
+        self.entered, self.release, self.fail = threading.Event(), threading.Event(), threading.Event()
+        self.builds: list[str] = []
+        real = devices._records
+
+        def records(spec: DevicesSpec) -> Any:
+            if threading.current_thread().name == POOL_THREAD:
+                self.builds.append("held" if spec is held else "other")
+                if spec is held:
+                    self.entered.set()
+                    self.release.wait(20)
+                    if self.fail.is_set():
+                        raise RuntimeError("injected failure after the hold")
+            return real(spec)
+
+        monkeypatch.setattr(devices, "_records", records)
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("nodefabric")]
+
+
+async def test_a_pool_build_that_hangs_fails_the_prepare_within_its_budget_not_never(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The new record's pool build never ends (a bug looping in it): the prepare answers with an error
+    naming the build and its budget instead of waiting for kubelet's deadline, holding the claim lock
+    meanwhile (another claim's unprepare answers), and the claim is prepared once the build ends."""
+    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
+    held = Held(monkeypatch, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        r.driver.preparer.pools.budget = 0.3
+        claim = put_claim(api, "hung", [result(NIC0)])
+        other = put_claim(api, "other", [result(NIC0)])
+        uid = claim["metadata"]["uid"]
+        r.source.update(hgx_spec)
+        assert await asyncio.to_thread(held.entered.wait, 30)
+        out = (await plugin.prepare(ref(claim)))[uid]
+        assert not held.release.is_set()  # answered while the build still hangs
+        assert "DRA pool" in out.error and "did not finish within 0.3 s" in out.error
+        assert (await plugin.unprepare(ref(other))) == {other["metadata"]["uid"]: ""}
+        held.release.set()
+        r.driver.preparer.pools.budget = 30.0
+        out = (await plugin.prepare(ref(claim)))[uid]
+        assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
+    finally:
+        held.release.set()
+        await shutdown(r)
+
+
+async def test_a_record_change_starts_the_backoff_and_its_error_afresh(  # noqa: PLR0917 (fixtures)
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every pool build fails. A record's failures back off (here 0.02 s doubling) and say one Error;
+    a new record is built at once, and its failure is tried again after the first step of the backoff,
+    not after the step the old record's streak had reached, with an Error of its own (its cause may be
+    another)."""
+    caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
+    real = devices._records
+
+    def records(spec: DevicesSpec) -> Any:
+        if threading.current_thread().name == POOL_THREAD:
+            raise RuntimeError("injected failure")
+        return real(spec)
+
+    monkeypatch.setattr(devices, "_records", records)
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        builds = r.driver.preparer.pools.builds
+        builds.retry = Backoff(base=0.02, cap=600.0, jitter=False)
+        while builds.failures < 7:  # the step reached: 0.02 * 2**6 = 1.28 s
+            await asyncio.sleep(0.05)
+        assert [r.version for r in caplog.records if r.getMessage().startswith(FAILED)] == [1]  # type: ignore[attr-defined]
+        claim = put_claim(api, "failing", [result(NIC0)])
+        r.source.update(without(hgx_spec, NIC0_BUS))
+        out = (await plugin.prepare(ref(claim)))[claim["metadata"]["uid"]]
+        assert "record version 2 failed" in out.error
+        assert builds.retry_in <= 0.02
+        assert [r.version for r in caplog.records if r.getMessage().startswith(FAILED)] == [1, 2]  # type: ignore[attr-defined]
+    finally:
+        await shutdown(r)
+
+
+async def test_a_driver_stopped_mid_build_stops_cleanly_and_logs_no_error(  # noqa: PLR0917 (fixtures)
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The driver is stopped while a pool build runs (and a prepare waits for it), and the build then
+    fails: the stop ends without waiting for the build, and the failure of a build nobody wants any
+    more is no Error; its thread ends with the build."""
+    caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
+    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
+    held = Held(monkeypatch, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        claim = put_claim(api, "stopped", [result(NIC0)])
+        r.source.update(hgx_spec)
+        assert await asyncio.to_thread(held.entered.wait, 30)
+        prepared = asyncio.create_task(plugin.prepare(ref(claim)))
+        await asyncio.sleep(0.1)
+        await shutdown(r)
+        assert not held.release.is_set()
+        held.fail.set()
+        held.release.set()
+        await asyncio.gather(prepared, return_exceptions=True)  # the test kubelet's channel closed
+        builds = r.driver.preparer.pools.builds
+        while builds.failures == 0 and any(t.name == POOL_THREAD for t in threading.enumerate()):
+            await asyncio.sleep(0.02)
+        for _ in range(5):
+            await asyncio.sleep(0)  # the build's end reaches the loop
+        assert not any(t.name == POOL_THREAD for t in threading.enumerate())
+        assert errors(caplog) == []
+    finally:
+        held.release.set()
+        if not r.task.done():
+            await shutdown(r)
+
+
+async def test_fifty_prepares_during_a_slow_build_share_it(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """50 claims prepared (in 50 calls) while the new record's pool is being built: one build serves
+    them all, and every claim resolves in the new record."""
+    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
+    held = Held(monkeypatch, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        claims = [put_claim(api, f"c{i}", [result(NIC0)]) for i in range(50)]
+        r.source.update(hgx_spec)
+        assert await asyncio.to_thread(held.entered.wait, 30)
+        calls = [asyncio.create_task(plugin.prepare(ref(c))) for c in claims]
+        await asyncio.sleep(0.2)
+        held.release.set()
+        outs = [(await call)[c["metadata"]["uid"]] for call, c in zip(calls, claims, strict=True)]
+        assert all(o.error == "" and [d.device_name for d in o.devices] == [NIC0] for o in outs)
+        assert held.builds.count("held") == 1
+    finally:
+        held.release.set()
+        await shutdown(r)
+
+
+async def test_a_record_back_to_a_while_b_builds_never_resolves_in_b(
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A -> B -> A: B (without NIC0) is being built when A comes back; a prepare after that resolves in
+    A's pool (NIC0 there), never in B's, and B's pool, built late, never replaces A's."""
+    b = without(hgx_spec, NIC0_BUS)
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    held = Held(monkeypatch, b)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        claim = put_claim(api, "aba", [result(NIC0)])
+        r.source.update(b)
+        assert await asyncio.to_thread(held.entered.wait, 30)
+        r.source.update(hgx_spec.model_copy())
+        prepared = asyncio.create_task(plugin.prepare(ref(claim)))
+        await asyncio.sleep(0.1)
+        held.release.set()
+        out = (await prepared)[claim["metadata"]["uid"]]
+        assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
+        version, pool = await r.driver.preparer.pools.latest() or (0, {})
+        assert version == 3 and NIC0 in pool
+    finally:
+        held.release.set()
+        await shutdown(r)
