@@ -6,18 +6,34 @@ over gRPC on unix sockets, the embedded API over HTTP."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, put_claim, ref, result, shutdown, start_driver
+from dra_helpers import (
+    DRIVER,
+    NODE,
+    SLICES,
+    Dirs,
+    live_slices,
+    put_claim,
+    ref,
+    result,
+    shutdown,
+    slice_writes,
+    start_driver,
+)
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import devices
+from nodefabric_deviceplugin.dra import cdi, devices
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 NIC0 = "pci-0000-1c-00-0"
@@ -222,4 +238,175 @@ async def test_a_record_back_to_a_while_b_builds_never_resolves_in_b(
         assert version == 3 and NIC0 in pool
     finally:
         held.release.set()
+        await shutdown(r)
+
+
+# --- watch events of our own slices --------------------------------------------------------------------
+
+
+async def settled(api: RunningAPI, r: Any, name: str, full: list[Any]) -> None:
+    """Until the slice holds `full` again, and one more sync, poked, has ended after that."""
+    publisher = r.driver.publisher
+    async with asyncio.timeout(30):  # a deadlock breaker, not a measure
+        while (api.api.stored(SLICES, name)["spec"] or {}).get("devices") != full:
+            await asyncio.sleep(0.02)
+        syncs = publisher.syncs
+        publisher.poke()
+        while publisher.syncs <= syncs:
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [{"devices": None}, {"devices": "not a list"}, {"pool": None, "devices": [None, 7, "x"]}, {"pool": 3}],
+    ids=["devices-null", "devices-a-string", "pool-null-devices-junk", "pool-a-number"],
+)
+async def test_a_slice_of_ours_stored_with_garbage_is_rewritten_once_not_for_ever(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, garbage: Any
+) -> None:
+    """Someone stores one of our slices (still naming our node and driver, which the API holds immutable)
+    with garbage the API would never hold: the watch event brings it, the sync sees drift and writes the
+    slice back whole, once; a later sync writes nothing."""
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=3600)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        publisher = r.driver.publisher
+        while publisher.syncs < 1 or publisher.watch.connects < 1 or api.count("GET", SLICES, "watch") < 1:
+            await asyncio.sleep(0.02)
+        name = live_slices(api)[0]["metadata"]["name"]
+        stored = api.api.stored(SLICES, name)
+        full = stored["spec"]["devices"]
+        api.api.put_object(SLICES, {**stored, "spec": {**stored["spec"], **garbage}}, validate=False)
+        await settled(api, r, name, full)
+        writes = slice_writes(api)
+        await settled(api, r, name, full)
+        assert slice_writes(api) == writes
+        assert not r.task.done()
+    finally:
+        await shutdown(r)
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["ours-as-int", "ours-upper", "1", "backwards-known"],
+)
+async def test_a_forged_or_stale_watch_event_of_our_slice_ends_in_no_loop(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, version: str
+) -> None:
+    """A watch event of our slice with garbage in it, carrying our own write's resourceVersion as an int,
+    that version in another case, an old unknown one, or one we wrote earlier: the store still holds
+    what we wrote; the driver writes nothing that sticks (a stale precondition is refused, the list then
+    shows nothing to do), and keeps serving."""
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=3600)
+    try:
+        await r.kubelet.wait_registered(DRIVER)
+        publisher = r.driver.publisher
+        while publisher.syncs < 1 or publisher.watch.connects < 1 or api.count("GET", SLICES, "watch") < 1:
+            await asyncio.sleep(0.02)
+        name = live_slices(api)[0]["metadata"]["name"]
+        stored = api.api.stored(SLICES, name)
+        full, rv = stored["spec"]["devices"], stored["metadata"]["resourceVersion"]
+        forged: dict[str, Any] = {
+            "ours-as-int": int(rv),
+            "ours-upper": f"{rv}A".upper(),
+            "1": "1",
+            "backwards-known": str(int(rv) - 1),
+        }
+        event = {**stored, "metadata": {**stored["metadata"], "resourceVersion": forged[version]}}
+        event["spec"] = {**stored["spec"], "devices": "garbage"}
+        await api.api.hub(SLICES).put({"type": "MODIFIED", "object": event})
+        await settled(api, r, name, full)
+        writes = slice_writes(api)
+        await settled(api, r, name, full)
+        assert slice_writes(api) == writes
+        assert api.api.stored(SLICES, name)["spec"]["devices"] == full
+        assert not r.task.done()
+    finally:
+        await shutdown(r)
+
+
+# --- spec paths a checkpoint entry may name ------------------------------------------------------------
+
+
+def _others_spec(cdi_dir: str, own: str, other: str) -> str:
+    return os.path.join(cdi_dir, other)
+
+
+def _cdi_dir_itself(cdi_dir: str, own: str, other: str) -> str:
+    return cdi_dir
+
+
+def _very_long(cdi_dir: str, own: str, other: str) -> str:
+    return os.path.join(cdi_dir, *(["d" * 200] * 21), own)  # over 4096 bytes, each part a legal name
+
+
+def _newline(cdi_dir: str, own: str, other: str) -> str:
+    return os.path.join(cdi_dir, "a\nb", own)
+
+
+def _newline_in_name(cdi_dir: str, own: str, other: str) -> str:
+    return os.path.join(cdi_dir, f"{own}\n{other}")
+
+
+def _symlink_to_itself(cdi_dir: str, own: str, other: str) -> str:
+    os.makedirs(cdi_dir, exist_ok=True)
+    os.symlink(".", os.path.join(cdi_dir, "self"))
+    return os.path.join(cdi_dir, "self", own)
+
+
+@pytest.mark.parametrize(
+    ("make_path", "refused"),
+    [
+        (_others_spec, True),
+        (_cdi_dir_itself, True),
+        (_very_long, False),
+        (_newline, False),
+        (_newline_in_name, True),
+        (_symlink_to_itself, False),
+    ],
+    ids=[
+        "another-claims-spec",
+        "the-cdi-dir-itself",
+        "over-4096-bytes",
+        "newline-in-a-dir",
+        "newline-in-name",
+        "symlink-to-itself",
+    ],
+)
+async def test_an_entrys_spec_path_never_touches_another_claims_spec(  # noqa: PLR0917 (fixtures)
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_spec: DevicesSpec,
+    make_path: Any,
+    refused: bool,
+) -> None:
+    """Claim X's entry (of an unknown boot) names a path a damaged checkpoint may hold; claim Y is
+    prepared for real. X's repeated prepare either resolves X again under its own name or is refused
+    naming the path; its unprepare removes X's own spec only; Y's spec is never written or removed."""
+    x, y = put_claim(api, "x", [result(NIC0)]), put_claim(api, "y", [result(NIC0)])
+    xuid, yuid = x["metadata"]["uid"], y["metadata"]["uid"]
+    own_x, own_y = (os.path.join(dirs.cdi, cdi.spec_file_name(DRIVER, u)) for u in (xuid, yuid))
+    named = make_path(dirs.cdi, os.path.basename(own_x), os.path.basename(own_y))
+    device = PreparedDevice(("nic",), NODE, NIC0, (cdi.device_id(DRIVER, xuid, NIC0),))
+    entry = PreparedClaim(xuid, "ml", "x", (device,), named, {"cdiVersion": "0.5.0"}, "")
+    Checkpoint(dirs.config().checkpoint_path).put(entry)
+    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
+    try:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        assert (await plugin.prepare(ref(y)))[yuid].error == ""
+        y_spec = Path(own_y).read_bytes()
+        out = (await plugin.prepare(ref(x)))[xuid]
+        if refused:
+            assert "not the claim's own spec file" in out.error
+        else:
+            assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
+            assert json.loads(Path(own_x).read_bytes())["devices"][0]["name"].endswith(NIC0)
+        assert Path(own_y).read_bytes() == y_spec
+        assert await plugin.unprepare(ref(x)) == {xuid: ""}
+        assert not os.path.exists(own_x) and Path(own_y).read_bytes() == y_spec
+        assert os.path.isdir(dirs.cdi) and xuid not in r.driver.checkpoint.claims
+        assert await plugin.unprepare(ref(y)) == {yuid: ""}
+        assert not os.path.exists(own_y)
+    finally:
         await shutdown(r)
