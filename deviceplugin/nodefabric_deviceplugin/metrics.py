@@ -9,7 +9,7 @@ from nodefabric_devicemanager import buildinfo
 ALLOCATIONS = Counter(
     "nodefabric_deviceplugin_allocations_total",
     "Allocate calls per container, by resource family and outcome "
-    "(granted, unknown_device, unresolvable_verbs).",
+    "(granted, unknown_device, unresolvable_verbs, host_read_timeout, list_not_built).",
     ["family", "outcome"],
 )
 PREFERRED_ALLOCATIONS = Counter(

@@ -108,6 +108,10 @@ def _consume(fut: asyncio.Future[T]) -> None:
 
 # A failed build is tried again while its record is unchanged: 1 s, doubling, at most a minute apart.
 BUILD_RETRY = Backoff(base=1.0, cap=60.0, jitter=False)
+# How long a kubelet call (an Allocate, a prepare) waits for a build at most: some 300 times what the
+# largest build costs, within kubelet's 45 s per DRA call, and an answer where kubelet sets no deadline
+# (its Allocate): a build that never ends (a bug looping in it) must not hold a pod's start for ever.
+BUILD_WAIT_S = 10.0
 
 
 class BuildFailed(Exception):
@@ -121,6 +125,19 @@ class BuildFailed(Exception):
         self.cause = cause
 
 
+class BuildTimeout(Exception):
+    """A caller waited `budget` seconds for a build of a record version, and it has not ended. It goes on
+    running in its thread: the next caller shares it (no second build is started on top of it)."""
+
+    def __init__(self, what: str, version: int, budget: float, running_for: float) -> None:
+        super().__init__(
+            f"building {what} of record version {version} did not finish within {budget:g} s (running"
+            f" for {running_for:.1f} s); it is used once it ends"
+        )
+        self.version = version
+        self.budget = budget
+
+
 class VersionedBuild(Generic[T]):
     """A value derived from a record version, built on a thread of its own: one build at a time, callers
     of one version share it, and a caller of another version waits for the one running, then builds the
@@ -128,7 +145,10 @@ class VersionedBuild(Generic[T]):
     version, each costing up to seconds of CPU for a record already replaced). The caller caches what it
     gets. A failed build is kept for its version only until `retry` says try again (a failure left cached
     until the record changed left the resource failed for good on a node whose record no longer
-    changes); each failure streak is logged once, with its first failure, and its end once."""
+    changes); each failure streak is logged once, with its first failure, and its end once. A streak is
+    one record's: another record's failure starts the backoff (and its Error) afresh, since it may fail
+    otherwise, and waiting out the old record's 60 s for it would leave a new record unserved a minute.
+    Once `close`d (its owner stopped) a build that ends is neither counted nor logged."""
 
     def __init__(
         self, what: str, retry: Backoff = BUILD_RETRY, *, thread: str = "", **fields: object
@@ -144,6 +164,19 @@ class VersionedBuild(Generic[T]):
         self._building: tuple[int, asyncio.Future[T]] | None = None
         self._next_try = 0.0
         self._counted: asyncio.Future[T] | None = None
+        self._failed_version = 0  # the record version of the streak's failures
+        self._since = 0.0  # when the build in flight started
+        self.closed = False
+
+    def close(self) -> None:
+        """The owner stopped: a build still running is left to end in its thread, unlogged."""
+        self.closed = True
+
+    @property
+    def running_for(self) -> float:
+        """Seconds the build in flight has been running; 0 when none is."""
+        building = self._building
+        return 0.0 if building is None or building[1].done() else time.monotonic() - self._since
 
     @property
     def retry_in(self) -> float:
@@ -167,6 +200,7 @@ class VersionedBuild(Generic[T]):
         building = self._building
         if building is None or building[0] != version or self._retry_due(version, building[1]):
             building = self._building = (version, self._start(version, make))
+            self._since = time.monotonic()
         try:
             return await asyncio.shield(building[1])
         except Exception as exc:
@@ -195,7 +229,7 @@ class VersionedBuild(Generic[T]):
 
     def _ended(self, version: int, fut: asyncio.Future[T]) -> None:
         """Count a build's outcome once: a failure extends the streak (and its backoff), a success ends it."""
-        if fut is self._counted or fut.cancelled():
+        if fut is self._counted or fut.cancelled() or self.closed:
             return
         self._counted = fut
         exc = fut.exception()
@@ -207,6 +241,9 @@ class VersionedBuild(Generic[T]):
                 )
             self.failures = 0
             return
+        if self.failures and version != self._failed_version:
+            self.failures = 0  # another record's failure: a streak of its own
+        self._failed_version = version
         self.failures += 1
         delay = self.retry.ceiling(self.failures - 1)
         self._next_try = time.monotonic() + delay

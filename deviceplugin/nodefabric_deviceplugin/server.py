@@ -35,7 +35,7 @@ from nodefabric_deviceplugin.allocate import UnknownToken, endpoints_for, first_
 from nodefabric_deviceplugin.api import deviceplugin_pb2 as pb
 from nodefabric_deviceplugin.dirwatch import DirWatch
 from nodefabric_deviceplugin.limits import KUBELET_MAX_MESSAGE_BYTES
-from nodefabric_deviceplugin.offloop import BuildFailed, ReadTimeout
+from nodefabric_deviceplugin.offloop import BuildFailed, BuildTimeout, ReadTimeout
 from nodefabric_deviceplugin.preferred import preferred
 from nodefabric_deviceplugin.resources import (
     Family,
@@ -85,9 +85,11 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         facts: HostFactsFlight | None = None,
         *,
         retry: Backoff | None = None,
+        budget: float = offloop.BUILD_WAIT_S,
     ) -> None:
         """`facts`: the read of the host facts, shared by every family (one read answers all of them).
-        `retry`: how soon a failed build of the device list is tried again (`offloop.BUILD_RETRY`)."""
+        `retry`: how soon a failed build of the device list is tried again (`offloop.BUILD_RETRY`).
+        `budget`: how long an Allocate or a preferred allocation waits for the list's build."""
         self.family = family
         self.config = config
         self.source = source
@@ -105,11 +107,18 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         self._granted = metrics.ALLOCATIONS.labels(family.value, "granted")
         self._responses: dict[tuple[tuple[str, ...], int, int], pb.ContainerAllocateResponse] = {}
         self._facts = facts or host_facts_flight(verbs.budget)
+        self.budget = budget
 
     async def view(self) -> tuple[int, FamilyView]:
-        """The record version and the family's tokens from it (derived once per version). Raises
-        ReadTimeout (only with selectors that name host facts)."""
-        version, current, _ = await self._derive()
+        """The record version and the family's tokens from it (derived once per version), waiting
+        `budget` seconds at most. Raises ReadTimeout (only with selectors that name host facts),
+        BuildFailed, BuildTimeout (the build goes on: a later call shares it)."""
+        try:
+            async with asyncio.timeout(self.budget):
+                version, current, _ = await self._derive()
+        except TimeoutError:
+            running = self._builds.running_for
+            raise BuildTimeout(self._builds.what, self.source.version, self.budget, running) from None
         return version, current
 
     async def _derive(self) -> tuple[int, FamilyView, pb.ListAndWatchResponse]:
@@ -244,7 +253,8 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
     ) -> pb.PreferredAllocationResponse:
         try:
             _, current = await self.view()
-        except ReadTimeout as exc:
+        except (ReadTimeout, BuildFailed, BuildTimeout) as exc:
+            # Said by the build (once per streak) or the read; kubelet then allocates without a preference.
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise AssertionError("context.abort raises") from exc  # pragma: no cover
         out = pb.PreferredAllocationResponse()
@@ -274,6 +284,10 @@ class DevicePluginServicer(rpc.DevicePluginServicer):
         except ReadTimeout as exc:
             ids = [i for req in request.container_requests for i in req.devices_ids]
             await self._refuse(context, "host_read_timeout", grpc.StatusCode.UNAVAILABLE, ids, exc)
+        except (BuildFailed, BuildTimeout) as exc:
+            # UNAVAILABLE: the build is tried again (or ends); kubelet retries the container's start.
+            ids = [i for req in request.container_requests for i in req.devices_ids]
+            await self._refuse(context, "list_not_built", grpc.StatusCode.UNAVAILABLE, ids, exc)
         out = pb.AllocateResponse()
         for req in request.container_requests:
             ids = list(req.devices_ids)
@@ -423,9 +437,10 @@ class DevicePluginManager:
         retry_base: float = RETRY_BASE_S,
         kubelet_absent_warning: float = KUBELET_ABSENT_WARNING_S,
         build_retry: Backoff = offloop.BUILD_RETRY,
+        build_budget: float = offloop.BUILD_WAIT_S,
     ) -> None:
         """`build_retry`: how soon a family's device list whose build failed is built again while the
-        record is unchanged."""
+        record is unchanged; `build_budget`: how long an Allocate waits for a build at most."""
         self.source = source
         self.host = host
         self.config = config or PluginConfig()
@@ -440,7 +455,10 @@ class DevicePluginManager:
         facts = host_facts_flight(self.verbs.budget)  # one read of the host facts answers every family
         self.servers = [
             FamilyServer(
-                DevicePluginServicer(f, self.config, source, self.verbs, facts, retry=build_retry), plugin_dir
+                DevicePluginServicer(
+                    f, self.config, source, self.verbs, facts, retry=build_retry, budget=build_budget
+                ),
+                plugin_dir,
             )
             for f in self.config.families()
         ]

@@ -126,6 +126,9 @@ class DraDriver:
             publisher.cancel()
             pools.cancel()
             await asyncio.gather(publisher, pools, return_exceptions=True)
+            # A pool build still running ends in its thread (a thread cannot be stopped); its outcome,
+            # for a driver gone, is no one's news: an Error then would read as a failure of the stop.
+            self.preparer.pools.builds.close()
             await self.servers.stop()
             # Every claim recorded durable before we exit, unless the disk does not answer in time.
             await self.preparer.drain(DRAIN_S)

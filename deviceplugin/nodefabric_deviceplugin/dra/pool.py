@@ -11,6 +11,11 @@ Order: a prepare resolves its claim in a pool at least as new as the record the 
 prepare asked (`latest`): a claim allocated from slices published for a record is never resolved in an
 older one (where its device may be missing). It may be newer: the record changing again meanwhile, the
 newer pool is what prepare resolved in before too.
+
+A prepare waits `budget` seconds at most (`offloop.BUILD_WAIT_S`): a build that does not end (a bug looping in
+it) fails the claim with BuildTimeout, naming it, rather than hold the claim lock, and every other
+claim's prepare and unprepare with it, until kubelet's own deadline (45 s) cuts the call off with no
+reason given. The build goes on; the next prepare shares it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ import functools
 from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_deviceplugin.dra.devices import PoolDevice, offered, pool_devices
-from nodefabric_deviceplugin.offloop import BUILD_RETRY, BuildFailed, VersionedBuild
+from nodefabric_deviceplugin.offloop import (
+    BUILD_RETRY,
+    BUILD_WAIT_S,
+    BuildFailed,
+    BuildTimeout,
+    VersionedBuild,
+)
 from nodefabric_deviceplugin.source import RecordSource
 
 Pool = tuple[int, dict[str, PoolDevice]]  # the record version, and its devices by name
@@ -41,10 +52,21 @@ class Pools:
         self.functions = functions
         self._pool: Pool | None = None
         self.builds: VersionedBuild[dict[str, PoolDevice]] = VersionedBuild("the DRA pool", retry)
+        self.budget = BUILD_WAIT_S  # how long a prepare waits for its pool
 
-    async def latest(self) -> Pool | None:
+    async def latest(self, budget: float | None = None) -> Pool | None:
         """A pool at least as new as the source's record when called; None before the first record.
-        Raises BuildFailed (tried again after its backoff, or at once for another record)."""
+        Raises BuildFailed (tried again after its backoff, or at once for another record), BuildTimeout
+        (`budget` seconds passed; None: no limit)."""
+        try:
+            async with asyncio.timeout(budget):
+                return await self._latest()
+        except TimeoutError:
+            raise BuildTimeout(
+                self.builds.what, self.source.version, budget or 0.0, self.builds.running_for
+            ) from None
+
+    async def _latest(self) -> Pool | None:
         while True:
             version, spec = self.source.snapshot()
             if spec is None:

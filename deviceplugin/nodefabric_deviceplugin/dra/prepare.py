@@ -59,7 +59,7 @@ from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.devices import PoolDevice
 from nodefabric_deviceplugin.dra.pool import Pools
 from nodefabric_deviceplugin.dra.syncs import Syncs
-from nodefabric_deviceplugin.offloop import BuildFailed, ReadTimeout
+from nodefabric_deviceplugin.offloop import BuildFailed, BuildTimeout, ReadTimeout
 from nodefabric_deviceplugin.resources import Family, FamilyView, RdmaEndpoint, Token
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.verbs import VerbsCache, VerbsDevices, VerbsUnresolvable
@@ -317,7 +317,7 @@ class _AnotherBoot:
         reserves it); then its entry rewritten and synced, then its spec (`_rewrite`). The answer is the
         entry's: the CDI ids are functions of the claim's uid and devices. Raises ClaimError (a device no
         longer on this node: nothing written), VerbsUnresolvable, ReadTimeout, OSError."""
-        plan = self._replan(ref, done, await self.pools.latest())
+        plan = self._replan(ref, done, await self.pools.latest(self.pools.budget))
         again = await hops.finish(ref, hops.hop(self._rewrite, ref, done, plan, None), waits=self._waits)
         if again is None:
             # Not cached for this record: read off the loop within a budget, as a first prepare does.
@@ -431,7 +431,7 @@ class Preparer(_AnotherBoot):
         try:
             async with self._lock:
                 return Prepared(devices=await self._prepare(ref))
-        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout, BuildFailed) as exc:
+        except (ClaimError, ApiFailure, VerbsUnresolvable, ReadTimeout, BuildFailed, BuildTimeout) as exc:
             why = str(exc)
         except OSError as exc:
             why = f"writing the CDI spec or the checkpoint failed: {exc}"
@@ -471,7 +471,7 @@ class Preparer(_AnotherBoot):
             return done.devices
         # The record's pool (built off the loop once per record, `pool`), at least as new as the record
         # now, is taken here and handed to the thread.
-        found = await self.pools.latest()
+        found = await self.pools.latest(self.pools.budget)
         gate = hops.WriteGate()
         hop = await self._recorded(ref, self._read_and_write, ref, found, gate, gate=gate)
         if hop.plan is None:
