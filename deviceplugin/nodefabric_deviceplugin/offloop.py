@@ -13,6 +13,7 @@ may ask again while a read is stuck share the read in flight (`SingleFlight`) ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -52,15 +53,19 @@ def start(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
 
+    def hand_over(result: T | None, error: BaseException | None) -> None:
+        # The loop may close between any check and the call (the process stopping): nobody is left
+        # to hand the outcome to, and the thread ends quietly rather than print a traceback.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, fut, result, error)
+
     def body() -> None:
         try:
             result = fn()
         except BaseException as exc:  # handed to the awaiting side, whatever it is
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, fut, None, exc)
+            hand_over(None, exc)
         else:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, fut, result, None)
+            hand_over(result, None)
 
     threading.Thread(target=body, name=name, daemon=True).start()
     return fut

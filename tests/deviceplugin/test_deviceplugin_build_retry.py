@@ -123,3 +123,38 @@ async def test_every_call_of_a_failed_version_waits_for_the_backoff_not_a_build_
         assert tried[0] == 1 and servicer._builds.started == 1
     finally:
         await shutdown(r)
+
+
+@pytest.mark.parametrize("outcome", ["returns", "raises"])
+def test_a_build_ending_after_its_loop_closed_ends_its_thread_quietly(outcome: str) -> None:
+    """A build still running when the process's loop closes (a stop mid-build) has nobody to hand its
+    outcome to: its thread ends without a traceback from the threading excepthook, whichever way it ends."""
+    release, ended = threading.Event(), threading.Event()
+    hooked: list[threading.ExceptHookArgs] = []
+    before = threading.excepthook
+    threading.excepthook = hooked.append
+
+    def build() -> int:
+        release.wait(10)
+        ended.set()
+        if outcome == "raises":
+            raise RuntimeError("the build failed after the stop")
+        return 1
+
+    async def begin() -> None:
+        offloop.start(build, "nodefabric-test-build")
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(begin())
+    finally:
+        loop.close()
+    try:
+        release.set()
+        assert ended.wait(10)
+        for thread in threading.enumerate():
+            if thread.name == "nodefabric-test-build":
+                thread.join(10)
+        assert hooked == []
+    finally:
+        threading.excepthook = before
