@@ -64,6 +64,13 @@ def startup(**_: Any) -> None:
     kopflog.configure()
 
 
+async def resume(memo: Any, **_: Any) -> None:
+    # kopf is started again within one operator run (cli._kopf, after a watched resource's 404), each
+    # time after a cleanup that closed the reconciler: the wait for the namespace or the NodeFeature API
+    # goes on probing (nswait.NamespaceWait.reopen). On the loop, as cleanup is.
+    _reconciler(memo).namespace.reopen()
+
+
 async def cleanup(memo: Any, **_: Any) -> None:
     # A coroutine, so that kopf runs it on the operator's event loop: a plain function runs in kopf's
     # worker thread, where the retries' timers and the first publications' count are not to be touched.
@@ -133,6 +140,7 @@ def register(
 ) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
+    kopf.on.startup(registry=registry)(resume)
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.event(models.GROUP, models.VERSION, models.PLURAL, registry=registry)(on_devices)
     if isinstance(sink, sinks.NodeSink):

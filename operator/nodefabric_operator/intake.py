@@ -218,6 +218,7 @@ class Intake:
         """Filter the events of the operator run with `settings`; False when kopf cannot be hooked."""
         _wrap("kopf._cogs.clients.watching", "continuous_watch", _resumed_watch)
         _wrap("kopf._cogs.clients.errors", "check_response", _bounded_retry_after)
+        _wrap("kopf._core.reactor.orchestration", "terminate_redundancies", _retrieved_redundancies)
         if not (
             _wrap("kopf._core.reactor.processing", "process_resource_event", _filtered_processing)
             and _wrap("kopf._cogs.clients.watching", "infinite_watch", _filtered_watch)
@@ -387,6 +388,28 @@ def _watch_failures() -> tuple[type[BaseException], ...]:
         if isinstance(found, type) and issubclass(found, BaseException):
             ended.append(found)
     return tuple(ended)
+
+
+def _retrieved_redundancies(original: Callable[..., Awaitable[None]]) -> Callable[..., Any]:
+    """kopf's stop of the watchers its observer found no longer needed (their CRD deleted), with the
+    exception of one that had already failed retrieved: a watch's 404 as the CRD went ends the watcher
+    before the observer stops it, and kopf, which re-raises a watcher's failure only when it notices it
+    first, dropped that task unread; asyncio then logged "Task exception was never retrieved" as an ERROR
+    whenever the task was collected. kopf's guard logged the failure as it happened ("Watcher for ... has
+    failed"), and the watcher is gone with its resource: nothing is hidden."""
+
+    async def terminate_redundancies(**kwargs: Any) -> None:
+        ensemble = kwargs.get("ensemble")
+        before = set(ensemble.get_tasks(ensemble.get_keys())) if ensemble is not None else set()
+        try:
+            await original(**kwargs)
+        finally:
+            kept = set(ensemble.get_tasks(ensemble.get_keys())) if ensemble is not None else set()
+            for task in before - kept:
+                if task.done() and not task.cancelled():
+                    task.exception()
+
+    return terminate_redundancies
 
 
 def _bounded_retry_after(original: Callable[..., Awaitable[None]]) -> Callable[..., Any]:

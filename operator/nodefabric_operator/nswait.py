@@ -188,3 +188,15 @@ class NamespaceWait:
         self._round += 1
         if self._probe_task is not None and self.probing is None:
             self._probe_task.cancel()
+
+    def reopen(self) -> None:
+        """kopf started again in the same operator (a watched resource's 404 restarts it: cli._kopf, NFD's
+        CRD deleted under its watch) after its stop closed the wait. The waiting records count as
+        handled, so the relist brings none back: without a probe of a new round they waited for good,
+        the API served again or not."""
+        if not self._closed:
+            return
+        self._closed = False
+        if self.missing:
+            self._round += 1  # a probe of the closed round still in its publish ends after it
+            self._probe_task = self._spawn(self._probe(self._round))

@@ -288,11 +288,20 @@ def missing_api(err: kubernetes.client.ApiException) -> bool:
     installed, or deleted): a 404 that names no object. kube-apiserver answers an unknown resource with a
     plain-text "404 page not found" (its last handler), and a built-in group's unknown resource with a
     Status without details; a missing namespace's 404 names the namespace (details kind "namespaces"),
-    a missing object's names the object, neither of which a create of ours meets otherwise."""
+    a missing object's names the object, neither of which a create of ours meets otherwise. A Status
+    naming the NodeFeature resource and no object (kube-apiserver's NotFound for a resource, its name
+    empty) says the same: a create names no object that could be missing. One naming another group, or
+    an object, is not the API's: that record's own failure."""
     if status_of(err) != 404:
         return False
     details = _status_body(err).get("details")
-    return not isinstance(details, dict) or not details.get("kind")
+    if not isinstance(details, dict) or not details.get("kind"):
+        return True
+    return (
+        details.get("kind") == NFD_PLURAL
+        and details.get("group") in (None, "", NFD_GROUP)
+        and not details.get("name")
+    )
 
 
 def terminating_namespace(err: kubernetes.client.ApiException) -> bool:
