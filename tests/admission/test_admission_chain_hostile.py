@@ -346,3 +346,34 @@ async def test_forged_pods_naming_missing_jobs_are_read_once_never_once_per_pass
             )
             await passes(k, ctl, 2)
         assert counted(k, JOBS)() == first
+
+
+async def test_forged_pods_past_the_bound_are_not_read_again_on_every_pass() -> None:
+    """Two waiting groups whose pods name more objects than the reader keeps (the bound lowered here
+    from 4096): what a pod still there names is kept past the bound, or each group's pass would read
+    again what the other's pushed out, every SIZE_TTL_S."""
+    now = [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        ctl.grouping.chain.limit = 8
+        for js in ("a", "b"):
+            await w.create(jobset(js, 1, 2))
+            job = await jobset_job(w, js, 0)
+            forged = [
+                jobset_pod(f"{js}-ghost-{i}", js, {**ghost("Job"), "name": f"{js}{i}", "uid": f"{js}{i}"})
+                for i in range(10)
+            ]
+            await w.create(jobset_pod(f"{js}-w-0-0", js, job), *forged)
+        for js in ("a", "b"):
+            await eventually(
+                lambda js=js: "and 5 more" in w.status(f"{NS}/jobset/{js}").get("decision", ""), what=js
+            )
+        first = counted(k, JOBS)()
+        for _ in range(3):
+            owner_reads = counted(k, JOBSETS)()
+            now[0] += 6.0
+            await eventually(
+                lambda n=owner_reads: (ctl.wake.set(), counted(k, JOBSETS)() >= n + 2)[1],
+                what="owners read again",
+            )
+            await passes(k, ctl, 2)
+        assert counted(k, JOBS)() == first

@@ -246,8 +246,18 @@ class ChainReader:
                 if not isinstance(answer, Failed) or answer.settled:
                     told[named] = answer
             self._renamed(told, wanted, now)
-        while len(self.links) > self.limit and next(iter(self.links)) not in used:
-            self.links.popitem(last=False)
+        self._trim(used, known)
+
+    def _trim(self, used: set[Ref], known: Mapping[str, Mapping[str, Any]]) -> None:
+        """Past the bound, the least recently used go: never one these pods' chains use, nor one a pod
+        still there names (read again on its group's every pass, forged pods beyond the bound would cost
+        a GET each every SIZE_TTL_S). What stays past the bound is bounded by the pods the watch keeps."""
+        excess = len(self.links) - self.limit
+        if excess <= 0:
+            return
+        named = {ref for pod in known.values() for ref in _named_by(pod)}
+        for ref in [r for r in self.links if r not in used and r not in named][:excess]:
+            del self.links[ref]
 
     def _keep(self, ref: Ref, answer: object, now: float) -> None:
         if isinstance(answer, Failed):
@@ -297,6 +307,13 @@ class ChainReader:
         except Exception as exc:
             return Failed(f"{ref} could not be read ({type(exc).__name__})")
         return obj
+
+
+def _named_by(pod: Mapping[str, Any]) -> list[Ref]:
+    """The object the pod names as its controller, when it is one a chain reads."""
+    ns = _namespace(pod)
+    refs = (_ref(pod, ns, "batch/v1", "Job"), _ref(pod, ns, "apps/v1", "StatefulSet"))
+    return [r for r in refs if r is not None]
 
 
 def _named(ref: Ref) -> tuple[str, str, str]:
