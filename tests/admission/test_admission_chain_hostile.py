@@ -377,3 +377,26 @@ async def test_forged_pods_past_the_bound_are_not_read_again_on_every_pass() -> 
             )
             await passes(k, ctl, 2)
         assert counted(k, JOBS)() == first
+
+
+async def test_pods_naming_missing_jobs_are_named_but_never_told() -> None:
+    """The decision names them (not counted), but neither its Event nor its annotation goes to them: made
+    one after another by the thousand, each would be told every decision that names them (300 such pods
+    cost 13,904 pod PATCHes and 6,543 Events)."""
+    async with chain_world() as (k, w), placement(k) as ctl:
+        await w.create(jobset("llm", 1, 2))
+        job = await jobset_job(w, "llm", 0)
+        key = f"{NS}/jobset/llm"
+        await w.create(jobset_pod("llm-w-0-0", "llm", job))
+        for i in range(12):
+            await w.create(jobset_pod(f"ghost-{i}", "llm", {**ghost("Job"), "name": f"g{i}", "uid": f"u{i}"}))
+        note = "placement.gpustack.ai/decision"
+        said = "and 7 more"
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="every pod read")
+        await eventually(
+            lambda: said in w.pod("llm-w-0-0")["metadata"]["annotations"].get(note, ""), what="told"
+        )
+        await passes(k, ctl, 2)
+        for i in range(12):
+            assert note not in (w.pod(f"ghost-{i}")["metadata"].get("annotations") or {}), i
+        assert not [e for e in w.events() if e[1].startswith("ghost-")]

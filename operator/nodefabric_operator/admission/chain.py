@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -59,12 +59,17 @@ class Link:
 
     controller: tuple[str, str] | None = None
     problem: str = ""
+    # Not found: the pod never counts and the object is not read again (compared as the problem is).
+    settled: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
 class Membership:
     member: bool
     reason: str = ""  # why a pod that may be a member is not counted yet; "" when settled either way
+    # The reason is final (the object the pod names is not found): the pod is named in the decision
+    # but never told (forged pods by the thousand would each get every decision that names them).
+    settled: bool = field(default=False, compare=False)
 
 
 NOT_A_MEMBER = Membership(False)
@@ -102,7 +107,7 @@ def _up_to(owner: Owner, pod: Mapping[str, Any], kind: str, lookup: Lookup) -> M
     if got is None:
         return ref  # still to be read
     if got.problem:
-        return Membership(False, got.problem)
+        return Membership(False, got.problem, got.settled)
     if got.controller == (owner.ref.kind, owner.uid):
         return A_MEMBER
     return got
@@ -261,7 +266,7 @@ class ChainReader:
 
     def _keep(self, ref: Ref, answer: object, now: float) -> None:
         if isinstance(answer, Failed):
-            link = Link(problem=answer.problem)
+            link = Link(problem=answer.problem, settled=answer.settled)
             if answer.settled:
                 self.links[ref] = Kept(link)
                 self.links.move_to_end(ref)

@@ -249,7 +249,11 @@ class Controller:
         if changed and new.decision != status.decision:
             kind = "Warning" if phase == "NeverFits" else "Normal"
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
-            told = gated + [p for p, _ in group.pending if self.tables.gated(p)]
+            # Not those naming an object that is not found: they never count, and forged by the thousand,
+            # each would be told every decision that names them (a write per pod per decision).
+            told = gated + [
+                p for p, _ in group.pending if self.tables.gated(p) and podview.uid(p) not in group.untold
+            ]
             self.writer.events(group, told, kind, reason, text, pg_too=True)
             self.writer.annotate(told, text)
 

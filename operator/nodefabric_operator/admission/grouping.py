@@ -51,6 +51,8 @@ class GroupView:
     errors: dict[str, str] = field(default_factory=dict)  # uid -> the InvalidPlacement of a gated pod
     # Pods of its scheduler not counted yet, with why: their chain up to the owner could not be read.
     pending: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # Of those, the uids of the ones whose reason is final (what they name is not found): never told.
+    untold: set[str] = field(default_factory=set)
 
 
 def scheduler_of(pods: list[dict[str, Any]]) -> str:
@@ -177,7 +179,7 @@ class Grouping:
         JobSet or LeaderWorkerSet, the pod's chain of controllers must lead to it, by uid; a pod whose
         chain could not be read is not counted yet, and said in `group.pending`."""
         group.owner = owner
-        group.pending = []
+        group.pending, group.untold = [], set()
         if owner is None or not owner.uid:
             return None
         verdicts = self.memberships(group, owner)
@@ -192,6 +194,7 @@ class Grouping:
             for p in group.candidates
             if (why := verdicts[podview.uid(p)].reason) and podview.scheduler(p) == group.scheduler
         ]
+        group.untold = {podview.uid(p) for p, _ in group.pending if verdicts[podview.uid(p)].settled}
         return [p for p in group.members if self.tables.gated(p)]  # Events and copies go to these only
 
     def vouch(self, group: GroupView, status: PlacementGroupStatus) -> None:
