@@ -220,7 +220,7 @@ class ChainReader:
     ) -> None:
         """Read what the pods' chains still need: each name once, all of one hop at once. A worker's
         chain is two hops (its StatefulSet, then its leader's). Past the bound, the objects least recently
-        used go, never one these pods' chains use: `membership` finds all of them right after."""
+        used go (`_trim`), never one these pods' chains use: `membership` finds all of them right after."""
         pods = list(pods)
         used: set[Ref] = set()
 
@@ -231,20 +231,19 @@ class ChainReader:
         for _hop in range(2):
             # However many pods (or uids) name one object, it is one GET: forged pods by the thousand
             # naming objects that do not exist cost one read per name, once.
-            wanted: dict[tuple[str, str, str], list[Ref]] = {}
+            wanted: dict[tuple[str, str, str], dict[Ref, None]] = {}
             for pod in pods:
                 got = walk(owner, pod, lookup, known)
-                if isinstance(got, Ref) and got not in wanted.get(_named(got), []):
-                    wanted.setdefault(_named(got), []).append(got)
+                if isinstance(got, Ref):
+                    wanted.setdefault(_named(got), {})[got] = None
             if not wanted:
                 break
             answers = await asyncio.gather(
-                *(asyncio.to_thread(self.read, refs[0]) for refs in wanted.values())
+                *(asyncio.to_thread(self.read, next(iter(refs))) for refs in wanted.values())
             )
             now = self.clock()
-            told: dict[
-                tuple[str, str, str], object
-            ] = {}  # what each name read holds now, for the other references kept under it
+            # What each name read holds now, for the other references kept under it.
+            told: dict[tuple[str, str, str], object] = {}
             for (named, refs), answer in zip(wanted.items(), answers, strict=True):
                 for ref in refs:
                     self._keep(ref, answer, now)
@@ -286,7 +285,7 @@ class ChainReader:
     def _renamed(
         self,
         told: dict[tuple[str, str, str], object],
-        wanted: dict[tuple[str, str, str], list[Ref]],
+        wanted: dict[tuple[str, str, str], dict[Ref, None]],
         now: float,
     ) -> None:
         """What a name holds now, told to the other references kept under it: a Job deleted and made again
