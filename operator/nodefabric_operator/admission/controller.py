@@ -249,8 +249,7 @@ class Controller:
         if changed and new.decision != status.decision:
             kind = "Warning" if phase == "NeverFits" else "Normal"
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
-            # Not those naming an object that is not found: they never count, and forged by the thousand,
-            # each would be told every decision that names them (a write per pod per decision).
+            # Not those naming an object not found: forged by the thousand, each told every decision.
             told = gated + [
                 p for p, _ in group.pending if self.tables.gated(p) and podview.uid(p) not in group.untold
             ]
