@@ -7,11 +7,13 @@ the chain of controller references from the pod up to the owner is read and chec
   whose controller is the LeaderWorkerSet; a worker pod's controller is its group's worker StatefulSet,
   whose controller is the leader pod, itself checked as above.
 
-`membership` is the pure rule over what was read (`Link`s by uid, and the pods the watch keeps: a leader
-pod is never read one by one). `ChainReader` reads the links: one GET per distinct object, kept by the
-uid the pod names (an object's controller never changes), a bounded number of them. An object that could
-not be read (not found, refused, no answer, a body that is not one) leaves the pod out, "not a member
-yet" with the reason, and is read again after SIZE_TTL_S; it never makes the pod a member.
+`membership` is the pure rule over what was read (a `Link` for each reference, and the pods the watch
+keeps: a leader pod is never read one by one). `ChainReader` reads the links: one GET per distinct name,
+kept for each reference as the pod names it (namespace, name and uid: a uid read in one namespace, or
+under one name, vouches for no other), a bounded number of them. An object that could not be read
+(refused, no answer, a body that is not one) leaves the pod out, "not a member yet" with the reason, and
+is read again after SIZE_TTL_S, then less often. One not found is settled: a pod never counts for it,
+and it is not read again (an object made under that name later has another uid).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -31,7 +33,8 @@ from nodefabric_operator.admission.owners import CHAINED, Owner, controller_of, 
 # Objects kept (beyond them, only those of the one group being read); the least recently used goes first,
 # read again if needed.
 MAX_LINKS = 4096
-RETRY_S = 5.0  # an object that could not be read is read again after this long (grouping.SIZE_TTL_S)
+RETRY_S = 5.0  # an object that could not be read is read again after this long (grouping.SIZE_TTL_S),
+MAX_RETRY_S = 60.0  # then after twice as long each time it still cannot, up to this
 READ_TIMEOUT = (5.0, 15.0)  # (connect, read) seconds, as owners are read
 
 
@@ -56,17 +59,22 @@ class Link:
 
     controller: tuple[str, str] | None = None
     problem: str = ""
+    # Not found: the pod never counts and the object is not read again (compared as the problem is).
+    settled: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
 class Membership:
     member: bool
     reason: str = ""  # why a pod that may be a member is not counted yet; "" when settled either way
+    # The reason is final (the object the pod names is not found): the pod is named in the decision
+    # but never told (forged pods by the thousand would each get every decision that names them).
+    settled: bool = field(default=False, compare=False)
 
 
 NOT_A_MEMBER = Membership(False)
 A_MEMBER = Membership(True)
-Lookup = Callable[[str], Link | None]
+Lookup = Callable[[Ref], Link | None]
 
 _PLURALS = {"Job": ("batch", "v1", "jobs"), "StatefulSet": ("apps", "v1", "statefulsets")}
 
@@ -95,11 +103,11 @@ def _up_to(owner: Owner, pod: Mapping[str, Any], kind: str, lookup: Lookup) -> M
     ref = _ref(pod, _namespace(pod), api_version, kind)
     if ref is None:
         return NOT_A_MEMBER
-    got = lookup(ref.uid)
+    got = lookup(ref)
     if got is None:
         return ref  # still to be read
     if got.problem:
-        return Membership(False, got.problem)
+        return Membership(False, got.problem, got.settled)
     if got.controller == (owner.ref.kind, owner.uid):
         return A_MEMBER
     return got
@@ -158,8 +166,23 @@ def link_of(ref: Ref, obj: object) -> Link:
     return Link()
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A read that got no object: why, and whether it is settled (not found: the uid named is gone)."""
+
+    problem: str
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class Kept:
+    link: Link
+    due: float | None = None  # when a failed read is read again; None: never
+    failures: int = 0
+
+
 class ChainReader:
-    """The objects of pods' chains, read through the API as owners are, kept by the uid named."""
+    """The objects of pods' chains, read through the API as owners are, kept by the reference named."""
 
     def __init__(
         self,
@@ -175,53 +198,104 @@ class ChainReader:
         self.clock = clock
         self.limit = limit
         self.retry_s = retry_s
-        self.links: OrderedDict[str, tuple[float, Link]] = OrderedDict()  # uid -> (read at, link)
+        self.links: OrderedDict[Ref, Kept] = OrderedDict()
 
-    def lookup(self, uid: str) -> Link | None:
-        kept = self.links.get(uid)
+    def lookup(self, ref: Ref) -> Link | None:
+        kept = self.links.get(ref)
         if kept is None:
             return None
-        self.links.move_to_end(uid)
-        return kept[1]
+        self.links.move_to_end(ref)
+        return kept.link
 
-    def _fresh(self, uid: str) -> Link | None:
+    def _fresh(self, ref: Ref) -> Link | None:
         """The link, unless it is a failed read due again."""
-        kept = self.links.get(uid)
-        if kept is None or (kept[1].problem and self.clock() - kept[0] >= self.retry_s):
+        kept = self.links.get(ref)
+        if kept is None or (kept.due is not None and self.clock() >= kept.due):
             return None
-        self.links.move_to_end(uid)
-        return kept[1]
+        self.links.move_to_end(ref)
+        return kept.link
 
     async def resolve(
         self, owner: Owner, pods: Iterable[Mapping[str, Any]], known: Mapping[str, Mapping[str, Any]]
     ) -> None:
-        """Read what the pods' chains still need: each object once, all of one hop at once. A worker's
+        """Read what the pods' chains still need: each name once, all of one hop at once. A worker's
         chain is two hops (its StatefulSet, then its leader's). Past the bound, the objects least recently
-        used go, never one these pods' chains use: `membership` finds all of them right after."""
+        used go (`_trim`), never one these pods' chains use: `membership` finds all of them right after."""
         pods = list(pods)
-        used: set[str] = set()
+        used: set[Ref] = set()
 
-        def lookup(uid: str) -> Link | None:
-            used.add(uid)
-            return self._fresh(uid)
+        def lookup(ref: Ref) -> Link | None:
+            used.add(ref)
+            return self._fresh(ref)
 
         for _hop in range(2):
-            wanted: dict[str, Ref] = {}
+            # However many pods (or uids) name one object, it is one GET: forged pods by the thousand
+            # naming objects that do not exist cost one read per name, once.
+            wanted: dict[tuple[str, str, str], dict[Ref, None]] = {}
             for pod in pods:
                 got = walk(owner, pod, lookup, known)
                 if isinstance(got, Ref):
-                    wanted.setdefault(got.uid, got)
+                    wanted.setdefault(_named(got), {})[got] = None
             if not wanted:
                 break
+            answers = await asyncio.gather(
+                *(asyncio.to_thread(self.read, next(iter(refs))) for refs in wanted.values())
+            )
             now = self.clock()
-            links = await asyncio.gather(*(asyncio.to_thread(self.read, ref) for ref in wanted.values()))
-            for uid, link in zip(wanted, links, strict=True):
-                self.links[uid] = (now, link)
-                self.links.move_to_end(uid)
-        while len(self.links) > self.limit and next(iter(self.links)) not in used:
-            self.links.popitem(last=False)
+            # What each name read holds now, for the other references kept under it.
+            told: dict[tuple[str, str, str], object] = {}
+            for (named, refs), answer in zip(wanted.items(), answers, strict=True):
+                for ref in refs:
+                    self._keep(ref, answer, now)
+                if not isinstance(answer, Failed) or answer.settled:
+                    told[named] = answer
+            self._renamed(told, wanted, now)
+        self._trim(used, known)
 
-    def read(self, ref: Ref) -> Link:
+    def _trim(self, used: set[Ref], known: Mapping[str, Mapping[str, Any]]) -> None:
+        """Past the bound, the least recently used go: never one these pods' chains use, nor one a pod
+        still there names (read again on its group's every pass, forged pods beyond the bound would cost
+        a GET each every SIZE_TTL_S). What stays past the bound is bounded by the pods the watch keeps."""
+        excess = len(self.links) - self.limit
+        if excess <= 0:
+            return
+        named = {ref for pod in known.values() for ref in _named_by(pod)}
+        for ref in [r for r in self.links if r not in used and r not in named][:excess]:
+            del self.links[ref]
+
+    def _keep(self, ref: Ref, answer: object, now: float) -> None:
+        if isinstance(answer, Failed):
+            link = Link(problem=answer.problem, settled=answer.settled)
+            if answer.settled:
+                self.links[ref] = Kept(link)
+                self.links.move_to_end(ref)
+                return
+        else:
+            link = link_of(ref, answer)
+            if not link.problem:
+                self.links[ref] = Kept(link)
+                self.links.move_to_end(ref)
+                return
+        before = self.links.get(ref)
+        failures = (before.failures if before is not None else 0) + 1
+        wait = min(self.retry_s * 2 ** min(failures - 1, 16), max(MAX_RETRY_S, self.retry_s))
+        self.links[ref] = Kept(link, now + wait, failures)
+        self.links.move_to_end(ref)
+
+    def _renamed(
+        self,
+        told: dict[tuple[str, str, str], object],
+        wanted: dict[tuple[str, str, str], dict[Ref, None]],
+        now: float,
+    ) -> None:
+        """What a name holds now, told to the other references kept under it: a Job deleted and made again
+        under its name has a new uid, and the pods naming the old one are no longer its."""
+        others = [r for r in self.links if _named(r) in told and r not in wanted[_named(r)]]
+        for ref in others:
+            self._keep(ref, told[_named(ref)], now)
+
+    def read(self, ref: Ref) -> object:
+        """The object the API holds under the reference's name, or Failed."""
         group, version, plural = _PLURALS[ref.kind]
         try:
             obj: Any = self.custom.get_namespaced_custom_object(
@@ -229,11 +303,22 @@ class ChainReader:
             )
         except ApiException as exc:
             if exc.status == 404:
-                return Link(problem=f"{ref} not found")
+                return Failed(f"{ref} not found", settled=True)
             if exc.status:
-                return Link(problem=f"{ref} could not be read (HTTP {exc.status})")
+                return Failed(f"{ref} could not be read (HTTP {exc.status})")
             # The client's own refusal of a body it cannot read (status 0): its reason says which.
-            return Link(problem=f"{ref} could not be read ({str(exc.reason)[:200]})")
+            return Failed(f"{ref} could not be read ({str(exc.reason)[:200]})")
         except Exception as exc:
-            return Link(problem=f"{ref} could not be read ({type(exc).__name__})")
-        return link_of(ref, obj)
+            return Failed(f"{ref} could not be read ({type(exc).__name__})")
+        return obj
+
+
+def _named_by(pod: Mapping[str, Any]) -> list[Ref]:
+    """The object the pod names as its controller, when it is one a chain reads."""
+    ns = _namespace(pod)
+    refs = (_ref(pod, ns, "batch/v1", "Job"), _ref(pod, ns, "apps/v1", "StatefulSet"))
+    return [r for r in refs if r is not None]
+
+
+def _named(ref: Ref) -> tuple[str, str, str]:
+    return ref.namespace, ref.kind, ref.name

@@ -158,7 +158,7 @@ class Controller:
 
     async def reconcile(self, group: GroupView) -> None:
         pg, status = self.tables.pg(group.spec)
-        if self._left_alone(group, pg, status):
+        if await self._left_alone(group, pg, status):
             return
         now = self.clock()
         if status.phase == "Admitted":
@@ -249,14 +249,19 @@ class Controller:
         if changed and new.decision != status.decision:
             kind = "Warning" if phase == "NeverFits" else "Normal"
             reason = "GroupNeverFits" if phase == "NeverFits" else "GroupWaiting"
-            told = gated + [p for p, _ in group.pending if self.tables.gated(p)]
+            # Not those naming an object not found: forged by the thousand, each told every decision.
+            told = gated + [
+                p for p, _ in group.pending if self.tables.gated(p) and podview.uid(p) not in group.untold
+            ]
             self.writer.events(group, told, kind, reason, text, pg_too=True)
             self.writer.annotate(told, text)
 
-    def _left_alone(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
+    async def _left_alone(
+        self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus
+    ) -> bool:
         """A group gone with its owner, or one whose PlacementGroup is another group's: nothing to do."""
         if pg is None:
-            return self.grouping.gone(group, status)
+            return await self.grouping.gone(group, status)
         if owns(pg, group.spec.key):
             return False
         self.writer.name_taken(group, pg)

@@ -51,6 +51,8 @@ class GroupView:
     errors: dict[str, str] = field(default_factory=dict)  # uid -> the InvalidPlacement of a gated pod
     # Pods of its scheduler not counted yet, with why: their chain up to the owner could not be read.
     pending: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # Of those, the uids of the ones whose reason is final (what they name is not found): never told.
+    untold: set[str] = field(default_factory=set)
 
 
 def scheduler_of(pods: list[dict[str, Any]]) -> str:
@@ -177,7 +179,7 @@ class Grouping:
         JobSet or LeaderWorkerSet, the pod's chain of controllers must lead to it, by uid; a pod whose
         chain could not be read is not counted yet, and said in `group.pending`."""
         group.owner = owner
-        group.pending = []
+        group.pending, group.untold = [], set()
         if owner is None or not owner.uid:
             return None
         verdicts = self.memberships(group, owner)
@@ -192,6 +194,7 @@ class Grouping:
             for p in group.candidates
             if (why := verdicts[podview.uid(p)].reason) and podview.scheduler(p) == group.scheduler
         ]
+        group.untold = {podview.uid(p) for p, _ in group.pending if verdicts[podview.uid(p)].settled}
         return [p for p in group.members if self.tables.gated(p)]  # Events and copies go to these only
 
     def vouch(self, group: GroupView, status: PlacementGroupStatus) -> None:
@@ -215,13 +218,7 @@ class Grouping:
                 s = None
             declared.append((s.size if s else None, podview.name(p)))
         ref = owner_ref(spec, group.members[0]) if group.members else None
-        owner: Owner | None = None
-        if ref is not None:
-            cached = self.sizes.get(ref)
-            now = self.clock()
-            if cached is None or now - cached[0] > SIZE_TTL_S:
-                cached = self.sizes[ref] = (now, await asyncio.to_thread(self.owners.read, ref))
-            owner = cached[1]
+        owner = await self._owner(ref) if ref is not None else None
         if owner is not None and owner.uid and owner.ref.kind in CHAINED:
             # Each object of the pods' chains read once (a failed read again after SIZE_TTL_S).
             await self.chain.resolve(owner, group.candidates, self.tables.pods)
@@ -229,24 +226,59 @@ class Grouping:
             return resolve(None, "", declared), None
         return resolve(owner.count, owner.problem, declared), owner
 
+    async def _owner(self, ref: OwnerRef, *, fresh: bool = False) -> Owner:
+        """The owner as read, again once SIZE_TTL_S passed (or now, `fresh`)."""
+        cached = self.sizes.get(ref)
+        now = self.clock()
+        if fresh or cached is None or now - cached[0] > SIZE_TTL_S:
+            cached = self.sizes[ref] = (now, await asyncio.to_thread(self.owners.read, ref))
+        return cached[1]
+
     async def full(self, group: GroupView, status: PlacementGroupStatus, gated: list[dict[str, Any]]) -> bool:
-        """A Bound group with as many pods bound as its size: gated pods are extra and wait."""
-        bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+        """A Bound group with as many of its own pods bound as its size: gated pods are extra and wait.
+        Its pods narrowed first, as for a decision (`own`, `vouch`): a pod bound by hand with the owner's
+        label, that the owner does not vouch for, takes no member's place (the group's own pod, gated
+        to replace one gone, would wait as extra for ever), and a gated one of nobody's is not the
+        group's to admit."""
         if not gated:
             return True
-        if status.size is None or bound < status.size:
-            return False
         # The owner may have grown since (a Job's parallelism raised): its count, read again every
         # SIZE_TTL_S, decides whether the gated pods are extra or new members.
-        size, _owner = await self.size(group)
+        size, owner = await self.size(group)
+        owned = self.own(group, owner)
+        self.vouch(group, status)
+        if owned is not None and not owned:
+            return True
+        bound = sum(1 for p in group.members if p["spec"].get("nodeName"))
+        if status.size is None or bound < status.size:
+            return False
         return size.value is None or bound >= size.value
 
-    def gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
-        """A deleted PlacementGroup's group gone with its pods (its owner deleted): not written again."""
+    async def gone(self, group: GroupView, status: PlacementGroupStatus) -> bool:
+        """A deleted PlacementGroup's group gone with its pods or with its owner: not written again.
+
+        Garbage collection deletes the PlacementGroup with the owner it names (its ownerReference), and
+        the owner's pods maybe only after: written again for them, it would name an owner that is gone
+        and be collected again. So a group whose owner is not found (or is another object now, made
+        again under its name) is let go with it; one whose owner could not be read is written again."""
         if status.phase not in CLAIMING:
             return False
         live = {podview.uid(p) for p in group.candidates}
-        if any(m.uid in live for m in status.members) or any(self.tables.gated(p) for p in group.members):
+        pods = any(m.uid in live for m in status.members) or any(self.tables.gated(p) for p in group.members)
+        if pods and not await self._owner_gone(group):
             return False
         self.tables.lost.pop(pg_key(group.spec), None)
         return True
+
+    async def _owner_gone(self, group: GroupView) -> bool:
+        lost = self.tables.lost.get(pg_key(group.spec)) or {}
+        refs = (lost.get("metadata") or {}).get("ownerReferences")
+        uids = {r.get("uid") for r in refs if isinstance(r, dict)} if isinstance(refs, list) else set()
+        pods = group.members or group.candidates
+        ref = owner_ref(group.spec, pods[0]) if pods else None
+        if ref is None or not uids - {None, ""}:
+            return False  # written for no owner (a group named by labels alone): written again
+        owner = await self._owner(ref, fresh=True)  # a count kept from before the deletion says nothing
+        if owner.uid:
+            return owner.uid not in uids
+        return owner.problem.endswith(" not found")
