@@ -510,20 +510,11 @@ async def run_noop(n: int, workdir: Path, out: Figures) -> None:
 
 
 async def run_before(rev: str, n: int, workdir: Path, out: Figures) -> bool:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "operator/nodefabric_operator"],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        print(f"  (no figures before: git archive {rev} failed: {archive.stderr.decode().strip()})")
+    source = _archived(rev, workdir)
+    if source is None:
         return False
-    tree = workdir / "before"
-    tree.mkdir()
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(tree, filter="data")
     async with fleet(n) as (k, proxy):
-        env = dict(os.environ, PYTHONPATH=str(tree / "operator"), POD_NAME="bench")
+        env = dict(os.environ, PYTHONPATH=str(source), POD_NAME="bench")
         port = free_port()
         argv = operator_argv(port, proxy.kubeconfig, health=False)
         op, again = (
