@@ -59,15 +59,12 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return info
 
 
-def startup(**_: Any) -> None:
-    """kopf's own log records, cut to one line with our fields (see kopflog)."""
+async def startup(memo: Any, **_: Any) -> None:
+    """kopf's own log records, cut to one line with our fields (see kopflog). kopf may be started again
+    within one operator run (cli._kopf, after a watched resource's 404), each time after a cleanup that
+    closed the reconciler: the wait for the namespace or the NodeFeature API goes on probing
+    (nswait.NamespaceWait.reopen). A coroutine, on the loop, as cleanup is."""
     kopflog.configure()
-
-
-async def resume(memo: Any, **_: Any) -> None:
-    # kopf is started again within one operator run (cli._kopf, after a watched resource's 404), each
-    # time after a cleanup that closed the reconciler: the wait for the namespace or the NodeFeature API
-    # goes on probing (nswait.NamespaceWait.reopen). On the loop, as cleanup is.
     _reconciler(memo).namespace.reopen()
 
 
@@ -140,7 +137,6 @@ def register(
 ) -> None:
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
-    kopf.on.startup(registry=registry)(resume)
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.event(models.GROUP, models.VERSION, models.PLURAL, registry=registry)(on_devices)
     if isinstance(sink, sinks.NodeSink):
