@@ -167,10 +167,17 @@ async def test_an_unreadable_job_leaves_its_pods_out_said_and_is_read_again(
         switch = refusing(k, "/jobs/llm-w-0", answer)
         key = f"{NS}/jobset/llm"
         await w.create(*(jobset_pod(f"llm-w-0-{j}", "llm", job) for j in range(2)))
-        await eventually(lambda: said in w.status(key).get("decision", ""), what="the reason on the group")
+        # Both pods named: a decision made before the second pod reached the watch names the first only.
+        await eventually(
+            lambda: (
+                said in w.status(key).get("decision", "")
+                and "pod llm-w-0-1 (" in w.status(key).get("decision", "")
+            ),
+            what="the reason on the group, for both pods",
+        )
         status = w.status(key)
         assert status["phase"] == "Waiting" and status["members"] == []
-        assert "0 of 2 exist" in status["decision"] and "pod llm-w-0-1 (" in status["decision"]
+        assert "0 of 2 exist" in status["decision"]
         # Each pod left out is told, as the members are.
         note = "placement.gpustack.ai/decision"
         await eventually(lambda: said in w.pod("llm-w-0-0")["metadata"]["annotations"].get(note, ""))
@@ -233,7 +240,11 @@ async def test_an_unreadable_worker_statefulset_leaves_the_workers_out_until_rea
         key = f"{NS}/leaderworkerset/lws-0"
         await w.create(lws_pod("lws-0-1", workers), lws_pod("lws-0-2", workers))
         said = "pod lws-0-1 (StatefulSet ml/lws-0 could not be read (HTTP 403))"
-        await eventually(lambda: said in w.status(key).get("decision", ""), what="the reason on the group")
+        # The count once both workers reached the watch (a decision may come between the two).
+        await eventually(
+            lambda: said in w.status(key).get("decision", "") and "1 of 3 exist" in w.status(key)["decision"],
+            what="the reason on the group, both workers seen",
+        )
         status = w.status(key)
         assert "1 of 3 exist" in status["decision"] and [m["pod"] for m in status["members"]] == ["lws-0"]
         switch["on"] = False
