@@ -31,6 +31,7 @@ from test_admission_owner_chain import (
     thing,
 )
 
+from nodefabric_operator.admission.writer import DECISION_EVERY_S
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 OTHER = "evil"
@@ -383,7 +384,8 @@ async def test_pods_naming_missing_jobs_are_named_but_never_told() -> None:
     """The decision names them (not counted), but neither its Event nor its annotation goes to them: made
     one after another by the thousand, each would be told every decision that names them (300 such pods
     cost 13,904 pod PATCHes and 6,543 Events)."""
-    async with chain_world() as (k, w), placement(k) as ctl:
+    now = [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
         await w.create(jobset("llm", 1, 2))
         job = await jobset_job(w, "llm", 0)
         key = f"{NS}/jobset/llm"
@@ -393,6 +395,7 @@ async def test_pods_naming_missing_jobs_are_named_but_never_told() -> None:
         note = "placement.gpustack.ai/decision"
         said = "and 7 more"
         await eventually(lambda: said in w.status(key).get("decision", ""), what="every pod read")
+        now[0] += DECISION_EVERY_S  # the latest text of a decision of the same kind, once it is due
         await eventually(
             lambda: said in w.pod("llm-w-0-0")["metadata"]["annotations"].get(note, ""), what="told"
         )

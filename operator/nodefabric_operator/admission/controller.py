@@ -132,6 +132,7 @@ class Controller:
         groups = self.grouping.groups()
         self.writer.tell_ungrouped(self.grouping.ungrouped)
         self.writer.tell_relabelled(self.grouping.relabelled)
+        self.writer.flush()
         keys = {g.spec.key for g in groups}
         self.fresh.keep(keys)
         self.grouping.forget_stale(self.clock(), keys)
@@ -253,8 +254,7 @@ class Controller:
             told = gated + [
                 p for p, _ in group.pending if self.tables.gated(p) and podview.uid(p) not in group.untold
             ]
-            self.writer.events(group, told, kind, reason, text, pg_too=True)
-            self.writer.annotate(told, text)
+            self.writer.tell(group, told, kind, reason, text)
 
     async def _left_alone(
         self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus

@@ -21,6 +21,10 @@ from nodefabric_operator.extender.events import KubePublisher
 log = logging.getLogger(__name__)
 
 MAX_DECISION = 4096  # the decision as copied onto a pod's annotation
+# A waiting group's decision changes with every pod that arrives ("3 of 64 exist"): a pod is told a new
+# text of the same kind at most this often (the latest wins), or pods made one after another would cost
+# about decisions x pods PATCHes. The PlacementGroup's status always has the current one.
+DECISION_EVERY_S = 30.0
 
 
 class PlacementWriter:
@@ -41,7 +45,10 @@ class PlacementWriter:
         self.decision_key = decision_key
         self.clock = clock
         self.annotated: dict[str, str] = {}  # uid -> decision text last copied onto the pod
-        tables.per_pod.append(self.annotated)
+        self.annotated_at: dict[str, float] = {}  # uid -> when it was
+        self.owed: dict[str, str] = {}  # uid -> a newer text of the same kind, held back until due
+        self.kinds: dict[str, str] = {}  # uid -> the reason of the last Event about the pod
+        tables.per_pod.extend((self.annotated, self.annotated_at, self.owed, self.kinds))
 
     async def write(self, group: GroupView, pg: dict[str, Any] | None, status: PlacementGroupStatus) -> bool:
         """Create the PlacementGroup when missing and write its status when it changed. True when written."""
@@ -134,14 +141,48 @@ class PlacementWriter:
                 targets.append(pg)
         for obj in targets:  # the publisher's spam filter holds back a burst about one object
             self.publisher.event(obj, type_, reason, message)
+        for pod in pods:
+            self.kinds[podview.uid(pod)] = reason
+
+    def tell(self, group: GroupView, pods: list[dict[str, Any]], type_: str, reason: str, text: str) -> None:
+        """A waiting group's decision: an Event on each pod only when its kind (reason) is new to the pod,
+        one on the PlacementGroup each time; the text copied onto the pods at once when its kind is new,
+        else at most every DECISION_EVERY_S (`flush`)."""
+        new = [p for p in pods if self.kinds.get(podview.uid(p)) != reason]
+        self.events(group, new, type_, reason, text, pg_too=True)
+        self.annotate(new, text)
+        now, told = self.clock(), {podview.uid(p) for p in new}
+        for pod in pods:
+            if (uid := podview.uid(pod)) not in told:
+                self._owe(pod, uid, text, now)
+
+    def _owe(self, pod: dict[str, Any], uid: str, text: str, now: float) -> None:
+        if self.annotated.get(uid) == text:
+            self.owed.pop(uid, None)
+        elif now - self.annotated_at.get(uid, float("-inf")) >= DECISION_EVERY_S:
+            self.annotate([pod], text)
+        else:
+            self.owed[uid] = text
+
+    def flush(self) -> None:
+        """The texts held back whose time has come, onto pods still gated (each pass)."""
+        now = self.clock()
+        for uid, text in list(self.owed.items()):
+            pod = self.tables.pods.get(uid)
+            if pod is None or not self.tables.gated(pod):
+                del self.owed[uid]
+            elif now - self.annotated_at.get(uid, float("-inf")) >= DECISION_EVERY_S:
+                self.annotate([pod], text)
 
     def annotate(self, pods: list[dict[str, Any]], text: str) -> None:
         """The decision copied onto each pod for `kubectl describe pod`; never read back."""
         for pod in pods:
             uid = podview.uid(pod)
+            self.owed.pop(uid, None)
             if self.annotated.get(uid) == text:
                 continue
             self.annotated[uid] = text
+            self.annotated_at[uid] = self.clock()
             self.publisher.annotate(pod, {self.decision_key: text[:MAX_DECISION]})
 
     def tell_ungrouped(self, ungrouped: list[tuple[dict[str, Any], str]]) -> None:

@@ -1,0 +1,115 @@
+"""What a waiting group costs the API, through the placement controller against the embedded API over real
+HTTP: pods of a group created one after another are told its decision as its kind changes (waiting,
+admitted), and its changing counts at most once per pod per DECISION_EVERY_S, the latest text winning;
+an owner chain's kind refused (HTTP 403) in a namespace is probed once per backoff step, not read again
+name by name."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from admission_world import NS, World, eventually, fleet, job, jobs_world, placement
+from test_admission_chain_hostile import passes
+from test_admission_owner_chain import JOBS, chain_world, counted, ghost, jobset, jobset_pod
+
+from nodefabric_operator.admission import writer
+from nodefabric_operator.demo.kubeapi import RunningAPI
+
+NOTE = "placement.gpustack.ai/decision"
+
+
+def pod_events(w: World, reason: str) -> int:
+    return len([e for e in w.events(reason) if e[0] == "Pod"])
+
+
+def note(w: World, name: str) -> str:
+    return str((w.pod(name)["metadata"].get("annotations") or {}).get(NOTE, ""))
+
+
+async def arrive_one_by_one(k: RunningAPI, w: World, ctl: Any, n: int) -> tuple[int, int]:
+    """All but the last of `n` pods created one after another, each decided; (pod PATCHes, pod Events)."""
+    key = f"{NS}/job/train"
+    pods = w.job_pods("train", n, gpus=1)
+    for i, pod in enumerate(pods[:-1]):
+        await w.create(pod)
+        said = f"{i + 1} of {n} exist"
+        await eventually(lambda s=said: s in w.status(key).get("decision", ""), what=said)
+    await passes(k, ctl, 2)
+    await ctl.publisher.drain()
+    return k.api.count("PATCH", "v1/pods"), pod_events(w, "GroupWaiting")
+
+
+async def test_pods_arriving_one_by_one_are_not_each_told_every_count() -> None:
+    """Before: every decision ("k of n exist") went to every gated pod as an annotation and an Event:
+    n(n-1)/2 pod PATCHes. Now each pod is told once as it starts to wait, and the latest count once the
+    window has passed; its kind changing (admitted) is told at once."""
+    n, key = 16, f"{NS}/job/train"
+    now = [time.time()]
+    async with jobs_world(job("train", n), *fleet()) as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        patches, events = await arrive_one_by_one(k, w, ctl, n)
+        assert patches <= n - 1, patches  # was (n-1)n/2 = 120
+        assert events <= n - 1, events
+        assert "1 of 16 exist" in note(w, "train-0")
+        pg_events = [e for e in w.events("GroupWaiting") if e[0] == "PlacementGroup"]
+        assert pg_events  # the PlacementGroup still hears of the decisions (its spam filter holds bursts)
+        now[0] += writer.DECISION_EVERY_S + 1
+        await passes(k, ctl, 2)
+        await eventually(lambda: f"{n - 1} of {n} exist" in note(w, "train-0"), what="the latest count")
+        await ctl.publisher.drain()
+        assert k.api.count("PATCH", "v1/pods") <= 2 * (n - 1)
+        await w.create(w.job_pods("train", n, gpus=1)[-1])
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="admitted")
+        admitted = w.status(key)["decision"]
+        await eventually(lambda: note(w, "train-0") == admitted, what="told admitted at once")
+        assert pod_events(w, "GroupAdmitted") == n
+
+
+def refusing_jobs(k: RunningAPI, namespace: str) -> dict[str, int]:
+    """Every GET of a Job in `namespace` answered 403 (no RBAC for them there) while the switch is on;
+    "refused" counts them (the API's own count never sees them)."""
+    switch = {"on": 1, "refused": 0}
+    seen: list[Any] = []  # kmock asks about one request more than once
+
+    def matches(req: Any) -> bool:
+        method = str(getattr(req.method, "value", req.method)).upper()
+        hit = bool(switch["on"]) and method == "GET" and f"/namespaces/{namespace}/jobs/" in req.url.path
+        if hit and not any(r is req for r in seen):
+            seen.append(req)
+            switch["refused"] += 1
+        return hit
+
+    k.api[matches] << 403
+    return switch
+
+
+async def test_jobs_refused_in_a_namespace_cost_one_probe_per_backoff_step() -> None:
+    """Pods naming 30 Jobs of a namespace whose Jobs cannot be read (HTTP 403): before, each name was
+    read at first and again at every backoff step (30 GETs a step); now one probe at first and one a
+    step, and the names are read again once a read of the kind there is not refused."""
+    names, now = 30, [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(jobset("llm", 1, 2))
+        key = f"{NS}/jobset/llm"
+        switch = refusing_jobs(k, NS)
+        forged = [
+            jobset_pod(f"p-{i}", "llm", {**ghost("Job"), "name": f"g{i}", "uid": f"u{i}"})
+            for i in range(names)
+        ]
+        await w.create(*forged)
+        said = f"and {names - 5} more"
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="every pod left out")
+        assert "HTTP 403" in w.status(key)["decision"]
+        first = switch["refused"]
+        assert first == 1  # the kind probed by one name in the namespace: was one GET per name (30)
+        for _ in range(3):
+            now[0] += 61.0  # past the longest backoff: every name due again
+            ctl.wake.set()
+            await passes(k, ctl, 3)
+        assert switch["refused"] - first <= 3  # one probe a step: was 30 a step
+        switch["on"] = 0
+        now[0] += 61.0
+        await eventually(
+            lambda: (ctl.wake.set(), "not found" in w.status(key).get("decision", ""))[1], what="read"
+        )
+        await eventually(lambda: counted(k, JOBS)() >= names, what="every name read again")
