@@ -438,7 +438,7 @@ async def _lead(elector: leader.Elector, stop_flag: asyncio.Event | threading.Ev
     except kubernetes.client.ApiException as err:
         cfg = elector.cfg
         raise StartupError(
-            f"cannot take the lease {cfg.namespace}/{cfg.name}: HTTP {err.status} {err.reason or ''}".strip()
+            f"cannot take the lease {cfg.namespace}/{cfg.name}: {leader.refusal(err)}"
         ) from err
 
 

@@ -248,7 +248,7 @@ class Elector:
             except kubernetes.client.ApiException as err:
                 # Refused (RBAC taken away): asking again changes nothing. Said here, since the caller
                 # only sees that the holding ended.
-                self._lost(f"HTTP {err.status} {err.reason or ''}".strip())
+                self._lost(refusal(err))
                 return
             if renewed:
                 last = time.monotonic()
@@ -314,3 +314,21 @@ def _lease(obj: dict[str, Any]) -> dict[str, Any]:
 def _count(value: Any) -> int:
     """leaseTransitions as a count: anything but a whole number (someone's edit) counts from 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+SAID_CHARS = 200  # of the API server's message quoted in a refusal: the whole line is cut at 300 (first_line)
+
+
+def refusal(err: kubernetes.client.ApiException) -> str:
+    """A refused Lease request as one line: the status, and the API server's own message, which says what
+    the role lacks (RBAC names the verb, resource and namespace), cut to SAID_CHARS characters with
+    control characters (a newline, a terminal escape) dropped: it is the server's text, quoted in ours."""
+    said = f"HTTP {err.status} {err.reason or ''}".strip()
+    message = sinks._status_body(err).get("message")
+    if not isinstance(message, str):
+        return said
+    shown = "".join(c if c.isprintable() else " " for c in message[: SAID_CHARS * 2])
+    shown = " ".join(shown.split())
+    if len(shown) > SAID_CHARS:
+        shown = shown[: SAID_CHARS - 3] + "..."
+    return f"{said}: {shown}" if shown else said
