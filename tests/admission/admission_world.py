@@ -187,7 +187,12 @@ class World:
         return sorted(out)
 
     async def bind_and_ready(self, name: str, node: str | None = None) -> None:
-        """What kube-scheduler (bind through pods/binding) and the kubelet (Ready) do."""
+        """What kube-scheduler (bind through pods/binding) and the kubelet (Ready) do. kube-scheduler binds
+        no pod before its gates are gone: the placement process pins a pod and removes its gate in two
+        writes, and a test that saw the pin may come between them."""
+        async with asyncio.timeout(30):  # a deadlock breaker, not a measure
+            while self.gates(name):
+                await asyncio.sleep(0.02)
         node = node or self.pinned(name)[0]
         body = {
             "apiVersion": "v1",
