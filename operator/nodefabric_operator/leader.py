@@ -16,6 +16,7 @@ lease, so a standby takes over within `retry` seconds rather than `duration`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_operator import rawcall, sinks
 from nodefabric_operator.view import version
 
@@ -43,10 +45,8 @@ ABSENT_CAP = 300.0
 
 def absent_delays(retry: float) -> Iterator[float]:
     """The waits between tries while the namespace is missing: `retry`, doubling up to ABSENT_CAP."""
-    delay = max(retry, 0.1)
-    while True:
-        yield delay
-        delay = min(delay * 2, max(ABSENT_CAP, retry))
+    backoff = Backoff(base=max(retry, 0.1), cap=max(ABSENT_CAP, retry), jitter=False)
+    return (backoff.ceiling(n) for n in itertools.count())
 
 
 @dataclass(frozen=True)

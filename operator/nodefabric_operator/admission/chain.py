@@ -31,6 +31,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_operator.admission.owners import CHAINED, Owner, controller_of, controls
 
 # Objects kept (beyond them, only those of the one group being read); the least recently used goes first,
@@ -201,7 +202,7 @@ class ChainReader:
         self.timeout = timeout
         self.clock = clock
         self.limit = limit
-        self.retry_s = retry_s
+        self.backoff = Backoff(base=retry_s, cap=max(MAX_RETRY_S, retry_s), jitter=False)
         self.links: OrderedDict[Ref, Kept] = OrderedDict()
         # (namespace, kind) -> its last refusal and when one name of it is read again (the probe).
         self.refused: dict[tuple[str, str], Kept] = {}
@@ -342,7 +343,7 @@ class ChainReader:
         self.links.move_to_end(ref)
 
     def _wait(self, failures: int) -> float:
-        return float(min(self.retry_s * 2 ** min(failures - 1, 16), max(MAX_RETRY_S, self.retry_s)))
+        return self.backoff.ceiling(failures - 1)
 
     def _renamed(
         self,
