@@ -254,7 +254,7 @@ class VersionedBuild(Generic[T]):
         self._next_try = time.monotonic() + delay
         if self.failures == 1:
             log.error(
-                f"could not build {self.what}; trying again with backoff (1 s doubling to"
+                f"could not build {self.what}; trying again with backoff ({self.retry.base:g} s doubling to"
                 f" {self.retry.cap:g} s) while the record is unchanged, at once when it changes",
                 exc_info=exc,
                 extra={**self.fields, "version": version, "retry_in_s": delay},
