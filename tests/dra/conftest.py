@@ -1,16 +1,17 @@
 """Fixtures of the DRA tests: short socket directories, the embedded API (it serves resource.k8s.io/v1
 as a Kubernetes >= 1.34 API server does) with this node's Node, and the HGX fixture host with its
-record."""
+record; drivers running on that host."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from dra_helpers import Dirs, hgx, put_node, read
+from dra_helpers import Dirs, HeldDriver, HgxDriver, driving, held_driving, hgx, put_node, read
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -50,3 +51,18 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> hops.HopThreads:
     pool = hops.HopThreads()
     monkeypatch.setattr(hops, "THREADS", pool)
     return pool
+
+
+@pytest.fixture
+def hgx_driver(api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries]) -> HgxDriver:
+    """`async with hgx_driver(record, **options) as r`: the driver on the HGX host (dra_helpers.driving)."""
+    return functools.partial(driving, api, dirs, hgx_host[0].host)
+
+
+@pytest.fixture
+def held_driver(
+    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], monkeypatch: pytest.MonkeyPatch
+) -> HeldDriver:
+    """`async with held_driver(record, held) as (r, hold)`: the driver on the HGX host, started with
+    `record`, whose pool build of record `held` is held (dra_helpers.held_driving)."""
+    return functools.partial(held_driving, api, dirs, hgx_host[0].host, monkeypatch)

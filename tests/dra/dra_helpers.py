@@ -7,11 +7,14 @@ import os
 import re
 import threading
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kmock
+import pytest
 
 from nodefabric_devicemanager import inventory, nodeclient
 from nodefabric_devicemanager.accelerators import Libraries
@@ -21,7 +24,7 @@ from nodefabric_devicemanager.hostroot import HostRoot
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import hops
+from nodefabric_deviceplugin.dra import devices, hops
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
@@ -35,6 +38,10 @@ DRIVER = "rdma.gpustack.ai"
 SLICES = "resource.k8s.io/v1/resourceslices"
 CLAIMS = "resource.k8s.io/v1/resourceclaims"
 SPLIT_PF = "0000:e0:00.0"  # the HGX NIC split into VFs
+NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
+NIC0_BUS = "0000:1c:00.0"
+SYNC_THREAD = "read the host for the ResourceSlices"  # the slice publisher's own thread
+POOL_THREAD = "the DRA pool"  # the pool's builds' thread
 
 
 def hgx(root: Path, *, vfs: int = 4) -> tuple[SysfsBuilder, Libraries]:
@@ -54,6 +61,11 @@ def read(b: SysfsBuilder, libraries: Libraries = NO_LIBRARIES) -> DevicesSpec:
     reading = inventory.read(b.host, libraries=libraries)
     assert reading.interfaces is not None
     return reading.spec()
+
+
+def without(spec: DevicesSpec, *buses: str) -> DevicesSpec:
+    """The record with the given NICs gone (unplugged, or not probed yet)."""
+    return spec.model_copy(update={"interfaces": [i for i in spec.interfaces if i.pci_bus_id not in buses]})
 
 
 def gpu_pcie_roots(spec: DevicesSpec) -> dict[str, str]:
@@ -150,9 +162,105 @@ async def start_driver(
 
 
 async def shutdown(r: Running) -> None:
+    """Stops the driver; again on a stopped one, it only says how its run ended."""
     await r.kubelet.stop()
     r.stop.set()
     await asyncio.wait_for(r.task, 15)
+
+
+@asynccontextmanager
+async def driving(
+    k: RunningAPI, dirs: Dirs, host: HostRoot, spec: DevicesSpec | None, **options: Any
+) -> AsyncIterator[Running]:
+    """start_driver for the body, shut down after it however it ends (the body may shut it down first)."""
+    r = await start_driver(k, dirs, host, spec, **options)
+    try:
+        yield r
+    finally:
+        await shutdown(r)
+
+
+def a_pool_build() -> bool:
+    """Whether this reading of a record is a build of the pool prepare resolves in, wherever it runs (the
+    loop included), not the slice publisher's reading on its own thread."""
+    return threading.current_thread().name != SYNC_THREAD
+
+
+class HeldBuild:
+    """The pool's build of record `held` waits for `release` once it has `entered`, says in `order`
+    whether it was let go, then raises when `fail` is set; `builds` says of each pool build whether it
+    was of `held` or of another record."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, held: DevicesSpec) -> None:
+        self.entered, self.release, self.fail = threading.Event(), threading.Event(), threading.Event()
+        self.builds: list[str] = []
+        self.order: list[str] = []
+        real = devices._records
+
+        def records(spec: DevicesSpec) -> Any:
+            if a_pool_build():
+                self.builds.append("held" if spec is held else "other")
+                if spec is held:
+                    self.entered.set()
+                    # A deadlock breaker, not a measure: built on the loop, nothing could let it go.
+                    self.order.append("pool built" if self.release.wait(20) else "pool built, never let go")
+                    if self.fail.is_set():
+                        raise RuntimeError("injected failure after the hold")
+            return real(spec)
+
+        monkeypatch.setattr(devices, "_records", records)
+
+
+@asynccontextmanager
+async def held_driving(  # noqa: PLR0917 (a driver's inputs and the record held)
+    k: RunningAPI,
+    dirs: Dirs,
+    host: HostRoot,
+    monkeypatch: pytest.MonkeyPatch,
+    spec: DevicesSpec,
+    held: DevicesSpec,
+) -> AsyncIterator[tuple[Running, HeldBuild]]:
+    """A driver started with record `spec` whose pool build of record `held` is held (HeldBuild); the
+    build is let go before the driver stops, however the body ends."""
+    hold = HeldBuild(monkeypatch, held)
+    r = await start_driver(k, dirs, host, spec)
+    try:
+        yield r, hold
+    finally:
+        hold.release.set()
+        await shutdown(r)
+
+
+HgxDriver = Callable[..., AbstractAsyncContextManager[Running]]  # conftest's hgx_driver
+HeldDriver = Callable[[DevicesSpec, DevicesSpec], AbstractAsyncContextManager[tuple[Running, HeldBuild]]]
+
+
+class FailingBuilds:
+    """Every pool build raises, or only the first `times` of them; `failed` counts those that did."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int | None = None) -> None:
+        self.failed = 0
+        real = devices._records
+
+        def records(spec: DevicesSpec) -> Any:
+            if a_pool_build() and (times is None or self.failed < times):
+                self.failed += 1
+                raise RuntimeError("injected failure")
+            return real(spec)
+
+        monkeypatch.setattr(devices, "_records", records)
+
+
+async def watching(k: RunningAPI, r: Running) -> tuple[str, dict[str, Any]]:
+    """Until the driver has synced its slices once and watches them; the name of its first slice and the
+    slice as stored."""
+    publisher = r.driver.publisher
+    while publisher.syncs < 1 or publisher.watch.connects < 1 or k.count("GET", SLICES, "watch") < 1:
+        await asyncio.sleep(0.02)
+    name = live_slices(k)[0]["metadata"]["name"]
+    stored = k.api.stored(SLICES, name)
+    assert stored is not None  # listed just now, and only the driver deletes its slices
+    return name, stored
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -16,57 +16,31 @@ from typing import Any
 import pytest
 from dra_helpers import (
     DRIVER,
+    NIC0,
+    NIC0_BUS,
     NODE,
+    POOL_THREAD,
     SLICES,
     Dirs,
-    live_slices,
+    FailingBuilds,
+    HeldDriver,
+    HgxDriver,
     put_claim,
     ref,
     result,
     shutdown,
     slice_writes,
-    start_driver,
+    watching,
+    without,
 )
 
-from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_devicemanager.models import DevicesSpec
-from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import cdi, devices
+from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
-NIC0 = "pci-0000-1c-00-0"
-NIC0_BUS = "0000:1c:00.0"
-SYNC_THREAD = "read the host for the ResourceSlices"  # the slice publisher's own thread
-POOL_THREAD = "the DRA pool"  # the pool's builds' thread
 FAILED = "could not build the DRA pool"
-
-
-def without(spec: DevicesSpec, *buses: str) -> DevicesSpec:
-    return spec.model_copy(update={"interfaces": [i for i in spec.interfaces if i.pci_bus_id not in buses]})
-
-
-class Held:
-    """The pool's build of record `held` waits for `release` once it has `entered` (a deadlock breaker
-    of 20 s lets it go all the same), then raises when `fail` is set."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, held: DevicesSpec) -> None:
-        self.entered, self.release, self.fail = threading.Event(), threading.Event(), threading.Event()
-        self.builds: list[str] = []
-        real = devices._records
-
-        def records(spec: DevicesSpec) -> Any:
-            if threading.current_thread().name == POOL_THREAD:
-                self.builds.append("held" if spec is held else "other")
-                if spec is held:
-                    self.entered.set()
-                    self.release.wait(20)
-                    if self.fail.is_set():
-                        raise RuntimeError("injected failure after the hold")
-            return real(spec)
-
-        monkeypatch.setattr(devices, "_records", records)
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -74,18 +48,12 @@ def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 async def test_a_pool_build_that_hangs_fails_the_prepare_within_its_budget_not_never(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, hgx_spec: DevicesSpec, held_driver: HeldDriver
 ) -> None:
     """The new record's pool build never ends (a bug looping in it): the prepare answers with an error
     naming the build and its budget instead of waiting for kubelet's deadline, holding the claim lock
     meanwhile (another claim's unprepare answers), and the claim is prepared once the build ends."""
-    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
-    held = Held(monkeypatch, hgx_spec)
-    try:
+    async with held_driver(without(hgx_spec, NIC0_BUS), hgx_spec) as (r, held):
         plugin = await r.kubelet.wait_registered(DRIVER)
         r.driver.preparer.pools.budget = 0.3
         claim = put_claim(api, "hung", [result(NIC0)])
@@ -101,16 +69,12 @@ async def test_a_pool_build_that_hangs_fails_the_prepare_within_its_budget_not_n
         r.driver.preparer.pools.budget = 30.0
         out = (await plugin.prepare(ref(claim)))[uid]
         assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
-    finally:
-        held.release.set()
-        await shutdown(r)
 
 
-async def test_a_record_change_starts_the_backoff_and_its_error_afresh(  # noqa: PLR0917 (fixtures)
+async def test_a_record_change_starts_the_backoff_and_its_error_afresh(
     api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
     hgx_spec: DevicesSpec,
+    hgx_driver: HgxDriver,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -119,16 +83,8 @@ async def test_a_record_change_starts_the_backoff_and_its_error_afresh(  # noqa:
     not after the step the old record's streak had reached, with an Error of its own (its cause may be
     another)."""
     caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
-    real = devices._records
-
-    def records(spec: DevicesSpec) -> Any:
-        if threading.current_thread().name == POOL_THREAD:
-            raise RuntimeError("injected failure")
-        return real(spec)
-
-    monkeypatch.setattr(devices, "_records", records)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    FailingBuilds(monkeypatch)
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         builds = r.driver.preparer.pools.builds
         builds.retry = Backoff(base=0.02, cap=600.0, jitter=False)
@@ -145,25 +101,16 @@ async def test_a_record_change_starts_the_backoff_and_its_error_afresh(  # noqa:
         assert builds.failures < 7
         assert builds.retry_in <= 0.02 * 2 ** (builds.failures - 1)
         assert [r.version for r in caplog.records if r.getMessage().startswith(FAILED)] == [1, 2]  # type: ignore[attr-defined]
-    finally:
-        await shutdown(r)
 
 
-async def test_a_driver_stopped_mid_build_stops_cleanly_and_logs_no_error(  # noqa: PLR0917 (fixtures)
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+async def test_a_driver_stopped_mid_build_stops_cleanly_and_logs_no_error(
+    api: RunningAPI, hgx_spec: DevicesSpec, held_driver: HeldDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The driver is stopped while a pool build runs (and a prepare waits for it), and the build then
     fails: the stop ends without waiting for the build, and the failure of a build nobody wants any
     more is no Error; its thread ends with the build."""
     caplog.set_level(logging.INFO, logger="nodefabric_deviceplugin")
-    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
-    held = Held(monkeypatch, hgx_spec)
-    try:
+    async with held_driver(without(hgx_spec, NIC0_BUS), hgx_spec) as (r, held):
         plugin = await r.kubelet.wait_registered(DRIVER)
         claim = put_claim(api, "stopped", [result(NIC0)])
         r.source.update(hgx_spec)
@@ -182,24 +129,14 @@ async def test_a_driver_stopped_mid_build_stops_cleanly_and_logs_no_error(  # no
             await asyncio.sleep(0)  # the build's end reaches the loop
         assert not any(t.name == POOL_THREAD for t in threading.enumerate())
         assert errors(caplog) == []
-    finally:
-        held.release.set()
-        if not r.task.done():
-            await shutdown(r)
 
 
 async def test_fifty_prepares_during_a_slow_build_share_it(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, hgx_spec: DevicesSpec, held_driver: HeldDriver
 ) -> None:
     """50 claims prepared (in 50 calls) while the new record's pool is being built: one build serves
     them all, and every claim resolves in the new record."""
-    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
-    held = Held(monkeypatch, hgx_spec)
-    try:
+    async with held_driver(without(hgx_spec, NIC0_BUS), hgx_spec) as (r, held):
         plugin = await r.kubelet.wait_registered(DRIVER)
         claims = [put_claim(api, f"c{i}", [result(NIC0)]) for i in range(50)]
         r.source.update(hgx_spec)
@@ -210,24 +147,15 @@ async def test_fifty_prepares_during_a_slow_build_share_it(
         outs = [(await call)[c["metadata"]["uid"]] for call, c in zip(calls, claims, strict=True)]
         assert all(o.error == "" and [d.device_name for d in o.devices] == [NIC0] for o in outs)
         assert held.builds.count("held") == 1
-    finally:
-        held.release.set()
-        await shutdown(r)
 
 
 async def test_a_record_back_to_a_while_b_builds_never_resolves_in_b(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, hgx_spec: DevicesSpec, held_driver: HeldDriver
 ) -> None:
     """A -> B -> A: B (without NIC0) is being built when A comes back; a prepare after that resolves in
     A's pool (NIC0 there), never in B's, and B's pool, built late, never replaces A's."""
     b = without(hgx_spec, NIC0_BUS)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    held = Held(monkeypatch, b)
-    try:
+    async with held_driver(hgx_spec, b) as (r, held):
         plugin = await r.kubelet.wait_registered(DRIVER)
         claim = put_claim(api, "aba", [result(NIC0)])
         r.source.update(b)
@@ -240,9 +168,6 @@ async def test_a_record_back_to_a_while_b_builds_never_resolves_in_b(
         assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
         version, pool = await r.driver.preparer.pools.latest() or (0, {})
         assert version == 3 and NIC0 in pool
-    finally:
-        held.release.set()
-        await shutdown(r)
 
 
 # --- watch events of our own slices --------------------------------------------------------------------
@@ -277,19 +202,14 @@ async def settled(api: RunningAPI, r: Any, name: str, full: dict[str, Any]) -> N
     ids=["devices-null", "devices-a-string", "pool-null-devices-junk", "pool-a-number"],
 )
 async def test_a_slice_of_ours_stored_with_garbage_is_rewritten_once_not_for_ever(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, garbage: Any
+    api: RunningAPI, hgx_spec: DevicesSpec, hgx_driver: HgxDriver, garbage: Any
 ) -> None:
     """Someone stores one of our slices (still naming our node and driver, which the API holds immutable)
     with garbage the API would never hold: the watch event brings it, the sync sees drift and writes the
     slice back whole, once; a later sync writes nothing."""
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=3600)
-    try:
+    async with hgx_driver(hgx_spec, resync=3600) as r:
         await r.kubelet.wait_registered(DRIVER)
-        publisher = r.driver.publisher
-        while publisher.syncs < 1 or publisher.watch.connects < 1 or api.count("GET", SLICES, "watch") < 1:
-            await asyncio.sleep(0.02)
-        name = live_slices(api)[0]["metadata"]["name"]
-        stored = api.api.stored(SLICES, name)
+        name, stored = await watching(api, r)
         full = stored["spec"]
         api.api.put_object(SLICES, {**stored, "spec": {**stored["spec"], **garbage}}, validate=False)
         await settled(api, r, name, full)
@@ -297,8 +217,6 @@ async def test_a_slice_of_ours_stored_with_garbage_is_rewritten_once_not_for_eve
         await settled(api, r, name, full)
         assert slice_writes(api) == writes
         assert not r.task.done()
-    finally:
-        await shutdown(r)
 
 
 @pytest.mark.parametrize(
@@ -306,20 +224,15 @@ async def test_a_slice_of_ours_stored_with_garbage_is_rewritten_once_not_for_eve
     ["ours-as-int", "ours-upper", "1", "backwards-known"],
 )
 async def test_a_forged_or_stale_watch_event_of_our_slice_ends_in_no_loop(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, version: str
+    api: RunningAPI, hgx_spec: DevicesSpec, hgx_driver: HgxDriver, version: str
 ) -> None:
     """A watch event of our slice with garbage in it, carrying our own write's resourceVersion as an int,
     that version in another case, an old unknown one, or one we wrote earlier: the store still holds
     what we wrote; the driver writes nothing that sticks (a stale precondition is refused, the list then
     shows nothing to do), and keeps serving."""
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=3600)
-    try:
+    async with hgx_driver(hgx_spec, resync=3600) as r:
         await r.kubelet.wait_registered(DRIVER)
-        publisher = r.driver.publisher
-        while publisher.syncs < 1 or publisher.watch.connects < 1 or api.count("GET", SLICES, "watch") < 1:
-            await asyncio.sleep(0.02)
-        name = live_slices(api)[0]["metadata"]["name"]
-        stored = api.api.stored(SLICES, name)
+        name, stored = await watching(api, r)
         full, rv = stored["spec"], stored["metadata"]["resourceVersion"]
         forged: dict[str, Any] = {
             "ours-as-int": int(rv),
@@ -336,8 +249,6 @@ async def test_a_forged_or_stale_watch_event_of_our_slice_ends_in_no_loop(
         assert slice_writes(api) == writes
         assert held(api.api.stored(SLICES, name)["spec"]) == held(full)
         assert not r.task.done()
-    finally:
-        await shutdown(r)
 
 
 # --- spec paths a checkpoint entry may name ------------------------------------------------------------
@@ -389,12 +300,7 @@ def _symlink_to_itself(cdi_dir: str, own: str, other: str) -> str:
     ],
 )
 async def test_an_entrys_spec_path_never_touches_another_claims_spec(  # noqa: PLR0917 (fixtures)
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    make_path: Any,
-    refused: bool,
+    api: RunningAPI, dirs: Dirs, hgx_spec: DevicesSpec, hgx_driver: HgxDriver, make_path: Any, refused: bool
 ) -> None:
     """Claim X's entry (of an unknown boot) names a path a damaged checkpoint may hold; claim Y is
     prepared for real. X's repeated prepare either resolves X again under its own name or is refused
@@ -406,8 +312,7 @@ async def test_an_entrys_spec_path_never_touches_another_claims_spec(  # noqa: P
     device = PreparedDevice(("nic",), NODE, NIC0, (cdi.device_id(DRIVER, xuid, NIC0),))
     entry = PreparedClaim(xuid, "ml", "x", (device,), named, {"cdiVersion": "0.5.0"}, "")
     Checkpoint(dirs.config().checkpoint_path).put(entry)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert (await plugin.prepare(ref(y)))[yuid].error == ""
         y_spec = Path(own_y).read_bytes()
@@ -423,5 +328,3 @@ async def test_an_entrys_spec_path_never_touches_another_claims_spec(  # noqa: P
         assert os.path.isdir(dirs.cdi) and xuid not in r.driver.checkpoint.claims
         assert await plugin.unprepare(ref(y)) == {yuid: ""}
         assert not os.path.exists(own_y)
-    finally:
-        await shutdown(r)

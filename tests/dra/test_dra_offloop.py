@@ -16,51 +16,25 @@ import grpc
 import pytest
 from dra_helpers import (
     DRIVER,
+    NIC0,
+    NIC0_BUS,
     SLICES,
     Dirs,
+    FailingBuilds,
+    HeldDriver,
+    HgxDriver,
     client,
-    live_slices,
     put_claim,
     ref,
     result,
-    shutdown,
-    start_driver,
+    watching,
+    without,
 )
 
-from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
-from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
-from nodefabric_deviceplugin.dra import devices, rpc, slices
+from nodefabric_deviceplugin.dra import rpc, slices
 from nodefabric_deviceplugin.dra.api import pluginregistration_pb2 as reg_pb
 from nodefabric_operator.demo.kubeapi import RunningAPI
-
-NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
-NIC0_BUS = "0000:1c:00.0"
-SYNC_THREAD = "read the host for the ResourceSlices"  # the slice publisher's own thread
-
-
-def without(spec: DevicesSpec, *buses: str) -> DevicesSpec:
-    """The record with the given NICs gone (unplugged, or not probed yet)."""
-    return spec.model_copy(update={"interfaces": [i for i in spec.interfaces if i.pci_bus_id not in buses]})
-
-
-def hold_pool_builds(
-    monkeypatch: pytest.MonkeyPatch, held: DevicesSpec, order: list[str]
-) -> tuple[threading.Event, threading.Event]:
-    """The pool's build of record `held` (not the slice publisher's, on its own thread) waits for
-    `release` once it has `entered`, then says in `order` whether it was let go."""
-    entered, release = threading.Event(), threading.Event()
-    real = devices._records
-
-    def records(spec: DevicesSpec) -> Any:
-        if spec is held and threading.current_thread().name != SYNC_THREAD:
-            entered.set()
-            # A deadlock breaker, not a measure: built on the loop, nothing could let it go.
-            order.append("pool built" if release.wait(10) else "pool built, never let go")
-        return real(spec)
-
-    monkeypatch.setattr(devices, "_records", records)
-    return entered, release
 
 
 async def get_info(dirs: Dirs) -> str:
@@ -71,123 +45,82 @@ async def get_info(dirs: Dirs) -> str:
 
 
 async def test_a_record_change_builds_the_pool_without_holding_the_loop(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, dirs: Dirs, hgx_spec: DevicesSpec, held_driver: HeldDriver
 ) -> None:
     """The pool of a new record held mid-build: kubelet's calls on the driver's loop still answer (its
     plugin watcher's GetInfo), and a prepare that came after the change resolves in the new record (its
     device is only there) once the build ends."""
-    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS))
-    try:
+    async with held_driver(without(hgx_spec, NIC0_BUS), hgx_spec) as (r, held):
         plugin = await r.kubelet.wait_registered(DRIVER)
         claim = put_claim(api, "after", [result(NIC0)])
         uid = claim["metadata"]["uid"]
-        order: list[str] = []
-        entered, release = hold_pool_builds(monkeypatch, hgx_spec, order)
         r.source.update(hgx_spec)
         prepared = asyncio.create_task(plugin.prepare(ref(claim)))
-        assert await asyncio.to_thread(entered.wait, 30)
+        assert await asyncio.to_thread(held.entered.wait, 30)
         assert await get_info(dirs) == DRIVER
-        order.append("answered")
-        release.set()
+        held.order.append("answered")
+        held.release.set()
         out = (await prepared)[uid]
         assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
-        assert order == ["answered", "pool built"]
-    finally:
-        release.set()
-        await shutdown(r)
+        assert held.order == ["answered", "pool built"]
 
 
 async def test_a_prepare_after_two_changes_resolves_in_the_latest_record(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, dirs: Dirs, hgx_spec: DevicesSpec, held_driver: HeldDriver
 ) -> None:
     """The record changes while the pool of the one before is still being built: a prepare called
     after the second change waits for that build, then resolves in a pool of the latest record, never
     the one that was being built (its device is missing there)."""
     middle = without(hgx_spec, NIC0_BUS)
     other = next(i.pci_bus_id for i in middle.interfaces if i.rdma_device)
-    r = await start_driver(api, dirs, hgx_host[0].host, without(hgx_spec, NIC0_BUS, other))
-    try:
+    async with held_driver(without(hgx_spec, NIC0_BUS, other), middle) as (r, held):
         plugin = await r.kubelet.wait_registered(DRIVER)
         claim = put_claim(api, "latest", [result(NIC0)])
         uid = claim["metadata"]["uid"]
-        order: list[str] = []
-        entered, release = hold_pool_builds(monkeypatch, middle, order)
         r.source.update(middle)  # the driver starts building its pool at once
-        assert await asyncio.to_thread(entered.wait, 30)
+        assert await asyncio.to_thread(held.entered.wait, 30)
         r.source.update(hgx_spec)
         prepared = asyncio.create_task(plugin.prepare(ref(claim)))
         assert await get_info(dirs) == DRIVER  # the loop goes on, the prepare now waiting for its pool
-        order.append("answered")
-        release.set()
+        held.order.append("answered")
+        held.release.set()
         out = (await prepared)[uid]
         assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
         pools = r.driver.preparer.pools
         assert pools.builds.started >= 2 and (await pools.latest()) is not None
-        assert order == ["answered", "pool built"]
-    finally:
-        release.set()
-        await shutdown(r)
+        assert held.order == ["answered", "pool built"]
 
 
 async def test_a_pool_build_that_failed_is_tried_again_without_a_record_change(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, hgx_spec: DevicesSpec, hgx_driver: HgxDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool's first build fails (a bug in the record's reading): the claim's error says so, and the
     pool is built again after its backoff (1 s), the record unchanged, so the next prepare succeeds."""
-    real, failed = devices._records, [0]
-
-    def records(spec: DevicesSpec) -> Any:
-        if threading.current_thread().name != SYNC_THREAD and failed[0] == 0:
-            failed[0] += 1
-            raise RuntimeError("injected failure")
-        return real(spec)
-
-    monkeypatch.setattr(devices, "_records", records)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    failing = FailingBuilds(monkeypatch, times=1)
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         claim = put_claim(api, "retried", [result(NIC0)])
         uid = claim["metadata"]["uid"]
         pools = r.driver.preparer.pools
-        while failed[0] == 0 or pools.builds.started < 1:
+        while failing.failed == 0 or pools.builds.started < 1:
             await asyncio.sleep(0.01)
         while pools.builds.failures:  # the driver tries again on its own once the backoff ends
             await asyncio.sleep(0.05)
         out = (await plugin.prepare(ref(claim)))[uid]
         assert out.error == "" and [d.device_name for d in out.devices] == [NIC0]
         assert r.source.version == 1 and pools.builds.started == 2
-    finally:
-        await shutdown(r)
 
 
 async def test_a_slice_changed_by_someone_else_is_digested_off_the_loop(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    monkeypatch: pytest.MonkeyPatch,
+    api: RunningAPI, hgx_spec: DevicesSpec, hgx_driver: HgxDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hand edit of a slice arrives as a watch event on the loop; the digest of its content (2 ms
     for a slice of 128 devices) is computed by the sync that event starts, on its thread, and the edit
     is undone all the same."""
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=3600)
-    try:
+    async with hgx_driver(hgx_spec, resync=3600) as r:
         await r.kubelet.wait_registered(DRIVER)
         publisher = r.driver.publisher
-        while publisher.syncs < 1 or publisher.watch.connects < 1 or api.count("GET", SLICES, "watch") < 1:
-            await asyncio.sleep(0.02)
+        name, stored = await watching(api, r)
         loop_thread = threading.current_thread()
         on_loop: list[str] = []
         real: Callable[[Any], Any] = slices.canonical
@@ -198,8 +131,6 @@ async def test_a_slice_changed_by_someone_else_is_digested_off_the_loop(
             return real(spec)
 
         monkeypatch.setattr(slices, "canonical", canonical)
-        name = live_slices(api)[0]["metadata"]["name"]
-        stored = api.api.stored(SLICES, name)
         full = stored["spec"]["devices"]
         syncs = publisher.syncs
         await asyncio.to_thread(
@@ -213,5 +144,3 @@ async def test_a_slice_changed_by_someone_else_is_digested_off_the_loop(
             await asyncio.sleep(0.02)
         assert api.api.stored(SLICES, name)["spec"]["devices"] == full
         assert on_loop == []
-    finally:
-        await shutdown(r)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+import pytest
 from aiohttp import web
+from operator_records import gpu_record
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Devices
@@ -152,6 +156,66 @@ async def settle(k: RunningAPI, seconds: float = 0.6) -> None:
 
 def writes(k: RunningAPI, resource: str) -> int:
     return sum(len(k.requests(m, resource)) for m in ("POST", "PATCH", "PUT", "DELETE"))
+
+
+def lines(caplog: pytest.LogCaptureFixture, message: str) -> list[logging.LogRecord]:
+    """The log records saying exactly `message`."""
+    return [r for r in caplog.records if r.getMessage() == message]
+
+
+async def fleet(k: RunningAPI, records: int) -> Client:
+    """`records` Nodes n0, n1, ..., each with its GPU record (operator_records.gpu_record)."""
+    c = Client(k.kubeconfig)
+    for i in range(records):
+        await c.node(f"n{i}")
+        await c.put_devices(gpu_record(f"n{i}"))
+    return c
+
+
+async def conditions(c: Client) -> dict[str, dict[str, Any]]:
+    """Each record's LabelsPublished condition, by record."""
+    listed = await asyncio.to_thread(c.custom.list_cluster_custom_object, *DEVICES.split("/"))
+    out = {}
+    for item in listed["items"]:
+        for cond in (item.get("status") or {}).get("conditions") or []:
+            if cond["type"] == models.LABELS_PUBLISHED:
+                out[item["metadata"]["name"]] = cond
+    return out
+
+
+async def all_say(c: Client, reason: str, records: int) -> bool:
+    """Whether each of the `records` records' LabelsPublished condition gives `reason`."""
+    found = await conditions(c)
+    return len(found) == records and all(x["reason"] == reason for x in found.values())
+
+
+# What kube-apiserver answers a create in a namespace that does not exist (`% (namespace, namespace)`).
+NAMESPACE_NOT_FOUND_STATUS = (
+    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"namespaces \\"%s\\" not'
+    ' found","reason":"NotFound","details":{"name":"%s","kind":"namespaces"},"code":404}'
+)
+
+
+@dataclass(frozen=True)
+class Probing:
+    """What the operator had sent when a wait's probes were counted: NodeFeature creates, records'
+    status writes, and the probes logged (`probed`, the line each says)."""
+
+    probed: str
+    creates: int
+    statuses: int
+    probes: int
+
+    @classmethod
+    def now(cls, k: RunningAPI, caplog: pytest.LogCaptureFixture, probed: str) -> Probing:
+        return cls(probed, k.count("POST", NF), k.count("PATCH", DEVICES), len(lines(caplog, probed)))
+
+    async def one_create_per_probe(self, k: RunningAPI, caplog: pytest.LogCaptureFixture) -> None:
+        """Four more probes on: one create per probe (one more may be under way), and no record's status
+        written again."""
+        await eventually(lambda: len(lines(caplog, self.probed)) >= self.probes + 4)
+        assert k.count("POST", NF) - self.creates <= len(lines(caplog, self.probed)) - self.probes + 1
+        assert k.count("PATCH", DEVICES) == self.statuses
 
 
 @contextlib.asynccontextmanager

@@ -12,12 +12,22 @@ from typing import Any
 
 import kmock
 import pytest
-from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle, writes
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_harness import (
+    DEVICES,
+    NF,
+    NS,
+    Client,
+    all_say,
+    eventually,
+    fleet,
+    running_operator,
+    settle,
+    writes,
+)
 from test_operator_leader import Replica, lease
 from test_operator_nfd_missing import CRD_NAME, crds, nodefeature_crd
 
-from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager import crd
 from nodefabric_operator import cli, events, sinks
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 
@@ -25,34 +35,6 @@ RECORDS = 4
 BACKOFFS = (0.1, 0.2)
 JSON = "application/json"
 LEASES = "coordination.k8s.io/v1/leases"
-
-
-def gpu_record(name: str) -> Any:
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
-
-
-async def fleet(k: RunningAPI, records: int = RECORDS) -> Client:
-    c = Client(k.kubeconfig)
-    for i in range(records):
-        await c.node(f"n{i}")
-        await c.put_devices(gpu_record(f"n{i}"))
-    return c
-
-
-async def reasons(c: Client) -> dict[str, str]:
-    """Each record's LabelsPublished condition's reason, by record."""
-    listed = await asyncio.to_thread(c.custom.list_cluster_custom_object, *DEVICES.split("/"))
-    out = {}
-    for item in listed["items"]:
-        for cond in (item.get("status") or {}).get("conditions") or []:
-            if cond["type"] == models.LABELS_PUBLISHED:
-                out[item["metadata"]["name"]] = cond["reason"]
-    return out
-
-
-async def all_say(c: Client, reason: str, records: int = RECORDS) -> bool:
-    found = await reasons(c)
-    return len(found) == records and set(found.values()) == {reason}
 
 
 async def test_the_nodefeature_watch_ended_by_the_crd_deletion_leaves_no_task_unretrieved(caplog):
@@ -63,16 +45,16 @@ async def test_the_nodefeature_watch_ended_by_the_crd_deletion_leaves_no_task_un
     failure is said once, by kopf, when it happens."""
     caplog.set_level(logging.DEBUG)
     async with running_api([crd.devices_crd(), nodefeature_crd()]) as k:
-        c = await fleet(k)
+        c = await fleet(k, RECORDS)
         ext = await crds(c)
         for _ in range(3):
             async with running_operator(k, backoffs=BACKOFFS):
-                await eventually(lambda: all_say(c, "Published"))
+                await eventually(lambda: all_say(c, "Published", RECORDS))
                 await settle(k)
                 await asyncio.to_thread(ext.delete_custom_resource_definition, CRD_NAME)
-                await eventually(lambda: all_say(c, events.NFD_NOT_FOUND))
+                await eventually(lambda: all_say(c, events.NFD_NOT_FOUND, RECORDS))
                 await asyncio.to_thread(ext.create_custom_resource_definition, nodefeature_crd())
-                await eventually(lambda: all_say(c, "Published"))
+                await eventually(lambda: all_say(c, "Published", RECORDS))
             assert unretrieved() == []
 
 
@@ -124,17 +106,17 @@ async def test_a_create_refused_with_an_ambiguous_404_is_waited_for_only_when_it
     caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
     broken = [True]
     async with running_api([crd.devices_crd(), nodefeature_crd()]) as k:
-        c = await fleet(k)
+        c = await fleet(k, RECORDS)
         answer = kmock.Response(status=404, payload=body.encode(), headers={"Content-Type": content_type})
         k.api[lambda req: broken[0] and nodefeature_create(req)] << answer
         async with running_operator(k, backoffs=BACKOFFS):
-            await eventually(lambda: all_say(c, said))
+            await eventually(lambda: all_say(c, said, RECORDS))
             ours = [r for r in caplog.records if r.name.startswith("nodefabric_operator")]
             errors = [r for r in ours if r.levelno >= logging.ERROR]
             if said == events.NFD_NOT_FOUND:
                 assert len(errors) == 1, [r.getMessage() for r in errors]
                 broken[0] = False
-                await eventually(lambda: all_say(c, "Published"))
+                await eventually(lambda: all_say(c, "Published", RECORDS))
             else:
                 assert len(errors) >= RECORDS
 

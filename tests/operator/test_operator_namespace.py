@@ -12,51 +12,30 @@ from typing import Any
 
 import kubernetes
 import pytest
-from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_harness import (
+    DEVICES,
+    NAMESPACE_NOT_FOUND_STATUS,
+    NS,
+    Probing,
+    all_say,
+    conditions,
+    eventually,
+    fleet,
+    lines,
+    running_operator,
+    settle,
+)
 
-from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager import crd
 from nodefabric_operator import events, labels, nswait, sinks
-from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.demo.kubeapi import errors as kubeapi_errors
+from nodefabric_operator.demo.kubeapi import running_api
 
 RECORDS = 12
 CAPABLE = labels.key(labels.DEFAULT_DOMAIN, labels.RDMA_CAPABLE)
 MISSING = "the namespace for NodeFeatures does not exist: nothing is published until it does"
 PROBED = "the namespace for NodeFeatures is still missing"
 BACKOFFS = (0.1, 0.2)  # probes 0.1, 0.2, then doubling up to 1 s apart
-
-
-def gpu_record(name: str) -> Any:
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
-
-
-async def conditions(c: Client) -> dict[str, dict[str, Any]]:
-    """Each record's LabelsPublished condition, by record."""
-    listed = await asyncio.to_thread(c.custom.list_cluster_custom_object, *DEVICES.split("/"))
-    out = {}
-    for item in listed["items"]:
-        for cond in (item.get("status") or {}).get("conditions") or []:
-            if cond["type"] == models.LABELS_PUBLISHED:
-                out[item["metadata"]["name"]] = cond
-    return out
-
-
-async def all_say(c: Client, reason: str) -> bool:
-    found = await conditions(c)
-    return len(found) == RECORDS and all(x["reason"] == reason for x in found.values())
-
-
-def lines(caplog: pytest.LogCaptureFixture, message: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.getMessage() == message]
-
-
-async def fleet(k: RunningAPI) -> Client:
-    c = Client(k.kubeconfig)
-    for i in range(RECORDS):
-        await c.node(f"n{i}")
-        await c.put_devices(gpu_record(f"n{i}"))
-    return c
 
 
 async def test_a_missing_namespace_is_said_once_and_probed_with_one_request_at_a_time(caplog):
@@ -67,30 +46,23 @@ async def test_a_missing_namespace_is_said_once_and_probed_with_one_request_at_a
     created every record is published."""
     caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
     async with running_api([crd.devices_crd()], require_namespaces=True) as k:
-        c = await fleet(k)
+        c = await fleet(k, RECORDS)
         async with running_operator(k, backoffs=BACKOFFS):
-            await eventually(lambda: all_say(c, events.NAMESPACE_NOT_FOUND))
+            await eventually(lambda: all_say(c, events.NAMESPACE_NOT_FOUND, RECORDS))
             said = (await conditions(c))["n0"]
             assert said["status"] == "False"
             assert (
                 said["message"]
                 == f"namespace {NS} (--namespace) does not exist: labels are published once it does"
             )
-            creates, statuses, probes = (
-                k.count("POST", NF),
-                k.count("PATCH", DEVICES),
-                len(lines(caplog, PROBED)),
-            )
+            since = Probing.now(k, caplog, PROBED)
             # At most the creates sent before the first refusal came back, and the probes since.
-            assert creates <= RECORDS + probes + 1
-            await eventually(lambda: len(lines(caplog, PROBED)) >= probes + 4)
-            # One create per probe (one more may be under way), and no record's status written again.
-            assert k.count("POST", NF) - creates <= len(lines(caplog, PROBED)) - probes + 1
-            assert k.count("PATCH", DEVICES) == statuses
+            assert since.creates <= RECORDS + since.probes + 1
+            await since.one_create_per_probe(k, caplog)
             errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
             assert [(r.getMessage(), r.namespace) for r in errors] == [(MISSING, NS)], errors
             await asyncio.to_thread(c.core.create_namespace, {"metadata": {"name": NS}})
-            await eventually(lambda: all_say(c, "Published"))
+            await eventually(lambda: all_say(c, "Published", RECORDS))
             await settle(k)
         for i in range(RECORDS):
             assert CAPABLE in (await c.nodefeature(f"n{i}"))["spec"]["labels"]
@@ -106,9 +78,9 @@ async def test_a_restart_while_the_namespace_is_missing_writes_no_status_again(c
     """The conditions already say so: a restart sends what it takes to find the namespace missing again
     (the creates under way before the first refusal, then the probes) and writes no record's status."""
     async with running_api([crd.devices_crd()], require_namespaces=True) as k:
-        c = await fleet(k)
+        c = await fleet(k, RECORDS)
         async with running_operator(k, backoffs=BACKOFFS):
-            await eventually(lambda: all_say(c, events.NAMESPACE_NOT_FOUND))
+            await eventually(lambda: all_say(c, events.NAMESPACE_NOT_FOUND, RECORDS))
         statuses = k.count("PATCH", DEVICES)
         caplog.clear()
         caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
@@ -124,21 +96,23 @@ def test_the_probe_backs_off_to_its_cap():
     assert nswait.cap(()) == 5.0  # no backoffs (a test's reconciler): 1 s, doubling to 5 s
 
 
-REAL = (
-    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"namespaces \\"%s\\" not'
-    ' found","reason":"NotFound","details":{"name":"%s","kind":"namespaces"},"code":404}'
-)
-
-
 @pytest.mark.parametrize(
     ("status", "body", "missing"),
     [
-        (404, REAL % (NS, NS), True),  # what kube-apiserver answers a create in a missing namespace
+        (
+            404,
+            NAMESPACE_NOT_FOUND_STATUS % (NS, NS),
+            True,
+        ),  # what kube-apiserver answers a create in a missing namespace
         (404, json.dumps(kubeapi_errors.namespace_not_found(NS).status()), True),  # the embedded API's
         (404, json.dumps(kubeapi_errors.no_such_resource().status()), False),  # no NodeFeature API
-        (404, REAL % ("other", "other"), False),  # another namespace: not ours to wait for
+        (
+            404,
+            NAMESPACE_NOT_FOUND_STATUS % ("other", "other"),
+            False,
+        ),  # another namespace: not ours to wait for
         (404, "404 page not found", False),
-        (403, REAL % (NS, NS), False),
+        (403, NAMESPACE_NOT_FOUND_STATUS % (NS, NS), False),
     ],
     ids=["kube-apiserver", "embedded", "no-api", "other-namespace", "text", "not-404"],
 )
@@ -163,7 +137,7 @@ TERMINATING = (
     ("status", "body", "terminating"),
     [
         (403, TERMINATING % (NS, NS), True),
-        (403, REAL % (NS, NS), False),  # another 403 (RBAC): a failure of its own
+        (403, NAMESPACE_NOT_FOUND_STATUS % (NS, NS), False),  # another 403 (RBAC): a failure of its own
         (404, TERMINATING % (NS, NS), False),
         (403, '{"details":{"causes":"NamespaceTerminating"}}', False),
         (403, '{"details":{"causes":[["NamespaceTerminating"]]}}', False),

@@ -13,10 +13,21 @@ from typing import Any
 import kmock
 import kubernetes
 import pytest
-from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_harness import (
+    NAMESPACE_NOT_FOUND_STATUS,
+    NS,
+    Client,
+    Probing,
+    all_say,
+    conditions,
+    eventually,
+    fleet,
+    lines,
+    running_operator,
+    settle,
+)
 
-from nodefabric_devicemanager import crd, models
+from nodefabric_devicemanager import crd
 from nodefabric_operator import events, labels, sinks
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.demo.kubeapi import errors as kubeapi_errors
@@ -55,37 +66,6 @@ def nodefeature_crd() -> dict[str, Any]:
     }
 
 
-def gpu_record(name: str) -> Any:
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
-
-
-async def conditions(c: Client) -> dict[str, dict[str, Any]]:
-    listed = await asyncio.to_thread(c.custom.list_cluster_custom_object, *DEVICES.split("/"))
-    out = {}
-    for item in listed["items"]:
-        for cond in (item.get("status") or {}).get("conditions") or []:
-            if cond["type"] == models.LABELS_PUBLISHED:
-                out[item["metadata"]["name"]] = cond
-    return out
-
-
-async def all_say(c: Client, reason: str) -> bool:
-    found = await conditions(c)
-    return len(found) == RECORDS and all(x["reason"] == reason for x in found.values())
-
-
-async def fleet(k: RunningAPI) -> Client:
-    c = Client(k.kubeconfig)
-    for i in range(RECORDS):
-        await c.node(f"n{i}")
-        await c.put_devices(gpu_record(f"n{i}"))
-    return c
-
-
-def lines(caplog: pytest.LogCaptureFixture, message: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.getMessage() == message]
-
-
 def reasons(k: RunningAPI) -> list[str]:
     """The reason of every Event posted."""
     posted = k.api.objects.items()
@@ -105,10 +85,10 @@ async def test_the_nodefeature_api_deleted_under_the_operator_is_said_once_and_p
     create per probe; and once the CRD is installed again every record is published."""
     caplog.set_level(logging.DEBUG, logger="nodefabric_operator")
     async with running_api([crd.devices_crd(), nodefeature_crd()]) as k:
-        c = await fleet(k)
+        c = await fleet(k, RECORDS)
         ext = await crds(c)
         async with running_operator(k, backoffs=BACKOFFS):
-            await eventually(lambda: all_say(c, "Published"))
+            await eventually(lambda: all_say(c, "Published", RECORDS))
             await settle(k)
             caplog.clear()
             await asyncio.to_thread(ext.delete_custom_resource_definition, CRD_NAME)
@@ -121,15 +101,7 @@ async def test_the_nodefeature_api_deleted_under_the_operator_is_said_once_and_p
             await eventually(lambda: len(lines(caplog, PROBED)) >= 2)
             said = (await conditions(c))[(await waiting())[0]]
             assert said["status"] == "False" and "install NFD" in said["message"], said
-            creates, statuses, probes = (
-                k.count("POST", NF),
-                k.count("PATCH", DEVICES),
-                len(lines(caplog, PROBED)),
-            )
-            await eventually(lambda: len(lines(caplog, PROBED)) >= probes + 4)
-            # One create per probe (one more may be under way), and no record's status written again.
-            assert k.count("POST", NF) - creates <= len(lines(caplog, PROBED)) - probes + 1
-            assert k.count("PATCH", DEVICES) == statuses
+            await Probing.now(k, caplog, PROBED).one_create_per_probe(k, caplog)
             assert all(
                 x["reason"] in ("Published", events.NFD_NOT_FOUND) for x in (await conditions(c)).values()
             )
@@ -140,7 +112,7 @@ async def test_the_nodefeature_api_deleted_under_the_operator_is_said_once_and_p
             retried = [r for r in caplog.records if r.getMessage() == "label publish failed, retrying"]
             assert retried == []
             await asyncio.to_thread(ext.create_custom_resource_definition, nodefeature_crd())
-            await eventually(lambda: all_say(c, "Published"))
+            await eventually(lambda: all_say(c, "Published", RECORDS))
             await settle(k)
         for i in range(RECORDS):
             assert CAPABLE in ((await c.nodefeature(f"n{i}")) or {}).get("spec", {}).get("labels", {})
@@ -148,10 +120,6 @@ async def test_the_nodefeature_api_deleted_under_the_operator_is_said_once_and_p
         assert events.PUBLISH_FAILED not in reasons(k)
 
 
-REAL_NAMESPACE = (
-    '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"namespaces \\"%s\\" not'
-    ' found","reason":"NotFound","details":{"name":"%s","kind":"namespaces"},"code":404}'
-)
 OBJECT = (
     '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"nodefeatures.nfd.k8s-sigs.io'
     ' \\"n0\\" not found","reason":"NotFound","details":{"name":"n0","group":"nfd.k8s-sigs.io",'
@@ -165,7 +133,7 @@ OBJECT = (
         (404, "404 page not found\n", True, False),  # kube-apiserver, the group not served at all
         (404, json.dumps(kubeapi_errors.no_such_resource().status()), True, False),  # a Status, no details
         (404, '{"kind":"Status","code":404,"details":{}}', True, False),
-        (404, REAL_NAMESPACE % (NS, NS), False, True),
+        (404, NAMESPACE_NOT_FOUND_STATUS % (NS, NS), False, True),
         (404, OBJECT, False, False),  # an object's own 404 (a patch of one deleted): not the API
         (403, "404 page not found", False, False),
         (503, json.dumps(kubeapi_errors.no_such_resource().status()), False, False),

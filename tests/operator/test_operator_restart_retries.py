@@ -11,8 +11,7 @@ from typing import Any
 
 import kmock
 import pytest
-from operator_harness import NF, NS, Client, eventually, running_operator
-from test_operator_hostile_waits import all_say, fleet, reasons
+from operator_harness import NF, NS, Client, all_say, conditions, eventually, fleet, lines, running_operator
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import events
@@ -48,12 +47,10 @@ def nodefeature_watch(req: Any) -> bool:
     return req.method == "GET" and str(req.url.path).endswith("/nodefeatures") and "watch" in req.url.query
 
 
-def lines(caplog: pytest.LogCaptureFixture, message: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.getMessage() == message]
-
-
 async def published(c: Client) -> bool:
-    return await all_say(c, "Published") and all([await c.nodefeature(f"n{i}") for i in range(RECORDS)])
+    return await all_say(c, "Published", RECORDS) and all(
+        [await c.nodefeature(f"n{i}") for i in range(RECORDS)]
+    )
 
 
 async def restart_with_retries_pending(k: RunningAPI, status: int, caplog: pytest.LogCaptureFixture) -> None:
@@ -67,9 +64,9 @@ async def restart_with_retries_pending(k: RunningAPI, status: int, caplog: pytes
     async with running_operator(k, backoffs=BACKOFFS):
 
         async def failed_and_others_published() -> bool:
-            found = await reasons(c)
+            found = await conditions(c)
             return len(found) == RECORDS and all(
-                found[n] == (events.PUBLISH_FAILED if n in FAILING else "Published") for n in found
+                found[n]["reason"] == (events.PUBLISH_FAILED if n in FAILING else "Published") for n in found
             )
 
         # Each failing record given up on twice: once with its condition written, then again on that

@@ -10,8 +10,8 @@ import logging
 
 import kmock
 import pytest
-from operator_harness import NS
-from test_operator_hostile_waits import RBAC_DENIED, fleet
+from operator_harness import NS, fleet
+from test_operator_hostile_waits import RBAC_DENIED
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import cli, leader
