@@ -306,23 +306,97 @@ async def test_the_bodies_read_at_once_are_bounded(certs: dict[str, Path]) -> No
     a review is answered 503 at once, and served again once the bodies before it are read."""
     config = WebhookConfig(max_body=4096, max_in_flight=4096)
     async with webhook(certs, config) as base:
-        reader, writer = await _open(base, certs)
+        reader, writer = await _held(base, certs)
         try:
-            # Expect: 100-continue: the interim answer comes when the handler starts, so the slow body is
-            # known to be held before the next review is sent.
-            writer.write(_head(4096, "Expect: 100-continue") + b"{")
-            await writer.drain()
-            assert (await reader.readline()).startswith(b"HTTP/1.1 100")
             status, out = await post(base, certs, json.dumps(review()).encode())
             assert status == 503, out
-            assert out["error"] == "4,096 bytes of other reviews are being read; try again"
+            assert out["error"] == "4,096 bytes of other request bodies are being read; try again"
             writer.write(b" " * 4095)  # the slow body ends (as no JSON): its bytes are let go
             await writer.drain()
-            while not (line := await reader.readline()).startswith(b"HTTP/1.1 4"):
-                assert line, "the connection closed unanswered"
+            assert await _status_of(reader) == b"400"
         finally:
             writer.close()
         await still_serves(base, certs)
+
+
+async def _held(base: str, certs: dict[str, Path]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection whose review announced 4096 bytes and sent one. Expect: 100-continue: the interim
+    answer comes when the handler starts, so the slow body is known to be held before the next review."""
+    reader, writer = await _open(base, certs)
+    writer.write(_head(4096, "Expect: 100-continue") + b"{")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+    return reader, writer
+
+
+def _full_review() -> bytes:
+    """A review padded to exactly 4096 bytes: the largest the bounded webhooks here accept."""
+    raw = json.dumps(review()).encode()
+    return raw + b" " * (4096 - len(raw))
+
+
+async def _status_of(reader: asyncio.StreamReader) -> bytes:
+    """The status of the final answer on a raw connection, past the interim 100: aiohttp answers a
+    request it cannot parse in HTTP/1.0."""
+    while not (line := await reader.readline()).startswith((b"HTTP/1.1 2", b"HTTP/1.1 4", b"HTTP/1.0 4")):
+        assert line, "the connection closed unanswered"
+    return line.split()[1]
+
+
+@pytest.mark.parametrize(
+    ("how", "answer"), [("whole", b"200"), ("garbage", b"400"), ("deadline", b"408"), ("gone", None)]
+)
+async def test_a_held_body_lets_its_bytes_go_however_it_ends(
+    certs: dict[str, Path], caplog: pytest.LogCaptureFixture, how: str, answer: bytes | None
+) -> None:
+    """The bound holds one body: the largest review after the held one ends is answered only when not a
+    byte of the held one is still counted."""
+    caplog.set_level(logging.INFO)
+    config = WebhookConfig(max_body=4096, max_in_flight=4096, body_timeout=0.5 if how == "deadline" else 30)
+    async with webhook(certs, config) as base:
+        reader, writer = await _held(base, certs)
+        try:
+            status, out = await post(base, certs, _full_review())
+            assert status == 503, out
+            if how == "gone":
+                writer.close()
+                gone = "the client closed the connection before its body arrived"
+                await until(
+                    lambda: any(r.__dict__.get("error") == gone for r in caplog.records),
+                    what="the webhook to notice the client went away",
+                )
+            else:
+                writer.write({"whole": _full_review()[1:], "garbage": b"\xff" * 4095, "deadline": b""}[how])
+                await writer.drain()
+                assert await _status_of(reader) == answer
+        finally:
+            writer.close()
+        status, out = await post(base, certs, _full_review())
+        assert status == 200, out
+
+
+@pytest.mark.parametrize(
+    ("length", "answer"),
+    [
+        (10, b"400"),  # fewer bytes than sent: the rest is no request (aiohttp's 400, the connection closed)
+        (4097, b"413"),  # announced past the limit: refused before it is read
+        ("abc", b"400"),  # no number: aiohttp refuses the request before the handler
+    ],
+)
+async def test_a_wrong_content_length_is_refused_and_the_largest_review_still_served(
+    certs: dict[str, Path], length: int | str, answer: bytes
+) -> None:
+    async with webhook(certs, WebhookConfig(max_body=4096, max_in_flight=4096)) as base:
+        reader, writer = await _open(base, certs)
+        head = _head(0).replace(b"Content-Length: 0", f"Content-Length: {length}".encode())
+        writer.write(head + json.dumps(review()).encode())
+        await writer.drain()
+        try:
+            assert await _status_of(reader) == answer
+        finally:
+            writer.close()
+        status, out = await post(base, certs, _full_review())
+        assert status == 200, out
 
 
 async def test_many_concurrent_reviews_each_get_their_own_uid(certs: dict[str, Path]) -> None:

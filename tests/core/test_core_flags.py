@@ -23,6 +23,7 @@ COUNTS = [
     ("agent", "--shared-count"),
     ("deviceplugin", "--shared-count"),
     ("extender", "--max-request-bytes"),
+    ("extender", "--max-in-flight-bytes"),
 ]
 # (command, flag, whether 0 is accepted, the most accepted or None) for every flag in seconds.
 SECONDS = [

@@ -139,6 +139,10 @@ def test_cli_refuses_a_busy_port(fails_to_start, tmp_path: Path):
         (["--tls-client-ca", "ca"], "--tls-client-ca needs --tls-cert and --tls-key"),
         (["--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"], "No such file"),
         (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024"),
+        (
+            ["--max-in-flight-bytes", "100"],
+            "--max-in-flight-bytes must hold one body (--max-request-bytes, 67108864), got 100",
+        ),
     ],
 )
 def test_cli_refuses_unsafe_or_broken_listeners(
@@ -194,6 +198,47 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, ctx: ssl.SSLContext | N
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
             assert time.monotonic() < deadline
             time.sleep(0.2)
+
+
+def _stall(port: int, length: int) -> socket.socket:
+    """A connection whose request announced `length` bytes and sent one; its handler has started (it
+    counts the bytes) once the interim 100 Continue has come."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+    conn.sendall(head.encode() + b"{")
+    assert conn.recv(64).startswith(b"HTTP/1.1 100")
+    return conn
+
+
+@pytest.mark.parametrize(
+    ("argv", "stalled", "held"),
+    [([], 2, "8,192"), (["--max-in-flight-bytes", "4096"], 1, "4,096")],
+    ids=["default-two-bodies", "flag"],
+)
+def test_cli_bounds_the_bytes_of_bodies_read_at_once(
+    tmp_path: Path, argv: list[str], stalled: int, held: str
+) -> None:
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps(fleet(per_zone=1)))
+    port = _free_port()
+    proc = _extender("--nodes-file", str(nodes), "--port", str(port), "--max-request-bytes", "4096", *argv)
+    conns: list[socket.socket] = []
+    try:
+        _wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
+        conns = [_stall(port, 4096) for _ in range(stalled)]
+        body = json.dumps(args(pod("web"), ["eu-a-0"])).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/filter", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=30)
+        assert refused.value.code == 503
+        assert json.loads(refused.value.read()) == {
+            "Error": f"{held} bytes of other request bodies are being read; try again"
+        }
+    finally:
+        for conn in conns:
+            conn.close()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl binary to make certificates")

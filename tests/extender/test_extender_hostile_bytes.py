@@ -87,7 +87,7 @@ async def test_a_compressed_body_is_a_415_unread(verb, encoding):
         )
         assert resp.status == 415
         assert (await resp.json())["Error"] == (
-            f"request body has Content-Encoding {encoding!r}: kube-scheduler sends it uncompressed"
+            f"request body has Content-Encoding {encoding!r}: kube-scheduler sends it plain"
         )
         ok = await client.post(f"/{verb}", json=args(pod("web"), ["eu-a-0"]))
         assert ok.status == 200

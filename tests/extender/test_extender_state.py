@@ -117,7 +117,7 @@ async def test_a_slow_or_partial_body_is_dropped_after_the_read_timeout():
         answer = await asyncio.wait_for(reader.read(), timeout=30)  # read() returns once it is closed
         writer.close()
         assert answer.startswith(b"HTTP/1.1 408")
-        assert b"request body not received within 0.5s" in answer
+        assert b"request body not received within 0.5 s" in answer
         assert time.monotonic() - started < 10  # dropped, not kept for aiohttp's 10 s of lingering
         # The extender keeps serving.
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -19,7 +19,6 @@ group annotations are unusable is let through ungated, with a warning the client
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -36,7 +35,8 @@ from aiohttp import web
 from nodefabric_devicemanager import vocabulary
 from nodefabric_operator.extender.config import ExtenderConfig
 from nodefabric_operator.extender.groups import InvalidPlacement, group_of
-from nodefabric_operator.extender.wire import WireError, compressed, loads, shown
+from nodefabric_operator.extender.wire import WireError, loads, shown
+from nodefabric_operator.httpbody import BodyReader, Limits
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,17 @@ class WebhookConfig:
     max_in_flight: int = MAX_IN_FLIGHT
 
     def __post_init__(self) -> None:
-        if self.max_in_flight < self.max_body:
-            raise ValueError(f"max_in_flight ({self.max_in_flight}) must hold one body ({self.max_body})")
+        _ = self.limits  # refuses a max_in_flight that cannot hold one body
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            self.max_body,
+            self.body_timeout,
+            self.max_in_flight,
+            sender="the API server",
+            content_type="application/json",
+        )
 
     @property
     def prefix(self) -> str:
@@ -251,68 +260,18 @@ def _bounded(warning: str) -> str:
 # --- HTTP -----------------------------------------------------------------------------------------------
 
 CONFIG: web.AppKey[WebhookConfig] = web.AppKey("webhook_config", WebhookConfig)
-
-
-class InFlight:
-    """The bytes of the request bodies being read now, against the configured bound."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, size: int) -> bool:
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        return True
-
-    def give(self, size: int) -> None:
-        self.held -= size
-
-
-IN_FLIGHT: web.AppKey[InFlight] = web.AppKey("webhook_in_flight", InFlight)
+BODIES: web.AppKey[BodyReader] = web.AppKey("webhook_bodies", BodyReader)
 
 
 def _refuse(status: int, message: str) -> web.Response:
     log.warning("refused an admission request", extra={"status": status, "error": message})
-    resp = web.json_response({"error": message}, status=status)
-    if status in (408, 413, 415, 503):
-        resp.force_close()  # the rest of the body is not read: the connection cannot be reused
-    return resp
+    return web.json_response({"error": message}, status=status)
 
 
 def _logged(value: object) -> str:
     """A value from the review as a log field: itself when it is a short string (the usual pod name, as
     before), else as `shown` quotes it, cut with its length."""
     return value if isinstance(value, str) and len(value) <= 80 else shown(value)
-
-
-def _unreadable(request: web.Request, config: WebhookConfig) -> web.Response | None:
-    """The refusal of a request whose body is not worth reading, or None."""
-    if request.content_type != "application/json":
-        return _refuse(415, f"Content-Type must be application/json, got {request.content_type!r:.80}")
-    encoding = compressed(request.headers.getall("Content-Encoding", ()))
-    if encoding is not None:
-        return _refuse(
-            415, f"request body has Content-Encoding {encoding!r:.80}: the API server sends it plain"
-        )
-    if (request.content_length or 0) > config.max_body:
-        return _refuse(413, f"request body larger than {config.max_body} bytes")
-    return None
-
-
-async def _body(request: web.Request, config: WebhookConfig) -> bytes | web.Response:
-    """The request body, or the refusal when it does not come whole in time."""
-    try:
-        return await asyncio.wait_for(request.read(), config.body_timeout)
-    except web.HTTPRequestEntityTooLarge:
-        return _refuse(413, f"request body larger than {config.max_body} bytes")
-    except TimeoutError:
-        return _refuse(408, f"request body not received within {config.body_timeout:g} s")
-    except ConnectionError:
-        # Gone mid-body: the answer reaches no one, but the reason is one log line, not the ERROR and
-        # traceback aiohttp logs for a handler that raises.
-        return _refuse(400, "the client closed the connection before its body arrived")
 
 
 def _review(raw: bytes, config: WebhookConfig, namespace_opted_in: bool) -> web.Response:
@@ -342,23 +301,10 @@ def _review(raw: bytes, config: WebhookConfig, namespace_opted_in: bool) -> web.
 
 def _handler(namespace_opted_in: bool) -> Any:
     async def handle(request: web.Request) -> web.Response:
-        config, in_flight = request.app[CONFIG], request.app[IN_FLIGHT]
-        refused = _unreadable(request, config)
-        if refused is not None:
-            return refused
-        size = config.max_body if request.content_length is None else request.content_length
-        if not in_flight.take(size):
-            return _refuse(
-                503,
-                f"{in_flight.held:,} bytes of other reviews are being read; try again",
-            )
-        try:
-            raw = await _body(request, config)
-            if isinstance(raw, web.Response):
-                return raw
-            return _review(raw, config, namespace_opted_in)
-        finally:
-            in_flight.give(size)
+        config = request.app[CONFIG]
+        return await request.app[BODIES].answer(
+            request, _refuse, lambda raw: _review(raw, config, namespace_opted_in)
+        )
 
     return handle
 
@@ -371,7 +317,7 @@ def build_webhook_app(config: WebhookConfig | ExtenderConfig) -> web.Application
         config = WebhookConfig(placement=config)
     app = web.Application(client_max_size=config.max_body)
     app[CONFIG] = config
-    app[IN_FLIGHT] = InFlight(config.max_in_flight)
+    app[BODIES] = BodyReader(config.limits)
     app.router.add_post("/mutate-pods", _handler(True))
     app.router.add_post("/mutate-pods/explicit", _handler(False))
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import ssl
@@ -33,6 +34,7 @@ from nodefabric_operator.extender.cache import Cache, SnapshotError
 from nodefabric_operator.extender.config import ConfigError, ExtenderConfig, load_config
 from nodefabric_operator.extender.events import KubePublisher
 from nodefabric_operator.extender.server import (
+    IN_FLIGHT_BODIES,
     MAX_BODY,
     READ_TIMEOUT_S,
     SERVING,
@@ -84,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest request body accepted (default {MAX_BODY})",
     )
     parser.add_argument(
+        "--max-in-flight-bytes",
+        type=flags.count,
+        default=None,
+        help="bytes of request bodies read at once; past them a request is answered 503 "
+        f"(default {IN_FLIGHT_BODIES} x --max-request-bytes)",
+    )
+    parser.add_argument(
         "--read-timeout",
         type=flags.seconds(),
         default=READ_TIMEOUT_S,
@@ -120,6 +129,11 @@ def check(args: argparse.Namespace) -> str | None:
         )
     if args.max_request_bytes < 1024:
         return f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}"
+    if args.max_in_flight_bytes is not None and args.max_in_flight_bytes < args.max_request_bytes:
+        return (
+            f"--max-in-flight-bytes must hold one body (--max-request-bytes, {args.max_request_bytes}), "
+            f"got {args.max_in_flight_bytes}"
+        )
     return None
 
 
@@ -141,7 +155,7 @@ def serving_app(
     if api is None or not watch:
         return make_app(extender, serving), extender
     watcher = Watcher(cache, extender.book, api)
-    serving = Serving(lambda: watcher.problems(unhealthy_after), serving.max_body, serving.read_timeout)
+    serving = dataclasses.replace(serving, health=lambda: watcher.problems(unhealthy_after))
     app = make_app(extender, serving)
 
     async def watching(_: web.Application) -> AsyncIterator[None]:
@@ -210,7 +224,11 @@ def run(args: argparse.Namespace) -> int:
         ValueError,
     ) as exc:
         return refuse(log, COMMAND, exc)
-    serving = Serving(max_body=args.max_request_bytes, read_timeout=args.read_timeout)
+    serving = Serving(
+        max_body=args.max_request_bytes,
+        read_timeout=args.read_timeout,
+        max_in_flight=args.max_in_flight_bytes,
+    )
     app, extender = serving_app(
         cfg, cache, api, watch=args.nodes_file is None, serving=serving, unhealthy_after=args.unhealthy_after
     )

@@ -3,12 +3,13 @@
 Two listeners. The extender's own (filter, prioritize, /debug/groups, and the probes) belongs on
 127.0.0.1 beside kube-scheduler, or behind TLS with client certificates. The probe listener (/healthz,
 /readyz, /metrics) may face the pod network: it answers nothing that changes or reveals a decision.
-A request body is read within a deadline and up to a size; past either it is refused and dropped.
+A request body is read within a deadline and up to a size, and the bodies read at once up to a total
+(httpbody); past any of them it is refused and the connection dropped.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import logging
 import ssl
@@ -26,14 +27,8 @@ from nodefabric_operator.extender.cache import Cache
 from nodefabric_operator.extender.config import ExtenderConfig, regular_file
 from nodefabric_operator.extender.pods import PodError
 from nodefabric_operator.extender.service import Extender, Publisher
-from nodefabric_operator.extender.wire import (
-    ExtenderArgs,
-    FilterResult,
-    WireError,
-    compressed,
-    loads,
-    parse_args,
-)
+from nodefabric_operator.extender.wire import ExtenderArgs, FilterResult, WireError, loads, parse_args
+from nodefabric_operator.httpbody import BodyReader, Limits
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +36,11 @@ log = logging.getLogger(__name__)
 # can be 10 KB each.
 MAX_BODY = 64 * 1024 * 1024
 READ_TIMEOUT_S = 5.0
+# The bodies being read at once may hold this many of the largest (each counted at its Content-Length).
+# kube-scheduler asks one request at a time (its scheduling cycle is serial) and its bodies are KBs, so
+# two are plenty; clients that each send most of a 64 MiB body and then wait no longer make the process
+# hold 64 MiB apiece: past the total they are answered 503 at once.
+IN_FLIGHT_BODIES = 2
 # kube-scheduler keeps its connection open between requests; one idle longer than this (or one that
 # never finishes its request headers) is closed.
 KEEPALIVE_S = 30.0
@@ -54,10 +54,22 @@ class Serving:
     health: Callable[[], list[str]] = list
     max_body: int = MAX_BODY
     read_timeout: float = READ_TIMEOUT_S
+    # The bytes of the bodies read at once; None: IN_FLIGHT_BODIES times max_body.
+    max_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        _ = self.limits  # refuses a max_in_flight that cannot hold one body
+
+    @property
+    def limits(self) -> Limits:
+        in_flight = IN_FLIGHT_BODIES * self.max_body if self.max_in_flight is None else self.max_in_flight
+        # The Content-Type is not checked: kube-scheduler's extender client sends what it sends.
+        return Limits(self.max_body, self.read_timeout, in_flight, sender="kube-scheduler")
 
 
 EXTENDER: web.AppKey[Extender] = web.AppKey("extender", Extender)
 SERVING: web.AppKey[Serving] = web.AppKey("serving", Serving)
+BODIES: web.AppKey[BodyReader] = web.AppKey("extender_bodies", BodyReader)
 
 
 def _dumps(data: Any) -> bytes:
@@ -71,53 +83,39 @@ def _json(data: Any, status: int = 200) -> web.Response:
 def _refuse(ext: Extender, verb: str, status: int, message: str) -> web.Response:
     ext.metrics.bad_requests.labels(verb).inc()
     log.warning("refused a request", extra={"verb": verb, "status": status, "error": message})
-    resp = _json({"Error": message}, status=status)
-    if status in (408, 413, 415):
-        resp.force_close()  # the rest of the body is not read: the connection cannot be reused
-    return resp
+    return _json({"Error": message}, status=status)
+
+
+def _answer(
+    ext: Extender, verb: str, call: Callable[[Extender, ExtenderArgs], Any], raw: bytes
+) -> web.Response:
+    try:
+        args = parse_args(loads(raw))
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
+        message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
+        return _refuse(ext, verb, 400, message)
+    try:
+        out = call(ext, args)
+    except PodError as exc:
+        return _refuse(ext, verb, 400, f"malformed Pod in ExtenderArgs: {exc}")
+    except WireError as exc:  # a NodeNames entry the API server would refuse (Extender._asked)
+        return _refuse(ext, verb, 400, str(exc))
+    body = out.encode() if isinstance(out, FilterResult) else _dumps(out)
+    return web.Response(body=body, content_type="application/json")
 
 
 def _verb(
     verb: str, call: Callable[[Extender, ExtenderArgs], Any]
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
-        ext, serving = request.app[EXTENDER], request.app[SERVING]
+        ext = request.app[EXTENDER]
         started = time.perf_counter()
         try:
-            if (request.content_length or 0) > serving.max_body:  # said up front: not worth waiting for
-                return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
-            encoding = compressed(request.headers.getall("Content-Encoding", ()))
-            if encoding is not None:
-                return _refuse(
-                    ext,
-                    verb,
-                    415,
-                    f"request body has Content-Encoding {encoding!r}: kube-scheduler sends it uncompressed",
-                )
-            try:
-                async with asyncio.timeout(serving.read_timeout):
-                    raw = await request.read()
-            except TimeoutError:
-                return _refuse(ext, verb, 408, f"request body not received within {serving.read_timeout:g}s")
-            except web.HTTPRequestEntityTooLarge:
-                return _refuse(ext, verb, 413, f"request body larger than {serving.max_body} bytes")
-            except ConnectionError:
-                # Gone mid-body: the answer reaches no one, but the reason is one log line, not the
-                # ERROR and traceback aiohttp logs for a handler that raises.
-                return _refuse(ext, verb, 400, "the client closed the connection before its body arrived")
-            try:
-                args = parse_args(loads(raw))
-            except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the decoder's depth
-                message = str(exc) if isinstance(exc, WireError) else f"request body is not JSON: {exc}"
-                return _refuse(ext, verb, 400, message)
-            try:
-                out = call(ext, args)
-            except PodError as exc:
-                return _refuse(ext, verb, 400, f"malformed Pod in ExtenderArgs: {exc}")
-            except WireError as exc:  # a NodeNames entry the API server would refuse (Extender._asked)
-                return _refuse(ext, verb, 400, str(exc))
-            body = out.encode() if isinstance(out, FilterResult) else _dumps(out)
-            return web.Response(body=body, content_type="application/json")
+            return await request.app[BODIES].answer(
+                request,
+                functools.partial(_refuse, ext, verb),
+                functools.partial(_answer, ext, verb, call),
+            )
         finally:
             ext.metrics.latency.labels(verb).observe(time.perf_counter() - started)
 
@@ -150,6 +148,7 @@ def _base(extender: Extender, serving: Serving) -> web.Application:
     app = web.Application(client_max_size=serving.max_body)
     app[EXTENDER] = extender
     app[SERVING] = serving
+    app[BODIES] = BodyReader(serving.limits)
     return shell.add_routes(
         app,
         metrics=shell.exposition(extender.metrics.registry),

@@ -87,7 +87,7 @@ class Metrics:
         )
         self.bad_requests = Counter(
             "nodefabric_extender_bad_requests",
-            "Requests refused (malformed, too large, too slow), by verb.",
+            "Requests refused (malformed, too large, too slow, past the bytes read at once), by verb.",
             ["verb"],
             registry=registry,
         )

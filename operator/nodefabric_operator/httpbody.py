@@ -1,0 +1,120 @@
+"""A request body read under limits, for the two servers that take one from the cluster: the placement
+webhook (AdmissionReviews from the API server) and the scheduler extender (ExtenderArgs from
+kube-scheduler). Each answers a refusal in its own shape (`Refuse`); the steps and statuses are these:
+
+- a compressed body (any Content-Encoding but identity) is 415 before a byte of it is read: neither
+  sender compresses, and aiohttp would inflate it as it reads, a thousand times the bytes sent;
+- a Content-Length past the limit is 413 at once, and so is a chunked body once it passes the limit;
+- the bodies being read at once may hold `max_in_flight` bytes (each counted at its Content-Length, or at
+  the limit without one): past that, 503 at once. Without the bound, each connection that sends most of
+  a body and then waits makes the process hold that body until the deadline, enough of them until it is
+  killed for memory. The bytes are held until the answer is made: the body is in memory until then;
+- a body not whole within the deadline is 408;
+- a client gone mid-body is 400 (answered to no one: the refusal is its one log line, not the ERROR and
+  traceback aiohttp logs for a handler that raises).
+
+Every refusal before the body is whole closes the connection: the rest of the body is not read, so the
+connection cannot carry another request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from nodefabric_operator.extender.wire import compressed
+
+# (status, message) -> the server's answer; it counts and logs the refusal its own way.
+Refuse = Callable[[int, str], web.Response]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body: int
+    deadline: float  # seconds for the whole body to arrive
+    max_in_flight: int
+    sender: str  # who sends these bodies ("the API server"), named in the Content-Encoding refusal
+    content_type: str | None = None  # the one Content-Type accepted; None: not checked
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < self.max_body:
+            raise ValueError(f"max_in_flight ({self.max_in_flight}) must hold one body ({self.max_body})")
+
+
+class InFlight:
+    """The bytes of the request bodies being read now, against the configured bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+class BodyReader:
+    """Reads the request bodies of one server: its limits, and the one budget all its handlers share."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.in_flight = InFlight(limits.max_in_flight)
+
+    async def answer(
+        self, request: web.Request, refuse: Refuse, answer: Callable[[bytes], web.Response]
+    ) -> web.Response:
+        """`answer(body)`, or the refusal of a body that is not read whole (see the module's note)."""
+        refused = self.unreadable(request)
+        if refused is not None:
+            return _closed(refuse(*refused))
+        size = self.limits.max_body if request.content_length is None else request.content_length
+        if not self.in_flight.take(size):
+            held = self.in_flight.held
+            return _closed(refuse(503, f"{held:,} bytes of other request bodies are being read; try again"))
+        try:
+            raw = await self._read(request)
+            if isinstance(raw, tuple):
+                return _closed(refuse(*raw))
+            return answer(raw)
+        finally:
+            self.in_flight.give(size)
+
+    def unreadable(self, request: web.Request) -> tuple[int, str] | None:
+        """Why a request's body is not worth reading, from its headers alone, or None."""
+        limits = self.limits
+        if limits.content_type is not None and request.content_type != limits.content_type:
+            return 415, f"Content-Type must be {limits.content_type}, got {request.content_type!r:.80}"
+        encoding = compressed(request.headers.getall("Content-Encoding", ()))
+        if encoding is not None:
+            return 415, f"request body has Content-Encoding {encoding!r:.80}: {limits.sender} sends it plain"
+        if (request.content_length or 0) > limits.max_body:
+            return 413, self._too_large
+        return None
+
+    async def _read(self, request: web.Request) -> bytes | tuple[int, str]:
+        try:
+            async with asyncio.timeout(self.limits.deadline):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return 413, self._too_large
+        except TimeoutError:
+            return 408, f"request body not received within {self.limits.deadline:g} s"
+        except ConnectionError:
+            return 400, "the client closed the connection before its body arrived"
+
+    @property
+    def _too_large(self) -> str:
+        return f"request body larger than {self.limits.max_body} bytes"
+
+
+def _closed(resp: web.Response) -> web.Response:
+    resp.force_close()
+    return resp

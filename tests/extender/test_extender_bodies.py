@@ -1,0 +1,169 @@
+"""The bytes of request bodies the extender reads at once are bounded, over real HTTP with the runner
+`nodefabric extender` uses: connections that send most of a body and then wait hold the bound, and one
+more request is a 503 at once; whichever way a held body ends (whole, as garbage, its client gone, its
+deadline past), its bytes are let go, so a request of the largest size is served after it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from extender_fixtures import args, fleet, pod
+from prometheus_client import CollectorRegistry
+
+from nodefabric_operator.extender.config import ExtenderConfig
+from nodefabric_operator.extender.server import Serving, build_app, runner
+
+BODY = 4096
+LOGGER = "nodefabric_operator.extender.server"
+
+
+@contextlib.asynccontextmanager
+async def served(serving: Serving) -> AsyncIterator[str]:
+    """The extender on 127.0.0.1 with the CLI's runner; yields its base URL."""
+    app = build_app(ExtenderConfig(), fleet(per_zone=1), registry=CollectorRegistry(), serving=serving)
+    hook = runner(app)
+    await hook.setup()
+    await web.TCPSite(hook, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{hook.addresses[0][1]}"
+    finally:
+        await hook.cleanup()
+
+
+def full_body() -> bytes:
+    """A request kube-scheduler could send, padded to exactly BODY bytes: the largest accepted."""
+    raw = json.dumps(args(pod("web"), ["eu-a-0"])).encode()
+    return raw + b" " * (BODY - len(raw))
+
+
+async def post(base: str, body: bytes) -> tuple[int, dict[str, object], aiohttp.ClientResponse]:
+    async with aiohttp.ClientSession() as http, http.post(base + "/filter", data=body) as resp:
+        return resp.status, await resp.json(), resp
+
+
+async def stalled(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection whose request announced BODY bytes and sent one; its handler has started (it took
+    the bytes) once the interim 100 Continue has come."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\nExpect: 100-continue\r\n\r\n"
+    writer.write(head.encode() + b"{")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+    return reader, writer
+
+
+async def status_of(reader: asyncio.StreamReader) -> bytes:
+    """The status of the final answer on a raw connection (past the interim 100 and its blank): aiohttp
+    answers a request it cannot parse in HTTP/1.0."""
+    while not (line := await reader.readline()).startswith((b"HTTP/1.1 2", b"HTTP/1.1 4", b"HTTP/1.0 4")):
+        assert line, "the connection closed unanswered"
+    return line.split()[1]
+
+
+async def test_stalled_bodies_hold_the_bound_and_one_more_request_is_a_503() -> None:
+    """Each connection that sent most of a 64 MiB body and then waited made the process hold it until the
+    read deadline: a few such connections got the extender killed for memory."""
+    async with served(Serving(max_body=BODY, max_in_flight=2 * BODY, read_timeout=30)) as base:
+        held = [await stalled(base), await stalled(base)]
+        try:
+            status, out, resp = await post(base, full_body())
+            assert status == 503, out
+            assert out["Error"] == "8,192 bytes of other request bodies are being read; try again"
+            assert resp.headers["Connection"] == "close"  # its body was not read
+            async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as metrics:
+                assert 'nodefabric_extender_bad_requests_total{verb="filter"} 1.0' in await metrics.text()
+            reader, writer = held[0]
+            writer.write(full_body()[1:])  # one held body ends whole: it is answered, its bytes let go
+            await writer.drain()
+            assert await status_of(reader) == b"200"
+            status, out, _ = await post(base, full_body())
+            assert status == 200, out
+        finally:
+            for _, writer in held:
+                writer.close()
+
+
+async def _finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, how: str) -> bytes | None:
+    """Ends the held body `how`; the answer's status line, None when the client left."""
+    if how == "whole":
+        writer.write(full_body()[1:])
+    elif how == "garbage":
+        writer.write(b"\xff" * (BODY - 1))
+    elif how == "gone":
+        writer.close()
+        return None
+    await writer.drain()
+    return await status_of(reader)
+
+
+@pytest.mark.parametrize(
+    ("how", "answer"),
+    [
+        ("whole", b"200"),
+        ("garbage", b"400"),
+        ("deadline", b"408"),
+        ("gone", None),
+    ],
+)
+async def test_a_held_body_lets_its_bytes_go_however_it_ends(
+    how: str, answer: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bound holds one body: the largest request after the held one ends is served only when not a
+    byte of the held one is still counted."""
+    caplog.set_level(logging.INFO)
+    timeout = 0.5 if how == "deadline" else 30
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=timeout)) as base:
+        reader, writer = await stalled(base)
+        try:
+            status, out, _ = await post(base, full_body())
+            assert status == 503, out
+            line = await _finish(reader, writer, how)
+            if answer is None:
+                await _logged(caplog, "the client closed the connection before its body arrived")
+            else:
+                assert line == answer
+        finally:
+            writer.close()
+        status, out, _ = await post(base, full_body())
+        assert status == 200, out
+
+
+async def _logged(caplog: pytest.LogCaptureFixture, error: str) -> None:
+    for _ in range(600):  # the server notices on its next turn of the loop; bounded, never timed
+        if any(r.name == LOGGER and r.__dict__.get("error") == error for r in caplog.records):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never logged: {error}")
+
+
+@pytest.mark.parametrize(
+    ("length", "answer"),
+    [
+        (10, b"400"),  # fewer bytes than sent: the rest is no request (aiohttp's 400, the connection closed)
+        (BODY + 1, b"413"),  # announced past the limit: refused before it is read
+        ("abc", b"400"),  # no number: aiohttp refuses the request before the handler
+    ],
+)
+async def test_a_wrong_content_length_is_refused_and_the_largest_body_still_served(
+    length: int | str, answer: bytes
+) -> None:
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=30)) as base:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = json.dumps(args(pod("web"), ["eu-a-0"])).encode()
+        writer.write(f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode() + body)
+        await writer.drain()
+        try:
+            assert await status_of(reader) == answer
+        finally:
+            writer.close()
+        status, out, _ = await post(base, full_body())
+        assert status == 200, out
