@@ -2,7 +2,7 @@
 HTTP: pods of a group created one after another are told its decision as its kind changes (waiting,
 admitted), and its changing counts at most once per pod per DECISION_EVERY_S, the latest text winning;
 an owner chain's kind refused (HTTP 403) in a namespace is probed once per backoff step, not read again
-name by name."""
+name by name, and so is every read while the API server fails (HTTP 503)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from admission_world import NS, World, eventually, fleet, job, jobs_world, placement
 from test_admission_chain_hostile import passes
-from test_admission_owner_chain import JOBS, chain_world, counted, ghost, jobset, jobset_pod
+from test_admission_owner_chain import JOBS, chain_world, counted, ghost, jobset, jobset_job, jobset_pod
 
 from nodefabric_operator.admission import writer
 from nodefabric_operator.demo.kubeapi import RunningAPI
@@ -65,9 +65,9 @@ async def test_pods_arriving_one_by_one_are_not_each_told_every_count() -> None:
         assert pod_events(w, "GroupAdmitted") == n
 
 
-def refusing_jobs(k: RunningAPI, namespace: str) -> dict[str, int]:
-    """Every GET of a Job in `namespace` answered 403 (no RBAC for them there) while the switch is on;
-    "refused" counts them (the API's own count never sees them)."""
+def refusing_jobs(k: RunningAPI, namespace: str, answer: int | bytes = 403) -> dict[str, int]:
+    """Every GET of a Job in `namespace` answered `answer` (403: no RBAC for them there; 503: the API
+    server failing) while the switch is on; "refused" counts them (the API's own count never sees them)."""
     switch = {"on": 1, "refused": 0}
     seen: list[Any] = []  # kmock asks about one request more than once
 
@@ -79,7 +79,7 @@ def refusing_jobs(k: RunningAPI, namespace: str) -> dict[str, int]:
             switch["refused"] += 1
         return hit
 
-    k.api[matches] << 403
+    k.api[matches] << answer
     return switch
 
 
@@ -113,3 +113,37 @@ async def test_jobs_refused_in_a_namespace_cost_one_probe_per_backoff_step() -> 
             lambda: (ctl.wake.set(), "not found" in w.status(key).get("decision", ""))[1], what="read"
         )
         await eventually(lambda: counted(k, JOBS)() >= names, what="every name read again")
+
+
+async def test_a_failing_api_server_costs_one_probe_per_backoff_step_then_admits() -> None:
+    """Pods naming 30 Jobs while every read of them fails (HTTP 503): before, each name was read again at
+    every backoff step (30 GETs a step); now one probe a step for every name of every namespace and kind,
+    and once a probe is answered every name is read and the group's own pods are admitted."""
+    names, now = 30, [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(jobset("llm", 1, 2))
+        job = await jobset_job(w, "llm", 0)
+        key = f"{NS}/jobset/llm"
+        switch = refusing_jobs(k, NS, 503)
+        forged = [
+            jobset_pod(f"p-{i}", "llm", {**ghost("Job"), "name": f"g{i}", "uid": f"u{i}"})
+            for i in range(names)
+        ]
+        await w.create(*forged, *(jobset_pod(f"llm-w-0-{j}", "llm", job) for j in range(2)))
+        said = f"and {names + 2 - 5} more"
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="every pod left out")
+        assert "HTTP 503" in w.status(key)["decision"]
+        first = switch["refused"]
+        assert first == 1  # one probe, then every read held back behind it
+        for _ in range(3):
+            now[0] += 61.0  # past the longest backoff: every name due again
+            ctl.wake.set()
+            await passes(k, ctl, 3)
+        assert switch["refused"] - first <= 3  # one probe a step: was 31 a step
+        switch["on"] = 0
+        now[0] += 61.0
+        await eventually(
+            lambda: (ctl.wake.set(), w.status(key).get("phase") == "Admitted")[1], what="admitted"
+        )
+        assert [m["pod"] for m in w.status(key)["members"]] == ["llm-w-0-0", "llm-w-0-1"]
+        assert counted(k, JOBS)() == names + 1  # each name read once it could be

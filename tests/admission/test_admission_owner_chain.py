@@ -251,3 +251,22 @@ async def test_an_unreadable_worker_statefulset_leaves_the_workers_out_until_rea
         await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
         assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0", "lws-0-1", "lws-0-2"]
         assert counted(k, STS)() == 2  # lws and lws-0, each read once it could be
+
+
+async def test_a_worker_labelled_with_another_groups_index_never_counts_there() -> None:
+    """A worker's group is named by its own group-index label: one of the lws-0 worker StatefulSet
+    labelled 1 counted in group lws-1 before; now it is said never to count, and lws-0 is admitted."""
+    async with chain_world() as (k, w), placement(k):
+        await w.create(lws("lws", 2))
+        await lws_leader(w, "lws")
+        workers = ref(w, STS, "StatefulSet", "lws-0")
+        await w.create(gpod("lws-0-9", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=workers))
+        stray = f"{NS}/leaderworkerset/lws-1"
+        said = f"pod lws-0-9 (its {LWS_INDEX} label ('1') is not its leader pod's ('0'))"
+        await eventually(lambda: said in w.status(stray).get("decision", ""), what="the stray worker said")
+        assert "0 of 2 exist" in w.status(stray)["decision"] and w.status(stray)["members"] == []
+        await w.create(lws_pod("lws-0-1", workers))
+        key = f"{NS}/leaderworkerset/lws-0"
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0", "lws-0-1"]
+        assert w.gates("lws-0-9") == [GATE] and not w.pinned("lws-0-9")

@@ -1,6 +1,7 @@
-"""The chain of controllers from a pod up to a JobSet or LeaderWorkerSet, by table (the pure rule), and its
-reader against the embedded API over real HTTP: one GET per object, a bounded cache, a failed read said
-and read again once due, a read with no answer in time said, never a member."""
+"""The chain of controllers from a pod up to a JobSet or LeaderWorkerSet, by table (the pure rule: a
+worker's group index is its leader's), and its reader against the embedded API over real HTTP: one GET per
+object, a bounded cache, a failed read said and read again once due, a read with no answer in time said,
+never a member; while the API server fails, one probe a backoff step for all the names."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import Any
 
 import pytest
 from admission_world import NS, gpod, stalling_proxy
+from test_admission_cost import refusing_jobs
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model
 from nodefabric_operator.admission.chain import ChainReader, Link, Membership, Ref, link_of, membership
 from nodefabric_operator.admission.owners import Owner, OwnerRef
-from nodefabric_operator.demo.kubeapi import running_api
+from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.demo.kubeapi.running import write_kubeconfig
 
 JOBSET = Owner(OwnerRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", NS, "s"), (2, "s"), "", "js")
@@ -118,6 +120,42 @@ def test_membership_follows_the_chain_by_uid(
     assert membership(owner, pod("p", controller), by_uid(LINKS), PODS) == expected
 
 
+INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+
+
+def indexed(p: dict[str, Any], index: str | None) -> dict[str, Any]:
+    if index is not None:
+        p["metadata"]["labels"] = {INDEX: index}
+    return p
+
+
+@pytest.mark.parametrize(
+    ("worker", "leader", "reason"),
+    [
+        ("1", "0", f"its {INDEX} label ('1') is not its leader pod's ('0')"),
+        (None, "0", f"its {INDEX} label (none) is not its leader pod's ('0')"),
+        ("0", None, f"its {INDEX} label ('0') is not its leader pod's (none)"),
+        ("0", "0", ""),
+        ("2", "2", ""),
+    ],
+)
+def test_a_worker_counts_only_in_its_leaders_group(
+    worker: str | None, leader: str | None, reason: str
+) -> None:
+    """A worker's group is named by its own index label: one that is not its leader's is never a member
+    (before, a worker of group 0 labelled 1 counted in group 1), and it is settled: labels set by the LWS
+    controller never change."""
+    leader_pod = indexed(pod("leader", ctl("StatefulSet", "leaders")), leader)
+    got = membership(
+        LWS,
+        indexed(pod("w", ctl("StatefulSet", "workers")), worker),
+        by_uid(LINKS),
+        {"pod-leader": leader_pod},
+    )
+    assert got == Membership(not reason, reason)
+    assert got.settled == bool(reason)
+
+
 def test_a_worker_whose_leaders_statefulset_is_unread_waits_on_it() -> None:
     links = {k: v for k, v in LINKS.items() if k != "leaders"}
     got = membership(LWS, pod("w", ctl("StatefulSet", "workers")), by_uid(links), PODS)
@@ -210,3 +248,92 @@ async def test_a_read_not_answered_in_time_is_said_never_a_member() -> None:
         assert proxy.stalled == 1
         proxy.unstall()
         await asyncio.sleep(0)
+
+
+async def jobs_read(k: RunningAPI, n: int) -> tuple[ChainReader, list[float], list[dict[str, Any]]]:
+    """`n` Jobs of the JobSet, a reader on a clock the test moves, and a pod naming each Job."""
+    k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+    uids = [k.api.put_object("batch/v1/jobs", job(f"j{i}", "js"))["metadata"]["uid"] for i in range(n)]
+    now = [1000.0]
+    reader = ChainReader(load_client(k.kubeconfig), lambda: now[0], retry_s=5.0)
+    return reader, now, [pod(f"p{i}", ctl("Job", uids[i], f"j{i}")) for i in range(n)]
+
+
+def members(reader: ChainReader, pods: list[dict[str, Any]]) -> list[bool]:
+    return [membership(JOBSET, p, reader.lookup, {}).member for p in pods]
+
+
+@pytest.mark.parametrize("answer", [503, 429, b"<html>"])
+async def test_while_the_api_server_fails_one_probe_a_step_reads_for_every_name(answer: int | bytes) -> None:
+    """20 names while every read fails: before, the kind's probe failing let every name be read at each
+    backoff step (20 GETs a step); now one probe a step, and once it is answered every name is read."""
+    n = 20
+    async with running_api([model.placement_crd()]) as k:
+        reader, now, pods = await jobs_read(k, n)
+        switch = refusing_jobs(k, NS, answer)
+        await reader.resolve(JOBSET, pods, {})
+        assert switch["refused"] == 1
+        got = membership(JOBSET, pods[7], reader.lookup, {})
+        assert not got.member and not got.settled
+        assert got.reason.endswith("every read waits on one probe while the API server fails)"), got.reason
+        await reader.resolve(JOBSET, pods, {})
+        assert switch["refused"] == 1  # nothing read before the backoff is over
+        for step in range(1, 4):
+            now[0] += 61.0  # past the longest backoff: every name due again
+            await reader.resolve(JOBSET, pods, {})
+            assert switch["refused"] == 1 + step  # one probe a step: was 20 a step
+        switch["on"] = 0
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})
+        assert k.api.count("GET", "batch/v1/jobs", "get") == n  # the probe, then every other name
+        assert members(reader, pods) == [True] * n
+
+
+async def test_an_outage_after_reads_went_well_stops_the_reads_of_a_pass_and_then_probes() -> None:
+    """The kind was read before the API server began to fail: the first failure of a pass stops the reads
+    not sent yet (at most one per worker thread are in flight, never each of the 40), then one probe a
+    step; a 403 or 404 answered to a probe ends the outage."""
+    n = 40
+    async with running_api([model.placement_crd()]) as k:
+        reader, now, pods = await jobs_read(k, n + 1)
+        await reader.resolve(JOBSET, pods[:1], {})
+        assert members(reader, pods[:1]) == [True]
+        switch = refusing_jobs(k, NS, 503)
+        await reader.resolve(JOBSET, pods[1:], {})
+        first = switch["refused"]
+        assert 1 <= first < n
+        assert members(reader, pods) == [True] + [False] * n
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})
+        assert switch["refused"] == first + 1
+        switch["on"] = 0
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})
+        assert k.api.count("GET", "batch/v1/jobs", "get") == n + 1
+        assert members(reader, pods) == [True] * (n + 1)
+
+
+async def test_reads_not_answered_in_time_cost_one_probe_a_step() -> None:
+    n = 5
+    async with running_api([model.placement_crd()]) as k, stalling_proxy(k) as proxy:
+        k.api.declare("batch/v1/jobs", kind="Job", namespaced=True)
+        uids = [k.api.put_object("batch/v1/jobs", job(f"j{i}", "js"))["metadata"]["uid"] for i in range(n)]
+        proxy.stall = lambda request: "/jobs/" in request.path
+        with tempfile.TemporaryDirectory() as d:
+            api = load_client(write_kubeconfig(proxy.url, d))
+        now = [1000.0]
+        reader = ChainReader(api, lambda: now[0], timeout=(2.0, 0.3))
+        pods = [pod(f"p{i}", ctl("Job", uids[i], f"j{i}")) for i in range(n)]
+        await reader.resolve(JOBSET, pods, {})
+        assert proxy.stalled == 1
+        for step in range(1, 3):
+            now[0] += 61.0
+            await reader.resolve(JOBSET, pods, {})
+            assert proxy.stalled == 1 + step  # one probe a step: was 5 a step
+        assert not any(members(reader, pods))
+        proxy.stall = lambda request: False
+        proxy.unstall()
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})
+        assert k.api.count("GET", "batch/v1/jobs", "get") == n
+        assert members(reader, pods) == [True] * n

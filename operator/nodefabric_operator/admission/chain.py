@@ -5,7 +5,8 @@ the chain of controller references from the pod up to the owner is read and chec
 - JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
 - LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
   whose controller is the LeaderWorkerSet; a worker pod's controller is its group's worker StatefulSet,
-  whose controller is the leader pod, itself checked as above.
+  whose controller is the leader pod, itself checked as above, whose group-index label is the worker's
+  (the pod's own label names its group: a worker labelled with another index is never a member, settled).
 
 `membership` is the pure rule over what was read (a `Link` for each reference, and the pods the watch
 keeps: a leader pod is never read one by one). `ChainReader` reads the links: one GET per distinct name,
@@ -15,13 +16,18 @@ under one name, vouches for no other), a bounded number of them. An object that 
 is read again after SIZE_TTL_S, then less often. A refusal (HTTP 403) is taken as one for every object of
 that kind in the namespace (RBAC grants by namespace and kind): one name is read first of a kind not read
 there yet, and once one is refused, no other name of that kind there is read until one probe read, on the
-same backoff, is not refused. One not found is settled: a pod never counts for it, and it is not read
-again (an object made under that name later has another uid).
+same backoff, is not refused. A failure of the API server's own (any other HTTP status, no answer in
+time, no connection, a body that is not one object) is taken as one for every read: once one read fails
+so, the reads of that hop not sent yet are not sent, and no other name of any namespace or kind is read
+until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). One not found
+is settled: a pod never counts for it, and it is not read again (an object made under that name later has
+another uid).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -33,10 +39,12 @@ from kubernetes.client.exceptions import ApiException
 
 from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_operator.admission.owners import CHAINED, Owner, controller_of, controls
+from nodefabric_operator.extender.groups import LWS_GROUP_INDEX
 
 # Objects kept (beyond them, only those of the one group being read); the least recently used goes first,
 # read again if needed.
 MAX_LINKS = 4096
+NOT_SENT = "not read: the API server failed another read"
 RETRY_S = 5.0  # an object that could not be read is read again after this long (grouping.SIZE_TTL_S),
 MAX_RETRY_S = 60.0  # then after twice as long each time it still cannot, up to this
 READ_TIMEOUT = (5.0, 15.0)  # (connect, read) seconds, as owners are read
@@ -94,6 +102,16 @@ def _ref(obj: Mapping[str, Any], namespace: str, api_version: str, kind: str) ->
     return Ref(api_version, kind, namespace, name, uid)
 
 
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _shown(value: object) -> str:
+    return "none" if value is None else repr(str(value)[:63])
+
+
 def _namespace(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata")
     ns = meta.get("namespace") if isinstance(meta, Mapping) else None
@@ -135,6 +153,12 @@ def walk(
     leader = pods.get(got.controller[1])
     if leader is None or _namespace(leader) != _namespace(pod):
         return Membership(False, "its leader pod (the controller of its StatefulSet) is not known")
+    # The group is named by the pod's own index label: a worker labelled with another replica's index
+    # would count in that replica's group. Settled: the labels the LWS controller set never change.
+    mine, leaders = _labels(pod).get(LWS_GROUP_INDEX), _labels(leader).get(LWS_GROUP_INDEX)
+    if mine != leaders:
+        why = f"its {LWS_GROUP_INDEX} label ({_shown(mine)}) is not its leader pod's ({_shown(leaders)})"
+        return Membership(False, why, settled=True)
     up = _up_to(owner, leader, "StatefulSet", lookup)
     return NOT_A_MEMBER if isinstance(up, Link) else up
 
@@ -186,6 +210,16 @@ class Kept:
     failures: int = 0
 
 
+def outage_cause(ref: Ref, answer: object) -> str:
+    """Why the read failed when the API server is at fault (5xx, 429, no answer, a body that is not one
+    object): every read would fail alike, whatever the name. "" for an answer (found, not found, 403)."""
+    if isinstance(answer, Failed):
+        problem = "" if answer.settled or answer.status == 403 else answer.problem
+    else:
+        problem = link_of(ref, answer).problem
+    return problem.removeprefix(f"{ref} could not be read (").removesuffix(")")
+
+
 class ChainReader:
     """The objects of pods' chains, read through the API as owners are, kept by the reference named."""
 
@@ -208,6 +242,8 @@ class ChainReader:
         self.refused: dict[tuple[str, str], Kept] = {}
         # (namespace, kind) read with any answer but a 403: its names are read without a probe first.
         self.allowed: set[tuple[str, str]] = set()
+        # The API server failing: its last failure and when one name (the probe) is read again.
+        self.outage: Kept | None = None
 
     def lookup(self, ref: Ref) -> Link | None:
         kept = self.links.get(ref)
@@ -238,9 +274,9 @@ class ChainReader:
             used.add(ref)
             return self._fresh(ref)
 
-        # Three hops: a kind not read yet in a namespace is probed by one name first, the rest read in the
-        # next hop unless it was refused.
-        for _hop in range(3):
+        # Four hops: while the API fails, one probe first; a kind not read yet in a namespace is probed by
+        # one name first, the rest read in the next hop unless it was refused.
+        for _hop in range(4):
             # However many pods (or uids) name one object, it is one GET: forged pods by the thousand
             # naming objects that do not exist cost one read per name, once.
             wanted: dict[tuple[str, str, str], dict[Ref, None]] = {}
@@ -248,11 +284,13 @@ class ChainReader:
                 got = walk(owner, pod, lookup, known)
                 if isinstance(got, Ref):
                     wanted.setdefault(_named(got), {})[got] = None
-            wanted = self._hold_refused(wanted, self.clock())
+            wanted = self._hold_refused(self._hold_outage(wanted, self.clock()), self.clock())
             if not wanted:
                 break
+            # Once one read of the hop finds the API failing, the others not sent yet are not sent.
+            failing = threading.Event()
             answers = await asyncio.gather(
-                *(asyncio.to_thread(self.read, next(iter(refs))) for refs in wanted.values())
+                *(asyncio.to_thread(self.read, next(iter(refs)), failing) for refs in wanted.values())
             )
             now = self.clock()
             # What each name read holds now, for the other references kept under it.
@@ -263,8 +301,60 @@ class ChainReader:
                 if not isinstance(answer, Failed) or answer.settled:
                     told[named] = answer
             self._renamed(told, wanted, now)
-            self._note_refusals(list(zip(wanted, answers, strict=True)), now)
+            read = [(next(iter(refs)), a) for refs, a in zip(wanted.values(), answers, strict=True)]
+            self._note_refusals(read, now)
+            self._note_outage(read, now)
         self._trim(used, known)
+
+    def _hold_outage(
+        self, wanted: dict[tuple[str, str, str], dict[Ref, None]], now: float
+    ) -> dict[tuple[str, str, str], dict[Ref, None]]:
+        """While the API server fails, one name of `wanted` (the probe: of a kind not refused there) once
+        the backoff is over, none before; the others keep the failure until then (2,000 names were 2,000
+        GETs per step)."""
+        outage = self.outage
+        if outage is None or not wanted:
+            return wanted
+        first = next((n for n in wanted if self._may_probe(n[:2], now)), None)
+        probing = first is not None and outage.due is not None and now >= outage.due
+        for named, refs in wanted.items():
+            if probing and named == first:
+                continue
+            # A kind refused there stays said to be: the refusal is the account's, it outlasts the outage.
+            refusal = self.refused.get(named[:2])
+            for ref in refs:
+                if refusal is not None:
+                    self._hold(ref, refusal)
+                else:
+                    self._hold(ref, outage, keep=False)
+        return {first: wanted[first]} if probing and first is not None else {}
+
+    def _hold(self, ref: Ref, why: Kept, *, keep: bool = True) -> None:
+        """The reference not read until `why` is due again, said to be for its reason (or, with `keep`,
+        for the reason it could not be read last, if it could not)."""
+        kept = self.links.get(ref)
+        link = Link(problem=f"{ref} could not be read ({why.link.problem})")
+        if keep and kept is not None and kept.link.problem:
+            link = kept.link
+        self.links[ref] = Kept(link, why.due, kept.failures if kept is not None else 0)
+
+    def _may_probe(self, scope: tuple[str, str], now: float) -> bool:
+        refusal = self.refused.get(scope)
+        return refusal is None or (refusal.due is not None and now >= refusal.due)
+
+    def _note_outage(self, answers: list[tuple[Ref, object]], now: float) -> None:
+        """Any answer the API server gave ends an outage; a failure of its own, with none, starts or
+        prolongs one."""
+        causes = [outage_cause(ref, answer) for ref, answer in answers]
+        if not causes:
+            return
+        if not all(causes):
+            self.outage = None
+            return
+        failures = (self.outage.failures if self.outage is not None else 0) + 1
+        cause = next((c for c in causes if c != NOT_SENT), causes[0])
+        text = f"{cause}: every read waits on one probe while the API server fails"
+        self.outage = Kept(Link(problem=text), now + self._wait(failures), failures)
 
     def _hold_refused(
         self, wanted: dict[tuple[str, str, str], dict[Ref, None]], now: float
@@ -280,29 +370,28 @@ class ChainReader:
             if refusal is None and scope in self.allowed:
                 read[named] = refs
                 continue
-            if scope not in probing and (refusal is None or (refusal.due is not None and now >= refusal.due)):
+            if scope not in probing and self._may_probe(scope, now):
                 probing.add(scope)
                 read[named] = refs
                 continue
             if refusal is None:
                 continue  # read in the next hop, once the probe says it may be
             for ref in refs:
-                kept = self.links.get(ref)
-                why = Link(problem=f"{ref} could not be read ({refusal.link.problem})")
-                link = kept.link if kept is not None and kept.link.problem else why
-                self.links[ref] = Kept(link, refusal.due, kept.failures if kept is not None else 0)
+                self._hold(ref, refusal)
         return read
 
-    def _note_refusals(self, answers: list[tuple[tuple[str, str, str], object]], now: float) -> None:
-        """A 403 refuses the namespace's kind; any other answer there (one found, not found, another
-        failure) says reads of it are allowed again, name by name."""
+    def _note_refusals(self, answers: list[tuple[Ref, object]], now: float) -> None:
+        """A 403 refuses the namespace's kind; any other answer there (one found, not found, any failure
+        but the API server's own) says reads of it are allowed again, name by name."""
         refused: set[tuple[str, str]] = set()
         allowed: set[tuple[str, str]] = set()
-        for (ns, kind, _name), answer in answers:
+        for ref, answer in answers:
+            if outage_cause(ref, answer):
+                continue  # the API server's failure says nothing of what the account may read
             if isinstance(answer, Failed) and answer.status == 403:
-                refused.add((ns, kind))
+                refused.add((ref.namespace, ref.kind))
             else:
-                allowed.add((ns, kind))
+                allowed.add((ref.namespace, ref.kind))
         for scope in allowed:
             self.refused.pop(scope, None)
         self.allowed |= allowed
@@ -357,8 +446,17 @@ class ChainReader:
         for ref in others:
             self._keep(ref, told[_named(ref)], now)
 
-    def read(self, ref: Ref) -> object:
-        """The object the API holds under the reference's name, or Failed."""
+    def read(self, ref: Ref, failing: threading.Event | None = None) -> object:
+        """The object the API holds under the reference's name, or Failed. None read once `failing` is set
+        (another read found the API server failing); set when this one does."""
+        if failing is not None and failing.is_set():
+            return Failed(f"{ref} could not be read ({NOT_SENT})")
+        answer = self._get(ref)
+        if failing is not None and outage_cause(ref, answer):
+            failing.set()
+        return answer
+
+    def _get(self, ref: Ref) -> object:
         group, version, plural = _PLURALS[ref.kind]
         try:
             obj: Any = self.custom.get_namespaced_custom_object(
