@@ -13,14 +13,19 @@ the loop it did not start. `arun` lets a request already sent get its answer (th
 and sends nothing after: no write lands once the lease may have passed to a standby, and none is cut
 off half-sent (inflight.py's promise, kept without the thread). The request runs as a `Landing` task,
 which refuses to be cancelled by another task: kopf's sweep would otherwise cut it wherever it is (its
-stop then waits for the task, which the client's timeouts bound).
+stop then waits for the task, which the client's timeouts bound). A Landing ends with the request's
+answer or its refusal as its result, never raised (`outcome`): kopf, once its watches stopped, waits for
+every task of its loop and re-raises the first failure it finds among them, so a write refused as kopf
+stopped (a 409 while NodeFeature writes conflict) ended kopf.operator with that refusal in place of a
+404's restart, or a plain stop with a traceback. The refusal is its caller's: `arun` throws it into the
+calls (a 409 is read back and retried: sinks._written).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Awaitable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -73,19 +78,31 @@ class Sends(Protocol):
     async def send(self, request: Request) -> bytes: ...
 
 
-class Landing(asyncio.Task[bytes]):
-    """A request on its way: answered or failed, never cut off by another task's cancel (kopf's sweep,
-    a lane stopped; see the module's note). Its own timeouts still end it: asyncio's and aiohttp's
-    cancel the task from a loop callback or from the task itself, which is let through."""
+class Landing(asyncio.Task[bytes | Exception]):
+    """A request on its way: answered or refused (`arun` sends it as `outcome`: its refusal returned,
+    see the module's note), never cut off by another task's cancel (kopf's sweep, a lane stopped). Its
+    own timeouts still end it: asyncio's and aiohttp's cancel the task from a loop callback or from the
+    task itself, which is let through, as is asyncio.run's last sweep once the loop stopped."""
 
     # Set when its caller was cancelled (the operator stopping): the request is waited for, but not
     # sent again after it (a connection closed with no answer, a 401), a write made after the stop.
     stopping = False
 
     def cancel(self, msg: Any = None) -> bool:
-        if asyncio.current_task() not in (None, self):
+        # The loop's current task, not the running loop's: asyncio.run cancels what is left after the
+        # loop stopped, where asyncio.current_task() raises (RuntimeError in place of the real failure).
+        if asyncio.current_task(self.get_loop()) not in (None, self):
             return False
         return super().cancel(msg)
+
+
+async def outcome(sending: Awaitable[bytes]) -> bytes | Exception:
+    """The answer, or the refusal returned rather than raised: the task sending it then never ends failed
+    for kopf to re-raise (see the module's note)."""
+    try:
+        return await sending
+    except Exception as err:
+        return err
 
 
 def stopping() -> bool:
@@ -148,7 +165,7 @@ async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
                 raise
             try:
                 metrics.requested(request.verb, request.resource)
-                sent = Landing(client.send(request))
+                sent = Landing(outcome(client.send(request)))
                 try:
                     answer = await asyncio.shield(sent)
                 except asyncio.CancelledError:
@@ -156,12 +173,8 @@ async def arun(calls: Calls[T], client: Sends, metrics: Metrics) -> T:
                     await settled(sent)  # through any further cancel too (see settled)
                     calls.close()
                     raise
-                except Exception as err:
-                    failure: Exception | None = err
-                else:
-                    failure = None
             finally:
                 client.slots.release()
-            request = calls.throw(failure) if failure is not None else calls.send(answer)
+            request = calls.throw(answer) if isinstance(answer, Exception) else calls.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -625,6 +625,20 @@ async def test_a_request_is_cut_by_its_own_timeout_never_by_another_tasks_cancel
     assert await landing == b"{}"
 
 
+def test_a_request_left_in_flight_when_the_loop_stops_is_cancelled_by_asyncio_run() -> None:
+    """asyncio.run cancels the tasks left once its coroutine ended (the operator failed with a write in
+    flight) with the loop no longer running, where asyncio.current_task() raises: the guard raised
+    RuntimeError("no running event loop") out of asyncio.run, in place of the failure that ended it."""
+    left: list[apicall.Landing] = []
+
+    async def main() -> None:
+        left.append(apicall.Landing(asyncio.sleep(60, b"{}")))
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert left[0].cancelled()
+
+
 # --- the operator's own path --------------------------------------------------------------------------
 
 

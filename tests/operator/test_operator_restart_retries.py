@@ -12,6 +12,7 @@ from typing import Any
 import kmock
 import pytest
 from operator_harness import NF, NS, Client, all_say, conditions, eventually, fleet, lines, running_operator
+from operator_records import devices, gpu, group, nic, nvlink
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import events
@@ -23,10 +24,11 @@ FAILING = ("n0", "n1")
 # still pending when the restart cancels them (the restart takes about a second).
 BACKOFFS = (0.05, 4.0)
 RESTARTED = "a watched resource disappeared, restarting the watches"
+KOPF_STOPPING = "Root tasks are stopped"  # kopf's DEBUG line, just before it gathers every task of its loop
 
 
 def refusal(status: int) -> kmock.Response:
-    reason = {500: "InternalError", 404: "NotFound"}[status]
+    reason = {500: "InternalError", 404: "NotFound", 409: "Conflict"}[status]
     body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": status}
     body["message"] = f"injected {reason}"
     return kmock.Response(
@@ -93,3 +95,74 @@ async def test_a_publish_failed_for_a_transient_reason_is_retried_after_kopf_res
     caplog.set_level(logging.INFO)
     async with running_api([crd.devices_crd()]) as k:
         await restart_with_retries_pending(k, 500, caplog)
+
+
+def nodefeature_write(req: Any) -> bool:
+    return req.method != "GET" and f"/namespaces/{NS}/nodefeatures" in str(req.url.path)
+
+
+class HeldConflicts:
+    """Every NodeFeature write answered 409 while `on`; a write armed to be held gets its 409 only once
+    kopf has stopped its root tasks (its watches gone, about to gather every task of its loop), so that
+    it is in flight when kopf takes the tasks it waits for."""
+
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        self.caplog = caplog
+        self.on = False
+        self.armed = False
+        self.held = 0  # writes held so far
+
+    def stops(self) -> int:
+        return sum(r.getMessage().startswith(KOPF_STOPPING) for r in self.caplog.records)
+
+    async def __call__(self) -> kmock.Response:
+        if self.armed:
+            self.armed, self.held, before = False, self.held + 1, self.stops()
+            await eventually(lambda: self.stops() > before, timeout=60)
+        return refusal(409)
+
+
+async def test_a_write_answered_409_as_kopf_stops_neither_ends_the_operator_nor_its_restart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NodeFeature writes refused 409 throughout while kopf stops: once for a watched resource gone (the
+    NodeFeature watch's 404, which cli._kopf restarts kopf for), then for the operator's own stop. A
+    write in flight as kopf stopped is left its answer (apicall.Landing), and kopf re-raises the
+    failure of any task of its loop it waited for: the 409 of that write left kopf.operator in place of
+    the 404, and the operator ended, the watches never restarted (8 restarts in 10 here: whichever
+    failure kopf came to first), or a plain stop ended with the 409's traceback (every time). The 409 is
+    the write's own: its publish reads the object back and is retried like any other conflict."""
+    caplog.set_level(logging.DEBUG)
+    conflicts = HeldConflicts(caplog)
+    async with running_api([crd.devices_crd()]) as k:
+        c = await fleet(k, 2)
+        k.api[lambda req: conflicts.on and nodefeature_write(req)] << conflicts
+        gone = [False]
+        k.api[lambda req: gone[0] and nodefeature_watch(req)] << refusal(404)
+        async with running_operator(k, backoffs=(0.05, 0.1)):
+            await eventually(lambda: all_say(c, "Published", 2))
+            before = (await c.nodefeature("n0") or {}).get("spec")
+            conflicts.on = conflicts.armed = True
+            await c.put_devices(members("n0", 8))  # its publish: a NodeFeature write, held
+            await eventually(lambda: conflicts.held == 1)
+            gone[0] = True
+            for watcher in list(k.api.hub(NF).watchers):
+                watcher.close()
+            await eventually(lambda: lines(caplog, RESTARTED))
+            gone[0] = conflicts.on = False
+            await eventually(lambda: spec_of(c, "n0", not_equal=before))
+            # The operator's own stop with a write in flight, answered 409 once kopf stopped.
+            conflicts.on = conflicts.armed = True
+            await c.put_devices(members("n1", 4))
+            await eventually(lambda: conflicts.held == 2)
+        # running_operator: the operator's thread ended without an exception.
+
+
+def members(name: str, count: int) -> Any:
+    """A record whose NVLink domain has `count` members: another label value, a NodeFeature write."""
+    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink(members=count)))])
+
+
+async def spec_of(c: Client, name: str, *, not_equal: Any) -> bool:
+    found = await c.nodefeature(name)
+    return found is not None and found.get("spec") != not_equal
