@@ -13,6 +13,7 @@ import struct
 
 import aiohttp
 import pytest
+from aiohttp import http_parser
 from test_extender_bodies import BODY, full_body, post, served, stalled, status_of
 
 from nodefabric_operator.extender.server import Serving
@@ -32,6 +33,9 @@ def small() -> bytes:
 
 
 SMALL = len(small())
+# aiohttp's C parser refuses a Content-Length past 2**64 itself; its Python one (AIOHTTP_NO_EXTENSIONS)
+# takes it, and the extender refuses it as past the limit.
+C_PARSER = http_parser.HttpRequestParser is not http_parser.HttpRequestParserPy
 
 
 async def exchange(base: str, request: bytes) -> bytes:
@@ -100,7 +104,7 @@ def _te(extra: str, body: bytes) -> bytes:
         (_cl(f" {SMALL} "), b"200", True),  # whitespace around the value is allowed
         (_cl("-1"), b"400", False),
         (_cl(f"+{SMALL}"), b"400", False),
-        (_cl(str(10**30)), b"400", False),
+        (_cl(str(10**30)), b"400" if C_PARSER else b"413", not C_PARSER),
         (_cl(f"{SMALL}, {SMALL}"), b"400", False),
         (f"{HEAD}Content-Length: 10\r\nContent-Length: {SMALL}\r\n\r\n".encode() + small(), b"400", False),
         (_te("", small()), b"200", True),  # no Content-Length: counted at the limit while read
