@@ -3,7 +3,8 @@ webhook (AdmissionReviews from the API server) and the scheduler extender (Exten
 kube-scheduler). Each answers a refusal in its own shape (`Refuse`); the steps and statuses are these:
 
 - a compressed body (any Content-Encoding but identity) is 415 before a byte of it is read: neither
-  sender compresses, and aiohttp would inflate it as it reads, a thousand times the bytes sent;
+  sender compresses, and inflated it would be a thousand times the bytes sent (the runner never inflates
+  a body, shell.server.runner: not even the rest of a refused one);
 - a Content-Length past the limit is 413 at once, and so is a chunked body once it passes the limit;
 - the bodies being read at once may hold `max_in_flight` bytes (each counted at its Content-Length, or at
   the limit without one): past that, 503 at once. Without the bound, each connection that sends most of
@@ -13,7 +14,8 @@ kube-scheduler). Each answers a refusal in its own shape (`Refuse`); the steps a
 - a client gone mid-body is 400 (answered to no one: the refusal is its one log line, not the ERROR and
   traceback aiohttp logs for a handler that raises).
 
-Every refusal before the body is whole closes the connection: the rest of the body is not read, so the
+Every refusal before the body is whole closes the connection: the rest of the body is not read (aiohttp
+discards what comes within the runner's lingering second, so the answer reaches the client), so the
 connection cannot carry another request.
 """
 

@@ -163,6 +163,31 @@ async def test_a_compressed_body_is_a_415_unread(certs: dict[str, Path], encodin
         await still_serves(base, certs)
 
 
+async def test_a_body_said_to_be_gzip_that_is_not_is_a_415_and_no_traceback(
+    certs: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the 415 aiohttp went on reading the body it was not asked for (its lingering close) and
+    inflated it as it read: a body that is not gzip was an ERROR and three tracebacks per request, and a
+    gzip bomb a second of the event loop's time."""
+    caplog.set_level(logging.INFO)
+    body = b"not gzip at all" * 64
+    async with webhook(certs) as base:
+        reader, writer = await _open(base, certs)
+        writer.write(_head(len(body), "Content-Encoding: gzip") + body)
+        await writer.drain()
+        try:
+            answer = await reader.read()  # to the end: the server closed it once done with the body
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 415"), answer[:200]
+        assert b"Connection: close" in answer
+        assert answer.endswith(
+            b'{"error": "request body has Content-Encoding \'gzip\': the API server sends it plain"}'
+        )
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        await still_serves(base, certs)
+
+
 async def test_an_identity_content_encoding_is_read(certs: dict[str, Path]) -> None:
     async with webhook(certs) as base:
         status, _ = await post(base, certs, json.dumps(review()).encode(), {"Content-Encoding": "identity"})

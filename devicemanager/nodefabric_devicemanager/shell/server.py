@@ -92,6 +92,11 @@ def runner(app: web.Application, *, idle_timeout: float = IDLE_TIMEOUT_S) -> web
         handle_signals=False,
         keepalive_timeout=idle_timeout,
         lingering_time=LINGER_S,
+        # No listener takes a compressed request body (the extender and the webhook refuse one 415 before
+        # reading it), yet aiohttp inflated whatever it read, the rest of a refused body too while it
+        # lingered: a gzip bomb was a second of the event loop, a body that was not gzip an ERROR and
+        # three tracebacks. Read as sent, a body is only its own bytes.
+        auto_decompress=False,
         logger=_REQUESTS,
     )
 
