@@ -6,10 +6,13 @@ kube-scheduler). Each answers a refusal in its own shape (`Refuse`); the steps a
   sender compresses, and inflated it would be a thousand times the bytes sent (the runner never inflates
   a body, shell.server.runner: not even the rest of a refused one);
 - a Content-Length past the limit is 413 at once, and so is a chunked body once it passes the limit;
-- the bodies being read at once may hold `max_in_flight` bytes (each counted at its Content-Length, or at
-  the limit without one): past that, 503 at once. Without the bound, each connection that sends most of
-  a body and then waits makes the process hold that body until the deadline, enough of them until it is
-  killed for memory. The bytes are held until the answer is made: the body is in memory until then;
+- the bodies being read at once may hold `max_in_flight` bytes, counted as they arrive: a chunk that
+  would pass the bound is 503 at once. Without the bound, each connection that sends most of a body and
+  then waits makes the process hold that body until the deadline, enough of them until it is killed for
+  memory. Counted at the Content-Length announced instead, a few connections that announce the largest
+  body and send nothing held the whole bound for free: every request 503 for a deadline at a time (for
+  the webhook under `failurePolicy: Ignore`, every pod created ungated meanwhile). The bytes are held
+  until the answer is made: the body is in memory until then;
 - a body not whole within the deadline is 408;
 - a client gone mid-body is 400 (answered to no one: the refusal is its one log line, not the ERROR and
   traceback aiohttp logs for a handler that raises).
@@ -63,6 +66,28 @@ class InFlight:
         self.held -= size
 
 
+class _Body:
+    """One request's bytes as they arrive, each chunk counted in the server's `InFlight` first."""
+
+    def __init__(self, in_flight: InFlight) -> None:
+        self.in_flight = in_flight
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> bool:
+        if not self.in_flight.take(len(chunk)):
+            return False
+        self.data += chunk
+        return True
+
+    def others(self) -> int:
+        """The bytes other requests' bodies hold now."""
+        return self.in_flight.held - len(self.data)
+
+    def release(self) -> None:
+        self.in_flight.give(len(self.data))
+        self.data = bytearray()
+
+
 class BodyReader:
     """Reads the request bodies of one server: its limits, and the one budget all its handlers share."""
 
@@ -77,17 +102,14 @@ class BodyReader:
         refused = self.unreadable(request)
         if refused is not None:
             return _closed(refuse(*refused))
-        size = self.limits.max_body if request.content_length is None else request.content_length
-        if not self.in_flight.take(size):
-            held = self.in_flight.held
-            return _closed(refuse(503, f"{held:,} bytes of other request bodies are being read; try again"))
+        body = _Body(self.in_flight)
         try:
-            raw = await self._read(request)
+            raw = await self._read(request, body)
             if isinstance(raw, tuple):
                 return _closed(refuse(*raw))
             return answer(raw)
         finally:
-            self.in_flight.give(size)
+            body.release()
 
     def unreadable(self, request: web.Request) -> tuple[int, str] | None:
         """Why a request's body is not worth reading, from its headers alone, or None."""
@@ -101,12 +123,18 @@ class BodyReader:
             return 413, self._too_large
         return None
 
-    async def _read(self, request: web.Request) -> bytes | tuple[int, str]:
+    async def _read(self, request: web.Request, body: _Body) -> bytes | tuple[int, str]:
         try:
             async with asyncio.timeout(self.limits.deadline):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return 413, self._too_large
+                while chunk := await request.content.readany():
+                    if len(body.data) + len(chunk) > self.limits.max_body:
+                        return 413, self._too_large
+                    if not body.add(chunk):
+                        return (
+                            503,
+                            f"{body.others():,} bytes of other request bodies are being read; try again",
+                        )
+                return bytes(body.data)
         except TimeoutError:
             return 408, f"request body not received within {self.limits.deadline:g} s"
         except ConnectionError:

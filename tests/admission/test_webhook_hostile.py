@@ -22,8 +22,9 @@ import pytest
 from aiohttp import web
 from world_fixtures import free_port, make_ca, make_server_cert, until
 
-from nodefabric_operator.admission.webhook import WebhookConfig, build_webhook_app, ssl_context
+from nodefabric_operator.admission.webhook import BODIES, WebhookConfig, build_webhook_app, ssl_context
 from nodefabric_operator.extender.server import runner
+from nodefabric_operator.httpbody import BodyReader
 
 GATE = "placement.gpustack.ai/group"
 JOB = {"batch.kubernetes.io/job-name": "train"}
@@ -61,16 +62,25 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     yield {"ca": ca[0], "cert": cert, "key": key}
 
 
+# The body readers of the webhooks running, by base URL: a test that holds a body waits until the bytes
+# it sent are counted (they are counted as the webhook reads them, on its own turn of the loop).
+READERS: dict[str, BodyReader] = {}
+
+
 @contextlib.asynccontextmanager
 async def webhook(certs: dict[str, Path], config: WebhookConfig | None = None) -> AsyncIterator[str]:
     """The webhook on https://127.0.0.1:<port>, with the runner `nodefabric placement` uses."""
-    hook = runner(build_webhook_app(config or WebhookConfig()))
+    app = build_webhook_app(config or WebhookConfig())
+    hook = runner(app)
     await hook.setup()
     port = free_port()
     await web.TCPSite(hook, "127.0.0.1", port, ssl_context=ssl_context(certs["cert"], certs["key"])).start()
+    base = f"https://127.0.0.1:{port}"
+    READERS[base] = app[BODIES]
     try:
-        yield f"https://127.0.0.1:{port}"
+        yield base
     finally:
+        READERS.pop(base, None)
         await hook.cleanup()
 
 
@@ -335,8 +345,8 @@ async def test_the_bodies_read_at_once_are_bounded(certs: dict[str, Path]) -> No
         try:
             status, out = await post(base, certs, json.dumps(review()).encode())
             assert status == 503, out
-            assert out["error"] == "4,096 bytes of other request bodies are being read; try again"
-            writer.write(b" " * 4095)  # the slow body ends (as no JSON): its bytes are let go
+            assert out["error"] == "4,095 bytes of other request bodies are being read; try again"
+            writer.write(b"\xff")  # the slow body ends (as no JSON): its bytes are let go
             await writer.drain()
             assert await _status_of(reader) == b"400"
         finally:
@@ -344,13 +354,38 @@ async def test_the_bodies_read_at_once_are_bounded(certs: dict[str, Path]) -> No
         await still_serves(base, certs)
 
 
+async def test_reviews_announced_and_not_sent_hold_nothing(certs: dict[str, Path]) -> None:
+    """Counted at the Content-Length announced, four connections from any pod that announced 7 MiB and
+    sent nothing held the whole bound: every review a 503 for the body timeout, and under the chart's
+    `failurePolicy: Ignore` every pod created meanwhile went ungated. The bytes are counted as they
+    arrive."""
+    async with webhook(certs, WebhookConfig(max_body=4096, max_in_flight=4096)) as base:
+        idle = []
+        try:
+            for _ in range(5):
+                reader, writer = await _open(base, certs)
+                writer.write(_head(4096, "Expect: 100-continue"))
+                await writer.drain()
+                assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+                idle.append(writer)
+            assert READERS[base].in_flight.held == 0
+            status, out = await post(base, certs, _full_review())
+            assert status == 200, out
+        finally:
+            for writer in idle:
+                writer.close()
+
+
 async def _held(base: str, certs: dict[str, Path]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection whose review announced 4096 bytes and sent one. Expect: 100-continue: the interim
-    answer comes when the handler starts, so the slow body is known to be held before the next review."""
+    """A connection whose review announced 4096 bytes and sent all but the last, once its handler started
+    (the interim answer to Expect: 100-continue); returns once the webhook holds them."""
     reader, writer = await _open(base, certs)
-    writer.write(_head(4096, "Expect: 100-continue") + b"{")
+    writer.write(_head(4096, "Expect: 100-continue"))
     await writer.drain()
     assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+    writer.write(_full_review()[:-1])
+    await writer.drain()
+    await until(lambda: READERS[base].in_flight.held >= 4095, what="the webhook to hold the body's bytes")
     return reader, writer
 
 
@@ -391,7 +426,7 @@ async def test_a_held_body_lets_its_bytes_go_however_it_ends(
                     what="the webhook to notice the client went away",
                 )
             else:
-                writer.write({"whole": _full_review()[1:], "garbage": b"\xff" * 4095, "deadline": b""}[how])
+                writer.write({"whole": _full_review()[-1:], "garbage": b"\xff", "deadline": b""}[how])
                 await writer.drain()
                 assert await _status_of(reader) == answer
         finally:

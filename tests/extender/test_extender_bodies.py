@@ -18,10 +18,16 @@ from extender_fixtures import args, fleet, pod
 from prometheus_client import CollectorRegistry
 
 from nodefabric_operator.extender.config import ExtenderConfig
-from nodefabric_operator.extender.server import Serving, build_app, runner
+from nodefabric_operator.extender.server import BODIES, Serving, build_app, runner
+from nodefabric_operator.httpbody import BodyReader
 
 BODY = 4096
 LOGGER = "nodefabric_operator.extender.server"
+
+
+# The body readers of the servers running, by base URL: a test that holds a body waits until the bytes it
+# sent are counted (they are counted as the server reads them, on its own turn of the loop).
+READERS: dict[str, BodyReader] = {}
 
 
 @contextlib.asynccontextmanager
@@ -31,10 +37,22 @@ async def served(serving: Serving) -> AsyncIterator[str]:
     hook = runner(app)
     await hook.setup()
     await web.TCPSite(hook, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{hook.addresses[0][1]}"
+    READERS[base] = app[BODIES]
     try:
-        yield f"http://127.0.0.1:{hook.addresses[0][1]}"
+        yield base
     finally:
+        READERS.pop(base, None)
         await hook.cleanup()
+
+
+async def counted(base: str, held: int) -> None:
+    """Until the server's bodies hold at least `held` bytes; bounded, never timed."""
+    for _ in range(600):
+        if READERS[base].in_flight.held >= held:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the server never held {held} bytes: {READERS[base].in_flight.held}")
 
 
 def full_body() -> bytes:
@@ -49,14 +67,18 @@ async def post(base: str, body: bytes) -> tuple[int, dict[str, object], aiohttp.
 
 
 async def stalled(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection whose request announced BODY bytes and sent one; its handler has started (it took
-    the bytes) once the interim 100 Continue has come."""
+    """A connection whose request announced BODY bytes and sent all but the last; returns once the server
+    holds them (counted as they arrive: one byte more than another stalled body left is counted too)."""
     host, port = base.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
+    before = READERS[base].in_flight.held
     head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\nExpect: 100-continue\r\n\r\n"
-    writer.write(head.encode() + b"{")
+    writer.write(head.encode())
     await writer.drain()
     assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+    writer.write(full_body()[:-1])
+    await writer.drain()
+    await counted(base, before + BODY - 1)
     return reader, writer
 
 
@@ -76,12 +98,12 @@ async def test_stalled_bodies_hold_the_bound_and_one_more_request_is_a_503() -> 
         try:
             status, out, resp = await post(base, full_body())
             assert status == 503, out
-            assert out["Error"] == "8,192 bytes of other request bodies are being read; try again"
+            assert out["Error"] == "8,190 bytes of other request bodies are being read; try again"
             assert resp.headers["Connection"] == "close"  # its body was not read
             async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as metrics:
                 assert 'nodefabric_extender_bad_requests_total{verb="filter"} 1.0' in await metrics.text()
             reader, writer = held[0]
-            writer.write(full_body()[1:])  # one held body ends whole: it is answered, its bytes let go
+            writer.write(full_body()[-1:])  # one held body ends whole: it is answered, its bytes let go
             await writer.drain()
             assert await status_of(reader) == b"200"
             status, out, _ = await post(base, full_body())
@@ -91,12 +113,38 @@ async def test_stalled_bodies_hold_the_bound_and_one_more_request_is_a_503() -> 
                 writer.close()
 
 
+async def announced(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection whose request announced BODY bytes and sent none, once its handler started."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\nExpect: 100-continue\r\n\r\n"
+    writer.write(head.encode())
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+    return reader, writer
+
+
+async def test_bodies_announced_and_not_sent_hold_nothing() -> None:
+    """Counted at the Content-Length announced, two connections that announced the largest body and sent
+    nothing held the whole bound for free: every request was a 503 until their deadline, again after each
+    reconnect. The bytes are counted as they arrive."""
+    async with served(Serving(max_body=BODY, max_in_flight=2 * BODY, read_timeout=30)) as base:
+        idle = [await announced(base) for _ in range(5)]
+        try:
+            assert READERS[base].in_flight.held == 0
+            status, out, _ = await post(base, full_body())
+            assert status == 200, out
+        finally:
+            for _, writer in idle:
+                writer.close()
+
+
 async def _finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, how: str) -> bytes | None:
     """Ends the held body `how`; the answer's status line, None when the client left."""
     if how == "whole":
-        writer.write(full_body()[1:])
+        writer.write(full_body()[-1:])
     elif how == "garbage":
-        writer.write(b"\xff" * (BODY - 1))
+        writer.write(b"\xff")
     elif how == "gone":
         writer.close()
         return None

@@ -190,12 +190,13 @@ async def test_a_body_at_the_bound_and_one_byte_past_it(caplog: pytest.LogCaptur
     async with served(Serving(max_body=BODY, max_in_flight=BODY + 10, read_timeout=30)) as base:
         reader, writer = await stalled(base)
         try:
-            fits = await exchange(base, _cl("10", small()[:10]))
-            assert fits.split(b" ", 2)[1] == b"400", fits  # read whole: 10 bytes are no JSON
-            past = await exchange(base, _cl("11", small()[:11]))
+            # The held body's BODY - 1 bytes leave 11.
+            fits = await exchange(base, _cl("11", small()[:11]))
+            assert fits.split(b" ", 2)[1] == b"400", fits  # read whole: 11 bytes are no JSON
+            past = await exchange(base, _cl("12", small()[:12]))
             assert past.split(b" ", 2)[1] == b"503", past
             assert (await exchange(base, _cl("0", b""))).split(b" ", 2)[1] == b"400"
-            writer.write(full_body()[1:])
+            writer.write(full_body()[-1:])
             await writer.drain()
             assert await status_of(reader) == b"200"
         finally:
