@@ -115,7 +115,9 @@ class BodyReader:
         """Why a request's body is not worth reading, from its headers alone, or None."""
         limits = self.limits
         if limits.content_type is not None and request.content_type != limits.content_type:
-            return 415, f"Content-Type must be {limits.content_type}, got {request.content_type!r:.80}"
+            # The header as sent: aiohttp reads one it cannot parse (a list) as application/octet-stream.
+            sent = request.headers.get("Content-Type", "")
+            return 415, f"Content-Type must be {limits.content_type}, got {sent!r:.80}"
         encoding = compressed(request.headers.getall("Content-Encoding", ()))
         if encoding is not None:
             return 415, f"request body has Content-Encoding {encoding!r:.80}: {limits.sender} sends it plain"

@@ -354,6 +354,16 @@ async def test_the_bodies_read_at_once_are_bounded(certs: dict[str, Path]) -> No
         await still_serves(base, certs)
 
 
+@pytest.mark.parametrize("sent", ["application/json, text/plain", "text/plain", ""])
+async def test_a_wrong_content_type_is_quoted_as_sent(certs: dict[str, Path], sent: str) -> None:
+    """aiohttp reads a Content-Type it cannot parse (a list) as application/octet-stream: the refusal quoted
+    that, not what the client sent."""
+    async with webhook(certs) as base:
+        status, out = await post(base, certs, _full_review(), {"Content-Type": sent})
+        assert status == 415, out
+        assert out["error"] == f"Content-Type must be application/json, got {sent!r}"
+
+
 async def test_reviews_announced_and_not_sent_hold_nothing(certs: dict[str, Path]) -> None:
     """Counted at the Content-Length announced, four connections from any pod that announced 7 MiB and
     sent nothing held the whole bound: every review a 503 for the body timeout, and under the chart's
