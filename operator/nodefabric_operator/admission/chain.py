@@ -19,7 +19,10 @@ there yet, and once one is refused, no other name of that kind there is read unt
 same backoff, is not refused. A failure of the API server's own (any other HTTP status, no answer in
 time, no connection, a body that is not one object) is taken as one for every read: once one read fails
 so, the reads of that hop not sent yet are not sent, and no other name of any namespace or kind is read
-until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). One not found
+until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). The probe is
+never a name whose failure started the outage or last prolonged it (one object can fail alone: as the probe
+of every step it would hold every other read back for good); such a name is read again on its own backoff,
+where no other name may be the probe, and failing again it prolongs nothing. One not found
 is settled: a pod never counts for it, and it is not read again (an object made under that name later has
 another uid).
 """
@@ -244,6 +247,8 @@ class ChainReader:
         self.allowed: set[tuple[str, str]] = set()
         # The API server failing: its last failure and when one name (the probe) is read again.
         self.outage: Kept | None = None
+        # The names whose failure started or last prolonged it: never its probe.
+        self.suspects: set[tuple[str, str, str]] = set()
 
     def lookup(self, ref: Ref) -> Link | None:
         kept = self.links.get(ref)
@@ -315,10 +320,14 @@ class ChainReader:
         outage = self.outage
         if outage is None or not wanted:
             return wanted
-        first = next((n for n in wanted if self._may_probe(n[:2], now)), None)
-        probing = first is not None and outage.due is not None and now >= outage.due
+        fresh = [n for n in wanted if n not in self.suspects and self._may_probe(n[:2], now)]
+        due = outage.due is not None and now >= outage.due
+        # The probe is a name that has not failed yet: one object can fail alone (a 500 of its own), and
+        # as the probe of every step, reconciled first, it held every other group back for good. Names
+        # that failed are read again on their own backoff when no other name may probe for them.
+        sent = set(fresh[:1] if due else []) if fresh else {n for n in wanted if n in self.suspects}
         for named, refs in wanted.items():
-            if probing and named == first:
+            if named in sent:
                 continue
             # A kind refused there stays said to be: the refusal is the account's, it outlasts the outage.
             refusal = self.refused.get(named[:2])
@@ -327,7 +336,7 @@ class ChainReader:
                     self._hold(ref, refusal)
                 else:
                     self._hold(ref, outage, keep=False)
-        return {first: wanted[first]} if probing and first is not None else {}
+        return {named: wanted[named] for named in sent}
 
     def _hold(self, ref: Ref, why: Kept, *, keep: bool = True) -> None:
         """The reference not read until `why` is due again, said to be for its reason (or, with `keep`,
@@ -349,8 +358,12 @@ class ChainReader:
         if not causes:
             return
         if not all(causes):
-            self.outage = None
+            self.outage, self.suspects = None, set()
             return
+        failed = {_named(ref) for (ref, _), cause in zip(answers, causes, strict=True) if cause != NOT_SENT}
+        if self.outage is not None and failed <= self.suspects:
+            return  # only names that failed already failed again: says nothing of the others
+        self.suspects = (failed - self.suspects) or failed
         failures = (self.outage.failures if self.outage is not None else 0) + 1
         cause = next((c for c in causes if c != NOT_SENT), causes[0])
         text = f"{cause}: every read waits on one probe while the API server fails"
