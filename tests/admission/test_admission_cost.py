@@ -199,3 +199,36 @@ async def test_one_job_that_always_fails_never_holds_back_another_groups_reads()
         assert "HTTP 500" in w.status(bad)["decision"] and w.status(bad)["members"] == []
         assert counted(k, JOBS)() == 1  # llm-w-0 read once (before: never)
         assert broken_reads() <= 1 + 4  # the broken one on its own backoff, once a step at most
+
+
+async def test_pods_are_not_told_again_at_each_step_of_an_outage() -> None:
+    """While every read fails (HTTP 503) the probe moves from name to name; what each pod is told stays
+    the same, so a long outage patches no pod again at each backoff step (the decision is unchanged)."""
+    names, now = 6, [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(jobset("llm", 1, 2))
+        key = f"{NS}/jobset/llm"
+        switch = refusing_jobs(k, NS, 503)
+        await w.create(
+            *(
+                jobset_pod(f"p-{i}", "llm", {**ghost("Job"), "name": f"g{i}", "uid": f"u{i}"})
+                for i in range(names)
+            )
+        )
+        await eventually(lambda: "and 1 more" in w.status(key).get("decision", ""), what="every pod left out")
+        for _ in range(2):
+            now[0] += 61.0  # past the longest backoff, and past DECISION_EVERY_S: a changed text is told
+            await passes(k, ctl, 3)
+        await ctl.publisher.drain()
+        decision, patches, probes = (
+            w.status(key)["decision"],
+            k.api.count("PATCH", "v1/pods"),
+            switch["refused"],
+        )
+        for _ in range(3):
+            now[0] += 61.0
+            await passes(k, ctl, 3)
+            assert w.status(key)["decision"] == decision
+        await ctl.publisher.drain()
+        assert k.api.count("PATCH", "v1/pods") == patches
+        assert 1 <= switch["refused"] - probes <= 3  # one probe a step, and the probe still sent

@@ -309,6 +309,7 @@ class ChainReader:
             read = [(next(iter(refs)), a) for refs, a in zip(wanted.values(), answers, strict=True)]
             self._note_refusals(read, now)
             self._note_outage(read, now)
+            self._say_outage(wanted, read)
         self._trim(used, known)
 
     def _hold_outage(
@@ -368,6 +369,21 @@ class ChainReader:
         cause = next((c for c in causes if c != NOT_SENT), causes[0])
         text = f"{cause}: every read waits on one probe while the API server fails"
         self.outage = Kept(Link(problem=text), now + self._wait(failures), failures)
+
+    def _say_outage(
+        self, wanted: dict[tuple[str, str, str], dict[Ref, None]], read: list[tuple[Ref, object]]
+    ) -> None:
+        """The names that failed so during an outage said to wait on it, as the others held are: the probe
+        moves from name to name, and each pod's reason changing with it would tell every pod again at each
+        step."""
+        if self.outage is None:
+            return
+        for (ref, answer), refs in zip(read, wanted.values(), strict=True):
+            if outage_cause(ref, answer):
+                for each in refs:
+                    kept = self.links[each]
+                    said = Link(problem=f"{each} could not be read ({self.outage.link.problem})")
+                    self.links[each] = Kept(said, kept.due, kept.failures)
 
     def _hold_refused(
         self, wanted: dict[tuple[str, str, str], dict[Ref, None]], now: float
