@@ -199,6 +199,19 @@ async def test_one_job_that_always_fails_never_holds_back_another_groups_reads()
         assert "HTTP 500" in w.status(bad)["decision"] and w.status(bad)["members"] == []
         assert counted(k, JOBS)() == 1  # llm-w-0 read once (before: never)
         assert broken_reads() <= 1 + 4  # the broken one on its own backoff, once a step at most
+        # Known to fail alone, it fails again without holding anyone back: a group made right after is
+        # read at once (before, each of its failures, once another name had ended the outage, held every
+        # read a backoff step).
+        for name in ("new", "newer"):
+            reads = broken_reads()
+            now[0] += 61.0
+            await passes(k, ctl, 2)
+            assert broken_reads() == reads + 1  # read again on its own backoff
+            await w.create(jobset(name, 1, 1))
+            fine = await jobset_job(w, name, 0)
+            await w.create(jobset_pod(f"{name}-w-0-0", name, fine))
+            await passes(k, ctl, 3)
+            assert w.status(f"{NS}/jobset/{name}").get("phase") == "Admitted", name
 
 
 async def test_pods_are_not_told_again_at_each_step_of_an_outage() -> None:

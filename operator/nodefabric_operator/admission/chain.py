@@ -22,7 +22,8 @@ so, the reads of that hop not sent yet are not sent, and no other name of any na
 until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). The probe is
 never a name whose failure started the outage or last prolonged it (one object can fail alone: as the probe
 of every step it would hold every other read back for good); such a name is read again on its own backoff,
-where no other name may be the probe, and failing again it prolongs nothing. One not found
+where no other name may be the probe, and failing again it prolongs nothing; once another name was
+answered, it fails alone, and failing again it starts no outage. One not found
 is settled: a pod never counts for it, and it is not read again (an object made under that name later has
 another uid).
 """
@@ -249,6 +250,8 @@ class ChainReader:
         self.outage: Kept | None = None
         # The names whose failure started or last prolonged it: never its probe.
         self.suspects: set[tuple[str, str, str]] = set()
+        # Names that failed while another was answered: a failure of their own, read on their own backoff.
+        self.lone: set[tuple[str, str, str]] = set()
 
     def lookup(self, ref: Ref) -> Link | None:
         kept = self.links.get(ref)
@@ -358,12 +361,19 @@ class ChainReader:
         causes = [outage_cause(ref, answer) for ref, answer in answers]
         if not causes:
             return
+        failed = {
+            _named(ref)
+            for (ref, _), cause in zip(answers, causes, strict=True)
+            if cause and cause != NOT_SENT
+        }
         if not all(causes):
+            # Another name answered: those that failed fail alone, and failing again start no outage.
+            answered = {_named(ref) for (ref, _), cause in zip(answers, causes, strict=True) if not cause}
+            self.lone = (self.lone | self.suspects | failed) - answered
             self.outage, self.suspects = None, set()
             return
-        failed = {_named(ref) for (ref, _), cause in zip(answers, causes, strict=True) if cause != NOT_SENT}
-        if self.outage is not None and failed <= self.suspects:
-            return  # only names that failed already failed again: says nothing of the others
+        if failed <= (self.suspects if self.outage is not None else self.lone):
+            return  # only names known to fail failed again: says nothing of the others
         self.suspects = (failed - self.suspects) or failed
         failures = (self.outage.failures if self.outage is not None else 0) + 1
         cause = next((c for c in causes if c != NOT_SENT), causes[0])
@@ -435,6 +445,8 @@ class ChainReader:
         """Past the bound, the least recently used go: never one these pods' chains use, nor one a pod
         still there names (read again on its group's every pass, forged pods beyond the bound would cost
         a GET each every SIZE_TTL_S). What stays past the bound is bounded by the pods the watch keeps."""
+        if self.lone:
+            self.lone &= {_named(ref) for ref in self.links}
         excess = len(self.links) - self.limit
         if excess <= 0:
             return
