@@ -4,7 +4,8 @@ the chain of controller references from the pod up to the owner is read and chec
 
 - JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
 - LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
-  whose controller is the LeaderWorkerSet; a worker pod's controller is its group's worker StatefulSet,
+  whose controller is the LeaderWorkerSet, and it is that StatefulSet's pod of the ordinal its group-index
+  label names (the StatefulSet vouches for its pods, not their labels); a worker pod's controller is its group's worker StatefulSet,
   whose controller is the leader pod, itself checked as above, whose group-index label is the worker's
   (the pod's own label names its group: a worker labelled with another index is never a member, settled).
 
@@ -150,7 +151,7 @@ def walk(
         return Membership(controls(owner, pod))
     got = _up_to(owner, pod, "StatefulSet", lookup)
     if not isinstance(got, Link):
-        return got
+        return _leads(pod) if got == A_MEMBER else got
     # A worker: its StatefulSet is its leader pod's, which must be this LeaderWorkerSet's leader.
     if got.controller is None or got.controller[0] != "Pod":
         return NOT_A_MEMBER
@@ -164,7 +165,27 @@ def walk(
         why = f"its {LWS_GROUP_INDEX} label ({_shown(mine)}) is not its leader pod's ({_shown(leaders)})"
         return Membership(False, why, settled=True)
     up = _up_to(owner, leader, "StatefulSet", lookup)
+    if up == A_MEMBER and not _leads(leader).member:
+        return Membership(False, f"its leader pod: {_leads(leader).reason}", settled=True)
     return NOT_A_MEMBER if isinstance(up, Link) else up
+
+
+def _leads(pod: Mapping[str, Any]) -> Membership:
+    """A pod of the leader StatefulSet: the leader of the group its index label names only as that
+    StatefulSet's pod of that ordinal (another pod naming the StatefulSet, labelled with a group, would
+    count in it: the StatefulSet vouches for its pods, not for their labels). Settled: neither changes."""
+    sts = _ref(pod, _namespace(pod), "apps/v1", "StatefulSet")
+    meta = pod.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    index = _labels(pod).get(LWS_GROUP_INDEX)
+    # The ordinal as a StatefulSet writes it: "00" or "+1" would name a group the LWS never has.
+    ordinal = isinstance(index, str) and index.isascii() and index.isdigit() and str(int(index)) == index
+    if sts is not None and ordinal and name == f"{sts.name}-{index}":
+        return A_MEMBER
+    why = (
+        f"its {LWS_GROUP_INDEX} label ({_shown(index)}) is not its ordinal in StatefulSet {sts and sts.name}"
+    )
+    return Membership(False, why, settled=True)
 
 
 def membership(
