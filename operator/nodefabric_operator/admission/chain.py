@@ -5,7 +5,8 @@ the chain of controller references from the pod up to the owner is read and chec
 - JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
 - LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
   whose controller is the LeaderWorkerSet, and it is that StatefulSet's pod of the ordinal its group-index
-  label names (the StatefulSet vouches for its pods, not their labels); a worker pod's controller is its group's worker StatefulSet,
+  label names (the StatefulSet vouches for its pods, not their labels); a worker pod's controller is its
+  group's worker StatefulSet,
   whose controller is the leader pod, itself checked as above, whose group-index label is the worker's
   (the pod's own label names its group: a worker labelled with another index is never a member, settled).
 
