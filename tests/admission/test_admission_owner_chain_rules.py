@@ -167,6 +167,13 @@ def test_a_worker_counts_only_in_its_leaders_group(
         ("x-00", "00", f"its {INDEX} label ('00') is not its ordinal in StatefulSet x"),
         ("x-+1", "+1", f"its {INDEX} label ('+1') is not its ordinal in StatefulSet x"),
         ("x-0", None, f"its {INDEX} label (none) is not its ordinal in StatefulSet x"),
+        ("x-²", "²", f"its {INDEX} label ('²') is not its ordinal in StatefulSet x"),
+        ("x-" + "9" * 5000, "9" * 5000, ""),  # past what int() reads: said, never an error
+        (
+            "x-" + "0" * 5000,
+            "0" * 5000,
+            f"its {INDEX} label ({'0' * 63!r}) is not its ordinal in StatefulSet x",
+        ),
     ],
 )
 def test_a_leader_counts_only_as_its_statefulsets_pod_of_its_group(

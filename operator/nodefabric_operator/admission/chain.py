@@ -180,7 +180,9 @@ def _leads(pod: Mapping[str, Any]) -> Membership:
     name = meta.get("name") if isinstance(meta, Mapping) else None
     index = _labels(pod).get(LWS_GROUP_INDEX)
     # The ordinal as a StatefulSet writes it: "00" or "+1" would name a group the LWS never has.
-    ordinal = isinstance(index, str) and index.isascii() and index.isdigit() and str(int(index)) == index
+    ordinal = (
+        isinstance(index, str) and index.isascii() and index.isdigit() and (index == "0" or index[0] != "0")
+    )
     if sts is not None and ordinal and name == f"{sts.name}-{index}":
         return A_MEMBER
     why = (
