@@ -158,8 +158,8 @@ async def test_a_failing_api_server_costs_one_probe_per_backoff_step_then_admits
         assert counted(k, JOBS)() == names + 1  # each name read once it could be
 
 
-def failing_one(k: RunningAPI, path_end: str) -> Callable[[], int]:
-    """Every GET of the object at `path_end` answered HTTP 500; how many there were."""
+def failing_one(k: RunningAPI, path_end: str, answer: int = 500) -> Callable[[], int]:
+    """Every GET of the object at `path_end` answered `answer` (HTTP 500); how many there were."""
     seen: list[Any] = []  # kmock asks about one request more than once
 
     def matches(req: Any) -> bool:
@@ -169,7 +169,7 @@ def failing_one(k: RunningAPI, path_end: str) -> Callable[[], int]:
             seen.append(req)
         return hit
 
-    k.api[matches] << 500
+    k.api[matches] << answer
     return lambda: len(seen)
 
 

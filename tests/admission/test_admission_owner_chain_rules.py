@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from admission_world import NS, gpod, stalling_proxy
-from test_admission_cost import refusing_jobs
+from test_admission_cost import failing_one, refusing_jobs
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model
@@ -372,3 +372,32 @@ async def test_reads_not_answered_in_time_cost_one_probe_a_step() -> None:
         await reader.resolve(JOBSET, pods, {})
         assert k.api.count("GET", "batch/v1/jobs", "get") == n
         assert members(reader, pods) == [True] * n
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (404, "Job ml/j1 not found"),
+        (403, "Job ml/j2 could not be read (HTTP 403: every Job of namespace ml is refused)"),
+    ],
+)
+async def test_a_probe_answered_not_found_or_refused_ends_the_outage(answer: int, said: str) -> None:
+    """The API server answers the probe (not found, or a refusal): the outage is over. Not found settles
+    that name and the others are read; a refusal holds the kind there behind its own probe instead."""
+    n = 5
+    async with running_api([model.placement_crd()]) as k:
+        reader, now, pods = await jobs_read(k, n)
+        switch = refusing_jobs(k, NS, 503)
+        await reader.resolve(JOBSET, pods, {})
+        assert switch["refused"] == 1  # j0 failed: the outage's probes are the other names
+        switch["on"] = 0
+        failing_one(k, "/jobs/j1", answer)
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})
+        if answer == 404:
+            assert membership(JOBSET, pods[1], reader.lookup, {}) == Membership(False, said)
+            assert members(reader, pods) == [True, False, True, True, True]
+            assert k.api.count("GET", "batch/v1/jobs", "get") == n - 1
+        else:
+            assert k.api.count("GET", "batch/v1/jobs", "get") == 0
+            assert membership(JOBSET, pods[2], reader.lookup, {}).reason == said

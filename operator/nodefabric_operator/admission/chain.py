@@ -236,6 +236,7 @@ class Kept:
     link: Link
     due: float | None = None  # when a failed read is read again; None: never
     failures: int = 0
+    outage: bool = False  # said to wait on an outage: once it is over, that is no reason any more
 
 
 def outage_cause(ref: Ref, answer: object) -> str:
@@ -371,9 +372,10 @@ class ChainReader:
         for the reason it could not be read last, if it could not)."""
         kept = self.links.get(ref)
         link = Link(problem=f"{ref} could not be read ({why.link.problem})")
-        if keep and kept is not None and kept.link.problem:
+        if keep and kept is not None and kept.link.problem and not kept.outage:
             link = kept.link
-        self.links[ref] = Kept(link, why.due, kept.failures if kept is not None else 0)
+        failures = kept.failures if kept is not None else 0
+        self.links[ref] = Kept(link, why.due, failures, outage=why is self.outage)
 
     def _may_probe(self, scope: tuple[str, str], now: float) -> bool:
         refusal = self.refused.get(scope)
@@ -417,7 +419,7 @@ class ChainReader:
                 for each in refs:
                     kept = self.links[each]
                     said = Link(problem=f"{each} could not be read ({self.outage.link.problem})")
-                    self.links[each] = Kept(said, kept.due, kept.failures)
+                    self.links[each] = Kept(said, kept.due, kept.failures, outage=True)
 
     def _hold_refused(
         self, wanted: dict[tuple[str, str, str], dict[Ref, None]], now: float
