@@ -7,11 +7,20 @@ name by name, and so is every read while the API server fails (HTTP 503)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from admission_world import NS, World, eventually, fleet, job, jobs_world, placement
 from test_admission_chain_hostile import passes
-from test_admission_owner_chain import JOBS, chain_world, counted, ghost, jobset, jobset_job, jobset_pod
+from test_admission_owner_chain import (
+    JOBS,
+    chain_world,
+    counted,
+    ghost,
+    jobset,
+    jobset_job,
+    jobset_pod,
+)
 
 from nodefabric_operator.admission import writer
 from nodefabric_operator.demo.kubeapi import RunningAPI
@@ -147,3 +156,92 @@ async def test_a_failing_api_server_costs_one_probe_per_backoff_step_then_admits
         )
         assert [m["pod"] for m in w.status(key)["members"]] == ["llm-w-0-0", "llm-w-0-1"]
         assert counted(k, JOBS)() == names + 1  # each name read once it could be
+
+
+def failing_one(k: RunningAPI, path_end: str, answer: int = 500) -> Callable[[], int]:
+    """Every GET of the object at `path_end` answered `answer` (HTTP 500); how many there were."""
+    seen: list[Any] = []  # kmock asks about one request more than once
+
+    def matches(req: Any) -> bool:
+        method = str(getattr(req.method, "value", req.method)).upper()
+        hit = method == "GET" and req.url.path.endswith(path_end)
+        if hit and not any(r is req for r in seen):
+            seen.append(req)
+        return hit
+
+    k.api[matches] << answer
+    return lambda: len(seen)
+
+
+async def test_one_job_that_always_fails_never_holds_back_another_groups_reads() -> None:
+    """One Job whose every read answers HTTP 500 (a conversion webhook failing on that object alone, the
+    rest of the API fine), its group made first so it is reconciled first on every pass: before, its
+    failing probe at each backoff step held every other name of every group behind it for good (the
+    other JobSet was never admitted); now a probe of any other name ends the outage, and the broken Job
+    is read on its own backoff, as before there was one."""
+    now = [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(jobset("aaa", 1, 1), jobset("llm", 1, 2))
+        broken = await jobset_job(w, "aaa", 0)
+        broken_reads = failing_one(k, "/jobs/aaa-w-0")
+        await w.create(jobset_pod("aaa-w-0-0", "aaa", broken))
+        bad = f"{NS}/jobset/aaa"
+        await eventually(lambda: "HTTP 500" in w.status(bad).get("decision", ""), what="the broken Job said")
+        good = await jobset_job(w, "llm", 0)
+        await w.create(*(jobset_pod(f"llm-w-0-{j}", "llm", good) for j in range(2)))
+        key = f"{NS}/jobset/llm"
+        await eventually(lambda: "llm-w-0-0" in w.status(key).get("decision", ""), what="llm decided")
+        for _ in range(4):
+            now[0] += 61.0  # past the longest backoff: the probe is due
+            await passes(k, ctl, 2)
+        assert w.status(key).get("phase") == "Admitted", w.status(key).get("decision")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["llm-w-0-0", "llm-w-0-1"]
+        assert "HTTP 500" in w.status(bad)["decision"] and w.status(bad)["members"] == []
+        assert counted(k, JOBS)() == 1  # llm-w-0 read once (before: never)
+        assert broken_reads() <= 1 + 4  # the broken one on its own backoff, once a step at most
+        # Known to fail alone, it fails again without holding anyone back: a group made right after is
+        # read at once (before, each of its failures, once another name had ended the outage, held every
+        # read a backoff step).
+        for name in ("new", "newer"):
+            reads = broken_reads()
+            now[0] += 61.0
+            await passes(k, ctl, 2)
+            assert broken_reads() == reads + 1  # read again on its own backoff
+            await w.create(jobset(name, 1, 1))
+            fine = await jobset_job(w, name, 0)
+            await w.create(jobset_pod(f"{name}-w-0-0", name, fine))
+            await passes(k, ctl, 3)
+            assert w.status(f"{NS}/jobset/{name}").get("phase") == "Admitted", name
+
+
+async def test_pods_are_not_told_again_at_each_step_of_an_outage() -> None:
+    """While every read fails (HTTP 503) the probe moves from name to name; what each pod is told stays
+    the same, so a long outage patches no pod again at each backoff step (the decision is unchanged)."""
+    names, now = 6, [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(jobset("llm", 1, 2))
+        key = f"{NS}/jobset/llm"
+        switch = refusing_jobs(k, NS, 503)
+        await w.create(
+            *(
+                jobset_pod(f"p-{i}", "llm", {**ghost("Job"), "name": f"g{i}", "uid": f"u{i}"})
+                for i in range(names)
+            )
+        )
+        await eventually(lambda: "and 1 more" in w.status(key).get("decision", ""), what="every pod left out")
+        for _ in range(2):
+            now[0] += 61.0  # past the longest backoff, and past DECISION_EVERY_S: a changed text is told
+            await passes(k, ctl, 3)
+        await ctl.publisher.drain()
+        decision, patches, probes = (
+            w.status(key)["decision"],
+            k.api.count("PATCH", "v1/pods"),
+            switch["refused"],
+        )
+        for _ in range(3):
+            now[0] += 61.0
+            await passes(k, ctl, 3)
+            assert w.status(key)["decision"] == decision
+        await ctl.publisher.drain()
+        assert k.api.count("PATCH", "v1/pods") == patches
+        assert 1 <= switch["refused"] - probes <= 3  # one probe a step, and the probe still sent

@@ -270,3 +270,22 @@ async def test_a_worker_labelled_with_another_groups_index_never_counts_there() 
         await eventually(lambda: w.status(key).get("phase") == "Admitted", what="Admitted")
         assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0", "lws-0-1"]
         assert w.gates("lws-0-9") == [GATE] and not w.pinned("lws-0-9")
+
+
+async def test_a_pod_of_the_leader_statefulset_labelled_with_another_index_never_counts_there() -> None:
+    """A leader pod is its StatefulSet's pod `<lws>-<index>`: one more pod naming the leader StatefulSet as
+    its controller, labelled with group 1, counted in group lws-1 before (the leader StatefulSet vouched
+    for it) and took a member's place there; now it never counts, and lws-1 waits for its own."""
+    async with chain_world() as (k, w), placement(k):
+        await w.create(lws("lws", 2))
+        await lws_leader(w, "lws")
+        leaders = ref(w, STS, "StatefulSet", "lws")
+        forged = gpod("lws-x", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=leaders)
+        real = gpod("lws-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=leaders)
+        await w.create(forged, real)
+        key = f"{NS}/leaderworkerset/lws-1"
+        said = f"pod lws-x (its {LWS_INDEX} label ('1') is not its ordinal in StatefulSet lws)"
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="the forged leader said")
+        assert "1 of 2 exist" in w.status(key)["decision"]
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-1"]
+        assert w.gates("lws-x") == [GATE] and not w.pinned("lws-x")

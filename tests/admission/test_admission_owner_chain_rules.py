@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from admission_world import NS, gpod, stalling_proxy
-from test_admission_cost import refusing_jobs
+from test_admission_cost import failing_one, refusing_jobs
 
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model
@@ -22,6 +22,7 @@ from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.demo.kubeapi.running import write_kubeconfig
 
 JOBSET = Owner(OwnerRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", NS, "s"), (2, "s"), "", "js")
+INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS = Owner(
     OwnerRef("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", NS, "l"), None, "", "lw"
 )
@@ -63,10 +64,11 @@ def by_uid(links: dict[str, Link]) -> Callable[[Ref], Link | None]:
     return lambda ref: links.get(ref.uid)
 
 
+# Each of group 0: the leader StatefulSet's pod of group 0 as the LWS controller makes it, and others.
 PODS = {
-    p["metadata"]["uid"]: p
+    p["metadata"]["uid"]: {**p, "metadata": {**p["metadata"], "labels": {INDEX: "0"}}}
     for p in (
-        pod("leader", ctl("StatefulSet", "leaders")),
+        pod("x-0", ctl("StatefulSet", "leaders"), uid="pod-leader"),
         pod("nobody"),
         pod("worker", ctl("StatefulSet", "workers")),
         pod("elsewhere", ctl("StatefulSet", "leaders"), namespace="other"),
@@ -117,10 +119,9 @@ PODS = {
 def test_membership_follows_the_chain_by_uid(
     owner: Owner | None, controller: dict[str, Any] | None, expected: Membership
 ) -> None:
-    assert membership(owner, pod("p", controller), by_uid(LINKS), PODS) == expected
-
-
-INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+    p = pod("x-0", controller)
+    p["metadata"]["labels"] = {INDEX: "0"}
+    assert membership(owner, p, by_uid(LINKS), PODS) == expected
 
 
 def indexed(p: dict[str, Any], index: str | None) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def test_a_worker_counts_only_in_its_leaders_group(
     """A worker's group is named by its own index label: one that is not its leader's is never a member
     (before, a worker of group 0 labelled 1 counted in group 1), and it is settled: labels set by the LWS
     controller never change."""
-    leader_pod = indexed(pod("leader", ctl("StatefulSet", "leaders")), leader)
+    leader_pod = indexed(pod(f"x-{leader}", ctl("StatefulSet", "leaders"), uid="pod-leader"), leader)
     got = membership(
         LWS,
         indexed(pod("w", ctl("StatefulSet", "workers")), worker),
@@ -156,9 +157,43 @@ def test_a_worker_counts_only_in_its_leaders_group(
     assert got.settled == bool(reason)
 
 
+@pytest.mark.parametrize(
+    ("name", "index", "reason"),
+    [
+        ("x-0", "0", ""),
+        ("x-12", "12", ""),
+        ("x-0", "1", f"its {INDEX} label ('1') is not its ordinal in StatefulSet x"),
+        ("forged", "1", f"its {INDEX} label ('1') is not its ordinal in StatefulSet x"),
+        ("x-00", "00", f"its {INDEX} label ('00') is not its ordinal in StatefulSet x"),
+        ("x-+1", "+1", f"its {INDEX} label ('+1') is not its ordinal in StatefulSet x"),
+        ("x-0", None, f"its {INDEX} label (none) is not its ordinal in StatefulSet x"),
+        ("x-²", "²", f"its {INDEX} label ('²') is not its ordinal in StatefulSet x"),
+        ("x-" + "9" * 5000, "9" * 5000, ""),  # past what int() reads: said, never an error
+        (
+            "x-" + "0" * 5000,
+            "0" * 5000,
+            f"its {INDEX} label ({'0' * 63!r}) is not its ordinal in StatefulSet x",
+        ),
+    ],
+)
+def test_a_leader_counts_only_as_its_statefulsets_pod_of_its_group(
+    name: str, index: str | None, reason: str
+) -> None:
+    """The leader StatefulSet vouches for its pods, not for their labels: before, another pod naming it as
+    controller, labelled with any group, counted in that group as one more leader (and took a member's
+    place); now a leader is its StatefulSet's pod `<name>-<index>` of its own index label, or never counts
+    (settled), and so are the workers of one that is not."""
+    leader = indexed(pod(name, ctl("StatefulSet", "leaders"), uid="pod-leader"), index)
+    got = membership(LWS, leader, by_uid(LINKS), {})
+    assert got == Membership(not reason, reason) and got.settled == bool(reason)
+    worker = indexed(pod("w", ctl("StatefulSet", "workers")), index)
+    got = membership(LWS, worker, by_uid(LINKS), {"pod-leader": leader})
+    assert got == Membership(not reason, reason and f"its leader pod: {reason}")
+
+
 def test_a_worker_whose_leaders_statefulset_is_unread_waits_on_it() -> None:
     links = {k: v for k, v in LINKS.items() if k != "leaders"}
-    got = membership(LWS, pod("w", ctl("StatefulSet", "workers")), by_uid(links), PODS)
+    got = membership(LWS, indexed(pod("w", ctl("StatefulSet", "workers")), "0"), by_uid(links), PODS)
     assert got == Membership(False, "StatefulSet ml/x has not been read yet")
 
 
@@ -337,3 +372,32 @@ async def test_reads_not_answered_in_time_cost_one_probe_a_step() -> None:
         await reader.resolve(JOBSET, pods, {})
         assert k.api.count("GET", "batch/v1/jobs", "get") == n
         assert members(reader, pods) == [True] * n
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (404, "Job ml/j1 not found"),
+        (403, "Job ml/j2 could not be read (HTTP 403: every Job of namespace ml is refused)"),
+    ],
+)
+async def test_a_probe_answered_not_found_or_refused_ends_the_outage(answer: int, said: str) -> None:
+    """The API server answers the probe (not found, or a refusal): the outage is over. Not found settles
+    that name and the others are read; a refusal holds the kind there behind its own probe instead."""
+    n = 5
+    async with running_api([model.placement_crd()]) as k:
+        reader, now, pods = await jobs_read(k, n)
+        switch = refusing_jobs(k, NS, 503)
+        await reader.resolve(JOBSET, pods, {})
+        assert switch["refused"] == 1  # j0 failed: the outage's probes are the other names
+        switch["on"] = 0
+        failing_one(k, "/jobs/j1", answer)
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})
+        if answer == 404:
+            assert membership(JOBSET, pods[1], reader.lookup, {}) == Membership(False, said)
+            assert members(reader, pods) == [True, False, True, True, True]
+            assert k.api.count("GET", "batch/v1/jobs", "get") == n - 1
+        else:
+            assert k.api.count("GET", "batch/v1/jobs", "get") == 0
+            assert membership(JOBSET, pods[2], reader.lookup, {}).reason == said

@@ -4,7 +4,9 @@ the chain of controller references from the pod up to the owner is read and chec
 
 - JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
 - LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
-  whose controller is the LeaderWorkerSet; a worker pod's controller is its group's worker StatefulSet,
+  whose controller is the LeaderWorkerSet, and it is that StatefulSet's pod of the ordinal its group-index
+  label names (the StatefulSet vouches for its pods, not their labels); a worker pod's controller is its
+  group's worker StatefulSet,
   whose controller is the leader pod, itself checked as above, whose group-index label is the worker's
   (the pod's own label names its group: a worker labelled with another index is never a member, settled).
 
@@ -19,7 +21,11 @@ there yet, and once one is refused, no other name of that kind there is read unt
 same backoff, is not refused. A failure of the API server's own (any other HTTP status, no answer in
 time, no connection, a body that is not one object) is taken as one for every read: once one read fails
 so, the reads of that hop not sent yet are not sent, and no other name of any namespace or kind is read
-until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). One not found
+until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). The probe is
+never a name whose failure started the outage or last prolonged it (one object can fail alone: as the probe
+of every step it would hold every other read back for good); such a name is read again on its own backoff,
+where no other name may be the probe, and failing again it prolongs nothing; once another name was
+answered, it fails alone, and failing again it starts no outage. One not found
 is settled: a pod never counts for it, and it is not read again (an object made under that name later has
 another uid).
 """
@@ -146,7 +152,7 @@ def walk(
         return Membership(controls(owner, pod))
     got = _up_to(owner, pod, "StatefulSet", lookup)
     if not isinstance(got, Link):
-        return got
+        return _leads(pod) if got == A_MEMBER else got
     # A worker: its StatefulSet is its leader pod's, which must be this LeaderWorkerSet's leader.
     if got.controller is None or got.controller[0] != "Pod":
         return NOT_A_MEMBER
@@ -160,7 +166,29 @@ def walk(
         why = f"its {LWS_GROUP_INDEX} label ({_shown(mine)}) is not its leader pod's ({_shown(leaders)})"
         return Membership(False, why, settled=True)
     up = _up_to(owner, leader, "StatefulSet", lookup)
+    if up == A_MEMBER and not _leads(leader).member:
+        return Membership(False, f"its leader pod: {_leads(leader).reason}", settled=True)
     return NOT_A_MEMBER if isinstance(up, Link) else up
+
+
+def _leads(pod: Mapping[str, Any]) -> Membership:
+    """A pod of the leader StatefulSet: the leader of the group its index label names only as that
+    StatefulSet's pod of that ordinal (another pod naming the StatefulSet, labelled with a group, would
+    count in it: the StatefulSet vouches for its pods, not for their labels). Settled: neither changes."""
+    sts = _ref(pod, _namespace(pod), "apps/v1", "StatefulSet")
+    meta = pod.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    index = _labels(pod).get(LWS_GROUP_INDEX)
+    # The ordinal as a StatefulSet writes it: "00" or "+1" would name a group the LWS never has.
+    ordinal = (
+        isinstance(index, str) and index.isascii() and index.isdigit() and (index == "0" or index[0] != "0")
+    )
+    if sts is not None and ordinal and name == f"{sts.name}-{index}":
+        return A_MEMBER
+    why = (
+        f"its {LWS_GROUP_INDEX} label ({_shown(index)}) is not its ordinal in StatefulSet {sts and sts.name}"
+    )
+    return Membership(False, why, settled=True)
 
 
 def membership(
@@ -208,6 +236,7 @@ class Kept:
     link: Link
     due: float | None = None  # when a failed read is read again; None: never
     failures: int = 0
+    outage: bool = False  # said to wait on an outage: once it is over, that is no reason any more
 
 
 def outage_cause(ref: Ref, answer: object) -> str:
@@ -244,6 +273,10 @@ class ChainReader:
         self.allowed: set[tuple[str, str]] = set()
         # The API server failing: its last failure and when one name (the probe) is read again.
         self.outage: Kept | None = None
+        # The names whose failure started or last prolonged it: never its probe.
+        self.suspects: set[tuple[str, str, str]] = set()
+        # Names that failed while another was answered: a failure of their own, read on their own backoff.
+        self.lone: set[tuple[str, str, str]] = set()
 
     def lookup(self, ref: Ref) -> Link | None:
         kept = self.links.get(ref)
@@ -304,6 +337,7 @@ class ChainReader:
             read = [(next(iter(refs)), a) for refs, a in zip(wanted.values(), answers, strict=True)]
             self._note_refusals(read, now)
             self._note_outage(read, now)
+            self._say_outage(wanted, read)
         self._trim(used, known)
 
     def _hold_outage(
@@ -315,10 +349,14 @@ class ChainReader:
         outage = self.outage
         if outage is None or not wanted:
             return wanted
-        first = next((n for n in wanted if self._may_probe(n[:2], now)), None)
-        probing = first is not None and outage.due is not None and now >= outage.due
+        fresh = [n for n in wanted if n not in self.suspects and self._may_probe(n[:2], now)]
+        due = outage.due is not None and now >= outage.due
+        # The probe is a name that has not failed yet: one object can fail alone (a 500 of its own), and
+        # as the probe of every step, reconciled first, it held every other group back for good. Names
+        # that failed are read again on their own backoff when no other name may probe for them.
+        sent = set(fresh[:1] if due else []) if fresh else {n for n in wanted if n in self.suspects}
         for named, refs in wanted.items():
-            if probing and named == first:
+            if named in sent:
                 continue
             # A kind refused there stays said to be: the refusal is the account's, it outlasts the outage.
             refusal = self.refused.get(named[:2])
@@ -327,16 +365,17 @@ class ChainReader:
                     self._hold(ref, refusal)
                 else:
                     self._hold(ref, outage, keep=False)
-        return {first: wanted[first]} if probing and first is not None else {}
+        return {named: wanted[named] for named in sent}
 
     def _hold(self, ref: Ref, why: Kept, *, keep: bool = True) -> None:
         """The reference not read until `why` is due again, said to be for its reason (or, with `keep`,
         for the reason it could not be read last, if it could not)."""
         kept = self.links.get(ref)
         link = Link(problem=f"{ref} could not be read ({why.link.problem})")
-        if keep and kept is not None and kept.link.problem:
+        if keep and kept is not None and kept.link.problem and not kept.outage:
             link = kept.link
-        self.links[ref] = Kept(link, why.due, kept.failures if kept is not None else 0)
+        failures = kept.failures if kept is not None else 0
+        self.links[ref] = Kept(link, why.due, failures, outage=why is self.outage)
 
     def _may_probe(self, scope: tuple[str, str], now: float) -> bool:
         refusal = self.refused.get(scope)
@@ -348,13 +387,39 @@ class ChainReader:
         causes = [outage_cause(ref, answer) for ref, answer in answers]
         if not causes:
             return
+        failed = {
+            _named(ref)
+            for (ref, _), cause in zip(answers, causes, strict=True)
+            if cause and cause != NOT_SENT
+        }
         if not all(causes):
-            self.outage = None
+            # Another name answered: those that failed fail alone, and failing again start no outage.
+            answered = {_named(ref) for (ref, _), cause in zip(answers, causes, strict=True) if not cause}
+            self.lone = (self.lone | self.suspects | failed) - answered
+            self.outage, self.suspects = None, set()
             return
+        if failed <= (self.suspects if self.outage is not None else self.lone):
+            return  # only names known to fail failed again: says nothing of the others
+        self.suspects = (failed - self.suspects) or failed
         failures = (self.outage.failures if self.outage is not None else 0) + 1
         cause = next((c for c in causes if c != NOT_SENT), causes[0])
         text = f"{cause}: every read waits on one probe while the API server fails"
         self.outage = Kept(Link(problem=text), now + self._wait(failures), failures)
+
+    def _say_outage(
+        self, wanted: dict[tuple[str, str, str], dict[Ref, None]], read: list[tuple[Ref, object]]
+    ) -> None:
+        """The names that failed so during an outage said to wait on it, as the others held are: the probe
+        moves from name to name, and each pod's reason changing with it would tell every pod again at each
+        step."""
+        if self.outage is None:
+            return
+        for (ref, answer), refs in zip(read, wanted.values(), strict=True):
+            if outage_cause(ref, answer):
+                for each in refs:
+                    kept = self.links[each]
+                    said = Link(problem=f"{each} could not be read ({self.outage.link.problem})")
+                    self.links[each] = Kept(said, kept.due, kept.failures, outage=True)
 
     def _hold_refused(
         self, wanted: dict[tuple[str, str, str], dict[Ref, None]], now: float
@@ -406,6 +471,8 @@ class ChainReader:
         """Past the bound, the least recently used go: never one these pods' chains use, nor one a pod
         still there names (read again on its group's every pass, forged pods beyond the bound would cost
         a GET each every SIZE_TTL_S). What stays past the bound is bounded by the pods the watch keeps."""
+        if self.lone:
+            self.lone &= {_named(ref) for ref in self.links}
         excess = len(self.links) - self.limit
         if excess <= 0:
             return
