@@ -1,33 +1,32 @@
-"""Whether a pod is its owner's when the owner does not control it itself: a JobSet's pods are its Jobs',
-a LeaderWorkerSet's are its StatefulSets'. A label is no proof (anyone who can create pods can copy it):
-the chain of controller references from the pod up to the owner is read and checked by uid.
+"""Whether a pod is its owner's when the owner does not control it itself: a JobSet's pods are its Jobs', a
+LeaderWorkerSet's are its StatefulSets'. A label is no proof (anyone who can create pods can copy it): the
+chain of controller references from the pod up to the owner is read and checked by uid.
 
 - JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
 - LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
   whose controller is the LeaderWorkerSet, and it is that StatefulSet's pod of the ordinal its group-index
   label names (the StatefulSet vouches for its pods, not their labels); a worker pod's controller is its
-  group's worker StatefulSet,
-  whose controller is the leader pod, itself checked as above, whose group-index label is the worker's
-  (the pod's own label names its group: a worker labelled with another index is never a member, settled).
+  group's worker StatefulSet, whose controller is the leader pod, itself checked as above, whose
+  group-index label is the worker's (the pod's own label names its group: a worker labelled with another
+  index is never a member, settled).
 
 `membership` is the pure rule over what was read (a `Link` for each reference, and the pods the watch
 keeps: a leader pod is never read one by one). `ChainReader` reads the links: one GET per distinct name,
-kept for each reference as the pod names it (namespace, name and uid: a uid read in one namespace, or
-under one name, vouches for no other), a bounded number of them. An object that could not be read
-(refused, no answer, a body that is not one) leaves the pod out, "not a member yet" with the reason, and
-is read again after SIZE_TTL_S, then less often. A refusal (HTTP 403) is taken as one for every object of
-that kind in the namespace (RBAC grants by namespace and kind): one name is read first of a kind not read
-there yet, and once one is refused, no other name of that kind there is read until one probe read, on the
-same backoff, is not refused. A failure of the API server's own (any other HTTP status, no answer in
-time, no connection, a body that is not one object) is taken as one for every read: once one read fails
-so, the reads of that hop not sent yet are not sent, and no other name of any namespace or kind is read
-until one probe read, on the same backoff, gets an answer (an object, not found, a refusal). The probe is
-never a name whose failure started the outage or last prolonged it (one object can fail alone: as the probe
-of every step it would hold every other read back for good); such a name is read again on its own backoff,
-where no other name may be the probe, and failing again it prolongs nothing; once another name was
-answered, it fails alone, and failing again it starts no outage. One not found
-is settled: a pod never counts for it, and it is not read again (an object made under that name later has
-another uid).
+kept for each reference as the pod names it (namespace, name and uid: a uid read in one namespace, or under
+one name, vouches for no other), a bounded number of them. An object that could not be read (refused, no
+answer, a body that is not one) leaves the pod out, "not a member yet" with the reason, and is read again
+after SIZE_TTL_S, then less often. A refusal (HTTP 403) is taken as one for every object of that kind in
+the namespace (RBAC grants by namespace and kind): one name is read first of a kind not read there yet, and
+once one is refused, no other name of that kind there is read until one probe read, on the same backoff, is
+not refused. A failure of the API server's own (any other HTTP status, no answer in time, no connection, a
+body that is not one object) is taken as one for every read: once one read fails so, the reads of that hop
+not sent yet are not sent, and no other name of any namespace or kind is read until one probe read, on the
+same backoff, gets an answer (an object, not found, a refusal). The probe is never a name whose failure
+started the outage or last prolonged it (one object can fail alone: as the probe of every step it would
+hold every other read back for good); such a name is read again on its own backoff, where no other name may
+be the probe, and failing again it prolongs nothing; once another name was answered, it fails alone, and
+failing again it starts no outage. One not found is settled: a pod never counts for it, and it is not read
+again (an object made under that name later has another uid).
 """
 
 from __future__ import annotations
