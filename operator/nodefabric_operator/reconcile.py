@@ -362,6 +362,7 @@ class Reconciler:
         summary has counted so far is logged now."""
         self.requeue.close()
         self.namespace.close()
+        self.echoes.close()
         self.told.flush()
 
     async def aclose(self) -> None:
