@@ -44,6 +44,7 @@ class SinkEchoes:
         self.in_flight: dict[str, int] = {}  # node -> reconciles in flight (each may write its object)
         self.held_back: dict[str, Mapping[str, Any]] = {}  # node -> the newest event met meanwhile
         self.running: set[asyncio.Future[object]] = set()  # late handlings (the loop holds tasks weakly)
+        self.closed = False  # kopf stopping (its cleanup): nothing held back is handed over any more
 
     def echo(self, body: Mapping[str, Any]) -> bool:
         """True when the event brings nothing new (counted as skipped) or is held back until its node's
@@ -94,11 +95,22 @@ class SinkEchoes:
             self.in_flight[name] = left
             return
         body = self.held_back.pop(name, None)
-        if body is None or self.echo(body):
+        if body is None or self.closed or self.echo(body):
             return
         task = asyncio.ensure_future(self.late(body))
         self.running.add(task)
         task.add_done_callback(self._done)
+
+    def close(self) -> None:
+        """kopf is stopping (its cleanup ran): a publish that ends from now on, not cancelled (answered
+        within kopf's five seconds), drops what it held back, as a cancelled one does (`publishing`):
+        handed over, it was judged (a repair written) in a task made after those kopf waits for and
+        cancels, through the stop and the lease's release. The next listing brings it back."""
+        self.closed = True
+
+    def reopen(self) -> None:
+        """kopf started again in the same operator (a watched resource's 404: cli._kopf)."""
+        self.closed = False
 
     def _done(self, task: asyncio.Future[object]) -> None:
         self.running.discard(task)

@@ -63,9 +63,13 @@ async def startup(memo: Any, **_: Any) -> None:
     """kopf's own log records, cut to one line with our fields (see kopflog). kopf may be started again
     within one operator run (cli._kopf, after a watched resource's 404), each time after a cleanup that
     closed the reconciler: the wait for the namespace or the NodeFeature API goes on probing
-    (nswait.NamespaceWait.reopen). A coroutine, on the loop, as cleanup is."""
+    (nswait.NamespaceWait.reopen), retries are armed (Requeue.reopen) and sink events held back behind
+    a publish handed over (SinkEchoes.reopen) again. A coroutine, on the loop, as cleanup is."""
     kopflog.configure()
-    _reconciler(memo).namespace.reopen()
+    rec = _reconciler(memo)
+    rec.requeue.reopen()
+    rec.namespace.reopen()
+    rec.echoes.reopen()
 
 
 async def cleanup(memo: Any, **_: Any) -> None:

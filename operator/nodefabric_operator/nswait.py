@@ -132,6 +132,11 @@ class NamespaceWait:
         """A write into the namespace landed: it exists. Every record that waited is published."""
         if not self.missing:
             return
+        if self._closed:
+            # A publish left to end as the operator stops (the probe's) landed after the stop: publishing
+            # the waiting records now would start writes in tasks kopf neither waits for nor cancels, sent
+            # through its stop and the lease's release. They wait for kopf's next start (reopen's probe).
+            return
         self.missing = False
         names = [n for n in self._waiting if self.wanted(n)]
         self._waiting.clear()

@@ -622,6 +622,43 @@ async def test_a_sink_edit_held_back_behind_a_publish_is_not_repaired_after_the_
             assert await eventually(lambda: _nf_has(c, "n1", MEMBERS))
 
 
+async def test_a_sink_edit_held_back_behind_a_publish_ending_as_kopf_stops_is_not_repaired_after_the_stop(
+    monkeypatch, caplog
+):
+    """As above, the publish answered as kopf stops rather than past its five seconds: it ends (no cancel)
+    once the watches and kopf's cleanup are done, and the edit it held back was handed over and judged
+    in a task of its own, made after the tasks kopf waits for and cancels were taken: its repair was
+    written by an operator that had stopped (after the release of its lease, as the session it wrote
+    on was closed and opened again). The repair is the next start's."""
+    caplog.set_level(logging.DEBUG)
+    gate = Gate(monkeypatch, Recorder, "post")
+    gate.open.set()
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await agent_records(c, "n1")
+        async with stoppable_operator(k, gate) as stop:
+            assert await eventually(lambda: _is(c, "n1", "true"))
+            await settle(k)
+            await gate.hold_a_change(c)
+            await c.edit_nodefeature("n1", {"spec": {"labels": {MEMBERS: None}}})
+            await asyncio.sleep(0.5)  # its event is held back behind the publish
+            stop.set()
+            await eventually(lambda: any(r.getMessage().startswith(KOPF_STOPPING) for r in caplog.records))
+            before = writes(k, NF)  # the publish's own, its Event post still held
+            gate.open.set()  # the publish ends within kopf's five seconds
+        repairs = [r for r in caplog.records if r.getMessage() == REPAIRING]
+        assert (writes(k, NF), repairs) == (before, [])
+        nf = await c.nodefeature("n1")
+        assert nf is not None and MEMBERS not in nf["spec"]["labels"]
+        assert CAPABLE not in nf["spec"]["labels"]  # the publish landed
+        async with running_operator(k):  # the next start repairs it
+            assert await eventually(lambda: _nf_has(c, "n1", MEMBERS))
+
+
+KOPF_STOPPING = "Root tasks are stopped"  # kopf's DEBUG line, once its watches and cleanup are done
+REPAIRING = "labels drifted from the devices record, repairing"
+
+
 async def _nf_has(c: Client, name: str, key: str) -> bool:
     nf = await c.nodefeature(name)
     return nf is not None and key in nf["spec"].get("labels", {})

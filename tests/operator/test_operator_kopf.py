@@ -10,6 +10,7 @@ import socket
 import urllib.request
 
 import kmock
+import kopf
 import pytest
 from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle, writes
 from operator_records import devices, gpu, group, nic, nvlink, ub
@@ -17,7 +18,7 @@ from operator_records import devices, gpu, group, nic, nvlink, ub
 from nodefabric_devicemanager import crd, models
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_devicemanager.models import LinkState
-from nodefabric_operator import labels, sinks
+from nodefabric_operator import handlers, labels, sinks
 from nodefabric_operator.demo.kubeapi import running_api
 from nodefabric_operator.reconcile import Reconciler
 
@@ -393,6 +394,37 @@ async def test_a_sink_event_met_while_its_publish_is_in_flight_is_judged_when_it
         await asyncio.gather(*list(rec.echoes.running))
         assert await nf_labels(c) == FULL  # the edit was no echo: repaired
         assert skipped() == 1
+        await rec.aclose()
+        api.close()
+
+
+async def test_a_sink_event_held_back_as_kopf_stops_is_dropped_and_judged_again_once_kopf_starts_again():
+    """kopf's cleanup closes the reconciler: a publish ending after it drops the edit it held back (the
+    next listing brings it back; handed over, it was repaired in a task kopf no longer waits for, after
+    the stop). kopf started again in the same operator (a watched resource's 404) hands them over again."""
+    async with running_api([crd.devices_crd()]) as k:
+        c = Client(k.kubeconfig)
+        await c.node("n1")
+        record = await c.put_devices(gpu_node())
+        api = load_client(k.kubeconfig)
+        rec = Reconciler(api, sinks.NodeFeatureSink(api, NS, labels.DEFAULT_DOMAIN))
+        memo = kopf.Memo(reconciler=rec, projector=None)
+        assert (await rec.devices_event(record)).outcome == "published"
+        edited = await c.edit_nodefeature("n1", {"spec": {"labels": {CAPABLE: None}}})
+
+        rec.echoes.begin("n1")  # a publish of n1 under way as kopf stops
+        assert rec.echoes.echo(edited)  # held back
+        await handlers.cleanup(memo=memo)
+        rec.echoes.end("n1")
+        assert not rec.echoes.running and not rec.echoes.held_back  # dropped, nothing judged
+
+        await handlers.startup(memo=memo)  # kopf started again
+        rec.echoes.begin("n1")
+        assert rec.echoes.echo(edited)
+        rec.echoes.end("n1")
+        assert rec.echoes.running
+        await asyncio.gather(*list(rec.echoes.running))
+        assert await nf_labels(c) == FULL  # repaired
         await rec.aclose()
         api.close()
 

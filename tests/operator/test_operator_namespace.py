@@ -194,3 +194,37 @@ async def test_a_refusal_answered_after_the_stop_starts_no_probe():
     wait.close()
     wait.absent("a")
     assert wait._probe_task is None and wait.missing  # waits, said once, and nothing will send
+
+
+async def test_the_probe_landing_after_the_stop_publishes_no_waiting_record_until_kopf_starts_again():
+    """The probe's publish is left to end as the operator stops (close), and its create landed after the
+    stop began: `present` published every waiting record in new tasks, which kopf, already past the
+    tasks it waits for and cancels, let send their creates through its stop and the release of the
+    lease (a burst of writes from an operator that was stopping). They wait for kopf's next start
+    (a watched resource's 404), whose probe publishes them; a final stop sends nothing."""
+    sent: list[str] = []
+    probing = asyncio.Event()
+    landed = asyncio.Event()
+
+    async def publish(name: str) -> Any:
+        sent.append(name)
+        probing.set()
+        await landed.wait()  # the probe's create is answered once the stop began; each after it lands
+        wait.present()
+
+    wait = nswait.NamespaceWait(NS, (0.01,), publish, lambda name: True)
+    wait.absent("a")
+    wait.absent("b")
+    wait.absent("c")
+    await probing.wait()
+    probe = wait._probe_task
+    assert probe is not None
+    wait.close()  # kopf's cleanup: the probe's publish is under way, left to end
+    landed.set()
+    await probe
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sent == ["a"]  # nothing more sent after the stop
+    wait.reopen()  # kopf started again: its probe finds the namespace, and the records are published
+    await eventually(lambda: sorted(sent) == ["a", "b", "c"])
+    wait.close()
