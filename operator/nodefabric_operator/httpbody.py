@@ -20,20 +20,30 @@ kube-scheduler). Each answers a refusal in its own shape (`Refuse`); the steps a
 Every refusal before the body is whole closes the connection: the rest of the body is not read (aiohttp
 discards what comes within the runner's lingering second, so the answer reaches the client), so the
 connection cannot carry another request.
+
+A client that sends `Expect: 100-continue` waits for the server before it sends its body: the refusals
+from the headers (and the 503 of a bound already full) answer it instead of the interim 100, so it never
+sends a body only to have it refused and discarded (`BodyReader.expect`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiohttp import web
+from aiohttp import hdrs, web
+
+# aiohttp's own answer to an Expect header (100 Continue, or 417 for any other expectation): delegated to
+# for every request not refused, so those behave exactly as on a route without an expect handler.
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from nodefabric_operator.extender.wire import compressed
 
 # (status, message) -> the server's answer; it counts and logs the refusal its own way.
 Refuse = Callable[[int, str], web.Response]
+# A route's expect_handler: None lets the request through to its handler, a response answers it instead.
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,22 @@ class BodyReader:
         finally:
             body.release()
 
+    def expect(self, refuse: Refuse) -> ExpectHandler:
+        """The expect_handler of a route whose handler reads its body with `answer(request, refuse, ...)`.
+
+        aiohttp answers the expect handler's response in place of the handler's: a request refused here is
+        refused (counted, logged) once."""
+
+        async def handle(request: web.Request) -> web.StreamResponse | None:
+            if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
+                refused = self.unreadable(request) or self._full()
+                if refused is not None:
+                    return _closed(refuse(*refused))
+            await _default_expect_handler(request)
+            return None
+
+        return handle
+
     def unreadable(self, request: web.Request) -> tuple[int, str] | None:
         """Why a request's body is not worth reading, from its headers alone, or None."""
         limits = self.limits
@@ -132,19 +158,25 @@ class BodyReader:
                     if len(body.data) + len(chunk) > self.limits.max_body:
                         return 413, self._too_large
                     if not body.add(chunk):
-                        return (
-                            503,
-                            f"{body.others():,} bytes of other request bodies are being read; try again",
-                        )
+                        return _busy(body.others())
                 return bytes(body.data)
         except TimeoutError:
             return 408, f"request body not received within {self.limits.deadline:g} s"
         except ConnectionError:
             return 400, "the client closed the connection before its body arrived"
 
+    def _full(self) -> tuple[int, str] | None:
+        """The 503 of a body asked for while the bound is full: not one byte of it could be counted."""
+        held = self.in_flight.held
+        return _busy(held) if held >= self.in_flight.limit else None
+
     @property
     def _too_large(self) -> str:
         return f"request body larger than {self.limits.max_body} bytes"
+
+
+def _busy(others: int) -> tuple[int, str]:
+    return 503, f"{others:,} bytes of other request bodies are being read; try again"
 
 
 def _closed(resp: web.Response) -> web.Response:

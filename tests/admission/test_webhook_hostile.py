@@ -486,3 +486,118 @@ async def test_many_concurrent_reviews_each_get_their_own_uid(certs: dict[str, P
 
         answers = await asyncio.gather(*(one(i) for i in range(200)))
     assert answers == [(200, f"uid-{i}") for i in range(200)]
+
+
+# --- Expect: 100-continue ---------------------------------------------------------------------------------
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    """The next answer on a raw connection, the first line it reads (an interim 100 included): status,
+    headers (lowercase names), body."""
+    status = (await reader.readline()).split()[1]
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()).strip():
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, await reader.readexactly(int(headers.get("content-length", 0)))
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "error"),
+    [
+        (_head(4097, "Expect: 100-continue"), b"413", "request body larger than 4096 bytes"),
+        (
+            _head(100, "Content-Encoding: gzip", "Expect: 100-continue"),
+            b"415",
+            "request body has Content-Encoding 'gzip': the API server sends it plain",
+        ),
+        (
+            _head(100, "Expect: 100-continue").replace(b"application/json", b"text/plain"),
+            b"415",
+            "Content-Type must be application/json, got 'text/plain'",
+        ),
+    ],
+    ids=["too-large", "gzip", "content-type"],
+)
+@pytest.mark.parametrize("path", ["/mutate-pods", "/mutate-pods/explicit"])
+async def test_a_review_refused_from_its_headers_is_refused_before_the_client_sends_it(
+    certs: dict[str, Path],
+    caplog: pytest.LogCaptureFixture,
+    *,
+    head: bytes,
+    status: bytes,
+    error: str,
+    path: str,
+) -> None:
+    """aiohttp answered `Expect: 100-continue` with an interim 100 before the handler ran: the client was
+    invited to send a body that was then refused from headers the webhook already had, and read and
+    discarded for the lingering second. The refusal is the answer to the headers, logged once."""
+    caplog.set_level(logging.INFO)
+    async with webhook(certs, WebhookConfig(max_body=4096, max_in_flight=4096)) as base:
+        reader, writer = await _open(base, certs)
+        writer.write(head.replace(b"POST /mutate-pods ", f"POST {path} ".encode()))
+        await writer.drain()
+        try:
+            got, answered, body = await _answer(reader)
+            assert got == status, body  # the final answer, no interim 100 before it
+            assert json.loads(body) == {"error": error}
+            assert answered["connection"] == "close"
+            assert await reader.read() == b""  # nothing after it: the connection is closed
+        finally:
+            writer.close()
+        assert [r.__dict__.get("error") for r in caplog.records if r.name == LOGGER] == [error]
+        await still_serves(base, certs)
+
+
+async def test_a_review_asked_for_while_the_bound_is_full_is_a_503_before_it_is_sent(
+    certs: dict[str, Path],
+) -> None:
+    """Not a byte of it could be counted: the client is told so before it sends any."""
+    async with webhook(certs, WebhookConfig(max_body=4096, max_in_flight=8190)) as base:
+        held = [await _held(base, certs), await _held(base, certs)]  # 4095 bytes each: the bound is full
+        try:
+            await until(lambda: READERS[base].in_flight.held == 8190, what="the webhook to hold both bodies")
+            reader, writer = await _open(base, certs)
+            writer.write(_head(4096, "Expect: 100-continue"))
+            await writer.drain()
+            got, answered, body = await _answer(reader)
+            writer.close()
+            assert got == b"503", body
+            assert json.loads(body) == {
+                "error": "8,190 bytes of other request bodies are being read; try again"
+            }
+            assert answered["connection"] == "close"
+        finally:
+            for _, w in held:
+                w.close()
+
+
+async def test_a_readable_review_is_still_asked_for_and_answered(certs: dict[str, Path]) -> None:
+    async with webhook(certs, WebhookConfig(max_body=4096, max_in_flight=4096)) as base:
+        reader, writer = await _open(base, certs)
+        writer.write(_head(4096, "Expect: 100-continue"))
+        await writer.drain()
+        try:
+            assert (await _answer(reader))[0] == b"100"
+            writer.write(_full_review())
+            await writer.drain()
+            status, _, body = await _answer(reader)
+            assert status == b"200", body
+            assert json.loads(body)["response"]["uid"] == UID
+        finally:
+            writer.close()
+
+
+async def test_another_expectation_is_aiohttps_417_even_for_a_review_too_large(
+    certs: dict[str, Path],
+) -> None:
+    """Only 100-continue is refused from the headers; any other expectation is refused as aiohttp does."""
+    async with webhook(certs, WebhookConfig(max_body=4096, max_in_flight=4096)) as base:
+        reader, writer = await _open(base, certs)
+        writer.write(_head(4097, "Expect: 200-ok"))
+        await writer.drain()
+        try:
+            status, _, body = await _answer(reader)
+            assert (status, body) == (b"417", b"Unknown Expect: 200-ok")
+        finally:
+            writer.close()

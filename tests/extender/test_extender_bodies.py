@@ -215,3 +215,119 @@ async def test_a_wrong_content_length_is_refused_and_the_largest_body_still_serv
             writer.close()
         status, out, _ = await post(base, full_body())
         assert status == 200, out
+
+
+# --- Expect: 100-continue ---------------------------------------------------------------------------------
+
+
+async def _asked(
+    base: str, *headers: str, verb: str = "filter"
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that sent a POST /<verb> head with `headers` and no body yet."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write("\r\n".join([f"POST /{verb} HTTP/1.1", "Host: x", *headers, "", ""]).encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    """The next answer on a raw connection, the first line it reads (an interim 100 included): status,
+    headers (lowercase names), body."""
+    status = (await reader.readline()).split()[1]
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()).strip():
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, await reader.readexactly(int(headers.get("content-length", 0)))
+
+
+async def _bad_requests(base: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as metrics:
+        text = await metrics.text()
+    return next(
+        (line for line in text.splitlines() if line.startswith("nodefabric_extender_bad_requests_total")),
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "error"),
+    [
+        ((f"Content-Length: {BODY + 1}",), b"413", f"request body larger than {BODY} bytes"),
+        (
+            ("Content-Length: 100", "Content-Encoding: gzip"),
+            b"415",
+            "request body has Content-Encoding 'gzip': kube-scheduler sends it plain",
+        ),
+    ],
+    ids=["too-large", "gzip"],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_a_body_refused_from_its_headers_is_refused_before_the_client_sends_it(
+    headers: tuple[str, ...], status: bytes, error: str, verb: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp answered `Expect: 100-continue` with an interim 100 before the handler ran: the client was
+    invited to send a body that was then refused from headers the server already had, and read and
+    discarded for the lingering second. The refusal is the answer to the headers, counted and logged once."""
+    caplog.set_level(logging.INFO)
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=30)) as base:
+        reader, writer = await _asked(base, *headers, "Expect: 100-continue", verb=verb)
+        try:
+            got, answered, body = await _answer(reader)
+            assert got == status, body  # the final answer, no interim 100 before it
+            assert json.loads(body) == {"Error": error}
+            assert answered["connection"] == "close"
+            assert await reader.read() == b""  # nothing after it: the connection is closed
+        finally:
+            writer.close()
+        assert await _bad_requests(base) == f'nodefabric_extender_bad_requests_total{{verb="{verb}"}} 1.0'
+        assert [r.__dict__["error"] for r in caplog.records if r.name == LOGGER] == [error]
+        status_, out, _ = await post(base, full_body())
+        assert status_ == 200, out
+
+
+async def test_a_body_asked_for_while_the_bound_is_full_is_a_503_before_it_is_sent() -> None:
+    """Not a byte of it could be counted: the client is told so before it sends any."""
+    async with served(Serving(max_body=BODY, max_in_flight=2 * BODY - 2, read_timeout=30)) as base:
+        held = [await stalled(base), await stalled(base)]  # BODY - 1 bytes each: the bound is full
+        try:
+            reader, writer = await _asked(base, f"Content-Length: {BODY}", "Expect: 100-continue")
+            got, answered, body = await _answer(reader)
+            writer.close()
+            assert got == b"503", body
+            assert json.loads(body) == {
+                "Error": "8,190 bytes of other request bodies are being read; try again"
+            }
+            assert answered["connection"] == "close"
+            assert await _bad_requests(base) == 'nodefabric_extender_bad_requests_total{verb="filter"} 1.0'
+        finally:
+            for _, w in held:
+                w.close()
+
+
+async def test_a_readable_body_is_still_asked_for_and_served() -> None:
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=30)) as base:
+        reader, writer = await _asked(base, f"Content-Length: {BODY}", "Expect: 100-Continue")
+        try:
+            assert (await _answer(reader))[0] == b"100"
+            writer.write(full_body())
+            await writer.drain()
+            status, _, body = await _answer(reader)
+            assert status == b"200", body
+            assert "NodeNames" in json.loads(body)
+        finally:
+            writer.close()
+        assert await _bad_requests(base) == ""  # no refusal counted
+
+
+async def test_another_expectation_is_aiohttps_417_even_for_a_body_too_large() -> None:
+    """Only 100-continue is refused from the headers; any other expectation is refused as aiohttp does."""
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=30)) as base:
+        reader, writer = await _asked(base, f"Content-Length: {BODY + 1}", "Expect: 200-ok")
+        try:
+            status, _, body = await _answer(reader)
+            assert (status, body) == (b"417", b"Unknown Expect: 200-ok")
+        finally:
+            writer.close()
+        assert await _bad_requests(base) == ""  # aiohttp's, not the extender's

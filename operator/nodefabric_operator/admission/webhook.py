@@ -318,8 +318,10 @@ def build_webhook_app(config: WebhookConfig | ExtenderConfig) -> web.Application
     app = web.Application(client_max_size=config.max_body)
     app[CONFIG] = config
     app[BODIES] = BodyReader(config.limits)
-    app.router.add_post("/mutate-pods", _handler(True))
-    app.router.add_post("/mutate-pods/explicit", _handler(False))
+    # A client asking `Expect: 100-continue` is refused from its headers before it sends a body.
+    expect = app[BODIES].expect(_refuse)
+    app.router.add_post("/mutate-pods", _handler(True), expect_handler=expect)
+    app.router.add_post("/mutate-pods/explicit", _handler(False), expect_handler=expect)
     return app
 
 

@@ -160,8 +160,10 @@ def _base(extender: Extender, serving: Serving) -> web.Application:
 def make_app(extender: Extender, serving: Serving | None = None) -> web.Application:
     """The extender's own listener: the verbs, /debug/groups and the probes."""
     app = _base(extender, serving or Serving())
-    app.router.add_post("/filter", _verb("filter", Extender.filter))
-    app.router.add_post("/prioritize", _verb("prioritize", Extender.prioritize))
+    for verb, call in (("filter", Extender.filter), ("prioritize", Extender.prioritize)):
+        # A client asking `Expect: 100-continue` is refused from its headers before it sends a body.
+        expect = app[BODIES].expect(functools.partial(_refuse, extender, verb))
+        app.router.add_post(f"/{verb}", _verb(verb, call), expect_handler=expect)
     app.router.add_get("/debug/groups", _groups)
     return app
 
