@@ -14,6 +14,8 @@ kube-scheduler). Each answers a refusal in its own shape (`Refuse`); the steps a
   the webhook under `failurePolicy: Ignore`, every pod created ungated meanwhile). The bytes are held
   until the answer is made: the body is in memory until then;
 - a body not whole within the deadline is 408;
+- a body whose chunked framing breaks mid-body is 400 (aiohttp's Python parser says so as the body is
+  read; its C parser says nothing to the reader, and the body waits out the deadline);
 - a client gone mid-body is 400 (answered to no one: the refusal is its one log line, not the ERROR and
   traceback aiohttp logs for a handler that raises).
 
@@ -33,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
+from aiohttp.http import HttpProcessingError
 
 # aiohttp's own answer to an Expect header (100 Continue, or 417 for any other expectation): delegated to
 # for every request not refused, so those behave exactly as on a route without an expect handler.
@@ -164,6 +167,12 @@ class BodyReader:
             return 408, f"request body not received within {self.limits.deadline:g} s"
         except ConnectionError:
             return 400, "the client closed the connection before its body arrived"
+        # aiohttp's Python parser: framing broken mid-body (raised as either, by where it broke)
+        except (web.RequestPayloadError, HttpProcessingError) as exc:
+            # The body ends here: else aiohttp's lingering close reads it again after the 400, the error
+            # raised a second time, and logs that as an unhandled exception with its traceback.
+            request.content.feed_eof()
+            return 400, f"request body framing is broken: {str(exc).strip()!r:.120}"
 
     def _full(self) -> tuple[int, str] | None:
         """The 503 of a body asked for while the bound is full: not one byte of it could be counted."""

@@ -13,8 +13,8 @@ import struct
 
 import aiohttp
 import pytest
-from aiohttp import http_parser
-from test_extender_bodies import BODY, full_body, post, served, stalled, status_of
+from aiohttp import http_parser, web_protocol
+from test_extender_bodies import BODY, counted, full_body, post, served, stalled, status_of
 
 from nodefabric_operator.extender.server import Serving
 
@@ -202,3 +202,33 @@ async def test_a_body_at_the_bound_and_one_byte_past_it(caplog: pytest.LogCaptur
         finally:
             writer.close()
         assert errors(caplog) == []
+
+
+@pytest.mark.parametrize("garbage", [b"zz\r\n", b"XX3\r\nabc\r\n0\r\n\r\n", b"5\r\nabcdeXX"])
+async def test_a_chunked_body_broken_mid_body_is_a_400_and_no_traceback(
+    garbage: bytes, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's Python parser (AIOHTTP_NO_EXTENSIONS, or no C extension for the platform) raises its
+    framing error from the body's read: it escaped the reader as a 500 with an ERROR and a traceback. The
+    C parser gives up on the framing without a word to the reader: its body waits out the deadline."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(web_protocol, "HttpRequestParser", http_parser.HttpRequestParserPy)
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=30)) as base:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(f'{HEAD}Transfer-Encoding: chunked\r\n\r\n5\r\n{{"a":\r\n'.encode())
+            await writer.drain()
+            await counted(base, 5)
+            writer.write(garbage)
+            await writer.drain()
+            answer = await reader.read()
+        finally:
+            writer.close()
+        assert answer.split(b" ", 2)[1] == b"400", answer[:300]
+        assert b"Connection: close" in answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1]).keys() == {"Error"}
+        assert await refusals(base) == 1.0
+        assert errors(caplog) == []
+        status, out, _ = await post(base, full_body())
+        assert status == 200, out
