@@ -31,7 +31,7 @@ sends a body only to have it refused and discarded (`BodyReader.expect`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
@@ -40,8 +40,6 @@ from aiohttp.http import HttpProcessingError
 # aiohttp's own answer to an Expect header (100 Continue, or 417 for any other expectation): delegated to
 # for every request not refused, so those behave exactly as on a route without an expect handler.
 from aiohttp.web_urldispatcher import _default_expect_handler
-
-from nodefabric_operator.extender.wire import compressed
 
 # (status, message) -> the server's answer; it counts and logs the refusal its own way.
 Refuse = Callable[[int, str], web.Response]
@@ -182,6 +180,16 @@ class BodyReader:
     @property
     def _too_large(self) -> str:
         return f"request body larger than {self.limits.max_body} bytes"
+
+
+def compressed(content_encoding: Iterable[str]) -> str | None:
+    """The request's Content-Encoding values joined when any is not identity, else None. aiohttp would
+    inflate the body as it is read: 64 KiB of gzip is 64 MiB of JSON to decode, work a thousand times the
+    bytes sent, and neither kube-scheduler nor the API server compresses a request."""
+    values = list(content_encoding)
+    if all(v.strip().lower() in ("", "identity") for v in values):
+        return None
+    return ", ".join(values)
 
 
 def _busy(others: int) -> tuple[int, str]:

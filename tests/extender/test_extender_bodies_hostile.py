@@ -10,6 +10,8 @@ import json
 import logging
 import socket
 import struct
+import subprocess
+import sys
 
 import aiohttp
 import pytest
@@ -232,3 +234,15 @@ async def test_a_chunked_body_broken_mid_body_is_a_400_and_no_traceback(
         assert errors(caplog) == []
         status, out, _ = await post(base, full_body())
         assert status == 200, out
+
+
+def test_the_body_reader_imports_on_its_own() -> None:
+    """It took compressed() from the extender's wire module, whose package imports the extender's server,
+    which imports the body reader: imported first (as by a server of its own), it failed half-initialised."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import nodefabric_operator.httpbody"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

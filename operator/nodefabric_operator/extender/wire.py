@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,16 +81,6 @@ def loads(raw: bytes) -> Any:
     return json.loads(
         _utf8(raw), parse_int=numbers.json_int, parse_float=_finite, parse_constant=_no_constant
     )
-
-
-def compressed(content_encoding: Iterable[str]) -> str | None:
-    """The request's Content-Encoding values joined when any is not identity, else None. aiohttp would
-    inflate the body as it is read: 64 KiB of gzip is 64 MiB of JSON to decode, work a thousand times the
-    bytes sent, and neither kube-scheduler nor the API server compresses a request."""
-    values = list(content_encoding)
-    if all(v.strip().lower() in ("", "identity") for v in values):
-        return None
-    return ", ".join(values)
 
 
 def not_a_node_name(position: int, name: object) -> WireError:
