@@ -24,8 +24,10 @@ discards what comes within the runner's lingering second, so the answer reaches 
 connection cannot carry another request.
 
 A client that sends `Expect: 100-continue` waits for the server before it sends its body: the refusals
-from the headers (and the 503 of a bound already full) answer it instead of the interim 100, so it never
-sends a body only to have it refused and discarded (`BodyReader.expect`).
+from the headers (and the 503 of a body the bound cannot hold now: its Content-Length past what is left,
+or for a chunked body nothing left) answer it instead of the interim 100, so it is not invited to send a
+body only to have it refused and discarded (`BodyReader.expect`). Nothing is taken from the bound then:
+the bytes are counted as they arrive.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ class BodyReader:
 
         async def handle(request: web.Request) -> web.StreamResponse | None:
             if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
-                refused = self.unreadable(request) or self._full()
+                refused = self.unreadable(request) or self._full(request.content_length)
                 if refused is not None:
                     return _closed(refuse(*refused))
             await _default_expect_handler(request)
@@ -172,10 +174,12 @@ class BodyReader:
             request.content.feed_eof()
             return 400, f"request body framing is broken: {str(exc).strip()!r:.120}"
 
-    def _full(self) -> tuple[int, str] | None:
-        """The 503 of a body asked for while the bound is full: not one byte of it could be counted."""
+    def _full(self, announced: int | None) -> tuple[int, str] | None:
+        """The 503 of a body asked for that the bound cannot hold now: its Content-Length, or (chunked) not
+        one byte of it. Sent, it would be refused as it came; a body of 0 bytes needs none of the bound."""
         held = self.in_flight.held
-        return _busy(held) if held >= self.in_flight.limit else None
+        needed = 1 if announced is None else announced
+        return _busy(held) if needed and held + needed > self.in_flight.limit else None
 
     @property
     def _too_large(self) -> str:

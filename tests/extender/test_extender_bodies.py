@@ -72,11 +72,10 @@ async def stalled(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
     host, port = base.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     before = READERS[base].in_flight.held
-    head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\nExpect: 100-continue\r\n\r\n"
-    writer.write(head.encode())
-    await writer.drain()
-    assert (await reader.readline()).startswith(b"HTTP/1.1 100")
-    writer.write(full_body()[:-1])
+    # No Expect: 100-continue: beside another stalled body the bound may not hold this one whole, and it
+    # would be refused from its head.
+    head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\n\r\n"
+    writer.write(head.encode() + full_body()[:-1])
     await writer.drain()
     await counted(base, before + BODY - 1)
     return reader, writer
@@ -331,3 +330,45 @@ async def test_another_expectation_is_aiohttps_417_even_for_a_body_too_large() -
         finally:
             writer.close()
         assert await _bad_requests(base) == ""  # aiohttp's, not the extender's
+
+
+async def _asked_beside(base: str, length: int) -> tuple[bool, bytes]:
+    """Whether a body of `length` spaces asked for with Expect: 100-continue got the interim 100 (and was
+    sent then), and the final status."""
+    reader, writer = await _asked(base, f"Content-Length: {length}", "Expect: 100-continue")
+    try:
+        got, _, _ = await _answer(reader)
+        if invited := got == b"100":
+            writer.write(b" " * length)
+            await writer.drain()
+            got, _, _ = await _answer(reader)
+        else:
+            assert await reader.read() == b""  # refused from its head: nothing more, the connection closed
+        return invited, got
+    finally:
+        writer.close()
+
+
+async def test_a_body_asked_for_at_the_edge_of_the_bound() -> None:
+    """Beside a held body that leaves 11 bytes of the bound: 11 are asked for and read (no JSON: 400); 12
+    were invited too, sent, and refused 503 as they came: the waste the answer to the head is there to
+    spare. They are refused before the interim 100."""
+    async with served(Serving(max_body=BODY, max_in_flight=BODY + 10, read_timeout=30)) as base:
+        _, held = await stalled(base)
+        try:
+            assert await _asked_beside(base, 11) == (True, b"400")
+            assert await _asked_beside(base, 12) == (False, b"503")
+            assert await _bad_requests(base) == 'nodefabric_extender_bad_requests_total{verb="filter"} 2.0'
+        finally:
+            held.close()
+
+
+async def test_an_empty_body_asked_for_while_the_bound_is_full_is_read() -> None:
+    """It needs none of the bound, and without the Expect header it is read: so it is with it."""
+    async with served(Serving(max_body=BODY, max_in_flight=2 * BODY - 2, read_timeout=30)) as base:
+        held = [await stalled(base), await stalled(base)]  # BODY - 1 bytes each: the bound is full
+        try:
+            assert await _asked_beside(base, 0) == (True, b"400")  # read whole: no JSON
+        finally:
+            for _, w in held:
+                w.close()
