@@ -16,9 +16,10 @@ import sys
 import aiohttp
 import pytest
 from aiohttp import http_parser, web_protocol
-from test_extender_bodies import BODY, counted, full_body, post, served, stalled, status_of
+from test_extender_bodies import BODY, READERS, counted, full_body, post, served, stalled, status_of
 
 from nodefabric_operator.extender.server import Serving
+from nodefabric_operator.extender.service import Extender
 
 HEAD = "POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
 
@@ -246,3 +247,18 @@ def test_the_body_reader_imports_on_its_own() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_verb_that_raises_lets_its_body_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault past the read (a 500, aiohttp's ERROR) still gives back the bytes of the body it was given."""
+
+    def fault(*_: object) -> None:
+        raise RuntimeError("fault")
+
+    monkeypatch.setattr(Extender, "filter", fault)
+    async with served(Serving(max_body=BODY, max_in_flight=BODY, read_timeout=30)) as base:
+        async with aiohttp.ClientSession() as http, http.post(base + "/filter", data=full_body()) as resp:
+            assert resp.status == 500
+        assert READERS[base].in_flight.held == 0
+        async with aiohttp.ClientSession() as http, http.post(base + "/prioritize", data=full_body()) as resp:
+            assert resp.status == 200, await resp.text()
