@@ -47,8 +47,8 @@ REVIEW_VERSION = "admission.k8s.io/v1"
 # The API server gives a webhook call at most 30 s (`timeoutSeconds`): a body still coming after that is
 # no API server's. Without a bound, each client that stops mid-body holds up to MAX_BODY and a handler.
 BODY_TIMEOUT_S = 30.0
-# The bodies being read at once may hold this many bytes (each counted at its Content-Length, or at the
-# limit when it has none); a review past it is answered 503 at once. The API server's reviews are a few
+# The bodies being read at once may hold this many bytes (counted as they arrive, httpbody); a review
+# whose next bytes would pass it is answered 503 at once. The API server's reviews are a few
 # KiB each and arrive whole, so a burst of thousands fits; clients that send 7 MiB bodies slowly, one
 # connection each, no longer make the process hold 7 MiB per connection until it is killed for memory.
 MAX_IN_FLIGHT = 4 * MAX_BODY

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # can be 10 KB each.
 MAX_BODY = 64 * 1024 * 1024
 READ_TIMEOUT_S = 5.0
-# The bodies being read at once may hold this many of the largest (each counted at its Content-Length).
+# The bodies being read at once may hold this many of the largest (counted as their bytes arrive).
 # kube-scheduler asks one request at a time (its scheduling cycle is serial) and its bodies are KBs, so
 # two are plenty; clients that each send most of a 64 MiB body and then wait no longer make the process
 # hold 64 MiB apiece: past the total they are answered 503 at once.
