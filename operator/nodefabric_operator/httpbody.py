@@ -86,19 +86,29 @@ class _Body:
     def __init__(self, in_flight: InFlight) -> None:
         self.in_flight = in_flight
         self.data = bytearray()
+        self.size = 0  # counted, until released: the bytes outlive `data` in the answer's hands
 
     def add(self, chunk: bytes) -> bool:
         if not self.in_flight.take(len(chunk)):
             return False
         self.data += chunk
+        self.size += len(chunk)
         return True
+
+    def whole(self) -> bytes:
+        """The body, its buffer let go: held twice (the buffer and its copy) for the whole answer, a
+        body cost twice what the bound counts."""
+        raw = bytes(self.data)
+        self.data = bytearray()
+        return raw
 
     def others(self) -> int:
         """The bytes other requests' bodies hold now."""
-        return self.in_flight.held - len(self.data)
+        return self.in_flight.held - self.size
 
     def release(self) -> None:
-        self.in_flight.give(len(self.data))
+        self.in_flight.give(self.size)
+        self.size = 0
         self.data = bytearray()
 
 
@@ -162,11 +172,11 @@ class BodyReader:
         try:
             async with asyncio.timeout(self.limits.deadline):
                 while chunk := await request.content.readany():
-                    if len(body.data) + len(chunk) > self.limits.max_body:
+                    if body.size + len(chunk) > self.limits.max_body:
                         return 413, self._too_large
                     if not body.add(chunk):
                         return _busy(body.others())
-                return bytes(body.data)
+                return body.whole()
         except TimeoutError:
             return 408, f"request body not received within {self.limits.deadline:g} s"
         except ConnectionError:
