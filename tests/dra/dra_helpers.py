@@ -25,10 +25,12 @@ from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.accelerators import nvswitch_node
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import devices, hops
+from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
 from nodefabric_deviceplugin.dra.config import DriverConfig
 from nodefabric_deviceplugin.dra.driver import DraDriver
 from nodefabric_deviceplugin.dra.kube import DraApi
+from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_operator.demo.kubeapi import RunningAPI
@@ -40,6 +42,7 @@ CLAIMS = "resource.k8s.io/v1/resourceclaims"
 SPLIT_PF = "0000:e0:00.0"  # the HGX NIC split into VFs
 NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
 NIC0_BUS = "0000:1c:00.0"
+NIC1 = "pci-0000-44-00-0"  # mlx5_1
 SYNC_THREAD = "read the host for the ResourceSlices"  # the slice publisher's own thread
 POOL_THREAD = "the DRA pool"  # the pool's builds' thread
 
@@ -130,6 +133,17 @@ class Dirs:
         return DriverConfig(
             node_name=node, plugin_dir=self.plugin, registry_dir=self.registry, cdi_dir=self.cdi, **kw
         )
+
+
+def start_preparer(
+    k: RunningAPI, dirs: Dirs, host: HostRoot, source: RecordSource, **options: Any
+) -> Preparer:
+    """A Preparer on `dirs` as the driver starts one, on what the disk holds, reading claims from the API
+    (`options` go to Preparer: verbs)."""
+    config = dirs.config()
+    return Preparer(
+        config, source, host, DraApi(client(k), config), Checkpoint(config.checkpoint_path), **options
+    )
 
 
 @dataclass

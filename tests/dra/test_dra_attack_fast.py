@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, put_claim, ref, result, shutdown, start_driver
+from dra_helpers import DRIVER, NIC0, Dirs, HgxDriver, put_claim, ref, result
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -22,7 +22,6 @@ from nodefabric_operator.demo.kubeapi import RunningAPI
 
 GOOD = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "good")
 BAD = ClaimRef("ml", "1c7b4d2f-a405-4f1f-9e8c-6b4f2f3d5e6f", "bad")
-NIC0 = "pci-0000-1c-00-0"
 
 
 class Api:
@@ -96,8 +95,7 @@ async def test_a_thread_raising_what_cannot_be_printed_still_answers_and_lets_th
 async def test_over_grpc_a_read_raising_a_base_exception_fails_its_claim_and_the_driver_serves_on(
     api: RunningAPI,
     *,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
     hgx_spec: DevicesSpec,
     monkeypatch: pytest.MonkeyPatch,
     exc: BaseException,
@@ -114,8 +112,7 @@ async def test_over_grpc_a_read_raising_a_base_exception_fails_its_claim_and_the
     monkeypatch.setattr(DraApi, "get_claim", get_claim)
     good = put_claim(api, "good", [result(NIC0)])
     bad = put_claim(api, "bad", [result(NIC0)])
-    running = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as running:
         plugin = await running.kubelet.wait_registered(DRIVER)
         answer = await asyncio.wait_for(plugin.prepare(ref(bad), ref(good)), 10)
         assert type(exc).__name__ in answer[bad["metadata"]["uid"]].error
@@ -123,5 +120,3 @@ async def test_over_grpc_a_read_raising_a_base_exception_fails_its_claim_and_the
         again = await asyncio.wait_for(plugin.prepare(ref(good)), 10)
         assert again == {good["metadata"]["uid"]: answer[good["metadata"]["uid"]]}
         assert not running.task.done()
-    finally:
-        await shutdown(running)

@@ -17,19 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, client, idle, put_claim, ref, result
+from dra_helpers import DRIVER, NIC0, NIC1, Dirs, idle, put_claim, ref, result, start_preparer
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi, hops
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
-from nodefabric_deviceplugin.dra.kube import DraApi
-from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
-
-NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"
 
 _BY_PATH = ("open", "replace", "rename", "unlink", "mkdir")
 _BY_FD = ("write", "close", "fchmod", "fsync", "fdatasync")
@@ -85,12 +81,6 @@ def at(base: str, n: int) -> Dirs:
     return Dirs(plugin=f"{base}/{n}/plugins", registry=f"{base}/{n}/reg", cdi=f"{base}/{n}/cdi")
 
 
-def start(api: RunningAPI, dirs: Dirs, host: Any, source: RecordSource) -> Preparer:
-    """The driver's start on what the disk holds."""
-    config = dirs.config()
-    return Preparer(config, source, host, DraApi(client(api), config), Checkpoint(config.checkpoint_path))
-
-
 def temporaries(directory: str) -> list[str]:
     try:
         return [n for n in os.listdir(directory) if n.endswith(".tmp")]
@@ -128,7 +118,7 @@ async def kill_every_call(
     for n in range(200):
         d = at(base, n)
         kill.arm(None)
-        p = start(api, d, host, source)
+        p = start_preparer(api, d, host, source)
         if warm:  # the verbs devices cached and the directories made: the one-hop path
             assert (await p.prepare([ref(other)]))[ref(other).uid].error == ""
         if unprepare or rewrite:
@@ -145,7 +135,7 @@ async def kill_every_call(
         finished = not kill.dead
         kill.arm(None)
         spec = cdi.spec_path(d.cdi, DRIVER, ref(claim).uid)
-        restarted = start(api, d, host, source)
+        restarted = start_preparer(api, d, host, source)
         out.append((n, told, spec, os.path.exists(spec), Checkpoint(restarted.checkpoint.path)))
         again = (await restarted.prepare([ref(claim)]))[ref(claim).uid]
         assert again.error == "" and len(again.devices) == 2, f"killed at call {n}: {again.error}"
@@ -202,7 +192,7 @@ async def test_a_prepare_killed_at_any_call_then_restarted_leaves_no_temporary_f
     foreign = os.path.join(d.cdi, ".other.example.com-nic_x.json.0123456789ab.tmp")
     os.makedirs(d.cdi, exist_ok=True)
     open(foreign, "w").close()
-    start(api, d, hgx_host[0].host, RecordSource(hgx_spec))
+    start_preparer(api, d, hgx_host[0].host, RecordSource(hgx_spec))
     assert os.path.exists(foreign)
 
 
@@ -297,7 +287,7 @@ async def test_a_call_cancelled_at_any_step_then_its_opposite_leaves_the_opposit
     """kubelet's deadline at every step of a prepare (or an unprepare), cancelled twice, and the
     opposite call of the same claim sent at once: whichever answers last decides, whole. An unprepare
     answered leaves neither file; a prepare answered leaves both, its entry naming its spec."""
-    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    p = start_preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     claim = ref(put_claim(api, "raced", [result(NIC0), result(NIC1, request="other")]))
     spec = cdi.spec_path(dirs.cdi, DRIVER, claim.uid)
     for steps in range(60):
@@ -345,7 +335,7 @@ async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_wri
         f.write("keep\n")
     checkpoint = Checkpoint(config.checkpoint_path)
     checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), victim, {"cdiVersion": "0.5.0"}))
-    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    p = start_preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     out = (await p.prepare([claim]))[claim.uid]
     assert "spec" in out.error and victim in out.error and not out.devices
     with open(victim) as f:
@@ -353,7 +343,7 @@ async def test_a_held_claim_whose_entry_names_another_file_as_its_spec_never_wri
     # The claim's own spec path, in another CDI directory (--cdi-dir changed): moved to the current one.
     moved = cdi.spec_path(dirs.cdi + "-old", DRIVER, claim.uid)
     checkpoint.put(PreparedClaim(claim.uid, claim.namespace, claim.name, (), moved, {"cdiVersion": "0.5.0"}))
-    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    p = start_preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     assert (await p.prepare([claim]))[claim.uid].error == "" and not os.path.exists(moved)
     assert os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, claim.uid))
 
@@ -371,7 +361,7 @@ async def test_a_hop_whose_thread_cannot_start_is_refused_and_never_runs_later(
     told it failed, may unprepare it meanwhile, or never call again)."""
     threads = hops.HopThreads()
     monkeypatch.setattr(hops, "THREADS", threads)
-    p = start(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
+    p = start_preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     claim, warm = ref(put_claim(api, "limited", [result(NIC0)])), ref(put_claim(api, "warm", [result(NIC1)]))
     assert (await p.prepare([warm]))[warm.uid].error == ""  # the verbs cached: one hop writes the files
     busy, running = threading.Event(), threading.Semaphore(0)

@@ -14,21 +14,28 @@ import time
 from pathlib import Path
 
 import pytest
-from dra_helpers import Dirs, client, fd_path, idle, put_claim, ref, result, thread_name
+from dra_helpers import (
+    NIC0,
+    NIC1,
+    Dirs,
+    fd_path,
+    idle,
+    put_claim,
+    ref,
+    result,
+    start_preparer,
+    thread_name,
+)
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
 from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import hops
-from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
-from nodefabric_deviceplugin.dra.kube import DraApi
-from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 REF = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "claim")
-NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -47,11 +54,10 @@ import asyncio, logging, os, sys, tempfile, threading
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[2])
-from dra_helpers import DRIVER, Dirs, fd_path, hgx, put_claim, put_node, read, ref, result, start_driver
+from dra_helpers import DRIVER, NIC0, Dirs, fd_path, hgx, put_claim, put_node, read, ref, result, start_driver
 from nodefabric_operator.demo.kubeapi import running_api
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-NIC0 = "pci-0000-1c-00-0"
 step, deadline, stopper = sys.argv[3], float(sys.argv[4]), sys.argv[5]
 entered = threading.Event()
 
@@ -383,14 +389,7 @@ async def test_after_a_stop_gave_up_a_call_that_got_the_lock_next_does_not_wait_
     """The drain gives up on a prepare stuck writing on a hung disk; the call queued behind it for the
     lock then gets it and its own hop hangs on the same disk. The stop has given up: that call, cancelled
     (the loop's end cancels it), must not hold the process's exit either."""
-    config = dirs.config()
-    p = Preparer(
-        config,
-        RecordSource(hgx_spec),
-        hgx_host[0].host,
-        DraApi(client(api), config),
-        Checkpoint(config.checkpoint_path),
-    )
+    p = start_preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     first, second = (
         ref(put_claim(api, "first", [result(NIC0)])),
         ref(put_claim(api, "second", [result(NIC1)])),

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-from dra_helpers import CLAIMS, Dirs, client, idle, put_claim, queued, ref, result
+from dra_helpers import CLAIMS, NIC0, Dirs, idle, put_claim, queued, ref, result, start_preparer
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.accelerators import Libraries
@@ -20,12 +20,9 @@ from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi, hops
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint
 from nodefabric_deviceplugin.dra.claims import ClaimRef
-from nodefabric_deviceplugin.dra.kube import DraApi
-from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
-NIC0 = "pci-0000-1c-00-0"
 REF = ClaimRef("ml", "5d0c2a4e-1f3b-4c6d-9e8f-7a6b5c4d3e2f", "claim")
 
 
@@ -138,14 +135,7 @@ async def test_a_stop_that_gave_up_while_a_prepare_was_queued_never_runs_it(
     queued behind a thread stuck on a disk: it gives the hops up. The loop's end then cancels the call:
     the hop is dropped, not waited for, nor run once the thread frees up (no GET, no file), and the
     metrics count no outcome for it (kubelet was told nothing but its deadline)."""
-    config = dirs.config()
-    p = Preparer(
-        config,
-        RecordSource(hgx_spec),
-        hgx_host[0].host,
-        DraApi(client(api), config),
-        Checkpoint(config.checkpoint_path),
-    )
+    p = start_preparer(api, dirs, hgx_host[0].host, RecordSource(hgx_spec))
     claim = ref(put_claim(api, "stopped", [result(NIC0)]))
     before, reads = samples(), api.count("GET", CLAIMS)
     held = Held(pool)
@@ -162,8 +152,8 @@ async def test_a_stop_that_gave_up_while_a_prepare_was_queued_never_runs_it(
         held.release.set()
     await next_job_taken(pool)
     assert api.count("GET", CLAIMS) == reads, "the dropped prepare read its claim"
-    assert not os.path.exists(cdi.spec_path(dirs.cdi, config.driver, claim.uid))
-    assert claim.uid not in Checkpoint(config.checkpoint_path).claims
+    assert not os.path.exists(cdi.spec_path(dirs.cdi, p.config.driver, claim.uid))
+    assert claim.uid not in Checkpoint(p.config.checkpoint_path).claims
     assert samples() == before
     assert (pool._threads, pool._idle, len(pool._backlog)) == (1, 1, 0)
 

@@ -17,11 +17,14 @@ import pytest
 from dra_helpers import (
     CLAIMS,
     DRIVER,
+    NIC0,
     NODE,
     SLICES,
     Dirs,
+    HgxDriver,
     Running,
     client,
+    driving,
     live_slices,
     put_claim,
     ref,
@@ -47,18 +50,14 @@ from nodefabric_deviceplugin.testing.drakubelet import DraKubelet
 from nodefabric_deviceplugin.verbs import read_devices
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
-NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
 VF1 = "pci-0000-e0-00-1"  # mlx5_8, the first VF of NIC 7
 
 
 @pytest.fixture
-async def running(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
-) -> Any:
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    await r.kubelet.wait_registered(DRIVER)
-    yield r
-    await shutdown(r)
+async def running(hgx_driver: HgxDriver, hgx_spec: DevicesSpec) -> Any:
+    async with hgx_driver(hgx_spec) as r:
+        await r.kubelet.wait_registered(DRIVER)
+        yield r
 
 
 def link_failed(spec: DevicesSpec, rdma_device: str) -> DevicesSpec:
@@ -95,19 +94,16 @@ async def test_registers_through_the_plugin_watcher_with_both_versions(running: 
 
 
 async def test_a_refused_registration_is_logged_and_not_taken_as_registered(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     ancient = DraKubelet(dirs.registry, services=("v1alpha4.DRAPlugin",))
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, kubelet=ancient)
-    try:
+    async with hgx_driver(hgx_spec, kubelet=ancient) as r:
         assert "none of" in await ancient.wait_refused()
         await wait_until(lambda: bool(r.driver.registration.last_error))
         assert not r.driver.registration.registered.is_set()
         ready, why = r.driver.readiness()
         assert not ready and why.startswith("DRA driver: not registered with kubelet (kubelet refused it: ")
         assert "none of" in why
-    finally:
-        await shutdown(r)
 
 
 # --- ResourceSlices -----------------------------------------------------------------------------------------
@@ -151,7 +147,7 @@ async def test_a_failed_link_leaves_the_pool_at_the_next_generation(
 
 
 async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_untouched(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     other = {
         "metadata": {"name": f"gpu-9-{DRIVER}-0"},
@@ -163,8 +159,7 @@ async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_unto
         },
     }
     api.api.put_object(SLICES, other)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await wait_until(lambda: any(o["spec"]["nodeName"] == NODE for o in live_slices(api)))
         await wait_until(lambda: r.driver.publisher.watch.connects >= 1)
         # What kubelet does when it starts, or when the driver was gone for a while: the watch tells us
@@ -179,15 +174,12 @@ async def test_slices_deleted_behind_our_back_come_back_and_other_nodes_are_unto
             )
         )
         assert api.api.stored(SLICES, other["metadata"]["name"])["spec"]["pool"]["generation"] == 7
-    finally:
-        await shutdown(r)
 
 
 async def test_api_outages_are_retried_and_nothing_is_published_before_the_first_record(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
-    r = await start_driver(api, dirs, hgx_host[0].host, None)
-    try:
+    async with hgx_driver(None) as r:
         await asyncio.sleep(0.5)
         assert live_slices(api) == [] and not os.path.exists(r.driver.config.registration_socket)
         assert r.driver.readiness() == (False, "DRA driver: waiting for the first device record")
@@ -195,8 +187,6 @@ async def test_api_outages_are_retried_and_nothing_is_published_before_the_first
         r.source.update(hgx_spec)
         await wait_until(lambda: len(live_slices(api)) == 1)
         assert live_slices(api)[0]["spec"]["pool"]["generation"] == 1
-    finally:
-        await shutdown(r)
 
 
 # --- prepare and unprepare ---------------------------------------------------------------------------
@@ -241,11 +231,10 @@ async def test_prepare_writes_one_cdi_spec_with_the_device_plugins_grant(
 
 
 async def test_prepare_over_v1beta1_for_a_kubelet_that_knows_only_it(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     older = DraKubelet(dirs.registry, services=("v1beta1.DRAPlugin",))
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, kubelet=older)
-    try:
+    async with hgx_driver(hgx_spec, kubelet=older):
         plugin = await older.wait_registered(DRIVER)
         assert plugin.version.service == "v1beta1.DRAPlugin"
         claim = put_claim(api, "one", [result(NIC0)])
@@ -258,8 +247,6 @@ async def test_prepare_over_v1beta1_for_a_kubelet_that_knows_only_it(
         assert [d.device_name for d in answer[uid].devices] == [NIC0]
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
         assert spec_files(dirs) == []
-    finally:
-        await shutdown(r)
 
 
 async def test_prepare_twice_gives_one_spec_and_the_same_answer(
@@ -378,22 +365,18 @@ async def test_a_claim_whose_devices_link_failed_since_allocation_is_still_prepa
 
 
 async def test_unprepare_after_a_restart_removes_the_right_spec(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     keep = put_claim(api, "keep", [result(VF1)])
     drop = put_claim(api, "drop", [result(NIC0)])
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         await plugin.prepare(ref(keep), ref(drop))
-    finally:
-        await shutdown(r)
     assert len(spec_files(dirs)) == 2
     # A new process, a new kubelet connection; the claim objects are gone from the API by now.
     api.api.objects.clear()
     api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(drop)) == {drop["metadata"]["uid"]: ""}
         assert spec_files(dirs) == [f"{DRIVER}-nic_{keep['metadata']['uid']}.json"]
@@ -404,64 +387,60 @@ async def test_unprepare_after_a_restart_removes_the_right_spec(
         # Unpreparing a claim never prepared here is success.
         never = ClaimRef("ml", str(uuid.uuid4()), "never")
         assert await plugin.unprepare(never) == {never.uid: ""}
-    finally:
-        await shutdown(r)
 
 
 async def test_unprepare_after_the_cdi_dir_moved_leaves_the_old_spec_where_it_was(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
+    hgx_spec: DevicesSpec,
 ) -> None:
     """Only files inside the current --cdi-dir are removed: the spec in the earlier one is left (said),
     the claim is forgotten."""
     claim = put_claim(api, "moved", [result(NIC0)])
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim))
-    finally:
-        await shutdown(r)
     old = dirs.cdi
     moved = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
-    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
-    try:
+    async with driving(api, moved, hgx_host[0].host, hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {claim["metadata"]["uid"]: ""}
         assert os.listdir(old) == [f"{DRIVER}-nic_{claim['metadata']['uid']}.json"]
         assert r.driver.checkpoint.claims == {}
         assert not os.path.exists(moved.cdi) or os.listdir(moved.cdi) == []
-    finally:
-        await shutdown(r)
 
 
 async def _prepared_by_a_driver_that_stops(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec, name: str
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec, name: str
 ) -> tuple[dict[str, Any], Any, str, bytes]:
     """A one-device claim prepared by a driver that then stops: the claim, kubelet's answer, its spec's
     file name and the spec's bytes as written."""
     claim = put_claim(api, name, [result(NIC0)])
     uid = claim["metadata"]["uid"]
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim)))[uid]
-    finally:
-        await shutdown(r)
     spec_name = f"{DRIVER}-nic_{uid}.json"
     return claim, first, spec_name, Path(dirs.cdi, spec_name).read_bytes()
 
 
 async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the_new_one(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
+    hgx_spec: DevicesSpec,
 ) -> None:
     """`--cdi-dir` changed between restarts: kubelet prepares a held claim again (its own restart, a
     pod's). The runtime now reads the new directory, so the spec lands there, and the entry names the
     new file (so a later unprepare, or a later move, finds it). The stale one in the old directory is
     left, said: only files inside the current --cdi-dir are removed."""
     claim, first, name, written = await _prepared_by_a_driver_that_stops(
-        api, dirs, hgx_host, hgx_spec, "relocated"
+        api, dirs, hgx_driver, hgx_spec, "relocated"
     )
     uid = claim["metadata"]["uid"]
     moved = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=f"{dirs.cdi}-new")
-    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
-    try:
+    async with driving(api, moved, hgx_host[0].host, hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         reads = api.count("GET", CLAIMS)
         assert (await plugin.prepare(ref(claim)))[uid] == first
@@ -469,16 +448,11 @@ async def test_a_repeated_prepare_after_the_cdi_dir_moved_writes_the_spec_in_the
         assert Path(moved.cdi, name).read_bytes() == written
         assert os.listdir(dirs.cdi) == [name]
         assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)
-    finally:
-        await shutdown(r)
-    r = await start_driver(api, moved, hgx_host[0].host, hgx_spec)
-    try:
+    async with driving(api, moved, hgx_host[0].host, hgx_spec) as r:
         assert r.driver.checkpoint.claims[uid].spec_path == os.path.join(moved.cdi, name)  # durably
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
         assert os.listdir(moved.cdi) == [] and os.listdir(dirs.cdi) == [name]
-    finally:
-        await shutdown(r)
 
 
 @pytest.mark.parametrize("uid", ["6a3c1e0e-3b5f-4d1e-9a0b-2f4c8d7e6f10", 'ünï"\\cödé', "x" * 300])
@@ -494,13 +468,16 @@ def test_a_spec_template_gives_exactly_the_spec_and_the_text_a_fresh_build_gives
 
 
 async def test_first_prepares_of_one_device_follow_its_verbs_node_renumbered_between_them(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
+    hgx_spec: DevicesSpec,
 ) -> None:
     """A first prepare's spec comes from its device's template, made once per record and verbs table:
     byte for byte what building the spec gives, and never the old node once the host renumbered it."""
     b = hgx_host[0]
-    r = await start_driver(api, dirs, b.host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         specs: dict[str, str] = {}
         for name in ("tmpl-a", "tmpl-b", "tmpl-c"):
@@ -523,59 +500,51 @@ async def test_first_prepares_of_one_device_follow_its_verbs_node_renumbered_bet
             )
             assert specs[name] == cdi.spec_text(built) + "\n"
             assert r.driver.checkpoint.claims[uid].spec == built
-    finally:
-        await shutdown(r)
 
 
 async def test_a_cdi_dir_renamed_to_another_path_of_the_same_directory_keeps_the_spec(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI,
+    dirs: Dirs,
+    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
+    hgx_spec: DevicesSpec,
 ) -> None:
     """`--cdi-dir` changed to another path of the same directory (/var/run/cdi and /run/cdi: /var/run is
     a symlink to /run on most distributions). Read as a move, the spec was written "there" (the same
     file), then the "stale" one removed: the claim was answered prepared with no spec on disk, and the
     runtime failed the container for a CDI device it could not find."""
     claim, first, name, written = await _prepared_by_a_driver_that_stops(
-        api, dirs, hgx_host, hgx_spec, "aliased"
+        api, dirs, hgx_driver, hgx_spec, "aliased"
     )
     uid = claim["metadata"]["uid"]
     alias = f"{dirs.cdi}-alias"
     os.symlink(dirs.cdi, alias)
-    r = await start_driver(
-        api, Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=alias), hgx_host[0].host, hgx_spec
-    )
-    try:
+    aliased = Dirs(plugin=dirs.plugin, registry=dirs.registry, cdi=alias)
+    async with driving(api, aliased, hgx_host[0].host, hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert (await plugin.prepare(ref(claim)))[uid] == first
         assert Path(alias, name).read_bytes() == written
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
         assert os.listdir(dirs.cdi) == []
-    finally:
-        await shutdown(r)
 
 
 async def test_a_corrupt_checkpoint_is_set_aside_and_unprepare_still_removes_the_spec(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     claim = put_claim(api, "c", [result(NIC0)])
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(claim))
-    finally:
-        await shutdown(r)
     uid = claim["metadata"]["uid"]
     checkpoint = Path(r.driver.config.checkpoint_path).parent / "checkpoint.d" / f"{uid}.json"
     doc = json.loads(checkpoint.read_text())
     doc["claim"]["specPath"] = "/etc/passwd"  # tampered: the checksum catches it
     checkpoint.write_text(json.dumps(doc))
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         assert r.driver.checkpoint.claims == {}
         assert Path(f"{checkpoint}.corrupt").exists()
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {claim["metadata"]["uid"]: ""}
         assert spec_files(dirs) == []
-    finally:
-        await shutdown(r)
 
 
 async def test_a_spec_path_that_is_a_directory_fails_the_claim_not_the_server(
@@ -618,13 +587,11 @@ async def test_a_fifo_in_place_of_a_spec_is_replaced_not_read(
 )
 async def test_deleted_sockets_are_served_again_and_a_restarted_kubelet_registers_again(
     api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
     hgx_spec: DevicesSpec,
     options: dict[str, Any],
 ) -> None:
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, **options)
-    try:
+    async with hgx_driver(hgx_spec, **options) as r:
         await r.kubelet.wait_registered(DRIVER)
         assert r.driver.watching == options.get("use_inotify", True)
         config = r.driver.config
@@ -643,15 +610,12 @@ async def test_deleted_sockets_are_served_again_and_a_restarted_kubelet_register
         with open(config.registration_socket, "w"):
             pass
         await wait_until(lambda: stat.S_ISSOCK(os.stat(config.registration_socket).st_mode))
-    finally:
-        await shutdown(r)
 
 
 async def test_the_socket_directories_deleted_whole_are_served_and_watched_again(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, fallback_poll=0.05)
-    try:
+    async with hgx_driver(hgx_spec, fallback_poll=0.05) as r:
         await r.kubelet.wait_registered(DRIVER)
         config = r.driver.config
         shutil.rmtree(config.socket_dir)  # the checkpoint goes too: a wiped kubelet state directory
@@ -659,8 +623,6 @@ async def test_the_socket_directories_deleted_whole_are_served_and_watched_again
         await wait_until(lambda: r.driver.watching)  # inotify follows the new directory
         os.unlink(config.dra_socket)
         await wait_until(lambda: os.path.exists(config.dra_socket))
-    finally:
-        await shutdown(r)
 
 
 async def test_stopping_removes_both_sockets(
@@ -674,10 +636,9 @@ async def test_stopping_removes_both_sockets(
 
 
 async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_uid(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await wait_until(lambda: len(live_slices(api)) == 1)
         await wait_until(lambda: r.driver.publisher.watch.connects >= 1)
         await asyncio.to_thread(client(api).request, "DELETE", f"/api/v1/nodes/{NODE}")
@@ -695,8 +656,6 @@ async def test_a_node_deleted_and_registered_again_gets_slices_owned_by_its_new_
         node = api.api.put_object("v1/nodes", {"metadata": {"name": NODE}})
         await wait_until(lambda: len(live_slices(api)) == 1)
         assert live_slices(api)[0]["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
-    finally:
-        await shutdown(r)
 
 
 async def test_a_foreign_slice_holding_our_name_is_reported_not_overwritten(

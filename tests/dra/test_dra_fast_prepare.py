@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, result
+from dra_helpers import DRIVER, NIC0, Dirs, result
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -30,7 +30,6 @@ from nodefabric_deviceplugin.source import RecordSource
 
 UID = "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e"
 REF = ClaimRef("ml", UID, "pair")
-NIC0 = "pci-0000-1c-00-0"  # mlx5_0 on the hgx host
 
 
 class Api:

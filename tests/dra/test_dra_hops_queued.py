@@ -22,15 +22,16 @@ import pytest
 from dra_helpers import (
     CLAIMS,
     DRIVER,
+    NIC0,
+    NIC1,
     Dirs,
-    client,
+    driving,
     idle,
     put_claim,
     queued,
     ref,
     result,
-    shutdown,
-    start_driver,
+    start_preparer,
 )
 from prometheus_client import REGISTRY
 
@@ -40,12 +41,10 @@ from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi, hops
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, file_name
 from nodefabric_deviceplugin.dra.claims import ClaimRef
-from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
-NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"
 CAP = 2
 DROPPED = "was dropped before its hop started"
 REF = ClaimRef("ml", "0b6a3c1e-93f4-4f0e-8d7b-5a3f1e2c4d5e", "claim")
@@ -158,11 +157,7 @@ class Rig:
         return self.busy.pool
 
     def preparer(self) -> Preparer:
-        config = self.dirs.config()
-        api = DraApi(client(self.api), config)
-        return Preparer(
-            config, RecordSource(self.spec), self.host[0].host, api, Checkpoint(config.checkpoint_path)
-        )
+        return start_preparer(self.api, self.dirs, self.host[0].host, RecordSource(self.spec))
 
     def claim(self, name: str, device: str = NIC0) -> ClaimRef:
         return ref(put_claim(self.api, name, [result(device)]))
@@ -303,8 +298,7 @@ async def test_a_prepare_queued_past_kubelets_deadline_over_the_socket_is_droppe
     """The real driver and kubelet's real call: its deadline passes while the hop waits for a thread.
     The server's cancellation drops it; kubelet's retry is answered once a thread frees up, the claim
     read once (by the retry) and written once."""
-    r = await start_driver(rig.api, rig.dirs, rig.host[0].host, rig.spec)
-    try:
+    async with driving(rig.api, rig.dirs, rig.host[0].host, rig.spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         warm = rig.claim("warm", NIC1)
         assert (await plugin.prepare(warm))[warm.uid].error == ""
@@ -330,8 +324,6 @@ async def test_a_prepare_queued_past_kubelets_deadline_over_the_socket_is_droppe
         assert rig.reads() == reads + 1
         await r.driver.preparer.syncs.drain(5)
         assert rig.files(r.driver.preparer, claim) == (True, True, True)
-    finally:
-        await shutdown(r)
 
 
 # --- a queued unprepare, dropped -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, NODE, Dirs, put_claim, read, ref, result, shutdown, start_driver
+from dra_helpers import DRIVER, NODE, Dirs, driving, put_claim, read, ref, result, start_preparer
 from prometheus_client import REGISTRY
 
 from nodefabric_devicemanager.hostroot import HostRoot
@@ -96,20 +96,14 @@ class Node:
 
     async def prepare(self, b: SysfsBuilder, claim: dict[str, Any]) -> Any:
         """Start the driver on host `b`, prepare the claim once, stop: kubelet's answer for it."""
-        r = await start_driver(self.api, self.dirs, b.host, read(b))
-        try:
+        async with driving(self.api, self.dirs, b.host, read(b)) as r:
             plugin = await r.kubelet.wait_registered(DRIVER)
             return (await plugin.prepare(ref(claim)))[claim["metadata"]["uid"]]
-        finally:
-            await shutdown(r)
 
     async def unprepare(self, b: SysfsBuilder, claim: dict[str, Any]) -> str:
-        r = await start_driver(self.api, self.dirs, b.host, read(b))
-        try:
+        async with driving(self.api, self.dirs, b.host, read(b)) as r:
             plugin = await r.kubelet.wait_registered(DRIVER)
             return (await plugin.unprepare(ref(claim)))[claim["metadata"]["uid"]]
-        finally:
-            await shutdown(r)
 
 
 @pytest.fixture
@@ -446,16 +440,13 @@ async def test_the_boot_id_is_read_once_at_start(node: Node, api: RunningAPI, di
     claim = put_claim(api, "once", [result(DEV_A)])
     uid = claim["metadata"]["uid"]
     b = node.tree(BEFORE, BOOT_A)
-    r = await start_driver(api, dirs, b.host, read(b))
-    try:
+    async with driving(api, dirs, b.host, read(b)) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         first = await plugin.prepare(ref(claim))
         b.write(f"{boot.DIRECTORY}/{boot.NAME}", BOOT_B)
         before, ino = outcome("resolved_again"), spec_file(dirs, uid).stat().st_ino
         assert await plugin.prepare(ref(claim)) == first
         assert (outcome("resolved_again"), spec_file(dirs, uid).stat().st_ino) == (before, ino)
-    finally:
-        await shutdown(r)
     assert r.driver.preparer.boot_id == BOOT_A
 
 
@@ -465,7 +456,7 @@ async def test_a_repeated_prepare_after_a_reboot_killed_at_any_call_never_leaves
     """Killed at every system call of the resolving prepare in turn, restarted (same boot): a spec on
     disk is always the entry's (the entry is rewritten first), and the next prepare answers the claim
     whole with today's device nodes."""
-    from test_dra_attack_hop import Kill, at, start
+    from test_dra_attack_hop import Kill, at
 
     kill = Kill(os.path.dirname(dirs.cdi), monkeypatch)
     base = os.path.dirname(dirs.cdi)
@@ -475,11 +466,11 @@ async def test_a_repeated_prepare_after_a_reboot_killed_at_any_call_never_leaves
     uid = claim["metadata"]["uid"]
     for n in range(200):
         d = at(base, n)
-        p = start(api, d, yesterday.host, before)
+        p = start_preparer(api, d, yesterday.host, before)
         assert (await p.prepare([ref(claim)]))[uid].error == ""
         await p.syncs.drain(5)
         empty_cdi(d)
-        p = start(api, d, today.host, after)
+        p = start_preparer(api, d, today.host, after)
         kill.arm(n)
         told = (await p.prepare([ref(claim)]))[uid].error == ""
         finished = not kill.dead
@@ -490,7 +481,7 @@ async def test_a_repeated_prepare_after_a_reboot_killed_at_any_call_never_leaves
             assert entry.boot_id == BOOT_B and json.loads(spec.read_text()) == entry.spec, f"call {n}"
         assert entry.boot_id in (BOOT_A, BOOT_B)
         assert not told or spec.exists(), f"call {n}: answered without its spec"
-        again = (await start(api, d, today.host, after).prepare([ref(claim)]))[uid]
+        again = (await start_preparer(api, d, today.host, after).prepare([ref(claim)]))[uid]
         assert again.error == "" and len(again.devices) == 2, f"call {n}: {again.error}"
         assert nodes_and_hca(spec_of(d, uid))[0][0] == "/dev/infiniband/uverbs1", f"call {n}"
         assert Checkpoint(d.config().checkpoint_path).claims[uid].boot_id == BOOT_B
@@ -510,16 +501,13 @@ async def test_a_nic_probed_after_the_first_pass_is_prepared_on_kubelets_retry(
     first = await node.prepare(node.tree(BEFORE, BOOT_A), claim)
     empty_cdi(dirs)
     early = node.tree({NIC_B: ("mlx5_0", 0)}, BOOT_B)
-    r = await start_driver(api, dirs, early.host, read(early))
-    try:
+    async with driving(api, dirs, early.host, read(early)) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         failed = (await plugin.prepare(ref(claim)))[uid]
         assert "kubelet retries" in failed.error and os.listdir(dirs.cdi) == []
         early.nic(NIC_A, "ens1", numa=0, rdma="mlx5_1", verbs=1)  # probed now
         r.source.update(read(early))  # the next pass
         assert await plugin.prepare(ref(claim)) == {uid: first}
-    finally:
-        await shutdown(r)
     assert nodes_and_hca(spec_of(dirs, uid))[1] == ["NCCL_IB_HCA==mlx5_1"]
 
 

@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import Dirs, live_slices, shutdown, start_driver
+from dra_helpers import Dirs, HgxDriver, live_slices
 
-from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
-from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra.devices import pool_devices
 from nodefabric_deviceplugin.dra.flags import config_from
 from nodefabric_deviceplugin.selection import SelectionError, parse
@@ -26,7 +24,7 @@ async def wait_until(predicate: Any, timeout: float = 20.0) -> None:
 
 
 async def test_the_slices_follow_the_selectors(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     pool = pool_devices(hgx_spec)
     pf = next(d for d in pool if d.role.value == "pf" and d.endpoint.netdevs)
@@ -38,25 +36,19 @@ async def test_the_slices_follow_the_selectors(
             "partitioned": [{"rdmaDevices": [vf.endpoint.rdma_device]}],
         }
     )
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, config=dirs.config(selection=selection))
-    try:
+    async with hgx_driver(hgx_spec, config=dirs.config(selection=selection)) as r:
         await wait_until(lambda: r.driver.publisher.syncs >= 1)
         (obj,) = live_slices(api)
         assert sorted(d["name"] for d in obj["spec"]["devices"]) == sorted([pf.name, vf.name])
-    finally:
-        await shutdown(r)
 
 
 async def test_without_selectors_every_device_is_published(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await wait_until(lambda: r.driver.publisher.syncs >= 1)
         (obj,) = live_slices(api)
         assert len(obj["spec"]["devices"]) == len([d for d in pool_devices(hgx_spec) if d.allocatable])
-    finally:
-        await shutdown(r)
 
 
 def test_draplugin_refuses_an_overlapping_selection(tmp_path: Path, dirs: Dirs) -> None:

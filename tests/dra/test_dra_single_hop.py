@@ -16,15 +16,16 @@ import grpc
 import pytest
 from dra_helpers import (
     DRIVER,
+    NIC0,
+    NIC1,
     Dirs,
     HeldWrites,
-    client,
+    HgxDriver,
     fd_path,
     put_claim,
     ref,
     result,
-    shutdown,
-    start_driver,
+    start_preparer,
 )
 from prometheus_client import REGISTRY
 
@@ -35,13 +36,10 @@ from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi, hops
 from nodefabric_deviceplugin.dra.checkpoint import Checkpoint, file_name
 from nodefabric_deviceplugin.dra.claims import ClaimRef
-from nodefabric_deviceplugin.dra.kube import DraApi
 from nodefabric_deviceplugin.dra.prepare import Preparer
 from nodefabric_deviceplugin.source import RecordSource
 from nodefabric_deviceplugin.verbs import VerbsCache, VerbsTable, read_table
 from nodefabric_operator.demo.kubeapi import RunningAPI
-
-NIC0, NIC1 = "pci-0000-1c-00-0", "pci-0000-44-00-0"  # mlx5_0, mlx5_1
 
 
 class Hops(hops.HopThreads):
@@ -70,11 +68,7 @@ class RecordingReader:
 def preparer(
     api: RunningAPI, dirs: Dirs, host: HostRoot, source: RecordSource, reader: RecordingReader
 ) -> Preparer:
-    config = dirs.config()
-    verbs = VerbsCache(host, reader=reader)
-    return Preparer(
-        config, source, host, DraApi(client(api), config), Checkpoint(config.checkpoint_path), verbs=verbs
-    )
+    return start_preparer(api, dirs, host, source, verbs=VerbsCache(host, reader=reader))
 
 
 async def test_a_first_prepare_with_its_verbs_devices_cached_takes_one_thread_hop(
@@ -140,141 +134,134 @@ async def test_a_claim_without_our_devices_and_a_missing_claim_take_one_hop_and_
     assert p.checkpoint.claims == {} and not os.path.exists(dirs.cdi)
 
 
-async def started(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], spec: DevicesSpec
-) -> Any:
-    r = await start_driver(api, dirs, hgx_host[0].host, spec)
-    return r, await r.kubelet.wait_registered(DRIVER)
-
-
 @pytest.mark.parametrize("then", ["unprepare", "prepare"])
 async def test_a_single_hop_cancelled_mid_write_holds_the_claim_until_written_then_answers_whole(
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
-    hgx_spec: DevicesSpec,
-    then: str,
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec, then: str
 ) -> None:
     """kubelet's deadline passes while the one hop is writing the claim's entry, and kubelet at once
     unprepares (or prepares again) the same claim. That call waits for the hop's thread to end: the
     unprepare then removes both files for good; the prepare answers what the hop wrote, from the
     checkpoint, without a second read of the API."""
     warm, late = put_claim(api, "warm", [result(NIC0)]), put_claim(api, "late", [result(NIC1)])
-    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
-    directory = r.driver.checkpoint.directory
-    try:
-        assert (await plugin.prepare(ref(warm)))[ref(warm).uid].error == ""  # the verbs cache is warm
-        reads = r.driver.preparer.verbs.reads
-        uid = ref(late).uid
-        slow_write = HeldWrites(directory)
-        hold, entered = slow_write.hold, slow_write.entered
+    async with hgx_driver(hgx_spec) as r:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        directory = r.driver.checkpoint.directory
+        try:
+            assert (await plugin.prepare(ref(warm)))[ref(warm).uid].error == ""  # the verbs cache is warm
+            reads = r.driver.preparer.verbs.reads
+            uid = ref(late).uid
+            slow_write = HeldWrites(directory)
+            hold, entered = slow_write.hold, slow_write.entered
 
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "write", slow_write)
-            with pytest.raises(grpc.aio.AioRpcError) as failed:
-                await plugin.prepare(ref(late), timeout=0.5)
-            assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and entered.is_set()
-            released = 0.0
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(os, "write", slow_write)
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await plugin.prepare(ref(late), timeout=0.5)
+                assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and entered.is_set()
+                released = 0.0
 
-            def release() -> None:
-                nonlocal released
-                released = time.monotonic()
-                hold.set()
+                def release() -> None:
+                    nonlocal released
+                    released = time.monotonic()
+                    hold.set()
 
-            threading.Timer(0.5, release).start()
+                threading.Timer(0.5, release).start()
+                if then == "unprepare":
+                    answer: Any = await plugin.unprepare(ref(late))
+                    answered = time.monotonic()
+                else:
+                    answer = await plugin.prepare(ref(late))
+                    answered = time.monotonic()
+            assert released and answered >= released, "the racing call ran while the hop was still writing"
+            spec = cdi.spec_path(dirs.cdi, DRIVER, uid)
             if then == "unprepare":
-                answer: Any = await plugin.unprepare(ref(late))
-                answered = time.monotonic()
+                assert answer == {uid: ""}
+                assert not os.path.exists(spec) and not os.path.exists(
+                    os.path.join(directory, file_name(uid))
+                )
+                assert uid not in Checkpoint(r.driver.config.checkpoint_path).claims
             else:
-                answer = await plugin.prepare(ref(late))
-                answered = time.monotonic()
-        assert released and answered >= released, "the racing call ran while the hop was still writing"
-        spec = cdi.spec_path(dirs.cdi, DRIVER, uid)
-        if then == "unprepare":
-            assert answer == {uid: ""}
-            assert not os.path.exists(spec) and not os.path.exists(os.path.join(directory, file_name(uid)))
-            assert uid not in Checkpoint(r.driver.config.checkpoint_path).claims
-        else:
-            assert answer[uid].error == "" and [d.device_name for d in answer[uid].devices] == [NIC1]
-            assert os.path.exists(spec)
-            await r.driver.preparer.syncs.drain(5)
-            assert uid in Checkpoint(r.driver.config.checkpoint_path).claims
-        assert r.driver.preparer.verbs.reads == reads, "the cancelled claim took the one-hop path"
-        assert REGISTRY.get_sample_value("nodefabric_dra_prepared_claims") == (2 if then == "prepare" else 1)
-    finally:
-        hold.set()
-        await shutdown(r)
+                assert answer[uid].error == "" and [d.device_name for d in answer[uid].devices] == [NIC1]
+                assert os.path.exists(spec)
+                await r.driver.preparer.syncs.drain(5)
+                assert uid in Checkpoint(r.driver.config.checkpoint_path).claims
+            assert r.driver.preparer.verbs.reads == reads, "the cancelled claim took the one-hop path"
+            assert REGISTRY.get_sample_value("nodefabric_dra_prepared_claims") == (
+                2 if then == "prepare" else 1
+            )
+        finally:
+            hold.set()
 
 
 async def test_a_single_hop_whose_write_fails_after_its_cancel_leaves_neither_file(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     """The deadline passes mid-write and the write then fails (a full disk): no spec, no entry, nothing
     counted as prepared, and kubelet's next call prepares the claim afresh."""
     warm, late = put_claim(api, "warm", [result(NIC0)]), put_claim(api, "late", [result(NIC1)])
-    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
-    directory = r.driver.checkpoint.directory
-    try:
-        assert (await plugin.prepare(ref(warm)))[ref(warm).uid].error == ""
-        uid = ref(late).uid
-        full = HeldWrites(directory, fail=OSError(28, "No space left on device"))
-        hold, entered = full.hold, full.entered
+    async with hgx_driver(hgx_spec) as r:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        directory = r.driver.checkpoint.directory
+        try:
+            assert (await plugin.prepare(ref(warm)))[ref(warm).uid].error == ""
+            uid = ref(late).uid
+            full = HeldWrites(directory, fail=OSError(28, "No space left on device"))
+            hold, entered = full.hold, full.entered
 
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "write", full)
-            with pytest.raises(grpc.aio.AioRpcError):
-                await plugin.prepare(ref(late), timeout=0.5)
-            assert entered.is_set()
-            threading.Timer(0.3, hold.set).start()
-            assert await plugin.unprepare(ref(warm)) == {ref(warm).uid: ""}  # waits for the hop's end
-        assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
-        assert os.listdir(directory) == [] and os.listdir(dirs.cdi) == []
-        assert REGISTRY.get_sample_value("nodefabric_dra_prepared_claims") == 0
-        again = (await plugin.prepare(ref(late)))[uid]
-        assert again.error == "" and [d.device_name for d in again.devices] == [NIC1]
-    finally:
-        hold.set()
-        await shutdown(r)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(os, "write", full)
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await plugin.prepare(ref(late), timeout=0.5)
+                assert entered.is_set()
+                threading.Timer(0.3, hold.set).start()
+                assert await plugin.unprepare(ref(warm)) == {ref(warm).uid: ""}  # waits for the hop's end
+            assert not os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+            assert os.listdir(directory) == [] and os.listdir(dirs.cdi) == []
+            assert REGISTRY.get_sample_value("nodefabric_dra_prepared_claims") == 0
+            again = (await plugin.prepare(ref(late)))[uid]
+            assert again.error == "" and [d.device_name for d in again.devices] == [NIC1]
+        finally:
+            hold.set()
 
 
 async def test_an_unprepare_cancelled_mid_removal_ends_before_the_claim_is_prepared_again(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     """kubelet's deadline passes while an unprepare waits for its directory fsync, and the claim is
     prepared again at once. The prepare must wait for the removal to end: run beside it, the removal
     would forget the entry the prepare just made (and a spec rewrite could land after its unlink)."""
     claim = put_claim(api, "again", [result(NIC0)])
     uid = ref(claim).uid
-    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
-    directory = r.driver.checkpoint.directory
-    try:
-        assert (await plugin.prepare(ref(claim)))[uid].error == ""
-        await r.driver.preparer.syncs.drain(5)
-        hold, entered = threading.Event(), threading.Event()
-        real_fsync = os.fsync
+    async with hgx_driver(hgx_spec) as r:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        directory = r.driver.checkpoint.directory
+        try:
+            assert (await plugin.prepare(ref(claim)))[uid].error == ""
+            await r.driver.preparer.syncs.drain(5)
+            hold, entered = threading.Event(), threading.Event()
+            real_fsync = os.fsync
 
-        def slow_fsync(fd: int) -> None:
-            if fd_path(fd) == directory:
-                entered.set()
-                hold.wait(30)
-            real_fsync(fd)
+            def slow_fsync(fd: int) -> None:
+                if fd_path(fd) == directory:
+                    entered.set()
+                    hold.wait(30)
+                real_fsync(fd)
 
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "fsync", slow_fsync)
-            with pytest.raises(grpc.aio.AioRpcError) as failed:
-                await plugin.unprepare(ref(claim), timeout=0.5)
-            assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and entered.is_set()
-            threading.Timer(0.5, hold.set).start()
-            again = (await plugin.prepare(ref(claim)))[uid]
-        assert again.error == "" and [d.device_name for d in again.devices] == [NIC0]
-        assert uid in r.driver.checkpoint.claims, "the prepare's entry was forgotten by the late removal"
-        assert os.path.exists(os.path.join(directory, file_name(uid)))
-        assert os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
-        await r.driver.preparer.syncs.drain(5)
-        assert uid in Checkpoint(r.driver.config.checkpoint_path).claims
-    finally:
-        hold.set()
-        await shutdown(r)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(os, "fsync", slow_fsync)
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await plugin.unprepare(ref(claim), timeout=0.5)
+                assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and entered.is_set()
+                threading.Timer(0.5, hold.set).start()
+                again = (await plugin.prepare(ref(claim)))[uid]
+            assert again.error == "" and [d.device_name for d in again.devices] == [NIC0]
+            assert uid in r.driver.checkpoint.claims, "the prepare's entry was forgotten by the late removal"
+            assert os.path.exists(os.path.join(directory, file_name(uid)))
+            assert os.path.exists(cdi.spec_path(dirs.cdi, DRIVER, uid))
+            await r.driver.preparer.syncs.drain(5)
+            assert uid in Checkpoint(r.driver.config.checkpoint_path).claims
+        finally:
+            hold.set()
 
 
 @pytest.mark.parametrize("fault", ["emfile", "cdi dir is a file", "symlink at every temporary name"])
@@ -345,11 +332,8 @@ async def test_every_preparer_of_a_process_syncs_on_one_thread(
 
     claims: list[tuple[Preparer, ClaimRef]] = []
     for i, nic in enumerate((NIC0, NIC1)):
-        config = Dirs(f"{dirs.plugin}/{i}", f"{dirs.registry}/{i}", f"{dirs.cdi}/{i}").config()
-        checkpoint = Checkpoint(config.checkpoint_path)
-        p = Preparer(
-            config, RecordSource(hgx_spec), hgx_host[0].host, DraApi(client(api), config), checkpoint
-        )
+        own = Dirs(f"{dirs.plugin}/{i}", f"{dirs.registry}/{i}", f"{dirs.cdi}/{i}")
+        p = start_preparer(api, own, hgx_host[0].host, RecordSource(hgx_spec))
         claims.append((p, ref(put_claim(api, f"p{i}", [result(nic)]))))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "fdatasync", fdatasync)
@@ -396,39 +380,39 @@ async def test_a_hop_cancelled_twice_still_holds_the_claim_until_its_thread_ends
 
 
 async def test_a_spec_rewrite_cancelled_mid_write_lands_before_the_unprepare_that_follows(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, dirs: Dirs, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     """A repeated prepare rewrites a spec a reboot took; kubelet's deadline passes mid-rename and it
     unprepares the claim at once. The unprepare must run after the rename, or the spec it could not yet
     see would stay in the runtime's directory for good."""
     claim = put_claim(api, "rewrite", [result(NIC0)])
     uid = ref(claim).uid
-    r, plugin = await started(api, dirs, hgx_host, hgx_spec)
-    spec = cdi.spec_path(dirs.cdi, DRIVER, uid)
-    try:
-        assert (await plugin.prepare(ref(claim)))[uid].error == ""
-        os.unlink(spec)  # /var/run/cdi emptied by a reboot
-        hold, entered = threading.Event(), threading.Event()
-        real_replace = os.replace
+    async with hgx_driver(hgx_spec) as r:
+        plugin = await r.kubelet.wait_registered(DRIVER)
+        spec = cdi.spec_path(dirs.cdi, DRIVER, uid)
+        try:
+            assert (await plugin.prepare(ref(claim)))[uid].error == ""
+            os.unlink(spec)  # /var/run/cdi emptied by a reboot
+            hold, entered = threading.Event(), threading.Event()
+            real_replace = os.replace
 
-        def slow_replace(src: str, dst: str) -> None:
-            if dst == spec:
-                entered.set()
-                hold.wait(30)
-            real_replace(src, dst)
+            def slow_replace(src: str, dst: str) -> None:
+                if dst == spec:
+                    entered.set()
+                    hold.wait(30)
+                real_replace(src, dst)
 
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "replace", slow_replace)
-            with pytest.raises(grpc.aio.AioRpcError):
-                await plugin.prepare(ref(claim), timeout=0.5)
-            assert entered.is_set()
-            threading.Timer(0.5, hold.set).start()
-            assert await plugin.unprepare(ref(claim)) == {uid: ""}
-        assert not os.path.exists(spec), "the rewrite landed after the unprepare"
-        assert os.listdir(dirs.cdi) == [] and uid not in r.driver.checkpoint.claims
-    finally:
-        hold.set()
-        await shutdown(r)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(os, "replace", slow_replace)
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await plugin.prepare(ref(claim), timeout=0.5)
+                assert entered.is_set()
+                threading.Timer(0.5, hold.set).start()
+                assert await plugin.unprepare(ref(claim)) == {uid: ""}
+            assert not os.path.exists(spec), "the rewrite landed after the unprepare"
+            assert os.listdir(dirs.cdi) == [] and uid not in r.driver.checkpoint.claims
+        finally:
+            hold.set()
 
 
 class SlowReader:

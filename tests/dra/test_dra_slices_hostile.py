@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dra_helpers import DRIVER, NODE, SLICES, Dirs, live_slices, shutdown, start_driver
+from dra_helpers import DRIVER, NODE, SLICES, HgxDriver, live_slices
 
-from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
-from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
 INT64_MAX = 2**63 - 1
@@ -24,7 +22,7 @@ async def wait_until(predicate: Any, timeout: float = 20.0) -> None:
 
 
 async def test_a_pool_generation_edited_to_the_int64_limit_does_not_wedge_the_pool(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    api: RunningAPI, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     """The next generation would be 2**63, which no API server stores: every write of the pool would be
     refused forever. The pool starts again from generation 1 instead, with the host's devices."""
@@ -41,11 +39,8 @@ async def test_a_pool_generation_edited_to_the_int64_limit_does_not_wedge_the_po
         },
     }
     api.api.put_object(SLICES, edited)
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await wait_until(lambda: r.driver.publisher.syncs >= 1)
         (obj,) = live_slices(api)
         assert obj["spec"]["pool"]["generation"] <= INT64_MAX
         assert len(obj["spec"]["devices"]) == 11
-    finally:
-        await shutdown(r)

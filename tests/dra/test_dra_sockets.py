@@ -11,13 +11,10 @@ import threading
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, Dirs, shutdown, start_driver
+from dra_helpers import DRIVER, HgxDriver
 
-from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
-from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.testing.sockets import delete_on_sight
-from nodefabric_operator.demo.kubeapi import RunningAPI
 
 
 async def eventually(predicate: Any, timeout: float = 20.0) -> None:
@@ -29,9 +26,7 @@ async def eventually(predicate: Any, timeout: float = 20.0) -> None:
 @pytest.mark.parametrize("times", [5, 10**9])
 async def test_a_dra_socket_deleted_on_sight_is_served_again_with_backoff(
     *,
-    api: RunningAPI,
-    dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
     hgx_spec: DevicesSpec,
     caplog: pytest.LogCaptureFixture,
     times: int,
@@ -39,8 +34,7 @@ async def test_a_dra_socket_deleted_on_sight_is_served_again_with_backoff(
     """Deleted 5 times as soon as it appears (a socket gone between bind and the driver's look read as
     "serving, no file", equal to "no file" for ever), or for 3 s on end (each successful serve reset the
     backoff: a hot loop)."""
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         await r.kubelet.wait_registered(DRIVER)
         path = r.driver.config.dra_socket
         caplog.clear()
@@ -55,20 +49,17 @@ async def test_a_dra_socket_deleted_on_sight_is_served_again_with_backoff(
         assert len(serves) <= 8 or times == 5, len(serves)
         await eventually(lambda: os.path.exists(path) and not r.driver.servers.dra.needs_serving())
         await eventually(lambda: os.path.exists(r.driver.config.registration_socket))
-    finally:
-        await shutdown(r)
 
 
 async def test_a_registration_retry_that_fell_due_during_the_last_look_wakes_the_driver_at_once(
-    *, api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
+    *, hgx_driver: HgxDriver, hgx_spec: DevicesSpec
 ) -> None:
     """The registration socket lost and backed off, and its retry due by the time the look that skipped it
     (not due when it began) ends, after a slow serve of the DRA socket: the wake-up is at once. It was
     counted only while still ahead, leaving the socket for the next poll (30 s with inotify, were our own
     new DRA socket not to wake the loop). While the DRA socket needs serving, its retry is the one waited
     for: the registration socket is never served before it."""
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, use_inotify=False, fallback_poll=30.0)
-    try:
+    async with hgx_driver(hgx_spec, use_inotify=False, fallback_poll=30.0) as r:
         await r.kubelet.wait_registered(DRIVER)
         servers = r.driver.servers
         now = asyncio.get_running_loop().time()
@@ -79,5 +70,3 @@ async def test_a_registration_retry_that_fell_due_during_the_last_look_wakes_the
         servers.dra.retry_at = now + 2.0
         os.unlink(r.driver.config.dra_socket)
         assert servers.next_retry(now) == 2.0
-    finally:
-        await shutdown(r)

@@ -14,11 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dra_helpers import DRIVER, NODE, Dirs, put_claim, ref, result, shutdown, start_driver
+from dra_helpers import DRIVER, NIC0, NODE, Dirs, HgxDriver, put_claim, ref, result
 
-from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
-from nodefabric_devicemanager.testing.sysfs import SysfsBuilder
 from nodefabric_deviceplugin.dra import cdi
 from nodefabric_deviceplugin.dra.checkpoint import (
     KIND,
@@ -31,7 +29,6 @@ from nodefabric_deviceplugin.dra.checkpoint import (
 )
 from nodefabric_operator.demo.kubeapi import RunningAPI
 
-NIC0 = "pci-0000-1c-00-0"  # mlx5_0, beside GPU 0
 NIC1 = "pci-0000-e0-00-1"  # mlx5_8, the first VF of NIC 7
 OTHER_BOOT = "0f4c3b1e-7a52-4e8f-9d3a-2b6c1e0a9f11"  # not this machine's: the entry is of another boot
 KEEP = b'{"kind": "not a CDI spec of this driver"}\n'  # JSON: read as a spec that is there, and differs
@@ -82,7 +79,7 @@ def _dotdot(dirs: Dirs, uid: str, outside: Path, monkeypatch: pytest.MonkeyPatch
 async def test_an_entry_whose_spec_path_escapes_is_refused_and_the_rest_kept(
     api: RunningAPI,
     dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
     hgx_spec: DevicesSpec,
     tmp_path: Path,
     *,
@@ -93,18 +90,14 @@ async def test_an_entry_whose_spec_path_escapes_is_refused_and_the_rest_kept(
 ) -> None:
     kept, bad = put_claim(api, "kept", [result(NIC1)]), put_claim(api, "bad", [result(NIC0)])
     kept_uid, bad_uid = kept["metadata"]["uid"], bad["metadata"]["uid"]
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         first = (await (await r.kubelet.wait_registered(DRIVER)).prepare(ref(kept)))[kept_uid]
         assert first.error == ""
-    finally:
-        await shutdown(r)
     outside = tmp_path / "outside"
     target = victim(outside, bad_uid)
     plant(dirs, bad, make_path(dirs, bad_uid, outside, monkeypatch))
     caplog.set_level(logging.ERROR, logger="nodefabric_deviceplugin.dra")
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(bad)) == {bad_uid: ""}
         assert target.read_bytes() == KEEP
@@ -120,8 +113,6 @@ async def test_an_entry_whose_spec_path_escapes_is_refused_and_the_rest_kept(
         assert Path(dirs.cdi, cdi.spec_file_name(DRIVER, bad_uid)).exists()
         assert await plugin.unprepare(ref(bad)) == {bad_uid: ""}
         assert not Path(dirs.cdi, cdi.spec_file_name(DRIVER, bad_uid)).exists()
-    finally:
-        await shutdown(r)
     assert target.read_bytes() == KEEP
 
 
@@ -150,7 +141,7 @@ async def test_a_refused_entry_of_a_whole_file_checkpoint_keeps_the_others(
 async def test_a_spec_path_through_a_symlink_out_of_the_cdi_dir_is_never_removed(
     api: RunningAPI,
     dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
     hgx_spec: DevicesSpec,
     tmp_path: Path,
     *,
@@ -170,8 +161,7 @@ async def test_a_spec_path_through_a_symlink_out_of_the_cdi_dir_is_never_removed
     planted = os.path.join(dirs.cdi, "link", cdi.spec_file_name(DRIVER, uid))
     plant(dirs, claim, planted, boot_id=boot_id)
     caplog.set_level(logging.WARNING, logger="nodefabric_deviceplugin.dra")
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         assert list(r.driver.checkpoint.claims) == [uid]
         plugin = await r.kubelet.wait_registered(DRIVER)
         prepared = (await plugin.prepare(ref(claim)))[uid]
@@ -186,15 +176,13 @@ async def test_a_spec_path_through_a_symlink_out_of_the_cdi_dir_is_never_removed
         assert [rec.getMessage() for rec in caplog.records if rec.getMessage() in (MOVED, RESOLVED)] == [path]
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
         assert not os.path.exists(own)
-    finally:
-        await shutdown(r)
     assert target.read_bytes() == KEEP
 
 
 async def test_an_unprepare_never_removes_the_spec_an_entry_names_outside_the_cdi_dir(
     api: RunningAPI,
     dirs: Dirs,
-    hgx_host: tuple[SysfsBuilder, Libraries],
+    hgx_driver: HgxDriver,
     hgx_spec: DevicesSpec,
     tmp_path: Path,
     *,
@@ -213,13 +201,10 @@ async def test_an_unprepare_never_removes_the_spec_an_entry_names_outside_the_cd
     own = Path(dirs.cdi, cdi.spec_file_name(DRIVER, uid))
     own.write_text("{}\n")
     caplog.set_level(logging.WARNING, logger="nodefabric_deviceplugin.dra")
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec)
-    try:
+    async with hgx_driver(hgx_spec) as r:
         plugin = await r.kubelet.wait_registered(DRIVER)
         assert await plugin.unprepare(ref(claim)) == {uid: ""}
         assert not own.exists() and r.driver.checkpoint.claims == {}
         left = [rec for rec in caplog.records if rec.getMessage() == LEFT]
         assert [(rec.claim, rec.path) for rec in left] == [(uid, planted)]  # type: ignore[attr-defined]
-    finally:
-        await shutdown(r)
     assert target.read_bytes() == KEEP

@@ -9,7 +9,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dra_helpers import DRIVER, NODE, SLICES, Dirs, Running, client, live_slices, shutdown, start_driver
+from dra_helpers import (
+    DRIVER,
+    NODE,
+    SLICES,
+    Dirs,
+    HgxDriver,
+    Running,
+    client,
+    live_slices,
+)
 
 from nodefabric_devicemanager.accelerators import Libraries
 from nodefabric_devicemanager.models import DevicesSpec
@@ -50,16 +59,13 @@ def spent(k: RunningAPI, before: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.fixture
-async def settled(
-    api: RunningAPI, dirs: Dirs, hgx_host: tuple[SysfsBuilder, Libraries], hgx_spec: DevicesSpec
-) -> Any:
+async def settled(api: RunningAPI, hgx_driver: HgxDriver, hgx_spec: DevicesSpec) -> Any:
     """The driver after its first publish, its watch open."""
-    r = await start_driver(api, dirs, hgx_host[0].host, hgx_spec, resync=3600)
-    await r.kubelet.wait_registered(DRIVER)
-    await wait_until(lambda: r.driver.publisher.syncs >= 1 and r.driver.publisher.watch.connects >= 1)
-    await wait_until(lambda: api.count("GET", SLICES, "watch") >= 1)
-    yield r
-    await shutdown(r)
+    async with hgx_driver(hgx_spec, resync=3600) as r:
+        await r.kubelet.wait_registered(DRIVER)
+        await wait_until(lambda: r.driver.publisher.syncs >= 1 and r.driver.publisher.watch.connects >= 1)
+        await wait_until(lambda: api.count("GET", SLICES, "watch") >= 1)
+        yield r
 
 
 async def edit(k: RunningAPI, name: str, patch: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from operator_records import gpu_record
 
 from nodefabric_devicemanager import models
 from nodefabric_devicemanager.models import Devices
-from nodefabric_operator import cli
+from nodefabric_operator import cli, sinks
 from nodefabric_operator.demo.kubeapi import RunningAPI, write_kubeconfig
 from nodefabric_operator.metrics import Metrics
 
@@ -27,6 +27,7 @@ G, V, P = models.GROUP, models.VERSION, models.PLURAL
 NS = "nodefabric"
 NF = "nfd.k8s-sigs.io/v1alpha1/nodefeatures"
 DEVICES = f"{G}/{V}/{P}"
+CRD_NAME = f"{sinks.NFD_PLURAL}.{sinks.NFD_GROUP}"  # NFD's NodeFeature CRD
 
 
 class Client:
@@ -267,3 +268,31 @@ async def answering_api(
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     return runner, write_kubeconfig(f"http://127.0.0.1:{port}", str(tmp_path))
+
+
+def nodefeature_crd() -> dict[str, Any]:
+    """NFD's NodeFeature CRD as far as the operator needs it (schema-less)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": sinks.NFD_GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": sinks.NFD_PLURAL, "singular": "nodefeature", "kind": "NodeFeature"},
+            "versions": [
+                {
+                    "name": sinks.NFD_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def crds(c: Client) -> kubernetes.client.ApiextensionsV1Api:
+    return kubernetes.client.ApiextensionsV1Api(c.custom.api_client)

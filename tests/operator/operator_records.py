@@ -119,6 +119,7 @@ def wire(record: Devices) -> dict[str, Any]:
     return record.wire()
 
 
-def gpu_record(name: str) -> Devices:
-    """A node's record of one NIC beside one NVLink GPU: what the operator labels rdma-capable."""
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
+def gpu_record(name: str, link: LinkState = LinkState.OK) -> Devices:
+    """A node's record of one NIC (its link `link`) beside one NVLink GPU: what the operator labels
+    rdma-capable."""
+    return devices(name, interfaces=[nic(link=link)], groups=[group("nvidia", gpu(0, fabric=nvlink()))])

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import devices, gpu, gpu_record, group, nic, nvlink
 from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
@@ -28,10 +28,6 @@ NODES = "v1/nodes"
 PER_RESOURCE = [
     (m, r) for r in (NF, DEVICES, NODES, EVENTS) for m in ("GET", "POST", "PATCH", "PUT", "DELETE")
 ]
-
-
-def gpu_record(name: str):
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 def spend(k: RunningAPI) -> dict[tuple[str, str], int]:

@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes
 import pytest
 from operator_harness import NF, NS, Client, eventually, running_operator, settle
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import devices, gpu_record, nic
 from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
@@ -24,10 +24,6 @@ P = "feature.gpustack.ai/"
 CAPABLE = P + "rdma.capable"
 DEVICES_PATH = (models.GROUP, models.VERSION, models.PLURAL)
 NF_PATH = (sinks.NFD_GROUP, sinks.NFD_VERSION, NS, sinks.NFD_PLURAL)
-
-
-def gpu_record(name: str):
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 async def test_without_rbac_to_read_nodes_a_record_without_owner_is_still_published(caplog):

@@ -13,19 +13,21 @@ from typing import Any
 import kmock
 import pytest
 from operator_harness import (
+    CRD_NAME,
     DEVICES,
     NF,
     NS,
     Client,
     all_say,
+    crds,
     eventually,
     fleet,
+    nodefeature_crd,
     running_operator,
     settle,
     writes,
 )
 from test_operator_leader import Replica, lease
-from test_operator_nfd_missing import CRD_NAME, crds, nodefeature_crd
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import cli, events, sinks

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from operator_harness import DEVICES, NF, Client, eventually, running_operator, settle, writes
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import devices, gpu_record, nic
 from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd, models
@@ -18,10 +18,6 @@ from nodefabric_operator.demo.kubeapi import running_api
 D = labels.DEFAULT_DOMAIN
 CAPABLE = labels.key(D, labels.RDMA_CAPABLE)
 NUMA = labels.key(D, labels.RDMA_NUMA)
-
-
-def gpu_record(name: str, link: LinkState = LinkState.OK):
-    return devices(name, interfaces=[nic(link=link)], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 async def on_node(c: Client, name: str) -> dict | None:

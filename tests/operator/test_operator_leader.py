@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from operator_harness import NS, Client, eventually
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import gpu_record
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import cli, leader, sinks
@@ -20,10 +20,6 @@ from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.metrics import Metrics
 
 TIMING = (2.0, 1.0, 0.1)  # duration, renew deadline, retry: seconds, for a quick test
-
-
-def gpu_record(name: str):
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 class Replica:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 from operator_harness import DEVICES, NF, NS, Client, eventually, running_operator, settle, writes
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import gpu_record
 
 from nodefabric_devicemanager import crd
 from nodefabric_operator import sinks
@@ -16,10 +16,6 @@ from nodefabric_operator.demo.kubeapi import running_api
 
 RECORDS = 6
 OLD = ("n0", "n2", "n4")  # made before the label: stripped of it below
-
-
-def gpu_record(name: str):
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 async def test_ours_without_the_managed_by_label_is_patched_once_at_start():

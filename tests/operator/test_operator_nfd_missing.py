@@ -8,21 +8,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 import kmock
 import kubernetes
 import pytest
 from operator_harness import (
+    CRD_NAME,
     NAMESPACE_NOT_FOUND_STATUS,
     NS,
-    Client,
     Probing,
     all_say,
     conditions,
+    crds,
     eventually,
     fleet,
     lines,
+    nodefeature_crd,
     running_operator,
     settle,
 )
@@ -35,45 +36,16 @@ from nodefabric_operator.demo.kubeapi import errors as kubeapi_errors
 RECORDS = 12
 CAPABLE = labels.key(labels.DEFAULT_DOMAIN, labels.RDMA_CAPABLE)
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
-CRD_NAME = f"{sinks.NFD_PLURAL}.{sinks.NFD_GROUP}"
 BACKOFFS = (0.1, 0.2)  # probes 0.1, 0.2, then doubling up to 1 s apart
 MISSING = "the NodeFeature API is not served (NFD's CRD is not installed): nothing is published until it is"
 PROBED = "the NodeFeature API is still not served"
 BACK = "the NodeFeature API is served now, publishing the records that waited"
 
 
-def nodefeature_crd() -> dict[str, Any]:
-    """NFD's NodeFeature CRD as far as the operator needs it (schema-less)."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": sinks.NFD_GROUP,
-            "scope": "Namespaced",
-            "names": {"plural": sinks.NFD_PLURAL, "singular": "nodefeature", "kind": "NodeFeature"},
-            "versions": [
-                {
-                    "name": sinks.NFD_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                }
-            ],
-        },
-    }
-
-
 def reasons(k: RunningAPI) -> list[str]:
     """The reason of every Event posted."""
     posted = k.api.objects.items()
     return [o.get("reason") for key, o in posted if key[0] == kmock.resource("v1/events") and not o.deleted]
-
-
-async def crds(c: Client) -> kubernetes.client.ApiextensionsV1Api:
-    return kubernetes.client.ApiextensionsV1Api(c.custom.api_client)
 
 
 async def test_the_nodefeature_api_deleted_under_the_operator_is_said_once_and_probed_one_at_a_time(caplog):

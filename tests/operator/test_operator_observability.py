@@ -19,7 +19,7 @@ import urllib.request
 import kopf
 import pytest
 from operator_harness import Client, eventually, running_operator, settle
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import devices, gpu, gpu_record, group, nic, nvlink
 
 from nodefabric_devicemanager import crd, logs
 from nodefabric_devicemanager.models import LinkState
@@ -40,10 +40,6 @@ def fetch(url: str, accept: str = "") -> tuple[int, str, str]:
             return r.status, r.headers.get("Content-Type", ""), r.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, "", ""
-
-
-def gpu_record(name: str):
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 async def test_metrics_only_on_metrics_health_only_on_healthz():

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from operator_harness import NS, Client, answering_api, eventually, running_operator, settle
-from operator_records import devices, gpu, group, nic, nvlink
+from operator_records import gpu_record
 from watch_breaker import watch_breaker
 
 from nodefabric_devicemanager import crd
@@ -22,10 +22,6 @@ from nodefabric_operator.demo.kubeapi import RunningAPI, running_api, write_kube
 D = labels.DEFAULT_DOMAIN
 CAPABLE = labels.key(D, labels.RDMA_CAPABLE)
 NF_KEY = f"{sinks.NFD_GROUP}/{sinks.NFD_VERSION}/{sinks.NFD_PLURAL}"
-
-
-def gpu_record(name: str):
-    return devices(name, interfaces=[nic()], groups=[group("nvidia", gpu(0, fabric=nvlink()))])
 
 
 def prune_args(k: RunningAPI, *extra: str, kubeconfig: str | None = None) -> argparse.Namespace:
