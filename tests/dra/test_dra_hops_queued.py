@@ -184,6 +184,12 @@ class Rig:
         assert (await p.prepare([warm]))[warm.uid].error == ""
         assert await p.unprepare([warm]) == {warm.uid: ""}
         await p.syncs.drain(5)
+        await self.quiet()
+
+    async def quiet(self) -> None:
+        """Until every hop thread made waits for work: a thread counts itself idle just after its job, and
+        a blocking job submitted before that is queued, where a pause armed on the backlog holds it."""
+        await idle(self.pool, self.pool._threads)
 
 
 @pytest.fixture
@@ -392,6 +398,7 @@ async def test_a_cancel_racing_the_thread_that_takes_the_job_up(
     if what == "unprepare":
         assert (await p.prepare([claim]))[claim.uid].error == ""
         await p.syncs.drain(5)
+        await rig.quiet()
     else:
         await rig.warmed(p)
     before, reads = rig.files(p, claim), rig.reads()
