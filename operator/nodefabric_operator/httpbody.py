@@ -96,8 +96,8 @@ class _Body:
         return True
 
     def whole(self) -> bytes:
-        """The body, its buffer let go: held twice (the buffer and its copy) for the whole answer, a
-        body cost twice what the bound counts."""
+        """The body, its buffer let go: kept, the buffer and its copy would both be held for the whole
+        answer, twice what the bound counts."""
         raw = bytes(self.data)
         self.data = bytearray()
         return raw
