@@ -45,6 +45,12 @@ _AIOHTTP_RESENDS: frozenset[str] = getattr(aiohttp.client, "IDEMPOTENT_METHODS",
 T = TypeVar("T")
 
 
+class Closed(apicall.Stopped, aiohttp.ClientConnectionError):
+    """A request made after the client was closed (the operator stopped): refused, never sent. A stop to
+    whoever asks (apicall.Stopped), and to every other caller what a connection never made is: transient,
+    retried quietly, never a traceback."""
+
+
 class _Answer:
     """What ApiException.from_response reads of an answer."""
 
@@ -56,11 +62,18 @@ class _Answer:
 
 
 class AsyncClient:
+    """Closed once, for good: the operator closes it after kopf stopped for the last time (cli.serve,
+    Reconciler.aclose), never between two starts of kopf within one run (cli._kopf's restart after a
+    404 reuses it open). A task that escaped kopf's stop (kopf waits for and cancels only the tasks it
+    found when it began to stop) and sends a request after that is refused with Closed, before any
+    byte goes out: no session is opened again to write after the lease was released to a standby."""
+
     def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
         self.api = api
         self.config = api.configuration
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
         # The pool's size, taken by apicall.arun before a request is sent, not by aiohttp's connector:
         # a request waiting for a connection there is on the clock of its whole-request timeout
         # (`total`: a first sync queues many writes behind a slow API server, each would fail and its
@@ -98,6 +111,8 @@ class AsyncClient:
         )
 
     def _opened(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise Closed("the operator stopped: its client is closed, the request was not sent")
         if self._session is None:
             # Made on first use: a session belongs to the loop it is made on, kopf's.
             config = self.config
@@ -196,6 +211,7 @@ class AsyncClient:
         return body
 
     async def close(self) -> None:
+        self._closed = True  # first: a request made while the session closes is refused too
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
@@ -250,8 +266,12 @@ class Driver:
         self.api = api
         self.metrics = metrics
         self.client = AsyncClient(api) if AsyncClient.serves(api.configuration) else None
+        self._closed = False
 
     async def __call__(self, calls: apicall.Calls[T]) -> T:
+        if self._closed:  # as AsyncClient refuses (see its note), for the writes sent in a thread too
+            calls.close()
+            raise Closed("the operator stopped: its client is closed, the request was not sent")
         if self.client is not None:
             return await apicall.arun(calls, self.client, self.metrics)
         # Told to stop at the cancel: the thread runs on after it, and would send the rest of the publish.
@@ -259,5 +279,6 @@ class Driver:
         return await writing(apicall.run, calls, self.api, self.metrics, stopping, stopping=stopping)
 
     async def close(self) -> None:
+        self._closed = True
         if self.client is not None:
             await self.client.close()

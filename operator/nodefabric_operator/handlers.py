@@ -20,7 +20,6 @@ every Devices event when kopf can be hooked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import kopf
 
 from nodefabric_devicemanager import models
-from nodefabric_operator import kopflog, sinks
+from nodefabric_operator import kopflog, rawcall, sinks
 from nodefabric_operator.intake import Echo, Intake, Key, Lanes
 from nodefabric_operator.reconcile import Reconciler
 
@@ -36,6 +35,10 @@ if TYPE_CHECKING:
     from nodefabric_operator.topology.shell import Projector  # imported only with --topology (cli)
 
 log = logging.getLogger(__name__)
+
+# How long the stop waits for a topology pass's request in flight: the loop's own client bounds a write
+# to this (aioclient); the pass's threaded requests carry no timeout of their own.
+TOPOLOGY_STOP_WAIT_S = 2 * rawcall.REQUEST_TIMEOUT_S
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -116,11 +119,18 @@ async def topology_start(memo: Any, **_: Any) -> None:
 
 
 async def topology_stop(memo: Any, **_: Any) -> None:
+    """The loop cancelled, and waited for: a pass in its worker thread sends nothing more and its request
+    in flight is answered (Projector.stopping) before kopf stops, so before the lease is released (cli).
+    Bounded: a request that never ends does not hold the stop for ever."""
     task: asyncio.Task[None] | None = getattr(memo, "topology_task", None)
     if task is not None:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        done, _pending = await asyncio.wait({task}, timeout=TOPOLOGY_STOP_WAIT_S)
+        if not done:
+            log.warning(
+                "the topology pass's request in flight is still unanswered, stopping without it",
+                extra={"waited_s": TOPOLOGY_STOP_WAIT_S},
+            )
 
 
 async def on_node_topology(event: kopf.RawEvent, memo: Any, **_: Any) -> None:

@@ -5,6 +5,7 @@ created again when it was deleted since. Synchronous: the shell runs a pass in a
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import kubernetes
 import urllib3
 
 from nodefabric_devicemanager.nodeclient.objects import resource_version
+from nodefabric_operator.apicall import Stopped
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.rawcall import status_of
 from nodefabric_operator.topology import project
@@ -27,6 +29,15 @@ API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSEr
 
 
 JSON_PATCH = "application/json-patch+json"
+
+
+def go_on(stopping: threading.Event) -> None:
+    """Stopped once the operator is stopping (the shell's cancel sets `stopping`, inflight.writing): a
+    pass runs in a worker thread the cancel does not end, and each request it would send next would go
+    out after the stop, and after the lease was released to a standby. Not one of API_ERRORS: no target
+    catches it, the pass ends where it is."""
+    if stopping.is_set():
+        raise Stopped("the operator is stopping: the topology pass sends nothing more")
 
 
 class NotOurs(Exception):
@@ -66,9 +77,11 @@ class Objects:
         metrics: Metrics,
         served: Callable[[], dict[str, str | None]],
         owned: Callable[[dict[str, Any]], dict[str, Any]],
+        stopping: threading.Event | None = None,
     ) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.metrics = metrics
+        self.stopping = stopping or threading.Event()  # checked before each request (go_on)
         self.served = served  # target -> version served, as discovery last read it
         self.owned = owned  # a body with the owner reference added
         # target -> what the server holds as far as we know (a target absent: read it again)
@@ -84,6 +97,7 @@ class Objects:
 
     def _call(self, verb: str, target: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         g, v, p = self.gvp(target)
+        go_on(self.stopping)
         self.metrics.api_requests.labels(verb=verb, resource=p).inc()
         result = fn(g, v, p, *args, **kwargs)
         if verb in ("create", "patch", "delete"):

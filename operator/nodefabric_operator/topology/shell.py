@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import kubernetes
 from nodefabric_devicemanager.backoff import Backoff
 from nodefabric_operator import events, sinks
 from nodefabric_operator.extender.config import Level
+from nodefabric_operator.inflight import writing
 from nodefabric_operator.metrics import Metrics
 from nodefabric_operator.recorder import Recorder
 from nodefabric_operator.topology import project, report
@@ -66,6 +68,10 @@ class Projector:
         self.recorder = recorder
         self.clock = clock
         self.keys = frozenset(k for lv in options.levels for k in lv.keys)
+        # Set when the loop is cancelled (the operator stopping) while a pass runs in its worker thread:
+        # the pass sends nothing more (objects.go_on, the Events' posts), and the cancel waits for the
+        # request in flight (inflight.writing), so nothing lands after the lease is released.
+        self.stopping = threading.Event()
         self.fleet: dict[str, dict[str, str]] = {}
         self.hierarchy: Hierarchy | None = None
         self.writer = Writer(
@@ -77,6 +83,7 @@ class Projector:
             discovery_ttl=options.discovery_ttl,
             event=self._event,
             clock=clock,
+            stopping=self.stopping,
         )
         self._cleaned = False
         self._dirty = asyncio.Event()
@@ -138,6 +145,7 @@ class Projector:
         """Pass once changes have been quiet for `debounce` seconds (a burst waits at most ten times that),
         and every `resync` seconds."""
         self._dirty.set()  # the first pass, once kopf's listing has delivered the fleet
+        self.stopping.clear()  # kopf started again (cli._kopf) after a stop that set it
         loop = asyncio.get_running_loop()
         resynced = loop.time()
         while True:
@@ -160,7 +168,7 @@ class Projector:
             self._dirty.clear()
             fleet = {n: dict(labs) for n, labs in self.fleet.items()}
             try:
-                await asyncio.to_thread(self.reconcile, fleet)
+                await writing(self.reconcile, fleet, stopping=self.stopping)
             except Exception:  # a pass never ends the loop; the next one starts from what the server holds
                 log.exception("topology pass failed")
                 self._forget()
@@ -244,7 +252,7 @@ class Projector:
         if self.recorder is None:
             return
         involved = {"apiVersion": report.API_VERSION, "kind": report.KIND, "name": report.NAME}
-        self.recorder.post(involved, notice, action=ACTION)
+        self.recorder.post(involved, notice, action=ACTION, stopping=self.stopping)
 
     def health(self) -> dict[str, int]:
         return {"topologyNodes": len(self.fleet)}

@@ -7,6 +7,7 @@ a pass in a worker thread) and raises nothing but what `reconcile` handles.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from nodefabric_operator.topology import project, report
 from nodefabric_operator.topology.discovery import KNOWN, Discovery
 from nodefabric_operator.topology.hypernodes import HyperNodeWriter
 from nodefabric_operator.topology.nesting import Hierarchy
-from nodefabric_operator.topology.objects import API_ERRORS, Objects, brief, name_of
+from nodefabric_operator.topology.objects import API_ERRORS, Objects, brief, go_on, name_of
 from nodefabric_operator.topology.sweep import Sweeper
 from nodefabric_operator.topology.topologies import TopologyWriter
 
@@ -48,18 +49,25 @@ class Writer:
         discovery_ttl: float,
         event: Callable[[events.Notice], None],
         clock: Callable[[], float] = time.monotonic,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.targets = tuple(targets)
+        # Set as the operator stops: no request of the pass is sent after it (objects.go_on).
+        self.stopping = stopping or threading.Event()
         self.name = name
         self.event = event
         self.retry = False  # a write failed: the shell passes again after a backoff
         self.discovery = Discovery(api, metrics, owner=owner, ttl=discovery_ttl, clock=clock)
-        self.objects = Objects(api, metrics, lambda: self.discovery.served, self.discovery.owned)
+        self.objects = Objects(
+            api, metrics, lambda: self.discovery.served, self.discovery.owned, stopping=self.stopping
+        )
         self.topologies = TopologyWriter(self.objects, event, self._again)
         self.hypernodes = HyperNodeWriter(self.objects)
         self.sweeper = Sweeper(self.objects, name, lambda: self.discovery.owner_uid, event, self._again)
         self._unknown_said: dict[str, tuple[str, ...]] = {}  # target -> the unknown versions said
-        self.report = ReportWriter(api, metrics, self.discovery.owned, self._again, self.discovery.forget)
+        self.report = ReportWriter(
+            api, metrics, self.discovery.owned, self._again, self.discovery.forget, stopping=self.stopping
+        )
 
     def _again(self) -> None:
         self.retry = True
@@ -74,9 +82,11 @@ class Writer:
         return self.discovery.owner_ready
 
     def discover(self) -> None:
+        go_on(self.stopping)
         self.discovery.discover()
 
     def read_owner(self) -> None:
+        go_on(self.stopping)
         self.discovery.read_owner()
 
     def forget(self) -> None:
@@ -189,8 +199,11 @@ class ReportWriter:
         owned: Callable[[dict[str, Any]], dict[str, Any]],
         again: Callable[[], None],
         rediscover: Callable[[], None],
+        *,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.stopping = stopping or threading.Event()
         self.metrics = metrics
         self.owned = owned
         self.again = again
@@ -206,6 +219,7 @@ class ReportWriter:
         g, v, p = report.GROUP, report.VERSION, report.PLURAL
         try:
             if not self._known:
+                go_on(self.stopping)
                 self.metrics.api_requests.labels(verb="get", resource=p).inc()
                 try:
                     live = self.custom.get_cluster_custom_object(g, v, p, report.NAME)
@@ -220,6 +234,7 @@ class ReportWriter:
             status = report.status(hierarchy, states, _now(), previous)
             if status == self._status:
                 return
+            go_on(self.stopping)
             self.metrics.api_requests.labels(verb="patch" if self._exists else "create", resource=p).inc()
             if self._exists:
                 self.custom.patch_cluster_custom_object(g, v, p, report.NAME, {"status": status})
