@@ -5,7 +5,9 @@ an object of the chain that cannot be read leaves its pods out, said, and is rea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -43,8 +45,9 @@ def jobset(name: str, replicas: int, parallelism: int) -> dict[str, Any]:
     return thing(JOBSETS, "JobSet", name, {"replicatedJobs": [rj]}, None)
 
 
-def lws(name: str, size: int) -> dict[str, Any]:
-    return thing(LWSS, "LeaderWorkerSet", name, {"replicas": 1, "leaderWorkerTemplate": {"size": size}}, None)
+def lws(name: str, size: int, replicas: int = 1) -> dict[str, Any]:
+    spec = {"replicas": replicas, "leaderWorkerTemplate": {"size": size}}
+    return thing(LWSS, "LeaderWorkerSet", name, spec, None)
 
 
 def ref(w: World, key: str, kind: str, name: str) -> dict[str, Any]:
@@ -277,7 +280,7 @@ async def test_a_pod_of_the_leader_statefulset_labelled_with_another_index_never
     its controller, labelled with group 1, counted in group lws-1 before (the leader StatefulSet vouched
     for it) and took a member's place there; now it never counts, and lws-1 waits for its own."""
     async with chain_world() as (k, w), placement(k):
-        await w.create(lws("lws", 2))
+        await w.create(lws("lws", 2, replicas=2))
         await lws_leader(w, "lws")
         leaders = ref(w, STS, "StatefulSet", "lws")
         forged = gpod("lws-x", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=leaders)
@@ -289,3 +292,83 @@ async def test_a_pod_of_the_leader_statefulset_labelled_with_another_index_never
         assert "1 of 2 exist" in w.status(key)["decision"]
         assert [m["pod"] for m in w.status(key)["members"]] == ["lws-1"]
         assert w.gates("lws-x") == [GATE] and not w.pinned("lws-x")
+
+
+NO_GROUP_1 = f"its {LWS_INDEX} label ('1') names no group of LeaderWorkerSet ml/lws (spec.replicas is 1)"
+
+
+async def scale(w: World, name: str, replicas: int) -> None:
+    """The LeaderWorkerSet's spec.replicas set, as `kubectl scale` does."""
+    await asyncio.to_thread(
+        w.custom.patch_namespaced_custom_object,
+        "leaderworkerset.x-k8s.io",
+        "v1",
+        NS,
+        "leaderworkersets",
+        name,
+        {"spec": {"replicas": replicas}},
+    )
+
+
+async def read_again(ctl: Any, now: list[float], said: Callable[[], bool], what: str) -> None:
+    """The owner's count past SIZE_TTL_S, read again on the next passes, until `said`."""
+    now[0] += 6.0
+    await eventually(lambda: (ctl.wake.set(), said())[1], what=what)
+
+
+async def test_a_leader_of_a_group_the_leaderworkerset_does_not_have_never_counts() -> None:
+    """The LeaderWorkerSet vouches for how many groups it has (spec.replicas): a pod `lws-1` of its leader
+    StatefulSet, labelled group 1, with the LWS at one replica, made a group lws-1 that was admitted.
+    Now it is said never to count (not told: forged by the thousand, each would be told every decision)
+    and stays gated; scaled to two replicas, the LWS read again counts it."""
+    now = [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(lws("lws", 1))
+        await lws_leader(w, "lws")
+        await eventually(lambda: w.status(f"{NS}/leaderworkerset/lws-0").get("phase") == "Admitted")
+        leaders = ref(w, STS, "StatefulSet", "lws")
+        await w.create(gpod("lws-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=leaders))
+        key = f"{NS}/leaderworkerset/lws-1"
+        said = f"pod lws-1 ({NO_GROUP_1})"
+        await eventually(lambda: said in w.status(key).get("decision", ""), what="the group-less leader said")
+        assert "0 of 1 exist" in w.status(key)["decision"] and w.status(key)["members"] == []
+        assert w.gates("lws-1") == [GATE] and not w.pinned("lws-1")
+        await ctl.publisher.drain()
+        assert "placement.gpustack.ai/decision" not in (w.pod("lws-1")["metadata"].get("annotations") or {})
+        assert not [e for e in w.events() if e[1] == "lws-1"]
+        await scale(w, "lws", 2)
+        await read_again(ctl, now, lambda: w.status(key).get("phase") == "Admitted", "lws-1 admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-1"]
+
+
+async def test_a_group_scaled_away_is_never_admitted_its_pods_stay_gated() -> None:
+    """A LeaderWorkerSet scaled from two replicas to one: group 1 is being deleted, its pods maybe after
+    its worker is made. Before, the group, complete, was admitted; now its pods are no members (its leader
+    names no group of the LWS, its worker's leader neither) and stay gated, while group 0 is admitted."""
+    now = [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(lws("lws", 2, replicas=2))
+        await lws_leader(w, "lws")
+        leaders = ref(w, STS, "StatefulSet", "lws")
+        await w.create(gpod("lws-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=leaders))
+        await w.create(sts("lws-1", ref(w, "v1/pods", "Pod", "lws-1"), 2))
+        key = f"{NS}/leaderworkerset/lws-1"
+        await eventually(lambda: "1 of 2 exist" in w.status(key).get("decision", ""), what="group 1 waits")
+        await scale(w, "lws", 1)
+        gone = f"pod lws-1 ({NO_GROUP_1})"
+        await read_again(ctl, now, lambda: gone in w.status(key).get("decision", ""), "group 1 scaled away")
+        w1 = gpod(
+            "lws-1-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=ref(w, STS, "StatefulSet", "lws-1")
+        )
+        await w.create(w1, lws_pod("lws-0-1", ref(w, STS, "StatefulSet", "lws-0")))
+        await eventually(
+            lambda: w.status(f"{NS}/leaderworkerset/lws-0").get("phase") == "Admitted",
+            what="group 0 admitted",
+        )
+        worker = f"pod lws-1-1 (its leader pod: {NO_GROUP_1})"
+        await eventually(lambda: worker in w.status(key).get("decision", ""), what="its worker said")
+        start = ctl.passes
+        await eventually(lambda: (ctl.wake.set(), ctl.passes >= start + 2)[1], what="two passes more")
+        assert w.status(key).get("phase") == "Waiting" and w.status(key)["members"] == []
+        for name in ("lws-1", "lws-1-1"):
+            assert w.gates(name) == [GATE] and not w.pinned(name), name

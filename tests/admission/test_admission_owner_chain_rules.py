@@ -6,6 +6,7 @@ never a member; while the API server fails, one probe a backoff step for all the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ from test_admission_cost import failing_one, refusing_jobs
 from nodefabric_devicemanager.kubeclient import load_client
 from nodefabric_operator.admission import model
 from nodefabric_operator.admission.chain import ChainReader, Link, Membership, Ref, link_of, membership
-from nodefabric_operator.admission.owners import Owner, OwnerRef
+from nodefabric_operator.admission.owners import Owner, OwnerError, OwnerRef, owner_groups
 from nodefabric_operator.demo.kubeapi import RunningAPI, running_api
 from nodefabric_operator.demo.kubeapi.running import write_kubeconfig
 
@@ -189,6 +190,58 @@ def test_a_leader_counts_only_as_its_statefulsets_pod_of_its_group(
     worker = indexed(pod("w", ctl("StatefulSet", "workers")), index)
     got = membership(LWS, worker, by_uid(LINKS), {"pod-leader": leader})
     assert got == Membership(not reason, reason and f"its leader pod: {reason}")
+
+
+@pytest.mark.parametrize(
+    ("index", "replicas", "member"),
+    [
+        ("0", 1, True),
+        ("1", 1, False),
+        ("2", 3, True),
+        ("3", 3, False),
+        ("0", 0, False),  # scaled to zero: no group is its
+        ("10", 9, False),
+        ("9", 10, True),
+        ("9" * 5000, 2**31 - 1, False),  # compared as digits: never int() of thousands of them
+    ],
+)
+def test_a_leader_counts_only_in_a_group_its_leaderworkerset_has(
+    index: str, replicas: int, member: bool
+) -> None:
+    """The LeaderWorkerSet vouches for how many groups it has: a leader of an index past its spec.replicas
+    (forged, or of a group scaled away) is no member, settled, and neither are its workers."""
+    owner = dataclasses.replace(LWS, groups=replicas)
+    leader = indexed(pod(f"x-{index}", ctl("StatefulSet", "leaders"), uid="pod-leader"), index)
+    said = f"names no group of LeaderWorkerSet ml/l (spec.replicas is {replicas})"
+    reason = "" if member else f"its {INDEX} label ({index[:63]!r}) {said}"
+    got = membership(owner, leader, by_uid(LINKS), {})
+    assert got == Membership(member, reason) and got.settled == (not member)
+    worker = indexed(pod("w", ctl("StatefulSet", "workers")), index)
+    got = membership(owner, worker, by_uid(LINKS), {"pod-leader": leader})
+    assert got == Membership(member, reason and f"its leader pod: {reason}") and got.settled == (not member)
+
+
+@pytest.mark.parametrize(
+    ("spec", "groups"),
+    [
+        ({}, 1),  # the LWS API's default
+        ({"replicas": 0}, 0),
+        ({"replicas": 4}, 4),
+        ({"replicas": 500000}, 500000),  # groups, not pods: past the largest group is fine
+        ({"replicas": "2"}, "spec.replicas must be an integer, got str"),
+        ({"replicas": True}, "spec.replicas must be an integer, got bool"),
+        ({"replicas": -1}, "spec.replicas must be between 0 and 2147483647, got -1"),
+        ({"replicas": 2**31}, "spec.replicas must be between 0 and 2147483647, got 2147483648"),
+    ],
+)
+def test_a_leaderworkersets_groups_are_its_spec_replicas(spec: dict[str, Any], groups: int | str) -> None:
+    obj = {"metadata": {"name": "l", "uid": "lw"}, "spec": {**spec, "leaderWorkerTemplate": {"size": 2}}}
+    if isinstance(groups, int):
+        assert owner_groups(LWS.ref, obj) == groups
+    else:
+        with pytest.raises(OwnerError, match=groups):
+            owner_groups(LWS.ref, obj)
+    assert owner_groups(JOBSET.ref, obj) is None
 
 
 def test_a_worker_whose_leaders_statefulset_is_unread_waits_on_it() -> None:
@@ -401,3 +454,26 @@ async def test_a_probe_answered_not_found_or_refused_ends_the_outage(answer: int
         else:
             assert k.api.count("GET", "batch/v1/jobs", "get") == 0
             assert membership(JOBSET, pods[2], reader.lookup, {}).reason == said
+
+
+async def test_a_name_known_to_fail_alone_never_stops_the_other_reads_of_its_hop() -> None:
+    """j0 fails alone (HTTP 500 for it, the API fine): read again on its own backoff beside 40 names not
+    read yet, its failure stopped every read of the hop not sent yet (each left out, read again 5 s
+    later). Now all 41 are sent, and the 40 are answered in that pass."""
+    n = 40
+    async with running_api([model.placement_crd()]) as k:
+        reader, now, pods = await jobs_read(k, n + 1)
+        broken = failing_one(k, "/jobs/j0")
+        await reader.resolve(JOBSET, pods[:1], {})  # j0 fails: the API server may be failing
+        now[0] += 61.0
+        # j1, the probe, answered: the outage is over, and j0, due, read again in the next hop fails alone.
+        await reader.resolve(JOBSET, pods[:2], {})
+        assert members(reader, pods[:2]) == [False, True] and broken() == 2
+        assert reader.outage is None and {n[2] for n in reader.lone} == {"j0"}
+        now[0] += 61.0
+        await reader.resolve(JOBSET, pods, {})  # j0 due again, in one hop with j2..j40
+        assert broken() == 3
+        assert k.api.count("GET", "batch/v1/jobs", "get") == n  # j1, then every other name
+        assert members(reader, pods) == [False] + [True] * n
+        got = membership(JOBSET, pods[0], reader.lookup, {})
+        assert got.reason == "Job ml/j0 could not be read (HTTP 500)", got.reason

@@ -5,8 +5,9 @@ chain of controller references from the pod up to the owner is read and checked 
 - JobSet: the pod's controller is a Job (batch/v1) whose own controller is the JobSet.
 - LeaderWorkerSet (as the LWS controller builds it): a leader pod's controller is the leader StatefulSet,
   whose controller is the LeaderWorkerSet, and it is that StatefulSet's pod of the ordinal its group-index
-  label names (the StatefulSet vouches for its pods, not their labels); a worker pod's controller is its
-  group's worker StatefulSet, whose controller is the leader pod, itself checked as above, whose
+  label names (the StatefulSet vouches for its pods, not their labels), of a group the LeaderWorkerSet has
+  (an index below its spec.replicas: the LWS vouches for how many groups it has); a worker pod's controller
+  is its group's worker StatefulSet, whose controller is the leader pod, itself checked as above, whose
   group-index label is the worker's (the pod's own label names its group: a worker labelled with another
   index is never a member, settled).
 
@@ -25,8 +26,9 @@ same backoff, gets an answer (an object, not found, a refusal). The probe is nev
 started the outage or last prolonged it (one object can fail alone: as the probe of every step it would
 hold every other read back for good); such a name is read again on its own backoff, where no other name may
 be the probe, and failing again it prolongs nothing; once another name was answered, it fails alone, and
-failing again it starts no outage. One not found is settled: a pod never counts for it, and it is not read
-again (an object made under that name later has another uid).
+failing again it starts no outage. Either way its failure stops none of the other reads of its hop (they
+would wait a backoff step for a failure not theirs). One not found is settled: a pod never counts for
+it, and it is not read again (an object made under that name later has another uid).
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def walk(
         return Membership(controls(owner, pod))
     got = _up_to(owner, pod, "StatefulSet", lookup)
     if not isinstance(got, Link):
-        return _leads(pod) if got == A_MEMBER else got
+        return _leads(pod, owner) if got == A_MEMBER else got
     # A worker: its StatefulSet is its leader pod's, which must be this LeaderWorkerSet's leader.
     if got.controller is None or got.controller[0] != "Pod":
         return NOT_A_MEMBER
@@ -165,15 +167,18 @@ def walk(
         why = f"its {LWS_GROUP_INDEX} label ({_shown(mine)}) is not its leader pod's ({_shown(leaders)})"
         return Membership(False, why, settled=True)
     up = _up_to(owner, leader, "StatefulSet", lookup)
-    if up == A_MEMBER and not _leads(leader).member:
-        return Membership(False, f"its leader pod: {_leads(leader).reason}", settled=True)
+    if up == A_MEMBER and not (leads := _leads(leader, owner)).member:
+        return Membership(False, f"its leader pod: {leads.reason}", settled=True)
     return NOT_A_MEMBER if isinstance(up, Link) else up
 
 
-def _leads(pod: Mapping[str, Any]) -> Membership:
+def _leads(pod: Mapping[str, Any], owner: Owner) -> Membership:
     """A pod of the leader StatefulSet: the leader of the group its index label names only as that
     StatefulSet's pod of that ordinal (another pod naming the StatefulSet, labelled with a group, would
-    count in it: the StatefulSet vouches for its pods, not for their labels). Settled: neither changes."""
+    count in it: the StatefulSet vouches for its pods, not for their labels), and only of a group the
+    LeaderWorkerSet has (its spec.replicas: a pod `<sts>-1` of an LWS of one replica, or of one scaled
+    down whose higher groups are being deleted, is no group of it). Settled: the pod's name and labels
+    never change; an LWS scaled up counts its new groups once it is read again (SIZE_TTL_S)."""
     sts = _ref(pod, _namespace(pod), "apps/v1", "StatefulSet")
     meta = pod.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
@@ -182,12 +187,26 @@ def _leads(pod: Mapping[str, Any]) -> Membership:
     ordinal = (
         isinstance(index, str) and index.isascii() and index.isdigit() and (index == "0" or index[0] != "0")
     )
-    if sts is not None and ordinal and name == f"{sts.name}-{index}":
-        return A_MEMBER
-    why = (
-        f"its {LWS_GROUP_INDEX} label ({_shown(index)}) is not its ordinal in StatefulSet {sts and sts.name}"
-    )
-    return Membership(False, why, settled=True)
+    if sts is None or not ordinal or name != f"{sts.name}-{index}":
+        why = (
+            f"its {LWS_GROUP_INDEX} label ({_shown(index)}) is not its ordinal in StatefulSet "
+            f"{sts and sts.name}"
+        )
+        return Membership(False, why, settled=True)
+    if owner.groups is not None and not _below(str(index), owner.groups):
+        why = (
+            f"its {LWS_GROUP_INDEX} label ({_shown(index)}) names no group of {owner.ref.kind} "
+            f"{owner.ref.namespace}/{owner.ref.name} (spec.replicas is {owner.groups})"
+        )
+        return Membership(False, why, settled=True)
+    return A_MEMBER
+
+
+def _below(ordinal: str, count: int) -> bool:
+    """Whether the ordinal (digits, no leading zero) is less than `count`, compared as digits: int() of
+    a label thousands of digits long is refused (sys.get_int_max_str_digits)."""
+    limit = str(count)
+    return (len(ordinal), ordinal) < (len(limit), limit)
 
 
 def membership(
@@ -319,10 +338,16 @@ class ChainReader:
             wanted = self._hold_refused(self._hold_outage(wanted, self.clock()), self.clock())
             if not wanted:
                 break
-            # Once one read of the hop finds the API failing, the others not sent yet are not sent.
+            # Once one read of the hop finds the API failing, the others not sent yet are not sent. Not
+            # so for a name known to fail alone: its failure again says nothing of the others (each
+            # read a backoff step later), and it is due on its own backoff, not held by theirs.
             failing = threading.Event()
+            alone = self.lone | self.suspects
             answers = await asyncio.gather(
-                *(asyncio.to_thread(self.read, next(iter(refs)), failing) for refs in wanted.values())
+                *(
+                    asyncio.to_thread(self.read, next(iter(refs)), None if named in alone else failing)
+                    for named, refs in wanted.items()
+                )
             )
             now = self.clock()
             # What each name read holds now, for the other references kept under it.

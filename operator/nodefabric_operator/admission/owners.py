@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MAX_SIZE = GROUP_SIZE.hi
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+MAX_REPLICAS = 2**31 - 1  # a LeaderWorkerSet's spec.replicas is an int32
 
 
 class OwnerError(ValueError):
@@ -117,6 +118,20 @@ def lws_size(lws: Mapping[str, Any]) -> tuple[int, str]:
     return size, f"LeaderWorkerSet {_name(lws)}: leaderWorkerTemplate.size"
 
 
+def lws_replicas(lws: Mapping[str, Any]) -> int:
+    """How many groups a LeaderWorkerSet has (its `spec.replicas`, 1 when absent, as its API defaults
+    it): the ones of a higher index are not its, or no longer (scaled down, their pods being deleted).
+    Not bounded by the largest group: it counts groups, not pods (the API's int32 bounds it)."""
+    value = _obj(lws.get("spec"), "spec").get("replicas")
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OwnerError(f"spec.replicas must be an integer, got {type(value).__name__}")
+    if not 0 <= value <= MAX_REPLICAS:
+        raise OwnerError(f"spec.replicas must be between 0 and {MAX_REPLICAS}, got {value}")
+    return value
+
+
 def replica_specs_size(job: Mapping[str, Any]) -> tuple[int, str]:
     """Kubeflow training jobs and MPIJob: `spec.<kind>ReplicaSpecs` maps a role to its `replicas`."""
     spec = _obj(job.get("spec"), "spec")
@@ -164,6 +179,12 @@ def owner_size(ref: OwnerRef, obj: Mapping[str, Any]) -> tuple[int, str]:
         raise OwnerError(f"{ref.kind} {ref.name} is not an object")
     sizer = SIZERS.get(ref.kind, replica_specs_size)
     return sizer(obj)
+
+
+def owner_groups(ref: OwnerRef, obj: Mapping[str, Any]) -> int | None:
+    """How many groups the owner has, where it makes one per index (a LeaderWorkerSet); None for the
+    others. Raises OwnerError naming the field it cannot read."""
+    return lws_replicas(obj) if ref.kind == "LeaderWorkerSet" else None
 
 
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -258,6 +279,9 @@ class Owner:
     count: tuple[int, str] | None
     problem: str = ""
     uid: str = ""
+    # How many groups it has, by index (a LeaderWorkerSet's spec.replicas): a leader of an index past
+    # them (or equal) is none of its members. None: no such count (any other kind, or not read).
+    groups: int | None = None
 
     @property
     def api_version(self) -> str:
@@ -310,6 +334,6 @@ class OwnerFetcher:
         uid = meta.get("uid") if isinstance(meta, Mapping) else None
         uid = uid if isinstance(uid, str) else ""
         try:
-            return Owner(ref, owner_size(ref, obj), "", uid)
+            return Owner(ref, owner_size(ref, obj), "", uid, owner_groups(ref, obj))
         except OwnerError as exc:
             return Owner(ref, None, f"{ref.kind} {ref.namespace}/{ref.name}: {exc}", uid)
