@@ -372,3 +372,18 @@ async def test_a_group_scaled_away_is_never_admitted_its_pods_stay_gated() -> No
         assert w.status(key).get("phase") == "Waiting" and w.status(key)["members"] == []
         for name in ("lws-1", "lws-1-1"):
             assert w.gates(name) == [GATE] and not w.pinned(name), name
+
+
+@pytest.mark.parametrize("replicas", [None, "2", 2.0, True, -1, 2**31])
+async def test_a_leaderworkerset_whose_spec_replicas_cannot_be_read_keeps_its_size(replicas: Any) -> None:
+    """spec.replicas unreadable (a string, a float, out of int32): before, it threw away the LWS's
+    leaderWorkerTemplate.size with it, and group 0 of pods declaring no size waited for ever, its size
+    unknown. Now its size counts and its groups are not checked (as before spec.replicas was read)."""
+    async with chain_world() as (k, w), placement(k):
+        obj = lws("lws", 1)
+        obj["spec"]["replicas"] = replicas
+        await w.create(obj)
+        await lws_leader(w, "lws")
+        key = f"{NS}/leaderworkerset/lws-0"
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="group 0 admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0"]
