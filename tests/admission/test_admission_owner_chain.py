@@ -372,3 +372,48 @@ async def test_a_group_scaled_away_is_never_admitted_its_pods_stay_gated() -> No
         assert w.status(key).get("phase") == "Waiting" and w.status(key)["members"] == []
         for name in ("lws-1", "lws-1-1"):
             assert w.gates(name) == [GATE] and not w.pinned(name), name
+
+
+@pytest.mark.parametrize("replicas", [None, "2", 2.0, True, -1, 2**31])
+async def test_a_leaderworkerset_whose_spec_replicas_cannot_be_read_keeps_its_size(replicas: Any) -> None:
+    """spec.replicas unreadable (a string, a float, out of int32): before, it threw away the LWS's
+    leaderWorkerTemplate.size with it, and group 0 of pods declaring no size waited for ever, its size
+    unknown. Now its size counts and its groups are not checked (as before spec.replicas was read)."""
+    async with chain_world() as (k, w), placement(k):
+        obj = lws("lws", 1)
+        obj["spec"]["replicas"] = replicas
+        await w.create(obj)
+        await lws_leader(w, "lws")
+        key = f"{NS}/leaderworkerset/lws-0"
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="group 0 admitted")
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-0"]
+
+
+async def test_a_bound_group_scaled_away_stays_bound_its_replacement_pod_gated() -> None:
+    """Group 1 bound and Ready, then the LWS scaled to one replica: its pods are the LWS controller's to
+    delete. A worker replaced meanwhile (its StatefulSet not collected yet) is no member and stays gated,
+    and the group's PlacementGroup is not undone (still Bound, its members kept)."""
+    now = [time.time()]
+    async with chain_world() as (k, w), placement(k, clock=lambda: now[0]) as ctl:
+        await w.create(lws("lws", 2, replicas=2))
+        await lws_leader(w, "lws")
+        leaders = ref(w, STS, "StatefulSet", "lws")
+        await w.create(gpod("lws-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=leaders))
+        await w.create(sts("lws-1", ref(w, "v1/pods", "Pod", "lws-1"), 2))
+        workers = ref(w, STS, "StatefulSet", "lws-1")
+        await w.create(gpod("lws-1-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=workers))
+        key = f"{NS}/leaderworkerset/lws-1"
+        await eventually(lambda: w.status(key).get("phase") == "Admitted", what="group 1 admitted")
+        for name in ("lws-1", "lws-1-1"):
+            await w.bind_and_ready(name)
+        await eventually(lambda: (ctl.wake.set(), w.status(key).get("phase") == "Bound")[1], what="bound")
+        await scale(w, "lws", 1)
+        await w.delete("lws-1-1")
+        await w.create(gpod("lws-1-1", labels={LWS_LABEL: "lws", LWS_INDEX: "1"}, owner=workers))
+        await eventually(lambda: w.gates("lws-1-1") == [GATE], what="the replacement seen gated")
+        now[0] += 6.0
+        start = ctl.passes
+        await eventually(lambda: (ctl.wake.set(), ctl.passes >= start + 3)[1], what="three passes more")
+        assert w.status(key).get("phase") == "Bound"
+        assert [m["pod"] for m in w.status(key)["members"]] == ["lws-1", "lws-1-1"]
+        assert w.gates("lws-1-1") == [GATE] and not w.pinned("lws-1-1")

@@ -477,3 +477,48 @@ async def test_a_name_known_to_fail_alone_never_stops_the_other_reads_of_its_hop
         assert members(reader, pods) == [False] + [True] * n
         got = membership(JOBSET, pods[0], reader.lookup, {})
         assert got.reason == "Job ml/j0 could not be read (HTTP 500)", got.reason
+
+
+async def test_names_known_to_fail_alone_cost_bounded_reads_when_the_api_server_fails() -> None:
+    """20 Jobs became known to fail alone (each HTTP 500 while another name was answered), then the API
+    server fails every read: before, each backoff step sent all 20 (none stopped another, and failing
+    only names known to fail, no outage began); now one failing stops those not sent yet (at most one per
+    worker thread in flight), and those left out go first at the next step, so none waits for good."""
+    n = 20
+    async with running_api([model.placement_crd()]) as k:
+        reader, now, pods = await jobs_read(k, 2 * n + 1)
+        broken, healthy = pods[1 : n + 1], pods[n + 1 :]
+        fail = {"all": False}
+        names = tuple(f"/jobs/j{i}" for i in range(1, n + 1))
+        hits: dict[int, str] = {}  # request id -> the Job name: kmock asks about past requests again
+        asked = [-1]
+
+        def matches(req: Any) -> bool:
+            method = str(getattr(req.method, "value", req.method)).upper()
+            path = req.url.path
+            if req.id <= asked[0]:
+                return req.id in hits
+            asked[0] = req.id
+            hit = method == "GET" and "/jobs/" in path and (fail["all"] or path.endswith(names))
+            if hit:
+                hits[req.id] = path.rsplit("/", 1)[1]
+            return hit
+
+        k.api[matches] << 500
+        await reader.resolve(JOBSET, pods[:1], {})  # the kind read once: its names read without a probe
+        for fine in healthy:
+            if len(reader.lone) == n:
+                break
+            now[0] += 61.0
+            await reader.resolve(JOBSET, [fine, *broken], {})  # `fine` answered: the others fail alone
+        assert {m[2] for m in reader.lone} == {f"j{i}" for i in range(1, n + 1)}
+        fail["all"] = True
+        sent: set[str] = set()
+        for _step in range(n):
+            before = asked[0]
+            now[0] += 61.0
+            await reader.resolve(JOBSET, broken, {})
+            step = [name for i, name in hits.items() if i > before]
+            assert 1 <= len(step) < n, step  # was all 20 at every step
+            sent |= set(step)
+        assert sent == {f"j{i}" for i in range(1, n + 1)}  # each read in turn: none left out for good

@@ -295,6 +295,8 @@ class ChainReader:
         self.suspects: set[tuple[str, str, str]] = set()
         # Names that failed while another was answered: a failure of their own, read on their own backoff.
         self.lone: set[tuple[str, str, str]] = set()
+        # When each of those (and the suspects) was last sent: the least recently sent go first in a hop.
+        self.tried: dict[tuple[str, str, str], float] = {}
 
     def lookup(self, ref: Ref) -> Link | None:
         kept = self.links.get(ref)
@@ -338,18 +340,13 @@ class ChainReader:
             wanted = self._hold_refused(self._hold_outage(wanted, self.clock()), self.clock())
             if not wanted:
                 break
-            # Once one read of the hop finds the API failing, the others not sent yet are not sent. Not
-            # so for a name known to fail alone: its failure again says nothing of the others (each
-            # read a backoff step later), and it is due on its own backoff, not held by theirs.
-            failing = threading.Event()
             alone = self.lone | self.suspects
-            answers = await asyncio.gather(
-                *(
-                    asyncio.to_thread(self.read, next(iter(refs)), None if named in alone else failing)
-                    for named, refs in wanted.items()
-                )
-            )
+            wanted = dict(sorted(wanted.items(), key=lambda item: self.tried.get(item[0], -1.0)))
+            answers = await _send(self.read, wanted, alone)
             now = self.clock()
+            for named, answer in zip(wanted, answers, strict=True):
+                if named in alone and outage_cause(next(iter(wanted[named])), answer) != NOT_SENT:
+                    self.tried[named] = now
             # What each name read holds now, for the other references kept under it.
             told: dict[tuple[str, str, str], object] = {}
             for (named, refs), answer in zip(wanted.items(), answers, strict=True):
@@ -495,8 +492,12 @@ class ChainReader:
         """Past the bound, the least recently used go: never one these pods' chains use, nor one a pod
         still there names (read again on its group's every pass, forged pods beyond the bound would cost
         a GET each every SIZE_TTL_S). What stays past the bound is bounded by the pods the watch keeps."""
-        if self.lone:
-            self.lone &= {_named(ref) for ref in self.links}
+        if self.lone or self.tried:
+            kept = {_named(ref) for ref in self.links}
+            self.lone &= kept
+            self.tried = {
+                n: at for n, at in self.tried.items() if n in kept and n in self.lone | self.suspects
+            }
         excess = len(self.links) - self.limit
         if excess <= 0:
             return
@@ -563,6 +564,26 @@ class ChainReader:
         except Exception as exc:
             return Failed(f"{ref} could not be read ({type(exc).__name__})")
         return obj
+
+
+async def _send(
+    read: Callable[[Ref, threading.Event | None], object],
+    wanted: Mapping[tuple[str, str, str], Mapping[Ref, None]],
+    alone: set[tuple[str, str, str]],
+) -> list[object]:
+    """One read per name, all at once. Once one read finds the API failing, the others not sent yet are
+    not sent. Not so across names known to fail alone (`alone`) and the others: a failure of one says
+    nothing of the others (each read a backoff step later), and it is due on its own backoff, not held by
+    theirs. Among themselves they still stop those not sent yet: the API server failing every read, all
+    2,000 would be sent at each step (failing, they start no outage). The caller puts those sent least
+    recently first, so that a few failing for good never leave the others out."""
+    failing, failing_alone = threading.Event(), threading.Event()
+    return await asyncio.gather(
+        *(
+            asyncio.to_thread(read, next(iter(refs)), failing_alone if named in alone else failing)
+            for named, refs in wanted.items()
+        )
+    )
 
 
 def _named_by(pod: Mapping[str, Any]) -> list[Ref]:

@@ -334,6 +334,17 @@ class OwnerFetcher:
         uid = meta.get("uid") if isinstance(meta, Mapping) else None
         uid = uid if isinstance(uid, str) else ""
         try:
-            return Owner(ref, owner_size(ref, obj), "", uid, owner_groups(ref, obj))
+            count = owner_size(ref, obj)
         except OwnerError as exc:
             return Owner(ref, None, f"{ref.kind} {ref.namespace}/{ref.name}: {exc}", uid)
+        try:
+            groups = owner_groups(ref, obj)
+        except OwnerError as exc:
+            # The size stands: an unreadable group count leaves the groups unchecked (None), as before it
+            # was read, rather than every group of the owner waiting with its size unknown.
+            log.warning(
+                "owner's group count unreadable",
+                extra={"owner": f"{ref.namespace}/{ref.name}", "error": str(exc)},
+            )
+            groups = None
+        return Owner(ref, count, "", uid, groups)
