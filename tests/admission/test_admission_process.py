@@ -5,7 +5,9 @@ the PlacementGroup, and a group not bound in time is evicted and admitted afresh
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import pytest
 from admission_world import (
     GATE,
     NS,
@@ -313,6 +315,51 @@ async def test_a_placement_group_deleted_by_hand_mid_admission_is_written_again_
         assert [(m["pod"], m["node"]) for m in again["status"]["members"]] == members
         await eventually(lambda: w.status(KEY).get("phase") == "TimedOut", what="TimedOut")
         await eventually(lambda: not w.pods(), what="pods evicted")
+
+
+async def test_a_placement_group_put_back_by_a_late_answer_after_its_deletion_is_written_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch's DELETED applied, then the answer of a status write sent before the deletion: the
+    tables held the PlacementGroup again, no event would take it out, and every pass patched it, 404, for
+    good (seen in CI as a group never written again). A 404 naming it is taken as its deletion."""
+    from nodefabric_operator.extender.config import ExtenderConfig
+
+    cfg = ExtenderConfig(groupReadyTimeoutSeconds=600)
+    async with (
+        jobs_world(*fleet(), job("train", 2)) as (k, w),
+        placement(k, cfg, backoff_base=0.5) as ctl,
+    ):
+        await w.create(*w.job_pods("train", 2))
+        await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
+        before = w.pg(KEY)
+        lost: list[dict[str, Any]] = []
+        lose = ctl.tables._lose
+
+        def put_back(key: tuple[str, str], obj: dict[str, Any]) -> None:
+            if lost:
+                lose(key, obj)
+                return
+            lost.append(obj)  # the watch's DELETED, and at once the late answer that put it back
+            ctl.tables.pgs[key] = obj
+
+        monkeypatch.setattr(ctl.tables, "_lose", put_back)
+        await asyncio.to_thread(
+            w.custom.delete_namespaced_custom_object,
+            model.GROUP,
+            model.VERSION,
+            NS,
+            model.PLURAL,
+            model.object_name(KEY),
+        )
+        await eventually(lambda: lost, what="the watch's DELETED")
+        await w.bind_and_ready("train-0")  # a change to write: its status patch finds the object gone
+        await eventually(
+            lambda: w.pg(KEY) is not None and w.pg(KEY)["metadata"]["uid"] != before["metadata"]["uid"],
+            what="written again",
+        )
+        members = [m["pod"] for m in w.pg(KEY)["status"]["members"]]
+        assert members == [m["pod"] for m in before["status"]["members"]]
 
 
 async def test_a_job_scaled_up_after_its_group_is_bound_admits_its_new_pods():

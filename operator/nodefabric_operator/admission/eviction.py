@@ -5,7 +5,6 @@ not serve eviction, a delete on the same uid."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -16,18 +15,9 @@ from nodefabric_operator.admission.grouping import GroupView
 from nodefabric_operator.admission.metrics import PlacementMetrics
 from nodefabric_operator.admission.model import PlacementGroupStatus
 from nodefabric_operator.admission.state import Tables
-from nodefabric_operator.admission.writer import PlacementWriter
+from nodefabric_operator.admission.writer import PlacementWriter, names_object
 
 log = logging.getLogger(__name__)
-
-
-def names_object(exc: ApiException, name: str) -> bool:
-    """A 404 Status about the object itself (its details name it), not about a path the server lacks."""
-    try:
-        details = json.loads(exc.body or "{}").get("details") or {}
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(details, dict) and details.get("name") == name
 
 
 class Evictor:

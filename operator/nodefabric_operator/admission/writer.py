@@ -5,6 +5,7 @@ missing, its status only when it changed), Events, and the decision copied onto 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,15 @@ MAX_DECISION = 4096  # the decision as copied onto a pod's annotation
 # text of the same kind at most this often (the latest wins), or pods made one after another would cost
 # about decisions x pods PATCHes. The PlacementGroup's status always has the current one.
 DECISION_EVERY_S = 30.0
+
+
+def names_object(exc: ApiException, name: str) -> bool:
+    """A 404 Status about the object itself (its details name it), not about a path the server lacks."""
+    try:
+        details = json.loads(exc.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(details, dict) and details.get("name") == name
 
 
 class PlacementWriter:
@@ -67,17 +77,25 @@ class PlacementWriter:
             if (pg.get("status") or {}) == body_status:
                 return False
         patch = [{"op": "add", "path": "/status", "value": body_status}]
-        written = await asyncio.to_thread(
-            self.custom.patch_namespaced_custom_object_status,
-            model.GROUP,
-            model.VERSION,
-            ns,
-            model.PLURAL,
-            name,
-            patch,
-            _content_type="application/json-patch+json",
-            _request_timeout=self.timeout,
-        )
+        try:
+            written = await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object_status,
+                model.GROUP,
+                model.VERSION,
+                ns,
+                model.PLURAL,
+                name,
+                patch,
+                _content_type="application/json-patch+json",
+                _request_timeout=self.timeout,
+            )
+        except ApiException as exc:
+            if exc.status == 404 and names_object(exc, name):
+                # Gone, though the tables hold it: a write's answer applied after the watch's DELETED put
+                # it back, and no event would take it out again (every pass patched it, 404, for good).
+                # Taken as deleted: the next pass writes it again from what was last written.
+                self.tables.apply_pg("DELETED", pg)
+            raise
         self.tables.apply_pg("MODIFIED", written)
         return True
 
