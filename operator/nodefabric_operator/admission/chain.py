@@ -45,7 +45,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodefabric_devicemanager.backoff import Backoff
-from nodefabric_operator.admission.owners import CHAINED, Owner, controller_of, controls
+from nodefabric_operator.admission.owners import CHAINED, Owner, controller_of, controls, labels
 from nodefabric_operator.extender.groups import LWS_GROUP_INDEX
 
 # Objects kept (beyond them, only those of the one group being read); the least recently used goes first,
@@ -109,12 +109,6 @@ def _ref(obj: Mapping[str, Any], namespace: str, api_version: str, kind: str) ->
     return Ref(api_version, kind, namespace, name, uid)
 
 
-def _labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = pod.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
-
-
 def _shown(value: object) -> str:
     return "none" if value is None else repr(str(value)[:63])
 
@@ -162,7 +156,7 @@ def walk(
         return Membership(False, "its leader pod (the controller of its StatefulSet) is not known")
     # The group is named by the pod's own index label: a worker labelled with another replica's index
     # would count in that replica's group. Settled: the labels the LWS controller set never change.
-    mine, leaders = _labels(pod).get(LWS_GROUP_INDEX), _labels(leader).get(LWS_GROUP_INDEX)
+    mine, leaders = labels(pod).get(LWS_GROUP_INDEX), labels(leader).get(LWS_GROUP_INDEX)
     if mine != leaders:
         why = f"its {LWS_GROUP_INDEX} label ({_shown(mine)}) is not its leader pod's ({_shown(leaders)})"
         return Membership(False, why, settled=True)
@@ -182,7 +176,7 @@ def _leads(pod: Mapping[str, Any], owner: Owner) -> Membership:
     sts = _ref(pod, _namespace(pod), "apps/v1", "StatefulSet")
     meta = pod.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
-    index = _labels(pod).get(LWS_GROUP_INDEX)
+    index = labels(pod).get(LWS_GROUP_INDEX)
     # The ordinal as a StatefulSet writes it: "00" or "+1" would name a group the LWS never has.
     ordinal = (
         isinstance(index, str) and index.isascii() and index.isdigit() and (index == "0" or index[0] != "0")
@@ -344,8 +338,10 @@ class ChainReader:
             wanted = dict(sorted(wanted.items(), key=lambda item: self.tried.get(item[0], -1.0)))
             answers = await _send(self.read, wanted, alone)
             now = self.clock()
-            for named, answer in zip(wanted, answers, strict=True):
-                if named in alone and outage_cause(next(iter(wanted[named])), answer) != NOT_SENT:
+            read = [(next(iter(refs)), a) for refs, a in zip(wanted.values(), answers, strict=True)]
+            causes = [outage_cause(ref, answer) for ref, answer in read]  # "" for an answer
+            for named, cause in zip(wanted, causes, strict=True):
+                if named in alone and cause != NOT_SENT:
                     self.tried[named] = now
             # What each name read holds now, for the other references kept under it.
             told: dict[tuple[str, str, str], object] = {}
@@ -355,10 +351,9 @@ class ChainReader:
                 if not isinstance(answer, Failed) or answer.settled:
                     told[named] = answer
             self._renamed(told, wanted, now)
-            read = [(next(iter(refs)), a) for refs, a in zip(wanted.values(), answers, strict=True)]
-            self._note_refusals(read, now)
-            self._note_outage(read, now)
-            self._say_outage(wanted, read)
+            self._note_refusals(read, causes, now)
+            self._note_outage(read, causes, now)
+            self._say_outage(wanted, causes)
         self._trim(used, known)
 
     def _hold_outage(
@@ -402,10 +397,9 @@ class ChainReader:
         refusal = self.refused.get(scope)
         return refusal is None or (refusal.due is not None and now >= refusal.due)
 
-    def _note_outage(self, answers: list[tuple[Ref, object]], now: float) -> None:
+    def _note_outage(self, answers: list[tuple[Ref, object]], causes: list[str], now: float) -> None:
         """Any answer the API server gave ends an outage; a failure of its own, with none, starts or
-        prolongs one."""
-        causes = [outage_cause(ref, answer) for ref, answer in answers]
+        prolongs one. `causes`: each answer's `outage_cause`."""
         if not causes:
             return
         failed = {
@@ -427,16 +421,14 @@ class ChainReader:
         text = f"{cause}: every read waits on one probe while the API server fails"
         self.outage = Kept(Link(problem=text), now + self._wait(failures), failures)
 
-    def _say_outage(
-        self, wanted: dict[tuple[str, str, str], dict[Ref, None]], read: list[tuple[Ref, object]]
-    ) -> None:
+    def _say_outage(self, wanted: dict[tuple[str, str, str], dict[Ref, None]], causes: list[str]) -> None:
         """The names that failed so during an outage said to wait on it, as the others held are: the probe
         moves from name to name, and each pod's reason changing with it would tell every pod again at each
         step."""
         if self.outage is None:
             return
-        for (ref, answer), refs in zip(read, wanted.values(), strict=True):
-            if outage_cause(ref, answer):
+        for cause, refs in zip(causes, wanted.values(), strict=True):
+            if cause:
                 for each in refs:
                     kept = self.links[each]
                     said = Link(problem=f"{each} could not be read ({self.outage.link.problem})")
@@ -466,13 +458,13 @@ class ChainReader:
                 self._hold(ref, refusal)
         return read
 
-    def _note_refusals(self, answers: list[tuple[Ref, object]], now: float) -> None:
+    def _note_refusals(self, answers: list[tuple[Ref, object]], causes: list[str], now: float) -> None:
         """A 403 refuses the namespace's kind; any other answer there (one found, not found, any failure
-        but the API server's own) says reads of it are allowed again, name by name."""
+        but the API server's own: `causes`) says reads of it are allowed again, name by name."""
         refused: set[tuple[str, str]] = set()
         allowed: set[tuple[str, str]] = set()
-        for ref, answer in answers:
-            if outage_cause(ref, answer):
+        for (ref, answer), cause in zip(answers, causes, strict=True):
+            if cause:
                 continue  # the API server's failure says nothing of what the account may read
             if isinstance(answer, Failed) and answer.status == 403:
                 refused.add((ref.namespace, ref.kind))

@@ -192,7 +192,7 @@ def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def labels(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     return labels if isinstance(labels, Mapping) else {}
@@ -230,7 +230,7 @@ def owner_ref(spec: GroupSpec, pod: Mapping[str, Any]) -> OwnerRef | None:
     if fam == "jobset":
         return OwnerRef("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", ns, spec.name)
     if fam == "leaderworkerset":
-        lws = _labels(pod).get(LWS_NAME)
+        lws = labels(pod).get(LWS_NAME)
         if isinstance(lws, str) and lws:
             return OwnerRef("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", ns, lws)
         return None
