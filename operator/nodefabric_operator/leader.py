@@ -324,7 +324,7 @@ def refusal(err: kubernetes.client.ApiException) -> str:
     the role lacks (RBAC names the verb, resource and namespace), cut to SAID_CHARS characters with
     control characters (a newline, a terminal escape) dropped: it is the server's text, quoted in ours."""
     said = f"HTTP {err.status} {err.reason or ''}".strip()
-    message = sinks._status_body(err).get("message")
+    message = rawcall.status_body(err).get("message")
     if not isinstance(message, str):
         return said
     shown = "".join(c if c.isprintable() else " " for c in message[: SAID_CHARS * 2])

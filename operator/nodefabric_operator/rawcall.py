@@ -57,6 +57,16 @@ def status_of(err: BaseException) -> int:
     return int(getattr(err, "status", 0) or 0) if isinstance(err, kubernetes.client.ApiException) else 0
 
 
+def status_body(err: kubernetes.client.ApiException) -> dict[str, Any]:
+    """The Status object a refusal carries (its `details` name what was not found), {} when its body is
+    none: not JSON, not an object, nested past the decoder's depth."""
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def authorization(config: Any, clock: Any = time.monotonic, *, now_due: bool = False) -> str | None:
     """The Authorization header's value, as `Configuration.get_api_key_with_prefix` gives it, with the
     refresh hook run at most once per REFRESH_S for this configuration (see the module's note), or at

@@ -263,21 +263,13 @@ def pages(
         followed.add(token)
 
 
-def _status_body(err: kubernetes.client.ApiException) -> dict[str, Any]:
-    try:
-        body = json.loads(err.body or "")
-    except (TypeError, ValueError, RecursionError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def missing_namespace(err: kubernetes.client.ApiException, namespace: str) -> bool:
     """Whether a create was refused because its namespace does not exist: the API server's 404 Status
     names the namespace (details kind "namespaces", name the namespace); a missing NodeFeature API is
     a 404 too, with no such details."""
     if status_of(err) != 404:
         return False
-    details = _status_body(err).get("details")
+    details = rawcall.status_body(err).get("details")
     if not isinstance(details, dict) or details.get("kind") != "namespaces":
         return False
     return details.get("name") in (None, namespace)
@@ -294,7 +286,7 @@ def missing_api(err: kubernetes.client.ApiException) -> bool:
     an object, is not the API's: that record's own failure."""
     if status_of(err) != 404:
         return False
-    details = _status_body(err).get("details")
+    details = rawcall.status_body(err).get("details")
     if not isinstance(details, dict) or not details.get("kind"):
         return True
     return (
@@ -310,7 +302,7 @@ def terminating_namespace(err: kubernetes.client.ApiException) -> bool:
     404), however long its finalizers keep it. A create names our namespace, so the cause is about it."""
     if status_of(err) != 403:
         return False
-    details = _status_body(err).get("details")
+    details = rawcall.status_body(err).get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
     return isinstance(causes, list) and any(
         isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes

@@ -5,7 +5,6 @@ missing, its status only when it changed), Events, and the decision copied onto 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +17,7 @@ from nodefabric_operator.admission.grouping import GroupView
 from nodefabric_operator.admission.model import PlacementGroupStatus
 from nodefabric_operator.admission.state import Tables, owns, pg_key
 from nodefabric_operator.extender.events import KubePublisher
+from nodefabric_operator.rawcall import status_body
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,7 @@ DECISION_EVERY_S = 30.0
 
 def names_object(exc: ApiException, name: str) -> bool:
     """A 404 Status about the object itself (its details name it), not about a path the server lacks."""
-    try:
-        details = json.loads(exc.body or "{}").get("details") or {}
-    except (ValueError, AttributeError):
-        return False
+    details = status_body(exc).get("details")
     return isinstance(details, dict) and details.get("name") == name
 
 
