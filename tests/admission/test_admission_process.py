@@ -29,6 +29,18 @@ from nodefabric_operator.demo.kubeapi import running_api
 KEY = f"{NS}/job/train"
 
 
+async def deleted_by_hand(w: World) -> None:
+    """The group's PlacementGroup deleted through the API, as a cluster admin would."""
+    await asyncio.to_thread(
+        w.custom.delete_namespaced_custom_object,
+        model.GROUP,
+        model.VERSION,
+        NS,
+        model.PLURAL,
+        model.object_name(KEY),
+    )
+
+
 async def decision_copied(w: World, pod: str, decision: str) -> None:
     """The copy is written after the admission, without blocking it: wait for it on the pod."""
     await eventually(
@@ -298,14 +310,7 @@ async def test_a_placement_group_deleted_by_hand_mid_admission_is_written_again_
         before = w.pg(KEY)
         members = [(m["pod"], m["node"]) for m in before["status"]["members"]]
         await w.bind_and_ready("train-0")  # one of two binds; the other never does
-        await asyncio.to_thread(
-            w.custom.delete_namespaced_custom_object,
-            model.GROUP,
-            model.VERSION,
-            NS,
-            model.PLURAL,
-            model.object_name(KEY),
-        )
+        await deleted_by_hand(w)
         await eventually(
             lambda: w.pg(KEY) is not None and w.pg(KEY)["metadata"]["uid"] != before["metadata"]["uid"],
             what="written again",
@@ -344,14 +349,7 @@ async def test_a_placement_group_put_back_by_a_late_answer_after_its_deletion_is
             ctl.tables.pgs[key] = obj
 
         monkeypatch.setattr(ctl.tables, "_lose", put_back)
-        await asyncio.to_thread(
-            w.custom.delete_namespaced_custom_object,
-            model.GROUP,
-            model.VERSION,
-            NS,
-            model.PLURAL,
-            model.object_name(KEY),
-        )
+        await deleted_by_hand(w)
         await eventually(lambda: lost, what="the watch's DELETED")
         await w.bind_and_ready("train-0")  # a change to write: its status patch finds the object gone
         await eventually(
@@ -451,14 +449,7 @@ async def test_what_the_process_keeps_per_group_goes_with_the_group():
         await w.create(*w.job_pods("train", 2))
         await eventually(lambda: all(GATE not in w.gates(f"train-{i}") for i in range(2)), what="ungated")
         assert ctl.grouping.sizes
-        await asyncio.to_thread(
-            w.custom.delete_namespaced_custom_object,
-            model.GROUP,
-            model.VERSION,
-            NS,
-            model.PLURAL,
-            model.object_name(KEY),
-        )
+        await deleted_by_hand(w)
         for i in range(2):
             await w.delete(f"train-{i}")
         await eventually(lambda: not ctl.tables.pods, what="pods gone")
